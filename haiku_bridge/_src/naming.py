@@ -1,0 +1,150 @@
+"""Where each leaf of an explicit params pytree lives in a Haiku transform.
+
+Two rules, both decided here and nowhere else:
+
+* **Key-path rule** (any pytree). Each leaf's key path becomes a Haiku name: the
+  last entry is the parameter name, the entries before it are module scopes
+  below the current one. Dict keys and attribute/field names are used as they
+  are; a sequence index joins the entry before it (`"layers", 0` becomes
+  `layers_0`; an index with nothing before it becomes `layer_0`). So
+  `{"linear": {"w": ..., "b": ...}}` called inside module `net` is stored
+  exactly where `hk.Linear(name="linear")` would store its weights:
+  `net/linear/w` and `net/linear/b`.
+
+* **Inline rule** (an `hk.Transformed`). The inner function's modules get the
+  names that running it inline at this point would give them: Haiku's own
+  name allocator numbers them in the caller's scope, so two bridged calls of
+  one MLP give `mlp` then `mlp_1`, and a bridged call after an inline `mlp`
+  gives `mlp_1`, just as inline code would.
+"""
+
+import re
+from typing import Any, Iterable, NamedTuple
+
+import haiku as hk
+import jax
+
+TOP_LEVEL = "~"  # Haiku's bundle for parameters created outside any module.
+_NUMBERED = re.compile(r"^(.*)_(\d+)$")
+
+
+class Slot(NamedTuple):
+  """Where one leaf is stored: Haiku bundle (module name) and parameter name."""
+  bundle: str
+  name: str
+
+  @property
+  def full_name(self) -> str:
+    return f"{self.bundle}/{self.name}"
+
+
+def _entry(key: Any) -> str | int:
+  if isinstance(key, jax.tree_util.DictKey):
+    return str(key.key)
+  if isinstance(key, jax.tree_util.GetAttrKey):
+    return key.name
+  if isinstance(key, jax.tree_util.SequenceKey):
+    return key.idx
+  if isinstance(key, jax.tree_util.FlattenedIndexKey):
+    return key.key
+  raise TypeError(f"Unsupported pytree key {key!r}.")
+
+
+def path_components(path: tuple[Any, ...]) -> tuple[str, ...]:
+  """The Haiku name components of a pytree key path (see the module doc)."""
+  parts: list[str] = []
+  for entry in map(_entry, path):
+    if isinstance(entry, int):
+      if parts:
+        parts[-1] = f"{parts[-1]}_{entry}"
+      else:
+        parts.append(f"layer_{entry}")
+    else:
+      parts.append(entry)
+  return tuple(parts)
+
+
+def join_bundle(scope: str, components: Iterable[str]) -> str:
+  """`scope/a/b`, where the top-level scope `~` adds no prefix."""
+  components = tuple(components)
+  if not components:
+    return scope
+  rest = "/".join(components)
+  return rest if scope == TOP_LEVEL else f"{scope}/{rest}"
+
+
+def _check_component(component: str, keypath: str) -> None:
+  body = component[1:] if component.startswith("~") else component
+  if body and not body.isidentifier():
+    raise ValueError(
+        f"Parameter path {keypath} gives the Haiku module name component "
+        f"{component!r}, which is not a valid Python identifier. Rename that "
+        "dict key or field (Haiku module names are identifiers joined by '/').")
+
+
+def key_path_slots(tree: Any, scope: str) -> list[Slot]:
+  """Slots for the leaves of `tree` (in `jax.tree.leaves` order)."""
+  slots = []
+  for path, _ in jax.tree_util.tree_leaves_with_path(tree):
+    components = path_components(path)
+    keypath = jax.tree_util.keystr(path) or "<root>"
+    if not components:
+      components = ("params",)  # A bare array: one parameter named "params".
+    for component in components[:-1]:
+      for part in component.split("/"):
+        _check_component(part, keypath)
+    slots.append(Slot(join_bundle(scope, components[:-1]), components[-1]))
+  return slots
+
+
+def split_number(name: str) -> tuple[str, int]:
+  """`"mlp_2"` -> `("mlp", 2)`; `"mlp"` -> `("mlp", 0)`, as Haiku numbers them."""
+  match = _NUMBERED.match(name)
+  if match is None:
+    return name, 0
+  return match.group(1), int(match.group(2))
+
+
+class _NameReservation(hk.Module):
+  """A module that is never called: creating it takes a name, as inline code would."""
+
+
+def allocate_inline_names(inner_bundles: Iterable[str]) -> dict[str, str]:
+  """Maps an inner transform's bundle names to the names inline code would get.
+
+  Must run inside a Haiku transform, at the point where the inner function
+  would run inline. The inner top-level modules `b`, `b_1`, ... were numbered
+  from 0 in the inner's fresh scope; inline, the same modules are numbered on
+  from the caller's counter for `b`. Creating one reservation module per
+  number lets Haiku's allocator pick each name and advance its counter, so
+  code after the call gets the names it would get after inline code. (A module
+  the inner function created without parameters still took a number there; if
+  it was the last `b`, inline code after the call sees a counter one lower.)
+
+  Args:
+    inner_bundles: bundle names of the inner params/state, e.g.
+      `["mlp/~/linear_0", "linear", "~"]`.
+
+  Returns:
+    A dict from each inner bundle name to its outer name.
+  """
+  inner_bundles = list(dict.fromkeys(inner_bundles))
+  scope = hk.experimental.current_name()
+  by_base: dict[str, dict[int, str]] = {}
+  for bundle in inner_bundles:
+    top = bundle.split("/", 1)[0]
+    if top != TOP_LEVEL:
+      base, number = split_number(top)
+      by_base.setdefault(base, {})[number] = top
+  outer_top = {TOP_LEVEL: scope}
+  for base in sorted(by_base):
+    numbers = by_base[base]
+    for number in range(max(numbers) + 1):
+      name = _NameReservation(name=base).module_name
+      if number in numbers:
+        outer_top[numbers[number]] = name
+  mapping = {}
+  for bundle in inner_bundles:
+    top, _, rest = bundle.partition("/")
+    mapping[bundle] = f"{outer_top[top]}/{rest}" if rest else outer_top[top]
+  return mapping
