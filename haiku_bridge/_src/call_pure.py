@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from haiku_bridge._src import abstract_init
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import naming
 
@@ -236,20 +237,31 @@ def _by_bundle(slots: Sequence[naming.Slot]) -> dict[str, list[int]]:
   return groups
 
 
+def _checked_stored(kind: str, slots, paths, specs, api: str) -> list[Any]:
+  """The stored values at apply, each checked against what init gives."""
+  read = (haiku_internals.stored_param if kind == "parameter"
+          else haiku_internals.stored_state)
+  stored = [read(slot.bundle, slot.name) for slot in slots]
+  for slot, path, value, spec in zip(slots, paths, stored, specs):
+    _check_stored(kind, slot, path, value, spec, api)
+  return stored
+
+
 def _fetch_params(slots, paths, specs, values, api: str) -> list[Any]:
   """Creates (values given, at init) or reads (at apply) one param per slot."""
+  if values is None:
+    stored = _checked_stored("parameter", slots, paths, specs, api)
+    if not haiku_internals.getters_active("parameter"):
+      # hk.get_parameter would return these very values; skipping it saves a
+      # name-scope module per bundle, most of the bridge's cost at trace time.
+      return stored
   leaves = [None] * len(slots)
   for bundle, indices in _by_bundle(slots).items():
     with _in_bundle(bundle):
       for i in indices:
         slot, spec = slots[i], specs[i]
-        if values is None:
-          _check_stored("parameter", slot, paths[i],
-                        haiku_internals.stored_param(bundle, slot.name), spec,
-                        api)
-          initializer = None
-        else:
-          initializer = functools.partial(_constant, values[i])
+        initializer = (None if values is None
+                       else functools.partial(_constant, values[i]))
         leaves[i] = hk.get_parameter(slot.name, spec.shape, spec.dtype,
                                      init=initializer)
   return leaves
@@ -257,15 +269,16 @@ def _fetch_params(slots, paths, specs, values, api: str) -> list[Any]:
 
 def _fetch_state(slots, paths, specs, values, api: str) -> list[Any]:
   """As `_fetch_params`, for Haiku state; `values` are (initial, current)."""
+  if values is None:
+    stored = _checked_stored("state", slots, paths, specs, api)
+    if not haiku_internals.getters_active("state"):
+      return stored  # What hk.get_state would return (see _fetch_params).
   leaves = [None] * len(slots)
   for bundle, indices in _by_bundle(slots).items():
     with _in_bundle(bundle):
       for i in indices:
         slot, spec = slots[i], specs[i]
         if values is None:
-          _check_stored("state", slot, paths[i],
-                        haiku_internals.stored_state(bundle, slot.name), spec,
-                        api)
           leaves[i] = hk.get_state(slot.name)
         else:
           initial, current = values[i]
@@ -347,8 +360,7 @@ def bind_tree(init: InitFn, args, kwargs, *, api: str,
     _check_array_leaves(tree, api)
     concrete = True
   else:
-    tree = jax.eval_shape(lambda rng: init(rng, *args, **kwargs),
-                          _rng_key_spec())
+    tree = abstract_init.abstract_init(init, _rng_key_spec(), args, kwargs)
     concrete = False
   params_tree, state_tree = tree if with_state else (tree, None)
   scope = hk.experimental.current_name()
@@ -439,9 +451,12 @@ class _InlineFunction:
                                                run, *args, **kwargs)
     return out, new_state, run.rng_state
 
+  def _init_shapes(self, key, *args, **kwargs):
+    return self._init((key, ()), args, kwargs)[:2]
+
   def _abstract(self, args, kwargs):
-    return jax.eval_shape(lambda key: self._init((key, ()), args, kwargs)[:2],
-                          _rng_key_spec())
+    return abstract_init.abstract_init(self._init_shapes, _rng_key_spec(),
+                                       args, kwargs)
 
   def _bind(self, args, kwargs, api: str):
     """Binds params and state; returns them, the inner values, and the run."""
@@ -474,16 +489,35 @@ class _InlineFunction:
     params, state, *_ = self._bind(args, kwargs, api)
     return params, state
 
-  def call(self, args, kwargs):
+  def call(self, args, kwargs, *, api: str = "call_pure",
+           apply_with: Optional[Callable[..., Any]] = None):
+    """Runs the inner function here, as if inline.
+
+    Args:
+      args: positional arguments of the inner function.
+      kwargs: keyword arguments of the inner function.
+      api: the public name to put in error messages.
+      apply_with: when given, runs in place of the nested apply as
+        `apply_with(apply, params, state, rng_state, args, kwargs)` and
+        returns what `apply` returns, `(out, new_state, final_rng_state)`;
+        custom_grad.py wraps `apply` in a custom derivative this way.
+
+    Returns:
+      What the inner function returns.
+    """
     rng_state = hk.maybe_get_rng_sequence_state()
     params, state, (s_slots, s_leaves), p_leaves, param_values, run = (
-        self._bind(args, kwargs, "call_pure"))
+        self._bind(args, kwargs, api))
     if run is not None and all(a is b for a, b in zip(p_leaves, param_values)):
       # Init, and no custom getter changed a value: the nested init already
       # computed exactly what inline code returns at init.
       return run.out
-    out, new_state, final_rng = self._apply(params, state, rng_state, args,
-                                            kwargs)
+    if apply_with is None:
+      out, new_state, final_rng = self._apply(params, state, rng_state, args,
+                                              kwargs)
+    else:
+      out, new_state, final_rng = apply_with(self._apply, params, state,
+                                             rng_state, args, kwargs)
     if run is None and rng_state is not None:
       hk.replace_rng_sequence_state(final_rng)
     _store_state(s_slots, s_leaves,

@@ -27,6 +27,13 @@ def stored_state(bundle: str, name: str) -> Optional[Any]:
   return state[bundle][name].current
 
 
+def getters_active(kind: str) -> bool:
+  """Whether a custom getter would see a `kind` ("parameter" or "state") read."""
+  stack = (_base.param_getter_stack if kind == "parameter"
+           else _base.state_getter_stack)
+  return bool(stack)
+
+
 def inside_raw_jax_transform() -> bool:
   """True inside a JAX transform that Haiku does not know about.
 

@@ -74,6 +74,23 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(inside, 1.)
     self.assertEqual(after, 2.)
 
+  def test_getters_active(self):
+    getter = lambda nxt, v, ctx: nxt(v)
+
+    def f():
+      before = (haiku_internals.getters_active("parameter"),
+                haiku_internals.getters_active("state"))
+      with hk.custom_getter(getter):
+        params_only = (haiku_internals.getters_active("parameter"),
+                       haiku_internals.getters_active("state"))
+      with hk.custom_getter(getter, params=False, state=True):
+        state_only = (haiku_internals.getters_active("parameter"),
+                      haiku_internals.getters_active("state"))
+      return before, params_only, state_only
+
+    self.assertEqual(hk.transform(f).apply({}, None),
+                     ((False, False), (True, False), (False, True)))
+
   def test_claim_name(self):
     class M(hk.Module):
 

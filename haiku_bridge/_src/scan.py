@@ -14,6 +14,7 @@ between the two. `unstack_params` / `stack_params` convert to and from the
 per-layer names of an unrolled loop.
 """
 
+import dataclasses
 import functools
 import re
 from typing import Any, Callable, Optional, Sequence
@@ -66,15 +67,23 @@ def stacked_init(init: InitFn, num_layers: int,
     With `rng=None`, each layer's `init` gets None.
   """
   _check_num_layers(num_layers)
+  return _StackedInit(init, num_layers,
+                      None if in_axes is None else tuple(in_axes))
 
-  def init_stack(rng, *args, **kwargs):
-    axes = tuple(in_axes) if in_axes is not None else (None,) * len(args)
-    keys = layer_keys(rng, num_layers)
-    one_layer = lambda key, *a: init(key, *a, **kwargs)
+
+@dataclasses.dataclass(frozen=True)
+class _StackedInit:
+  """`stacked_init`'s result: equal for equal inputs, so shape caches hit."""
+  init: InitFn
+  num_layers: int
+  in_axes: Optional[tuple[Optional[int], ...]]
+
+  def __call__(self, rng, *args, **kwargs):
+    axes = self.in_axes if self.in_axes is not None else (None,) * len(args)
+    keys = layer_keys(rng, self.num_layers)
+    one_layer = lambda key, *a: self.init(key, *a, **kwargs)
     return jax.vmap(one_layer, in_axes=(None if keys is None else 0,) + axes,
-                    axis_size=num_layers)(keys, *args)
-
-  return init_stack
+                    axis_size=self.num_layers)(keys, *args)
 
 
 def layer_scan(
@@ -187,24 +196,47 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
   """
   if init is None:
     f = haiku_internals.original_fn(layer) or layer
-    return layer_scan(lambda c, _: (f(c), None), x, num_layers=num_layers,
-                      **options)[0]
-  return layer_scan(lambda p, c, _: (layer(p, c), None), x,
-                    num_layers=num_layers,
-                    init=lambda rng, c, _: init(rng, c), **options)[0]
+    return layer_scan(_CarryLayer(f), x, num_layers=num_layers, **options)[0]
+  return layer_scan(_CarryLayer(layer), x, num_layers=num_layers,
+                    init=_CarryInit(init), **options)[0]
 
 
-def _without_interceptors(f: Callable[..., Any]) -> Callable[..., Any]:
+# `repeat_layer`'s adapters are dataclasses rather than lambdas, so that calls
+# with one layer are equal and hit the caches of its transform and shapes.
+
+
+@dataclasses.dataclass(frozen=True)
+class _CarryLayer:
+  """`x -> x` as `(carry, x) -> (carry, None)`, with or without leading params."""
+  f: Callable[..., Any]
+
+  def __call__(self, *args):
+    *params, carry, _ = args
+    return self.f(*params, carry), None
+
+
+@dataclasses.dataclass(frozen=True)
+class _CarryInit:
+  """`init(rng, x)` as `init(rng, carry, x)`."""
+  init: InitFn
+
+  def __call__(self, rng, carry, _):
+    return self.init(rng, carry)
+
+
+@dataclasses.dataclass(frozen=True)
+class _without_interceptors:  # pylint: disable=invalid-name
   """`f`, a nested Haiku transform, run without the caller's interceptors.
 
   The caller's custom getters and creators already ran once, on the stacked
-  params, where `call_pure` reads them.
+  params, where `call_pure` reads them. (A dataclass, equal for equal `f`, so
+  that shape caches hit.)
   """
-  @functools.wraps(f)
-  def wrapper(*args, **kwargs):
+  f: Callable[..., Any]
+
+  def __call__(self, *args, **kwargs):
     with haiku_internals.interceptors_suspended():
-      return f(*args, **kwargs)
-  return wrapper
+      return self.f(*args, **kwargs)
 
 
 @functools.lru_cache(maxsize=256)

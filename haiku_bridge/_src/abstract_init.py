@@ -1,0 +1,90 @@
+"""Shapes of an init function's output at apply time, traced once per signature.
+
+At apply the bridge needs the structure, shapes and dtypes of what `init`
+returns, never its values: `jax.eval_shape` gives them without leaving an op
+in the jaxpr, but it traces `init` in full, which for a Haiku function costs
+about as much as tracing the model itself. The answer depends only on `init`
+and on the shapes of array arguments (and the values of the others), so it is
+kept in a small LRU cache under that signature. Arguments that cannot be
+hashed skip the cache.
+"""
+
+import collections
+import threading
+from typing import Any, Callable, Hashable, Optional
+
+import jax
+import numpy as np
+
+_MAX_ENTRIES = 512
+
+
+class _LruCache:
+
+  def __init__(self, max_entries: int):
+    self._entries: collections.OrderedDict = collections.OrderedDict()
+    self._max_entries = max_entries
+    self._lock = threading.Lock()
+
+  def get(self, key: Hashable) -> Any:
+    with self._lock:
+      value = self._entries.get(key)
+      if value is not None:
+        self._entries.move_to_end(key)
+      return value
+
+  def put(self, key: Hashable, value: Any) -> None:
+    with self._lock:
+      self._entries[key] = value
+      if len(self._entries) > self._max_entries:
+        self._entries.popitem(last=False)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._entries.clear()
+
+
+_cache = _LruCache(_MAX_ENTRIES)
+
+
+def _leaf_signature(leaf: Any) -> Hashable:
+  if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+    return ("array", tuple(leaf.shape), np.dtype(leaf.dtype).str
+            if not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended)
+            else str(leaf.dtype), bool(getattr(leaf, "weak_type", False)))
+  hash(leaf)  # Python values (ints, flags, ...) may decide shapes: keep them.
+  return ("value", type(leaf), leaf)
+
+
+def signature(args: tuple[Any, ...], kwargs: dict[str, Any],
+              key_spec: jax.ShapeDtypeStruct) -> Optional[Hashable]:
+  """A hashable key for `(args, kwargs)` up to array values, or None."""
+  leaves, treedef = jax.tree.flatten((args, kwargs))
+  try:
+    return (treedef, tuple(map(_leaf_signature, leaves)),
+            tuple(key_spec.shape), str(key_spec.dtype))
+  except TypeError:
+    return None
+
+
+def abstract_init(init: Callable[..., Any], key_spec: jax.ShapeDtypeStruct,
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+  """`jax.eval_shape` of `init(key, *args, **kwargs)`, cached by signature."""
+  sig = signature(args, kwargs, key_spec)
+  try:
+    cache_key = None if sig is None else (init, sig)
+    hash(cache_key)
+  except TypeError:
+    cache_key = None
+  if cache_key is not None:
+    cached = _cache.get(cache_key)
+    if cached is not None:
+      return cached
+  shapes = jax.eval_shape(lambda key: init(key, *args, **kwargs), key_spec)
+  if cache_key is not None:
+    _cache.put(cache_key, shapes)
+  return shapes
+
+
+def clear_cache() -> None:
+  _cache.clear()

@@ -1,0 +1,97 @@
+"""Tests for abstract_init: shapes at apply, traced once per signature."""
+
+from absl.testing import absltest
+import haiku as hk
+import jax
+import jax.numpy as jnp
+
+import haiku_bridge as hkb
+from haiku_bridge._src import abstract_init
+
+KEY_SPEC = jax.ShapeDtypeStruct((2,), jnp.uint32)
+
+
+class AbstractInitTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    abstract_init.clear_cache()
+    self.calls = []
+
+  def init(self, rng, x, features=3):
+    self.calls.append(features)
+    return {"w": jnp.zeros([x.shape[-1], features]) + rng[0]}
+
+  def test_same_signature_traces_once(self):
+    a = abstract_init.abstract_init(self.init, KEY_SPEC, (jnp.ones([2, 4]),),
+                                    {})
+    b = abstract_init.abstract_init(self.init, KEY_SPEC, (jnp.zeros([2, 4]),),
+                                    {})
+    self.assertLen(self.calls, 1)
+    self.assertEqual(a, b)
+    self.assertEqual(a["w"].shape, (4, 3))
+
+  def test_shapes_and_python_values_are_part_of_the_signature(self):
+    x = jnp.ones([2, 4])
+    shapes = [
+        abstract_init.abstract_init(self.init, KEY_SPEC, (x,), {}),
+        abstract_init.abstract_init(self.init, KEY_SPEC, (jnp.ones([2, 5]),),
+                                    {}),
+        abstract_init.abstract_init(self.init, KEY_SPEC, (x,),
+                                    {"features": 7}),
+        abstract_init.abstract_init(self.init, KEY_SPEC, (x.astype(
+            jnp.bfloat16),), {}),
+    ]
+    self.assertLen(self.calls, 4)
+    self.assertEqual([s["w"].shape for s in shapes],
+                     [(4, 3), (5, 3), (4, 7), (4, 3)])
+
+  def test_unhashable_argument_skips_cache(self):
+    x = jnp.ones([2, 4])
+    init = lambda rng, x, opts: self.init(rng, x)
+    for _ in range(2):
+      abstract_init.abstract_init(init, KEY_SPEC, (x, [[1]]), {})
+    # A list leaf is a pytree node, its int leaf is hashable: cached.
+    self.assertLen(self.calls, 1)
+    for _ in range(2):
+      abstract_init.abstract_init(init, KEY_SPEC, (x, object.__new__(
+          _Unhashable)), {})
+    self.assertLen(self.calls, 3)
+
+  def test_apply_traces_init_once(self):
+    calls = []
+
+    def init(rng, x):
+      calls.append(None)
+      return {"w": jax.random.normal(rng, [x.shape[-1], 2])}
+
+    f = hk.transform(lambda x: hkb.call_pure(lambda p, x: x @ p["w"], x,
+                                             init=init))
+    x = jnp.ones([1, 3])
+    params = f.init(jax.random.PRNGKey(0), x)
+    for _ in range(3):
+      jax.make_jaxpr(lambda p: f.apply(p, None, x))(params)
+    self.assertLen(calls, 2)  # Once at init, once for shapes at apply.
+
+  def test_repeated_layer_scan_traces_init_once(self):
+    calls = []
+
+    def block(x):
+      calls.append(None)
+      return hk.Linear(x.shape[-1])(x)
+
+    f = hk.transform(lambda x: hkb.repeat_layer(block, x, 4))
+    x = jnp.ones([1, 3])
+    params = f.init(jax.random.PRNGKey(0), x)
+    calls.clear()
+    for _ in range(3):
+      jax.make_jaxpr(lambda p: f.apply(p, None, x))(params)
+    self.assertLen(calls, 1 + 3)  # Shapes once, then the scan body each time.
+
+
+class _Unhashable:
+  __hash__ = None
+
+
+if __name__ == "__main__":
+  absltest.main()
