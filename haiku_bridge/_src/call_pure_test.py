@@ -310,6 +310,21 @@ class KeyPathRuleTest(parameterized.TestCase):
         lambda x: hkb.call_pure(dense, x, init=init_dense, name="proj"))(x))
     self.assertEqual(sorted(f.init(KEY, X)), ["outer/proj"])
 
+  def test_same_name_twice_is_numbered_like_name_scope(self):
+    def bridged(x):
+      a = hkb.call_pure(dense, x, init=init_dense, name="enc")
+      return a + hkb.call_pure(dense, x, init=init_dense, name="enc")
+
+    def name_scopes(x):
+      outs = []
+      for _ in range(2):
+        with hk.name_scope("enc"):
+          outs.append(hk.get_parameter("w", [4, 5], init=jnp.zeros))
+      return outs
+
+    self.assertEqual(sorted(hk.transform(bridged).init(KEY, X)),
+                     sorted(hk.transform(name_scopes).init(KEY, X)))
+
   def test_random_trees_round_trip(self):
     rng = np.random.default_rng(0)
     for _ in range(20):
