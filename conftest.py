@@ -4,7 +4,13 @@ absltest reads its flags (e.g. --test_tmpdir, used by `create_tempdir`) after `a
 parsed them; pytest never calls it, so take every flag's default here.
 """
 
-from absl import flags
+import os
+
+# Set before anything imports jax: the sharding tests need 8 (CPU) devices, and
+# under pytest one process imports every test file. Bazel sets it per target.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+from absl import flags  # pylint: disable=g-import-not-at-top
 
 
 def pytest_configure(config):

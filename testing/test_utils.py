@@ -3,6 +3,7 @@
 import collections
 from typing import Any, Callable
 
+import haiku as hk
 import jax
 import jax.extend.core as jax_core
 
@@ -27,3 +28,14 @@ def primitive_counts(fn: Callable[..., Any], *args: Any) -> collections.Counter:
 
 def param_shapes(params: Any) -> Any:
   return jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), params)
+
+
+class Outer(hk.Module):
+  """A module whose `__call__` runs `body`: puts any test code inside a module."""
+
+  def __init__(self, body: Callable[..., Any], name: str | None = None):
+    super().__init__(name=name)
+    self._body = body
+
+  def __call__(self, *args: Any) -> Any:
+    return self._body(*args)

@@ -203,10 +203,22 @@ def _check_stored(kind: str, slot: naming.Slot, path: str, stored: Any,
         "was added needs re-initialising or converting).")
   shape, dtype = tuple(stored.shape), stored.dtype
   if shape != tuple(spec.shape) or dtype != spec.dtype:
+    hint = ""
+    if _looks_like_a_shard(shape, tuple(spec.shape)):
+      hint = (" If apply runs inside jax.shard_map, it sees per-device shards "
+              "of the params: put the shard_map inside the pure function "
+              "instead, or use jax.jit with shardings.")
     raise ValueError(
         f"hkb.{api}: {kind} {slot.full_name!r} (params path {path}) is "
         f"{dtype.name}{list(shape)} in what apply was given, but init gives "
-        f"{jnp.dtype(spec.dtype).name}{list(spec.shape)} for these inputs.")
+        f"{jnp.dtype(spec.dtype).name}{list(spec.shape)} for these inputs."
+        + hint)
+
+
+def _looks_like_a_shard(shape: tuple[int, ...],
+                        full: tuple[int, ...]) -> bool:
+  return (len(shape) == len(full) and shape != full and
+          all(s and f % s == 0 for s, f in zip(shape, full)))
 
 
 # ---------------------------------------------------------------------------

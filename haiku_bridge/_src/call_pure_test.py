@@ -16,6 +16,8 @@ import haiku_bridge as hkb
 from haiku_bridge._src import call_pure as call_pure_lib
 from testing import test_utils
 
+Outer = test_utils.Outer
+
 KEY = jax.random.PRNGKey(42)
 X = jax.random.normal(jax.random.PRNGKey(1), [3, 4])
 
@@ -32,17 +34,6 @@ def init_dense(rng, x, features=5):
 
 def mlp_fn(x):
   return hk.nets.MLP([5, 3])(x)
-
-
-class Outer(hk.Module):
-  """Holds its body in a callable so each test can place code in a module."""
-
-  def __init__(self, body, name=None):
-    super().__init__(name=name)
-    self._body = body
-
-  def __call__(self, *args):
-    return self._body(*args)
 
 
 def assert_same_model(test, bridged, inline, *args, rng=KEY, state=False):
@@ -708,6 +699,16 @@ class ErrorsTest(parameterized.TestCase):
         r"parameter 'outer/proj/w' \(params path \['w'\]\) is float32\[4, 6\] "
         r".*init gives float32\[4, 5\]"):
       f.apply(params, None, X)
+
+  def test_shard_sized_param_gets_a_shard_map_hint(self):
+    f, params = self._params()
+    params["outer/proj"]["w"] = jnp.zeros([4, 1])
+    with self.assertRaisesRegex(ValueError, r"float32\[4, 1\].*shard_map"):
+      f.apply(params, None, X)
+    params["outer/proj"]["w"] = jnp.zeros([4, 6])
+    with self.assertRaises(ValueError) as raised:
+      f.apply(params, None, X)
+    self.assertNotIn("shard_map", str(raised.exception))
 
   def test_wrong_dtype_at_apply(self):
     f, params = self._params()

@@ -1,0 +1,587 @@
+"""Custom gradients for Haiku functions: `custom_vjp`, `custom_jvp`.
+
+Haiku has no module-level custom derivative: a `jax.custom_vjp` backward pass
+must return cotangents for the weights, so the weights must be arguments,
+while Haiku hides them behind `hk.get_parameter`. Here the user writes the
+forward pass as an ordinary Haiku function `f(*args)` and gets, in `fwd` and
+`bwd` (or `jvp`), its parameters as an explicit pytree:
+
+    block = hkb.custom_vjp(f, hkb.vjp_fwd, bwd)
+    y = block(x)            # anywhere inside a Haiku transform
+
+How it works. `f` runs through `call_pure`'s inline machinery (a nested
+`hk.transform_with_state`), so its parameters and state are created and named
+exactly as inline code would name them, and its rng draws the keys inline
+code would draw. At apply the nested apply, a pure function of
+`(params, state, rng_state, args)`, is wrapped in `jax.custom_vjp` (or
+`jax.custom_jvp`). State and rng are arguments of that function, never
+closed over, so the backward pass replays the same dropout mask; the new
+state and the caller's next rng state are extra outputs whose cotangents are
+dropped, so they are updated by the forward pass only and `bwd` never sees
+them.
+
+The user's rules see the inner function as `f_pure(params, *args) -> out`,
+with state and rng already bound. `params` is Haiku-shaped with the inner's
+own names (`{"mlp/~/linear_0": {"w": ..., "b": ...}}`).
+"""
+
+from collections.abc import Mapping
+import functools
+from typing import Any, Callable, Sequence
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from haiku_bridge._src import call_pure as call_pure_lib
+from haiku_bridge._src import haiku_internals
+
+PyTree = Any
+PureFn = Callable[..., Any]
+FwdFn = Callable[..., tuple[Any, Any]]
+BwdFn = Callable[[Any, Any], Sequence[Any]]
+JvpFn = Callable[[PureFn, tuple[Any, ...], tuple[Any, ...]], tuple[Any, Any]]
+
+
+# ---------------------------------------------------------------------------
+# Public API.
+# ---------------------------------------------------------------------------
+
+
+def custom_vjp(
+    f: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
+    fwd: FwdFn,
+    bwd: BwdFn,
+    *,
+    nondiff_argnums: Sequence[int] = (),
+) -> Callable[..., Any]:
+  """A Haiku function with a custom backward pass over its own weights.
+
+  Example: a block whose weights learn from half the error they would get.
+
+  >>> def mlp(x):
+  ...   return hk.nets.MLP([8, 4])(x)
+  >>> def half(vjp_fn, g):
+  ...   params_ct, x_ct = vjp_fn(g)
+  ...   return jax.tree.map(lambda c: 0.5 * c, params_ct), x_ct
+  >>> block = hkb.custom_vjp(mlp, hkb.vjp_fwd, half)
+  >>> net = hk.transform(lambda x: block(x))  # params named as inline mlp's
+
+  Args:
+    f: a Haiku function `f(*args) -> out` (or its `hk.transform*`). It may
+      create modules, read and write state and draw rng keys; its parameters
+      and state are named exactly as calling `f` inline would name them.
+    fwd: `fwd(f_pure, params, *args) -> (out, residuals)`. `f_pure(params,
+      *args) -> out` is `f` as a pure function of its params (Haiku-shaped,
+      the inner's names), with state and rng bound; `args` are the block's
+      arguments as given, non-differentiable ones included. `hkb.vjp_fwd`
+      stores a `jax.vjp` closure as the residuals.
+    bwd: `bwd(residuals, out_cotangent) -> (params_ct, *args_cts)`: one
+      cotangent for `params` and one per differentiable argument (positions
+      not in `nondiff_argnums`), each with the structure and shapes of what
+      it is the cotangent of, or None for zero (as `jax.custom_vjp`).
+    nondiff_argnums: positions of arguments that are not differentiated and
+      reach `f`, `fwd` and `f_pure` untraced: Python flags, ints, callables.
+
+  Returns:
+    `block(*args)`, callable inside a Haiku transform wherever `f` could be
+    called: deep in modules, in `hk.vmap`, in a `layer_scan` layer, under
+    `jax.jit`. At init it runs `f` as inline code would.
+  """
+  return _CustomVJP(f, fwd, bwd, nondiff_argnums)
+
+
+def custom_jvp(
+    f: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
+    jvp: JvpFn,
+    *,
+    nondiff_argnums: Sequence[int] = (),
+) -> Callable[..., Any]:
+  """A Haiku function with a custom forward-mode derivative over its weights.
+
+  Reverse mode (`jax.grad`) comes from transposing `jvp`, as for
+  `jax.custom_jvp`, so `jvp` must be linear in the tangents. Example: a
+  straight-through estimator, whose derivative is that of the unrounded
+  layer. `params` uses the inner's names, so a surrogate built from the same
+  modules takes them as they are.
+
+  >>> def quantized(x):
+  ...   return jnp.round(hk.Linear(4)(x))
+  >>> smooth = hk.transform(lambda x: hk.Linear(4)(x))
+  >>> def straight_through(f_pure, primals, tangents):
+  ...   surrogate = lambda p, x: smooth.apply(p, None, x)
+  ...   return f_pure(*primals), jax.jvp(surrogate, primals, tangents)[1]
+  >>> block = hkb.custom_jvp(quantized, straight_through)
+
+  Args:
+    f: a Haiku function `f(*args) -> out` (or its `hk.transform*`), as for
+      `custom_vjp`.
+    jvp: `jvp(f_pure, primals, tangents) -> (out, out_dot)`, with `primals =
+      (params, *args)` (all arguments, as given) and `tangents = (params_dot,
+      *args_dot)` aligned with them, None at `nondiff_argnums` positions.
+      `out_dot` has the structure, shapes and dtypes of `out`.
+    nondiff_argnums: positions of arguments that are not differentiated and
+      reach `f`, `jvp` and `f_pure` untraced.
+
+  Returns:
+    `block(*args)`, callable inside a Haiku transform.
+  """
+  return _CustomJVP(f, jvp, nondiff_argnums)
+
+
+def vjp_fwd(f_pure: PureFn, params: PyTree, *args: Any) -> tuple[Any, Any]:
+  """A `fwd` for `custom_vjp` whose residuals are the `jax.vjp` closure.
+
+  `vjp_fn(out_cotangent) -> (params_ct, *args_cts)` has exactly the output
+  `bwd` must return (non-differentiable arguments are held fixed, never
+  traced), so `bwd = lambda vjp_fn, g: vjp_fn(g)` is the true gradient, and
+  any other `bwd` starts from it. The closure holds the forward's
+  activations, so the backward pass does not recompute them. Unlike
+  `jax.vjp(f_pure, ...)` written by hand, this also hands the block's new
+  Haiku state over without a second forward pass.
+
+  >>> block = hkb.custom_vjp(f, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g))
+
+  Args:
+    f_pure: the pure function `custom_vjp` passes to `fwd`.
+    params: its params.
+    *args: its arguments.
+
+  Returns:
+    `(out, vjp_fn)`.
+  """
+  nondiff = getattr(f_pure, "nondiff_argnums", ())
+  diff = [i for i in range(len(args)) if i not in nondiff]
+  with_aux = (f_pure.with_aux if isinstance(f_pure, _PureFunction) else
+              lambda p, *a: (f_pure(p, *a), None))
+
+  def diff_only(p, *diff_args):
+    return with_aux(p, *_merge(args, diff, diff_args))
+
+  out, vjp_fn, aux = jax.vjp(diff_only, params, *[args[i] for i in diff],
+                             has_aux=True)
+  if isinstance(f_pure, _PureFunction):
+    # `has_aux` returns `aux` outside jax.vjp's trace: usable as the state.
+    f_pure.offer(params, args, out, aux)
+  return out, vjp_fn
+
+
+def route_cotangents(
+    split: Callable[[Any], Mapping[str, Any]],
+    combine: Callable[[dict[str, tuple[Any, ...]]], Sequence[Any]],
+) -> BwdFn:
+  """A `bwd` for `custom_vjp` + `vjp_fwd` that routes cotangent pieces.
+
+  The backward pass splits the output cotangent into named, full-shaped
+  pieces, runs the stored `jax.vjp` closure on all of them in one `jax.vmap`,
+  and lets `combine` assemble the result from each piece's cotangents. The
+  cotangents are linear in the output cotangent, so when the pieces sum to it,
+  summing a cotangent over the pieces gives the true one. Example: the first
+  half of the features teaches `layer1`, the second half `layer2`; the input
+  gets the true cotangent.
+
+  >>> route = {"layer1": "a", "layer2": "b"}
+  >>> bwd = hkb.route_cotangents(
+  ...     lambda g: {"a": g.at[..., 8:].set(0), "b": g.at[..., :8].set(0)},
+  ...     lambda cts: ({m: cts[p][0][m] for m, p in route.items()},
+  ...                  cts["a"][1] + cts["b"][1]))
+  >>> block = hkb.custom_vjp(mlp, hkb.vjp_fwd, bwd)
+
+  Args:
+    split: `split(out_cotangent) -> {name: piece}`, each piece with the
+      structure and shapes of the output cotangent.
+    combine: `combine({name: (params_ct, *args_cts)}) -> (params_ct,
+      *args_cts)`, given each piece's cotangents as the vjp closure returns
+      them.
+
+  Returns:
+    `bwd(vjp_fn, out_cotangent)`, for residuals made by `hkb.vjp_fwd` (or any
+    `fwd` whose residuals are a `jax.vjp` closure).
+  """
+
+  def bwd(vjp_fn, out_ct):
+    pieces = split(out_ct)
+    _check_pieces(pieces, out_ct)
+    names = list(pieces)
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves),
+                           *[pieces[name] for name in names])
+    # One vmapped backward pass for all pieces, reusing the forward's
+    # activations held by the closure.
+    cts = jax.vmap(vjp_fn)(stacked)
+    return combine({name: jax.tree.map(lambda c, i=i: c[i], cts)
+                    for i, name in enumerate(names)})
+
+  return bwd
+
+
+# ---------------------------------------------------------------------------
+# The inner function as the user's rules see it.
+# ---------------------------------------------------------------------------
+
+
+@jax.tree_util.register_pytree_node_class
+class _PureFunction:
+  """`f_pure(params, *args) -> out`: the inner function, state and rng bound.
+
+  Besides `out`, each run yields `aux = (new_state, final_rng_state)`, which
+  the block must return to Haiku. The user's rule may run `f_pure` under
+  transforms of its own (`jax.vjp`, `jax.vmap`), where `aux` is a tracer that
+  must not escape; so `aux` is only kept from a run whose inputs are the
+  rule's own, untouched (`offer`), and otherwise computed again
+  (`aux`).
+
+  A pytree (its arrays are the bound state and rng), so `fwd` may store it in
+  the residuals and `bwd` rerun it: the same state and key, the same mask.
+  """
+
+  def __init__(self, apply, state, rng_state, nondiff_argnums,
+               params=None, args=()):
+    self._apply = apply
+    self._state = state
+    self._rng_state = rng_state
+    self.nondiff_argnums = tuple(nondiff_argnums)
+    self._inputs = jax.tree.leaves((params, args))
+    self._kept = None
+    self._aux_unchanged = None
+
+  def tree_flatten(self):
+    return (self._state, self._rng_state), (self._apply, self.nondiff_argnums)
+
+  @classmethod
+  def tree_unflatten(cls, static, children):
+    return cls(static[0], *children, static[1])
+
+  def __call__(self, params: PyTree, *args: Any) -> Any:
+    out, aux = self.with_aux(params, *args)
+    self.offer(params, args, out, aux)
+    return out
+
+  def with_aux(self, params: PyTree, *args: Any) -> tuple[Any, Any]:
+    """`(out, (new_state, final_rng_state))` of one run."""
+    out, new_state, final_rng = self._apply(params, self._state,
+                                            self._rng_state, args, {})
+    aux = (new_state, final_rng)
+    if self._aux_unchanged is None:
+      # A trace-time fact, true at any trace level: a run that neither sets
+      # state nor draws a key hands back the very objects it was given.
+      before = jax.tree.leaves((self._state, self._rng_state))
+      after = jax.tree.leaves(aux)
+      self._aux_unchanged = len(before) == len(after) and all(
+          a is b for a, b in zip(before, after))
+    return out, aux
+
+  def offer(self, params, args, out, aux) -> None:
+    """Keeps `(out, aux)` if it came from the rule's own inputs, untouched."""
+    leaves = jax.tree.leaves((params, args))
+    if self._kept is None and len(leaves) == len(self._inputs) and all(
+        a is b for a, b in zip(leaves, self._inputs)):
+      self._kept = (out, aux)
+
+  def out_spec(self, params, args) -> Any:
+    """Shapes and dtypes of `out` for the rule's own inputs."""
+    if self._kept is not None:
+      return _specs(self._kept[0])
+    # Non-differentiable arguments stay closed over: never traced.
+    diff = [i for i in range(len(args)) if i not in self.nondiff_argnums]
+    return _specs(jax.eval_shape(
+        lambda p, d: self.with_aux(p, *_merge(args, diff, d))[0], params,
+        [args[i] for i in diff]))
+
+  def aux(self, params, args) -> Any:
+    """`(new_state, final_rng_state)` for the rule's own inputs.
+
+    Kept from the rule's own run if there was one, else the inputs when the
+    function changes neither, else computed by running it again. Running
+    again costs a second forward pass only outside `jax.jit`: under
+    `jax.jit`, XLA drops the unused output and merges the shared work.
+    """
+    if self._kept is not None:
+      return self._kept[1]
+    if self._aux_unchanged is None:
+      self.out_spec(params, args)  # An abstract run: learns the fact.
+    if self._aux_unchanged:
+      return self._state, self._rng_state
+    self._kept = self.with_aux(params, *args)
+    return self._kept[1]
+
+
+# ---------------------------------------------------------------------------
+# The blocks.
+# ---------------------------------------------------------------------------
+
+
+class _CustomBlock:
+  """What the VJP and JVP blocks share: binding `f` and its arguments."""
+
+  _api = "custom_vjp"
+
+  def __init__(self, f, nondiff_argnums):
+    inner = haiku_internals.original_fn(f) or f
+    if not callable(inner):
+      raise TypeError(
+          f"hkb.{self._api}: `f` must be a Haiku function (or its "
+          f"hk.transform); got {f!r}.")
+    functools.update_wrapper(self, inner, updated=())
+    self._transformed = hk.transform_with_state(inner)
+    self._nondiff = tuple(sorted(set(int(i) for i in nondiff_argnums)))
+    if any(i < 0 for i in self._nondiff):
+      raise ValueError(
+          f"hkb.{self._api}: nondiff_argnums must be non-negative positions; "
+          f"got {tuple(nondiff_argnums)}.")
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    if kwargs:
+      raise TypeError(
+          f"hkb.{self._api} blocks take positional arguments only (got "
+          f"{sorted(kwargs)}): pass them by position, with Python flags in "
+          "nondiff_argnums, or bind them into `f` with functools.partial.")
+    call_pure_lib.require_transform(self._api)
+    self._check_args(args)
+    # Reuses call_pure's inline machinery: names, init values and rng as if
+    # `f` ran inline here; only the nested apply is wrapped.
+    inline = call_pure_lib._InlineFunction.of(self._transformed)  # pylint: disable=protected-access
+    return inline.call(args, {}, api=self._api, apply_with=self._apply_with)
+
+  def _check_args(self, args) -> None:
+    for i in self._diff_positions(args):
+      for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
+        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, float,
+                                 int, complex)):
+          raise TypeError(
+              f"hkb.{self._api}: argument {i} holds a "
+              f"{type(leaf).__name__} at {jax.tree_util.keystr(path) or '<root>'}"
+              ", which JAX cannot differentiate. Put its position in "
+              "nondiff_argnums.")
+    for i in self._nondiff:
+      if i >= len(args):
+        raise ValueError(
+            f"hkb.{self._api}: nondiff_argnums has {i}, but the block was "
+            f"called with {len(args)} positional arguments.")
+      if any(isinstance(leaf, jax.core.Tracer)
+             for leaf in jax.tree.leaves(args[i])):
+        raise TypeError(
+            f"hkb.{self._api}: argument {i} is in nondiff_argnums but holds a "
+            "traced array. nondiff_argnums are for Python values (flags, "
+            "ints, callables) that stay untraced; pass arrays as ordinary "
+            "arguments and give them a None cotangent.")
+
+  def _diff_positions(self, args) -> list[int]:
+    return [i for i in range(len(args)) if i not in self._nondiff]
+
+  def _apply_with(self, apply, params, state, rng_state, args, kwargs):
+    del kwargs  # Always empty: blocks take positional arguments only.
+    diff = self._diff_positions(args)
+
+    def run(params, state, rng_state, diff_args):
+      out, new_state, final_rng = apply(params, state, rng_state,
+                                        _merge(args, diff, diff_args), {})
+      return out, (new_state, final_rng)
+
+    core = self._custom(apply, run, params, args, diff)
+    out, (new_state, final_rng) = core(params, state, rng_state,
+                                       tuple(args[i] for i in diff))
+    return out, new_state, final_rng
+
+  def _bound(self, apply, state, rng_state, params, args):
+    return _PureFunction(apply, state, rng_state, self._nondiff, params, args)
+
+  def _custom(self, apply, run, params, args, diff):
+    """`run` wrapped in the custom derivative; `apply` is for `f_pure`."""
+    raise NotImplementedError
+
+
+class _CustomVJP(_CustomBlock):
+  """`block(*args)` of `custom_vjp`."""
+
+  _api = "custom_vjp"
+
+  def __init__(self, f, fwd, bwd, nondiff_argnums):
+    super().__init__(f, nondiff_argnums)
+    self._fwd, self._bwd = fwd, bwd
+
+  def _custom(self, apply, run, params, args, diff):
+    # Structure and shapes only: the backward pass must not close over
+    # tracers of the forward.
+    expected = (_specs(params),) + tuple(_specs(args[i]) for i in diff)
+    core = jax.custom_vjp(run)
+
+    def fwd_rule(params, state, rng_state, diff_args):
+      full = _merge(args, diff, diff_args)
+      f_pure = self._bound(apply, state, rng_state, params, full)
+      result = self._fwd(f_pure, params, *full)
+      if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise TypeError(
+            f"hkb.custom_vjp: fwd must return a pair (out, residuals); got "
+            f"{_describe(result)}.")
+      out, residuals = result
+      _check_like("fwd's out", out, f_pure.out_spec(params, full), "fwd")
+      aux = f_pure.aux(params, full)
+      return (out, aux), residuals
+
+    def bwd_rule(residuals, cotangents):
+      out_ct, _ = cotangents  # State and rng are not differentiated.
+      cts = _check_bwd(self._bwd(residuals, out_ct), expected, diff,
+                       self._nondiff)
+      return cts[0], None, None, tuple(cts[1:])
+
+    core.defvjp(fwd_rule, bwd_rule)
+    return core
+
+
+class _CustomJVP(_CustomBlock):
+  """`block(*args)` of `custom_jvp`."""
+
+  _api = "custom_jvp"
+
+  def __init__(self, f, jvp, nondiff_argnums):
+    super().__init__(f, nondiff_argnums)
+    self._jvp = jvp
+
+  def _custom(self, apply, run, params, args, diff):
+    core = jax.custom_jvp(run)
+
+    def jvp_rule(primals, tangents):
+      params, state, rng_state, diff_args = primals
+      params_dot, _, _, diff_dots = tangents  # State and rng: not differentiated.
+      full = _merge(args, diff, diff_args)
+      full_dots = _merge([None] * len(args), diff, diff_dots)
+      f_pure = self._bound(apply, state, rng_state, params, full)
+      result = self._jvp(f_pure, (params, *full), (params_dot, *full_dots))
+      if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise TypeError(
+            f"hkb.custom_jvp: jvp must return a pair (out, out_dot); got "
+            f"{_describe(result)}.")
+      out, out_dot = result
+      spec = f_pure.out_spec(params, full)
+      _check_like("jvp's out", out, spec, "jvp")
+      _check_like("jvp's out_dot", out_dot, spec, "jvp", tangent=True)
+      aux = f_pure.aux(params, full)
+      return (out, aux), (out_dot, jax.tree.map(_zero_tangent, aux))
+
+    core.defjvp(jvp_rule)
+    return core
+
+
+# ---------------------------------------------------------------------------
+# Helpers.
+# ---------------------------------------------------------------------------
+
+
+def _merge(args: Sequence[Any], positions: Sequence[int],
+           values: Sequence[Any]) -> tuple[Any, ...]:
+  """`args` with `args[positions[k]]` replaced by `values[k]`."""
+  merged = list(args)
+  for i, value in zip(positions, values):
+    merged[i] = value
+  return tuple(merged)
+
+
+def _specs(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x),
+                                                     jnp.result_type(x)),
+                      tree)
+
+
+def _describe(x: Any) -> str:
+  if isinstance(x, (tuple, list)):
+    return f"a {type(x).__name__} of length {len(x)}"
+  return f"a {type(x).__name__}"
+
+
+def _zero_tangent(x):
+  if jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+    return jnp.zeros_like(x)
+  return np.zeros(np.shape(x), jax.dtypes.float0)
+
+
+def _type_str(spec) -> str:
+  return f"{jnp.dtype(spec.dtype).name}{list(spec.shape)}"
+
+
+def _check_like(what: str, tree, spec, rule: str, tangent: bool = False):
+  """Checks `tree` against `spec` (the primal output): structure and shapes."""
+  got_def, want_def = jax.tree.structure(tree), jax.tree.structure(spec)
+  if got_def != want_def:
+    raise ValueError(
+        f"hkb: {what} must have the structure of f's output, {want_def}; "
+        f"got {got_def}. Check what {rule} returns.")
+  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(tree),
+                               jax.tree.leaves(spec)):
+    got = jax.ShapeDtypeStruct(np.shape(got), jnp.result_type(got))
+    dtype_ok = got.dtype == want.dtype
+    if tangent and not jnp.issubdtype(want.dtype, jnp.inexact):
+      dtype_ok = True  # Integer outputs have float0 tangents.
+    if got.shape != want.shape or not dtype_ok:
+      raise ValueError(
+          f"hkb: {what} at {jax.tree_util.keystr(path) or '<root>'} is "
+          f"{_type_str(got)}, but f's output there is {_type_str(want)}. "
+          f"Check what {rule} returns.")
+
+
+def _check_bwd(result, expected, diff, nondiff):
+  """The user's bwd output, checked and normalised for JAX.
+
+  Checked here rather than by JAX because JAX's message would name the
+  wrapper's arguments (state, rng) that the user never sees.
+  """
+  n = len(expected)
+  wants = (f"(params_ct, *args_cts): {n} cotangents, one for params and one "
+           f"per differentiable argument (positions {list(diff)})")
+  if nondiff:
+    wants += f"; nondiff_argnums {list(nondiff)} get none"
+  if not isinstance(result, (tuple, list)) or len(result) != n:
+    raise ValueError(f"hkb.custom_vjp: bwd must return {wants}. Got "
+                     f"{_describe(result)}.")
+  names = ["params"] + [f"args[{i}]" for i in diff]
+  out = []
+  for name, ct, spec in zip(names, result, expected):
+    out.append(_check_cotangent(name, ct, spec, wants))
+  return out
+
+
+def _check_cotangent(name, ct, spec, wants):
+  """One cotangent of bwd: None (zero), or shaped like `spec`."""
+  is_none = lambda x: x is None
+  try:
+    # `ct` first, with None as a leaf: None may stand for a whole subtree.
+    jax.tree.map(lambda c, s: None, ct, spec, is_leaf=is_none)
+  except (ValueError, TypeError):
+    raise ValueError(
+        f"hkb.custom_vjp: bwd's cotangent for {name} must have the structure "
+        f"of {name}, {jax.tree.structure(spec)}; got "
+        f"{jax.tree.structure(ct)}. bwd must return {wants}.") from None
+
+  def fix(path, c, s):
+    where = jax.tree_util.keystr(path) or "<root>"
+    if c is None:
+      return None
+    if not isinstance(s, jax.ShapeDtypeStruct):
+      raise ValueError(
+          f"hkb.custom_vjp: bwd's cotangent for {name} has an array at "
+          f"{where}, where {name} has a subtree {jax.tree.structure(s)}.")
+    if not jnp.issubdtype(s.dtype, jnp.inexact):
+      return None  # The cotangent of an integer input is always zero.
+    if np.shape(c) != s.shape:
+      raise ValueError(
+          f"hkb.custom_vjp: bwd's cotangent for {name} at {where} has shape "
+          f"{list(np.shape(c))}, but {name} there is {_type_str(s)}.")
+    # What jax.grad would give: the cotangent in the primal's dtype.
+    return jnp.asarray(c, s.dtype)
+
+  return jax.tree_util.tree_map_with_path(fix, ct, spec, is_leaf=is_none)
+
+
+def _check_pieces(pieces, out_ct) -> None:
+  if not isinstance(pieces, Mapping) or not pieces:
+    raise TypeError(
+        "hkb.route_cotangents: split must return a non-empty dict {name: "
+        f"piece}}; got {_describe(pieces)}.")
+  want = _specs(out_ct)
+  for name, piece in pieces.items():
+    try:
+      _check_like(f"piece {name!r}", piece, want, "split", tangent=True)
+    except ValueError as e:
+      raise ValueError(
+          f"hkb.route_cotangents: {e} Each piece must be shaped like the "
+          "whole output cotangent (zero outside its part).") from None

@@ -1,0 +1,446 @@
+"""Sharding rules: how each parameter is split over a device mesh, by name.
+
+JAX shards a model with `jax.jit` and `NamedSharding`s over a `Mesh` (or with
+`jax.shard_map` and `PartitionSpec`s). Both need one spec per parameter, and a
+Haiku params dict holds many. `ShardingRules` states them once, by name: an
+ordered list of `(regex, PartitionSpec)` pairs, searched in the parameter's
+full path `bundle/name` (`net/mlp/~/linear_0/w`), first match wins; a parameter
+no rule matches is replicated. Bridged parameters (`call_pure`, `layer_scan`)
+are ordinary Haiku parameters, so the same rules cover them.
+
+Stacked parameters (from `layer_scan` / `repeat_layer` / `hk.layer_stack`) have
+a leading layer axis. Rules are written for one layer, and the stacks are
+declared once with `stacked=`: every parameter under a declared stack gets one
+leading spec entry per stack (`None`, i.e. each device holds every layer,
+unless the stack maps to a mesh axis), followed by its rule's per-layer spec.
+Nothing is guessed from shapes, so a rule means the same for a stacked and an
+unstacked copy of a layer.
+
+    rules = hkb.ShardingRules(
+        [(r"mlp/~/linear_0/w$", P(None, "model")),   # column split
+         (r"mlp/~/linear_1/w$", P("model", None))],  # row split
+        stacked=["encoder"])                        # layer_scan(name="encoder")
+    shardings = hkb.param_shardings(jax.eval_shape(f.init, key, x), mesh, rules)
+    params = jax.jit(f.init, out_shardings=shardings)(key, x)
+    step = jax.jit(train_step, in_shardings=(shardings, batch_sharding))
+
+`explain_shardings` lists each parameter with its rule and spec, the
+parameters no rule matched, and the rules that matched nothing.
+"""
+
+import dataclasses
+import math
+import re
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
+
+import jax
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+
+PyTree = Any
+# What one dimension of a PartitionSpec holds: no mesh axis, one, or several.
+MeshAxes = Optional[str | tuple[str, ...]]
+
+
+class Rule(NamedTuple):
+  """One rule: parameters whose path `re.search`es `pattern` get `spec`."""
+  pattern: str
+  spec: PartitionSpec
+
+
+class ParamSharding(NamedTuple):
+  """Where one parameter goes, and why.
+
+  Attributes:
+    path: the parameter's full path, `bundle/name` for Haiku params.
+    shape: its shape.
+    spec: its `PartitionSpec`, layer axes included.
+    rule: the index of the rule that matched it, or None (replicated).
+    layer_axes: how many leading layer axes `stacked=` gave it.
+  """
+  path: str
+  shape: tuple[int, ...]
+  spec: PartitionSpec
+  rule: Optional[int]
+  layer_axes: int
+
+
+class ShardingRules:
+  """Ordered `(pattern, PartitionSpec)` rules; first match wins.
+
+  >>> rules = hkb.ShardingRules([
+  ...     (r"attention/(query|key|value)/w$", P(None, "model")),
+  ...     (r"attention/linear/w$", P("model", None)),
+  ...     (r"mlp/~/linear_0/w$", P(None, "model")),
+  ...     (r"mlp/~/linear_0/b$", P("model")),
+  ...     (r"mlp/~/linear_1/w$", P("model", None)),
+  ... ], stacked=["transformer/layers"])
+  >>> rules.spec_for("transformer/layers/mlp/~/linear_0/w", (12, 64, 256))
+  P(None, None, 'model')
+  >>> rules.spec_for("transformer/embed/embeddings", (1000, 64))  # No rule.
+  P()
+
+  Patterns are Python regexes, `re.search`ed in the full path, so anchor them
+  (`$`, `^`, `/`) to avoid matching more than meant: `linear/w$` also matches
+  `.../my_linear/w`, `/linear/w$` does not.
+
+  A spec may be shorter than the parameter's rank (the remaining dimensions
+  are not split), never longer.
+
+  Args:
+    rules: `(pattern, spec)` pairs (or `Rule`s), in order of priority. `spec`
+      is a `PartitionSpec`; a tuple or list is turned into one.
+    stacked: the layer stacks whose parameters carry a leading layer axis, as
+      patterns of a path prefix: a parameter gets one layer axis for each
+      prefix of its path (at a `/`) that ends with a match of one of them. So
+      `"encoder"` covers `net/encoder/mlp/w`, `"net/encoder"` covers the same
+      and not `other/encoder/...`, and `"__layer_stack_no_per_layer"` (the
+      default name of `layer_scan` and `hk.layer_stack`) covers every unnamed
+      stack, twice where two are nested. A sequence maps each
+      stack's layer axis to no mesh axis (every device holds every layer); a
+      mapping `{pattern: mesh axes}` may split it, e.g. `{"encoder": "stage"}`
+      for pipeline stages.
+  """
+
+  def __init__(self,
+               rules: Iterable[Rule | tuple[str, Any]],
+               *,
+               stacked: Iterable[str] | Mapping[str, MeshAxes] = ()):
+    self._rules = tuple(_to_rule(i, r) for i, r in enumerate(rules))
+    self._compiled = tuple(_compile(r.pattern, f"rule {i}")
+                           for i, r in enumerate(self._rules))
+    if not isinstance(stacked, Mapping):
+      if isinstance(stacked, str):
+        raise TypeError(
+            f"hkb.ShardingRules: `stacked` is the string {stacked!r}; pass a "
+            f"list of stack patterns, e.g. stacked=[{stacked!r}].")
+      stacked = {s: None for s in stacked}
+    self._stacked = dict(stacked)
+    self._stacked_compiled = tuple(
+        (_compile(rf"(?:^|/)(?:{s})$", f"stacked pattern {s!r}"), axes)
+        for s, axes in self._stacked.items())
+
+  @property
+  def rules(self) -> tuple[Rule, ...]:
+    return self._rules
+
+  @property
+  def stacked(self) -> dict[str, MeshAxes]:
+    return dict(self._stacked)
+
+  def __repr__(self) -> str:
+    rules = ", ".join(f"({r.pattern!r}, {r.spec})" for r in self._rules)
+    return f"ShardingRules([{rules}], stacked={self._stacked!r})"
+
+  def place(self, path: str, shape: Sequence[int],
+            mesh: Optional[Mesh] = None) -> ParamSharding:
+    """Where the parameter at `path` with `shape` goes; checked against `mesh`.
+
+    Args:
+      path: the full path, e.g. `"net/linear/w"`.
+      shape: the parameter's shape (layer axes included).
+      mesh: if given, also check the spec's mesh axes exist and divide.
+
+    Returns:
+      A `ParamSharding`.
+
+    Raises:
+      ValueError: the spec has more axes than the parameter; with `mesh`, it
+        names an axis the mesh lacks, uses one twice, or splits a dimension
+        into parts of unequal size.
+    """
+    shape = tuple(shape)
+    layer_specs = self._layer_specs(path)
+    if len(layer_specs) > len(shape):
+      raise ValueError(
+          f"hkb sharding: parameter {path!r} has shape {shape}, but it lies "
+          f"under {len(layer_specs)} declared layer stack(s) "
+          f"({self._stacks_of(path)}), so it needs {len(layer_specs)} leading "
+          "layer axes. Check the patterns in `stacked=`.")
+    index = self._match(path)
+    if index is None:
+      spec = (PartitionSpec(*layer_specs) if any(
+          a is not None for a in layer_specs) else PartitionSpec())
+    else:
+      spec = PartitionSpec(*layer_specs, *self._rules[index].spec)
+    placed = ParamSharding(path, shape, spec, index, len(layer_specs))
+    if len(spec) > len(shape):
+      raise ValueError(
+          f"hkb sharding: {self._describe(index)} gives parameter {path!r} "
+          f"(shape {shape}) the spec {spec}, with {len(spec)} axes, more than "
+          f"its {len(shape)} dimensions.{self._layer_hint(placed)}")
+    if mesh is not None:
+      self._check_mesh(placed, mesh)
+    return placed
+
+  def spec_for(self, path: str, shape: Sequence[int],
+               mesh: Optional[Mesh] = None) -> PartitionSpec:
+    """The `PartitionSpec` of the parameter at `path`; see `place`."""
+    return self.place(path, shape, mesh).spec
+
+  # -------------------------------------------------------------------------
+
+  def _match(self, path: str) -> Optional[int]:
+    for i, pattern in enumerate(self._compiled):
+      if pattern.search(path):
+        return i
+    return None
+
+  def _prefixes(self, path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:k]) for k in range(1, len(parts))]
+
+  def _layer_specs(self, path: str) -> list[MeshAxes]:
+    """One entry per stack the parameter lies under, outermost first."""
+    specs = []
+    for prefix in self._prefixes(path):
+      for pattern, axes in self._stacked_compiled:
+        if pattern.search(prefix):
+          specs.append(axes)
+          break
+    return specs
+
+  def _stacks_of(self, path: str) -> str:
+    return ", ".join(
+        repr(prefix) for prefix in self._prefixes(path)
+        if any(p.search(prefix) for p, _ in self._stacked_compiled))
+
+  def _describe(self, index: Optional[int]) -> str:
+    if index is None:
+      return "no rule (replicated but for its layer axes)"
+    rule = self._rules[index]
+    return f"rule {index} ({rule.pattern!r} -> {rule.spec})"
+
+  def _layer_hint(self, placed: ParamSharding) -> str:
+    if placed.layer_axes:
+      return (f" The first {placed.layer_axes} entr"
+              f"{'y is' if placed.layer_axes == 1 else 'ies are'} for the "
+              f"layer axes of stack(s) {self._stacks_of(placed.path)}; write "
+              "the rule's spec for one layer.")
+    return (" Shorten the spec; if this parameter is stacked (layer_scan, "
+            "hk.layer_stack), write the spec for one layer and declare the "
+            "stack in `stacked=`.")
+
+  def _check_mesh(self, placed: ParamSharding, mesh: Mesh) -> None:
+    source = self._describe(placed.rule)
+    seen = {}
+    for dim, entry in enumerate(placed.spec):
+      if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+        continue
+      axes = (entry,) if isinstance(entry, str) else tuple(entry)
+      for axis in axes:
+        if axis not in mesh.shape:
+          raise ValueError(
+              f"hkb sharding: {source} gives parameter {placed.path!r} the "
+              f"spec {placed.spec}, which names mesh axis {axis!r}; the mesh "
+              f"has axes {tuple(mesh.axis_names)}.")
+        if axis in seen:
+          raise ValueError(
+              f"hkb sharding: {source} gives parameter {placed.path!r} the "
+              f"spec {placed.spec}, which splits dimensions {seen[axis]} and "
+              f"{dim} over the same mesh axis {axis!r}; each mesh axis may "
+              "split one dimension only.")
+        seen[axis] = dim
+      parts = math.prod(mesh.shape[a] for a in axes)
+      if placed.shape[dim] % parts:
+        raise ValueError(
+            f"hkb sharding: {source} gives parameter {placed.path!r} (shape "
+            f"{placed.shape}) the spec {placed.spec}, which splits dimension "
+            f"{dim} (size {placed.shape[dim]}) into {parts} parts over mesh "
+            f"axes {axes}; {parts} does not divide {placed.shape[dim]}. Pick "
+            "a size it divides, or another spec for this parameter.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingReport:
+  """What `explain_shardings` found; `str()` gives a table.
+
+  Attributes:
+    params: one `ParamSharding` per parameter, in `jax.tree.leaves` order.
+    rules: the rules applied.
+  """
+  params: tuple[ParamSharding, ...]
+  rules: ShardingRules
+
+  @property
+  def unmatched(self) -> list[str]:
+    """Paths of the parameters no rule matched (replicated)."""
+    return [p.path for p in self.params if p.rule is None]
+
+  @property
+  def unused_rules(self) -> list[Rule]:
+    """Rules that matched no parameter: often a typo in a pattern."""
+    used = {p.rule for p in self.params}
+    return [r for i, r in enumerate(self.rules.rules) if i not in used]
+
+  def __str__(self) -> str:
+    rows = [("parameter", "shape", "spec", "rule")]
+    for p in self.params:
+      rule = ("-" if p.rule is None else
+              f"{p.rule}: {self.rules.rules[p.rule].pattern}")
+      rows.append((p.path, str(p.shape), str(p.spec), rule))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3]
+             for row in rows]
+    for rule in self.unused_rules:
+      lines.append(f"unused rule: {rule.pattern!r} -> {rule.spec}")
+    return "\n".join(lines)
+
+
+def explain_shardings(params: PyTree,
+                      rules: ShardingRules | Iterable[tuple[str, Any]],
+                      *,
+                      mesh: Optional[Mesh] = None) -> ShardingReport:
+  """Each parameter with its rule and spec; unmatched params; unused rules.
+
+  >>> params = {"mlp/~/linear_0": {"w": jnp.zeros([4, 8]), "b": jnp.zeros([8])}}
+  >>> rules = [(r"linear_0/w$", P(None, "model")), (r"linear_1/w$", P("model"))]
+  >>> report = hkb.explain_shardings(params, rules)
+  >>> print(report)
+  parameter         shape   spec              rule
+  mlp/~/linear_0/b  (8,)    P()               -
+  mlp/~/linear_0/w  (4, 8)  P(None, 'model')  0: linear_0/w$
+  unused rule: 'linear_1/w$' -> P('model',)
+  >>> report.unmatched
+  ['mlp/~/linear_0/b']
+
+  Args:
+    params: a params tree (arrays, or `jax.eval_shape`'s
+      `ShapeDtypeStruct`s): anything whose leaves have a `.shape`.
+    rules: a `ShardingRules`, or the `(pattern, spec)` pairs for one.
+    mesh: if given, also check each spec against it.
+
+  Returns:
+    A `ShardingReport`.
+
+  Raises:
+    ValueError: as `ShardingRules.place`, naming the parameter and the rule.
+  """
+  rules = _as_rules(rules)
+  placed = [rules.place(_path_string(path), leaf.shape, mesh)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(params)]
+  return ShardingReport(tuple(placed), rules)
+
+
+def param_specs(params: PyTree,
+                rules: ShardingRules | Iterable[tuple[str, Any]],
+                *,
+                mesh: Optional[Mesh] = None) -> PyTree:
+  """The tree of `PartitionSpec`s for `params`, e.g. `shard_map`'s `in_specs`.
+
+  >>> params = {"linear": {"w": jnp.zeros([4, 8]), "b": jnp.zeros([8])}}
+  >>> hkb.param_specs(params, [(r"linear/w$", P(None, "model"))])
+  {'linear': {'b': P(), 'w': P(None, 'model')}}
+
+  Pass them as `in_specs` of `jax.shard_map` to hand each device its shard.
+
+  Args:
+    params: a params tree (arrays or `ShapeDtypeStruct`s).
+    rules: a `ShardingRules`, or the `(pattern, spec)` pairs for one.
+    mesh: if given, also check each spec against it.
+
+  Returns:
+    A tree like `params` with a `PartitionSpec` for each leaf.
+  """
+  report = explain_shardings(params, rules, mesh=mesh)
+  return jax.tree.unflatten(jax.tree.structure(params),
+                            [p.spec for p in report.params])
+
+
+def param_shardings(
+    params: PyTree,
+    mesh: Mesh,
+    rules: ShardingRules | Iterable[tuple[str, Any]],
+    *,
+    return_unmatched: bool = False,
+) -> PyTree | tuple[PyTree, list[str]]:
+  """The tree of `NamedSharding`s for `params` on `mesh`, by `rules`.
+
+  Pass it as `out_shardings` of a jitted init, so each parameter is created
+  where it belongs, and as `in_shardings` of the step:
+
+  >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+  >>> f = hk.transform(lambda x: hk.Linear(16)(x))
+  >>> key, x = jax.random.PRNGKey(0), jnp.ones([8, 4])
+  >>> shapes = jax.eval_shape(f.init, key, x)
+  >>> shardings = hkb.param_shardings(shapes, mesh,
+  ...                                 [(r"linear/w$", P(None, "data"))])
+  >>> params = jax.jit(f.init, out_shardings=shardings)(key, x)
+  >>> params["linear"]["w"].sharding.spec
+  P(None, 'data')
+
+  Args:
+    params: a params tree (arrays or `ShapeDtypeStruct`s).
+    mesh: the device mesh.
+    rules: a `ShardingRules`, or the `(pattern, spec)` pairs for one.
+    return_unmatched: also return the paths no rule matched.
+
+  Returns:
+    A tree like `params` with a `NamedSharding` for each leaf; with
+    `return_unmatched`, `(shardings, unmatched_paths)`.
+
+  Raises:
+    ValueError: a spec with more axes than its parameter, or a mesh axis
+      the mesh lacks, used twice, or not dividing its dimension; the message
+      names the parameter and the rule.
+  """
+  report = explain_shardings(params, rules, mesh=mesh)
+  shardings = jax.tree.unflatten(
+      jax.tree.structure(params),
+      [NamedSharding(mesh, p.spec) for p in report.params])
+  if return_unmatched:
+    return shardings, report.unmatched
+  return shardings
+
+
+# ---------------------------------------------------------------------------
+
+
+def _as_rules(rules) -> ShardingRules:
+  return rules if isinstance(rules, ShardingRules) else ShardingRules(rules)
+
+
+def _to_rule(index: int, rule: Any) -> Rule:
+  try:
+    pattern, spec = rule
+  except (TypeError, ValueError):
+    raise TypeError(
+        f"hkb.ShardingRules: rule {index} is {rule!r}; each rule is a "
+        "(pattern, PartitionSpec) pair.") from None
+  if not isinstance(pattern, str):
+    raise TypeError(
+        f"hkb.ShardingRules: rule {index} has pattern {pattern!r}; it must be "
+        "a regex string.")
+  if isinstance(spec, (tuple, list)) and not isinstance(spec, PartitionSpec):
+    spec = PartitionSpec(*spec)
+  if not isinstance(spec, PartitionSpec):
+    raise TypeError(
+        f"hkb.ShardingRules: rule {index} ({pattern!r}) has spec {spec!r}; "
+        "it must be a jax.sharding.PartitionSpec (P() to replicate).")
+  return Rule(pattern, spec)
+
+
+def _compile(pattern: str, what: str) -> re.Pattern[str]:
+  try:
+    return re.compile(pattern)
+  except re.error as e:
+    raise ValueError(
+        f"hkb.ShardingRules: {what} is not a valid regex: {e}.") from None
+
+
+def _path_string(path: tuple[Any, ...]) -> str:
+  """`bundle/name` for Haiku params; keys joined by `/` for any pytree."""
+  parts = []
+  for key in path:
+    if isinstance(key, jax.tree_util.DictKey):
+      parts.append(str(key.key))
+    elif isinstance(key, jax.tree_util.GetAttrKey):
+      parts.append(key.name)
+    elif isinstance(key, jax.tree_util.SequenceKey):
+      parts.append(str(key.idx))
+    elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+      parts.append(str(key.key))
+    else:
+      parts.append(str(key))
+  return "/".join(parts)

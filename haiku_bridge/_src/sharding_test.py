@@ -1,0 +1,590 @@
+"""Tests for sharding rules; bridged params under jit and shard_map, 8 devices.
+
+Every numeric check compares a sharded run with the same model run on one
+device; every placement check reads the arrays' actual `.sharding.spec`.
+"""
+
+import os
+
+# Eight CPU devices; read by XLA when jax first starts a backend. Bazel sets
+# the same flag in the target's env.
+_FLAG = "--xla_force_host_platform_device_count=8"
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS",
+                                                                  ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import doctest
+import functools
+import re
+import types
+from typing import NamedTuple
+import unittest
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import haiku as hk
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+from haiku_bridge._src import call_pure as call_pure_lib
+from haiku_bridge._src import scan
+from haiku_bridge._src import sharding
+
+call_pure = call_pure_lib.call_pure
+STACK = scan.NO_PER_LAYER_NAME
+
+KEY = jax.random.PRNGKey(0)
+IN, WIDTH, HIDDEN, DEPTH, BATCH = 8, 16, 32, 3, 16
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def setUpModule():
+  if jax.device_count() < 8:
+    raise unittest.SkipTest(
+        f"needs 8 devices, jax has {jax.device_count()}: jax started its "
+        f"backend before this file could set XLA_FLAGS={_FLAG}. Run this file "
+        "on its own (bazel test, or pytest with this one file), or set "
+        "XLA_FLAGS before anything imports jax.")
+
+
+def make_mesh(shape, names, axis_type=AxisType.Auto):
+  devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
+  return Mesh(devices, names, axis_types=(axis_type,) * len(names))
+
+
+def batch():
+  return jax.random.normal(jax.random.PRNGKey(1), [BATCH, IN])
+
+
+# ---------------------------------------------------------------------------
+# Models: a bridged MLP block, and a stack of layers under lax.scan.
+# ---------------------------------------------------------------------------
+
+
+def mlp(params, x):
+  """A plain-JAX MLP block; bridged by `call_pure`."""
+  h = jax.nn.gelu(x @ params["w1"] + params["b1"])
+  return h @ params["w2"] + params["b2"]
+
+
+def init_mlp(rng, x):
+  k1, k2 = jax.random.split(rng)
+  return {"w1": jax.random.normal(k1, [x.shape[-1], HIDDEN]) * 0.3,
+          "b1": jax.random.normal(k2, [HIDDEN]) * 0.1,
+          "w2": jax.random.normal(k2, [HIDDEN, x.shape[-1]]) * 0.3,
+          "b2": jnp.zeros([x.shape[-1]])}
+
+
+class Net(hk.Module):
+  """Puts the model body in a module, so params live under `net/`."""
+
+  def __init__(self, body, name="net"):
+    super().__init__(name=name)
+    self._body = body
+
+  def __call__(self, x):
+    h = hk.Linear(WIDTH, name="embed")(x)
+    return self._body(h)
+
+
+def call_pure_model(x):
+  return Net(lambda h: h + call_pure(mlp, h, init=init_mlp, name="mlp"))(x)
+
+
+def haiku_layer(h):
+  return h + hk.Linear(WIDTH, name="out")(
+      jax.nn.gelu(hk.Linear(HIDDEN, name="in")(h)))
+
+
+def scan_model(x):
+  def body(h):
+    h = scan.repeat_layer(lambda p, h: h + mlp(p, h), h, DEPTH, init=init_mlp)
+    return scan.repeat_layer(haiku_layer, h, DEPTH, name="blocks")
+  return Net(body)(x)
+
+
+MODELS = {"call_pure": call_pure_model, "layer_scan": scan_model}
+
+
+def loss_fn(f):
+  return lambda params, x: jnp.mean(f.apply(params, None, x) ** 2)
+
+
+def loss_out_and_grads(f):
+  """`(params, x) -> ((loss, out), grads)`: one program for all three."""
+  def loss_and_out(params, x):
+    out = f.apply(params, None, x)
+    return jnp.mean(out ** 2), out
+  return jax.value_and_grad(loss_and_out, has_aux=True)
+
+
+@functools.cache
+def initial_params(model):
+  """The model's params on the host, made once per test run."""
+  return jax.device_get(jax.jit(hk.transform(MODELS[model]).init)(KEY, batch()))
+
+
+def on_one_device(fn, *args):
+  """`fn(*args)` jitted with no shardings: the one-device ground truth."""
+  out = jax.jit(fn)(*args)
+  devices = {d for x in jax.tree.leaves(out) for d in x.sharding.device_set}
+  assert len(devices) == 1, devices
+  return out
+
+
+def assert_specs(test, tree, expected):
+  """Each array's actual `.sharding.spec` is `expected[bundle][name]`."""
+  actual = jax.tree.map(lambda a: a.sharding.spec, tree)
+  test.assertEqual(actual, expected)
+
+
+# ---------------------------------------------------------------------------
+# The rules themselves.
+# ---------------------------------------------------------------------------
+
+
+class ShardingRulesTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = make_mesh((2, 4), ("data", "model"))
+
+  def test_first_match_wins(self):
+    rules = sharding.ShardingRules([(r"mlp/w1$", P(None, "model")),
+                                    (r"w1$", P("model")),
+                                    (r"/w", P("data"))])
+    self.assertEqual(rules.spec_for("net/mlp/w1", (8, 8)), P(None, "model"))
+    self.assertEqual(rules.spec_for("net/other/w1", (8, 8)), P("model"))
+    self.assertEqual(rules.spec_for("net/other/w2", (8, 8)), P("data"))
+
+  def test_pairs_and_tuples_are_accepted(self):
+    params = {"a": {"w": jnp.zeros([4, 8])}}
+    specs = sharding.param_specs(params, [(r"w$", (None, "model"))])
+    self.assertEqual(specs, {"a": {"w": P(None, "model")}})
+
+  def test_unmatched_are_replicated_and_reported(self):
+    shapes = jax.eval_shape(hk.transform(call_pure_model).init, KEY, batch())
+    rules = sharding.ShardingRules([(r"mlp/w1$", P(None, "model")),
+                                    (r"no/such/param", P("data"))])
+    shardings, unmatched = sharding.param_shardings(shapes, self.mesh, rules,
+                                                    return_unmatched=True)
+    self.assertEqual(shardings["net/mlp"]["w1"],
+                     NamedSharding(self.mesh, P(None, "model")))
+    self.assertEqual(shardings["net/mlp"]["w2"], NamedSharding(self.mesh, P()))
+    self.assertEqual(sorted(unmatched), [
+        "net/embed/b", "net/embed/w", "net/mlp/b1", "net/mlp/b2", "net/mlp/w2"
+    ])
+
+    report = sharding.explain_shardings(shapes, rules, mesh=self.mesh)
+    self.assertEqual(sorted(report.unmatched), sorted(unmatched))
+    self.assertEqual(report.unused_rules, [rules.rules[1]])
+    by_path = {p.path: p for p in report.params}
+    self.assertEqual(by_path["net/mlp/w1"].rule, 0)
+    self.assertEqual(by_path["net/mlp/w1"].shape, (WIDTH, HIDDEN))
+    table = str(report)
+    self.assertRegex(table, r"net/mlp/w1 +\(16, 32\) +P\(None, 'model'\) +0: "
+                     r"mlp/w1\$")
+    self.assertRegex(table, r"net/embed/w +\(8, 16\) +P\(\) +-")
+    self.assertIn("unused rule: 'no/such/param'", table)
+
+  def test_stacked_rule_is_written_for_one_layer(self):
+    shapes = jax.eval_shape(hk.transform(scan_model).init, KEY, batch())
+    rules = sharding.ShardingRules(
+        [(r"w1$", P(None, "model")), (r"b1$", P("model")),
+         (r"w2$", P("model", None)), (r"in/w$", P(None, "model")),
+         (r"out/w$", P("model"))],
+        stacked=[STACK, "blocks"])
+    self.assertEqual(sharding.param_specs(shapes, rules, mesh=self.mesh), {
+        "net/embed": {"b": P(), "w": P()},
+        f"net/{STACK}": {"w1": P(None, None, "model"), "b1": P(None, "model"),
+                         "w2": P(None, "model", None), "b2": P()},
+        "net/blocks/in": {"w": P(None, None, "model"), "b": P()},
+        "net/blocks/out": {"w": P(None, "model"), "b": P()},
+    })
+
+  def test_stack_prefix_must_end_at_a_path_boundary(self):
+    rules = sharding.ShardingRules([(r"w$", P("model"))], stacked=["blocks"])
+    self.assertEqual(rules.place("net/blocks/lin/w", (3, 4, 4)).layer_axes, 1)
+    self.assertEqual(rules.place("net/myblocks/lin/w", (4, 4)).layer_axes, 0)
+    # The parameter name itself is not a stack.
+    self.assertEqual(rules.place("net/lin/blocks", (4,)).layer_axes, 0)
+
+  def test_nested_stacks_get_one_layer_axis_each(self):
+    rules = sharding.ShardingRules([(r"w$", P("model"))], stacked=[STACK])
+    placed = rules.place(f"net/{STACK}/{STACK}/lin/w", (2, 3, 8, 8))
+    self.assertEqual(placed.layer_axes, 2)
+    self.assertEqual(placed.spec, P(None, None, "model"))
+
+  def test_layer_axis_may_be_split_over_a_mesh_axis(self):
+    rules = sharding.ShardingRules([(r"w$", P(None, "model"))],
+                                   stacked={"blocks": "data"})
+    self.assertEqual(rules.spec_for("blocks/lin/w", (2, 8, 8), self.mesh),
+                     P("data", None, "model"))
+    # Unmatched: the layer axis is still split; the rest is replicated.
+    self.assertEqual(rules.spec_for("blocks/lin/b", (2, 8), self.mesh),
+                     P("data"))
+
+  def test_undeclared_stack_gets_the_rule_as_written(self):
+    # Nothing is guessed from the rank: a per-layer rule on an undeclared
+    # stack applies to the stack's leading axes.
+    rules = sharding.ShardingRules([(r"w$", P(None, "model"))])
+    self.assertEqual(rules.spec_for(f"{STACK}/lin/w", (4, 8, 8)),
+                     P(None, "model"))
+
+  def test_arrays_and_eval_shape_agree(self):
+    rules = sharding.ShardingRules([(r"w1$", P(None, "model"))],
+                                   stacked=[STACK, "blocks"])
+    self.assertEqual(
+        sharding.param_specs(initial_params("layer_scan"), rules),
+        sharding.param_specs(
+            jax.eval_shape(hk.transform(scan_model).init, KEY, batch()),
+            rules))
+
+  def test_any_pytree_paths_join_keys(self):
+
+    class MomentumState(NamedTuple):
+      count: jax.Array
+      mu: dict
+
+    params = {"net/mlp": {"w1": jnp.zeros([4, 8])}}
+    state = (MomentumState(jnp.zeros([]), params), [jnp.zeros([8, 8])])
+    report = sharding.explain_shardings(state, [(r"mlp/w1$", P(None, "model")),
+                                                (r"^1/0$", P("data"))])
+    self.assertEqual([(p.path, p.spec) for p in report.params],
+                     [("0/count", P()), ("0/mu/net/mlp/w1", P(None, "model")),
+                      ("1/0", P("data"))])
+
+  # Bad input ---------------------------------------------------------------
+
+  def test_spec_longer_than_param_names_param_and_rule(self):
+    params = {"net/mlp": {"b1": jnp.zeros([HIDDEN])}}
+    rules = [(r"w1$", P()), (r"mlp/b1$", P(None, "model"))]
+    with self.assertRaisesRegex(
+        ValueError,
+        re.escape("rule 1 ('mlp/b1$' -> P(None, 'model')) gives parameter "
+                  "'net/mlp/b1' (shape (32,)) the spec P(None, 'model'), with "
+                  "2 axes, more than its 1 dimensions")):
+      sharding.param_shardings(params, self.mesh, rules)
+
+  def test_stacked_spec_too_long_says_rules_are_per_layer(self):
+    rules = sharding.ShardingRules([(r"w$", P(None, None, "model"))],
+                                   stacked=["blocks"])
+    with self.assertRaisesRegex(
+        ValueError, r"(?s)rule 0 .*'blocks/lin/w'.*first 1 entry is for the "
+        r"layer axes of stack\(s\) 'blocks'; write the rule's spec for one "
+        r"layer"):
+      rules.place("blocks/lin/w", (3, 8, 8))
+
+  def test_stacked_param_without_a_layer_axis(self):
+    rules = sharding.ShardingRules([], stacked=["blocks", "inner"])
+    with self.assertRaisesRegex(
+        ValueError, re.escape(
+            "parameter 'blocks/inner/b' has shape (4,), but it lies under 2 "
+            "declared layer stack(s) ('blocks', 'blocks/inner')")):
+      rules.place("blocks/inner/b", (4,))
+
+  def test_unknown_mesh_axis_names_param_rule_and_mesh_axes(self):
+    params = {"net/mlp": {"w1": jnp.zeros([WIDTH, HIDDEN])}}
+    with self.assertRaisesRegex(
+        ValueError,
+        re.escape("rule 0 ('w1$' -> P(None, 'modle')) gives parameter "
+                  "'net/mlp/w1' the spec P(None, 'modle'), which names mesh "
+                  "axis 'modle'; the mesh has axes ('data', 'model')")):
+      sharding.param_shardings(params, self.mesh, [(r"w1$", P(None, "modle"))])
+
+  def test_unknown_axis_in_a_tuple_entry(self):
+    with self.assertRaisesRegex(ValueError, r"mesh axis 'x'"):
+      sharding.param_specs({"w": jnp.zeros([8])}, [("w", P(("data", "x")))],
+                           mesh=self.mesh)
+
+  def test_unknown_axis_for_the_layer_axis(self):
+    rules = sharding.ShardingRules([], stacked={"blocks": "stage"})
+    with self.assertRaisesRegex(ValueError,
+                                r"no rule .*'blocks/lin/w'.*mesh axis 'stage'"):
+      rules.place("blocks/lin/w", (2, 8), self.mesh)
+
+  def test_indivisible_dimension(self):
+    with self.assertRaisesRegex(
+        ValueError, r"rule 0 .*'lin/w'.*splits dimension 1 \(size 6\) into 4 "
+        r"parts"):
+      sharding.param_specs({"lin": {"w": jnp.zeros([8, 6])}},
+                           [(r"w$", P(None, "model"))], mesh=self.mesh)
+
+  def test_mesh_axis_used_twice(self):
+    with self.assertRaisesRegex(ValueError,
+                                r"dimensions 0 and 1 over the same mesh axis"):
+      sharding.param_specs({"w": jnp.zeros([8, 8])},
+                           [(r"w", P("model", "model"))], mesh=self.mesh)
+
+  def test_bad_rules(self):
+    with self.assertRaisesRegex(ValueError, r"rule 1 is not a valid regex"):
+      sharding.ShardingRules([(r"w$", P()), (r"(w", P())])
+    with self.assertRaisesRegex(TypeError, r"rule 0 \('w'\) has spec 'model'"):
+      sharding.ShardingRules([(r"w", "model")])
+    with self.assertRaisesRegex(TypeError, r"stacked=\['blocks'\]"):
+      sharding.ShardingRules([], stacked="blocks")
+
+  def test_docstring_examples(self):
+    hkb = types.SimpleNamespace(
+        ShardingRules=sharding.ShardingRules,
+        param_shardings=sharding.param_shardings,
+        param_specs=sharding.param_specs,
+        explain_shardings=sharding.explain_shardings)
+    result = doctest.testmod(
+        sharding, optionflags=doctest.NORMALIZE_WHITESPACE,
+        extraglobs=dict(hkb=hkb, hk=hk, jax=jax, jnp=jnp, P=P,
+                        AxisType=AxisType))
+    self.assertGreater(result.attempted, 10)
+    self.assertEqual(result.failed, 0)
+
+
+# ---------------------------------------------------------------------------
+# jit with NamedShardings: params created and kept where the rules say.
+# ---------------------------------------------------------------------------
+
+# One-dimensional mesh: the batch and every weight matrix split 8 ways.
+FSDP_RULES = sharding.ShardingRules(
+    [(r"/w1$|/in/w$|embed/w$", P(None, "data")), (r"/b1$", P("data")),
+     (r"/w2$", P("data", None))],
+    stacked=[STACK, "blocks"])
+
+FSDP_SPECS = {
+    "call_pure": {
+        "net/embed": {"w": P(None, "data"), "b": P()},
+        "net/mlp": {"w1": P(None, "data"), "b1": P("data"),
+                    "w2": P("data", None), "b2": P()},
+    },
+    "layer_scan": {
+        "net/embed": {"w": P(None, "data"), "b": P()},
+        f"net/{STACK}": {"w1": P(None, None, "data"), "b1": P(None, "data"),
+                         "w2": P(None, "data", None), "b2": P()},
+        "net/blocks/in": {"w": P(None, None, "data"), "b": P()},
+        "net/blocks/out": {"w": P(), "b": P()},
+    },
+}
+
+
+class JitShardedTest(parameterized.TestCase):
+
+  @parameterized.parameters("call_pure", "layer_scan")
+  def test_init_and_step_sharded_equal_one_device(self, model):
+    mesh = make_mesh((8,), ("data",))
+    f = hk.transform(MODELS[model])
+    x = batch()
+    ref_params = initial_params(model)
+    (ref_loss, ref_out), ref_grads = on_one_device(loss_out_and_grads(f),
+                                                   ref_params, x)
+
+    shardings = sharding.param_shardings(jax.eval_shape(f.init, KEY, x), mesh,
+                                         FSDP_RULES)
+    batch_sharding = NamedSharding(mesh, P("data"))
+    params = jax.jit(f.init, out_shardings=shardings)(KEY, x)
+    assert_specs(self, params, FSDP_SPECS[model])
+    chex.assert_trees_all_close(params, ref_params, **TOL)
+
+    step = jax.jit(loss_out_and_grads(f),
+                   in_shardings=(shardings, batch_sharding),
+                   out_shardings=((None, batch_sharding), shardings))
+    (loss, out), grads = step(params, jax.device_put(x, batch_sharding))
+    assert_specs(self, grads, FSDP_SPECS[model])
+    self.assertEqual(out.sharding.spec, P("data"))
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    chex.assert_trees_all_close(out, ref_out, **TOL)
+    chex.assert_trees_all_close(grads, ref_grads, **TOL)
+
+
+# ---------------------------------------------------------------------------
+# shard_map data parallelism: local gradients, averaged with pmean.
+# ---------------------------------------------------------------------------
+
+
+class ShardMapDataParallelTest(parameterized.TestCase):
+
+  @parameterized.product(model=["call_pure", "layer_scan"],
+                         check_vma=[True, False])
+  def test_pmean_of_local_gradients_equals_one_device(self, model, check_vma):
+    mesh = make_mesh((8,), ("data",))
+    f = hk.transform(MODELS[model])
+    x = batch()
+    params = initial_params(model)
+    ref_grads = on_one_device(jax.grad(loss_fn(f)), params, x)
+
+    def local_grads(params, x):
+      if check_vma:
+        # Replicated params are invariant over "data"; their gradient would
+        # be summed over devices by autodiff. Cast them to varying to get
+        # each device's own gradient, as in the unchecked mode.
+        params = jax.lax.pcast(params, "data", to="varying")
+      grads = jax.grad(loss_fn(f))(params, x)  # Over this device's batch.
+      return jax.lax.pmean(grads, "data")
+
+    specs = sharding.param_specs(params, [], mesh=mesh)  # All replicated.
+    self.assertEqual(set(jax.tree.leaves(specs)), {P()})
+    grads = jax.jit(jax.shard_map(
+        local_grads, mesh=mesh, in_specs=(specs, P("data")), out_specs=specs,
+        check_vma=check_vma))(params, x)
+    chex.assert_trees_all_close(grads, ref_grads, **TOL)
+
+  def test_psum_of_local_gradients_equals_one_device_sum(self):
+    mesh = make_mesh((8,), ("data",))
+    f = hk.transform(scan_model)
+    x = batch()
+    params = initial_params("layer_scan")
+    sum_loss = lambda p, x: jnp.sum(f.apply(p, None, x) ** 2)
+    ref_grads = on_one_device(jax.grad(sum_loss), params, x)
+    specs = sharding.param_specs(params, [])
+    grads = jax.jit(jax.shard_map(
+        lambda p, x: jax.lax.psum(jax.grad(sum_loss)(p, x), "data"),
+        mesh=mesh, in_specs=(specs, P("data")), out_specs=specs,
+        check_vma=False))(params, x)
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# A 2-D (data, model) mesh: Megatron-style split of a bridged MLP block.
+# ---------------------------------------------------------------------------
+
+# Column-split first weight, row-split second: the hidden activation stays
+# split over "model", and one all-reduce per block gives the output.
+MEGATRON_RULES = sharding.ShardingRules(
+    [(r"/w1$", P(None, "model")), (r"/b1$", P("model")),
+     (r"/w2$", P("model", None))],
+    stacked=[STACK])
+
+
+def megatron_specs(bundle, layer_axes=0):
+  lead = (None,) * layer_axes
+  return {bundle: {"w1": P(*lead, None, "model"), "b1": P(*lead, "model"),
+                   "w2": P(*lead, "model", None), "b2": P()}}
+
+
+def shard_mapped_mlp(mesh, seen_shapes):
+  """`mlp` with the Megatron split written out: shard_map and one psum.
+
+  Bridged by `call_pure`, so the Haiku params stay global arrays; the split
+  happens inside the pure function, where the params are explicit.
+  """
+  block_rules = [(r"w1$", P(None, "model")), (r"b1$", P("model")),
+                 (r"w2$", P("model", None))]
+
+  def local(params, x):
+    seen_shapes.update(jax.tree.map(jnp.shape, params))
+    h = jax.nn.gelu(x @ params["w1"] + params["b1"])  # h: hidden/4 columns.
+    partial = h @ params["w2"]                         # A partial sum...
+    return jax.lax.psum(partial, "model") + params["b2"]  # ...all-reduced.
+
+  def block(params, x):
+    specs = sharding.param_specs(params, block_rules, mesh=mesh)
+    return jax.shard_map(local, mesh=mesh, in_specs=(specs, P("data")),
+                         out_specs=P("data"))(params, x)
+
+  return block
+
+
+def explicit_mlp(params, x):
+  """`mlp` for Explicit mesh axes: the row-split matmul names its output's."""
+  h = jax.nn.gelu(x @ params["w1"] + params["b1"])
+  out = jnp.dot(h, params["w2"], out_sharding=jax.typeof(x).sharding.spec)
+  return out + params["b2"]
+
+
+class MegatronTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = make_mesh((2, 4), ("data", "model"))
+    self.batch_sharding = NamedSharding(self.mesh, P("data"))
+
+  def check_sharded_equals_one_device(self, f, expected_specs):
+    x = batch()
+    shardings = sharding.param_shardings(jax.eval_shape(f.init, KEY, x),
+                                         self.mesh, MEGATRON_RULES)
+    params = jax.jit(f.init, out_shardings=shardings)(KEY, x)
+    ref_params = jax.device_get(params)
+    (_, ref_out), ref_grads = on_one_device(loss_out_and_grads(f), ref_params,
+                                            x)
+    (_, out), grads = jax.jit(
+        loss_out_and_grads(f), in_shardings=(shardings, self.batch_sharding),
+        out_shardings=((None, self.batch_sharding), shardings))(
+            params, jax.device_put(x, self.batch_sharding))
+    block_params = {k: v for k, v in params.items() if k in expected_specs}
+    assert_specs(self, block_params, expected_specs)
+    assert_specs(self, {k: grads[k] for k in expected_specs}, expected_specs)
+    chex.assert_trees_all_close(out, ref_out, **TOL)
+    chex.assert_trees_all_close(grads, ref_grads, **TOL)
+    return params
+
+  def test_bridged_block_under_jit(self):
+    self.check_sharded_equals_one_device(hk.transform(call_pure_model),
+                                         megatron_specs("net/mlp"))
+
+  def test_stacked_bridged_blocks_under_jit(self):
+    f = hk.transform(
+        lambda x: Net(lambda h: scan.repeat_layer(
+            lambda p, h: h + mlp(p, h), h, DEPTH, init=init_mlp))(x))
+    self.check_sharded_equals_one_device(
+        f, megatron_specs(f"net/{STACK}", layer_axes=1))
+
+  def test_shard_map_inside_the_bridged_function(self):
+    seen_shapes = {}
+    block = shard_mapped_mlp(self.mesh, seen_shapes)
+    sharded = hk.transform(lambda x: Net(
+        lambda h: h + call_pure(block, h, init=init_mlp, name="mlp"))(x))
+    # The reference: the same params through the plain `mlp`, one device.
+    f = hk.transform(call_pure_model)
+    x = batch()
+    ref_params = initial_params("call_pure")
+    ref_loss, ref_grads = on_one_device(jax.value_and_grad(loss_fn(f)),
+                                        ref_params, x)
+
+    shardings = sharding.param_shardings(
+        jax.eval_shape(sharded.init, KEY, x), self.mesh, MEGATRON_RULES)
+    params = jax.jit(sharded.init, out_shardings=shardings)(KEY, x)
+    chex.assert_trees_all_close(params, ref_params, **TOL)
+    loss, grads = jax.jit(jax.value_and_grad(loss_fn(sharded)),
+                          in_shardings=(shardings, self.batch_sharding),
+                          out_shardings=(None, shardings))(
+                              params, jax.device_put(x, self.batch_sharding))
+    self.assertEqual(seen_shapes, {"w1": (WIDTH, HIDDEN // 4),
+                                   "b1": (HIDDEN // 4,),
+                                   "w2": (HIDDEN // 4, WIDTH),
+                                   "b2": (WIDTH,)})
+    assert_specs(self, {"net/mlp": grads["net/mlp"]},
+                 megatron_specs("net/mlp"))
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    chex.assert_trees_all_close(grads, ref_grads, **TOL)
+
+  def test_explicit_mesh_axes(self):
+    # `jax.make_mesh`'s default axis type: shardings are part of the types.
+    mesh = make_mesh((2, 4), ("data", "model"), AxisType.Explicit)
+    sharded = hk.transform(lambda x: Net(
+        lambda h: h + call_pure(explicit_mlp, h, init=init_mlp, name="mlp"))(x))
+    f = hk.transform(call_pure_model)
+    x = batch()
+    ref_params = initial_params("call_pure")
+    ref_loss, ref_grads = on_one_device(jax.value_and_grad(loss_fn(f)),
+                                        ref_params, x)
+
+    with jax.set_mesh(mesh):
+      shardings = sharding.param_shardings(
+          jax.eval_shape(sharded.init, KEY, x), mesh, MEGATRON_RULES)
+      params = jax.jit(sharded.init, out_shardings=shardings)(KEY, x)
+      loss, grads = jax.jit(jax.value_and_grad(loss_fn(sharded)))(
+          params, jax.device_put(x, NamedSharding(mesh, P("data"))))
+    assert_specs(self, {"net/mlp": params["net/mlp"]},
+                 megatron_specs("net/mlp"))
+    self.assertEqual(grads["net/mlp"]["w2"].sharding.spec, P("model", None))
+    chex.assert_trees_all_close(params, ref_params, **TOL)
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    chex.assert_trees_all_close(grads, ref_grads, **TOL)
+
+
+if __name__ == "__main__":
+  absltest.main()
