@@ -412,6 +412,14 @@ class _Run:
   out: Any = None
   rng_state: Any = None
   state: Any = None
+  # Only shapes are wanted (at apply, under jax.eval_shape): skip initializers.
+  shapes_only: bool = False
+
+
+def _zeros_creator(next_creator, shape, dtype, init, context):
+  """Creates zeros instead of running the initializer: one op, same shape."""
+  del next_creator, init, context
+  return jnp.zeros(shape, dtype)
 
 
 class _InlineFunction:
@@ -435,7 +443,9 @@ class _InlineFunction:
     def threaded(rng_state, run: _Run, *args, **kwargs):
       if rng_state is not None:
         hk.replace_rng_sequence_state(rng_state)
-      run.out = f(*args, **kwargs)
+      with (hk.custom_creator(_zeros_creator, params=True, state=True)
+            if run.shapes_only else contextlib.nullcontext()):
+        run.out = f(*args, **kwargs)
       run.rng_state = hk.maybe_get_rng_sequence_state()
       run.state = hk.get_current_state()
       return run.out
@@ -447,8 +457,8 @@ class _InlineFunction:
   def of(transformed: Transformed) -> "_InlineFunction":
     return _InlineFunction(transformed)
 
-  def _init(self, rng_state, args, kwargs):
-    run = _Run()
+  def _init(self, rng_state, args, kwargs, shapes_only=False):
+    run = _Run(shapes_only=shapes_only)
     key = None if rng_state is None else rng_state[0]
     with haiku_internals.interceptors_suspended():
       params, state = self._transformed.init(key, rng_state, run, *args,
@@ -464,7 +474,8 @@ class _InlineFunction:
     return out, new_state, run.rng_state
 
   def _init_shapes(self, key, *args, **kwargs):
-    return self._init((key, ()), args, kwargs)[:2]
+    # Initializers (random ops, mostly) would only be traced to be dropped.
+    return self._init((key, ()), args, kwargs, shapes_only=True)[:2]
 
   def _abstract(self, args, kwargs):
     return abstract_init.abstract_init(self._init_shapes, _rng_key_spec(),
