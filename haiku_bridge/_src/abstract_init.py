@@ -86,5 +86,23 @@ def abstract_init(init: Callable[..., Any], key_spec: jax.ShapeDtypeStruct,
   return shapes
 
 
+def remember(init: Callable[..., Any], key_spec: jax.ShapeDtypeStruct,
+             args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+  """Records what `init` returned at init, so apply at the same signature skips tracing it.
+
+  The usual workflow runs `init` and then traces `apply` on inputs of the same
+  shapes in one process; the real init has already shown the shapes.
+  """
+  sig = signature(args, kwargs, key_spec)
+  try:
+    cache_key = None if sig is None else (init, sig)
+    hash(cache_key)
+  except TypeError:
+    return
+  if cache_key is not None:
+    _cache.put(cache_key, jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(tuple(x.shape), x.dtype), output))
+
+
 def clear_cache() -> None:
   _cache.clear()

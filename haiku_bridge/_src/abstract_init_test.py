@@ -71,7 +71,27 @@ class AbstractInitTest(absltest.TestCase):
     params = f.init(jax.random.PRNGKey(0), x)
     for _ in range(3):
       jax.make_jaxpr(lambda p: f.apply(p, None, x))(params)
-    self.assertLen(calls, 2)  # Once at init, once for shapes at apply.
+    # Init ran it once; apply at the same shapes reuses what init showed.
+    self.assertLen(calls, 1)
+    # A new input shape traces it once more, for shapes.
+    for _ in range(3):
+      jax.make_jaxpr(lambda p: f.apply(p, None, jnp.ones([5, 3])))(params)
+    self.assertLen(calls, 2)
+
+  def test_apply_after_init_skips_the_shape_pass_for_transformed(self):
+    calls = []
+
+    def mlp(x):
+      calls.append(None)
+      return hk.nets.MLP([4, 2])(x)
+
+    inner = hk.transform(mlp)
+    f = hk.transform(lambda x: hkb.call_pure(inner, x))
+    x = jnp.ones([1, 3])
+    params = f.init(jax.random.PRNGKey(0), x)
+    calls.clear()
+    jax.make_jaxpr(lambda p: f.apply(p, None, x))(params)
+    self.assertLen(calls, 1)  # The apply itself; no shape pass.
 
   def test_repeated_layer_scan_traces_init_once(self):
     calls = []
@@ -86,7 +106,10 @@ class AbstractInitTest(absltest.TestCase):
     calls.clear()
     for _ in range(3):
       jax.make_jaxpr(lambda p: f.apply(p, None, x))(params)
-    self.assertLen(calls, 1 + 3)  # Shapes once, then the scan body each time.
+    # The scan body each time; the shapes are known from init.
+    self.assertLen(calls, 3)
+    jax.make_jaxpr(lambda p: f.apply(p, None, jnp.ones([2, 3])))(params)
+    self.assertLen(calls, 3 + 2)  # A new shape: shapes once, then the body.
 
 
 class _Unhashable:

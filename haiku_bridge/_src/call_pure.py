@@ -368,8 +368,10 @@ def bind_tree(init: InitFn, args, kwargs, *, api: str,
   """
   if hk.running_init():
     _require_haiku_trace(api)
+    key_spec = _rng_key_spec()
     tree = init(draw_key(), *args, **kwargs)
     _check_array_leaves(tree, api)
+    abstract_init.remember(init, key_spec, args, kwargs, tree)
     concrete = True
   else:
     tree = abstract_init.abstract_init(init, _rng_key_spec(), args, kwargs)
@@ -487,6 +489,8 @@ class _InlineFunction:
     if hk.running_init():
       _require_haiku_trace(api)
       inner_params, inner_state, run = self._init(rng_state, args, kwargs)
+      abstract_init.remember(self._init_shapes, _rng_key_spec(), args, kwargs,
+                             (inner_params, inner_state))
       if rng_state is not None:
         hk.replace_rng_sequence_state(run.rng_state)
       param_values = _dict_leaves(inner_params)
