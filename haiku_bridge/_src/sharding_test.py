@@ -131,6 +131,15 @@ def initial_params(model):
   return jax.device_get(jax.jit(hk.transform(MODELS[model]).init)(KEY, batch()))
 
 
+def call_pure_reference():
+  """`(x, params, loss, grads)` of `call_pure_model` on one device."""
+  x = batch()
+  params = initial_params("call_pure")
+  loss, grads = on_one_device(
+      jax.value_and_grad(loss_fn(hk.transform(call_pure_model))), params, x)
+  return x, params, loss, grads
+
+
 def on_one_device(fn, *args):
   """`fn(*args)` jitted with no shardings: the one-device ground truth."""
   out = jax.jit(fn)(*args)
@@ -538,11 +547,7 @@ class MegatronTest(parameterized.TestCase):
     sharded = hk.transform(lambda x: Net(
         lambda h: h + call_pure(block, h, init=init_mlp, name="mlp"))(x))
     # The reference: the same params through the plain `mlp`, one device.
-    f = hk.transform(call_pure_model)
-    x = batch()
-    ref_params = initial_params("call_pure")
-    ref_loss, ref_grads = on_one_device(jax.value_and_grad(loss_fn(f)),
-                                        ref_params, x)
+    x, ref_params, ref_loss, ref_grads = call_pure_reference()
 
     shardings = sharding.param_shardings(
         jax.eval_shape(sharded.init, KEY, x), self.mesh, MEGATRON_RULES)
@@ -566,11 +571,7 @@ class MegatronTest(parameterized.TestCase):
     mesh = make_mesh((2, 4), ("data", "model"), AxisType.Explicit)
     sharded = hk.transform(lambda x: Net(
         lambda h: h + call_pure(explicit_mlp, h, init=init_mlp, name="mlp"))(x))
-    f = hk.transform(call_pure_model)
-    x = batch()
-    ref_params = initial_params("call_pure")
-    ref_loss, ref_grads = on_one_device(jax.value_and_grad(loss_fn(f)),
-                                        ref_params, x)
+    x, ref_params, ref_loss, ref_grads = call_pure_reference()
 
     with jax.set_mesh(mesh):
       shardings = sharding.param_shardings(
