@@ -4,6 +4,7 @@ from absl.testing import absltest
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import abstract_init
@@ -110,6 +111,62 @@ class AbstractInitTest(absltest.TestCase):
     self.assertLen(calls, 3)
     jax.make_jaxpr(lambda p: f.apply(p, None, jnp.ones([2, 3])))(params)
     self.assertLen(calls, 3 + 2)  # A new shape: shapes once, then the body.
+
+
+class NewBatchSizeTest(absltest.TestCase):
+  """A bridged Haiku function at a new batch size needs no shape pass."""
+
+  def setUp(self):
+    super().setUp()
+    abstract_init.clear_cache()
+    self.calls = []
+
+  def mlp(self, x):
+    self.calls.append(x.shape)
+    return hk.nets.MLP([4, 2])(x)
+
+  def test_no_shape_pass_and_same_outputs(self):
+    f = hk.transform(lambda x: hkb.call_pure(hk.transform(self.mlp), x))
+    params = f.init(jax.random.PRNGKey(0), jnp.ones([1, 3]))
+    self.calls.clear()
+    x = jax.random.normal(jax.random.PRNGKey(1), [7, 3])
+    out = f.apply(params, None, x)
+    self.assertEqual(self.calls, [(7, 3)])  # The apply itself, once.
+    inline = hk.transform(self.mlp)
+    np.testing.assert_allclose(out, inline.apply(params, None, x), rtol=1e-6)
+
+  def test_wrong_shape_still_gets_the_bridges_error(self):
+    f = hk.transform(lambda x: hkb.call_pure(hk.transform(self.mlp), x))
+    params = f.init(jax.random.PRNGKey(0), jnp.ones([1, 3]))
+    with self.assertRaisesRegex(
+        ValueError, r"parameter 'mlp/~/linear_0/w' \(params path "
+        r"mlp/~/linear_0/w\) is float32\[3, 4\].*init gives "
+        r"float32\[5, 4\]"):
+      f.apply(params, None, jnp.ones([2, 5]))
+
+  def test_wrong_dtype_at_a_new_batch_size(self):
+    f = hk.transform(lambda x: hkb.call_pure(hk.transform(self.mlp), x))
+    params = f.init(jax.random.PRNGKey(0), jnp.ones([1, 3]))
+    params["mlp/~/linear_0"]["b"] = params["mlp/~/linear_0"]["b"].astype(
+        jnp.float16)
+    with self.assertRaisesRegex(ValueError, r"'mlp/~/linear_0/b'.*float16"):
+      f.apply(params, None, jnp.ones([6, 3]))
+
+  def test_state_takes_the_exact_shapes(self):
+    def counter(x):
+      self.calls.append(x.shape)
+      n = hk.get_state("n", [x.shape[-1]], init=jnp.zeros)
+      hk.set_state("n", n + 1)
+      return x + n
+
+    f = hk.transform_with_state(
+        lambda x: hkb.call_pure(hk.transform_with_state(counter), x))
+    params, state = f.init(jax.random.PRNGKey(0), jnp.ones([1, 3]))
+    self.calls.clear()
+    out, state = f.apply(params, state, None, jnp.ones([4, 3]))
+    self.assertEqual(self.calls, [(4, 3), (4, 3)])  # Shape pass, then apply.
+    np.testing.assert_array_equal(state["~"]["n"], jnp.ones([3]))
+    np.testing.assert_array_equal(out, jnp.ones([4, 3]))  # x + initial n.
 
 
 class _Unhashable:

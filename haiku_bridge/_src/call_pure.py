@@ -194,7 +194,7 @@ def _check_unique(kind: str, slots: Sequence[naming.Slot],
 
 
 def _check_stored(kind: str, slot: naming.Slot, path: str, stored: Any,
-                  spec: Any, api: str) -> None:
+                  spec: Any, api: str, check_shape: bool = True) -> None:
   if stored is None:
     raise ValueError(
         f"hkb.{api}: {kind} {slot.full_name!r} (params path {path}) is missing "
@@ -202,7 +202,7 @@ def _check_stored(kind: str, slot: naming.Slot, path: str, stored: Any,
         "returned for the same code path (a model saved before this call "
         "was added needs re-initialising or converting).")
   shape, dtype = tuple(stored.shape), stored.dtype
-  if shape != tuple(spec.shape) or dtype != spec.dtype:
+  if (check_shape and shape != tuple(spec.shape)) or dtype != spec.dtype:
     hint = ""
     if _looks_like_a_shard(shape, tuple(spec.shape)):
       hint = (" If apply runs inside jax.shard_map, it sees per-device shards "
@@ -249,20 +249,27 @@ def _by_bundle(slots: Sequence[naming.Slot]) -> dict[str, list[int]]:
   return groups
 
 
-def _checked_stored(kind: str, slots, paths, specs, api: str) -> list[Any]:
+def _checked_stored(kind: str, slots, paths, specs, api: str,
+                    check_shape: bool = True) -> list[Any]:
   """The stored values at apply, each checked against what init gives."""
   read = (haiku_internals.stored_param if kind == "parameter"
           else haiku_internals.stored_state)
   stored = [read(slot.bundle, slot.name) for slot in slots]
   for slot, path, value, spec in zip(slots, paths, stored, specs):
-    _check_stored(kind, slot, path, value, spec, api)
+    _check_stored(kind, slot, path, value, spec, api, check_shape)
   return stored
 
 
-def _fetch_params(slots, paths, specs, values, api: str) -> list[Any]:
-  """Creates (values given, at init) or reads (at apply) one param per slot."""
+def _fetch_params(slots, paths, specs, values, api: str,
+                  check_shape: bool = True) -> list[Any]:
+  """Creates (values given, at init) or reads (at apply) one param per slot.
+
+  `check_shape=False` (at apply) leaves shapes to the consumer, which checks
+  each against what it asks for: the nested apply of an inline function.
+  """
   if values is None:
-    stored = _checked_stored("parameter", slots, paths, specs, api)
+    stored = _checked_stored("parameter", slots, paths, specs, api,
+                             check_shape)
     if not haiku_internals.getters_active("parameter"):
       # hk.get_parameter would return these very values; skipping it saves a
       # name-scope module per bundle, most of the bridge's cost at trace time.
@@ -274,7 +281,9 @@ def _fetch_params(slots, paths, specs, values, api: str) -> list[Any]:
         slot, spec = slots[i], specs[i]
         initializer = (None if values is None
                        else functools.partial(_constant, values[i]))
-        leaves[i] = hk.get_parameter(slot.name, spec.shape, spec.dtype,
+        # Unchecked shapes are the stored ones (the consumer checks them).
+        shape = spec.shape if check_shape else stored[i].shape
+        leaves[i] = hk.get_parameter(slot.name, shape, spec.dtype,
                                      init=initializer)
   return leaves
 
@@ -435,12 +444,7 @@ class _InlineFunction:
   transform stands between it and the bridge, so this is safe).
   """
 
-  def __init__(self, transformed: Transformed):
-    f = haiku_internals.original_fn(transformed)
-    if f is None:
-      raise TypeError(
-          f"hkb: cannot find the Haiku function behind {transformed!r}; pass "
-          "the result of hk.transform / hk.transform_with_state.")
+  def __init__(self, f: Callable[..., Any]):
 
     def threaded(rng_state, run: _Run, *args, **kwargs):
       if rng_state is not None:
@@ -455,9 +459,11 @@ class _InlineFunction:
     self._transformed = hk.transform_with_state(threaded)
 
   @staticmethod
-  @functools.lru_cache(maxsize=256)
   def of(transformed: Transformed) -> "_InlineFunction":
-    return _InlineFunction(transformed)
+    # Keyed by the Haiku function, not the transform object: code that calls
+    # `hk.transform(f)` afresh at each trace still hits the shape caches.
+    return _inline_function_for(
+        haiku_internals.original_fn(transformed) or transformed)
 
   def _init(self, rng_state, args, kwargs, shapes_only=False):
     run = _Run(shapes_only=shapes_only)
@@ -483,9 +489,18 @@ class _InlineFunction:
     return abstract_init.abstract_init(self._init_shapes, _rng_key_spec(),
                                        args, kwargs)
 
-  def _bind(self, args, kwargs, api: str):
-    """Binds params and state; returns them, the inner values, and the run."""
+  def _bind(self, args, kwargs, api: str,
+            shapes_checked_inside: bool = False) -> "_Bound":
+    """Binds the inner function's params and state in the caller's transform.
+
+    With `shapes_checked_inside`, the caller runs the nested apply on the
+    params, where every `hk.get_parameter` checks its param's shape: then a
+    structure cached for other dims (a new batch size) serves, and the shape
+    pass over `init` is skipped. Only for stateless functions: Haiku checks
+    no state shapes.
+    """
     rng_state = hk.maybe_get_rng_sequence_state()
+    shapes_checked = True
     if hk.running_init():
       _require_haiku_trace(api)
       inner_params, inner_state, run = self._init(rng_state, args, kwargs)
@@ -497,8 +512,16 @@ class _InlineFunction:
       state_values = [(v, run.state[b][n]) for b, entries in inner_state.items()
                       for n, v in entries.items()]
     else:
-      inner_params, inner_state = self._abstract(args, kwargs)
-      param_values = state_values = run = None
+      run = param_values = state_values = None
+      shapes = abstract_init.cached(self._init_shapes, _rng_key_spec(), args,
+                                    kwargs)
+      if shapes is None and shapes_checked_inside:
+        shapes = abstract_init.structure(self._init_shapes, _rng_key_spec(),
+                                         args, kwargs)
+        if shapes is not None and jax.tree.leaves(shapes[1]):
+          shapes = None  # State: take the exact shapes.
+        shapes_checked = shapes is None
+      inner_params, inner_state = shapes or self._abstract(args, kwargs)
 
     mapping = naming.allocate_inline_names(
         list(inner_params) + list(inner_state))
@@ -506,15 +529,19 @@ class _InlineFunction:
     s_slots, s_paths, s_specs = _inline_slots(inner_state, mapping)
     _check_unique("parameter", p_slots, p_paths, api)
     _check_unique("state", s_slots, s_paths, api)
-    p_leaves = _fetch_params(p_slots, p_paths, p_specs, param_values, api)
+    p_leaves = _fetch_params(p_slots, p_paths, p_specs, param_values, api,
+                             shapes_checked)
     s_leaves = _fetch_state(s_slots, s_paths, s_specs, state_values, api)
-    params = _rebuild(inner_params, p_leaves)
-    state = _rebuild(inner_state, s_leaves)
-    return params, state, (s_slots, s_leaves), p_leaves, param_values, run
+    return _Bound(params=_rebuild(inner_params, p_leaves),
+                  state=_rebuild(inner_state, s_leaves),
+                  param_slots=p_slots, param_paths=p_paths,
+                  param_leaves=p_leaves, param_values=param_values,
+                  state_slots=s_slots, state_leaves=s_leaves, run=run,
+                  shapes_checked=shapes_checked)
 
   def bind(self, args, kwargs, api: str):
-    params, state, *_ = self._bind(args, kwargs, api)
-    return params, state
+    bound = self._bind(args, kwargs, api)
+    return bound.params, bound.state
 
   def call(self, args, kwargs, *, api: str = "call_pure",
            apply_with: Optional[Callable[..., Any]] = None):
@@ -533,24 +560,64 @@ class _InlineFunction:
       What the inner function returns.
     """
     rng_state = hk.maybe_get_rng_sequence_state()
-    params, state, (s_slots, s_leaves), p_leaves, param_values, run = (
-        self._bind(args, kwargs, api))
-    if run is not None and all(a is b for a, b in zip(p_leaves, param_values)):
+    bound = self._bind(args, kwargs, api, shapes_checked_inside=True)
+    run = bound.run
+    if run is not None and all(
+        a is b for a, b in zip(bound.param_leaves, bound.param_values)):
       # Init, and no custom getter changed a value: the nested init already
       # computed exactly what inline code returns at init.
       return run.out
-    if apply_with is None:
-      out, new_state, final_rng = self._apply(params, state, rng_state, args,
-                                              kwargs)
-    else:
-      out, new_state, final_rng = apply_with(self._apply, params, state,
-                                             rng_state, args, kwargs)
+    apply = apply_with or (lambda apply, *rest: apply(*rest))
+    try:
+      out, new_state, final_rng = apply(self._apply, bound.params,
+                                        bound.state, rng_state, args, kwargs)
+    except Exception:
+      if not bound.shapes_checked:
+        # Haiku's own shape check may have fired, naming the inner path:
+        # check against the exact shapes, for the bridge's error.
+        self._check_exact_shapes(bound, args, kwargs, api)
+      raise
     if run is None and rng_state is not None:
       hk.replace_rng_sequence_state(final_rng)
-    _store_state(s_slots, s_leaves,
-                 [new_state[b][n] for b, entries in state.items()
+    _store_state(bound.state_slots, bound.state_leaves,
+                 [new_state[b][n] for b, entries in bound.state.items()
                   for n in entries])
     return out
+
+  def _check_exact_shapes(self, bound: "_Bound", args, kwargs,
+                          api: str) -> None:
+    exact_params, _ = self._abstract(args, kwargs)
+    exact = {f"{b}/{n}": _spec(v) for b, entries in exact_params.items()
+             for n, v in entries.items()}
+    for slot, path in zip(bound.param_slots, bound.param_paths):
+      if path in exact:
+        _check_stored("parameter", slot, path,
+                      haiku_internals.stored_param(slot.bundle, slot.name),
+                      exact[path], api)
+
+
+@dataclasses.dataclass
+class _Bound:
+  """An inner function's params and state, bound in the caller's transform."""
+  params: PyTree
+  state: PyTree
+  param_slots: list[naming.Slot]
+  param_paths: list[str]
+  param_leaves: list[Any]
+  param_values: Optional[list[Any]]  # At init: what the nested init made.
+  state_slots: list[naming.Slot]
+  state_leaves: list[Any]
+  run: Optional[_Run]  # At init: the nested init's run.
+  shapes_checked: bool  # Whether param shapes were checked against init's.
+
+
+@functools.lru_cache(maxsize=256)
+def _inline_function_for(f: Callable[..., Any]) -> _InlineFunction:
+  if haiku_internals.is_transformed(f):
+    raise TypeError(
+        f"hkb: cannot find the Haiku function behind {f!r}; pass the result "
+        "of hk.transform / hk.transform_with_state.")
+  return _InlineFunction(f)
 
 
 def _inline_slots(inner: PyTree, mapping: dict[str, str]):

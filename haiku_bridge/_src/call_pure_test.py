@@ -794,9 +794,11 @@ class ErrorsTest(parameterized.TestCase):
 class CachingTest(absltest.TestCase):
 
   def test_inline_wrapper_is_reused(self):
-    inner = hk.transform(mlp_fn)
-    self.assertIs(call_pure_lib._InlineFunction.of(inner),
-                  call_pure_lib._InlineFunction.of(inner))
+    # Per Haiku function, so `hk.transform(f)` made afresh at every trace
+    # still finds the shapes cached for `f`.
+    self.assertIs(call_pure_lib._InlineFunction.of(hk.transform(mlp_fn)),
+                  call_pure_lib._InlineFunction.of(
+                      hk.transform_with_state(mlp_fn)))
 
 
 if __name__ == "__main__":
