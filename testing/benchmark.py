@@ -62,6 +62,7 @@ from absl import flags
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import scan
@@ -435,12 +436,14 @@ def bench_mlp(size: MlpSize, cfg: Config, log: Callable[[str], None]
       trace_time, inline_copy.apply, params[INLINE], None, x)
   for v, f in models.transformed.items():
     # The n-th sample of every variant uses batch size `batch + n`: a shape
-    # no trace has seen, the usual reason for jax.jit to trace again.
+    # no trace has seen, the usual reason for jax.jit to trace again. A NumPy
+    # input: a jnp array of a new shape would run (and compile) an op inside
+    # the timed region, charged to whichever variant meets the shape first.
     batches = itertools.count(size.batch + 1)
     trace_group[(v, APPLY_NEW_SHAPE)] = functools.partial(
         lambda f, v, batches: trace_time(
             f.apply, params[v], None,
-            jnp.zeros([next(batches), size.width])), f, v, batches)
+            np.zeros([next(batches), size.width], np.float32)), f, v, batches)
   for v in MLP_VARIANTS:
     # Same model, but objects this process has never traced: no cache that
     # is keyed on the model (in JAX, Haiku or the bridge) can hit.
