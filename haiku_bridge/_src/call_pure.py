@@ -571,11 +571,13 @@ class _InlineFunction:
     try:
       out, new_state, final_rng = apply(self._apply, bound.params,
                                         bound.state, rng_state, args, kwargs)
-    except Exception:
+    except Exception as error:  # pylint: disable=broad-except
       if not bound.shapes_checked:
         # Haiku's own shape check may have fired, naming the inner path:
-        # check against the exact shapes, for the bridge's error.
-        self._check_exact_shapes(bound, args, kwargs, api)
+        # the exact shapes give the bridge's error, naming both.
+        mismatch = self._shape_mismatch(bound, args, kwargs, api)
+        if mismatch is not None:
+          raise mismatch from error
       raise
     if run is None and rng_state is not None:
       hk.replace_rng_sequence_state(final_rng)
@@ -584,16 +586,24 @@ class _InlineFunction:
                   for n in entries])
     return out
 
-  def _check_exact_shapes(self, bound: "_Bound", args, kwargs,
-                          api: str) -> None:
-    exact_params, _ = self._abstract(args, kwargs)
+  def _shape_mismatch(self, bound: "_Bound", args, kwargs,
+                      api: str) -> Optional[ValueError]:
+    """The bridge's error for a stored param whose shape init would not give."""
+    try:
+      exact_params, _ = self._abstract(args, kwargs)
+    except Exception:  # pylint: disable=broad-except
+      return None  # The inner function fails here anyway: keep its error.
     exact = {f"{b}/{n}": _spec(v) for b, entries in exact_params.items()
              for n, v in entries.items()}
     for slot, path in zip(bound.param_slots, bound.param_paths):
       if path in exact:
-        _check_stored("parameter", slot, path,
-                      haiku_internals.stored_param(slot.bundle, slot.name),
-                      exact[path], api)
+        try:
+          _check_stored("parameter", slot, path,
+                        haiku_internals.stored_param(slot.bundle, slot.name),
+                        exact[path], api)
+        except ValueError as mismatch:
+          return mismatch
+    return None
 
 
 @dataclasses.dataclass
