@@ -107,6 +107,7 @@ def split_number(name: str) -> tuple[str, int]:
 
 class _NameReservation(hk.Module):
   """A module that is never called: creating it takes a name, as inline code would."""
+  AUTO_REPR = False  # Haiku would otherwise bind its arguments for a repr.
 
 
 def allocate_inline_names(inner_bundles: Iterable[str]) -> dict[str, str]:
