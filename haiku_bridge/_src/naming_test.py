@@ -4,7 +4,6 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import haiku as hk
 import jax
-import jax.numpy as jnp
 
 from haiku_bridge._src import naming
 
