@@ -453,7 +453,8 @@ class _InlineFunction:
             if run.shapes_only else contextlib.nullcontext()):
         run.out = f(*args, **kwargs)
       run.rng_state = hk.maybe_get_rng_sequence_state()
-      run.state = hk.get_current_state()
+      if hk.running_init():  # Only init hands the current state over.
+        run.state = hk.get_current_state()
       return run.out
 
     self._transformed = hk.transform_with_state(threaded)
@@ -485,9 +486,9 @@ class _InlineFunction:
     # Initializers (random ops, mostly) would only be traced to be dropped.
     return self._init((key, ()), args, kwargs, shapes_only=True)[:2]
 
-  def _abstract(self, args, kwargs):
-    return abstract_init.abstract_init(self._init_shapes, _rng_key_spec(),
-                                       args, kwargs)
+  def _abstract(self, args, kwargs, key_spec: jax.ShapeDtypeStruct):
+    return abstract_init.abstract_init(self._init_shapes, key_spec, args,
+                                       kwargs)
 
   def _bind(self, args, kwargs, api: str,
             shapes_checked_inside: bool = False) -> "_Bound":
@@ -500,11 +501,12 @@ class _InlineFunction:
     no state shapes.
     """
     rng_state = hk.maybe_get_rng_sequence_state()
+    key_spec = _rng_key_spec()
     shapes_checked = True
     if hk.running_init():
       _require_haiku_trace(api)
       inner_params, inner_state, run = self._init(rng_state, args, kwargs)
-      abstract_init.remember(self._init_shapes, _rng_key_spec(), args, kwargs,
+      abstract_init.remember(self._init_shapes, key_spec, args, kwargs,
                              (inner_params, inner_state))
       if rng_state is not None:
         hk.replace_rng_sequence_state(run.rng_state)
@@ -513,15 +515,15 @@ class _InlineFunction:
                       for n, v in entries.items()]
     else:
       run = param_values = state_values = None
-      shapes = abstract_init.cached(self._init_shapes, _rng_key_spec(), args,
-                                    kwargs)
+      shapes = abstract_init.cached(self._init_shapes, key_spec, args, kwargs)
       if shapes is None and shapes_checked_inside:
-        shapes = abstract_init.structure(self._init_shapes, _rng_key_spec(),
-                                         args, kwargs)
+        shapes = abstract_init.structure(self._init_shapes, key_spec, args,
+                                         kwargs)
         if shapes is not None and jax.tree.leaves(shapes[1]):
           shapes = None  # State: take the exact shapes.
         shapes_checked = shapes is None
-      inner_params, inner_state = shapes or self._abstract(args, kwargs)
+      inner_params, inner_state = shapes or self._abstract(args, kwargs,
+                                                           key_spec)
 
     mapping = naming.allocate_inline_names(
         list(inner_params) + list(inner_state))
@@ -590,19 +592,18 @@ class _InlineFunction:
                       api: str) -> Optional[ValueError]:
     """The bridge's error for a stored param whose shape init would not give."""
     try:
-      exact_params, _ = self._abstract(args, kwargs)
+      exact_params, _ = self._abstract(args, kwargs, _rng_key_spec())
     except Exception:  # pylint: disable=broad-except
       return None  # The inner function fails here anyway: keep its error.
     exact = {f"{b}/{n}": _spec(v) for b, entries in exact_params.items()
              for n, v in entries.items()}
-    for slot, path in zip(bound.param_slots, bound.param_paths):
-      if path in exact:
-        try:
-          _check_stored("parameter", slot, path,
-                        haiku_internals.stored_param(slot.bundle, slot.name),
-                        exact[path], api)
-        except ValueError as mismatch:
-          return mismatch
+    known = [i for i, path in enumerate(bound.param_paths) if path in exact]
+    try:
+      _checked_stored("parameter", [bound.param_slots[i] for i in known],
+                      [bound.param_paths[i] for i in known],
+                      [exact[bound.param_paths[i]] for i in known], api)
+    except ValueError as mismatch:
+      return mismatch
     return None
 
 
