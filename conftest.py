@@ -4,13 +4,14 @@ absltest reads its flags (e.g. --test_tmpdir, used by `create_tempdir`) after `a
 parsed them; pytest never calls it, so take every flag's default here.
 """
 
-import os
+from absl import flags
 
-# Set before anything imports jax: the sharding tests need 8 (CPU) devices, and
-# under pytest one process imports every test file. Bazel sets it per target.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from testing import devices
 
-from absl import flags  # pylint: disable=g-import-not-at-top
+# Before any test file starts jax's backend: under pytest one process imports
+# every test file, and the sharding tests need 8 (CPU) devices. Under Bazel,
+# each such file calls the same function itself.
+devices.use_cpu_devices(8)
 
 
 def pytest_configure(config):

@@ -23,6 +23,11 @@ weight goes, with the stacked ones written per layer:
 created on its devices) and the `in_shardings` / `out_shardings` of the
 jitted SGD step (weights stay where they are, step after step).
 
+Both kinds of mesh axes work: `--axis_type=explicit` (what `jax.make_mesh`
+gives by default) makes the shardings part of the types, so the two matmuls
+that contract a split dimension name their output's sharding
+(`out_sharding=`); with `--axis_type=auto` they are hints to XLA.
+
 Run it with
 
     bazel run //examples:sharded_training
@@ -31,24 +36,29 @@ or, without Bazel, from the repository root (on a CPU, the 8 devices are
 simulated by XLA):
 
     PYTHONPATH=. python3 examples/sharded_training.py
+
+As N processes (`jax.distributed`, one per host; here two on localhost, each
+with 4 of the 8 CPU devices), run one command per process:
+
+    PYTHONPATH=. python3 examples/sharded_training.py --num_processes=2 \
+        --process_id=0 --coordinator_address=localhost:12355 &
+    PYTHONPATH=. python3 examples/sharded_training.py --num_processes=2 \
+        --process_id=1 --coordinator_address=localhost:12355
+
+Each process feeds its own rows of the batch
+(`jax.make_array_from_process_local_data`) and holds only its devices'
+shards of the params; the losses and the trained params are those of the
+one-process run.
 """
 
-import os
-
-# Eight CPU devices, if jax is not started yet; read when it starts a backend.
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS",
-                                                                  ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_force_host_platform_device_count=8")
-
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from absl import app
 from absl import flags
 import haiku as hk
 import haiku_bridge as hkb
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 from jax.sharding import AxisType
 from jax.sharding import Mesh
@@ -58,6 +68,18 @@ import numpy as np
 
 
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 100, "SGD steps to run.")
+_AXIS_TYPE = flags.DEFINE_enum(
+    "axis_type", "auto", ["auto", "explicit"],
+    "Mesh axis type: shardings as hints to XLA, or part of the types.")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", 1, "Processes (jax.distributed); 1: no jax.distributed.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", "localhost:12355",
+    "host:port of process 0, for jax.distributed.initialize.")
+_RESULTS = flags.DEFINE_string(
+    "results", None, "If set, process 0 writes the losses and the trained "
+    "params (gathered from all processes) to this .npz file.")
 
 Params = Any
 Batch = tuple[jax.Array, jax.Array]
@@ -70,6 +92,7 @@ NUM_LAYERS = 3
 BATCH_SIZE = 64
 LEARNING_RATE = 0.05
 MESH_SHAPE = {"data": 2, "model": 4}
+NUM_DEVICES = 8
 
 # Where each weight goes. Patterns are searched in the full Haiku path; the
 # stack's weights (`blocks/...`, with a leading layer axis) are written per
@@ -104,7 +127,23 @@ def init_mlp_block(rng: jax.Array, x: jax.Array) -> Params:
 def plain_mlp_block(params: Params, x: jax.Array) -> jax.Array:
   """The block's forward pass; its autodiff gradient is the reference."""
   h = jax.nn.gelu(x @ params["w1"] + params["b1"])
-  return x + h @ params["w2"] + params["b2"]
+  return x + matmul(h, params["w2"], like=x) + params["b2"]
+
+
+def matmul(a: jax.Array, b: jax.Array, like: jax.Array,
+           contract: tuple[tuple[int, ...], tuple[int, ...]] = ((-1,), (0,))
+           ) -> jax.Array:
+  """`a` times `b`, sharded as `like` (for Explicit axes; else no-op).
+
+  Under Explicit mesh axes, a product over a dimension split over a mesh
+  axis must name its output's sharding; `like`'s own is the answer. With
+  Auto axes, or no mesh, `like`'s type names no mesh axis and this is a
+  plain product.
+  """
+  return jax.lax.dot_general(
+      a, b, ((tuple(d % a.ndim for d in contract[0]),
+              tuple(d % b.ndim for d in contract[1])), ((), ())),
+      out_sharding=jax.typeof(like).sharding)
 
 
 @jax.custom_vjp
@@ -114,7 +153,7 @@ def mlp_block(params: Params, x: jax.Array) -> jax.Array:
 
 def _mlp_block_fwd(params, x):
   pre = x @ params["w1"] + params["b1"]
-  out = x + jax.nn.gelu(pre) @ params["w2"] + params["b2"]
+  out = x + matmul(jax.nn.gelu(pre), params["w2"], like=x) + params["b2"]
   # Keep the pre-activation only; gelu(pre) is recomputed in the backward.
   return out, (params, x, pre)
 
@@ -124,13 +163,15 @@ def _mlp_block_bwd(residuals, g):
   h, gelu_vjp = jax.vjp(jax.nn.gelu, pre)
   (d_pre,) = gelu_vjp(g @ params["w2"].T)
   batch_dims = tuple(range(x.ndim - 1))
+  over_batch = (batch_dims, batch_dims)
   grads = {
-      "w1": jnp.tensordot(x, d_pre, axes=(batch_dims, batch_dims)),
+      "w1": matmul(x, d_pre, like=params["w1"], contract=over_batch),
       "b1": d_pre.sum(batch_dims),
-      "w2": jnp.tensordot(h, g, axes=(batch_dims, batch_dims)),
+      "w2": matmul(h, g, like=params["w2"], contract=over_batch),
       "b2": g.sum(batch_dims),
   }
-  return grads, g + d_pre @ params["w1"].T
+  return grads, g + matmul(d_pre, params["w1"], like=x,
+                           contract=((-1,), (1,)))
 
 
 mlp_block.defvjp(_mlp_block_fwd, _mlp_block_bwd)
@@ -140,24 +181,58 @@ mlp_block.defvjp(_mlp_block_fwd, _mlp_block_bwd)
 # ---------------------------------------------------------------------------
 
 
+class RowSplitLinear(hk.Module):
+  """`hk.Linear` for a layer whose input features may be split ("model").
+
+  Its matmul contracts the split dimension, so under Explicit axes it names
+  its output's sharding (its input's batch sharding, via `matmul`).
+  """
+
+  def __init__(self, output_size: int, w_scale: float,
+               name: Optional[str] = None):
+    super().__init__(name=name)
+    self._output_size = output_size
+    self._w_scale = w_scale
+
+  def __call__(self, x: jax.Array, like: jax.Array) -> jax.Array:
+    w = hk.get_parameter("w", [x.shape[-1], self._output_size],
+                         init=hk.initializers.VarianceScaling(self._w_scale))
+    b = hk.get_parameter("b", [self._output_size], init=jnp.zeros)
+    return matmul(x, w, like=like) + b
+
+
 def residual_layer(h: jax.Array) -> jax.Array:
   up = hk.Linear(HIDDEN, name="up")
-  down = hk.Linear(WIDTH, name="down", w_init=hk.initializers.VarianceScaling(
-      0.1))
-  return h + down(jax.nn.gelu(up(h)))
+  down = RowSplitLinear(WIDTH, w_scale=0.1, name="down")
+  return h + down(jax.nn.gelu(up(h)), like=h)
 
 
-def network(x: jax.Array, block=mlp_block) -> jax.Array:
-  h = hk.Linear(WIDTH, name="embed")(x)
-  h = hkb.call_pure(block, h, init=init_mlp_block, name="custom_mlp")
-  h = hkb.repeat_layer(residual_layer, h, NUM_LAYERS, name="blocks")
+def readout(h: jax.Array) -> jax.Array:
   return hk.Linear(OUT_FEATURES, name="readout")(h)
 
 
-def make_loss(block=mlp_block) -> hk.Transformed:
+def _clipped_readout_bwd(vjp_fn, g):
+  # The true backward pass, with the error signal clipped to [-1, 1]: a
+  # bad batch cannot blow up the step.
+  return vjp_fn(jnp.clip(g, -1.0, 1.0))
+
+
+# `hkb.custom_vjp` over a Haiku function: its params are `readout/w` and
+# `readout/b`, as inline; `bwd` gets their cotangents to shape.
+CLIPPED_READOUT = hkb.custom_vjp(readout, hkb.vjp_fwd, _clipped_readout_bwd)
+
+
+def network(x: jax.Array, block=mlp_block, head=CLIPPED_READOUT) -> jax.Array:
+  h = hk.Linear(WIDTH, name="embed")(x)
+  h = hkb.call_pure(block, h, init=init_mlp_block, name="custom_mlp")
+  h = hkb.repeat_layer(residual_layer, h, NUM_LAYERS, name="blocks")
+  return head(h)
+
+
+def make_loss(block=mlp_block, head=CLIPPED_READOUT) -> hk.Transformed:
   def loss(batch: Batch) -> jax.Array:
     x, y = batch
-    return jnp.mean((network(x, block) - y) ** 2)
+    return jnp.mean((network(x, block, head) - y) ** 2)
   return hk.transform(loss)
 
 
@@ -178,28 +253,52 @@ def batches(seed: int = 0) -> Iterator[Batch]:
     yield x, jnp.tanh(x @ w1 / np.sqrt(IN_FEATURES))
 
 
-def make_mesh() -> Mesh:
-  shape = tuple(MESH_SHAPE.values())
-  count = int(np.prod(shape))
-  if jax.device_count() < count:
+def make_mesh(axis_type: AxisType = AxisType.Auto) -> Mesh:
+  """The (data, model) mesh over all devices, of all processes."""
+  if jax.device_count() != NUM_DEVICES:
     raise RuntimeError(
-        f"This example needs {count} devices; jax has {jax.device_count()}. On "
-        "a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=8 before "
-        "jax starts.")
-  devices = np.array(jax.devices()[:count]).reshape(shape)
-  return Mesh(devices, tuple(MESH_SHAPE),
-              axis_types=(AxisType.Auto,) * len(shape))
+        f"This example needs {NUM_DEVICES} devices; jax has "
+        f"{jax.device_count()} ({jax.process_count()} process(es)). On a "
+        "CPU, call use_cpu_devices(1) before jax starts (as `main` does), "
+        "or run N processes with --num_processes=N.")
+  return jax.make_mesh(tuple(MESH_SHAPE.values()), tuple(MESH_SHAPE),
+                       axis_types=(axis_type,) * len(MESH_SHAPE))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P("data"))
 
 
+def global_batch(batch: Batch, mesh: Mesh) -> Batch:
+  """The global batch as arrays split over "data", from this process's rows.
+
+  Every process draws the same batch here; in a real input pipeline each
+  process reads only its own rows, `local_rows` of them.
+  """
+  sharding = batch_sharding(mesh)
+
+  def one(x):
+    rows = local_rows(sharding, x.shape)
+    return jax.make_array_from_process_local_data(
+        sharding, np.asarray(x[rows]), x.shape)
+
+  return jax.tree.map(one, batch)
+
+
+def local_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> slice:
+  """The rows of a batch that this process's devices hold."""
+  starts, stops = zip(*[
+      (index[0].start or 0, shape[0] if index[0].stop is None else
+       index[0].stop)
+      for index in sharding.addressable_devices_indices_map(shape).values()])
+  return slice(min(starts), max(stops))
+
+
 def init_params(mesh: Mesh, seed: int = 0) -> tuple[Params, Params]:
   """Params created already sharded; returns `(params, shardings)`."""
   key, batch = jax.random.PRNGKey(seed), next(batches(seed))
   shardings = hkb.param_shardings(jax.eval_shape(LOSS.init, key, batch),
-                                       mesh, RULES)
+                                  mesh, RULES)
   params = jax.jit(LOSS.init, out_shardings=shardings)(key, batch)
   return params, shardings
 
@@ -214,36 +313,79 @@ def make_train_step(mesh: Mesh, shardings: Params):
 
   data = batch_sharding(mesh)
   return jax.jit(step, in_shardings=(shardings, (data, data)),
-                 out_shardings=(shardings, None), donate_argnums=0)
+                 out_shardings=(shardings, NamedSharding(mesh, P())),
+                 donate_argnums=0)
 
 
-def train(num_steps: int, seed: int = 0,
-          log_every: int = 0) -> tuple[np.ndarray, Params]:
+def train(num_steps: int, seed: int = 0, log_every: int = 0,
+          axis_type: AxisType = AxisType.Auto) -> tuple[np.ndarray, Params]:
   """Trains for `num_steps`; returns the losses and the final params."""
-  mesh = make_mesh()
-  params, shardings = init_params(mesh, seed)
-  step = make_train_step(mesh, shardings)
-  data = batch_sharding(mesh)
-  losses = []
-  for i, batch in zip(range(num_steps), batches(seed + 1)):
-    params, loss = step(params, jax.device_put(batch, data))
-    losses.append(float(loss))
-    if log_every and (i % log_every == 0 or i == num_steps - 1):
-      print(f"step {i:4d}  loss {losses[-1]:.5f}")
+  mesh = make_mesh(axis_type)
+  with jax.set_mesh(mesh):
+    params, shardings = init_params(mesh, seed)
+    step = make_train_step(mesh, shardings)
+    losses = []
+    for i, batch in zip(range(num_steps), batches(seed + 1)):
+      params, loss = step(params, global_batch(batch, mesh))
+      losses.append(float(loss))  # Replicated: every process has it.
+      if log_every and (i % log_every == 0 or i == num_steps - 1):
+        print(f"step {i:4d}  loss {losses[-1]:.5f}")
   return np.array(losses), params
+
+
+def gathered(params: Params) -> dict[str, np.ndarray]:
+  """`{"bundle/name": array}`, each param whole, in every process."""
+  whole = multihost_utils.process_allgather(params, tiled=True)
+  return {f"{bundle}/{name}": np.asarray(value)
+          for bundle, entries in whole.items()
+          for name, value in entries.items()}
+
+
+def use_cpu_devices(num_processes: int) -> None:
+  """This process's share of the 8 devices, which XLA simulates on a CPU.
+
+  Call it before jax starts a backend (before any jax operation). GPUs and
+  TPUs bring their own devices; it changes only the CPU backend.
+  """
+  jax.config.update("jax_num_cpu_devices", NUM_DEVICES // num_processes)
+
+
+def start_processes(num_processes: int, process_id: int,
+                    coordinator_address: str) -> None:
+  """Joins `jax.distributed`: this process is one of `num_processes`."""
+  # CPU collectives go over gloo.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes,
+                             process_id=process_id)
 
 
 def main(argv):
   del argv  # Unused.
-  mesh = make_mesh()
-  print(f"mesh: {dict(mesh.shape)}")
-  losses, params = train(_NUM_STEPS.value, log_every=10)
+  use_cpu_devices(_NUM_PROCESSES.value)
+  if _NUM_PROCESSES.value > 1:
+    start_processes(_NUM_PROCESSES.value, _PROCESS_ID.value,
+                    _COORDINATOR.value)
+  axis_type = {"auto": AxisType.Auto,
+               "explicit": AxisType.Explicit}[_AXIS_TYPE.value]
+  mesh = make_mesh(axis_type)
+  print(f"process {jax.process_index()} of {jax.process_count()}: "
+        f"{jax.local_device_count()} of {jax.device_count()} devices; mesh "
+        f"{dict(mesh.shape)}, {_AXIS_TYPE.value} axes")
+  losses, params = train(_NUM_STEPS.value, log_every=10, axis_type=axis_type)
   print(f"\nloss {losses[0]:.5f} -> {losses[-1]:.5f}\n")
   print(hkb.explain_shardings(params, RULES, mesh=mesh))
-  print("\nactual shardings of the trained params:")
+  print("\nthis process's shards of the trained params:")
   for bundle, entries in params.items():
     for name, value in entries.items():
-      print(f"  {bundle + '/' + name:16s} {value.sharding.spec}")
+      shapes = {tuple(s.data.shape) for s in value.addressable_shards}
+      print(f"  {bundle + '/' + name:16s} {str(value.sharding.spec):22s} "
+            f"{len(value.addressable_shards)} shards of {shapes.pop()}")
+  if _RESULTS.value:
+    whole = gathered(params)  # Every process takes part in the gather.
+    if jax.process_index() == 0:
+      np.savez(_RESULTS.value, losses=losses, **whole)
+      print(f"wrote {_RESULTS.value}")
 
 
 if __name__ == "__main__":

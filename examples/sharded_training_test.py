@@ -1,21 +1,20 @@
 """Runs the sharded training example briefly and checks what it claims."""
 
-import os
+import jax
 
-# Eight CPU devices; read by XLA when jax first starts a backend. Bazel sets
-# the same flag in the target's env.
-_FLAG = "--xla_force_host_platform_device_count=8"
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS",
-                                                                  ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import unittest
 
 from absl.testing import absltest
 from absl.testing import flagsaver
+from absl.testing import parameterized
 import chex
-import jax
+import haiku as hk
+from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
@@ -39,16 +38,15 @@ EXPECTED_SPECS = {
 def setUpModule():
   if jax.device_count() < 8:
     raise unittest.SkipTest(
-        f"needs 8 devices, jax has {jax.device_count()}: jax started its "
-        f"backend before this file could set XLA_FLAGS={_FLAG}. Run this file "
-        "on its own, or set XLA_FLAGS before anything imports jax.")
+        f"needs 8 devices, jax has {jax.device_count()} "
+        f"{jax.default_backend()} devices.")
 
 
 def specs(params):
   return jax.tree.map(lambda a: a.sharding.spec, params)
 
 
-class ShardedTrainingTest(absltest.TestCase):
+class ShardedTrainingTest(parameterized.TestCase):
 
   @classmethod
   def setUpClass(cls):
@@ -88,22 +86,44 @@ class ShardedTrainingTest(absltest.TestCase):
     ])
     self.assertEqual(report.unused_rules, [])
 
-  def test_sharded_custom_vjp_gradient_equals_one_device_autodiff(self):
-    # Ground truth: the plain block (autodiff gradient), unsharded.
-    params, shardings = example.init_params(self.mesh)
+  @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
+  def test_sharded_custom_vjps_gradient_equals_one_device_autodiff(
+      self, axis_type):
+    # Ground truth: the plain block and readout (autodiff gradient; the
+    # readout's clipping does not bite on this batch), unsharded.
+    mesh = example.make_mesh(axis_type)
+    with jax.set_mesh(mesh):
+      params, shardings = example.init_params(mesh)
     batch = next(example.batches(3))
-    plain = example.make_loss(example.plain_mlp_block)
-    ref_loss, ref_grads = jax.value_and_grad(plain.apply)(
+    plain = example.make_loss(example.plain_mlp_block, example.readout)
+    ref_loss, ref_grads = jax.jit(jax.value_and_grad(plain.apply))(
         jax.device_get(params), None, batch)
+    predict = hk.transform(lambda x: example.network(
+        x, example.plain_mlp_block, example.readout))
+    x, y = batch
+    out = predict.apply(jax.device_get(params), None, x)
+    self.assertLess(np.max(np.abs(2 * (out - y) / y.size)), 1.0)  # d loss/out
 
-    data = example.batch_sharding(self.mesh)
-    loss, grads = jax.jit(
-        jax.value_and_grad(example.LOSS.apply),
-        in_shardings=(shardings, None, (data, data)),
-        out_shardings=(None, shardings))(params, None, batch)
+    with jax.set_mesh(mesh):
+      loss, grads = jax.jit(
+          jax.value_and_grad(example.LOSS.apply),
+          out_shardings=(None, shardings))(
+              params, None, example.global_batch(batch, mesh))
     self.assertEqual(specs(grads), EXPECTED_SPECS)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-4, atol=1e-5)
+
+  def test_explicit_axes_train_as_auto(self):
+    losses, params = example.train(num_steps=5, axis_type=AxisType.Explicit)
+    np.testing.assert_allclose(losses, self.losses[:5], rtol=1e-5)
+    self.assertEqual(specs(params), EXPECTED_SPECS)
+
+  def test_one_process_feeds_every_row(self):
+    sharding = example.batch_sharding(self.mesh)
+    self.assertEqual(example.local_rows(sharding, (64, 3)), slice(0, 64))
+    x, y = example.global_batch(next(example.batches(0)), self.mesh)
+    self.assertEqual(x.sharding, sharding)
+    self.assertEqual(y.shape, (example.BATCH_SIZE, example.OUT_FEATURES))
 
   def test_main_runs(self):
     with flagsaver.flagsaver((example._NUM_STEPS, 3)):

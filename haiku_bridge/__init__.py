@@ -2,17 +2,21 @@
 
 from haiku_bridge._src.call_pure import call_pure
 from haiku_bridge._src.call_pure import get_relevant_parameters
+from haiku_bridge._src.caches import clear_caches
 from haiku_bridge._src.custom_grad import custom_jvp
 from haiku_bridge._src.custom_grad import custom_vjp
 from haiku_bridge._src.custom_grad import route_cotangents
 from haiku_bridge._src.custom_grad import vjp_fwd
 from haiku_bridge._src.hk_namespace import hk
+# The Flax and Equinox adapters load on first use (see _src/optional.py).
+from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.scan import layer_scan
 from haiku_bridge._src.scan import repeat_layer
 from haiku_bridge._src.scan import stack_params
 from haiku_bridge._src.scan import stacked_init
 from haiku_bridge._src.scan import unstack_params
 from haiku_bridge._src.sharding import explain_shardings
+from haiku_bridge._src.sharding import gather_over
 from haiku_bridge._src.sharding import param_shardings
 from haiku_bridge._src.sharding import param_specs
 from haiku_bridge._src.sharding import ShardingRules
@@ -22,9 +26,13 @@ __version__ = "0.1.0"
 __all__ = (
     "ShardingRules",
     "call_pure",
+    "clear_caches",
     "custom_jvp",
     "custom_vjp",
     "explain_shardings",
+    "gather_over",
+    "from_equinox",
+    "from_flax",
     "get_relevant_parameters",
     "hk",
     "layer_scan",
@@ -34,6 +42,8 @@ __all__ = (
     "route_cotangents",
     "stack_params",
     "stacked_init",
+    "to_equinox",
+    "to_nnx",
     "unstack_params",
     "vjp_fwd",
 )

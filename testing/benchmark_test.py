@@ -1,34 +1,41 @@
 """Keeps testing/benchmark.py from rotting: its quick mode runs to the end.
 
-No timing is asserted (this machine's timings are not the benchmark's
-business here); the test checks that every section of the results file is
-written, that the structural facts hold, and that the program still writes
-its Markdown when matplotlib is missing.
+No timing is asserted. The test checks that the run writes `results.json` and
+every section of `tables.md` (and never `RESULTS.md`, which people write),
+reports every target, and still writes its tables without matplotlib. The
+structural facts are in structure_test.py.
 """
 
-import dataclasses
+import contextlib
+import io
+import json
 import os
 from unittest import mock
 
 from absl.testing import absltest
+import jax
+import jax.numpy as jnp
 
 from testing import benchmark
+from testing.bench import config
+from testing.bench import fresh_process
+from testing.bench import harness
+from testing.bench import models
+from testing.bench import plot
+from testing.bench import tables
+from testing.bench import trace_rows
 
 SECTIONS = (
-    "# haiku_bridge benchmarks",
+    "# haiku_bridge benchmark tables",
     "## Run",
     "## Targets",
     "## 1. `call_pure` vs inline Haiku vs `hk.lift`",
     "### Times (ms)",
-    "### Ratios to inline, wall-clock (per-repetition pairs)",
-    "### Ratios to inline, process CPU time (per-repetition pairs)",
-    "### Where the bridged apply trace spends its time",
-    "### Tracing work, counted",
+    "### Ratios to inline (wall clock)",
+    "### Fresh process: first trace and its lowering",
+    "### Bridged apply trace: excess over inline (ms)",
+    "### Profiles of the apply trace",
     "## 2. Layer scan vs `hk.layer_stack` vs unrolled loop",
-    "## 3. Structural facts",
-    "### Primitive counts of the `apply` jaxpr (nested jaxprs included)",
-    "### Training step: primitives, optimised HLO, compiled memory",
-    "## Findings",
     "## Plot",
 )
 
@@ -39,11 +46,14 @@ class QuickBenchmarkTest(absltest.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.out_dir = absltest.get_default_test_tmpdir()
-    cls.results = benchmark.run(quick=True, out_dir=cls.out_dir,
-                                command="benchmark_test --quick",
-                                log=lambda _: None)
-    with open(os.path.join(cls.out_dir, benchmark.RESULTS_FILE)) as f:
+    with contextlib.redirect_stderr(io.StringIO()) as stderr:
+      cls.results = benchmark.run(config.QUICK, cls.out_dir,
+                                  command="benchmark_test --quick")
+    cls.progress = stderr.getvalue()
+    with open(os.path.join(cls.out_dir, benchmark.TABLES_FILE)) as f:
       cls.markdown = f.read()
+    with open(os.path.join(cls.out_dir, benchmark.JSON_FILE)) as f:
+      cls.json = json.load(f)
 
   def test_writes_every_section_in_order(self):
     positions = [self.markdown.find(s) for s in SECTIONS]
@@ -56,44 +66,88 @@ class QuickBenchmarkTest(absltest.TestCase):
                  "| CPU count |", "| jax |", "| dm-haiku |",
                  "| haiku_bridge |", "Total run time:"):
       self.assertIn(text, self.markdown)
+    self.assertEqual(self.json["run"]["command"], "benchmark_test --quick")
+    self.assertEqual(self.json["run"]["config"]["mode"], "quick")
+
+  def test_never_writes_results_md(self):
+    self.assertFalse(os.path.exists(os.path.join(self.out_dir, "RESULTS.md")))
 
   def test_every_target_is_reported(self):
     names = [t.name for t in self.results.targets]
-    for fragment in ("/ inline step time", "apply trace time, re-trace",
-                     "apply trace time, new input shape",
-                     "apply trace time, new model",
-                     "layer_scan trace+compile", "/ hk.layer_stack step time",
-                     "remat temp memory"):
+    fragments = ["/ inline step time", "layer_scan trace+compile",
+                 "/ hk.layer_stack step time", "remat temp memory"]
+    fragments += [f"apply trace time, {row}" for row in trace_rows.APPLY_ROWS]
+    for fragment in fragments:
       self.assertTrue(any(fragment in n for n in names), fragment)
     for target in self.results.targets:
-      self.assertIn(target.name, self.markdown)
-    self.assertEqual(
-        self.markdown.count("| PASS |") + self.markdown.count("| **MISS** |"),
-        len(self.results.targets))
+      self.assertIn(f"| {target.name} |", self.markdown)
+    self.assertEqual([t["name"] for t in self.json["targets"]], names)
 
-  def test_bridged_apply_has_the_inline_primitives(self):
-    # A structural fact, not a timing: the bridge adds no op to the jaxpr.
-    for res in self.results.mlp:
-      for variant in benchmark.BRIDGED:
-        self.assertEqual(res.apply_counts[variant],
-                         res.apply_counts[benchmark.INLINE], variant)
-    self.assertIn("Bridged apply counts equal inline: **yes**", self.markdown)
+  def test_json_holds_every_kept_sample(self):
+    cfg = config.QUICK
+    fresh = [s for s in self.json["samples"]
+             if s.get("row") == trace_rows.FRESH_PROCESS
+             and s["phase"] == "trace"]
+    self.assertCountEqual(
+        [s["variant"] for s in fresh],
+        models.MLP_VARIANTS + (models.INLINE_COPY,))
+    for sample in fresh:
+      self.assertLen(sample["seconds"], cfg.fresh_process_repeats)
+    steps = [s for s in self.json["samples"]
+             if s["benchmark"] == "stack" and s["phase"] == "step"]
+    for sample in steps:
+      self.assertLen(sample["seconds"], cfg.step_repeats)
+
+  def test_profiles_every_row(self):
+    self.assertCountEqual(
+        {p.row for p in self.results.profiles}, trace_rows.APPLY_ROWS)
+
+  def test_progress_goes_to_stderr(self):
+    self.assertIn("fresh process (tiny): 5/5", self.progress)
+    self.assertIn("layer stacks: step times:", self.progress)
 
   def test_plot_written_when_matplotlib_is_installed(self):
-    plot = os.path.join(self.out_dir, benchmark.PLOT_FILE)
-    if benchmark._pyplot() is None:
+    if plot.pyplot() is None:
       self.assertIsNone(self.results.plot_file)
       self.assertIn("Not drawn: matplotlib is not installed", self.markdown)
     else:
-      self.assertTrue(os.path.getsize(plot) > 0)
+      path = os.path.join(self.out_dir, benchmark.PLOT_FILE)
+      self.assertGreater(os.path.getsize(path), 0)
       self.assertIn(f"]({benchmark.PLOT_FILE})", self.markdown)
 
-  def test_markdown_without_matplotlib(self):
-    with mock.patch.object(benchmark, "_pyplot", return_value=None):
-      self.assertFalse(benchmark.write_plot(self.results, "/nonexistent.png"))
-    without_plot = dataclasses.replace(self.results, plot_file=None)
-    self.assertIn("Not drawn: matplotlib is not installed",
-                  benchmark.markdown(without_plot))
+  def test_tables_without_matplotlib(self):
+    with mock.patch.object(plot, "pyplot", return_value=None):
+      self.assertFalse(plot.write_plot(self.results, "/nonexistent.png"))
+    self.results.plot_file, plot_file = None, self.results.plot_file
+    try:
+      self.assertIn("Not drawn: matplotlib is not installed",
+                    tables.markdown(self.results))
+    finally:
+      self.results.plot_file = plot_file
+
+
+class FreshProcessParamsTest(absltest.TestCase):
+
+  def test_params_survive_the_npz(self):
+    size = models.MlpSize("t", 4, 2, 2)
+    params = models.mlp_model(size, models.BRIDGED_TRANSFORMED).init(
+        models.KEY, jnp.ones([size.batch, size.width]))
+    path = os.path.join(absltest.get_default_test_tmpdir(), "params.npz")
+    fresh_process.save_params(params, path)
+    restored = fresh_process.load_params(path)
+    self.assertEqual(jax.tree.structure(restored), jax.tree.structure(params))
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(params)):
+      self.assertTrue(jnp.array_equal(a, b))
+
+
+class ProgressTest(absltest.TestCase):
+
+  def test_reports_first_and_last_step_to_stderr(self):
+    with contextlib.redirect_stderr(io.StringIO()) as stderr:
+      list(harness.with_progress("things", range(3)))
+    lines = stderr.getvalue().splitlines()
+    self.assertStartsWith(lines[0].strip(), "things: 1/3")
+    self.assertStartsWith(lines[-1].strip(), "things: 3/3")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Helpers shared by haiku_bridge's tests."""
 
 import collections
+import re
 from typing import Any, Callable
 
 import haiku as hk
@@ -24,6 +25,30 @@ def primitive_counts(fn: Callable[..., Any], *args: Any) -> collections.Counter:
 
   visit(jax.make_jaxpr(fn)(*args).jaxpr)
   return counts
+
+
+def canonical_hlo(compiled: jax.stages.Compiled) -> str:
+  """Optimised HLO text without names, source locations or metadata.
+
+  Two programs with the same canonical text run the same kernels.
+  """
+  lines = compiled.as_text().splitlines()
+  start = next(i for i, line in enumerate(lines)
+               if line.startswith("HloModule"))
+  body = lines[start + 1:]
+  # Skip the debug tables (file names, stack frames) before the computations.
+  first = next((i for i, line in enumerate(body)
+                if line.startswith(("%", "ENTRY"))), 0)
+  text = "\n".join(body[first:])
+  text = re.sub(r", metadata=\{[^}]*\}", "", text)
+  # Parameter names in computation headers (they carry module names).
+  text = re.sub(r"^(.*?\()(.*)(\) -> .*\{)$",
+                lambda m: m[1] + re.sub(r"[\w.\-]+: ", "", m[2]) + m[3],
+                text, flags=re.M)
+  names = {}
+  return re.sub(r"%([\w.\-]+)",
+                lambda m: "%" + names.setdefault(m[1], f"v{len(names)}"),
+                text)
 
 
 def param_shapes(params: Any) -> Any:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import haiku_bridge as hkb
-from haiku_bridge._src import call_pure as call_pure_lib
+from haiku_bridge._src import inline as inline_lib
 from testing import test_utils
 
 Outer = test_utils.Outer
@@ -673,6 +673,94 @@ class ZeroOverheadTest(parameterized.TestCase):
         test_utils.primitive_counts(lambda p: i.apply(p, KEY, X), params))
 
 
+class InlineDivergencesTest(parameterized.TestCase):
+  """Cases where the first version differed from inline code (issue 11)."""
+
+  @parameterized.parameters(False, True)
+  def test_closure_over_an_outer_module_runs_as_inline(self, getter):
+    def body(outside):
+      return lambda x: outside(x) + hk.Linear(4, name="inner")(x)
+
+    def bridged(x):
+      outside = hk.Linear(4, name="inner")
+      return hkb.call_pure(hk.transform(body(outside)), x)
+
+    def inline(x):
+      return body(hk.Linear(4, name="inner"))(x)
+
+    params = assert_same_model(self, _maybe_getter(bridged, getter),
+                               _maybe_getter(inline, getter), X)
+    self.assertEqual(sorted(params), ["inner", "inner_1"])
+
+  @parameterized.parameters(False, True)
+  def test_key_path_bundle_never_shares_an_inline_modules_name(self, getter):
+    def init_linear(rng, x):
+      return {"linear": {"w": jax.random.normal(rng, [x.shape[-1], 4]),
+                         "b": jnp.zeros([4])}}
+
+    pure = lambda p, x: x @ p["linear"]["w"] + p["linear"]["b"]
+
+    def inline_first(x):
+      return hk.Linear(4)(x) + hkb.call_pure(pure, x, init=init_linear)
+
+    def bridged_first(x):
+      return hkb.call_pure(pure, x, init=init_linear) + hk.Linear(4)(x)
+
+    for f in (inline_first, bridged_first):
+      f = hk.transform(_maybe_getter(lambda x, f=f: Outer(f)(x), getter))
+      params = f.init(KEY, X)
+      self.assertEqual(sorted(params), ["outer/linear", "outer/linear_1"])
+      # Two sets of weights at init and at apply: each gets its own gradient.
+      grads = jax.grad(lambda p: jnp.sum(f.apply(p, None, X)))(params)
+      for bundle in params:
+        self.assertGreater(float(jnp.abs(grads[bundle]["w"]).sum()), 0)
+      # The bridged leaf reads its own bundle at apply too.
+      zeroed = dict(params, **{"outer/linear_1": jax.tree.map(
+          jnp.zeros_like, params["outer/linear_1"])})
+      self.assertFalse(jnp.allclose(f.apply(zeroed, None, X),
+                                    f.apply(params, None, X)))
+
+  def test_init_of_a_transform_is_bridged_as_the_transform(self):
+    transformed = hk.transform(mlp_fn)
+
+    def bridged(x):
+      params = hkb.get_relevant_parameters(transformed.init, x)
+      return transformed.apply(params, None, x)
+
+    assert_same_model(self, bridged, mlp_fn, X)
+
+  def test_init_of_a_stateful_transform_is_refused(self):
+    stateful = hk.transform_with_state(
+        lambda x: x + hk.get_state("n", [], init=jnp.zeros))
+    f = hk.transform_with_state(
+        lambda x: hkb.get_relevant_parameters(stateful.init, x))
+    with self.assertRaisesRegex(ValueError, "Haiku function with state"):
+      f.init(KEY, X)
+
+  def test_init_must_not_create_haiku_params(self):
+    def init(rng, x):
+      del rng, x
+      hk.get_parameter("w", [], init=jnp.ones)
+      return {"w": 2 * jnp.ones([])}
+
+    f = hk.transform(lambda x: hkb.call_pure(lambda p, x: p, x, init=init))
+    with self.assertRaisesRegex(ValueError,
+                                r"created Haiku parameters or state itself "
+                                r"\(\['~/w'\]\)"):
+      f.init(KEY, X)
+
+
+def _maybe_getter(f, getter):
+  if not getter:
+    return f
+
+  def with_getter(*args):
+    with hk.custom_getter(lambda nxt, v, ctx: nxt(v), state=True):
+      return f(*args)
+
+  return with_getter
+
+
 class ErrorsTest(parameterized.TestCase):
 
   def test_outside_transform(self):
@@ -696,26 +784,27 @@ class ErrorsTest(parameterized.TestCase):
     params["outer/proj"]["w"] = jnp.zeros([4, 6])
     with self.assertRaisesRegex(
         ValueError,
-        r"parameter 'outer/proj/w' \(params path \['w'\]\) is float32\[4, 6\] "
-        r".*init gives float32\[4, 5\]"):
+        r"parameter 'outer/proj/w' \(params path \['w'\]\) has shape "
+        r"\[4, 6\] .*needs \[4, 5\]"):
       f.apply(params, None, X)
 
   def test_shard_sized_param_gets_a_shard_map_hint(self):
     f, params = self._params()
     params["outer/proj"]["w"] = jnp.zeros([4, 1])
-    with self.assertRaisesRegex(ValueError, r"float32\[4, 1\].*shard_map"):
+    with self.assertRaisesRegex(ValueError, r"\[4, 1\].*shard_map"):
       f.apply(params, None, X)
     params["outer/proj"]["w"] = jnp.zeros([4, 6])
     with self.assertRaises(ValueError) as raised:
       f.apply(params, None, X)
     self.assertNotIn("shard_map", str(raised.exception))
 
-  def test_wrong_dtype_at_apply(self):
+  def test_stored_dtype_is_used_as_inline(self):
+    # Inline Haiku checks a stored param's shape, never its dtype: params cast
+    # for inference (here float16) reach the function as they are.
     f, params = self._params()
     params["outer/proj"]["b"] = params["outer/proj"]["b"].astype(jnp.float16)
-    with self.assertRaisesRegex(ValueError, r"'outer/proj/b'.*float16\[5\]"
-                                r".*float32\[5\]"):
-      f.apply(params, None, X)
+    chex.assert_trees_all_equal(f.apply(params, None, X),
+                                dense(params["outer/proj"], X))
 
   def test_missing_at_apply(self):
     f, params = self._params()
@@ -725,13 +814,14 @@ class ErrorsTest(parameterized.TestCase):
                                 "missing at apply"):
       f.apply(params, None, X)
 
-  def test_missing_state_at_apply(self):
-    inner = hk.transform_with_state(
-        lambda: hk.get_state("n", [], init=jnp.zeros))
-    f = hk.transform_with_state(lambda: hkb.call_pure(inner))
-    params, state = f.init(KEY)
-    with self.assertRaisesRegex(ValueError, "state '~/n'.*missing at apply"):
-      f.apply(params, {}, KEY)
+  def test_missing_state_at_apply_is_made_as_inline(self):
+    # Inline, state with an init that is missing at apply is made afresh.
+    inner_fn = lambda: hk.get_state("n", [], init=jnp.ones)
+    f = hk.transform_with_state(
+        lambda: hkb.call_pure(hk.transform_with_state(inner_fn)))
+    inline = hk.transform_with_state(inner_fn)
+    chex.assert_trees_all_equal(f.apply({}, {}, KEY),
+                                inline.apply({}, {}, KEY))
 
   def test_non_array_leaf(self):
     f = hk.transform(lambda x: hkb.call_pure(
@@ -775,6 +865,37 @@ class ErrorsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "raw JAX transform.*hk.scan"):
       f.init(KEY, jnp.stack([X, X]))
 
+  def test_fn_not_callable(self):
+    f = hk.transform(lambda x: hkb.call_pure(3, x, init=init_dense))
+    with self.assertRaisesRegex(TypeError, r"hkb.call_pure: `fn` must be a "
+                                "function.*got a int"):
+      f.init(KEY, X)
+    self.assertEqual(hk.transform(lambda x: 0).init(KEY, X), {})
+
+  def test_slash_in_a_param_name(self):
+    init = lambda rng: {"a/b": jnp.ones([]), "a": {"b": jnp.ones([])}}
+    f = hk.transform(lambda: hkb.call_pure(lambda p: p, init=init))
+    with self.assertRaisesRegex(ValueError, r"\['a/b'\] gives the parameter "
+                                "name 'a/b', which contains '/'"):
+      f.init(KEY)
+
+  def test_init_without_rng(self):
+    f = hk.transform(lambda x: hkb.call_pure(dense, x, init=init_dense))
+    with self.assertRaisesRegex(ValueError, r"hkb.call_pure: `init` failed "
+                                r"when called with rng=None.*f.init\(jax"):
+      f.init(None, X)
+    # An init that needs no key works without one, as inline code does.
+    zeros = lambda rng, x: {"w": jnp.zeros([x.shape[-1]])}
+    g = hk.transform(lambda x: hkb.call_pure(lambda p, x: x * p["w"], x,
+                                             init=zeros))
+    self.assertEqual(g.init(None, X)["~"]["w"].shape, (4,))
+
+  def test_multi_transform(self):
+    multi = hk.multi_transform(lambda: (lambda x: x, (lambda x: x,)))
+    f = hk.transform(lambda x: hkb.call_pure(multi, x))
+    with self.assertRaisesRegex(TypeError, "hk.multi_transform result"):
+      f.init(KEY, X)
+
   def test_transformed_fn_and_init(self):
     inner = hk.transform(mlp_fn)
     f = hk.transform(lambda x: hkb.call_pure(inner, x,
@@ -796,9 +917,8 @@ class CachingTest(absltest.TestCase):
   def test_inline_wrapper_is_reused(self):
     # Per Haiku function, so `hk.transform(f)` made afresh at every trace
     # still finds the shapes cached for `f`.
-    self.assertIs(call_pure_lib._InlineFunction.of(hk.transform(mlp_fn)),
-                  call_pure_lib._InlineFunction.of(
-                      hk.transform_with_state(mlp_fn)))
+    self.assertIs(inline_lib.of(hk.transform(mlp_fn)),
+                  inline_lib.of(hk.transform_with_state(mlp_fn)))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ own names (`{"mlp/~/linear_0": {"w": ..., "b": ...}}`).
 
 from collections.abc import Mapping
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import haiku as hk
 import jax
@@ -35,9 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import call_pure as call_pure_lib
-from haiku_bridge._src import haiku_internals
+from haiku_bridge._src import errors
+from haiku_bridge._src import inline
+from haiku_bridge._src import pytree
+from haiku_bridge._src.pytree import PyTree
 
-PyTree = Any
 PureFn = Callable[..., Any]
 FwdFn = Callable[..., tuple[Any, Any]]
 BwdFn = Callable[[Any, Any], Sequence[Any]]
@@ -67,6 +69,14 @@ def custom_vjp(
   ...   return jax.tree.map(lambda c: 0.5 * c, params_ct), x_ct
   >>> block = hkb.custom_vjp(mlp, hkb.vjp_fwd, half)
   >>> net = hk.transform(lambda x: block(x))  # params named as inline mlp's
+  >>> x = jnp.ones([2, 3])
+  >>> params = net.init(jax.random.PRNGKey(0), x)
+  >>> loss = lambda f: lambda p: f.apply(p, None, x).sum()
+  >>> grads = jax.grad(loss(net))(params)
+  >>> true_grads = jax.grad(loss(hk.transform(mlp)))(params)
+  >>> jax.tree.all(jax.tree.map(lambda g, t: np.allclose(g, 0.5 * t),
+  ...                           grads, true_grads))
+  True
 
   Args:
     f: a Haiku function `f(*args) -> out` (or its `hk.transform*`). It may
@@ -113,6 +123,14 @@ def custom_jvp(
   ...   surrogate = lambda p, x: smooth.apply(p, None, x)
   ...   return f_pure(*primals), jax.jvp(surrogate, primals, tangents)[1]
   >>> block = hkb.custom_jvp(quantized, straight_through)
+  >>> net = hk.transform(lambda x: block(x))
+  >>> x = jnp.ones([2, 3])
+  >>> params = net.init(jax.random.PRNGKey(0), x)
+  >>> grads = jax.grad(lambda p: net.apply(p, None, x).sum())(params)
+  >>> grads["linear"]["w"]  # the unrounded layer's: x summed over the batch
+  Array([[2., 2., 2., 2.],
+         [2., 2., 2., 2.],
+         [2., 2., 2., 2.]], dtype=float32)
 
   Args:
     f: a Haiku function `f(*args) -> out` (or its `hk.transform*`), as for
@@ -139,9 +157,19 @@ def vjp_fwd(f_pure: PureFn, params: PyTree, *args: Any) -> tuple[Any, Any]:
   any other `bwd` starts from it. The closure holds the forward's
   activations, so the backward pass does not recompute them. Unlike
   `jax.vjp(f_pure, ...)` written by hand, this also hands the block's new
-  Haiku state over without a second forward pass.
+  Haiku state over without a second forward pass. Example: the true gradient.
 
-  >>> block = hkb.custom_vjp(f, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g))
+  >>> def mlp(x):
+  ...   return hk.nets.MLP([8, 4])(x)
+  >>> block = hkb.custom_vjp(mlp, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g))
+  >>> net = hk.transform(lambda x: block(x))
+  >>> x = jnp.ones([2, 3])
+  >>> params = net.init(jax.random.PRNGKey(0), x)
+  >>> loss = lambda f: lambda p: f.apply(p, None, x).sum()
+  >>> grads = jax.grad(loss(net))(params)
+  >>> true_grads = jax.grad(loss(hk.transform(mlp)))(params)
+  >>> jax.tree.all(jax.tree.map(np.allclose, grads, true_grads))
+  True
 
   Args:
     f_pure: the pure function `custom_vjp` passes to `fwd`.
@@ -162,8 +190,9 @@ def vjp_fwd(f_pure: PureFn, params: PyTree, *args: Any) -> tuple[Any, Any]:
   out, vjp_fn, aux = jax.vjp(diff_only, params, *[args[i] for i in diff],
                              has_aux=True)
   if isinstance(f_pure, _PureFunction):
-    # `has_aux` returns `aux` outside jax.vjp's trace: usable as the state.
-    f_pure.offer(params, args, out, aux)
+    # `has_aux` returns `aux` outside jax.vjp's trace: the block's new state
+    # and rng, handed to the library with the residuals.
+    return out, _ResidualsWithAux(vjp_fn, aux)
   return out, vjp_fn
 
 
@@ -181,12 +210,25 @@ def route_cotangents(
   half of the features teaches `layer1`, the second half `layer2`; the input
   gets the true cotangent.
 
+  >>> def mlp(x):
+  ...   h = jax.nn.relu(hk.Linear(32, name="layer1")(x))
+  ...   return hk.Linear(16, name="layer2")(h)
   >>> route = {"layer1": "a", "layer2": "b"}
   >>> bwd = hkb.route_cotangents(
   ...     lambda g: {"a": g.at[..., 8:].set(0), "b": g.at[..., :8].set(0)},
   ...     lambda cts: ({m: cts[p][0][m] for m, p in route.items()},
   ...                  cts["a"][1] + cts["b"][1]))
   >>> block = hkb.custom_vjp(mlp, hkb.vjp_fwd, bwd)
+  >>> net = hk.transform(lambda x: block(x))
+  >>> x = jnp.ones([2, 4])
+  >>> params = net.init(jax.random.PRNGKey(0), x)
+  >>> loss = lambda f: lambda p, x: f.apply(p, None, x).sum()
+  >>> grads, x_grad = jax.grad(loss(net), argnums=(0, 1))(params, x)
+  >>> bool((grads["layer2"]["w"][:, :8] == 0).all())  # layer2 sees only "b"
+  True
+  >>> true_x_grad = jax.grad(loss(hk.transform(mlp)), argnums=1)(params, x)
+  >>> np.allclose(x_grad, true_x_grad)
+  True
 
   Args:
     split: `split(out_cotangent) -> {name: piece}`, each piece with the
@@ -220,30 +262,33 @@ def route_cotangents(
 # ---------------------------------------------------------------------------
 
 
+class _Aux(NamedTuple):
+  """What a run hands back besides its output: new state, next rng state."""
+  state: Any
+  rng_state: Any
+
+
+class _ResidualsWithAux(NamedTuple):
+  """Residuals from `vjp_fwd`, carrying the run's `_Aux` to the library."""
+  residuals: Any
+  aux: _Aux
+
+
 @jax.tree_util.register_pytree_node_class
 class _PureFunction:
   """`f_pure(params, *args) -> out`: the inner function, state and rng bound.
 
-  Besides `out`, each run yields `aux = (new_state, final_rng_state)`, which
-  the block must return to Haiku. The user's rule may run `f_pure` under
-  transforms of its own (`jax.vjp`, `jax.vmap`), where `aux` is a tracer that
-  must not escape; so `aux` is only kept from a run whose inputs are the
-  rule's own, untouched (`offer`), and otherwise computed again
-  (`aux`).
-
-  A pytree (its arrays are the bound state and rng), so `fwd` may store it in
-  the residuals and `bwd` rerun it: the same state and key, the same mask.
+  Immutable. A pytree whose leaves are the bound state and rng, so `fwd` may
+  store it in the residuals and `bwd` rerun it: the same state and key, the
+  same mask. `with_aux` also returns the run's `_Aux`; the library's own
+  `vjp_fwd` hands that over with the residuals, so no second run is needed.
   """
 
-  def __init__(self, apply, state, rng_state, nondiff_argnums,
-               params=None, args=()):
+  def __init__(self, apply, state, rng_state, nondiff_argnums):
     self._apply = apply
     self._state = state
     self._rng_state = rng_state
     self.nondiff_argnums = tuple(nondiff_argnums)
-    self._inputs = jax.tree.leaves((params, args))
-    self._kept = None
-    self._aux_unchanged = None
 
   def tree_flatten(self):
     return (self._state, self._rng_state), (self._apply, self.nondiff_argnums)
@@ -253,57 +298,16 @@ class _PureFunction:
     return cls(static[0], *children, static[1])
 
   def __call__(self, params: PyTree, *args: Any) -> Any:
-    out, aux = self.with_aux(params, *args)
-    self.offer(params, args, out, aux)
-    return out
+    return self.with_aux(params, *args)[0]
 
-  def with_aux(self, params: PyTree, *args: Any) -> tuple[Any, Any]:
-    """`(out, (new_state, final_rng_state))` of one run."""
+  def with_aux(self, params: PyTree, *args: Any) -> tuple[Any, _Aux]:
+    """`(out, aux)` of one run."""
     out, new_state, final_rng = self._apply(params, self._state,
                                             self._rng_state, args, {})
-    aux = (new_state, final_rng)
-    if self._aux_unchanged is None:
-      # A trace-time fact, true at any trace level: a run that neither sets
-      # state nor draws a key hands back the very objects it was given.
-      before = jax.tree.leaves((self._state, self._rng_state))
-      after = jax.tree.leaves(aux)
-      self._aux_unchanged = len(before) == len(after) and all(
-          a is b for a, b in zip(before, after))
-    return out, aux
+    return out, _Aux(new_state, final_rng)
 
-  def offer(self, params, args, out, aux) -> None:
-    """Keeps `(out, aux)` if it came from the rule's own inputs, untouched."""
-    leaves = jax.tree.leaves((params, args))
-    if self._kept is None and len(leaves) == len(self._inputs) and all(
-        a is b for a, b in zip(leaves, self._inputs)):
-      self._kept = (out, aux)
-
-  def out_spec(self, params, args) -> Any:
-    """Shapes and dtypes of `out` for the rule's own inputs."""
-    if self._kept is not None:
-      return _specs(self._kept[0])
-    # Non-differentiable arguments stay closed over: never traced.
-    diff = [i for i in range(len(args)) if i not in self.nondiff_argnums]
-    return _specs(jax.eval_shape(
-        lambda p, d: self.with_aux(p, *_merge(args, diff, d))[0], params,
-        [args[i] for i in diff]))
-
-  def aux(self, params, args) -> Any:
-    """`(new_state, final_rng_state)` for the rule's own inputs.
-
-    Kept from the rule's own run if there was one, else the inputs when the
-    function changes neither, else computed by running it again. Running
-    again costs a second forward pass only outside `jax.jit`: under
-    `jax.jit`, XLA drops the unused output and merges the shared work.
-    """
-    if self._kept is not None:
-      return self._kept[1]
-    if self._aux_unchanged is None:
-      self.out_spec(params, args)  # An abstract run: learns the fact.
-    if self._aux_unchanged:
-      return self._state, self._rng_state
-    self._kept = self.with_aux(params, *args)
-    return self._kept[1]
+  def unchanged_aux(self) -> _Aux:
+    return _Aux(self._state, self._rng_state)
 
 
 # ---------------------------------------------------------------------------
@@ -317,13 +321,10 @@ class _CustomBlock:
   _api = "custom_vjp"
 
   def __init__(self, f, nondiff_argnums):
-    inner = haiku_internals.original_fn(f) or f
-    if not callable(inner):
-      raise TypeError(
-          f"hkb.{self._api}: `f` must be a Haiku function (or its "
-          f"hk.transform); got {f!r}.")
+    with errors.entry(self._api):
+      inner = inline.haiku_function(f)
     functools.update_wrapper(self, inner, updated=())
-    self._transformed = hk.transform_with_state(inner)
+    self._inline = inline.of(inner)
     self._nondiff = tuple(sorted(set(int(i) for i in nondiff_argnums)))
     if any(i < 0 for i in self._nondiff):
       raise ValueError(
@@ -331,63 +332,80 @@ class _CustomBlock:
           f"got {tuple(nondiff_argnums)}.")
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    if kwargs:
-      raise TypeError(
-          f"hkb.{self._api} blocks take positional arguments only (got "
-          f"{sorted(kwargs)}): pass them by position, with Python flags in "
-          "nondiff_argnums, or bind them into `f` with functools.partial.")
-    call_pure_lib.require_transform(self._api)
-    self._check_args(args)
-    # Reuses call_pure's inline machinery: names, init values and rng as if
-    # `f` ran inline here; only the nested apply is wrapped.
-    inline = call_pure_lib._InlineFunction.of(self._transformed)  # pylint: disable=protected-access
-    return inline.call(args, {}, api=self._api, apply_with=self._apply_with)
+    with errors.entry(self._api):
+      if kwargs:
+        raise TypeError(errors.message(
+            f"blocks take positional arguments only (got {sorted(kwargs)}): "
+            "pass them by position, with Python flags in nondiff_argnums, or "
+            "bind them into `f` with functools.partial."))
+      call_pure_lib.require_transform()
+      self._check_args(args)
+      rng_state = hk.maybe_get_rng_sequence_state()
+      bound = self._inline.bind(args, {})
+      if bound.has_out:
+        # Init, and no interceptor changed a value: the nested init already
+        # computed exactly what inline code returns at init.
+        return bound.out
+      stateless = not bound.state_bundles
+      out, new_state, final_rng = self._run(bound, rng_state, args, stateless)
+      if rng_state is not None and not hk.running_init():
+        hk.replace_rng_sequence_state(final_rng)
+      bound.store_state(new_state)
+      return out
 
   def _check_args(self, args) -> None:
     for i in self._diff_positions(args):
       for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
         if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, float,
                                  int, complex)):
-          raise TypeError(
-              f"hkb.{self._api}: argument {i} holds a "
-              f"{type(leaf).__name__} at {jax.tree_util.keystr(path) or '<root>'}"
-              ", which JAX cannot differentiate. Put its position in "
-              "nondiff_argnums.")
+          raise TypeError(errors.message(
+              f"argument {i} holds a {type(leaf).__name__} at "
+              f"{errors.keystr(path)}, which JAX cannot differentiate. Put "
+              "its position in nondiff_argnums."))
     for i in self._nondiff:
       if i >= len(args):
-        raise ValueError(
-            f"hkb.{self._api}: nondiff_argnums has {i}, but the block was "
-            f"called with {len(args)} positional arguments.")
+        raise ValueError(errors.message(
+            f"nondiff_argnums has {i}, but the block was called with "
+            f"{len(args)} positional arguments."))
       if any(isinstance(leaf, jax.core.Tracer)
              for leaf in jax.tree.leaves(args[i])):
-        raise TypeError(
-            f"hkb.{self._api}: argument {i} is in nondiff_argnums but holds a "
-            "traced array. nondiff_argnums are for Python values (flags, "
-            "ints, callables) that stay untraced; pass arrays as ordinary "
-            "arguments and give them a None cotangent.")
+        raise TypeError(errors.message(
+            f"argument {i} is in nondiff_argnums but holds a traced array. "
+            "nondiff_argnums are for Python values (flags, ints, callables) "
+            "that stay untraced; pass arrays as ordinary arguments and give "
+            "them a None cotangent."))
 
   def _diff_positions(self, args) -> list[int]:
     return [i for i in range(len(args)) if i not in self._nondiff]
 
-  def _apply_with(self, apply, params, state, rng_state, args, kwargs):
-    del kwargs  # Always empty: blocks take positional arguments only.
+  def _run(self, bound, rng_state, args, stateless):
+    """The nested apply on the bound params, wrapped in the custom rule."""
+    apply = self._inline.apply
     diff = self._diff_positions(args)
 
     def run(params, state, rng_state, diff_args):
       out, new_state, final_rng = apply(params, state, rng_state,
                                         _merge(args, diff, diff_args), {})
-      return out, (new_state, final_rng)
+      return out, _Aux(new_state, final_rng)
 
-    core = self._custom(apply, run, params, args, diff)
-    out, (new_state, final_rng) = core(params, state, rng_state,
-                                       tuple(args[i] for i in diff))
-    return out, new_state, final_rng
+    def aux_of(f_pure, params, full, result_aux):
+      """The run's `_Aux`: handed over, unchanged, or from one more run."""
+      if result_aux is not None:
+        return result_aux
+      if stateless and rng_state is None:
+        return f_pure.unchanged_aux()
+      return f_pure.with_aux(params, *full)[1]
 
-  def _bound(self, apply, state, rng_state, params, args):
-    return _PureFunction(apply, state, rng_state, self._nondiff, params, args)
+    core = self._custom(run, aux_of, bound.params, args, diff)
+    out, aux = core(bound.params, bound.state, rng_state,
+                    tuple(args[i] for i in diff))
+    return out, aux.state, aux.rng_state
 
-  def _custom(self, apply, run, params, args, diff):
-    """`run` wrapped in the custom derivative; `apply` is for `f_pure`."""
+  def _pure(self, state, rng_state):
+    return _PureFunction(self._inline.apply, state, rng_state, self._nondiff)
+
+  def _custom(self, run, aux_of, params, args, diff):
+    """`run` wrapped in the custom derivative."""
     raise NotImplementedError
 
 
@@ -400,23 +418,28 @@ class _CustomVJP(_CustomBlock):
     super().__init__(f, nondiff_argnums)
     self._fwd, self._bwd = fwd, bwd
 
-  def _custom(self, apply, run, params, args, diff):
+  def _custom(self, run, aux_of, params, args, diff):
     # Structure and shapes only: the backward pass must not close over
     # tracers of the forward.
-    expected = (_specs(params),) + tuple(_specs(args[i]) for i in diff)
+    expected = (pytree.specs(params),) + tuple(pytree.specs(args[i]) for i in diff)
     core = jax.custom_vjp(run)
 
     def fwd_rule(params, state, rng_state, diff_args):
       full = _merge(args, diff, diff_args)
-      f_pure = self._bound(apply, state, rng_state, params, full)
+      f_pure = self._pure(state, rng_state)
       result = self._fwd(f_pure, params, *full)
       if not (isinstance(result, (tuple, list)) and len(result) == 2):
         raise TypeError(
             f"hkb.custom_vjp: fwd must return a pair (out, residuals); got "
-            f"{_describe(result)}.")
+            f"{errors.describe(result)}.")
       out, residuals = result
-      _check_like("fwd's out", out, f_pure.out_spec(params, full), "fwd")
-      aux = f_pure.aux(params, full)
+      handed = None
+      if isinstance(residuals, _ResidualsWithAux):
+        residuals, handed = residuals
+      if handed is None:  # Else `out` is f_pure's own output.
+        _check_like("fwd's out", out, _out_spec(f_pure, params, full, diff),
+                    "fwd")
+      aux = aux_of(f_pure, params, full, handed)
       return (out, aux), residuals
 
     def bwd_rule(residuals, cotangents):
@@ -438,7 +461,7 @@ class _CustomJVP(_CustomBlock):
     super().__init__(f, nondiff_argnums)
     self._jvp = jvp
 
-  def _custom(self, apply, run, params, args, diff):
+  def _custom(self, run, aux_of, params, args, diff):
     core = jax.custom_jvp(run)
 
     def jvp_rule(primals, tangents):
@@ -446,21 +469,29 @@ class _CustomJVP(_CustomBlock):
       params_dot, _, _, diff_dots = tangents  # State and rng: not differentiated.
       full = _merge(args, diff, diff_args)
       full_dots = _merge([None] * len(args), diff, diff_dots)
-      f_pure = self._bound(apply, state, rng_state, params, full)
+      f_pure = self._pure(state, rng_state)
       result = self._jvp(f_pure, (params, *full), (params_dot, *full_dots))
       if not (isinstance(result, (tuple, list)) and len(result) == 2):
         raise TypeError(
             f"hkb.custom_jvp: jvp must return a pair (out, out_dot); got "
-            f"{_describe(result)}.")
+            f"{errors.describe(result)}.")
       out, out_dot = result
-      spec = f_pure.out_spec(params, full)
+      spec = _out_spec(f_pure, params, full, diff)
       _check_like("jvp's out", out, spec, "jvp")
       _check_like("jvp's out_dot", out_dot, spec, "jvp", tangent=True)
-      aux = f_pure.aux(params, full)
+      aux = aux_of(f_pure, params, full, None)
       return (out, aux), (out_dot, jax.tree.map(_zero_tangent, aux))
 
     core.defjvp(jvp_rule)
     return core
+
+
+def _out_spec(f_pure: _PureFunction, params, args, diff) -> Any:
+  """Shapes and dtypes of `f_pure(params, *args)`, from an abstract run."""
+  # Non-differentiable arguments stay closed over: never traced.
+  return pytree.specs(jax.eval_shape(
+      lambda p, d: f_pure(p, *_merge(args, diff, d)), params,
+      [args[i] for i in diff]))
 
 
 # ---------------------------------------------------------------------------
@@ -477,26 +508,10 @@ def _merge(args: Sequence[Any], positions: Sequence[int],
   return tuple(merged)
 
 
-def _specs(tree: PyTree) -> PyTree:
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x),
-                                                     jnp.result_type(x)),
-                      tree)
-
-
-def _describe(x: Any) -> str:
-  if isinstance(x, (tuple, list)):
-    return f"a {type(x).__name__} of length {len(x)}"
-  return f"a {type(x).__name__}"
-
-
 def _zero_tangent(x):
   if jnp.issubdtype(jnp.result_type(x), jnp.inexact):
     return jnp.zeros_like(x)
   return np.zeros(np.shape(x), jax.dtypes.float0)
-
-
-def _type_str(spec) -> str:
-  return f"{jnp.dtype(spec.dtype).name}{list(spec.shape)}"
 
 
 def _check_like(what: str, tree, spec, rule: str, tangent: bool = False):
@@ -515,7 +530,8 @@ def _check_like(what: str, tree, spec, rule: str, tangent: bool = False):
     if got.shape != want.shape or not dtype_ok:
       raise ValueError(
           f"hkb: {what} at {jax.tree_util.keystr(path) or '<root>'} is "
-          f"{_type_str(got)}, but f's output there is {_type_str(want)}. "
+          f"{errors.type_str(got)}, but f's output there is "
+          f"{errors.type_str(want)}. "
           f"Check what {rule} returns.")
 
 
@@ -532,7 +548,7 @@ def _check_bwd(result, expected, diff, nondiff):
     wants += f"; nondiff_argnums {list(nondiff)} get none"
   if not isinstance(result, (tuple, list)) or len(result) != n:
     raise ValueError(f"hkb.custom_vjp: bwd must return {wants}. Got "
-                     f"{_describe(result)}.")
+                     f"{errors.describe(result)}.")
   names = ["params"] + [f"args[{i}]" for i in diff]
   out = []
   for name, ct, spec in zip(names, result, expected):
@@ -565,7 +581,7 @@ def _check_cotangent(name, ct, spec, wants):
     if np.shape(c) != s.shape:
       raise ValueError(
           f"hkb.custom_vjp: bwd's cotangent for {name} at {where} has shape "
-          f"{list(np.shape(c))}, but {name} there is {_type_str(s)}.")
+          f"{list(np.shape(c))}, but {name} there is {errors.type_str(s)}.")
     # What jax.grad would give: the cotangent in the primal's dtype.
     return jnp.asarray(c, s.dtype)
 
@@ -576,8 +592,8 @@ def _check_pieces(pieces, out_ct) -> None:
   if not isinstance(pieces, Mapping) or not pieces:
     raise TypeError(
         "hkb.route_cotangents: split must return a non-empty dict {name: "
-        f"piece}}; got {_describe(pieces)}.")
-  want = _specs(out_ct)
+        f"piece}}; got {errors.describe(pieces)}.")
+  want = pytree.specs(out_ct)
   for name, piece in pieces.items():
     try:
       _check_like(f"piece {name!r}", piece, want, "split", tangent=True)

@@ -106,6 +106,70 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(first_call, (True, False))
     self.assertEqual(second_call, (True, False))
 
+  def test_stored_names_and_bundle(self):
+    seen = []
+
+    def f():
+      hk.get_parameter("w", [2], init=jnp.ones)
+      hk.set_state("s", jnp.zeros([]))
+      frame = haiku_internals.frame()
+      seen.append((haiku_internals.stored_names(),
+                   haiku_internals.stored_bundle(frame, "parameter", "~"),
+                   haiku_internals.stored_bundle(frame, "state", "~"),
+                   haiku_internals.stored_bundle(frame, "state", "missing")))
+
+    hk.transform_with_state(f).init(jax.random.PRNGKey(0))
+    (names, params, state, missing), = seen
+    self.assertEqual(names, {"~/w", "~/s"})
+    self.assertEqual(list(params), ["w"])
+    self.assertEqual(list(state), ["s"])
+    self.assertEqual(missing, {})
+
+  def test_creation_frame_id(self):
+    def f():
+      module = hk.Linear(1)
+      return (haiku_internals.creation_frame_id(module) ==
+              haiku_internals.frame_id(haiku_internals.frame()))
+
+    self.assertTrue(hk.transform(f).apply({}, None))
+
+  def test_in_naming_probe_takes_no_name(self):
+    def f():
+      hk.Linear(1)
+      with haiku_internals.in_naming_probe(haiku_internals.frame()):
+        probed = hk.Linear(1).module_name
+      return probed, hk.Linear(1).module_name
+
+    self.assertEqual(hk.transform(f).apply({}, None), ("linear_1", "linear_1"))
+
+  def test_run_with_storage_loads_and_records(self):
+    loaded = []
+
+    def load(bundle):
+      loaded.append(bundle)
+      return {"w": jnp.ones([2])} if bundle == "linear" else {}
+
+    def fn():
+      w = hk.get_parameter("w", [2], init=jnp.zeros)
+      with hk.name_scope("linear"):
+        v = hk.get_parameter("w", [2], init=jnp.zeros)
+      n = hk.get_state("n", [], init=jnp.zeros)
+      return w, v, n, hk.running_init()
+
+    params = haiku_internals.LazyBundles(load, state=False)
+    state = haiku_internals.LazyBundles(lambda b: {}, state=True)
+    w, v, n, running_init = haiku_internals.run_with_storage(
+        fn, params, state, None, frozen=False)
+    self.assertTrue(running_init)
+    self.assertEqual((float(w[0]), float(v[0]), float(n)), (0., 1., 0.))
+    self.assertEqual(loaded, ["~", "linear"])
+    self.assertEqual(params["linear"].read, ["w"])
+    self.assertEqual(params["linear"].loaded, {"w"})
+    self.assertEqual(params["~"].loaded, frozenset())
+    frozen = haiku_internals.LazyBundles(load, state=False)
+    with self.assertRaisesRegex(ValueError, "Unable to retrieve parameter"):
+      haiku_internals.run_with_storage(fn, frozen, state, None, frozen=True)
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -9,7 +9,9 @@ Two rules, both decided here and nowhere else:
   `layers_0`; an index with nothing before it becomes `layer_0`). So
   `{"linear": {"w": ..., "b": ...}}` called inside module `net` is stored
   exactly where `hk.Linear(name="linear")` would store its weights:
-  `net/linear/w` and `net/linear/b`.
+  `net/linear/w` and `net/linear/b`. The first module entry is a module name
+  that Haiku's allocator gives, so it never lands on a module that already
+  holds it (`linear_1` after an `hk.Linear`, as a second `hk.Linear` would).
 
 * **Inline rule** (an `hk.Transformed`). The inner function's modules get the
   names that running it inline at this point would give them: Haiku's own
@@ -23,6 +25,8 @@ from typing import Any, Iterable, NamedTuple
 
 import haiku as hk
 import jax
+
+from haiku_bridge._src import errors
 
 TOP_LEVEL = "~"  # Haiku's bundle for parameters created outside any module.
 _NUMBERED = re.compile(r"^(.*)_(\d+)$")
@@ -76,15 +80,19 @@ def join_bundle(scope: str, components: Iterable[str]) -> str:
 def _check_component(component: str, keypath: str) -> None:
   body = component[1:] if component.startswith("~") else component
   if body and not body.isidentifier():
-    raise ValueError(
-        f"Parameter path {keypath} gives the Haiku module name component "
+    raise ValueError(errors.message(
+        f"params path {keypath} gives the Haiku module name component "
         f"{component!r}, which is not a valid Python identifier. Rename that "
-        "dict key or field (Haiku module names are identifiers joined by '/').")
+        "dict key or field (Haiku module names are identifiers joined by '/')."))
 
 
-def key_path_slots(tree: Any, scope: str) -> list[Slot]:
-  """Slots for the leaves of `tree` (in `jax.tree.leaves` order)."""
-  slots = []
+def key_path_components(tree: Any) -> list[tuple[str, tuple[str, ...]]]:
+  """`(keypath, components)` for each leaf of `tree`, in `jax.tree.leaves` order.
+
+  The components are checked to be valid module names; a bare array gets the
+  single component `params`.
+  """
+  out = []
   for path, _ in jax.tree_util.tree_leaves_with_path(tree):
     components = path_components(path)
     keypath = jax.tree_util.keystr(path) or "<root>"
@@ -93,8 +101,51 @@ def key_path_slots(tree: Any, scope: str) -> list[Slot]:
     for component in components[:-1]:
       for part in component.split("/"):
         _check_component(part, keypath)
-    slots.append(Slot(join_bundle(scope, components[:-1]), components[-1]))
-  return slots
+    if "/" in components[-1]:
+      raise ValueError(errors.message(
+          f"params path {keypath} gives the parameter name "
+          f"{components[-1]!r}, which contains '/'. Haiku names a parameter "
+          "by one identifier: nest the dict instead ({'a': {'b': ...}} for "
+          "'a/b')."))
+    out.append((keypath, components))
+  return out
+
+
+def allocate_key_path(tree: Any) -> list[tuple[str, Slot]]:
+  """`(keypath, slot)` for each leaf of `tree`, allocated like modules.
+
+  Must run inside a Haiku transform, where the call is. Each distinct first
+  module component (`linear` in `{"linear": {"w": ...}}`) is a module name
+  here: Haiku's allocator gives it, so it never lands on a module that
+  already took that name in this module call (it becomes `linear_1`, as a
+  second `hk.Linear` would), and code after the call sees it taken.
+  """
+  scope = hk.experimental.current_name()
+  tops: dict[str, str] = {}
+  out = []
+  for keypath, components in key_path_components(tree):
+    modules = "/".join(components[:-1])
+    if modules:
+      top, _, rest = modules.partition("/")
+      if top not in tops:
+        tops[top] = _allocate(top, keypath)
+      bundle = f"{tops[top]}/{rest}" if rest else tops[top]
+    else:
+      bundle = scope
+    out.append((keypath, Slot(bundle, components[-1])))
+  return out
+
+
+def _allocate(name: str, keypath: str) -> str:
+  if name.startswith("~"):  # Haiku's own method scopes are never numbered.
+    return join_bundle(hk.experimental.current_name(), (name,))
+  try:
+    return _NameReservation(name=name).module_name
+  except ValueError as e:
+    raise ValueError(errors.message(
+        f"params path {keypath} needs the module name {name!r} in this "
+        f"scope, which a module already holds ({e}). Rename that key, or "
+        "pass `name=` to give the bridged call its own scope.")) from None
 
 
 def split_number(name: str) -> tuple[str, int]:

@@ -29,20 +29,33 @@ class KeyPathTest(parameterized.TestCase):
   def test_join_bundle(self, scope, components, expected):
     self.assertEqual(naming.join_bundle(scope, components), expected)
 
+  @hk.testing.transform_and_run
   def test_slots(self):
     tree = {"enc": {"w": 1, "b": 2}, "scale": 3}
-    self.assertEqual(naming.key_path_slots(tree, "net"),
-                     [naming.Slot("net/enc", "b"), naming.Slot("net/enc", "w"),
-                      naming.Slot("net", "scale")])
+    with hk.name_scope("net"):
+      slots = naming.allocate_key_path(tree)
+    self.assertEqual(slots, [("['enc']['b']", naming.Slot("net/enc", "b")),
+                             ("['enc']['w']", naming.Slot("net/enc", "w")),
+                             ("['scale']", naming.Slot("net", "scale"))])
 
+  @hk.testing.transform_and_run
+  def test_first_component_is_allocated_like_a_module(self):
+    # Ground truth: Haiku's own numbering of a second module `linear`.
+    hk.Linear(1)
+    (_, slot), = naming.allocate_key_path({"linear": {"w": 1}})
+    self.assertEqual(slot, naming.Slot("linear_1", "w"))
+    self.assertEqual(hk.Linear(1).module_name, "linear_2")
+
+  @hk.testing.transform_and_run
   def test_haiku_shaped_keys_are_accepted(self):
-    tree = {"mlp/~/linear_0": {"w": 1}}
-    self.assertEqual(naming.key_path_slots(tree, "~"),
-                     [naming.Slot("mlp/~/linear_0", "w")])
+    tree = {"mlp/~/linear_0": {"w": 1}, "mlp/~/linear_1": {"w": 1}}
+    self.assertEqual([slot for _, slot in naming.allocate_key_path(tree)],
+                     [naming.Slot("mlp/~/linear_0", "w"),
+                      naming.Slot("mlp/~/linear_1", "w")])
 
   def test_invalid_component(self):
     with self.assertRaisesRegex(ValueError, r"\['a-b'\]\['w'\].*'a-b'"):
-      naming.key_path_slots({"a-b": {"w": 1}}, "~")
+      naming.key_path_components({"a-b": {"w": 1}})
 
   @parameterized.parameters(
       ("mlp", ("mlp", 0)), ("mlp_3", ("mlp", 3)), ("a_b", ("a_b", 0)),

@@ -16,17 +16,23 @@ per-layer names of an unrolled loop.
 
 import dataclasses
 import functools
+import inspect
 import re
 from typing import Any, Callable, Optional, Sequence
 
 import haiku as hk
 import jax
+import jax.numpy as jnp
+import numpy as np
 
+from haiku_bridge._src import caches
 from haiku_bridge._src import call_pure as call_pure_lib
+from haiku_bridge._src import errors
 from haiku_bridge._src import haiku_internals
+from haiku_bridge._src import inline
+from haiku_bridge._src.pytree import PyTree
+from haiku_bridge._src.pytree import InitFn
 
-PyTree = Any
-InitFn = Callable[..., PyTree]
 
 # The names hk.layer_stack gives its stack when not given one.
 NO_PER_LAYER_NAME = "__layer_stack_no_per_layer"
@@ -49,11 +55,23 @@ def stacked_init(init: InitFn, num_layers: int,
                  in_axes: Optional[Sequence[Optional[int]]] = None) -> InitFn:
   """Stacks `num_layers` independent inits of `init` along a new leading axis.
 
-  Usable as the `init` of `call_pure`, for a `jax.lax.scan` body of your own:
+  Usable as the `init` of `call_pure`, for a `jax.lax.scan` body of your own.
+  Example: 8 dense layers in plain JAX, scanned, their weights Haiku params:
 
+  >>> def dense(p, h):
+  ...   return jnp.tanh(h @ p["w"] + p["b"])
+  >>> def init_dense(rng, h):
+  ...   return {"w": jax.random.normal(rng, [16, 16]) / 4, "b": jnp.zeros([16])}
   >>> def stack(params, x):
   ...   return jax.lax.scan(lambda h, p: (dense(p, h), None), x, params)[0]
-  >>> y = hkb.call_pure(stack, x, init=hkb.stacked_init(init_dense, 8))
+  >>> net = hk.transform(
+  ...     lambda x: hkb.call_pure(stack, x, name="stack",
+  ...                             init=hkb.stacked_init(init_dense, 8)))
+  >>> params = net.init(jax.random.PRNGKey(0), jnp.ones([2, 16]))
+  >>> jax.tree.map(jnp.shape, params)
+  {'stack': {'b': (8, 16), 'w': (8, 16, 16)}}
+  >>> net.apply(params, None, jnp.ones([2, 16])).shape
+  (2, 16)
 
   Args:
     init: `init(rng, *args, **kwargs) -> params` for one layer.
@@ -66,7 +84,7 @@ def stacked_init(init: InitFn, num_layers: int,
     axis of size `num_layers`; layer `i` is `init(key_i, ...)` with its own key.
     With `rng=None`, each layer's `init` gets None.
   """
-  _check_num_layers(num_layers)
+  num_layers = _check_num_layers(num_layers)
   return _StackedInit(init, num_layers,
                       None if in_axes is None else tuple(in_axes))
 
@@ -107,19 +125,32 @@ def layer_scan(
 
   >>> def block(h, _):
   ...   return h + hk.nets.MLP([64, h.shape[-1]])(h), None
-  >>> h, _ = hkb.layer_scan(block, h, num_layers=12, remat=True)
+  >>> def net(h):
+  ...   return hkb.layer_scan(block, h, num_layers=12, remat=True)[0]
+  >>> net = hk.transform(net)
+  >>> params = net.init(jax.random.PRNGKey(0), jnp.ones([2, 16]))
+  >>> params["__layer_stack_no_per_layer/mlp/~/linear_0"]["w"].shape
+  (12, 16, 64)
+
+  It runs as `hk.layer_stack` runs the same layer: the same names, stacked
+  layout, initial values for the same key (each layer's init sees the carry
+  the layer before it returns), rng keys, state, and what custom getters and
+  creators see (each layer's own params). At apply nothing is initialised:
+  eval-mode flags, new shapes and a process where init never ran all work.
 
   Args:
     layer: a Haiku function or `hk.Transformed(WithState)` called as
       `layer(carry, x)`; or, with `init=`, a pure function
-      `layer(params, carry, x) -> (carry, y)`. Haiku state is stacked per
+      `layer(params, carry, x) -> (carry, y)`, which runs as the Haiku layer
+      `hkb.call_pure(layer, carry, x, init=init)`. Haiku state is stacked per
       layer and written back after the scan; each layer gets its own rng.
     carry: the input of the first layer.
     xs: optional per-layer inputs, each leaf with a leading axis of size
       `num_layers`.
     num_layers: the number of layers; taken from `xs` when not given.
     init: for a pure `layer`, `init(rng, carry, x) -> params` of one layer.
-    name: the name scope of the stacked params (default: `hk.layer_stack`'s).
+    name: the name of the stack's module (default: `hk.layer_stack`'s),
+      numbered as Haiku numbers modules when used again.
     remat: recompute each layer's activations in the backward pass
       (`jax.checkpoint` on the scan body), trading compute for memory.
     remat_policy: a `jax.checkpoint_policies` policy, with `remat=True`.
@@ -129,50 +160,48 @@ def layer_scan(
   Returns:
     `(carry, ys)`: the last layer's carry, and the per-layer `y`s stacked.
   """
-  call_pure_lib.require_transform("layer_scan")
-  num_layers = _num_layers(num_layers, xs)
-  per_layer_axes = (None, None if xs is None else 0)
-  if name is None:
-    name = NO_PER_LAYER_NAME if xs is None else WITH_PER_LAYER_NAME
-  if remat_policy is not None and not remat:
-    raise ValueError("hkb.layer_scan: `remat_policy` needs `remat=True`.")
+  with errors.entry("layer_scan"):
+    call_pure_lib.require_transform()
+    num_layers = _num_layers(num_layers, xs)
+    if remat_policy is not None and not remat:
+      raise ValueError(errors.message("`remat_policy` needs `remat=True`."))
+    if name is None:
+      name = NO_PER_LAYER_NAME if xs is None else WITH_PER_LAYER_NAME
+    layer_init, layer_apply = _transformed_layer(_haiku_layer(layer, init,
+                                                              carry, xs))
 
-  with hk.name_scope(name):
-    if init is not None:
-      params = call_pure_lib.bind_tree(
-          stacked_init(init, num_layers, per_layer_axes), (carry, xs), {},
-          api="layer_scan")
-      state = None
-      run_layer = lambda p, s, key, c, x: (layer(p, c, x), s)
-    else:
-      transformed = _haiku_layer(haiku_internals.original_fn(layer) or layer)
-      if not hk.running_init():
-        # hk.layer_stack draws its init key at apply too; drawing it here as
-        # well keeps the dropout keys of the two identical.
-        hk.maybe_next_rng_key()
-      params, state = call_pure_lib.bind_tree(
-          _without_interceptors(
-              stacked_init(transformed.init, num_layers, per_layer_axes)),
-          (carry, xs), {}, api="layer_scan",
-          draw_key=hk.maybe_next_rng_key, with_state=True)
-      run_layer = _without_interceptors(transformed.apply)
+    def init_one(state, x):
+      carry, key = state
+      if key is None:
+        key, next_key, apply_key = None, None, None
+      else:
+        key, next_key, apply_key = jax.random.split(key, 3)
+      params, layer_state = layer_init(key, carry, x)
+      # The next layer's init sees the carry this layer returns.
+      (carry, _), layer_state = layer_apply(params, layer_state, apply_key,
+                                            carry, x)
+      return (carry, next_key), (params, layer_state)
 
+    def init_stack(carry, xs, key):
+      return jax.lax.scan(init_one, (carry, key), xs, length=num_layers)[1]
+
+    lifted, updater = hk.lift_with_state(init_stack, allow_reuse=True,
+                                         name=name)
+    params, state = lifted(carry, xs, hk.maybe_next_rng_key())
     key = hk.maybe_next_rng_key()
     keys = None if key is None else jax.random.split(key, num_layers)
 
-    def body(c, scanned):
-      p, s, k, x = scanned
-      (new_c, y), new_s = run_layer(p, s, k, c, x)
-      _check_carry(c, new_c)
-      return new_c, (y, new_s)
+    def body(carry, scanned):
+      params, state, key, x = scanned
+      (carry, y), state = layer_apply(params, state, key, carry, x)
+      return carry, (y, state)
 
     if remat:
       body = jax.checkpoint(body, policy=remat_policy)
-    carry, (ys, new_state) = jax.lax.scan(
-        body, carry, (params, None if state is None else state.tree, keys, xs),
-        length=num_layers, unroll=unroll, reverse=reverse)
-    if state is not None:
-      state.store(new_state)
+    carry, (ys, state) = jax.lax.scan(
+        body, carry, (params, state, keys, xs), length=num_layers,
+        unroll=unroll, reverse=reverse)
+    updater.update(state)
   return carry, ys
 
 
@@ -180,7 +209,12 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
                  *, init: Optional[InitFn] = None, **options: Any) -> PyTree:
   """`layer` applied `num_layers` times with separate weights: `layer_scan` for `x -> x` layers.
 
-  >>> y = hkb.repeat_layer(lambda h: h + hk.nets.MLP([64, 16])(h), x, 12)
+  >>> def net(x):
+  ...   return hkb.repeat_layer(lambda h: h + hk.nets.MLP([64, 16])(h), x, 12)
+  >>> net = hk.transform(net)
+  >>> params = net.init(jax.random.PRNGKey(0), jnp.ones([2, 16]))
+  >>> net.apply(params, None, jnp.ones([2, 16])).shape
+  (2, 16)
 
   Args:
     layer: a Haiku function `layer(x) -> x`, or with `init=`, a pure
@@ -194,15 +228,16 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
   Returns:
     The last layer's output.
   """
-  if init is None:
-    f = haiku_internals.original_fn(layer) or layer
-    return layer_scan(_CarryLayer(f), x, num_layers=num_layers, **options)[0]
-  return layer_scan(_CarryLayer(layer), x, num_layers=num_layers,
-                    init=_CarryInit(init), **options)[0]
+  with errors.entry("repeat_layer"):
+    f = inline.haiku_function(layer) if init is None else layer
+    _check_layer_signature(f, init, (x,))
+    return layer_scan(
+        _CarryLayer(f), x, num_layers=_check_num_layers(num_layers),
+        init=None if init is None else _CarryInit(init), **options)[0]
 
 
 # `repeat_layer`'s adapters are dataclasses rather than lambdas, so that calls
-# with one layer are equal and hit the caches of its transform and shapes.
+# with one layer are equal and hit the caches of its transform.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,58 +260,111 @@ class _CarryInit:
 
 
 @dataclasses.dataclass(frozen=True)
-class _without_interceptors:  # pylint: disable=invalid-name
-  """`f`, a nested Haiku transform, run without the caller's interceptors.
+class _PureLayer:
+  """A pure `layer(params, carry, x)` with its init, as a Haiku layer."""
+  layer: Callable[..., Any]
+  init: InitFn
 
-  The caller's custom getters and creators already ran once, on the stacked
-  params, where `call_pure` reads them. (A dataclass, equal for equal `f`, so
-  that shape caches hit.)
-  """
+  def __call__(self, carry, x):
+    params = call_pure_lib.get_relevant_parameters(self.init, carry, x)
+    return self.layer(params, carry, x)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CheckedLayer:
+  """A Haiku layer whose output is checked: a pair, with a carry like its input."""
   f: Callable[..., Any]
 
-  def __call__(self, *args, **kwargs):
-    with haiku_internals.interceptors_suspended():
-      return self.f(*args, **kwargs)
+  def __call__(self, carry, x):
+    with errors.entry("layer_scan"):
+      out = self.f(carry, x)
+      if not (isinstance(out, tuple) and len(out) == 2):
+        raise ValueError(errors.message(
+            f"a layer must return a pair (carry, y); it returned "
+            f"{errors.describe(out)}. Return `(new_carry, None)` for a layer "
+            "without per-layer outputs, or use hkb.repeat_layer for `x -> x` "
+            "layers."))
+      _check_carry(carry, out[0])
+    return out
+
+
+def _haiku_layer(layer, init, carry, xs) -> Callable[..., Any]:
+  if init is not None:
+    if haiku_internals.is_transformed(layer):
+      raise TypeError(errors.message(
+          "`layer` is an hk.Transformed, which brings its own init; do not "
+          "pass `init=` as well."))
+    return _PureLayer(layer, init)
+  f = inline.haiku_function(layer)
+  _check_layer_signature(f, init, (carry, None if xs is None else xs))
+  return f
+
+
+def _check_layer_signature(f, init, args) -> None:
+  """A pure layer (one more leading argument) given without `init=`."""
+  if init is not None:
+    return
+  try:
+    signature = inspect.signature(f)
+  except (TypeError, ValueError):
+    return
+  try:
+    signature.bind(*args)
+  except TypeError:
+    try:
+      signature.bind(None, *args)
+    except TypeError:
+      return
+    raise TypeError(errors.message(
+        f"{getattr(f, '__name__', f)!r} takes {len(args) + 1} arguments, one "
+        f"more than a Haiku layer's {len(args)}: a pure layer "
+        "`layer(params, ...)` needs `init=`, a function `init(rng, ...)` "
+        "returning one layer's params.")) from None
 
 
 @functools.lru_cache(maxsize=256)
-def _haiku_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
-  return hk.transform_with_state(f)
+def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
+  return hk.transform_with_state(_CheckedLayer(f))
 
 
-def _check_num_layers(num_layers: Any) -> None:
-  if not isinstance(num_layers, int) or num_layers <= 0:
-    raise ValueError(
-        f"num_layers must be a positive int; got {num_layers!r}.")
+caches.register(_transformed_layer.cache_clear)
+
+
+def _check_num_layers(num_layers: Any) -> int:
+  if (isinstance(num_layers, bool) or
+      not isinstance(num_layers, (int, np.integer)) or num_layers <= 0):
+    raise ValueError(errors.message(
+        f"num_layers must be a positive int; got {num_layers!r}."))
+  return int(num_layers)
 
 
 def _num_layers(num_layers: Optional[int], xs: PyTree) -> int:
   leaves = jax.tree_util.tree_leaves_with_path(xs)
   if num_layers is None:
     if not leaves:
-      raise ValueError(
-          "hkb.layer_scan needs `num_layers=` when there are no `xs`.")
+      raise ValueError(errors.message(
+          "needs `num_layers=` when there are no `xs`."))
     num_layers = leaves[0][1].shape[0] if leaves[0][1].ndim else 0
-  _check_num_layers(num_layers)
+  num_layers = _check_num_layers(num_layers)
   for path, leaf in leaves:
     if not leaf.ndim or leaf.shape[0] != num_layers:
-      raise ValueError(
-          f"hkb.layer_scan: xs{jax.tree_util.keystr(path)} has shape "
-          f"{tuple(leaf.shape)}, but every leaf of xs needs a leading layer "
-          f"axis of size num_layers={num_layers}.")
+      raise ValueError(errors.message(
+          f"xs{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
+          "but every leaf of xs needs a leading layer axis of size "
+          f"num_layers={num_layers}."))
   return num_layers
 
 
 def _check_carry(before: PyTree, after: PyTree) -> None:
-  describe = lambda t: jax.tree.map(lambda x: f"{x.dtype}{list(x.shape)}", t)
+  describe = lambda t: jax.tree.map(errors.type_str, t)
   if jax.tree.structure(before) != jax.tree.structure(after) or any(
-      (a.shape, a.dtype) != (b.shape, b.dtype)
+      (np.shape(a), jnp.result_type(a)) != (np.shape(b), jnp.result_type(b))
       for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))):
-    raise ValueError(
-        "hkb.layer_scan: a layer must return a carry like the one it gets, "
-        "since the next layer takes it; the layer got "
-        f"{describe(before)} and returned {describe(after)}. Return per-layer "
-        "outputs as `y` in `(carry, y)`.")
+    raise ValueError(errors.message(
+        "a layer must return a carry like the one it gets, since the next "
+        f"layer takes it; the layer got {describe(before)} and returned "
+        f"{describe(after)}. Return per-layer outputs as `y` in `(carry, "
+        "y)`."))
 
 
 # ---------------------------------------------------------------------------
@@ -295,11 +383,32 @@ def unstack_params(params: PyTree, *, stack: str, num_layers: int,
 
   For a loop that runs layer `i` under `hk.name_scope(f"layer_{i}")`, stack
   bundle `<stack>/linear` becomes `layer_0/linear`, `layer_1/linear`, ...; the
-  layer's own top-level params (`<stack>/~`) go to `layer_i` itself.
+  layer's own top-level params (`<stack>/~`) go to `layer_i` itself. Example:
+  a scanned stack's params, run by the same 4 layers written as a loop:
 
+  >>> def scanned(x):
+  ...   with hk.name_scope("net"):
+  ...     return hkb.repeat_layer(lambda h: jnp.tanh(hk.Linear(16)(h)), x, 4)
+  >>> def looped(x):
+  ...   with hk.name_scope("net"):
+  ...     for i in range(4):
+  ...       with hk.name_scope(f"layer_{i}"):
+  ...         x = jnp.tanh(hk.Linear(16)(x))
+  ...   return x
+  >>> scanned, looped = hk.transform(scanned), hk.transform(looped)
+  >>> x = jnp.ones([2, 16])
+  >>> params = scanned.init(jax.random.PRNGKey(0), x)
+  >>> sorted(params)
+  ['net/__layer_stack_no_per_layer/linear']
   >>> loop_params = hkb.unstack_params(params, num_layers=4,
   ...                                  stack="net/__layer_stack_no_per_layer",
   ...                                  layer_scope="net/layer_{i}")
+  >>> sorted(loop_params)
+  ['net/layer_0/linear', 'net/layer_1/linear', 'net/layer_2/linear',
+   'net/layer_3/linear']
+  >>> np.allclose(looped.apply(loop_params, None, x),
+  ...             scanned.apply(params, None, x), atol=1e-6)
+  True
 
   Args:
     params: params holding a stack under `stack`; others are kept as they are.
@@ -310,12 +419,15 @@ def unstack_params(params: PyTree, *, stack: str, num_layers: int,
   Returns:
     The params with the stack split into per-layer bundles.
   """
+  num_layers = _check_num_layers(num_layers)
   out = {}
+  found = False
   for bundle, entries in params.items():
     inner = _inner_bundle(stack, bundle)
     if inner is None:
       out[bundle] = dict(entries)
       continue
+    found = True
     for i in range(num_layers):
       loop = out.setdefault(_loop_bundle(layer_scope, i, inner), {})
       for key, value in entries.items():
@@ -325,21 +437,53 @@ def unstack_params(params: PyTree, *, stack: str, num_layers: int,
               f"{tuple(value.shape)}, not a leading layer axis of "
               f"{num_layers}.")
         loop[key] = value[i]
+  if params and not found:
+    raise ValueError(
+        f"hkb.unstack_params: no params under stack {stack!r}. Its bundles "
+        f"start with '{stack}/'; the params have {sorted(params)[:8]}.")
   return out
 
 
 def stack_params(params: PyTree, *, stack: str, num_layers: int,
                  layer_scope: str = "layer_{i}") -> PyTree:
-  """The inverse of `unstack_params`: loop params to a layer scan's."""
+  """The inverse of `unstack_params`: loop params to a layer scan's.
+
+  Example: a loop's checkpoint, run by the same 3 layers under `repeat_layer`
+  (at top level, so `layer_scope` is the default `"layer_{i}"`):
+
+  >>> def looped(x):
+  ...   for i in range(3):
+  ...     with hk.name_scope(f"layer_{i}"):
+  ...       x = jnp.tanh(hk.Linear(16)(x))
+  ...   return x
+  >>> looped = hk.transform(looped)
+  >>> scanned = hk.transform(
+  ...     lambda x: hkb.repeat_layer(lambda h: jnp.tanh(hk.Linear(16)(h)), x, 3))
+  >>> x = jnp.ones([2, 16])
+  >>> loop_params = looped.init(jax.random.PRNGKey(0), x)
+  >>> params = hkb.stack_params(loop_params, num_layers=3,
+  ...                           stack="__layer_stack_no_per_layer")
+  >>> jax.tree.map(jnp.shape, params)
+  {'__layer_stack_no_per_layer/linear': {'b': (3, 16), 'w': (3, 16, 16)}}
+  >>> np.allclose(scanned.apply(params, None, x),
+  ...             looped.apply(loop_params, None, x), atol=1e-6)
+  True
+  """
+  num_layers = _check_num_layers(num_layers)
   pattern = re.compile("^" + re.escape(layer_scope).replace(
       re.escape("{i}"), r"(?P<i>\d+)") + r"(?:/(?P<inner>.+))?$")
   per_layer: dict[str, dict[str, list[Any]]] = {}
   out = {}
   for bundle, entries in params.items():
     match = pattern.match(bundle)
-    if match is None or int(match["i"]) >= num_layers:
+    if match is None:
       out[bundle] = dict(entries)
       continue
+    if int(match["i"]) >= num_layers:
+      raise ValueError(
+          f"hkb.stack_params: {bundle!r} is layer {match['i']} by "
+          f"{layer_scope!r}, but num_layers={num_layers}. Pass the number of "
+          "layers the loop has.")
     inner = match["inner"] or "~"
     stacked_bundle = f"{stack}/{inner}"
     for key, value in entries.items():

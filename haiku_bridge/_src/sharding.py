@@ -38,7 +38,8 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
-PyTree = Any
+from haiku_bridge._src.pytree import PyTree
+
 # What one dimension of a PartitionSpec holds: no mesh axis, one, or several.
 MeshAxes = Optional[str | tuple[str, ...]]
 
@@ -97,16 +98,29 @@ class ShardingRules:
       `"encoder"` covers `net/encoder/mlp/w`, `"net/encoder"` covers the same
       and not `other/encoder/...`, and `"__layer_stack_no_per_layer"` (the
       default name of `layer_scan` and `hk.layer_stack`) covers every unnamed
-      stack, twice where two are nested. A sequence maps each
-      stack's layer axis to no mesh axis (every device holds every layer); a
-      mapping `{pattern: mesh axes}` may split it, e.g. `{"encoder": "stage"}`
-      for pipeline stages.
+      stack, twice where two are nested. A stack's numbered copies are the
+      same stack: when a name is given twice (two `repeat_layer(...,
+      name="blocks")`), Haiku calls the second `blocks_1`, and `"blocks"`
+      covers `blocks`, `blocks_1`, `blocks_2`, ... (a pattern that ends in
+      its own number, `"blocks_1"`, covers that copy alone). Only the stack's
+      own name is matched so; to cover the copies of an enclosing module
+      (`net_1/encoder`), write `"encoder"` or `r"net(_[0-9]+)?/encoder"`. A
+      sequence maps each stack's layer axis to no mesh axis (every device
+      holds every layer); a mapping `{pattern: mesh axes}` may split it,
+      e.g. `{"encoder": "stage"}` for pipeline stages, or `{"blocks":
+      "data"}` to spread the layers over the data axis (FSDP over layers).
   """
 
   def __init__(self,
                rules: Iterable[Rule | tuple[str, Any]],
                *,
                stacked: Iterable[str] | Mapping[str, MeshAxes] = ()):
+    if isinstance(rules, (str, Mapping)):
+      raise TypeError(
+          f"hkb.ShardingRules: `rules` is {rules!r}; pass a list of "
+          "(pattern, PartitionSpec) pairs, e.g. [(r\"mlp/w1$\", P(None, "
+          "'model'))]" + (" (for a dict: list(rules.items()))."
+                          if isinstance(rules, Mapping) else "."))
     self._rules = tuple(_to_rule(i, r) for i, r in enumerate(rules))
     self._compiled = tuple(_compile(r.pattern, f"rule {i}")
                            for i, r in enumerate(self._rules))
@@ -118,7 +132,8 @@ class ShardingRules:
       stacked = {s: None for s in stacked}
     self._stacked = dict(stacked)
     self._stacked_compiled = tuple(
-        (_compile(rf"(?:^|/)(?:{s})$", f"stacked pattern {s!r}"), axes)
+        (_compile(rf"(?:^|/)(?:{s})(?:_[1-9][0-9]*)?$", f"stacked pattern {s!r}"),
+         axes)
         for s, axes in self._stacked.items())
 
   @property
@@ -360,6 +375,7 @@ def param_shardings(
   Pass it as `out_shardings` of a jitted init, so each parameter is created
   where it belongs, and as `in_shardings` of the step:
 
+  >>> from jax.sharding import AxisType
   >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
   >>> f = hk.transform(lambda x: hk.Linear(16)(x))
   >>> key, x = jax.random.PRNGKey(0), jnp.ones([8, 4])
@@ -394,7 +410,73 @@ def param_shardings(
   return shardings
 
 
+def gather_over(tree: PyTree, axes: str | Sequence[str]) -> PyTree:
+  """Each array of `tree` all-gathered over the mesh `axes`: FSDP's gather.
+
+  Under FSDP a weight is stored split over the data axis, and each layer
+  gathers it just before use. Under Explicit mesh axes the gather is
+  written in the model: this returns each array resharded to its own spec
+  with `axes` left out (`P("data", "model")` -> `P(None, "model")`), so a
+  tensor-parallel split stays. Arrays not split over `axes` pass through,
+  and so does everything with no mesh or with Auto axes, where the spec is
+  not part of the type and the partitioner places the gathers itself; so
+  the same model runs on one device, on an Auto mesh and on an Explicit one.
+
+  Call it inside the layer that uses the weights (inside a `layer_scan`
+  layer, not around the scan, so one layer is gathered at a time). In a
+  pure function: `params = hkb.gather_over(params, "data")`; in a Haiku
+  layer, a custom getter:
+
+  >>> def layer(h):
+  ...   with hk.custom_getter(lambda next_getter, value, context:
+  ...                         hkb.gather_over(next_getter(value), "data")):
+  ...     return h + hk.Linear(h.shape[-1])(h)
+  >>> f = hk.transform(lambda x: hkb.repeat_layer(layer, x, 4))
+  >>> key, x = jax.random.PRNGKey(0), jnp.ones([8, 16])
+  >>> mesh = jax.make_mesh((8,), ("data",))  # Explicit axes.
+  >>> rules = hkb.ShardingRules([(r"w$", P("data"))],
+  ...                           stacked=["__layer_stack_no_per_layer"])
+  >>> with jax.set_mesh(mesh):
+  ...   shardings = hkb.param_shardings(jax.eval_shape(f.init, key, x), mesh,
+  ...                                   rules)
+  ...   params = jax.jit(f.init, out_shardings=shardings)(key, x)
+  ...   y = jax.jit(f.apply)(params, None, jax.device_put(x, P("data")))
+  >>> params["__layer_stack_no_per_layer/linear"]["w"].sharding.spec
+  P(None, 'data')
+  >>> y.sharding.spec
+  P('data', None)
+
+  Args:
+    tree: arrays (or tracers).
+    axes: a mesh axis name, or several.
+
+  Returns:
+    `tree`, each array resharded without `axes` where its type names them.
+  """
+  axes = (axes,) if isinstance(axes, str) else tuple(axes)
+
+  def gather(x):
+    spec = jax.typeof(x).sharding.spec
+    gathered = PartitionSpec(*(_without(entry, axes) for entry in spec))
+    if tuple(gathered) == tuple(spec):
+      return x
+    return jax.sharding.reshard(x, gathered)
+
+  return jax.tree.map(gather, tree)
+
+
 # ---------------------------------------------------------------------------
+
+
+def _without(entry: MeshAxes, axes: tuple[str, ...]) -> MeshAxes:
+  """A spec entry with `axes` taken out."""
+  if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+    return entry
+  kept = tuple(a for a in ((entry,) if isinstance(entry, str) else entry)
+               if a not in axes)
+  if not kept:
+    return None
+  return kept[0] if len(kept) == 1 else kept
 
 
 def _as_rules(rules) -> ShardingRules:
@@ -402,12 +484,14 @@ def _as_rules(rules) -> ShardingRules:
 
 
 def _to_rule(index: int, rule: Any) -> Rule:
-  try:
-    pattern, spec = rule
-  except (TypeError, ValueError):
+  if (isinstance(rule, (str, PartitionSpec)) or
+      not isinstance(rule, (tuple, list)) or len(rule) != 2):
+    example = rule if isinstance(rule, str) else "pattern"
     raise TypeError(
-        f"hkb.ShardingRules: rule {index} is {rule!r}; each rule is a "
-        "(pattern, PartitionSpec) pair.") from None
+        f"hkb.ShardingRules: rule {index} is {rule!r}, not a (pattern, spec) "
+        f"pair. Write each rule as a pair: ({example!r}, P(None, 'model')) "
+        f"to split its parameters, ({example!r}, P()) to replicate them.")
+  pattern, spec = rule
   if not isinstance(pattern, str):
     raise TypeError(
         f"hkb.ShardingRules: rule {index} has pattern {pattern!r}; it must be "
@@ -431,16 +515,4 @@ def _compile(pattern: str, what: str) -> re.Pattern[str]:
 
 def _path_string(path: tuple[Any, ...]) -> str:
   """`bundle/name` for Haiku params; keys joined by `/` for any pytree."""
-  parts = []
-  for key in path:
-    if isinstance(key, jax.tree_util.DictKey):
-      parts.append(str(key.key))
-    elif isinstance(key, jax.tree_util.GetAttrKey):
-      parts.append(key.name)
-    elif isinstance(key, jax.tree_util.SequenceKey):
-      parts.append(str(key.idx))
-    elif isinstance(key, jax.tree_util.FlattenedIndexKey):
-      parts.append(str(key.key))
-    else:
-      parts.append(str(key))
-  return "/".join(parts)
+  return jax.tree_util.keystr(path, simple=True, separator="/")

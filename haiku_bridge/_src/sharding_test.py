@@ -4,20 +4,15 @@ Every numeric check compares a sharded run with the same model run on one
 device; every placement check reads the arrays' actual `.sharding.spec`.
 """
 
-import os
+import jax
 
-# Eight CPU devices; read by XLA when jax first starts a backend. Bazel sets
-# the same flag in the target's env.
-_FLAG = "--xla_force_host_platform_device_count=8"
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS",
-                                                                  ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import doctest
 import functools
 import re
-import types
 from typing import NamedTuple
 import unittest
 
@@ -25,7 +20,6 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import chex
 import haiku as hk
-import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType
 from jax.sharding import Mesh
@@ -34,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from haiku_bridge._src import call_pure as call_pure_lib
+from haiku_bridge._src import custom_grad
 from haiku_bridge._src import scan
 from haiku_bridge._src import sharding
 
@@ -48,10 +43,8 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 def setUpModule():
   if jax.device_count() < 8:
     raise unittest.SkipTest(
-        f"needs 8 devices, jax has {jax.device_count()}: jax started its "
-        f"backend before this file could set XLA_FLAGS={_FLAG}. Run this file "
-        "on its own (bazel test, or pytest with this one file), or set "
-        "XLA_FLAGS before anything imports jax.")
+        f"needs 8 devices, jax has {jax.device_count()} "
+        f"{jax.default_backend()} devices.")
 
 
 def make_mesh(shape, names, axis_type=AxisType.Auto):
@@ -149,9 +142,16 @@ def on_one_device(fn, *args):
 
 
 def assert_specs(test, tree, expected):
-  """Each array's actual `.sharding.spec` is `expected[bundle][name]`."""
-  actual = jax.tree.map(lambda a: a.sharding.spec, tree)
-  test.assertEqual(actual, expected)
+  """Each array's actual `.sharding.spec` is `expected[bundle][name]`.
+
+  Trailing `None`s are dropped on both sides: `P(None,)` and `P()` say the
+  same (jax writes the first for a result of Explicit-axes autodiff).
+  """
+  trimmed = lambda spec: tuple(spec)[:max(
+      [i + 1 for i, e in enumerate(spec) if e is not None], default=0)]
+  actual = jax.tree.map(lambda a: trimmed(a.sharding.spec), tree)
+  test.assertEqual(actual, jax.tree.map(trimmed, expected,
+                                        is_leaf=lambda s: isinstance(s, P)))
 
 
 # ---------------------------------------------------------------------------
@@ -212,8 +212,9 @@ class ShardingRulesTest(parameterized.TestCase):
         stacked=[STACK, "blocks"])
     self.assertEqual(sharding.param_specs(shapes, rules, mesh=self.mesh), {
         "net/embed": {"b": P(), "w": P()},
-        f"net/{STACK}": {"w1": P(None, None, "model"), "b1": P(None, "model"),
-                         "w2": P(None, "model", None), "b2": P()},
+        f"net/{STACK}/~": {"w1": P(None, None, "model"),
+                           "b1": P(None, "model"),
+                           "w2": P(None, "model", None), "b2": P()},
         "net/blocks/in": {"w": P(None, None, "model"), "b": P()},
         "net/blocks/out": {"w": P(None, "model"), "b": P()},
     })
@@ -263,12 +264,54 @@ class ShardingRulesTest(parameterized.TestCase):
       mu: dict
 
     params = {"net/mlp": {"w1": jnp.zeros([4, 8])}}
-    state = (MomentumState(jnp.zeros([]), params), [jnp.zeros([8, 8])])
+    state = (MomentumState(jnp.zeros([]), params), [jnp.zeros([8, 8])],
+             {3: jnp.zeros([2])})
     report = sharding.explain_shardings(state, [(r"mlp/w1$", P(None, "model")),
                                                 (r"^1/0$", P("data"))])
     self.assertEqual([(p.path, p.spec) for p in report.params],
                      [("0/count", P()), ("0/mu/net/mlp/w1", P(None, "model")),
-                      ("1/0", P("data"))])
+                      ("1/0", P("data")), ("2/3", P())])
+    # The same strings as jax's own `keystr`.
+    self.assertEqual(
+        [p.path for p in report.params],
+        [jax.tree_util.keystr(path, simple=True, separator="/")
+         for path, _ in jax.tree_util.tree_leaves_with_path(state)])
+
+
+  def test_numbered_copies_of_a_stack_are_the_same_stack(self):
+    # Haiku names the second `repeat_layer(name="blocks")` `blocks_1`, the
+    # second unnamed stack `{STACK}_1`; each copy's layer axis comes first.
+    def two_of_each(x):
+      h = scan.repeat_layer(haiku_layer, x, DEPTH, name="blocks")
+      h = scan.repeat_layer(haiku_layer, h, DEPTH, name="blocks")
+      h = scan.repeat_layer(haiku_layer, h, DEPTH)
+      return scan.repeat_layer(haiku_layer, h, DEPTH)
+
+    shapes = jax.eval_shape(hk.transform(lambda x: Net(two_of_each)(x)).init,
+                            KEY, batch())
+    rules = sharding.ShardingRules(
+        [(r"in/w$", P(None, "model")), (r"out/w$", P("model", None))],
+        stacked=["blocks", STACK])
+    per_layer = {"in": {"w": P(None, None, "model"), "b": P()},
+                 "out": {"w": P(None, "model", None), "b": P()}}
+    self.assertEqual(
+        sharding.param_specs(shapes, rules, mesh=self.mesh),
+        {"net/embed": {"w": P(), "b": P()},
+         **{f"net/{stack}/{layer}": specs
+            for stack in ("blocks", "blocks_1", STACK, f"{STACK}_1")
+            for layer, specs in per_layer.items()}})
+
+  def test_numbered_copy_matching(self):
+    rules = sharding.ShardingRules([], stacked=["blocks"])
+    for path in ("blocks/lin/w", "blocks_1/lin/w", "net/blocks_12/lin/w"):
+      self.assertEqual(rules.place(path, (3, 4, 4)).layer_axes, 1, path)
+    # Not a copy of `blocks`: another name, or Haiku's `_0` of a list.
+    for path in ("blocks_a/lin/w", "blocks_0/lin/w", "blocksy_1/lin/w"):
+      self.assertEqual(rules.place(path, (4, 4)).layer_axes, 0, path)
+    # A pattern naming one copy covers that copy only.
+    second = sharding.ShardingRules([], stacked=["blocks_1"])
+    self.assertEqual(second.place("blocks_1/lin/w", (3, 4)).layer_axes, 1)
+    self.assertEqual(second.place("blocks/lin/w", (4, 4)).layer_axes, 0)
 
   # Bad input ---------------------------------------------------------------
 
@@ -340,19 +383,27 @@ class ShardingRulesTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, r"stacked=\['blocks'\]"):
       sharding.ShardingRules([], stacked="blocks")
 
-  def test_docstring_examples(self):
-    hkb = types.SimpleNamespace(
-        ShardingRules=sharding.ShardingRules,
-        param_shardings=sharding.param_shardings,
-        param_specs=sharding.param_specs,
-        explain_shardings=sharding.explain_shardings)
-    result = doctest.testmod(
-        sharding, optionflags=doctest.NORMALIZE_WHITESPACE,
-        extraglobs=dict(hkb=hkb, hk=hk, jax=jax, jnp=jnp, P=P,
-                        AxisType=AxisType))
-    self.assertGreater(result.attempted, 10)
-    self.assertEqual(result.failed, 0)
+  @parameterized.named_parameters(
+      ("pattern_alone", [r"w$"],
+       re.escape("rule 0 is 'w$', not a (pattern, spec) pair")),
+      ("spec_alone", [(r"w$", P()), P("model")],
+       re.escape("rule 1 is P('model',), not a (pattern, spec)")),
+      ("triple", [(r"w$", P(), P())],
+       r"rule 0 is .*, not a \(pattern, spec\) pair"),
+  )
+  def test_rule_that_is_not_a_pair_says_what_to_write(self, rules, message):
+    with self.assertRaisesRegex(TypeError, message) as raised:
+      sharding.ShardingRules(rules)
+    self.assertIn("Write each rule as a pair: (", str(raised.exception))
+    if isinstance(rules[0], str):
+      self.assertIn("('w$', P(None, 'model'))", str(raised.exception))
 
+  def test_rules_that_are_not_a_list(self):
+    with self.assertRaisesRegex(TypeError,
+                                r"`rules` is 'w\$'; pass a list of"):
+      sharding.ShardingRules(r"w$")
+    with self.assertRaisesRegex(TypeError, r"list\(rules.items\(\)\)"):
+      sharding.ShardingRules({r"w$": P("model")})
 
 # ---------------------------------------------------------------------------
 # jit with NamedShardings: params created and kept where the rules say.
@@ -372,8 +423,9 @@ FSDP_SPECS = {
     },
     "layer_scan": {
         "net/embed": {"w": P(None, "data"), "b": P()},
-        f"net/{STACK}": {"w1": P(None, None, "data"), "b1": P(None, "data"),
-                         "w2": P(None, "data", None), "b2": P()},
+        f"net/{STACK}/~": {"w1": P(None, None, "data"),
+                           "b1": P(None, "data"),
+                           "w2": P(None, "data", None), "b2": P()},
         "net/blocks/in": {"w": P(None, None, "data"), "b": P()},
         "net/blocks/out": {"w": P(), "b": P()},
     },
@@ -498,9 +550,13 @@ def shard_mapped_mlp(mesh, seen_shapes):
 
 
 def explicit_mlp(params, x):
-  """`mlp` for Explicit mesh axes: the row-split matmul names its output's."""
+  """`mlp` for Explicit mesh axes: the row-split matmul names its output's.
+
+  `jax.typeof(x).sharding` is `x`'s own: under an Explicit mesh its spec
+  (batch over "data"), with no mesh none, so one function serves both.
+  """
   h = jax.nn.gelu(x @ params["w1"] + params["b1"])
-  out = jnp.dot(h, params["w2"], out_sharding=jax.typeof(x).sharding.spec)
+  out = jnp.dot(h, params["w2"], out_sharding=jax.typeof(x).sharding)
   return out + params["b2"]
 
 
@@ -539,7 +595,7 @@ class MegatronTest(parameterized.TestCase):
         lambda x: Net(lambda h: scan.repeat_layer(
             lambda p, h: h + mlp(p, h), h, DEPTH, init=init_mlp))(x))
     self.check_sharded_equals_one_device(
-        f, megatron_specs(f"net/{STACK}", layer_axes=1))
+        f, megatron_specs(f"net/{STACK}/~", layer_axes=1))
 
   def test_shard_map_inside_the_bridged_function(self):
     seen_shapes = {}
@@ -572,6 +628,10 @@ class MegatronTest(parameterized.TestCase):
     sharded = hk.transform(lambda x: Net(
         lambda h: h + call_pure(explicit_mlp, h, init=init_mlp, name="mlp"))(x))
     x, ref_params, ref_loss, ref_grads = call_pure_reference()
+    # With no mesh, the same model is the plain one.
+    chex.assert_trees_all_close(
+        jax.jit(jax.value_and_grad(loss_fn(sharded)))(ref_params, x),
+        (ref_loss, ref_grads), **TOL)
 
     with jax.set_mesh(mesh):
       shardings = sharding.param_shardings(
@@ -585,6 +645,257 @@ class MegatronTest(parameterized.TestCase):
     chex.assert_trees_all_close(params, ref_params, **TOL)
     np.testing.assert_allclose(loss, ref_loss, **TOL)
     chex.assert_trees_all_close(grads, ref_grads, **TOL)
+
+
+
+# ---------------------------------------------------------------------------
+# Explicit mesh axes (`jax.make_mesh`'s default): every bridged API, with a
+# model written for explicit sharding; Megatron and FSDP rules.
+# ---------------------------------------------------------------------------
+
+
+class RowLinear(hk.Module):
+  """`hk.Linear` whose input may be split: names its output's sharding.
+
+  Under Explicit axes a matmul over a split dimension must say how its
+  output is sharded; `like`'s sharding is the answer (none with no mesh).
+  """
+
+  def __init__(self, size, name=None):
+    super().__init__(name=name)
+    self._size = size
+
+  def __call__(self, x, like):
+    w = hk.get_parameter(
+        "w", [x.shape[-1], self._size],
+        init=hk.initializers.TruncatedNormal(x.shape[-1] ** -0.5))
+    b = hk.get_parameter("b", [self._size], init=jnp.zeros)
+    return jnp.dot(x, w, out_sharding=jax.typeof(like).sharding) + b
+
+
+def gathering(axes):
+  """A Haiku custom getter: each parameter `gather_over` `axes` when read."""
+  def getter(next_getter, value, context):
+    del context  # Unused.
+    return sharding.gather_over(next_getter(value), axes)
+  return getter
+
+
+def explicit_haiku_layer(h, fsdp=()):
+  with hk.custom_getter(gathering(fsdp)):
+    return h + RowLinear(WIDTH, name="out")(
+        jax.nn.gelu(hk.Linear(HIDDEN, name="in")(h)), h)
+
+
+def true_vjp(vjp_fn, g):
+  return vjp_fn(g)
+
+
+def all_apis_model(x, fsdp=()):
+  """`call_pure`, a pure and a Haiku `layer_scan`, and `hkb.custom_vjp`.
+
+  Written for explicit sharding: each row-split matmul names its output's
+  sharding, and each block gathers its own weights over the `fsdp` axes
+  (inside the scanned layer: one layer at a time).
+  """
+  gather = functools.partial(sharding.gather_over, axes=fsdp)
+  haiku_layer_ = functools.partial(explicit_haiku_layer, fsdp=fsdp)
+
+  def body(h):
+    h = h + call_pure(lambda p, h: explicit_mlp(gather(p), h), h,
+                      init=init_mlp, name="mlp")
+    h = scan.repeat_layer(lambda p, h: h + explicit_mlp(gather(p), h), h,
+                          DEPTH, init=init_mlp)
+    h = scan.repeat_layer(haiku_layer_, h, DEPTH, name="blocks")
+    block = custom_grad.custom_vjp(haiku_layer_, custom_grad.vjp_fwd,
+                                   true_vjp)
+    h = block(h)
+    with hk.custom_getter(gathering(fsdp)):
+      return hk.Linear(WIDTH, name="readout")(h)
+
+  with hk.custom_getter(gathering(fsdp)):
+    h = hk.Linear(WIDTH, name="embed")(x)
+  with hk.experimental.name_scope("net"):
+    return body(h)
+
+
+# Megatron: hidden units over "model"; the batch over "data".
+TP_RULES = sharding.ShardingRules(
+    [(r"/w1$|/in/w$", P(None, "model")), (r"/b1$|/in/b$", P("model")),
+     (r"/w2$|/out/w$", P("model", None))],
+    stacked=[STACK, "blocks"])
+
+# FSDP + tensor parallelism: each weight's other dimension also over "data",
+# so each device stores 1/8 of it; gathered over "data" where it is used.
+FSDP_TP_RULES = sharding.ShardingRules(
+    [(r"/w1$|/in/w$", P("data", "model")), (r"/b1$|/in/b$", P("model")),
+     (r"/w2$|/out/w$", P("model", "data")),
+     (r"embed/w$|readout/w$", P(None, "data"))],
+    stacked=[STACK, "blocks"])
+
+
+def per_device_bytes(params):
+  """Bytes of `params` that one device (the first) holds."""
+  device = jax.devices()[0]
+  return sum(shard.data.nbytes for leaf in jax.tree.leaves(params)
+             for shard in leaf.addressable_shards if shard.device == device)
+
+
+class ExplicitMeshTest(parameterized.TestCase):
+  """Bridged params on an Explicit (data, model) mesh equal one device."""
+
+  @parameterized.named_parameters(("megatron", TP_RULES, ()),
+                                  ("fsdp_and_megatron", FSDP_TP_RULES, "data"))
+  def test_all_apis_equal_one_device(self, rules, fsdp):
+    f = hk.transform(functools.partial(all_apis_model, fsdp=fsdp))
+    x = batch()
+    ref_params = jax.device_get(jax.jit(f.init)(KEY, x))
+    (ref_loss, ref_out), ref_grads = on_one_device(loss_out_and_grads(f),
+                                                   ref_params, x)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))  # Explicit by default.
+    self.assertEqual(mesh.axis_types, (AxisType.Explicit,) * 2)
+    with jax.set_mesh(mesh):
+      shardings = sharding.param_shardings(jax.eval_shape(f.init, KEY, x),
+                                           mesh, rules)
+      params = jax.jit(f.init, out_shardings=shardings)(KEY, x)
+      (loss, out), grads = jax.jit(loss_out_and_grads(f))(
+          params, jax.device_put(x, P("data")))
+    expected = jax.tree.map(lambda s: s.spec, shardings)
+    assert_specs(self, params, expected)
+    assert_specs(self, grads, expected)  # The types carry them through.
+    self.assertEqual(out.sharding.spec, P("data", None))
+    chex.assert_trees_all_close(params, ref_params, **TOL)
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    chex.assert_trees_all_close(out, ref_out, **TOL)
+    # Gradients up to ~10, summed in another order over 8 devices.
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-4, atol=1e-4)
+
+  def test_a_matmul_over_a_split_dimension_must_name_its_output(self):
+    # The price of Explicit axes: `hk.Linear` as the row-split layer is
+    # ambiguous, and jax says so (RowLinear above is the fix).
+    f = hk.transform(lambda x: scan.repeat_layer(haiku_layer, x, 2,
+                                                 name="blocks"))
+    x = jnp.ones([BATCH, WIDTH])
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    with jax.set_mesh(mesh):
+      shardings = sharding.param_shardings(jax.eval_shape(f.init, KEY, x),
+                                           mesh, TP_RULES)
+      params = jax.jit(f.init, out_shardings=shardings)(KEY, x)
+      with self.assertRaisesRegex(Exception, r"Contracting dimensions are "
+                                  r"sharded.*out_sharding"):
+        jax.jit(f.apply)(params, None, jax.device_put(x, P("data")))
+
+
+
+# ---------------------------------------------------------------------------
+# FSDP + tensor parallelism for a transformer of Haiku's own modules.
+# ---------------------------------------------------------------------------
+
+VOCAB, D_MODEL, HEADS, SEQ, LAYERS = 64, 32, 4, 4, 2
+
+# The rule set of docs/sharding.md: every matrix split over "model"
+# (Megatron: heads and hidden units) and its other dimension over "data"
+# (FSDP: each device stores 1/8 of it). Layer norms and the biases after a
+# row split are small and replicated.
+TRANSFORMER_RULES = sharding.ShardingRules(
+    [(r"attention/(query|key|value)/w$", P("data", "model")),
+     (r"attention/(query|key|value)/b$", P("model")),
+     (r"attention/linear/w$", P("model", "data")),
+     (r"mlp/~/linear_0/w$", P("data", "model")),
+     (r"mlp/~/linear_0/b$", P("model")),
+     (r"mlp/~/linear_1/w$", P("model", "data")),
+     (r"embed/embeddings$", P("model", "data")),
+     (r"unembed/w$", P("data", "model"))],
+    stacked=["layers"])
+
+
+def transformer_layer(h):
+  ln = lambda name: hk.LayerNorm(-1, True, True, name=name)
+  attention = hk.MultiHeadAttention(
+      HEADS, D_MODEL // HEADS, w_init=hk.initializers.VarianceScaling(),
+      name="attention")
+  x = ln("ln_1")(h)
+  h = h + attention(x, x, x)
+  return h + hk.nets.MLP([4 * D_MODEL, D_MODEL], name="mlp")(ln("ln_2")(h))
+
+
+def transformer(tokens):
+  h = hk.Embed(VOCAB, D_MODEL, name="embed")(tokens)
+  h = scan.repeat_layer(transformer_layer, h, LAYERS, name="layers")
+  return hk.Linear(VOCAB, name="unembed")(h)
+
+
+def ways(spec, mesh):
+  """Into how many parts `spec` splits an array on `mesh`."""
+  parts = 1
+  for entry in spec:
+    for axis in (() if entry is None else
+                 (entry,) if isinstance(entry, str) else entry):
+      parts *= mesh.shape[axis]
+  return parts
+
+
+class FsdpTest(parameterized.TestCase):
+
+  def check_equals_one_device(self, rules, mesh):
+    """Trains one step sharded by `rules`; returns the params and grads."""
+    f = hk.transform(transformer)
+    tokens = jax.random.randint(jax.random.PRNGKey(2), [8, SEQ], 0, VOCAB)
+    targets = jax.nn.one_hot(jnp.roll(tokens, 1, axis=1), VOCAB)
+    loss = lambda p, t: -jnp.mean(jax.nn.log_softmax(f.apply(p, None, t)) *
+                                  targets)
+    ref_params = jax.device_get(jax.jit(f.init)(KEY, tokens))
+    ref_loss, ref_grads = on_one_device(jax.value_and_grad(loss), ref_params,
+                                        tokens)
+
+    shardings = sharding.param_shardings(
+        jax.eval_shape(f.init, KEY, tokens), mesh, rules)
+    params = jax.jit(f.init, out_shardings=shardings)(KEY, tokens)
+    data = NamedSharding(mesh, P("data"))
+    value, grads = jax.jit(jax.value_and_grad(loss),
+                           in_shardings=(shardings, data),
+                           out_shardings=(None, shardings))(
+                               params, jax.device_put(tokens, data))
+    chex.assert_trees_all_close(params, ref_params, **TOL)
+    np.testing.assert_allclose(value, ref_loss, **TOL)
+    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-4, atol=1e-6)
+    return params, grads
+
+  def test_fsdp_and_tensor_parallel_rules(self):
+    mesh = make_mesh((2, 4), ("data", "model"))
+    params, _ = self.check_equals_one_device(TRANSFORMER_RULES, mesh)
+    self.assertEqual(params["layers/attention/query"]["w"].sharding.spec,
+                     P(None, "data", "model"))
+    self.assertEqual(
+        params["layers/attention/query"]["w"].addressable_shards[0].data.shape,
+        (LAYERS, D_MODEL // 2, D_MODEL // 4))
+    # Bytes one device holds: each weight matrix 1/8 of it, the rest by its
+    # spec; at most 1/8 of all plus the remainder not split 8 ways.
+    leaves = jax.tree.leaves(params)
+    total = sum(leaf.nbytes for leaf in leaves)
+    rest = sum(leaf.nbytes for leaf in leaves
+               if ways(leaf.sharding.spec, mesh) < 8)
+    held = per_device_bytes(params)
+    self.assertEqual(held, sum(leaf.nbytes // ways(leaf.sharding.spec, mesh)
+                               for leaf in leaves))
+    self.assertLessEqual(held, (total - rest) / 8 + rest)
+    self.assertLess(held, total / 6)
+
+  def test_layer_axis_over_data(self):
+    # FSDP over layers: each "data" group stores half the layers, with the
+    # Megatron split inside each.
+    mesh = make_mesh((2, 4), ("data", "model"))
+    rules = sharding.ShardingRules(
+        [(pattern, P(*(None if e == "data" else e for e in spec)))
+         for pattern, spec in TRANSFORMER_RULES.rules],
+        stacked={"layers": "data"})
+    params, grads = self.check_equals_one_device(rules, mesh)
+    for tree in (params, grads):
+      self.assertEqual(tree["layers/mlp/~/linear_0"]["w"].sharding.spec,
+                       P("data", None, "model"))
+    self.assertEqual(
+        params["layers/mlp/~/linear_0"]["w"].addressable_shards[0].data.shape,
+        (LAYERS // 2, D_MODEL, 4 * D_MODEL // 4))
 
 
 if __name__ == "__main__":

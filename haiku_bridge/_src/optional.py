@@ -1,0 +1,43 @@
+"""The adapters for optional libraries, imported on first use.
+
+`import haiku_bridge` must work without Flax or Equinox installed, so
+`hkb.from_flax` and its siblings are looked up lazily, through the package's
+module `__getattr__`. Without the library, the name is a function that raises
+an ImportError naming the extra to install.
+"""
+
+import importlib
+from typing import Any, Callable
+
+# Public name -> (module that defines it, pip extra that installs its library).
+ADAPTERS = {
+    "from_flax": ("haiku_bridge._src.flax_bridge", "flax"),
+    "to_nnx": ("haiku_bridge._src.flax_bridge", "flax"),
+    "from_equinox": ("haiku_bridge._src.equinox_bridge", "equinox"),
+    "to_equinox": ("haiku_bridge._src.equinox_bridge", "equinox"),
+}
+
+
+def module_getattr(name: str) -> Any:
+  """`haiku_bridge.__getattr__`: imports an adapter the first time it is used."""
+  if name not in ADAPTERS:
+    raise AttributeError(f"module 'haiku_bridge' has no attribute {name!r}")
+  module, extra = ADAPTERS[name]
+  try:
+    value = getattr(importlib.import_module(module), name)
+  except ImportError as e:
+    value = _needs_extra(name, extra, e)
+  setattr(importlib.import_module("haiku_bridge"), name, value)
+  return value
+
+
+def _needs_extra(name: str, extra: str,
+                 error: ImportError) -> Callable[..., Any]:
+  def missing(*args, **kwargs):
+    del args, kwargs  # Unused.
+    raise ImportError(
+        f"hkb.{name} needs the optional dependency {extra!r}, which could not "
+        f"be imported ({error}). Install it with: "
+        f"pip install \"haiku-bridge[{extra}]\"") from error
+  missing.__name__ = name
+  return missing

@@ -1,0 +1,38 @@
+"""The machine and package versions a benchmark ran on."""
+
+import importlib.metadata
+import os
+import platform
+
+import haiku as hk
+import jax
+
+import haiku_bridge as hkb
+
+
+def _version(package: str) -> str:
+  try:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return "not installed"
+
+
+def environment() -> dict[str, str]:
+  return {
+      "platform": platform.platform(),
+      "processor": platform.processor() or platform.machine(),
+      "CPU count": str(os.cpu_count()),
+      "CPUs usable": (str(len(os.sched_getaffinity(0)))
+                      if hasattr(os, "sched_getaffinity") else "n/a"),
+      "JAX devices": ", ".join(str(d) for d in jax.devices()),
+      "python": platform.python_version(),
+      "jax": jax.__version__,
+      "jaxlib": _version("jaxlib"),
+      "dm-haiku": hk.__version__,
+      "numpy": _version("numpy"),
+      "haiku_bridge": hkb.__version__,
+      "matplotlib": _version("matplotlib"),
+      "XLA_FLAGS": os.environ.get("XLA_FLAGS", "(unset)"),
+      "persistent compilation cache dir":
+          str(jax.config.jax_compilation_cache_dir),
+  }

@@ -1,0 +1,168 @@
+r"""The first trace of `apply` in a new Python process, where `init` never ran.
+
+What a user pays after restarting from a checkpoint: the process imports the
+library, restores params from arrays, builds the model and traces `apply` for
+the first time, with no shape or trace cache warmed by `init`. The parent
+writes each variant's params to an `.npz`; every sample is a new subprocess
+(`sys.executable -m testing.bench.fresh_process ...`) that times
+`jax.jit(apply).trace(...)` and then `.lower()` of that trace, and prints
+the phase times as one JSON line. The variants' subprocesses run one after
+another, in an order rotated each repetition (`harness.interleaved`), so the
+ratios pair up as in the in-process rows.
+
+The child, by hand (the parent passes the same arguments):
+
+    PYTHONPATH=. python3 -m testing.bench.fresh_process \
+        --variant=inline --size=small,64,2,16 --params=/tmp/inline.npz
+"""
+
+import argparse
+import contextlib
+import cProfile
+import functools
+import json
+import os
+import pstats
+import subprocess
+import sys
+from typing import Any, Optional
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from testing.bench import harness
+from testing.bench import models
+from testing.bench import trace_profile
+from testing.bench import trace_rows
+
+_NAMES = "__param_names__"  # The .npz entry that lists "module\tname" keys.
+
+
+def save_params(params: hk.Params, path: str) -> None:
+  """Writes Haiku params to `path` (.npz), as a checkpoint would hold them."""
+  entries = list(hk.data_structures.traverse(params))
+  np.savez(path, *(np.asarray(value) for _, _, value in entries),
+           **{_NAMES: np.array([f"{m}\t{n}" for m, n, _ in entries])})
+
+
+def load_params(path: str) -> hk.Params:
+  """The params of `save_params`, as device arrays."""
+  params: dict[str, dict[str, jax.Array]] = {}
+  with np.load(path) as data:
+    for i, key in enumerate(data[_NAMES]):
+      module, name = str(key).split("\t")
+      params.setdefault(module, {})[name] = jnp.asarray(data[f"arr_{i}"])
+  return params
+
+
+def _size_arg(size: models.MlpSize) -> str:
+  return ",".join(str(field) for field in size)
+
+
+def _parse_size(text: str) -> models.MlpSize:
+  name, width, depth, batch = text.split(",")
+  return models.MlpSize(name, int(width), int(depth), int(batch))
+
+
+def _child_command(variant: str, size: models.MlpSize, params_path: str,
+                   profile_out: Optional[str]) -> list[str]:
+  command = [sys.executable, "-m", "testing.bench.fresh_process",
+             f"--variant={variant}", f"--size={_size_arg(size)}",
+             f"--params={params_path}"]
+  if profile_out:
+    command.append(f"--profile_out={profile_out}")
+  return command
+
+
+def _child_env() -> dict[str, str]:
+  # The child finds this checkout (or Bazel's runfiles) where the parent does.
+  path = [p for p in sys.path if p and os.path.isdir(p)]
+  return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+
+
+def run_child(variant: str, size: models.MlpSize, params_path: str,
+              profile_out: Optional[str] = None) -> harness.Phases:
+  """Runs one fresh process; returns its phase times."""
+  done = subprocess.run(
+      _child_command(variant, size, params_path, profile_out),
+      env=_child_env(), capture_output=True, text=True, check=False)
+  if done.returncode != 0:
+    raise RuntimeError(f"fresh-process child for {variant!r} failed "
+                       f"(exit {done.returncode}):\n{done.stderr}")
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def write_params(size: models.MlpSize, params: dict[str, hk.Params],
+                 directory: str) -> dict[str, str]:
+  """Saves each variant's params; returns the .npz path by variant."""
+  paths = {}
+  for i, (variant, variant_params) in enumerate(params.items()):
+    paths[variant] = os.path.join(directory, f"{size.name}-{i}.npz")
+    save_params(variant_params, paths[variant])
+  return paths
+
+
+def samples(size: models.MlpSize, params_paths: dict[str, str], repeats: int,
+            warmup: int) -> harness.Samples:
+  """First-trace times, one subprocess per sample, variants side by side.
+
+  Returns:
+    Samples keyed by variant, phases "trace" and "lower" (with CPU time).
+  """
+  group = {v: functools.partial(run_child, v, size, path)
+           for v, path in params_paths.items()}
+  return harness.interleaved(f"fresh process ({size.name})", [group],
+                             repeats, warmup)
+
+
+def profile(size: models.MlpSize, variant: str, params_path: str,
+            repeats: int, directory: str) -> trace_profile.TraceProfile:
+  """cProfile of the first trace in `repeats` fresh processes, merged."""
+  files = []
+  for i in range(repeats):
+    out = os.path.join(directory, f"fresh-profile-{i}.pstats")
+    run_child(variant, size, params_path, profile_out=out)
+    files.append(out)
+  stats = pstats.Stats(*files)
+  return trace_profile.summarize(stats, repeats, variant,
+                                 trace_rows.FRESH_PROCESS, size.name)
+
+
+def first_trace(variant: str, size: models.MlpSize, params_path: str,
+                profiler: Optional[cProfile.Profile]) -> harness.Phases:
+  """In the child: restore params, build the model, time its first trace."""
+  params = load_params(params_path)
+  x = jnp.zeros([size.batch, size.width])
+  apply = models.mlp_model(size, variant).apply
+  traced: list[Any] = []
+
+  def trace():
+    with profiler or contextlib.nullcontext():
+      traced.append(jax.jit(apply).trace(params, None, x))
+
+  phases = harness.timed(trace, "trace")
+  phases.update(harness.timed(lambda: traced[0].lower(), "lower"))
+  return phases
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--variant", required=True,
+                      choices=models.MLP_VARIANTS + (models.INLINE_COPY,))
+  parser.add_argument("--size", required=True, type=_parse_size,
+                      help="name,width,depth,batch")
+  parser.add_argument("--params", required=True, help="an .npz of params")
+  parser.add_argument("--profile_out",
+                      help="also write a cProfile of the trace here")
+  args = parser.parse_args()
+  profiler = cProfile.Profile() if args.profile_out else None
+  phases = first_trace(args.variant, args.size, args.params, profiler)
+  if profiler:
+    profiler.dump_stats(args.profile_out)
+  print(json.dumps(phases))
+
+
+if __name__ == "__main__":
+  main()
