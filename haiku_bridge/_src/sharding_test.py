@@ -31,6 +31,7 @@ from haiku_bridge._src import call_pure as call_pure_lib
 from haiku_bridge._src import custom_grad
 from haiku_bridge._src import scan
 from haiku_bridge._src import sharding
+from testing import transformer as transformer_model
 
 call_pure = call_pure_lib.call_pure
 STACK = scan.NO_PER_LAYER_NAME
@@ -793,36 +794,9 @@ class ExplicitMeshTest(parameterized.TestCase):
 
 VOCAB, D_MODEL, HEADS, SEQ, LAYERS = 64, 32, 4, 4, 2
 
-# The rule set of docs/sharding.md: every matrix split over "model"
-# (Megatron: heads and hidden units) and its other dimension over "data"
-# (FSDP: each device stores 1/8 of it). Layer norms and the biases after a
-# row split are small and replicated.
-TRANSFORMER_RULES = sharding.ShardingRules(
-    [(r"attention/(query|key|value)/w$", P("data", "model")),
-     (r"attention/(query|key|value)/b$", P("model")),
-     (r"attention/linear/w$", P("model", "data")),
-     (r"mlp/~/linear_0/w$", P("data", "model")),
-     (r"mlp/~/linear_0/b$", P("model")),
-     (r"mlp/~/linear_1/w$", P("model", "data")),
-     (r"embed/embeddings$", P("model", "data")),
-     (r"unembed/w$", P("data", "model"))],
-    stacked=["layers"])
-
-
-def transformer_layer(h):
-  ln = lambda name: hk.LayerNorm(-1, True, True, name=name)
-  attention = hk.MultiHeadAttention(
-      HEADS, D_MODEL // HEADS, w_init=hk.initializers.VarianceScaling(),
-      name="attention")
-  x = ln("ln_1")(h)
-  h = h + attention(x, x, x)
-  return h + hk.nets.MLP([4 * D_MODEL, D_MODEL], name="mlp")(ln("ln_2")(h))
-
-
-def transformer(tokens):
-  h = hk.Embed(VOCAB, D_MODEL, name="embed")(tokens)
-  h = scan.repeat_layer(transformer_layer, h, LAYERS, name="layers")
-  return hk.Linear(VOCAB, name="unembed")(h)
+TRANSFORMER_RULES = transformer_model.RULES
+transformer = functools.partial(transformer_model.transformer, vocab=VOCAB,
+                                d_model=D_MODEL, heads=HEADS, layers=LAYERS)
 
 
 def ways(spec, mesh):

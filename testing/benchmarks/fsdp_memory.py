@@ -38,20 +38,12 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import haiku_bridge as hkb
+from testing import transformer
 
 VOCAB, D_MODEL, HEADS, SEQ, BATCH, LAYERS = 512, 256, 8, 32, 16, 8
 STEPS = 10
 
-FSDP_MEGATRON = hkb.ShardingRules(
-    [(r"attention/(query|key|value)/w$", P("data", "model")),
-     (r"attention/(query|key|value)/b$", P("model")),
-     (r"attention/linear/w$", P("model", "data")),
-     (r"mlp/~/linear_0/w$", P("data", "model")),
-     (r"mlp/~/linear_0/b$", P("model")),
-     (r"mlp/~/linear_1/w$", P("model", "data")),
-     (r"embed/embeddings$", P("model", "data")),
-     (r"unembed/w$", P("data", "model"))],
-    stacked=["layers"])
+FSDP_MEGATRON = transformer.RULES  # The rule set of docs/sharding.md.
 
 
 def without_data(rules: hkb.ShardingRules, stacked) -> hkb.ShardingRules:
@@ -68,20 +60,9 @@ RULE_SETS = {
 }
 
 
-def transformer_layer(h):
-  ln = lambda name: hk.LayerNorm(-1, True, True, name=name)
-  attention = hk.MultiHeadAttention(
-      HEADS, D_MODEL // HEADS, w_init=hk.initializers.VarianceScaling(),
-      name="attention")
-  x = ln("ln_1")(h)
-  h = h + attention(x, x, x)
-  return h + hk.nets.MLP([4 * D_MODEL, D_MODEL], name="mlp")(ln("ln_2")(h))
-
-
 def loss_fn(tokens):
-  h = hk.Embed(VOCAB, D_MODEL, name="embed")(tokens)
-  h = hkb.repeat_layer(transformer_layer, h, LAYERS, name="layers")
-  logits = hk.Linear(VOCAB, name="unembed")(h)
+  logits = transformer.transformer(tokens, vocab=VOCAB, d_model=D_MODEL,
+                                   heads=HEADS, layers=LAYERS)
   targets = jax.nn.one_hot(jnp.roll(tokens, 1, axis=1), VOCAB)
   return -jnp.mean(jax.nn.log_softmax(logits) * targets)
 
