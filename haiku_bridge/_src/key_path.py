@@ -49,14 +49,23 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
     tree = _STRUCTURE.get_or_compute(
         _cache_key(init, key_spec, args, kwargs),
         lambda: jax.eval_shape(lambda k: init(k, *args, **kwargs), key_spec))
-  leaves = [storage.Leaf(path, slot.bundle, slot.name)
-            for path, slot in naming.allocate_key_path(tree)]
-  storage.PARAMS.claim(leaves)
   flat = jax.tree.leaves(tree)
-  if hk.running_init():
-    values = storage.PARAMS.create(leaves, flat)
-  else:
-    values = storage.PARAMS.read(leaves, [x.shape for x in flat])
+  values = [None] * len(flat)
+  for top, members in naming.key_path_groups(tree).items():
+    # One module per first path component: it takes the name and is the
+    # scope its leaves are read and written in.
+    with naming.module_scope(top, members[0].keypath):
+      scope = hk.experimental.current_name()
+      leaves = [storage.Leaf(m.keypath, naming.join_bundle(scope, m.below),
+                             m.name) for m in members]
+      storage.PARAMS.claim(leaves)
+      group = [flat[m.index] for m in members]
+      if hk.running_init():
+        got = storage.PARAMS.create(leaves, group)
+      else:
+        got = storage.PARAMS.read(leaves, [x.shape for x in group])
+    for member, value in zip(members, got):
+      values[member.index] = value
   return jax.tree.structure(tree).unflatten(values)
 
 

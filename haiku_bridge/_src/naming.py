@@ -20,8 +20,9 @@ Two rules, both decided here and nowhere else:
   gives `mlp_1`, just as inline code would.
 """
 
+import contextlib
 import re
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
 import haiku as hk
 import jax
@@ -111,41 +112,55 @@ def key_path_components(tree: Any) -> list[tuple[str, tuple[str, ...]]]:
   return out
 
 
-def allocate_key_path(tree: Any) -> list[tuple[str, Slot]]:
-  """`(keypath, slot)` for each leaf of `tree`, allocated like modules.
+class KeyPathLeaf(NamedTuple):
+  """One leaf of a params pytree, by the key-path rule."""
+  index: int  # Its position in `jax.tree.leaves`.
+  keypath: str  # For messages: `['enc']['w']`.
+  below: tuple[str, ...]  # Module components below the first one.
+  name: str  # The parameter name.
 
-  Must run inside a Haiku transform, where the call is. Each distinct first
-  module component (`linear` in `{"linear": {"w": ...}}`) is a module name
-  here: Haiku's allocator gives it, so it never lands on a module that
-  already took that name in this module call (it becomes `linear_1`, as a
-  second `hk.Linear` would), and code after the call sees it taken.
+
+def key_path_groups(tree: Any) -> dict[Optional[str], list[KeyPathLeaf]]:
+  """The leaves of `tree` grouped by their first module component.
+
+  In order of first appearance; leaves with no module component (stored in
+  the current module itself) are under None.
   """
-  scope = hk.experimental.current_name()
-  tops: dict[str, str] = {}
-  out = []
-  for keypath, components in key_path_components(tree):
-    modules = "/".join(components[:-1])
-    if modules:
-      top, _, rest = modules.partition("/")
-      if top not in tops:
-        tops[top] = _allocate(top, keypath)
-      bundle = f"{tops[top]}/{rest}" if rest else tops[top]
-    else:
-      bundle = scope
-    out.append((keypath, Slot(bundle, components[-1])))
-  return out
+  groups: dict[Optional[str], list[KeyPathLeaf]] = {}
+  for index, (keypath, components) in enumerate(key_path_components(tree)):
+    modules = "/".join(components[:-1]).split("/") if components[:-1] else []
+    top = modules[0] if modules else None
+    groups.setdefault(top, []).append(
+        KeyPathLeaf(index, keypath, tuple(modules[1:]), components[-1]))
+  return groups
 
 
-def _allocate(name: str, keypath: str) -> str:
-  if name.startswith("~"):  # Haiku's own method scopes are never numbered.
-    return join_bundle(hk.experimental.current_name(), (name,))
-  try:
-    return _NameReservation(name=name).module_name
-  except ValueError as e:
-    raise ValueError(errors.message(
-        f"params path {keypath} needs the module name {name!r} in this "
-        f"scope, which a module already holds ({e}). Rename that key, or "
-        "pass `name=` to give the bridged call its own scope.")) from None
+@contextlib.contextmanager
+def module_scope(top: Optional[str], keypath: str) -> Iterator[None]:
+  """Enters module name `top`, which Haiku's allocator gives here.
+
+  So a first module component never lands on a module that already took
+  that name in this module call (`linear` becomes `linear_1`, as a second
+  `hk.Linear` would), and code after the call sees the name taken. None
+  stays in the current module; Haiku's own method scopes (`~...`) are never
+  numbered.
+  """
+  if top is None:
+    yield
+    return
+  if top.startswith("~"):
+    scope = hk.name_scope(hk.force_name(
+        join_bundle(hk.experimental.current_name(), (top,))))
+  else:
+    try:
+      scope = hk.name_scope(top)
+    except ValueError as e:
+      raise ValueError(errors.message(
+          f"params path {keypath} needs the module name {top!r} in this "
+          f"scope, which a module already holds ({e}). Rename that key, or "
+          "pass `name=` to give the bridged call its own scope.")) from None
+  with scope:
+    yield
 
 
 def split_number(name: str) -> tuple[str, int]:

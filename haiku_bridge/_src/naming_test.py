@@ -29,29 +29,41 @@ class KeyPathTest(parameterized.TestCase):
   def test_join_bundle(self, scope, components, expected):
     self.assertEqual(naming.join_bundle(scope, components), expected)
 
-  @hk.testing.transform_and_run
-  def test_slots(self):
-    tree = {"enc": {"w": 1, "b": 2}, "scale": 3}
-    with hk.name_scope("net"):
-      slots = naming.allocate_key_path(tree)
-    self.assertEqual(slots, [("['enc']['b']", naming.Slot("net/enc", "b")),
-                             ("['enc']['w']", naming.Slot("net/enc", "w")),
-                             ("['scale']", naming.Slot("net", "scale"))])
+  def test_groups(self):
+    tree = {"enc": {"w": 1, "b": 2}, "scale": 3, "dec": {"mlp": {"w": 4}}}
+    groups = naming.key_path_groups(tree)
+    self.assertEqual(list(groups), ["dec", "enc", None])  # Leaves order.
+    self.assertEqual(groups["dec"], [naming.KeyPathLeaf(
+        0, "['dec']['mlp']['w']", ("mlp",), "w")])
+    self.assertEqual([(m.index, m.name) for m in groups["enc"]],
+                     [(1, "b"), (2, "w")])
+    self.assertEqual(groups[None], [naming.KeyPathLeaf(3, "['scale']", (),
+                                                       "scale")])
+
+  def test_haiku_shaped_keys_are_one_group(self):
+    groups = naming.key_path_groups({"mlp/~/linear_0": {"w": 1},
+                                     "mlp/~/linear_1": {"w": 1}})
+    self.assertEqual([m.below for m in groups["mlp"]],
+                     [("~", "linear_0"), ("~", "linear_1")])
 
   @hk.testing.transform_and_run
-  def test_first_component_is_allocated_like_a_module(self):
+  def test_module_scope_is_allocated_like_a_module(self):
     # Ground truth: Haiku's own numbering of a second module `linear`.
     hk.Linear(1)
-    (_, slot), = naming.allocate_key_path({"linear": {"w": 1}})
-    self.assertEqual(slot, naming.Slot("linear_1", "w"))
+    with naming.module_scope("linear", "['linear']['w']"):
+      inside = hk.experimental.current_name()
+    self.assertEqual(inside, "linear_1")
     self.assertEqual(hk.Linear(1).module_name, "linear_2")
+    with naming.module_scope(None, "['w']"):
+      self.assertEqual(hk.experimental.current_name(), "~")
 
   @hk.testing.transform_and_run
-  def test_haiku_shaped_keys_are_accepted(self):
-    tree = {"mlp/~/linear_0": {"w": 1}, "mlp/~/linear_1": {"w": 1}}
-    self.assertEqual([slot for _, slot in naming.allocate_key_path(tree)],
-                     [naming.Slot("mlp/~/linear_0", "w"),
-                      naming.Slot("mlp/~/linear_1", "w")])
+  def test_module_scope_explicit_number_taken(self):
+    hk.Linear(1, name="layers_0")
+    with self.assertRaisesRegex(ValueError, r"params path \['layers'\]\[0\] "
+                                "needs the module name 'layers_0'"):
+      with naming.module_scope("layers_0", "['layers'][0]"):
+        pass
 
   def test_invalid_component(self):
     with self.assertRaisesRegex(ValueError, r"\['a-b'\]\['w'\].*'a-b'"):
