@@ -13,11 +13,11 @@ import chex
 import equinox as eqx
 import haiku as hk
 import haiku_bridge as hkb
+from testing import migration_fixture
 from testing import test_utils
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from haiku_bridge._src import equinox_bridge
 from haiku_bridge._src import foreign_storage
@@ -289,30 +289,13 @@ class ErrorsTest(absltest.TestCase):
 # ---------------------------------------------------------------------------
 
 
-def haiku_net(x, is_training: bool = True):
-  h = jax.nn.relu(hk.Linear(8)(x))
-  h = hk.BatchNorm(True, True, 0.9)(h, is_training)
-  if is_training:
-    h = hk.dropout(hk.next_rng_key(), 0.25, h)
-  return hk.nets.MLP([8, 3])(h)
-
-
-HAIKU = hk.transform_with_state(haiku_net)
+HAIKU, haiku_net = migration_fixture.HAIKU, migration_fixture.haiku_net
 
 
 class ToEquinoxTest(absltest.TestCase):
 
   def test_checkpoint_loads_as_is_same_outputs_grads_state(self):
-    params, state = HAIKU.init(jax.random.PRNGKey(0), X)
-    opt = optax.adam(1e-2)
-    opt_state = opt.init(params)
-    for i in range(3):
-      grads, state = jax.grad(
-          lambda p, s: (lambda o: (jnp.mean(o[0] ** 2), o[1]))(
-              HAIKU.apply(p, s, jax.random.PRNGKey(i), X)), has_aux=True)(
-                  params, state)
-      updates, opt_state = opt.update(grads, opt_state)
-      params = optax.apply_updates(params, updates)
+    params, state = migration_fixture.trained_in_haiku(X)
 
     model = hkb.to_equinox(HAIKU, params=params, state=state)
     chex.assert_trees_all_equal(model.params, params)

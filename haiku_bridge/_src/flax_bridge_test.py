@@ -19,6 +19,7 @@ from flax import nnx
 import flax.linen as nn
 import haiku as hk
 import haiku_bridge as hkb
+from testing import migration_fixture
 from testing import test_utils
 import jax
 import jax.numpy as jnp
@@ -472,37 +473,13 @@ class LinenTest(parameterized.TestCase):
 # ---------------------------------------------------------------------------
 
 
-def haiku_net(x, is_training: bool = True):
-  h = jax.nn.relu(hk.Linear(8)(x))
-  h = hk.BatchNorm(True, True, 0.9)(h, is_training)
-  if is_training:
-    h = hk.dropout(hk.next_rng_key(), 0.25, h)
-  return hk.nets.MLP([8, 3])(h)
-
-
-HAIKU = hk.transform_with_state(haiku_net)
+HAIKU, haiku_net = migration_fixture.HAIKU, migration_fixture.haiku_net
 
 
 class ToNnxTest(parameterized.TestCase):
 
-  def _trained_in_haiku(self, steps: int = 3):
-    params, state = HAIKU.init(jax.random.PRNGKey(0), X)
-    opt = optax.adam(1e-2)
-    opt_state = opt.init(params)
-    rngs = hk.PRNGSequence(1)
-
-    def loss(p, s, rng):
-      y, s = HAIKU.apply(p, s, rng, X)
-      return jnp.mean(y ** 2), s
-
-    for _ in range(steps):
-      grads, state = jax.grad(loss, has_aux=True)(params, state, next(rngs))
-      updates, opt_state = opt.update(grads, opt_state)
-      params = optax.apply_updates(params, updates)
-    return params, state
-
   def test_checkpoint_loads_as_is_same_outputs_grads_state(self):
-    params, state = self._trained_in_haiku()
+    params, state = migration_fixture.trained_in_haiku(X)
     rngs = nnx.Rngs(dropout=5)
     model = hkb.to_nnx(HAIKU, params=params, state=state, rngs=rngs)
     self.assertEqual(jax.tree.map(jnp.shape, nnx.to_pure_dict(
