@@ -174,18 +174,51 @@ def stored_bundle(handle: Frame, kind: str, bundle: str) -> dict[str, Any]:
   return {name: pair.current for name, pair in state.get(bundle, {}).items()}
 
 
+def stored_bundle_names(handle: Frame, kind: str) -> list[str]:
+  """The bundles stored in frame `handle`, params or state."""
+  if kind == "parameter":
+    return list(handle.params)
+  return [b for b, entries in (handle.state or {}).items() if entries]
+
+
 class LazyBundles(dict):
   """A frame's params or state dict that fills each bundle when first asked.
 
   Haiku looks a bundle up with `in` (params) or `[...]` (state) before it
   reads a name from it; `load(bundle)` supplies `{name: value}` then. Each
   bundle is a `RecordingBundle`, which notes the names read from it.
+  `hk.lift` (and so `hk.layer_stack`, `hkb.layer_scan`) instead writes whole
+  bundles at init and, at apply, iterates over all bundles to take those
+  under its prefix: `every_bundle()` names the bundles there are, and a
+  bundle copied whole (`dict(bundle)`) counts as read in full.
   """
 
-  def __init__(self, load: Callable[[str], dict[str, Any]], *, state: bool):
+  def __init__(self, load: Callable[[str], dict[str, Any]], *, state: bool,
+               every_bundle: Callable[[], list[str]] = list):
     super().__init__()
     self._load = load
     self._state = state
+    self._every_bundle = every_bundle
+
+  def __setitem__(self, bundle, values):
+    dict.__setitem__(self, bundle, values if isinstance(
+        values, RecordingBundle) else RecordingBundle({}, written=values))
+
+  def setdefault(self, bundle, default=None):
+    if not dict.__contains__(self, bundle):
+      self[bundle] = {} if default is None else default
+    return dict.__getitem__(self, bundle)
+
+  def items(self):
+    for bundle in self._every_bundle():
+      self[bundle]  # pylint: disable=pointless-statement
+    return [(b, e) for b, e in dict.items(self) if e]
+
+  def keys(self):
+    return [bundle for bundle, _ in self.items()]
+
+  def __iter__(self):
+    return iter(self.keys())
 
   def _fill(self, bundle: str) -> "RecordingBundle":
     values = self._load(bundle)
@@ -199,11 +232,9 @@ class LazyBundles(dict):
     return self._fill(bundle)
 
   def __contains__(self, bundle: object) -> bool:
-    # Every bundle "exists", so that Haiku goes on to read the name from it
-    # and the name of a missing one is recorded too.
     if not dict.__contains__(self, bundle):
       self._fill(bundle)  # pytype: disable=wrong-arg-types
-    return True
+    return bool(dict.__getitem__(self, bundle))
 
   def get(self, bundle, default=None):
     return self[bundle] if bundle in self else default
@@ -216,15 +247,27 @@ class RecordingBundle(dict):
   up, in order.
   """
 
-  def __init__(self, values: dict[str, Any]):
+  def __init__(self, values: dict[str, Any], written: Any = None):
     super().__init__(values)
     self.loaded = frozenset(values)
     self.read: list[str] = []
+    if written:
+      self.update(written)
 
   def get(self, name, default=None):
     if name not in self.read:
       self.read.append(name)
     return super().get(name, default)
+
+  def keys(self):
+    # `dict(bundle)`, as `hk.lift` copies the bundles under its prefix.
+    for name in dict.keys(self):
+      if name not in self.read:
+        self.read.append(name)
+    return dict.keys(self)
+
+  def __iter__(self):
+    return iter(self.keys())
 
 
 def run_with_storage(fn: Callable[[], Any], params: MutableMapping[str, Any],

@@ -170,6 +170,41 @@ class HaikuInternalsTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "Unable to retrieve parameter"):
       haiku_internals.run_with_storage(fn, frozen, state, None, frozen=True)
 
+  def test_lazy_bundles_under_lift(self):
+    # hk.lift writes whole bundles at init and iterates all bundles at apply.
+    lifted = hk.transform(lambda x: hk.Linear(2)(x))
+
+    def fn(x):
+      params = hk.lift(lifted.init, name="inner")(
+          jax.random.PRNGKey(0) if hk.running_init() else None, x)
+      return lifted.apply(params, None, x)
+
+    x = jnp.ones([1, 3])
+    init_params = haiku_internals.LazyBundles(lambda b: {}, state=False)
+    haiku_internals.run_with_storage(lambda: fn(x), init_params,
+                                     haiku_internals.LazyBundles(
+                                         lambda b: {}, state=True),
+                                     None, frozen=False)
+    created = dict.__getitem__(init_params, "inner/linear")
+    self.assertIsInstance(created, haiku_internals.RecordingBundle)
+    self.assertEqual(sorted(dict.keys(created)), ["b", "w"])
+    self.assertEqual(created.loaded, frozenset())
+
+    stored = {"inner/linear": {"w": jnp.ones([3, 2]), "b": jnp.zeros([2])},
+              "other": {"w": jnp.ones([])}}
+    apply_params = haiku_internals.LazyBundles(
+        lambda b: dict(stored.get(b, {})), state=False,
+        every_bundle=lambda: list(stored))
+    out = haiku_internals.run_with_storage(
+        lambda: fn(x), apply_params,
+        haiku_internals.LazyBundles(lambda b: {}, state=True), None,
+        frozen=True)
+    self.assertEqual(out.tolist(), [[3., 3.]])
+    # Only the bundle lift copied counts as read.
+    self.assertEqual(sorted(dict.__getitem__(apply_params, "inner/linear").read),
+                     ["b", "w"])
+    self.assertEqual(dict.__getitem__(apply_params, "other").read, [])
+
 
 if __name__ == "__main__":
   absltest.main()

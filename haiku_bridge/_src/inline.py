@@ -27,7 +27,7 @@ stored shapes and dtypes it assumed.
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import haiku as hk
 import jax
@@ -147,10 +147,12 @@ class InlineFunction:
     # Over the caller's storage: params and state that already exist (a
     # module called again) are reused as inline code reuses them, drawing
     # no key; only the missing ones are created.
-    params = haiku_internals.LazyBundles(_loader(outer, probe, "parameter"),
-                                         state=False)
-    state = haiku_internals.LazyBundles(_loader(outer, probe, "state"),
-                                        state=True)
+    params = haiku_internals.LazyBundles(
+        _loader(outer, probe, "parameter"), state=False,
+        every_bundle=lambda: probe.inner_bundles(outer, "parameter"))
+    state = haiku_internals.LazyBundles(
+        _loader(outer, probe, "state"), state=True,
+        every_bundle=lambda: probe.inner_bundles(outer, "state"))
     rng_state = hk.maybe_get_rng_sequence_state()
 
     def run():
@@ -165,9 +167,10 @@ class InlineFunction:
       hk.replace_rng_sequence_state(final_rng)
 
     inner_params = {bundle: {name: dict.get(entries, name)
-                             for name in entries.read}
-                    for bundle, entries in dict.items(params) if entries.read}
-    inner_state = {bundle: {name: pair for name, pair in entries.items()
+                             for name in _used(entries)}
+                    for bundle, entries in dict.items(params)
+                    if _used(entries)}
+    inner_state = {bundle: {name: pair for name, pair in dict.items(entries)
                             if name in entries.read or
                             name not in entries.loaded or
                             pair.current is not pair.initial}
@@ -229,16 +232,19 @@ class InlineFunction:
     """Runs `f` abstractly over the caller's storage; records what it reads."""
     probe = _ProbedNames(outer)
     params = haiku_internals.LazyBundles(
-        _loader(outer, probe, "parameter", standins=True), state=False)
+        _loader(outer, probe, "parameter", standins=True), state=False,
+        every_bundle=lambda: probe.inner_bundles(outer, "parameter"))
     state = haiku_internals.LazyBundles(
-        _loader(outer, probe, "state", standins=True), state=True)
+        _loader(outer, probe, "state", standins=True), state=True,
+        every_bundle=lambda: probe.inner_bundles(outer, "state"))
     arrays, rebuild = _split_arrays((args, kwargs))
+    checks = _Checked(outer, probe)
 
     def run(rng_state, arrays):
       args, kwargs = rebuild(arrays)
 
       def fn():
-        with _Checked(outer, probe):
+        with checks:
           return self._threaded(rng_state, *args, **kwargs)[0]
 
       key = None if rng_state is None else rng_state[0]
@@ -249,10 +255,11 @@ class InlineFunction:
     try:
       jax.eval_shape(run, rng_state, arrays)
     except Exception as error:  # pylint: disable=broad-except
-      missing = _first_missing(params, probe)
-      if missing is not None:
+      if checks.missing:
+        bundle, _, name = checks.missing[0].rpartition("/")
         raise ValueError(errors.message(
-            f"parameter {missing[1]!r} (inner path {missing[0]}) is missing "
+            f"parameter '{probe(bundle)}/{name}' (inner path "
+            f"{checks.missing[0]}) is missing "
             "at apply. It is created by init: pass apply the parameters that "
             "init returned for the same code path (a model saved before this "
             "call was added needs re-initialising or converting).")) from error
@@ -261,7 +268,8 @@ class InlineFunction:
         params=tuple(_read_leaves(params)),
         state=tuple(_read_leaves(state, state=True)),
         written_state_bundles=tuple(
-            bundle for bundle, entries in dict.items(state) if entries))
+            bundle for bundle, entries in dict.items(state)
+            if _used(entries)))
 
 
 def require_haiku_trace() -> None:
@@ -336,6 +344,35 @@ class _ProbedNames:
   def __init__(self, outer):
     self._outer = outer
     self._tops: dict[str, str] = {}
+    with haiku_internals.in_naming_probe(outer):
+      self._scope = hk.experimental.current_name()
+
+  def inner_bundles(self, outer, kind: str) -> list[str]:
+    """The caller's stored bundles that are the inner function's, by inner name.
+
+    The inverse of the mapping: an outer `b_j` is the inner `b_k` whose
+    forward mapping gives it (inner numbers count on from the caller's).
+    """
+    scope = self._scope
+    found = []
+    for bundle in haiku_internals.stored_bundle_names(outer, kind):
+      if scope != naming.TOP_LEVEL:
+        if bundle == scope:
+          found.append(naming.TOP_LEVEL)
+          continue
+        if not bundle.startswith(scope + "/"):
+          continue
+        bundle = bundle[len(scope) + 1:]
+      top, _, rest = bundle.partition("/")
+      base, j = naming.split_number(top)
+      first = naming.split_number(self(base).rpartition("/")[2])[1]
+      k = j - first
+      if k < 0:
+        continue
+      inner_top = base if k == 0 else f"{base}_{k}"
+      if self(inner_top).rpartition("/")[2] == top:
+        found.append(f"{inner_top}/{rest}" if rest else inner_top)
+    return found
 
   def __call__(self, bundle: str) -> str:
     top, _, rest = bundle.partition("/")
@@ -359,7 +396,8 @@ class _Checked:  # pylint: disable=invalid-name
   def __init__(self, outer, probe=None):
     self._outer_id = haiku_internals.frame_id(outer)
     self._probe = probe
-    self._scope = None
+    self._scopes = []
+    self.missing: list[str] = []  # At apply: params the function asked for.
 
   def _getter(self, next_getter, value, context):
     module = context.module
@@ -382,13 +420,23 @@ class _Checked:  # pylint: disable=invalid-name
           "here."))
     return next_getter(value)
 
+  def _creator(self, next_creator, shape, dtype, init, context):
+    # At apply a param is only ever created when it is missing.
+    self.missing.append(context.full_name)
+    return next_creator(shape, dtype, init)
+
   def __enter__(self):
-    self._scope = hk.custom_getter(self._getter, params=True, state=True)
-    self._scope.__enter__()
+    self._scopes = [hk.custom_getter(self._getter, params=True, state=True)]
+    if self._probe is not None:
+      self._scopes.append(hk.custom_creator(self._creator, params=True,
+                                            state=False))
+    for scope in self._scopes:
+      scope.__enter__()
     return self
 
   def __exit__(self, *exc):
-    return self._scope.__exit__(*exc)
+    for scope in reversed(self._scopes):
+      scope.__exit__(*exc)
 
 
 def _split_arrays(tree: PyTree):
@@ -405,6 +453,13 @@ def _split_arrays(tree: PyTree):
   return arrays, rebuild
 
 
+def _used(entries) -> list[str]:
+  """The names of a bundle the run read or created (at init), in order."""
+  made = [name for name in dict.keys(entries) if name not in entries.loaded]
+  return list(dict.fromkeys(
+      [n for n in entries.read if dict.__contains__(entries, n)] + made))
+
+
 def _read_leaves(bundles, state: bool = False) -> list[InnerLeaf]:
   """The leaves read from storage (not created by the run), in read order."""
   leaves = []
@@ -415,14 +470,6 @@ def _read_leaves(bundles, state: bool = False) -> list[InnerLeaf]:
         value = value.initial if state else value
         leaves.append(InnerLeaf(bundle, name, pytree.spec(value)))
   return leaves
-
-
-def _first_missing(params, probe) -> Optional[tuple[str, str]]:
-  for bundle, entries in dict.items(params):
-    for name in entries.read:
-      if name not in entries.loaded:
-        return f"{bundle}/{name}", f"{probe(bundle)}/{name}"
-  return None
 
 
 def _still_holds(reads: Reads, outer) -> bool:

@@ -222,6 +222,42 @@ class InitRunsAsInlineTest(parameterized.TestCase):
     run_both(self, bridged, inline_fn, X, getter=False, cold=True)
 
 
+def stack_with_batch_norm(x, is_training):
+  """hk.lift inside (through the layer scan): params found by prefix."""
+  x = hk.Linear(16)(x)
+  return hkb.repeat_layer(
+      lambda h: h + batch_norm(hk.Linear(16)(h), is_training), x, 3)
+
+
+class LiftedInsideTest(parameterized.TestCase):
+  """A bridged function whose own modules lift params (hk.lift, layer scans)."""
+
+  @parameterized.named_parameters(*CASES)
+  def test_layer_scan_inside_custom_vjp(self, cold, getter):
+    block = true_vjp(stack_with_batch_norm, nondiff_argnums=(1,))
+
+    def net(block):
+      def f(x, is_training):
+        h = hk.Linear(16)(x)
+        return block(h, is_training) + hk.Linear(16)(h)  # Named after it.
+      return f
+
+    ours, theirs, params, state = run_both(
+        self, net(block), net(stack_with_batch_norm), X, True, getter=getter,
+        cold=cold)
+    self.assertIn("linear_2", params)
+    for is_training in (True, False):
+      if cold:
+        hkb.clear_caches()
+      chex.assert_trees_all_close(
+          ours.apply(params, state, KEY, X, is_training),
+          theirs.apply(params, state, KEY, X, is_training), rtol=1e-6)
+      grad = lambda t, flag=is_training: jax.grad(
+          lambda p: jnp.sum(t.apply(p, state, KEY, X, flag)[0]))(params)
+      chex.assert_trees_all_close(grad(ours), grad(theirs), rtol=1e-5,
+                                  atol=1e-6)
+
+
 class NamesTest(absltest.TestCase):
 
   def test_inner_names_after_outer_modules(self):
