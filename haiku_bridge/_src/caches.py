@@ -1,21 +1,47 @@
 """Every cache of the bridge, and the one function that clears them all.
 
 A cache here holds what tracing a function told the bridge (the structure of
-what `init` returns, which params a Haiku function reads). Each is keyed on
-everything its value depends on: the function, and the exact signature of
-its arguments (full shapes, dtypes, weak types, and the values of non-array
-arguments). A value that depends on more (the stored params' shapes) is
-checked against that on every hit. Clearing changes no result, only time.
+what `init` returns). Each is keyed on everything its value depends on: the
+function (its code, closure, defaults and the globals it reads, see
+`fingerprint`), and the exact signature of its arguments (full shapes,
+dtypes, weak types, and the values of non-array arguments); the caller adds
+what else it depends on (the PRNG implementation, x64). Where a key cannot
+be made, nothing is cached. Clearing changes no result, only time, and
+`HAIKU_BRIDGE_CACHES=0` in the environment turns every cache off (the test
+suite runs both ways).
 """
 
 import collections
+import contextlib
+import dataclasses
+import functools
+import os
 import threading
-from typing import Any, Callable, Hashable, Optional
+import types
+from typing import Any, Callable, Hashable, Iterator, Optional
 
 import jax
 import numpy as np
 
 _MAX_ENTRIES = 512
+_enabled = os.environ.get("HAIKU_BRIDGE_CACHES", "1") != "0"
+
+
+def enabled() -> bool:
+  """Whether caches keep anything (`HAIKU_BRIDGE_CACHES=0` turns them off)."""
+  return _enabled
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+  """Turns every cache off for a while (and empties them): for tests."""
+  global _enabled
+  saved, _enabled = _enabled, False
+  clear_caches()
+  try:
+    yield
+  finally:
+    _enabled = saved
 
 
 class Cache:
@@ -30,7 +56,7 @@ class Cache:
 
   def get(self, key: Optional[Hashable]) -> Any:
     """The value kept under `key`; None if none, or if `key` is unhashable."""
-    if key is None or not _hashable(key):
+    if not _enabled or key is None or not _hashable(key):
       return None
     with self._lock:
       value = self._entries.get(key)
@@ -40,7 +66,7 @@ class Cache:
 
   def put(self, key: Optional[Hashable], value: Any) -> None:
     """Keeps `value` under `key`; an unhashable key keeps nothing."""
-    if key is None or not _hashable(key):
+    if not _enabled or key is None or not _hashable(key):
       return
     with self._lock:
       self._entries[key] = value
@@ -113,12 +139,112 @@ def signature(*trees: Any) -> Optional[Hashable]:
 
 
 def function_key(fn: Any, *trees: Any) -> Optional[Hashable]:
-  """`(fn, signature(*trees))`, or None if either cannot be hashed."""
+  """`(fingerprint(fn), signature(*trees))`, or None if either cannot be made."""
   sig = signature(*trees)
   if sig is None:
     return None
   try:
-    hash(fn)
-  except TypeError:
+    key = (fingerprint(fn), sig)
+  except _Unkeyable:
     return None
-  return (fn, sig)
+  return key if _hashable(key) else None
+
+
+class _Unkeyable(Exception):
+  """A value a key cannot be made of (mutable, unhashable, too large)."""
+
+
+# How deep `fingerprint` follows functions called by functions.
+_DEPTH = 4
+# Arrays up to this many elements are keyed by value.
+_MAX_ARRAY_SIZE = 1024
+
+
+def fingerprint(fn: Any) -> Hashable:
+  """A hashable stand-in for `fn` and everything it reads when called.
+
+  Equal fingerprints, equal behaviour: a function's code, the contents of
+  its closure cells, its defaults and the current values of the globals its
+  code names, following functions it reaches that way (and
+  `functools.partial`s, bound methods, dataclasses) four levels deep. So a
+  lambda or partial made afresh at each call, with the same code and values,
+  has the same fingerprint.
+  A value that is not hashable by value (a list, a dict) is keyed by its
+  contents; one that cannot be keyed at all makes `function_key` give None.
+  Beyond four levels, and for objects that hash by identity, a value is
+  keyed by identity: code that changes what such an object holds between
+  calls (an attribute of a config object read by a helper of a helper) needs
+  `hkb.clear_caches()`, as `jax.jit`'s cache does.
+  """
+  return _freeze(fn, _DEPTH)
+
+
+def _freeze(x: Any, depth: int) -> Hashable:
+  if x is None or isinstance(x, (bool, int, float, complex, str, bytes,
+                                 np.generic, type, types.ModuleType)):
+    return (type(x), x) if not isinstance(x, types.ModuleType) else x
+  if isinstance(x, (tuple, list)):
+    return (type(x), tuple(_freeze(v, depth) for v in x))
+  if isinstance(x, dict):
+    try:
+      items = sorted(x.items(), key=lambda kv: repr(kv[0]))
+    except TypeError:
+      raise _Unkeyable from None
+    return (dict, tuple((_freeze(k, depth), _freeze(v, depth))
+                        for k, v in items))
+  if isinstance(x, (np.ndarray, jax.Array)):
+    if isinstance(x, jax.core.Tracer) or x.size > _MAX_ARRAY_SIZE:
+      raise _Unkeyable
+    return (_leaf_signature(x), np.asarray(x).tobytes())
+  if depth <= 0:
+    return _by_identity(x)
+  if isinstance(x, types.FunctionType):
+    return _freeze_function(x, depth - 1)
+  if isinstance(x, functools.partial):
+    return (functools.partial, _freeze(x.func, depth - 1),
+            _freeze(x.args, depth - 1), _freeze(x.keywords, depth - 1))
+  if isinstance(x, types.MethodType):
+    return (types.MethodType, _freeze(x.__func__, depth - 1),
+            _freeze(x.__self__, depth - 1))
+  if dataclasses.is_dataclass(x) and not isinstance(x, type):
+    return (type(x), tuple(_freeze(getattr(x, field.name), depth - 1)
+                           for field in dataclasses.fields(x)))
+  return _by_identity(x)
+
+
+def _by_identity(x: Any) -> Hashable:
+  try:
+    hash(x)
+  except TypeError:
+    raise _Unkeyable from None
+  return x
+
+
+def _freeze_function(fn: types.FunctionType, depth: int) -> Hashable:
+  cells = []
+  for cell in fn.__closure__ or ():
+    try:
+      cells.append(cell.cell_contents)
+    except ValueError:  # An empty cell: a name not bound yet.
+      cells.append(_EMPTY_CELL)
+  global_values = tuple(fn.__globals__.get(name, _UNBOUND)
+                        for name in _global_names(fn.__code__))
+  return (fn.__code__,
+          _freeze(tuple(cells), depth),
+          _freeze(fn.__defaults__, depth),
+          _freeze(fn.__kwdefaults__, depth),
+          _freeze(global_values, depth))
+
+
+_EMPTY_CELL = object()
+_UNBOUND = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+  """Names that `code` (and the code nested in it) may read as globals."""
+  names = list(code.co_names)
+  for const in code.co_consts:
+    if isinstance(const, types.CodeType):
+      names.extend(_global_names(const))
+  return tuple(dict.fromkeys(names))

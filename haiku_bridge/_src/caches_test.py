@@ -1,5 +1,10 @@
 """Tests for caches: keys hold everything a result depends on; one clear."""
 
+import functools
+import os
+import subprocess
+import sys
+
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
@@ -35,7 +40,81 @@ class SignatureTest(absltest.TestCase):
   def test_unhashable_gives_none(self):
     self.assertIsNone(caches.signature([{1, 2}]))
     self.assertIsNone(caches.function_key(lambda: None, [{1}]))
-    self.assertIsNone(caches.function_key({}, 1))
+    unhashable = type("Unhashable", (), {"__eq__": lambda a, b: True,
+                                         "__call__": lambda self: None})()
+    self.assertIsNone(caches.function_key(unhashable, 1))
+
+
+SIZE = 3  # Read by `reads_a_global`.
+
+
+def reads_a_global():
+  return SIZE
+
+
+def calls_a_helper():
+  return reads_a_global() + 1
+
+
+class FingerprintTest(absltest.TestCase):
+
+  def test_globals_read_directly_and_through_helpers(self):
+    global SIZE
+    before = [caches.fingerprint(f) for f in (reads_a_global, calls_a_helper)]
+    try:
+      SIZE = 4
+      after = [caches.fingerprint(f) for f in (reads_a_global, calls_a_helper)]
+    finally:
+      SIZE = 3
+    self.assertNotEqual(before[0], after[0])
+    self.assertNotEqual(before[1], after[1])
+    self.assertEqual(before,
+                     [caches.fingerprint(f) for f in (reads_a_global,
+                                                      calls_a_helper)])
+
+  def test_closure_cells_and_defaults(self):
+    sizes = [1]
+    def f(x=2):
+      return sizes, x
+    first = caches.fingerprint(f)
+    sizes.append(2)  # Mutated in place: keyed by contents.
+    self.assertNotEqual(caches.fingerprint(f), first)
+    f.__defaults__ = (3,)
+    self.assertNotEqual(caches.fingerprint(f), first)
+
+  def test_partials_and_dataclass_fields(self):
+    g = lambda n: n
+    self.assertNotEqual(caches.fingerprint(functools.partial(g, 1)),
+                        caches.fingerprint(functools.partial(g, 2)))
+    self.assertEqual(caches.fingerprint(functools.partial(g, 1)),
+                     caches.fingerprint(functools.partial(g, 1)))
+
+  def test_large_or_traced_values_cannot_be_keyed(self):
+    big = np.zeros([4096])
+    self.assertIsNone(caches.function_key(lambda: big))
+    self.assertIsNotNone(caches.function_key(lambda: np.zeros([3])))
+
+
+class SwitchTest(absltest.TestCase):
+
+  def test_disabled_keeps_nothing(self):
+    cache = caches.Cache("switch")
+    cache.put("k", 1)
+    with caches.disabled():
+      self.assertFalse(caches.enabled())
+      self.assertIsNone(cache.get("k"))
+      cache.put("j", 2)
+    self.assertTrue(caches.enabled())
+    self.assertIsNone(cache.get("j"))
+
+  def test_environment_variable(self):
+    code = ("from haiku_bridge._src import caches; "
+            "print(caches.enabled())")
+    env = dict(os.environ, HAIKU_BRIDGE_CACHES="0",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    self.assertEqual(out.strip(), "False")
 
 
 class ClearCachesTest(absltest.TestCase):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 import haiku as hk
 
 from haiku_bridge._src import errors
+from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import inline
 from haiku_bridge._src import key_path
@@ -77,7 +78,7 @@ def call_pure(
       that returns a leaf that is not an array.
   """
   with errors.entry("call_pure"):
-    require_transform()
+    guards.require_transform()
     if haiku_internals.is_transformed(fn) or isinstance(
         fn, (hk.MultiTransformed, hk.MultiTransformedWithState)):
       if init is not None and init is not fn:
@@ -86,7 +87,7 @@ def call_pure(
             "pass `init=` as well."))
       f = inline.haiku_function(fn)
       if hk.running_init():
-        inline.require_haiku_trace()
+        guards.require_haiku_trace()
       with _name_scope(name):
         return f(*args, **kwargs)
     if not callable(fn):
@@ -136,7 +137,7 @@ def get_relevant_parameters(
     The params pytree, with the structure `init` returns.
   """
   with errors.entry("get_relevant_parameters"):
-    require_transform()
+    guards.require_transform()
     with _name_scope(name):
       return _params_for(init, args, kwargs)
 
@@ -144,31 +145,11 @@ def get_relevant_parameters(
 def _params_for(init, args, kwargs) -> PyTree:
   # `f.init` of an hk.transform* is bridged as the transform itself (its
   # output is Haiku's params dict, or (params, state)).
-  haiku_fn = haiku_internals.original_fn(init) or getattr(
-      init, "_original_fn", None)
+  haiku_fn = haiku_internals.original_fn(init)
   if haiku_fn is not None or isinstance(
       init, (hk.MultiTransformed, hk.MultiTransformedWithState)):
-    bound = inline.of(haiku_fn or init).bind(args, kwargs)
-    if bound.state_bundles:
-      raise ValueError(errors.message(
-          "`init` is a Haiku function with state "
-          f"({list(bound.state_bundles)}); a pure function "
-          "cannot update it. Pass the hk.TransformedWithState as `fn` "
-          "itself (or use hkb.custom_vjp), where its state is read and "
-          "written as inline."))
-    return bound.params
+    return inline.of(haiku_fn or init).explicit_params(args, kwargs)
   return key_path.bind(init, args, kwargs)
-
-
-def require_transform() -> None:
-  try:
-    hk.running_init()
-  except ValueError:
-    raise ValueError(errors.message(
-        "must be called inside a Haiku transform (a function passed to "
-        "hk.transform / hk.transform_with_state, e.g. from a module's "
-        "__call__). Outside Haiku there is nothing to bridge: call the pure "
-        "function with its params directly.")) from None
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import haiku_bridge as hkb
-from haiku_bridge._src import inline as inline_lib
 from testing import test_utils
 
 Outer = test_utils.Outer
@@ -910,15 +909,6 @@ class ErrorsTest(parameterized.TestCase):
         lambda x: hkb.call_pure(lambda p, x: x, x, init=inner))
     with self.assertRaisesRegex(ValueError, "Haiku function with state"):
       f.init(KEY, X)
-
-
-class CachingTest(absltest.TestCase):
-
-  def test_inline_wrapper_is_reused(self):
-    # Per Haiku function, so `hk.transform(f)` made afresh at every trace
-    # still finds the shapes cached for `f`.
-    self.assertIs(inline_lib.of(hk.transform(mlp_fn)),
-                  inline_lib.of(hk.transform_with_state(mlp_fn)))
 
 
 if __name__ == "__main__":

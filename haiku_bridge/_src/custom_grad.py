@@ -9,16 +9,15 @@ forward pass as an ordinary Haiku function `f(*args)` and gets, in `fwd` and
     block = hkb.custom_vjp(f, hkb.vjp_fwd, bwd)
     y = block(x)            # anywhere inside a Haiku transform
 
-How it works. `f` runs through `call_pure`'s inline machinery (a nested
-`hk.transform_with_state`), so its parameters and state are created and named
-exactly as inline code would name them, and its rng draws the keys inline
-code would draw. At apply the nested apply, a pure function of
-`(params, state, rng_state, args)`, is wrapped in `jax.custom_vjp` (or
-`jax.custom_jvp`). State and rng are arguments of that function, never
-closed over, so the backward pass replays the same dropout mask; the new
-state and the caller's next rng state are extra outputs whose cotangents are
-dropped, so they are updated by the forward pass only and `bwd` never sees
-them.
+How it works (`inline.py`). At init `f` runs inline, so its parameters,
+state, rng draws and output are exactly inline code's. At apply `f` runs as a
+pure function of `(params, state, rng_state, args)`, in a copy of the
+caller's Haiku frame as it was at the call (as `hk.remat` runs its body), and
+that function is wrapped in `jax.custom_vjp` (or `jax.custom_jvp`). State and
+rng are arguments of that function, never closed over, so the backward pass
+replays the same dropout mask; the new state and the caller's next rng state
+are extra outputs whose cotangents are dropped, so they are updated by the
+forward pass only and `bwd` never sees them.
 
 The user's rules see the inner function as `f_pure(params, *args) -> out`,
 with state and rng already bound. `params` is Haiku-shaped with the inner's
@@ -34,8 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from haiku_bridge._src import call_pure as call_pure_lib
 from haiku_bridge._src import errors
+from haiku_bridge._src import guards
+from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import inline
 from haiku_bridge._src import pytree
 from haiku_bridge._src.pytree import PyTree
@@ -86,7 +86,10 @@ def custom_vjp(
       *args) -> out` is `f` as a pure function of its params (Haiku-shaped,
       the inner's names), with state and rng bound; `args` are the block's
       arguments as given, non-differentiable ones included. `hkb.vjp_fwd`
-      stores a `jax.vjp` closure as the residuals.
+      stores a `jax.vjp` closure as the residuals. A `fwd` that returns
+      `f_pure(params, *args)`'s output runs `f` once, as inline code does;
+      for any other `out` the bridge runs `f` once more for the block's new
+      state.
     bwd: `bwd(residuals, out_cotangent) -> (params_ct, *args_cts)`: one
       cotangent for `params` and one per differentiable argument (positions
       not in `nondiff_argnums`), each with the structure and shapes of what
@@ -138,7 +141,10 @@ def custom_jvp(
     jvp: `jvp(f_pure, primals, tangents) -> (out, out_dot)`, with `primals =
       (params, *args)` (all arguments, as given) and `tangents = (params_dot,
       *args_dot)` aligned with them, None at `nondiff_argnums` positions.
-      `out_dot` has the structure, shapes and dtypes of `out`.
+      `out_dot` has the structure, shapes and dtypes of `out`. If `out` is
+      the output of `f_pure(*primals)` called in the rule, that run gives
+      the block's new state too; otherwise the bridge runs `f` once more in
+      the rule for it (and to check `out`).
     nondiff_argnums: positions of arguments that are not differentiated and
       reach `f`, `jvp` and `f_pure` untraced.
 
@@ -278,17 +284,21 @@ class _ResidualsWithAux(NamedTuple):
 class _PureFunction:
   """`f_pure(params, *args) -> out`: the inner function, state and rng bound.
 
-  Immutable. A pytree whose leaves are the bound state and rng, so `fwd` may
-  store it in the residuals and `bwd` rerun it: the same state and key, the
-  same mask. `with_aux` also returns the run's `_Aux`; the library's own
-  `vjp_fwd` hands that over with the residuals, so no second run is needed.
+  A pytree whose leaves are the bound state and rng, so `fwd` may store it
+  in the residuals and `bwd` rerun it: the same state and key, the same mask.
+  `with_aux` also returns the run's `_Aux`; the library's own `vjp_fwd` hands
+  that over with the residuals, so no second run is needed. Called on the
+  rule's own primals (`primals`, the very objects), it keeps that run's
+  `(out, aux)` as `seen`, for the same reason.
   """
 
-  def __init__(self, apply, state, rng_state, nondiff_argnums):
+  def __init__(self, apply, state, rng_state, nondiff_argnums, primals=None):
     self._apply = apply
     self._state = state
     self._rng_state = rng_state
     self.nondiff_argnums = tuple(nondiff_argnums)
+    self._primals = primals
+    self.seen = None
 
   def tree_flatten(self):
     return (self._state, self._rng_state), (self._apply, self.nondiff_argnums)
@@ -304,7 +314,11 @@ class _PureFunction:
     """`(out, aux)` of one run."""
     out, new_state, final_rng = self._apply(params, self._state,
                                             self._rng_state, args, {})
-    return out, _Aux(new_state, final_rng)
+    result = out, _Aux(new_state, final_rng)
+    if self.seen is None and self._primals is not None and _same_leaves(
+        (params, *args), self._primals):
+      self.seen = result
+    return result
 
   def unchanged_aux(self) -> _Aux:
     return _Aux(self._state, self._rng_state)
@@ -338,19 +352,17 @@ class _CustomBlock:
             f"blocks take positional arguments only (got {sorted(kwargs)}): "
             "pass them by position, with Python flags in nondiff_argnums, or "
             "bind them into `f` with functools.partial."))
-      call_pure_lib.require_transform()
+      guards.require_transform()
       self._check_args(args)
+      if hk.running_init():
+        # Init runs `f` inline: no derivative is taken of init.
+        return self._inline.run_at_init(args, {})
+      call = self._inline.call(args, {})
       rng_state = hk.maybe_get_rng_sequence_state()
-      bound = self._inline.bind(args, {})
-      if bound.has_out:
-        # Init, and no interceptor changed a value: the nested init already
-        # computed exactly what inline code returns at init.
-        return bound.out
-      stateless = not bound.state_bundles
-      out, new_state, final_rng = self._run(bound, rng_state, args, stateless)
-      if rng_state is not None and not hk.running_init():
+      out, new_state, final_rng = self._run(call, rng_state, args)
+      if rng_state is not None:
         hk.replace_rng_sequence_state(final_rng)
-      bound.store_state(new_state)
+      haiku_internals.write_state(new_state)
       return out
 
   def _check_args(self, args) -> None:
@@ -378,33 +390,40 @@ class _CustomBlock:
   def _diff_positions(self, args) -> list[int]:
     return [i for i in range(len(args)) if i not in self._nondiff]
 
-  def _run(self, bound, rng_state, args, stateless):
-    """The nested apply on the bound params, wrapped in the custom rule."""
-    apply = self._inline.apply
+  def _run(self, call, rng_state, args):
+    """`f` at this call, wrapped in the custom rule, on its stored params."""
     diff = self._diff_positions(args)
+    stateless = not call.plan.state
 
     def run(params, state, rng_state, diff_args):
-      out, new_state, final_rng = apply(params, state, rng_state,
-                                        _merge(args, diff, diff_args), {})
+      out, new_state, final_rng = call.run(params, state, rng_state,
+                                           _merge(args, diff, diff_args), {})
       return out, _Aux(new_state, final_rng)
 
-    def aux_of(f_pure, params, full, result_aux):
-      """The run's `_Aux`: handed over, unchanged, or from one more run."""
-      if result_aux is not None:
-        return result_aux
-      if stateless and rng_state is None:
-        return f_pure.unchanged_aux()
-      return f_pure.with_aux(params, *full)[1]
+    def run_of(f_pure, params, full, rule_out):
+      """`(out_spec, aux)` of the rule's run of `f`: its own, or one more.
 
-    core = self._custom(run, aux_of, bound.params, args, diff)
-    out, aux = core(bound.params, bound.state, rng_state,
+      A rule that returns the output of `f_pure` called on its primals as
+      given has run `f` at its own level: that run's new state is taken, and
+      `f` runs no more often than the rule runs it.
+      """
+      seen = f_pure.seen
+      if seen is not None and _same_leaves(seen[0], rule_out):
+        out, aux = seen
+      elif stateless and rng_state is None:
+        return _out_spec(f_pure, params, full, diff), f_pure.unchanged_aux()
+      else:
+        out, aux = f_pure.with_aux(params, *full)
+      return pytree.specs(out), aux
+
+    pure = lambda state, rng_state, primals: _PureFunction(
+        call.run, state, rng_state, self._nondiff, primals)
+    core = self._custom(run, run_of, pure, call.params, args, diff)
+    out, aux = core(call.params, call.state, rng_state,
                     tuple(args[i] for i in diff))
     return out, aux.state, aux.rng_state
 
-  def _pure(self, state, rng_state):
-    return _PureFunction(self._inline.apply, state, rng_state, self._nondiff)
-
-  def _custom(self, run, aux_of, params, args, diff):
+  def _custom(self, run, run_of, pure, params, args, diff):
     """`run` wrapped in the custom derivative."""
     raise NotImplementedError
 
@@ -418,7 +437,7 @@ class _CustomVJP(_CustomBlock):
     super().__init__(f, nondiff_argnums)
     self._fwd, self._bwd = fwd, bwd
 
-  def _custom(self, run, aux_of, params, args, diff):
+  def _custom(self, run, run_of, pure, params, args, diff):
     # Structure and shapes only: the backward pass must not close over
     # tracers of the forward.
     expected = (pytree.specs(params),) + tuple(pytree.specs(args[i]) for i in diff)
@@ -426,20 +445,19 @@ class _CustomVJP(_CustomBlock):
 
     def fwd_rule(params, state, rng_state, diff_args):
       full = _merge(args, diff, diff_args)
-      f_pure = self._pure(state, rng_state)
+      f_pure = pure(state, rng_state, (params, *full))
       result = self._fwd(f_pure, params, *full)
       if not (isinstance(result, (tuple, list)) and len(result) == 2):
         raise TypeError(
             f"hkb.custom_vjp: fwd must return a pair (out, residuals); got "
             f"{errors.describe(result)}.")
       out, residuals = result
-      handed = None
       if isinstance(residuals, _ResidualsWithAux):
-        residuals, handed = residuals
-      if handed is None:  # Else `out` is f_pure's own output.
-        _check_like("fwd's out", out, _out_spec(f_pure, params, full, diff),
-                    "fwd")
-      aux = aux_of(f_pure, params, full, handed)
+        # `vjp_fwd`: `out` is f_pure's own, and the run's new state with it.
+        residuals, aux = residuals
+      else:
+        spec, aux = run_of(f_pure, params, full, out)
+        _check_like("fwd's out", out, spec, "fwd")
       return (out, aux), residuals
 
     def bwd_rule(residuals, cotangents):
@@ -461,7 +479,7 @@ class _CustomJVP(_CustomBlock):
     super().__init__(f, nondiff_argnums)
     self._jvp = jvp
 
-  def _custom(self, run, aux_of, params, args, diff):
+  def _custom(self, run, run_of, pure, params, args, diff):
     core = jax.custom_jvp(run)
 
     def jvp_rule(primals, tangents):
@@ -469,17 +487,16 @@ class _CustomJVP(_CustomBlock):
       params_dot, _, _, diff_dots = tangents  # State and rng: not differentiated.
       full = _merge(args, diff, diff_args)
       full_dots = _merge([None] * len(args), diff, diff_dots)
-      f_pure = self._pure(state, rng_state)
+      f_pure = pure(state, rng_state, (params, *full))
       result = self._jvp(f_pure, (params, *full), (params_dot, *full_dots))
       if not (isinstance(result, (tuple, list)) and len(result) == 2):
         raise TypeError(
             f"hkb.custom_jvp: jvp must return a pair (out, out_dot); got "
             f"{errors.describe(result)}.")
       out, out_dot = result
-      spec = _out_spec(f_pure, params, full, diff)
+      spec, aux = run_of(f_pure, params, full, out)
       _check_like("jvp's out", out, spec, "jvp")
       _check_like("jvp's out_dot", out_dot, spec, "jvp", tangent=True)
-      aux = aux_of(f_pure, params, full, None)
       return (out, aux), (out_dot, jax.tree.map(_zero_tangent, aux))
 
     core.defjvp(jvp_rule)
@@ -497,6 +514,12 @@ def _out_spec(f_pure: _PureFunction, params, args, diff) -> Any:
 # ---------------------------------------------------------------------------
 # Helpers.
 # ---------------------------------------------------------------------------
+
+
+def _same_leaves(a: PyTree, b: PyTree) -> bool:
+  """Whether two trees hold the very same leaf objects."""
+  a, b = jax.tree.leaves(a), jax.tree.leaves(b)
+  return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _merge(args: Sequence[Any], positions: Sequence[int],

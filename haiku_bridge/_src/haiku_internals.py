@@ -1,35 +1,56 @@
 """The only place haiku_bridge reads or writes Haiku's private state.
 
 Everything else in the bridge uses Haiku's public API. What is not public in
-dm-haiku 0.0.17, and the bridge needs for clear errors and exact names, is
-reached here, behind small functions, each pinned by `haiku_internals_test.py`:
-a Haiku upgrade that moves one fails there first, and this file is the one
-place to mend.
+dm-haiku, and the bridge needs to run a Haiku function exactly as inline code
+runs it, is reached here, behind small functions, each pinned by
+`haiku_internals_test.py`: a Haiku upgrade that moves one fails there first,
+and this file is the one place to mend.
+
+The bridge runs Haiku code the way Haiku's own `hk.remat` / `hk.cond` do: in
+a new frame (Haiku's per-transform record of params, state, rng and module
+names) evolved from the caller's, over plain dicts, with the JAX trace level
+pushed. That is `frame_from`; everything else here is a read or a small write.
 
 Reads:
-  * `stored_param`, `stored_state`, `stored_bundle`, `stored_names`: a
-    frame's stored values, before getters.
-  * `getters_active`: whether a getter stack is non-empty.
+  * `stored_param`, `stored_state`, `stored_names`: the current frame's
+    stored values, before getters.
   * `inside_raw_jax_transform`: the frame's recorded JAX trace level.
   * `original_fn`: the function behind an `hk.transform*`.
-  * `frame`, `creation_frame_id`: frame and module identities.
+  * `frame`, `frame_id`, `creation_frame_id`: frame and module identities.
+  * `interceptors`: the custom creators, getters and setters in force.
+  * `naming_effect`: which module names a run took in the caller's scope.
+  * `same_transform`: whether two frames belong to one run of a transform.
+  * `lifting`: what an `hk.lift*` module registers.
+  * `LAYER_STACK_NAMES`: the names `hk.layer_stack` gives unnamed stacks.
 
 Writes:
-  * `interceptors_suspended`: empties the interceptor stacks for a while.
+  * `interceptors_as`, `interceptors_suspended`: other interceptor stacks for
+    a while.
   * `claim_name`: adds an entry to the current module call's used names.
-  * `in_naming_probe`: pushes a throw-away copy of a frame, to ask it which
-    module names it would give without taking them.
-  * `run_with_storage`: runs a function in a new frame over storage mappings
-    that the bridge supplies (and may fill lazily).
+  * `call_point`, `frame_from`: a copy of the caller's frame as it is now,
+    and a new frame evolved from such a copy over given storage, pushed.
+  * `take_names`: takes module names in the caller's scope, as a run did.
+  * `write_state`: stores new state values in the current frame.
 """
 
+import collections
 import contextlib
-from typing import Any, Callable, Iterator, MutableMapping, Optional
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import haiku as hk
 from haiku._src import base as _base
+from haiku._src import lift as _lift
+from haiku._src import module as _module
 
 Frame = Any  # Haiku's private frame object: only passed around, never read.
+
+# The names hk.layer_stack gives a stack without `name=`, by whether it has
+# per-layer inputs (haiku/_src/layer_stack.py).
+LAYER_STACK_NAMES = {False: "__layer_stack_no_per_layer",
+                     True: "__layer_stack_with_per_layer"}
+
+
+# -- Reads. -------------------------------------------------------------------
 
 
 def stored_param(bundle: str, name: str) -> Optional[Any]:
@@ -55,13 +76,6 @@ def stored_names() -> set[str]:
   return names
 
 
-def getters_active(kind: str) -> bool:
-  """Whether a custom getter would see a `kind` ("parameter" or "state") read."""
-  stack = (_base.param_getter_stack if kind == "parameter"
-           else _base.state_getter_stack)
-  return bool(stack)
-
-
 def inside_raw_jax_transform() -> bool:
   """True inside a JAX transform that Haiku does not know about.
 
@@ -71,13 +85,13 @@ def inside_raw_jax_transform() -> bool:
   needs it unconditionally, because creating a parameter there would leak a
   tracer into the transform's params.
   """
-  frame = _base.current_frame()
-  return frame.jax_trace_stack.peek() != _base.JaxTraceLevel.current()
+  frame_ = _base.current_frame()
+  return frame_.jax_trace_stack.peek() != _base.JaxTraceLevel.current()
 
 
 def original_fn(f: Any) -> Optional[Callable[..., Any]]:
-  """The function an `hk.transform*` was built from, or None."""
-  init = getattr(f, "init", None)
+  """The function an `hk.transform*` (or its `init`) was built from, or None."""
+  init = getattr(f, "init", f)
   return getattr(init, "_original_fn", None)
 
 
@@ -90,44 +104,107 @@ def frame() -> Frame:
   return _base.current_frame()
 
 
+def frame_id(handle: Frame) -> int:
+  """Frames are numbered in creation order, process-wide."""
+  return handle.frame_id
+
+
 def creation_frame_id(module: hk.Module) -> Optional[int]:
   """The id of the frame a module was created in."""
   return getattr(module, "_creation_frame_id", None)
 
 
-def frame_id(handle: Frame) -> int:
-  return handle.frame_id
+def same_transform(handle: Frame, other: Frame) -> bool:
+  """Whether two frames belong to one run of one transform.
+
+  Frames evolved from a frame (by Haiku's wrappers, `hk.remat`, `hk.cond`,
+  ..., or by `frame_from`) keep its JAX trace stack's first entry, made once
+  when the transform started; a transform run inside (`hk.lift`'s, or any
+  `hk.transform(g).apply` called in the code) starts a stack of its own.
+  """
+  return handle.jax_trace_stack.peek(0) is other.jax_trace_stack.peek(0)
 
 
-_INTERCEPTOR_STACKS = (
-    _base.param_creator_stack,
-    _base.state_creator_stack,
-    _base.param_getter_stack,
-    _base.state_getter_stack,
-    _base.state_setter_stack,
-)
+class Lifting(NamedTuple):
+  """What an `hk.lift*` module registers in the transform it runs in."""
+  prefix: str  # Its bundles are `prefix/<inner bundle>` ("" for none).
+  transparent: bool  # Whether `prefix` is the scope it runs in.
+  init_fn: Callable[..., Any]  # Returns (inner params, inner state).
+
+
+def lifting(module: Any) -> Optional[Lifting]:
+  """The `Lifting` of an `hk.lift*` module; None for any other module.
+
+  Also None while the module is being constructed (method interceptors see
+  its `__init__`).
+  """
+  if not isinstance(module, _lift.LiftingModule) or not hasattr(
+      module, "prefix_name"):
+    return None
+  return Lifting(module.prefix_name, module.module_name != module.prefix_name,
+                 module._init_fn)  # pylint: disable=protected-access
+
+
+# -- Interceptors. ------------------------------------------------------------
+
+_PARAM_CREATORS = _base.param_creator_stack
+_STATE_CREATORS = _base.state_creator_stack
+_PARAM_GETTERS = _base.param_getter_stack
+_STATE_GETTERS = _base.state_getter_stack
+_STATE_SETTERS = _base.state_setter_stack
+_METHOD_INTERCEPTORS = _module.interceptor_stack  # hk.intercept_methods
+_ALL = (_PARAM_CREATORS, _STATE_CREATORS, _PARAM_GETTERS, _STATE_GETTERS,
+        _STATE_SETTERS, _METHOD_INTERCEPTORS)
+_GETTERS = (_PARAM_GETTERS, _STATE_GETTERS)
+
+Interceptors = tuple[tuple[Any, ...], ...]
+
+
+def interceptors() -> Interceptors:
+  """The custom creators, getters, setters and method interceptors in force."""
+  return tuple(tuple(stack) for stack in _ALL)
 
 
 @contextlib.contextmanager
-def interceptors_suspended() -> Iterator[None]:
-  """Runs a nested transform without the caller's custom creators/getters/setters.
+def interceptors_as(entries: Interceptors) -> Iterator[None]:
+  """Puts `entries` (from `interceptors()`) in force for a while.
 
-  Haiku keeps interceptors in thread-global stacks, so they would also run
-  inside a nested `hk.transform` that the bridge calls; the bridge applies them
-  once, in the caller's transform, where inline code would meet them.
+  Haiku keeps interceptors in thread-global stacks, not in the frame, so code
+  the bridge runs later (a backward pass re-running a block, after the
+  `hk.custom_getter` scope of the forward pass has closed) would otherwise
+  meet whatever is in force then.
   """
-  saved = [list(stack) for stack in _INTERCEPTOR_STACKS]
-  for stack in _INTERCEPTOR_STACKS:
-    while stack:
-      stack.pop()
+  with _replaced(_ALL, entries):
+    yield
+
+
+@contextlib.contextmanager
+def interceptors_suspended(getters_only: bool = False) -> Iterator[None]:
+  """Runs code with no interceptors of any kind (or only with no getters)."""
+  stacks = _GETTERS if getters_only else _ALL
+  with _replaced(stacks, [()] * len(stacks)):
+    yield
+
+
+@contextlib.contextmanager
+def _replaced(stacks, entries) -> Iterator[None]:
+  saved = [tuple(stack) for stack in stacks]
+  _fill(stacks, entries)
   try:
     yield
   finally:
-    for stack, entries in zip(_INTERCEPTOR_STACKS, saved):
-      while stack:
-        stack.pop()
-      for entry in entries:
-        stack.push(entry)
+    _fill(stacks, saved)
+
+
+def _fill(stacks, entries) -> None:
+  for stack, items in zip(stacks, entries):
+    while stack:
+      stack.pop()
+    for item in items:
+      stack.push(item)
+
+
+# -- Names. -------------------------------------------------------------------
 
 
 def claim_name(full_name: str) -> bool:
@@ -143,144 +220,132 @@ def claim_name(full_name: str) -> bool:
   """
   current = _base.current_frame()
   used = current.used_names_stack.peek()
-  key = f"haiku_bridge:{current.frame_id}:{full_name}"
+  key = f"{_CLAIM_PREFIX}{current.frame_id}:{full_name}"
   if key in used:
     return False
   used.add(key)
   return True
 
 
+_CLAIM_PREFIX = "haiku_bridge:"
+
+
+class NamingEffect(NamedTuple):
+  """Module names a run took in the caller's scope: counters and used names."""
+  counters: tuple[tuple[str, int], ...]
+  used: frozenset[str]
+
+
+def naming_effect(before: Frame, after: Frame) -> NamingEffect:
+  """What running code in `after` (evolved from `before`) did to the names.
+
+  Module names are allocated from the current module call's counters and
+  used names (the top of the frame's stacks); nested modules' own calls push
+  and pop theirs. So the top entries are all a run changes.
+  """
+  old, new = before.counter_stack.peek(), after.counter_stack.peek()
+  counters = tuple(sorted((name, n) for name, n in new.items()
+                          if n > old.get(name, 0)))
+  used = frozenset(name for name in after.used_names_stack.peek()
+                   - before.used_names_stack.peek()
+                   if not name.startswith(_CLAIM_PREFIX))
+  return NamingEffect(counters, used)
+
+
+def module_counters(point: Frame) -> dict[str, int]:
+  """How many modules of each name the current module call at `point` made."""
+  return dict(point.counter_stack.peek())
+
+
+def in_module_stack(point: Frame, module: hk.Module) -> bool:
+  """Whether code at `point` runs inside a method of `module`."""
+  return any(state.module is module for state in point.module_stack)
+
+
+def take_names(effect: NamingEffect) -> None:
+  """Takes the names `effect` lists in the current module call's scope."""
+  current = _base.current_frame()
+  counters = current.counter_stack.peek()
+  for name, n in effect.counters:
+    counters[name] = max(counters[name], n)
+  current.used_names_stack.peek().update(effect.used)
+
+
+# -- Frames. ------------------------------------------------------------------
+
+
+def call_point() -> Frame:
+  """A copy of the current frame's module names as they are now.
+
+  Code run later in a frame evolved from it (`frame_from`) names its modules
+  exactly as code run here, now, would: the module stack, counters and used
+  names are copied, so what the caller does next changes neither.
+  """
+  return _base.current_frame().evolve(None, None, None, decoupled=True)
+
+
 @contextlib.contextmanager
-def in_naming_probe(handle: Frame) -> Iterator[None]:
-  """Makes a throw-away copy of frame `handle` current.
+def frame_from(
+    point: Frame,
+    *,
+    params: Mapping[str, Mapping[str, Any]],
+    state: Mapping[str, Mapping[str, Any]],
+    rng: Optional[hk.PRNGSequence],
+    init: bool,
+) -> Iterator[Frame]:
+  """Runs the code inside in a new frame evolved from `point` (`call_point`).
 
-  Modules created inside are named exactly as they would be in `handle` at
-  this point (its module stack, counters and used names are copied), but
-  `handle` itself is left untouched: the names are only looked at, not taken.
+  The frame names modules as code at `point` would (its naming state is
+  copied again, so `point` serves any number of runs), holds `params` and
+  `state` (current values) in plain dicts of its own, draws keys from `rng`,
+  and is in init mode (`hk.running_init()`) if `init`, else in apply mode. As
+  Haiku's own wrappers do, the JAX trace level of the code inside is pushed,
+  so Haiku's wrappers inside see it as theirs.
+
+  Yields the frame: after the code ran, its `params` and `state` hold what
+  the code created and wrote.
   """
-  probe = handle.evolve(handle.params, handle.state, None, decoupled=True)
-  _base.frame_stack.push(probe)
-  try:
-    yield
-  finally:
-    _base.frame_stack.pop()
+  ddict = lambda: collections.defaultdict(dict)
+  params_ = ddict()
+  for bundle, entries in params.items():
+    params_[bundle].update(entries)
+  state_ = ddict()
+  for bundle, entries in state.items():
+    state_[bundle].update({name: _base.StatePair(value, value)
+                           for name, value in entries.items()})
+  new = point.evolve(params_, state_, rng, decoupled=True)
+  if new.freeze_params == init:
+    new = new._replace(freeze_params=not init)
+  with contextlib.ExitStack() as stack:
+    if not _base.context_stack:
+      # Run after the transform returned (a backward pass running the code
+      # again): Haiku's state updaters (`hk.lift_with_state`) need a context.
+      stack.enter_context(_base.new_context())
+    stack.enter_context(_base.frame_stack(new))
+    stack.enter_context(_base.push_jax_trace_level())
+    yield new
 
 
-def stored_bundle(handle: Frame, kind: str, bundle: str) -> dict[str, Any]:
-  """All values stored in frame `handle` under `bundle`, before getters."""
-  if kind == "parameter":
-    return dict(handle.params.get(bundle, {}))
-  state = handle.state or {}
-  return {name: pair.current for name, pair in state.get(bundle, {}).items()}
+def frame_params(handle: Frame) -> dict[str, dict[str, Any]]:
+  """The params a frame holds, in creation order, empty bundles dropped."""
+  return {b: dict(e) for b, e in handle.params.items() if e}
 
 
-def stored_bundle_names(handle: Frame, kind: str) -> list[str]:
-  """The bundles stored in frame `handle`, params or state."""
-  if kind == "parameter":
-    return list(handle.params)
-  return [b for b, entries in (handle.state or {}).items() if entries]
+def frame_state(handle: Frame) -> dict[str, dict[str, Any]]:
+  """The current state values a frame holds, in creation order."""
+  return {b: {n: pair.current for n, pair in e.items()}
+          for b, e in handle.state.items() if e}
 
 
-class LazyBundles(dict):
-  """A frame's params or state dict that fills each bundle when first asked.
+def write_state(new_state: Mapping[str, Mapping[str, Any]]) -> None:
+  """Stores `{bundle: {name: value}}` as the current frame's new state.
 
-  Haiku looks a bundle up with `in` (params) or `[...]` (state) before it
-  reads a name from it; `load(bundle)` supplies `{name: value}` then. Each
-  bundle is a `RecordingBundle`, which notes the names read from it.
-  `hk.lift` (and so `hk.layer_stack`, `hkb.layer_scan`) instead writes whole
-  bundles at init and, at apply, iterates over all bundles to take those
-  under its prefix: `every_bundle()` names the bundles there are, and a
-  bundle copied whole (`dict(bundle)`) counts as read in full.
+  As Haiku's wrappers hand a body's state back: the values were set (and
+  state setters ran) inside the run, so they are stored as they are.
   """
-
-  def __init__(self, load: Callable[[str], dict[str, Any]], *, state: bool,
-               every_bundle: Callable[[], list[str]] = list):
-    super().__init__()
-    self._load = load
-    self._state = state
-    self._every_bundle = every_bundle
-
-  def __setitem__(self, bundle, values):
-    dict.__setitem__(self, bundle, values if isinstance(
-        values, RecordingBundle) else RecordingBundle({}, written=values))
-
-  def setdefault(self, bundle, default=None):
-    if not dict.__contains__(self, bundle):
-      self[bundle] = {} if default is None else default
-    return dict.__getitem__(self, bundle)
-
-  def items(self):
-    for bundle in self._every_bundle():
-      self[bundle]  # pylint: disable=pointless-statement
-    return [(b, e) for b, e in dict.items(self) if e]
-
-  def keys(self):
-    return [bundle for bundle, _ in self.items()]
-
-  def __iter__(self):
-    return iter(self.keys())
-
-  def _fill(self, bundle: str) -> "RecordingBundle":
-    values = self._load(bundle)
-    if self._state:
-      values = {k: _base.StatePair(v, v) for k, v in values.items()}
-    filled = RecordingBundle(values)
-    dict.__setitem__(self, bundle, filled)
-    return filled
-
-  def __missing__(self, bundle: str) -> "RecordingBundle":
-    return self._fill(bundle)
-
-  def __contains__(self, bundle: object) -> bool:
-    if not dict.__contains__(self, bundle):
-      self._fill(bundle)  # pytype: disable=wrong-arg-types
-    return bool(dict.__getitem__(self, bundle))
-
-  def get(self, bundle, default=None):
-    return self[bundle] if bundle in self else default
-
-
-class RecordingBundle(dict):
-  """One bundle of a `LazyBundles`.
-
-  `loaded` holds the names it was filled with; `read` lists the names looked
-  up, in order.
-  """
-
-  def __init__(self, values: dict[str, Any], written: Any = None):
-    super().__init__(values)
-    self.loaded = frozenset(values)
-    self.read: list[str] = []
-    if written:
-      self.update(written)
-
-  def get(self, name, default=None):
-    if name not in self.read:
-      self.read.append(name)
-    return super().get(name, default)
-
-  def keys(self):
-    # `dict(bundle)`, as `hk.lift` copies the bundles under its prefix.
-    for name in dict.keys(self):
-      if name not in self.read:
-        self.read.append(name)
-    return dict.keys(self)
-
-  def __iter__(self):
-    return iter(self.keys())
-
-
-def run_with_storage(fn: Callable[[], Any], params: MutableMapping[str, Any],
-                     state: MutableMapping[str, Any], rng: Optional[Any], *,
-                     frozen: bool) -> Any:
-  """Runs `fn()` in a new frame over the given storage dicts.
-
-  `hk.transform(...)` copies the params and state it is given; this runs on
-  the mappings themselves (e.g. `LazyBundles`), so the bridge sees each
-  bundle the moment the function asks for it. `frozen` params are apply's
-  (a missing one is an error); unfrozen ones are init's (a missing one is
-  created, and `hk.running_init()` is True).
-  """
-  sequence = None if rng is None else hk.PRNGSequence(rng)
-  with _base.HaikuContext(params, state, sequence, freeze_params=frozen):
-    return fn()
+  state = _base.current_frame().state
+  for bundle, entries in new_state.items():
+    for name, value in entries.items():
+      old = state[bundle].get(name)
+      state[bundle][name] = _base.StatePair(
+          value if old is None else old.initial, value)

@@ -74,23 +74,6 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(inside, 1.)
     self.assertEqual(after, 2.)
 
-  def test_getters_active(self):
-    getter = lambda nxt, v, ctx: nxt(v)
-
-    def f():
-      before = (haiku_internals.getters_active("parameter"),
-                haiku_internals.getters_active("state"))
-      with hk.custom_getter(getter):
-        params_only = (haiku_internals.getters_active("parameter"),
-                       haiku_internals.getters_active("state"))
-      with hk.custom_getter(getter, params=False, state=True):
-        state_only = (haiku_internals.getters_active("parameter"),
-                      haiku_internals.getters_active("state"))
-      return before, params_only, state_only
-
-    self.assertEqual(hk.transform(f).apply({}, None),
-                     ((False, False), (True, False), (False, True)))
-
   def test_claim_name(self):
     class M(hk.Module):
 
@@ -106,24 +89,25 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(first_call, (True, False))
     self.assertEqual(second_call, (True, False))
 
-  def test_stored_names_and_bundle(self):
+  def test_stored_names_and_frame_contents(self):
     seen = []
 
     def f():
       hk.get_parameter("w", [2], init=jnp.ones)
       hk.set_state("s", jnp.zeros([]))
+      hk.get_state("t", [], init=jnp.ones)
+      hk.set_state("t", 2 * jnp.ones([]))
       frame = haiku_internals.frame()
       seen.append((haiku_internals.stored_names(),
-                   haiku_internals.stored_bundle(frame, "parameter", "~"),
-                   haiku_internals.stored_bundle(frame, "state", "~"),
-                   haiku_internals.stored_bundle(frame, "state", "missing")))
+                   haiku_internals.frame_params(frame),
+                   haiku_internals.frame_state(frame)))
 
     hk.transform_with_state(f).init(jax.random.PRNGKey(0))
-    (names, params, state, missing), = seen
-    self.assertEqual(names, {"~/w", "~/s"})
-    self.assertEqual(list(params), ["w"])
-    self.assertEqual(list(state), ["s"])
-    self.assertEqual(missing, {})
+    (names, params, state), = seen
+    self.assertEqual(names, {"~/w", "~/s", "~/t"})
+    self.assertEqual(jax.tree.map(lambda a: a.tolist(), params),
+                     {"~": {"w": [1., 1.]}})
+    self.assertEqual(jax.tree.map(float, state), {"~": {"s": 0., "t": 2.}})
 
   def test_creation_frame_id(self):
     def f():
@@ -133,77 +117,169 @@ class HaikuInternalsTest(absltest.TestCase):
 
     self.assertTrue(hk.transform(f).apply({}, None))
 
-  def test_in_naming_probe_takes_no_name(self):
+
+  def test_interceptors_as_and_suspended(self):
+    double = lambda nxt, v, ctx: nxt(2 * v)
+    get = lambda: hk.get_parameter("w", [], init=jnp.ones)
+
     def f():
-      hk.Linear(1)
-      with haiku_internals.in_naming_probe(haiku_internals.frame()):
-        probed = hk.Linear(1).module_name
-      return probed, hk.Linear(1).module_name
+      with hk.custom_getter(double):
+        saved = haiku_internals.interceptors()
+        with haiku_internals.interceptors_suspended():
+          suspended = get()
+          with haiku_internals.interceptors_as(saved):
+            restored = get()
+        with haiku_internals.interceptors_suspended(getters_only=True):
+          no_getters = get()
+        return suspended, restored, no_getters, get()
 
-    self.assertEqual(hk.transform(f).apply({}, None), ("linear_1", "linear_1"))
+    self.assertEqual(hk.transform(f).apply({"~": {"w": jnp.ones([])}}, None),
+                     (1., 2., 1., 2.))
 
-  def test_run_with_storage_loads_and_records(self):
-    loaded = []
+  def test_interceptors_include_method_interceptors(self):
+    calls = []
 
-    def load(bundle):
-      loaded.append(bundle)
-      return {"w": jnp.ones([2])} if bundle == "linear" else {}
+    def interceptor(next_f, args, kwargs, context):
+      calls.append(context.method_name)
+      return next_f(*args, **kwargs)
 
-    def fn():
+    def f(x):
+      with hk.intercept_methods(interceptor):
+        with haiku_internals.interceptors_suspended():
+          hk.Linear(1)(x)
+      return calls
+
+    hk.transform(f).init(jax.random.PRNGKey(0), jnp.ones([1, 1]))
+    self.assertEqual(calls, [])
+
+  def test_call_point_and_frame_from(self):
+    # A frame evolved from a call point names modules as code at that point
+    # would, over the storage it is given, in the mode asked for, and takes
+    # no name at the point; `take_names` takes them afterwards.
+    def f(x):
+      hk.Linear(1)(x)
+      point = haiku_internals.call_point()
+      after_point = hk.Linear(1).module_name  # The caller goes on.
+      runs = []
+      for init in (True, False):
+        with haiku_internals.frame_from(
+            point, params={"linear_1": {"w": jnp.ones([1, 1]),
+                                        "b": jnp.zeros([1])}},
+            state={"s": {"n": jnp.ones([])}}, rng=None, init=init) as frame:
+          linear = hk.Linear(1)
+          runs.append((linear.module_name, hk.running_init(),
+                       float(hk.get_state("n", [], init=jnp.zeros)
+                             if False else 0)))
+        effect = haiku_internals.naming_effect(point, frame)
+      haiku_internals.take_names(effect)
+      return after_point, runs, effect, hk.Linear(1).module_name
+
+    after_point, runs, effect, after_take = hk.transform(f).apply(
+        {"linear": {"w": jnp.ones([1, 1]), "b": jnp.zeros([1])},
+         "linear_1": {"w": jnp.ones([1, 1]), "b": jnp.zeros([1])}},
+        None, jnp.ones([1, 1]))
+    self.assertEqual(after_point, "linear_1")
+    self.assertEqual(runs, [("linear_1", True, 0.), ("linear_1", False, 0.)])
+    self.assertEqual(effect.used, frozenset({"linear_1"}))
+    self.assertEqual(dict(effect.counters), {"linear": 2})
+    self.assertEqual(after_take, "linear_2")
+
+  def test_frame_from_storage_and_state_written(self):
+    point = []
+
+    def f():
+      point.append(haiku_internals.call_point())
+
+    hk.transform(f).apply({}, None)
+
+    def g():
       w = hk.get_parameter("w", [2], init=jnp.zeros)
-      with hk.name_scope("linear"):
-        v = hk.get_parameter("w", [2], init=jnp.zeros)
       n = hk.get_state("n", [], init=jnp.zeros)
-      return w, v, n, hk.running_init()
+      hk.set_state("m", n + 1)
+      return w, n
 
-    params = haiku_internals.LazyBundles(load, state=False)
-    state = haiku_internals.LazyBundles(lambda b: {}, state=True)
-    w, v, n, running_init = haiku_internals.run_with_storage(
-        fn, params, state, None, frozen=False)
-    self.assertTrue(running_init)
-    self.assertEqual((float(w[0]), float(v[0]), float(n)), (0., 1., 0.))
-    self.assertEqual(loaded, ["~", "linear"])
-    self.assertEqual(params["linear"].read, ["w"])
-    self.assertEqual(params["linear"].loaded, {"w"})
-    self.assertEqual(params["~"].loaded, frozenset())
-    frozen = haiku_internals.LazyBundles(load, state=False)
-    with self.assertRaisesRegex(ValueError, "Unable to retrieve parameter"):
-      haiku_internals.run_with_storage(fn, frozen, state, None, frozen=True)
+    with haiku_internals.frame_from(point[0], params={"~": {"w": jnp.ones(
+        [2])}}, state={"~": {"n": jnp.full([], 3.)}}, rng=None,
+                                    init=False) as frame:
+      # Outside any transform: a context is made for the run.
+      w, n = g()
+    self.assertEqual(w.tolist(), [1., 1.])
+    self.assertEqual(float(n), 3.)
+    self.assertEqual(jax.tree.map(float, haiku_internals.frame_state(frame)),
+                     {"~": {"n": 3., "m": 4.}})
 
-  def test_lazy_bundles_under_lift(self):
-    # hk.lift writes whole bundles at init and iterates all bundles at apply.
-    lifted = hk.transform(lambda x: hk.Linear(2)(x))
+  def test_write_state_keeps_the_initial_value(self):
+    seen = []
 
-    def fn(x):
-      params = hk.lift(lifted.init, name="inner")(
-          jax.random.PRNGKey(0) if hk.running_init() else None, x)
-      return lifted.apply(params, None, x)
+    def f():
+      hk.get_state("n", [], init=jnp.zeros)
+      haiku_internals.write_state({"~": {"n": jnp.ones([]), "new": 2.}})
+      seen.append((hk.get_state("n"), hk.get_state("new")))
 
-    x = jnp.ones([1, 3])
-    init_params = haiku_internals.LazyBundles(lambda b: {}, state=False)
-    haiku_internals.run_with_storage(lambda: fn(x), init_params,
-                                     haiku_internals.LazyBundles(
-                                         lambda b: {}, state=True),
-                                     None, frozen=False)
-    created = dict.__getitem__(init_params, "inner/linear")
-    self.assertIsInstance(created, haiku_internals.RecordingBundle)
-    self.assertEqual(sorted(dict.keys(created)), ["b", "w"])
-    self.assertEqual(created.loaded, frozenset())
+    _, initial = hk.transform_with_state(f).init(jax.random.PRNGKey(0))
+    self.assertEqual(seen, [(1., 2.)])
+    self.assertEqual(jax.tree.map(float, initial), {"~": {"n": 0., "new": 2.}})
 
-    stored = {"inner/linear": {"w": jnp.ones([3, 2]), "b": jnp.zeros([2])},
-              "other": {"w": jnp.ones([])}}
-    apply_params = haiku_internals.LazyBundles(
-        lambda b: dict(stored.get(b, {})), state=False,
-        every_bundle=lambda: list(stored))
-    out = haiku_internals.run_with_storage(
-        lambda: fn(x), apply_params,
-        haiku_internals.LazyBundles(lambda b: {}, state=True), None,
-        frozen=True)
-    self.assertEqual(out.tolist(), [[3., 3.]])
-    # Only the bundle lift copied counts as read.
-    self.assertEqual(sorted(dict.__getitem__(apply_params, "inner/linear").read),
-                     ["b", "w"])
-    self.assertEqual(dict.__getitem__(apply_params, "other").read, [])
+  def test_same_transform(self):
+    seen = []
+
+    def f(x):
+      outer = haiku_internals.frame()
+      hk.remat(lambda a: seen.append(haiku_internals.same_transform(
+          haiku_internals.frame(), outer)) or a)(x)
+      inner = hk.transform(lambda: seen.append(haiku_internals.same_transform(
+          haiku_internals.frame(), outer)))
+      inner.apply({}, None)
+
+    hk.transform(f).apply({}, None, jnp.ones([]))
+    self.assertEqual(seen, [True, False])
+
+  def test_lifting(self):
+    inner = hk.transform(lambda x: hk.Linear(1)(x))
+    seen = []
+
+    def interceptor(next_f, args, kwargs, context):
+      info = haiku_internals.lifting(context.module)
+      if info is not None and context.method_name == "__call__":
+        seen.append((info.prefix, info.transparent,
+                     sorted(info.init_fn(*args, **kwargs)[0])))
+      return next_f(*args, **kwargs)
+
+    class M(hk.Module):
+
+      def __call__(self, x):
+        hk.lift(inner.init, name="lifted")(jax.random.PRNGKey(0), x)
+        hk.transparent_lift(inner.init)(jax.random.PRNGKey(0), x)
+
+    def f(x):
+      with hk.intercept_methods(interceptor):
+        M()(x)
+
+    hk.transform(f).init(jax.random.PRNGKey(0), jnp.ones([1, 1]))
+    self.assertEqual(seen, [("m/lifted", False, ["linear"]),
+                            ("m", True, ["linear"])])
+    self.assertIsNone(haiku_internals.lifting(object()))
+
+  def test_module_counters_and_module_stack(self):
+    class M(hk.Module):
+
+      def __call__(self):
+        hk.Linear(1)
+        point = haiku_internals.call_point()
+        return (haiku_internals.module_counters(point),
+                haiku_internals.in_module_stack(point, self))
+
+    counters, inside = hk.transform(lambda: M()()).apply({}, None)
+    self.assertEqual(counters, {"m/linear": 1})
+    self.assertTrue(inside)
+
+  def test_layer_stack_names(self):
+    f = hk.transform(lambda x: (hk.layer_stack(2)(lambda a: hk.Linear(1)(a))(x),
+                                hk.layer_stack(2, with_per_layer_inputs=True)(
+                                    lambda a, b: (hk.Linear(1)(a), b))(x, x)))
+    params = f.init(jax.random.PRNGKey(0), jnp.ones([2, 1]))
+    tops = {b.split("/")[0] for b in params}
+    self.assertEqual(tops, set(haiku_internals.LAYER_STACK_NAMES.values()))
 
 
 if __name__ == "__main__":

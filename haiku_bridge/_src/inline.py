@@ -1,299 +1,261 @@
-"""A Haiku function as a pure function of its own params, named as if inline.
+"""A Haiku function's params made explicit, named and run exactly as inline.
 
-`call_pure(hk.transform(f), ...)` simply runs `f` inline. Where the caller
-needs `f`'s params as an explicit pytree (the primal inputs of a custom
-derivative, `call_pure(pure_fn, init=hk.transform(f))`), `InlineFunction`
-binds them:
+`call_pure(hk.transform(f), ...)` simply runs `f` inline. The other bridged
+forms (`hkb.custom_vjp`, `hkb.custom_jvp`, `call_pure(pure_fn,
+init=hk.transform(f))`, `get_relevant_parameters(hk.transform(f))`) need `f`'s
+params as an explicit pytree under `f`'s own names (those
+`hk.transform(f).init` gives), bound to what the caller stores under the
+names inline code uses. Everything here runs `f` with Haiku's own machinery,
+over plain dicts:
 
-* `f` runs in a nested `hk.transform_with_state`, so its params come out under
-  its own names (`{"mlp/~/linear_0": {"w": ...}}`), whatever the call site;
-* those names map to the names inline code would use here
-  (`naming.allocate_inline_names`: the inner `mlp` becomes `mlp_1` if the
-  caller already has an `mlp`), under which the values are stored and read
-  through `storage.PARAMS` / `storage.STATE` (interceptors see them once).
-  Nothing is claimed: as inline, two calls share what they name alike (the
-  params and state the function makes outside any module);
-* its rng sequence starts where the caller's is, and the caller goes on from
-  where `f` leaves it, so every key is the one inline code would draw.
-
-At init, the nested init creates the values. At apply, `init` is never
-traced: the params and state are those `f` reads when run with apply's own
-arguments. `_discover` finds them by running `f` abstractly over storage
-that forwards each bundle it asks for to the caller's stored values (through
-the same name mapping, probed without taking names). The result is cached on
-the exact signature of the arguments and checked on every hit against the
-stored shapes and dtypes it assumed.
+* **The plan** (`HaikuFunction.plan`): which params and state `f` has at this
+  call, under both names. `f` runs twice in one `jax.eval_shape`: as
+  `hk.transform_with_state(f).init` (its own names), and as inline init code
+  at this point of the caller (a frame evolved from the caller's, over empty
+  storage: the names inline code gets). Both runs create the same leaves in
+  the same order, so the two name lists pair up one to one, whatever Haiku's
+  allocator decided (renumbering, explicit numbers, lifted bundles). The
+  second run also shows which module names inline code takes in the
+  caller's scope.
+* **Init** runs `f` inline, in the caller's frame itself: names, values, rng
+  draws, interceptors, state and output are inline's because the code is.
+* **Apply** (`Call.run`) runs `f` as a pure function of explicit params,
+  state and rng: in a frame evolved from the caller's as it was at the call,
+  over those values, with the interceptors in force at the call. This is how
+  Haiku's own `hk.remat` and `hk.cond` run a body inside a JAX transform, so
+  every Haiku mechanism inside `f` works there as it does inline.
 """
 
+import contextlib
 import dataclasses
-import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import haiku as hk
 import jax
-import numpy as np
 
-from haiku_bridge._src import caches
 from haiku_bridge._src import errors
+from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import naming
-from haiku_bridge._src import storage
 from haiku_bridge._src import pytree
-from haiku_bridge._src.pytree import PyTree
+from haiku_bridge._src import storage
 
 Transformed = hk.Transformed | hk.TransformedWithState
+Nested = dict[str, dict[str, Any]]  # `{bundle: {name: value}}`, as Haiku's.
 
 
-class InnerLeaf(NamedTuple):
-  """One param or state leaf as the inner function names it."""
-  bundle: str
+class PlannedLeaf(NamedTuple):
+  """One param or state leaf of `f`: its bundle inside `f` and here."""
+  inner: str  # Its bundle in `hk.transform(f)`.
+  outer: str  # Its bundle in the caller, as inline code names it.
   name: str
-  spec: jax.ShapeDtypeStruct
+  spec: Optional[jax.ShapeDtypeStruct]  # As stored; None: not stored yet.
 
   @property
-  def path(self) -> str:
-    return f"{self.bundle}/{self.name}"
+  def leaf(self) -> storage.Leaf:
+    """Where it is stored; its inner path is its params path for messages."""
+    return storage.Leaf(f"{self.inner}/{self.name}", self.outer, self.name)
 
 
-class Reads(NamedTuple):
-  """What the inner function reads at apply, for one argument signature."""
-  params: tuple[InnerLeaf, ...]
-  state: tuple[InnerLeaf, ...]
-  # Bundles of the state it creates or sets without reading them first.
-  written_state_bundles: tuple[str, ...]
+class Plan(NamedTuple):
+  """`f`'s params and state at one call, and the module names it takes."""
+  params: tuple[PlannedLeaf, ...]
+  state: tuple[PlannedLeaf, ...]
+  naming: haiku_internals.NamingEffect
 
-  @property
-  def bundles(self) -> list[str]:
-    return ([leaf.bundle for leaf in self.params + self.state] +
-            list(self.written_state_bundles))
+  def stored_params(self) -> list[Any]:
+    """At apply: the caller's stored params (the plan found them there)."""
+    return [haiku_internals.stored_param(leaf.outer, leaf.name)
+            for leaf in self.params]
+
+  def read_params(self) -> list[Any]:
+    """The caller's params, read through any custom getter."""
+    return storage.PARAMS.read([leaf.leaf for leaf in self.params],
+                               [leaf.spec.shape for leaf in self.params])
+
+  def stored_state(self) -> Nested:
+    """At apply: the caller's current state values, by outer bundle.
+
+    Missing ones are left out: as inline, `f` creates them if it can.
+    """
+    found: Nested = {}
+    for leaf in self.state:
+      value = haiku_internals.stored_state(leaf.outer, leaf.name)
+      if value is not None:
+        found.setdefault(leaf.outer, {})[leaf.name] = value
+    return found
+
+  def inner_params(self, values: Sequence[Any]) -> Nested:
+    """`{inner bundle: {name: value}}` of `values`, in the order of `params`."""
+    out: Nested = {}
+    for leaf, value in zip(self.params, values):
+      out.setdefault(leaf.inner, {})[leaf.name] = value
+    return out
+
+  def outer_params(self, inner: Nested) -> Nested:
+    """The same values under the caller's bundle names."""
+    out: Nested = {}
+    for leaf in self.params:
+      try:
+        value = inner[leaf.inner][leaf.name]
+      except (KeyError, TypeError):
+        raise ValueError(errors.message(
+            f"the params given to the bridged function lack "
+            f"'{leaf.inner}/{leaf.name}'. Pass them with the structure of the "
+            "params the block hands you (the function's own names).")) from None
+      out.setdefault(leaf.outer, {})[leaf.name] = value
+    return out
 
 
-@dataclasses.dataclass
-class Bound:
-  """The inner function's params and state, bound in the caller's transform.
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """`f` at one call at apply, as a pure function of its params.
 
   Attributes:
-    params: `{inner bundle: {name: value}}`, as the caller reads them.
-    state: the same for state (current values).
-    mapping: inner bundle -> outer bundle, for every bundle above and any
-      state bundle the function may write.
-    state_bundles: the inner bundles of all state it reads or writes.
-    out: at init, what the nested init returned, if the caller's
-      interceptors changed no value; else None.
+    plan: `f`'s params and state at this call.
+    params: `{inner bundle: {name: value}}`, as stored (before getters:
+      getters run inside `f`, where it reads them, as inline).
+    state: `{outer bundle: {name: current value}}`.
   """
-  params: dict[str, dict[str, Any]]
-  state: dict[str, dict[str, Any]]
-  mapping: dict[str, str]
-  state_bundles: tuple[str, ...] = ()
-  out: Any = None
-  has_out: bool = False
+  f: Callable[..., Any]
+  plan: Plan
+  params: Nested
+  state: Nested
+  point: haiku_internals.Frame
+  interceptors: haiku_internals.Interceptors
 
-  def store_state(self, new_state: dict[str, dict[str, Any]]) -> None:
-    """Writes each state leaf whose value the inner run changed."""
-    leaves, old, new = [], [], []
-    for bundle, entries in new_state.items():
-      if bundle not in self.mapping:
-        raise ValueError(errors.message(
-            f"the inner function wrote state {bundle!r} that it did not "
-            "write when its structure was found for these inputs. State "
-            "written must not depend on values."))
-      for name, value in entries.items():
-        leaves.append(storage.Leaf(f"{bundle}/{name}", self.mapping[bundle],
-                                   name))
-        old.append(self.state.get(bundle, {}).get(name))
-        new.append(value)
-    storage.STATE.write(leaves, old, new)
+  def run(self, params: Nested, state: Nested, rng_state: Any,
+          args: Sequence[Any], kwargs: dict[str, Any]):
+    """`(out, new_state, final_rng_state)` of `f(*args, **kwargs)`.
+
+    Runs in a frame evolved from the caller's as it was at the call, so the
+    same code at any later time (a backward pass that runs `f` again) names,
+    reads and intercepts as inline code did there.
+    """
+    rng = None if rng_state is None else hk.PRNGSequence(rng_state)
+    with haiku_internals.interceptors_as(self.interceptors), \
+         haiku_internals.frame_from(
+             self.point, params=self.plan.outer_params(params), state=state,
+             rng=rng, init=False) as frame:
+      out = self.f(*args, **kwargs)
+      final_rng = hk.maybe_get_rng_sequence_state()
+    new_state: Nested = {}
+    for bundle, entries in haiku_internals.frame_state(frame).items():
+      before = state.get(bundle, {})
+      changed = {name: value for name, value in entries.items()
+                 if value is not before.get(name)}
+      if changed:
+        new_state[bundle] = changed
+    return out, new_state, final_rng
 
 
-_READS = caches.Cache("reads of a Haiku function at apply")
-
-
-class InlineFunction:
-  """An inner Haiku function `f`, run in its own transform but as if inline."""
+class HaikuFunction:
+  """A Haiku function `f`, bridged: planned, run inline, or run pure."""
 
   def __init__(self, f: Callable[..., Any]):
     self.f = f
-    self._transformed = hk.transform_with_state(self._threaded)
 
-  def _threaded(self, rng_state, *args, **kwargs):
-    """`f` continuing the caller's rng sequence; hands the sequence back."""
-    if rng_state is not None:
-      hk.replace_rng_sequence_state(rng_state)
+  def run_at_init(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """`f(*args, **kwargs)` at init: inline, in the caller's frame."""
+    guards.require_haiku_trace()
+    point = haiku_internals.call_point()
     out = self.f(*args, **kwargs)
-    return out, hk.maybe_get_rng_sequence_state()
+    # What apply will run: refuses now what apply could not.
+    self.plan(point, args, kwargs)
+    return out
 
-  # -- The pure function. ---------------------------------------------------
+  def call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Call:
+    """At apply: `f`'s stored params and state, bound for pure runs."""
+    point = haiku_internals.call_point()
+    plan = self.plan(point, args, kwargs)
+    haiku_internals.take_names(plan.naming)
+    return Call(self.f, plan, plan.inner_params(plan.stored_params()),
+                plan.stored_state(), point, haiku_internals.interceptors())
 
-  def apply(self, params, state, rng_state, args, kwargs):
-    """`(out, new_state, final_rng_state)`: `f` as a pure function."""
-    key = None if rng_state is None else rng_state[0]
-    with haiku_internals.interceptors_suspended():
-      (out, final_rng), new_state = self._transformed.apply(
-          params, state, key, rng_state, *args, **kwargs)
-    return out, new_state, final_rng
+  def explicit_params(self, args: Sequence[Any],
+                      kwargs: dict[str, Any]) -> Nested:
+    """`f`'s params under its own names, read through any custom getter.
 
-  # -- Binding in the caller's transform. -----------------------------------
-
-  def bind(self, args, kwargs) -> Bound:
-    """Creates (init) or reads (apply) the params and state of `f(*args)`."""
+    For `init=hk.transform(f)` and `get_relevant_parameters`: at init `f`
+    runs inline to create them (creators and rng as inline; getters see them
+    once, when read here); at apply it only runs abstractly, to find them.
+    """
+    point = haiku_internals.call_point()
     if hk.running_init():
-      return self._bind_at_init(args, kwargs)
-    return self._bind_at_apply(args, kwargs)
+      guards.require_haiku_trace()
+      with haiku_internals.interceptors_suspended(getters_only=True):
+        self.f(*args, **kwargs)
+    plan = self.plan(point, args, kwargs)
+    if plan.state:
+      raise ValueError(errors.message(
+          "`init` is a Haiku function with state "
+          f"({sorted({leaf.inner for leaf in plan.state})}); a pure function "
+          "cannot update it. Pass the hk.TransformedWithState as `fn` "
+          "itself (or use hkb.custom_vjp), where its state is read and "
+          "written as inline."))
+    if not hk.running_init():
+      haiku_internals.take_names(plan.naming)
+    return plan.inner_params(plan.read_params())
 
-  def _bind_at_init(self, args, kwargs) -> Bound:
-    require_haiku_trace()
-    outer = haiku_internals.frame()
-    probe = _ProbedNames(outer)
-    # Over the caller's storage: params and state that already exist (a
-    # module called again) are reused as inline code reuses them, drawing
-    # no key; only the missing ones are created.
-    params = haiku_internals.LazyBundles(
-        _loader(outer, probe, "parameter"), state=False,
-        every_bundle=lambda: probe.inner_bundles(outer, "parameter"))
-    state = haiku_internals.LazyBundles(
-        _loader(outer, probe, "state"), state=True,
-        every_bundle=lambda: probe.inner_bundles(outer, "state"))
+  def plan(self, point: haiku_internals.Frame, args: Sequence[Any],
+           kwargs: dict[str, Any]) -> Plan:
+    """What `f` reads and writes at apply when called at `point`.
+
+    `f` runs abstractly (`jax.eval_shape`) as inline apply code at `point`:
+    in a frame evolved from it over (copies of) all the caller's stored
+    params and state, with an abstract key. `_Recorder` notes what it reads.
+    Its JAX array arguments are abstract; only if `f` needs their values
+    (as eager inline code may) does it run over them as they are.
+    """
+    caller = haiku_internals.frame()
     rng_state = hk.maybe_get_rng_sequence_state()
 
-    def run():
-      with _Checked(outer):
-        return self._threaded(rng_state, *args, **kwargs)
+    key_spec = pytree.key_spec(rng_state)
 
-    with haiku_internals.interceptors_suspended():
-      out, final_rng = haiku_internals.run_with_storage(
-          run, params, state, None if rng_state is None else rng_state[0],
-          frozen=False)
-    if rng_state is not None:
-      hk.replace_rng_sequence_state(final_rng)
+    def probe(arrays, rebuild, key=None):
+      recorder = _Recorder(haiku_internals.frame_params(caller),
+                           haiku_internals.frame_state(caller), point)
 
-    inner_params = {bundle: {name: dict.get(entries, name)
-                             for name in _used(entries)}
-                    for bundle, entries in dict.items(params)
-                    if _used(entries)}
-    inner_state = {bundle: {name: pair for name, pair in dict.items(entries)
-                            if name in entries.read or
-                            name not in entries.loaded or
-                            pair.current is not pair.initial}
-                   for bundle, entries in dict.items(state)}
-    inner_state = {b: entries for b, entries in inner_state.items() if entries}
-    pairs = [p for entries in inner_state.values() for p in entries.values()]
-    inner_state = {b: {n: p.initial for n, p in entries.items()}
-                   for b, entries in inner_state.items()}
-    mapping = naming.allocate_inline_names(list(inner_params) +
-                                           list(inner_state))
-    p_leaves, p_inner = _leaves(inner_params, mapping)
-    s_leaves, s_inner = _leaves(inner_state, mapping)
-    p_made = [v for entries in inner_params.values() for v in entries.values()]
-    p_values = storage.PARAMS.create(p_leaves, p_made)
-    # Unless every value read is the one the nested init used (no
-    # interceptor changed one), its output and state updates are not what
-    # inline code computes: the caller runs the function again from the
-    # initial state, as it reads it.
-    exact = (not haiku_internals.getters_active("state") and
-             all(a is b for a, b in zip(p_values, p_made)))
-    initial = [p.initial for p in pairs]
-    s_values = storage.STATE.create(
-        s_leaves, initial, [p.current for p in pairs] if exact else initial)
-    return Bound(params=_rebuild(p_inner, p_values),
-                 state=_rebuild(s_inner, s_values), mapping=mapping,
-                 state_bundles=tuple(inner_state),
-                 out=out if exact else None, has_out=exact)
+      def run_as_inline(key, arrays):
+        args, kwargs = rebuild(arrays)
+        with haiku_internals.interceptors_suspended(), \
+             haiku_internals.frame_from(
+                 point, params=recorder.params, state=recorder.state,
+                 rng=hk.PRNGSequence(key), init=False) as here, \
+             recorder.recording(here):
+          self.f(*args, **kwargs)
+        recorder.finish(here)
 
-  def _bind_at_apply(self, args, kwargs) -> Bound:
-    outer = haiku_internals.frame()
-    reads = self._reads(outer, args, kwargs)
-    mapping = naming.allocate_inline_names(reads.bundles)
-    p_leaves = [_outer_leaf(leaf, mapping) for leaf in reads.params]
-    s_leaves = [_outer_leaf(leaf, mapping) for leaf in reads.state]
-    p_values = storage.PARAMS.read(p_leaves,
-                                   [leaf.spec.shape for leaf in reads.params])
-    s_values = storage.STATE.read(s_leaves,
-                                  [leaf.spec.shape for leaf in reads.state])
-    return Bound(params=_rebuild(reads.params, p_values),
-                 state=_rebuild(reads.state, s_values), mapping=mapping,
-                 state_bundles=tuple(dict.fromkeys(
-                     [leaf.bundle for leaf in reads.state] +
-                     list(reads.written_state_bundles))))
-
-  # -- What `f` reads at apply. ---------------------------------------------
-
-  def _reads(self, outer, args, kwargs) -> Reads:
-    rng_state = hk.maybe_get_rng_sequence_state()
-    key = caches.function_key(self.f, args, kwargs, rng_state,
-                              bool(jax.config.jax_enable_x64))
-    cached = _READS.get(key)
-    if cached is not None and _still_holds(cached, outer):
-      return cached
-    reads = self._discover(outer, args, kwargs, rng_state)
-    _READS.put(key, reads)
-    return reads
-
-  def _discover(self, outer, args, kwargs, rng_state) -> Reads:
-    """Runs `f` abstractly over the caller's storage; records what it reads."""
-    probe = _ProbedNames(outer)
-    params = haiku_internals.LazyBundles(
-        _loader(outer, probe, "parameter", standins=True), state=False,
-        every_bundle=lambda: probe.inner_bundles(outer, "parameter"))
-    state = haiku_internals.LazyBundles(
-        _loader(outer, probe, "state", standins=True), state=True,
-        every_bundle=lambda: probe.inner_bundles(outer, "state"))
-    arrays, rebuild = _split_arrays((args, kwargs))
-    checks = _Checked(outer, probe)
-
-    def run(rng_state, arrays):
-      args, kwargs = rebuild(arrays)
-
-      def fn():
-        with checks:
-          return self._threaded(rng_state, *args, **kwargs)[0]
-
-      key = None if rng_state is None else rng_state[0]
-      with haiku_internals.interceptors_suspended():
-        return haiku_internals.run_with_storage(fn, params, state, key,
-                                                frozen=True)
+      if key is None:
+        jax.eval_shape(run_as_inline, key_spec, arrays)
+      else:
+        # Over the values themselves: what is concrete is computed.
+        with jax.ensure_compile_time_eval():
+          run_as_inline(key, arrays)
+      return recorder.plan()
 
     try:
-      jax.eval_shape(run, rng_state, arrays)
-    except Exception as error:  # pylint: disable=broad-except
-      if checks.missing:
-        bundle, _, name = checks.missing[0].rpartition("/")
-        raise ValueError(errors.message(
-            f"parameter '{probe(bundle)}/{name}' (inner path "
-            f"{checks.missing[0]}) is missing "
-            "at apply. It is created by init: pass apply the parameters that "
-            "init returned for the same code path (a model saved before this "
-            "call was added needs re-initialising or converting).")) from error
-      raise
-    return Reads(
-        params=tuple(_read_leaves(params)),
-        state=tuple(_read_leaves(state, state=True)),
-        written_state_bundles=tuple(
-            bundle for bundle, entries in dict.items(state)
-            if _used(entries)))
+      return probe(*pytree.split_arrays((tuple(args), kwargs), numpy=False))
+    except pytree.CONCRETIZATION_ERRORS:
+      pass
+    try:
+      return probe((), lambda _: (tuple(args), kwargs),
+                   key=pytree.concrete_key(key_spec))
+    except pytree.CONCRETIZATION_ERRORS as error:
+      raise TypeError(errors.message(
+          f"{_describe(self.f)} needs concrete values where the bridge runs "
+          "it abstractly (under jax.eval_shape) to find the parameters it "
+          f"reads: {type(error).__name__}: {str(error).splitlines()[0]} "
+          "Which parameters it reads must follow from the shapes and dtypes "
+          "of its array arguments and from Python values: pass a Python "
+          "value that decides it (a flag, a size) as a Python value (in "
+          "nondiff_argnums for a custom derivative), not as an array."
+      )) from error
 
 
-def require_haiku_trace() -> None:
-  if haiku_internals.inside_raw_jax_transform():
-    raise ValueError(errors.message(
-        "ran at init inside a raw JAX transform (the body of "
-        "jax.lax.scan / jax.vmap / jax.checkpoint / jax.lax.cond, ...), where "
-        "Haiku cannot create parameters. Use Haiku's wrapper instead (hk.scan, "
-        "hk.vmap, hk.remat, hk.cond), or call hkb.get_relevant_parameters "
-        "outside the JAX transform and pass the params into it."))
-
-
-@functools.lru_cache(maxsize=256)
-def _inline_function_for(f: Callable[..., Any]) -> InlineFunction:
-  return InlineFunction(f)
-
-
-def of(fn: Callable[..., Any] | Transformed) -> InlineFunction:
-  """The `InlineFunction` of a Haiku function or its `hk.transform*`.
-
-  Keyed by the Haiku function, not the transform object: code that calls
-  `hk.transform(f)` afresh at each trace still hits the caches.
-  """
-  return _inline_function_for(haiku_function(fn))
+def of(fn: Callable[..., Any] | Transformed) -> HaikuFunction:
+  """The bridged Haiku function behind `fn` (a Haiku function or transform)."""
+  return HaikuFunction(haiku_function(fn))
 
 
 def haiku_function(fn: Any) -> Callable[..., Any]:
@@ -317,191 +279,159 @@ def haiku_function(fn: Any) -> Callable[..., Any]:
   return fn
 
 
-# Holds Haiku transforms, no result; emptied with the rest all the same.
-caches.register(_inline_function_for.cache_clear)
+class _Recorder:
+  """What `f` reads and writes when run as inline apply code, in `plan`.
 
-
-def _loader(outer, probe, kind: str, standins: bool = False):
-  """Loads an inner bundle from the caller's storage, under its inline name.
-
-  With `standins`, inside an abstract trace: zeros of each stored shape and
-  dtype, so that no op on the stored values is traced.
+  Params and state are `f`'s if it reads them (`hk.get_parameter` /
+  `hk.get_state` in a frame of the caller's transform: its own code, and
+  Haiku's wrappers inside it), if an `hk.lift*` it runs registers them
+  (those its own transform reads, by their names there, follow from the
+  lift), or (state) if it writes them.
   """
 
-  def load(bundle):
-    stored = haiku_internals.stored_bundle(outer, kind, probe(bundle))
-    if standins:
-      return {name: jax.numpy.zeros(np.shape(value), value.dtype)
-              for name, value in stored.items()}
-    return stored
+  def __init__(self, params: Nested, state: Nested,
+               point: haiku_internals.Frame):
+    self.params, self.state = params, state
+    self._point = point
+    self._here = None
+    self._params_read: dict[tuple[str, str], None] = {}
+    self._state_read: dict[tuple[str, str], None] = {}
+    self._state_written: dict[tuple[str, str], None] = {}
+    self._naming = None
+    self._scope = ""
 
-  return load
+  @contextlib.contextmanager
+  def recording(self, here):
+    self._here = here
+    self._scope = hk.experimental.current_name()
+    with hk.custom_getter(self._param_getter), \
+         hk.custom_getter(self._state_getter, params=False, state=True), \
+         hk.custom_creator(self._creator), \
+         hk.intercept_methods(self._method):
+      yield
 
+  def finish(self, here) -> None:
+    """After the run: the names it took, the state it wrote."""
+    self._naming = haiku_internals.naming_effect(self._point, here)
+    for bundle, entries in haiku_internals.frame_state(here).items():
+      before = self.state.get(bundle, {})
+      for name, value in entries.items():
+        if value is not before.get(name):
+          self._state_written[(bundle, name)] = None
 
-class _ProbedNames:
-  """Inner bundle -> the outer bundle inline code would use, taking no name."""
+  # -- Hooks. -----------------------------------------------------------------
 
-  def __init__(self, outer):
-    self._outer = outer
-    self._tops: dict[str, str] = {}
-    with haiku_internals.in_naming_probe(outer):
-      self._scope = hk.experimental.current_name()
+  def _ours(self) -> bool:
+    return haiku_internals.same_transform(haiku_internals.frame(), self._here)
 
-  def inner_bundles(self, outer, kind: str) -> list[str]:
-    """The caller's stored bundles that are the inner function's, by inner name.
-
-    The inverse of the mapping: an outer `b_j` is the inner `b_k` whose
-    forward mapping gives it (inner numbers count on from the caller's).
-    """
-    scope = self._scope
-    found = []
-    for bundle in haiku_internals.stored_bundle_names(outer, kind):
-      if scope != naming.TOP_LEVEL:
-        if bundle == scope:
-          found.append(naming.TOP_LEVEL)
-          continue
-        if not bundle.startswith(scope + "/"):
-          continue
-        bundle = bundle[len(scope) + 1:]
-      top, _, rest = bundle.partition("/")
-      base, j = naming.split_number(top)
-      first = naming.split_number(self(base).rpartition("/")[2])[1]
-      k = j - first
-      if k < 0:
-        continue
-      inner_top = base if k == 0 else f"{base}_{k}"
-      if self(inner_top).rpartition("/")[2] == top:
-        found.append(f"{inner_top}/{rest}" if rest else inner_top)
-    return found
-
-  def __call__(self, bundle: str) -> str:
-    top, _, rest = bundle.partition("/")
-    if top not in self._tops:
-      with haiku_internals.in_naming_probe(self._outer):
-        self._tops[top] = naming.allocate_inline_names([top])[top]
-    outer_top = self._tops[top]
-    return f"{outer_top}/{rest}" if rest else outer_top
-
-
-class _Checked:  # pylint: disable=invalid-name
-  """Checks each read of the inner function, with errors naming both paths.
-
-  * A module the caller created, used inside: inline it keeps its own
-    weights, while a nested transform would read them under the inner's
-    names, silently giving it a second set. Raised.
-  * At apply, a stored param whose shape is not the one asked for: Haiku's
-    own error would name only the inner path.
-  """
-
-  def __init__(self, outer, probe=None):
-    self._outer_id = haiku_internals.frame_id(outer)
-    self._probe = probe
-    self._scopes = []
-    self.missing: list[str] = []  # At apply: params the function asked for.
-
-  def _getter(self, next_getter, value, context):
+  def _refuse_outer_module(self, context) -> None:
     module = context.module
     if module is not None and (haiku_internals.creation_frame_id(module)
-                               == self._outer_id):
+                               or 0) < haiku_internals.frame_id(self._here) \
+        and not haiku_internals.in_module_stack(self._point, module):
       raise ValueError(errors.message(
           f"the bridged Haiku function uses module {module.module_name!r}, "
           "which was created outside it, in the caller's transform. Its "
           "parameters cannot be made explicit under the inner function's "
           "names. Create the module inside the function, or call it outside "
-          "and pass its output in."))
-    want = context.original_shape
-    if (self._probe is not None and want is not None and
-        tuple(np.shape(value)) != tuple(want)):
+          "and pass its output in. (hk.layer_stack and hk.transparent_lift "
+          "refuse this too.)"))
+
+  def _param_getter(self, next_getter, value, context):
+    self._refuse_outer_module(context)
+    if self._ours():
       bundle, _, name = context.full_name.rpartition("/")
-      raise ValueError(errors.message(
-          f"parameter '{self._probe(bundle)}/{name}' (inner path "
-          f"{context.full_name}) has shape {list(np.shape(value))} in what "
-          f"apply was given, but the inner function asks for {list(want)} "
-          "here."))
+      want = context.original_shape
+      if want is not None and tuple(value.shape) != tuple(want):
+        raise ValueError(errors.message(
+            f"parameter '{context.full_name}' (inner path "
+            f"{self._inner_path(bundle, name)}) has shape "
+            f"{list(value.shape)} in what apply was given, but the inner "
+            f"function asks for {list(want)} here."))
+      self._params_read[(bundle, name)] = None
+    return next_getter(value)
+
+  def _state_getter(self, next_getter, value, context):
+    self._refuse_outer_module(context)
+    if self._ours():
+      bundle, _, name = context.full_name.rpartition("/")
+      self._state_read[(bundle, name)] = None
     return next_getter(value)
 
   def _creator(self, next_creator, shape, dtype, init, context):
-    # At apply a param is only ever created when it is missing.
-    self.missing.append(context.full_name)
-    return next_creator(shape, dtype, init)
+    """At apply, Haiku runs creators for a param it is about to miss."""
+    self._refuse_outer_module(context)
+    if not self._ours():
+      return next_creator(shape, dtype, init)
+    bundle, _, name = context.full_name.rpartition("/")
+    raise ValueError(errors.message(
+        f"parameter '{context.full_name}' (inner path "
+        f"{self._inner_path(bundle, name)}) is missing at apply. It is "
+        "created by init: pass apply the parameters that init returned for "
+        "the same code path (a model saved before this call was added needs "
+        "re-initialising or converting)."))
 
-  def __enter__(self):
-    self._scopes = [hk.custom_getter(self._getter, params=True, state=True)]
-    if self._probe is not None:
-      self._scopes.append(hk.custom_creator(self._creator, params=True,
-                                            state=False))
-    for scope in self._scopes:
-      scope.__enter__()
-    return self
+  def _method(self, next_fun, args, kwargs, context):
+    lifting = haiku_internals.lifting(context.module)
+    if lifting is not None and context.method_name == "__call__" and \
+        self._ours():
+      for bundle in self._lifted_bundles(lifting, args, kwargs):
+        for name in self.params.get(bundle, {}):
+          self._params_read[(bundle, name)] = None
+        for name in self.state.get(bundle, {}):
+          self._state_read[(bundle, name)] = None
+    return next_fun(*args, **kwargs)
 
-  def __exit__(self, *exc):
-    for scope in reversed(self._scopes):
-      scope.__exit__(*exc)
+  def _lifted_bundles(self, lifting, args, kwargs) -> list[str]:
+    """The caller's bundles an `hk.lift*` registers here."""
+    prefix = f"{lifting.prefix}/" if lifting.prefix else ""
+    under = [b for b in list(self.params) + list(self.state)
+             if b.startswith(prefix)]
+    if not lifting.transparent:
+      return under  # Its own module's name: all under it is its.
+    # Its scope is the caller's: only what its init function makes.
+    try:
+      made = jax.eval_shape(lambda: lifting.init_fn(*args, **kwargs))
+    except Exception:  # pylint: disable=broad-except
+      return under
+    names = {f"{prefix}{b}" for tree in made for b in tree}
+    return [b for b in under if b in names]
 
+  # -- The plan. --------------------------------------------------------------
 
-def _split_arrays(tree: PyTree):
-  """The array leaves of `tree`, and how to put them back among the others."""
-  leaves, treedef = jax.tree.flatten(tree)
-  is_array = [hasattr(x, "dtype") and hasattr(x, "shape") for x in leaves]
-  arrays = [x for x, a in zip(leaves, is_array) if a]
+  def _inner_bundle(self, bundle: str) -> str:
+    """`bundle` as `f` names it in a transform of its own."""
+    return naming.own_bundle(bundle, self._scope,
+                             haiku_internals.module_counters(self._point))
 
-  def rebuild(new_arrays):
-    it = iter(new_arrays)
-    return treedef.unflatten([next(it) if a else x
-                              for x, a in zip(leaves, is_array)])
+  def _inner_path(self, bundle: str, name: str) -> str:
+    return f"{self._inner_bundle(bundle)}/{name}"
 
-  return arrays, rebuild
-
-
-def _used(entries) -> list[str]:
-  """The names of a bundle the run read or created (at init), in order."""
-  made = [name for name in dict.keys(entries) if name not in entries.loaded]
-  return list(dict.fromkeys(
-      [n for n in entries.read if dict.__contains__(entries, n)] + made))
-
-
-def _read_leaves(bundles, state: bool = False) -> list[InnerLeaf]:
-  """The leaves read from storage (not created by the run), in read order."""
-  leaves = []
-  for bundle, entries in dict.items(bundles):
-    for name in entries.read:
-      if name in entries.loaded:
-        value = dict.get(entries, name)
-        value = value.initial if state else value
-        leaves.append(InnerLeaf(bundle, name, pytree.spec(value)))
-  return leaves
-
-
-def _still_holds(reads: Reads, outer) -> bool:
-  """Whether the caller's stored specs are still those `reads` assumed."""
-  probe = _ProbedNames(outer)
-  for kind, leaves in (("parameter", reads.params), ("state", reads.state)):
-    for leaf in leaves:
-      stored = haiku_internals.stored_bundle(outer, kind,
-                                             probe(leaf.bundle)).get(leaf.name)
-      if stored is None or pytree.spec(stored) != leaf.spec:
-        return False
-  return True
-
-
-def _outer_leaf(leaf: InnerLeaf, mapping: dict[str, str]) -> storage.Leaf:
-  return storage.Leaf(leaf.path, mapping[leaf.bundle], leaf.name)
-
-
-def _leaves(inner: dict[str, dict[str, Any]], mapping: dict[str, str]):
-  """Outer `Leaf`s and `InnerLeaf`s of a `{bundle: {name: value}}` dict."""
-  outer_leaves, inner_leaves = [], []
-  for bundle, entries in inner.items():
-    for name, value in entries.items():
-      inner_leaves.append(InnerLeaf(bundle, name, pytree.spec(value)))
-      outer_leaves.append(storage.Leaf(f"{bundle}/{name}", mapping[bundle],
-                                       name))
-  return outer_leaves, inner_leaves
+  def plan(self) -> Plan:
+    params = []
+    owner: dict[str, str] = {}
+    for bundle, name in self._params_read:
+      inner = self._inner_bundle(bundle)
+      if owner.setdefault(inner, bundle) != bundle:
+        raise ValueError(errors.message(
+            f"parameters {owner[inner]!r} and {bundle!r} both map to "
+            f"{inner!r} under the bridged function's own names. Give its "
+            "modules names of their own (a module named explicitly with a "
+            "number, `name=\"linear_3\"`, cannot be told from Haiku's "
+            "numbering)."))
+      value = self.params[bundle][name]
+      params.append(PlannedLeaf(inner, bundle, name,
+                                jax.ShapeDtypeStruct(value.shape, value.dtype)))
+    state = []
+    for bundle, name in {**self._state_read, **self._state_written}:
+      value = self.state.get(bundle, {}).get(name)
+      spec = None if value is None else jax.ShapeDtypeStruct(
+          value.shape, value.dtype)
+      state.append(PlannedLeaf(bundle, bundle, name, spec))
+    return Plan(tuple(params), tuple(state), self._naming)
 
 
-def _rebuild(leaves: Sequence[InnerLeaf],
-             values: Sequence[Any]) -> dict[str, dict[str, Any]]:
-  out: dict[str, dict[str, Any]] = {}
-  for leaf, value in zip(leaves, values):
-    out.setdefault(leaf.bundle, {})[leaf.name] = value
-  return out
+def _describe(f: Any) -> str:
+  name = getattr(f, "__qualname__", None) or getattr(f, "__name__", None)
+  return f"the bridged Haiku function {name!r}" if name else (
+      f"the bridged Haiku function {f!r:.60}")

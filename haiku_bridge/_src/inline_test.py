@@ -13,6 +13,7 @@ import chex
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import inline
@@ -315,13 +316,80 @@ class NamesTest(absltest.TestCase):
       f.apply(params, None, X)
 
 
+def branchy(x, flag):
+  """A structure chosen by a Python (or NumPy) flag."""
+  if flag:
+    return hk.Linear(8, name="on")(x)
+  return hk.Linear(8, name="off")(x)
+
+
+def noisy(x):
+  return hk.dropout(hk.next_rng_key(), 0.5, hk.Linear(8)(x))
+
+
+class ArgumentsAndKeysTest(parameterized.TestCase):
+
+  @parameterized.parameters(True, False, np.bool_(True), np.bool_(False))
+  def test_numpy_flag_in_nondiff_argnums(self, flag):
+    block = true_vjp(branchy, nondiff_argnums=(1,))
+    run_both(self, lambda x: block(x, flag), lambda x: branchy(x, flag), X,
+             getter=False, cold=True)
+
+  def test_a_block_needing_array_values_names_itself(self):
+    def needs_values(x):
+      return hk.Linear(8)(x) if float(x.sum()) > 0 else x
+
+    block = true_vjp(needs_values)
+    f = hk.transform(lambda x: block(x))
+    params = hk.transform(needs_values).init(KEY, X)
+    # Eagerly, with concrete arguments, it runs as inline.
+    chex.assert_trees_all_close(f.apply(params, None, X),
+                                hk.transform(needs_values).apply(
+                                    params, None, X))
+    with self.assertRaisesRegex(
+        TypeError, r"hkb.custom_vjp: the bridged Haiku function "
+        r"'.*needs_values' needs concrete values"):
+      jax.jit(f.apply)(params, None, X)
+
+  def _check_keys(self, key):
+    """A dropout block, both custom derivatives, against inline."""
+    theirs = hk.transform(noisy)
+    params = theirs.init(key, X)
+    grad = lambda t: jax.grad(lambda p: jnp.sum(t.apply(p, key, X)))(params)
+    for bridge in (true_vjp, lambda f: hkb.custom_jvp(
+        f, lambda f_pure, p, t: jax.jvp(f_pure, p, t))):
+      ours = hk.transform(lambda x, b=bridge: b(noisy)(x))
+      chex.assert_trees_all_equal(ours.init(key, X), params)
+      chex.assert_trees_all_close(ours.apply(params, key, X),
+                                  theirs.apply(params, key, X))
+      chex.assert_trees_all_close(grad(ours), grad(theirs), rtol=1e-5)
+
+  @parameterized.parameters("rbg", "unsafe_rbg", "threefry2x32")
+  def test_any_prng_implementation(self, impl):
+    saved = jax.config.jax_default_prng_impl
+    jax.config.update("jax_default_prng_impl", impl)
+    try:
+      self._check_keys(jax.random.PRNGKey(0))
+      # A block without rng, applied with none.
+      ours = hk.transform(lambda x: true_vjp(widen_or_not)(x))
+      params = ours.init(jax.random.PRNGKey(0), X)
+      chex.assert_trees_all_close(
+          ours.apply(params, None, X),
+          hk.transform(widen_or_not).apply(params, None, X))
+    finally:
+      jax.config.update("jax_default_prng_impl", saved)
+
+  def test_typed_keys(self):
+    self._check_keys(jax.random.key(0))
+
+
 class HaikuFunctionTest(absltest.TestCase):
 
-  def test_one_runner_per_function(self):
+  def test_the_function_behind_a_transform(self):
     f = lambda x: hk.Linear(2)(x)
-    self.assertIs(inline.of(hk.transform(f)),
-                  inline.of(hk.transform_with_state(f)))
-    self.assertIs(inline.of(f), inline.of(hk.transform(f)))
+    self.assertIs(inline.of(hk.transform(f)).f, f)
+    self.assertIs(inline.of(hk.transform_with_state(f)).f, f)
+    self.assertIs(inline.of(f).f, f)
 
   def test_multi_transform_is_refused(self):
     multi = hk.multi_transform(lambda: ((), {"a": lambda: 1}))

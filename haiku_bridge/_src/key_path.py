@@ -5,7 +5,7 @@ at init, `init(rng, *args, **kwargs)` runs once with a key from Haiku's rng
 sequence and each leaf is stored where its key path says (`naming.py`); at
 apply, `init` never runs: its output's structure and shapes come from
 `jax.eval_shape` (no op of it reaches the jaxpr), kept per exact argument
-signature, and the leaves are read back from what apply was given, each
+signature (`_structure`), and the leaves are read back from what apply was given, each
 checked for presence and shape. Dtypes are the stored params' own, as inline
 Haiku reads them.
 """
@@ -19,8 +19,8 @@ import numpy as np
 
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
+from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
-from haiku_bridge._src import inline
 from haiku_bridge._src import naming
 from haiku_bridge._src import storage
 from haiku_bridge._src import pytree
@@ -37,18 +37,13 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
     raise TypeError(errors.message(
         f"`init` must be a function `init(rng, *args, **kwargs) -> params`; "
         f"got {errors.describe(init)}."))
-  key_spec = _key_spec()
   if hk.running_init():
-    inline.require_haiku_trace()
+    guards.require_haiku_trace()
     tree = _run_init(init, args, kwargs)
     _check_array_leaves(tree)
     tree = jax.tree.map(storage.canonical, tree)
-    _STRUCTURE.put(_cache_key(init, key_spec, args, kwargs),
-                   pytree.specs(tree))
   else:
-    tree = _STRUCTURE.get_or_compute(
-        _cache_key(init, key_spec, args, kwargs),
-        lambda: jax.eval_shape(lambda k: init(k, *args, **kwargs), key_spec))
+    tree = _structure(init, args, kwargs)
   flat = jax.tree.leaves(tree)
   values = [None] * len(flat)
   for top, members in naming.key_path_groups(tree).items():
@@ -101,13 +96,38 @@ def _check_array_leaves(tree: PyTree) -> None:
           "subtree."))
 
 
-def _key_spec() -> jax.ShapeDtypeStruct:
-  rng_state = hk.maybe_get_rng_sequence_state()
-  if rng_state is None:
-    return jax.ShapeDtypeStruct((2,), jnp.uint32)
-  return pytree.spec(rng_state[0])
+def _structure(init, args, kwargs) -> PyTree:
+  """Shapes and dtypes of `init(rng, *args, **kwargs)`, never running it.
 
-
-def _cache_key(init, key_spec, args, kwargs):
-  return caches.function_key(init, args, kwargs, key_spec,
-                             bool(jax.config.jax_enable_x64))
+  Found by `jax.eval_shape` with every array argument abstract, which is
+  kept per exact signature: if `init` ran that way, its output cannot depend
+  on the values of its arrays. An `init` that needs values (a size held in a
+  NumPy scalar, NumPy seeded from the key) runs abstractly over the values
+  themselves and a key of zeros instead, each time: that result depends on
+  them, so it is not kept.
+  """
+  key_spec = pytree.key_spec(hk.maybe_get_rng_sequence_state())
+  cache_key = caches.function_key(init, key_spec, args, kwargs,
+                                  bool(jax.config.jax_enable_x64))
+  cached = _STRUCTURE.get(cache_key)
+  if cached is not None:
+    return cached
+  arrays, rebuild = pytree.split_arrays((args, kwargs), numpy=True)
+  abstract = lambda key, arrays: init(key, *rebuild(arrays)[0],
+                                      **rebuild(arrays)[1])
+  try:
+    structure = jax.eval_shape(abstract, key_spec, arrays)
+  except pytree.CONCRETIZATION_ERRORS:
+    key = pytree.concrete_key(key_spec)
+    try:
+      return jax.eval_shape(lambda: init(key, *args, **kwargs))
+    except pytree.CONCRETIZATION_ERRORS as error:
+      raise TypeError(errors.message(
+          "`init` needs concrete values to give the structure of its params, "
+          "and at apply (here under a JAX transform such as jax.jit) its "
+          f"arguments are abstract: {type(error).__name__}: "
+          f"{str(error).splitlines()[0]} Make the structure follow from the "
+          "shapes of array arguments and from Python values (pass sizes and "
+          "flags as Python ints and bools).")) from error
+  _STRUCTURE.put(cache_key, structure)
+  return structure

@@ -13,16 +13,17 @@ Two rules, both decided here and nowhere else:
   that Haiku's allocator gives, so it never lands on a module that already
   holds it (`linear_1` after an `hk.Linear`, as a second `hk.Linear` would).
 
-* **Inline rule** (an `hk.Transformed`). The inner function's modules get the
-  names that running it inline at this point would give them: Haiku's own
-  name allocator numbers them in the caller's scope, so two bridged calls of
-  one MLP give `mlp` then `mlp_1`, and a bridged call after an inline `mlp`
-  gives `mlp_1`, just as inline code would.
+* **Inline rule** (a Haiku function). Its modules get the names that running
+  it inline at this point gives them, because it runs inline: two bridged
+  calls of one MLP give `mlp` then `mlp_1`, and a bridged call after an
+  inline `mlp` gives `mlp_1`. Where its params are handed over as a pytree,
+  they carry the function's own names, those `hk.transform(f)` gives
+  (`own_bundle`): `mlp`, however Haiku numbered it here.
 """
 
 import contextlib
 import re
-from typing import Any, Iterable, Iterator, NamedTuple, Optional
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Optional
 
 import haiku as hk
 import jax
@@ -171,47 +172,37 @@ def split_number(name: str) -> tuple[str, int]:
   return match.group(1), int(match.group(2))
 
 
-class _NameReservation(hk.Module):
-  """A module that is never called: creating it takes a name, as inline code would."""
-  AUTO_REPR = False  # Haiku would otherwise bind its arguments for a repr.
+def own_bundle(bundle: str, scope: str, counters: Mapping[str, int]) -> str:
+  """`bundle`, as a function run inline at `scope` named it, in its own transform.
 
-
-def allocate_inline_names(inner_bundles: Iterable[str]) -> dict[str, str]:
-  """Maps an inner transform's bundle names to the names inline code would get.
-
-  Must run inside a Haiku transform, at the point where the inner function
-  would run inline. The inner top-level modules `b`, `b_1`, ... were numbered
-  from 0 in the inner's fresh scope; inline, the same modules are numbered on
-  from the caller's counter for `b`. Creating one reservation module per
-  number lets Haiku's allocator pick each name and advance its counter, so
-  code after the call gets the names it would get after inline code. (A module
-  the inner function created without parameters still took a number there; if
-  it was the last `b`, inline code after the call sees a counter one lower.)
+  Haiku numbers a module on from those of its name already made in the same
+  module call: a function's first `linear` is `linear_1` after the caller's
+  `linear`, and `linear` in a transform of its own. So the top module of a
+  bundle under `scope` is numbered down by the caller's count before the
+  call (`counters`, by full base name), and the scope's own bundle is the
+  function's top level (`~`). A bundle that a lift writes straight into the
+  scope (`hk.transparent_lift`) keeps its name: inline, it may not meet a
+  module of the caller's (Haiku raises), so that count is zero. A module the
+  function names with an explicit number (`name="linear_3"`) is numbered
+  down all the same: Haiku's names do not tell it from a counted one.
 
   Args:
-    inner_bundles: bundle names of the inner params/state, e.g.
-      `["mlp/~/linear_0", "linear", "~"]`.
+    bundle: a bundle the function read, as the caller stores it.
+    scope: the module name at the call (`hk.experimental.current_name()`).
+    counters: how many modules of each (full) base name the scope had made
+      before the call.
 
   Returns:
-    A dict from each inner bundle name to its outer name.
+    The bundle's name in `hk.transform(f)`.
   """
-  inner_bundles = list(dict.fromkeys(inner_bundles))
-  scope = hk.experimental.current_name()
-  by_base: dict[str, dict[int, str]] = {}
-  for bundle in inner_bundles:
-    top = bundle.split("/", 1)[0]
-    if top != TOP_LEVEL:
-      base, number = split_number(top)
-      by_base.setdefault(base, {})[number] = top
-  outer_top = {TOP_LEVEL: scope}
-  for base in sorted(by_base):
-    numbers = by_base[base]
-    for number in range(max(numbers) + 1):
-      name = _NameReservation(name=base).module_name
-      if number in numbers:
-        outer_top[numbers[number]] = name
-  mapping = {}
-  for bundle in inner_bundles:
-    top, _, rest = bundle.partition("/")
-    mapping[bundle] = f"{outer_top[top]}/{rest}" if rest else outer_top[top]
-  return mapping
+  if bundle == scope:
+    return TOP_LEVEL
+  prefix = "" if scope == TOP_LEVEL else scope + "/"
+  if not bundle.startswith(prefix):
+    return bundle
+  top, _, rest = bundle[len(prefix):].partition("/")
+  base, number = split_number(top)
+  k = number - counters.get(prefix + base, 0)
+  if k >= 0:
+    top = base if k == 0 else f"{base}_{k}"
+  return f"{top}/{rest}" if rest else top

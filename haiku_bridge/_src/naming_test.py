@@ -76,34 +76,43 @@ class KeyPathTest(parameterized.TestCase):
     self.assertEqual(naming.split_number(name), expected)
 
 
-class AllocateInlineNamesTest(absltest.TestCase):
+class OwnBundleTest(parameterized.TestCase):
 
-  @hk.testing.transform_and_run
-  def test_matches_haiku_allocator(self):
-    # Ground truth: the names Haiku gives modules made here, after two
-    # `linear`s and one `mlp` already exist in this scope.
-    hk.Linear(1)
-    hk.Linear(1)
-    hk.nets.MLP([1])
-    mapping = naming.allocate_inline_names(
-        ["linear", "linear_2/~/x", "mlp/~/linear_0", "~"])
-    self.assertEqual(mapping, {"linear": "linear_2",
-                               "linear_2/~/x": "linear_4/~/x",
-                               "mlp/~/linear_0": "mlp_1/~/linear_0",
-                               "~": "~"})
-    # Code after the call continues from the advanced counters.
-    self.assertEqual(hk.Linear(1).module_name, "linear_5")
-    self.assertEqual(hk.nets.MLP([1]).module_name, "mlp_2")
+  @parameterized.parameters("top", "module")
+  def test_matches_haiku_allocator(self, where):
+    # Ground truth: the names Haiku gives the same modules made here (after
+    # two `linear`s and one `mlp`) and in a transform of their own.
+    def made_by_f():
+      return [hk.Linear(1).module_name, hk.nets.MLP([1]).module_name,
+              hk.Linear(1).module_name]
 
-  @hk.testing.transform_and_run
-  def test_inside_module_and_name_scope(self):
-    class M(hk.Module):
+    def here():
+      hk.Linear(1)
+      hk.Linear(1)
+      hk.nets.MLP([1])
+      scope = hk.experimental.current_name()
+      counters = {}
+      for name in ("linear", "mlp"):
+        full = name if scope == naming.TOP_LEVEL else f"{scope}/{name}"
+        counters[full] = {"linear": 2, "mlp": 1}[name]
+      return scope, [naming.own_bundle(f"{n}/~/x", scope, counters)
+                     for n in made_by_f()] + [
+                         naming.own_bundle(scope, scope, counters)]
 
-      def __call__(self):
-        with hk.name_scope("scope"):
-          return naming.allocate_inline_names(["lin", "~"])
+    if where == "top":
+      scope, got = hk.transform(here).apply({}, None)
+    else:
+      scope, got = hk.transform(
+          lambda: type("M", (hk.Module,), {"__call__": lambda self: here()})(
+              name="m")()).apply({}, None)
+    own = hk.transform(made_by_f).apply({}, None)
+    self.assertEqual(got, [f"{n}/~/x" for n in own] + ["~"])
 
-    self.assertEqual(M()(), {"lin": "m/scope/lin", "~": "m/scope"})
+  def test_names_it_did_not_make_stay(self):
+    # A bundle that a lift wrote straight into the scope (transparent_lift).
+    self.assertEqual(naming.own_bundle("m/layer1", "m", {"m/linear": 1}),
+                     "layer1")
+    self.assertEqual(naming.own_bundle("other/w", "m", {}), "other/w")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Pytree types and shape records shared across haiku_bridge."""
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -18,3 +19,67 @@ def spec(x: Any) -> jax.ShapeDtypeStruct:
 def specs(tree: PyTree) -> PyTree:
   """`spec` of every leaf."""
   return jax.tree.map(spec, tree)
+
+
+def key_spec(rng_state: Any) -> jax.ShapeDtypeStruct:
+  """A key like those an rng sequence in state `rng_state` draws.
+
+  `rng_state` is `hk.maybe_get_rng_sequence_state()`; with none, a key like
+  `jax.random.PRNGKey(0)`'s.
+  """
+  if rng_state is None:
+    return default_key_spec()
+  key = rng_state[0]
+  return jax.ShapeDtypeStruct(key.shape, key.dtype)
+
+
+def concrete_key(spec: jax.ShapeDtypeStruct) -> Any:
+  """A key of `spec` with a value (zeros), even inside a JAX trace."""
+  if not jax.dtypes.issubdtype(spec.dtype, jax.dtypes.prng_key):
+    return np.zeros(spec.shape, spec.dtype)
+  with jax.ensure_compile_time_eval():
+    key = jax.random.key(0)
+  if (key.shape, key.dtype) != (spec.shape, spec.dtype):
+    raise TypeError(f"no key of {spec} can be made here.")
+  return key
+
+
+# What JAX raises where code needs the value of an abstract array.
+CONCRETIZATION_ERRORS = (jax.errors.ConcretizationTypeError,
+                         jax.errors.TracerArrayConversionError,
+                         jax.errors.TracerIntegerConversionError,
+                         jax.errors.TracerBoolConversionError)
+
+
+def split_arrays(tree: PyTree, numpy: bool):
+  """The array leaves of `tree`, and `rebuild(arrays)` to put them back.
+
+  Arrays are JAX arrays (tracers among them) and, with `numpy`, NumPy arrays
+  and scalars too; every other leaf stays as it is in `rebuild`'s output.
+  """
+  kinds = (jax.Array, np.ndarray, np.generic) if numpy else (jax.Array,)
+  leaves, treedef = jax.tree.flatten(tree)
+  is_array = [isinstance(x, kinds) for x in leaves]
+  arrays = [x for x, a in zip(leaves, is_array) if a]
+
+  def rebuild(new_arrays):
+    it = iter(new_arrays)
+    return treedef.unflatten([next(it) if a else x
+                              for x, a in zip(leaves, is_array)])
+
+  return arrays, rebuild
+
+
+def default_key_spec() -> jax.ShapeDtypeStruct:
+  """The shape and dtype of `jax.random.PRNGKey(0)` under the PRNG in force.
+
+  `jax_default_prng_impl` decides it: `uint32[2]` for threefry, `uint32[4]`
+  for rbg.
+  """
+  return _key_spec_of(jax.config.jax_default_prng_impl)
+
+
+@functools.lru_cache(maxsize=None)
+def _key_spec_of(impl: str) -> jax.ShapeDtypeStruct:
+  del impl  # The key: jax.random reads the config itself.
+  return jax.eval_shape(lambda: jax.random.PRNGKey(0))

@@ -28,6 +28,7 @@ import numpy as np
 from haiku_bridge._src import caches
 from haiku_bridge._src import call_pure as call_pure_lib
 from haiku_bridge._src import errors
+from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import inline
 from haiku_bridge._src.pytree import PyTree
@@ -35,8 +36,8 @@ from haiku_bridge._src.pytree import InitFn
 
 
 # The names hk.layer_stack gives its stack when not given one.
-NO_PER_LAYER_NAME = "__layer_stack_no_per_layer"
-WITH_PER_LAYER_NAME = "__layer_stack_with_per_layer"
+NO_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[False]
+WITH_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[True]
 
 
 def layer_keys(rng: Optional[jax.Array], num_layers: int) -> Optional[jax.Array]:
@@ -161,7 +162,7 @@ def layer_scan(
     `(carry, ys)`: the last layer's carry, and the per-layer `y`s stacked.
   """
   with errors.entry("layer_scan"):
-    call_pure_lib.require_transform()
+    guards.require_transform()
     num_layers = _num_layers(num_layers, xs)
     if remat_policy is not None and not remat:
       raise ValueError(errors.message("`remat_policy` needs `remat=True`."))
