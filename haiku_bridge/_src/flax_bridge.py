@@ -20,7 +20,7 @@ is first used.
 import contextlib
 import functools
 import inspect
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import flax.errors
 import flax.linen as nn
@@ -193,6 +193,18 @@ def to_nnx(
 # NNX inside Haiku.
 # ---------------------------------------------------------------------------
 
+
+@contextlib.contextmanager
+def _running(api: str) -> Iterator[None]:
+  """Runs an adapter's call: messages name `api`; no eager sharding.
+
+  Haiku places the params (`hkb.ShardingRules.from_foreign` carries the
+  partitioning the module declares), so NNX variables, made when a module is
+  built or merged (a bridge.Module makes them on each call), need no mesh.
+  """
+  with errors.entry(api), nnx.use_eager_sharding(False):
+    yield
+
 _FILTERS = (nnx.Param, nnx.RngKey, nnx.RngCount, ...)
 
 
@@ -244,9 +256,7 @@ def _logical_axis_rules(rules: Optional[Sequence[tuple[str, Any]]]):
 
 
 def _construct_nnx(constructor: NnxConstructor, key: jax.Array) -> nnx.Module:
-  # Haiku places the params (`hkb.ShardingRules.from_foreign`): no mesh is
-  # needed to build a module that declares its partitioning.
-  with nnx.use_eager_sharding(False):
+  with nnx.use_eager_sharding(False):  # See `_running`.
     return foreign_module.constructed(
         lambda: constructor(rngs=nnx.Rngs(key)), keyword="rngs",
         example="`functools.partial(nnx.Linear, 4, 8)` or `lambda rngs: "
@@ -295,7 +305,7 @@ class NnxModule(foreign_module.ForeignModule):
   def __call__(self, *args: Any, method: Optional[Method] = None,
                **kwargs: Any) -> Any:
     """Calls the module's `method` (default: `from_flax`'s, or `__call__`)."""
-    with errors.entry(self._api):
+    with _running(self._api):
       layout, values = foreign_module.built(self._instance, self._recipe)
       params = foreign_module.params(
           layout.params, values and values.params, values and values.param_specs)
@@ -497,13 +507,17 @@ def _linen_specs(params: PyTree) -> list[Optional[PartitionSpec]]:
   return specs
 
 
-def _as_rng_dict(rngs: Any) -> dict[str, Any]:
-  """`rngs=` as Linen's `init` / `apply` take it: a dict, or one key (`params`)."""
+def _as_rng_dict(rngs: Any, bare_key_stream: str) -> dict[str, Any]:
+  """`rngs=` as Linen's `init` / `apply` take it: a dict, or one key.
+
+  One key feeds `bare_key_stream`: Linen's `params`, a bridge.Module's
+  `default` (as each library reads a bare key).
+  """
   if rngs is None:
     return {}
   if isinstance(rngs, Mapping):
     return dict(rngs)
-  return {"params": rngs}
+  return {bare_key_stream: rngs}
 
 
 class LinenModule(foreign_module.ForeignModule):
@@ -523,14 +537,15 @@ class LinenModule(foreign_module.ForeignModule):
   def __call__(self, *args: Any, method: Optional[Method] = None,
                rngs: Any = None, **kwargs: Any) -> Any:
     """Applies the module's `method` (default: `from_flax`'s, or `__call__`)."""
-    with errors.entry(self._api):
+    with _running(self._api):
       if "mutable" in kwargs:
         raise TypeError(errors.message(
             "`mutable=` is the adapter's: every collection but `params` is "
             "Haiku state and always mutable, and sown values are returned "
             "with `intermediates=` (see hkb.from_flax)."))
       method = method or self._method
-      rngs = _as_rng_dict(rngs)
+      rngs = _as_rng_dict(rngs, "default" if isinstance(
+          self._module, nnx.bridge.Module) else "params")
       layout, values = self._built(args, kwargs, rngs, method)
       params = foreign_module.params(
           layout.params, values and values.params, values and values.param_specs)
