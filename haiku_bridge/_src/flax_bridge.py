@@ -205,6 +205,7 @@ def _running(api: str) -> Iterator[None]:
   with errors.entry(api), nnx.use_eager_sharding(False):
     yield
 
+
 _FILTERS = (nnx.Param, nnx.RngKey, nnx.RngCount, ...)
 
 
@@ -338,7 +339,6 @@ class NnxModule(foreign_module.ForeignModule):
         foreign_module.outputs(*foreign_module.flatten(
             sown, prefix=(self._intermediates,)))
       return out
-
 
 
 def _check_nothing_sown(module: nnx.Module, layout: NnxLayout) -> None:
@@ -581,6 +581,7 @@ class LinenModule(foreign_module.ForeignModule):
     key = foreign_module.layout_key(
         "linen", self._module, method, self._streams, args, kwargs)
     if hk.running_init():
+      foreign_module.require_haiku_trace()
       if "params" not in rngs:
         rngs = {"params": hk.maybe_next_rng_key(), **rngs}
       layout, values = _split_linen(self._init(rngs, args, kwargs, method))

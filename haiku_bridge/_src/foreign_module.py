@@ -218,11 +218,16 @@ def built(instance: Any, recipe: Recipe) -> Built:
   if instance is not None:
     return Built(*recipe.split(instance))
   if hk.running_init():
-    inline.require_haiku_trace()
+    require_haiku_trace()
     layout, values = recipe.split(recipe.construct(hk.next_rng_key()))
     _LAYOUTS.put(recipe.cache_key, layout)
     return Built(layout, values)
   return Built(abstract_layout(recipe), None)
+
+
+def require_haiku_trace() -> None:
+  """At init: raises inside a raw JAX transform, as `call_pure` does."""
+  inline.require_haiku_trace()
 
 
 def abstract_layout(recipe: Recipe) -> Any:
@@ -251,10 +256,9 @@ class ForeignModule(hk.Module):
 
   AUTO_REPR = False  # Haiku would take the repr of every argument (a State).
 
-  def __init__(self, class_name_: str, api: str, name: Optional[str]):
-    super().__init__(name=name or snake_case(class_name_))
-    self._class_name = class_name_
-    self._api = f"{api}({class_name_})"  # Messages: `hkb.from_flax(Block): `.
+  def __init__(self, foreign_class: str, api: str, name: Optional[str]):
+    super().__init__(name=name or snake_case(foreign_class))
+    self._api = f"{api}({foreign_class})"  # Messages: `hkb.from_flax(Block): `.
 
 
 def constructed(build: Callable[[], Any], *, keyword: str, example: str,
