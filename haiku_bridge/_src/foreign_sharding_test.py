@@ -96,6 +96,32 @@ class NnxTest(absltest.TestCase):
       self.assertEqual(rules.spec_for("block/up/kernel", (16, 32)),
                        P(None, "model"))
 
+  def test_older_metadata_names(self):
+    class Older(nnx.Module):
+      """`sharding` and `sharding_names`: Flax's older names for `out_sharding`."""
+
+      def __init__(self, *, rngs):
+        key = rngs.params()
+        self.a = nnx.Param(jax.random.normal(key, (16, 8)),
+                           sharding=(None, "model"))
+        self.b = nnx.Param(jax.random.normal(key, (8, 16)),
+                           sharding_names=("model", None))
+
+      def __call__(self, x):
+        return x @ self.a[...] @ self.b[...]
+
+    m = mesh()
+    f = hk.transform(lambda x: hkb.from_flax(Older, name="older")(x))
+    with self.assertWarns(DeprecationWarning):
+      rules = hkb.ShardingRules.from_foreign(f.init, KEY, X)
+    with jax.set_mesh(m):
+      native = Older(rngs=nnx.Rngs(0))
+    theirs = nnx.get_partition_spec(nnx.state(native))
+    self.assertEqual(rules.spec_for("older/a", (16, 8)),
+                     theirs["a"].get_value())
+    self.assertEqual(rules.spec_for("older/b", (8, 16)),
+                     theirs["b"].get_value())
+
   def test_no_mesh_needed_to_build(self):
     # Natively, a module that declares shardings needs a mesh to be built.
     with self.assertRaisesRegex(ValueError, "mesh"):
