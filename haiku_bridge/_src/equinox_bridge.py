@@ -3,7 +3,8 @@
 `from_equinox` wraps an Equinox model (an instance, or a constructor taking
 `key`) as a Haiku module: its arrays become Haiku parameters named by their
 field paths (`layers[0].weight` -> `mlp/layers_0/weight`), its `eqx.nn.State`
-becomes Haiku state, and its `key=` draws from Haiku's rng.
+becomes Haiku state, both stored as `call_pure` stores its params
+(`foreign_module.py`), and its `key=` draws from Haiku's rng.
 
 `to_equinox` goes the other way, for migrating off Haiku: an
 `hk.transform(_with_state)` becomes an `eqx.Module` holding Haiku's params dict
