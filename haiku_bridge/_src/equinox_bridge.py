@@ -3,7 +3,8 @@
 `from_equinox` wraps an Equinox model (an instance, or a constructor taking
 `key`) as a Haiku module: its arrays become Haiku parameters named by their
 field paths (`layers[0].weight` -> `mlp/layers_0/weight`), its `eqx.nn.State`
-becomes Haiku state, and its `key=` draws from Haiku's rng.
+becomes Haiku state, both stored as `call_pure` stores its params
+(`foreign_module.py`), and its `key=` draws from Haiku's rng.
 
 `to_equinox` goes the other way, for migrating off Haiku: an
 `hk.transform(_with_state)` becomes an `eqx.Module` holding Haiku's params dict
@@ -15,6 +16,7 @@ of its names is first used.
 """
 
 import contextlib
+import functools
 import inspect
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
@@ -22,9 +24,10 @@ import equinox as eqx
 import haiku as hk
 import jax
 
-from haiku_bridge._src import foreign_storage
+from haiku_bridge._src import errors
+from haiku_bridge._src import foreign_module
+from haiku_bridge._src.foreign_module import Variables
 from haiku_bridge._src.pytree import PyTree
-from haiku_bridge._src.foreign_storage import Group
 
 EquinoxConstructor = Callable[..., eqx.Module]
 
@@ -127,7 +130,7 @@ def to_equinox(
   Raises:
     ValueError: without `params` and without `key` to initialise them.
   """
-  transformed = _with_state(f)
+  transformed = foreign_module.with_state(f, "to_equinox")
   if params is None:
     if key is None:
       raise ValueError(
@@ -158,8 +161,8 @@ class EquinoxLayout(NamedTuple):
   `eqx.nn.State` (`state_treedef`).
   """
   static: PyTree
-  params: Group
-  state: Group
+  params: Variables
+  state: Variables
   state_treedef: Any
   state_positions: tuple[int, ...]
 
@@ -174,11 +177,16 @@ class EquinoxLayout(NamedTuple):
     return [leaves[p] for p in self.state_positions]
 
 
-def _split_equinox(model: eqx.Module, state: eqx.nn.State,
-                   ) -> tuple[EquinoxLayout, list[list[Any]]]:
+class EquinoxValues(NamedTuple):
+  params: list[Any]
+  state: list[Any]
+
+
+def _split_equinox(built: tuple[eqx.Module, eqx.nn.State],
+                   ) -> tuple[EquinoxLayout, EquinoxValues]:
+  model, state = built
   params, static = eqx.partition(model, _is_param, is_leaf=_is_index)
-  params_group, param_values = foreign_storage.flatten_group(
-      params, attributes=True)
+  params_kind, param_values = foreign_module.flatten(params, attributes=True)
   state_leaves, state_treedef = jax.tree.flatten(state)
   positions = jax.tree.unflatten(state_treedef, range(len(state_leaves)))
 
@@ -186,11 +194,11 @@ def _split_equinox(model: eqx.Module, state: eqx.nn.State,
     return jax.tree.map(lambda x: lookup.get(x) if _is_index(x) else None,
                         model, is_leaf=_is_index)
 
-  state_group, state_values = foreign_storage.flatten_group(
-      by_index(state), attributes=True)
-  layout = EquinoxLayout(static, params_group, state_group, state_treedef,
+  state_kind, state_values = foreign_module.flatten(by_index(state),
+                                                    attributes=True)
+  layout = EquinoxLayout(static, params_kind, state_kind, state_treedef,
                          tuple(jax.tree.leaves(by_index(positions))))
-  return layout, [param_values, state_values]
+  return layout, EquinoxValues(param_values, state_values)
 
 
 def _takes(fn: Callable[..., Any], argument: str) -> bool:
@@ -202,77 +210,76 @@ def _takes(fn: Callable[..., Any], argument: str) -> bool:
       p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
-class EquinoxModule(foreign_storage.ScopeModule):
+def _construct(constructor: EquinoxConstructor, key: jax.Array,
+               ) -> tuple[eqx.Module, eqx.nn.State]:
+  return foreign_module.constructed(
+      lambda: eqx.nn.make_with_state(constructor)(key=key), keyword="key",
+      example="`functools.partial(eqx.nn.Linear, 4, 8)` or `lambda key: "
+      "eqx.nn.Linear(4, 8, key=key)`", expected=eqx.Module,
+      expected_name="eqx.Module", module_of=lambda built: built[0])
+
+
+def _recipe(constructor: EquinoxConstructor) -> foreign_module.Recipe:
+  return foreign_module.Recipe(
+      construct=functools.partial(_construct, constructor),
+      construct_abstract=lambda: eqx.filter_eval_shape(
+          _construct, constructor, jax.random.PRNGKey(0)),
+      split=_split_equinox,
+      cache_key=foreign_module.layout_key("equinox", constructor))
+
+
+class EquinoxModule(foreign_module.ForeignModule):
   """An Equinox model inside a Haiku transform (see `from_equinox`)."""
 
   def __init__(self, model: eqx.Module | EquinoxConstructor, *,
                state: Optional[eqx.nn.State] = None,
                name: Optional[str] = None):
     self._instance = model if isinstance(model, eqx.Module) else None
-    self._constructor = None if self._instance is not None else model
     self._instance_state = state
-    self._class_name = (_class_name(model) or
-                        type(_abstract_layout(model).static).__name__)
-    super().__init__(name=name or foreign_storage.snake_case(self._class_name))
-    self._what = f"hkb.from_equinox({self._class_name})"
+    self._recipe = (_recipe(model) if self._instance is None else
+                    foreign_module.Recipe(None, None, _split_equinox, None))
+    class_name = foreign_module.class_name(model, eqx.Module)
+    if class_name is None:
+      with errors.entry("from_equinox"):
+        class_name = type(
+            foreign_module.abstract_layout(self._recipe).static).__name__
+    super().__init__(class_name, "from_equinox", name)
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    layout, values = self._layout()
-    foreign_storage.check_names(self._what, (layout.params, layout.state),
-                                ("parameter", "state"))
-    storage = foreign_storage.Storage(self, self._what)
-    params = storage.params(layout.params, values and values[0])
-    old_state = storage.state(layout.state, values and values[1])
-    model = eqx.combine(layout.params.unflatten(params), layout.static,
-                        is_leaf=_is_index)
-    if "inference" in kwargs and not _takes(model.__call__, "inference"):
-      model = eqx.nn.inference_mode(model, value=kwargs.pop("inference"))
-    if "key" not in kwargs and _takes(model.__call__, "key"):
-      kwargs["key"] = hk.maybe_next_rng_key()
-    with self._explain_missing_key(kwargs):
-      if not layout.state.names:
-        return model(*args, **kwargs)
-      result = model(*args, layout.make_state(old_state), **kwargs)
-    if not (isinstance(result, tuple) and len(result) == 2 and
-            isinstance(result[1], eqx.nn.State)):
-      raise TypeError(
-          f"{self._what} has state, so it is called as `model(*args, state, "
-          "**kwargs)` and must return `(out, state)`; it returned "
-          f"{type(result).__name__}. Return the state that "
-          "`state.set(...)` gives.")
-    out, new_state = result
-    if jax.tree.structure(new_state) != layout.state_treedef:
-      raise ValueError(
-          f"{self._what} returned a state of another structure than it was "
-          f"given ({jax.tree.structure(new_state)} instead of "
-          f"{layout.state_treedef}). Haiku state keeps its structure from "
-          "init: update each eqx.nn.StateIndex with `state.set`, keeping "
-          "its shapes and dtypes.")
-    storage.set_state(layout.state, old_state, layout.state_leaves(new_state))
-    return out
-
-  def _layout(self) -> tuple[EquinoxLayout, Optional[list[list[Any]]]]:
-    if self._instance is not None:
-      return _split_equinox(self._instance, self._own_state())
-    if hk.running_init():
-      layout, values = _split_equinox(*_construct(
-          self._constructor, hk.next_rng_key(), self._what))
-      foreign_storage.cache_put(("equinox", self._constructor), layout)
-      return layout, values
-    return _abstract_layout(self._constructor, self._what), None
-
-  @contextlib.contextmanager
-  def _explain_missing_key(self, kwargs: dict[str, Any]) -> Iterator[None]:
-    try:
-      yield
-    except RuntimeError as e:
-      if "key" not in kwargs or kwargs["key"] is not None:
-        raise
-      raise RuntimeError(
-          f"{self._what}: {e} It was called with key=None: the Haiku "
-          "transform has no rng here. Pass an rng to apply "
-          "(f.apply(params, state, rng, ...)), or call it with "
-          "inference=True.") from e
+    with errors.entry(self._api):
+      instance = (None if self._instance is None
+                  else (self._instance, self._own_state()))
+      layout, values = foreign_module.built(instance, self._recipe)
+      params = foreign_module.params(layout.params, values and values.params)
+      old_state = foreign_module.state(layout.state, values and values.state)
+      model = eqx.combine(layout.params.unflatten(params), layout.static,
+                          is_leaf=_is_index)
+      if "inference" in kwargs and not _takes(model.__call__, "inference"):
+        model = eqx.nn.inference_mode(model, value=kwargs.pop("inference"))
+      if "key" not in kwargs and _takes(model.__call__, "key"):
+        kwargs["key"] = hk.maybe_next_rng_key()
+      with _explain_missing_key(kwargs):
+        if not layout.state.names:
+          return model(*args, **kwargs)
+        result = model(*args, layout.make_state(old_state), **kwargs)
+      if not (isinstance(result, tuple) and len(result) == 2 and
+              isinstance(result[1], eqx.nn.State)):
+        raise TypeError(errors.message(
+            "the model has state, so it is called as `model(*args, state, "
+            "**kwargs)` and must return `(out, state)`; it returned "
+            f"{errors.describe(result)}. Return the state that "
+            "`state.set(...)` gives."))
+      out, new_state = result
+      if jax.tree.structure(new_state) != layout.state_treedef:
+        raise ValueError(errors.message(
+            "the model returned a state of another structure than it was "
+            f"given ({jax.tree.structure(new_state)} instead of "
+            f"{layout.state_treedef}). Haiku state keeps its structure from "
+            "init: update each eqx.nn.StateIndex with `state.set`, keeping "
+            "its shapes and dtypes."))
+      foreign_module.write_state(layout.state, old_state,
+                                 layout.state_leaves(new_state))
+      return out
 
   def _own_state(self) -> eqx.nn.State:
     if self._instance_state is not None:
@@ -280,47 +287,23 @@ class EquinoxModule(foreign_storage.ScopeModule):
     try:
       return eqx.nn.State(self._instance)
     except ValueError as e:
-      raise ValueError(
-          f"{self._what}: the model's initial state is not in it (it was "
-          "made by eqx.nn.make_with_state). Pass its state too: "
-          "hkb.from_equinox(model, state=state).") from e
+      raise ValueError(errors.message(
+          "the model's initial state is not in it (it was made by "
+          "eqx.nn.make_with_state). Pass its state too: "
+          "hkb.from_equinox(model, state=state).")) from e
 
 
-
-def _construct(constructor: EquinoxConstructor, key: jax.Array,
-               what: str) -> tuple[eqx.Module, eqx.nn.State]:
+@contextlib.contextmanager
+def _explain_missing_key(kwargs: dict[str, Any]) -> Iterator[None]:
   try:
-    model, state = eqx.nn.make_with_state(constructor)(key=key)
-  except TypeError as e:
-    raise TypeError(
-        f"{what}: calling the constructor with `key=` alone failed: {e}. An "
-        "Equinox model takes its input sizes when it is constructed, so pass "
-        "a constructor with them bound, e.g. `functools.partial("
-        "eqx.nn.Linear, 4, 8)` or `lambda key: eqx.nn.Linear(4, 8, "
-        "key=key)`.") from e
-  if not isinstance(model, eqx.Module):
-    raise TypeError(f"{what}: the constructor returned a "
-                    f"{type(model).__name__}, not an eqx.Module.")
-  return model, state
-
-
-def _abstract_layout(constructor: EquinoxConstructor,
-                     what: str = "hkb.from_equinox") -> EquinoxLayout:
-  """The layout of what `constructor` builds, without building it (cached)."""
-  layout = foreign_storage.cache_get(("equinox", constructor))
-  if layout is None:
-    layout = _split_equinox(*eqx.filter_eval_shape(
-        _construct, constructor, jax.random.PRNGKey(0), what))[0]
-    foreign_storage.cache_put(("equinox", constructor), layout)
-  return layout
-
-
-def _class_name(model: Any) -> Optional[str]:
-  """The class a constructor builds, when it says so without being called."""
-  if isinstance(model, eqx.Module):
-    return type(model).__name__
-  target = getattr(model, "func", model)  # functools.partial
-  return target.__name__ if isinstance(target, type) else None
+    yield
+  except RuntimeError as e:
+    if "key" not in kwargs or kwargs["key"] is not None:
+      raise
+    raise RuntimeError(errors.message(
+        f"{e} It was called with key=None: the Haiku transform has no rng "
+        "here. Pass an rng to apply (f.apply(params, state, rng, ...)), or "
+        "call it with inference=True.")) from e
 
 
 # ---------------------------------------------------------------------------
@@ -359,14 +342,3 @@ class HaikuModel(eqx.Module):
   def haiku_state(self, state: eqx.nn.State) -> hk.State:
     """The Haiku state dict held in `state` (`{}` for a model without one)."""
     return {} if self.state_index is None else state.get(self.state_index)
-
-
-def _with_state(f: Any) -> hk.TransformedWithState:
-  if isinstance(f, hk.TransformedWithState):
-    return f
-  if isinstance(f, hk.Transformed):
-    return hk.with_empty_state(f)
-  raise TypeError(
-      "hkb.to_equinox takes the output of hk.transform or "
-      f"hk.transform_with_state; got {type(f).__name__}. Wrap the Haiku "
-      "function first: hkb.to_equinox(hk.transform_with_state(f), ...).")

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import equinox_bridge
-from haiku_bridge._src import foreign_storage
+from haiku_bridge._src import caches
 
 X = jax.random.normal(jax.random.PRNGKey(7), [6, 4])
 
@@ -171,10 +171,49 @@ class NativeTest(parameterized.TestCase):
 
   def test_apply_without_init_in_process(self):
     m, s = eqx.nn.make_with_state(Net)(key=jax.random.PRNGKey(1))
-    foreign_storage.clear_cache()
+    caches.clear_caches()
     make = lambda: hkb.from_equinox(functools.partial(Net, 4, 3))
     y, _ = batched(make).apply(net_params(m), net_state(m, s), None, X)
     np.testing.assert_allclose(y, native_batched(m, s, X)[0], rtol=1e-6)
+
+
+class IssueRowsTest(absltest.TestCase):
+
+  def test_instance_with_its_state_constructs_and_matches_native(self):
+    bn = eqx.nn.BatchNorm(4, "batch", mode="batch")
+    state = eqx.nn.State(bn)
+    f = batched(lambda: hkb.from_equinox(bn, state=state))
+    params, hk_state = f.init(None, X)
+    y, hk_state = f.apply(params, hk_state, None, X)
+    native, native_state = native_batched(bn, state, X)
+    np.testing.assert_allclose(y, native, rtol=1e-6)
+    mean, var = native_state.get(bn.batch_state_index)
+    np.testing.assert_allclose(hk_state["batch_norm"]["batch_state_index_0"],
+                               mean, rtol=1e-6)
+    np.testing.assert_allclose(hk_state["batch_norm"]["batch_state_index_1"],
+                               var, rtol=1e-6)
+
+  def test_bfloat16_creator_as_call_pure(self):
+    def creator(next_creator, shape, dtype, init, context):
+      del dtype, context
+      return next_creator(shape, jnp.bfloat16, init)
+
+    def pure_init(rng, x):
+      m = eqx.nn.Linear(4, 3, key=rng)
+      return {"weight": m.weight, "bias": m.bias}
+
+    def run(bridged):
+      def f(x):
+        with hk.custom_creator(creator):
+          return bridged(x)
+      return hk.transform(f).init(jax.random.PRNGKey(0), X[0])
+
+    ours = run(lambda x: hkb.from_equinox(
+        functools.partial(eqx.nn.Linear, 4, 3))(x))
+    theirs = run(lambda x: hkb.call_pure(lambda p, x: x, x, init=pure_init,
+                                         name="linear"))
+    self.assertEqual(ours["linear"]["weight"].dtype, jnp.bfloat16)
+    chex.assert_trees_all_equal(ours, theirs)
 
 
 class TransformsTest(absltest.TestCase):
@@ -270,18 +309,25 @@ class ErrorsTest(absltest.TestCase):
 
     f = hk.transform_with_state(lambda x: hkb.from_equinox(Forgets)(x))
     with self.assertRaisesRegex(
-        TypeError, r"from_equinox\(Forgets\) has state.*must return `\(out, "
-        r"state\)`; it returned Array"):
+        TypeError, r"hkb.from_equinox\(Forgets\): the model has state.*must "
+        r"return `\(out, state\)`; it returned an array float32\[6, 4\]"):
       f.init(jax.random.PRNGKey(0), X)
 
-  def test_wrong_param_shape(self):
+  def test_wrong_param_shape_is_worded_as_call_pure(self):
     f = batched(lambda: hkb.from_equinox(Net))
     params, state = f.init(jax.random.PRNGKey(0), X)
     params["net/lin"]["weight"] = jnp.zeros([8, 5])
-    with self.assertRaisesRegex(
-        ValueError, r"from_equinox\(Net\): parameter 'lin.weight' \(Haiku "
-        r"parameter 'net/lin/weight', expected float32\[8, 4\]\)"):
+    with self.assertRaises(ValueError) as ours:
       f.apply(params, state, None, X)
+    pure = hk.transform(lambda x: hkb.call_pure(
+        lambda p, x: x, x, name="net",
+        init=lambda rng, x: {"lin": {"weight": jnp.zeros([8, 4])}}))
+    with self.assertRaises(ValueError) as theirs:
+      pure.apply({"net/lin": {"weight": jnp.zeros([8, 5])}}, None, X)
+    self.assertEqual(
+        str(ours.exception),
+        str(theirs.exception).replace("hkb.call_pure", "hkb.from_equinox(Net)")
+        .replace("['lin']['weight']", "lin.weight"))
 
 
 # ---------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 `rngs`) or a Flax Linen module as a Haiku module. Its parameters become Haiku
 parameters and its mutable variables Haiku state, named by the module's own
 attribute paths under the Haiku scope (`block/linear1/kernel`: no `value`, no
-`params` level); its rng streams draw from Haiku's rng.
+`params` level), stored as `call_pure` stores its params
+(`foreign_module.py`); its rng streams draw from Haiku's rng; its declared
+partitioning is kept for `hkb.ShardingRules.from_foreign`.
 
 `to_nnx` goes the other way, for migrating off Haiku: an `hk.transform(_with_state)`
 becomes an `nnx.Module` whose `nnx.Param`s keep Haiku's names, so that a Haiku
@@ -15,7 +17,10 @@ imports it, and `haiku_bridge` imports this module only when one of its names
 is first used.
 """
 
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+import contextlib
+import functools
+import inspect
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import flax.errors
 import flax.linen as nn
@@ -24,12 +29,18 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
-from haiku_bridge._src import foreign_storage
+from haiku_bridge._src import errors
+from haiku_bridge._src import foreign_module
+from haiku_bridge._src import foreign_sharding
+from haiku_bridge._src import guards
+from haiku_bridge._src.foreign_module import Variables
 from haiku_bridge._src.pytree import PyTree
-from haiku_bridge._src.foreign_storage import Group
 
 NnxConstructor = Callable[..., nnx.Module]
+# A method of the foreign module: its name, or a function taking the module.
+Method = str | Callable[..., Any]
 
 # ---------------------------------------------------------------------------
 # Public API.
@@ -40,8 +51,10 @@ def from_flax(
     module: nnx.Module | NnxConstructor | nn.Module,
     *,
     name: Optional[str] = None,
+    method: Optional[Method] = None,
     rng_streams: Sequence[str] = ("dropout",),
-) -> hk.Module:
+    intermediates: Optional[str] = None,
+) -> "NnxModule | LinenModule":
   """A Flax NNX or Linen module as a Haiku module.
 
   Create it inside a Haiku transform, as any Haiku module, and call it like
@@ -70,14 +83,35 @@ def from_flax(
   >>> jax.tree.map(jnp.shape, f.init(jax.random.PRNGKey(0), jnp.ones([2, 4])))
   {'proj': {'bias': (3,), 'kernel': (4, 3)}}
 
+  Another method than `__call__`, per call (`method=` as Linen's `apply`
+  takes it): an embedding whose `attend` shares its table.
+
+  >>> import functools
+  >>> def lm(tokens):
+  ...   embed = hkb.from_flax(functools.partial(nnx.Embed, 10, 4))
+  ...   return embed(embed(tokens), method="attend")  # Tied weights.
+  >>> f = hk.transform(lm)
+  >>> params = f.init(jax.random.PRNGKey(0), jnp.array([1, 2]))
+  >>> list(params), f.apply(params, None, jnp.array([1, 2])).shape
+  (['embed'], (2, 10))
+
   Args:
     module: an `nnx.Module` instance (its current weights are the initial
       params); a constructor `module(rngs=...)` returning one (called at init
       with `nnx.Rngs` seeded from Haiku's rng sequence, e.g.
-      `functools.partial(nnx.Linear, 4, 8)`); or a Linen `nn.Module`.
+      `functools.partial(nnx.Linear, 4, 8)`); or a Linen `nn.Module` (or
+      an `nnx.bridge.Module`, which Flax runs as Linen runs its modules).
     name: the Haiku module name; default: the Flax class name in snake case.
+    method: the method each call runs, unless the call names another with
+      `method=`: a method name (`"attend"`) or a function taking the module
+      first (`nnx.Embed.attend`); default `__call__`.
     rng_streams: Linen only: the rng streams (besides `params`) that the
-      module draws from at apply, each fed from Haiku's rng.
+      module draws from, each fed from Haiku's rng.
+    intermediates: where sown values go (Linen `self.sow(...)`, NNX
+      `self.sow(nnx.Intermediate, ...)`): a Haiku name below the adapter
+      (e.g. `"intermediates"`), under which each call returns them as Haiku
+      state (`state["block/intermediates/..."]`); default None: Linen drops
+      them (as its own `apply` does), and NNX raises, naming this option.
 
   Returns:
     A Haiku module, `NnxModule` or `LinenModule`. NNX: `nnx.Param`s become
@@ -91,10 +125,12 @@ def from_flax(
     TypeError: for something that is neither an NNX module, a constructor
       nor a Linen module.
   """
-  if isinstance(module, nn.Module):
-    return LinenModule(module, rng_streams=rng_streams, name=name)
+  if isinstance(module, (nn.Module, nnx.bridge.Module)):
+    return LinenModule(module, method=method, rng_streams=rng_streams,
+                       intermediates=intermediates, name=name)
   if isinstance(module, nnx.Module) or callable(module):
-    return NnxModule(module, name=name)
+    return NnxModule(module, method=method, intermediates=intermediates,
+                     name=name)
   raise TypeError(
       f"hkb.from_flax takes an nnx.Module, a constructor `f(rngs=...)` that "
       f"returns one, or a Linen nn.Module; got {type(module).__name__}.")
@@ -143,7 +179,7 @@ def to_nnx(
   Raises:
     ValueError: without `params` and without `rngs` to initialise them.
   """
-  transformed = _with_state(f, "to_nnx")
+  transformed = foreign_module.with_state(f, "to_nnx")
   if params is None:
     if rngs is None:
       raise ValueError(
@@ -159,62 +195,103 @@ def to_nnx(
 # ---------------------------------------------------------------------------
 
 
-class NnxLayout(NamedTuple):
-  """An NNX module taken apart: its graph and its variables, by kind."""
-  graphdef: Any
-  params: Group
-  rng_keys: Group
-  rng_counts: Group
-  state: Group
-  class_name: str
+@contextlib.contextmanager
+def _running(api: str) -> Iterator[None]:
+  """Runs an adapter's call: messages name `api`; no eager sharding.
+
+  Haiku places the params (`hkb.ShardingRules.from_foreign` carries the
+  partitioning the module declares), so NNX variables, made when a module is
+  built or merged (a bridge.Module makes them on each call), need no mesh.
+  """
+  with errors.entry(api), nnx.use_eager_sharding(False):
+    yield
 
 
 _FILTERS = (nnx.Param, nnx.RngKey, nnx.RngCount, ...)
 
 
-def _split_nnx(module: nnx.Module) -> tuple[NnxLayout, list[list[Any]]]:
+class NnxLayout(NamedTuple):
+  """An NNX module taken apart: its graph and its variables, by kind."""
+  graphdef: Any
+  params: Variables
+  rng_keys: Variables
+  rng_counts: Variables
+  state: Variables
+  class_name: str
+
+
+class NnxValues(NamedTuple):
+  """The leaves of a built NNX module, by kind, and its declared partitioning."""
+  params: list[Any]
+  rng_keys: list[Any]
+  rng_counts: list[Any]
+  state: list[Any]
+  param_specs: Optional[list[Optional[PartitionSpec]]]
+
+
+def _split_nnx(module: nnx.Module) -> tuple[NnxLayout, NnxValues]:
   graphdef, *states = nnx.split(module, *_FILTERS)
-  groups, values = zip(*(foreign_storage.flatten_group(s) for s in states))
-  return NnxLayout(graphdef, *groups, type(module).__name__), list(values)
+  kinds, values = zip(*(foreign_module.flatten(s) for s in states))
+  layout = NnxLayout(graphdef, *kinds, type(module).__name__)
+  specs = (_nnx_specs(states[0]) if foreign_sharding.active() is not None
+           else None)
+  return layout, NnxValues(*values, specs)
 
 
-def _construct_nnx(constructor: NnxConstructor, key: jax.Array,
-                   what: str) -> nnx.Module:
-  try:
-    module = constructor(rngs=nnx.Rngs(key))
-  except TypeError as e:
-    raise TypeError(
-        f"{what}: calling the constructor with `rngs=` alone failed: {e}. An "
-        "NNX module takes its input sizes when it is constructed, so pass a "
-        "constructor with them bound, e.g. `functools.partial(nnx.Linear, 4, "
-        "8)` or `lambda rngs: nnx.Linear(4, 8, rngs=rngs)`.") from e
-  if not isinstance(module, nnx.Module):
-    raise TypeError(f"{what}: the constructor returned a "
-                    f"{type(module).__name__}, not an nnx.Module.")
-  return module
+def _nnx_specs(params: nnx.State) -> list[Optional[PartitionSpec]]:
+  """Per param leaf: the spec NNX gives its `out_sharding` metadata, or None."""
+  rules = foreign_sharding.active().logical_axis_rules
+  specs = []
+  with _logical_axis_rules(rules):
+    for variable in jax.tree.leaves(
+        params, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+      declared = variable.get_metadata().get("out_sharding")
+      spec = nnx.spmd.get_var_pspec(variable) if declared else None
+      specs.extend([spec] * len(jax.tree.leaves(variable)))
+  return specs
 
 
-def _abstract_nnx_layout(constructor: NnxConstructor, what: str) -> NnxLayout:
-  """The layout of what `constructor` builds, without building it (cached)."""
-  layout = foreign_storage.cache_get(("nnx", constructor))
-  if layout is None:
-    layout = _split_nnx(nnx.eval_shape(
-        lambda: _construct_nnx(constructor, jax.random.PRNGKey(0), what)))[0]
-    foreign_storage.cache_put(("nnx", constructor), layout)
-  return layout
+def _logical_axis_rules(rules: Optional[Sequence[tuple[str, Any]]]):
+  if rules is None:
+    return contextlib.nullcontext()
+  return nn.logical_axis_rules(rules)
 
 
-class NnxModule(foreign_storage.ScopeModule):
+def _construct_nnx(constructor: NnxConstructor, key: jax.Array) -> nnx.Module:
+  with nnx.use_eager_sharding(False):  # See `_running`.
+    return foreign_module.constructed(
+        lambda: constructor(rngs=nnx.Rngs(key)), keyword="rngs",
+        example="`functools.partial(nnx.Linear, 4, 8)` or `lambda rngs: "
+        "nnx.Linear(4, 8, rngs=rngs)`", expected=nnx.Module,
+        expected_name="nnx.Module")
+
+
+def _nnx_recipe(constructor: NnxConstructor) -> foreign_module.Recipe:
+  return foreign_module.Recipe(
+      construct=functools.partial(_construct_nnx, constructor),
+      construct_abstract=lambda: nnx.eval_shape(
+          lambda: _construct_nnx(constructor, jax.random.PRNGKey(0))),
+      split=_split_nnx,
+      cache_key=foreign_module.layout_key("nnx", constructor))
+
+
+class NnxModule(foreign_module.ForeignModule):
   """A Flax NNX module inside a Haiku transform (see `from_flax`)."""
 
-  def __init__(self, module: nnx.Module | NnxConstructor,
+  def __init__(self, module: nnx.Module | NnxConstructor, *,
+               method: Optional[Method] = None,
+               intermediates: Optional[str] = None,
                name: Optional[str] = None):
     self._instance = module if isinstance(module, nnx.Module) else None
-    self._constructor = None if self._instance is not None else module
-    self._class_name = (_class_name(module) or _abstract_nnx_layout(
-        module, "hkb.from_flax").class_name)
-    super().__init__(name=name or foreign_storage.snake_case(self._class_name))
-    self._what = f"hkb.from_flax({self._class_name})"
+    self._recipe = (_nnx_recipe(module) if self._instance is None else
+                    foreign_module.Recipe(None, None, _split_nnx, None))
+    class_name = foreign_module.class_name(module, nnx.Module)
+    if class_name is None:
+      with errors.entry("from_flax"):
+        class_name = foreign_module.abstract_layout(self._recipe).class_name
+    super().__init__(class_name, "from_flax", name)
+    self._method = method
+    self._intermediates = intermediates
     self._mode: Optional[tuple[str, dict[str, Any]]] = None
 
   def train(self, **attributes: Any) -> "NnxModule":
@@ -227,94 +304,133 @@ class NnxModule(foreign_storage.ScopeModule):
     self._mode = ("eval", attributes)
     return self
 
-  def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    layout, values = self._layout()
-    foreign_storage.check_names(self._what, (layout.params, layout.state),
-                                ("parameter", "variable"))
-    storage = foreign_storage.Storage(self, self._what)
-    params = storage.params(layout.params, values and values[0])
-    old_state = storage.state(layout.state, values and values[3])
-    key = hk.maybe_next_rng_key() if layout.rng_keys.names else None
-    counts = [np.zeros(s.shape, s.dtype) for s in layout.rng_counts.specs]
-    module = nnx.merge(
-        layout.graphdef, layout.params.unflatten(params),
-        layout.rng_keys.unflatten(_stream_keys(key, layout.rng_keys, values)),
-        layout.rng_counts.unflatten(counts), layout.state.unflatten(old_state))
-    if self._mode is not None:
-      getattr(module, self._mode[0])(**self._mode[1])
-    graphdef = nnx.graphdef(module)
-    out = module(*args, **kwargs)
-    new_graphdef, *new = nnx.split(module, *_FILTERS)
-    if new_graphdef != graphdef:
-      raise ValueError(self._static_change(graphdef, layout, module))
-    new_params, _, new_counts, new_state = (jax.tree.leaves(s) for s in new)
-    self._check_params_kept(layout.params, params, new_params)
-    if key is None:
-      self._check_no_rng_drawn(layout.rng_counts, new_counts)
-    storage.set_state(layout.state, old_state, new_state)
-    return out
-
-  # How the module is built: at init for real, at apply only its layout.
-
-  def _layout(self) -> tuple[NnxLayout, Optional[list[list[Any]]]]:
-    if self._instance is not None:
-      return _split_nnx(self._instance)
-    if hk.running_init():
-      layout, values = _split_nnx(_construct_nnx(
-          self._constructor, hk.next_rng_key(), self._what))
-      foreign_storage.cache_put(("nnx", self._constructor), layout)
-      return layout, values
-    return _abstract_nnx_layout(self._constructor, self._what), None
-
-  # Checks after the call, each with what to do.
-
-  def _static_change(self, graphdef, layout: NnxLayout, module) -> str:
-    before = nnx.merge(graphdef, *(
-        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype)
-                     if not jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key)
-                     else jax.random.key(0), g.unflatten(g.specs))
-        for g in (layout.params, layout.rng_keys, layout.rng_counts,
-                  layout.state)))
-    old, new = _static_attributes(before), _static_attributes(module)
-    changes = [f"{p}: {old.get(p, '(absent)')!r} -> {new.get(p, '(absent)')!r}"
-               for p in sorted(set(old) | set(new)) if old.get(p) != new.get(p)]
-    return (
-        f"{self._what} changed its structure during the call ("
-        + "; ".join(changes[:5]) + "). Haiku keeps only arrays between "
-        "calls, as params and state, so a change to a Python attribute or a "
-        "new nnx.Variable would be lost. Keep values that change in "
-        "nnx.Variables created in __init__ (e.g. nnx.BatchStat or your own "
-        "nnx.Variable subclass): they become Haiku state.")
-
-  def _check_params_kept(self, group: Group, old, new) -> None:
-    for path, before, after in zip(group.paths, old, new):
-      if after is not before:
-        raise ValueError(
-            f"{self._what} assigned to its nnx.Param '{path}' during the "
-            "call. Haiku params are read-only in apply: hold values that the "
-            "call updates in another nnx.Variable type (it becomes Haiku "
-            "state).")
-
-  def _check_no_rng_drawn(self, group: Group, counts) -> None:
-    for path, count in zip(group.paths, counts):
-      if not isinstance(count, np.ndarray) or count.any():
-        raise ValueError(
-            f"{self._what} drew a key from its rng stream at "
-            f"'{path.rsplit('.', 1)[0]}', but the "
-            "Haiku transform has no rng here. Pass an rng to apply "
-            "(f.apply(params, state, rng, ...)), or run the module in "
-            "evaluation mode (`.eval()` on the adapter, or its own "
-            "`deterministic=True`).")
+  def __call__(self, *args: Any, method: Optional[Method] = None,
+               **kwargs: Any) -> Any:
+    """Calls the module's `method` (default: `from_flax`'s, or `__call__`)."""
+    with _running(self._api):
+      layout, values = foreign_module.built(self._instance, self._recipe)
+      params = foreign_module.params(
+          layout.params, values and values.params, values and values.param_specs)
+      old_state = foreign_module.state(layout.state, values and values.state)
+      key = hk.maybe_next_rng_key() if layout.rng_keys.names else None
+      counts = [jnp.zeros(s.shape, s.dtype) for s in layout.rng_counts.specs]
+      module = nnx.merge(
+          layout.graphdef, layout.params.unflatten(params),
+          layout.rng_keys.unflatten(_stream_keys(key, layout.rng_keys, values)),
+          layout.rng_counts.unflatten(counts), layout.state.unflatten(old_state))
+      if self._mode is not None:
+        getattr(module, self._mode[0])(**self._mode[1])
+      graphdef = nnx.graphdef(module)
+      call = functools.partial(_call, method=method or self._method)
+      if self._intermediates is None:
+        out, sown = call(module, *args, **kwargs), None
+      else:
+        out, sown = nnx.capture(call, nnx.Intermediate)(module, *args, **kwargs)
+      new_graphdef, *new = nnx.split(module, *_FILTERS)
+      if new_graphdef != graphdef:
+        _check_nothing_sown(module, layout)
+        raise ValueError(errors.message(_static_change(graphdef, layout,
+                                                       module)))
+      new_params, _, new_counts, new_state = (jax.tree.leaves(s) for s in new)
+      _check_params_kept(layout.params, params, new_params)
+      if key is None:
+        _check_no_rng_drawn(layout.rng_counts, counts, new_counts)
+      foreign_module.write_state(layout.state, old_state, new_state)
+      if sown is not None:
+        foreign_module.outputs(*foreign_module.flatten(
+            sown, prefix=(self._intermediates,)))
+      return out
 
 
-def _stream_keys(key: Optional[jax.Array], group: Group,
-                 values: Optional[list[list[Any]]]) -> list[Any]:
+def _check_nothing_sown(module: nnx.Module, layout: NnxLayout) -> None:
+  """Raises if the call sowed values as new attributes (outside a capture)."""
+  held = set(layout.state.paths)
+  sown = nnx.state(module, lambda path, value: (
+      isinstance(value, nnx.Intermediate) and
+      foreign_module.attribute_path(path) not in held))
+  if jax.tree.leaves(sown):
+    raise ValueError(errors.message(
+        "the call sowed nnx.Intermediate values ("
+        + ", ".join(foreign_module.flatten(sown)[0].paths)
+        + "). Haiku keeps only params and state between calls: pass "
+        "`intermediates=\"intermediates\"` to hkb.from_flax to get them "
+        "back as Haiku state under that name."))
+
+
+def _call(module: nnx.Module, *args: Any, method: Optional[Method],
+          **kwargs: Any) -> Any:
+  return _bound_method(module, method)(*args, **kwargs)
+
+
+def _bound_method(module: Any, method: Optional[Method]) -> Callable[..., Any]:
+  """`method` of `module`: a name, a function taking it first, or None."""
+  if method is None:
+    return module
+  if isinstance(method, str):
+    bound = getattr(module, method, None)
+    if not callable(bound):
+      public = sorted(n for n, v in inspect.getmembers(type(module))
+                      if inspect.isfunction(v) and not n.startswith("_"))
+      raise AttributeError(errors.message(
+          f"`method={method!r}` is not a method of {type(module).__name__} "
+          f"(its methods: {', '.join(public)}). Pass a method name, or a "
+          f"function taking the module first, e.g. "
+          f"`{type(module).__name__}.{public[0] if public else 'method'}`."))
+    return bound
+  if callable(method):
+    return functools.partial(getattr(method, "__func__", method), module)
+  raise TypeError(errors.message(
+      f"`method=` is {errors.describe(method)}; pass a method name or a "
+      "function taking the module first."))
+
+
+def _static_change(graphdef, layout: NnxLayout, module) -> str:
+  before = nnx.merge(graphdef, *(
+      jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype)
+                   if not jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key)
+                   else jax.random.key(0), v.unflatten(v.specs))
+      for v in (layout.params, layout.rng_keys, layout.rng_counts,
+                layout.state)))
+  old, new = _static_attributes(before), _static_attributes(module)
+  changes = [f"{p}: {old.get(p, '(absent)')!r} -> {new.get(p, '(absent)')!r}"
+             for p in sorted(set(old) | set(new)) if old.get(p) != new.get(p)]
+  return (
+      "the module changed its structure during the call ("
+      + "; ".join(changes[:5]) + "). Haiku keeps only arrays between "
+      "calls, as params and state, so a change to a Python attribute or a "
+      "new nnx.Variable would be lost. Keep values that change in "
+      "nnx.Variables created in __init__ (e.g. nnx.BatchStat or your own "
+      "nnx.Variable subclass): they become Haiku state.")
+
+
+def _check_params_kept(variables: Variables, old, new) -> None:
+  for path, before, after in zip(variables.paths, old, new):
+    if after is not before:
+      raise ValueError(errors.message(
+          f"the module assigned to its nnx.Param '{path}' during the call. "
+          "Haiku params are read-only in apply: hold values that the call "
+          "updates in another nnx.Variable type (it becomes Haiku state)."))
+
+
+def _check_no_rng_drawn(variables: Variables, old, new) -> None:
+  for path, before, after in zip(variables.paths, old, new):
+    if after is not before:
+      raise ValueError(errors.message(
+          f"the module drew a key from its rng stream at "
+          f"'{path.rsplit('.', 1)[0]}', but the Haiku transform has no rng "
+          "here. Pass an rng to apply (f.apply(params, state, rng, ...)), or "
+          "run the module in evaluation mode (`.eval()` on the adapter, or "
+          "its own `deterministic=True`)."))
+
+
+def _stream_keys(key: Optional[jax.Array], variables: Variables,
+                 values: Optional[NnxValues]) -> list[Any]:
   """Keys for the module's rng streams: stream `i` gets `fold_in(key, i)`."""
   keys = []
-  for i, spec in enumerate(group.specs):
+  for i, spec in enumerate(variables.specs):
     if key is None:
       if values is not None:  # An instance, or init: its own keys.
-        keys.append(values[1][i])
+        keys.append(values.rng_keys[i])
         continue
       stream = jax.random.key(0)
     else:
@@ -349,102 +465,152 @@ def _static_attributes(module: nnx.Module) -> dict[str, Any]:
 
 
 class LinenLayout(NamedTuple):
-  params: Group
-  state: Group  # Every other collection, collection name first.
+  params: Variables
+  state: Variables  # Every other collection, the collection name left out.
+  collections: tuple[str, ...]  # The state's collections.
 
 
-def _split_linen(variables: PyTree) -> tuple[LinenLayout, list[list[Any]]]:
+class LinenValues(NamedTuple):
+  params: list[Any]
+  state: list[Any]
+  param_specs: Optional[list[Optional[PartitionSpec]]]
+
+
+def _is_box(x: Any) -> bool:
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _split_linen(variables: PyTree) -> tuple[LinenLayout, LinenValues]:
   variables = dict(variables)
-  params, param_values = foreign_storage.flatten_group(variables.pop("params", {}))
-  state, state_values = foreign_storage.flatten_group(variables, drop_first=True)
-  return LinenLayout(params, state), [param_values, state_values]
+  boxed = variables.pop("params", {})
+  params, param_values = foreign_module.flatten(boxed)
+  state, state_values = foreign_module.flatten(variables, drop_first=True)
+  specs = (_linen_specs(boxed) if foreign_sharding.active() is not None
+           else None)
+  layout = LinenLayout(params, state, tuple(variables))
+  return layout, LinenValues(param_values, state_values, specs)
 
 
-def _signature(args: Any) -> Any:
-  leaves, treedef = jax.tree.flatten(args)
-  return treedef, tuple(
-      (tuple(np.shape(x)), str(x.dtype)) if hasattr(x, "dtype") else x
-      for x in leaves)
+def _linen_specs(params: PyTree) -> list[Optional[PartitionSpec]]:
+  """Per param leaf: the mesh axes its Linen box declares, or None."""
+  rules = foreign_sharding.active().logical_axis_rules
+  specs = []
+  with _logical_axis_rules(rules):
+    for leaf in jax.tree.leaves(params, is_leaf=_is_box):
+      if isinstance(leaf, nn.LogicallyPartitioned):
+        # As Linen unboxes it: its own rules, else the current ones.
+        spec = nn.logical_to_mesh_axes(leaf.names, leaf.rules)
+      elif isinstance(leaf, nn.Partitioned):
+        spec = leaf.get_partition_spec()
+      else:
+        spec = None
+      specs.extend([spec] * len(jax.tree.leaves(leaf)))
+  return specs
 
 
-def _class_name(constructor: Any) -> Optional[str]:
-  """The class a constructor builds, when it says so without being called."""
-  if isinstance(constructor, nnx.Module):
-    return type(constructor).__name__
-  target = getattr(constructor, "func", constructor)  # functools.partial
-  if isinstance(target, type):
-    return target.__name__
-  return None
+def _as_rng_dict(rngs: Any, bare_key_stream: str) -> dict[str, Any]:
+  """`rngs=` as Linen's `init` / `apply` take it: a dict, or one key.
+
+  One key feeds `bare_key_stream`: Linen's `params`, a bridge.Module's
+  `default` (as each library reads a bare key).
+  """
+  if rngs is None:
+    return {}
+  if isinstance(rngs, Mapping):
+    return dict(rngs)
+  return {bare_key_stream: rngs}
 
 
-class LinenModule(foreign_storage.ScopeModule):
+class LinenModule(foreign_module.ForeignModule):
   """A Flax Linen module inside a Haiku transform (see `from_flax`)."""
 
-  def __init__(self, module: nn.Module, rng_streams: Sequence[str] = (
-      "dropout",), name: Optional[str] = None):
+  def __init__(self, module: nn.Module | nnx.bridge.Module, *,
+               method: Optional[Method] = None,
+               rng_streams: Sequence[str] = ("dropout",),
+               intermediates: Optional[str] = None,
+               name: Optional[str] = None):
+    super().__init__(type(module).__name__, "from_flax", name)
     self._module = module
-    self._class_name = type(module).__name__
-    super().__init__(name=name or foreign_storage.snake_case(self._class_name))
-    self._what = f"hkb.from_flax({self._class_name})"
+    self._method = method
     self._streams = tuple(rng_streams)
+    self._intermediates = intermediates
 
-  def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    layout, values = self._layout(args, kwargs)
-    foreign_storage.check_names(self._what, layout, ("parameter", "variable"))
-    storage = foreign_storage.Storage(self, self._what)
-    params = storage.params(layout.params, values and values[0])
-    old_state = storage.state(layout.state, values and values[1])
-    variables = {"params": layout.params.unflatten(params),
-                 **layout.state.unflatten(old_state)}
-    rngs = dict(kwargs.pop("rngs", None) or {})
-    key = hk.maybe_next_rng_key() if self._streams else None
-    if key is not None:
-      rngs = {**{s: jax.random.fold_in(key, i)
-                 for i, s in enumerate(self._streams)}, **rngs}
-    mutable = [c for c in variables if c != "params"]
-    try:
-      result = self._module.apply(variables, *args, rngs=rngs or None,
-                                  mutable=mutable or False, **kwargs)
-    except flax.errors.InvalidRngError as e:
-      raise ValueError(self._rng_message(e)) from e
-    if not mutable:
-      return result
-    out, updates = result
-    new_state = jax.tree.leaves({c: updates[c] for c in mutable})
-    storage.set_state(layout.state, old_state, new_state)
-    return out
+  def __call__(self, *args: Any, method: Optional[Method] = None,
+               rngs: Any = None, **kwargs: Any) -> Any:
+    """Applies the module's `method` (default: `from_flax`'s, or `__call__`)."""
+    with _running(self._api):
+      if "mutable" in kwargs:
+        raise TypeError(errors.message(
+            "`mutable=` is the adapter's: every collection but `params` is "
+            "Haiku state and always mutable, and sown values are returned "
+            "with `intermediates=` (see hkb.from_flax)."))
+      method = method or self._method
+      rngs = _as_rng_dict(rngs, "default" if isinstance(
+          self._module, nnx.bridge.Module) else "params")
+      layout, values = self._built(args, kwargs, rngs, method)
+      params = foreign_module.params(
+          layout.params, values and values.params, values and values.param_specs)
+      old_state = foreign_module.state(layout.state, values and values.state)
+      variables = {"params": layout.params.unflatten(params),
+                   **layout.state.unflatten(old_state)}
+      key = hk.maybe_next_rng_key() if self._streams else None
+      if key is not None:
+        rngs = {**{s: jax.random.fold_in(key, i)
+                   for i, s in enumerate(self._streams)}, **rngs}
+      mutable = (True if self._intermediates is not None
+                 else list(layout.collections) or False)
+      try:
+        result = self._module.apply(variables, *args, rngs=rngs or None,
+                                    mutable=mutable,
+                                    method=method or "__call__", **kwargs)
+      except flax.errors.InvalidRngError as e:
+        raise ValueError(self._rng_message(e)) from e
+      if mutable is False:
+        return result
+      out, updates = result
+      new_state = jax.tree.leaves({c: updates[c] for c in layout.collections})
+      foreign_module.write_state(layout.state, old_state, new_state)
+      sown = {c: v for c, v in updates.items()
+              if c != "params" and c not in layout.collections}
+      if sown:
+        foreign_module.outputs(*foreign_module.flatten(
+            sown, drop_first=True, prefix=(self._intermediates,)))
+      return out
 
-  def _layout(self, args, kwargs) -> tuple[LinenLayout, Optional[list[list[Any]]]]:
-    cache_key = ("linen", self._module, self._streams,
-                 _signature((args, {k: v for k, v in kwargs.items()
-                                    if k != "rngs"})))
+  def _built(self, args, kwargs, rngs, method) -> foreign_module.Built:
+    """The layout of `init`'s variables, with their values at init."""
+    key = foreign_module.layout_key(
+        "linen", self._module, method, self._streams, args, kwargs)
     if hk.running_init():
-      layout, values = _split_linen(self._init(hk.next_rng_key(), args, kwargs))
-      foreign_storage.cache_put(cache_key, layout)
-      return layout, values
-    layout = foreign_storage.cache_get(cache_key)
-    if layout is None:
-      layout = _split_linen(jax.eval_shape(
-          lambda k: self._init(k, args, kwargs), jax.random.PRNGKey(0)))[0]
-      foreign_storage.cache_put(cache_key, layout)
-    return layout, None
+      guards.require_haiku_trace()
+      if "params" not in rngs:
+        rngs = {"params": hk.maybe_next_rng_key(), **rngs}
+      layout, values = _split_linen(self._init(rngs, args, kwargs, method))
+      foreign_module.remember_layout(key, layout)
+      return foreign_module.Built(layout, values)
+    return foreign_module.Built(foreign_module.cached_layout(
+        key, lambda: _split_linen(jax.eval_shape(
+            lambda k: self._init({"params": k, **rngs}, args, kwargs, method),
+            jax.random.PRNGKey(0)))[0]), None)
 
-  def _init(self, key, args, kwargs) -> PyTree:
-    kwargs = dict(kwargs)
-    rngs = {"params": key, **{s: jax.random.fold_in(key, i + 1)
-                              for i, s in enumerate(self._streams)},
-            **(kwargs.pop("rngs", None) or {})}
+  def _init(self, rngs, args, kwargs, method) -> PyTree:
+    key = rngs.get("params")
+    if key is not None:
+      rngs = {**{s: jax.random.fold_in(key, i + 1)
+                 for i, s in enumerate(self._streams)}, **rngs}
+    rngs = {s: k for s, k in rngs.items() if k is not None}
     try:
-      return self._module.init(rngs, *args, **kwargs)
+      return self._module.init(rngs, *args, method=method or "__call__",
+                               **kwargs)
     except flax.errors.InvalidRngError as e:
       raise ValueError(self._rng_message(e)) from e
 
   def _rng_message(self, e: Exception) -> str:
-    return (f"{self._what}: {e}. Streams fed from Haiku's rng: "
-            f"{list(self._streams)}. Pass an rng to apply "
-            "(f.apply(params, state, rng, ...)) and name every stream the "
-            "module draws from in `rng_streams=`, or call it with "
-            "`deterministic=True`.")
+    return errors.message(
+        f"{e}. Streams fed from Haiku's rng: {list(self._streams)}. Pass an "
+        "rng to init and apply (f.apply(params, state, rng, ...)) and name "
+        "every stream the module draws from in `rng_streams=` (or pass "
+        "`rngs=` to the call), or call it with `deterministic=True`.")
 
 
 # ---------------------------------------------------------------------------
@@ -496,14 +662,3 @@ class HaikuModule(nnx.Module):
     """The state as Haiku's dict, `{module_name: {state_name: array}}`."""
     return {m: {n: v[...] for n, v in entries.items()}
             for m, entries in self.state.items()}
-
-
-def _with_state(f: Any, api: str) -> hk.TransformedWithState:
-  if isinstance(f, hk.TransformedWithState):
-    return f
-  if isinstance(f, hk.Transformed):
-    return hk.with_empty_state(f)
-  raise TypeError(
-      f"hkb.{api} takes the output of hk.transform or hk.transform_with_state; "
-      f"got {type(f).__name__}. Wrap the Haiku function first: "
-      f"hkb.{api}(hk.transform_with_state(f), ...).")

@@ -27,7 +27,7 @@ import numpy as np
 import optax
 
 from haiku_bridge._src import flax_bridge
-from haiku_bridge._src import foreign_storage
+from haiku_bridge._src import caches
 
 X = jax.random.normal(jax.random.PRNGKey(7), [6, 4])
 
@@ -201,7 +201,7 @@ class NnxNativeTest(parameterized.TestCase):
 
   def test_apply_without_init_in_process(self):
     m = Block(4, 3, rngs=nnx.Rngs(1))
-    foreign_storage.clear_cache()
+    caches.clear_caches()
     ctor = functools.partial(Block, 4, 3)  # A new constructor: not cached.
     f = hk.transform_with_state(lambda x: hkb.from_flax(ctor)(x))
     y, _ = f.apply(block_params(m), block_state(m), None, X)
@@ -316,8 +316,8 @@ class NnxErrorsTest(absltest.TestCase):
 
     f = hk.transform(lambda x: hkb.from_flax(Counter)(x))
     with self.assertRaisesRegex(
-        ValueError, r"from_flax\(Counter\) changed its structure during the "
-        r"call \(calls: 0 -> 1\).*nnx.Variable"):
+        ValueError, r"hkb.from_flax\(Counter\): the module changed its "
+        r"structure during the call \(calls: 0 -> 1\).*nnx.Variable"):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_param_assigned_by_the_call(self):
@@ -332,35 +332,45 @@ class NnxErrorsTest(absltest.TestCase):
 
     f = hk.transform(lambda x: hkb.from_flax(Writer)(x))
     with self.assertRaisesRegex(
-        ValueError, r"from_flax\(Writer\) assigned to its nnx.Param 'w'.*"
-        r"another nnx.Variable type"):
+        ValueError, r"hkb.from_flax\(Writer\): the module assigned to its "
+        r"nnx.Param 'w'.*another nnx.Variable type"):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_dropout_without_rng(self):
     f = adapter_net(lambda: functools.partial(Block, 4, 3, dropout=0.5))
     params, state = f.init(jax.random.PRNGKey(0), X)
     with self.assertRaisesRegex(
-        ValueError, r"from_flax\(Block\) drew a key from its rng stream at "
-        r"'drop.rngs', but the Haiku transform has no rng.*\.eval\(\)"):
+        ValueError, r"hkb.from_flax\(Block\): the module drew a key from its "
+        r"rng stream at 'drop.rngs', but the Haiku transform has no rng.*"
+        r"\.eval\(\)"):
       f.apply(params, state, None, X)
 
-  def test_wrong_param_shape(self):
+  def test_wrong_param_shape_is_worded_as_call_pure(self):
     f = adapter_net()
     params, state = f.init(jax.random.PRNGKey(0), X)
     params["block/out"]["kernel"] = jnp.zeros([8, 5])
-    with self.assertRaisesRegex(
-        ValueError, r"from_flax\(Block\): parameter 'out.kernel' \(Haiku "
-        r"parameter 'block/out/kernel', expected float32\[8, 3\]\)"):
+    with self.assertRaises(ValueError) as ours:
       f.apply(params, state, None, X)
+    # Ground truth: call_pure with the same params tree, leaf and shapes.
+    pure = hk.transform(lambda x: hkb.call_pure(
+        lambda p, x: x, x, name="block",
+        init=lambda rng, x: {"out": {"kernel": jnp.zeros([8, 3])}}))
+    with self.assertRaises(ValueError) as theirs:
+      pure.apply({"block/out": {"kernel": jnp.zeros([8, 5])}}, None, X)
+    self.assertEqual(
+        str(ours.exception),
+        str(theirs.exception).replace("hkb.call_pure", "hkb.from_flax(Block)")
+        .replace("['out']['kernel']", "out.kernel"))
 
-  def test_missing_state(self):
+  def test_missing_state_is_worded_as_call_pure(self):
     f = adapter_net()
     params, _ = f.init(jax.random.PRNGKey(0), X)
     with self.assertRaisesRegex(
-        ValueError, r"state 'bn.mean' \(Haiku state 'block/bn/mean'"):
+        ValueError, r"^hkb.from_flax\(Block\): state 'block/bn/mean' \(params "
+        r"path bn.mean\) is missing at apply. It is created by init"):
       f.apply(params, {}, None, X)
 
-  def test_two_attributes_with_one_name(self):
+  def test_two_attributes_with_one_name_as_call_pure(self):
     class Clash(nnx.Module):
 
       def __init__(self, *, rngs):
@@ -371,11 +381,22 @@ class NnxErrorsTest(absltest.TestCase):
         return self.layers[0](x) + self.layers_0(x)
 
     f = hk.transform(lambda x: hkb.from_flax(Clash)(x))
-    with self.assertRaisesRegex(
-        ValueError, r"from_flax\(Clash\): parameter 'layers_0.bias' and "
-        r"parameter 'layers\[0\].bias' both map to the Haiku name "
-        r"'layers_0/bias'. Rename"):
+    with self.assertRaises(ValueError) as ours:
       f.init(jax.random.PRNGKey(0), X)
+    # Ground truth: call_pure of a tree whose two paths meet the same way.
+    tree = lambda rng, x: {"layers": [{"bias": jnp.zeros(4)}],
+                           "layers_0": {"bias": jnp.zeros(4)}}
+    pure = hk.transform(lambda x: hkb.call_pure(lambda p, x: x, x, init=tree,
+                                                name="clash"))
+    with self.assertRaises(ValueError) as theirs:
+      pure.init(jax.random.PRNGKey(0), X)
+    self.assertIn("both map to the Haiku parameter 'clash/layers_0/bias'",
+                  str(theirs.exception))
+    self.assertEqual(
+        str(ours.exception),
+        str(theirs.exception).replace("hkb.call_pure", "hkb.from_flax(Clash)")
+        .replace("['layers'][0]['bias']", "layers[0].bias")
+        .replace("['layers_0']['bias']", "layers_0.bias"))
 
 
 # ---------------------------------------------------------------------------
@@ -440,15 +461,15 @@ class LinenTest(parameterized.TestCase):
     f = hk.transform_with_state(lambda x: hkb.from_flax(LinenBlock())(x))
     params, state = f.init(jax.random.PRNGKey(0), X)
     with self.assertRaisesRegex(
-        ValueError, r"from_flax\(LinenBlock\): Dropout_0 needs PRNG for "
-        r"\"dropout\".*Pass an rng to apply"):
+        ValueError, r"hkb.from_flax\(LinenBlock\): Dropout_0 needs PRNG for "
+        r"\"dropout\".*Pass an rng to init and apply"):
       f.apply(params, state, None, X)
 
   def test_apply_without_init_in_process(self):
     f = hk.transform_with_state(
         lambda x: hkb.from_flax(LinenBlock())(x, train=False))
     params, state = f.init(jax.random.PRNGKey(0), X)
-    foreign_storage.clear_cache()
+    caches.clear_caches()
     y, _ = jax.jit(f.apply)(params, state, None, X)
     self.assertEqual(y.shape, (6, 3))
 
@@ -463,9 +484,332 @@ class LinenTest(parameterized.TestCase):
 
     f = hk.transform_with_state(lambda x: hkb.from_flax(TwoCollections())(x))
     with self.assertRaisesRegex(
-        ValueError, r"variable 'b.v' and variable 'a.v' both map to the "
-        r"Haiku name 'v'"):
+        ValueError, r"hkb.from_flax\(TwoCollections\): params paths a.v and b.v "
+        r"both map to the Haiku state 'two_collections/v'. Rename one"):
       f.init(jax.random.PRNGKey(0), X)
+
+
+# ---------------------------------------------------------------------------
+# The rows of issue 18, each against the peer or native run.
+# ---------------------------------------------------------------------------
+
+
+class TwoDrops(nnx.Module):
+  """One rng stream drawn twice in one call."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+  def __call__(self, x):
+    return self.drop(x), self.drop(x)
+
+
+class ParamsRng(nn.Module):
+  """Returns a key from the `params` stream, at init and apply alike."""
+
+  @nn.compact
+  def __call__(self):
+    return self.make_rng("params")
+
+
+class DenseParamsRng(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(3)(x), self.make_rng("params")
+
+
+class IssueRowsTest(parameterized.TestCase):
+
+  @parameterized.parameters(False, True)
+  def test_one_stream_twice_under_jit_gives_native_masks(self, jit):
+    f = hk.transform(lambda x: hkb.from_flax(TwoDrops)(x))
+    params = f.init(jax.random.PRNGKey(0), X)
+    rng = jax.random.PRNGKey(3)
+    a, b = (jax.jit(f.apply) if jit else f.apply)(params, rng, X)
+    # Native NNX, its stream keyed as the adapter documents, under nnx.jit.
+    m = TwoDrops(rngs=nnx.Rngs(0))
+    m.drop.rngs.key[...] = jax.random.wrap_key_data(
+        jax.random.fold_in(next(hk.PRNGSequence(rng)), 0))
+    m.drop.rngs.count[...] = jnp.zeros((), jnp.uint32)
+    native_a, native_b = (nnx.jit(lambda m, x: m(x)) if jit else
+                          (lambda m, x: m(x)))(m, X)
+    self.assertFalse(np.array_equal(native_a, native_b))
+    np.testing.assert_array_equal(a, native_a)
+    np.testing.assert_array_equal(b, native_b)
+
+  @parameterized.parameters("nnx", "linen")
+  def test_bfloat16_creator_as_call_pure(self, kind):
+    def creator(next_creator, shape, dtype, init, context):
+      del dtype, context
+      return next_creator(shape, jnp.bfloat16, init)
+
+    if kind == "nnx":
+      adapter = lambda: hkb.from_flax(functools.partial(nnx.Linear, 4, 3),
+                                      name="proj")
+      def pure_init(rng, x):
+        m = nnx.Linear(4, 3, rngs=nnx.Rngs(rng))
+        return {"kernel": m.kernel[...], "bias": m.bias[...]}
+    else:
+      adapter = lambda: hkb.from_flax(nn.Dense(3), name="proj")
+      pure_init = lambda rng, x: nn.Dense(3).init(rng, x)["params"]
+
+    def run(bridged):
+      def f(x):
+        with hk.custom_creator(creator):
+          return bridged(x)
+      return hk.transform(f).init(jax.random.PRNGKey(0), X)
+
+    ours = run(lambda x: adapter()(x))
+    theirs = run(lambda x: hkb.call_pure(lambda p, x: x, x, init=pure_init,
+                                         name="proj"))
+    inline = run(lambda x: hk.Linear(3, name="proj")(x))
+    self.assertEqual(jax.tree.map(lambda a: a.dtype, ours),
+                     jax.tree.map(lambda a: a.dtype, theirs))
+    self.assertEqual(ours["proj"]["kernel"].dtype, jnp.bfloat16)
+    self.assertEqual(inline["proj"]["w"].dtype, jnp.bfloat16)
+    chex.assert_trees_all_equal(ours, theirs)
+
+  def test_linen_put_variable_with_a_python_int_as_lift(self):
+    class Cache(nn.Module):
+
+      @nn.compact
+      def __call__(self):
+        if self.is_initializing():
+          self.put_variable("cache", "x", 0)
+        x = self.get_variable("cache", "x")
+        self.put_variable("cache", "x", x + 1)
+        return x
+
+    ours = hk.transform_with_state(lambda: hkb.from_flax(Cache(),
+                                                         name="c")())
+    lifted = hk.transform_with_state(
+        lambda: hk.experimental.flax.lift(Cache(), name="c")())
+    rng = jax.random.PRNGKey(0)  # lift's init needs one, if unused.
+    (_, s1), (_, s2) = ours.init(rng), lifted.init(rng)
+    chex.assert_trees_all_equal(_flat(s1, "c"), _flat(s2, "c/cache"))
+    for _ in range(3):
+      (y1, s1), (y2, s2) = ours.apply({}, s1, None), lifted.apply({}, s2, None)
+      self.assertEqual(int(y1), int(y2))
+      chex.assert_trees_all_equal(_flat(s1, "c"), _flat(s2, "c/cache"))
+    self.assertEqual(int(s1["c"]["x"]), 4)  # init's call, then three.
+
+  def test_a_bare_key_as_rngs_as_linen_apply(self):
+    module = DenseParamsRng()
+    key = jax.random.PRNGKey(42)
+    f = hk.transform(lambda x: hkb.from_flax(module)(x, rngs=key))
+    params = f.init(None, X)  # Linen's init takes a bare key as `params`.
+    self.assertEqual(
+        jax.tree.map(jnp.shape, params),
+        jax.tree.map(jnp.shape, {"dense_params_rng/Dense_0": module.init(
+            key, X)["params"]["Dense_0"]}))
+    out, drawn = f.apply(params, None, X)
+    variables = {"params": {"Dense_0": params["dense_params_rng/Dense_0"]}}
+    native_out, native_drawn = module.apply(variables, X, rngs=key)
+    np.testing.assert_array_equal(out, native_out)
+    np.testing.assert_array_equal(drawn, native_drawn)
+
+  def test_params_key_under_init_without_rng_as_lift(self):
+    key = jax.random.PRNGKey(42)
+    ours = hk.transform(lambda x: hkb.from_flax(DenseParamsRng(), name="m")(
+        x, rngs={"params": key}))
+    lifted = hk.transform(lambda x: hk.experimental.flax.lift(
+        DenseParamsRng(), name="m")(x, rngs={"params": key}))
+    p1, p2 = ours.init(None, X), lifted.init(None, X)
+    chex.assert_trees_all_equal(p1, p2)  # Linen's names under `m`: the same.
+    chex.assert_trees_all_equal(ours.apply(p1, None, X),
+                                lifted.apply(p2, None, X))
+
+
+# ---------------------------------------------------------------------------
+# method=: NNX (name or function) and Linen, e.g. a tied embedding.
+# ---------------------------------------------------------------------------
+
+
+class MethodTest(parameterized.TestCase):
+
+  @parameterized.parameters("name", "function", "bound")
+  def test_nnx_tied_embedding_calls_attend(self, how):
+    embed = nnx.Embed(10, 4, rngs=nnx.Rngs(0))
+    method = {"name": "attend", "function": nnx.Embed.attend,
+              "bound": embed.attend}[how]
+    tokens = jnp.array([1, 2, 7])
+
+    def lm(tokens):
+      e = hkb.from_flax(functools.partial(nnx.Embed, 10, 4))
+      return e(e(tokens), method=method)
+
+    f = hk.transform(lm)
+    params = f.init(jax.random.PRNGKey(0), tokens)
+    self.assertEqual(list(params), ["embed"])
+    embed.embedding[...] = params["embed"]["embedding"]
+    np.testing.assert_allclose(f.apply(params, None, tokens),
+                               embed.attend(embed(tokens)), rtol=1e-6)
+    grads = jax.grad(lambda p: jnp.sum(f.apply(p, None, tokens) ** 2))(params)
+    native = nnx.grad(lambda m: jnp.sum(m.attend(m(tokens)) ** 2))(embed)
+    np.testing.assert_allclose(grads["embed"]["embedding"],
+                               native["embedding"][...], rtol=1e-5)
+
+  def test_nnx_default_method(self):
+    f = hk.transform(lambda h: hkb.from_flax(functools.partial(
+        nnx.Embed, 10, 4), method="attend")(h))
+    h = jax.random.normal(jax.random.PRNGKey(1), [3, 4])
+    params = f.init(jax.random.PRNGKey(0), h)
+    embed = nnx.Embed(10, 4, rngs=nnx.Rngs(0))
+    embed.embedding[...] = params["embed"]["embedding"]
+    np.testing.assert_allclose(f.apply(params, None, h), embed.attend(h),
+                               rtol=1e-6)
+
+  @parameterized.parameters("attend", nn.Embed.attend)
+  def test_linen_method_as_linen_apply(self, method):
+    tokens = jnp.array([1, 2, 7])
+    module = nn.Embed(10, 4)
+
+    def lm(tokens):
+      e = hkb.from_flax(module)
+      return e(e(tokens), method=method)
+
+    f = hk.transform(lm)
+    params = f.init(jax.random.PRNGKey(0), tokens)
+    variables = {"params": params["embed"]}
+    native = module.apply(variables, module.apply(variables, tokens),
+                          method=method)
+    np.testing.assert_allclose(f.apply(params, None, tokens), native,
+                               rtol=1e-6)
+
+  def test_unknown_method_names_the_module_and_its_methods(self):
+    f = hk.transform(lambda t: hkb.from_flax(functools.partial(
+        nnx.Embed, 10, 4))(t, method="atend"))
+    with self.assertRaisesRegex(
+        AttributeError, r"hkb.from_flax\(Embed\): `method='atend'` is not a "
+        r"method of Embed \(its methods: .*attend.*\)"):
+      f.init(jax.random.PRNGKey(0), jnp.array([1]))
+
+
+# ---------------------------------------------------------------------------
+# Intermediates: returned as Haiku state under the name given.
+# ---------------------------------------------------------------------------
+
+
+class SowingNnx(nnx.Module):
+
+  def __init__(self, *, rngs):
+    self.linear = nnx.Linear(4, 3, rngs=rngs)
+
+  def __call__(self, x):
+    h = self.linear(x)
+    self.linear.sow(nnx.Intermediate, "h", h)
+    self.sow(nnx.Intermediate, "mean", jnp.mean(h))
+    return jnp.tanh(h)
+
+
+class SowingLinen(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(3)(x)
+    self.sow("intermediates", "h", h)
+    return jnp.tanh(h)
+
+
+class IntermediatesTest(parameterized.TestCase):
+
+  def test_nnx_sown_values_as_state_as_native(self):
+    f = hk.transform_with_state(lambda x: hkb.from_flax(
+        SowingNnx, intermediates="intermediates")(x))
+    params, state = f.init(jax.random.PRNGKey(0), X)
+    m = SowingNnx(rngs=nnx.Rngs(0))
+    m.linear.kernel[...] = params["sowing_nnx/linear"]["kernel"]
+    m.linear.bias[...] = params["sowing_nnx/linear"]["bias"]
+    for x in (X, 2 * X):  # Each call returns its own; none accumulate.
+      y, state = jax.jit(f.apply)(params, state, None, x)
+      native_y, sown = nnx.capture(m, nnx.Intermediate)(x)
+      np.testing.assert_allclose(y, native_y, rtol=1e-6)
+      np.testing.assert_allclose(state["sowing_nnx/intermediates/linear"]["h_0"],
+                                 jax.tree.leaves(sown["linear"]["h"])[0],
+                                 rtol=1e-6)
+      np.testing.assert_allclose(state["sowing_nnx/intermediates"]["mean_0"],
+                                 jax.tree.leaves(sown["mean"])[0], rtol=1e-6)
+
+  def test_nnx_sown_values_without_a_route_raise(self):
+    f = hk.transform(lambda x: hkb.from_flax(SowingNnx)(x))
+    with self.assertRaisesRegex(
+        ValueError, r"hkb.from_flax\(SowingNnx\): the call sowed "
+        r"nnx.Intermediate values \(linear.h\[0\], mean\[0\]\).*"
+        r"intermediates=\"intermediates\""):
+      f.init(jax.random.PRNGKey(0), X)
+
+  def test_linen_sown_values_as_state_as_linen_apply(self):
+    module = SowingLinen()
+    f = hk.transform_with_state(lambda x: hkb.from_flax(
+        module, intermediates="sown")(x))
+    params, state = f.init(jax.random.PRNGKey(0), X)
+    self.assertEqual(sorted(state), ["sowing_linen/sown"])
+    variables = {"params": {"Dense_0": params["sowing_linen/Dense_0"]}}
+    for x in (X, 2 * X):
+      y, state = f.apply(params, state, None, x)
+      native_y, updates = module.apply(variables, x,
+                                       mutable=["intermediates"])
+      np.testing.assert_allclose(y, native_y, rtol=1e-6)
+      np.testing.assert_allclose(state["sowing_linen/sown"]["h_0"],
+                                 updates["intermediates"]["h"][0], rtol=1e-6)
+
+  def test_linen_without_a_route_drops_as_linen_apply(self):
+    f = hk.transform_with_state(lambda x: hkb.from_flax(SowingLinen())(x))
+    params, state = f.init(jax.random.PRNGKey(0), X)
+    self.assertEmpty(state)
+    self.assertEmpty(f.apply(params, state, None, X)[1])
+
+
+# ---------------------------------------------------------------------------
+# One storage path: the adapters store as call_pure and inline code do.
+# ---------------------------------------------------------------------------
+
+
+class StoragePathTest(parameterized.TestCase):
+
+  @parameterized.parameters("nnx", "linen")
+  def test_getters_see_each_param_once_as_call_pure(self, kind):
+    seen = []
+
+    def getter(next_getter, value, context):
+      seen.append((context.full_name, value.shape))
+      return next_getter(value)
+
+    if kind == "nnx":
+      adapter = lambda x: hkb.from_flax(functools.partial(nnx.Linear, 4, 3),
+                                        name="proj")(x)
+      pure_init = lambda rng, x: {"kernel": jnp.zeros([4, 3]),
+                                  "bias": jnp.zeros([3])}
+    else:
+      adapter = lambda x: hkb.from_flax(nn.Dense(3), name="proj")(x)
+      pure_init = lambda rng, x: nn.Dense(3).init(rng, x)["params"]
+
+    def run(bridged):
+      def f(x):
+        with hk.custom_getter(getter):
+          return bridged(x)
+      f = hk.transform(f)
+      params = f.init(jax.random.PRNGKey(0), X)
+      seen.clear()
+      f.apply(params, None, X)
+      return sorted(seen)
+
+    theirs = run(lambda x: hkb.call_pure(lambda p, x: x, x, init=pure_init,
+                                         name="proj"))
+    self.assertEqual(run(adapter), theirs)
+    self.assertLen(theirs, 2)
+
+  def test_module_names_allocated_as_inline(self):
+    def names(first, second):
+      return sorted(hk.transform(lambda x: second(first(x))).init(
+          jax.random.PRNGKey(0), jnp.ones([2, 4])))
+
+    adapter = lambda x: hkb.from_flax(functools.partial(nnx.Linear, 4, 4))(x)
+    inline = lambda x: hk.Linear(4)(x)
+    self.assertEqual(names(adapter, inline), names(inline, inline))
+    self.assertEqual(names(inline, adapter), names(inline, inline))
+    self.assertEqual(names(adapter, adapter), ["linear", "linear_1"])
 
 
 # ---------------------------------------------------------------------------

@@ -18,17 +18,20 @@ ADAPTERS = {
 }
 
 
+_LOADED: dict[str, Any] = {}
+
+
 def module_getattr(name: str) -> Any:
   """`haiku_bridge.__getattr__`: imports an adapter the first time it is used."""
   if name not in ADAPTERS:
     raise AttributeError(f"module 'haiku_bridge' has no attribute {name!r}")
-  module, extra = ADAPTERS[name]
-  try:
-    value = getattr(importlib.import_module(module), name)
-  except ImportError as e:
-    value = _needs_extra(name, extra, e)
-  setattr(importlib.import_module("haiku_bridge"), name, value)
-  return value
+  if name not in _LOADED:
+    module, extra = ADAPTERS[name]
+    try:
+      _LOADED[name] = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+      _LOADED[name] = _needs_extra(name, extra, e)
+  return _LOADED[name]
 
 
 def _needs_extra(name: str, extra: str,

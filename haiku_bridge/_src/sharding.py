@@ -38,6 +38,7 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
+from haiku_bridge._src import foreign_sharding
 from haiku_bridge._src.pytree import PyTree
 
 # What one dimension of a PartitionSpec holds: no mesh axis, one, or several.
@@ -135,6 +136,54 @@ class ShardingRules:
         (_compile(rf"(?:^|/)(?:{s})(?:_[1-9][0-9]*)?$", f"stacked pattern {s!r}"),
          axes)
         for s, axes in self._stacked.items())
+
+  @classmethod
+  def from_foreign(
+      cls,
+      init: Any,
+      *args: Any,
+      rules: Iterable[Rule | tuple[str, Any]] = (),
+      stacked: Iterable[str] | Mapping[str, MeshAxes] = (),
+      logical_axis_rules: Optional[Sequence[tuple[str, Any]]] = None,
+      **kwargs: Any,
+  ) -> "ShardingRules":
+    """Rules from the partitioning that Flax modules inside `init` declare.
+
+    Runs `init(*args, **kwargs)` abstractly. Each param of a `hkb.from_flax`
+    module that declares its partitioning (Linen `nn.with_partitioning`,
+    `nn.with_logical_partitioning`; NNX `out_sharding` metadata) gets an
+    exact rule with the spec Flax gives it (logical names through Flax's
+    rules); `rules` follow, for every other param; `stacked=` is as for the
+    constructor (a layer axis it does not declare is not split).
+
+    >>> import functools
+    >>> from flax import nnx
+    >>> dense = functools.partial(nnx.Linear, 8, 16, kernel_init=
+    ...     nnx.with_partitioning(nnx.initializers.lecun_normal(),
+    ...                           (None, "model")))
+    >>> f = hk.transform(lambda x: hkb.from_flax(dense, name="proj")(x))
+    >>> key, x = jax.random.PRNGKey(0), jnp.ones([2, 8])
+    >>> rules = hkb.ShardingRules.from_foreign(f.init, key, x)
+    >>> rules.spec_for("proj/kernel", (8, 16))
+    P(None, 'model')
+
+    Args:
+      init: an init function (`f.init`) or an `hk.Transformed*`.
+      *args: its arguments (the rng first).
+      rules: further `(pattern, spec)` rules, after the declared ones.
+      stacked: layer stacks, as for `ShardingRules`.
+      logical_axis_rules: Flax logical axis rules `(name, mesh axes)`;
+        default: Flax's current ones (`nn.logical_axis_rules(...)`).
+      **kwargs: its keyword arguments.
+
+    Returns:
+      A `ShardingRules`.
+    """
+    user = cls(rules, stacked=stacked)
+    found = foreign_sharding.rules_from_foreign(
+        init, args, kwargs, logical_axis_rules=logical_axis_rules,
+        layer_axes=lambda path, shape: len(user._layer_specs(path)))  # pylint: disable=protected-access
+    return cls(list(found.rules) + list(user.rules), stacked=user.stacked)
 
   @property
   def rules(self) -> tuple[Rule, ...]:

@@ -1,8 +1,8 @@
 r"""Foreign blocks through their adapters against the same modules run natively.
 
-For a Flax NNX block (`hkb.from_flax`) and an Equinox MLP (`hkb.from_equinox`),
-each inside a Haiku transform, against the same module called natively with
-the same weights:
+For a Flax NNX block and the same block in Linen (`hkb.from_flax`) and an
+Equinox MLP (`hkb.from_equinox`), each inside a Haiku transform, against the
+same module called natively with the same weights:
 
 1. whether the optimised HLO of the training step (gradient of a loss of the
    block's output, weights as one flat list in the same order) is identical;
@@ -25,6 +25,7 @@ from absl import app
 from absl import flags
 import equinox as eqx
 from flax import nnx
+import flax.linen as nn
 import haiku as hk
 import haiku_bridge as hkb
 from testing import test_utils
@@ -53,6 +54,16 @@ def _steps(native_loss: Callable[[list[Any], Any], Any],
   return {"native": grad(native_loss), "adapter": grad(adapter_loss)}
 
 
+def _flax_adapter_loss(f: hk.Transformed, paths: list[tuple[str, ...]]):
+  """The loss through a Flax adapter named `block`, weights in `paths` order."""
+  def adapter(ws, x):
+    p = {}
+    for path, w in zip(paths, ws):
+      p.setdefault("block/" + "/".join(path[:-1]), {})[path[-1]] = w
+    return jnp.sum(f.apply(p, x) ** 2)
+  return adapter
+
+
 def nnx_case():
   make = functools.partial(NnxBlock, WIDTH)
   graphdef, params, rest = nnx.split(make(rngs=nnx.Rngs(0)), nnx.Param, ...)
@@ -69,13 +80,35 @@ def nnx_case():
     m = nnx.merge(graphdef, jax.tree.unflatten(treedef, ws), rest, copy=True)
     return jnp.sum(m(x) ** 2)
 
-  def adapter(ws, x):
-    p = {}
-    for path, w in zip(paths, ws):
-      p.setdefault("block/" + "/".join(path[:-1]), {})[path[-1]] = w
-    return jnp.sum(f.apply(p, x) ** 2)
+  return _steps(native, _flax_adapter_loss(f, paths)), ws, x
 
-  return _steps(native, adapter), ws, x
+
+class LinenBlock(nn.Module):
+  width: int
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.LayerNorm(name="norm")(x)
+    h = nn.Dense(4 * self.width, name="linear1")(h)
+    return x + nn.Dense(self.width, name="linear2")(jax.nn.gelu(h))
+
+
+def linen_case():
+  module = LinenBlock(WIDTH)
+  x = jnp.ones([BATCH, WIDTH])
+  params = module.init(jax.random.PRNGKey(0), x)["params"]
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  paths = [tuple(k.key for k in p) for p, _ in flat]
+  f = hk.without_apply_rng(hk.transform(
+      lambda x: hkb.from_flax(module, name="block", rng_streams=())(x)))
+  hk_params = f.init(jax.random.PRNGKey(0), x)
+  ws = [hk_params["block/" + "/".join(p[:-1])][p[-1]] for p in paths]
+
+  def native(ws, x):
+    return jnp.sum(module.apply({"params": jax.tree.unflatten(treedef, ws)},
+                                x) ** 2)
+
+  return _steps(native, _flax_adapter_loss(f, paths)), ws, x
 
 
 def equinox_case():
@@ -134,6 +167,7 @@ def main(argv: list[str]) -> None:
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}; "
         f"block width {WIDTH}, batch {BATCH}")
   report("nnx", nnx_case())
+  report("linen", linen_case())
   report("equinox", equinox_case())
 
 

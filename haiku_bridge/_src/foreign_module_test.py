@@ -1,0 +1,134 @@
+"""Tests for foreign_module.py: the adapters' shared names, records and layouts.
+
+Ground truth: `call_pure`'s key-path rule for the same trees (what
+`naming.py` documents) and Haiku's own module naming.
+"""
+
+import functools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import haiku as hk
+import haiku_bridge as hkb
+import jax
+import jax.numpy as jnp
+
+from haiku_bridge._src import foreign_module
+
+
+class NamesTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      ("BatchNorm", "batch_norm"), ("MLPBlock", "mlp_block"),
+      ("Linear", "linear"), ("GRUCell", "gru_cell"), ("Conv2d", "conv2d"))
+  def test_snake_case_as_haiku_names_its_modules(self, class_name, expected):
+    self.assertEqual(foreign_module.snake_case(class_name), expected)
+    module = type(class_name, (hk.Module,), {"__call__": lambda self: None})
+    name = hk.transform(lambda: module().module_name).apply({}, None)
+    self.assertEqual(name, expected)
+
+  def test_class_name(self):
+    class Thing:
+      pass
+
+    self.assertEqual(foreign_module.class_name(Thing(), Thing), "Thing")
+    self.assertEqual(foreign_module.class_name(Thing, Thing), "Thing")
+    self.assertEqual(foreign_module.class_name(
+        functools.partial(Thing), Thing), "Thing")
+    self.assertIsNone(foreign_module.class_name(lambda: Thing(), Thing))
+
+  def test_names_follow_call_pures_key_path_rule(self):
+    tree = {"layers": [{"w": jnp.zeros([2])}, {"w": jnp.zeros([3])}],
+            "out": {"kernel": jnp.zeros([4]), "bias": jnp.zeros([1])},
+            "scale": jnp.zeros([5])}
+    variables, leaves = foreign_module.flatten(tree)
+
+    def stored(bind):
+      with hk.name_scope("m"):
+        bind()
+    def ours():
+      foreign_module.params(variables, leaves)
+    def theirs():
+      hkb.get_relevant_parameters(lambda rng: tree)
+    names = lambda f: jax.tree.map(jnp.shape, hk.transform(
+        lambda: stored(f)).init(jax.random.PRNGKey(0)))
+    self.assertEqual(names(ours), names(theirs))
+    self.assertEqual(variables.paths, ("layers[0].w", "layers[1].w",
+                                       "out.bias", "out.kernel", "scale"))
+
+  def test_attribute_keys_kept_or_left_out(self):
+    class Box:
+      pass
+
+    jax.tree_util.register_pytree_with_keys(
+        Box, lambda b: (((jax.tree_util.GetAttrKey("value"), b.value),), None),
+        lambda _, children: _box(children[0]))
+
+    def _box(value):
+      b = Box()
+      b.value = value
+      return b
+
+    tree = {"a": _box(jnp.zeros([2]))}
+    self.assertEqual(foreign_module.flatten(tree)[0].names, (("a",),))
+    self.assertEqual(foreign_module.flatten(tree, attributes=True)[0].names,
+                     (("a", "value"),))
+    dropped = foreign_module.flatten({"col": {"x": jnp.zeros(())}},
+                                     drop_first=True, prefix=("sown",))[0]
+    self.assertEqual(dropped.names, (("sown", "x"),))
+    self.assertEqual(dropped.paths, ("col.x",))  # Messages keep it.
+
+  def test_python_scalars_get_their_canonical_spec(self):
+    variables, _ = foreign_module.flatten({"n": 0, "x": 1.5})
+    self.assertEqual([(s.shape, s.dtype) for s in variables.specs],
+                     [((), jnp.int32), ((), jnp.float32)])
+
+
+class ForeignModuleTest(absltest.TestCase):
+
+  def test_any_argument_is_accepted_at_construction(self):
+    class Unprintable:
+
+      def __repr__(self):
+        raise TypeError("no repr")
+
+    class Adapter(foreign_module.ForeignModule):
+
+      def __init__(self, thing, name=None):
+        super().__init__("Thing", "from_thing", name)
+        self.thing = thing
+
+      def __call__(self):
+        return self.module_name
+
+    self.assertEqual(hk.transform(lambda: Adapter(Unprintable())()).apply(
+        {}, None), "thing")
+
+  def test_layouts_are_cleared_with_every_cache(self):
+    calls = []
+
+    def construct_abstract():
+      calls.append(1)
+      return "built"
+
+    recipe = foreign_module.Recipe(None, construct_abstract,
+                                   lambda built: (built.upper(), None),
+                                   foreign_module.layout_key("t", object()))
+    for _ in range(2):
+      self.assertEqual(foreign_module.abstract_layout(recipe), "BUILT")
+    self.assertLen(calls, 1)
+    hkb.clear_caches()
+    foreign_module.abstract_layout(recipe)
+    self.assertLen(calls, 2)
+
+  def test_with_state(self):
+    f = hk.transform(lambda: hk.get_parameter("w", [], init=jnp.zeros))
+    self.assertIsInstance(foreign_module.with_state(f, "to_x"),
+                          hk.TransformedWithState)
+    with self.assertRaisesRegex(TypeError, r"hkb.to_x takes the output of "
+                                r"hk.transform.*hk.transform_with_state\(f\)"):
+      foreign_module.with_state(lambda: None, "to_x")
+
+
+if __name__ == "__main__":
+  absltest.main()

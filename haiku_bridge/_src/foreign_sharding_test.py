@@ -1,0 +1,250 @@
+"""Tests for foreign_sharding.py and `hkb.ShardingRules.from_foreign`, on 8 CPU devices.
+
+Ground truth: the same Flax module built natively on the same mesh (NNX with
+eager sharding; Linen initialised with the shardings Flax's own functions
+give, `nn.get_sharding` / `nn.logical_to_mesh_sharding`), and for a stack of
+layers, the stack NNX itself builds (`nnx.vmap` with `transform_metadata`).
+"""
+
+import functools
+
+from testing import devices
+
+devices.use_cpu_devices(8)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import flax.linen as nn
+import haiku as hk
+import haiku_bridge as hkb
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+KEY = jax.random.PRNGKey(0)
+X = jnp.ones([8, 16])
+LOGICAL = (("embed", None), ("mlp", "model"), ("batch", "data"))
+
+
+def mesh():
+  return jax.make_mesh((2, 4), ("data", "model"))
+
+
+class NnxBlock(nnx.Module):
+  """Declared: a kernel split by mesh axes, one by logical names, one not."""
+
+  def __init__(self, *, rngs):
+    self.up = nnx.Linear(16, 32, rngs=rngs, kernel_init=nnx.with_partitioning(
+        nnx.initializers.lecun_normal(), (None, "model")))
+    self.down = nnx.Linear(32, 16, rngs=rngs, kernel_init=nnx.with_partitioning(
+        nnx.initializers.lecun_normal(), ("mlp", "embed"),
+        sharding_rules=LOGICAL))
+    self.norm = nnx.LayerNorm(16, rngs=rngs)
+
+  def __call__(self, x):
+    return x + self.down(jax.nn.relu(self.up(self.norm(x))))
+
+
+class LinenBlock(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(32, name="up", kernel_init=nn.with_partitioning(
+        nn.initializers.lecun_normal(), (None, "model")))(x)
+    h = nn.Dense(16, name="down", kernel_init=nn.with_logical_partitioning(
+        nn.initializers.lecun_normal(), ("mlp", "embed")))(jax.nn.relu(h))
+    return x + h
+
+
+def assert_same_sharding(test, actual, expected, msg=None):
+  test.assertTrue(
+      actual.sharding.is_equivalent_to(expected.sharding, actual.ndim),
+      msg=f"{msg}: {actual.sharding.spec} != {expected.sharding.spec}")
+
+
+def created(f, rules, m):
+  """`f`'s params, created where `rules` put them."""
+  shardings = hkb.param_shardings(jax.eval_shape(f.init, KEY, X), m, rules)
+  return jax.jit(f.init, out_shardings=shardings)(KEY, X)
+
+
+class NnxTest(absltest.TestCase):
+
+  def test_specs_as_nnx_places_its_own_params(self):
+    m = mesh()
+    f = hk.transform(lambda x: hkb.from_flax(NnxBlock, name="block")(x))
+    rules = hkb.ShardingRules.from_foreign(f.init, KEY, X)
+    params = created(f, rules, m)
+    with jax.set_mesh(m):
+      native = NnxBlock(rngs=nnx.Rngs(0))  # Eager sharding: placed by NNX.
+    assert_same_sharding(self, params["block/up"]["kernel"],
+                         native.up.kernel[...], "up")
+    assert_same_sharding(self, params["block/down"]["kernel"],
+                         native.down.kernel[...], "down")
+    self.assertEqual(params["block/down"]["kernel"].sharding.spec,
+                     P("model", None))  # `mlp` -> `model` by its own rules.
+    self.assertEqual(params["block/norm"]["scale"].sharding.spec, P())
+
+  def test_init_traced_before_is_traced_again(self):
+    f = hk.transform(lambda x: hkb.from_flax(NnxBlock, name="block")(x))
+    jax.eval_shape(f.init, KEY, X)  # jax.eval_shape caches its traces.
+    for _ in range(2):
+      rules = hkb.ShardingRules.from_foreign(f.init, KEY, X)
+      self.assertEqual(rules.spec_for("block/up/kernel", (16, 32)),
+                       P(None, "model"))
+
+  def test_older_metadata_names(self):
+    class Older(nnx.Module):
+      """`sharding` and `sharding_names`: Flax's older names for `out_sharding`."""
+
+      def __init__(self, *, rngs):
+        key = rngs.params()
+        self.a = nnx.Param(jax.random.normal(key, (16, 8)),
+                           sharding=(None, "model"))
+        self.b = nnx.Param(jax.random.normal(key, (8, 16)),
+                           sharding_names=("model", None))
+
+      def __call__(self, x):
+        return x @ self.a[...] @ self.b[...]
+
+    m = mesh()
+    f = hk.transform(lambda x: hkb.from_flax(Older, name="older")(x))
+    with self.assertWarns(DeprecationWarning):
+      rules = hkb.ShardingRules.from_foreign(f.init, KEY, X)
+    with jax.set_mesh(m):
+      native = Older(rngs=nnx.Rngs(0))
+    theirs = nnx.get_partition_spec(nnx.state(native))
+    self.assertEqual(rules.spec_for("older/a", (16, 8)),
+                     theirs["a"].get_value())
+    self.assertEqual(rules.spec_for("older/b", (8, 16)),
+                     theirs["b"].get_value())
+
+  def test_no_mesh_needed_to_build(self):
+    # Natively, a module that declares shardings needs a mesh to be built.
+    with self.assertRaisesRegex(ValueError, "mesh"):
+      NnxBlock(rngs=nnx.Rngs(0))
+    f = hk.transform(lambda x: hkb.from_flax(NnxBlock)(x))
+    self.assertEqual(f.init(KEY, X)["nnx_block/up"]["kernel"].shape, (16, 32))
+
+  def test_layer_scan_adds_the_layer_axis_as_nnx_vmap(self):
+    m, depth = mesh(), 3
+    f = hk.transform(lambda x: hkb.repeat_layer(
+        lambda h: hkb.from_flax(NnxBlock, name="block")(h), x, depth,
+        name="stack"))
+    rules = hkb.ShardingRules.from_foreign(f.init, KEY, X)
+    params = created(f, rules, m)
+    self.assertEqual(params["stack/block/up"]["kernel"].shape, (depth, 16, 32))
+
+    @nnx.split_rngs(splits=depth)
+    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={
+        nnx.PARTITION_NAME: None})
+    def stack(rngs):
+      return NnxBlock(rngs=rngs)
+
+    with jax.set_mesh(m):
+      native = stack(nnx.Rngs(0))
+    assert_same_sharding(self, params["stack/block/up"]["kernel"],
+                         native.up.kernel[...], "up")
+    assert_same_sharding(self, params["stack/block/down"]["kernel"],
+                         native.down.kernel[...], "down")
+
+  def test_declared_stack_maps_the_layer_axis(self):
+    m, depth = mesh(), 2
+    f = hk.transform(lambda x: hkb.repeat_layer(
+        lambda h: hkb.from_flax(NnxBlock, name="block")(h), x, depth,
+        name="stack"))
+    rules = hkb.ShardingRules.from_foreign(f.init, KEY, X,
+                                           stacked={"stack": "data"})
+    params = created(f, rules, m)
+
+    @nnx.split_rngs(splits=depth)
+    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={
+        nnx.PARTITION_NAME: "data"})
+    def stack(rngs):
+      return NnxBlock(rngs=rngs)
+
+    with jax.set_mesh(m):
+      native = stack(nnx.Rngs(0))
+    # Where NNX places the stack: by its metadata (`nnx.get_named_sharding`);
+    # the values it built inside the vmap were placed layer by layer.
+    native_sharding = nnx.get_named_sharding(nnx.state(native), m)
+    self.assertTrue(params["stack/block/up"]["kernel"].sharding
+                    .is_equivalent_to(
+                        native_sharding["up"]["kernel"].get_value(), 3))
+    self.assertEqual(params["stack/block/up"]["kernel"].sharding.spec,
+                     P("data", None, "model"))
+
+  def test_some_stacks_declared_is_an_error(self):
+    def f(x):
+      inner = lambda h: hkb.repeat_layer(
+          lambda g: hkb.from_flax(NnxBlock, name="block")(g), h, 2,
+          name="inner")
+      return hkb.repeat_layer(inner, x, 2, name="outer")
+
+    f = hk.transform(f)
+    with self.assertRaisesRegex(
+        ValueError, r"parameter 'outer/inner/block/(up|down)/kernel' \(shape "
+        r"\(2, 2, .*\)\) lies in 2 layer stack\(s\), of which `stacked=` "
+        r"declares 1"):
+      hkb.ShardingRules.from_foreign(f, KEY, X, stacked=["outer"])
+    rules = hkb.ShardingRules.from_foreign(f, KEY, X)
+    self.assertEqual(rules.spec_for("outer/inner/block/up/kernel",
+                                    (2, 2, 16, 32)), P(None, None, None,
+                                                       "model"))
+
+
+class LinenTest(parameterized.TestCase):
+
+  @parameterized.parameters("argument", "context")
+  def test_specs_as_linen_gives_them(self, how):
+    m = mesh()
+    module = LinenBlock()
+    f = hk.transform(lambda x: hkb.from_flax(module, name="block")(x))
+    if how == "argument":
+      rules = hkb.ShardingRules.from_foreign(f.init, KEY, X,
+                                             logical_axis_rules=LOGICAL)
+    else:
+      with nn.logical_axis_rules(LOGICAL):
+        rules = hkb.ShardingRules.from_foreign(f.init, KEY, X)
+    params = created(f, rules, m)
+    # Native: the sharding Linen gives each box (physical names as they
+    # are, logical ones through the rules).
+    boxes = jax.eval_shape(module.init, KEY, X)["params"]
+    native = {
+        "up": boxes["up"]["kernel"].get_sharding(m),
+        "down": nn.logical_to_mesh_sharding(
+            boxes["down"]["kernel"].get_partition_spec(), m, LOGICAL)}
+    for layer, sharding in native.items():
+      self.assertTrue(params[f"block/{layer}"]["kernel"].sharding
+                      .is_equivalent_to(sharding, 2), msg=layer)
+    self.assertEqual(params["block/down"]["kernel"].sharding.spec,
+                     P("model", None))
+    self.assertEqual(params["block/up"]["bias"].sharding.spec, P())
+
+  def test_user_rules_cover_the_rest(self):
+    def f(x):
+      h = hkb.from_flax(LinenBlock(), name="block")(x)
+      return hk.Linear(16, name="head")(h)
+
+    f = hk.transform(f)
+    rules = hkb.ShardingRules.from_foreign(
+        f, KEY, X, rules=[(r"head/w$", P("data", None))],
+        logical_axis_rules=LOGICAL)
+    params = created(f, rules, mesh())
+    self.assertEqual(params["head"]["w"].sharding.spec, P("data", None))
+    self.assertEqual(params["block/up"]["kernel"].sharding.spec,
+                     P(None, "model"))
+
+  def test_nothing_declared_nothing_recorded(self):
+    f = hk.transform(lambda x: hkb.from_flax(nn.Dense(4))(x))
+    self.assertEqual(hkb.ShardingRules.from_foreign(f.init, KEY, X).rules, ())
+    g = hk.transform(lambda x: hkb.from_flax(functools.partial(
+        nnx.Linear, 16, 4))(x))
+    self.assertEqual(hkb.ShardingRules.from_foreign(g.init, KEY, X).rules, ())
+
+
+if __name__ == "__main__":
+  absltest.main()
