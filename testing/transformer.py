@@ -26,8 +26,11 @@ RULES = hkb.ShardingRules(
 
 
 def transformer(tokens: jax.Array, *, vocab: int, d_model: int, heads: int,
-                layers: int) -> jax.Array:
-  """Logits of a pre-norm transformer whose layers run under `hkb.repeat_layer`."""
+                layers: int, remat: bool | str = False) -> jax.Array:
+  """Logits of a pre-norm transformer whose layers run under `hkb.repeat_layer`.
+
+  `remat` is `hkb.repeat_layer`'s: what the backward pass recomputes.
+  """
 
   def layer(h):
     ln = lambda name: hk.LayerNorm(-1, True, True, name=name)
@@ -39,5 +42,5 @@ def transformer(tokens: jax.Array, *, vocab: int, d_model: int, heads: int,
     return h + hk.nets.MLP([4 * d_model, d_model], name="mlp")(ln("ln_2")(h))
 
   h = hk.Embed(vocab, d_model, name="embed")(tokens)
-  h = hkb.repeat_layer(layer, h, layers, name="layers")
+  h = hkb.repeat_layer(layer, h, layers, name="layers", remat=remat)
   return hk.Linear(vocab, name="unembed")(h)
