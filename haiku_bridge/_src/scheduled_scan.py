@@ -23,7 +23,7 @@ defined (a `jax.custom_vjp`); reverse over reverse is.
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 from jax import lax
@@ -121,10 +121,44 @@ class _Perturbed:
   xs: tuple[bool, ...]
 
 
+class _SlotPlan(NamedTuple):
+  """A schedule with its register as one more slot, every move static.
+
+  Slot `register` (the last) stands for the register. Each backward action
+  reads its carry from one slot and an ADVANCE writes its result to one: the
+  slot the schedule keeps it in, else the register's. A later read of "the
+  register" reads wherever the last ADVANCE wrote, so a carry is copied once
+  when written and once when read, never moved between slots.
+  """
+  num_slots: int
+  forward_stores: np.ndarray  # [steps]: slot for the carry entering t, or -1.
+  actions: np.ndarray  # [actions, 4]: kind, step, slot read, slot written.
+
+
+def _slot_plan(schedule: remat_schedule.Schedule) -> _SlotPlan:
+  register = schedule.num_slots
+  stores = list(schedule.forward_stores)
+  last = schedule.num_steps - 1
+  # The forward sweep leaves the carry entering the last step in the register.
+  holder = stores[last] if stores[last] != remat_schedule.NOWHERE else register
+  stores[last] = holder
+  actions = []
+  for a in schedule.actions:
+    load = holder if a.load == remat_schedule.REGISTER else a.load
+    target = load
+    if a.kind == remat_schedule.ADVANCE:
+      target = a.store if a.store != remat_schedule.NOWHERE else register
+      holder = target
+    actions.append((a.kind, a.step, load, target))
+  return _SlotPlan(register + 1, np.asarray(stores, np.int32),
+                   np.asarray(actions, np.int32).reshape(-1, 4))
+
+
 def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
                        reverse: bool, unroll: int | bool) -> Callable[..., Any]:
   """`run(consts, carry, xs) -> (carry, ys)`, a `jax.custom_vjp` over flat lists."""
   length = schedule.num_steps
+  plan = _slot_plan(schedule)
   # Steps are numbered in the order the forward sweep runs them; the layer
   # (index into xs and ys) of step t.
   layer = (lambda t: length - 1 - t) if reverse else (lambda t: t)
@@ -138,31 +172,33 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
     consts, perturbed_consts = _values(consts)
     carry, _ = _values(carry)
     xs, perturbed_xs = _values(xs)
-    stores = np.asarray(schedule.forward_stores, np.int32)
-    slots = [_slot_buffer(c, schedule.num_slots) for c in carry]
+    slots = [_slot_buffer(c, plan.num_slots) for c in carry]
 
     def body(state, inputs):
-      c, slots, _ = state
+      c, slots = state
       x, store = inputs
-      slots = [_put(s, v, store) for s, v in zip(slots, c)]
+      # A carry no slot keeps leaves slot 0 as it was (written back): a
+      # lax.cond around the write would copy the whole buffer.
+      keep = store != remat_schedule.NOWHERE
+      index = jnp.maximum(store, 0)
+      slots = [_put(b, jnp.where(keep, v, _get(b, index)), index)
+               for b, v in zip(slots, c)]
       new_c, y = step(consts, c, x)
-      return (new_c, slots, c), y
+      return (new_c, slots), y
 
-    # The last state's third part is the carry entering the last step: the
-    # backward sweep starts with it in the register.
-    (carry, slots, register), ys = lax.scan(
-        body, (carry, slots, carry),
-        (xs, stores[::-1] if reverse else stores), length=length,
-        reverse=reverse, unroll=unroll)
-    residuals = (consts, xs, slots, register,
+    stores = plan.forward_stores
+    (carry, slots), ys = lax.scan(
+        body, (carry, slots), (xs, stores[::-1] if reverse else stores),
+        length=length, reverse=reverse, unroll=unroll)
+    residuals = (consts, xs, slots,
                  _Perturbed(tuple(perturbed_consts), tuple(perturbed_xs)))
     return (carry, ys), residuals
 
   def backward(residuals, cotangents):
-    consts, xs, slots, register, perturbed = residuals
+    consts, xs, slots, perturbed = residuals
     ct_carry, ct_ys = cotangents
-    ct_carry = [jnp.zeros_like(r) if isinstance(ct, SymbolicZero) else ct
-                for ct, r in zip(ct_carry, register)]
+    ct_carry = [jnp.zeros_like(s[0]) if isinstance(ct, SymbolicZero) else ct
+                for ct, s in zip(ct_carry, slots)]
     ct_ys = [None if isinstance(ct, SymbolicZero) else ct for ct in ct_ys]
     diff_consts = [i for i, p in enumerate(perturbed.consts) if p]
     diff_xs = [i for i, p in enumerate(perturbed.xs) if p]
@@ -185,42 +221,39 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
       return vjp((ct_c, ct_y))
 
     def body(state, action):
-      register, slots, ct_c, ct_xs, ct_consts = state
-      kind, t, load, store = action
+      slots, ct_c, ct_xs, ct_consts = state
+      kind, t, load, target = action
       i = layer(t)
-      c = [jnp.where(load == remat_schedule.REGISTER, r, _get(s, load))
-           for r, s in zip(register, slots)]
+      c = [_get(s, load) for s in slots]
+      x = lambda: [_get(v, i) for v in xs]  # Read in each branch.
 
       # The cotangent buffers go through the cond, so that the BACKPROP
-      # branch updates them in place: one layer's cotangents never need a
-      # buffer of their own.
+      # branch writes them in place.
       def advance(ct_c, ct_xs, ct_consts):
-        new_c, _ = step(consts, c, [_get(v, i) for v in xs])
-        return new_c, ct_c, ct_xs, ct_consts
+        return step(consts, c, x())[0], ct_c, ct_xs, ct_consts
 
       def back(ct_c, ct_xs, ct_consts):
-        x = [_get(v, i) for v in xs]
         ct_y = [None if ct is None else _get(ct, i) for ct in ct_ys]
-        d_consts, d_carry, d_x = backprop(c, x, ct_c, ct_y)
+        d_consts, d_carry, d_x = backprop(c, x(), ct_c, ct_y)
         ct_xs = [lax.dynamic_update_index_in_dim(buf, d, i, 0)
                  for buf, d in zip(ct_xs, d_x)]
         ct_consts = [a + d for a, d in zip(ct_consts, d_consts)]
-        return register, d_carry, ct_xs, ct_consts
+        return c, d_carry, ct_xs, ct_consts
 
-      register, ct_c, ct_xs, ct_consts = lax.cond(
+      new_c, ct_c, ct_xs, ct_consts = lax.cond(
           kind == remat_schedule.BACKPROP, back, advance, ct_c, ct_xs,
           ct_consts)
-      slots = [_put(s, v, store) for s, v in zip(slots, register)]
-      return (register, slots, ct_c, ct_xs, ct_consts), None
+      # A BACKPROP writes the carry it read back where it read it.
+      slots = [_put(s, v, target) for s, v in zip(slots, new_c)]
+      return (slots, ct_c, ct_xs, ct_consts), None
 
-    actions = np.asarray(schedule.actions, np.int32).reshape(-1, 4)
-    state = (register, slots, [ct_carry[i] for i in diff_carry],
+    state = (slots, [ct_carry[i] for i in diff_carry],
              [jnp.zeros_like(xs[i]) for i in diff_xs],
              [jnp.zeros_like(consts[i]) for i in diff_consts])
-    (_, _, ct_c, ct_xs, ct_consts), _ = lax.scan(
-        body, state, tuple(actions.T), unroll=unroll)
+    (_, ct_c, ct_xs, ct_consts), _ = lax.scan(
+        body, state, tuple(plan.actions.T), unroll=unroll)
     return (_scatter(len(consts), diff_consts, ct_consts),
-            _scatter(len(register), diff_carry, ct_c),
+            _scatter(len(step.carry_is_float), diff_carry, ct_c),
             _scatter(len(xs), diff_xs, ct_xs))
 
   run.defvjp(forward, backward, symbolic_zeros=True)
@@ -241,15 +274,11 @@ def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
 
 
 def _get(stacked: jax.Array, index) -> jax.Array:
-  return lax.dynamic_index_in_dim(stacked, jnp.maximum(index, 0),
-                                  keepdims=False)
+  return lax.dynamic_index_in_dim(stacked, index, keepdims=False)
 
 
 def _put(slots: jax.Array, value: jax.Array, slot) -> jax.Array:
-  """`slots` with `value` in `slot`; unchanged when `slot` is NOWHERE."""
-  index = jnp.maximum(slot, 0)
-  kept = jnp.where(slot == remat_schedule.NOWHERE, _get(slots, index), value)
-  return lax.dynamic_update_index_in_dim(slots, kept, index, 0)
+  return lax.dynamic_update_index_in_dim(slots, value, slot, 0)
 
 
 def _with(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
