@@ -117,15 +117,30 @@ def binomial_cost(num_steps: int, slots: int) -> int:
 
 def fewest_binomial_slots(num_steps: int, max_recomputed: int) -> int:
   """The fewest slots whose binomial schedule recomputes ≤ `max_recomputed` steps."""
-  slots = 1
-  while binomial_cost(num_steps, slots) > max_recomputed:
-    slots += 1
-  return slots
+  free = 1
+  while True:
+    costs = _binomial_splits(num_steps, free)[0][num_steps] - (num_steps - 1)
+    fits = np.flatnonzero(costs <= max_recomputed)
+    if fits.size:
+      return int(fits[0]) + 1
+    free = 2 * free + 1
+
+
+def _binomial_splits(num_steps: int,
+                     free: int) -> tuple[np.ndarray, np.ndarray]:
+  """cost[n, f]: advances to reverse n steps with f free slots; split[n, f]: the cut.
+
+  Column f depends only on columns 0..f, so one table, of 2^k columns, serves
+  every smaller `free`.
+  """
+  columns = 1 << free.bit_length()  # > free.
+  cost, split = _binomial_table(num_steps, columns - 1)
+  return cost[:, :free + 1], split[:, :free + 1]
 
 
 @functools.lru_cache(maxsize=64)
-def _binomial_splits(num_steps: int, free: int) -> tuple[np.ndarray, np.ndarray]:
-  """cost[n, f]: advances to reverse n steps with f free slots; split[n, f]: the cut."""
+def _binomial_table(num_steps: int,
+                    free: int) -> tuple[np.ndarray, np.ndarray]:
   n = np.arange(num_steps + 1)
   cost = np.zeros((num_steps + 1, free + 1), np.int64)
   split = np.zeros((num_steps + 1, free + 1), np.int64)
