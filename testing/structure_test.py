@@ -115,8 +115,8 @@ def _temp_bytes(variant: str, remat, depth: int, tokens: int,
 class RematScheduleMemoryTest(parameterized.TestCase):
   """The memory the schedules exist for, at the benchmark's depth 64.
 
-  Width 64 instead of the benchmark's 256 (4× less to compile); the ratios
-  are the same at both (0.32× with 4096 tokens, `RESULTS.md`).
+  Width 64 instead of the benchmark's 256 (less to compile); the relation is
+  the same at both (0.31× at width 256 with 4096 tokens, `RESULTS.md`).
   """
 
   WIDTH = 64
