@@ -31,6 +31,8 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import inline
+from haiku_bridge._src import remat_schedule
+from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.pytree import InitFn
 
@@ -38,6 +40,9 @@ from haiku_bridge._src.pytree import InitFn
 # The names hk.layer_stack gives its stack when not given one.
 NO_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[False]
 WITH_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[True]
+
+# `remat=` values that keep fewer carries than layers (remat_schedule.py).
+REMAT_SCHEDULES = ("nested", "binomial")
 
 
 def layer_keys(rng: Optional[jax.Array], num_layers: int) -> Optional[jax.Array]:
@@ -113,8 +118,9 @@ def layer_scan(
     num_layers: Optional[int] = None,
     init: Optional[InitFn] = None,
     name: Optional[str] = None,
-    remat: bool = False,
+    remat: bool | str = False,
     remat_policy: Optional[Callable[..., bool]] = None,
+    remat_groups: Optional[int] = None,
     unroll: int | bool = 1,
     reverse: bool = False,
 ) -> tuple[PyTree, PyTree]:
@@ -132,6 +138,17 @@ def layer_scan(
   >>> params = net.init(jax.random.PRNGKey(0), jnp.ones([2, 16]))
   >>> params["__layer_stack_no_per_layer/mlp/~/linear_0"]["w"].shape
   (12, 16, 64)
+
+  With `remat="nested"`, a training step keeps ≈2√N carries instead of one
+  per layer, for the same params, outputs and gradients as `remat=True`:
+
+  >>> nested = hk.transform(lambda h: hkb.layer_scan(
+  ...     block, h, num_layers=12, remat="nested")[0])
+  >>> def grads(f):
+  ...   x = jnp.ones([2, 16])
+  ...   return jax.grad(lambda p: jnp.sum(f.apply(p, None, x) ** 2))(params)
+  >>> jax.tree.all(jax.tree.map(jnp.allclose, grads(nested), grads(net)))
+  True
 
   It runs as `hk.layer_stack` runs the same layer: the same names, stacked
   layout, initial values for the same key (each layer's init sees the carry
@@ -152,9 +169,21 @@ def layer_scan(
     init: for a pure `layer`, `init(rng, carry, x) -> params` of one layer.
     name: the name of the stack's module (default: `hk.layer_stack`'s),
       numbered as Haiku numbers modules when used again.
-    remat: recompute each layer's activations in the backward pass
-      (`jax.checkpoint` on the scan body), trading compute for memory.
+    remat: what the backward pass keeps and recomputes, trading compute for
+      memory. `True`: recompute each layer's activations from its carry,
+      keeping one carry per layer (`jax.checkpoint` on the scan body, as
+      `hk.layer_stack` of `hk.remat(layer)`). `"nested"`: keep ≈2√N carries
+      for N layers: the layers in ≈√N groups, the backward pass recomputes
+      one group's carries at a time from the group's first one, then each
+      layer's activations (one more forward pass in all). `"binomial"`:
+      recompute as many layers as `"nested"` does, keeping the fewest
+      carries that allows (treeverse). The schedules give the same values
+      and gradients as `True`; they are defined for reverse-mode autodiff
+      (`jax.grad`, `jax.vjp`), not for `jax.jvp`.
     remat_policy: a `jax.checkpoint_policies` policy, with `remat=True`.
+    remat_groups: with `remat="nested"`, the number of groups (default
+      ≈√N; the last group takes what remains); with `"binomial"`, recompute
+      as many layers as `"nested"` with that many groups.
     unroll: passed to `jax.lax.scan`.
     reverse: run the layers from last to first (as `jax.lax.scan`).
 
@@ -164,8 +193,7 @@ def layer_scan(
   with errors.entry("layer_scan"):
     guards.require_transform()
     num_layers = _num_layers(num_layers, xs)
-    if remat_policy is not None and not remat:
-      raise ValueError(errors.message("`remat_policy` needs `remat=True`."))
+    remat = _remat_mode(remat, remat_policy, remat_groups)
     if name is None:
       name = NO_PER_LAYER_NAME if xs is None else WITH_PER_LAYER_NAME
     layer_init, layer_apply = _transformed_layer(_haiku_layer(layer, init,
@@ -197,11 +225,18 @@ def layer_scan(
       (carry, y), state = layer_apply(params, state, key, carry, x)
       return carry, (y, state)
 
-    if remat:
-      body = jax.checkpoint(body, policy=remat_policy)
-    carry, (ys, state) = jax.lax.scan(
-        body, carry, (params, state, keys, xs), length=num_layers,
-        unroll=unroll, reverse=reverse)
+    scanned = (params, state, keys, xs)
+    if remat in REMAT_SCHEDULES:
+      carry, (ys, state) = scheduled_scan.scan(
+          body, carry, scanned, length=num_layers,
+          schedule=_remat_schedule(remat, num_layers, remat_groups),
+          unroll=unroll, reverse=reverse)
+    else:
+      if remat:
+        body = jax.checkpoint(body, policy=remat_policy)
+      carry, (ys, state) = jax.lax.scan(
+          body, carry, scanned, length=num_layers, unroll=unroll,
+          reverse=reverse)
     updater.update(state)
   return carry, ys
 
@@ -223,8 +258,8 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
     x: the input.
     num_layers: the number of layers.
     init: for a pure `layer`, `init(rng, x) -> params` of one layer.
-    **options: `name`, `remat`, `remat_policy`, `unroll`, `reverse`, as for
-      `layer_scan`.
+    **options: `name`, `remat`, `remat_policy`, `remat_groups`, `unroll`,
+      `reverse`, as for `layer_scan`.
 
   Returns:
     The last layer's output.
@@ -329,6 +364,44 @@ def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
 
 
 caches.register(_transformed_layer.cache_clear)
+
+
+def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
+  """`remat` checked: a bool, or one of REMAT_SCHEDULES."""
+  if not isinstance(remat, str):
+    remat = bool(remat)
+  elif remat not in REMAT_SCHEDULES:
+    raise ValueError(errors.message(
+        f"remat must be a bool, \"nested\" or \"binomial\"; got {remat!r}."))
+  if policy is not None and remat is not True:
+    raise ValueError(errors.message(
+        "`remat_policy` needs `remat=True`: it says which activations the "
+        "forward pass keeps for the backward pass, and the nested and "
+        "binomial schedules keep none, only carries."))
+  if groups is not None:
+    if remat not in REMAT_SCHEDULES:
+      raise ValueError(errors.message(
+          "`remat_groups` needs `remat=\"nested\"` or `\"binomial\"`."))
+    if (isinstance(groups, bool) or not isinstance(groups, (int, np.integer))
+        or groups <= 0):
+      raise ValueError(errors.message(
+          f"remat_groups must be a positive int; got {groups!r}."))
+  return remat
+
+
+@functools.lru_cache(maxsize=256)
+def _remat_schedule(remat: str, num_layers: int,
+                    groups: Optional[int]) -> remat_schedule.Schedule:
+  nested = remat_schedule.nested(num_layers, groups)
+  if remat == "nested":
+    return nested
+  # Treeverse with the fewest slots that recompute no more than `nested`.
+  slots = remat_schedule.fewest_binomial_slots(num_layers,
+                                               nested.recomputed_steps)
+  return remat_schedule.binomial(num_layers, slots)
+
+
+caches.register(_remat_schedule.cache_clear)
 
 
 def _check_num_layers(num_layers: Any) -> int:

@@ -1,21 +1,35 @@
 """Tests for layer_scan: against hk.layer_stack and an unrolled Python loop."""
 
+import jax
+
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import functools
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex
 import haiku as hk
-import jax
 from jax import test_util as jtu
 import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from haiku_bridge._src import call_pure
 from haiku_bridge._src import scan
+from haiku_bridge._src import sharding
 from testing import test_utils
+from testing import transformer
 
 KEY = jax.random.PRNGKey(0)
 X = jax.random.normal(jax.random.PRNGKey(1), [2, 4])
-DEPTH = 3
+DEPTH = 3  # √3 divides nothing: "nested" runs groups of 2 and 1.
 STACK = scan.NO_PER_LAYER_NAME
+REMAT_MODES = (False, True) + scan.REMAT_SCHEDULES
 
 
 def block(x):
@@ -52,6 +66,23 @@ def loop(layer, carry, xs=None, *, num_layers=DEPTH, reverse=False):
   if ys[0] is None:
     return carry, None
   return carry, jax.tree.map(lambda *y: jnp.stack(y), *ys)
+
+
+def under_fake_quant(stack, seen):
+  """`stack` under a custom getter that rounds each param it reads.
+
+  The rounding is per tensor, so per layer when a layer's params are read;
+  `(name, shape)` of each read goes to the list `seen`.
+  """
+  def fake_quant(next_getter, value, context):
+    seen.append((context.full_name, tuple(value.shape)))
+    scale = jnp.max(jnp.abs(value)) / 7
+    return next_getter(jnp.round(value / scale) * scale)
+
+  def f(x):
+    with hk.custom_getter(fake_quant):
+      return stack(x)
+  return f
 
 
 def as_carry_layer(f):
@@ -97,18 +128,7 @@ class LayerStackParityTest(parameterized.TestCase):
 
   def test_getters_see_each_layers_params(self):
     seen = []
-
-    def fake_quant(next_getter, value, context):
-      seen.append((context.full_name, tuple(value.shape)))
-      scale = jnp.max(jnp.abs(value)) / 7  # Per tensor: per layer, here.
-      return next_getter(jnp.round(value / scale) * scale)
-
-    def under_getter(stack):
-      def f(x):
-        with hk.custom_getter(fake_quant):
-          return stack(x)
-      return hk.transform(f)
-
+    under_getter = lambda stack: hk.transform(under_fake_quant(stack, seen))
     ours = under_getter(lambda x: scan.repeat_layer(block, x, DEPTH))
     theirs = under_getter(lambda x: hk.layer_stack(DEPTH)(block)(x))
     params = theirs.init(KEY, X)
@@ -178,7 +198,7 @@ class UnrolledLoopTest(parameterized.TestCase):
       self.assertFalse(jax.tree.leaves(
           jax.tree.map(lambda a, b: bool((a == b).all()), s_ours, st))[0])
 
-  @parameterized.product(remat=(False, True), reverse=(False, True))
+  @parameterized.product(remat=REMAT_MODES, reverse=(False, True))
   def test_plain(self, remat, reverse):
     self._assert_matches_loop(as_carry_layer(block), remat=remat,
                               reverse=reverse)
@@ -188,24 +208,25 @@ class UnrolledLoopTest(parameterized.TestCase):
         as_carry_layer(block), remat=True,
         remat_policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
-  @parameterized.parameters(False, True)
-  def test_state(self, reverse):
+  @parameterized.product(reverse=(False, True), remat=(False, "nested"))
+  def test_state(self, reverse, remat):
     # Each layer's state starts from the carry that reaches it (as
     # hk.layer_stack does), so it grows with depth and the loop's different
     # float summation order shows at 4e-5 relative; hk.layer_stack itself is
     # matched bit for bit in LayerStackParityTest.test_state.
     self._assert_matches_loop(as_carry_layer(counting_block), state=True,
-                              reverse=reverse, rtol=1e-4)
+                              reverse=reverse, remat=remat, rtol=1e-4)
 
-  @parameterized.parameters(False, True)
+  @parameterized.parameters(*REMAT_MODES)
   def test_dropout_rng_per_layer(self, remat):
     self._assert_matches_loop(as_carry_layer(dropout_block), remat=remat)
 
-  def test_xs_and_ys(self):
+  @parameterized.parameters(False, "nested", "binomial")
+  def test_xs_and_ys(self, remat):
     xs = {"shift": jax.random.normal(KEY, [DEPTH, 4])}
     self._assert_matches_loop(
         lambda c, x: (block(c + x["shift"]), {"norm": jnp.sum(c ** 2)}), xs,
-        unroll=2)
+        unroll=2, remat=remat)
 
   def test_transformed_layer(self):
     layer = hk.transform(lambda c, _: (block(c), jnp.mean(c)))
@@ -220,6 +241,197 @@ class UnrolledLoopTest(parameterized.TestCase):
                   None, X), rtol=1e-6)
 
 
+class RematScheduleTest(parameterized.TestCase):
+  """remat="nested" / "binomial": hk.layer_stack + hk.remat's values and gradients."""
+
+  def _assert_matches_layer_stack(self, ours, theirs, *args, rng=KEY):
+    """Same params and state at init; same outputs, state and gradients."""
+    ours, theirs = (hk.transform_with_state(ours),
+                    hk.transform_with_state(theirs))
+    params, state = theirs.init(KEY, *args)
+    chex.assert_trees_all_equal(ours.init(KEY, *args), (params, state))
+
+    def loss(apply):
+      def f(p):
+        out, new_state = apply(p, state, rng, *args)
+        return sum(jnp.sum(o ** 2) for o in jax.tree.leaves(out)), (
+            out, new_state)
+      return jax.jit(jax.value_and_grad(f, has_aux=True))
+
+    chex.assert_trees_all_close(loss(ours.apply)(params),
+                                loss(theirs.apply)(params), rtol=1e-6,
+                                atol=1e-6)
+
+  @parameterized.parameters(("nested", 3, None), ("nested", 10, 3),
+                            ("nested", 7, 1), ("binomial", 10, None))
+  def test_rng_per_layer(self, remat, depth, groups):
+    self._assert_matches_layer_stack(
+        lambda x: scan.repeat_layer(dropout_block, x, depth, remat=remat,
+                                    remat_groups=groups),
+        lambda x: hk.layer_stack(depth)(hk.remat(dropout_block))(x), X)
+
+  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  def test_reverse_with_state(self, remat):
+    self._assert_matches_layer_stack(
+        lambda x: scan.repeat_layer(counting_block, x, 5, remat=remat,
+                                    reverse=True),
+        lambda x: hk.layer_stack(5)(hk.remat(counting_block))(x,
+                                                              reverse=True),
+        X)
+
+  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  def test_xs_and_ys(self, remat):
+    def layer(c, x):
+      return dropout_block(c * x["gain"]), {"norm": jnp.sum(c ** 2)}
+
+    xs = {"gain": 1 + jax.random.uniform(KEY, [6, 4])}
+    self._assert_matches_layer_stack(
+        lambda x, xs: scan.layer_scan(layer, x, xs, remat=remat),
+        lambda x, xs: hk.layer_stack(6, with_per_layer_inputs=True)(
+            hk.remat(layer))(x, xs), X, xs)
+
+  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  def test_layer_closing_over_an_outer_param(self, remat):
+    # The gradient of `scale` sums over the layers that close over it.
+    def net(stack):
+      def f(x):
+        scale = hk.get_parameter("scale", [4], init=jnp.ones)
+        return stack(lambda h: block(h) * scale, x)
+      return f
+
+    self._assert_matches_layer_stack(
+        net(lambda layer, x: scan.repeat_layer(layer, x, 6, remat=remat)),
+        net(lambda layer, x: hk.layer_stack(6)(hk.remat(layer))(x)), X)
+
+  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  def test_getters_see_each_layers_params(self, remat):
+    seen = []
+    self._assert_matches_layer_stack(
+        under_fake_quant(lambda x: scan.repeat_layer(block, x, 5,
+                                                     remat=remat), seen),
+        under_fake_quant(lambda x: hk.layer_stack(5)(hk.remat(block))(x),
+                         seen), X)
+    self.assertIn(("mlp/~/linear_0/w", (4, 8)), seen)
+    self.assertNotIn(("mlp/~/linear_0/w", (5, 4, 8)), seen)
+
+  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  def test_pure_layers_equal_remat(self, remat):
+    # A pure layer and a jax.custom_vjp one: the same gradients as remat=True.
+    for layer in (dense, half_grad_dense):
+      grads = {}
+      for mode in (True, remat):
+        f = hk.transform(lambda x, mode=mode, layer=layer: scan.repeat_layer(
+            layer, x, 7, init=init_dense, remat=mode))
+        params = f.init(KEY, X)
+        grads[mode] = jax.grad(
+            lambda p, f=f: jnp.sum(f.apply(p, None, X) ** 2))(params)
+      chex.assert_trees_all_close(grads[remat], grads[True], rtol=1e-6,
+                                  atol=1e-6)
+
+  def test_forward_mode_is_not_defined(self):
+    f = hk.transform(lambda x: scan.repeat_layer(block, x, 4, remat="nested"))
+    params = f.init(KEY, X)
+    with self.assertRaisesRegex(TypeError, "forward-mode.*custom_vjp"):
+      jax.jvp(lambda p: f.apply(p, None, X), (params,), (params,))
+
+
+class ShardedRematScheduleTest(parameterized.TestCase):
+  """The schedules under sharding rules, on 8 CPU devices, against one device."""
+
+  VOCAB, D_MODEL, HEADS, SEQ, LAYERS = 64, 32, 4, 4, 6
+
+  def setUp(self):
+    super().setUp()
+    if jax.device_count() < 8:
+      self.skipTest(f"needs 8 devices, jax has {jax.device_count()}.")
+
+  def _transformer(self, remat):
+    return hk.transform(functools.partial(
+        transformer.transformer, vocab=self.VOCAB, d_model=self.D_MODEL,
+        heads=self.HEADS, layers=self.LAYERS, remat=remat))
+
+  @parameterized.product(remat=scan.REMAT_SCHEDULES,
+                         layer_axis=(None, "data"))
+  def test_transformer_step_equals_one_device(self, remat, layer_axis):
+    # The FSDP + tensor-parallel rules; with layer_axis="data", each "data"
+    # group stores half of the layers instead.
+    rules = transformer.RULES
+    if layer_axis:
+      rules = sharding.ShardingRules(
+          [(pattern, P(*(None if e == "data" else e for e in spec)))
+           for pattern, spec in rules.rules], stacked={"layers": layer_axis})
+    mesh = jax.make_mesh((2, 4), ("data", "model"),
+                         axis_types=(AxisType.Auto,) * 2)
+    tokens = jax.random.randint(KEY, [8, self.SEQ], 0, self.VOCAB)
+    f = self._transformer(remat)
+    loss = lambda f: jax.value_and_grad(
+        lambda p, t: jnp.mean(f.apply(p, None, t) ** 2))
+    params = jax.device_get(jax.jit(f.init)(KEY, tokens))
+    # One device, remat=True: the ground truth.
+    expected = jax.jit(loss(self._transformer(True)))(params, tokens)
+
+    shardings = sharding.param_shardings(params, mesh, rules)
+    data = NamedSharding(mesh, P("data"))
+    value, grads = jax.jit(loss(f), in_shardings=(shardings, data),
+                           out_shardings=(None, shardings))(
+                               jax.device_put(params, shardings),
+                               jax.device_put(tokens, data))
+    chex.assert_trees_all_close((value, grads), expected, rtol=1e-5,
+                                atol=1e-6)
+    spec = grads["layers/mlp/~/linear_0"]["w"].sharding.spec
+    self.assertEqual(spec, P(layer_axis, "data" if not layer_axis else None,
+                             "model"))
+
+  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  def test_explicit_axes_gather_one_layer_at_a_time(self, remat):
+    def layer(h):
+      with hk.custom_getter(lambda next_getter, value, context:
+                            sharding.gather_over(next_getter(value), "data")):
+        return h + jnp.tanh(hk.Linear(h.shape[-1])(h))
+
+    def step(remat):
+      f = hk.transform(lambda x: scan.repeat_layer(layer, x, 5, remat=remat))
+      return f, jax.jit(jax.value_and_grad(
+          lambda p, x: jnp.sum(f.apply(p, None, x) ** 2)))
+
+    x = jax.random.normal(KEY, [8, 16])
+    f, ours = step(remat)
+    params = jax.device_get(f.init(KEY, x))
+    expected = step(True)[1](params, x)  # One device.
+    mesh = jax.make_mesh((8,), ("data",))  # Explicit axes.
+    rules = sharding.ShardingRules([(r"w$", P("data"))], stacked=[STACK])
+    with jax.set_mesh(mesh):
+      shardings = sharding.param_shardings(params, mesh, rules)
+      value, grads = ours(jax.device_put(params, shardings),
+                          jax.device_put(x, P("data")))
+    chex.assert_trees_all_close((value, grads), expected, rtol=1e-5,
+                                atol=1e-5)
+    self.assertEqual(grads[f"{STACK}/linear"]["w"].sharding.spec,
+                     P(None, "data", None))
+
+  @parameterized.product(remat=scan.REMAT_SCHEDULES, check_vma=(True, False))
+  def test_shard_map_data_parallel(self, remat, check_vma):
+    f = hk.transform(lambda x: scan.repeat_layer(dropout_block, x, 5,
+                                                 remat=remat))
+    x = jax.random.normal(KEY, [16, 4])
+    params = f.init(KEY, x)
+    grad = jax.grad(lambda p, x: jnp.mean(f.apply(p, KEY, x) ** 2))
+    # Each device's gradient over its own rows, as one device computes it.
+    expected = jax.vmap(grad, in_axes=(None, 0))(params, x.reshape(8, 2, 4))
+    if check_vma:
+      # The params are invariant over "data": autodiff sums their gradient.
+      local, out_specs = grad, P()
+      expected = jax.tree.map(lambda g: jnp.sum(g, axis=0), expected)
+    else:
+      local = lambda p, x: jax.tree.map(lambda g: g[None], grad(p, x))
+      out_specs = P("data")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    grads = jax.jit(jax.shard_map(
+        local, mesh=mesh, in_specs=(P(), P("data")), out_specs=out_specs,
+        check_vma=check_vma))(params, x)
+    chex.assert_trees_all_close(grads, expected, rtol=1e-5, atol=1e-5)
+
+
 def dense(params, x):
   return jnp.tanh(x @ params["w"] + params["b"])
 
@@ -227,6 +439,21 @@ def dense(params, x):
 def init_dense(rng, x):
   return {"w": jax.random.normal(rng, [x.shape[-1], x.shape[-1]]) * 0.5,
           "b": jnp.zeros([x.shape[-1]])}
+
+
+@jax.custom_vjp
+def half_grad_dense(params, x):
+  """`dense`, whose backward pass halves the params' cotangent."""
+  return dense(params, x)
+
+
+def _half_grad_bwd(vjp, g):
+  p_ct, x_ct = vjp(g)
+  return jax.tree.map(lambda t: 0.5 * t, p_ct), x_ct
+
+
+half_grad_dense.defvjp(lambda params, x: jax.vjp(dense, params, x),
+                       _half_grad_bwd)
 
 
 class PureLayerTest(parameterized.TestCase):
@@ -254,20 +481,7 @@ class PureLayerTest(parameterized.TestCase):
         jax.grad(reference)(params, X), rtol=1e-5, atol=1e-6)
 
   def test_custom_vjp_layer(self):
-    # A layer whose backward pass scales the weight cotangent by 0.5: the
-    # scan must carry the custom rule into every layer.
-    @jax.custom_vjp
-    def half_grad_dense(params, x):
-      return dense(params, x)
-
-    def fwd(params, x):
-      return jax.vjp(dense, params, x)
-
-    def bwd(vjp, g):
-      p_ct, x_ct = vjp(g)
-      return jax.tree.map(lambda t: 0.5 * t, p_ct), x_ct
-
-    half_grad_dense.defvjp(fwd, bwd)
+    # The scan must carry the custom rule into every layer.
     f = hk.transform(lambda x: scan.repeat_layer(half_grad_dense, x, DEPTH,
                                                  init=init_dense))
     plain = hk.transform(lambda x: scan.repeat_layer(dense, x, DEPTH,
@@ -304,14 +518,16 @@ class PureLayerTest(parameterized.TestCase):
                                 jnp.repeat(xs[:, None], 2, axis=1))
 
 
-class StructureTest(absltest.TestCase):
+class StructureTest(parameterized.TestCase):
 
-  def test_trace_does_not_grow_with_depth(self):
+  @parameterized.parameters(False, "nested", "binomial")
+  def test_trace_does_not_grow_with_depth(self, remat):
     def eqns(depth):
-      f = hk.transform(lambda x: scan.repeat_layer(block, x, depth))
+      f = hk.transform(lambda x: scan.repeat_layer(block, x, depth,
+                                                   remat=remat))
       params = f.init(KEY, X)
-      return sum(test_utils.primitive_counts(
-          lambda p: f.apply(p, None, X), params).values())
+      grad = jax.grad(lambda p: jnp.sum(f.apply(p, None, X)))
+      return sum(test_utils.primitive_counts(grad, params).values())
 
     self.assertEqual(eqns(4), eqns(48))
 
@@ -359,6 +575,20 @@ class ErrorsTest(parameterized.TestCase):
   def test_bad_num_layers(self, n):
     f = hk.transform(lambda x: scan.repeat_layer(block, x, n))
     with self.assertRaisesRegex(ValueError, "positive int"):
+      f.init(KEY, X)
+
+  @parameterized.named_parameters(
+      ("unknown", dict(remat="sqrt"), r"remat must be a bool, \"nested\""),
+      ("policy", dict(remat="nested",
+                      remat_policy=jax.checkpoint_policies.everything_saveable),
+       r"`remat_policy` needs `remat=True`"),
+      ("groups_without_schedule", dict(remat=True, remat_groups=2),
+       r"`remat_groups` needs `remat=\"nested\"`"),
+      ("bad_groups", dict(remat="nested", remat_groups=0),
+       "remat_groups must be a positive int"))
+  def test_remat_options(self, options, message):
+    f = hk.transform(lambda x: scan.repeat_layer(block, x, DEPTH, **options))
+    with self.assertRaisesRegex(ValueError, message):
       f.init(KEY, X)
 
   def test_no_num_layers(self):

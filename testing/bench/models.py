@@ -118,9 +118,16 @@ def mlp_model(size: MlpSize, variant: str) -> hk.Transformed:
       INLINE if variant == INLINE_COPY else variant]
 
 
-def stack_model(variant: str, depth: int, remat: bool,
+def stack_model(variant: str, depth: int, remat: bool | str,
                 width: int) -> hk.Transformed:
-  """A residual MLP block repeated `depth` times, three ways."""
+  """A residual MLP block repeated `depth` times, three ways.
+
+  `remat` is `hkb.repeat_layer`'s; the other variants take a bool (`True`:
+  `hk.remat` of the block).
+  """
+  if variant != SCAN and not isinstance(remat, bool):
+    raise ValueError(f"{variant} has no remat={remat!r}; only {SCAN} has.")
+
   def block(x):
     return x + hk.nets.MLP([width, width], name="mlp")(x)
 

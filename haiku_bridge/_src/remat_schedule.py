@@ -1,0 +1,247 @@
+"""Remat schedules: which carries a scan's backward pass keeps, and what it recomputes.
+
+Reversing a scan of N steps needs the carry entering each step, last to
+first. `jax.checkpoint` on the scan body stores all N of them, so memory grows
+linearly with depth. A schedule stores a few carries in numbered *slots* and
+recomputes the others from them:
+
+* `nested(n, groups)`: the steps in groups (≈√N of ≈√N steps; the last group
+  may be shorter). The forward sweep keeps each group's first carry; the
+  backward sweep recomputes one group at a time, keeping its carries. About
+  2√N carries; each step's carry is recomputed at most once.
+* `binomial(n, slots)`: treeverse / revolve (Griewank 1992): with a fixed
+  number of slots, the split points that recompute the fewest steps, found by
+  dynamic programming.
+
+A schedule is plain data: the slot each carry of the forward sweep goes to,
+then the backward sweep's actions in order. `simulate` replays it on step
+numbers and checks that every step is backpropagated once, last to first,
+from its own carry. `scheduled_scan.scan` runs it.
+"""
+
+import dataclasses
+import functools
+import math
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+
+# What an action does.
+ADVANCE = 0  # Run one step on a carry; the result goes to the register.
+BACKPROP = 1  # Backpropagate through one step, from the carry entering it.
+
+# Action.load: read the carry from the register (the last ADVANCE's result).
+REGISTER = -1
+# Action.store / Schedule.forward_stores: keep the carry in no slot.
+NOWHERE = -1
+
+
+class Action(NamedTuple):
+  kind: int  # ADVANCE or BACKPROP.
+  step: int  # Which step, 0 being the first the forward sweep runs.
+  load: int  # The slot holding the carry entering `step`, or REGISTER.
+  store: int  # ADVANCE only: a slot that keeps the result too, or NOWHERE.
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """How to reverse `num_steps` steps keeping at most `num_slots` carries.
+
+  The forward sweep runs every step, keeping the carry entering step `t` in
+  slot `forward_stores[t]` (or nowhere); when it ends, the register holds the
+  carry entering the last step. The backward sweep then runs `actions`.
+  """
+  num_steps: int
+  num_slots: int
+  forward_stores: tuple[int, ...]
+  actions: tuple[Action, ...]
+
+  @property
+  def recomputed_steps(self) -> int:
+    """Steps the backward sweep runs again to rebuild carries."""
+    return sum(a.kind == ADVANCE for a in self.actions)
+
+
+# split(first, end, free_slots) -> where to cut the steps [first, end): the
+# carry entering the cut is kept (in a slot, or in the register when only one
+# step follows it), the steps after the cut are reversed first, then those
+# before it. first < cut < end.
+SplitRule = Callable[[int, int, float], int]
+
+
+def nested(num_steps: int, groups: Optional[int] = None) -> Schedule:
+  """Two levels: `groups` groups of consecutive steps, each group's steps.
+
+  The forward sweep keeps the carry entering each group; the backward sweep
+  takes the groups last to first, recomputes one group's carries from its
+  first and keeps them all. Groups hold ⌈num_steps / groups⌉ steps, the last
+  one what remains. By default ≈√num_steps groups, which keeps the fewest
+  carries (about 2√num_steps).
+  """
+  num_steps = _positive("num_steps", num_steps)
+  if groups is None:
+    size = math.isqrt(num_steps - 1) + 1 if num_steps > 1 else 1  # ⌈√n⌉.
+  else:
+    size = -(-num_steps // _positive("groups", groups))
+
+  def split(first, end, free):
+    del free  # Unbounded: a slot per group, and per step of one group.
+    return first + size if end - first > size else first + 1
+
+  return _schedule(num_steps, split, math.inf)
+
+
+def binomial(num_steps: int, slots: int) -> Schedule:
+  """Treeverse with `slots` slots: the fewest recomputed steps for that memory.
+
+  The carry entering the first step takes one slot, so `slots=1` recomputes
+  every carry from it (quadratic); with more slots, each split point is chosen
+  by dynamic programming over (steps left, slots left).
+  """
+  num_steps = _positive("num_steps", num_steps)
+  free = _positive("slots", slots) - 1
+  splits = _binomial_splits(num_steps, free)[1]
+
+  def split(first, end, free):
+    return first + int(splits[end - first, int(free)])
+
+  return _schedule(num_steps, split, free)
+
+
+def binomial_cost(num_steps: int, slots: int) -> int:
+  """`binomial(num_steps, slots).recomputed_steps`, from the table alone."""
+  costs = _binomial_splits(num_steps, slots - 1)[0]
+  # The table counts the first sweep's num_steps - 1 advances too.
+  return int(costs[num_steps, slots - 1]) - (num_steps - 1)
+
+
+def fewest_binomial_slots(num_steps: int, max_recomputed: int) -> int:
+  """The fewest slots whose binomial schedule recomputes ≤ `max_recomputed` steps."""
+  free = 1
+  while True:
+    costs = _binomial_splits(num_steps, free)[0][num_steps] - (num_steps - 1)
+    fits = np.flatnonzero(costs <= max_recomputed)
+    if fits.size:
+      return int(fits[0]) + 1
+    free = 2 * free + 1
+
+
+def _binomial_splits(num_steps: int,
+                     free: int) -> tuple[np.ndarray, np.ndarray]:
+  """cost[n, f]: advances to reverse n steps with f free slots; split[n, f]: the cut.
+
+  Column f depends only on columns 0..f, so one table, of 2^k columns, serves
+  every smaller `free`.
+  """
+  columns = 1 << free.bit_length()  # > free.
+  cost, split = _binomial_table(num_steps, columns - 1)
+  return cost[:, :free + 1], split[:, :free + 1]
+
+
+@functools.lru_cache(maxsize=64)
+def _binomial_table(num_steps: int,
+                    free: int) -> tuple[np.ndarray, np.ndarray]:
+  n = np.arange(num_steps + 1)
+  cost = np.zeros((num_steps + 1, free + 1), np.int64)
+  split = np.zeros((num_steps + 1, free + 1), np.int64)
+  # No free slot: advance from the first carry to each step in turn.
+  cost[:, 0] = n * (n - 1) // 2
+  split[2:, 0] = n[2:] - 1
+  for f in range(1, free + 1):
+    for size in range(2, num_steps + 1):
+      cut = np.arange(1, size)
+      # Advance `cut` steps, keep that carry (one slot fewer for what
+      # follows it), reverse what follows, then what precedes it.
+      total = cut + cost[size - cut, f - 1] + cost[cut, f]
+      best = int(np.argmin(total))
+      cost[size, f], split[size, f] = total[best], cut[best]
+  return cost, split
+
+
+def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
+  """The schedule that reverses all steps by `split`, the first carry in slot 0."""
+  actions: list[Action] = []
+  in_use: list[bool] = []
+
+  def take() -> int:
+    slot = in_use.index(False) if False in in_use else len(in_use)
+    if slot == len(in_use):
+      in_use.append(False)
+    in_use[slot] = True
+    return slot
+
+  def reverse(first: int, end: int, slot: int, free: float) -> None:
+    # The carry entering `first` is in `slot`.
+    while end - first > 1:
+      cut = split(first, end, free)
+      assert first < cut < end, (first, cut, end)
+      keep = take() if end - cut > 1 else NOWHERE
+      for t in range(first, cut):
+        actions.append(Action(ADVANCE, t, slot if t == first else REGISTER,
+                              keep if t == cut - 1 else NOWHERE))
+      if keep == NOWHERE:
+        actions.append(Action(BACKPROP, cut, REGISTER, NOWHERE))
+      else:
+        reverse(cut, end, keep, free - 1)
+        in_use[keep] = False
+      end = cut
+    actions.append(Action(BACKPROP, first, slot, NOWHERE))
+
+  reverse(0, num_steps, take(), free)
+  # The actions up to the first BACKPROP advance through steps 0..n-2: the
+  # forward sweep runs them anyway, so it keeps what they would keep.
+  lead = next(i for i, a in enumerate(actions) if a.kind == BACKPROP)
+  assert [a.step for a in actions[:lead]] == list(range(lead)) == list(
+      range(num_steps - 1)), actions[:lead + 1]
+  forward_stores = [NOWHERE] * num_steps
+  forward_stores[0] = 0
+  for a in actions[:lead]:
+    if a.store != NOWHERE:
+      forward_stores[a.step + 1] = a.store
+  return Schedule(num_steps, len(in_use), tuple(forward_stores),
+                  tuple(actions[lead:]))
+
+
+def simulate(schedule: Schedule) -> None:
+  """Runs `schedule` on step numbers; raises if a step would get a wrong carry.
+
+  Checks that the backward sweep backpropagates every step exactly once,
+  last to first, each from the carry entering it, and that every slot it
+  names exists and holds that carry.
+  """
+  slots: dict[int, int] = {}  # slot -> the step whose entering carry it holds.
+  for t, slot in enumerate(schedule.forward_stores):
+    if slot != NOWHERE:
+      _check_slot(schedule, slot)
+      slots[slot] = t
+  register = schedule.num_steps - 1
+  due = schedule.num_steps - 1
+  for i, a in enumerate(schedule.actions):
+    carry = register if a.load == REGISTER else slots.get(a.load)
+    if carry != a.step:
+      raise ValueError(f"action {i} {a}: step {a.step} would get the carry "
+                       f"entering step {carry}.")
+    if a.kind == ADVANCE:
+      register = a.step + 1
+      if a.store != NOWHERE:
+        _check_slot(schedule, a.store)
+        slots[a.store] = register
+    elif a.step != due:
+      raise ValueError(f"action {i} {a}: step {a.step} backpropagated where "
+                       f"step {due} is due.")
+    else:
+      due -= 1
+  if due != -1:
+    raise ValueError(f"steps 0..{due} are never backpropagated.")
+
+
+def _check_slot(schedule: Schedule, slot: int) -> None:
+  if not 0 <= slot < schedule.num_slots:
+    raise ValueError(f"slot {slot} outside 0..{schedule.num_slots - 1}.")
+
+
+def _positive(name: str, value: int) -> int:
+  if (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or
+      value <= 0):
+    raise ValueError(f"{name} must be a positive int; got {value!r}.")
+  return int(value)

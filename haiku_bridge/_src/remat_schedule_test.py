@@ -1,0 +1,138 @@
+"""Tests for remat_schedule: replayed on step numbers, against hand-written schedules."""
+
+import itertools
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from haiku_bridge._src import remat_schedule
+from haiku_bridge._src.remat_schedule import ADVANCE
+from haiku_bridge._src.remat_schedule import BACKPROP
+from haiku_bridge._src.remat_schedule import Action
+from haiku_bridge._src.remat_schedule import NOWHERE
+from haiku_bridge._src.remat_schedule import REGISTER
+
+DEPTHS = list(range(1, 30)) + [63, 64, 65, 100, 128]
+
+
+def brute_force_cost(steps, free):
+  """Fewest advanced steps over every way to split, by exhaustive recursion.
+
+  Counts the first sweep's steps - 1 advances too.
+  """
+  if steps <= 1:
+    return 0
+  if free == 0:
+    return steps * (steps - 1) // 2
+  return min(cut + brute_force_cost(steps - cut, free - 1) +
+             brute_force_cost(cut, free) for cut in range(1, steps))
+
+
+class NestedTest(parameterized.TestCase):
+
+  def test_five_steps_in_two_groups(self):
+    # Written by hand: groups [0, 1, 2] and [3, 4]. The forward sweep keeps
+    # the carries entering steps 0 and 3; the register holds the one entering
+    # step 4.
+    schedule = remat_schedule.nested(5, groups=2)
+    self.assertEqual(schedule.forward_stores, (0, NOWHERE, NOWHERE, 1, NOWHERE))
+    self.assertEqual(schedule.actions, (
+        Action(BACKPROP, 4, REGISTER, NOWHERE),
+        Action(BACKPROP, 3, 1, NOWHERE),
+        Action(ADVANCE, 0, 0, 1),  # Slot 1 is free again.
+        Action(ADVANCE, 1, 1, NOWHERE),
+        Action(BACKPROP, 2, REGISTER, NOWHERE),
+        Action(BACKPROP, 1, 1, NOWHERE),
+        Action(BACKPROP, 0, 0, NOWHERE)))
+    self.assertEqual(schedule.num_slots, 2)
+    self.assertEqual(schedule.recomputed_steps, 2)
+
+  @parameterized.parameters(DEPTHS)
+  def test_default_groups(self, steps):
+    schedule = remat_schedule.nested(steps)
+    remat_schedule.simulate(schedule)
+    size = math.ceil(math.sqrt(steps))
+    groups = math.ceil(steps / size)
+    # While the last group is reversed, the slots hold every group's first
+    # carry and the group's carries but its first and last (the register):
+    # at most groups + size - 2, exactly that when the groups are even.
+    self.assertLessEqual(schedule.num_slots, max(1, groups + size - 2))
+    if steps == size * size:
+      self.assertEqual(schedule.num_slots, max(1, groups + size - 2))
+    # The last group's carries come from the forward sweep; in every other
+    # group, every step but its last is recomputed once.
+    self.assertEqual(schedule.recomputed_steps, (groups - 1) * (size - 1))
+
+  def test_any_number_of_groups(self):
+    for steps, groups in itertools.product((1, 7, 12, 30), (1, 2, 3, 5, 40)):
+      remat_schedule.simulate(remat_schedule.nested(steps, groups))
+
+  def test_one_group_per_step_is_one_carry_per_step(self):
+    schedule = remat_schedule.nested(8, groups=8)
+    self.assertEqual(schedule.num_slots, 7)  # And the register.
+    self.assertEqual(schedule.recomputed_steps, 0)
+
+  @parameterized.parameters(0, -1, 2.0, True)
+  def test_bad_groups(self, groups):
+    with self.assertRaisesRegex(ValueError, "groups must be a positive int"):
+      remat_schedule.nested(4, groups)
+
+
+class BinomialTest(parameterized.TestCase):
+
+  @parameterized.parameters(DEPTHS)
+  def test_replays(self, steps):
+    for slots in (1, 2, 3, 5, 9):
+      schedule = remat_schedule.binomial(steps, slots)
+      remat_schedule.simulate(schedule)
+      self.assertLessEqual(schedule.num_slots, slots)
+      self.assertEqual(schedule.recomputed_steps,
+                       remat_schedule.binomial_cost(steps, slots))
+
+  def test_fewest_recomputations(self):
+    for steps, slots in itertools.product(range(1, 13), range(1, 5)):
+      self.assertEqual(remat_schedule.binomial_cost(steps, slots),
+                       brute_force_cost(steps, slots - 1) - (steps - 1),
+                       (steps, slots))
+
+  def test_one_slot_recomputes_from_the_first_carry(self):
+    schedule = remat_schedule.binomial(4, 1)
+    self.assertEqual(schedule.recomputed_steps, 0 + 1 + 2)
+    self.assertEqual(schedule.forward_stores, (0, NOWHERE, NOWHERE, NOWHERE))
+
+  @parameterized.parameters(16, 64, 128, 200)
+  def test_never_more_slots_than_nested_for_as_many_recomputations(self,
+                                                                    steps):
+    nested = remat_schedule.nested(steps)
+    slots = remat_schedule.fewest_binomial_slots(steps,
+                                                 nested.recomputed_steps)
+    self.assertLessEqual(slots, nested.num_slots)
+    self.assertLessEqual(remat_schedule.binomial_cost(steps, slots),
+                         nested.recomputed_steps)
+    if steps >= 128:
+      self.assertLess(slots, nested.num_slots)
+
+
+class SimulateTest(absltest.TestCase):
+
+  def test_rejects_a_wrong_carry(self):
+    schedule = remat_schedule.nested(3)
+    broken = remat_schedule.Schedule(
+        3, schedule.num_slots, schedule.forward_stores,
+        (Action(BACKPROP, 2, 0, NOWHERE),) + schedule.actions[1:])
+    with self.assertRaisesRegex(ValueError, "step 2 would get the carry "
+                                "entering step 0"):
+      remat_schedule.simulate(broken)
+
+  def test_rejects_a_missing_step(self):
+    schedule = remat_schedule.nested(3)
+    broken = remat_schedule.Schedule(3, schedule.num_slots,
+                                     schedule.forward_stores,
+                                     schedule.actions[:-1])
+    with self.assertRaisesRegex(ValueError, "never backpropagated"):
+      remat_schedule.simulate(broken)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,293 @@
+"""`jax.lax.scan` whose backward pass keeps only the carries a remat schedule names.
+
+`scan(f, init, xs, length=n, schedule=...)` returns what `jax.lax.scan(f, init,
+xs)` returns. Under reverse-mode autodiff its forward sweep keeps the carries
+`schedule.forward_stores` names, and its backward sweep follows
+`schedule.actions` (`remat_schedule.py`): it recomputes carries from kept
+ones, and backpropagates each step once, last to first, recomputing that
+step's own intermediates as `jax.checkpoint` on the body would. So it stores
+a schedule's few carries instead of one per step.
+
+What it never copies: each step reads its slice of `xs` (the stacked
+parameters) by index, and writes the cotangent of that slice in place into
+one stacked buffer, the gradient itself. No group of parameters or of their
+gradients is gathered anywhere, so where the parameters dominate memory it
+needs no more than `jax.checkpoint` does.
+
+`f` is traced once, to a jaxpr, when `scan` is called, and every pass runs
+that jaxpr: what `f` sees when traced (Haiku's custom getters, its frame) is
+what each recomputation does, whenever the backward pass is traced. Values
+`f` closes over become inputs of the `jax.custom_vjp`; their cotangents are
+summed over the steps. Forward-mode autodiff (`jax.jvp`) of the scan is not
+defined (a `jax.custom_vjp`); reverse over reverse is.
+"""
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+from jax.extend import core as jax_core
+import jax.numpy as jnp
+import numpy as np
+
+from haiku_bridge._src import remat_schedule
+from haiku_bridge._src.pytree import PyTree
+
+
+def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
+         xs: PyTree, *, length: int, schedule: remat_schedule.Schedule,
+         reverse: bool = False, unroll: int | bool = 1
+         ) -> tuple[PyTree, PyTree]:
+  """`jax.lax.scan(f, init, xs, length, reverse, unroll)`, reversed by `schedule`.
+
+  >>> from haiku_bridge._src import remat_schedule, scheduled_scan
+  >>> def step(h, w):
+  ...   return jnp.tanh(h @ w), jnp.sum(h)
+  >>> ws = jax.random.normal(jax.random.PRNGKey(0), [10, 4, 4]) / 2
+  >>> h = jnp.ones([2, 4])
+  >>> schedule = remat_schedule.nested(10)  # Groups of 4, 4 and 2 steps.
+  >>> def loss(scan):
+  ...   return lambda ws: jnp.sum(scan(step, h, ws)[0] ** 2)
+  >>> ours = jax.grad(loss(lambda f, h, ws: scheduled_scan.scan(
+  ...     f, h, ws, length=10, schedule=schedule)))
+  >>> theirs = jax.grad(loss(jax.lax.scan))
+  >>> bool(jnp.allclose(ours(ws), theirs(ws), atol=1e-6))
+  True
+
+  Args:
+    f: `f(carry, x) -> (carry, y)`, as for `jax.lax.scan`.
+    init: the first carry.
+    xs: per-step inputs, each leaf with a leading axis of size `length`.
+    length: the number of steps, `schedule.num_steps`.
+    schedule: which carries to keep (`remat_schedule.nested`, `binomial`).
+    reverse: run the steps from last to first, as `jax.lax.scan` does.
+    unroll: passed to the `jax.lax.scan`s of both sweeps.
+
+  Returns:
+    `(carry, ys)`, as `jax.lax.scan` returns them.
+  """
+  if schedule.num_steps != length:
+    raise ValueError(f"the schedule is for {schedule.num_steps} steps, the "
+                     f"scan has {length}.")
+  carry, carry_tree = jax.tree.flatten(init)
+  # A weakly typed carry (a Python number) takes a type of its own, as the
+  # carries the step returns have one.
+  carry = [jnp.asarray(c, jnp.result_type(c)) if jax.typeof(c).weak_type
+           else c for c in carry]
+  x_leaves, x_tree = jax.tree.flatten(xs)
+  y_trees = []
+
+  def flat_step(carry_leaves, x):
+    new_carry, y = f(carry_tree.unflatten(carry_leaves), x_tree.unflatten(x))
+    new_leaves, new_tree = jax.tree.flatten(new_carry)
+    if new_tree != carry_tree:
+      raise TypeError(f"the step returned a carry of structure {new_tree}; "
+                      f"it got {carry_tree}.")
+    y_leaves, y_tree = jax.tree.flatten(y)
+    y_trees.append(y_tree)
+    return new_leaves, y_leaves
+
+  closed = jax.make_jaxpr(flat_step)(
+      [jax.typeof(c) for c in carry],
+      [jax_core.mapped_aval(length, 0, jax.typeof(x)) for x in x_leaves])
+  step = _Step(closed.jaxpr, len(carry))
+  run = _checkpointed_scan(step, schedule, reverse, unroll)
+  new_carry, ys = run(list(closed.consts), carry, x_leaves)
+  return carry_tree.unflatten(new_carry), y_trees[0].unflatten(ys)
+
+
+class _Step:
+  """The traced step as a function of (consts, carry, x), all flat lists."""
+
+  def __init__(self, jaxpr: jax_core.Jaxpr, num_carry: int):
+    self.jaxpr = jaxpr
+    self.num_carry = num_carry
+    self.carry_is_float = [_is_float(v.aval) for v in jaxpr.outvars[:num_carry]]
+    self.y_is_float = [_is_float(v.aval) for v in jaxpr.outvars[num_carry:]]
+
+  def __call__(self, consts, carry, x):
+    out = jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(self.jaxpr, consts))(
+        *carry, *x)
+    return out[:self.num_carry], out[self.num_carry:]
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _Perturbed:
+  """Which consts and xs the forward rule saw perturbed: static, in residuals."""
+  consts: tuple[bool, ...]
+  xs: tuple[bool, ...]
+
+
+class _SlotPlan(NamedTuple):
+  """A schedule with its register as one more slot, every move static.
+
+  Slot `register` (the last) stands for the register. Each backward action
+  reads its carry from one slot and an ADVANCE writes its result to one: the
+  slot the schedule keeps it in, else the register's. A later read of "the
+  register" reads wherever the last ADVANCE wrote, so a carry is copied once
+  when written and once when read, never moved between slots.
+  """
+  num_slots: int
+  forward_stores: np.ndarray  # [steps]: slot for the carry entering t, or -1.
+  actions: np.ndarray  # [actions, 4]: kind, step, slot read, slot written.
+
+
+def _slot_plan(schedule: remat_schedule.Schedule) -> _SlotPlan:
+  register = schedule.num_slots
+  stores = list(schedule.forward_stores)
+  last = schedule.num_steps - 1
+  # The forward sweep leaves the carry entering the last step in the register.
+  holder = stores[last] if stores[last] != remat_schedule.NOWHERE else register
+  stores[last] = holder
+  actions = []
+  for a in schedule.actions:
+    load = holder if a.load == remat_schedule.REGISTER else a.load
+    target = load
+    if a.kind == remat_schedule.ADVANCE:
+      target = a.store if a.store != remat_schedule.NOWHERE else register
+      holder = target
+    actions.append((a.kind, a.step, load, target))
+  return _SlotPlan(register + 1, np.asarray(stores, np.int32),
+                   np.asarray(actions, np.int32).reshape(-1, 4))
+
+
+def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
+                       reverse: bool, unroll: int | bool) -> Callable[..., Any]:
+  """`run(consts, carry, xs) -> (carry, ys)`, a `jax.custom_vjp` over flat lists."""
+  length = schedule.num_steps
+  plan = _slot_plan(schedule)
+  # Steps are numbered in the order the forward sweep runs them; the layer
+  # (index into xs and ys) of step t.
+  layer = (lambda t: length - 1 - t) if reverse else (lambda t: t)
+
+  @jax.custom_vjp
+  def run(consts, carry, xs):
+    return lax.scan(lambda c, x: step(consts, c, x), carry, xs, length=length,
+                    reverse=reverse, unroll=unroll)
+
+  def forward(consts, carry, xs):
+    consts, perturbed_consts = _values(consts)
+    carry, _ = _values(carry)
+    xs, perturbed_xs = _values(xs)
+    slots = [_slot_buffer(c, plan.num_slots) for c in carry]
+
+    def body(state, inputs):
+      c, slots = state
+      x, store = inputs
+      # A carry no slot keeps leaves slot 0 as it was (written back): a
+      # lax.cond around the write would copy the whole buffer.
+      keep = store != remat_schedule.NOWHERE
+      index = jnp.maximum(store, 0)
+      slots = [_put(b, jnp.where(keep, v, _get(b, index)), index)
+               for b, v in zip(slots, c)]
+      new_c, y = step(consts, c, x)
+      return (new_c, slots), y
+
+    stores = plan.forward_stores
+    (carry, slots), ys = lax.scan(
+        body, (carry, slots), (xs, stores[::-1] if reverse else stores),
+        length=length, reverse=reverse, unroll=unroll)
+    residuals = (consts, xs, slots,
+                 _Perturbed(tuple(perturbed_consts), tuple(perturbed_xs)))
+    return (carry, ys), residuals
+
+  def backward(residuals, cotangents):
+    consts, xs, slots, perturbed = residuals
+    ct_carry, ct_ys = cotangents
+    ct_carry = [jnp.zeros_like(s[0]) if isinstance(ct, SymbolicZero) else ct
+                for ct, s in zip(ct_carry, slots)]
+    ct_ys = [None if isinstance(ct, SymbolicZero) else ct for ct in ct_ys]
+    diff_consts = [i for i, p in enumerate(perturbed.consts) if p]
+    diff_xs = [i for i, p in enumerate(perturbed.xs) if p]
+    diff_carry = [i for i, f in enumerate(step.carry_is_float) if f]
+    diff_ys = [i for i, f in enumerate(step.y_is_float) if f]
+
+    def backprop(c, x, ct_c, ct_y):
+      """Cotangents of the differentiated consts, carry and x of one step."""
+      def f(d_consts, d_carry, d_x):
+        new_c, y = step(_with(consts, diff_consts, d_consts),
+                        _with(c, diff_carry, d_carry),
+                        _with(x, diff_xs, d_x))
+        return [new_c[i] for i in diff_carry], [y[i] for i in diff_ys]
+
+      (_, y), vjp = jax.vjp(f, [consts[i] for i in diff_consts],
+                            [c[i] for i in diff_carry],
+                            [x[i] for i in diff_xs])
+      ct_y = [jnp.zeros_like(v) if ct is None else ct
+              for v, ct in zip(y, [ct_y[i] for i in diff_ys])]
+      return vjp((ct_c, ct_y))
+
+    def body(state, action):
+      slots, ct_c, ct_xs, ct_consts = state
+      kind, t, load, target = action
+      i = layer(t)
+      c = [_get(s, load) for s in slots]
+      x = lambda: [_get(v, i) for v in xs]  # Read in each branch.
+
+      # The cotangent buffers go through the cond, so that the BACKPROP
+      # branch writes them in place.
+      def advance(ct_c, ct_xs, ct_consts):
+        return step(consts, c, x())[0], ct_c, ct_xs, ct_consts
+
+      def back(ct_c, ct_xs, ct_consts):
+        ct_y = [None if ct is None else _get(ct, i) for ct in ct_ys]
+        d_consts, d_carry, d_x = backprop(c, x(), ct_c, ct_y)
+        ct_xs = [lax.dynamic_update_index_in_dim(buf, d, i, 0)
+                 for buf, d in zip(ct_xs, d_x)]
+        ct_consts = [a + d for a, d in zip(ct_consts, d_consts)]
+        return c, d_carry, ct_xs, ct_consts
+
+      new_c, ct_c, ct_xs, ct_consts = lax.cond(
+          kind == remat_schedule.BACKPROP, back, advance, ct_c, ct_xs,
+          ct_consts)
+      # A BACKPROP writes the carry it read back where it read it.
+      slots = [_put(s, v, target) for s, v in zip(slots, new_c)]
+      return (slots, ct_c, ct_xs, ct_consts), None
+
+    state = (slots, [ct_carry[i] for i in diff_carry],
+             [jnp.zeros_like(xs[i]) for i in diff_xs],
+             [jnp.zeros_like(consts[i]) for i in diff_consts])
+    (_, ct_c, ct_xs, ct_consts), _ = lax.scan(
+        body, state, tuple(plan.actions.T), unroll=unroll)
+    return (_scatter(len(consts), diff_consts, ct_consts),
+            _scatter(len(step.carry_is_float), diff_carry, ct_c),
+            _scatter(len(xs), diff_xs, ct_xs))
+
+  run.defvjp(forward, backward, symbolic_zeros=True)
+  return run
+
+
+def _values(primals):
+  return ([p.value for p in primals], [p.perturbed for p in primals])
+
+
+def _is_float(aval) -> bool:
+  return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
+  return jnp.broadcast_to(jnp.zeros_like(carry)[None],
+                          (num_slots,) + jnp.shape(carry))
+
+
+def _get(stacked: jax.Array, index) -> jax.Array:
+  return lax.dynamic_index_in_dim(stacked, index, keepdims=False)
+
+
+def _put(slots: jax.Array, value: jax.Array, slot) -> jax.Array:
+  return lax.dynamic_update_index_in_dim(slots, value, slot, 0)
+
+
+def _with(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
+  out = list(values)
+  for i, v in zip(indices, new):
+    out[i] = v
+  return out
+
+
+def _scatter(size: int, indices: list[int], values: list[Any]) -> list[Any]:
+  """A list of `size` cotangents: `values` at `indices`, None (zero) elsewhere."""
+  return _with([None] * size, indices, values)
