@@ -359,8 +359,9 @@ class ShardingRulesTest(parameterized.TestCase):
 
   def test_unknown_axis_for_the_layer_axis(self):
     rules = sharding.ShardingRules([], stacked={"blocks": "stage"})
-    with self.assertRaisesRegex(ValueError,
-                                r"no rule .*'blocks/lin/w'.*mesh axis 'stage'"):
+    with self.assertRaisesRegex(
+        ValueError, r"^hkb.ShardingRules.place: `stacked=` \('blocks' -> "
+        r"'stage'\) gives parameter 'blocks/lin/w' .*mesh axis 'stage'"):
       rules.place("blocks/lin/w", (2, 8), self.mesh)
 
   def test_indivisible_dimension(self):
