@@ -577,6 +577,10 @@ def _check_params_rules_mesh(params: Any, rules: Any, mesh: Any, api: str,
   """The arguments shared by the three sharding functions, in their order."""
   order = (f"The order is {api}(params, rules, mesh=mesh)." if optional_mesh
            else f"The order is {api}(params, mesh, rules).")
+  if isinstance(rules, MESH_TYPES) and isinstance(mesh, ShardingRules):
+    raise TypeError(errors.message(
+        "`mesh` and `rules` are swapped (got a ShardingRules for `mesh` and "
+        f"a Mesh for `rules`). {order}"))
   if params is None or isinstance(params, (ShardingRules, *MESH_TYPES)):
     raise TypeError(errors.bad_argument(
         "params", params, "a params tree (arrays or jax.ShapeDtypeStructs, "
