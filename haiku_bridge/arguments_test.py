@@ -292,8 +292,8 @@ class Stacked_initTest(absltest.TestCase):
 
   def test_wrong_type_issue_row_in_axes_int(self):
     # Was: `'int' object is not iterable`.
-    with self.assertRaisesRegex(TypeError, r"^hkb.stacked_init: `in_axes` must be a sequence "
-                                r"with one entry per positional argument.*got an int 0\. "
+    with self.assertRaisesRegex(TypeError, r"^hkb.stacked_init: `in_axes` must be None, or a "
+                                r"sequence with one entry per positional argument.*got an int 0\. "
                                 r"For one argument split on axis 0, write in_axes=\(0,\)\."):
       hkb.stacked_init(init_dense, DEPTH, in_axes=0)
 

@@ -93,9 +93,9 @@ def stacked_init(init: InitFn, num_layers: int,
     return _StackedInit(init, num_layers, _check_in_axes(in_axes))
 
 
-_IN_AXES = ("a sequence with one entry per positional argument of `init`: "
-            "the axis holding per-layer values (an int), or None to give "
-            "every layer the whole argument; or None for all")
+_IN_AXES = ("None, or a sequence with one entry per positional argument of "
+            "`init`: the axis of its per-layer values (an int), or None to "
+            "give every layer all of it")
 
 
 def _check_in_axes(in_axes: Any) -> Optional[tuple[Optional[int], ...]]:
