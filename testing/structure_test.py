@@ -14,7 +14,7 @@ from absl.testing import parameterized
 import jax
 
 from testing import test_utils
-from testing.bench import models
+from testing.benchmarks.lib import models
 
 SIZE = models.MlpSize("test", width=32, depth=3, batch=8)
 STACK_WIDTH, STACK_BATCH = 16, 4
