@@ -873,5 +873,19 @@ class FsdpTest(parameterized.TestCase):
         (LAYERS // 2, D_MODEL, 4 * D_MODEL // 4))
 
 
+class SpecStrTest(absltest.TestCase):
+
+  def test_specs_print_as_jax_0_9_2_prints_them(self):
+    self.assertEqual(sharding.spec_str(P(None, ("data", "model"))),
+                     "P(None, ('data', 'model'))")
+    self.assertEqual(sharding.spec_str(P()), "P()")
+
+  def test_older_jax_repr(self):
+    class OldSpec(tuple):  # jax < 0.9.2 prints `PartitionSpec(...)`.
+      def __repr__(self):
+        return "PartitionSpec(None, 'model')"
+    self.assertEqual(sharding.spec_str(OldSpec()), "P(None, 'model')")
+
+
 if __name__ == "__main__":
   absltest.main()
