@@ -25,6 +25,7 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import re
 import string
+import sys
 import unittest
 
 from absl.testing import absltest
@@ -131,6 +132,21 @@ no_field = st.text(alphabet=string.ascii_letters + string.digits + "_/", min_siz
 axis_names = st.text(alphabet=string.ascii_lowercase, min_size=1, max_size=8)
 
 
+class TestCase(parameterized.TestCase):
+  """Hides Haiku's stand-in for a missing Flax from hypothesis while a test runs.
+
+  Without Flax, dm-haiku puts an object in `sys.modules["haiku.experimental.flax"]` whose every
+  attribute raises ImportError, and hypothesis reads `__file__` of every module in `sys.modules`.
+  """
+
+  def setUp(self):
+    super().setUp()
+    name = "haiku.experimental.flax"
+    if type(sys.modules.get(name)).__name__ == "FlaxNotInstalled":
+      stand_in = sys.modules.pop(name)
+      self.addCleanup(sys.modules.__setitem__, name, stand_in)
+
+
 class CoverageTest(absltest.TestCase):
 
   def test_every_public_name_is_covered(self):
@@ -152,7 +168,7 @@ class CoverageTest(absltest.TestCase):
 # ---------------------------------------------------------------------------
 
 
-class Unstack_paramsTest(absltest.TestCase):
+class Unstack_paramsTest(TestCase):
   """`unstack_params(params, *, stack, num_layers, layer_scope)`."""
 
   def call(self, params=None, **kwargs):
@@ -221,7 +237,7 @@ class Unstack_paramsTest(absltest.TestCase):
     np.testing.assert_array_equal(out["net/block_2/linear"]["w"], jnp.ones([4, 4]))
 
 
-class Stack_paramsTest(absltest.TestCase):
+class Stack_paramsTest(TestCase):
   """`stack_params(params, *, stack, num_layers, layer_scope)`."""
 
   def call(self, params=None, **kwargs):
@@ -275,7 +291,7 @@ class Stack_paramsTest(absltest.TestCase):
     self.assertEqual(jax.tree.map(jnp.shape, back), jax.tree.map(jnp.shape, params))
 
 
-class LayerScopeTest(absltest.TestCase):
+class LayerScopeTest(TestCase):
   """Both conversions refuse any `layer_scope` without `{i}`."""
 
   @hypothesis.given(scope=no_field)
@@ -287,7 +303,7 @@ class LayerScopeTest(absltest.TestCase):
         convert(params, stack="s", num_layers=DEPTH, layer_scope=scope)
 
 
-class Stacked_initTest(absltest.TestCase):
+class Stacked_initTest(TestCase):
   """`stacked_init(init, num_layers, in_axes=None)`."""
 
   def test_wrong_type_issue_row_in_axes_int(self):
@@ -326,7 +342,7 @@ class Stacked_initTest(absltest.TestCase):
     np.testing.assert_array_equal(stacked(KEY, jnp.ones([DEPTH, 4]))["w"], 2 * jnp.ones([3, 4]))
 
 
-class Layer_scanTest(absltest.TestCase):
+class Layer_scanTest(TestCase):
   """`layer_scan(layer, carry, xs=None, *, num_layers, init, name, ...)`."""
 
   def test_wrong_type(self):
@@ -354,7 +370,7 @@ class Layer_scanTest(absltest.TestCase):
       init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, DEPTH))
 
 
-class Repeat_layerTest(absltest.TestCase):
+class Repeat_layerTest(TestCase):
   """`repeat_layer(layer, x, num_layers, *, init, **options)`."""
 
   def test_wrong_type(self):
@@ -406,7 +422,7 @@ def true_bwd(vjp_fn, g):
   return vjp_fn(g)
 
 
-class Custom_vjpTest(parameterized.TestCase):
+class Custom_vjpTest(TestCase):
   """`custom_vjp(f, fwd, bwd, *, nondiff_argnums=())`, refused at construction."""
 
   @parameterized.parameters(("fwd", (mlp, None, true_bwd)), ("bwd", (mlp, hkb.vjp_fwd, None)),
@@ -468,7 +484,7 @@ class Custom_vjpTest(parameterized.TestCase):
       np.testing.assert_allclose(out[0], expected[0], rtol=1e-6)
 
 
-class Custom_jvpTest(absltest.TestCase):
+class Custom_jvpTest(TestCase):
   """`custom_jvp(f, jvp, *, nondiff_argnums=())`, refused at construction."""
 
   def test_wrong_type_issue_row_none(self):
@@ -498,7 +514,7 @@ class Custom_jvpTest(absltest.TestCase):
       jax.jvp(lambda p: net.apply(p, None, X), (params,), (params,))
 
 
-class Route_cotangentsTest(absltest.TestCase):
+class Route_cotangentsTest(TestCase):
   """`route_cotangents(split, combine)`."""
 
   def test_wrong_type_issue_row_none(self):
@@ -526,7 +542,7 @@ class Route_cotangentsTest(absltest.TestCase):
       jax.grad(lambda p: net.apply(p, None, X).sum())(params)
 
 
-class Vjp_fwdTest(absltest.TestCase):
+class Vjp_fwdTest(TestCase):
   """`vjp_fwd(f_pure, params, *args)`: given to custom_vjp, rarely called by hand."""
 
   def test_wrong_type(self):
@@ -548,7 +564,7 @@ SHAPES = {"blocks/linear": {"w": jax.ShapeDtypeStruct((3, 8, 8), jnp.float32),
 RULES = hkb.ShardingRules([(r"/w$", P(None, "model"))], stacked=["blocks"])
 
 
-class ShardingRulesTest(parameterized.TestCase):
+class ShardingRulesTest(TestCase):
   """`ShardingRules(rules, *, stacked=())` and its `place` / `spec_for`."""
 
   @parameterized.parameters(None, 3, "/w$", ({"/w$": P()},))
@@ -585,7 +601,7 @@ class ShardingRulesTest(parameterized.TestCase):
       hkb.ShardingRules([("w", P(None, "model"))]).place("w", (8,))
 
 
-class Param_shardingsTest(parameterized.TestCase):
+class Param_shardingsTest(TestCase):
   """`param_shardings(params, mesh, rules)`."""
 
   def setUp(self):
@@ -644,7 +660,7 @@ class Param_shardingsTest(parameterized.TestCase):
       hkb.param_shardings(SHAPES, self.mesh, [(r"/w$", P(None, axis))])
 
 
-class Param_specsTest(absltest.TestCase):
+class Param_specsTest(TestCase):
   """`param_specs(params, rules, *, mesh=None)`."""
 
   def test_wrong_type(self):
@@ -668,7 +684,7 @@ class Param_specsTest(absltest.TestCase):
       hkb.param_specs({"blocks/linear": {"b": jnp.zeros([])}}, RULES)
 
 
-class Explain_shardingsTest(absltest.TestCase):
+class Explain_shardingsTest(TestCase):
   """`explain_shardings(params, rules, *, mesh=None)`."""
 
   def test_wrong_type(self):
@@ -693,7 +709,7 @@ class Explain_shardingsTest(absltest.TestCase):
       hkb.explain_shardings(SHAPES, RULES, mesh=explicit_mesh((1, 3), ("data", "model")))
 
 
-class Gather_overTest(absltest.TestCase):
+class Gather_overTest(TestCase):
   """`gather_over(tree, axes)`."""
 
   def test_wrong_type(self):
@@ -727,7 +743,7 @@ class Gather_overTest(absltest.TestCase):
 # ---------------------------------------------------------------------------
 
 
-class Call_pureTest(absltest.TestCase):
+class Call_pureTest(TestCase):
   """`call_pure(fn, *args, init=None, name=None, **kwargs)`."""
 
   def test_wrong_type(self):
@@ -760,7 +776,7 @@ class Call_pureTest(absltest.TestCase):
       f.apply(params, None, jnp.ones([2, 5]))
 
 
-class Get_relevant_parametersTest(absltest.TestCase):
+class Get_relevant_parametersTest(TestCase):
   """`get_relevant_parameters(init, *args, name=None, **kwargs)`."""
 
   def test_wrong_type(self):
@@ -791,7 +807,7 @@ class Get_relevant_parametersTest(absltest.TestCase):
 ADAPTERS = "the adapters' files belong to issue 18's branch"
 
 
-class _AdapterCases(absltest.TestCase):
+class _AdapterCases(TestCase):
 
   def setUp(self):
     super().setUp()

@@ -64,10 +64,10 @@ def keystr(path: tuple[Any, ...]) -> str:
 def describe(x: Any) -> str:
   """`a tuple of length 3`, `an array float32[2, 4]`, `a dict`: for messages."""
   if isinstance(x, (tuple, list)):
-    return f"{_a(type(x).__name__)} of length {len(x)}"
+    return f"a {type(x).__name__} of length {len(x)}"
   if hasattr(x, "shape") and hasattr(x, "dtype"):
     return f"an array {type_str(x)}"
-  return _a(type(x).__name__)
+  return f"a {type(x).__name__}"
 
 
 def _a(noun: str) -> str:
@@ -79,9 +79,12 @@ def got(x: Any) -> str:
   if x is None or isinstance(x, (bool, np.bool_)):
     return repr(x)
   if isinstance(x, (int, float, str, np.integer, np.floating)):
-    text = repr(x)
-    return f"{_a(type(x).__name__)} {text if len(text) <= 60 else text[:57] + '...'}"
-  return describe(x)
+    text = repr(x) if isinstance(x, str) else str(x)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{_a(type(x).__name__)} {text}"
+  if isinstance(x, (tuple, list)) or hasattr(x, "shape"):
+    return describe(x)
+  return _a(type(x).__name__)
 
 
 def bad_argument(name: str, value: Any, wants: str, hint: str = "") -> str:
@@ -107,7 +110,8 @@ def check_str(name: str, value: Any, wants: str, *,
 
 def is_int(x: Any) -> bool:
   """An int or NumPy integer, never a bool."""
-  return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+  return (isinstance(x, (int, np.integer)) and
+          not isinstance(x, (bool, np.bool_)))
 
 
 def check_positive_int(name: str, value: Any) -> int:

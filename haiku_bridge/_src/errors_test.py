@@ -45,10 +45,10 @@ class ErrorsTest(absltest.TestCase):
                      "an array int32[2]")
     self.assertEqual(errors.describe({}), "a dict")
 
-  def test_describe_uses_the_right_article(self):
-    self.assertEqual(errors.describe(3), "an int")
-    self.assertEqual(errors.describe(object()), "an object")
-    self.assertEqual(errors.describe([1]), "a list of length 1")
+  def test_got_uses_the_right_article(self):
+    self.assertEqual(errors.got(object()), "an object")
+    self.assertEqual(errors.got(np.int32(1)), "an int32 1")
+    self.assertEqual(errors.got([1]), "a list of length 1")
 
   def test_got_shows_small_values(self):
     self.assertEqual(errors.got(None), "None")

@@ -140,7 +140,8 @@ class _StackedInit:
         continue
       for path, leaf in jax.tree_util.tree_leaves_with_path(arg):
         shape = np.shape(leaf)
-        if not -len(shape) <= axis < len(shape) or shape[axis] != self.num_layers:
+        in_range = -len(shape) <= axis < len(shape)
+        if not in_range or shape[axis] != self.num_layers:
           raise ValueError(errors.message(
               f"`in_axes[{i}]` is {axis}, so argument {i} holds per-layer "
               f"values on axis {axis}; but at {errors.keystr(path)} it has "

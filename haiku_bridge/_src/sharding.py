@@ -51,11 +51,12 @@ MESH_TYPES = (Mesh,) + ((jax.sharding.AbstractMesh,)
 if hasattr(jax.sharding, "reshard"):
   _reshard = jax.sharding.reshard
 else:
-  from jax.experimental.shard import reshard as _reshard  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.shard import reshard as _reshard
 
 
 def spec_str(spec: PartitionSpec) -> str:
-  """`P(None, 'model')`, as jax >= 0.9.2 prints a spec (older: PartitionSpec(...))."""
+  """`P(None, 'model')`: a spec as jax >= 0.9.2 prints it, on every jax."""
   text = repr(spec)
   return "P(" + text[len("PartitionSpec("):] if text.startswith(
       "PartitionSpec(") else text
@@ -388,7 +389,8 @@ def _explain(params: PyTree, rules, mesh: Optional[Mesh]) -> ShardingReport:
           f"`params` must be a params tree of arrays or "
           f"jax.ShapeDtypeStructs; at {_path_string(path) or '<root>'} it "
           f"holds {errors.got(leaf)}."))
-    placed.append(rules._place(_path_string(path), tuple(leaf.shape), mesh))  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    placed.append(rules._place(_path_string(path), tuple(leaf.shape), mesh))
   return ShardingReport(tuple(placed), rules)
 
 
@@ -624,7 +626,8 @@ def _to_rule(index: int, rule: Any) -> Rule:
   if (isinstance(rule, (str, PartitionSpec)) or
       not isinstance(rule, (tuple, list)) or len(rule) != 2):
     example = rule if isinstance(rule, str) else "pattern"
-    rule_text = spec_str(rule) if isinstance(rule, PartitionSpec) else repr(rule)
+    rule_text = (spec_str(rule) if isinstance(rule, PartitionSpec)
+                 else repr(rule))
     raise TypeError(errors.message(
         f"rule {index} is {rule_text}, not a (pattern, spec) pair. Write "
         f"each rule as a pair: ({example!r}, P(None, 'model')) to split its "

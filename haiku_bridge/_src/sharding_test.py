@@ -48,6 +48,13 @@ def setUpModule():
         f"{jax.default_backend()} devices.")
 
 
+def needs_jax_0_7(what):
+  """Skips a test of `what` on jax 0.6, which lacks it."""
+  return unittest.skipUnless(
+      hasattr(jax, "shard_map") and hasattr(jax, "set_mesh"),
+      f"{what} needs jax >= 0.7.0 (this is jax {jax.__version__}).")
+
+
 def make_mesh(shape, names, axis_type=AxisType.Auto):
   devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
   return Mesh(devices, names, axis_types=(axis_type,) * len(names))
@@ -468,6 +475,7 @@ class JitShardedTest(parameterized.TestCase):
 # ---------------------------------------------------------------------------
 
 
+@needs_jax_0_7("jax.shard_map")
 class ShardMapDataParallelTest(parameterized.TestCase):
 
   @parameterized.product(model=["call_pure", "layer_scan"],
@@ -599,6 +607,7 @@ class MegatronTest(parameterized.TestCase):
     self.check_sharded_equals_one_device(
         f, megatron_specs(f"net/{STACK}/~", layer_axes=1))
 
+  @needs_jax_0_7("jax.shard_map")
   def test_shard_map_inside_the_bridged_function(self):
     seen_shapes = {}
     block = shard_mapped_mlp(self.mesh, seen_shapes)
@@ -624,6 +633,7 @@ class MegatronTest(parameterized.TestCase):
     np.testing.assert_allclose(loss, ref_loss, **TOL)
     chex.assert_trees_all_close(grads, ref_grads, **TOL)
 
+  @needs_jax_0_7("A matmul's out_sharding under Explicit axes")
   def test_explicit_mesh_axes(self):
     # `jax.make_mesh`'s default axis type: shardings are part of the types.
     mesh = make_mesh((2, 4), ("data", "model"), AxisType.Explicit)
@@ -743,6 +753,7 @@ def per_device_bytes(params):
              for shard in leaf.addressable_shards if shard.device == device)
 
 
+@needs_jax_0_7("Explicit mesh axes (jax.set_mesh, out_sharding)")
 class ExplicitMeshTest(parameterized.TestCase):
   """Bridged params on an Explicit (data, model) mesh equal one device."""
 
