@@ -494,7 +494,8 @@ def gather_over(tree: PyTree, axes: str | Sequence[str]) -> PyTree:
   ...     return h + hk.Linear(h.shape[-1])(h)
   >>> f = hk.transform(lambda x: hkb.repeat_layer(layer, x, 4))
   >>> key, x = jax.random.PRNGKey(0), jnp.ones([8, 16])
-  >>> mesh = jax.make_mesh((8,), ("data",))  # Explicit axes.
+  >>> from jax.sharding import AxisType
+  >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
   >>> rules = hkb.ShardingRules([(r"w$", P("data"))],
   ...                           stacked=["__layer_stack_no_per_layer"])
   >>> with jax.set_mesh(mesh):
