@@ -77,10 +77,15 @@ for pair in "${pairs[@]}"; do
      "${TEST_PATHS[@]}") >>"${log}" 2>&1
   code=$?
   took=$((SECONDS - start))
-  last="$(grep -E '^=+ .* in [0-9.]+s' "${log}" | tail -n 1)"
+  # pytest's closing line: "4 failed, 500 passed, 18 skipped, 8 warnings in 2072.03s" (with -q).
+  last="$(grep -E '(passed|failed|error|skipped).* in [0-9.]+s' "${log}" | tail -n 1)"
   count() { grep -oE "[0-9]+ $1" <<<"${last}" | grep -oE '^[0-9]+' || echo 0; }
   failed=$(( $(count failed) + $(count error) ))
-  summaries+=("${label}: $(count passed) passed, ${failed} failed, $(count skipped) skipped (${took} s)")
+  if [[ -z "${last}" ]]; then
+    summaries+=("${label}: pytest printed no summary, exit status ${code} (${log})")
+  else
+    summaries+=("${label}: $(count passed) passed, ${failed} failed, $(count skipped) skipped (${took} s)")
+  fi
   if [[ "${code}" -ne 0 ]]; then status=1; fi
 done
 
