@@ -1,45 +1,73 @@
-"""Runs the Python snippets of README.md and docs/*.md, in order, so the docs stay true.
+"""Runs each Python snippet of README.md and docs/*.md as a reader would: pasted into a fresh file.
 
-Each file's snippets share one namespace, in order, as a reader pastes them; each file starts afresh.
+Every snippet runs alone, in a new Python process, from an empty directory: it must import what it
+uses and set up what it needs (the sharding snippets give JAX 8 CPU devices in their first lines).
+The process finds `haiku_bridge` where this test does, as an installed package would be found.
 """
 
 import glob
 import os
 import re
+import subprocess
+import sys
+import tempfile
 
 from absl.testing import absltest
-
-from testing import devices
-
-devices.use_cpu_devices(8)  # The sharding snippets use a mesh of 8 devices.
+from absl.testing import parameterized
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DOCS = ["README.md"] + sorted(
     os.path.relpath(path, _ROOT) for path in glob.glob(os.path.join(_ROOT, "docs", "*.md")))
+_TIMEOUT_S = 240
 
 
 def python_snippets(text: str) -> list[str]:
   return re.findall(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
 
 
-class ReadmeTest(absltest.TestCase):
+def all_snippets() -> list[tuple[str, int, str]]:
+  """`(doc, index, code)` for every Python snippet, in order."""
+  out = []
+  for doc in _DOCS:
+    with open(os.path.join(_ROOT, doc)) as f:
+      out += [(doc, i, code) for i, code in enumerate(python_snippets(f.read()))]
+  return out
+
+
+def run_alone(code: str) -> subprocess.CompletedProcess:
+  """Runs `code` as the file `snippet.py` of an empty directory, in a new process."""
+  with tempfile.TemporaryDirectory() as directory:
+    path = os.path.join(directory, "snippet.py")
+    with open(path, "w") as f:
+      f.write(code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # JAX's device count comes from the snippet alone, never from this process's flags.
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, path], cwd=directory, env=env, capture_output=True,
+                          text=True, timeout=_TIMEOUT_S, check=False)
+
+
+class ReadmeTest(parameterized.TestCase):
 
   def test_docs_are_found(self):
     # Under Bazel the docs are data files; a missing one would pass silently.
     for name in ("README.md", "docs/errors.md", "docs/foreign_libraries.md", "docs/naming.md",
                  "docs/sharding.md"):
       self.assertIn(name, _DOCS)
+    self.assertNotEmpty([s for s in all_snippets() if s[0] == "README.md"])
 
-  def test_snippets_run(self):
-    for doc in _DOCS:
-      with open(os.path.join(_ROOT, doc)) as f:
-        snippets = python_snippets(f.read())
-      if doc == "README.md":
-        self.assertNotEmpty(snippets)
-      namespace = {}
-      for i, snippet in enumerate(snippets):
-        with self.subTest(doc=doc, snippet=i):
-          exec(compile(snippet, f"{doc} snippet {i}", "exec"), namespace)  # pylint: disable=exec-used
+  def test_a_snippet_runs_alone(self):
+    # Guards the runner: a name from another snippet is not defined.
+    result = run_alone("import haiku_bridge\nundefined_name")
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("NameError", result.stderr)
+
+  @parameterized.named_parameters(
+      (re.sub(r"\W", "_", f"{doc}_{i}"), doc, i, code) for doc, i, code in all_snippets())
+  def test_snippet_runs_alone(self, doc, index, code):
+    result = run_alone(code)
+    self.assertEqual(result.returncode, 0,
+                     f"{doc} snippet {index} failed alone:\n{result.stderr[-3000:]}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from testing import test_utils
-from testing.bench import models
+from testing.benchmarks.lib import models
 
 SIZE = models.MlpSize("test", width=32, depth=3, batch=8)
 STACK_WIDTH, STACK_BATCH = 16, 4

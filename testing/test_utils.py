@@ -2,7 +2,7 @@
 
 import collections
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import haiku as hk
 import jax
@@ -20,11 +20,24 @@ def primitive_counts(fn: Callable[..., Any], *args: Any) -> collections.Counter:
   def visit(jaxpr):
     for eqn in jaxpr.eqns:
       counts[eqn.primitive.name] += 1
-      for sub in jax_core.jaxprs_in_params(eqn.params):
+      for sub in jaxprs_in_params(eqn.params):
         visit(sub)
 
   visit(jax.make_jaxpr(fn)(*args).jaxpr)
   return counts
+
+
+def jaxprs_in_params(params: dict[str, Any]) -> Iterator[jax_core.Jaxpr]:
+  """The jaxprs an equation's params hold: `jax.extend.core.jaxprs_in_params` (jax >= 0.10)."""
+  if hasattr(jax_core, "jaxprs_in_params"):
+    yield from jax_core.jaxprs_in_params(params)
+    return
+  for value in params.values():
+    for v in value if isinstance(value, tuple) else (value,):
+      if isinstance(v, jax_core.Jaxpr):
+        yield v
+      elif isinstance(v, jax_core.ClosedJaxpr):
+        yield v.jaxpr
 
 
 def canonical_hlo(compiled: jax.stages.Compiled) -> str:

@@ -102,6 +102,24 @@ def custom_vjp(
     called: deep in modules, in `hk.vmap`, in a `layer_scan` layer, under
     `jax.jit`. At init it runs `f` as inline code would.
   """
+  with errors.entry("custom_vjp"):
+    nondiff_argnums = _check_block_args(f, nondiff_argnums)
+    if fwd is route_cotangents or bwd is vjp_fwd:
+      raise TypeError(errors.message(
+          "the arguments are `(f, fwd, bwd)`: hkb.vjp_fwd is a `fwd`, and "
+          "hkb.route_cotangents(split, combine) builds a `bwd`, e.g. "
+          "hkb.custom_vjp(f, hkb.vjp_fwd, hkb.route_cotangents(split, "
+          "combine))."))
+    errors.check_callable(
+        "fwd", fwd, "a function `fwd(f_pure, params, *args) -> (out, "
+        "residuals)`, e.g. hkb.vjp_fwd")
+    if bwd is route_cotangents:
+      raise TypeError(errors.message(
+          "`bwd` is hkb.route_cotangents itself; call it to build the bwd: "
+          "hkb.route_cotangents(split, combine)."))
+    errors.check_callable(
+        "bwd", bwd, "a function `bwd(residuals, out_cotangent) -> "
+        "(params_ct, *args_cts)`, e.g. hkb.route_cotangents(split, combine)")
   return _CustomVJP(f, fwd, bwd, nondiff_argnums)
 
 
@@ -151,6 +169,11 @@ def custom_jvp(
   Returns:
     `block(*args)`, callable inside a Haiku transform.
   """
+  with errors.entry("custom_jvp"):
+    nondiff_argnums = _check_block_args(f, nondiff_argnums)
+    errors.check_callable(
+        "jvp", jvp, "a function `jvp(f_pure, primals, tangents) -> (out, "
+        "out_dot)`")
   return _CustomJVP(f, jvp, nondiff_argnums)
 
 
@@ -185,6 +208,11 @@ def vjp_fwd(f_pure: PureFn, params: PyTree, *args: Any) -> tuple[Any, Any]:
   Returns:
     `(out, vjp_fn)`.
   """
+  with errors.entry("vjp_fwd"):
+    errors.check_callable(
+        "f_pure", f_pure, "the pure function `f_pure(params, *args)` that "
+        "hkb.custom_vjp passes to `fwd`",
+        "Pass hkb.vjp_fwd itself as `fwd`; the block calls it.")
   nondiff = getattr(f_pure, "nondiff_argnums", ())
   diff = [i for i in range(len(args)) if i not in nondiff]
   with_aux = (f_pure.with_aux if isinstance(f_pure, _PureFunction) else
@@ -247,6 +275,13 @@ def route_cotangents(
     `bwd(vjp_fn, out_cotangent)`, for residuals made by `hkb.vjp_fwd` (or any
     `fwd` whose residuals are a `jax.vjp` closure).
   """
+  with errors.entry("route_cotangents"):
+    errors.check_callable(
+        "split", split, "a function `split(out_cotangent) -> {name: "
+        "piece}`")
+    errors.check_callable(
+        "combine", combine, "a function `combine({name: (params_ct, "
+        "*args_cts)}) -> (params_ct, *args_cts)`")
 
   def bwd(vjp_fn, out_ct):
     pieces = split(out_ct)
@@ -261,6 +296,21 @@ def route_cotangents(
                     for i, name in enumerate(names)})
 
   return bwd
+
+
+def _check_block_args(f: Any, nondiff_argnums: Any) -> tuple[int, ...]:
+  """`f` and `nondiff_argnums` of `custom_vjp` / `custom_jvp`, on entry."""
+  if not (callable(f) or isinstance(f, (hk.Transformed,
+                                        hk.TransformedWithState))):
+    raise TypeError(errors.bad_argument(
+        "f", f, "a Haiku function `f(*args) -> out` or its hk.transform"))
+  if errors.is_int(nondiff_argnums):
+    raise TypeError(errors.bad_argument(
+        "nondiff_argnums", nondiff_argnums, "a sequence of argument "
+        "positions", f"Write nondiff_argnums=({nondiff_argnums},)."))
+  return errors.check_int_sequence(
+      "nondiff_argnums", nondiff_argnums,
+      "a sequence of argument positions (non-negative ints), e.g. (1,)")
 
 
 # ---------------------------------------------------------------------------

@@ -1,24 +1,44 @@
-"""Error messages that name the public call they come from.
+"""Error messages that name the public call they come from: the one error path.
 
 Each public entry point says once who it is (`with errors.entry("layer_scan")`);
 every message raised below it starts with that name, `hkb.layer_scan: ...`,
-however deep the check that raises it.
+however deep the check that raises it. Arguments are checked on entry with the
+`check_*` functions below, which all say the same three things: the
+argument's name, what it got, what to pass:
+
+    hkb.stacked_init: `in_axes` must be a sequence with one entry per
+    positional argument of `init` (an int axis, or None); got an int 0.
 """
 
 import contextlib
 import contextvars
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-_API = contextvars.ContextVar("haiku_bridge_api", default="call_pure")
+_API = contextvars.ContextVar("haiku_bridge_api", default=None)
 
 
 @contextlib.contextmanager
-def entry(api: str) -> Iterator[None]:
-  """Names the public call that the code inside runs for."""
+def entry(api: str, *, outer_wins: bool = False) -> Iterator[None]:
+  """Names the public call that the code inside runs for.
+
+  The innermost entry names messages, unless `outer_wins`: then an entry
+  already open keeps its name (for public names that other public functions
+  also call, such as `ShardingRules` from `param_shardings`).
+
+  Args:
+    api: the public name, as after `hkb.`.
+    outer_wins: keep the name of an entry already open.
+
+  Yields:
+    Nothing.
+  """
+  if outer_wins and _API.get() is not None:
+    yield
+    return
   token = _API.set(api)
   try:
     yield
@@ -26,13 +46,9 @@ def entry(api: str) -> Iterator[None]:
     _API.reset(token)
 
 
-def api() -> str:
-  return _API.get()
-
-
 def message(text: str) -> str:
   """`text`, prefixed with the public call: `hkb.call_pure: text`."""
-  return f"hkb.{_API.get()}: {text}"
+  return f"hkb.{_API.get() or 'call_pure'}: {text}"
 
 
 def type_str(x: Any) -> str:
@@ -52,6 +68,70 @@ def describe(x: Any) -> str:
   if hasattr(x, "shape") and hasattr(x, "dtype"):
     return f"an array {type_str(x)}"
   return f"a {type(x).__name__}"
+
+
+def _a(noun: str) -> str:
+  return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
+def got(x: Any) -> str:
+  """What an argument holds, for messages: `None`, `an int 3`, `a Mesh`."""
+  if x is None or isinstance(x, (bool, np.bool_)):
+    return repr(x)
+  if isinstance(x, (int, float, str, np.integer, np.floating)):
+    text = repr(x) if isinstance(x, str) else str(x)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{_a(type(x).__name__)} {text}"
+  if isinstance(x, (tuple, list)) or hasattr(x, "shape"):
+    return describe(x)
+  return _a(type(x).__name__)
+
+
+def bad_argument(name: str, value: Any, wants: str, hint: str = "") -> str:
+  """`hkb.<api>: `name` must be <wants>; got <value>.<hint>`."""
+  return message(f"`{name}` must be {wants}; got {got(value)}."
+                 + (f" {hint}" if hint else ""))
+
+
+def check_callable(name: str, value: Any, wants: str, hint: str = "") -> None:
+  """A TypeError unless `value` is callable; `wants` says what to pass."""
+  if not callable(value):
+    raise TypeError(bad_argument(name, value, wants, hint))
+
+
+def check_str(name: str, value: Any, wants: str, *,
+              optional: bool = False, hint: str = "") -> None:
+  """A TypeError unless `value` is a non-empty string (or None, if optional)."""
+  if optional and value is None:
+    return
+  if not isinstance(value, str) or not value:
+    raise TypeError(bad_argument(name, value, wants, hint))
+
+
+def is_int(x: Any) -> bool:
+  """An int or NumPy integer, never a bool."""
+  return (isinstance(x, (int, np.integer)) and
+          not isinstance(x, (bool, np.bool_)))
+
+
+def check_positive_int(name: str, value: Any) -> int:
+  """`value` as an int; a TypeError for a non-int, a ValueError below 1."""
+  if not is_int(value):
+    raise TypeError(bad_argument(name, value, "a positive int"))
+  if value <= 0:
+    raise ValueError(bad_argument(name, value, "a positive int"))
+  return int(value)
+
+
+def check_int_sequence(name: str, value: Any, wants: str) -> tuple[int, ...]:
+  """`value` as a tuple of non-negative ints; a TypeError or ValueError else."""
+  if (isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or
+      not all(is_int(i) for i in value)):
+    raise TypeError(bad_argument(name, value, wants))
+  value = tuple(int(i) for i in value)
+  if any(i < 0 for i in value):
+    raise ValueError(bad_argument(name, value, wants))
+  return value
 
 
 def looks_like_a_shard(shape: tuple[int, ...], full: tuple[int, ...]) -> bool:

@@ -3,6 +3,7 @@
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from haiku_bridge._src import errors
 
@@ -16,11 +17,18 @@ class ErrorsTest(absltest.TestCase):
         self.assertEqual(errors.message("y"), "hkb.custom_vjp: y")
       self.assertEqual(errors.message("z"), "hkb.layer_scan: z")
 
+  def test_outer_wins_keeps_an_open_entry(self):
+    with errors.entry("ShardingRules", outer_wins=True):
+      self.assertEqual(errors.message("x"), "hkb.ShardingRules: x")
+    with errors.entry("param_shardings"):
+      with errors.entry("ShardingRules", outer_wins=True):
+        self.assertEqual(errors.message("x"), "hkb.param_shardings: x")
+
   def test_entry_restored_after_an_error(self):
     with self.assertRaises(ValueError):
       with errors.entry("repeat_layer"):
         raise ValueError()
-    self.assertEqual(errors.api(), "call_pure")
+    self.assertEqual(errors.message("x"), "hkb.call_pure: x")
 
   def test_formatting(self):
     self.assertEqual(errors.type_str(jnp.zeros([4, 3], jnp.bfloat16)),
@@ -36,6 +44,56 @@ class ErrorsTest(absltest.TestCase):
     self.assertEqual(errors.describe(jnp.zeros([2], jnp.int32)),
                      "an array int32[2]")
     self.assertEqual(errors.describe({}), "a dict")
+
+  def test_got_uses_the_right_article(self):
+    self.assertEqual(errors.got(object()), "an object")
+    self.assertEqual(errors.got(np.int32(1)), "an int32 1")
+    self.assertEqual(errors.got([1]), "a list of length 1")
+
+  def test_got_shows_small_values(self):
+    self.assertEqual(errors.got(None), "None")
+    self.assertEqual(errors.got(True), "True")
+    self.assertEqual(errors.got(3), "an int 3")
+    self.assertEqual(errors.got("s"), "a str 's'")
+    self.assertEqual(errors.got("x" * 100), "a str '" + "x" * 56 + "...")
+    self.assertEqual(errors.got(jnp.zeros([2])), "an array float32[2]")
+
+  def test_bad_argument_names_argument_value_and_what_to_pass(self):
+    with errors.entry("stacked_init"):
+      self.assertEqual(
+          errors.bad_argument("in_axes", 0, "a tuple", "Try (0,)."),
+          "hkb.stacked_init: `in_axes` must be a tuple; got an int 0. "
+          "Try (0,).")
+
+  def test_check_callable(self):
+    errors.check_callable("f", len, "a function")
+    with errors.entry("custom_vjp"):
+      with self.assertRaisesRegex(
+          TypeError, r"^hkb.custom_vjp: `fwd` must be a function; got None\.$"):
+        errors.check_callable("fwd", None, "a function")
+
+  def test_check_str(self):
+    errors.check_str("name", "a", "a name")
+    errors.check_str("name", None, "a name", optional=True)
+    for bad in (None, "", 3):
+      with self.assertRaisesRegex(TypeError, "`name` must be a name"):
+        errors.check_str("name", bad, "a name")
+
+  def test_check_positive_int(self):
+    self.assertEqual(errors.check_positive_int("n", np.int64(3)), 3)
+    self.assertIs(type(errors.check_positive_int("n", np.int64(3))), int)
+    for bad, error in ((0, ValueError), (-2, ValueError), (True, TypeError),
+                       (2.0, TypeError), ("2", TypeError), (None, TypeError)):
+      with self.assertRaisesRegex(error, "`n` must be a positive int"):
+        errors.check_positive_int("n", bad)
+
+  def test_check_int_sequence(self):
+    self.assertEqual(errors.check_int_sequence("a", [np.int32(1), 0], "ints"),
+                     (1, 0))
+    for bad, error in ((1, TypeError), ("01", TypeError), ([True], TypeError),
+                       ([1.0], TypeError), ([-1], ValueError)):
+      with self.assertRaisesRegex(error, "`a` must be ints"):
+        errors.check_int_sequence("a", bad, "ints")
 
   def test_looks_like_a_shard(self):
     self.assertTrue(errors.looks_like_a_shard((4, 1), (4, 8)))

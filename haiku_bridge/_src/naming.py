@@ -34,16 +34,6 @@ TOP_LEVEL = "~"  # Haiku's bundle for parameters created outside any module.
 _NUMBERED = re.compile(r"^(.*)_(\d+)$")
 
 
-class Slot(NamedTuple):
-  """Where one leaf is stored: Haiku bundle (module name) and parameter name."""
-  bundle: str
-  name: str
-
-  @property
-  def full_name(self) -> str:
-    return f"{self.bundle}/{self.name}"
-
-
 def _entry(key: Any) -> str | int:
   if isinstance(key, jax.tree_util.DictKey):
     return str(key.key)

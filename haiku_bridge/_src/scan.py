@@ -18,7 +18,8 @@ import dataclasses
 import functools
 import inspect
 import re
-from typing import Any, Callable, Optional, Sequence
+import string
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import haiku as hk
 import jax
@@ -90,9 +91,30 @@ def stacked_init(init: InitFn, num_layers: int,
     axis of size `num_layers`; layer `i` is `init(key_i, ...)` with its own key.
     With `rng=None`, each layer's `init` gets None.
   """
-  num_layers = _check_num_layers(num_layers)
-  return _StackedInit(init, num_layers,
-                      None if in_axes is None else tuple(in_axes))
+  with errors.entry("stacked_init"):
+    errors.check_callable(
+        "init", init, "a function `init(rng, *args, **kwargs) -> params` "
+        "for one layer")
+    num_layers = _check_num_layers(num_layers)
+    return _StackedInit(init, num_layers, _check_in_axes(in_axes))
+
+
+_IN_AXES = ("None, or a sequence with one entry per positional argument of "
+            "`init`: the axis of its per-layer values (an int), or None to "
+            "give every layer all of it")
+
+
+def _check_in_axes(in_axes: Any) -> Optional[tuple[Optional[int], ...]]:
+  if in_axes is None:
+    return None
+  if (isinstance(in_axes, (str, bytes)) or
+      not isinstance(in_axes, Sequence) or
+      not all(a is None or errors.is_int(a) for a in in_axes)):
+    raise TypeError(errors.bad_argument(
+        "in_axes", in_axes, _IN_AXES,
+        f"For one argument split on axis {in_axes!r}, write "
+        f"in_axes=({in_axes!r},)." if errors.is_int(in_axes) else ""))
+  return tuple(None if a is None else int(a) for a in in_axes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +126,33 @@ class _StackedInit:
 
   def __call__(self, rng, *args, **kwargs):
     axes = self.in_axes if self.in_axes is not None else (None,) * len(args)
+    with errors.entry("stacked_init"):
+      self._check_args(axes, args)
     keys = layer_keys(rng, self.num_layers)
     one_layer = lambda key, *a: self.init(key, *a, **kwargs)
     return jax.vmap(one_layer, in_axes=(None if keys is None else 0,) + axes,
                     axis_size=self.num_layers)(keys, *args)
+
+  def _check_args(self, axes, args) -> None:
+    """`in_axes` against the arguments the init is called with."""
+    if len(axes) != len(args):
+      raise ValueError(errors.message(
+          f"`in_axes` has {len(axes)} entries, {axes}, but the stacked init "
+          f"was called with {len(args)} positional arguments after the rng; "
+          "give one entry per argument (None to give every layer all of "
+          "it)."))
+    for i, (axis, arg) in enumerate(zip(axes, args)):
+      if axis is None:
+        continue
+      for path, leaf in jax.tree_util.tree_leaves_with_path(arg):
+        shape = np.shape(leaf)
+        in_range = -len(shape) <= axis < len(shape)
+        if not in_range or shape[axis] != self.num_layers:
+          raise ValueError(errors.message(
+              f"`in_axes[{i}]` is {axis}, so argument {i} holds per-layer "
+              f"values on axis {axis}; but at {errors.keystr(path)} it has "
+              f"shape {shape}, where that axis should have size "
+              f"num_layers={self.num_layers}."))
 
 
 def layer_scan(
@@ -192,6 +237,7 @@ def layer_scan(
   """
   with errors.entry("layer_scan"):
     guards.require_transform()
+    _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
     num_layers = _num_layers(num_layers, xs)
     remat = _remat_mode(remat, remat_policy, remat_groups)
     if name is None:
@@ -265,6 +311,7 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
     The last layer's output.
   """
   with errors.entry("repeat_layer"):
+    _check_layer_args(layer, init, options.get("name"), "x -> x")
     f = inline.haiku_function(layer) if init is None else layer
     _check_layer_signature(f, init, (x,))
     return layer_scan(
@@ -322,6 +369,22 @@ class _CheckedLayer:
             "layers."))
       _check_carry(carry, out[0])
     return out
+
+
+def _check_layer_args(layer: Any, init: Any, name: Any,
+                      signature: str) -> None:
+  """`layer`, `init` and `name` of `layer_scan` / `repeat_layer`."""
+  if not (callable(layer) or haiku_internals.is_transformed(layer)):
+    raise TypeError(errors.bad_argument(
+        "layer", layer, f"a Haiku function `{signature}` (or its "
+        "hk.transform), or with `init=`, a pure layer taking its params "
+        "first"))
+  if init is not None:
+    errors.check_callable(
+        "init", init, "None or, for a pure layer, a function `init(rng, "
+        "...)` returning one layer's params")
+  errors.check_str("name", name, "a module name (a string) or None",
+                   optional=True)
 
 
 def _haiku_layer(layer, init, carry, xs) -> Callable[..., Any]:
@@ -405,27 +468,34 @@ caches.register(_remat_schedule.cache_clear)
 
 
 def _check_num_layers(num_layers: Any) -> int:
-  if (isinstance(num_layers, bool) or
-      not isinstance(num_layers, (int, np.integer)) or num_layers <= 0):
-    raise ValueError(errors.message(
-        f"num_layers must be a positive int; got {num_layers!r}."))
-  return int(num_layers)
+  return errors.check_positive_int("num_layers", num_layers)
 
 
 def _num_layers(num_layers: Optional[int], xs: PyTree) -> int:
   leaves = jax.tree_util.tree_leaves_with_path(xs)
+  for path, leaf in leaves:
+    if not hasattr(leaf, "shape"):
+      hint = (f" For {leaf} layers without per-layer inputs, pass "
+              f"num_layers={leaf}." if errors.is_int(leaf) else "")
+      raise TypeError(errors.message(
+          f"xs{jax.tree_util.keystr(path)} is {errors.got(leaf)}; every leaf "
+          "of xs must be an array of per-layer inputs, with a leading layer "
+          f"axis.{hint}"))
   if num_layers is None:
     if not leaves:
       raise ValueError(errors.message(
           "needs `num_layers=` when there are no `xs`."))
-    num_layers = leaves[0][1].shape[0] if leaves[0][1].ndim else 0
-  num_layers = _check_num_layers(num_layers)
+    first = np.shape(leaves[0][1])
+    num_layers = first[0] if first else None
+  if num_layers is not None:
+    num_layers = _check_num_layers(num_layers)
+  size = ("(of size num_layers)" if num_layers is None else
+          f"of size num_layers={num_layers}")
   for path, leaf in leaves:
-    if not leaf.ndim or leaf.shape[0] != num_layers:
+    if not np.ndim(leaf) or leaf.shape[0] != num_layers:
       raise ValueError(errors.message(
           f"xs{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
-          "but every leaf of xs needs a leading layer axis of size "
-          f"num_layers={num_layers}."))
+          f"but every leaf of xs needs a leading layer axis {size}."))
   return num_layers
 
 
@@ -493,28 +563,33 @@ def unstack_params(params: PyTree, *, stack: str, num_layers: int,
   Returns:
     The params with the stack split into per-layer bundles.
   """
-  num_layers = _check_num_layers(num_layers)
-  out = {}
-  found = False
-  for bundle, entries in params.items():
-    inner = _inner_bundle(stack, bundle)
-    if inner is None:
-      out[bundle] = dict(entries)
-      continue
-    found = True
-    for i in range(num_layers):
-      loop = out.setdefault(_loop_bundle(layer_scope, i, inner), {})
+  with errors.entry("unstack_params"):
+    num_layers = _check_conversion(params, stack, num_layers, layer_scope)
+    out = {bundle: dict(entries) for bundle, entries in params.items()
+           if _inner_bundle(stack, bundle) is None}
+    stacked = {bundle: entries for bundle, entries in params.items()
+               if bundle not in out}
+    if params and not stacked:
+      raise ValueError(errors.message(
+          f"no params under stack {stack!r}. Its bundles start with "
+          f"'{stack}/'; the params have {sorted(params)[:8]}."))
+    for bundle, entries in stacked.items():
+      inner = _inner_bundle(stack, bundle)
       for key, value in entries.items():
         if value.shape[:1] != (num_layers,):
-          raise ValueError(
-              f"hkb.unstack_params: {bundle}/{key} has shape "
-              f"{tuple(value.shape)}, not a leading layer axis of "
-              f"{num_layers}.")
-        loop[key] = value[i]
-  if params and not found:
-    raise ValueError(
-        f"hkb.unstack_params: no params under stack {stack!r}. Its bundles "
-        f"start with '{stack}/'; the params have {sorted(params)[:8]}.")
+          raise ValueError(errors.message(
+              f"{bundle}/{key} has shape {tuple(value.shape)}, not a leading "
+              f"layer axis of {num_layers}."))
+      for i in range(num_layers):
+        loop_bundle = _loop_bundle(layer_scope, i, inner)
+        if loop_bundle in params:
+          raise ValueError(errors.message(
+              f"layer {i} of {bundle!r} goes to {loop_bundle!r} by "
+              f"layer_scope {layer_scope!r}, but the params already have a "
+              f"bundle {loop_bundle!r}. Pass the loop's own layer_scope."))
+        loop = out.setdefault(loop_bundle, {})
+        for key, value in entries.items():
+          loop[key] = value[i]
   return out
 
 
@@ -543,36 +618,96 @@ def stack_params(params: PyTree, *, stack: str, num_layers: int,
   ...             looped.apply(loop_params, None, x), atol=1e-6)
   True
   """
-  num_layers = _check_num_layers(num_layers)
-  pattern = re.compile("^" + re.escape(layer_scope).replace(
-      re.escape("{i}"), r"(?P<i>\d+)") + r"(?:/(?P<inner>.+))?$")
-  per_layer: dict[str, dict[str, list[Any]]] = {}
-  out = {}
-  for bundle, entries in params.items():
-    match = pattern.match(bundle)
-    if match is None:
-      out[bundle] = dict(entries)
-      continue
-    if int(match["i"]) >= num_layers:
-      raise ValueError(
-          f"hkb.stack_params: {bundle!r} is layer {match['i']} by "
-          f"{layer_scope!r}, but num_layers={num_layers}. Pass the number of "
-          "layers the loop has.")
-    inner = match["inner"] or "~"
-    stacked_bundle = f"{stack}/{inner}"
-    for key, value in entries.items():
-      slots = per_layer.setdefault(stacked_bundle, {}).setdefault(
-          key, [None] * num_layers)
-      slots[int(match["i"])] = value
-  for bundle, entries in per_layer.items():
-    for key, values in entries.items():
-      missing = [i for i, v in enumerate(values) if v is None]
-      if missing:
-        raise ValueError(
-            f"hkb.stack_params: {bundle}/{key} is missing for layers "
-            f"{missing} (looked for {layer_scope!r} bundles).")
-      out.setdefault(bundle, {})[key] = jax.numpy.stack(values)
+  with errors.entry("stack_params"):
+    num_layers = _check_conversion(params, stack, num_layers, layer_scope)
+    pattern = re.compile("^" + re.escape(layer_scope).replace(
+        re.escape("{i}"), r"(?P<i>\d+)") + r"(?:/(?P<inner>.+))?$")
+    per_layer: dict[str, dict[str, list[Any]]] = {}
+    out = {}
+    for bundle, entries in params.items():
+      match = pattern.match(bundle)
+      if match is None:
+        out[bundle] = dict(entries)
+        continue
+      if int(match["i"]) >= num_layers:
+        raise ValueError(errors.message(
+            f"{bundle!r} is layer {match['i']} by {layer_scope!r}, but "
+            f"num_layers={num_layers}. Pass the number of layers the loop "
+            "has."))
+      stacked_bundle = f"{stack}/{match['inner'] or '~'}"
+      for key, value in entries.items():
+        slots = per_layer.setdefault(stacked_bundle, {}).setdefault(
+            key, [None] * num_layers)
+        slots[int(match["i"])] = value
+    if params and not per_layer:
+      raise ValueError(errors.message(
+          f"no bundle is a layer by layer_scope {layer_scope!r} (layer 0 "
+          f"would be {layer_scope.format(i=0)!r} or start with "
+          f"'{layer_scope.format(i=0)}/'); the params have "
+          f"{sorted(params)[:8]}. Pass the full name scope of layer i in the "
+          "loop."))
+    for bundle, entries in per_layer.items():
+      if bundle in out:
+        raise ValueError(errors.message(
+            f"the layers stack into {bundle!r}, but the params already have "
+            f"a bundle {bundle!r}. Pass another `stack`."))
+      for key, values in entries.items():
+        missing = [i for i, v in enumerate(values) if v is None]
+        if missing:
+          raise ValueError(errors.message(
+              f"{bundle}/{key} is missing for layers {missing} (looked for "
+              f"{layer_scope!r} bundles)."))
+        shapes = [tuple(np.shape(v)) for v in values]
+        if len(set(shapes)) > 1:
+          i = next(i for i, shape in enumerate(shapes) if shape != shapes[0])
+          raise ValueError(errors.message(
+              f"{bundle}/{key} has shape {shapes[0]} in layer 0 but "
+              f"{shapes[i]} in layer {i}; only layers of one shape stack."))
+        out.setdefault(bundle, {})[key] = jnp.stack(values)
   return out
+
+
+def _check_conversion(params: Any, stack: Any, num_layers: Any,
+                      layer_scope: Any) -> int:
+  """The arguments of `unstack_params` / `stack_params`; returns num_layers."""
+  _check_params_dict(params)
+  errors.check_str(
+      "stack", stack, "the stack's full bundle prefix, a string such as "
+      "'net/__layer_stack_no_per_layer' (no trailing '/')")
+  if stack.endswith("/"):
+    raise ValueError(errors.bad_argument(
+        "stack", stack, "the stack's full bundle prefix, without a trailing "
+        "'/'"))
+  errors.check_str("layer_scope", layer_scope,
+                   "a string such as 'layer_{i}' or 'net/block_{i}'")
+  try:
+    fields = [field for _, field, _, _ in string.Formatter().parse(layer_scope)
+              if field is not None]
+  except ValueError:
+    fields = None
+  if fields != ["i"]:
+    raise ValueError(errors.bad_argument(
+        "layer_scope", layer_scope, "the full name scope of layer i in the "
+        "loop, with `{i}` once where the layer's number goes, e.g. "
+        "'layer_{i}' or 'net/block_{i}'", "Without `{i}` every layer would "
+        "get one name."))
+  return _check_num_layers(num_layers)
+
+
+def _check_params_dict(params: Any) -> None:
+  wants = "a Haiku params dict {bundle: {name: array}}, as `f.init` returns"
+  if not isinstance(params, Mapping):
+    raise TypeError(errors.bad_argument("params", params, wants))
+  for bundle, entries in params.items():
+    if not isinstance(bundle, str) or not isinstance(entries, Mapping):
+      raise TypeError(errors.message(
+          f"`params` must be {wants}; at {bundle!r} it holds "
+          f"{errors.got(entries)}."))
+    for name, value in entries.items():
+      if not isinstance(value, (jax.Array, np.ndarray)):
+        raise TypeError(errors.message(
+            f"`params` must be {wants}; at {bundle}/{name} it holds "
+            f"{errors.got(value)}."))
 
 
 def _inner_bundle(stack: str, bundle: str) -> Optional[str]:

@@ -571,10 +571,11 @@ class ErrorsTest(parameterized.TestCase):
                                 r"returned float32\[2, 3\]"):
       f.init(KEY, X)
 
-  @parameterized.parameters(0, -1, 2.0)
-  def test_bad_num_layers(self, n):
+  @parameterized.parameters((0, ValueError), (-1, ValueError),
+                            (2.0, TypeError), (True, TypeError))
+  def test_bad_num_layers(self, n, error):
     f = hk.transform(lambda x: scan.repeat_layer(block, x, n))
-    with self.assertRaisesRegex(ValueError, "positive int"):
+    with self.assertRaisesRegex(error, "positive int"):
       f.init(KEY, X)
 
   @parameterized.named_parameters(

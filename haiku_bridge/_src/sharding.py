@@ -38,11 +38,29 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
+from haiku_bridge._src import errors
 from haiku_bridge._src import foreign_sharding
 from haiku_bridge._src.pytree import PyTree
 
 # What one dimension of a PartitionSpec holds: no mesh axis, one, or several.
 MeshAxes = Optional[str | tuple[str, ...]]
+
+# A concrete mesh, or (jax's abstract mesh) its axis names and sizes alone.
+MESH_TYPES = (Mesh,) + ((jax.sharding.AbstractMesh,)
+                        if hasattr(jax.sharding, "AbstractMesh") else ())
+# jax.sharding.reshard is jax >= 0.7; jax 0.6 has it under jax.experimental.
+if hasattr(jax.sharding, "reshard"):
+  _reshard = jax.sharding.reshard
+else:
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.shard import reshard as _reshard
+
+
+def spec_str(spec: PartitionSpec) -> str:
+  """`P(None, 'model')`: a spec as jax >= 0.9.2 prints it, on every jax."""
+  text = repr(spec)
+  return "P(" + text[len("PartitionSpec("):] if text.startswith(
+      "PartitionSpec(") else text
 
 
 class Rule(NamedTuple):
@@ -116,26 +134,22 @@ class ShardingRules:
                rules: Iterable[Rule | tuple[str, Any]],
                *,
                stacked: Iterable[str] | Mapping[str, MeshAxes] = ()):
-    if isinstance(rules, (str, Mapping)):
-      raise TypeError(
-          f"hkb.ShardingRules: `rules` is {rules!r}; pass a list of "
-          "(pattern, PartitionSpec) pairs, e.g. [(r\"mlp/w1$\", P(None, "
-          "'model'))]" + (" (for a dict: list(rules.items()))."
-                          if isinstance(rules, Mapping) else "."))
-    self._rules = tuple(_to_rule(i, r) for i, r in enumerate(rules))
-    self._compiled = tuple(_compile(r.pattern, f"rule {i}")
-                           for i, r in enumerate(self._rules))
-    if not isinstance(stacked, Mapping):
-      if isinstance(stacked, str):
-        raise TypeError(
-            f"hkb.ShardingRules: `stacked` is the string {stacked!r}; pass a "
-            f"list of stack patterns, e.g. stacked=[{stacked!r}].")
-      stacked = {s: None for s in stacked}
-    self._stacked = dict(stacked)
-    self._stacked_compiled = tuple(
-        (_compile(rf"(?:^|/)(?:{s})(?:_[1-9][0-9]*)?$", f"stacked pattern {s!r}"),
-         axes)
-        for s, axes in self._stacked.items())
+    with errors.entry("ShardingRules", outer_wins=True):
+      if (isinstance(rules, (str, Mapping)) or
+          not isinstance(rules, Iterable) or isinstance(rules, MESH_TYPES)):
+        raise TypeError(errors.message(
+            f"`rules` is {rules!r:.80}; pass a list of (pattern, "
+            "PartitionSpec) pairs, e.g. [(r\"mlp/w1$\", P(None, 'model'))]" +
+            (" (for a dict: list(rules.items()))."
+             if isinstance(rules, Mapping) else ".")))
+      self._rules = tuple(_to_rule(i, r) for i, r in enumerate(rules))
+      self._compiled = tuple(_compile(r.pattern, f"rule {i}")
+                             for i, r in enumerate(self._rules))
+      self._stacked = _check_stacked(stacked)
+      self._stacked_compiled = tuple(
+          (_compile(rf"(?:^|/)(?:{s})(?:_[1-9][0-9]*)?$",
+                    f"stacked pattern {s!r}"), s, axes)
+          for s, axes in self._stacked.items())
 
   @classmethod
   def from_foreign(
@@ -194,7 +208,8 @@ class ShardingRules:
     return dict(self._stacked)
 
   def __repr__(self) -> str:
-    rules = ", ".join(f"({r.pattern!r}, {r.spec})" for r in self._rules)
+    rules = ", ".join(f"({r.pattern!r}, {spec_str(r.spec)})"
+                      for r in self._rules)
     return f"ShardingRules([{rules}], stacked={self._stacked!r})"
 
   def place(self, path: str, shape: Sequence[int],
@@ -214,14 +229,34 @@ class ShardingRules:
         names an axis the mesh lacks, uses one twice, or splits a dimension
         into parts of unequal size.
     """
-    shape = tuple(shape)
-    layer_specs = self._layer_specs(path)
+    with errors.entry("ShardingRules.place", outer_wins=True):
+      errors.check_str("path", path, "a parameter's full path, a string "
+                       "such as 'net/linear/w'")
+      if (isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable)
+          or not all(errors.is_int(d) and d >= 0 for d in shape)):
+        raise TypeError(errors.bad_argument(
+            "shape", shape, "the parameter's shape, a sequence of "
+            "non-negative ints"))
+      _check_mesh_arg(mesh, optional=True)
+      return self._place(path, tuple(int(d) for d in shape), mesh)
+
+  def spec_for(self, path: str, shape: Sequence[int],
+               mesh: Optional[Mesh] = None) -> PartitionSpec:
+    """The `PartitionSpec` of the parameter at `path`; see `place`."""
+    with errors.entry("ShardingRules.spec_for", outer_wins=True):
+      return self.place(path, shape, mesh).spec
+
+  # -------------------------------------------------------------------------
+
+  def _place(self, path: str, shape: tuple[int, ...],
+             mesh: Optional[Mesh]) -> ParamSharding:
+    layer_specs = [axes for _, axes in self._layer_stacks(path)]
     if len(layer_specs) > len(shape):
-      raise ValueError(
-          f"hkb sharding: parameter {path!r} has shape {shape}, but it lies "
+      raise ValueError(errors.message(
+          f"parameter {path!r} has shape {shape}, but it lies "
           f"under {len(layer_specs)} declared layer stack(s) "
           f"({self._stacks_of(path)}), so it needs {len(layer_specs)} leading "
-          "layer axes. Check the patterns in `stacked=`.")
+          "layer axes. Check the patterns in `stacked=`."))
     index = self._match(path)
     if index is None:
       spec = (PartitionSpec(*layer_specs) if any(
@@ -230,20 +265,13 @@ class ShardingRules:
       spec = PartitionSpec(*layer_specs, *self._rules[index].spec)
     placed = ParamSharding(path, shape, spec, index, len(layer_specs))
     if len(spec) > len(shape):
-      raise ValueError(
-          f"hkb sharding: {self._describe(index)} gives parameter {path!r} "
-          f"(shape {shape}) the spec {spec}, with {len(spec)} axes, more than "
-          f"its {len(shape)} dimensions.{self._layer_hint(placed)}")
+      raise ValueError(errors.message(
+          f"{self._describe(index)} gives parameter {path!r} (shape {shape}) "
+          f"the spec {spec_str(spec)}, with {len(spec)} axes, more than its "
+          f"{len(shape)} dimensions.{self._layer_hint(placed)}"))
     if mesh is not None:
       self._check_mesh(placed, mesh)
     return placed
-
-  def spec_for(self, path: str, shape: Sequence[int],
-               mesh: Optional[Mesh] = None) -> PartitionSpec:
-    """The `PartitionSpec` of the parameter at `path`; see `place`."""
-    return self.place(path, shape, mesh).spec
-
-  # -------------------------------------------------------------------------
 
   def _match(self, path: str) -> Optional[int]:
     for i, pattern in enumerate(self._compiled):
@@ -255,26 +283,26 @@ class ShardingRules:
     parts = path.split("/")
     return ["/".join(parts[:k]) for k in range(1, len(parts))]
 
-  def _layer_specs(self, path: str) -> list[MeshAxes]:
-    """One entry per stack the parameter lies under, outermost first."""
-    specs = []
+  def _layer_stacks(self, path: str) -> list[tuple[str, MeshAxes]]:
+    """`(stacked pattern, mesh axes)` per stack the parameter lies under."""
+    stacks = []
     for prefix in self._prefixes(path):
-      for pattern, axes in self._stacked_compiled:
-        if pattern.search(prefix):
-          specs.append(axes)
+      for compiled, pattern, axes in self._stacked_compiled:
+        if compiled.search(prefix):
+          stacks.append((pattern, axes))
           break
-    return specs
+    return stacks
 
   def _stacks_of(self, path: str) -> str:
     return ", ".join(
         repr(prefix) for prefix in self._prefixes(path)
-        if any(p.search(prefix) for p, _ in self._stacked_compiled))
+        if any(p.search(prefix) for p, _, _ in self._stacked_compiled))
 
   def _describe(self, index: Optional[int]) -> str:
     if index is None:
       return "no rule (replicated but for its layer axes)"
     rule = self._rules[index]
-    return f"rule {index} ({rule.pattern!r} -> {rule.spec})"
+    return f"rule {index} ({rule.pattern!r} -> {spec_str(rule.spec)})"
 
   def _layer_hint(self, placed: ParamSharding) -> str:
     if placed.layer_axes:
@@ -287,33 +315,47 @@ class ShardingRules:
             "stack in `stacked=`.")
 
   def _check_mesh(self, placed: ParamSharding, mesh: Mesh) -> None:
-    source = self._describe(placed.rule)
+    stacks = self._layer_stacks(placed.path)
+    spec = spec_str(placed.spec)
     seen = {}
     for dim, entry in enumerate(placed.spec):
       if entry is None or entry is PartitionSpec.UNCONSTRAINED:
         continue
       axes = (entry,) if isinstance(entry, str) else tuple(entry)
+      # A layer axis is placed by `stacked=`, every other by a rule.
+      stack = stacks[dim][0] if dim < placed.layer_axes else None
+      source = (f"`stacked=` ({stack!r} -> {entry!r})" if stack is not None
+                else self._describe(placed.rule))
       for axis in axes:
         if axis not in mesh.shape:
-          raise ValueError(
-              f"hkb sharding: {source} gives parameter {placed.path!r} the "
-              f"spec {placed.spec}, which names mesh axis {axis!r}; the mesh "
-              f"has axes {tuple(mesh.axis_names)}.")
+          raise ValueError(errors.message(
+              f"{source} gives parameter {placed.path!r} the spec {spec}, "
+              f"which names mesh axis {axis!r}; the mesh has axes "
+              f"{tuple(mesh.axis_names)}."))
         if axis in seen:
-          raise ValueError(
-              f"hkb sharding: {source} gives parameter {placed.path!r} the "
-              f"spec {placed.spec}, which splits dimensions {seen[axis]} and "
-              f"{dim} over the same mesh axis {axis!r}; each mesh axis may "
-              "split one dimension only.")
+          raise ValueError(errors.message(
+              f"{source} gives parameter {placed.path!r} the spec {spec}, "
+              f"which splits dimensions {seen[axis]} and {dim} over the same "
+              f"mesh axis {axis!r}; each mesh axis may split one dimension "
+              "only."))
         seen[axis] = dim
       parts = math.prod(mesh.shape[a] for a in axes)
-      if placed.shape[dim] % parts:
-        raise ValueError(
-            f"hkb sharding: {source} gives parameter {placed.path!r} (shape "
-            f"{placed.shape}) the spec {placed.spec}, which splits dimension "
-            f"{dim} (size {placed.shape[dim]}) into {parts} parts over mesh "
-            f"axes {axes}; {parts} does not divide {placed.shape[dim]}. Pick "
-            "a size it divides, or another spec for this parameter.")
+      size = placed.shape[dim]
+      if size % parts and stack is not None:
+        raise ValueError(errors.message(
+            f"{source} splits the layer axis of parameter {placed.path!r} "
+            f"(shape {placed.shape}): {size} layers do not split over mesh "
+            f"axes {axes} ({parts} parts); {parts} does not divide {size}. "
+            f"Use a number of layers that {parts} divides, or map stack "
+            f"{stack!r} to other mesh axes in `stacked=` (None keeps every "
+            "layer on every device)."))
+      if size % parts:
+        raise ValueError(errors.message(
+            f"{source} gives parameter {placed.path!r} (shape "
+            f"{placed.shape}) the spec {spec}, which splits dimension {dim} "
+            f"(size {size}) into {parts} parts over mesh axes {axes}; "
+            f"{parts} does not divide {size}. Pick a size it divides, or "
+            "another spec for this parameter."))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,12 +385,12 @@ class ShardingReport:
     for p in self.params:
       rule = ("-" if p.rule is None else
               f"{p.rule}: {self.rules.rules[p.rule].pattern}")
-      rows.append((p.path, str(p.shape), str(p.spec), rule))
+      rows.append((p.path, str(p.shape), spec_str(p.spec), rule))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3]
              for row in rows]
     for rule in self.unused_rules:
-      lines.append(f"unused rule: {rule.pattern!r} -> {rule.spec}")
+      lines.append(f"unused rule: {rule.pattern!r} -> {spec_str(rule.spec)}")
     return "\n".join(lines)
 
 
@@ -381,9 +423,23 @@ def explain_shardings(params: PyTree,
   Raises:
     ValueError: as `ShardingRules.place`, naming the parameter and the rule.
   """
+  with errors.entry("explain_shardings"):
+    _check_params_rules_mesh(params, rules, mesh, "explain_shardings",
+                             optional_mesh=True)
+    return _explain(params, rules, mesh)
+
+
+def _explain(params: PyTree, rules, mesh: Optional[Mesh]) -> ShardingReport:
   rules = _as_rules(rules)
-  placed = [rules.place(_path_string(path), leaf.shape, mesh)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(params)]
+  placed = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    if not hasattr(leaf, "shape"):
+      raise TypeError(errors.message(
+          f"`params` must be a params tree of arrays or "
+          f"jax.ShapeDtypeStructs; at {_path_string(path) or '<root>'} it "
+          f"holds {errors.got(leaf)}."))
+    # pylint: disable-next=protected-access
+    placed.append(rules._place(_path_string(path), tuple(leaf.shape), mesh))
   return ShardingReport(tuple(placed), rules)
 
 
@@ -407,7 +463,10 @@ def param_specs(params: PyTree,
   Returns:
     A tree like `params` with a `PartitionSpec` for each leaf.
   """
-  report = explain_shardings(params, rules, mesh=mesh)
+  with errors.entry("param_specs"):
+    _check_params_rules_mesh(params, rules, mesh, "param_specs",
+                             optional_mesh=True)
+    report = _explain(params, rules, mesh)
   return jax.tree.unflatten(jax.tree.structure(params),
                             [p.spec for p in report.params])
 
@@ -450,7 +509,9 @@ def param_shardings(
       the mesh lacks, used twice, or not dividing its dimension; the message
       names the parameter and the rule.
   """
-  report = explain_shardings(params, rules, mesh=mesh)
+  with errors.entry("param_shardings"):
+    _check_params_rules_mesh(params, rules, mesh, "param_shardings")
+    report = _explain(params, rules, mesh)
   shardings = jax.tree.unflatten(
       jax.tree.structure(params),
       [NamedSharding(mesh, p.spec) for p in report.params])
@@ -482,7 +543,8 @@ def gather_over(tree: PyTree, axes: str | Sequence[str]) -> PyTree:
   ...     return h + hk.Linear(h.shape[-1])(h)
   >>> f = hk.transform(lambda x: hkb.repeat_layer(layer, x, 4))
   >>> key, x = jax.random.PRNGKey(0), jnp.ones([8, 16])
-  >>> mesh = jax.make_mesh((8,), ("data",))  # Explicit axes.
+  >>> from jax.sharding import AxisType
+  >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
   >>> rules = hkb.ShardingRules([(r"w$", P("data"))],
   ...                           stacked=["__layer_stack_no_per_layer"])
   >>> with jax.set_mesh(mesh):
@@ -502,16 +564,37 @@ def gather_over(tree: PyTree, axes: str | Sequence[str]) -> PyTree:
   Returns:
     `tree`, each array resharded without `axes` where its type names them.
   """
-  axes = (axes,) if isinstance(axes, str) else tuple(axes)
+  with errors.entry("gather_over"):
+    if (not isinstance(axes, Iterable) or isinstance(axes, bytes) or
+        not all(isinstance(a, str) for a in axes) or
+        (isinstance(axes, str) and not axes)):
+      raise TypeError(errors.bad_argument(
+          "axes", axes, "a mesh axis name, or a sequence of them, e.g. "
+          "\"data\""))
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
 
-  def gather(x):
-    spec = jax.typeof(x).sharding.spec
-    gathered = PartitionSpec(*(_without(entry, axes) for entry in spec))
-    if tuple(gathered) == tuple(spec):
-      return x
-    return jax.sharding.reshard(x, gathered)
+    def gather(x):
+      sharding = jax.typeof(x).sharding
+      _check_axes_in_mesh(axes, sharding.mesh)
+      spec = sharding.spec
+      gathered = PartitionSpec(*(_without(entry, axes) for entry in spec))
+      if tuple(gathered) == tuple(spec):
+        return x
+      return _reshard(x, gathered)
 
-  return jax.tree.map(gather, tree)
+    return jax.tree.map(gather, tree)
+
+
+def _check_axes_in_mesh(axes: tuple[str, ...], mesh: Any) -> None:
+  """Every axis of `gather_over` is one of the mesh's, where one is known."""
+  names = tuple(getattr(mesh, "axis_names", ()) or ())
+  if not names and hasattr(jax.sharding, "get_abstract_mesh"):
+    names = tuple(jax.sharding.get_abstract_mesh().axis_names or ())
+  unknown = [a for a in axes if a not in names]
+  if names and unknown:
+    raise ValueError(errors.message(
+        f"`axes` names mesh axis {unknown[0]!r}, which the mesh lacks; the "
+        f"mesh has axes {names}."))
 
 
 # ---------------------------------------------------------------------------
@@ -532,25 +615,83 @@ def _as_rules(rules) -> ShardingRules:
   return rules if isinstance(rules, ShardingRules) else ShardingRules(rules)
 
 
+def _check_mesh_arg(mesh: Any, *, optional: bool = False,
+                    hint: str = "") -> None:
+  if (mesh is None and optional) or isinstance(mesh, MESH_TYPES):
+    return
+  raise TypeError(errors.bad_argument(
+      "mesh", mesh, "a jax.sharding.Mesh (e.g. from jax.make_mesh)" +
+      (" or None" if optional else ""), hint))
+
+
+def _check_params_rules_mesh(params: Any, rules: Any, mesh: Any, api: str,
+                             optional_mesh: bool = False) -> None:
+  """The arguments shared by the three sharding functions, in their order."""
+  order = (f"The order is {api}(params, rules, mesh=mesh)." if optional_mesh
+           else f"The order is {api}(params, mesh, rules).")
+  if isinstance(rules, MESH_TYPES) and isinstance(mesh, ShardingRules):
+    raise TypeError(errors.message(
+        "`mesh` and `rules` are swapped (got a ShardingRules for `mesh` and "
+        f"a Mesh for `rules`). {order}"))
+  if params is None or isinstance(params, (ShardingRules, *MESH_TYPES)):
+    raise TypeError(errors.bad_argument(
+        "params", params, "a params tree (arrays or jax.ShapeDtypeStructs, "
+        "e.g. jax.eval_shape(f.init, key, x))", order))
+  if isinstance(rules, MESH_TYPES) or rules is None:
+    raise TypeError(errors.bad_argument(
+        "rules", rules, "a ShardingRules, or a list of (pattern, spec) "
+        "pairs", order))
+  _check_mesh_arg(mesh, optional=optional_mesh, hint=order)
+
+
+def _check_stacked(stacked: Any) -> dict[str, MeshAxes]:
+  """`ShardingRules(stacked=...)` as `{pattern: mesh axes}`."""
+  if isinstance(stacked, str):
+    raise TypeError(errors.message(
+        f"`stacked` is the string {stacked!r}; pass a list of stack "
+        f"patterns, e.g. stacked=[{stacked!r}]."))
+  if not isinstance(stacked, Iterable):
+    raise TypeError(errors.bad_argument(
+        "stacked", stacked, "a list of stack patterns, or a dict {pattern: "
+        "mesh axes}"))
+  if not isinstance(stacked, Mapping):
+    stacked = {s: None for s in stacked}
+  for pattern, axes in stacked.items():
+    if not isinstance(pattern, str):
+      raise TypeError(errors.message(
+          f"`stacked` holds the pattern {pattern!r}; each stack pattern must "
+          "be a regex string, e.g. 'blocks'."))
+    if not (axes is None or isinstance(axes, str) or
+            (isinstance(axes, (tuple, list)) and axes and
+             all(isinstance(a, str) for a in axes))):
+      raise TypeError(errors.message(
+          f"`stacked` maps {pattern!r} to {errors.got(axes)}; map each stack "
+          "to the mesh axes of its layer axis: None (every device holds every "
+          "layer), an axis name such as 'data', or a tuple of names."))
+  return {p: tuple(a) if isinstance(a, list) else a
+          for p, a in stacked.items()}
+
+
 def _to_rule(index: int, rule: Any) -> Rule:
   if (isinstance(rule, (str, PartitionSpec)) or
       not isinstance(rule, (tuple, list)) or len(rule) != 2):
     example = rule if isinstance(rule, str) else "pattern"
-    raise TypeError(
-        f"hkb.ShardingRules: rule {index} is {rule!r}, not a (pattern, spec) "
-        f"pair. Write each rule as a pair: ({example!r}, P(None, 'model')) "
-        f"to split its parameters, ({example!r}, P()) to replicate them.")
+    rule_text = (spec_str(rule) if isinstance(rule, PartitionSpec)
+                 else repr(rule))
+    raise TypeError(errors.message(
+        f"rule {index} is {rule_text}, not a (pattern, spec) pair. Write "
+        f"each rule as a pair: ({example!r}, P(None, 'model')) to split its "
+        f"parameters, ({example!r}, P()) to replicate them."))
   pattern, spec = rule
   if not isinstance(pattern, str):
-    raise TypeError(
-        f"hkb.ShardingRules: rule {index} has pattern {pattern!r}; it must be "
-        "a regex string.")
+    raise TypeError(errors.message(
+        f"rule {index} has pattern {pattern!r}; it must be a regex string."))
   if isinstance(spec, (tuple, list)) and not isinstance(spec, PartitionSpec):
     spec = PartitionSpec(*spec)
   if not isinstance(spec, PartitionSpec):
-    raise TypeError(
-        f"hkb.ShardingRules: rule {index} ({pattern!r}) has spec {spec!r}; "
-        "it must be a jax.sharding.PartitionSpec (P() to replicate).")
+    raise TypeError(errors.message(
+        f"rule {index} ({pattern!r}) has spec {spec!r}; it must be a "
+        "jax.sharding.PartitionSpec (P() to replicate)."))
   return Rule(pattern, spec)
 
 
@@ -558,8 +699,8 @@ def _compile(pattern: str, what: str) -> re.Pattern[str]:
   try:
     return re.compile(pattern)
   except re.error as e:
-    raise ValueError(
-        f"hkb.ShardingRules: {what} is not a valid regex: {e}.") from None
+    raise ValueError(errors.message(
+        f"{what} is not a valid regex: {e}.")) from None
 
 
 def _path_string(path: tuple[Any, ...]) -> str:

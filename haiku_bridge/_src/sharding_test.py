@@ -48,6 +48,13 @@ def setUpModule():
         f"{jax.default_backend()} devices.")
 
 
+def needs_jax_0_7(what):
+  """Skips a test of `what` on jax 0.6, which lacks it."""
+  return unittest.skipUnless(
+      hasattr(jax, "shard_map") and hasattr(jax, "set_mesh"),
+      f"{what} needs jax >= 0.7.0 (this is jax {jax.__version__}).")
+
+
 def make_mesh(shape, names, axis_type=AxisType.Auto):
   devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
   return Mesh(devices, names, axis_types=(axis_type,) * len(names))
@@ -359,8 +366,9 @@ class ShardingRulesTest(parameterized.TestCase):
 
   def test_unknown_axis_for_the_layer_axis(self):
     rules = sharding.ShardingRules([], stacked={"blocks": "stage"})
-    with self.assertRaisesRegex(ValueError,
-                                r"no rule .*'blocks/lin/w'.*mesh axis 'stage'"):
+    with self.assertRaisesRegex(
+        ValueError, r"^hkb.ShardingRules.place: `stacked=` \('blocks' -> "
+        r"'stage'\) gives parameter 'blocks/lin/w' .*mesh axis 'stage'"):
       rules.place("blocks/lin/w", (2, 8), self.mesh)
 
   def test_indivisible_dimension(self):
@@ -467,11 +475,15 @@ class JitShardedTest(parameterized.TestCase):
 # ---------------------------------------------------------------------------
 
 
+@needs_jax_0_7("jax.shard_map")
 class ShardMapDataParallelTest(parameterized.TestCase):
 
   @parameterized.product(model=["call_pure", "layer_scan"],
                          check_vma=[True, False])
   def test_pmean_of_local_gradients_equals_one_device(self, model, check_vma):
+    if check_vma and not hasattr(jax.lax, "pcast"):
+      self.skipTest("jax.lax.pcast needs jax >= 0.9.0 (this is jax "
+                    f"{jax.__version__}).")
     mesh = make_mesh((8,), ("data",))
     f = hk.transform(MODELS[model])
     x = batch()
@@ -598,6 +610,7 @@ class MegatronTest(parameterized.TestCase):
     self.check_sharded_equals_one_device(
         f, megatron_specs(f"net/{STACK}/~", layer_axes=1))
 
+  @needs_jax_0_7("jax.shard_map")
   def test_shard_map_inside_the_bridged_function(self):
     seen_shapes = {}
     block = shard_mapped_mlp(self.mesh, seen_shapes)
@@ -623,6 +636,7 @@ class MegatronTest(parameterized.TestCase):
     np.testing.assert_allclose(loss, ref_loss, **TOL)
     chex.assert_trees_all_close(grads, ref_grads, **TOL)
 
+  @needs_jax_0_7("A matmul's out_sharding under Explicit axes")
   def test_explicit_mesh_axes(self):
     # `jax.make_mesh`'s default axis type: shardings are part of the types.
     mesh = make_mesh((2, 4), ("data", "model"), AxisType.Explicit)
@@ -650,8 +664,8 @@ class MegatronTest(parameterized.TestCase):
 
 
 # ---------------------------------------------------------------------------
-# Explicit mesh axes (`jax.make_mesh`'s default): every bridged API, with a
-# model written for explicit sharding; Megatron and FSDP rules.
+# Explicit mesh axes (`jax.make_mesh`'s default from jax 0.9): every bridged
+# API, with a model written for explicit sharding; Megatron and FSDP rules.
 # ---------------------------------------------------------------------------
 
 
@@ -742,6 +756,7 @@ def per_device_bytes(params):
              for shard in leaf.addressable_shards if shard.device == device)
 
 
+@needs_jax_0_7("Explicit mesh axes (jax.set_mesh, out_sharding)")
 class ExplicitMeshTest(parameterized.TestCase):
   """Bridged params on an Explicit (data, model) mesh equal one device."""
 
@@ -753,8 +768,7 @@ class ExplicitMeshTest(parameterized.TestCase):
     ref_params = jax.device_get(jax.jit(f.init)(KEY, x))
     (ref_loss, ref_out), ref_grads = on_one_device(loss_out_and_grads(f),
                                                    ref_params, x)
-    mesh = jax.make_mesh((2, 4), ("data", "model"))  # Explicit by default.
-    self.assertEqual(mesh.axis_types, (AxisType.Explicit,) * 2)
+    mesh = make_mesh((2, 4), ("data", "model"), AxisType.Explicit)
     with jax.set_mesh(mesh):
       shardings = sharding.param_shardings(jax.eval_shape(f.init, KEY, x),
                                            mesh, rules)
@@ -777,7 +791,7 @@ class ExplicitMeshTest(parameterized.TestCase):
     f = hk.transform(lambda x: scan.repeat_layer(haiku_layer, x, 2,
                                                  name="blocks"))
     x = jnp.ones([BATCH, WIDTH])
-    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    mesh = make_mesh((2, 4), ("data", "model"), AxisType.Explicit)
     with jax.set_mesh(mesh):
       shardings = sharding.param_shardings(jax.eval_shape(f.init, KEY, x),
                                            mesh, TP_RULES)
@@ -870,6 +884,20 @@ class FsdpTest(parameterized.TestCase):
     self.assertEqual(
         params["layers/mlp/~/linear_0"]["w"].addressable_shards[0].data.shape,
         (LAYERS // 2, D_MODEL, 4 * D_MODEL // 4))
+
+
+class SpecStrTest(absltest.TestCase):
+
+  def test_specs_print_as_jax_0_9_2_prints_them(self):
+    self.assertEqual(sharding.spec_str(P(None, ("data", "model"))),
+                     "P(None, ('data', 'model'))")
+    self.assertEqual(sharding.spec_str(P()), "P()")
+
+  def test_older_jax_repr(self):
+    class OldSpec(tuple):  # jax < 0.9.2 prints `PartitionSpec(...)`.
+      def __repr__(self):
+        return "PartitionSpec(None, 'model')"
+    self.assertEqual(sharding.spec_str(OldSpec()), "P(None, 'model')")
 
 
 if __name__ == "__main__":

@@ -102,9 +102,11 @@ def main(argv):
   for name, (f, bridged, x) in blocks().items():
     ours, theirs = network(bridged), network(f)
     params = theirs.init(KEY, x)
-    apply_trace = pairs(lambda: jax.make_jaxpr(ours.apply)(params, None, x),
-                        lambda: jax.make_jaxpr(theirs.apply)(params, None, x),
-                        n)
+    # A new function object each time: JAX keeps traces per function.
+    fresh = lambda f: lambda *a: f(*a)
+    apply_trace = pairs(
+        lambda: jax.make_jaxpr(fresh(ours.apply))(params, None, x),
+        lambda: jax.make_jaxpr(fresh(theirs.apply))(params, None, x), n)
     grad = lambda t: jax.grad(loss_of(t))
     step_trace = pairs(lambda: jax.make_jaxpr(grad(ours))(params, x),
                        lambda: jax.make_jaxpr(grad(theirs))(params, x), n)

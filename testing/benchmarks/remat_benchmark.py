@@ -1,20 +1,20 @@
 r"""Benchmark of the layer scan's remat schedules: memory and step time.
 
 `layer_scan(remat="nested")` and `remat="binomial"` beside `hk.layer_stack` +
-`hk.remat` (`bench/remat_bench.py`): grad-step temporaries and step time, as
+`hk.remat` (`lib/remat_bench.py`): grad-step temporaries and step time, as
 ratios, for a residual MLP stack at depths 16, 64 and 128 with 4096 and 64
 tokens per step, and for one transformer. Prints the run (command, date,
 machine, versions) and the tables to stdout, progress to stderr.
-`testing/benchmarks/RESULTS.md` holds the conclusions people draw from them;
+`testing/benchmarks/results/RESULTS.md` holds the conclusions people draw from them;
 this program never writes it. Timings never fail the program; the
 memory relations are tests (`testing/structure_test.py`).
 
-    bazel run //testing:remat_benchmark              # full run, ~10 minutes
-    bazel run //testing:remat_benchmark -- --quick   # smoke run, seconds
+    bazel run //testing/benchmarks:remat_benchmark              # full run, ~10 minutes
+    bazel run //testing/benchmarks:remat_benchmark -- --quick   # smoke run, seconds
 
 or, without Bazel, from the repository root:
 
-    PYTHONPATH=. python3 testing/remat_benchmark.py [--quick] > remat.md
+    PYTHONPATH=. python3 testing/benchmarks/remat_benchmark.py [--quick] > remat.md
 """
 
 import datetime
@@ -24,8 +24,8 @@ import time
 from absl import app
 from absl import flags
 
-from testing.bench import environment
-from testing.bench import remat_bench
+from testing.benchmarks.lib import environment
+from testing.benchmarks.lib import remat_bench
 
 _QUICK = flags.DEFINE_bool(
     "quick", False, "Smoke mode: tiny models, few repetitions.")
@@ -37,7 +37,7 @@ def report(cfg: remat_bench.RematConfig, command: str) -> str:
   result = remat_bench.bench_remat(cfg)
   date = datetime.datetime.now(datetime.timezone.utc).strftime(
       "%Y-%m-%d %H:%M UTC")
-  lines = ["## Remat schedules (`testing/remat_benchmark.py`)", "",
+  lines = ["## Remat schedules (`testing/benchmarks/remat_benchmark.py`)", "",
            f"Command: `{command}`  ", f"Mode: {cfg.mode}  ", f"Date: {date}  ",
            f"Run time: {time.perf_counter() - start:.0f} s", "",
            "| | |", "| --- | --- |"]

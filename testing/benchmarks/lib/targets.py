@@ -9,14 +9,14 @@ and, for the bridged trace and step targets, `hk.lift`'s ratio to inline.
 import dataclasses
 from typing import Hashable, Optional
 
-from testing.bench import harness
-from testing.bench import models
-from testing.bench import trace_rows
-from testing.bench.config import Config
-from testing.bench.mlp_bench import MlpResult
-from testing.bench.mlp_bench import TraceKey
-from testing.bench.stack_bench import StackKey
-from testing.bench.stack_bench import StackResult
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import models
+from testing.benchmarks.lib import trace_rows
+from testing.benchmarks.lib.config import Config
+from testing.benchmarks.lib.mlp_bench import MlpResult
+from testing.benchmarks.lib.mlp_bench import TraceKey
+from testing.benchmarks.lib.stack_bench import StackKey
+from testing.benchmarks.lib.stack_bench import StackResult
 
 STEP_GOAL = 1.02  # Bridged / inline step time (issue 4).
 # Bridged / inline apply trace time, by variant and row (issue 10):

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 
 import haiku_bridge as hkb
 from testing import transformer
-from testing.bench import harness
-from testing.bench import models
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import models
 
 BASELINE = "hk.layer_stack + hk.remat"
 CONTROL = "layer_scan(remat=True) (A/A)"

@@ -14,11 +14,11 @@ from typing import Any, Callable, Iterator, NamedTuple
 import jax
 import numpy as np
 
-from testing.bench import fresh_process
-from testing.bench import harness
-from testing.bench import models
-from testing.bench import trace_rows
-from testing.bench.config import Config
+from testing.benchmarks.lib import fresh_process
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import models
+from testing.benchmarks.lib import trace_rows
+from testing.benchmarks.lib.config import Config
 
 INIT = "init"  # Trace of `init`, next to the APPLY_ROWS of `apply`.
 EVAL_SHAPE = "eval_shape(init) alone"  # What the bridge may run at apply.

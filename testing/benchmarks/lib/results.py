@@ -9,12 +9,12 @@ import dataclasses
 import json
 from typing import Any, Optional
 
-from testing.bench import harness
-from testing.bench.config import Config
-from testing.bench.mlp_bench import MlpResult
-from testing.bench.stack_bench import StackResult
-from testing.bench.targets import Target
-from testing.bench.trace_profile import TraceProfile
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib.config import Config
+from testing.benchmarks.lib.mlp_bench import MlpResult
+from testing.benchmarks.lib.stack_bench import StackResult
+from testing.benchmarks.lib.targets import Target
+from testing.benchmarks.lib.trace_profile import TraceProfile
 
 
 @dataclasses.dataclass

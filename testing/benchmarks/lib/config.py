@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from testing.bench.models import MlpSize
+from testing.benchmarks.lib.models import MlpSize
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ What a user pays after restarting from a checkpoint: the process imports the
 library, restores params from arrays, builds the model and traces `apply` for
 the first time, with no shape or trace cache warmed by `init`. The parent
 writes each variant's params to an `.npz`; every sample is a new subprocess
-(`sys.executable -m testing.bench.fresh_process ...`) that times
+(`sys.executable -m testing.benchmarks.lib.fresh_process ...`) that times
 `jax.jit(apply).trace(...)` and then `.lower()` of that trace, and prints
 the phase times as one JSON line. The variants' subprocesses run one after
 another, in an order rotated each repetition (`harness.interleaved`), so the
@@ -12,7 +12,7 @@ ratios pair up as in the in-process rows.
 
 The child, by hand (the parent passes the same arguments):
 
-    PYTHONPATH=. python3 -m testing.bench.fresh_process \
+    PYTHONPATH=. python3 -m testing.benchmarks.lib.fresh_process \
         --variant=inline --size=small,64,2,16 --params=/tmp/inline.npz
 """
 
@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from testing.bench import harness
-from testing.bench import models
-from testing.bench import trace_profile
-from testing.bench import trace_rows
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import models
+from testing.benchmarks.lib import trace_profile
+from testing.benchmarks.lib import trace_rows
 
 _NAMES = "__param_names__"  # The .npz entry that lists "module\tname" keys.
 
@@ -68,7 +68,7 @@ def _parse_size(text: str) -> models.MlpSize:
 
 def _child_command(variant: str, size: models.MlpSize, params_path: str,
                    profile_out: Optional[str]) -> list[str]:
-  command = [sys.executable, "-m", "testing.bench.fresh_process",
+  command = [sys.executable, "-m", "testing.benchmarks.lib.fresh_process",
              f"--variant={variant}", f"--size={_size_arg(size)}",
              f"--params={params_path}"]
   if profile_out:

@@ -1,4 +1,4 @@
-"""Keeps testing/benchmark.py from rotting: its quick mode runs to the end.
+"""Keeps testing/benchmarks/benchmark.py from rotting: its quick mode runs to the end.
 
 No timing is asserted. The test checks that the run writes `results.json` and
 every section of `tables.md` (and never `RESULTS.md`, which people write),
@@ -16,14 +16,14 @@ from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 
-from testing import benchmark
-from testing.bench import config
-from testing.bench import fresh_process
-from testing.bench import harness
-from testing.bench import models
-from testing.bench import plot
-from testing.bench import tables
-from testing.bench import trace_rows
+from testing.benchmarks import benchmark
+from testing.benchmarks.lib import config
+from testing.benchmarks.lib import fresh_process
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import models
+from testing.benchmarks.lib import plot
+from testing.benchmarks.lib import tables
+from testing.benchmarks.lib import trace_rows
 
 SECTIONS = (
     "# haiku_bridge benchmark tables",

@@ -5,17 +5,17 @@ Conclusions are written by people, in RESULTS.md, from these tables.
 
 from typing import Hashable, Optional
 
-from testing.bench import harness
-from testing.bench import models
-from testing.bench import trace_profile
-from testing.bench import trace_rows
-from testing.bench import targets as targets_lib
-from testing.bench.mlp_bench import EVAL_SHAPE
-from testing.bench.mlp_bench import INIT
-from testing.bench.mlp_bench import TIMED_VARIANTS
-from testing.bench.mlp_bench import TraceKey
-from testing.bench.results import Results
-from testing.bench.stack_bench import StackKey
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import models
+from testing.benchmarks.lib import trace_profile
+from testing.benchmarks.lib import trace_rows
+from testing.benchmarks.lib import targets as targets_lib
+from testing.benchmarks.lib.mlp_bench import EVAL_SHAPE
+from testing.benchmarks.lib.mlp_bench import INIT
+from testing.benchmarks.lib.mlp_bench import TIMED_VARIANTS
+from testing.benchmarks.lib.mlp_bench import TraceKey
+from testing.benchmarks.lib.results import Results
+from testing.benchmarks.lib.stack_bench import StackKey
 
 DASH = "—"
 
@@ -240,7 +240,7 @@ def stack_section(res: Results) -> list[str]:
 
 def markdown(res: Results) -> str:
   md = ["# haiku_bridge benchmark tables", "",
-        "Written by `testing/benchmark.py` with `results.json`; conclusions "
+        "Written by `testing/benchmarks/benchmark.py` with `results.json`; conclusions "
         "are in `RESULTS.md`. Times: median [min–max] over the kept "
         "repetitions; ratios: median [min–max] of per-repetition pairs.", ""]
   md += run_section(res) + targets_section(res.targets)

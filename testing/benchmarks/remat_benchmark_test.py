@@ -1,4 +1,4 @@
-"""Keeps testing/remat_benchmark.py from rotting: its quick mode runs to the end.
+"""Keeps testing/benchmarks/remat_benchmark.py from rotting: its quick mode runs to the end.
 
 No timing is asserted; the memory relations are in structure_test.py.
 """
@@ -8,8 +8,8 @@ import io
 
 from absl.testing import absltest
 
-from testing import remat_benchmark
-from testing.bench import remat_bench
+from testing.benchmarks import remat_benchmark
+from testing.benchmarks.lib import remat_bench
 
 
 class QuickRematBenchmarkTest(absltest.TestCase):

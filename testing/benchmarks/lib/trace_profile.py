@@ -15,8 +15,8 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from testing.bench import models
-from testing.bench import trace_rows
+from testing.benchmarks.lib import models
+from testing.benchmarks.lib import trace_rows
 
 _MODEL_FUNCTIONS = ("mlp", "pure_mlp")
 _MODELS_FILE = os.path.realpath(models.__file__)

@@ -2,13 +2,13 @@
 
 from typing import Any, Optional
 
-from testing.bench import harness
-from testing.bench import models
-from testing.bench import targets
-from testing.bench import trace_rows
-from testing.bench.mlp_bench import TraceKey
-from testing.bench.results import Results
-from testing.bench.stack_bench import StackKey
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import models
+from testing.benchmarks.lib import targets
+from testing.benchmarks.lib import trace_rows
+from testing.benchmarks.lib.mlp_bench import TraceKey
+from testing.benchmarks.lib.results import Results
+from testing.benchmarks.lib.stack_bench import StackKey
 
 _COLORS = {models.SCAN: "tab:blue", models.LAYER_STACK: "tab:orange",
            models.LOOP: "tab:green"}

@@ -1,6 +1,6 @@
 r"""Benchmarks: the bridge against inline Haiku, `hk.lift` and `hk.layer_stack`.
 
-Runs, side by side on this machine, the two benchmarks of `testing/bench/`:
+Runs, side by side on this machine, the two benchmarks of `lib/` beside it:
 
 1. `mlp_bench`: `hkb.call_pure` against the same MLP inline in Haiku and
    `hk.lift` + apply: trace time of `init` and of `apply` (re-trace, new input
@@ -8,21 +8,22 @@ Runs, side by side on this machine, the two benchmarks of `testing/bench/`:
 2. `stack_bench`: the layer scan against `hk.layer_stack` and an unrolled loop,
    by depth, with and without remat.
 
-It profiles the apply traces, checks the targets (`bench/targets.py`), and
-writes to `--out_dir`: `results.json` (every sample, the targets, the
-profiles), `tables.md` (the Markdown tables) and, when matplotlib is
-installed, `compile_time_vs_depth.png`. `RESULTS.md` beside them holds the
-conclusions people draw from the tables; this program never writes it.
+It profiles the apply traces, checks the targets (`lib/targets.py`), and
+writes to `--out_dir` (default: `results/` beside this file)
+`results.json` (every sample, the targets, the profiles), `tables.md` (the
+Markdown tables) and, when matplotlib is installed,
+`compile_time_vs_depth.png`. `RESULTS.md` there holds the conclusions
+people draw from the tables; this program never writes it.
 Progress goes to stderr; the targets table to stdout. Timings never fail the
 program; the structural facts (same optimised HLO, primitive counts) are
 tests: `testing/structure_test.py`.
 
-    bazel run //testing:benchmark              # full run, ~10 minutes
-    bazel run //testing:benchmark -- --quick   # smoke run, under a minute
+    bazel run //testing/benchmarks:benchmark              # full run, ~10 minutes
+    bazel run //testing/benchmarks:benchmark -- --quick   # smoke run, < 1 minute
 
 or, without Bazel, from the repository root:
 
-    PYTHONPATH=. python3 testing/benchmark.py [--quick] [--out_dir=DIR]
+    PYTHONPATH=. python3 testing/benchmarks/benchmark.py [--quick] [--out_dir=DIR]
 """
 
 import datetime
@@ -35,24 +36,24 @@ from typing import Optional
 from absl import app
 from absl import flags
 
-from testing.bench import config
-from testing.bench import environment
-from testing.bench import fresh_process
-from testing.bench import harness
-from testing.bench import mlp_bench
-from testing.bench import models
-from testing.bench import plot
-from testing.bench import results
-from testing.bench import stack_bench
-from testing.bench import tables
-from testing.bench import targets
-from testing.bench import trace_profile
-from testing.bench import trace_rows
+from testing.benchmarks.lib import config
+from testing.benchmarks.lib import environment
+from testing.benchmarks.lib import fresh_process
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import mlp_bench
+from testing.benchmarks.lib import models
+from testing.benchmarks.lib import plot
+from testing.benchmarks.lib import results
+from testing.benchmarks.lib import stack_bench
+from testing.benchmarks.lib import tables
+from testing.benchmarks.lib import targets
+from testing.benchmarks.lib import trace_profile
+from testing.benchmarks.lib import trace_rows
 
 _QUICK = flags.DEFINE_bool(
     "quick", False, "Smoke mode: tiny models, few repetitions.")
 _OUT_DIR = flags.DEFINE_string(
-    "out_dir", "testing/benchmarks",
+    "out_dir", "testing/benchmarks/results",
     "Where to write results.json, tables.md and the plot. A relative path is "
     "taken from the workspace root under `bazel run`, else from the current "
     "directory.")

@@ -11,9 +11,9 @@ from typing import NamedTuple, Optional
 
 import jax
 
-from testing.bench import harness
-from testing.bench import models
-from testing.bench.config import Config
+from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import models
+from testing.benchmarks.lib.config import Config
 
 
 class StackKey(NamedTuple):

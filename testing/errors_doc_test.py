@@ -1,0 +1,283 @@
+"""docs/errors.md says what the code says: each documented error is raised here and compared.
+
+Every row of the doc's tables (`| when | error |`) has a function below, under the row's "when"
+text, that raises the error the row documents; the test compares `TypeName: message` with the row's text
+exactly (a row that starts with `... ` documents the end of a message). A row without a function,
+or a function without a row, fails the test, so the doc cannot drift from the code.
+"""
+
+import jax
+
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import os
+import re
+from typing import Any, Callable
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import haiku as hk
+import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+import haiku_bridge as hkb
+
+_DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                    "errors.md")
+KEY = jax.random.PRNGKey(0)
+
+
+def doc_rows() -> dict[tuple[str, str], str]:
+  """`{(section, when): documented error}` from the tables of docs/errors.md."""
+  rows = {}
+  section = ""
+  with open(_DOC) as f:
+    for line in f:
+      if line.startswith("## "):
+        section = line[3:].strip()
+      match = re.match(r"^\| (.+?) \| (`+) ?(.*?) ?\2 \|$", line.rstrip("\n"))
+      if match and match[1] != "when":
+        rows[(section, match[1])] = match[3]
+  return rows
+
+
+def init(fn: Callable[[], Any]) -> Any:
+  return hk.transform(fn).init(KEY)
+
+
+def dense(params, x):
+  return x @ params["w"] + params["b"]
+
+
+def init_dense(rng, x):
+  return {"w": jax.random.normal(rng, [x.shape[-1], 5]), "b": jnp.zeros([5])}
+
+
+def apply_with(fn, params_from, x_init, x_apply):
+  f = hk.transform(fn)
+  params = f.init(KEY, x_init)
+  if params_from is not None:
+    params = params_from(params)
+  return f.apply(params, None, x_apply)
+
+
+def mlp(x):
+  return hk.nets.MLP([3, 2])(x)
+
+
+def vjp_apply(fn, x, params_from=None, x_apply=None, grad=False):
+  f = hk.transform(fn)
+  params = f.init(KEY, x)
+  if params_from is not None:
+    params = params_from(params)
+  x_apply = x if x_apply is None else x_apply
+  if grad:
+    return jax.grad(lambda p: jnp.sum(f.apply(p, None, x_apply)))(params)
+  return f.apply(params, None, x_apply)
+
+
+def mesh() -> Mesh:
+  return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"),
+              axis_types=(AxisType.Auto,) * 2)
+
+
+def outer_module_used_inside():
+  lin = hk.Linear(2)
+  block = hkb.custom_vjp(lambda x: lin(x), hkb.vjp_fwd, lambda r, g: r(g))
+  return block(jnp.ones([2, 3]))
+
+
+def shard_shaped(params):
+  params = dict(params)
+  params["proj"] = {"w": jnp.ones([4, 5])[:, :1], "b": params["proj"]["b"]}
+  return params
+
+
+def stateful(x):
+  return hk.BatchNorm(True, True, 0.9)(x, is_training=True)
+
+
+X4 = jnp.ones([2, 4])
+SECTION_CALL = "`call_pure` and `get_relevant_parameters`"
+SECTION_CUSTOM = "`custom_vjp` and `custom_jvp`"
+SECTION_SCAN = "`layer_scan` and `repeat_layer`"
+SECTION_SHARDING = "Sharding rules"
+
+RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
+    # call_pure and get_relevant_parameters.
+    (SECTION_CALL, "called outside a transform"):
+        lambda: hkb.call_pure(dense, X4, init=init_dense),
+    (SECTION_CALL, "a pure `fn` without `init=`"):
+        lambda: init(lambda: hkb.call_pure(dense, X4)),
+    (SECTION_CALL, "an `hk.Transformed` `fn` and `init=`"):
+        lambda: init(lambda: hkb.call_pure(hk.transform(mlp), X4, init=init_dense)),
+    (SECTION_CALL, "`init` returns a leaf that is not an array"):
+        lambda: init(lambda: hkb.call_pure(dense, X4, init=lambda r, x: {"b": 0})),
+    (SECTION_CALL, "`init` calls `hk.get_parameter` itself"):
+        lambda: init(lambda: hkb.call_pure(
+            dense, X4, init=lambda r, x: {"w": hk.get_parameter("w", [1], init=jnp.ones)})),
+    (SECTION_CALL, "`f.init(None, ...)` with an `init` that needs its key"):
+        lambda: hk.transform(lambda x: hkb.call_pure(dense, x, init=init_dense)).init(None, X4),
+    (SECTION_CALL, "two leaves map to one param"):
+        lambda: init(lambda: hkb.call_pure(
+            lambda p, x: x, X4, init=lambda r, x: {"layers": [jnp.ones(1)],
+                                                   "layers_0": jnp.ones(1)})),
+    (SECTION_CALL, "two calls map to one param"):
+        lambda: init(lambda: [hkb.call_pure(lambda p, x: x, X4,
+                                            init=lambda r, x: {"b": jnp.ones(1)})
+                              for _ in range(2)]),
+    (SECTION_CALL, "a key that is not a module name"):
+        lambda: init(lambda: hkb.call_pure(
+            lambda p, x: x, X4, init=lambda r, x: {"my-layer": {"w": jnp.ones(1)}})),
+    (SECTION_CALL, "a param name with `/`"):
+        lambda: init(lambda: hkb.call_pure(
+            lambda p, x: x, X4, init=lambda r, x: {"a/w": jnp.ones(1)})),
+    (SECTION_CALL, "at init inside a raw JAX transform"):
+        lambda: init(lambda: jax.vmap(
+            lambda x: hkb.call_pure(dense, x, init=init_dense))(jnp.ones([3, 2, 4]))),
+    (SECTION_CALL, "a param missing at apply"):
+        lambda: apply_with(lambda x: hkb.call_pure(dense, x, init=init_dense, name="proj"),
+                           lambda p: {"proj": {"w": p["proj"]["w"]}}, X4, X4),
+    (SECTION_CALL, "a param of the wrong shape at apply"):
+        lambda: apply_with(lambda x: hkb.call_pure(
+            dense, x, init=lambda r, x: init_dense(r, x) | {"w": jnp.ones([4, 5])},
+            name="proj"), lambda p: {"proj": p["proj"] | {"w": jnp.ones([4, 6])}}, X4, X4),
+    (SECTION_CALL, "the same, where the shape looks like one device's shard"):
+        lambda: apply_with(lambda x: hkb.call_pure(dense, x, init=init_dense, name="proj"),
+                           shard_shaped, X4, X4),
+    (SECTION_CALL, "a stateful Haiku function as `init=`"):
+        lambda: init(lambda: hkb.call_pure(lambda p, x: x, X4,
+                                           init=hk.transform_with_state(stateful))),
+    (SECTION_CALL, "an `hk.multi_transform` result"):
+        lambda: init(lambda: hkb.call_pure(
+            hk.multi_transform(lambda: (lambda x: x, (lambda x: x,))), X4)),
+    # custom_vjp and custom_jvp.
+    (SECTION_CUSTOM, "a param missing at apply"):
+        lambda: vjp_apply(lambda x: hkb.custom_vjp(mlp, hkb.vjp_fwd, lambda r, g: r(g))(x),
+                          X4, lambda p: {k: v for k, v in p.items() if "linear_0" not in k}),
+    (SECTION_CUSTOM, "a param of the wrong shape at apply"):
+        lambda: vjp_apply(lambda x: hkb.custom_vjp(mlp, hkb.vjp_fwd, lambda r, g: r(g))(x),
+                          X4, lambda p: p | {"mlp/~/linear_0": {
+                              "w": jnp.ones([4, 2]), "b": jnp.ones([3])}}),
+    (SECTION_CUSTOM, "a module created outside `f`, used inside"):
+        lambda: init(outer_module_used_inside),
+    (SECTION_CUSTOM, "keyword arguments"):
+        lambda: init(lambda: hkb.custom_vjp(mlp, hkb.vjp_fwd, lambda r, g: r(g))(x=X4)),
+    (SECTION_CUSTOM, "`bwd` returns the wrong number of cotangents"):
+        lambda: vjp_apply(lambda x: hkb.custom_vjp(mlp, hkb.vjp_fwd,
+                                                   lambda r, g: r(g)[:1])(x), X4, grad=True),
+    (SECTION_CUSTOM, "a cotangent of the wrong shape"):
+        lambda: vjp_apply(lambda x: hkb.custom_vjp(
+            mlp, hkb.vjp_fwd, lambda r, g: (r(g)[0], jnp.zeros([2, 5])))(x), X4, grad=True),
+    (SECTION_CUSTOM, "`fwd` / `bwd` / `jvp` not a function"):
+        lambda: hkb.custom_vjp(mlp, None, None),
+    (SECTION_CUSTOM, "`split` / `combine` of `route_cotangents` not a function"):
+        lambda: hkb.route_cotangents(None, None),
+    # layer_scan and repeat_layer.
+    (SECTION_SCAN, "a layer that does not return `(carry, y)`"):
+        lambda: init(lambda: hkb.layer_scan(lambda c, x: c, jnp.ones([2, 4]), num_layers=2)),
+    (SECTION_SCAN, "a carry that changes type"):
+        lambda: init(lambda: hkb.layer_scan(lambda c, x: (hk.Linear(2)(c), None),
+                                            jnp.ones([2, 4]), num_layers=2)),
+    (SECTION_SCAN, "`xs` without a leading layer axis"):
+        lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), jnp.ones([2]),
+                                            jnp.ones([3, 2]), num_layers=2)),
+    (SECTION_SCAN, "no `num_layers` and no `xs`"):
+        lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), jnp.ones([2]))),
+    (SECTION_SCAN, "`num_layers` 0 or negative"):
+        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 0)),
+    (SECTION_SCAN, "`num_layers` not an int (a bool, a float)"):
+        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, True)),
+    (SECTION_SCAN, "`remat_policy` without `remat=True`"):
+        lambda: init(lambda: hkb.layer_scan(
+            lambda c, x: (c, None), X4, num_layers=2,
+            remat_policy=jax.checkpoint_policies.everything_saveable)),
+    (SECTION_SCAN, "a pure layer without `init=`"):
+        lambda: init(lambda: hkb.repeat_layer(dense, X4, 2)),
+    (SECTION_SCAN, "`unstack_params` with a wrong stack name"):
+        lambda: hkb.unstack_params({"s/linear": {"w": jnp.ones([3, 3, 3])}}, stack="t",
+                                   num_layers=3),
+    (SECTION_SCAN, "`unstack_params` with a wrong `num_layers`"):
+        lambda: hkb.unstack_params({"s/linear": {"w": jnp.ones([2, 3, 3])}}, stack="s",
+                                   num_layers=3),
+    (SECTION_SCAN, "a `layer_scope` without `{i}`"):
+        lambda: hkb.unstack_params({"s/linear": {"w": jnp.ones([2, 3, 3])}}, stack="s",
+                                   num_layers=2, layer_scope="block"),
+    (SECTION_SCAN, "`stack_params` with a `layer_scope` that matches no bundle"):
+        lambda: hkb.stack_params({"layer_0/linear": {"w": jnp.ones([3])}}, stack="s",
+                                 num_layers=1, layer_scope="layers_{i}"),
+    (SECTION_SCAN, "`stack_params` with a layer index ≥ `num_layers`"):
+        lambda: hkb.stack_params({f"layer_{i}/linear": {"w": jnp.ones([3])} for i in (0, 5)},
+                                 stack="s", num_layers=2),
+    (SECTION_SCAN, "`stack_params` with a layer missing"):
+        lambda: hkb.stack_params({"layer_1/linear": {"w": jnp.ones([3])}}, stack="s",
+                                 num_layers=2),
+    (SECTION_SCAN, "`stacked_init` with an int `in_axes`"):
+        lambda: hkb.stacked_init(init_dense, 3, in_axes=0),
+    # Sharding rules.
+    (SECTION_SHARDING, "a rule that is not a pair"):
+        lambda: hkb.ShardingRules(["/w$"]),
+    (SECTION_SHARDING, "`stacked=` a string"):
+        lambda: hkb.ShardingRules([], stacked="blocks"),
+    (SECTION_SHARDING, "a spec longer than its param"):
+        lambda: hkb.param_specs({"mlp": {"w": jnp.ones([16])}}, [(r"/w$", P(None, "model"))]),
+    (SECTION_SHARDING, "a mesh axis the mesh lacks"):
+        lambda: hkb.param_shardings({"mlp": {"w": jnp.ones([16, 8])}}, mesh(),
+                                    [(r"/w$", P(None, "tensor"))]),
+    (SECTION_SHARDING, "a dimension the mesh axes do not divide"):
+        lambda: hkb.param_shardings({"mlp": {"w": jnp.ones([16, 6])}}, mesh(),
+                                    [(r"/w$", P(None, "model"))]),
+    (SECTION_SHARDING, "a param under `stacked=` without a layer axis"):
+        lambda: hkb.param_specs({"blocks/mlp": {"b": jnp.ones([])}},
+                                hkb.ShardingRules([], stacked=["blocks"])),
+    (SECTION_SHARDING, "a layer axis that `stacked=` maps to a mesh axis that does not divide it"):
+        lambda: hkb.param_shardings({"blocks/mlp": {"w": jnp.ones([3, 8])}}, mesh(),
+                                    hkb.ShardingRules([], stacked={"blocks": "data"})),
+    (SECTION_SHARDING, "`mesh` and `rules` swapped"):
+        lambda: hkb.param_shardings({"mlp": {"w": jnp.ones([8])}}, hkb.ShardingRules([]),
+                                    mesh()),
+    (SECTION_SHARDING, "`gather_over` with an axis the mesh lacks"):
+        lambda: hkb.gather_over(jax.device_put(jnp.ones([8]), jax.sharding.NamedSharding(
+            mesh(), P("data"))), "dta"),
+}
+
+
+def raised(fn: Callable[[], Any]) -> str:
+  try:
+    fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+  return "(nothing raised)"
+
+
+class ErrorsDocTest(parameterized.TestCase):
+
+  def test_every_row_has_a_raiser_and_every_raiser_a_row(self):
+    rows = set(doc_rows())
+    self.assertGreater(len(rows), 30)
+    self.assertEqual(sorted(rows - set(RAISERS)), [], "rows without a raiser")
+    self.assertEqual(sorted(set(RAISERS) - rows), [], "raisers without a row")
+
+  @parameterized.named_parameters(
+      (re.sub(r"\W+", "_", f"{section}_{when}"), section, when)
+      for section, when in RAISERS)
+  def test_documented_text_is_the_raised_text(self, section, when):
+    documented = doc_rows().get((section, when))
+    if documented is None:
+      self.skipTest("no row (reported by the test above)")
+    got = raised(RAISERS[(section, when)])
+    hkb.clear_caches()
+    if documented.startswith("... "):
+      self.assertEndsWith(got, documented[len("... "):])
+    else:
+      self.assertEqual(got, documented)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Runs the unit and conformance tests with pytest on every supported (dm-haiku, jax) pair, each in
+# its own virtual environment with the versions pinned, and prints one summary line per pair.
+#
+#   bash testing/version_matrix.sh                  # every pair below
+#   bash testing/version_matrix.sh 0.0.14/0.6.0     # some pairs: <dm-haiku>/<jax>
+#
+# The pairs below are the supported range: pyproject.toml's bounds and the README state it, and
+# testing/versions_test.py checks that all three agree. Each environment is built once (python3 -m
+# venv, pip from PyPI) under ${HB_MATRIX_DIR:-~/.cache/haiku_bridge/version_matrix}/<pair>/ and
+# reused; HB_MATRIX_REBUILD=1 builds them afresh. The optional Flax and Equinox adapters are not
+# installed, so their tests are left out (HB_MATRIX_EXTRAS=1 installs flax and equinox too, at
+# versions pip finds for each jax). Each pair's full pytest log: <dir>/<pair>.log. Environment:
+# HB_PYTHON (default python3, 3.11 or newer), PYTEST_ADDOPTS (passed to pytest as usual).
+#
+# Exit status: 0 when every pair passes, 1 otherwise. Last lines, one per pair:
+#   dm-haiku 0.0.14 / jax 0.6.0: 300 passed, 0 failed, 4 skipped (112 s)
+
+set -uo pipefail
+
+# <dm-haiku>/<jax>: every dm-haiku release from 0.0.14, with a jax of its time.
+readonly PAIRS=(
+  0.0.14/0.6.0
+  0.0.15/0.7.2
+  0.0.16/0.8.1
+  0.0.16/0.9.2
+  0.0.17/0.10.2
+)
+
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly DIR="${HB_MATRIX_DIR:-${HOME}/.cache/haiku_bridge/version_matrix}"
+readonly PYTHON="${HB_PYTHON:-python3}"
+readonly TEST_PATHS=(haiku_bridge testing/conformance)
+readonly TEST_PACKAGES=(absl-py chex pytest hypothesis)
+
+if [[ "$#" -gt 0 ]]; then pairs=("$@"); else pairs=("${PAIRS[@]}"); fi
+
+# Builds the environment of one pair unless it is there; prints why it failed, if it did.
+build_env() {
+  local haiku="$1" jax="$2" env="$3"
+  if [[ -x "${env}/bin/python" && -f "${env}/.complete" && "${HB_MATRIX_REBUILD:-0}" != 1 ]]; then
+    return 0
+  fi
+  rm -rf "${env}"
+  local extras=()
+  if [[ "${HB_MATRIX_EXTRAS:-0}" == 1 ]]; then extras=(flax equinox optax); fi
+  "${PYTHON}" -m venv "${env}" &&
+    "${env}/bin/python" -m pip install -q --upgrade pip &&
+    "${env}/bin/python" -m pip install -q "dm-haiku==${haiku}" "jax==${jax}" "jaxlib==${jax}" \
+      "${TEST_PACKAGES[@]}" "${extras[@]}" &&
+    touch "${env}/.complete"
+}
+
+summaries=()
+status=0
+mkdir -p "${DIR}"
+for pair in "${pairs[@]}"; do
+  haiku="${pair%/*}"
+  jax="${pair#*/}"
+  env="${DIR}/haiku-${haiku}_jax-${jax}"
+  log="${DIR}/haiku-${haiku}_jax-${jax}.log"
+  label="dm-haiku ${haiku} / jax ${jax}"
+  echo "== ${label}: environment ${env}" >&2
+  if ! build_env "${haiku}" "${jax}" "${env}" >"${log}" 2>&1; then
+    summaries+=("${label}: environment failed to build (${log})")
+    status=1
+    continue
+  fi
+  ignore=()
+  if ! "${env}/bin/python" -c "import flax, equinox, optax" >/dev/null 2>&1; then
+    ignore=(--ignore=haiku_bridge/_src/flax_bridge_test.py
+            --ignore=haiku_bridge/_src/equinox_bridge_test.py)
+  fi
+  echo "== ${label}: pytest ${TEST_PATHS[*]} (log: ${log})" >&2
+  start="${SECONDS}"
+  (cd "${ROOT}" && "${env}/bin/python" -m pytest -q -p no:cacheprovider "${ignore[@]}" \
+     "${TEST_PATHS[@]}") >>"${log}" 2>&1
+  code=$?
+  took=$((SECONDS - start))
+  # pytest's closing line: "4 failed, 500 passed, 18 skipped, 8 warnings in 2072.03s" (with -q).
+  last="$(grep -E '(passed|failed|error|skipped).* in [0-9.]+s' "${log}" | tail -n 1)"
+  count() { grep -oE "[0-9]+ $1" <<<"${last}" | grep -oE '^[0-9]+' || echo 0; }
+  failed=$(( $(count failed) + $(count error) ))
+  if [[ -z "${last}" ]]; then
+    summaries+=("${label}: pytest printed no summary, exit status ${code} (${log})")
+  else
+    summaries+=("${label}: $(count passed) passed, ${failed} failed, $(count skipped) skipped (${took} s)")
+  fi
+  if [[ "${code}" -ne 0 ]]; then status=1; fi
+done
+
+printf '%s\n' "${summaries[@]}"
+exit "${status}"
