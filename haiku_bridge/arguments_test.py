@@ -45,8 +45,6 @@ import haiku_bridge as hkb
 KEY = jax.random.PRNGKey(0)
 X = jnp.ones([2, 4])
 DEPTH = 3
-NEEDS_CORE = ("needs core rewrite: the check belongs in {} (the lead's rewrite), beyond this "
-              "branch's files")
 SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True, database=None)
 
 CLASSES = ("wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argument_order")
@@ -392,8 +390,6 @@ class Repeat_layerTest(TestCase):
                                 r"function.*got an array float32\[2, 4\]"):
       init(lambda: hkb.repeat_layer(X, linear, DEPTH))
 
-  @unittest.skip(NEEDS_CORE.format("scan.py's layer_scan body (the lifted params are read "
-                                   "there), which issue 20's branch is changing"))
   def test_shape_or_depth_issue_row_params_of_another_depth(self):
     # Was: JAX's `scan got length argument of 4 which disagrees with leading axis sizes [3, 3]`.
     three = hk.transform(lambda x: hkb.repeat_layer(linear, x, 3))
@@ -467,8 +463,6 @@ class Custom_vjpTest(TestCase):
                                 r"float32\[2, 4\]"):
       jax.grad(lambda p: net.apply(p, None, X).sum())(params)
 
-  @unittest.skip(NEEDS_CORE.format("custom_grad.py's _CustomBlock / inline.py (the output "
-                                   "passes through jax.custom_vjp there)"))
   def test_shape_or_depth_issue_row_non_array_output_leaf(self):
     # Was: init works; apply fails inside _src/inline.py (`... is not a valid JAX type`).
     tagged = lambda x: (mlp(x), "tag")
@@ -531,8 +525,6 @@ class Route_cotangentsTest(TestCase):
                                 r"non-empty dict"):
       jax.grad(lambda p: net.apply(p, None, X).sum())(params)
 
-  @unittest.skip(NEEDS_CORE.format("custom_grad.py's _check_pieces / _check_like (the lead's "
-                                   "rewrite), which add the second prefix"))
   def test_shape_or_depth_issue_row_one_prefix(self):
     # Was: `hkb.route_cotangents: hkb: piece 'a' ...`.
     bwd = hkb.route_cotangents(lambda g: {"a": g[:, :2]}, lambda cts: cts["a"])
@@ -752,7 +744,6 @@ class Call_pureTest(TestCase):
     with refused(self, TypeError, "call_pure", "init"):
       init(lambda: hkb.call_pure(dense, X, init=3))
 
-  @unittest.skip(NEEDS_CORE.format("call_pure.py"))
   def test_unknown_name_name_not_a_string(self):
     with refused(self, TypeError, "call_pure", "name"):
       init(lambda: hkb.call_pure(dense, X, init=init_dense, name=3))
@@ -761,8 +752,6 @@ class Call_pureTest(TestCase):
     with self.assertRaisesRegex(TypeError, r"^hkb.call_pure: needs `init=`"):
       init(lambda: hkb.call_pure(dense, X))
 
-  @unittest.skip(NEEDS_CORE.format("call_pure.py / key_path.py (an init that fails is "
-                                   "reported raw: `JAX does not support string indexing`)"))
   def test_argument_order_fn_and_init_swapped(self):
     # call_pure(init_dense, X, init=dense): init runs with (rng, X) and fails inside.
     with self.assertRaisesRegex(Exception, r"^hkb.call_pure: .*`init`"):
@@ -783,7 +772,6 @@ class Get_relevant_parametersTest(TestCase):
     with refused(self, TypeError, "get_relevant_parameters", "init"):
       init(lambda: hkb.get_relevant_parameters(None, X))
 
-  @unittest.skip(NEEDS_CORE.format("call_pure.py"))
   def test_unknown_name_name_not_a_string(self):
     # Now: `'int' object is not subscriptable`.
     with refused(self, TypeError, "get_relevant_parameters", "name"):

@@ -109,6 +109,29 @@ SECTION_CUSTOM = "`custom_vjp` and `custom_jvp`"
 SECTION_SCAN = "`layer_scan` and `repeat_layer`"
 SECTION_SHARDING = "Sharding rules"
 
+def another_depth():
+  stack = lambda n: hk.transform(lambda x: hkb.repeat_layer(lambda h: hk.Linear(4)(h), x, n))
+  stack(4).apply(stack(3).init(KEY, X4), None, X4)
+
+
+def sized_under_jit():
+  sized = lambda r, x, n: {"w": jnp.zeros([x.shape[-1], int(n)])}
+  f = hk.transform(lambda x, n: hkb.call_pure(lambda p, x, n: x @ p["w"], x, n, init=sized))
+  params = f.init(KEY, X4, 3)
+  jax.jit(f.apply)(params, None, X4, jnp.int32(3))
+
+
+def needs_values(x):
+  return hk.Linear(4)(x) if float(x.sum()) > 0 else x
+
+
+def needs_values_under_jit():
+  block = hkb.custom_vjp(needs_values, hkb.vjp_fwd, lambda r, g: r(g))
+  f = hk.transform(lambda x: block(x))
+  params = f.init(KEY, X4)
+  jax.jit(f.apply)(params, None, X4)
+
+
 RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     # call_pure and get_relevant_parameters.
     (SECTION_CALL, "called outside a transform"):
@@ -154,6 +177,12 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     (SECTION_CALL, "a stateful Haiku function as `init=`"):
         lambda: init(lambda: hkb.call_pure(lambda p, x: x, X4,
                                            init=hk.transform_with_state(stateful))),
+    (SECTION_CALL, "`init` fails (here `fn` and `init` swapped)"):
+        lambda: init(lambda: hkb.call_pure(init_dense, X4, init=dense)),
+    (SECTION_CALL, "`init` needs values its arguments do not have at apply (under `jax.jit`)"):
+        lambda: sized_under_jit(),
+    (SECTION_CALL, "`name=` not a string"):
+        lambda: init(lambda: hkb.call_pure(dense, X4, init=init_dense, name=3)),
     (SECTION_CALL, "an `hk.multi_transform` result"):
         lambda: init(lambda: hkb.call_pure(
             hk.multi_transform(lambda: (lambda x: x, (lambda x: x,))), X4)),
@@ -167,6 +196,11 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
                               "w": jnp.ones([4, 2]), "b": jnp.ones([3])}}),
     (SECTION_CUSTOM, "a module created outside `f`, used inside"):
         lambda: init(outer_module_used_inside),
+    (SECTION_CUSTOM, "`f` needs the values of its array arguments (under `jax.jit`)"):
+        lambda: needs_values_under_jit(),
+    (SECTION_CUSTOM, "an output leaf that is not an array"):
+        lambda: vjp_apply(lambda x: hkb.custom_vjp(lambda x: (mlp(x), "tag"), hkb.vjp_fwd,
+                                                   lambda r, g: r(g))(x), X4),
     (SECTION_CUSTOM, "keyword arguments"):
         lambda: init(lambda: hkb.custom_vjp(mlp, hkb.vjp_fwd, lambda r, g: r(g))(x=X4)),
     (SECTION_CUSTOM, "`bwd` returns the wrong number of cotangents"):
@@ -198,6 +232,8 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: init(lambda: hkb.layer_scan(
             lambda c, x: (c, None), X4, num_layers=2,
             remat_policy=jax.checkpoint_policies.everything_saveable)),
+    (SECTION_SCAN, "stacked params made for another number of layers"):
+        lambda: another_depth(),
     (SECTION_SCAN, "a pure layer without `init=`"):
         lambda: init(lambda: hkb.repeat_layer(dense, X4, 2)),
     (SECTION_SCAN, "`unstack_params` with a wrong stack name"):

@@ -79,6 +79,7 @@ def call_pure(
   """
   with errors.entry("call_pure"):
     guards.require_transform()
+    _check_name(name)
     if haiku_internals.is_transformed(fn) or isinstance(
         fn, (hk.MultiTransformed, hk.MultiTransformedWithState)):
       if init is not None and init is not fn:
@@ -138,6 +139,7 @@ def get_relevant_parameters(
   """
   with errors.entry("get_relevant_parameters"):
     guards.require_transform()
+    _check_name(name)
     with _name_scope(name):
       return _params_for(init, args, kwargs)
 
@@ -150,6 +152,11 @@ def _params_for(init, args, kwargs) -> PyTree:
       init, (hk.MultiTransformed, hk.MultiTransformedWithState)):
     return inline.of(haiku_fn or init).explicit_params(args, kwargs)
   return key_path.bind(init, args, kwargs)
+
+
+def _check_name(name: Optional[str]) -> None:
+  errors.check_str("name", name, "None or a module name (a string)",
+                   optional=True)
 
 
 @contextlib.contextmanager

@@ -285,7 +285,8 @@ def route_cotangents(
 
   def bwd(vjp_fn, out_ct):
     pieces = split(out_ct)
-    _check_pieces(pieces, out_ct)
+    with errors.entry("route_cotangents"):  # The backward pass: no entry open.
+      _check_pieces(pieces, out_ct)
     names = list(pieces)
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves),
                            *[pieces[name] for name in names])
@@ -448,7 +449,7 @@ class _CustomBlock:
     def run(params, state, rng_state, diff_args):
       out, new_state, final_rng = call.run(params, state, rng_state,
                                            _merge(args, diff, diff_args), {})
-      return out, _Aux(new_state, final_rng)
+      return _check_out(out), _Aux(new_state, final_rng)
 
     def run_of(f_pure, params, full, rule_out):
       """`(out_spec, aux)` of the rule's run of `f`: its own, or one more.
@@ -498,9 +499,9 @@ class _CustomVJP(_CustomBlock):
       f_pure = pure(state, rng_state, (params, *full))
       result = self._fwd(f_pure, params, *full)
       if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise TypeError(
-            f"hkb.custom_vjp: fwd must return a pair (out, residuals); got "
-            f"{errors.describe(result)}.")
+        raise TypeError(errors.message(
+            "fwd must return a pair (out, residuals); got "
+            f"{errors.describe(result)}."))
       out, residuals = result
       if isinstance(residuals, _ResidualsWithAux):
         # `vjp_fwd`: `out` is f_pure's own, and the run's new state with it.
@@ -540,9 +541,9 @@ class _CustomJVP(_CustomBlock):
       f_pure = pure(state, rng_state, (params, *full))
       result = self._jvp(f_pure, (params, *full), (params_dot, *full_dots))
       if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise TypeError(
-            f"hkb.custom_jvp: jvp must return a pair (out, out_dot); got "
-            f"{errors.describe(result)}.")
+        raise TypeError(errors.message(
+            "jvp must return a pair (out, out_dot); got "
+            f"{errors.describe(result)}."))
       out, out_dot = result
       spec, aux = run_of(f_pure, params, full, out)
       _check_like("jvp's out", out, spec, "jvp")
@@ -566,6 +567,19 @@ def _out_spec(f_pure: _PureFunction, params, args, diff) -> Any:
 # ---------------------------------------------------------------------------
 
 
+def _check_out(out: PyTree) -> PyTree:
+  """`f`'s output, if every leaf can be an output of a custom derivative."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(out):
+    if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int,
+                             float, complex)):
+      raise TypeError(errors.message(
+          f"f's output at output{errors.keystr(path)} is {errors.got(leaf)}; "
+          "the output of a custom derivative must be arrays (JAX "
+          "differentiates every leaf). Return that value from outside the "
+          "block, or hold it in a static pytree node."))
+  return out
+
+
 def _same_leaves(a: PyTree, b: PyTree) -> bool:
   """Whether two trees hold the very same leaf objects."""
   a, b = jax.tree.leaves(a), jax.tree.leaves(b)
@@ -587,13 +601,14 @@ def _zero_tangent(x):
   return np.zeros(np.shape(x), jax.dtypes.float0)
 
 
-def _check_like(what: str, tree, spec, rule: str, tangent: bool = False):
+def _check_like(what: str, tree, spec, rule: str, tangent: bool = False,
+                hint: str = ""):
   """Checks `tree` against `spec` (the primal output): structure and shapes."""
   got_def, want_def = jax.tree.structure(tree), jax.tree.structure(spec)
   if got_def != want_def:
-    raise ValueError(
-        f"hkb: {what} must have the structure of f's output, {want_def}; "
-        f"got {got_def}. Check what {rule} returns.")
+    raise ValueError(errors.message(
+        f"{what} must have the structure of f's output, {want_def}; got "
+        f"{got_def}. Check what {rule} returns.{hint}"))
   for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(tree),
                                jax.tree.leaves(spec)):
     got = jax.ShapeDtypeStruct(np.shape(got), jnp.result_type(got))
@@ -601,11 +616,10 @@ def _check_like(what: str, tree, spec, rule: str, tangent: bool = False):
     if tangent and not jnp.issubdtype(want.dtype, jnp.inexact):
       dtype_ok = True  # Integer outputs have float0 tangents.
     if got.shape != want.shape or not dtype_ok:
-      raise ValueError(
-          f"hkb: {what} at {jax.tree_util.keystr(path) or '<root>'} is "
-          f"{errors.type_str(got)}, but f's output there is "
-          f"{errors.type_str(want)}. "
-          f"Check what {rule} returns.")
+      raise ValueError(errors.message(
+          f"{what} at {errors.keystr(path)} is {errors.type_str(got)}, but "
+          f"f's output there is {errors.type_str(want)}. Check what {rule} "
+          f"returns.{hint}"))
 
 
 def _check_bwd(result, expected, diff, nondiff):
@@ -663,14 +677,11 @@ def _check_cotangent(name, ct, spec, wants):
 
 def _check_pieces(pieces, out_ct) -> None:
   if not isinstance(pieces, Mapping) or not pieces:
-    raise TypeError(
-        "hkb.route_cotangents: split must return a non-empty dict {name: "
-        f"piece}}; got {errors.describe(pieces)}.")
+    raise TypeError(errors.message(
+        "split must return a non-empty dict {name: piece}; got "
+        f"{errors.describe(pieces)}."))
   want = pytree.specs(out_ct)
   for name, piece in pieces.items():
-    try:
-      _check_like(f"piece {name!r}", piece, want, "split", tangent=True)
-    except ValueError as e:
-      raise ValueError(
-          f"hkb.route_cotangents: {e} Each piece must be shaped like the "
-          "whole output cotangent (zero outside its part).") from None
+    _check_like(f"piece {name!r}", piece, want, "split", tangent=True,
+                hint=" Each piece must be shaped like the whole output "
+                "cotangent (zero outside its part).")

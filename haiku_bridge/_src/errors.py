@@ -12,7 +12,7 @@ argument's name, what it got, what to pass:
 
 import contextlib
 import contextvars
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
@@ -46,9 +46,30 @@ def entry(api: str, *, outer_wins: bool = False) -> Iterator[None]:
     _API.reset(token)
 
 
+def current() -> Optional[str]:
+  """The public call the code runs for now, if any."""
+  return _API.get()
+
+
 def message(text: str) -> str:
   """`text`, prefixed with the public call: `hkb.call_pure: text`."""
   return f"hkb.{_API.get() or 'call_pure'}: {text}"
+
+
+def named(error: Exception, text: str) -> Exception:
+  """`error` said again as `message(text)`, of its own type where it can be.
+
+  For an exception the user's code raised inside a bridged call: the same
+  type (an `except` around the call still catches it), a message naming the
+  call. An error the bridge already named is returned as it is.
+  """
+  if str(error).startswith("hkb."):
+    return error
+  try:
+    return type(error)(message(text))
+  except Exception:  # pylint: disable=broad-except
+    error.add_note(message(text))
+    return error
 
 
 def type_str(x: Any) -> str:

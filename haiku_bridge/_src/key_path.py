@@ -70,12 +70,19 @@ def _run_init(init, args, kwargs) -> PyTree:
   try:
     tree = init(key, *args, **kwargs)
   except Exception as error:  # pylint: disable=broad-except
-    if key is not None:
+    if key is None:
+      raise ValueError(errors.message(
+          f"`init` failed when called with rng=None ({type(error).__name__}: "
+          f"{error}). The transform has no rng key to draw one from: pass a "
+          "key to init, e.g. `f.init(jax.random.PRNGKey(0), ...)`.")) from error
+    named = errors.named(error, (
+        f"`init` raised {type(error).__name__} when called as `init(rng, "
+        f"*args, **kwargs)`: {error} `init` makes the params from a key and "
+        "the arguments, `fn` takes them: check that the two are not "
+        "swapped."))
+    if named is error:
       raise
-    raise ValueError(errors.message(
-        f"`init` failed when called with rng=None ({type(error).__name__}: "
-        f"{error}). The transform has no rng key to draw one from: pass a "
-        "key to init, e.g. `f.init(jax.random.PRNGKey(0), ...)`.")) from error
+    raise named from error
   created = sorted(haiku_internals.stored_names() - before)
   if created:
     raise ValueError(errors.message(

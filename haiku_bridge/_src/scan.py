@@ -235,7 +235,9 @@ def layer_scan(
   Returns:
     `(carry, ys)`: the last layer's carry, and the per-layer `y`s stacked.
   """
-  with errors.entry("layer_scan"):
+  # Called by repeat_layer, messages name repeat_layer.
+  with errors.entry("layer_scan",
+                    outer_wins=errors.current() == "repeat_layer"):
     guards.require_transform()
     _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
     num_layers = _num_layers(num_layers, xs)
@@ -263,6 +265,7 @@ def layer_scan(
     lifted, updater = hk.lift_with_state(init_stack, allow_reuse=True,
                                          name=name)
     params, state = lifted(carry, xs, hk.maybe_next_rng_key())
+    _check_depth(name, params, num_layers)
     key = hk.maybe_next_rng_key()
     keys = None if key is None else jax.random.split(key, num_layers)
 
@@ -497,6 +500,20 @@ def _num_layers(num_layers: Optional[int], xs: PyTree) -> int:
           f"xs{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
           f"but every leaf of xs needs a leading layer axis {size}."))
   return num_layers
+
+
+def _check_depth(stack: str, params: PyTree, num_layers: int) -> None:
+  """At apply, stacked params made for another number of layers."""
+  for bundle, entries in params.items():
+    for name, value in entries.items():
+      depth = value.shape[0] if value.ndim else None
+      if depth != num_layers:
+        raise ValueError(errors.message(
+            f"parameter '{stack}/{bundle}/{name}' has shape "
+            f"{list(value.shape)}, a stack of {depth} layers, but this call "
+            f"runs num_layers={num_layers}. Pass the number of layers the "
+            "params were made with, or convert them (hkb.unstack_params / "
+            "hkb.stack_params)."))
 
 
 def _check_carry(before: PyTree, after: PyTree) -> None:

@@ -196,7 +196,7 @@ class ShardingRules:
     user = cls(rules, stacked=stacked)
     found = foreign_sharding.rules_from_foreign(
         init, args, kwargs, logical_axis_rules=logical_axis_rules,
-        layer_axes=lambda path, shape: len(user._layer_specs(path)))  # pylint: disable=protected-access
+        layer_axes=lambda path, shape: len(user._layer_stacks(path)))  # pylint: disable=protected-access
     return cls(list(found.rules) + list(user.rules), stacked=user.stacked)
 
   @property
