@@ -26,7 +26,6 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 import re
 import string
 import sys
-import unittest
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -792,9 +791,6 @@ class Get_relevant_parametersTest(TestCase):
 # The adapters (their files belong to issue 18's branch): what they lack, as skipped tests.
 # ---------------------------------------------------------------------------
 
-ADAPTERS = "the adapters' files belong to issue 18's branch"
-
-
 class _AdapterCases(TestCase):
 
   def setUp(self):
@@ -812,8 +808,6 @@ class From_flaxTest(_AdapterCases):
     with self.assertRaisesRegex(TypeError, r"^hkb.from_flax"):
       init(lambda: hkb.from_flax(None)(X))
 
-  @unittest.skip(f"{ADAPTERS}: name=3 raises AttributeError: 'int' object has no attribute "
-                 "'startswith'; rng_streams='dropout' (a string) is accepted")
   def test_wrong_type_name_and_streams(self):
     from flax import nnx  # pylint: disable=import-outside-toplevel
     make = lambda rngs: nnx.Linear(4, 2, rngs=rngs)
@@ -829,8 +823,6 @@ class From_equinoxTest(_AdapterCases):
     with self.assertRaisesRegex(TypeError, r"^hkb.from_equinox"):
       init(lambda: hkb.from_equinox(None)(X))
 
-  @unittest.skip(f"{ADAPTERS}: name=3 raises AttributeError: 'int' object has no attribute "
-                 "'startswith'")
   def test_wrong_type_name(self):
     import equinox as eqx  # pylint: disable=import-outside-toplevel
     with refused(self, TypeError, "from_equinox", "name"):
@@ -846,15 +838,12 @@ class To_nnxTest(_AdapterCases):
     with self.assertRaisesRegex(TypeError, r"^hkb.to_nnx"):
       hkb.to_nnx(LINEAR.apply, X)
 
-  @unittest.skip(f"{ADAPTERS}: params=3 raises AttributeError: 'int' object has no attribute "
-                 "'items'; rngs=<a key> raises AttributeError (no attribute 'params')")
   def test_wrong_type_params_and_rngs(self):
     with refused(self, TypeError, "to_nnx", "params"):
       hkb.to_nnx(LINEAR, X, params=3)
     with refused(self, TypeError, "to_nnx", "rngs"):
       hkb.to_nnx(LINEAR, X, rngs=KEY)
 
-  @unittest.skip(f"{ADAPTERS}: params of the wrong shape are accepted at construction")
   def test_shape_or_depth_params(self):
     params = LINEAR.init(KEY, X)
     with refused(self, ValueError, "to_nnx", "params"):
@@ -867,14 +856,12 @@ class To_equinoxTest(_AdapterCases):
     with self.assertRaisesRegex(TypeError, r"^hkb.to_equinox"):
       hkb.to_equinox(None, X)
 
-  @unittest.skip(f"{ADAPTERS}: params=3 and key=3 are accepted at construction")
   def test_wrong_type_params_and_key(self):
     with refused(self, TypeError, "to_equinox", "params"):
       hkb.to_equinox(LINEAR, X, params=3)
     with refused(self, TypeError, "to_equinox", "key"):
       hkb.to_equinox(LINEAR, X, key=3)
 
-  @unittest.skip(f"{ADAPTERS}: params of the wrong shape or names are accepted at construction")
   def test_shape_or_depth_params(self):
     params = LINEAR.init(KEY, X)
     with refused(self, ValueError, "to_equinox", "params"):

@@ -82,6 +82,8 @@ def from_equinox(
     the model when it takes it, and otherwise switches the model with
     `eqx.nn.inference_mode`.
   """
+  with errors.entry("from_equinox"):
+    foreign_module.check_name(name)
   if not isinstance(model, eqx.Module) and not callable(model):
     raise TypeError(
         "hkb.from_equinox takes an eqx.Module or a constructor `f(key=...)` "
@@ -121,6 +123,8 @@ def to_equinox(
     *args: example inputs for `f.init`, when `params` is not given.
     key: the key for `f.init`, when `params` is not given.
     params: Haiku params (e.g. a checkpoint) instead of running `f.init`.
+      With example `args` too, their names and shapes are checked against
+      an abstract `f.init` of them at construction.
     state: Haiku state, with `params`; default: empty.
     **kwargs: keyword inputs for `f.init`.
 
@@ -131,6 +135,15 @@ def to_equinox(
     ValueError: without `params` and without `key` to initialise them.
   """
   transformed = foreign_module.with_state(f, "to_equinox")
+  with errors.entry("to_equinox"):
+    if key is not None and not (isinstance(key, jax.Array) and (
+        jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or
+        key.dtype == jax.numpy.uint32)):
+      raise TypeError(errors.bad_argument(
+          "key", key, "None or a JAX random key",
+          "e.g. key=jax.random.PRNGKey(0)."))
+    if params is not None:
+      foreign_module.check_given_params(transformed, params, args, kwargs)
   if params is None:
     if key is None:
       raise ValueError(

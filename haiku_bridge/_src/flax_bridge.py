@@ -125,6 +125,13 @@ def from_flax(
     TypeError: for something that is neither an NNX module, a constructor
       nor a Linen module.
   """
+  with errors.entry("from_flax"):
+    foreign_module.check_name(name)
+    if isinstance(rng_streams, str) or not all(
+        isinstance(s, str) for s in rng_streams):
+      raise TypeError(errors.bad_argument(
+          "rng_streams", rng_streams, "a sequence of Linen rng stream names",
+          f"For one stream, write rng_streams=({rng_streams!r},)."))
   if isinstance(module, (nn.Module, nnx.bridge.Module)):
     return LinenModule(module, method=method, rng_streams=rng_streams,
                        intermediates=intermediates, name=name)
@@ -168,6 +175,8 @@ def to_nnx(
       (when `params` is not given); on each call, its `rng_stream` stream gives
       `f.apply` its rng. Without `rngs`, `f.apply` gets `rng=None`.
     params: Haiku params (e.g. a checkpoint) instead of running `f.init`.
+      With example `args` too, their names and shapes are checked against
+      an abstract `f.init` of them at construction.
     state: Haiku state, with `params`; default: empty.
     rng_stream: the `rngs` stream that `f.apply`'s rng is drawn from.
     **kwargs: keyword inputs for `f.init`.
@@ -180,6 +189,12 @@ def to_nnx(
     ValueError: without `params` and without `rngs` to initialise them.
   """
   transformed = foreign_module.with_state(f, "to_nnx")
+  with errors.entry("to_nnx"):
+    if rngs is not None and not isinstance(rngs, nnx.Rngs):
+      raise TypeError(errors.bad_argument(
+          "rngs", rngs, "None or an nnx.Rngs", "e.g. rngs=nnx.Rngs(0)."))
+    if params is not None:
+      foreign_module.check_given_params(transformed, params, args, kwargs)
   if params is None:
     if rngs is None:
       raise ValueError(

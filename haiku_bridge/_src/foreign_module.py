@@ -17,7 +17,7 @@ Free of Flax and Equinox: each adapter brings only what is foreign.
 """
 
 import re
-from typing import Any, Callable, Hashable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Hashable, Mapping, NamedTuple, Optional, Sequence
 
 import haiku as hk
 import jax
@@ -294,3 +294,45 @@ def with_state(f: Any, api: str) -> hk.TransformedWithState:
       f"hkb.{api} takes the output of hk.transform or hk.transform_with_state; "
       f"got {type(f).__name__}. Wrap the Haiku function first: "
       f"hkb.{api}(hk.transform_with_state(f), ...).")
+
+
+def check_name(name: Any) -> None:
+  """`name=` of an adapter: None or a module name."""
+  errors.check_str("name", name, "None or a Haiku module name (a string)",
+                   optional=True)
+
+
+def check_given_params(transformed: hk.TransformedWithState, params: Any,
+                       args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+  """`params=` of `to_nnx` / `to_equinox`: the params `f.init` makes.
+
+  Always a Haiku params dict. With example inputs beside them, also compared
+  by name and shape with an abstract `f.init(key, *args)`, so a checkpoint of
+  another model is refused at construction, naming the param; without inputs
+  there is nothing to compare with until the first call.
+  """
+  if not isinstance(params, Mapping) or not all(
+      isinstance(entries, Mapping) for entries in params.values()):
+    raise TypeError(errors.bad_argument(
+        "params", params, "Haiku's params dict {module: {name: array}}, as "
+        "f.init returns it (e.g. a Haiku checkpoint)"))
+  if not args and not kwargs:
+    return
+  want, _ = jax.eval_shape(transformed.init, pytree.default_key_spec(),
+                           *args, **kwargs)
+  given = {f"{b}/{n}": v for b, entries in params.items()
+           for n, v in entries.items()}
+  wanted = {f"{b}/{n}": v for b, entries in want.items()
+            for n, v in entries.items()}
+  if set(given) != set(wanted):
+    raise ValueError(errors.message(
+        f"`params` must be the params f.init makes for these inputs; they "
+        f"lack {sorted(set(wanted) - set(given))[:4]} and have "
+        f"{sorted(set(given) - set(wanted))[:4]} besides."))
+  for path, spec in wanted.items():
+    shape = tuple(jax.numpy.shape(given[path]))
+    if shape != tuple(spec.shape):
+      raise ValueError(errors.message(
+          f"`params` must be the params f.init makes for these inputs; "
+          f"'{path}' has shape {list(shape)}, but f needs "
+          f"{list(spec.shape)} for these inputs."))
