@@ -8,7 +8,7 @@ gradients. Each is run
 - cold: every cache of the bridge cleared before init and again before apply
   (`hkb.clear_caches`, when the library has it);
 - in a fresh process, where `init` never ran: params restored from saved
-  arrays, only the apply program runs (`subprocess`, `python -c`);
+  arrays, only the apply program runs (`test_utils.run_in_fresh_process`);
 - warm: the apply program run twice in one process after init;
 
 and each of these with and without an identity `hk.custom_getter`, which must
@@ -26,8 +26,6 @@ share the bridged weights.
 
 import dataclasses
 import os
-import subprocess
-import sys
 from typing import Any, Callable, Optional
 
 from absl.testing import absltest
@@ -39,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import haiku_bridge as hkb
+from testing import test_utils
 
 KEY = jax.random.PRNGKey(0)
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -361,21 +360,12 @@ def _parameters():
 def _child_main(case_name, kind, getter, in_path, out_path):
   """In a fresh process: restore params and state, run the apply program."""
   case = CASES[case_name]
+  getter = getter == "True"
   with np.load(in_path) as saved:
     saved = dict(saved)
   params, state = haiku_dicts(saved, "params"), haiku_dicts(saved, "state")
   results = case.program(case.transformed(kind, getter), params, state)
   np.savez(out_path, **flat(results, "results"))
-
-
-_CHILD = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("apply_path_child", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-module._child_main(sys.argv[2], sys.argv[3], sys.argv[4] == "True",
-                   sys.argv[5], sys.argv[6])
-"""
 
 
 class ApplyPathTest(parameterized.TestCase):
@@ -385,11 +375,9 @@ class ApplyPathTest(parameterized.TestCase):
     in_path = os.path.join(tmp, "checkpoint.npz")
     out_path = os.path.join(tmp, "results.npz")
     np.savez(in_path, **flat(params, "params"), **flat(state, "state"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, os.path.abspath(__file__), case.name,
-         kind, str(getter), in_path, out_path],
-        env=env, capture_output=True, text=True, check=False)
+    child = test_utils.run_in_fresh_process(__file__, "_child_main", case.name,
+                                            kind, str(getter), in_path,
+                                            out_path)
     if child.returncode:
       self.fail(f"apply in a fresh process failed:\n{child.stderr[-3000:]}")
     with np.load(out_path) as results:

@@ -27,8 +27,6 @@ Interceptors around the block see what they see inline (`InterceptorsTest`).
 
 import dataclasses
 import os
-import subprocess
-import sys
 from typing import Any, Callable
 
 from absl.testing import absltest
@@ -40,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import haiku_bridge as hkb
+from testing import test_utils
 
 KEY = jax.random.PRNGKey(0)
 T, B, F = 3, 2, 4  # Time, batch, features: RNNs unroll over the first axis.
@@ -333,10 +332,8 @@ class GridTest(parameterized.TestCase):
                                     MECHANISMS[mechanism].grad), name))
     in_path, out_path = (os.path.join(tmp, f) for f in ("in.npz", "out.npz"))
     np.savez(in_path, **checkpoint)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, os.path.abspath(__file__), in_path,
-         out_path], env=env, capture_output=True, text=True, check=False)
+    child = test_utils.run_in_fresh_process(__file__, "run_restored", in_path,
+                                            out_path)
     if child.returncode:
       self.fail(f"the fresh process failed:\n{child.stderr[-4000:]}")
     with np.load(out_path) as results:
@@ -368,15 +365,6 @@ def run_restored(in_path: str, out_path: str) -> None:
     results.update(_flat(program(network(mechanism, form, False), params,
                                  state, MECHANISMS[mechanism].grad), name))
   np.savez(out_path, **results)
-
-
-_CHILD = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("grid", sys.argv[1])
-grid = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(grid)
-grid.run_restored(sys.argv[2], sys.argv[3])
-"""
 
 
 # ---------------------------------------------------------------------------
