@@ -216,7 +216,7 @@ def check(pipeline: Pipeline, carry: PyTree, num_layers: int, *,
         f"`pipeline.axis` is {pipeline.axis!r}, but {where}. Run the step "
         f"under `jax.set_mesh(mesh)`, with a mesh that has an axis "
         f"{pipeline.axis!r} for the stages (e.g. jax.make_mesh((4, 2), "
-        f"({pipeline.axis!r}, \"data\")))."))
+        f"({pipeline.axis!r}, 'data')))."))
   stages = sizes[names.index(pipeline.axis)]
   repeats = pipeline.num_repeats(num_layers, stages)
   if num_layers % (stages * repeats):
