@@ -17,7 +17,7 @@ pipeline). For each S, schedule and microbatch count M it reports:
   compute (idle slots still compute, masked), not what a pipeline over a
   real interconnect gains. Timings never fail the program.
 
-    bazel run //testing/benchmarks:pipeline_benchmark              # ~5 minutes
+    bazel run //testing/benchmarks:pipeline_benchmark              # ~4 minutes
     bazel run //testing/benchmarks:pipeline_benchmark -- --quick   # smoke run
 
 or, without Bazel, from the repository root:
@@ -70,8 +70,8 @@ class Config:
   repeats: int  # Timed steps (the median is reported).
 
 
-FULL = Config("full", layers=8, d_model=64, seq=32, batch=64, stages=(2, 4),
-              microbatches=("1", "S", "2S", "4S"), repeats=5)
+FULL = Config("full", layers=8, d_model=32, seq=16, batch=64, stages=(2, 4),
+              microbatches=("1", "S", "2S", "4S"), repeats=3)
 QUICK = Config("quick", layers=4, d_model=16, seq=4, batch=16, stages=(2,),
                microbatches=("1", "2S"), repeats=1)
 HEADS = 4
