@@ -58,15 +58,6 @@ _SCHEDULE = flags.DEFINE_enum("schedule", "gpipe", ["gpipe", "circular"],
                               "The pipeline schedule.")
 _MICROBATCHES = flags.DEFINE_integer("microbatches", 4,
                                      "Microbatches per batch.")
-_NUM_PROCESSES = flags.DEFINE_integer(
-    "num_processes", 1, "Processes (jax.distributed); 1: no jax.distributed.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index.")
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", "localhost:12355",
-    "host:port of process 0, for jax.distributed.initialize.")
-_RESULTS = flags.DEFINE_string(
-    "results", None, "If set, process 0 writes the losses and the trained "
-    "params (gathered from all processes) to this .npz file.")
 
 Params = Any
 
@@ -170,10 +161,7 @@ def train(num_steps: int, pipeline: hkb.Pipeline | None, seed: int = 0,
 
 def main(argv):
   del argv  # Unused.
-  processes.use_cpu_devices(NUM_DEVICES, _NUM_PROCESSES.value)
-  if _NUM_PROCESSES.value > 1:
-    processes.start_processes(_NUM_PROCESSES.value, _PROCESS_ID.value,
-                              _COORDINATOR.value)
+  processes.start(NUM_DEVICES)
   pipeline = hkb.Pipeline("stage", _MICROBATCHES.value, _SCHEDULE.value)
   print(f"process {jax.process_index()} of {jax.process_count()}: "
         f"{jax.local_device_count()} of {jax.device_count()} devices; mesh "
@@ -185,11 +173,7 @@ def main(argv):
   print(f"blocks/mlp/~/linear_0/w {w.shape}: {w.sharding.spec}, this "
         f"process holds {len(w.addressable_shards)} shards of "
         f"{w.addressable_shards[0].data.shape}")
-  if _RESULTS.value:
-    whole = processes.gathered(params)  # Every process takes part.
-    if jax.process_index() == 0:
-      np.savez(_RESULTS.value, losses=losses, **whole)
-      print(f"wrote {_RESULTS.value}")
+  processes.save_results(losses, params)
 
 
 if __name__ == "__main__":

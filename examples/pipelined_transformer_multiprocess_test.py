@@ -57,14 +57,7 @@ class MultiProcessPipelineTest(absltest.TestCase):
 
     losses, params = example.train(
         NUM_STEPS, hkb.Pipeline("stage", 4, "circular"))
-    single = {f"{bundle}/{name}": np.asarray(value)
-              for bundle, entries in jax.device_get(params).items()
-              for name, value in entries.items()}
-    np.testing.assert_allclose(multi.pop("losses"), losses, rtol=1e-6)
-    self.assertEqual(sorted(multi), sorted(single))
-    for name, value in single.items():
-      np.testing.assert_allclose(multi[name], value, rtol=1e-5, atol=1e-6,
-                                 err_msg=name)
+    multiprocess.assert_same_training(multi, losses, params)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,39 @@ only its devices' shards of the params.
 
 from typing import Any
 
+from absl import flags
 import jax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 import numpy as np
+
+
+NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", 1, "Processes (jax.distributed); 1: no jax.distributed.")
+PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index.")
+COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", "localhost:12355",
+    "host:port of process 0, for jax.distributed.initialize.")
+RESULTS = flags.DEFINE_string(
+    "results", None, "If set, process 0 writes the losses and the trained "
+    "params (gathered from all processes) to this .npz file.")
+
+
+def start(total_devices: int) -> None:
+  """This process's CPU devices, and `jax.distributed` by the flags above."""
+  use_cpu_devices(total_devices, NUM_PROCESSES.value)
+  if NUM_PROCESSES.value > 1:
+    start_processes(NUM_PROCESSES.value, PROCESS_ID.value, COORDINATOR.value)
+
+
+def save_results(losses: np.ndarray, params: Any) -> None:
+  """With `--results`, process 0 writes the losses and the whole params there."""
+  if not RESULTS.value:
+    return
+  whole = gathered(params)  # Every process takes part in the gather.
+  if jax.process_index() == 0:
+    np.savez(RESULTS.value, losses=losses, **whole)
+    print(f"wrote {RESULTS.value}")
 
 
 def use_cpu_devices(total: int, num_processes: int) -> None:

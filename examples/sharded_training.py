@@ -72,15 +72,6 @@ _NUM_STEPS = flags.DEFINE_integer("num_steps", 100, "SGD steps to run.")
 _AXIS_TYPE = flags.DEFINE_enum(
     "axis_type", "auto", ["auto", "explicit"],
     "Mesh axis type: shardings as hints to XLA, or part of the types.")
-_NUM_PROCESSES = flags.DEFINE_integer(
-    "num_processes", 1, "Processes (jax.distributed); 1: no jax.distributed.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index.")
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", "localhost:12355",
-    "host:port of process 0, for jax.distributed.initialize.")
-_RESULTS = flags.DEFINE_string(
-    "results", None, "If set, process 0 writes the losses and the trained "
-    "params (gathered from all processes) to this .npz file.")
 
 Params = Any
 Batch = tuple[jax.Array, jax.Array]
@@ -307,10 +298,7 @@ def train(num_steps: int, seed: int = 0, log_every: int = 0,
 
 def main(argv):
   del argv  # Unused.
-  processes.use_cpu_devices(NUM_DEVICES, _NUM_PROCESSES.value)
-  if _NUM_PROCESSES.value > 1:
-    processes.start_processes(_NUM_PROCESSES.value, _PROCESS_ID.value,
-                    _COORDINATOR.value)
+  processes.start(NUM_DEVICES)
   axis_type = {"auto": AxisType.Auto,
                "explicit": AxisType.Explicit}[_AXIS_TYPE.value]
   mesh = make_mesh(axis_type)
@@ -326,11 +314,7 @@ def main(argv):
       shapes = {tuple(s.data.shape) for s in value.addressable_shards}
       print(f"  {bundle + '/' + name:16s} {str(value.sharding.spec):22s} "
             f"{len(value.addressable_shards)} shards of {shapes.pop()}")
-  if _RESULTS.value:
-    whole = processes.gathered(params)  # Every process takes part in the gather.
-    if jax.process_index() == 0:
-      np.savez(_RESULTS.value, losses=losses, **whole)
-      print(f"wrote {_RESULTS.value}")
+  processes.save_results(losses, params)
 
 
 if __name__ == "__main__":

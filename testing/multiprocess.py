@@ -9,6 +9,10 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
+
+import jax
+import numpy as np
 
 
 def free_port() -> int:
@@ -85,3 +89,18 @@ class Processes:
     for out, err in self._logs:
       out.close()
       err.close()
+
+
+def assert_same_training(results: dict[str, np.ndarray], losses: np.ndarray,
+                         params: Any) -> None:
+  """The children's `--results` (losses, whole params) against one process's."""
+  results = dict(results)
+  single = {f"{bundle}/{name}": np.asarray(value)
+            for bundle, entries in jax.device_get(params).items()
+            for name, value in entries.items()}
+  np.testing.assert_allclose(results.pop("losses"), losses, rtol=1e-6)
+  if sorted(results) != sorted(single):
+    raise AssertionError(f"params {sorted(results)} != {sorted(single)}")
+  for name, value in single.items():
+    np.testing.assert_allclose(results[name], value, rtol=1e-5, atol=1e-6,
+                               err_msg=name)

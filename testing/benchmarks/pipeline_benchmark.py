@@ -33,7 +33,6 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
-import datetime
 import functools
 import statistics
 import sys
@@ -184,14 +183,9 @@ def report(cfg: Config, command: str) -> str:
   """Runs the benchmark; returns the run's description and its table."""
   start = time.perf_counter()
   baseline, rows = run(cfg)
-  date = datetime.datetime.now(datetime.timezone.utc).strftime(
-      "%Y-%m-%d %H:%M UTC")
-  lines = ["## Pipeline (`testing/benchmarks/pipeline_benchmark.py`)", "",
-           f"Command: `{command}`  ", f"Mode: {cfg.mode}  ", f"Date: {date}  ",
-           f"Run time: {time.perf_counter() - start:.0f} s", "",
-           "| | |", "| --- | --- |"]
-  lines += [f"| {k} | {v} |" for k, v in environment.environment().items()]
-  return "\n".join(lines) + "\n\n" + markdown(cfg, baseline, rows)
+  return environment.run_header(
+      "Pipeline (`testing/benchmarks/pipeline_benchmark.py`)", command,
+      cfg.mode, time.perf_counter() - start) + "\n" + markdown(cfg, baseline, rows)
 
 
 def main(argv: list[str]) -> None:
