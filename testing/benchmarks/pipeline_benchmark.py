@@ -72,7 +72,7 @@ class Config:
 FULL = Config("full", layers=8, d_model=32, seq=16, batch=64, stages=(2, 4),
               microbatches=("1", "S", "2S", "4S"), repeats=3)
 QUICK = Config("quick", layers=4, d_model=16, seq=4, batch=16, stages=(2,),
-               microbatches=("1", "2S"), repeats=1)
+               microbatches=("2S",), repeats=1)
 HEADS = 4
 
 
