@@ -58,7 +58,6 @@ from absl import flags
 import haiku as hk
 import haiku_bridge as hkb
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 from jax.sharding import AxisType
 from jax.sharding import Mesh
@@ -66,20 +65,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from examples import processes
+
 
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 100, "SGD steps to run.")
 _AXIS_TYPE = flags.DEFINE_enum(
     "axis_type", "auto", ["auto", "explicit"],
     "Mesh axis type: shardings as hints to XLA, or part of the types.")
-_NUM_PROCESSES = flags.DEFINE_integer(
-    "num_processes", 1, "Processes (jax.distributed); 1: no jax.distributed.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index.")
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", "localhost:12355",
-    "host:port of process 0, for jax.distributed.initialize.")
-_RESULTS = flags.DEFINE_string(
-    "results", None, "If set, process 0 writes the losses and the trained "
-    "params (gathered from all processes) to this .npz file.")
 
 Params = Any
 Batch = tuple[jax.Array, jax.Array]
@@ -255,43 +247,13 @@ def batches(seed: int = 0) -> Iterator[Batch]:
 
 def make_mesh(axis_type: AxisType = AxisType.Auto) -> Mesh:
   """The (data, model) mesh over all devices, of all processes."""
-  if jax.device_count() != NUM_DEVICES:
-    raise RuntimeError(
-        f"This example needs {NUM_DEVICES} devices; jax has "
-        f"{jax.device_count()} ({jax.process_count()} process(es)). On a "
-        "CPU, call use_cpu_devices(1) before jax starts (as `main` does), "
-        "or run N processes with --num_processes=N.")
+  processes.require_devices(NUM_DEVICES)
   return jax.make_mesh(tuple(MESH_SHAPE.values()), tuple(MESH_SHAPE),
                        axis_types=(axis_type,) * len(MESH_SHAPE))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P("data"))
-
-
-def global_batch(batch: Batch, mesh: Mesh) -> Batch:
-  """The global batch as arrays split over "data", from this process's rows.
-
-  Every process draws the same batch here; in a real input pipeline each
-  process reads only its own rows, `local_rows` of them.
-  """
-  sharding = batch_sharding(mesh)
-
-  def one(x):
-    rows = local_rows(sharding, x.shape)
-    return jax.make_array_from_process_local_data(
-        sharding, np.asarray(x[rows]), x.shape)
-
-  return jax.tree.map(one, batch)
-
-
-def local_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> slice:
-  """The rows of a batch that this process's devices hold."""
-  starts, stops = zip(*[
-      (index[0].start or 0, shape[0] if index[0].stop is None else
-       index[0].stop)
-      for index in sharding.addressable_devices_indices_map(shape).values()])
-  return slice(min(starts), max(stops))
 
 
 def init_params(mesh: Mesh, seed: int = 0) -> tuple[Params, Params]:
@@ -326,46 +288,17 @@ def train(num_steps: int, seed: int = 0, log_every: int = 0,
     step = make_train_step(mesh, shardings)
     losses = []
     for i, batch in zip(range(num_steps), batches(seed + 1)):
-      params, loss = step(params, global_batch(batch, mesh))
+      params, loss = step(params, processes.global_batch(
+          batch, batch_sharding(mesh)))
       losses.append(float(loss))  # Replicated: every process has it.
       if log_every and (i % log_every == 0 or i == num_steps - 1):
         print(f"step {i:4d}  loss {losses[-1]:.5f}")
   return np.array(losses), params
 
 
-def gathered(params: Params) -> dict[str, np.ndarray]:
-  """`{"bundle/name": array}`, each param whole, in every process."""
-  whole = multihost_utils.process_allgather(params, tiled=True)
-  return {f"{bundle}/{name}": np.asarray(value)
-          for bundle, entries in whole.items()
-          for name, value in entries.items()}
-
-
-def use_cpu_devices(num_processes: int) -> None:
-  """This process's share of the 8 devices, which XLA simulates on a CPU.
-
-  Call it before jax starts a backend (before any jax operation). GPUs and
-  TPUs bring their own devices; it changes only the CPU backend.
-  """
-  jax.config.update("jax_num_cpu_devices", NUM_DEVICES // num_processes)
-
-
-def start_processes(num_processes: int, process_id: int,
-                    coordinator_address: str) -> None:
-  """Joins `jax.distributed`: this process is one of `num_processes`."""
-  # CPU collectives go over gloo.
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes,
-                             process_id=process_id)
-
-
 def main(argv):
   del argv  # Unused.
-  use_cpu_devices(_NUM_PROCESSES.value)
-  if _NUM_PROCESSES.value > 1:
-    start_processes(_NUM_PROCESSES.value, _PROCESS_ID.value,
-                    _COORDINATOR.value)
+  processes.start(NUM_DEVICES)
   axis_type = {"auto": AxisType.Auto,
                "explicit": AxisType.Explicit}[_AXIS_TYPE.value]
   mesh = make_mesh(axis_type)
@@ -381,11 +314,7 @@ def main(argv):
       shapes = {tuple(s.data.shape) for s in value.addressable_shards}
       print(f"  {bundle + '/' + name:16s} {str(value.sharding.spec):22s} "
             f"{len(value.addressable_shards)} shards of {shapes.pop()}")
-  if _RESULTS.value:
-    whole = gathered(params)  # Every process takes part in the gather.
-    if jax.process_index() == 0:
-      np.savez(_RESULTS.value, losses=losses, **whole)
-      print(f"wrote {_RESULTS.value}")
+  processes.save_results(losses, params)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,6 @@ devices.use_cpu_devices(8)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import os
 import re
-import socket
-import subprocess
-import sys
-import time
 import unittest
 
 from absl.testing import absltest
@@ -37,6 +33,7 @@ from jax.sharding import AxisType
 import numpy as np
 
 from examples import sharded_training as example
+from testing import multiprocess
 
 NUM_PROCESSES = 2
 NUM_STEPS = 4
@@ -53,78 +50,6 @@ def setUpModule():
         f"{jax.device_count()} {jax.default_backend()} devices.")
 
 
-def free_port() -> int:
-  """A port no one listens on now: the OS picks it for a socket bound to 0."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
-def child_env() -> dict[str, str]:
-  """This environment, on CPUs (each child sets `jax_num_cpu_devices` to 4)."""
-  env = dict(os.environ)
-  # The children import `examples` and `haiku_bridge` as this process does
-  # (the repository root under pytest, the runfiles tree under Bazel).
-  env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-  env["JAX_PLATFORMS"] = "cpu"
-  return env
-
-
-class Processes:
-  """The children, started together; all ended if any fails or hangs."""
-
-  def __init__(self, args_per_process: list[list[str]], logdir: str):
-    self._logs = []
-    self.procs = []
-    for i, args in enumerate(args_per_process):
-      out = open(os.path.join(logdir, f"process_{i}.out"), "w+")
-      err = open(os.path.join(logdir, f"process_{i}.err"), "w+")
-      self._logs.append((out, err))
-      self.procs.append(subprocess.Popen(
-          [sys.executable, "-m", "examples.sharded_training", *args],
-          stdout=out, stderr=err, env=child_env()))
-
-  def wait(self, timeout_s: float) -> list[int]:
-    """Exit codes, once all have ended; kills every child at the deadline
-    or as soon as one fails (the other would wait for it forever)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-      codes = [p.poll() for p in self.procs]
-      if any(c not in (None, 0) for c in codes) or None not in codes:
-        break
-      time.sleep(0.2)
-    self.kill()
-    return [p.wait() for p in self.procs]
-
-  def kill(self) -> None:
-    for p in self.procs:
-      if p.poll() is None:
-        p.kill()
-
-  def output(self, i: int) -> tuple[str, str]:
-    out, err = self._logs[i]
-    out.flush()
-    err.flush()
-    out.seek(0)
-    err.seek(0)
-    return out.read(), err.read()
-
-  def report(self) -> str:
-    """Every child's exit code, stdout and stderr (the last 3000 chars)."""
-    parts = []
-    for i, p in enumerate(self.procs):
-      out, err = self.output(i)
-      parts.append(f"--- process {i}: exit code {p.returncode}\n"
-                   f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
-    return "\n".join(parts)
-
-  def close(self) -> None:
-    self.kill()
-    for out, err in self._logs:
-      out.close()
-      err.close()
-
-
 class MultiProcessTrainingTest(parameterized.TestCase):
 
   @parameterized.named_parameters(("auto_axes", "auto"),
@@ -132,8 +57,9 @@ class MultiProcessTrainingTest(parameterized.TestCase):
   def test_two_processes_train_as_one(self, axis_type):
     tmp = self.create_tempdir().full_path
     results = os.path.join(tmp, "results.npz")
-    port = free_port()
-    processes = Processes(
+    port = multiprocess.free_port()
+    processes = multiprocess.Processes(
+        "examples.sharded_training",
         [[f"--num_processes={NUM_PROCESSES}", f"--process_id={i}",
           f"--coordinator_address=localhost:{port}",
           f"--num_steps={NUM_STEPS}", f"--axis_type={axis_type}",
@@ -160,14 +86,7 @@ class MultiProcessTrainingTest(parameterized.TestCase):
     # Ground truth: the same training in one process on 8 devices.
     losses, params = example.train(NUM_STEPS,
                                    axis_type=AXIS_TYPES[axis_type])
-    single = {f"{bundle}/{name}": np.asarray(value)
-              for bundle, entries in jax.device_get(params).items()
-              for name, value in entries.items()}
-    np.testing.assert_allclose(multi.pop("losses"), losses, rtol=1e-6)
-    self.assertEqual(sorted(multi), sorted(single))
-    for name, value in single.items():
-      np.testing.assert_allclose(multi[name], value, rtol=1e-5, atol=1e-6,
-                                 err_msg=name)
+    multiprocess.assert_same_training(multi, losses, params)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import numpy as np
 
 import haiku_bridge as hkb
 
+from examples import processes
 from examples import sharded_training as example
 
 # What the example's rules say, written out: per-layer specs of the stack get
@@ -108,7 +109,7 @@ class ShardedTrainingTest(parameterized.TestCase):
       loss, grads = jax.jit(
           jax.value_and_grad(example.LOSS.apply),
           out_shardings=(None, shardings))(
-              params, None, example.global_batch(batch, mesh))
+              params, None, processes.global_batch(batch, example.batch_sharding(mesh)))
     self.assertEqual(specs(grads), EXPECTED_SPECS)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-4, atol=1e-5)
@@ -120,8 +121,8 @@ class ShardedTrainingTest(parameterized.TestCase):
 
   def test_one_process_feeds_every_row(self):
     sharding = example.batch_sharding(self.mesh)
-    self.assertEqual(example.local_rows(sharding, (64, 3)), slice(0, 64))
-    x, y = example.global_batch(next(example.batches(0)), self.mesh)
+    self.assertEqual(processes.local_rows(sharding, (64, 3)), slice(0, 64))
+    x, y = processes.global_batch(next(example.batches(0)), sharding)
     self.assertEqual(x.sharding, sharding)
     self.assertEqual(y.shape, (example.BATCH_SIZE, example.OUT_FEATURES))
 

@@ -10,6 +10,7 @@ from haiku_bridge._src.custom_grad import vjp_fwd
 from haiku_bridge._src.hk_namespace import hk
 # The Flax and Equinox adapters load on first use (see _src/optional.py).
 from haiku_bridge._src.optional import module_getattr as __getattr__
+from haiku_bridge._src.pipeline import Pipeline
 from haiku_bridge._src.scan import layer_scan
 from haiku_bridge._src.scan import repeat_layer
 from haiku_bridge._src.scan import stack_params
@@ -24,6 +25,7 @@ from haiku_bridge._src.sharding import ShardingRules
 __version__ = "0.1.0"
 
 __all__ = (
+    "Pipeline",
     "ShardingRules",
     "call_pure",
     "clear_caches",

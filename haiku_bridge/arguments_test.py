@@ -50,6 +50,8 @@ CLASSES = ("wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argum
 
 # Which classes of bad input each public name can be given; a class left out says why.
 COVERAGE = {
+    "Pipeline": {"wrong_type", "shape_or_depth", "unknown_name"},
+    # Pipeline: keyword fields of distinct types; a swap shows as wrong_type.
     "ShardingRules": {"wrong_type", "wrong_arity", "unknown_name", "shape_or_depth"},
     # argument_order: rules and stacked= are distinct types, caught as wrong_type.
     "call_pure": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
@@ -63,10 +65,12 @@ COVERAGE = {
     # gather_over: one tree and its axes; nothing to count or to swap with another type.
     "get_relevant_parameters": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name"},
     "hk": set(),  # A namespace, not a function.
-    "layer_scan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+    "layer_scan": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
+                   "argument_order"},
     "param_shardings": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
     "param_specs": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
-    "repeat_layer": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+    "repeat_layer": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
+                     "argument_order"},
     "route_cotangents": {"wrong_type", "wrong_arity", "shape_or_depth"},
     # route_cotangents: split and combine are both functions; a swap shows as wrong_arity.
     "stack_params": {"wrong_type", "shape_or_depth", "unknown_name", "argument_order"},
@@ -366,6 +370,33 @@ class Layer_scanTest(TestCase):
                                 r"num_layers=3\."):
       init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, DEPTH))
 
+  def test_wrong_type_pipeline(self):
+    with refused(self, TypeError, "layer_scan", "pipeline"):
+      init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=DEPTH,
+                                  pipeline="stage"))
+
+  @hypothesis.given(axis=axis_names)
+  @SETTINGS
+  def test_unknown_name_pipeline_axis(self, axis):
+    hypothesis.assume(axis not in ("data", "model"))
+    with jax.set_mesh(explicit_mesh()):
+      with self.assertRaisesRegex(ValueError, rf"^hkb.layer_scan: `pipeline.axis` is '{axis}', "
+                                  r"but the mesh has axes \('data', 'model'\)"):
+        init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=4,
+                                    pipeline=hkb.Pipeline(axis)))
+
+  @hypothesis.given(depth=st.integers(1, 12), microbatches=st.integers(1, 4))
+  @SETTINGS
+  def test_shape_or_depth_pipeline(self, depth, microbatches):
+    # Stages over "model" (4 devices): the layers split into 4 stages, the batch of 2 rows
+    # into microbatches.
+    hypothesis.assume(depth % 4 or 2 % microbatches)
+    argument = "num_layers" if depth % 4 else "pipeline.microbatches"
+    with jax.set_mesh(explicit_mesh()):
+      with refused(self, ValueError, "layer_scan", argument):
+        init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=depth,
+                                    pipeline=hkb.Pipeline("model", microbatches)))
+
 
 class Repeat_layerTest(TestCase):
   """`repeat_layer(layer, x, num_layers, *, init, **options)`."""
@@ -402,6 +433,58 @@ class Repeat_layerTest(TestCase):
     for bad in (0, -2):
       with refused(self, ValueError, "repeat_layer", "num_layers"):
         init(lambda: hkb.repeat_layer(linear, X, bad))
+
+  def test_unknown_name_pipeline_axis(self):
+    with jax.set_mesh(explicit_mesh()):
+      with refused(self, ValueError, "repeat_layer", "pipeline.axis"):
+        init(lambda: hkb.repeat_layer(linear, X, 4, pipeline=hkb.Pipeline("stage")))
+
+  def test_shape_or_depth_pipeline_circular(self):
+    # 4 layers on 2 stages ("data") in 3 passes: 6 groups.
+    with jax.set_mesh(explicit_mesh()):
+      with self.assertRaisesRegex(ValueError, r"^hkb.repeat_layer: `num_layers` is 4, which does "
+                                  r"not split into 2 stages × 3 passes"):
+        init(lambda: hkb.repeat_layer(linear, X, 4, pipeline=hkb.Pipeline(
+            "data", 2, "circular", repeats=3)))
+
+
+class PipelineTest(TestCase):
+  """`Pipeline(axis="stage", microbatches=1, schedule="gpipe", repeats=None)`."""
+
+  def test_wrong_type(self):
+    for kwargs, argument in ((dict(axis=3), "axis"), (dict(axis=""), "axis"),
+                             (dict(microbatches="4"), "microbatches"),
+                             (dict(microbatches=2.0), "microbatches"),
+                             (dict(schedule=None), "schedule"),
+                             (dict(schedule="circular", repeats=1.5), "repeats")):
+      with refused(self, TypeError, "Pipeline", argument):
+        hkb.Pipeline(**kwargs)
+
+  @hypothesis.given(microbatches=st.integers(-3, 0))
+  @SETTINGS
+  def test_shape_or_depth_microbatches(self, microbatches):
+    with refused(self, ValueError, "Pipeline", "microbatches"):
+      hkb.Pipeline(microbatches=microbatches)
+
+  def test_shape_or_depth_repeats(self):
+    with refused(self, ValueError, "Pipeline", "repeats"):
+      hkb.Pipeline(schedule="circular", repeats=0)
+    with self.assertRaisesRegex(ValueError, r"^hkb.Pipeline: `repeats` must be None or 1 with "
+                                r"schedule=\"gpipe\"; got an int 2\. For several passes"):
+      hkb.Pipeline(repeats=2)
+
+  @hypothesis.given(schedule=axis_names)
+  @SETTINGS
+  def test_unknown_name_schedule(self, schedule):
+    hypothesis.assume(schedule not in ("gpipe", "circular"))
+    with self.assertRaisesRegex(ValueError, rf"^hkb.Pipeline: `schedule` must be \"gpipe\" or "
+                                rf"\"circular\"; got a str '{schedule}'\."):
+      hkb.Pipeline(schedule=schedule)
+
+  def test_valid_fields_are_kept(self):
+    pipe = hkb.Pipeline("pipe", np.int32(4), "circular", repeats=2)
+    self.assertEqual(pipe, hkb.Pipeline("pipe", 4, "circular", 2))
+    self.assertIsInstance(pipe.microbatches, int)
 
 
 # ---------------------------------------------------------------------------

@@ -108,6 +108,7 @@ SECTION_CALL = "`call_pure` and `get_relevant_parameters`"
 SECTION_CUSTOM = "`custom_vjp` and `custom_jvp`"
 SECTION_SCAN = "`layer_scan` and `repeat_layer`"
 SECTION_SHARDING = "Sharding rules"
+SECTION_PIPELINE = "Pipelines"
 
 def another_depth():
   stack = lambda n: hk.transform(lambda x: hkb.repeat_layer(lambda h: hk.Linear(4)(h), x, n))
@@ -130,6 +131,16 @@ def needs_values_under_jit():
   f = hk.transform(lambda x: block(x))
   params = f.init(KEY, X4)
   jax.jit(f.apply)(params, None, X4)
+
+
+def pipelined(num_layers: int, pipeline: Any, mesh_shape: dict[str, int]) -> None:
+  """Applies a pipelined stack of `num_layers` to a batch of 2 under a mesh of `mesh_shape`."""
+  f = hk.transform(lambda x: hkb.repeat_layer(lambda h: hk.Linear(4)(h), x, num_layers,
+                                              pipeline=pipeline))
+  params = f.init(KEY, X4)
+  shape = dict(mesh_shape, rest=8 // np.prod(list(mesh_shape.values()), dtype=int))
+  with jax.set_mesh(jax.make_mesh(tuple(shape.values()), tuple(shape))):
+    f.apply(params, None, X4)
 
 
 RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
@@ -281,6 +292,25 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     (SECTION_SHARDING, "`gather_over` with an axis the mesh lacks"):
         lambda: hkb.gather_over(jax.device_put(jnp.ones([8]), jax.sharding.NamedSharding(
             mesh(), P("data"))), "dta"),
+    # Pipelines.
+    (SECTION_PIPELINE, "`num_layers` not a multiple of the stages"):
+        lambda: pipelined(6, hkb.Pipeline("stage", 2), {"stage": 4}),
+    (SECTION_PIPELINE, "`num_layers` not a multiple of stages × `repeats`"):
+        lambda: pipelined(6, hkb.Pipeline("stage", 2, "circular", repeats=2), {"stage": 2}),
+    (SECTION_PIPELINE, "a batch that `microbatches` does not divide"):
+        lambda: pipelined(4, hkb.Pipeline("stage", 3), {"stage": 2}),
+    (SECTION_PIPELINE, "a mesh without the stage axis"):
+        lambda: pipelined(4, hkb.Pipeline("stage", 2), {"data": 2}),
+    (SECTION_PIPELINE, "apply without a mesh"):
+        lambda: apply_with(lambda x: hkb.repeat_layer(
+            lambda h: hk.Linear(4)(h), x, 4, pipeline=hkb.Pipeline("stage", 2)),
+                           lambda p: p, X4, X4),
+    (SECTION_PIPELINE, "`pipeline=` not a `Pipeline`"):
+        lambda: init(lambda: hkb.repeat_layer(lambda h: h, X4, 4, pipeline="stage")),
+    (SECTION_PIPELINE, "an unknown `schedule`"):
+        lambda: hkb.Pipeline(schedule="1f1b"),
+    (SECTION_PIPELINE, "`repeats` with the GPipe schedule"):
+        lambda: hkb.Pipeline(repeats=2),
 }
 
 

@@ -9,6 +9,7 @@ testing/bench/remat_bench.py (which stacks `block` with `hk.layer_stack`).
 """
 
 import functools
+from typing import Optional
 
 import haiku as hk
 import jax
@@ -40,12 +41,15 @@ def block(h: jax.Array, *, d_model: int, heads: int) -> jax.Array:
 
 
 def transformer(tokens: jax.Array, *, vocab: int, d_model: int, heads: int,
-                layers: int, remat: bool | str = False) -> jax.Array:
+                layers: int, remat: bool | str = False,
+                pipeline: Optional[hkb.Pipeline] = None) -> jax.Array:
   """Logits of a pre-norm transformer whose blocks run under `hkb.repeat_layer`.
 
-  `remat` is `hkb.repeat_layer`'s: what the backward pass recomputes.
+  `remat` and `pipeline` are `hkb.repeat_layer`'s: what the backward pass
+  recomputes, and the stages the blocks run as.
   """
   layer = functools.partial(block, d_model=d_model, heads=heads)
   h = hk.Embed(vocab, d_model, name="embed")(tokens)
-  h = hkb.repeat_layer(layer, h, layers, name="layers", remat=remat)
+  h = hkb.repeat_layer(layer, h, layers, name="layers", remat=remat,
+                       pipeline=pipeline)
   return hk.Linear(vocab, name="unembed")(h)

@@ -32,6 +32,7 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import inline
+from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
@@ -168,6 +169,7 @@ def layer_scan(
     remat_groups: Optional[int] = None,
     unroll: int | bool = 1,
     reverse: bool = False,
+    pipeline: Optional[pipeline_lib.Pipeline] = None,
 ) -> tuple[PyTree, PyTree]:
   """Runs a stack of layers with `jax.lax.scan`, each with its own weights.
 
@@ -231,6 +233,11 @@ def layer_scan(
       as many layers as `"nested"` with that many groups.
     unroll: passed to `jax.lax.scan`.
     reverse: run the layers from last to first (as `jax.lax.scan`).
+    pipeline: an `hkb.Pipeline`: at apply, run the layers as pipeline
+      stages over a mesh axis, the batch in microbatches (init runs the
+      plain scan: the params are the same). The remat options apply to each
+      stage's layers. `ys` then come back per microbatch,
+      `[num_layers, microbatches, ...]`; see `hkb.Pipeline`.
 
   Returns:
     `(carry, ys)`: the last layer's carry, and the per-layer `y`s stacked.
@@ -242,6 +249,7 @@ def layer_scan(
     _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
     num_layers = _num_layers(num_layers, xs)
     remat = _remat_mode(remat, remat_policy, remat_groups)
+    pipeline = pipeline_lib.check_pipeline(pipeline)
     if name is None:
       name = NO_PER_LAYER_NAME if xs is None else WITH_PER_LAYER_NAME
     layer_init, layer_apply = _transformed_layer(_haiku_layer(layer, init,
@@ -275,19 +283,40 @@ def layer_scan(
       return carry, (y, state)
 
     scanned = (params, state, keys, xs)
-    if remat in REMAT_SCHEDULES:
-      carry, (ys, state) = scheduled_scan.scan(
-          body, carry, scanned, length=num_layers,
-          schedule=_remat_schedule(remat, num_layers, remat_groups),
-          unroll=unroll, reverse=reverse)
+    scan = _LayerLoop(remat, remat_policy, remat_groups, unroll)
+    if pipeline is not None:
+      # At init the plain scan runs (the same params); the pipeline is
+      # checked against the mesh where one is set.
+      pipeline_lib.check(pipeline, carry, num_layers,
+                         require_mesh=not hk.running_init())
+    if pipeline is None or hk.running_init():
+      carry, (ys, state) = scan(body, carry, scanned, num_layers, reverse)
     else:
-      if remat:
-        body = jax.checkpoint(body, policy=remat_policy)
-      carry, (ys, state) = jax.lax.scan(
-          body, carry, scanned, length=num_layers, unroll=unroll,
+      carry, (ys, state) = pipeline_lib.run(
+          pipeline, body, carry, scanned, num_layers=num_layers, scan=scan,
           reverse=reverse)
     updater.update(state)
   return carry, ys
+
+
+@dataclasses.dataclass(frozen=True)
+class _LayerLoop:
+  """The scan over layers, with `layer_scan`'s remat; the pipeline runs it per stage."""
+  remat: bool | str
+  policy: Optional[Callable[..., bool]]
+  groups: Optional[int]
+  unroll: int | bool
+
+  def __call__(self, body, carry, scanned, length, reverse=False):
+    if self.remat in REMAT_SCHEDULES:
+      return scheduled_scan.scan(
+          body, carry, scanned, length=length,
+          schedule=_remat_schedule(self.remat, length, self.groups),
+          unroll=self.unroll, reverse=reverse)
+    if self.remat:
+      body = jax.checkpoint(body, policy=self.policy)
+    return jax.lax.scan(body, carry, scanned, length=length,
+                        unroll=self.unroll, reverse=reverse)
 
 
 def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
@@ -308,7 +337,7 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
     num_layers: the number of layers.
     init: for a pure `layer`, `init(rng, x) -> params` of one layer.
     **options: `name`, `remat`, `remat_policy`, `remat_groups`, `unroll`,
-      `reverse`, as for `layer_scan`.
+      `reverse`, `pipeline`, as for `layer_scan`.
 
   Returns:
     The last layer's output.

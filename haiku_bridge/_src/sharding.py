@@ -577,7 +577,7 @@ def gather_over(tree: PyTree, axes: str | Sequence[str]) -> PyTree:
       sharding = jax.typeof(x).sharding
       _check_axes_in_mesh(axes, sharding.mesh)
       spec = sharding.spec
-      gathered = PartitionSpec(*(_without(entry, axes) for entry in spec))
+      gathered = PartitionSpec(*(entry_without(entry, axes) for entry in spec))
       if tuple(gathered) == tuple(spec):
         return x
       return _reshard(x, gathered)
@@ -600,8 +600,8 @@ def _check_axes_in_mesh(axes: tuple[str, ...], mesh: Any) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _without(entry: MeshAxes, axes: tuple[str, ...]) -> MeshAxes:
-  """A spec entry with `axes` taken out."""
+def entry_without(entry: MeshAxes, axes: tuple[str, ...]) -> MeshAxes:
+  """One entry of a PartitionSpec with the mesh `axes` taken out."""
   if entry is None or entry is PartitionSpec.UNCONSTRAINED:
     return entry
   kept = tuple(a for a in ((entry,) if isinstance(entry, str) else entry)

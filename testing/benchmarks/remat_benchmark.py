@@ -17,7 +17,6 @@ or, without Bazel, from the repository root:
     PYTHONPATH=. python3 testing/benchmarks/remat_benchmark.py [--quick] > remat.md
 """
 
-import datetime
 import sys
 import time
 
@@ -35,14 +34,9 @@ def report(cfg: remat_bench.RematConfig, command: str) -> str:
   """Runs the benchmark; returns the run's description and its tables."""
   start = time.perf_counter()
   result = remat_bench.bench_remat(cfg)
-  date = datetime.datetime.now(datetime.timezone.utc).strftime(
-      "%Y-%m-%d %H:%M UTC")
-  lines = ["## Remat schedules (`testing/benchmarks/remat_benchmark.py`)", "",
-           f"Command: `{command}`  ", f"Mode: {cfg.mode}  ", f"Date: {date}  ",
-           f"Run time: {time.perf_counter() - start:.0f} s", "",
-           "| | |", "| --- | --- |"]
-  lines += [f"| {k} | {v} |" for k, v in environment.environment().items()]
-  return "\n".join(lines) + "\n\n" + remat_bench.markdown(result)
+  return environment.run_header(
+      "Remat schedules (`testing/benchmarks/remat_benchmark.py`)", command,
+      cfg.mode, time.perf_counter() - start) + "\n" + remat_bench.markdown(result)
 
 
 def main(argv: list[str]) -> None:

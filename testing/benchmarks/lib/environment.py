@@ -1,5 +1,6 @@
 """The machine and package versions a benchmark ran on."""
 
+import datetime
 import importlib.metadata
 import os
 import platform
@@ -36,3 +37,12 @@ def environment() -> dict[str, str]:
       "persistent compilation cache dir":
           str(jax.config.jax_compilation_cache_dir),
   }
+
+
+def run_header(title: str, command: str, mode: str, seconds: float) -> str:
+  """A benchmark run's description: its title, command, mode, date, run time and `environment()`."""
+  date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+  lines = [f"## {title}", "", f"Command: `{command}`  ", f"Mode: {mode}  ",
+           f"Date: {date}  ", f"Run time: {seconds:.0f} s", "", "| | |", "| --- | --- |"]
+  lines += [f"| {k} | {v} |" for k, v in environment().items()]
+  return "\n".join(lines) + "\n"

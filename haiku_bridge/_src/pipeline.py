@@ -1,0 +1,470 @@
+"""Pipeline parallelism for a layer scan: its layers as stages over a mesh axis, its batch in microbatches.
+
+`layer_scan(..., pipeline=Pipeline(axis="stage", microbatches=M))` hands its
+scan here at apply (init runs the plain scan, so the params are the plain
+scan's: the same names, shapes and initial values). Under a mesh whose axis
+`"stage"` has S devices, the N stacked layers run as S stages inside
+`jax.shard_map` over that axis alone (the other axes, `data`, `model`, stay
+with `jax.jit`), the batch split into M microbatches, activations passed from
+stage to stage with `jax.lax.ppermute`:
+
+* `schedule="gpipe"`: stage s holds layers [s·N/S, (s+1)·N/S), which a
+  layer axis stored over `"stage"` (`ShardingRules(stacked={stack:
+  "stage"})`) already puts on it; each microbatch passes the stages once.
+  Of the M + S - 1 steps each stage is idle S - 1: a bubble of
+  (S-1)/(M+S-1).
+* `schedule="circular"`: each microbatch passes the stages `repeats` (R)
+  times, N/(S·R) layers per visit: stage s holds the layers of visits s,
+  S+s, 2S+s, ... (in model order, these are not one block, so a layer axis
+  stored over `"stage"` is permuted between the stages at each step). A step
+  is a visit, 1/R of a GPipe step, and the bubble is (S-1)/(R·M+S-1) for
+  M ≥ S.
+
+`schedule(...)` is the timetable that both run from: which stage runs which
+visit of which microbatch at each step.
+
+Semantics of what goes per microbatch:
+
+* Microbatch m holds the rows m, m+M, m+2M, ... of every carry leaf (axis 0),
+  so that each is split over a data axis as the batch is.
+* State (BatchNorm-style, one per layer) goes through the microbatches in
+  order: microbatch m of layer i reads the state microbatch m-1 left.
+* The rng key of layer i (the plain scan's) is folded with the microbatch:
+  microbatch m of layer i draws from `jax.random.fold_in(key_i, m)`.
+* `xs` are per layer: every microbatch of layer i gets `xs[i]` whole.
+* `ys` come back per layer and microbatch: `[num_layers, microbatches, ...]`.
+"""
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec
+import numpy as np
+
+from haiku_bridge._src import errors
+from haiku_bridge._src import sharding
+from haiku_bridge._src.pytree import PyTree
+
+SCHEDULES = ("gpipe", "circular")
+
+# `scan(body, carry, per_layer, length) -> (carry, ys)`: the layer scan's own
+# loop (with its remat), run over one visit's layers.
+ScanFn = Callable[[Callable[..., Any], PyTree, PyTree, int],
+                  tuple[PyTree, PyTree]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+  """How `layer_scan` / `repeat_layer` run their stack as a pipeline.
+
+  Pass it as `pipeline=` and run apply under `jax.set_mesh(mesh)`, a mesh
+  with the axis `axis`. The params are the plain scan's: init with or
+  without it, train either way, and move checkpoints between them. Example:
+  8 layers on 4 stages, 2 devices each for data parallelism:
+
+  >>> from jax.sharding import AxisType
+  >>> def block(h):
+  ...   return h + jnp.tanh(hk.Linear(16)(h))
+  >>> pipe = hkb.Pipeline("stage", microbatches=4)
+  >>> pipelined = hk.transform(
+  ...     lambda x: hkb.repeat_layer(block, x, 8, pipeline=pipe))
+  >>> plain = hk.transform(lambda x: hkb.repeat_layer(block, x, 8))
+  >>> x = jax.random.normal(jax.random.PRNGKey(1), [16, 16])
+  >>> params = plain.init(jax.random.PRNGKey(0), x)
+  >>> mesh = jax.make_mesh((4, 2), ("stage", "data"),
+  ...                      axis_types=(AxisType.Explicit,) * 2)
+  >>> with jax.set_mesh(mesh):
+  ...   y = jax.jit(pipelined.apply)(params, None,
+  ...                                jax.device_put(x, P("data")))
+  >>> bool(jnp.allclose(y, plain.apply(params, None, x), atol=1e-5))
+  True
+
+  Attributes:
+    axis: the mesh axis whose devices are the stages.
+    microbatches: how many parts the batch (axis 0 of every carry leaf) is
+      split into; microbatch m holds rows m, m + M, m + 2M, ...
+    schedule: `"gpipe"` (stage s runs the s-th block of N/S layers, each
+      microbatch passes once) or `"circular"` (each microbatch passes the
+      stages `repeats` times, N/(S·repeats) layers per pass).
+    repeats: with `"circular"`, the passes (default: N/S, one layer per
+      stage per pass); with `"gpipe"`, None or 1.
+  """
+  axis: str = "stage"
+  microbatches: int = 1
+  schedule: str = "gpipe"
+  repeats: Optional[int] = None
+
+  def __post_init__(self):
+    with errors.entry("Pipeline"):
+      errors.check_str("axis", self.axis, "the name of the mesh axis whose "
+                       "devices are the stages, e.g. \"stage\"")
+      object.__setattr__(self, "microbatches", errors.check_positive_int(
+          "microbatches", self.microbatches))
+      if self.schedule not in SCHEDULES:
+        error = ValueError if isinstance(self.schedule, str) else TypeError
+        raise error(errors.bad_argument(
+            "schedule", self.schedule, "\"gpipe\" or \"circular\""))
+      if self.repeats is not None:
+        object.__setattr__(self, "repeats", errors.check_positive_int(
+            "repeats", self.repeats))
+        if self.schedule == "gpipe" and self.repeats != 1:
+          raise ValueError(errors.bad_argument(
+              "repeats", self.repeats, "None or 1 with schedule=\"gpipe\"",
+              "For several passes over the stages, pass "
+              "schedule=\"circular\"."))
+
+  def num_repeats(self, num_layers: int, num_stages: int) -> int:
+    """The passes over the stages for a stack of `num_layers` on `num_stages`."""
+    if self.repeats is not None:
+      return self.repeats
+    if self.schedule == "gpipe":
+      return 1
+    return max(num_layers // num_stages, 1)
+
+
+def check_pipeline(pipeline: Any) -> Optional[Pipeline]:
+  """`layer_scan`'s `pipeline=`: None or a `Pipeline`."""
+  if pipeline is not None and not isinstance(pipeline, Pipeline):
+    raise TypeError(errors.bad_argument(
+        "pipeline", pipeline, "None or an hkb.Pipeline, e.g. "
+        "hkb.Pipeline(\"stage\", microbatches=4)"))
+  return pipeline
+
+
+class Schedule(NamedTuple):
+  """The timetable: at each step, each stage runs one visit of a microbatch, or idles.
+
+  A microbatch visits the stages 0, 1, ..., S-1 in turn, `repeats` times
+  (passes). Visits are numbered in periods of P = max(M, S) steps, visit
+  `k = r·P + m` being pass r of microbatch m, and stage s runs visit k at
+  step k + s. So pass r + 1 of a microbatch reaches stage 0 no earlier than
+  pass r leaves stage S - 1. An idle slot (k < 0, r ≥ repeats, m ≥ M) still
+  computes, on a real microbatch, and its result is masked out: it is the
+  bubble.
+
+  Attributes:
+    active: `[steps, stages]` bool, whether the stage runs a visit.
+    repeat: `[steps, stages]`, the pass of that visit (clipped where idle).
+    microbatch: `[steps, stages]`, its microbatch (clipped where idle).
+    period: P, the steps between two passes of a microbatch at one stage.
+  """
+  active: np.ndarray
+  repeat: np.ndarray
+  microbatch: np.ndarray
+  period: int
+
+  @property
+  def num_steps(self) -> int:
+    return self.active.shape[0]
+
+  @property
+  def bubble(self) -> float:
+    """Idle stage-steps over all stage-steps."""
+    return float(1 - self.active.mean())
+
+  def step_of(self, stage: int, repeat: Any, microbatch: Any) -> Any:
+    """The step at which `stage` runs pass `repeat` of `microbatch` (ints or arrays)."""
+    return repeat * self.period + microbatch + stage
+
+
+def schedule(num_stages: int, microbatches: int, repeats: int = 1) -> Schedule:
+  """The timetable of `num_stages` stages, `microbatches` microbatches, `repeats` passes.
+
+  >>> from haiku_bridge._src import pipeline
+  >>> gpipe = pipeline.schedule(4, 8)
+  >>> gpipe.num_steps, round(gpipe.bubble, 4), round(3 / (8 + 3), 4)
+  (11, 0.2727, 0.2727)
+  >>> circular = pipeline.schedule(4, 8, repeats=2)
+  >>> circular.num_steps, round(circular.bubble, 4), round(3 / (2 * 8 + 3), 4)
+  (19, 0.1579, 0.1579)
+  >>> circular.active.astype(int)[:10].T  # Stage 0 starts pass 1 at step 8.
+  array([[1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+         [0, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+         [0, 0, 1, 1, 1, 1, 1, 1, 1, 1],
+         [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]])
+  """
+  period = max(microbatches, num_stages)
+  steps = (repeats - 1) * period + microbatches + num_stages - 1
+  visit = np.arange(steps)[:, None] - np.arange(num_stages)[None, :]
+  repeat, micro = np.divmod(np.maximum(visit, 0), period)
+  active = (visit >= 0) & (repeat < repeats) & (micro < microbatches)
+  return Schedule(active, np.minimum(repeat, repeats - 1),
+                  np.minimum(micro, microbatches - 1), period)
+
+
+# ---------------------------------------------------------------------------
+# Running a layer scan as a pipeline.
+# ---------------------------------------------------------------------------
+
+
+def check(pipeline: Pipeline, carry: PyTree, num_layers: int, *,
+          require_mesh: bool) -> Optional[int]:
+  """The pipeline against the mesh, the stack and the batch; its stage count.
+
+  Without a mesh, returns None, or with `require_mesh` raises.
+  """
+  names, sizes = _mesh_axes()
+  if pipeline.axis not in names:
+    if not names and not require_mesh:
+      return None
+    where = (f"the mesh has axes {names}" if names else "no mesh is set")
+    raise ValueError(errors.message(
+        f"`pipeline.axis` is {pipeline.axis!r}, but {where}. Run the step "
+        f"under `jax.set_mesh(mesh)`, with a mesh that has an axis "
+        f"{pipeline.axis!r} for the stages (e.g. jax.make_mesh((4, 2), "
+        f"({pipeline.axis!r}, 'data')))."))
+  stages = sizes[names.index(pipeline.axis)]
+  repeats = pipeline.num_repeats(num_layers, stages)
+  if num_layers % (stages * repeats):
+    split = (f"{stages} stages" if repeats == 1 else
+             f"{stages} stages × {repeats} passes (`pipeline.repeats`)")
+    raise ValueError(errors.message(
+        f"`num_layers` is {num_layers}, which does not split into {split}: "
+        f"the pipeline runs {stages * repeats} equal groups of layers, and "
+        f"{stages * repeats} does not divide {num_layers}. Pass a number of "
+        f"layers that {stages * repeats} divides"
+        + (", or other `repeats`." if repeats > 1 else
+           f", or a mesh axis {pipeline.axis!r} of a size that divides it.")))
+  for path, leaf in jax.tree_util.tree_leaves_with_path(carry):
+    shape = np.shape(leaf)
+    if not shape or shape[0] % pipeline.microbatches:
+      raise ValueError(errors.message(
+          f"the carry at {errors.keystr(path)} has shape {shape}; the "
+          f"pipeline splits axis 0 of every carry leaf (the batch) into "
+          f"`pipeline.microbatches`={pipeline.microbatches} microbatches, "
+          f"and {pipeline.microbatches} does not divide "
+          f"{shape[0] if shape else 'a scalar'}. Pass a batch that "
+          f"{pipeline.microbatches} divides, or other `microbatches`."))
+  return stages
+
+
+def run(pipeline: Pipeline, body: Callable[..., Any], carry: PyTree,
+        per_layer: PyTree, *, num_layers: int, scan: ScanFn,
+        reverse: bool = False) -> tuple[PyTree, PyTree]:
+  """`layer_scan`'s loop as a pipeline: `(carry, (ys, state))`, as its scan returns them.
+
+  Args:
+    pipeline: the pipeline.
+    body: `body(carry, (params, state, key, x)) -> (carry, (y, state))`, one
+      layer.
+    carry: the first layer's input; axis 0 of every leaf is the batch.
+    per_layer: `(params, state, keys, xs)`, each leaf `[num_layers, ...]`
+      (keys may be None).
+    num_layers: N.
+    scan: runs `body` over one visit's layers, with the stack's remat.
+    reverse: run the layers last to first.
+
+  Returns:
+    `(carry, (ys, state))`: the last layer's carry, the `y`s as
+    `[num_layers, microbatches, ...]`, the state after every microbatch.
+  """
+  stages = check(pipeline, carry, num_layers, require_mesh=True)
+  repeats = pipeline.num_repeats(num_layers, stages)
+  layout = _Layout(pipeline.axis, stages, repeats,
+                   num_layers // (stages * repeats))
+  if reverse:
+    per_layer = jax.tree.map(lambda a: jnp.flip(a, 0), per_layer)
+  timetable = schedule(stages, pipeline.microbatches, repeats)
+  state = per_layer[1]
+  micro = jax.tree.map(lambda a: _to_microbatches(a, pipeline.microbatches),
+                       carry)
+  program = _StageProgram(body, scan, layout, timetable, pipeline.axis,
+                          pipeline.microbatches)
+  axis = PartitionSpec(pipeline.axis)
+  out, ys, new_state = jax.shard_map(
+      program, in_specs=(axis, PartitionSpec()),
+      out_specs=(PartitionSpec(), axis, axis),
+      axis_names=frozenset({pipeline.axis}))(
+          jax.tree.map(layout.to_stages, per_layer), micro)
+  ys = jax.tree.map(layout.ys_to_layers, ys)
+  new_state = jax.tree.map(layout.to_layers, new_state, state)
+  if reverse:
+    ys, new_state = jax.tree.map(lambda a: jnp.flip(a, 0), (ys, new_state))
+  return jax.tree.map(_from_microbatches, out), (ys, new_state)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """Layer n = (r·S + s)·L + j: pass r, stage s, layer j of a visit."""
+  axis: str
+  stages: int
+  repeats: int
+  layers: int  # L, per visit.
+
+  def to_stages(self, a: jax.Array) -> jax.Array:
+    """`[N, ...]` -> `[S, R, L, ...]`, split over the stage axis."""
+    shape = (self.repeats, self.stages, self.layers) + a.shape[1:]
+    spec = _explicit_spec(a, self.axis)
+    if spec is None:
+      return jnp.swapaxes(a.reshape(shape), 0, 1)
+    # Under Explicit axes the reshape says where it goes: over the stages
+    # (for GPipe, where a layer axis over them already is).
+    rest = [sharding.entry_without(e, (self.axis,)) for e in spec[1:]]
+    a = jnp.reshape(a, shape, out_sharding=PartitionSpec(
+        None, self.axis, None, *rest))
+    return jnp.swapaxes(a, 0, 1)
+
+  def to_layers(self, a: jax.Array, like: jax.Array) -> jax.Array:
+    """The inverse of `to_stages`, sharded as `like` under Explicit axes."""
+    a = jnp.swapaxes(a, 0, 1)
+    shape = (-1,) + a.shape[3:]
+    spec = _explicit_spec(like, self.axis)
+    if spec is None:
+      return a.reshape(shape)
+    return jnp.reshape(a, shape, out_sharding=spec)
+
+  def ys_to_layers(self, a: jax.Array) -> jax.Array:
+    """`[S, R, M, L, ...]` -> `[N, M, ...]`."""
+    a = jnp.moveaxis(jnp.swapaxes(a, 0, 1), 2, 3)
+    return a.reshape((-1,) + a.shape[3:])
+
+
+@dataclasses.dataclass(frozen=True)
+class _StageProgram:
+  """What each stage runs inside the `shard_map`: every step of the timetable."""
+  body: Callable[..., Any]
+  scan: ScanFn
+  layout: _Layout
+  timetable: Schedule
+  axis: str
+  microbatches: int
+
+  def __call__(self, staged, micro):
+    params, state, keys, xs = jax.tree.map(lambda a: a[0], staged)
+    stages, repeats = self.layout.stages, self.layout.repeats
+    stage = lax.axis_index(self.axis)
+    t = self.timetable
+    # What reaches stage 0 at step i left stage S - 1 at step i - 1.
+    arrived = np.concatenate([[False], t.active[:-1, -1]])
+    arrived_micro = np.concatenate([[0], t.microbatch[:-1, -1]])
+    to_next = [(s, (s + 1) % stages) for s in range(stages)]
+    body = _hoisted(self.body, _varying(_index(micro, 0), self.axis),
+                    jax.tree.map(lambda a: a[0, 0], (params, state, keys, xs)))
+
+    def step(loop, table):
+      previous, returned, state = loop
+      active, repeat, m, came_back, came_back_micro = table
+      active, repeat, m = active[stage], repeat[stage], m[stage]
+      received = lax.ppermute(previous, self.axis, to_next)
+      first = _index(micro, m)
+      if repeats > 1:
+        # Stage 0 keeps each microbatch that comes back from the last stage
+        # until its next pass (P - S steps later).
+        returned = _put(returned, came_back_micro, received,
+                        came_back & (stage == 0))
+        first = _where(repeat == 0, first, _index(returned, m))
+      x_in = _where(stage == 0, first, received)
+      visit_keys = None if keys is None else jax.vmap(
+          lambda k: jax.random.fold_in(k, m))(_index(keys, repeat))
+      visit = (_index(params, repeat), _index(state, repeat), visit_keys,
+               _index(xs, repeat))
+      out, (y, new_state) = self.scan(body, x_in, visit, self.layout.layers)
+      state = _put(state, repeat, new_state, active)
+      return (out, returned, state), (out, y)
+
+    loop = _varying((_index(micro, 0), micro, state), self.axis)
+    tables = (t.active, t.repeat, t.microbatch, arrived, arrived_micro)
+    (_, _, state), (outs, ys) = lax.scan(
+        step, loop, tuple(jnp.asarray(a) for a in tables))
+    # Each microbatch's output: the last stage's, at its last pass.
+    micros = np.arange(self.microbatches)
+    last = t.step_of(stages - 1, repeats - 1, micros)
+    out = jax.tree.map(
+        lambda a: _from_stage(a[last], stage, stages - 1, self.axis), outs)
+    # This stage's ys: at pass r of microbatch m, step r·P + m + stage.
+    visits = t.step_of(stage, np.arange(repeats)[:, None], micros[None, :])
+    ys = jax.tree.map(lambda a: jnp.take(a, visits, axis=0)[None], ys)
+    return out, ys, jax.tree.map(lambda a: a[None], state)
+
+
+def _mesh_axes() -> tuple[tuple[str, ...], tuple[int, ...]]:
+  """The names and sizes of the axes of the mesh set by `jax.set_mesh`."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return (), ()
+  return tuple(mesh.axis_names), tuple(mesh.axis_sizes)
+
+
+def _explicit_spec(a: jax.Array, axis: str) -> Optional[PartitionSpec]:
+  """`a`'s spec, padded to its rank, where the stage axis is Explicit; else None."""
+  sharding = jax.typeof(a).sharding
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or mesh.empty or axis not in mesh.axis_names:
+    return None
+  if mesh.axis_types[mesh.axis_names.index(axis)] != AxisType.Explicit:
+    return None
+  spec = tuple(sharding.spec)
+  return PartitionSpec(*spec, *([None] * (a.ndim - len(spec))))
+
+
+def _to_microbatches(a: jax.Array, microbatches: int) -> jax.Array:
+  """`[B, ...]` -> `[M, B/M, ...]`; microbatch m holds rows m, m + M, ..."""
+  a = a.reshape((a.shape[0] // microbatches, microbatches) + a.shape[1:])
+  return jnp.swapaxes(a, 0, 1)
+
+
+def _from_microbatches(a: jax.Array) -> jax.Array:
+  a = jnp.swapaxes(a, 0, 1)
+  return a.reshape((-1,) + a.shape[2:])
+
+
+def _index(tree: PyTree, i) -> PyTree:
+  return jax.tree.map(
+      lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), tree)
+
+
+def _put(tree: PyTree, i, values: PyTree, when) -> PyTree:
+  """Each buffer of `tree` with slot `i` set to `values` where `when`."""
+  def put(buffer, value):
+    old = lax.dynamic_index_in_dim(buffer, i, keepdims=False)
+    return lax.dynamic_update_index_in_dim(
+        buffer, jnp.where(when, value, old).astype(buffer.dtype), i, 0)
+  return jax.tree.map(put, tree, values)
+
+
+def _where(condition, x: PyTree, y: PyTree) -> PyTree:
+  return jax.tree.map(lambda a, b: jnp.where(condition, a, b), x, y)
+
+
+def _from_stage(a: jax.Array, stage, source: int, axis: str) -> jax.Array:
+  """`a` as held by stage `source`, on every stage (an invariant value)."""
+  dtype = a.dtype
+  if dtype == jnp.bool_:
+    a = a.astype(jnp.int32)
+  # Adding zeros is exact: every stage gets the source's values bit for bit.
+  a = lax.psum(jnp.where(stage == source, a, jnp.zeros_like(a)), axis)
+  return a.astype(dtype)
+
+
+def _hoisted(body: Callable[..., Any], carry: PyTree,
+             scanned: PyTree) -> Callable[..., Any]:
+  """`body`, the arrays it closes over passed in as copies made inside the stage.
+
+  A layer may close over values from outside the `shard_map` (an outer
+  param it scales by). Autodiff would make their cotangents inside it with
+  the outer mesh's sharding, which the manual stage axis contradicts; a copy
+  made here has this stage's type (its cotangent leaves through the copy,
+  summed over the stages as it crosses the `shard_map`).
+  """
+  converted, consts = jax.closure_convert(body, carry, scanned)
+  consts = [jnp.copy(c) for c in consts]
+  return lambda carry, scanned: converted(carry, scanned, *consts)
+
+
+def _varying(tree: PyTree, axis: str) -> PyTree:
+  """`tree` typed as varying over `axis`, as the loop's carry becomes."""
+  def cast(a):
+    aval = jax.typeof(a)
+    # jax >= 0.10 keeps the varying axes in `manual_axis_type`, before in `vma`.
+    varying = getattr(getattr(aval, "manual_axis_type", None), "varying",
+                      getattr(aval, "vma", frozenset()))
+    if axis in varying:
+      return a
+    if hasattr(lax, "pcast"):
+      return lax.pcast(a, axis, to="varying")
+    return lax.pvary(a, axis)
+  return jax.tree.map(cast, tree)

@@ -1,0 +1,545 @@
+"""Tests for the pipeline: against the plain layer scan on one device, on 8 CPU devices.
+
+Ground truth is always the stack without `pipeline=`: `hkb.repeat_layer` /
+`layer_scan` jitted on one device, or, where microbatches change what a layer
+sees (state, rng, per-layer outputs), that plain stack run on each microbatch
+in turn, or the stack written as a Python loop. Results agree to float32
+tolerance (`TOL`): the pipeline sums a gradient per microbatch and then over
+them, the plain scan over the whole batch at once.
+"""
+
+import jax
+
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import functools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import haiku as hk
+import hypothesis
+from hypothesis import strategies as st
+import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
+
+import haiku_bridge as hkb
+from haiku_bridge._src import pipeline as pipeline_lib
+from haiku_bridge._src import scan
+from testing import transformer
+
+KEY = jax.random.PRNGKey(0)
+LAYERS = 8
+# float32, summed in another order (per microbatch, then over microbatches).
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def make_mesh(stages, data=None, model=None, axis_type=AxisType.Auto):
+  """A (stage, data[, model]) mesh over the 8 devices."""
+  sizes = {"stage": stages, "data": data or 8 // stages // (model or 1)}
+  if model:
+    sizes["model"] = model
+  return jax.make_mesh(tuple(sizes.values()), tuple(sizes),
+                       axis_types=(axis_type,) * len(sizes))
+
+
+def by_rows(x, microbatches):
+  """The microbatches of `x`, as the pipeline splits it: rows m, m + M, ..."""
+  return [x[m::microbatches] for m in range(microbatches)]
+
+
+def from_rows(parts):
+  """The inverse of `by_rows`."""
+  return jnp.stack(parts, axis=1).reshape((-1,) + parts[0].shape[1:])
+
+
+def assert_close(test, got, expected, **tol):
+  del test
+  chex.assert_trees_all_close(got, expected, **(tol or TOL))
+
+
+def block(h):
+  """A residual layer with a layer norm and a top-level parameter."""
+  h = h + jnp.tanh(hk.Linear(h.shape[-1])(h))
+  return hk.LayerNorm(-1, True, True)(h) * hk.get_parameter(
+      "gate", [], init=jnp.ones)
+
+
+def dropout_block(h):
+  return hk.dropout(hk.next_rng_key(), 0.25, block(h))
+
+
+def batch_norm_block(h):
+  return block(hk.BatchNorm(True, True, 0.9)(h, is_training=True))
+
+
+def dense(params, h):
+  return h + jnp.tanh(h @ params["w"] + params["b"])
+
+
+def init_dense(rng, h):
+  return {"w": jax.random.normal(rng, [h.shape[-1]] * 2) / 3,
+          "b": jnp.zeros([h.shape[-1]])}
+
+
+def stack(layer=block, num_layers=LAYERS, state=False, **options):
+  """`mean(repeat_layer(layer, x)**2)`, transformed (with state)."""
+  def f(x):
+    return jnp.mean(hkb.repeat_layer(layer, x, num_layers, name="blocks",
+                                     **options) ** 2)
+  return hk.transform_with_state(f) if state else hk.transform(f)
+
+
+def stage_rules():
+  return hkb.ShardingRules([], stacked={"blocks": "stage"})
+
+
+def pipelined_grad(f, params, x, mesh, rules, rng=None):
+  """`value_and_grad` of `f.apply`, jitted under `mesh`, params placed by `rules`."""
+  with jax.set_mesh(mesh):
+    shardings = hkb.param_shardings(params, mesh, rules)
+    grad = jax.jit(jax.value_and_grad(f.apply),
+                   out_shardings=(None, shardings))
+    return grad(jax.device_put(params, shardings), rng,
+                jax.device_put(x, NamedSharding(mesh, P("data"))))
+
+
+class EightDevicesTest(parameterized.TestCase):
+  """Skipped where jax has fewer than 8 devices."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    if jax.device_count() < 8:
+      raise absltest.SkipTest(f"needs 8 devices, jax has {jax.device_count()}.")
+
+
+class ScheduleTest(parameterized.TestCase):
+  """The timetable: every visit once, in an order the data allows; the bubble."""
+
+  @hypothesis.given(stages=st.integers(1, 6), microbatches=st.integers(1, 9),
+                    repeats=st.integers(1, 3))
+  @hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
+                       database=None)
+  def test_every_visit_once_after_the_one_before(self, stages, microbatches,
+                                                 repeats):
+    t = pipeline_lib.schedule(stages, microbatches, repeats)
+    when = {}
+    for step, stage in zip(*np.nonzero(t.active)):
+      visit = (stage, t.repeat[step, stage], t.microbatch[step, stage])
+      self.assertNotIn(visit, when)
+      when[visit] = step
+    self.assertLen(when, stages * microbatches * repeats)
+    for (stage, r, m), step in when.items():
+      # A visit follows the microbatch's visit to the stage before it; pass r
+      # + 1 at stage 0 follows pass r at the last stage.
+      before = ((stage - 1, r, m) if stage else
+                (stages - 1, r - 1, m) if r else None)
+      if before is not None:
+        self.assertGreater(step, when[before])
+      # A stage holds one microbatch's result for its next stage (one step).
+      self.assertEqual(step, t.step_of(stage, r, m))
+
+  @parameterized.product(stages=(2, 4, 8), microbatches=(1, 2, 4, 8, 32))
+  def test_gpipe_bubble(self, stages, microbatches):
+    t = pipeline_lib.schedule(stages, microbatches)
+    self.assertEqual(t.num_steps, microbatches + stages - 1)
+    self.assertAlmostEqual(t.bubble,
+                           (stages - 1) / (microbatches + stages - 1))
+
+  @parameterized.product(stages=(2, 4), microbatches=(4, 8, 16),
+                         repeats=(2, 4))
+  def test_circular_bubble(self, stages, microbatches, repeats):
+    # With M >= S no pass waits: (S-1) idle steps out of R·M + S - 1, each
+    # step 1/R of a GPipe step.
+    t = pipeline_lib.schedule(stages, microbatches, repeats)
+    self.assertAlmostEqual(
+        t.bubble, (stages - 1) / (repeats * microbatches + stages - 1))
+    self.assertLess(t.bubble, pipeline_lib.schedule(stages,
+                                                    microbatches).bubble)
+
+
+class TrainingEqualsOneDeviceTest(EightDevicesTest):
+  """A transformer trained a few SGD steps: loss, gradients and params of one device.
+
+  The blocks are testing/transformer.py's (attention, MLP, layer norms).
+  """
+
+  VOCAB, D_MODEL, HEADS, SEQ, BATCH, STEPS = 16, 8, 2, 4, 16, 3
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tokens = jnp.zeros([cls.BATCH, cls.SEQ], jnp.int32)
+    plain = cls._loss()
+    cls.params = jax.device_get(jax.jit(plain.init)(KEY, cls.tokens))
+    cls.expected = cls._train(plain, cls.params)  # One device.
+
+  @classmethod
+  def _loss(cls, pipeline=None):
+    def loss(tokens):
+      # Embedded as one-hot rows times a matrix: a gather of rows split over
+      # "data" would need its output sharding named under Explicit axes.
+      one_hot = jax.nn.one_hot(tokens, cls.VOCAB)
+      h = hk.Linear(cls.D_MODEL, with_bias=False, name="embed")(one_hot)
+      layer = functools.partial(transformer.block, d_model=cls.D_MODEL,
+                                heads=cls.HEADS)
+      h = hkb.repeat_layer(layer, h, LAYERS, name="layers",
+                           pipeline=pipeline)
+      logits = hk.Linear(cls.VOCAB, name="unembed")(h)
+      targets = jax.nn.one_hot(jnp.roll(tokens, -1, axis=1), cls.VOCAB)
+      return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * targets, -1))
+    return hk.transform(loss)
+
+  @classmethod
+  def _train(cls, f, params, shardings=None, batch=None):
+    """STEPS steps of SGD with momentum: losses, first gradients, params."""
+    optimizer = optax.sgd(0.05, momentum=0.9)
+
+    def step(params, opt_state, tokens):
+      loss, grads = jax.value_and_grad(f.apply)(params, None, tokens)
+      updates, opt_state = optimizer.update(grads, opt_state)
+      return optax.apply_updates(params, updates), opt_state, loss, grads
+
+    step = jax.jit(step, out_shardings=(shardings, None, None, shardings))
+    opt_state = optimizer.init(params)
+    losses, first_grads = [], None
+    for i in range(cls.STEPS):
+      tokens = jax.random.randint(jax.random.PRNGKey(10 + i),
+                                  [cls.BATCH, cls.SEQ], 0, cls.VOCAB)
+      if batch is not None:
+        tokens = jax.device_put(tokens, batch)
+      params, opt_state, loss, grads = step(params, opt_state, tokens)
+      losses.append(loss)
+      first_grads = grads if first_grads is None else first_grads
+    return jnp.stack(losses), first_grads, params
+
+  def _assert_trains_as_one_device(self, stages, microbatches, schedule,
+                                   axis_type=AxisType.Auto):
+    repeats = 2 if schedule == "circular" else None
+    pipelined = self._loss(
+        hkb.Pipeline("stage", microbatches, schedule, repeats))
+    mesh = make_mesh(stages, axis_type=axis_type)
+    rules = hkb.ShardingRules([], stacked={"layers": "stage"})
+    with jax.set_mesh(mesh):
+      shardings = hkb.param_shardings(self.params, mesh, rules)
+      losses, grads, trained = self._train(
+          pipelined, jax.device_put(self.params, shardings), shardings,
+          NamedSharding(mesh, P("data")))
+    assert_close(self, (losses, grads, trained), self.expected)
+    # Each device holds its stage's layers: 1/S of the stack.
+    w = trained["layers/mlp/~/linear_0"]["w"]
+    self.assertEqual(w.sharding.spec[0], "stage")
+    self.assertEqual(w.addressable_shards[0].data.shape[0], LAYERS // stages)
+
+  def test_init_is_the_plain_init(self):
+    # Under the mesh, created on the stages: the same names and values.
+    pipelined = self._loss(hkb.Pipeline("stage", 4, "circular"))
+    mesh = make_mesh(4)
+    with jax.set_mesh(mesh):
+      shardings = hkb.param_shardings(
+          self.params, mesh, hkb.ShardingRules([], stacked={"layers": "stage"}))
+      params = jax.jit(pipelined.init, out_shardings=shardings)(KEY,
+                                                                self.tokens)
+    chex.assert_trees_all_equal(jax.device_get(params), self.params)
+
+  @parameterized.parameters(*pipeline_lib.SCHEDULES)
+  def test_stages_pass_activations_with_ppermute(self, schedule):
+    # What the exactness tests cannot see: the stack did run as a pipeline.
+    pipelined = self._loss(hkb.Pipeline("stage", 4, schedule))
+    with jax.set_mesh(make_mesh(4)):
+      jaxpr = str(jax.make_jaxpr(pipelined.apply)(self.params, None,
+                                                  self.tokens))
+    self.assertIn("shard_map", jaxpr)
+    self.assertIn("ppermute", jaxpr)
+    self.assertNotIn("ppermute", str(jax.make_jaxpr(self._loss().apply)(
+        self.params, None, self.tokens)))
+
+  @parameterized.product(stages=(2, 4), microbatches=("1", "S", "2S"),
+                         schedule=pipeline_lib.SCHEDULES)
+  def test_auto_axes(self, stages, microbatches, schedule):
+    m = {"1": 1, "S": stages, "2S": 2 * stages}[microbatches]
+    self._assert_trains_as_one_device(stages, m, schedule)
+
+  @parameterized.parameters(("gpipe", 2, 2), ("circular", 4, 8))
+  def test_explicit_axes(self, schedule, stages, microbatches):
+    self._assert_trains_as_one_device(stages, microbatches, schedule,
+                                      AxisType.Explicit)
+
+
+class MicrobatchSemanticsTest(EightDevicesTest):
+  """State, rng, xs and ys per microbatch, as documented, against the plain stack."""
+
+  X = jax.random.normal(jax.random.PRNGKey(1), [16, 4])
+
+  @parameterized.parameters(("gpipe", None, False), ("circular", 2, True))
+  def test_state_goes_through_the_microbatches_in_order(self, schedule,
+                                                        repeats, remat):
+    # Ground truth: the plain stack applied to microbatch 0, 1, ... in turn,
+    # each with the state the one before left.
+    m = 4
+    pipe = hkb.Pipeline("stage", m, schedule, repeats)
+    plain = stack(batch_norm_block, state=True, remat=remat)
+    pipelined = stack(batch_norm_block, state=True, remat=remat,
+                      pipeline=pipe)
+    params, state = plain.init(KEY, self.X)
+
+    def sequential(params):
+      total, s = 0.0, state
+      for part in by_rows(self.X, m):
+        loss, s = plain.apply(params, s, None, part)
+        total += loss / m
+      return total, s
+
+    (loss, new_state), grads = jax.jit(jax.value_and_grad(
+        sequential, has_aux=True))(params)
+    mesh = make_mesh(2)
+    with jax.set_mesh(mesh):
+      (got_loss, got_state), got_grads = jax.jit(jax.value_and_grad(
+          lambda p: pipelined.apply(p, state, None, self.X), has_aux=True))(
+              params)
+    assert_close(self, (got_loss, got_state, got_grads),
+                 (loss, new_state, grads), rtol=1e-5, atol=1e-5)
+    self.assertIn("blocks/batch_norm/~/mean_ema", got_state)
+
+  def test_rng_per_layer_and_microbatch(self):
+    # Ground truth: the stack as a Python loop, layer i of microbatch m under
+    # `fold_in(key_i, m)` with key_i the plain scan's key for layer i.
+    m, layers = 2, 4
+
+    def loop(x, microbatch):
+      hk.maybe_next_rng_key()  # The stack's init key.
+      keys = jax.random.split(hk.next_rng_key(), layers)
+      for i in range(layers):
+        with hk.name_scope(f"layer_{i}"), hk.with_rng(
+            jax.random.fold_in(keys[i], microbatch)):
+          x = dropout_block(x)
+      return x
+
+    plain = hk.transform(lambda x: hkb.repeat_layer(
+        dropout_block, x, layers, name="blocks"))
+    pipelined = hk.transform(lambda x: hkb.repeat_layer(
+        dropout_block, x, layers, name="blocks",
+        pipeline=hkb.Pipeline("stage", m, "circular")))
+    looped = hk.transform(loop)
+    params = plain.init(KEY, self.X)
+    loop_params = hkb.unstack_params(params, stack="blocks",
+                                     num_layers=layers)
+    rng = jax.random.PRNGKey(7)
+    expected = from_rows([looped.apply(loop_params, rng, part, i)
+                          for i, part in enumerate(by_rows(self.X, m))])
+    with jax.set_mesh(make_mesh(2)):
+      got = jax.jit(pipelined.apply)(params, rng, self.X)
+    assert_close(self, got, expected)
+    # Dropout drew: the plain stack's full-batch masks are others.
+    self.assertFalse(np.allclose(got, plain.apply(params, rng, self.X)))
+
+  @parameterized.parameters(False, "binomial")
+  def test_xs_per_layer_and_ys_per_microbatch(self, remat):
+    # Ground truth: the plain scan on each microbatch; its ys stacked on a
+    # microbatch axis after the layer axis.
+    m = 4
+    xs = {"shift": jax.random.normal(KEY, [LAYERS, 4])}
+
+    def layer(c, x):
+      return block(c + x["shift"]), {"norm": jnp.sum(c ** 2)}
+
+    def f(pipeline):
+      return hk.transform(lambda x, xs: hkb.layer_scan(
+          layer, x, xs, name="blocks", remat=remat, pipeline=pipeline))
+
+    plain, pipelined = f(None), f(hkb.Pipeline("stage", m))
+    params = plain.init(KEY, self.X, xs)
+
+    def loss(outs):
+      carry, ys = outs
+      return jnp.sum(carry ** 2) + jnp.sum(ys["norm"])
+
+    def per_microbatch(params):
+      outs = [plain.apply(params, None, part, xs)
+              for part in by_rows(self.X, m)]
+      carry = from_rows([c for c, _ in outs])
+      ys = jax.tree.map(lambda *y: jnp.stack(y, axis=1), *[y for _, y in outs])
+      return loss((carry, ys)), (carry, ys)
+
+    expected = jax.value_and_grad(per_microbatch, has_aux=True)(params)
+    with jax.set_mesh(make_mesh(4)):
+      got = jax.jit(jax.value_and_grad(
+          lambda p: (lambda o: (loss(o), o))(pipelined.apply(p, None, self.X,
+                                                             xs)),
+          has_aux=True))(params)
+    self.assertEqual(got[0][1][1]["norm"].shape, (LAYERS, m))
+    assert_close(self, got, expected)
+
+
+class LayerKindsTest(EightDevicesTest):
+  """Pure layers, remat, reverse, closures: the plain stack's loss and gradients."""
+
+  X = jax.random.normal(jax.random.PRNGKey(1), [8, 4])
+
+  def _assert_matches_plain(self, plain, pipelined, stages=2, x=None):
+    x = self.X if x is None else x
+    params = plain.init(KEY, x)
+    chex.assert_trees_all_equal(pipelined.init(KEY, x), params)
+    expected = jax.jit(jax.value_and_grad(plain.apply))(params, None, x)
+    got = pipelined_grad(pipelined, params, x, make_mesh(stages),
+                         stage_rules())
+    assert_close(self, got, expected)
+
+  @parameterized.product(remat=(False, True) + scan.REMAT_SCHEDULES,
+                         schedule=pipeline_lib.SCHEDULES)
+  def test_pure_layer_with_remat(self, remat, schedule):
+    pipe = hkb.Pipeline("stage", 2, schedule)
+    self._assert_matches_plain(
+        stack(dense, init=init_dense, remat=remat),
+        stack(dense, init=init_dense, remat=remat, pipeline=pipe))
+
+  def test_reverse(self):
+    pipe = hkb.Pipeline("stage", 4, "circular", repeats=2)
+    self._assert_matches_plain(stack(reverse=True),
+                               stack(reverse=True, pipeline=pipe), stages=4)
+
+  def test_layer_closing_over_an_outer_param(self):
+    # The gradient of `scale` sums over every layer of every stage.
+    def net(pipeline):
+      def f(x):
+        scale = hk.get_parameter("scale", [4], init=jnp.ones)
+        return jnp.mean(hkb.repeat_layer(
+            lambda h: block(h) * scale, x, LAYERS, name="blocks",
+            pipeline=pipeline) ** 2)
+      return hk.transform(f)
+
+    self._assert_matches_plain(net(None), net(hkb.Pipeline("stage", 2)))
+
+  def test_transformed_layer(self):
+    layer = hk.transform(lambda c, _: (block(c), None))
+    def net(pipeline):
+      return hk.transform(lambda x: jnp.mean(hkb.layer_scan(
+          layer, x, num_layers=LAYERS, name="blocks",
+          pipeline=pipeline)[0] ** 2))
+    self._assert_matches_plain(net(None), net(hkb.Pipeline("stage", 4)))
+
+
+class OtherMeshAxesTest(EightDevicesTest):
+  """Stages with data parallelism, FSDP and Megatron splits at once."""
+
+  @parameterized.parameters(*pipeline_lib.SCHEDULES)
+  def test_fsdp_megatron_rules_auto_axes(self, schedule):
+    # docs/sharding.md's FSDP + Megatron rules, the layer axis over "stage".
+    vocab, d, heads, layers = 16, 8, 2, 4
+    rules = hkb.ShardingRules(transformer.RULES.rules,
+                              stacked={"layers": "stage"})
+    pipe = hkb.Pipeline("stage", 2, schedule)
+
+    def f(pipeline):
+      return hk.transform(lambda t: jnp.mean(transformer.transformer(
+          t, vocab=vocab, d_model=d, heads=heads, layers=layers,
+          pipeline=pipeline) ** 2))
+
+    tokens = jax.random.randint(KEY, [8, 4], 0, vocab)
+    params = jax.device_get(f(None).init(KEY, tokens))
+    expected = jax.jit(jax.value_and_grad(f(None).apply))(params, None,
+                                                          tokens)
+    mesh = make_mesh(2, 2, 2)
+    got = pipelined_grad(f(pipe), params, tokens, mesh, rules)
+    assert_close(self, got, expected)
+    self.assertEqual(got[1]["layers/mlp/~/linear_0"]["w"].sharding.spec,
+                     P("stage", "data", "model"))
+
+  @parameterized.parameters(*pipeline_lib.SCHEDULES)
+  def test_fsdp_megatron_explicit_axes(self, schedule):
+    # Under Explicit axes the layer gathers its FSDP split and names the
+    # sharding of its row-split matmul (docs/sharding.md).
+    def mlp(params, x):
+      params = hkb.gather_over(params, "data")
+      h = jax.nn.gelu(x @ params["w1"])
+      return x + jnp.dot(h, params["w2"], out_sharding=jax.typeof(x).sharding)
+
+    def init_mlp(rng, x):
+      k1, k2 = jax.random.split(rng)
+      return {"w1": jax.random.normal(k1, [x.shape[-1], 16]) * 0.3,
+              "w2": jax.random.normal(k2, [16, x.shape[-1]]) * 0.3}
+
+    f = functools.partial(stack, mlp, init=init_mlp, num_layers=4)
+    rules = hkb.ShardingRules(
+        [(r"/w1$", P("data", "model")), (r"/w2$", P("model", "data"))],
+        stacked={"blocks": "stage"})
+    x = jax.random.normal(KEY, [8, 8])
+    params = f().init(KEY, x)
+    expected = jax.jit(jax.value_and_grad(f().apply))(params, None, x)
+    mesh = make_mesh(2, 2, 2, AxisType.Explicit)
+    got = pipelined_grad(f(pipeline=hkb.Pipeline("stage", 2, schedule)),
+                         params, x, mesh, rules)
+    assert_close(self, got, expected)
+    self.assertEqual(got[1]["blocks/~"]["w1"].sharding.spec,
+                     P("stage", "data", "model"))
+
+
+class ErrorsTest(parameterized.TestCase):
+
+  X = jnp.ones([8, 4])
+
+  def _apply(self, f, mesh):
+    params = f.init(KEY, self.X)
+    with jax.set_mesh(mesh):
+      return f.apply(params, None, self.X)
+
+  def test_layers_not_divisible_by_stages(self):
+    f = stack(num_layers=6, pipeline=hkb.Pipeline("stage", 2))
+    with self.assertRaisesRegex(
+        ValueError, r"^hkb.repeat_layer: `num_layers` is 6, which does not "
+        r"split into 4 stages: .*4 does not divide 6"):
+      self._apply(f, make_mesh(4))
+
+  def test_layers_not_divisible_by_stages_times_repeats(self):
+    f = stack(num_layers=6, pipeline=hkb.Pipeline("stage", 2, "circular",
+                                                  repeats=2))
+    with self.assertRaisesRegex(
+        ValueError, r"^hkb.repeat_layer: `num_layers` is 6, which does not "
+        r"split into 2 stages × 2 passes \(`pipeline.repeats`\).*other "
+        r"`repeats`"):
+      self._apply(f, make_mesh(2))
+
+  def test_batch_not_divisible_by_microbatches(self):
+    f = stack(pipeline=hkb.Pipeline("stage", 3))
+    with self.assertRaisesRegex(
+        ValueError, r"^hkb.repeat_layer: the carry at <root> has shape \(8, 4\)"
+        r".*`pipeline.microbatches`=3.*3 does not divide 8"):
+      self._apply(f, make_mesh(2))
+
+  def test_mesh_without_the_axis(self):
+    f = stack(pipeline=hkb.Pipeline("pipe", 2))
+    with self.assertRaisesRegex(
+        ValueError, r"^hkb.repeat_layer: `pipeline.axis` is 'pipe', but the mesh "
+        r"has axes \('stage', 'data'\)"):
+      self._apply(f, make_mesh(2))
+
+  def test_no_mesh_at_apply(self):
+    f = stack(pipeline=hkb.Pipeline("stage", 2))
+    params = f.init(KEY, self.X)  # Init needs none: it runs the plain scan.
+    with self.assertRaisesRegex(ValueError, r"^hkb.repeat_layer: `pipeline.axis`"
+                                r" is 'stage', but no mesh is set"):
+      f.apply(params, None, self.X)
+
+  def test_init_under_a_mesh_checks_too(self):
+    f = stack(pipeline=hkb.Pipeline("stage", 3))
+    with jax.set_mesh(make_mesh(2)):
+      with self.assertRaisesRegex(ValueError, "3 does not divide 8"):
+        f.init(KEY, self.X)
+
+  def test_pipeline_not_a_pipeline(self):
+    f = stack(pipeline="stage")
+    with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: `pipeline` "
+                                r"must be None or an hkb.Pipeline"):
+      f.init(KEY, self.X)
+
+
+if __name__ == "__main__":
+  absltest.main()

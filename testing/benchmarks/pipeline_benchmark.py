@@ -1,0 +1,198 @@
+r"""Benchmark of the layer scan as a pipeline (issue 21): memory per device, bubble, step time.
+
+A transformer block stack (`testing/transformer.py`'s blocks) trained under
+`layer_scan(pipeline=hkb.Pipeline(...))` on a `(stage=S, data=8/S)` mesh of
+8 CPU devices, beside the same stack data-parallel over all 8 (`data=8`, no
+pipeline). For each S, schedule and microbatch count M it reports:
+
+* param bytes per device: the stack's, with its layer axis over `stage`
+  (1/S of the data-parallel run's, which keeps every layer everywhere);
+* peak temporaries per device of the jitted grad step (XLA's memory
+  analysis of the compiled step);
+* the bubble: idle stage-steps counted from the schedule the pipeline runs
+  (`pipeline.schedule`), against GPipe's (S-1)/(M+S-1);
+* step time over the data-parallel step time. The 8 devices are simulated
+  by XLA on this machine's CPU cores, so the stages share cores and
+  ppermute is a memory copy: the ratio says what the schedule costs in
+  compute (idle slots still compute, masked), not what a pipeline over a
+  real interconnect gains. Timings never fail the program.
+
+    bazel run //testing/benchmarks:pipeline_benchmark              # ~4 minutes
+    bazel run //testing/benchmarks:pipeline_benchmark -- --quick   # smoke run
+
+or, without Bazel, from the repository root:
+
+    PYTHONPATH=. python3 testing/benchmarks/pipeline_benchmark.py [--quick]
+"""
+
+import jax
+
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import dataclasses
+import functools
+import statistics
+import sys
+import time
+from typing import Optional
+
+from absl import app
+from absl import flags
+import haiku as hk
+import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+import haiku_bridge as hkb
+from haiku_bridge._src import pipeline as pipeline_lib
+from testing import transformer
+from testing.benchmarks.lib import environment
+
+_QUICK = flags.DEFINE_bool("quick", False,
+                           "Smoke mode: a tiny stack, one timed step.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  mode: str
+  layers: int
+  d_model: int
+  seq: int
+  batch: int
+  stages: tuple[int, ...]
+  microbatches: tuple[str, ...]  # Multiples of S: "1", "S", "2S", "4S".
+  repeats: int  # Timed steps (the median is reported).
+
+
+FULL = Config("full", layers=8, d_model=32, seq=16, batch=64, stages=(2, 4),
+              microbatches=("1", "S", "2S", "4S"), repeats=3)
+QUICK = Config("quick", layers=4, d_model=16, seq=4, batch=16, stages=(2,),
+               microbatches=("2S",), repeats=1)
+HEADS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  stages: int
+  schedule: str
+  microbatches: int
+  param_bytes: int  # The stack's, on one device.
+  temp_bytes: int
+  bubble: float
+  gpipe_bubble: float  # (S-1)/(M+S-1).
+  step_s: float
+
+
+def microbatch_count(name: str, stages: int) -> int:
+  return {"1": 1, "S": stages, "2S": 2 * stages, "4S": 4 * stages}[name]
+
+
+def loss_fn(cfg: Config, pipeline: Optional[hkb.Pipeline]) -> hk.Transformed:
+  layer = functools.partial(transformer.block, d_model=cfg.d_model,
+                            heads=HEADS)
+
+  def loss(h):
+    h = hkb.repeat_layer(layer, h, cfg.layers, name="layers",
+                         pipeline=pipeline)
+    return jnp.mean(h ** 2)
+
+  return hk.transform(loss)
+
+
+def measure(cfg: Config, mesh_shape: dict[str, int],
+            pipeline: Optional[hkb.Pipeline]) -> tuple[int, int, float]:
+  """(stack param bytes on device 0, peak temp bytes, median step seconds)."""
+  mesh = jax.make_mesh(tuple(mesh_shape.values()), tuple(mesh_shape),
+                       axis_types=(AxisType.Auto,) * len(mesh_shape))
+  f = loss_fn(cfg, pipeline)
+  x = jax.random.normal(jax.random.PRNGKey(1), [cfg.batch, cfg.seq,
+                                                cfg.d_model])
+  stacked = {"layers": "stage"} if "stage" in mesh_shape else {}
+  rules = hkb.ShardingRules([], stacked=stacked)
+  with jax.set_mesh(mesh):
+    shapes = jax.eval_shape(f.init, jax.random.PRNGKey(0), x)
+    shardings = hkb.param_shardings(shapes, mesh, rules)
+    params = jax.jit(f.init, out_shardings=shardings)(jax.random.PRNGKey(0),
+                                                      x)
+    x = jax.device_put(x, NamedSharding(mesh, P("data")))
+    step = jax.jit(jax.grad(f.apply), out_shardings=shardings)
+    compiled = step.lower(params, None, x).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    jax.block_until_ready(compiled(params, None, x))  # Warm.
+    times = []
+    for _ in range(cfg.repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(compiled(params, None, x))
+      times.append(time.perf_counter() - start)
+  device = jax.devices()[0]
+  param_bytes = sum(shard.data.nbytes for leaf in jax.tree.leaves(params)
+                    for shard in leaf.addressable_shards
+                    if shard.device == device)
+  return param_bytes, temp, statistics.median(times)
+
+
+def run(cfg: Config) -> tuple[tuple[int, int, float], list[Row]]:
+  """The data-parallel baseline and a row per (S, schedule, M)."""
+  baseline = measure(cfg, {"data": 8}, None)
+  rows = []
+  for stages in cfg.stages:
+    for schedule in pipeline_lib.SCHEDULES:
+      for name in cfg.microbatches:
+        m = microbatch_count(name, stages)
+        pipe = hkb.Pipeline("stage", m, schedule)
+        print(f"pipeline: S={stages} {schedule} M={m}", file=sys.stderr)
+        param_bytes, temp, step_s = measure(
+            cfg, {"stage": stages, "data": 8 // stages}, pipe)
+        timetable = pipeline_lib.schedule(
+            stages, m, pipe.num_repeats(cfg.layers, stages))
+        rows.append(Row(stages, schedule, m, param_bytes, temp,
+                        timetable.bubble, (stages - 1) / (m + stages - 1),
+                        step_s))
+  return baseline, rows
+
+
+def markdown(cfg: Config, baseline: tuple[int, int, float],
+             rows: list[Row]) -> str:
+  base_params, base_temp, base_step = baseline
+  lines = [
+      f"Stack: {cfg.layers} transformer blocks, d_model {cfg.d_model}, "
+      f"{HEADS} heads; batch {cfg.batch} × {cfg.seq} tokens; grad step. "
+      f"Baseline: data-parallel over 8 devices, no pipeline: "
+      f"{base_params} param bytes and {base_temp} temp bytes per device, "
+      f"{base_step * 1e3:.1f} ms per step. Circular: one layer per stage per "
+      f"pass (repeats = N/S).", "",
+      "| S | schedule | M | param bytes / device | × baseline | "
+      "temp bytes / device | bubble (schedule) | (S-1)/(M+S-1) | "
+      "step time / data-parallel |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for r in rows:
+    lines.append(
+        f"| {r.stages} | {r.schedule} | {r.microbatches} | {r.param_bytes} | "
+        f"{r.param_bytes / base_params:.3f} | {r.temp_bytes} | "
+        f"{r.bubble:.3f} | {r.gpipe_bubble:.3f} | "
+        f"{r.step_s / base_step:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
+def report(cfg: Config, command: str) -> str:
+  """Runs the benchmark; returns the run's description and its table."""
+  start = time.perf_counter()
+  baseline, rows = run(cfg)
+  return environment.run_header(
+      "Pipeline (`testing/benchmarks/pipeline_benchmark.py`)", command,
+      cfg.mode, time.perf_counter() - start) + "\n" + markdown(cfg, baseline, rows)
+
+
+def main(argv: list[str]) -> None:
+  del argv  # Flags only.
+  print(report(QUICK if _QUICK.value else FULL,
+               " ".join(["python3"] + sys.argv)))
+
+
+if __name__ == "__main__":
+  app.run(main)

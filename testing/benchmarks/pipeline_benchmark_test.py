@@ -1,0 +1,46 @@
+"""Keeps testing/benchmarks/pipeline_benchmark.py from rotting: its quick mode runs to the end.
+
+No timing is asserted; what the rows must say is checked where the schedule and the
+sharding are (haiku_bridge/_src/pipeline_test.py). Here: every row is there, and the
+param bytes per device are 1/S of the data-parallel run's.
+"""
+
+import contextlib
+import io
+import re
+
+from absl.testing import absltest
+
+from testing.benchmarks import pipeline_benchmark
+
+
+class QuickPipelineBenchmarkTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    with contextlib.redirect_stderr(io.StringIO()) as stderr:
+      cls.report = pipeline_benchmark.report(pipeline_benchmark.QUICK,
+                                             "pipeline_benchmark_test --quick")
+    cls.progress = stderr.getvalue()
+
+  def test_reports_the_run(self):
+    for text in ("Command: `pipeline_benchmark_test --quick`", "Mode: quick",
+                 "| CPU count |", "| jax |", "| haiku_bridge |"):
+      self.assertIn(text, self.report)
+
+  def test_a_row_per_stage_count_schedule_and_microbatches(self):
+    cfg = pipeline_benchmark.QUICK
+    for s in cfg.stages:
+      for schedule in ("gpipe", "circular"):
+        for name in cfg.microbatches:
+          m = pipeline_benchmark.microbatch_count(name, s)
+          row = re.search(rf"^\| {s} \| {schedule} \| {m} \| \d+ \| ([\d.]+) \|",
+                          self.report, re.M)
+          self.assertIsNotNone(row, (s, schedule, m))
+          self.assertAlmostEqual(float(row[1]), 1 / s, places=3)
+          self.assertIn(f"S={s} {schedule} M={m}", self.progress)
+
+
+if __name__ == "__main__":
+  absltest.main()
