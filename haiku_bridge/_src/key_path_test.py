@@ -21,6 +21,7 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
+from haiku_bridge._src import naming
 from haiku_bridge._src import pytree
 
 KEY = jax.random.PRNGKey(0)
@@ -185,6 +186,18 @@ class ApplyTraceTest(parameterized.TestCase):
     expected = ["net/layer_0/w", "net/layer_1/w"] if getter else []
     self.assertEqual(init_names, expected)
     self.assertEqual(seen, expected * 2 + expected[:1])
+
+  def test_a_warm_retrace_names_no_leaf_again(self):
+    # The key-path names are kept with the structure; the module names are
+    # still allocated at each call (call_pure_test: a bundle never shares an
+    # inline module's name, whichever ran first, warm or cold).
+    f = hk.transform(lambda x: hkb.call_pure(per_row, x, init=init_per_row))
+    params = f.init(KEY, X)
+    f.apply(params, None, X)
+    with mock.patch.object(naming, "key_path_groups",
+                           wraps=naming.key_path_groups) as spy:
+      jax.jit(lambda p, x: f.apply(p, None, x)).trace(params, X)
+    self.assertEqual(spy.call_count, 0 if caches.enabled() else 1)
 
   @parameterized.named_parameters(*TEMPERATURES)
   def test_a_new_batch_size_is_shaped_afresh(self, temperature):
