@@ -37,17 +37,18 @@ class _Plan(NamedTuple):
 
   Computed from `init`'s output once per signature and kept with it, so a
   re-trace neither flattens nor names the tree again. The module names the
-  groups enter are still allocated by Haiku at each call (`naming.module_scope`):
-  those depend on what the caller's scope already holds.
+  groups enter are still allocated by Haiku at each call
+  (`naming.module_scope`): they depend on what the caller's scope holds.
   """
   treedef: Any  # jax.tree_util.PyTreeDef.
-  shapes: tuple[tuple[int, ...], ...]  # Of each leaf, in `jax.tree.leaves` order.
-  groups: tuple[tuple[Optional[str], list[naming.KeyPathLeaf]], ...]
+  shapes: tuple[tuple[int, ...], ...]  # Per leaf, in `jax.tree.leaves` order.
+  groups: tuple[tuple[Optional[str], tuple[naming.KeyPathLeaf, ...]], ...]
 
 
 def _plan(tree: PyTree) -> _Plan:
   """`tree`'s plan; raises for a key path that is no Haiku name."""
-  groups = tuple(naming.key_path_groups(tree).items())
+  groups = tuple((top, tuple(members))
+                 for top, members in naming.key_path_groups(tree).items())
   return _Plan(jax.tree.structure(tree),
                tuple(tuple(x.shape) for x in jax.tree.leaves(tree)), groups)
 

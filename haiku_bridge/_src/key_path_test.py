@@ -67,7 +67,7 @@ def run(init, *args):
 
 
 def run_child(test, script, path):
-  """stdout of `script` run in a new Python process, given this file and `path`."""
+  """stdout of `script` in a new Python process, given this file and `path`."""
   child = subprocess.run(
       [sys.executable, "-c", script, os.path.abspath(__file__), path],
       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
