@@ -5,12 +5,13 @@ at init, `init(rng, *args, **kwargs)` runs once with a key from Haiku's rng
 sequence and each leaf is stored where its key path says (`naming.py`); at
 apply, `init` never runs: its output's structure and shapes come from
 `jax.eval_shape` (no op of it reaches the jaxpr), kept per exact argument
-signature (`_structure`), and the leaves are read back from what apply was given, each
+signature (`_structure`) together with the key-path names of its leaves (a
+`_Plan`), and the leaves are read back from what apply was given, each
 checked for presence and shape. Dtypes are the stored params' own, as inline
 Haiku reads them.
 """
 
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
 import haiku as hk
 import jax
@@ -31,6 +32,27 @@ from haiku_bridge._src.pytree import PyTree
 _STRUCTURE = caches.Cache("structure of init's output")
 
 
+class _Plan(NamedTuple):
+  """What reading a params pytree needs of it: a function of its structure.
+
+  Computed from `init`'s output once per signature and kept with it, so a
+  re-trace neither flattens nor names the tree again. The module names the
+  groups enter are still allocated by Haiku at each call
+  (`naming.module_scope`): they depend on what the caller's scope holds.
+  """
+  treedef: Any  # jax.tree_util.PyTreeDef.
+  shapes: tuple[tuple[int, ...], ...]  # Per leaf, in `jax.tree.leaves` order.
+  groups: tuple[tuple[Optional[str], tuple[naming.KeyPathLeaf, ...]], ...]
+
+
+def _plan(tree: PyTree) -> _Plan:
+  """`tree`'s plan; raises for a key path that is no Haiku name."""
+  groups = tuple((top, tuple(members))
+                 for top, members in naming.key_path_groups(tree).items())
+  return _Plan(jax.tree.structure(tree),
+               tuple(tuple(x.shape) for x in jax.tree.leaves(tree)), groups)
+
+
 def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
   """The params pytree `init` describes: created at init, read at apply."""
   if not callable(init):
@@ -42,11 +64,11 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
     tree = _run_init(init, args, kwargs)
     _check_array_leaves(tree)
     tree = jax.tree.map(storage.canonical, tree)
+    plan, flat = _plan(tree), jax.tree.leaves(tree)
   else:
-    tree = _structure(init, args, kwargs)
-  flat = jax.tree.leaves(tree)
-  values = [None] * len(flat)
-  for top, members in naming.key_path_groups(tree).items():
+    plan = _structure(init, args, kwargs)
+  values = [None] * len(plan.shapes)
+  for top, members in plan.groups:
     # One module per first path component: it takes the name and is the
     # scope its leaves are read and written in.
     with naming.module_scope(top, members[0].keypath):
@@ -54,14 +76,14 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
       leaves = [storage.Leaf(m.keypath, naming.join_bundle(scope, m.below),
                              m.name) for m in members]
       storage.PARAMS.claim(leaves)
-      group = [flat[m.index] for m in members]
       if hk.running_init():
-        got = storage.PARAMS.create(leaves, group)
+        got = storage.PARAMS.create(leaves, [flat[m.index] for m in members])
       else:
-        got = storage.PARAMS.read(leaves, [x.shape for x in group])
+        got = storage.PARAMS.read(leaves,
+                                  [plan.shapes[m.index] for m in members])
     for member, value in zip(members, got):
       values[member.index] = value
-  return jax.tree.structure(tree).unflatten(values)
+  return plan.treedef.unflatten(values)
 
 
 def _run_init(init, args, kwargs) -> PyTree:
@@ -103,8 +125,8 @@ def _check_array_leaves(tree: PyTree) -> None:
           "subtree."))
 
 
-def _structure(init, args, kwargs) -> PyTree:
-  """Shapes and dtypes of `init(rng, *args, **kwargs)`, never running it.
+def _structure(init, args, kwargs) -> _Plan:
+  """The plan of `init(rng, *args, **kwargs)`'s output, never running it.
 
   Found by `jax.eval_shape` with every array argument abstract, which is
   kept per exact signature: if `init` ran that way, its output cannot depend
@@ -127,7 +149,7 @@ def _structure(init, args, kwargs) -> PyTree:
   except pytree.CONCRETIZATION_ERRORS:
     key = pytree.concrete_key(key_spec)
     try:
-      return jax.eval_shape(lambda: init(key, *args, **kwargs))
+      structure = jax.eval_shape(lambda: init(key, *args, **kwargs))
     except pytree.CONCRETIZATION_ERRORS as error:
       raise TypeError(errors.message(
           "`init` needs concrete values to give the structure of its params, "
@@ -136,5 +158,7 @@ def _structure(init, args, kwargs) -> PyTree:
           f"{str(error).splitlines()[0]} Make the structure follow from the "
           "shapes of array arguments and from Python values (pass sizes and "
           "flags as Python ints and bools).")) from error
-  _STRUCTURE.put(cache_key, structure)
-  return structure
+    return _plan(structure)  # It depends on values: not kept.
+  plan = _plan(structure)
+  _STRUCTURE.put(cache_key, plan)
+  return plan

@@ -6,9 +6,11 @@ after what it depends on changed, and with caches off
 that init made for the same inputs, read back.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -19,6 +21,8 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
+from haiku_bridge._src import naming
+from haiku_bridge._src import pytree
 
 KEY = jax.random.PRNGKey(0)
 X = jnp.ones([2, 3])
@@ -44,12 +48,32 @@ def init_seeding_numpy(rng, x):
   return {"w": jnp.asarray(w, jnp.float32)}
 
 
+def init_per_row(rng, x):
+  """Params whose structure follows the batch size: one layer per row."""
+  keys = jax.random.split(rng, x.shape[0])
+  return [{"w": jax.random.normal(k, [x.shape[-1]])} for k in keys]
+
+
+def per_row(params, x):
+  return jnp.stack([x[i] @ p["w"] for i, p in enumerate(params)])
+
+
 def run(init, *args):
   """Init and apply of `call_pure(matmul, X, *args, init=init)`."""
   f = hk.transform(lambda x, *a: hkb.call_pure(
       lambda p, x, *_: matmul(p, x), x, *a, init=init))
   params = f.init(KEY, X, *args)
   return params, f.apply(params, None, X, *args)
+
+
+def run_child(test, script, path):
+  """stdout of `script` in a new Python process, given this file and `path`."""
+  child = subprocess.run(
+      [sys.executable, "-c", script, os.path.abspath(__file__), path],
+      env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+      capture_output=True, text=True, check=False)
+  test.assertEqual(child.returncode, 0, child.stderr[-3000:])
+  return child.stdout
 
 
 TEMPERATURES = (("cold", "cold"), ("warm", "warm"), ("off", "off"))
@@ -103,12 +127,8 @@ class StructureTest(parameterized.TestCase):
     params, expected = run(init_seeding_numpy)
     path = os.path.join(self.create_tempdir().full_path, "w.npy")
     np.save(path, np.asarray(params["~"]["w"]))
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, os.path.abspath(__file__), path],
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
-        capture_output=True, text=True, check=False)
-    self.assertEqual(child.returncode, 0, child.stderr[-3000:])
-    np.testing.assert_allclose(np.array(child.stdout.split(), np.float32),
+    stdout = run_child(self, _CHILD, path)
+    np.testing.assert_allclose(np.array(stdout.split(), np.float32),
                                np.asarray(expected).ravel(), rtol=1e-6)
 
   def test_values_needed_under_jit_name_the_cause(self):
@@ -119,6 +139,104 @@ class StructureTest(parameterized.TestCase):
         TypeError, r"hkb.call_pure: `init` needs concrete values .* under a "
         "JAX transform"):
       jax.jit(f.apply)(params, None, X, jnp.int32(4))
+
+
+class ApplyTraceTest(parameterized.TestCase):
+  """What tracing apply runs of `init`: once per signature, never on a re-trace.
+
+  The structure of a pure function's params comes from its `init`, and only
+  from it: the params apply is given may hold more, less or other shapes, and
+  then the call must fail (or read a part) as it would for the inputs given.
+  So it is shaped by `jax.eval_shape` once per exact argument signature, and
+  a new batch size is a new signature.
+  """
+
+  def setUp(self):
+    super().setUp()
+    # The default key's spec is shaped once per process too (`pytree`): not
+    # what these tests count.
+    pytree.default_key_spec()
+
+  def _eval_shapes_in_trace(self, apply, *args):
+    with mock.patch.object(jax, "eval_shape", wraps=jax.eval_shape) as spy:
+      jax.jit(lambda *a: apply(*a)).trace(*args)
+    return spy.call_count
+
+  @parameterized.named_parameters(("plain", False), ("identity_getter", True))
+  def test_shaped_once_per_signature_and_read_by_the_same_names(self, getter):
+    seen = []
+
+    def record(next_getter, value, context):
+      seen.append(context.full_name)
+      return next_getter(value)
+
+    def net(x):
+      with (hk.custom_getter(record) if getter else contextlib.nullcontext()):
+        return hkb.call_pure(per_row, x, init=init_per_row, name="net")
+
+    f = hk.transform(net)
+    params = f.init(KEY, X)
+    init_names, seen[:] = list(seen), []
+    hkb.clear_caches()
+    counts = [self._eval_shapes_in_trace(f.apply, params, None, X)
+              for _ in range(2)]
+    self.assertEqual(counts, [1, 0 if caches.enabled() else 1])
+    self.assertEqual(self._eval_shapes_in_trace(f.apply, params, None, X[:1]),
+                     1)
+    expected = ["net/layer_0/w", "net/layer_1/w"] if getter else []
+    self.assertEqual(init_names, expected)
+    self.assertEqual(seen, expected * 2 + expected[:1])
+
+  def test_a_warm_retrace_names_no_leaf_again(self):
+    # The key-path names are kept with the structure; the module names are
+    # still allocated at each call (call_pure_test: a bundle never shares an
+    # inline module's name, whichever ran first, warm or cold).
+    f = hk.transform(lambda x: hkb.call_pure(per_row, x, init=init_per_row))
+    params = f.init(KEY, X)
+    f.apply(params, None, X)
+    with mock.patch.object(naming, "key_path_groups",
+                           wraps=naming.key_path_groups) as spy:
+      jax.jit(lambda p, x: f.apply(p, None, x)).trace(params, X)
+    self.assertEqual(spy.call_count, 0 if caches.enabled() else 1)
+
+  @parameterized.named_parameters(*TEMPERATURES)
+  def test_a_new_batch_size_is_shaped_afresh(self, temperature):
+    # A structure taken from another signature (or from the params given)
+    # would read both rows' params for one row, or miss the third.
+    f = hk.transform(lambda x: hkb.call_pure(per_row, x, init=init_per_row))
+    params = f.init(KEY, X)
+    w = [params[f"layer_{i}"]["w"] for i in range(2)]
+    context = (caches.disabled() if temperature == "off"
+               else contextlib.nullcontext())
+    with context:
+      if temperature == "cold":
+        hkb.clear_caches()
+      np.testing.assert_allclose(f.apply(params, None, X),
+                                 jnp.stack([X[0] @ w[0], X[1] @ w[1]]),
+                                 rtol=1e-6)
+      if temperature == "cold":
+        hkb.clear_caches()
+      np.testing.assert_allclose(f.apply(params, None, X[:1]),
+                                 (X[0] @ w[0])[None], rtol=1e-6)
+      if temperature == "cold":
+        hkb.clear_caches()
+      with self.assertRaisesRegex(
+          ValueError, r"parameter 'layer_2/w' \(params path \[2\]\['w'\]\) "
+          "is missing at apply"):
+        f.apply(params, None, jnp.ones([3, 3]))
+
+  def test_a_fresh_process_shapes_init_once_and_reads_it_back(self):
+    f = hk.transform(lambda x: hkb.call_pure(per_row, x, init=init_per_row))
+    params = f.init(KEY, X)
+    path = os.path.join(self.create_tempdir().full_path, "params.npz")
+    np.savez(path, *(params[f"layer_{i}"]["w"] for i in range(2)))
+    counts, out = run_child(self, _FRESH_APPLY, path).strip().splitlines()
+    self.assertEqual(counts.split(), ["1", "0" if caches.enabled() else "1"])
+    np.testing.assert_allclose(
+        np.array(out.split(), np.float32),
+        np.asarray(jnp.stack([X[0] @ params["layer_0"]["w"],
+                              X[1] @ params["layer_1"]["w"]])).ravel(),
+        rtol=1e-6)
 
 
 class KeysTest(parameterized.TestCase):
@@ -148,16 +266,42 @@ class KeysTest(parameterized.TestCase):
     self._check(jax.random.key(0), jax.random.key(1))
 
 
-_CHILD = """
+# What a child process runs first: this file imported as `test`.
+_IMPORT_TEST = """
 import importlib.util, sys
 import numpy as np
 spec = importlib.util.spec_from_file_location("key_path_test", sys.argv[1])
 test = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(test)
 import haiku as hk, jax
+"""
+
+_CHILD = _IMPORT_TEST + """
 f = hk.transform(lambda x: test.hkb.call_pure(test.matmul, x,
                                               init=test.init_seeding_numpy))
 params = {"~": {"w": jax.numpy.asarray(np.load(sys.argv[2]))}}
+print(" ".join(map(str, np.asarray(f.apply(params, None, test.X)).ravel())))
+"""
+
+# Restores params and traces apply twice in a process where init never ran;
+# prints the eval_shape calls of each trace, then the output.
+_FRESH_APPLY = _IMPORT_TEST + """
+from unittest import mock
+f = hk.transform(lambda x: test.hkb.call_pure(test.per_row, x,
+                                              init=test.init_per_row))
+with np.load(sys.argv[2]) as data:
+  params = {f"layer_{i}": {"w": jax.numpy.asarray(data[f"arr_{i}"])}
+            for i in range(2)}
+# The default key's spec is shaped once per process too (`pytree`): not
+# what is counted here.
+from haiku_bridge._src import pytree
+pytree.default_key_spec()
+counts = []
+for _ in range(2):
+  with mock.patch.object(jax, "eval_shape", wraps=jax.eval_shape) as spy:
+    traced = jax.jit(lambda p, x: f.apply(p, None, x)).trace(params, test.X)
+  counts.append(spy.call_count)
+print(*counts)
 print(" ".join(map(str, np.asarray(f.apply(params, None, test.X)).ravel())))
 """
 

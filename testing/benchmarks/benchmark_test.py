@@ -16,10 +16,13 @@ from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 
+import haiku_bridge as hkb
+
 from testing.benchmarks import benchmark
 from testing.benchmarks.lib import config
 from testing.benchmarks.lib import fresh_process
 from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import mlp_bench
 from testing.benchmarks.lib import models
 from testing.benchmarks.lib import plot
 from testing.benchmarks.lib import tables
@@ -138,6 +141,30 @@ class FreshProcessParamsTest(absltest.TestCase):
     self.assertEqual(jax.tree.structure(restored), jax.tree.structure(params))
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(params)):
       self.assertTrue(jnp.array_equal(a, b))
+
+
+class RetraceRowTest(absltest.TestCase):
+
+  def test_the_timed_retrace_finds_the_caches_warm(self):
+    # The new-model rows clear the caches between re-trace samples; a
+    # re-trace must still time what a user's second trace pays.
+    size = models.MlpSize("t", 4, 2, 2)
+    f = models.mlp_model(size, models.BRIDGED_PURE)
+    x = jnp.ones([size.batch, size.width])
+    params = f.init(models.KEY, x)
+    hkb.clear_caches()
+    eval_shapes_timed = []
+    trace_time = harness.trace_time
+
+    def counting_trace_time(*args):
+      with mock.patch.object(jax, "eval_shape", wraps=jax.eval_shape) as spy:
+        phases = trace_time(*args)
+      eval_shapes_timed.append(spy.call_count)
+      return phases
+
+    with mock.patch.object(harness, "trace_time", counting_trace_time):
+      mlp_bench._retrace(f.apply, params, x)  # pylint: disable=protected-access
+    self.assertEqual(eval_shapes_timed, [0])
 
 
 class ProgressTest(absltest.TestCase):
