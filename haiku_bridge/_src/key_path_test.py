@@ -8,8 +8,6 @@ that init made for the same inputs, read back.
 
 import contextlib
 import os
-import subprocess
-import sys
 from unittest import mock
 
 from absl.testing import absltest
@@ -23,6 +21,7 @@ import haiku_bridge as hkb
 from haiku_bridge._src import caches
 from haiku_bridge._src import naming
 from haiku_bridge._src import pytree
+from testing import test_utils
 
 KEY = jax.random.PRNGKey(0)
 X = jnp.ones([2, 3])
@@ -66,12 +65,9 @@ def run(init, *args):
   return params, f.apply(params, None, X, *args)
 
 
-def run_child(test, script, path):
-  """stdout of `script` in a new Python process, given this file and `path`."""
-  child = subprocess.run(
-      [sys.executable, "-c", script, os.path.abspath(__file__), path],
-      env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
-      capture_output=True, text=True, check=False)
+def run_child(test, function, path):
+  """stdout of `function(path)` of this file in a new Python process."""
+  child = test_utils.run_in_fresh_process(__file__, function, path)
   test.assertEqual(child.returncode, 0, child.stderr[-3000:])
   return child.stdout
 
@@ -127,7 +123,7 @@ class StructureTest(parameterized.TestCase):
     params, expected = run(init_seeding_numpy)
     path = os.path.join(self.create_tempdir().full_path, "w.npy")
     np.save(path, np.asarray(params["~"]["w"]))
-    stdout = run_child(self, _CHILD, path)
+    stdout = run_child(self, "child_numpy_seeded", path)
     np.testing.assert_allclose(np.array(stdout.split(), np.float32),
                                np.asarray(expected).ravel(), rtol=1e-6)
 
@@ -230,7 +226,7 @@ class ApplyTraceTest(parameterized.TestCase):
     params = f.init(KEY, X)
     path = os.path.join(self.create_tempdir().full_path, "params.npz")
     np.savez(path, *(params[f"layer_{i}"]["w"] for i in range(2)))
-    counts, out = run_child(self, _FRESH_APPLY, path).strip().splitlines()
+    counts, out = run_child(self, "child_fresh_apply", path).strip().splitlines()
     self.assertEqual(counts.split(), ["1", "0" if caches.enabled() else "1"])
     np.testing.assert_allclose(
         np.array(out.split(), np.float32),
@@ -266,44 +262,34 @@ class KeysTest(parameterized.TestCase):
     self._check(jax.random.key(0), jax.random.key(1))
 
 
-# What a child process runs first: this file imported as `test`.
-_IMPORT_TEST = """
-import importlib.util, sys
-import numpy as np
-spec = importlib.util.spec_from_file_location("key_path_test", sys.argv[1])
-test = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(test)
-import haiku as hk, jax
-"""
+# Run by `test_utils.run_in_fresh_process`: in a new process, init never ran.
 
-_CHILD = _IMPORT_TEST + """
-f = hk.transform(lambda x: test.hkb.call_pure(test.matmul, x,
-                                              init=test.init_seeding_numpy))
-params = {"~": {"w": jax.numpy.asarray(np.load(sys.argv[2]))}}
-print(" ".join(map(str, np.asarray(f.apply(params, None, test.X)).ravel())))
-"""
 
-# Restores params and traces apply twice in a process where init never ran;
-# prints the eval_shape calls of each trace, then the output.
-_FRESH_APPLY = _IMPORT_TEST + """
-from unittest import mock
-f = hk.transform(lambda x: test.hkb.call_pure(test.per_row, x,
-                                              init=test.init_per_row))
-with np.load(sys.argv[2]) as data:
-  params = {f"layer_{i}": {"w": jax.numpy.asarray(data[f"arr_{i}"])}
-            for i in range(2)}
-# The default key's spec is shaped once per process too (`pytree`): not
-# what is counted here.
-from haiku_bridge._src import pytree
-pytree.default_key_spec()
-counts = []
-for _ in range(2):
-  with mock.patch.object(jax, "eval_shape", wraps=jax.eval_shape) as spy:
-    traced = jax.jit(lambda p, x: f.apply(p, None, x)).trace(params, test.X)
-  counts.append(spy.call_count)
-print(*counts)
-print(" ".join(map(str, np.asarray(f.apply(params, None, test.X)).ravel())))
-"""
+def child_numpy_seeded(path):
+  """Prints apply's output on the params saved at `path`."""
+  f = hk.transform(lambda x: hkb.call_pure(matmul, x,
+                                           init=init_seeding_numpy))
+  params = {"~": {"w": jnp.asarray(np.load(path))}}
+  print(" ".join(map(str, np.asarray(f.apply(params, None, X)).ravel())))
+
+
+def child_fresh_apply(path):
+  """Restores params and traces apply twice; prints the eval_shape calls of
+  each trace, then the output."""
+  f = hk.transform(lambda x: hkb.call_pure(per_row, x, init=init_per_row))
+  with np.load(path) as data:
+    params = {f"layer_{i}": {"w": jnp.asarray(data[f"arr_{i}"])}
+              for i in range(2)}
+  # The default key's spec is shaped once per process too (`pytree`): not
+  # what is counted here.
+  pytree.default_key_spec()
+  counts = []
+  for _ in range(2):
+    with mock.patch.object(jax, "eval_shape", wraps=jax.eval_shape) as spy:
+      jax.jit(lambda p, x: f.apply(p, None, x)).trace(params, X)
+    counts.append(spy.call_count)
+  print(*counts)
+  print(" ".join(map(str, np.asarray(f.apply(params, None, X)).ravel())))
 
 
 if __name__ == "__main__":
