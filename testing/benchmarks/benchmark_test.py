@@ -37,6 +37,7 @@ SECTIONS = (
     "### Ratios to inline (wall clock)",
     "### Fresh process: first trace and its lowering",
     "### Bridged apply trace: excess over inline (ms)",
+    "### `call_pure(pure fn)`: first traces against their floor",
     "### Profiles of the apply trace",
     "## 2. Layer scan vs `hk.layer_stack` vs unrolled loop",
     "## Plot",
@@ -96,6 +97,12 @@ class QuickBenchmarkTest(absltest.TestCase):
         models.MLP_VARIANTS + (models.INLINE_COPY,))
     for sample in fresh:
       self.assertLen(sample["seconds"], cfg.fresh_process_repeats)
+    fresh_shaping = [s for s in self.json["samples"]
+                     if s.get("row") == mlp_bench.EVAL_SHAPE_FRESH
+                     and s["phase"] == "trace"]
+    self.assertEqual([s["variant"] for s in fresh_shaping],
+                     [models.BRIDGED_PURE])
+    self.assertLen(fresh_shaping[0]["seconds"], cfg.fresh_process_repeats)
     steps = [s for s in self.json["samples"]
              if s["benchmark"] == "stack" and s["phase"] == "step"]
     for sample in steps:
@@ -106,7 +113,11 @@ class QuickBenchmarkTest(absltest.TestCase):
         {p.row for p in self.results.profiles}, trace_rows.APPLY_ROWS)
 
   def test_progress_goes_to_stderr(self):
-    self.assertIn("fresh process (tiny): 5/5", self.progress)
+    # One child per sample: each variant's first trace, and the pure
+    # function's first eval_shape(init).
+    children = (len(models.MLP_VARIANTS) + 2) * config.QUICK.fresh_process_repeats
+    self.assertIn(f"fresh process (tiny): {children}/{children}",
+                  self.progress)
     self.assertIn("layer stacks: step times:", self.progress)
 
   def test_plot_written_when_matplotlib_is_installed(self):
@@ -141,6 +152,21 @@ class FreshProcessParamsTest(absltest.TestCase):
     self.assertEqual(jax.tree.structure(restored), jax.tree.structure(params))
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(params)):
       self.assertTrue(jnp.array_equal(a, b))
+
+
+  def test_first_eval_shape_times_one_eval_shape_of_the_pure_init(self):
+    size = models.MlpSize("t", 4, 2, 2)
+    shaped = []
+    eval_shape = jax.eval_shape
+
+    def spy(fn, *args):
+      shaped.append(jax.tree.map(lambda a: a.shape, eval_shape(fn, *args)))
+      return shaped[-1]
+
+    with mock.patch.object(jax, "eval_shape", spy):
+      phases = fresh_process.first_eval_shape(models.BRIDGED_PURE, size)
+    self.assertGreater(phases["trace"], 0)
+    self.assertEqual(shaped, [[{"w": (4, 4), "b": (4,)}] * 2])
 
 
 class RetraceRowTest(absltest.TestCase):

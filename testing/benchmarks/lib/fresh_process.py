@@ -6,7 +6,9 @@ the first time, with no shape or trace cache warmed by `init`. The parent
 writes each variant's params to an `.npz`; every sample is a new subprocess
 (`sys.executable -m testing.benchmarks.lib.fresh_process ...`) that times
 `jax.jit(apply).trace(...)` and then `.lower()` of that trace, and prints
-the phase times as one JSON line. The variants' subprocesses run one after
+the phase times as one JSON line. With `--eval_shape_init` it times instead
+what a bridged variant adds at a cold start: `jax.eval_shape` of the `init`
+it shapes, the first in that process. The variants' subprocesses run one after
 another, in an order rotated each repetition (`harness.interleaved`), so the
 ratios pair up as in the in-process rows.
 
@@ -25,7 +27,7 @@ import os
 import pstats
 import subprocess
 import sys
-from typing import Any, Optional
+from typing import Any, Hashable, Optional
 
 import haiku as hk
 import jax
@@ -67,12 +69,15 @@ def _parse_size(text: str) -> models.MlpSize:
 
 
 def _child_command(variant: str, size: models.MlpSize, params_path: str,
-                   profile_out: Optional[str]) -> list[str]:
+                   profile_out: Optional[str],
+                   eval_shape_init: bool) -> list[str]:
   command = [sys.executable, "-m", "testing.benchmarks.lib.fresh_process",
              f"--variant={variant}", f"--size={_size_arg(size)}",
              f"--params={params_path}"]
   if profile_out:
     command.append(f"--profile_out={profile_out}")
+  if eval_shape_init:
+    command.append("--eval_shape_init")
   return command
 
 
@@ -83,10 +88,12 @@ def _child_env() -> dict[str, str]:
 
 
 def run_child(variant: str, size: models.MlpSize, params_path: str,
-              profile_out: Optional[str] = None) -> harness.Phases:
+              profile_out: Optional[str] = None,
+              eval_shape_init: bool = False) -> harness.Phases:
   """Runs one fresh process; returns its phase times."""
   done = subprocess.run(
-      _child_command(variant, size, params_path, profile_out),
+      _child_command(variant, size, params_path, profile_out,
+                     eval_shape_init),
       env=_child_env(), capture_output=True, text=True, check=False)
   if done.returncode != 0:
     raise RuntimeError(f"fresh-process child for {variant!r} failed "
@@ -104,15 +111,23 @@ def write_params(size: models.MlpSize, params: dict[str, hk.Params],
   return paths
 
 
-def samples(size: models.MlpSize, params_paths: dict[str, str], repeats: int,
-            warmup: int) -> harness.Samples:
-  """First-trace times, one subprocess per sample, variants side by side.
+def samples(size: models.MlpSize, children: dict[Hashable, dict[str, Any]],
+            repeats: int, warmup: int) -> harness.Samples:
+  """First-trace times, one subprocess per sample, side by side.
+
+  Args:
+    size: the MLP's size.
+    children: by sample key, the keyword arguments of `run_child` (less
+      `size`) that measure it.
+    repeats: samples per key.
+    warmup: unrecorded samples per key first.
 
   Returns:
-    Samples keyed by variant, phases "trace" and "lower" (with CPU time).
+    Samples by key, phases "trace" (and "lower" after an apply trace), each
+    with its CPU time.
   """
-  group = {v: functools.partial(run_child, v, size, path)
-           for v, path in params_paths.items()}
+  group = {key: functools.partial(run_child, size=size, **kwargs)
+           for key, kwargs in children.items()}
   return harness.interleaved(f"fresh process ({size.name})", [group],
                              repeats, warmup)
 
@@ -128,6 +143,15 @@ def profile(size: models.MlpSize, variant: str, params_path: str,
   stats = pstats.Stats(*files)
   return trace_profile.summarize(stats, repeats, variant,
                                  trace_rows.FRESH_PROCESS, size.name)
+
+
+def first_eval_shape(variant: str, size: models.MlpSize) -> harness.Phases:
+  """In the child: the first `jax.eval_shape` of the `init` `variant` shapes."""
+  x = jnp.zeros([size.batch, size.width])
+  fresh = models.mlp_models(size)
+  init = {models.BRIDGED_TRANSFORMED: fresh.inner_init,
+          models.BRIDGED_PURE: fresh.pure_init}[variant]
+  return harness.timed(lambda: jax.eval_shape(init, models.KEY, x), "trace")
 
 
 def first_trace(variant: str, size: models.MlpSize, params_path: str,
@@ -156,7 +180,12 @@ def main() -> None:
   parser.add_argument("--params", required=True, help="an .npz of params")
   parser.add_argument("--profile_out",
                       help="also write a cProfile of the trace here")
+  parser.add_argument("--eval_shape_init", action="store_true",
+                      help="time jax.eval_shape of the variant's init instead")
   args = parser.parse_args()
+  if args.eval_shape_init:
+    print(json.dumps(first_eval_shape(args.variant, args.size)))
+    return
   profiler = cProfile.Profile() if args.profile_out else None
   phases = first_trace(args.variant, args.size, args.params, profiler)
   if profiler:

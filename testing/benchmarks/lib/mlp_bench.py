@@ -22,6 +22,8 @@ from testing.benchmarks.lib.config import Config
 
 INIT = "init"  # Trace of `init`, next to the APPLY_ROWS of `apply`.
 EVAL_SHAPE = "eval_shape(init) alone"  # What the bridge may run at apply.
+# The same, the first in a new process (beside the FRESH_PROCESS row).
+EVAL_SHAPE_FRESH = "eval_shape(init) alone, fresh process"
 TIMED_VARIANTS = models.MLP_VARIANTS + (models.INLINE_COPY,)
 
 
@@ -104,12 +106,16 @@ def _fresh_process_traces(size: models.MlpSize, cfg: Config,
             for v in TIMED_VARIANTS}
   with tempfile.TemporaryDirectory() as directory:
     paths = fresh_process.write_params(size, params, directory)
+    children = {TraceKey(v, trace_rows.FRESH_PROCESS):
+                    dict(variant=v, params_path=path)
+                for v, path in paths.items()}
+    children[TraceKey(models.BRIDGED_PURE, EVAL_SHAPE_FRESH)] = dict(
+        variant=models.BRIDGED_PURE, params_path=paths[models.BRIDGED_PURE],
+        eval_shape_init=True)
     # No warm-up: each sample is a new process, and the rotation spreads
     # whatever the first one pays (disk cache) over the variants.
-    by_variant = fresh_process.samples(size, paths,
-                                       cfg.fresh_process_repeats, warmup=0)
-  return {TraceKey(v, trace_rows.FRESH_PROCESS): phases
-          for v, phases in by_variant.items()}
+    return fresh_process.samples(size, children, cfg.fresh_process_repeats,
+                                 warmup=0)
 
 
 def example_input(size: models.MlpSize) -> jax.Array:

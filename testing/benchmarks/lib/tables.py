@@ -11,6 +11,7 @@ from testing.benchmarks.lib import trace_profile
 from testing.benchmarks.lib import trace_rows
 from testing.benchmarks.lib import targets as targets_lib
 from testing.benchmarks.lib.mlp_bench import EVAL_SHAPE
+from testing.benchmarks.lib.mlp_bench import EVAL_SHAPE_FRESH
 from testing.benchmarks.lib.mlp_bench import INIT
 from testing.benchmarks.lib.mlp_bench import TIMED_VARIANTS
 from testing.benchmarks.lib.mlp_bench import TraceKey
@@ -148,6 +149,29 @@ def _excess(res: Results) -> list[str]:
                 + ["eval_shape(init) alone"], rows)
 
 
+def _floor(res: Results) -> list[str]:
+  """A pure function's first traces against inline + `eval_shape(init)`."""
+  rows = []
+  for r in res.mlp:
+    def med(variant, row, r=r):
+      return harness.median_ms(r.trace, TraceKey(variant, row), "trace")
+    for row, shaping in ((trace_rows.NEW_SHAPE, EVAL_SHAPE),
+                         (trace_rows.NEW_MODEL, EVAL_SHAPE),
+                         (trace_rows.FRESH_PROCESS, EVAL_SHAPE_FRESH)):
+      inline = med(models.INLINE, row)
+      shape = med(models.BRIDGED_PURE, shaping)
+      bridged = med(models.BRIDGED_PURE, row)
+      if None in (inline, shape, bridged):
+        continue
+      rows.append([r.size.name, row, f"{inline:.2f}", f"{shape:.2f}",
+                   f"{bridged:.2f}", f"{(inline + shape) / inline:.3f}",
+                   f"{bridged / inline:.3f}",
+                   f"{bridged - inline - shape:+.2f}"])
+  return _table(["size", "row", "inline (ms)", "eval_shape(init) alone (ms)",
+                 f"`{models.BRIDGED_PURE}` (ms)", "floor / inline",
+                 "bridged / inline", "bridged − floor (ms)"], rows)
+
+
 def _profiles(profiles: list[trace_profile.TraceProfile]) -> list[str]:
   if not profiles:
     return []
@@ -193,6 +217,11 @@ def mlp_section(res: Results) -> list[str]:
   md += ["### Bridged apply trace: excess over inline (ms) and "
          "`eval_shape(init)` alone", ""]
   md += _excess(res)
+  md += [f"### `{models.BRIDGED_PURE}`: first traces against their floor", "",
+         "The floor is inline's trace plus `eval_shape(init)` alone (in a "
+         "fresh process, the first one there), which a first trace must "
+         "run to know the params' structure. Medians of each column.", ""]
+  md += _floor(res)
   return md + _profiles(res.profiles)
 
 
