@@ -115,7 +115,8 @@ class QuickBenchmarkTest(absltest.TestCase):
   def test_progress_goes_to_stderr(self):
     # One child per sample: each variant's first trace, and the pure
     # function's first eval_shape(init).
-    children = (len(models.MLP_VARIANTS) + 2) * config.QUICK.fresh_process_repeats
+    children = ((len(models.MLP_VARIANTS) + 2)
+                * config.QUICK.fresh_process_repeats)
     self.assertIn(f"fresh process (tiny): {children}/{children}",
                   self.progress)
     self.assertIn("layer stacks: step times:", self.progress)
