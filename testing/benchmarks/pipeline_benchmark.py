@@ -11,11 +11,14 @@ pipeline). For each S, schedule and microbatch count M it reports:
   analysis of the compiled step);
 * the bubble: idle stage-steps counted from the schedule the pipeline runs
   (`pipeline.schedule`), against GPipe's (S-1)/(M+S-1);
-* step time over the data-parallel step time. The 8 devices are simulated
-  by XLA on this machine's CPU cores, so the stages share cores and
-  ppermute is a memory copy: the ratio says what the schedule costs in
-  compute (idle slots still compute, masked), not what a pipeline over a
-  real interconnect gains. Timings never fail the program.
+* step time over the data-parallel step time, median [min–max] of ratios
+  paired within a repetition (every compiled step runs once per
+  repetition, in an order rotated each time: `harness.interleaved`), with
+  the process-CPU-time median beside it. The 8 devices are simulated by XLA
+  on this machine's CPU cores, so the stages share cores and ppermute is a
+  memory copy: the ratio says what the schedule costs in compute (idle
+  slots still compute, masked), not what a pipeline over a real
+  interconnect gains. Timings never fail the program.
 
     bazel run //testing/benchmarks:pipeline_benchmark              # ~4 minutes
     bazel run //testing/benchmarks:pipeline_benchmark -- --quick   # smoke run
@@ -34,10 +37,9 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
 import functools
-import statistics
 import sys
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from absl import app
 from absl import flags
@@ -46,12 +48,12 @@ import jax.numpy as jnp
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
 from testing import transformer
 from testing.benchmarks.lib import environment
+from testing.benchmarks.lib import harness
 
 _QUICK = flags.DEFINE_bool("quick", False,
                            "Smoke mode: a tiny stack, one timed step.")
@@ -66,14 +68,17 @@ class Config:
   batch: int
   stages: tuple[int, ...]
   microbatches: tuple[str, ...]  # Multiples of S: "1", "S", "2S", "4S".
-  repeats: int  # Timed steps (the median is reported).
+  repeats: int  # Step-time samples of each step, side by side.
+  step_block_s: float  # Each sample times calls for about this long.
 
 
 FULL = Config("full", layers=8, d_model=32, seq=16, batch=64, stages=(2, 4),
-              microbatches=("1", "S", "2S", "4S"), repeats=3)
+              microbatches=("1", "S", "2S", "4S"), repeats=7,
+              step_block_s=0.3)
 QUICK = Config("quick", layers=4, d_model=16, seq=4, batch=16, stages=(2,),
-               microbatches=("2S",), repeats=1)
+               microbatches=("2S",), repeats=1, step_block_s=0.0)
 HEADS = 4
+BASELINE = "data-parallel"  # The step-time samples' key of the baseline.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +90,8 @@ class Row:
   temp_bytes: int
   bubble: float
   gpipe_bubble: float  # (S-1)/(M+S-1).
-  step_s: float
+  step_ratio: harness.Stat  # Step time / data-parallel's, paired.
+  step_cpu_ratio: harness.Stat  # The same from process CPU time.
 
 
 def microbatch_count(name: str, stages: int) -> int:
@@ -104,9 +110,16 @@ def loss_fn(cfg: Config, pipeline: Optional[hkb.Pipeline]) -> hk.Transformed:
   return hk.transform(loss)
 
 
-def measure(cfg: Config, mesh_shape: dict[str, int],
-            pipeline: Optional[hkb.Pipeline]) -> tuple[int, int, float]:
-  """(stack param bytes on device 0, peak temp bytes, median step seconds)."""
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+  param_bytes: int  # The stack's, on device 0.
+  temp_bytes: int  # Peak temporaries per device of the grad step.
+  step: Callable[[], Any]  # One step, blocked on.
+
+
+def compile_step(cfg: Config, mesh_shape: dict[str, int],
+                 pipeline: Optional[hkb.Pipeline]) -> Compiled:
+  """The grad step on a mesh of `mesh_shape`, compiled, and its memory."""
   mesh = jax.make_mesh(tuple(mesh_shape.values()), tuple(mesh_shape),
                        axis_types=(AxisType.Auto,) * len(mesh_shape))
   f = loss_fn(cfg, pipeline)
@@ -123,49 +136,64 @@ def measure(cfg: Config, mesh_shape: dict[str, int],
     step = jax.jit(jax.grad(f.apply), out_shardings=shardings)
     compiled = step.lower(params, None, x).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
-    jax.block_until_ready(compiled(params, None, x))  # Warm.
-    times = []
-    for _ in range(cfg.repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(compiled(params, None, x))
-      times.append(time.perf_counter() - start)
   device = jax.devices()[0]
   param_bytes = sum(shard.data.nbytes for leaf in jax.tree.leaves(params)
                     for shard in leaf.addressable_shards
                     if shard.device == device)
-  return param_bytes, temp, statistics.median(times)
+  return Compiled(param_bytes, temp,
+                  lambda: jax.block_until_ready(compiled(params, None, x)))
 
 
-def run(cfg: Config) -> tuple[tuple[int, int, float], list[Row]]:
-  """The data-parallel baseline and a row per (S, schedule, M)."""
-  baseline = measure(cfg, {"data": 8}, None)
-  rows = []
+def run(cfg: Config) -> tuple[Compiled, float, list[Row]]:
+  """The data-parallel baseline, its step seconds and a row per (S, schedule, M).
+
+  Every step is compiled first; then the step times are sampled side by
+  side, so each row's ratio pairs it with the baseline's sample of the same
+  repetition.
+  """
+  baseline = compile_step(cfg, {"data": 8}, None)
+  compiled = {}
   for stages in cfg.stages:
     for schedule in pipeline_lib.SCHEDULES:
       for name in cfg.microbatches:
         m = microbatch_count(name, stages)
-        pipe = hkb.Pipeline("stage", m, schedule)
         print(f"pipeline: S={stages} {schedule} M={m}", file=sys.stderr)
-        param_bytes, temp, step_s = measure(
-            cfg, {"stage": stages, "data": 8 // stages}, pipe)
-        timetable = pipeline_lib.schedule(
-            stages, m, pipe.num_repeats(cfg.layers, stages))
-        rows.append(Row(stages, schedule, m, param_bytes, temp,
-                        timetable.bubble, (stages - 1) / (m + stages - 1),
-                        step_s))
-  return baseline, rows
+        compiled[(stages, schedule, m)] = compile_step(
+            cfg, {"stage": stages, "data": 8 // stages},
+            hkb.Pipeline("stage", m, schedule))
+  steps = {key: c.step for key, c in compiled.items()}
+  steps[BASELINE] = baseline.step
+  samples = harness.interleaved(
+      "pipeline: step times",
+      [{key: harness.step_timer(step, (), cfg.step_block_s)
+        for key, step in steps.items()}], cfg.repeats, warmup=1)
+  rows = []
+  for (stages, schedule, m), c in compiled.items():
+    timetable = pipeline_lib.schedule(
+        stages, m, hkb.Pipeline("stage", m, schedule).num_repeats(
+            cfg.layers, stages))
+    rows.append(Row(
+        stages, schedule, m, c.param_bytes, c.temp_bytes, timetable.bubble,
+        (stages - 1) / (m + stages - 1),
+        *(harness.pair_ratios(samples, (stages, schedule, m), BASELINE,
+                              phase) for phase in ("step",
+                                                   "step" + harness.CPU))))
+  base_step = harness.Stat.of(samples[BASELINE]["step"]).median
+  return baseline, base_step, rows
 
 
-def markdown(cfg: Config, baseline: tuple[int, int, float],
+def markdown(cfg: Config, baseline: Compiled, base_step: float,
              rows: list[Row]) -> str:
-  base_params, base_temp, base_step = baseline
+  base_params, base_temp = baseline.param_bytes, baseline.temp_bytes
   lines = [
       f"Stack: {cfg.layers} transformer blocks, d_model {cfg.d_model}, "
       f"{HEADS} heads; batch {cfg.batch} × {cfg.seq} tokens; grad step. "
       f"Baseline: data-parallel over 8 devices, no pipeline: "
       f"{base_params} param bytes and {base_temp} temp bytes per device, "
-      f"{base_step * 1e3:.1f} ms per step. Circular: one layer per stage per "
-      f"pass (repeats = N/S).", "",
+      f"{base_step * 1e3:.1f} ms per step (median). Circular: one layer per "
+      f"stage per pass (repeats = N/S). Step time: median [min–max] of "
+      f"{cfg.repeats} ratios paired within a repetition (process CPU time "
+      f"median).", "",
       "| S | schedule | M | param bytes / device | × baseline | "
       "temp bytes / device | bubble (schedule) | (S-1)/(M+S-1) | "
       "step time / data-parallel |",
@@ -175,17 +203,18 @@ def markdown(cfg: Config, baseline: tuple[int, int, float],
         f"| {r.stages} | {r.schedule} | {r.microbatches} | {r.param_bytes} | "
         f"{r.param_bytes / base_params:.3f} | {r.temp_bytes} | "
         f"{r.bubble:.3f} | {r.gpipe_bubble:.3f} | "
-        f"{r.step_s / base_step:.2f} |")
+        f"{r.step_ratio.ratio()} ({r.step_cpu_ratio.median:.2f}) |")
   return "\n".join(lines) + "\n"
 
 
 def report(cfg: Config, command: str) -> str:
   """Runs the benchmark; returns the run's description and its table."""
   start = time.perf_counter()
-  baseline, rows = run(cfg)
+  baseline, base_step, rows = run(cfg)
   return environment.run_header(
       "Pipeline (`testing/benchmarks/pipeline_benchmark.py`)", command,
-      cfg.mode, time.perf_counter() - start) + "\n" + markdown(cfg, baseline, rows)
+      cfg.mode, time.perf_counter() - start) + "\n" + markdown(
+          cfg, baseline, base_step, rows)
 
 
 def main(argv: list[str]) -> None:

@@ -39,6 +39,11 @@ class QuickPipelineBenchmarkTest(absltest.TestCase):
                           self.report, re.M)
           self.assertIsNotNone(row, (s, schedule, m))
           self.assertAlmostEqual(float(row[1]), 1 / s, places=3)
+          # Step time: paired ratios, median [min–max] (CPU median).
+          self.assertRegex(
+              self.report,
+              rf"(?m)^\| {s} \| {schedule} \| {m} \| .* \| "
+              r"\d+\.\d{3} \[\d+\.\d{3}–\d+\.\d{3}\] \(\d+\.\d{2}\) \|$")
           self.assertIn(f"S={s} {schedule} M={m}", self.progress)
 
 
