@@ -152,15 +152,16 @@ def run(cfg: Config) -> tuple[Compiled, float, list[Row]]:
   repetition.
   """
   baseline = compile_step(cfg, {"data": 8}, None)
-  compiled = {}
+  pipes, compiled = {}, {}
   for stages in cfg.stages:
     for schedule in pipeline_lib.SCHEDULES:
       for name in cfg.microbatches:
         m = microbatch_count(name, stages)
         print(f"pipeline: S={stages} {schedule} M={m}", file=sys.stderr)
-        compiled[(stages, schedule, m)] = compile_step(
-            cfg, {"stage": stages, "data": 8 // stages},
-            hkb.Pipeline("stage", m, schedule))
+        key = (stages, schedule, m)
+        pipes[key] = hkb.Pipeline("stage", m, schedule)
+        compiled[key] = compile_step(
+            cfg, {"stage": stages, "data": 8 // stages}, pipes[key])
   steps = {key: c.step for key, c in compiled.items()}
   steps[BASELINE] = baseline.step
   samples = harness.interleaved(
@@ -170,8 +171,8 @@ def run(cfg: Config) -> tuple[Compiled, float, list[Row]]:
   rows = []
   for (stages, schedule, m), c in compiled.items():
     timetable = pipeline_lib.schedule(
-        stages, m, hkb.Pipeline("stage", m, schedule).num_repeats(
-            cfg.layers, stages))
+        stages, m, pipes[(stages, schedule, m)].num_repeats(cfg.layers,
+                                                            stages))
     rows.append(Row(
         stages, schedule, m, c.param_bytes, c.temp_bytes, timetable.bubble,
         (stages - 1) / (m + stages - 1),
