@@ -401,6 +401,19 @@ class LayerKindsTest(EightDevicesTest):
         stack(dense, init=init_dense, remat=remat),
         stack(dense, init=init_dense, remat=remat, pipeline=pipe))
 
+  @parameterized.parameters(
+      ("gpipe", 2, None, "nested", 3),  # 4 layers a visit, in 3 groups.
+      ("gpipe", 4, None, "binomial", 2),
+      ("circular", 2, 2, "nested", 2),
+      ("circular", 2, 4, "nested", 3),  # 1 layer a visit: fewer than groups.
+  )
+  def test_remat_groups_count_within_a_visit(self, schedule, stages, repeats,
+                                             remat, groups):
+    pipe = hkb.Pipeline("stage", 4, schedule, repeats)
+    self._assert_matches_plain(
+        stack(remat=remat, remat_groups=groups),
+        stack(remat=remat, remat_groups=groups, pipeline=pipe), stages=stages)
+
   def test_reverse(self):
     pipe = hkb.Pipeline("stage", 4, "circular", repeats=2)
     self._assert_matches_plain(stack(reverse=True),
