@@ -8,8 +8,8 @@
 # The pairs below are the supported range: pyproject.toml's bounds and the README state it, and
 # testing/versions_test.py checks that all three agree. Each environment is built once (python3 -m
 # venv, pip from PyPI) under ${HB_MATRIX_DIR:-~/.cache/haiku_bridge/version_matrix}/<pair>/ and
-# reused; HB_MATRIX_REBUILD=1 builds them afresh. The optional Flax and Equinox adapters are not
-# installed, so their tests are left out (HB_MATRIX_EXTRAS=1 installs flax and equinox too, at
+# reused; HB_MATRIX_REBUILD=1 builds them afresh. Flax, Equinox and optax are optional and not
+# installed, so the test files that import them are left out (HB_MATRIX_EXTRAS=1 installs them, at
 # versions pip finds for each jax). Each pair's full pytest log: <dir>/<pair>.log. Environment:
 # HB_PYTHON (default python3, 3.11 or newer), PYTEST_ADDOPTS (passed to pytest as usual).
 #
@@ -66,10 +66,12 @@ for pair in "${pairs[@]}"; do
     status=1
     continue
   fi
+  # Without the optional packages, leave out every test file that imports one (found, not listed).
   ignore=()
   if ! "${env}/bin/python" -c "import flax, equinox, optax" >/dev/null 2>&1; then
-    ignore=(--ignore=haiku_bridge/_src/flax_bridge_test.py
-            --ignore=haiku_bridge/_src/equinox_bridge_test.py)
+    while IFS= read -r file; do ignore+=("--ignore=${file}"); done < <(
+      cd "${ROOT}" && grep -rlE '^(import|from) (flax|equinox|optax)([. ]|$)' --include='*_test.py' \
+        "${TEST_PATHS[@]}" | sort)
   fi
   echo "== ${label}: pytest ${TEST_PATHS[*]} (log: ${log})" >&2
   start="${SECONDS}"

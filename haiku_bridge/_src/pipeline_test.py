@@ -28,7 +28,6 @@ from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
-import optax
 
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
@@ -201,22 +200,23 @@ class TrainingEqualsOneDeviceTest(EightDevicesTest):
   @classmethod
   def _train(cls, f, params, shardings=None, batch=None):
     """STEPS steps of SGD with momentum: losses, first gradients, params."""
-    optimizer = optax.sgd(0.05, momentum=0.9)
-
-    def step(params, opt_state, tokens):
+    # Written out (optax is an optional extra): velocity = 0.9 * velocity
+    # + grad, params -= 0.05 * velocity, as optax.sgd(0.05, momentum=0.9).
+    def step(params, velocity, tokens):
       loss, grads = jax.value_and_grad(f.apply)(params, None, tokens)
-      updates, opt_state = optimizer.update(grads, opt_state)
-      return optax.apply_updates(params, updates), opt_state, loss, grads
+      velocity = jax.tree.map(lambda v, g: 0.9 * v + g, velocity, grads)
+      params = jax.tree.map(lambda p, v: p - 0.05 * v, params, velocity)
+      return params, velocity, loss, grads
 
     step = jax.jit(step, out_shardings=(shardings, None, None, shardings))
-    opt_state = optimizer.init(params)
+    velocity = jax.tree.map(jnp.zeros_like, params)
     losses, first_grads = [], None
     for i in range(cls.STEPS):
       tokens = jax.random.randint(jax.random.PRNGKey(10 + i),
                                   [cls.BATCH, cls.SEQ], 0, cls.VOCAB)
       if batch is not None:
         tokens = jax.device_put(tokens, batch)
-      params, opt_state, loss, grads = step(params, opt_state, tokens)
+      params, velocity, loss, grads = step(params, velocity, tokens)
       losses.append(loss)
       first_grads = grads if first_grads is None else first_grads
     return jnp.stack(losses), first_grads, params
