@@ -46,6 +46,11 @@ X = jnp.ones([2, 4])
 DEPTH = 3
 SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True, database=None)
 
+# Pipelines need jax.shard_map and jax.set_mesh (jax 0.7 on): errors_doc_test.
+NEEDS_SHARD_MAP = absltest.skipUnless(
+    hasattr(jax, "shard_map") and hasattr(jax, "set_mesh"),
+    "pipelines need jax.shard_map and jax.set_mesh")
+
 CLASSES = ("wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argument_order")
 
 # Which classes of bad input each public name can be given; a class left out says why.
@@ -375,6 +380,7 @@ class Layer_scanTest(TestCase):
       init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=DEPTH,
                                   pipeline="stage"))
 
+  @NEEDS_SHARD_MAP
   @hypothesis.given(axis=axis_names)
   @SETTINGS
   def test_unknown_name_pipeline_axis(self, axis):
@@ -385,6 +391,7 @@ class Layer_scanTest(TestCase):
         init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=4,
                                     pipeline=hkb.Pipeline(axis)))
 
+  @NEEDS_SHARD_MAP
   @hypothesis.given(depth=st.integers(1, 12), microbatches=st.integers(1, 4))
   @SETTINGS
   def test_shape_or_depth_pipeline(self, depth, microbatches):
@@ -434,11 +441,13 @@ class Repeat_layerTest(TestCase):
       with refused(self, ValueError, "repeat_layer", "num_layers"):
         init(lambda: hkb.repeat_layer(linear, X, bad))
 
+  @NEEDS_SHARD_MAP
   def test_unknown_name_pipeline_axis(self):
     with jax.set_mesh(explicit_mesh()):
       with refused(self, ValueError, "repeat_layer", "pipeline.axis"):
         init(lambda: hkb.repeat_layer(linear, X, 4, pipeline=hkb.Pipeline("stage")))
 
+  @NEEDS_SHARD_MAP
   def test_shape_or_depth_pipeline_circular(self):
     # 4 layers on 2 stages ("data") in 3 passes: 6 groups.
     with jax.set_mesh(explicit_mesh()):
@@ -481,6 +490,7 @@ class PipelineTest(TestCase):
                                 rf"\"circular\"; got a str '{schedule}'\."):
       hkb.Pipeline(schedule=schedule)
 
+  @NEEDS_SHARD_MAP
   def test_valid_fields_are_kept(self):
     pipe = hkb.Pipeline("pipe", np.int32(4), "circular", repeats=2)
     self.assertEqual(pipe, hkb.Pipeline("pipe", 4, "circular", 2))

@@ -15,7 +15,9 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import os
 import re
+import types
 from typing import Any, Callable
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -27,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import haiku_bridge as hkb
+from haiku_bridge._src import pipeline as pipeline_lib
 
 _DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                     "errors.md")
@@ -311,7 +314,16 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: hkb.Pipeline(schedule="1f1b"),
     (SECTION_PIPELINE, "`repeats` with the GPipe schedule"):
         lambda: hkb.Pipeline(repeats=2),
+    (SECTION_PIPELINE, "a jax without `jax.shard_map` (before 0.7)"):
+        lambda: jax_without_shard_map(hkb.Pipeline),
 }
+
+
+def jax_without_shard_map(fn: Callable[[], Any]) -> Any:
+  """`fn()` where the pipeline sees jax 0.6.0, which has no jax.shard_map."""
+  old = types.SimpleNamespace(__version__="0.6.0")
+  with mock.patch.object(pipeline_lib, "jax", old):
+    return fn()
 
 
 def raised(fn: Callable[[], Any]) -> str:

@@ -116,6 +116,12 @@ class Pipeline:
               "repeats", self.repeats, "None or 1 with schedule=\"gpipe\"",
               "For several passes over the stages, pass "
               "schedule=\"circular\"."))
+      # Last: a wrong argument is named first, on any jax.
+      if not (hasattr(jax, "shard_map") and hasattr(jax, "set_mesh")):
+        raise NotImplementedError(errors.message(
+            "a pipeline runs its stages with jax.shard_map under "
+            "jax.set_mesh, which jax " + jax.__version__ + " does not have. "
+            "Upgrade to jax 0.7 or newer, or train without pipeline=."))
 
   def num_repeats(self, num_layers: int, num_stages: int) -> int:
     """The passes over the stages for a stack of `num_layers` on `num_stages`."""

@@ -127,6 +127,13 @@ def pipelined_grad(f, params, x, mesh, rules, rng=None):
                 jax.device_put(x, NamedSharding(mesh, P("data"))))
 
 
+# jax before 0.7 has neither: hkb.Pipeline says so (errors_doc_test).
+needs_shard_map = absltest.skipUnless(
+    hasattr(jax, "shard_map") and hasattr(jax, "set_mesh"),
+    f"pipelines need jax.shard_map and jax.set_mesh; jax {jax.__version__}.")
+
+
+@needs_shard_map
 class EightDevicesTest(parameterized.TestCase):
   """Skipped where jax has fewer than 8 devices."""
 
@@ -140,6 +147,7 @@ class EightDevicesTest(parameterized.TestCase):
 class ScheduleTest(parameterized.TestCase):
   """The timetable: every visit once, in an order the data allows; the bubble."""
 
+  @needs_shard_map
   @hypothesis.given(stages=st.integers(1, 6), microbatches=st.integers(1, 9),
                     repeats=st.integers(1, 3))
   @hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
@@ -512,6 +520,7 @@ class OtherMeshAxesTest(EightDevicesTest):
                      P("stage", "data", "model"))
 
 
+@needs_shard_map
 class ErrorsTest(parameterized.TestCase):
 
   X = jnp.ones([8, 4])

@@ -35,6 +35,11 @@ import numpy as np
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src.pytree import PyTree
 
+# The aval of one step's slice of a scanned array. In jax.extend.core from jax
+# 0.9 on; only in jax.core before (jax 0.6-0.8), and no longer there in 0.10.
+_mapped_aval = (getattr(jax_core, "mapped_aval", None)
+                or getattr(jax.core, "mapped_aval"))
+
 
 def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
          xs: PyTree, *, length: int, schedule: remat_schedule.Schedule,
@@ -91,7 +96,7 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
 
   closed = jax.make_jaxpr(flat_step)(
       [jax.typeof(c) for c in carry],
-      [jax_core.mapped_aval(length, 0, jax.typeof(x)) for x in x_leaves])
+      [_mapped_aval(length, 0, jax.typeof(x)) for x in x_leaves])
   step = _Step(closed.jaxpr, len(carry))
   run = _checkpointed_scan(step, schedule, reverse, unroll)
   new_carry, ys = run(list(closed.consts), carry, x_leaves)
