@@ -40,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import haiku_bridge as hkb
+from haiku_bridge._src import pipeline as pipeline_lib
 
 KEY = jax.random.PRNGKey(0)
 X = jnp.ones([2, 4])
@@ -48,7 +49,7 @@ SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True,
 
 # Pipelines need jax.shard_map and jax.set_mesh (jax 0.7 on): errors_doc_test.
 NEEDS_SHARD_MAP = absltest.skipUnless(
-    hasattr(jax, "shard_map") and hasattr(jax, "set_mesh"),
+    pipeline_lib.jax_has_pipelines(),
     "pipelines need jax.shard_map and jax.set_mesh")
 
 CLASSES = ("wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argument_order")

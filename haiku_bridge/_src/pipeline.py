@@ -117,7 +117,7 @@ class Pipeline:
               "For several passes over the stages, pass "
               "schedule=\"circular\"."))
       # Last: a wrong argument is named first, on any jax.
-      if not (hasattr(jax, "shard_map") and hasattr(jax, "set_mesh")):
+      if not jax_has_pipelines():
         raise NotImplementedError(errors.message(
             "a pipeline runs its stages with jax.shard_map under "
             "jax.set_mesh, which jax " + jax.__version__ + " does not have. "
@@ -130,6 +130,11 @@ class Pipeline:
     if self.schedule == "gpipe":
       return 1
     return max(num_layers // num_stages, 1)
+
+
+def jax_has_pipelines() -> bool:
+  """Whether this jax has what a pipeline runs with (jax 0.7 on)."""
+  return hasattr(jax, "shard_map") and hasattr(jax, "set_mesh")
 
 
 def check_pipeline(pipeline: Any) -> Optional[Pipeline]:

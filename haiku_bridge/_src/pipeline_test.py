@@ -129,7 +129,7 @@ def pipelined_grad(f, params, x, mesh, rules, rng=None):
 
 # jax before 0.7 has neither: hkb.Pipeline says so (errors_doc_test).
 needs_shard_map = absltest.skipUnless(
-    hasattr(jax, "shard_map") and hasattr(jax, "set_mesh"),
+    pipeline_lib.jax_has_pipelines(),
     f"pipelines need jax.shard_map and jax.set_mesh; jax {jax.__version__}.")
 
 

@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from haiku_bridge._src import call_pure
+from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import scan
 from haiku_bridge._src import sharding
 from testing import test_utils
@@ -344,7 +345,7 @@ class ShardedRematScheduleTest(parameterized.TestCase):
     super().setUp()
     if jax.device_count() < 8:
       self.skipTest(f"needs 8 devices, jax has {jax.device_count()}.")
-    if not (hasattr(jax, "shard_map") and hasattr(jax, "set_mesh")):
+    if not pipeline_lib.jax_has_pipelines():
       # The tests place and run with these; the schedules do not use them.
       self.skipTest(f"jax {jax.__version__} has no jax.shard_map / set_mesh.")
 
