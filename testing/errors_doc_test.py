@@ -146,6 +146,14 @@ def pipelined(num_layers: int, pipeline: Any, mesh_shape: dict[str, int]) -> Non
     f.apply(params, None, X4)
 
 
+def pipelined_scan(layer: Callable[..., Any], carry: Any, pipeline: Any) -> None:
+  """Applies a pipelined `layer_scan` of 4 layers to `carry` on 2 stages."""
+  f = hk.transform(lambda c: hkb.layer_scan(layer, c, num_layers=4, pipeline=pipeline))
+  params = f.init(KEY, carry)
+  with jax.set_mesh(jax.make_mesh((2, 4), ("stage", "rest"))):
+    f.apply(params, None, carry)
+
+
 RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     # call_pure and get_relevant_parameters.
     (SECTION_CALL, "called outside a transform"):
@@ -302,6 +310,12 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: pipelined(6, hkb.Pipeline("stage", 2, "circular", repeats=2), {"stage": 2}),
     (SECTION_PIPELINE, "a batch that `microbatches` does not divide"):
         lambda: pipelined(4, hkb.Pipeline("stage", 3), {"stage": 2}),
+    (SECTION_PIPELINE, "a carry leaf without a batch axis, in microbatches"):
+        lambda: pipelined_scan(lambda c, _: ((hk.Linear(4)(c[0]), c[1] + 1), None),
+                               (X4, jnp.zeros([])), hkb.Pipeline("stage", 2)),
+    (SECTION_PIPELINE, "a `y` without a batch axis, in microbatches"):
+        lambda: pipelined_scan(lambda c, _: (hk.Linear(4)(c), jnp.sum(c)), X4,
+                               hkb.Pipeline("stage", 2)),
     (SECTION_PIPELINE, "a mesh without the stage axis"):
         lambda: pipelined(4, hkb.Pipeline("stage", 2), {"data": 2}),
     (SECTION_PIPELINE, "apply without a mesh"):

@@ -28,6 +28,7 @@ over plain dicts:
 
 import contextlib
 import dataclasses
+import threading
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import haiku as hk
@@ -42,6 +43,27 @@ from haiku_bridge._src import storage
 
 Transformed = hk.Transformed | hk.TransformedWithState
 Nested = dict[str, dict[str, Any]]  # `{bundle: {name: value}}`, as Haiku's.
+
+
+_plans = threading.local()  # `depth`: how many plans are running `f` now.
+
+
+def planning() -> bool:
+  """Whether a bridge is running `f` abstractly now, only to find what it reads.
+
+  Code inside `f` may then skip work that reads nothing more: the layer scan
+  runs its plain loop instead of a pipeline, which needs a mesh.
+  """
+  return getattr(_plans, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _planning() -> Any:
+  _plans.depth = getattr(_plans, "depth", 0) + 1
+  try:
+    yield
+  finally:
+    _plans.depth -= 1
 
 
 class PlannedLeaf(NamedTuple):
@@ -218,7 +240,7 @@ class HaikuFunction:
 
       def run_as_inline(key, arrays):
         args, kwargs = rebuild(arrays)
-        with haiku_internals.interceptors_suspended(), \
+        with _planning(), haiku_internals.interceptors_suspended(), \
              haiku_internals.frame_from(
                  point, params=recorder.params, state=recorder.state,
                  rng=hk.PRNGSequence(key), init=False) as here, \

@@ -32,7 +32,18 @@ Semantics of what goes per microbatch:
 * The rng key of layer i (the plain scan's) is folded with the microbatch:
   microbatch m of layer i draws from `jax.random.fold_in(key_i, m)`.
 * `xs` are per layer: every microbatch of layer i gets `xs[i]` whole.
-* `ys` come back per layer and microbatch: `[num_layers, microbatches, ...]`.
+* `ys` come back as the plain scan's, `[num_layers, batch, ...]`, each
+  microbatch's rows where they were in the batch. With more than one
+  microbatch this needs every `y` to have the batch on axis 0 (a value per
+  example); a `y` that reduces over the batch is refused.
+* With one stage nothing is passed: the timetable runs as a loop, no
+  `shard_map`; with one microbatch the carry may hold scalars.
+
+Under Explicit mesh axes (`jax.make_mesh`'s default) every reshape here says
+where its result goes (`typed_sharding.py`): a layer axis stored over the
+stages stays there (GPipe), a batch split over `data` stays split in each
+microbatch where the microbatch is large enough, and is whole on every
+device where it is not.
 """
 
 import dataclasses
@@ -41,12 +52,11 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 from jax import lax
 import jax.numpy as jnp
-from jax.sharding import AxisType
 from jax.sharding import PartitionSpec
 import numpy as np
 
 from haiku_bridge._src import errors
-from haiku_bridge._src import sharding
+from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
 SCHEDULES = ("gpipe", "circular")
@@ -240,26 +250,36 @@ def check(pipeline: Pipeline, carry: PyTree, num_layers: int, *,
         f"layers that {stages * repeats} divides"
         + (", or other `repeats`." if repeats > 1 else
            f", or a mesh axis {pipeline.axis!r} of a size that divides it.")))
+  microbatches = pipeline.microbatches
+  if microbatches == 1:
+    return stages  # The whole carry is the one microbatch, scalars too.
   for path, leaf in jax.tree_util.tree_leaves_with_path(carry):
     shape = np.shape(leaf)
-    if not shape or shape[0] % pipeline.microbatches:
+    if not shape:
+      raise ValueError(errors.message(
+          f"the carry at {errors.keystr(path)} is a scalar, with no batch "
+          f"axis: the pipeline splits axis 0 of every carry leaf (the batch) "
+          f"into `pipeline.microbatches`={microbatches} microbatches. Give "
+          "that leaf a batch axis (a value per example), or pass "
+          "microbatches=1."))
+    if shape[0] % microbatches:
       raise ValueError(errors.message(
           f"the carry at {errors.keystr(path)} has shape {shape}; the "
           f"pipeline splits axis 0 of every carry leaf (the batch) into "
-          f"`pipeline.microbatches`={pipeline.microbatches} microbatches, "
-          f"and {pipeline.microbatches} does not divide "
-          f"{shape[0] if shape else 'a scalar'}. Pass a batch that "
-          f"{pipeline.microbatches} divides, or other `microbatches`."))
+          f"`pipeline.microbatches`={microbatches} microbatches, and "
+          f"{microbatches} does not divide {shape[0]}. Pass a batch that "
+          f"{microbatches} divides, or other `microbatches`."))
   return stages
 
 
-def run(pipeline: Pipeline, body: Callable[..., Any], carry: PyTree,
-        per_layer: PyTree, *, num_layers: int, scan: ScanFn,
+def run(pipeline: Pipeline, stages: int, body: Callable[..., Any],
+        carry: PyTree, per_layer: PyTree, *, num_layers: int, scan: ScanFn,
         reverse: bool = False) -> tuple[PyTree, PyTree]:
   """`layer_scan`'s loop as a pipeline: `(carry, (ys, state))`, as its scan returns them.
 
   Args:
     pipeline: the pipeline.
+    stages: the stages, as `check` found them (which checks the rest).
     body: `body(carry, (params, state, key, x)) -> (carry, (y, state))`, one
       layer.
     carry: the first layer's input; axis 0 of every leaf is the batch.
@@ -270,32 +290,103 @@ def run(pipeline: Pipeline, body: Callable[..., Any], carry: PyTree,
     reverse: run the layers last to first.
 
   Returns:
-    `(carry, (ys, state))`: the last layer's carry, the `y`s as
-    `[num_layers, microbatches, ...]`, the state after every microbatch.
+    `(carry, (ys, state))`, as the plain scan returns them: the last layer's
+    carry, the `y`s as `[num_layers, batch, ...]`, the state after every
+    microbatch.
   """
-  stages = check(pipeline, carry, num_layers, require_mesh=True)
   repeats = pipeline.num_repeats(num_layers, stages)
   layout = _Layout(pipeline.axis, stages, repeats,
-                   num_layers // (stages * repeats))
+                   num_layers // (stages * repeats),
+                   stages > 1 and typed_sharding.is_explicit(pipeline.axis))
+  batch = _Batch(pipeline.microbatches, pipeline.axis)
   if reverse:
     per_layer = jax.tree.map(lambda a: jnp.flip(a, 0), per_layer)
-  timetable = schedule(stages, pipeline.microbatches, repeats)
   state = per_layer[1]
-  micro = jax.tree.map(lambda a: _to_microbatches(a, pipeline.microbatches),
-                       carry)
-  program = _StageProgram(body, scan, layout, timetable, pipeline.axis,
+  program = _StageProgram(body, scan, layout,
+                          schedule(stages, pipeline.microbatches, repeats),
                           pipeline.microbatches)
-  axis = PartitionSpec(pipeline.axis)
-  out, ys, new_state = jax.shard_map(
-      program, in_specs=(axis, PartitionSpec()),
-      out_specs=(PartitionSpec(), axis, axis),
-      axis_names=frozenset({pipeline.axis}))(
-          jax.tree.map(layout.to_stages, per_layer), micro)
-  ys = jax.tree.map(layout.ys_to_layers, ys)
+  staged = jax.tree.map(layout.to_stages, per_layer)
+  micro = jax.tree.map(batch.split, carry)
+  if stages == 1:
+    # One stage passes nothing on: the timetable runs as a loop, in place,
+    # over arrays typed by the mesh as a `shard_map` would type them (an
+    # argument jit got from one device has no mesh in its type).
+    staged, micro = typed_sharding.on_mesh((staged, micro))
+    out, ys, new_state = program(staged, micro)
+  else:
+    over_stages = PartitionSpec(pipeline.axis)
+    out, ys, new_state = jax.shard_map(
+        program, in_specs=(over_stages, PartitionSpec()),
+        out_specs=(PartitionSpec(), over_stages, over_stages),
+        axis_names=frozenset({pipeline.axis}))(staged, micro)
+  ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
+                     lambda: _whole_batch_ys(body, carry, per_layer))
   new_state = jax.tree.map(layout.to_layers, new_state, state)
   if reverse:
     ys, new_state = jax.tree.map(lambda a: jnp.flip(a, 0), (ys, new_state))
-  return jax.tree.map(_from_microbatches, out), (ys, new_state)
+  return jax.tree.map(batch.join, out), (ys, new_state)
+
+
+def _whole_batch_ys(body: Callable[..., Any], carry: PyTree,
+                    per_layer: PyTree) -> PyTree:
+  """The shapes of the first layer's `y` for the whole batch, as the plain scan has them."""
+  def first_layer(carry, per_layer):
+    # Abstract: the whole stack replicated costs nothing here.
+    first = jax.tree.map(
+        lambda a: typed_sharding.reshard(a, (None,) * a.ndim)[0], per_layer)
+    return body(carry, first)[1][0]
+  return jax.eval_shape(first_layer, carry, per_layer)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+  """The batch (axis 0 of every carry leaf) as microbatches: m holds rows m, m + M, ..."""
+  microbatches: int
+  axis: str  # The stages', which every microbatch is whole on.
+
+  def split(self, a: jax.Array) -> jax.Array:
+    """`[B, ...]` -> `[M, B/M, ...]`."""
+    a = typed_sharding.without(a, (self.axis,))
+    m = self.microbatches
+    if m == 1:
+      return a[None]
+    rows = a.shape[0] // m
+    entries = typed_sharding.spec(a)
+    if rows % typed_sharding.axis_size(entries[0]):
+      # A microbatch has fewer rows than the devices the batch is split
+      # over: each device holds whole microbatches.
+      a = typed_sharding.reshard(a, (None,) + entries[1:])
+    # A row's microbatch is its minor index: a batch split over data
+    # devices stays split so, each device's rows in every microbatch.
+    return jnp.swapaxes(a.reshape((rows, m) + a.shape[1:]), 0, 1)
+
+  def join(self, a: jax.Array, axis: int = 0) -> jax.Array:
+    """The inverse of `split`, of the microbatch axis `axis`."""
+    if self.microbatches == 1:
+      return jnp.squeeze(a, axis)
+    a = jnp.moveaxis(a, axis, axis + 1)
+    return a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2:])
+
+  def join_ys(self, ys: PyTree, whole_batch: Callable[[], PyTree]) -> PyTree:
+    """`[N, M, B/M, ...]` -> `[N, B, ...]`, where a `y`'s axis 0 is the batch."""
+    if self.microbatches == 1 or not jax.tree.leaves(ys):
+      return jax.tree.map(lambda a: self.join(a, 1), ys)
+    m = self.microbatches
+
+    def join(path, a, whole):
+      part = a.shape[2:]
+      if not part or tuple(whole.shape) != (part[0] * m,) + part[1:]:
+        raise ValueError(errors.message(
+            f"the layer's y at {errors.keystr(path)} has shape "
+            f"{tuple(whole.shape)} for the whole batch and {part} for a "
+            f"microbatch: its axis 0 is not the batch. The pipeline runs "
+            f"each layer on `pipeline.microbatches`={m} microbatches, so it "
+            "returns a y as the plain stack does only where axis 0 is the "
+            "batch. Return a value per example and reduce after the stack "
+            "(e.g. `ys.mean(axis=1)`), or pass microbatches=1."))
+      return self.join(a, 1)
+
+    return jax.tree_util.tree_map_with_path(join, ys, whole_batch())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,62 +396,79 @@ class _Layout:
   stages: int
   repeats: int
   layers: int  # L, per visit.
+  # Whether arrays' types say how they are split over the stages: an
+  # Explicit stage axis, of more than one stage (one runs no `shard_map`).
+  explicit: bool
 
   def to_stages(self, a: jax.Array) -> jax.Array:
-    """`[N, ...]` -> `[S, R, L, ...]`, split over the stage axis."""
-    shape = (self.repeats, self.stages, self.layers) + a.shape[1:]
-    spec = _explicit_spec(a, self.axis)
-    if spec is None:
-      return jnp.swapaxes(a.reshape(shape), 0, 1)
-    # Under Explicit axes the reshape says where it goes: over the stages
-    # (for GPipe, where a layer axis over them already is).
-    rest = [sharding.entry_without(e, (self.axis,)) for e in spec[1:]]
-    a = jnp.reshape(a, shape, out_sharding=PartitionSpec(
-        None, self.axis, None, *rest))
-    return jnp.swapaxes(a, 0, 1)
+    """`[N, ...]` -> `[S, R, L, ...]`, axis 0 over the stages."""
+    entries = typed_sharding.spec(a)
+    rest = tuple(typed_sharding.entry_without(e, (self.axis,))
+                 for e in entries[1:])
+    shape = (self.stages, self.repeats, self.layers) + a.shape[1:]
+    if self.explicit and self.repeats == 1 and entries == (self.axis,) + rest:
+      # A layer axis stored over the stages: each holds its GPipe block.
+      return jnp.reshape(a, shape, out_sharding=PartitionSpec(
+          self.axis, None, None, *rest))
+    a = typed_sharding.reshard(a, (None,) + rest)
+    a = jnp.swapaxes(a.reshape((self.repeats, self.stages, self.layers)
+                               + a.shape[1:]), 0, 1)
+    if self.explicit:
+      a = typed_sharding.reshard(a, (self.axis, None, None) + rest)
+    return a
 
   def to_layers(self, a: jax.Array, like: jax.Array) -> jax.Array:
-    """The inverse of `to_stages`, sharded as `like` under Explicit axes."""
-    a = jnp.swapaxes(a, 0, 1)
-    shape = (-1,) + a.shape[3:]
-    spec = _explicit_spec(like, self.axis)
-    if spec is None:
-      return a.reshape(shape)
-    return jnp.reshape(a, shape, out_sharding=spec)
+    """The inverse of `to_stages`, split as `like`."""
+    entries = typed_sharding.spec(like)
+    if (self.explicit and self.repeats == 1 and entries[:1] == (self.axis,)
+        and typed_sharding.spec(a)[3:] == entries[1:]):
+      return jnp.reshape(a, like.shape,
+                         out_sharding=PartitionSpec(*entries))
+    a = typed_sharding.without(a, (self.axis,))
+    a = jnp.swapaxes(a, 0, 1).reshape(like.shape)
+    return typed_sharding.reshard(a, entries)
 
   def ys_to_layers(self, a: jax.Array) -> jax.Array:
     """`[S, R, M, L, ...]` -> `[N, M, ...]`."""
+    a = typed_sharding.without(a, (self.axis,))
     a = jnp.moveaxis(jnp.swapaxes(a, 0, 1), 2, 3)
     return a.reshape((-1,) + a.shape[3:])
 
 
 @dataclasses.dataclass(frozen=True)
 class _StageProgram:
-  """What each stage runs inside the `shard_map`: every step of the timetable."""
+  """What each stage runs (inside the `shard_map`): every step of the timetable."""
   body: Callable[..., Any]
   scan: ScanFn
   layout: _Layout
   timetable: Schedule
-  axis: str
   microbatches: int
 
   def __call__(self, staged, micro):
     params, state, keys, xs = jax.tree.map(lambda a: a[0], staged)
     stages, repeats = self.layout.stages, self.layout.repeats
-    stage = lax.axis_index(self.axis)
+    axis = self.layout.axis
+    passing = stages > 1  # Stages pass activations over the mesh axis.
+    stage = lax.axis_index(axis) if passing else 0
     t = self.timetable
     # What reaches stage 0 at step i left stage S - 1 at step i - 1.
     arrived = np.concatenate([[False], t.active[:-1, -1]])
     arrived_micro = np.concatenate([[0], t.microbatch[:-1, -1]])
     to_next = [(s, (s + 1) % stages) for s in range(stages)]
-    body = _hoisted(self.body, _varying(_index(micro, 0), self.axis),
-                    jax.tree.map(lambda a: a[0, 0], (params, state, keys, xs)))
+    body = self.body
+    if passing:
+      body = _hoisted(body, _varying(_index(micro, 0), axis),
+                      jax.tree.map(lambda a: a[0, 0],
+                                   (params, state, keys, xs)))
 
     def step(loop, table):
       previous, returned, state = loop
       active, repeat, m, came_back, came_back_micro = table
-      active, repeat, m = active[stage], repeat[stage], m[stage]
-      received = lax.ppermute(previous, self.axis, to_next)
+      if passing:
+        active, repeat, m = active[stage], repeat[stage], m[stage]
+        received = lax.ppermute(previous, axis, to_next)
+      else:
+        active, repeat, m, received = active[0], repeat[0], m[0], previous
       first = _index(micro, m)
       if repeats > 1:
         # Stage 0 keeps each microbatch that comes back from the last stage
@@ -377,19 +485,31 @@ class _StageProgram:
       state = _put(state, repeat, new_state, active)
       return (out, returned, state), (out, y)
 
-    loop = _varying((_index(micro, 0), micro, state), self.axis)
+    loop = (_index(micro, 0), micro, state)
+    if passing:
+      loop = _varying(loop, axis)
     tables = (t.active, t.repeat, t.microbatch, arrived, arrived_micro)
     (_, _, state), (outs, ys) = lax.scan(
         step, loop, tuple(jnp.asarray(a) for a in tables))
-    # Each microbatch's output: the last stage's, at its last pass.
-    micros = np.arange(self.microbatches)
-    last = t.step_of(stages - 1, repeats - 1, micros)
-    out = jax.tree.map(
-        lambda a: _from_stage(a[last], stage, stages - 1, self.axis), outs)
+    m, period = self.microbatches, t.period
+    # Each microbatch's output: the last stage's, at its last pass (steps
+    # (R-1)·P + S - 1 + m).
+    last = (repeats - 1) * period + stages - 1
+    out = jax.tree.map(lambda a: a[last:last + m], outs)
+    if passing:
+      out = jax.tree.map(
+          lambda a: _from_stage(a, stage, stages - 1, axis), out)
+
     # This stage's ys: at pass r of microbatch m, step r·P + m + stage.
-    visits = t.step_of(stage, np.arange(repeats)[:, None], micros[None, :])
-    ys = jax.tree.map(lambda a: jnp.take(a, visits, axis=0)[None], ys)
-    return out, ys, jax.tree.map(lambda a: a[None], state)
+    def visits(a):
+      length = (repeats - 1) * period + m
+      if passing:
+        a = lax.dynamic_slice_in_dim(a, stage, length)
+      return jnp.stack([a[r * period:r * period + m]
+                        for r in range(repeats)])[None]
+
+    return out, jax.tree.map(visits, ys), jax.tree.map(lambda a: a[None],
+                                                       state)
 
 
 def _mesh_axes() -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -398,29 +518,6 @@ def _mesh_axes() -> tuple[tuple[str, ...], tuple[int, ...]]:
   if mesh.empty:
     return (), ()
   return tuple(mesh.axis_names), tuple(mesh.axis_sizes)
-
-
-def _explicit_spec(a: jax.Array, axis: str) -> Optional[PartitionSpec]:
-  """`a`'s spec, padded to its rank, where the stage axis is Explicit; else None."""
-  sharding = jax.typeof(a).sharding
-  mesh = getattr(sharding, "mesh", None)
-  if mesh is None or mesh.empty or axis not in mesh.axis_names:
-    return None
-  if mesh.axis_types[mesh.axis_names.index(axis)] != AxisType.Explicit:
-    return None
-  spec = tuple(sharding.spec)
-  return PartitionSpec(*spec, *([None] * (a.ndim - len(spec))))
-
-
-def _to_microbatches(a: jax.Array, microbatches: int) -> jax.Array:
-  """`[B, ...]` -> `[M, B/M, ...]`; microbatch m holds rows m, m + M, ..."""
-  a = a.reshape((a.shape[0] // microbatches, microbatches) + a.shape[1:])
-  return jnp.swapaxes(a, 0, 1)
-
-
-def _from_microbatches(a: jax.Array) -> jax.Array:
-  a = jnp.swapaxes(a, 0, 1)
-  return a.reshape((-1,) + a.shape[2:])
 
 
 def _index(tree: PyTree, i) -> PyTree:
@@ -442,11 +539,20 @@ def _where(condition, x: PyTree, y: PyTree) -> PyTree:
 
 
 def _from_stage(a: jax.Array, stage, source: int, axis: str) -> jax.Array:
-  """`a` as held by stage `source`, on every stage (an invariant value)."""
+  """`a` as held by stage `source`, on every stage (an invariant value).
+
+  A sum over the stages of `a` at the source and zeros elsewhere: adding
+  zeros is exact, so every stage gets the source's values bit for bit. The
+  sum runs in 32 bits at least (XLA:CPU cannot all-reduce bfloat16).
+  """
   dtype = a.dtype
   if dtype == jnp.bool_:
-    a = a.astype(jnp.int32)
-  # Adding zeros is exact: every stage gets the source's values bit for bit.
+    wide = jnp.int32
+  elif jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+    wide = jnp.float32
+  else:
+    wide = dtype
+  a = a.astype(wide)
   a = lax.psum(jnp.where(stage == source, a, jnp.zeros_like(a)), axis)
   return a.astype(dtype)
 

@@ -303,6 +303,9 @@ class MicrobatchSemanticsTest(EightDevicesTest):
   """State, rng, xs and ys per microbatch, as documented, against the plain stack."""
 
   X = jax.random.normal(jax.random.PRNGKey(1), [16, 4])
+  # Each example's ys weighed differently: rows put back in the wrong place
+  # change the loss.
+  WEIGHTS = jnp.linspace(0.5, 2.0, 16)
 
   @parameterized.parameters(("gpipe", None, False), ("circular", 2, True))
   def test_state_goes_through_the_microbatches_in_order(self, schedule,
@@ -367,14 +370,14 @@ class MicrobatchSemanticsTest(EightDevicesTest):
     self.assertFalse(np.allclose(got, plain.apply(params, rng, self.X)))
 
   @parameterized.parameters(False, "binomial")
-  def test_xs_per_layer_and_ys_per_microbatch(self, remat):
-    # Ground truth: the plain scan on each microbatch; its ys stacked on a
-    # microbatch axis after the layer axis.
+  def test_xs_per_layer_and_ys_as_the_plain_stack(self, remat):
+    # Ground truth: the plain stack on the whole batch. Its ys are
+    # `[num_layers, batch]`, and so are the pipeline's (issue 26, row 9).
     m = 4
     xs = {"shift": jax.random.normal(KEY, [LAYERS, 4])}
 
     def layer(c, x):
-      return block(c + x["shift"]), {"norm": jnp.sum(c ** 2)}
+      return block(c + x["shift"]), {"norm": jnp.sum(c ** 2, axis=-1)}
 
     def f(pipeline):
       return hk.transform(lambda x, xs: hkb.layer_scan(
@@ -383,25 +386,37 @@ class MicrobatchSemanticsTest(EightDevicesTest):
     plain, pipelined = f(None), f(hkb.Pipeline("stage", m))
     params = plain.init(KEY, self.X, xs)
 
-    def loss(outs):
-      carry, ys = outs
-      return jnp.sum(carry ** 2) + jnp.sum(ys["norm"])
+    def loss_of(f):
+      def loss(params):
+        carry, ys = f.apply(params, None, self.X, xs)
+        return (jnp.mean(carry ** 2) + jnp.mean(ys["norm"] * self.WEIGHTS),
+                ys)
+      return jax.value_and_grad(loss, has_aux=True)
 
-    def per_microbatch(params):
-      outs = [plain.apply(params, None, part, xs)
-              for part in by_rows(self.X, m)]
-      carry = from_rows([c for c, _ in outs])
-      ys = jax.tree.map(lambda *y: jnp.stack(y, axis=1), *[y for _, y in outs])
-      return loss((carry, ys)), (carry, ys)
-
-    expected = jax.value_and_grad(per_microbatch, has_aux=True)(params)
+    expected = jax.jit(loss_of(plain))(params)
     with jax.set_mesh(make_mesh(4)):
-      got = jax.jit(jax.value_and_grad(
-          lambda p: (lambda o: (loss(o), o))(pipelined.apply(p, None, self.X,
-                                                             xs)),
-          has_aux=True))(params)
-    self.assertEqual(got[0][1][1]["norm"].shape, (LAYERS, m))
+      got = jax.jit(loss_of(pipelined))(params)
+    self.assertEqual(got[0][1]["norm"].shape, (LAYERS, len(self.X)))
     assert_close(self, got, expected)
+
+  def test_ys_that_reduce_over_the_batch(self):
+    # The plain stack's y of the whole batch is not any function of the
+    # microbatches' ys in general: refused, by path. With one microbatch it
+    # is the plain stack's.
+    def f(pipeline):
+      return hk.transform(lambda x: hkb.layer_scan(
+          lambda c, _: (block(c), {"total": jnp.sum(c)}), x,
+          num_layers=LAYERS, pipeline=pipeline)[1])
+
+    params = f(None).init(KEY, self.X)
+    with jax.set_mesh(make_mesh(2)):
+      with self.assertRaisesRegex(
+          ValueError, r"^hkb.layer_scan: the layer's y at \['total'\] has "
+          r"shape \(\) for the whole batch and \(\) for a microbatch: its "
+          r"axis 0 is not the batch\..*microbatches=1"):
+        jax.jit(f(hkb.Pipeline("stage", 2)).apply)(params, None, self.X)
+      got = jax.jit(f(hkb.Pipeline("stage", 1)).apply)(params, None, self.X)
+    assert_close(self, got, f(None).apply(params, None, self.X))
 
 
 class LayerKindsTest(EightDevicesTest):
@@ -463,6 +478,133 @@ class LayerKindsTest(EightDevicesTest):
           layer, x, num_layers=LAYERS, name="blocks",
           pipeline=pipeline)[0] ** 2))
     self._assert_matches_plain(net(None), net(hkb.Pipeline("stage", 4)))
+
+
+class DropInTest(EightDevicesTest):
+  """Issue 26's failures, a test each: what runs plain runs pipelined, to the same values.
+
+  Ground truth: the plain stack's `value_and_grad`, jitted on one device.
+  The grid of every combination is pipeline_grid_test.py.
+  """
+
+  X = jax.random.normal(jax.random.PRNGKey(1), [8, 4])
+
+  def _assert_plain(self, f, mesh, *, pipeline, x=None, rules=None,
+                    batch=None, **tol):
+    """`f(pipeline)` under `mesh` against `f(None)` on one device."""
+    x = self.X if x is None else x
+    params = f(None).init(KEY, x)
+    expected = jax.jit(jax.value_and_grad(f(None).apply))(params, None, x)
+    with jax.set_mesh(mesh):
+      if rules is not None:
+        params = jax.device_put(params,
+                                hkb.param_shardings(params, mesh, rules))
+      if batch is not None:
+        x = jax.device_put(x, NamedSharding(mesh, batch))
+      got = jax.jit(jax.value_and_grad(f(pipeline).apply))(params, None, x)
+    assert_close(self, got, expected, **tol)
+
+  def test_default_mesh_params_as_init_returns_them(self):
+    # 1: jax.make_mesh's default axis types (Explicit from jax 0.9 on).
+    self._assert_plain(stack_of(block), jax.make_mesh((4, 2),
+                                                      ("stage", "data")),
+                       pipeline=hkb.Pipeline("stage", 4))
+
+  def test_ys_under_explicit_axes(self):
+    # 2 and 9: ys come back as the plain stack's, [num_layers, batch, ...].
+    def f(pipeline):
+      def loss(x):
+        _, ys = hkb.layer_scan(lambda c, _: (block(c), c * 2), x,
+                               num_layers=LAYERS, pipeline=pipeline)
+        # Each row weighed differently: a row out of place changes it.
+        weights = jnp.linspace(0.5, 2.0, ys.size).reshape(ys.shape)
+        return jnp.mean(ys * weights)
+      return hk.transform(loss)
+    self._assert_plain(f, make_mesh(4, axis_type=AxisType.Explicit),
+                       pipeline=hkb.Pipeline("stage", 2))
+
+  def test_more_microbatches_than_a_data_shard_has_rows(self):
+    # 3: 8 rows over data=2, in 8 microbatches of one row.
+    self._assert_plain(stack_of(block), make_mesh(4,
+                                                  axis_type=AxisType.Explicit),
+                       pipeline=hkb.Pipeline("stage", 8),
+                       rules=hkb.ShardingRules([], stacked={"blocks":
+                                                            "stage"}),
+                       batch=P("data"))
+
+  def test_layer_closing_over_an_outer_param_explicit_axes(self):
+    # 4: the closed-over param goes into each stage; its gradient sums them.
+    def f(pipeline):
+      def loss(x):
+        scale = hk.get_parameter("scale", [4], init=jnp.ones)
+        return jnp.mean(hkb.repeat_layer(
+            lambda h: block(h) * scale, x, LAYERS, name="blocks",
+            pipeline=pipeline) ** 2)
+      return hk.transform(loss)
+    self._assert_plain(f, make_mesh(4, axis_type=AxisType.Explicit),
+                       pipeline=hkb.Pipeline("stage", 2))
+
+  @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
+  def test_one_stage(self, axis_type):
+    # 5: a one-stage axis is a pipeline of microbatches.
+    self._assert_plain(stack_of(block), make_mesh(1, axis_type=axis_type),
+                       pipeline=hkb.Pipeline("stage", 2), batch=P("data"))
+
+  @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
+  def test_bfloat16_carry(self, axis_type):
+    # 6: the last stage's output reaches the others summed in float32.
+    def f(pipeline):
+      return hk.transform(lambda x: jnp.mean(hkb.repeat_layer(
+          lambda h: h + jnp.tanh(hk.Linear(4)(h)), x.astype(jnp.bfloat16),
+          LAYERS, name="blocks", pipeline=pipeline).astype(jnp.float32) ** 2))
+    self._assert_plain(f, make_mesh(4, axis_type=axis_type),
+                       pipeline=hkb.Pipeline("stage", 4),
+                       rtol=2e-2, atol=1e-3, scaled_atol=2e-2)
+
+  @parameterized.parameters("custom_vjp", "custom_jvp")
+  def test_inside_a_bridged_custom_derivative(self, which):
+    # 7: init needs no mesh (the bridge plans with the plain scan).
+    def f(pipeline):
+      stk = lambda x: hkb.repeat_layer(block, x, LAYERS, name="blocks",
+                                       pipeline=pipeline)
+      if which == "custom_vjp":
+        wrapped = hkb.custom_vjp(stk, hkb.vjp_fwd,
+                                 lambda vjp_fn, g: vjp_fn(g))
+      else:
+        wrapped = hkb.custom_jvp(
+            stk, lambda f_pure, primals, tangents: jax.jvp(f_pure, primals,
+                                                           tangents))
+      return hk.transform(lambda x: jnp.mean(wrapped(x) ** 2))
+    pipe = hkb.Pipeline("stage", 2)
+    chex.assert_trees_all_equal(f(pipe).init(KEY, self.X),
+                                f(None).init(KEY, self.X))
+    self._assert_plain(f, make_mesh(4), pipeline=pipe)
+
+  def test_scalar_carry_leaf(self):
+    # 8: with one microbatch any carry runs; with more, a leaf without a
+    # batch axis is named.
+    def f(pipeline):
+      def loss(x):
+        def layer(c):
+          h, total = c
+          h = block(h)
+          return h, total + jnp.mean(h)
+        h, total = hkb.repeat_layer(layer, (x, jnp.zeros([])), LAYERS,
+                                    name="blocks", pipeline=pipeline)
+        return jnp.mean(h ** 2) + total
+      return hk.transform(loss)
+    self._assert_plain(f, make_mesh(4), pipeline=hkb.Pipeline("stage", 1))
+    params = f(None).init(KEY, self.X)
+    with jax.set_mesh(make_mesh(4)):
+      with self.assertRaisesRegex(
+          ValueError, r"^hkb.repeat_layer: the carry at \[1\] is a scalar, "
+          r"with no batch axis:.*`pipeline.microbatches`=2.*microbatches=1"):
+        f(hkb.Pipeline("stage", 2)).apply(params, None, self.X)
+
+
+def stack_of(layer, **options):
+  """`f(pipeline)`: `stack(layer, pipeline=pipeline)` for `_assert_plain`."""
+  return lambda pipeline: stack(layer, pipeline=pipeline, **options)
 
 
 class OtherMeshAxesTest(EightDevicesTest):

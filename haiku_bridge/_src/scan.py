@@ -236,8 +236,8 @@ def layer_scan(
     pipeline: an `hkb.Pipeline`: at apply, run the layers as pipeline
       stages over a mesh axis, the batch in microbatches (init runs the
       plain scan: the params are the same). The remat options apply to each
-      stage's layers. `ys` then come back per microbatch,
-      `[num_layers, microbatches, ...]`; see `hkb.Pipeline`.
+      stage's layers. With more than one microbatch, each `y` must have the
+      batch on axis 0; see `hkb.Pipeline`.
 
   Returns:
     `(carry, ys)`: the last layer's carry, and the per-layer `y`s stacked.
@@ -284,17 +284,20 @@ def layer_scan(
 
     scanned = (params, state, keys, xs)
     scan = _LayerLoop(remat, remat_policy, remat_groups, unroll)
+    stages = None
     if pipeline is not None:
-      # At init the plain scan runs (the same params); the pipeline is
-      # checked against the mesh where one is set.
-      pipeline_lib.check(pipeline, carry, num_layers,
-                         require_mesh=not hk.running_init())
-    if pipeline is None or hk.running_init():
+      # Init runs the plain scan (the same params), and so does a bridge
+      # that runs this only to find the params it reads, where no mesh is
+      # set (a bridged function's init): neither needs a mesh.
+      stages = pipeline_lib.check(
+          pipeline, carry, num_layers,
+          require_mesh=not (hk.running_init() or inline.planning()))
+    if stages is None or hk.running_init():
       carry, (ys, state) = scan(body, carry, scanned, num_layers, reverse)
     else:
       carry, (ys, state) = pipeline_lib.run(
-          pipeline, body, carry, scanned, num_layers=num_layers, scan=scan,
-          reverse=reverse)
+          pipeline, stages, body, carry, scanned, num_layers=num_layers,
+          scan=scan, reverse=reverse)
     updater.update(state)
   return carry, ys
 

@@ -40,21 +40,14 @@ from jax.sharding import PartitionSpec
 
 from haiku_bridge._src import errors
 from haiku_bridge._src import foreign_sharding
+from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
-
-# What one dimension of a PartitionSpec holds: no mesh axis, one, or several.
-MeshAxes = Optional[str | tuple[str, ...]]
+from haiku_bridge._src.typed_sharding import entry_without
+from haiku_bridge._src.typed_sharding import MeshAxes
 
 # A concrete mesh, or (jax's abstract mesh) its axis names and sizes alone.
 MESH_TYPES = (Mesh,) + ((jax.sharding.AbstractMesh,)
                         if hasattr(jax.sharding, "AbstractMesh") else ())
-# jax.sharding.reshard is jax >= 0.7; jax 0.6 has it under jax.experimental.
-if hasattr(jax.sharding, "reshard"):
-  _reshard = jax.sharding.reshard
-else:
-  # pylint: disable-next=g-import-not-at-top
-  from jax.experimental.shard import reshard as _reshard
-
 
 def spec_str(spec: PartitionSpec) -> str:
   """`P(None, 'model')`: a spec as jax >= 0.9.2 prints it, on every jax."""
@@ -580,7 +573,7 @@ def gather_over(tree: PyTree, axes: str | Sequence[str]) -> PyTree:
       gathered = PartitionSpec(*(entry_without(entry, axes) for entry in spec))
       if tuple(gathered) == tuple(spec):
         return x
-      return _reshard(x, gathered)
+      return typed_sharding.reshard(x, tuple(gathered))
 
     return jax.tree.map(gather, tree)
 
@@ -598,17 +591,6 @@ def _check_axes_in_mesh(axes: tuple[str, ...], mesh: Any) -> None:
 
 
 # ---------------------------------------------------------------------------
-
-
-def entry_without(entry: MeshAxes, axes: tuple[str, ...]) -> MeshAxes:
-  """One entry of a PartitionSpec with the mesh `axes` taken out."""
-  if entry is None or entry is PartitionSpec.UNCONSTRAINED:
-    return entry
-  kept = tuple(a for a in ((entry,) if isinstance(entry, str) else entry)
-               if a not in axes)
-  if not kept:
-    return None
-  return kept[0] if len(kept) == 1 else kept
 
 
 def _as_rules(rules) -> ShardingRules:

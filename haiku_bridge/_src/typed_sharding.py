@@ -1,0 +1,104 @@
+"""Shardings that are part of an array's type: reading them, and moving arrays between them.
+
+Under a mesh with Explicit axes (`jax.make_mesh`'s default from jax 0.9 on),
+an array's type says how it is split (`f32[8@data, 16]`), and JAX refuses an
+operation whose result's split it cannot tell without communication. So code
+that reshapes arrays it does not own (the pipeline's microbatches and stages)
+first reshards them to a layout where the reshape is local, with
+`jax.sharding.reshard`, whose transpose is a reshard back: every step stays
+valid under autodiff, to any order. Under Auto axes (or with no mesh) the
+type holds no split: the helpers here change nothing, and the partitioner
+places the data.
+"""
+
+from typing import Any, Optional, Sequence
+
+import jax
+from jax.sharding import PartitionSpec
+
+# jax.sharding.reshard is jax >= 0.7; jax 0.6 has it under jax.experimental.
+if hasattr(jax.sharding, "reshard"):
+  _reshard = jax.sharding.reshard
+else:  # pragma: no cover (jax 0.6)
+  from jax.experimental.shard import reshard as _reshard  # pylint: disable=g-import-not-at-top
+
+# What one dimension of a PartitionSpec holds: no mesh axis, one, or several.
+MeshAxes = Optional[str | tuple[str, ...]]
+
+
+def entry_without(entry: MeshAxes, axes: tuple[str, ...]) -> MeshAxes:
+  """One entry of a PartitionSpec with the mesh `axes` taken out."""
+  if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+    return entry
+  kept = tuple(a for a in ((entry,) if isinstance(entry, str) else entry)
+               if a not in axes)
+  if not kept:
+    return None
+  return kept[0] if len(kept) == 1 else kept
+
+
+def spec(a: Any) -> tuple[MeshAxes, ...]:
+  """The split of each axis of `a` that its type names (all None without one)."""
+  sharding = getattr(jax.typeof(a), "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or mesh.empty:
+    return (None,) * a.ndim
+  entries = tuple(sharding.spec)
+  return entries + (None,) * (a.ndim - len(entries))
+
+
+def is_explicit(axis: str) -> bool:
+  """Whether the mesh set by `jax.set_mesh` has `axis`, of type Explicit."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or axis not in mesh.axis_names:
+    return False
+  explicit = jax.sharding.AxisType.Explicit
+  return mesh.axis_types[mesh.axis_names.index(axis)] == explicit
+
+
+def axis_size(entry: MeshAxes) -> int:
+  """How many parts a spec entry splits an axis into, in the current mesh."""
+  if entry is None:
+    return 1
+  mesh = jax.sharding.get_abstract_mesh()
+  size = 1
+  for name in (entry,) if isinstance(entry, str) else entry:
+    size *= mesh.axis_sizes[mesh.axis_names.index(name)]
+  return size
+
+
+def reshard(a: jax.Array, entries: Sequence[MeshAxes]) -> jax.Array:
+  """`a` split as `entries` say, where that differs from its type's split."""
+  if tuple(entries) == spec(a):
+    return a
+  return _reshard(a, PartitionSpec(*entries))
+
+
+def without(a: jax.Array, axes: tuple[str, ...],
+            dims: Optional[Sequence[int]] = None) -> jax.Array:
+  """`a` with `axes` taken out of its type's split (of `dims`, default all)."""
+  entries = spec(a)
+  dims = range(a.ndim) if dims is None else dims
+  return reshard(a, tuple(entry_without(e, axes) if i in dims else e
+                          for i, e in enumerate(entries)))
+
+
+def on_mesh(tree: Any) -> Any:
+  """`tree`, each array with no mesh in its type put on the Explicit mesh set.
+
+  Inside `jax.jit`, an argument committed to no mesh has a type without one;
+  mixed with arrays typed by the mesh (in a loop's carry, an update in
+  place) it is refused. Replicated over the mesh, it has the mesh's type.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  explicit = jax.sharding.AxisType.Explicit
+  if mesh.empty or explicit not in tuple(mesh.axis_types):
+    return tree
+
+  def put(a):
+    sharding = getattr(jax.typeof(a), "sharding", None)
+    if getattr(sharding, "mesh", None) is None or sharding.mesh.empty:
+      return _reshard(a, PartitionSpec())
+    return a
+
+  return jax.tree.map(put, tree)
