@@ -1,11 +1,14 @@
 """Sphinx configuration of haiku_bridge's documentation site.
 
-The site is docs/*.md (the user guides, through MyST), the README as its
-front page, and the API reference of docs/api/, whose entries autodoc takes
-from the docstrings. Build it from the repository root:
+The site is the repository's Markdown as it is (the README, the guides of
+docs/, the changelog, CONTRIBUTING and the benchmark results, through MyST)
+and the API reference of docs/api/, whose entries autodoc takes from the
+docstrings; docs/index.md is the front page. Build it from the repository
+root:
 
     sphinx-build -W -c docs . docs/_build/html
 
+and open docs/_build/html/index.html (or `bazel run //testing:build_docs`).
 `//testing:docs_test` builds it the same way (warnings are errors) and checks
 that every name of `haiku_bridge.__all__` has an entry.
 """
@@ -38,6 +41,7 @@ root_doc = "docs/index"
 source_suffix = {".md": "markdown"}
 include_patterns = [
     "README.md",
+    "CHANGELOG.md",
     "CONTRIBUTING.md",
     "docs/**.md",
     "testing/benchmarks/results/*.md",
@@ -88,5 +92,15 @@ def _plurals_of_code(app, what, name, obj, options, lines):
       lines[i] = _CODE_THEN_LETTER.sub(r"\1\\ ", line)
 
 
+def _front_page(app, exception):
+  """build-finished: index.html at the top leads to docs/index.html."""
+  if exception is None and app.builder.format == "html":
+    with open(os.path.join(app.outdir, "index.html"), "w") as f:
+      f.write('<!DOCTYPE html>\n<meta http-equiv="refresh" '
+              'content="0; url=docs/index.html">\n'
+              '<a href="docs/index.html">haiku_bridge</a>\n')
+
+
 def setup(app):
   app.connect("autodoc-process-docstring", _plurals_of_code)
+  app.connect("build-finished", _front_page)

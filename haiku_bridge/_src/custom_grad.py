@@ -356,7 +356,7 @@ class _PureFunction:
 
   @classmethod
   def tree_unflatten(cls, static, children):
-    return cls(static[0], *children, static[1])
+    return cls(static[0], *children, static[1])  # type: ignore[call-arg]
 
   def __call__(self, params: PyTree, *args: Any) -> Any:
     return self.with_aux(params, *args)[0]

@@ -528,6 +528,7 @@ def _num_layers(num_layers: Optional[int], xs: PyTree) -> int:
       raise ValueError(errors.message(
           f"xs{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
           f"but every leaf of xs needs a leading layer axis {size}."))
+  assert num_layers is not None, "found above, or a leaf of xs was refused"
   return num_layers
 
 
@@ -621,6 +622,7 @@ def unstack_params(params: PyTree, *, stack: str, num_layers: int,
           f"'{stack}/'; the params have {sorted(params)[:8]}."))
     for bundle, entries in stacked.items():
       inner = _inner_bundle(stack, bundle)
+      assert inner is not None, "a stacked bundle has a bundle inside"
       for key, value in entries.items():
         if value.shape[:1] != (num_layers,):
           raise ValueError(errors.message(

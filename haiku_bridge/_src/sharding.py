@@ -53,7 +53,8 @@ if hasattr(jax.sharding, "reshard"):
   _reshard = jax.sharding.reshard
 else:
   # pylint: disable-next=g-import-not-at-top
-  from jax.experimental.shard import reshard as _reshard
+  from jax.experimental import shard  # type: ignore[attr-defined]
+  _reshard = shard.reshard
 
 
 def spec_str(spec: PartitionSpec) -> str:
@@ -133,7 +134,7 @@ class ShardingRules:
   def __init__(self,
                rules: Iterable[Rule | tuple[str, Any]],
                *,
-               stacked: Iterable[str] | Mapping[str, MeshAxes] = ()):
+               stacked: Iterable[str] | Mapping[str, MeshAxes] = ()) -> None:
     with errors.entry("ShardingRules", outer_wins=True):
       if (isinstance(rules, (str, Mapping)) or
           not isinstance(rules, Iterable) or isinstance(rules, MESH_TYPES)):
@@ -317,7 +318,7 @@ class ShardingRules:
   def _check_mesh(self, placed: ParamSharding, mesh: Mesh) -> None:
     stacks = self._layer_stacks(placed.path)
     spec = spec_str(placed.spec)
-    seen = {}
+    seen: dict[str, int] = {}  # Mesh axis -> the dimension it splits.
     for dim, entry in enumerate(placed.spec):
       if entry is None or entry is PartitionSpec.UNCONSTRAINED:
         continue
@@ -389,8 +390,9 @@ class ShardingReport:
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3]
              for row in rows]
-    for rule in self.unused_rules:
-      lines.append(f"unused rule: {rule.pattern!r} -> {spec_str(rule.spec)}")
+    for unused in self.unused_rules:
+      lines.append(f"unused rule: {unused.pattern!r} -> "
+                   f"{spec_str(unused.spec)}")
     return "\n".join(lines)
 
 
