@@ -17,7 +17,9 @@ import os
 import re
 import sys
 
-# Document the checkout this file is in, not whatever haiku_bridge is installed.
+# Document the checkout this file is in, not whatever haiku_bridge is installed
+# (under Bazel, testing/build_docs.py builds a copy of the pages: there the
+# package comes from the runfiles).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position

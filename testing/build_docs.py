@@ -10,22 +10,39 @@ Then open docs/_build/html/index.html. //testing:docs_test builds it the same wa
 import argparse
 import io
 import os
+import shutil
 import sys
+import tempfile
 
 from sphinx import application
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What the site reads (docs/conf.py's include_patterns, and the files the pages link).
+SITE = ("README.md", "CHANGELOG.md", "CONTRIBUTING.md", "docs",
+        os.path.join("testing", "benchmarks", "results"))
 
 
 def build(out_dir: str, *, status: io.TextIOBase | None = None
           ) -> tuple[application.Sphinx, list[str]]:
   """Builds the site into `out_dir`: the application and the warnings it gave."""
   warnings = io.StringIO()
-  app = application.Sphinx(
-      srcdir=ROOT, confdir=os.path.join(ROOT, "docs"), outdir=out_dir,
-      doctreedir=os.path.join(out_dir, ".doctrees"), buildername="html",
-      status=status, warning=warnings, freshenv=True, warningiserror=True)
-  app.build()
+  with tempfile.TemporaryDirectory() as copy:
+    # Sphinx follows symlinks when it resolves a link between pages, which leads out of Bazel's
+    # runfiles (a tree of symlinks into the checkout): there, build from a copy of the files.
+    source = ROOT
+    if os.path.islink(os.path.join(ROOT, "README.md")):
+      source = copy
+      for name in SITE:
+        path, target = os.path.join(ROOT, name), os.path.join(copy, name)
+        if os.path.isdir(path):
+          shutil.copytree(path, target)
+        else:
+          shutil.copy(path, target)
+    app = application.Sphinx(
+        srcdir=source, confdir=os.path.join(source, "docs"), outdir=out_dir,
+        doctreedir=os.path.join(out_dir, ".doctrees"), buildername="html",
+        status=status, warning=warnings, freshenv=True, warningiserror=True)
+    app.build()
   return app, [line for line in warnings.getvalue().splitlines() if line.strip()]
 
 

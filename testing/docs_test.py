@@ -35,7 +35,7 @@ class DocsTest(absltest.TestCase):
     cls.app, cls.warnings = build_docs.build(cls.out)
 
   def test_builds_without_warnings(self):
-    self.assertEqual(self.warnings, [])
+    self.assertEqual(self.warnings, [], "\n".join(self.warnings))
     self.assertEqual(self.app.statuscode, 0)
     for page in ("index.html", "docs/index.html", "docs/api/core.html", "README.html",
                  "docs/errors.html", "CHANGELOG.html"):
