@@ -356,6 +356,7 @@ class _PureFunction:
 
   @classmethod
   def tree_unflatten(cls, static, children):
+    # mypy cannot count the arguments of a star-unpacked tuple.
     return cls(static[0], *children, static[1])  # type: ignore[call-arg]
 
   def __call__(self, params: PyTree, *args: Any) -> Any:

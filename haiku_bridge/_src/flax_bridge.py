@@ -247,6 +247,7 @@ class NnxValues(NamedTuple):
 def _split_nnx(module: nnx.Module) -> tuple[NnxLayout, NnxValues]:
   graphdef, *states = nnx.split(module, *_FILTERS)
   kinds, values = zip(*(foreign_module.flatten(s) for s in states))
+  # mypy cannot count the arguments of a star-unpacked tuple.
   layout = NnxLayout(graphdef, *kinds,  # type: ignore[call-arg]
                      type(module).__name__)
   specs = (_nnx_specs(states[0]) if foreign_sharding.active() is not None
@@ -355,6 +356,7 @@ class NnxModule(foreign_module.ForeignModule):
         _check_no_rng_drawn(layout.rng_counts, counts, new_counts)
       foreign_module.write_state(layout.state, old_state, new_state)
       if sown is not None:
+        # Values are sown only with `intermediates=` given.
         foreign_module.outputs(*foreign_module.flatten(
             sown, prefix=(self._intermediates,)))  # type: ignore[arg-type]
       return out
@@ -593,6 +595,7 @@ class LinenModule(foreign_module.ForeignModule):
       sown = {c: v for c, v in updates.items()
               if c != "params" and c not in layout.collections}
       if sown:
+        # Values are sown only with `intermediates=` given.
         foreign_module.outputs(*foreign_module.flatten(
             sown, drop_first=True,
             prefix=(self._intermediates,)))  # type: ignore[arg-type]
@@ -663,6 +666,7 @@ class HaikuModule(nnx.Module):
     rng = None if self.rngs is None else self.rngs[self.rng_stream]()
     out, new_state = self.transformed.apply(
         self.haiku_params(), self.haiku_state(), rng, *args, **kwargs)
+    # Haiku annotates the state `apply` returns with an alias mypy cannot read.
     for module, entries in new_state.items():  # type: ignore[attr-defined]
       for name, value in entries.items():
         if name not in self.state.get(module, {}):
