@@ -356,7 +356,8 @@ class _PureFunction:
 
   @classmethod
   def tree_unflatten(cls, static, children):
-    return cls(static[0], *children, static[1])
+    # mypy cannot count the arguments of a star-unpacked tuple.
+    return cls(static[0], *children, static[1])  # type: ignore[call-arg]
 
   def __call__(self, params: PyTree, *args: Any) -> Any:
     return self.with_aux(params, *args)[0]

@@ -249,7 +249,9 @@ class EquinoxModule(foreign_module.ForeignModule):
                name: Optional[str] = None):
     self._instance = model if isinstance(model, eqx.Module) else None
     self._instance_state = state
-    self._recipe = (_recipe(model) if self._instance is None else
+    # Without an instance, `model` is a constructor.
+    self._recipe = (_recipe(model)  # type: ignore[arg-type]
+                    if self._instance is None else
                     foreign_module.Recipe(None, None, _split_equinox, None))
     class_name = foreign_module.class_name(model, eqx.Module)
     if class_name is None:
@@ -347,7 +349,7 @@ class HaikuModel(eqx.Module):
           "hkb.to_equinox: this model has Haiku state, so it is called as "
           "`model(*args, state, key=None) -> (out, state)`, with "
           "`state = eqx.nn.State(model)` to begin with.")
-    *args, state = args
+    *args, state = args  # type: ignore[assignment]  # A list from here on.
     out, new = self.transformed.apply(
         self.params, state.get(self.state_index), key, *args, **kwargs)
     return out, state.set(self.state_index, new)

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_API = contextvars.ContextVar("haiku_bridge_api", default=None)
+_API: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "haiku_bridge_api", default=None)
 
 
 @contextlib.contextmanager

@@ -247,15 +247,19 @@ class NnxValues(NamedTuple):
 def _split_nnx(module: nnx.Module) -> tuple[NnxLayout, NnxValues]:
   graphdef, *states = nnx.split(module, *_FILTERS)
   kinds, values = zip(*(foreign_module.flatten(s) for s in states))
-  layout = NnxLayout(graphdef, *kinds, type(module).__name__)
+  # mypy cannot count the arguments of a star-unpacked tuple.
+  layout = NnxLayout(graphdef, *kinds,  # type: ignore[call-arg]
+                     type(module).__name__)
   specs = (_nnx_specs(states[0]) if foreign_sharding.active() is not None
            else None)
-  return layout, NnxValues(*values, specs)
+  return layout, NnxValues(*values, specs)  # type: ignore[call-arg]
 
 
 def _nnx_specs(params: nnx.State) -> list[Optional[PartitionSpec]]:
   """Per param leaf: the spec NNX gives its `out_sharding` metadata, or None."""
-  rules = foreign_sharding.active().logical_axis_rules
+  recorder = foreign_sharding.active()
+  assert recorder is not None, "called while recording"
+  rules = recorder.logical_axis_rules
   specs = []
   with _logical_axis_rules(rules):
     for variable in jax.tree.leaves(
@@ -352,8 +356,9 @@ class NnxModule(foreign_module.ForeignModule):
         _check_no_rng_drawn(layout.rng_counts, counts, new_counts)
       foreign_module.write_state(layout.state, old_state, new_state)
       if sown is not None:
+        # Values are sown only with `intermediates=` given.
         foreign_module.outputs(*foreign_module.flatten(
-            sown, prefix=(self._intermediates,)))
+            sown, prefix=(self._intermediates,)))  # type: ignore[arg-type]
       return out
 
 
@@ -508,7 +513,9 @@ def _split_linen(variables: PyTree) -> tuple[LinenLayout, LinenValues]:
 
 def _linen_specs(params: PyTree) -> list[Optional[PartitionSpec]]:
   """Per param leaf: the mesh axes its Linen box declares, or None."""
-  rules = foreign_sharding.active().logical_axis_rules
+  recorder = foreign_sharding.active()
+  assert recorder is not None, "called while recording"
+  rules = recorder.logical_axis_rules
   specs = []
   with _logical_axis_rules(rules):
     for leaf in jax.tree.leaves(params, is_leaf=_is_box):
@@ -588,8 +595,10 @@ class LinenModule(foreign_module.ForeignModule):
       sown = {c: v for c, v in updates.items()
               if c != "params" and c not in layout.collections}
       if sown:
+        # Values are sown only with `intermediates=` given.
         foreign_module.outputs(*foreign_module.flatten(
-            sown, drop_first=True, prefix=(self._intermediates,)))
+            sown, drop_first=True,
+            prefix=(self._intermediates,)))  # type: ignore[arg-type]
       return out
 
   def _built(self, args, kwargs, rngs, method) -> foreign_module.Built:
@@ -657,7 +666,8 @@ class HaikuModule(nnx.Module):
     rng = None if self.rngs is None else self.rngs[self.rng_stream]()
     out, new_state = self.transformed.apply(
         self.haiku_params(), self.haiku_state(), rng, *args, **kwargs)
-    for module, entries in new_state.items():
+    # Haiku annotates the state `apply` returns with an alias mypy cannot read.
+    for module, entries in new_state.items():  # type: ignore[attr-defined]
       for name, value in entries.items():
         if name not in self.state.get(module, {}):
           raise ValueError(

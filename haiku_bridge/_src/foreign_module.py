@@ -150,6 +150,7 @@ def params(variables: Variables, values: Optional[Sequence[Any]],
   leaves = variables.leaves(hk.experimental.current_name())
   storage.PARAMS.claim(leaves)
   if hk.running_init():
+    assert values is not None, "values are built at init"
     with foreign_sharding.recording(leaves, partition):
       return storage.PARAMS.create(leaves, values)
   return storage.PARAMS.read(leaves, [s.shape for s in variables.specs])
@@ -160,6 +161,7 @@ def state(variables: Variables, values: Optional[Sequence[Any]]) -> list[Any]:
   leaves = variables.leaves(hk.experimental.current_name())
   storage.STATE.claim(leaves)
   if hk.running_init():
+    assert values is not None, "values are built at init"
     return storage.STATE.create(leaves, values, values)
   return storage.STATE.read(leaves, [s.shape for s in variables.specs])
 
@@ -219,6 +221,7 @@ def built(instance: Any, recipe: Recipe) -> Built:
     return Built(*recipe.split(instance))
   if hk.running_init():
     guards.require_haiku_trace()
+    assert recipe.construct is not None, "a recipe without an instance builds"
     layout, values = recipe.split(recipe.construct(hk.next_rng_key()))
     _LAYOUTS.put(recipe.cache_key, layout)
     return Built(layout, values)
@@ -227,8 +230,10 @@ def built(instance: Any, recipe: Recipe) -> Built:
 
 def abstract_layout(recipe: Recipe) -> Any:
   """The layout of what the recipe builds, without building it (cached)."""
+  construct = recipe.construct_abstract
+  assert construct is not None, "an instance is laid out as it is"
   return _LAYOUTS.get_or_compute(
-      recipe.cache_key, lambda: recipe.split(recipe.construct_abstract())[0])
+      recipe.cache_key, lambda: recipe.split(construct())[0])
 
 
 def cached_layout(key: Optional[Hashable], compute: Callable[[], Any]) -> Any:
@@ -242,8 +247,9 @@ def remember_layout(key: Optional[Hashable], layout: Any) -> None:
 
 def layout_key(*parts: Any) -> Optional[Hashable]:
   """A cache key for a layout that depends on `parts` (and the x64 flag)."""
-  return caches.function_key(parts[0], parts[1:],
-                             bool(jax.config.jax_enable_x64))
+  return caches.function_key(
+      parts[0], parts[1:],
+      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
 
 
 class ForeignModule(hk.Module):

@@ -60,7 +60,8 @@ def stored_param(bundle: str, name: str) -> Optional[Any]:
 
 def stored_state(bundle: str, name: str) -> Optional[Any]:
   """The current value of state `bundle/name`, before any custom getter."""
-  state = _base.current_frame().state
+  # `{bundle: {name: StatePair}}`; Haiku's annotation says arrays.
+  state: Any = _base.current_frame().state
   if state is None or name not in state.get(bundle, {}):
     return None
   return state[bundle][name].current
@@ -305,7 +306,8 @@ def frame_from(
   Yields the frame: after the code ran, its `params` and `state` hold what
   the code created and wrote.
   """
-  ddict = lambda: collections.defaultdict(dict)
+  ddict: Callable[[], collections.defaultdict[str, dict[str, Any]]] = (
+      lambda: collections.defaultdict(dict))
   params_ = ddict()
   for bundle, entries in params.items():
     params_[bundle].update(entries)
@@ -343,7 +345,8 @@ def write_state(new_state: Mapping[str, Mapping[str, Any]]) -> None:
   As Haiku's wrappers hand a body's state back: the values were set (and
   state setters ran) inside the run, so they are stored as they are.
   """
-  state = _base.current_frame().state
+  # `{bundle: {name: StatePair}}`; Haiku's annotation says arrays.
+  state: Any = _base.current_frame().state
   for bundle, entries in new_state.items():
     for name, value in entries.items():
       old = state[bundle].get(name)

@@ -92,8 +92,10 @@ class Plan(NamedTuple):
 
   def read_params(self) -> list[Any]:
     """The caller's params, read through any custom getter."""
-    return storage.PARAMS.read([leaf.leaf for leaf in self.params],
-                               [leaf.spec.shape for leaf in self.params])
+    # A planned param always has its spec; only state may lack one.
+    return storage.PARAMS.read(
+        [leaf.leaf for leaf in self.params],
+        [leaf.spec.shape for leaf in self.params])  # type: ignore[union-attr]
 
   def stored_state(self) -> Nested:
     """At apply: the caller's current state values, by outer bundle.
@@ -319,7 +321,7 @@ class _Recorder:
     self._params_read: dict[tuple[str, str], None] = {}
     self._state_read: dict[tuple[str, str], None] = {}
     self._state_written: dict[tuple[str, str], None] = {}
-    self._naming = None
+    self._naming: Optional[haiku_internals.NamingEffect] = None
     self._scope = ""
 
   @contextlib.contextmanager
@@ -430,6 +432,7 @@ class _Recorder:
     return f"{self._inner_bundle(bundle)}/{name}"
 
   def plan(self) -> Plan:
+    assert self._naming is not None, "plan() comes after finish()"
     params = []
     owner: dict[str, str] = {}
     for bundle, name in self._params_read:

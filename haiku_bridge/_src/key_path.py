@@ -136,8 +136,9 @@ def _structure(init, args, kwargs) -> _Plan:
   them, so it is not kept.
   """
   key_spec = pytree.key_spec(hk.maybe_get_rng_sequence_state())
-  cache_key = caches.function_key(init, key_spec, args, kwargs,
-                                  bool(jax.config.jax_enable_x64))
+  cache_key = caches.function_key(
+      init, key_spec, args, kwargs,
+      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
   cached = _STRUCTURE.get(cache_key)
   if cached is not None:
     return cached

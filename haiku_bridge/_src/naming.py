@@ -105,7 +105,8 @@ def key_path_components(tree: Any) -> list[tuple[str, tuple[str, ...]]]:
 
 class KeyPathLeaf(NamedTuple):
   """One leaf of a params pytree, by the key-path rule."""
-  index: int  # Its position in `jax.tree.leaves`.
+  # Its position in `jax.tree.leaves` (the field hides `tuple.index`).
+  index: int  # type: ignore[assignment]
   keypath: str  # For messages: `['enc']['w']`.
   below: tuple[str, ...]  # Module components below the first one.
   name: str  # The parameter name.

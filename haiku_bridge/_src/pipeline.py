@@ -187,7 +187,7 @@ class Schedule(NamedTuple):
     """Idle stage-steps over all stage-steps."""
     return float(1 - self.active.mean())
 
-  def step_of(self, stage: int, repeat: Any, microbatch: Any) -> Any:
+  def step_of(self, stage: Any, repeat: Any, microbatch: Any) -> Any:
     """The step at which `stage` runs pass `repeat` of `microbatch` (ints or arrays)."""
     return repeat * self.period + microbatch + stage
 
@@ -577,11 +577,11 @@ def _varying(tree: PyTree, axis: str) -> PyTree:
   def cast(a):
     aval = jax.typeof(a)
     # jax >= 0.10 keeps the varying axes in `manual_axis_type`, before in `vma`.
-    varying = getattr(getattr(aval, "manual_axis_type", None), "varying",
-                      getattr(aval, "vma", frozenset()))
+    varying: Any = getattr(getattr(aval, "manual_axis_type", None), "varying",
+                           getattr(aval, "vma", frozenset()))
     if axis in varying:
       return a
     if hasattr(lax, "pcast"):
       return lax.pcast(a, axis, to="varying")
-    return lax.pvary(a, axis)
+    return lax.pvary(a, axis)  # type: ignore[attr-defined]  # jax < 0.10
   return jax.tree.map(cast, tree)

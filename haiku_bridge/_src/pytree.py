@@ -76,7 +76,8 @@ def default_key_spec() -> jax.ShapeDtypeStruct:
   `jax_default_prng_impl` decides it: `uint32[2]` for threefry, `uint32[4]`
   for rbg.
   """
-  return _key_spec_of(jax.config.jax_default_prng_impl)
+  return _key_spec_of(
+      jax.config.jax_default_prng_impl)  # type: ignore[attr-defined]
 
 
 @functools.lru_cache(maxsize=None)

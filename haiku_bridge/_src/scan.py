@@ -292,12 +292,12 @@ def layer_scan(
       stages = pipeline_lib.check(
           pipeline, carry, num_layers,
           require_mesh=not (hk.running_init() or inline.planning()))
-    if stages is None or hk.running_init():
-      carry, (ys, state) = scan(body, carry, scanned, num_layers, reverse)
-    else:
+    if pipeline is not None and stages is not None and not hk.running_init():
       carry, (ys, state) = pipeline_lib.run(
           pipeline, stages, body, carry, scanned, num_layers=num_layers,
           scan=scan, reverse=reverse)
+    else:
+      carry, (ys, state) = scan(body, carry, scanned, num_layers, reverse)
     updater.update(state)
   return carry, ys
 
@@ -531,6 +531,7 @@ def _num_layers(num_layers: Optional[int], xs: PyTree) -> int:
       raise ValueError(errors.message(
           f"xs{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
           f"but every leaf of xs needs a leading layer axis {size}."))
+  assert num_layers is not None, "found above, or a leaf of xs was refused"
   return num_layers
 
 
@@ -624,6 +625,7 @@ def unstack_params(params: PyTree, *, stack: str, num_layers: int,
           f"'{stack}/'; the params have {sorted(params)[:8]}."))
     for bundle, entries in stacked.items():
       inner = _inner_bundle(stack, bundle)
+      assert inner is not None, "a stacked bundle has a bundle inside"
       for key, value in entries.items():
         if value.shape[:1] != (num_layers,):
           raise ValueError(errors.message(

@@ -126,7 +126,7 @@ class ShardingRules:
   def __init__(self,
                rules: Iterable[Rule | tuple[str, Any]],
                *,
-               stacked: Iterable[str] | Mapping[str, MeshAxes] = ()):
+               stacked: Iterable[str] | Mapping[str, MeshAxes] = ()) -> None:
     with errors.entry("ShardingRules", outer_wins=True):
       if (isinstance(rules, (str, Mapping)) or
           not isinstance(rules, Iterable) or isinstance(rules, MESH_TYPES)):
@@ -310,7 +310,7 @@ class ShardingRules:
   def _check_mesh(self, placed: ParamSharding, mesh: Mesh) -> None:
     stacks = self._layer_stacks(placed.path)
     spec = spec_str(placed.spec)
-    seen = {}
+    seen: dict[str, int] = {}  # Mesh axis -> the dimension it splits.
     for dim, entry in enumerate(placed.spec):
       if entry is None or entry is PartitionSpec.UNCONSTRAINED:
         continue
@@ -382,8 +382,9 @@ class ShardingReport:
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3]
              for row in rows]
-    for rule in self.unused_rules:
-      lines.append(f"unused rule: {rule.pattern!r} -> {spec_str(rule.spec)}")
+    for unused in self.unused_rules:
+      lines.append(f"unused rule: {unused.pattern!r} -> "
+                   f"{spec_str(unused.spec)}")
     return "\n".join(lines)
 
 

@@ -122,7 +122,7 @@ class ParamCollection(_Collection):
 
   def create(self, leaves: Sequence[Leaf], values: Sequence[Any]) -> list[Any]:
     """At init: stores `values` (custom creators may change them)."""
-    out = [None] * len(leaves)
+    out: list[Any] = [None] * len(leaves)
     for bundle, indices in by_bundle(leaves).items():
       with in_bundle(bundle):
         for i in indices:
@@ -136,7 +136,7 @@ class ParamCollection(_Collection):
            shapes: Optional[Sequence[Any]] = None) -> list[Any]:
     """At apply: the stored values, through any custom getter."""
     stored = self.checked_stored(leaves, shapes)
-    out = [None] * len(leaves)
+    out: list[Any] = [None] * len(leaves)
     for bundle, indices in by_bundle(leaves).items():
       with in_bundle(bundle):
         for i in indices:
@@ -156,7 +156,7 @@ class StateCollection(_Collection):
   def create(self, leaves: Sequence[Leaf], initial: Sequence[Any],
              current: Sequence[Any]) -> list[Any]:
     """At init: stores the initial values, then the current ones if newer."""
-    out = [None] * len(leaves)
+    out: list[Any] = [None] * len(leaves)
     for bundle, indices in by_bundle(leaves).items():
       with in_bundle(bundle):
         for i in indices:
@@ -172,7 +172,7 @@ class StateCollection(_Collection):
            shapes: Optional[Sequence[Any]] = None) -> list[Any]:
     """At apply: the current values, through any custom state getter."""
     self.checked_stored(leaves, shapes)
-    out = [None] * len(leaves)
+    out: list[Any] = [None] * len(leaves)
     for bundle, indices in by_bundle(leaves).items():
       with in_bundle(bundle):
         for i in indices:

@@ -19,8 +19,10 @@ from jax.sharding import PartitionSpec
 # jax.sharding.reshard is jax >= 0.7; jax 0.6 has it under jax.experimental.
 if hasattr(jax.sharding, "reshard"):
   _reshard = jax.sharding.reshard
-else:  # pragma: no cover (jax 0.6)
-  from jax.experimental.shard import reshard as _reshard  # pylint: disable=g-import-not-at-top
+else:  # jax 0.6
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental import shard  # type: ignore[attr-defined]
+  _reshard = shard.reshard
 
 # What one dimension of a PartitionSpec holds: no mesh axis, one, or several.
 MeshAxes = Optional[str | tuple[str, ...]]
@@ -37,11 +39,19 @@ def entry_without(entry: MeshAxes, axes: tuple[str, ...]) -> MeshAxes:
   return kept[0] if len(kept) == 1 else kept
 
 
-def spec(a: Any) -> tuple[MeshAxes, ...]:
-  """The split of each axis of `a` that its type names (all None without one)."""
+def _named(a: Any) -> Any:
+  """`a`'s sharding where its type names a mesh, else None."""
   sharding = getattr(jax.typeof(a), "sharding", None)
   mesh = getattr(sharding, "mesh", None)
   if mesh is None or mesh.empty:
+    return None
+  return sharding
+
+
+def spec(a: Any) -> tuple[MeshAxes, ...]:
+  """The split of each axis of `a` that its type names (all None without one)."""
+  sharding = _named(a)
+  if sharding is None:
     return (None,) * a.ndim
   entries = tuple(sharding.spec)
   return entries + (None,) * (a.ndim - len(entries))
@@ -95,10 +105,5 @@ def on_mesh(tree: Any) -> Any:
   if mesh.empty or explicit not in tuple(mesh.axis_types):
     return tree
 
-  def put(a):
-    sharding = getattr(jax.typeof(a), "sharding", None)
-    if getattr(sharding, "mesh", None) is None or sharding.mesh.empty:
-      return _reshard(a, PartitionSpec())
-    return a
-
-  return jax.tree.map(put, tree)
+  return jax.tree.map(
+      lambda a: _reshard(a, PartitionSpec()) if _named(a) is None else a, tree)

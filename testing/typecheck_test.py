@@ -1,0 +1,99 @@
+"""The library type-checks, and its public API is fully annotated.
+
+mypy runs over haiku_bridge/ with `[tool.mypy]` of pyproject.toml (which says what is checked and
+why), against the installed jax, Haiku, Flax and Equinox. The annotations of the public API are
+checked here directly: every parameter and return of every name of `haiku_bridge.__all__` and of
+their public methods, which mypy's per-function flags cannot single out.
+"""
+
+import inspect
+import os
+import sys
+from typing import Any, Callable, Iterator
+
+from absl.testing import absltest
+from mypy import api as mypy_api
+
+import haiku_bridge as hkb
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_mypy() -> tuple[str, int]:
+  """mypy over the library, from the repository root as a user would run it."""
+  cwd = os.getcwd()
+  os.chdir(_ROOT)
+  try:
+    # No cache: nothing is written, and nothing stale is read.
+    stdout, stderr, status = mypy_api.run(
+        ["--cache-dir", os.devnull, "--python-executable", sys.executable])
+  finally:
+    os.chdir(cwd)
+  return stdout + stderr, status
+
+
+def public_callables() -> Iterator[tuple[str, Callable[..., Any]]]:
+  """`(name, function)` for each public function, class and public method."""
+  for name in hkb.__all__:
+    obj = getattr(hkb, name)
+    if inspect.ismodule(obj):  # `hkb.hk`: Haiku's namespace, typed by Haiku.
+      continue
+    if not inspect.isclass(obj):
+      yield name, obj
+      continue
+    for attr, value in vars(obj).items():
+      if attr.startswith("_") and attr not in ("__init__", "__call__"):
+        continue
+      if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+      elif isinstance(value, property):
+        value = value.fget
+      if inspect.isfunction(value):
+        yield f"{name}.{attr}", value
+
+
+def unannotated(fn: Callable[..., Any]) -> list[str]:
+  """The parameters of `fn` (and "return") that have no annotation."""
+  signature = inspect.signature(fn)
+  missing = [p.name for i, p in enumerate(signature.parameters.values())
+             if p.annotation is inspect.Parameter.empty
+             and not (i == 0 and p.name in ("self", "cls"))]
+  if signature.return_annotation is inspect.Signature.empty:
+    missing.append("return")
+  return missing
+
+
+class TypecheckTest(absltest.TestCase):
+
+  def test_mypy_finds_no_error(self):
+    output, status = run_mypy()
+    self.assertEqual(status, 0, f"mypy found errors:\n{output}")
+    # Every module of the library was read (none of its tests).
+    modules = [f for _, _, files in os.walk(os.path.join(_ROOT, "haiku_bridge")) for f in files
+               if f.endswith(".py") and not f.endswith("_test.py")]
+    self.assertGreater(len(modules), 20)
+    self.assertIn(f"Success: no issues found in {len(modules)} source files", output)
+
+  def test_public_api_is_annotated(self):
+    found = dict(public_callables())
+    # Guards the walk: functions, a class's `__init__`, methods, properties.
+    for name in ("call_pure", "from_flax", "ShardingRules.__init__",
+                 "ShardingRules.place", "ShardingRules.from_foreign",
+                 "ShardingRules.rules", "Pipeline.num_repeats"):
+      self.assertIn(name, found)
+    missing = {name: unannotated(fn) for name, fn in found.items()}
+    self.assertEqual({name: m for name, m in missing.items() if m}, {})
+
+  def test_unannotated_finds_what_is_missing(self):
+    def partly(self, a: int, b, *args, c: str = "", **kwargs) -> int:
+      del self, a, b, args, c, kwargs
+      return 0
+    def typed(x: int) -> None:
+      del x
+    self.assertEqual(unannotated(partly), ["b", "args", "kwargs"])
+    self.assertEqual(unannotated(lambda x: x), ["x", "return"])
+    self.assertEqual(unannotated(typed), [])
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,188 @@
+"""The package builds, installs from its wheel alone, and runs the README's quickstart.
+
+As a user would: `python -m build` makes the sdist and, from it, the wheel; the wheel is installed
+into a fresh virtual environment with its `flax` and `equinox` extras, and the quickstart runs there,
+from an empty directory, so that the installed package is what is imported, not this checkout. A
+module or a file missing from the wheel, a dependency or an extra that the package does not declare,
+or a version that disagrees with the package's fails here.
+
+Offline: the build runs without isolation on the setuptools installed here, and the fresh
+environment sees this interpreter's installed packages (jax, Haiku, Flax, Equinox) through a `.pth`
+file, so pip installs the wheel with `--no-index` and finds every dependency already satisfied, or
+fails naming the one it lacks.
+"""
+
+import email.parser
+import json
+import os
+import re
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import textwrap
+import zipfile
+
+from absl.testing import absltest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_EXTRAS = ("flax", "equinox")
+_TIMEOUT_S = 240
+
+# Run in the fresh environment after the quickstart: where haiku_bridge came from, and whether
+# each of its modules and adapters imports.
+_CHECKS = textwrap.dedent("""
+    import importlib
+    import importlib.metadata
+    import json
+    import sys
+    import haiku_bridge
+
+    modules = json.loads(sys.argv[1])
+    failed = {}
+    for module in modules:
+      try:
+        importlib.import_module(module)
+      except Exception as e:  # pylint: disable=broad-except
+        failed[module] = repr(e)
+    print(json.dumps({
+        "file": haiku_bridge.__file__,
+        "version": haiku_bridge.__version__,
+        "metadata_version": importlib.metadata.version("haiku-bridge"),
+        "failed": failed,
+        "adapters": {name: getattr(haiku_bridge, name).__module__
+                     for name in ("from_flax", "to_nnx", "from_equinox", "to_equinox")},
+    }))
+""")
+
+
+def quickstart(readme: str) -> str:
+  """The Python snippet of the README's Quickstart section."""
+  return re.search(r"^## Quickstart\n.*?^```python\n(.*?)^```", readme,
+                   re.MULTILINE | re.DOTALL)[1]
+
+
+def run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+  return subprocess.run(args, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False,
+                        **kwargs)
+
+
+def clean_env() -> dict[str, str]:
+  """This environment without what would put the checkout on the child's path."""
+  env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+  for name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "XLA_FLAGS"):
+    env.pop(name, None)
+  return env
+
+
+def package_files(root: str) -> set[str]:
+  """The package's files under `root`: its modules and py.typed, relative to `root`."""
+  found = set()
+  for directory, subdirs, files in os.walk(os.path.join(root, "haiku_bridge")):
+    subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+    found |= {os.path.relpath(os.path.join(directory, f), root) for f in files
+              if f.endswith(".py") or f == "py.typed"}
+  return found
+
+
+def module_names(files: set[str]) -> list[str]:
+  """The importable modules among `files`, tests left out."""
+  return sorted(f[:-len(".py")].replace(os.sep, ".").removesuffix(".__init__")
+                for f in files if f.endswith(".py") and not f.endswith("_test.py"))
+
+
+class WheelTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    # What a checkout holds for the package, as plain files (Bazel's runfiles are links).
+    cls.src = os.path.join(cls.tmp, "src")
+    os.makedirs(cls.src)
+    for name in ("pyproject.toml", "README.md"):
+      shutil.copy(os.path.join(_ROOT, name), cls.src)
+    shutil.copytree(os.path.join(_ROOT, "haiku_bridge"), os.path.join(cls.src, "haiku_bridge"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    cls.dist = os.path.join(cls.tmp, "dist")
+    cls.build = run([sys.executable, "-m", "build", "--no-isolation", "--outdir", cls.dist,
+                     cls.src], env=clean_env())
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
+
+  def built(self) -> tuple[str, str]:
+    """The sdist and the wheel that `python -m build` made."""
+    self.assertEqual(self.build.returncode, 0,
+                     f"python -m build failed:\n{self.build.stdout[-3000:]}\n"
+                     f"{self.build.stderr[-3000:]}")
+    files = sorted(os.listdir(self.dist))
+    self.assertLen(files, 2, files)
+    sdist, wheel = sorted(files, key=lambda f: f.endswith(".whl"))
+    self.assertRegex(sdist, r"^haiku_bridge-[\d.]+\.tar\.gz$")
+    self.assertRegex(wheel, r"^haiku_bridge-[\d.]+-py3-none-any\.whl$")
+    return os.path.join(self.dist, sdist), os.path.join(self.dist, wheel)
+
+  def test_wheel_holds_the_package_and_declares_the_extras(self):
+    _, wheel = self.built()
+    with zipfile.ZipFile(wheel) as z:
+      names = set(z.namelist())
+      metadata_file = next(n for n in names if n.endswith(".dist-info/METADATA"))
+      metadata = email.parser.Parser().parsestr(z.read(metadata_file).decode())
+    in_wheel = {n for n in names if n.startswith("haiku_bridge/")}
+    expected = {f.replace(os.sep, "/") for f in package_files(self.src)}
+    self.assertIn("haiku_bridge/py.typed", expected)
+    self.assertEqual(in_wheel, expected)
+    self.assertContainsSubset(set(_EXTRAS) | {"docs", "test"},
+                              set(metadata.get_all("Provides-Extra")))
+
+  def test_installed_wheel_runs_the_quickstart(self):
+    _, wheel = self.built()
+    venv = os.path.join(self.tmp, "venv")
+    created = run([sys.executable, "-m", "venv", "--without-pip", venv])
+    self.assertEqual(created.returncode, 0, created.stderr)
+    python = os.path.join(venv, "bin", "python")
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                  env=clean_env()).stdout.strip()
+    # This interpreter's packages, after the venv's own: the installed wheel comes first.
+    with open(os.path.join(purelib, "_installed_here.pth"), "w") as f:
+      f.write("\n".join(site.getsitepackages() + [sysconfig.get_paths()["purelib"]]) + "\n")
+    installed = run([sys.executable, "-m", "pip", "--python", python, "install", "--no-index",
+                     "--no-cache-dir", f"{wheel}[{','.join(_EXTRAS)}]"], env=clean_env())
+    output = installed.stdout + installed.stderr
+    self.assertEqual(installed.returncode, 0, f"pip install failed:\n{output[-3000:]}")
+    self.assertEqual(re.findall(r"^.*does not provide the extra.*$", output, re.MULTILINE), [])
+
+    with open(os.path.join(_ROOT, "README.md")) as f:
+      script = quickstart(f.read()) + _CHECKS
+    modules = module_names(package_files(self.src))
+    workdir = os.path.join(self.tmp, "empty")
+    os.makedirs(workdir)
+    ran = run([python, "-c", script, json.dumps(modules)], cwd=workdir, env=clean_env())
+    self.assertEqual(ran.returncode, 0, f"the quickstart failed:\n{ran.stderr[-3000:]}")
+    report = json.loads(ran.stdout.strip().splitlines()[-1])
+
+    self.assertTrue(report["file"].startswith(purelib + os.sep), report["file"])
+    self.assertEqual(report["failed"], {})
+    self.assertIn("haiku_bridge._src.flax_bridge", modules)
+    self.assertEqual(report["adapters"], {
+        "from_flax": "haiku_bridge._src.flax_bridge",
+        "to_nnx": "haiku_bridge._src.flax_bridge",
+        "from_equinox": "haiku_bridge._src.equinox_bridge",
+        "to_equinox": "haiku_bridge._src.equinox_bridge",
+    })
+    version = re.match(r"haiku_bridge-([\d.]+)-", os.path.basename(wheel))[1]
+    self.assertEqual((report["version"], report["metadata_version"]), (version, version))
+
+  def test_module_names(self):
+    files = {"haiku_bridge/__init__.py", "haiku_bridge/py.typed", "haiku_bridge/_src/scan.py",
+             "haiku_bridge/_src/scan_test.py"}
+    self.assertEqual(module_names(files), ["haiku_bridge", "haiku_bridge._src.scan"])
+
+
+if __name__ == "__main__":
+  absltest.main()
