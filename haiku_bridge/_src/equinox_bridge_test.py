@@ -5,7 +5,9 @@ Ground truth: the model called natively with the weights the adapter holds
 against the Haiku function it wraps.
 """
 
+import contextlib
 import functools
+import os
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -275,7 +277,7 @@ class ErrorsTest(absltest.TestCase):
       f.init(jax.random.PRNGKey(0), X[0])
 
   def test_not_a_model(self):
-    with self.assertRaisesRegex(TypeError, r"got int"):
+    with self.assertRaisesRegex(TypeError, r"^hkb.from_equinox: `model` must be .*got an int 3\."):
       hk.transform(lambda: hkb.from_equinox(3)).init(None)
     with self.assertRaisesRegex(TypeError, r"`state=` goes with a model"):
       hk.transform(lambda: hkb.from_equinox(
@@ -328,6 +330,124 @@ class ErrorsTest(absltest.TestCase):
         str(ours.exception),
         str(theirs.exception).replace("hkb.call_pure", "hkb.from_equinox(Net)")
         .replace("['lin']['weight']", "lin.weight"))
+
+
+# ---------------------------------------------------------------------------
+# The cached layout: keyed on all it depends on.
+# ---------------------------------------------------------------------------
+
+CONFIG = {"width": 4}  # Read by the constructors below; LayoutCacheTest changes it.
+
+
+class ConfiguredModel(eqx.Module):
+  linear: eqx.nn.Linear
+
+  def __init__(self, *, key):
+    self.linear = eqx.nn.Linear(4, CONFIG["width"], key=key)
+
+  def __call__(self, x):
+    return self.linear(x)
+
+
+# What each case passes to from_equinox, one object for every call: a
+# function, a class.
+CONFIGURED = {
+    "function": lambda key: eqx.nn.Linear(4, CONFIG["width"], key=key),
+    "class": ConfiguredModel,
+}
+
+
+@contextlib.contextmanager
+def configured(width: int):
+  saved, CONFIG["width"] = CONFIG["width"], width
+  try:
+    yield
+  finally:
+    CONFIG["width"] = saved
+
+
+def configured_net(kind: str) -> hk.Transformed:
+  return hk.transform(lambda x: hkb.from_equinox(CONFIGURED[kind])(x))
+
+
+def native_configured(params: hk.Params, x: jax.Array) -> jax.Array:
+  """The same layer run by Equinox itself, holding `params`."""
+  (weights,) = params.values()
+  linear = eqx.nn.Linear(4, weights["bias"].shape[0],
+                         key=jax.random.PRNGKey(0))
+  linear = eqx.tree_at(lambda l: (l.weight, l.bias), linear,
+                       (weights["weight"], weights["bias"]))
+  return linear(x)
+
+
+class LayoutCacheTest(parameterized.TestCase):
+  """What apply lays out without building the model, cached or not.
+
+  Issue 27, row 3: a constructor that reads a global, applied at one width,
+  then at another, was laid out from the cache at the first width. Each
+  case runs cold, warm, with caches off, and in a fresh process (with and
+  without caches), against Equinox running the same layer on the same
+  params.
+  """
+
+  def _params(self, kind: str) -> dict[int, hk.Params]:
+    params = {}
+    for width in (4, 6):
+      with configured(width):
+        params[width] = configured_net(kind).init(jax.random.PRNGKey(width),
+                                                  X[0])
+    return params
+
+  @parameterized.product(kind=tuple(CONFIGURED),
+                         temperature=("cold", "warm", "off"))
+  def test_a_global_the_constructor_reads(self, kind, temperature):
+    f, params = configured_net(kind), self._params(kind)
+    context = (caches.disabled() if temperature == "off"
+               else contextlib.nullcontext())
+    with context:
+      for width in (4, 6, 4):
+        if temperature == "cold":
+          hkb.clear_caches()
+        with configured(width):
+          np.testing.assert_allclose(f.apply(params[width], None, X[0]),
+                                     native_configured(params[width], X[0]),
+                                     rtol=1e-5)
+
+  def test_a_global_the_constructor_reads_in_a_fresh_process(self):
+    arrays, expected = {}, []
+    for kind in CONFIGURED:
+      params = self._params(kind)
+      for width in (4, 6, 4):
+        expected.append(native_configured(params[width], X[0]))
+        for bundle, entries in params[width].items():
+          for name, value in entries.items():
+            arrays[f"{kind}|{width}|{bundle}|{name}"] = value
+    path = os.path.join(self.create_tempdir().full_path, "params.npz")
+    np.savez(path, **arrays)
+    for env in ({}, {"HAIKU_BRIDGE_CACHES": "0"}):
+      child = test_utils.run_in_fresh_process(
+          __file__, "child_configured_apply", path, env=env)
+      self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+      got = [np.array(line.split(), np.float32)
+             for line in child.stdout.strip().splitlines()]
+      for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, np.asarray(e).ravel(), rtol=1e-5)
+
+
+def child_configured_apply(path: str) -> None:
+  """Run by a fresh process (init never ran there): prints each output."""
+  with np.load(path) as data:
+    params = {}
+    for key in data.files:
+      kind, width, bundle, name = key.split("|")
+      params.setdefault((kind, int(width)), {}).setdefault(bundle, {})[
+          name] = jnp.asarray(data[key])
+  for kind in CONFIGURED:
+    f = configured_net(kind)
+    for width in (4, 6, 4):
+      with configured(width):
+        out = f.apply(params[(kind, width)], None, X[0])
+      print(" ".join(map(str, np.asarray(out).ravel())))
 
 
 # ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ Ground truth: an NNX module called natively (outputs, `nnx.grad`, updated
 Haiku function it wraps.
 """
 
+import contextlib
 import functools
 import os
 import re
@@ -295,7 +296,7 @@ class NnxErrorsTest(absltest.TestCase):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_not_a_module(self):
-    with self.assertRaisesRegex(TypeError, r"got int"):
+    with self.assertRaisesRegex(TypeError, r"^hkb.from_flax: `module` must be .*got an int 3\."):
       hk.transform(lambda: hkb.from_flax(3)).init(None)
 
   def test_constructor_returning_something_else(self):
@@ -810,6 +811,134 @@ class StoragePathTest(parameterized.TestCase):
     self.assertEqual(names(adapter, inline), names(inline, inline))
     self.assertEqual(names(inline, adapter), names(inline, inline))
     self.assertEqual(names(adapter, adapter), ["linear", "linear_1"])
+
+
+# ---------------------------------------------------------------------------
+# The cached layout: keyed on all it depends on.
+# ---------------------------------------------------------------------------
+
+CONFIG = {"width": 4}  # Read by the constructors below; LayoutCacheTest changes it.
+
+
+class ConfiguredBlock(nnx.Module):
+
+  def __init__(self, din: int, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(din, CONFIG["width"], rngs=rngs)
+
+  def __call__(self, x):
+    return self.linear(x)
+
+
+class ConfiguredDense(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(CONFIG["width"])(x)
+
+
+# What each case passes to from_flax, one object for every call (as the
+# issue's `make`): a function, a class, a Linen module.
+CONFIGURED = {
+    "nnx_function": lambda rngs: nnx.Linear(4, CONFIG["width"], rngs=rngs),
+    "nnx_class": functools.partial(ConfiguredBlock, 4),
+    "linen_class": ConfiguredDense(),
+}
+
+
+@contextlib.contextmanager
+def configured(width: int):
+  saved, CONFIG["width"] = CONFIG["width"], width
+  try:
+    yield
+  finally:
+    CONFIG["width"] = saved
+
+
+def configured_net(kind: str) -> hk.Transformed:
+  return hk.transform(lambda x: hkb.from_flax(CONFIGURED[kind])(x))
+
+
+def native_configured(kind: str, params: hk.Params, x: jax.Array):
+  """The same layer run by Flax itself, holding `params`."""
+  (weights,) = params.values()
+  kernel, bias = weights["kernel"], weights["bias"]
+  if kind == "linen_class":
+    return ConfiguredDense().apply(
+        {"params": {"Dense_0": {"kernel": kernel, "bias": bias}}}, x)
+  linear = nnx.Linear(*kernel.shape, rngs=nnx.Rngs(0))
+  linear.kernel[...], linear.bias[...] = kernel, bias
+  return linear(x)
+
+
+class LayoutCacheTest(parameterized.TestCase):
+  """What apply lays out without building the module, cached or not.
+
+  Issue 27, row 3: a constructor that reads a global, applied at one width,
+  then at another, was laid out from the cache at the first width ("needs
+  [4]"). Each case runs cold (caches cleared before each apply), warm, with
+  caches off, and in a fresh process (with and without caches), against
+  Flax running the same layer on the same params.
+  """
+
+  def _params(self, kind: str) -> dict[int, hk.Params]:
+    f = configured_net(kind)
+    params = {}
+    for width in (4, 6):
+      with configured(width):
+        params[width] = f.init(jax.random.PRNGKey(width), X)
+    return params
+
+  @parameterized.product(kind=tuple(CONFIGURED),
+                         temperature=("cold", "warm", "off"))
+  def test_a_global_the_constructor_reads(self, kind, temperature):
+    f, params = configured_net(kind), self._params(kind)
+    context = (caches.disabled() if temperature == "off"
+               else contextlib.nullcontext())
+    with context:
+      for width in (4, 6, 4):
+        if temperature == "cold":
+          hkb.clear_caches()
+        with configured(width):
+          np.testing.assert_allclose(
+              f.apply(params[width], None, X),
+              native_configured(kind, params[width], X), rtol=1e-5)
+
+  def test_a_global_the_constructor_reads_in_a_fresh_process(self):
+    arrays, expected = {}, []
+    for kind in CONFIGURED:
+      params = self._params(kind)
+      for width in (4, 6, 4):
+        with configured(width):
+          expected.append(native_configured(kind, params[width], X))
+        for bundle, entries in params[width].items():
+          for name, value in entries.items():
+            arrays[f"{kind}|{width}|{bundle}|{name}"] = value
+    path = os.path.join(self.create_tempdir().full_path, "params.npz")
+    np.savez(path, **arrays)
+    for env in ({}, {"HAIKU_BRIDGE_CACHES": "0"}):
+      child = test_utils.run_in_fresh_process(
+          __file__, "child_configured_apply", path, env=env)
+      self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+      got = [np.array(line.split(), np.float32)
+             for line in child.stdout.strip().splitlines()]
+      for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, np.asarray(e).ravel(), rtol=1e-5)
+
+
+def child_configured_apply(path: str) -> None:
+  """Run by a fresh process (init never ran there): prints each output."""
+  with np.load(path) as data:
+    params = {}
+    for key in data.files:
+      kind, width, bundle, name = key.split("|")
+      params.setdefault((kind, int(width)), {}).setdefault(bundle, {})[
+          name] = jnp.asarray(data[key])
+  for kind in CONFIGURED:
+    f = configured_net(kind)
+    for width in (4, 6, 4):
+      with configured(width):
+        out = f.apply(params[(kind, width)], None, X)
+      print(" ".join(map(str, np.asarray(out).ravel())))
 
 
 # ---------------------------------------------------------------------------
