@@ -212,9 +212,6 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: init(outer_module_used_inside),
     (SECTION_CUSTOM, "`f` needs the values of its array arguments (under `jax.jit`)"):
         lambda: needs_values_under_jit(),
-    (SECTION_CUSTOM, "an output leaf that is not an array"):
-        lambda: vjp_apply(lambda x: hkb.custom_vjp(lambda x: (mlp(x), "tag"), hkb.vjp_fwd,
-                                                   lambda r, g: r(g))(x), X4),
     (SECTION_CUSTOM, "keyword arguments"):
         lambda: init(lambda: hkb.custom_vjp(mlp, hkb.vjp_fwd, lambda r, g: r(g))(x=X4)),
     (SECTION_CUSTOM, "`bwd` returns the wrong number of cotangents"):
