@@ -329,11 +329,29 @@ class RematScheduleTest(parameterized.TestCase):
       chex.assert_trees_all_close(grads[remat], grads[True], rtol=1e-6,
                                   atol=1e-6)
 
-  def test_forward_mode_is_not_defined(self):
-    f = hk.transform(lambda x: scan.repeat_layer(block, x, 4, remat="nested"))
-    params = f.init(KEY, X)
-    with self.assertRaisesRegex(TypeError, "forward-mode.*custom_vjp"):
-      jax.jvp(lambda p: f.apply(p, None, X), (params,), (params,))
+  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  def test_forward_mode_as_layer_stack_of_remat(self, remat):
+    # Issue 27, row 10: jax.jvp / jacfwd / linearize raised "can't apply
+    # forward-mode autodiff (jvp) to a custom_vjp function"; hk.layer_stack
+    # of hk.remat gives them. Forward mode runs the remat=True scan.
+    def derivatives(f, params):
+      @jax.jit
+      def all_of_them(params, x):
+        apply = lambda p, x: f.apply(p, None, x)
+        tangents = (jax.tree.map(jnp.ones_like, params), jnp.ones_like(x))
+        y, linear = jax.linearize(apply, params, x)
+        return (jax.jvp(apply, (params, x), tangents), (y, linear(*tangents)),
+                jax.jacfwd(apply, argnums=(0, 1))(params, x),
+                jax.hessian(lambda x: jnp.sum(apply(params, x) ** 2))(x))
+      return all_of_them(params, X)
+
+    ours = hk.transform(lambda x: scan.repeat_layer(block, x, 4, remat=remat))
+    theirs = hk.transform(lambda x: hk.layer_stack(4)(hk.remat(block))(x))
+    params = theirs.init(KEY, X)
+    chex.assert_trees_all_equal(ours.init(KEY, X), params)
+    chex.assert_trees_all_close(derivatives(ours, params),
+                                derivatives(theirs, params), rtol=1e-5,
+                                atol=1e-5)
 
 
 class ShardedRematScheduleTest(parameterized.TestCase):
