@@ -26,6 +26,7 @@ import jax
 
 from haiku_bridge._src import errors
 from haiku_bridge._src import foreign_module
+from haiku_bridge._src import pytree
 from haiku_bridge._src.foreign_module import Variables
 from haiku_bridge._src.pytree import PyTree
 
@@ -144,9 +145,7 @@ def to_equinox(
   """
   with errors.entry("to_equinox"):
     transformed = foreign_module.with_state(f)
-    if key is not None and not (isinstance(key, jax.Array) and (
-        jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or
-        key.dtype == jax.numpy.uint32)):
+    if key is not None and not pytree.is_key(key):
       raise TypeError(errors.bad_argument(
           "key", key, "None or a JAX random key",
           "e.g. key=jax.random.PRNGKey(0)."))

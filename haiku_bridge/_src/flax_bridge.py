@@ -35,6 +35,7 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import foreign_module
 from haiku_bridge._src import foreign_sharding
 from haiku_bridge._src import guards
+from haiku_bridge._src import pytree
 from haiku_bridge._src.foreign_module import Variables
 from haiku_bridge._src.pytree import PyTree
 
@@ -357,6 +358,7 @@ class NnxModule(foreign_module.ForeignModule):
                **kwargs: Any) -> Any:
     """Calls the module's `method` (default: `from_flax`'s, or `__call__`)."""
     with _running(self._api):
+      _check_method(method)
       layout, values = foreign_module.built(self._instance, self._recipe)
       params = foreign_module.params(
           layout.params, values and values.params, values and values.param_specs)
@@ -565,9 +567,14 @@ def _as_rng_dict(rngs: Any, bare_key_stream: str) -> dict[str, Any]:
   """
   if rngs is None:
     return {}
-  if isinstance(rngs, Mapping):
+  if isinstance(rngs, Mapping) and all(
+      isinstance(s, str) and pytree.is_key(k) for s, k in rngs.items()):
     return dict(rngs)
-  return {bare_key_stream: rngs}
+  if pytree.is_key(rngs):
+    return {bare_key_stream: rngs}
+  raise TypeError(errors.bad_argument(
+      "rngs", rngs, "None, a JAX random key, or a dict {stream name: key}, "
+      "as Linen's apply takes them", "e.g. rngs={\"dropout\": key}."))
 
 
 class LinenModule(foreign_module.ForeignModule):
@@ -593,6 +600,7 @@ class LinenModule(foreign_module.ForeignModule):
             "`mutable=` is the adapter's: every collection but `params` is "
             "Haiku state and always mutable, and sown values are returned "
             "with `intermediates=` (see hkb.from_flax)."))
+      _check_method(method)
       method = method or self._method
       rngs = _as_rng_dict(rngs, "default" if isinstance(
           self._module, nnx.bridge.Module) else "params")

@@ -33,6 +33,13 @@ def key_spec(rng_state: Any) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(key.shape, key.dtype)
 
 
+def is_key(x: Any) -> bool:
+  """A JAX random key: a typed key array, or raw `uint32` key data."""
+  return isinstance(x, jax.Array) and (
+      jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) or
+      x.dtype == jnp.uint32)
+
+
 def concrete_key(spec: jax.ShapeDtypeStruct) -> Any:
   """A key of `spec` with a value (zeros), even inside a JAX trace."""
   if not jax.dtypes.issubdtype(spec.dtype, jax.dtypes.prng_key):
