@@ -366,8 +366,12 @@ def configured(width: int):
     CONFIG["width"] = saved
 
 
-def configured_net(kind: str) -> hk.Transformed:
-  return hk.transform(lambda x: hkb.from_equinox(CONFIGURED[kind])(x))
+def configured_net(kind: str, getter: bool = False) -> hk.Transformed:
+  def net(x):
+    with (hk.custom_getter(lambda next_getter, value, context: next_getter(value))
+          if getter else contextlib.nullcontext()):
+      return hkb.from_equinox(CONFIGURED[kind])(x)
+  return hk.transform(net)
 
 
 def native_configured(params: hk.Params, x: jax.Array) -> jax.Array:
@@ -385,9 +389,9 @@ class LayoutCacheTest(parameterized.TestCase):
 
   Issue 27, row 3: a constructor that reads a global, applied at one width,
   then at another, was laid out from the cache at the first width. Each
-  case runs cold, warm, with caches off, and in a fresh process (with and
-  without caches), against Equinox running the same layer on the same
-  params.
+  case runs cold, warm (with and without an identity custom getter), with
+  caches off, and in a fresh process (with and without caches), against
+  Equinox running the same layer on the same params.
   """
 
   def _params(self, kind: str) -> dict[int, hk.Params]:
@@ -399,9 +403,11 @@ class LayoutCacheTest(parameterized.TestCase):
     return params
 
   @parameterized.product(kind=tuple(CONFIGURED),
-                         temperature=("cold", "warm", "off"))
+                         temperature=("cold", "warm", "warm_getter", "off"))
   def test_a_global_the_constructor_reads(self, kind, temperature):
-    f, params = configured_net(kind), self._params(kind)
+    # `warm_getter`: warm, under an identity custom getter.
+    f = configured_net(kind, getter=temperature == "warm_getter")
+    params = self._params(kind)
     context = (caches.disabled() if temperature == "off"
                else contextlib.nullcontext())
     with context:
