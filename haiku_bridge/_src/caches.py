@@ -171,10 +171,13 @@ def fingerprint(fn: Any) -> Hashable:
 
   Equal fingerprints, equal behaviour: a function's code, the contents of
   its closure cells, its defaults and the current values of the globals its
-  code names, following functions it reaches that way (and
-  `functools.partial`s, bound methods, dataclasses) four levels deep. So a
-  lambda or partial made afresh at each call, with the same code and values,
-  has the same fingerprint.
+  code names (and, for a module of yours, `config.WIDTH`, of the attributes
+  it names), following functions it reaches that way (and
+  `functools.partial`s, bound methods, dataclasses, and your classes: their
+  own methods and class values) four levels deep. So a lambda or partial
+  made afresh at each call, with the same code and values, has the same
+  fingerprint. Code and classes of Python and of installed packages are
+  keyed by identity: they do not change while the process runs.
   A value that is not hashable by value (a list, a dict) is keyed by its
   contents; one that cannot be keyed at all makes `function_key` give None.
   Beyond four levels, and for objects that hash by identity, a value is
@@ -280,8 +283,17 @@ def _freeze_function(fn: types.FunctionType, depth: int) -> Hashable:
       cells.append(cell.cell_contents)
     except ValueError:  # An empty cell: a name not bound yet.
       cells.append(_EMPTY_CELL)
-  global_values = tuple(fn.__globals__.get(name, _UNBOUND)
-                        for name in _global_names(fn.__code__))
+  names = _global_names(fn.__code__)
+  global_values = []
+  for name in names:
+    value = fn.__globals__.get(name, _UNBOUND)
+    if isinstance(value, types.ModuleType) and not _installed(value.__name__):
+      # Your module (`config.WIDTH`): the attributes the code names.
+      attributes = vars(value)
+      value = (value, tuple((a, attributes[a]) for a in names
+                            if a in attributes))
+    global_values.append(value)
+  global_values = tuple(global_values)
   return (fn.__code__,
           _freeze(tuple(cells), depth),
           _freeze(fn.__defaults__, depth),

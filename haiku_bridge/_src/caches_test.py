@@ -4,6 +4,7 @@ import functools
 import os
 import subprocess
 import sys
+import types
 
 from absl.testing import absltest
 import jax
@@ -123,6 +124,23 @@ class FingerprintTest(absltest.TestCase):
     self.assertNotEqual(caches.fingerprint(Model), before[0])
     Base.scale = 2
     self.assertEqual(caches.fingerprint(Model), before[0])
+
+  def test_attributes_of_your_module_that_the_code_names(self):
+    # `config.WIDTH`, `config.SIZES["a"]`: a config module of yours.
+    config = types.ModuleType("a_config_of_yours")
+    config.WIDTH, config.SIZES = 4, {"a": 1}
+    namespace = {"config": config}
+    exec("def f():\n  return config.WIDTH, config.SIZES['a']", namespace)  # pylint: disable=exec-used
+    f = namespace["f"]
+    before = caches.fingerprint(f)
+    config.WIDTH = 5
+    self.assertNotEqual(caches.fingerprint(f), before)
+    config.WIDTH = 4
+    config.SIZES["a"] = 2
+    self.assertNotEqual(caches.fingerprint(f), before)
+    config.SIZES["a"] = 1
+    config.UNREAD = 3
+    self.assertEqual(caches.fingerprint(f), before)
 
   def test_an_installed_class_by_identity(self):
     # An installed package's code cannot change while the process runs.

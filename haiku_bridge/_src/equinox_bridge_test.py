@@ -5,9 +5,7 @@ Ground truth: the model called natively with the weights the adapter holds
 against the Haiku function it wraps.
 """
 
-import contextlib
 import functools
-import os
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -15,6 +13,7 @@ import chex
 import equinox as eqx
 import haiku as hk
 import haiku_bridge as hkb
+from testing import layout_cache
 from testing import migration_fixture
 from testing import test_utils
 import jax
@@ -336,14 +335,11 @@ class ErrorsTest(absltest.TestCase):
 # The cached layout: keyed on all it depends on.
 # ---------------------------------------------------------------------------
 
-CONFIG = {"width": 4}  # Read by the constructors below; LayoutCacheTest changes it.
-
-
 class ConfiguredModel(eqx.Module):
   linear: eqx.nn.Linear
 
   def __init__(self, *, key):
-    self.linear = eqx.nn.Linear(4, CONFIG["width"], key=key)
+    self.linear = eqx.nn.Linear(4, layout_cache.CONFIG["width"], key=key)
 
   def __call__(self, x):
     return self.linear(x)
@@ -352,30 +348,22 @@ class ConfiguredModel(eqx.Module):
 # What each case passes to from_equinox, one object for every call: a
 # function, a class.
 CONFIGURED = {
-    "function": lambda key: eqx.nn.Linear(4, CONFIG["width"], key=key),
+    "function": lambda key: eqx.nn.Linear(4, layout_cache.CONFIG["width"],
+                                          key=key),
     "class": ConfiguredModel,
 }
 
 
-@contextlib.contextmanager
-def configured(width: int):
-  saved, CONFIG["width"] = CONFIG["width"], width
-  try:
-    yield
-  finally:
-    CONFIG["width"] = saved
-
-
 def configured_net(kind: str, getter: bool = False) -> hk.Transformed:
   def net(x):
-    with (hk.custom_getter(lambda next_getter, value, context: next_getter(value))
-          if getter else contextlib.nullcontext()):
+    with layout_cache.identity_getter(getter):
       return hkb.from_equinox(CONFIGURED[kind])(x)
   return hk.transform(net)
 
 
-def native_configured(params: hk.Params, x: jax.Array) -> jax.Array:
+def native_configured(kind: str, params: hk.Params, x: jax.Array):
   """The same layer run by Equinox itself, holding `params`."""
+  del kind  # A Linear in each case.
   (weights,) = params.values()
   linear = eqx.nn.Linear(4, weights["bias"].shape[0],
                          key=jax.random.PRNGKey(0))
@@ -384,76 +372,16 @@ def native_configured(params: hk.Params, x: jax.Array) -> jax.Array:
   return linear(x)
 
 
-class LayoutCacheTest(parameterized.TestCase):
-  """What apply lays out without building the model, cached or not.
+class LayoutCacheTest(layout_cache.LayoutCacheCases):
+  """The layout apply takes without building the model: `layout_cache.py`."""
 
-  Issue 27, row 3: a constructor that reads a global, applied at one width,
-  then at another, was laid out from the cache at the first width. Each
-  case runs cold, warm (with and without an identity custom getter), with
-  caches off, and in a fresh process (with and without caches), against
-  Equinox running the same layer on the same params.
-  """
-
-  def _params(self, kind: str) -> dict[int, hk.Params]:
-    params = {}
-    for width in (4, 6):
-      with configured(width):
-        params[width] = configured_net(kind).init(jax.random.PRNGKey(width),
-                                                  X[0])
-    return params
-
-  @parameterized.product(kind=tuple(CONFIGURED),
-                         temperature=("cold", "warm", "warm_getter", "off"))
-  def test_a_global_the_constructor_reads(self, kind, temperature):
-    # `warm_getter`: warm, under an identity custom getter.
-    f = configured_net(kind, getter=temperature == "warm_getter")
-    params = self._params(kind)
-    context = (caches.disabled() if temperature == "off"
-               else contextlib.nullcontext())
-    with context:
-      for width in (4, 6, 4):
-        if temperature == "cold":
-          hkb.clear_caches()
-        with configured(width):
-          np.testing.assert_allclose(f.apply(params[width], None, X[0]),
-                                     native_configured(params[width], X[0]),
-                                     rtol=1e-5)
-
-  def test_a_global_the_constructor_reads_in_a_fresh_process(self):
-    arrays, expected = {}, []
-    for kind in CONFIGURED:
-      params = self._params(kind)
-      for width in (4, 6, 4):
-        expected.append(native_configured(params[width], X[0]))
-        for bundle, entries in params[width].items():
-          for name, value in entries.items():
-            arrays[f"{kind}|{width}|{bundle}|{name}"] = value
-    path = os.path.join(self.create_tempdir().full_path, "params.npz")
-    np.savez(path, **arrays)
-    for env in ({}, {"HAIKU_BRIDGE_CACHES": "0"}):
-      child = test_utils.run_in_fresh_process(
-          __file__, "child_configured_apply", path, env=env)
-      self.assertEqual(child.returncode, 0, child.stderr[-3000:])
-      got = [np.array(line.split(), np.float32)
-             for line in child.stdout.strip().splitlines()]
-      for g, e in zip(got, expected, strict=True):
-        np.testing.assert_allclose(g, np.asarray(e).ravel(), rtol=1e-5)
+  KINDS, X, FILE = tuple(CONFIGURED), X[0], __file__
+  net = staticmethod(configured_net)
+  native = staticmethod(native_configured)
 
 
 def child_configured_apply(path: str) -> None:
-  """Run by a fresh process (init never ran there): prints each output."""
-  with np.load(path) as data:
-    params = {}
-    for key in data.files:
-      kind, width, bundle, name = key.split("|")
-      params.setdefault((kind, int(width)), {}).setdefault(bundle, {})[
-          name] = jnp.asarray(data[key])
-  for kind in CONFIGURED:
-    f = configured_net(kind)
-    for width in (4, 6, 4):
-      with configured(width):
-        out = f.apply(params[(kind, width)], None, X[0])
-      print(" ".join(map(str, np.asarray(out).ravel())))
+  layout_cache.child_apply(path, configured_net, tuple(CONFIGURED), X[0])
 
 
 # ---------------------------------------------------------------------------

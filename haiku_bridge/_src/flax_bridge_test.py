@@ -6,7 +6,6 @@ Ground truth: an NNX module called natively (outputs, `nnx.grad`, updated
 Haiku function it wraps.
 """
 
-import contextlib
 import functools
 import os
 import re
@@ -20,6 +19,7 @@ from flax import nnx
 import flax.linen as nn
 import haiku as hk
 import haiku_bridge as hkb
+from testing import layout_cache
 from testing import migration_fixture
 from testing import test_utils
 import jax
@@ -817,13 +817,10 @@ class StoragePathTest(parameterized.TestCase):
 # The cached layout: keyed on all it depends on.
 # ---------------------------------------------------------------------------
 
-CONFIG = {"width": 4}  # Read by the constructors below; LayoutCacheTest changes it.
-
-
 class ConfiguredBlock(nnx.Module):
 
   def __init__(self, din: int, *, rngs: nnx.Rngs):
-    self.linear = nnx.Linear(din, CONFIG["width"], rngs=rngs)
+    self.linear = nnx.Linear(din, layout_cache.CONFIG["width"], rngs=rngs)
 
   def __call__(self, x):
     return self.linear(x)
@@ -833,31 +830,22 @@ class ConfiguredDense(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    return nn.Dense(CONFIG["width"])(x)
+    return nn.Dense(layout_cache.CONFIG["width"])(x)
 
 
 # What each case passes to from_flax, one object for every call (as the
 # issue's `make`): a function, a class, a Linen module.
 CONFIGURED = {
-    "nnx_function": lambda rngs: nnx.Linear(4, CONFIG["width"], rngs=rngs),
+    "nnx_function": lambda rngs: nnx.Linear(4, layout_cache.CONFIG["width"],
+                                            rngs=rngs),
     "nnx_class": functools.partial(ConfiguredBlock, 4),
     "linen_class": ConfiguredDense(),
 }
 
 
-@contextlib.contextmanager
-def configured(width: int):
-  saved, CONFIG["width"] = CONFIG["width"], width
-  try:
-    yield
-  finally:
-    CONFIG["width"] = saved
-
-
 def configured_net(kind: str, getter: bool = False) -> hk.Transformed:
   def net(x):
-    with (hk.custom_getter(lambda next_getter, value, context: next_getter(value))
-          if getter else contextlib.nullcontext()):
+    with layout_cache.identity_getter(getter):
       return hkb.from_flax(CONFIGURED[kind])(x)
   return hk.transform(net)
 
@@ -874,78 +862,16 @@ def native_configured(kind: str, params: hk.Params, x: jax.Array):
   return linear(x)
 
 
-class LayoutCacheTest(parameterized.TestCase):
-  """What apply lays out without building the module, cached or not.
+class LayoutCacheTest(layout_cache.LayoutCacheCases):
+  """The layout apply takes without building the module: `layout_cache.py`."""
 
-  Issue 27, row 3: a constructor that reads a global, applied at one width,
-  then at another, was laid out from the cache at the first width ("needs
-  [4]"). Each case runs cold (caches cleared before each apply), warm (with
-  and without an identity custom getter), with caches off, and in a fresh
-  process (with and without caches), against Flax running the same layer on
-  the same params.
-  """
-
-  def _params(self, kind: str) -> dict[int, hk.Params]:
-    f = configured_net(kind)
-    params = {}
-    for width in (4, 6):
-      with configured(width):
-        params[width] = f.init(jax.random.PRNGKey(width), X)
-    return params
-
-  @parameterized.product(kind=tuple(CONFIGURED),
-                         temperature=("cold", "warm", "warm_getter", "off"))
-  def test_a_global_the_constructor_reads(self, kind, temperature):
-    # `warm_getter`: warm, under an identity custom getter.
-    f = configured_net(kind, getter=temperature == "warm_getter")
-    params = self._params(kind)
-    context = (caches.disabled() if temperature == "off"
-               else contextlib.nullcontext())
-    with context:
-      for width in (4, 6, 4):
-        if temperature == "cold":
-          hkb.clear_caches()
-        with configured(width):
-          np.testing.assert_allclose(
-              f.apply(params[width], None, X),
-              native_configured(kind, params[width], X), rtol=1e-5)
-
-  def test_a_global_the_constructor_reads_in_a_fresh_process(self):
-    arrays, expected = {}, []
-    for kind in CONFIGURED:
-      params = self._params(kind)
-      for width in (4, 6, 4):
-        with configured(width):
-          expected.append(native_configured(kind, params[width], X))
-        for bundle, entries in params[width].items():
-          for name, value in entries.items():
-            arrays[f"{kind}|{width}|{bundle}|{name}"] = value
-    path = os.path.join(self.create_tempdir().full_path, "params.npz")
-    np.savez(path, **arrays)
-    for env in ({}, {"HAIKU_BRIDGE_CACHES": "0"}):
-      child = test_utils.run_in_fresh_process(
-          __file__, "child_configured_apply", path, env=env)
-      self.assertEqual(child.returncode, 0, child.stderr[-3000:])
-      got = [np.array(line.split(), np.float32)
-             for line in child.stdout.strip().splitlines()]
-      for g, e in zip(got, expected, strict=True):
-        np.testing.assert_allclose(g, np.asarray(e).ravel(), rtol=1e-5)
+  KINDS, X, FILE = tuple(CONFIGURED), X, __file__
+  net = staticmethod(configured_net)
+  native = staticmethod(native_configured)
 
 
 def child_configured_apply(path: str) -> None:
-  """Run by a fresh process (init never ran there): prints each output."""
-  with np.load(path) as data:
-    params = {}
-    for key in data.files:
-      kind, width, bundle, name = key.split("|")
-      params.setdefault((kind, int(width)), {}).setdefault(bundle, {})[
-          name] = jnp.asarray(data[key])
-  for kind in CONFIGURED:
-    f = configured_net(kind)
-    for width in (4, 6, 4):
-      with configured(width):
-        out = f.apply(params[(kind, width)], None, X)
-      print(" ".join(map(str, np.asarray(out).ravel())))
+  layout_cache.child_apply(path, configured_net, tuple(CONFIGURED), X)
 
 
 # ---------------------------------------------------------------------------

@@ -217,9 +217,10 @@ def layer_scan(
     name: the name of the stack's module (default: `hk.layer_stack`'s),
       numbered as Haiku numbers modules when used again.
     remat: what the backward pass keeps and recomputes, trading compute for
-      memory: `False`, `True`, `"nested"` or `"binomial"`. `True`: recompute each layer's activations from its carry,
-      keeping one carry per layer (`jax.checkpoint` on the scan body, as
-      `hk.layer_stack` of `hk.remat(layer)`). `"nested"`: keep ≈2√N carries
+      memory: `False`, `True`, `"nested"` or `"binomial"`. `True`:
+      recompute each layer's activations from its carry, keeping one carry
+      per layer (`jax.checkpoint` on the scan body, as `hk.layer_stack` of
+      `hk.remat(layer)`). `"nested"`: keep ≈2√N carries
       for N layers: the layers in ≈√N groups, the backward pass recomputes
       one group's carries at a time from the group's first one, then each
       layer's activations (one more forward pass in all). `"binomial"`:

@@ -691,7 +691,7 @@ def _check_foreign_init(init: Any) -> None:
 
 def _check_logical_axis_rules(
     rules: Any) -> Optional[tuple[tuple[str, Any], ...]]:
-  """`from_foreign`'s `logical_axis_rules`: None or `(name, mesh axes)` pairs."""
+  """`logical_axis_rules`: None or `(name, mesh axes)` pairs, as Flax's."""
   if rules is None:
     return None
   wants = ("None or a sequence of Flax logical axis rules, (logical name, "
