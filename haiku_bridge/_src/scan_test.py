@@ -601,14 +601,15 @@ class ErrorsTest(parameterized.TestCase):
       f.init(KEY, X)
 
   @parameterized.named_parameters(
-      ("unknown", dict(remat="sqrt"), r"remat must be a bool, \"nested\""),
+      ("unknown", dict(remat="sqrt"),
+       r"`remat` must be False, True, \"nested\" or \"binomial\""),
       ("policy", dict(remat="nested",
                       remat_policy=jax.checkpoint_policies.everything_saveable),
        r"`remat_policy` needs `remat=True`"),
       ("groups_without_schedule", dict(remat=True, remat_groups=2),
        r"`remat_groups` needs `remat=\"nested\"`"),
       ("bad_groups", dict(remat="nested", remat_groups=0),
-       "remat_groups must be a positive int"))
+       "`remat_groups` must be a positive int"))
   def test_remat_options(self, options, message):
     f = hk.transform(lambda x: scan.repeat_layer(block, x, DEPTH, **options))
     with self.assertRaisesRegex(ValueError, message):
