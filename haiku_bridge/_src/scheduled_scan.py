@@ -90,7 +90,7 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
   if schedule.num_steps != length:
     raise ValueError(f"the schedule is for {schedule.num_steps} steps, the "
                      f"scan has {length}.")
-  if in_forward_mode():
+  if _in_forward_mode():
     return lax.scan(jax.checkpoint(f), init, xs, length=length,
                     reverse=reverse, unroll=unroll)
   carry, carry_tree = jax.tree.flatten(init)
@@ -120,7 +120,7 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
   return carry_tree.unflatten(new_carry), y_trees[0].unflatten(ys)
 
 
-def in_forward_mode() -> bool:
+def _in_forward_mode() -> bool:
   """Whether the innermost autodiff around this call is forward mode.
 
   `jax.jvp` / `jax.jacfwd` trace with a JVP trace, `jax.linearize` with a
