@@ -353,6 +353,17 @@ class RematScheduleTest(parameterized.TestCase):
                                 derivatives(theirs, params), rtol=1e-5,
                                 atol=1e-5)
 
+  def test_forward_mode_through_a_jit_inside_is_jaxs_error(self):
+    # The limit the docstring states: traced by jax.jit first, the scan
+    # cannot see the forward mode applied later (jax.jvp(jax.jit(f))).
+    f = hk.transform(lambda x: scan.repeat_layer(block, x, 4, remat="nested"))
+    params = f.init(KEY, X)
+    apply = jax.jit(lambda p: f.apply(p, None, X))
+    with self.assertRaisesRegex(TypeError, "forward-mode.*custom_vjp"):
+      jax.jvp(apply, (params,), (params,))
+    jax.jit(lambda p, t: jax.jvp(lambda p: f.apply(p, None, X), (p,), (t,)))(
+        params, params)  # jax.jit outside: forward mode works.
+
 
 class ShardedRematScheduleTest(parameterized.TestCase):
   """The schedules under sharding rules, on 8 CPU devices, against one device."""
