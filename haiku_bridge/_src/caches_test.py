@@ -130,7 +130,8 @@ class FingerprintTest(absltest.TestCase):
     config = types.ModuleType("a_config_of_yours")
     config.WIDTH, config.SIZES = 4, {"a": 1}
     namespace = {"config": config}
-    exec("def f():\n  return config.WIDTH, config.SIZES['a']", namespace)  # pylint: disable=exec-used
+    code = "def f():\n  return config.WIDTH, config.SIZES['a']"
+    exec(code, namespace)  # pylint: disable=exec-used
     f = namespace["f"]
     before = caches.fingerprint(f)
     config.WIDTH = 5
@@ -144,9 +145,9 @@ class FingerprintTest(absltest.TestCase):
 
   def test_an_installed_class_by_identity(self):
     # An installed package's code cannot change while the process runs.
-    self.assertIs(caches._freeze_class(np.ndarray, 3), np.ndarray)  # pylint: disable=protected-access
-    self.assertIsNot(caches._freeze_class(FingerprintTest, 3),  # pylint: disable=protected-access
-                     FingerprintTest)
+    # pylint: disable=protected-access
+    self.assertIs(caches._freeze_class(np.ndarray, 3), np.ndarray)
+    self.assertIsNot(caches._freeze_class(FingerprintTest, 3), FingerprintTest)
 
   def test_large_or_traced_values_cannot_be_keyed(self):
     big = np.zeros([4096])

@@ -276,7 +276,8 @@ class ErrorsTest(absltest.TestCase):
       f.init(jax.random.PRNGKey(0), X[0])
 
   def test_not_a_model(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.from_equinox: `model` must be .*got an int 3\."):
+    with self.assertRaisesRegex(
+        TypeError, r"^hkb.from_equinox: `model` must be .*got an int 3\."):
       hk.transform(lambda: hkb.from_equinox(3)).init(None)
     with self.assertRaisesRegex(TypeError, r"`state=` goes with a model"):
       hk.transform(lambda: hkb.from_equinox(

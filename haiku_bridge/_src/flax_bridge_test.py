@@ -296,7 +296,8 @@ class NnxErrorsTest(absltest.TestCase):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_not_a_module(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.from_flax: `module` must be .*got an int 3\."):
+    with self.assertRaisesRegex(
+        TypeError, r"^hkb.from_flax: `module` must be .*got an int 3\."):
       hk.transform(lambda: hkb.from_flax(3)).init(None)
 
   def test_constructor_returning_something_else(self):
