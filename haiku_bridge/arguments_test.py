@@ -11,9 +11,16 @@ message `hkb.<name>: ...` that names the argument and says what to pass:
 
 `COVERAGE` says which classes apply to which public name (and why not, where one does not);
 `CoverageTest` fails when a public name, or one of its classes, has no test here. The rows of the
-issue that asked for these checks (issue 19) are regression tests below, each named after its
-row. Where a check needs the core (call_pure.py, inline.py, custom_grad.py's blocks), which is
-being rewritten on another branch, the test is written and skipped with the reason.
+issues that asked for these checks (issues 19 and 27) are regression tests below, each named
+after its row.
+
+Left unchecked on purpose, because any value is valid there or JAX checks it as it would
+inline: the arguments passed through to the user's own functions (`*args` / `**kwargs` of
+`call_pure`, `get_relevant_parameters`, `ShardingRules.from_foreign`, `to_nnx`, `to_equinox`,
+`vjp_fwd`'s `params` and `*args`, a block's arguments beyond its `nondiff_argnums` checks), the
+scanned `carry` / `x` of `layer_scan` / `repeat_layer` (any pytree `jax.lax.scan` takes, as
+for `hk.layer_stack`), `gather_over`'s `tree` (any pytree), and the attributes of an NNX
+adapter's `.train(**attributes)` / `.eval(**attributes)` (NNX's own).
 """
 
 import jax
@@ -85,12 +92,13 @@ COVERAGE = {
     # stack_params / unstack_params / stacked_init: keyword arguments; their counts are checked
     # as shapes and depths.
     "vjp_fwd": {"wrong_type", "argument_order"},
-    # The adapters' files belong to another branch (issue 18): their checks are listed in
-    # AdapterTest, skipped until that branch adds them.
-    "from_flax": {"wrong_type"},
+    # The adapters (skipped without flax and equinox). from_flax / from_equinox: names are
+    # free (a method name is checked at the call, against the module); to_nnx / to_equinox:
+    # keyword arguments of distinct types.
+    "from_flax": {"wrong_type", "argument_order"},
     "from_equinox": {"wrong_type"},
-    "to_nnx": {"wrong_type", "shape_or_depth"},
-    "to_equinox": {"wrong_type", "shape_or_depth"},
+    "to_nnx": {"wrong_type", "wrong_arity", "shape_or_depth"},
+    "to_equinox": {"wrong_type", "wrong_arity", "shape_or_depth"},
 }
 
 
@@ -376,6 +384,42 @@ class Layer_scanTest(TestCase):
                                 r"num_layers=3\."):
       init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, DEPTH))
 
+  def test_wrong_type_options(self):
+    # remat_policy, remat_groups, unroll, reverse: each named, on entry.
+    layer = lambda c, x: (linear(c), None)
+    for kwargs, error, argument in (
+        (dict(remat=True, remat_policy="dots"), TypeError, "remat_policy"),
+        (dict(remat="nested", remat_groups=2.0), TypeError, "remat_groups"),
+        (dict(remat="nested", remat_groups="2"), TypeError, "remat_groups"),
+        (dict(remat="nested", remat_groups=0), ValueError, "remat_groups"),
+        (dict(unroll="2"), TypeError, "unroll"), (dict(unroll=1.0), TypeError, "unroll"),
+        (dict(unroll=-1), ValueError, "unroll"), (dict(reverse=None), TypeError, "reverse"),
+        (dict(reverse=1), TypeError, "reverse")):
+      with refused(self, error, "layer_scan", argument):
+        init(lambda kwargs=kwargs: hkb.layer_scan(layer, X, num_layers=DEPTH, **kwargs))
+
+  @parameterized.parameters((4, TypeError), (1.5, TypeError), (None, TypeError),
+                            (0, TypeError), ("Nested", ValueError), ("none", ValueError))
+  def test_wrong_type_issue_row_remat(self, remat, error):
+    # Issue 27, row 1: an int or a float (perhaps meant as remat_groups) was taken as
+    # remat=True, None as False.
+    with self.assertRaisesRegex(error, r"^hkb.layer_scan: `remat` must be False, True, "
+                                r"\"nested\" or \"binomial\"; .*`remat_groups=`"):
+      init(lambda: hkb.layer_scan(lambda c, x: (linear(c), None), X, num_layers=DEPTH,
+                                  remat=remat))
+
+  def test_valid_options_still_run(self):
+    # NumPy bools and ints are the Python values they are.
+    out = hk.transform(lambda: hkb.layer_scan(
+        lambda c, x: (linear(c), None), X, num_layers=DEPTH, remat="binomial",
+        remat_groups=np.int32(2), unroll=np.int64(2), reverse=np.bool_(True)))
+    params = out.init(KEY)
+    same = hk.transform(lambda: hkb.layer_scan(
+        lambda c, x: (linear(c), None), X, num_layers=DEPTH, remat=np.bool_(True),
+        reverse=True, unroll=True))
+    np.testing.assert_allclose(out.apply(params, None)[0], same.apply(params, None)[0],
+                               rtol=1e-6)
+
   def test_wrong_type_pipeline(self):
     with refused(self, TypeError, "layer_scan", "pipeline"):
       init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=DEPTH,
@@ -422,6 +466,33 @@ class Repeat_layerTest(TestCase):
   def test_wrong_arity_pure_layer_without_init(self):
     with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: 'dense' takes 2 arguments"):
       init(lambda: hkb.repeat_layer(dense, X, DEPTH))
+
+  def test_wrong_arity_issue_row_xs(self):
+    # Issue 27, row 2: `xs` was dropped, and the stack renamed
+    # `__layer_stack_with_per_layer` (the checkpoint's names changed).
+    with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: takes no `xs`: .*use "
+                                r"hkb.layer_scan\(layer, carry, xs\)"):
+      init(lambda: hkb.repeat_layer(linear, X, DEPTH, xs=jnp.ones([DEPTH])))
+
+  def test_unknown_name_option(self):
+    with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: got an unexpected keyword "
+                                r"argument 'remat_group'; its options are name, remat, "
+                                r"remat_policy, remat_groups, unroll, reverse, pipeline"):
+      init(lambda: hkb.repeat_layer(linear, X, DEPTH, remat="nested", remat_group=2))
+
+  def test_wrong_type_options_on_entry(self):
+    # Checked before the layer runs or the scan starts, num_layers first.
+    calls = []
+    counted = lambda h: calls.append(1) or linear(h)
+    for kwargs, error, argument in ((dict(remat=4), TypeError, "remat"),
+                                    (dict(remat_groups=2), ValueError, "remat_groups"),
+                                    (dict(unroll=None), TypeError, "unroll"),
+                                    (dict(pipeline="stage"), TypeError, "pipeline")):
+      with refused(self, error, "repeat_layer", argument):
+        init(lambda kwargs=kwargs: hkb.repeat_layer(counted, X, DEPTH, **kwargs))
+    with refused(self, ValueError, "repeat_layer", "num_layers"):
+      init(lambda: hkb.repeat_layer(None, X, 0, remat=4))
+    self.assertEqual(calls, [])
 
   def test_argument_order_x_and_layer_swapped(self):
     with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: `layer` must be a Haiku "
@@ -558,17 +629,14 @@ class Custom_vjpTest(TestCase):
 
   def test_shape_or_depth_issue_row_non_array_output_leaf(self):
     # Was: init works; apply fails inside _src/inline.py (`... is not a valid JAX type`).
+    # Issue 27, row 11: a non-array leaf passes through, as inline.
     tagged = lambda x: (mlp(x), "tag")
     ours = hk.transform(lambda x: hkb.custom_vjp(tagged, hkb.vjp_fwd, true_bwd)(x))
     params = ours.init(KEY, X)
-    try:
-      out = ours.apply(params, None, X)
-    except (TypeError, ValueError) as e:
-      self.assertRegex(str(e), r"^hkb.custom_vjp: .*output.*\[1\].*str")
-    else:
-      expected = hk.transform(tagged).apply(params, None, X)
-      self.assertEqual(out[1], expected[1])
-      np.testing.assert_allclose(out[0], expected[0], rtol=1e-6)
+    out = ours.apply(params, None, X)
+    expected = hk.transform(tagged).apply(params, None, X)
+    self.assertEqual(out[1], expected[1])
+    np.testing.assert_allclose(out[0], expected[0], rtol=1e-6)
 
 
 class Custom_jvpTest(TestCase):
@@ -669,6 +737,30 @@ class ShardingRulesTest(TestCase):
       RULES.place("w", 8)
     with refused(self, TypeError, "ShardingRules.spec_for", "mesh"):
       RULES.spec_for("w", (8,), mesh="data")
+
+  def test_wrong_type_issue_row_from_foreign_init_output(self):
+    # Issue 27, row 6: `'dict' object is not callable`.
+    f = hk.transform(linear)
+    with self.assertRaisesRegex(TypeError, r"^hkb.ShardingRules.from_foreign: `init` must be "
+                                r"the init function \(f.init\) or the hk.Transformed, .*got a "
+                                r"dict\. It holds arrays: the params `init` returns"):
+      hkb.ShardingRules.from_foreign(jax.eval_shape(f.init, KEY, X), KEY, X)
+    with refused(self, TypeError, "ShardingRules.from_foreign", "init"):
+      hkb.ShardingRules.from_foreign(None, KEY, X)
+
+  def test_wrong_type_from_foreign_options(self):
+    f = hk.transform(linear)
+    for bad in ("embed", {"embed": "model"}, [("embed",)], [("embed", 3)], [(3, "model")]):
+      with refused(self, TypeError, "ShardingRules.from_foreign", "logical_axis_rules"):
+        hkb.ShardingRules.from_foreign(f.init, KEY, X, logical_axis_rules=bad)
+    with refused(self, TypeError, "ShardingRules.from_foreign", "rules"):
+      hkb.ShardingRules.from_foreign(f.init, KEY, X, rules="/w$")
+    with refused(self, TypeError, "ShardingRules.from_foreign", "stacked"):
+      hkb.ShardingRules.from_foreign(f.init, KEY, X, stacked=3)
+    # What Flax takes: None, a name, or names, for each logical axis.
+    rules = hkb.ShardingRules.from_foreign(f, KEY, X, logical_axis_rules=[
+        ("embed", None), ("mlp", "model"), ("heads", ("data", "model"))])
+    self.assertEqual(rules.rules, ())
 
   @parameterized.parameters([("/w$",)], [("/w$", P(), "extra")], [P("data")])
   def test_wrong_arity_rule(self, rule):
@@ -882,7 +974,7 @@ class Get_relevant_parametersTest(TestCase):
 
 
 # ---------------------------------------------------------------------------
-# The adapters (their files belong to issue 18's branch): what they lack, as skipped tests.
+# The adapters (optional extras): from_flax, from_equinox, to_nnx, to_equinox.
 # ---------------------------------------------------------------------------
 
 class _AdapterCases(TestCase):
@@ -896,25 +988,55 @@ class _AdapterCases(TestCase):
       self.skipTest("needs flax and equinox")
 
 
+def nnx_linear(rngs):
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  return nnx.Linear(4, 2, rngs=rngs)
+
+
 class From_flaxTest(_AdapterCases):
+  """`from_flax(module, *, name, method, rng_streams, intermediates)`."""
 
   def test_wrong_type_module(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.from_flax"):
+    with refused(self, TypeError, "from_flax", "module"):
       init(lambda: hkb.from_flax(None)(X))
 
   def test_wrong_type_name_and_streams(self):
-    from flax import nnx  # pylint: disable=import-outside-toplevel
-    make = lambda rngs: nnx.Linear(4, 2, rngs=rngs)
     with refused(self, TypeError, "from_flax", "name"):
-      init(lambda: hkb.from_flax(make, name=3)(X))
+      init(lambda: hkb.from_flax(nnx_linear, name=3)(X))
     with refused(self, TypeError, "from_flax", "rng_streams"):
-      init(lambda: hkb.from_flax(make, rng_streams="dropout")(X))
+      init(lambda: hkb.from_flax(nnx_linear, rng_streams="dropout")(X))
+
+  def test_wrong_type_issue_row_intermediates(self):
+    # Issue 27, row 7: `sequence item 0: expected str instance, int found`.
+    for bad in (3, "", ("intermediates",)):
+      with refused(self, TypeError, "from_flax", "intermediates"):
+        init(lambda bad=bad: hkb.from_flax(nnx_linear, intermediates=bad)(X))
+
+  def test_wrong_type_method(self):
+    # On entry, as `name=` (was: at the first call); and per call.
+    with refused(self, TypeError, "from_flax", "method"):
+      hk.transform(lambda: hkb.from_flax(nnx_linear, method=3)).init(KEY)
+    with refused(self, TypeError, "from_flax(Linear)", "method"):
+      init(lambda: hkb.from_flax(nnx_linear)(X, method=3))
+
+  def test_wrong_type_linen_call_rngs(self):
+    import flax.linen as nn  # pylint: disable=import-outside-toplevel
+    for rngs in (3, {"dropout": 3}, {1: KEY}):
+      with refused(self, TypeError, "from_flax(Dense)", "rngs"):
+        init(lambda rngs=rngs: hkb.from_flax(nn.Dense(2))(X, rngs=rngs))
+
+  def test_argument_order_linen_streams_for_nnx(self):
+    # An NNX module brings its streams: `rng_streams` (Linen's) was ignored.
+    with self.assertRaisesRegex(ValueError, r"^hkb.from_flax: `rng_streams` is \('noise',\), "
+                                r"but it names the streams of a Linen module"):
+      init(lambda: hkb.from_flax(nnx_linear, rng_streams=("noise",))(X))
 
 
 class From_equinoxTest(_AdapterCases):
+  """`from_equinox(model, *, state, name)`."""
 
   def test_wrong_type_model(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.from_equinox"):
+    with refused(self, TypeError, "from_equinox", "model"):
       init(lambda: hkb.from_equinox(None)(X))
 
   def test_wrong_type_name(self):
@@ -922,45 +1044,97 @@ class From_equinoxTest(_AdapterCases):
     with refused(self, TypeError, "from_equinox", "name"):
       init(lambda: hkb.from_equinox(lambda key: eqx.nn.Linear(4, 2, key=key), name=3)(X))
 
+  def test_wrong_type_issue_row_state(self):
+    # Issue 27, row 8: `'tuple' object has no attribute 'get'` at the first call.
+    import equinox as eqx  # pylint: disable=import-outside-toplevel
+    model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(4, "batch")
+    with self.assertRaisesRegex(TypeError, r"^hkb.from_equinox: `state` must be None or the "
+                                r"model's eqx.nn.State; got a tuple of length 2\. Pass the state "
+                                r"that eqx.nn.make_with_state made"):
+      hkb.from_equinox(model, state=(model, state))
+    with self.assertRaisesRegex(TypeError, r"^hkb.from_equinox: `state=` goes with a model "
+                                r"instance"):
+      hkb.from_equinox(lambda key: model, state=state)
+
 
 LINEAR = hk.transform(lambda x: hk.Linear(2)(x))
 
 
-class To_nnxTest(_AdapterCases):
+class _ToForeignCases:
+  """What `to_nnx` and `to_equinox` share: `f`, `params`, `state` (a mixin)."""
+
+  api = ""
+
+  def convert(self, f, *args, **kwargs):
+    raise NotImplementedError
 
   def test_wrong_type_f(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.to_nnx"):
-      hkb.to_nnx(LINEAR.apply, X)
+    with refused(self, TypeError, self.api, "f"):
+      self.convert(LINEAR.apply, X)
 
-  def test_wrong_type_params_and_rngs(self):
-    with refused(self, TypeError, "to_nnx", "params"):
-      hkb.to_nnx(LINEAR, X, params=3)
+  def test_wrong_type_params_and_state(self):
+    with refused(self, TypeError, self.api, "params"):
+      self.convert(LINEAR, X, params=3)
+    with refused(self, TypeError, self.api, "state"):
+      self.convert(LINEAR, X, params=LINEAR.init(KEY, X), state=[{}])
+
+  def test_wrong_arity_state_without_params(self):
+    # Was: the state dropped, f.init's used.
+    with refused(self, ValueError, self.api, "state"):
+      self.convert(LINEAR, X, state={})
+
+  def test_shape_or_depth_params(self):
+    params = LINEAR.init(KEY, X)
+    with refused(self, ValueError, self.api, "params"):
+      self.convert(LINEAR, jnp.ones([2, 5]), params=params)
+
+  def test_shape_or_depth_state(self):
+    f = hk.transform_with_state(lambda x: hk.BatchNorm(True, True, 0.9)(x, True))
+    params, state = f.init(KEY, X)
+    with self.assertRaisesRegex(ValueError, rf"^hkb.{self.api}: f has state .*`params=` came "
+                                r"without `state=`"):
+      self.convert(f, X, params=params)
+    with refused(self, ValueError, self.api, "state"):
+      self.convert(f, jnp.ones([2, 5]), params=f.init(KEY, jnp.ones([2, 5]))[0], state=state)
+
+  def test_issue_row_without_apply_rng_as_its_apply(self):
+    # Issue 27, row 9: accepted, then each call failed (`takes 1 positional argument but 2
+    # were given`). Now its apply runs, without an rng.
+    f = hk.without_apply_rng(LINEAR)
+    params = f.init(KEY, X)
+    model = self.convert(f, X, params=params)
+    np.testing.assert_allclose(model(X), f.apply(params, X), rtol=1e-6)
+
+
+class To_nnxTest(_ToForeignCases, _AdapterCases):
+  """`to_nnx(f, *args, rngs, params, state, rng_stream, **kwargs)`."""
+
+  api = "to_nnx"
+
+  def convert(self, f, *args, **kwargs):
+    from flax import nnx  # pylint: disable=import-outside-toplevel
+    kwargs.setdefault("rngs", nnx.Rngs(0))
+    return hkb.to_nnx(f, *args, **kwargs)
+
+  def test_wrong_type_rngs_and_stream(self):
     with refused(self, TypeError, "to_nnx", "rngs"):
       hkb.to_nnx(LINEAR, X, rngs=KEY)
-
-  def test_shape_or_depth_params(self):
-    params = LINEAR.init(KEY, X)
-    with refused(self, ValueError, "to_nnx", "params"):
-      hkb.to_nnx(LINEAR, jnp.ones([2, 5]), params=params)
+    with refused(self, TypeError, "to_nnx", "rng_stream"):
+      self.convert(LINEAR, X, rng_stream=3)
 
 
-class To_equinoxTest(_AdapterCases):
+class To_equinoxTest(_ToForeignCases, _AdapterCases):
+  """`to_equinox(f, *args, key, params, state, **kwargs)`."""
 
-  def test_wrong_type_f(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.to_equinox"):
-      hkb.to_equinox(None, X)
+  api = "to_equinox"
 
-  def test_wrong_type_params_and_key(self):
-    with refused(self, TypeError, "to_equinox", "params"):
-      hkb.to_equinox(LINEAR, X, params=3)
+  def convert(self, f, *args, **kwargs):
+    kwargs.setdefault("key", KEY)
+    return hkb.to_equinox(f, *args, **kwargs)
+
+  def test_wrong_type_key(self):
     with refused(self, TypeError, "to_equinox", "key"):
       hkb.to_equinox(LINEAR, X, key=3)
-
-  def test_shape_or_depth_params(self):
-    params = LINEAR.init(KEY, X)
-    with refused(self, ValueError, "to_equinox", "params"):
-      hkb.to_equinox(LINEAR, jnp.ones([2, 5]), params=params)
-
 
 if __name__ == "__main__":
   absltest.main()

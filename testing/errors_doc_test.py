@@ -112,6 +112,7 @@ SECTION_CUSTOM = "`custom_vjp` and `custom_jvp`"
 SECTION_SCAN = "`layer_scan` and `repeat_layer`"
 SECTION_SHARDING = "Sharding rules"
 SECTION_PIPELINE = "Pipelines"
+SECTION_ADAPTERS = "Flax and Equinox adapters"
 
 def another_depth():
   stack = lambda n: hk.transform(lambda x: hkb.repeat_layer(lambda h: hk.Linear(4)(h), x, n))
@@ -134,6 +135,41 @@ def needs_values_under_jit():
   f = hk.transform(lambda x: block(x))
   params = f.init(KEY, X4)
   jax.jit(f.apply)(params, None, X4)
+
+
+def nnx_linear(rngs):
+  from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  return nnx.Linear(4, 2, rngs=rngs)
+
+
+def linen_call_with_rngs(rngs):
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  init(lambda: hkb.from_flax(nn.Dense(2))(X4, rngs=rngs))
+
+
+def equinox_state_pair():
+  import equinox as eqx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(4, "batch", mode="batch")
+  hkb.from_equinox(model, state=(model, state))
+
+
+def to_nnx(f, *args, **kwargs):
+  from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  return hkb.to_nnx(f, *args, rngs=nnx.Rngs(0), **kwargs)
+
+
+def stateful_params_without_state():
+  f = hk.transform_with_state(stateful)
+  hkb.to_equinox(f, X4, params=f.init(KEY, X4)[0])
+
+
+def adapters_installed() -> bool:
+  try:
+    import equinox  # pylint: disable=g-import-not-at-top,import-outside-toplevel,unused-import
+    import flax  # pylint: disable=g-import-not-at-top,import-outside-toplevel,unused-import
+  except ImportError:
+    return False
+  return True
 
 
 def pipelined(num_layers: int, pipeline: Any, mesh_shape: dict[str, int]) -> None:
@@ -220,9 +256,6 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: init(outer_module_used_inside),
     (SECTION_CUSTOM, "`f` needs the values of its array arguments (under `jax.jit`)"):
         lambda: needs_values_under_jit(),
-    (SECTION_CUSTOM, "an output leaf that is not an array"):
-        lambda: vjp_apply(lambda x: hkb.custom_vjp(lambda x: (mlp(x), "tag"), hkb.vjp_fwd,
-                                                   lambda r, g: r(g))(x), X4),
     (SECTION_CUSTOM, "keyword arguments"):
         lambda: init(lambda: hkb.custom_vjp(mlp, hkb.vjp_fwd, lambda r, g: r(g))(x=X4)),
     (SECTION_CUSTOM, "`bwd` returns the wrong number of cotangents"):
@@ -250,6 +283,21 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 0)),
     (SECTION_SCAN, "`num_layers` not an int (a bool, a float)"):
         lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, True)),
+    (SECTION_SCAN, "`remat` not `False`, `True`, `\"nested\"` or `\"binomial\"`"):
+        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, remat=4)),
+    (SECTION_SCAN, "`remat_groups` not a positive int"):
+        lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
+                                            remat="nested", remat_groups=2.5)),
+    (SECTION_SCAN, "`remat_groups` without a schedule"):
+        lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
+                                            remat=True, remat_groups=2)),
+    (SECTION_SCAN, "`unroll` or `reverse` of the wrong type"):
+        lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
+                                            unroll=-1)),
+    (SECTION_SCAN, "`xs` given to `repeat_layer`"):
+        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, xs=jnp.ones([3]))),
+    (SECTION_SCAN, "an option `repeat_layer` does not have"):
+        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, remat_group=2)),
     (SECTION_SCAN, "`remat_policy` without `remat=True`"):
         lambda: init(lambda: hkb.layer_scan(
             lambda c, x: (c, None), X4, num_layers=2,
@@ -300,6 +348,12 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     (SECTION_SHARDING, "`mesh` and `rules` swapped"):
         lambda: hkb.param_shardings({"mlp": {"w": jnp.ones([8])}}, hkb.ShardingRules([]),
                                     mesh()),
+    (SECTION_SHARDING, "`from_foreign` given the params instead of `init`"):
+        lambda: hkb.ShardingRules.from_foreign(
+            jax.eval_shape(hk.transform(mlp).init, KEY, X4), KEY, X4),
+    (SECTION_SHARDING, "`logical_axis_rules` not (name, mesh axes) pairs"):
+        lambda: hkb.ShardingRules.from_foreign(hk.transform(mlp).init, KEY, X4,
+                                               logical_axis_rules=[("embed", 3)]),
     (SECTION_SHARDING, "`gather_over` with an axis the mesh lacks"):
         lambda: hkb.gather_over(jax.device_put(jnp.ones([8]), jax.sharding.NamedSharding(
             mesh(), P("data"))), "dta"),
@@ -330,6 +384,30 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: hkb.Pipeline(repeats=2),
     (SECTION_PIPELINE, "a jax without `jax.shard_map` (before 0.7)"):
         lambda: jax_without_shard_map(hkb.Pipeline),
+    # Flax and Equinox adapters.
+    (SECTION_ADAPTERS, "`from_flax` of something that is not a module"):
+        lambda: hkb.from_flax(3),
+    (SECTION_ADAPTERS, "`method=` neither a name nor a function"):
+        lambda: hkb.from_flax(nnx_linear, method=3),
+    (SECTION_ADAPTERS, "`intermediates=` not a name"):
+        lambda: hkb.from_flax(nnx_linear, intermediates=3),
+    (SECTION_ADAPTERS, "`rng_streams=` with an NNX module"):
+        lambda: hkb.from_flax(nnx_linear, rng_streams=("noise",)),
+    (SECTION_ADAPTERS, "a Linen call's `rngs=` that are not keys"):
+        lambda: linen_call_with_rngs({"dropout": 3}),
+    (SECTION_ADAPTERS, "`from_equinox`'s `state=` not an `eqx.nn.State`"):
+        equinox_state_pair,
+    (SECTION_ADAPTERS, "`to_nnx` / `to_equinox` of a function, not its `hk.transform`"):
+        lambda: to_nnx(mlp, X4),
+    (SECTION_ADAPTERS, "`state=` without `params=`"):
+        lambda: to_nnx(hk.transform(mlp), X4, state={}),
+    (SECTION_ADAPTERS, "`params=` of a function with state, without `state=`"):
+        stateful_params_without_state,
+    (SECTION_ADAPTERS, "`params=` of another model"):
+        lambda: to_nnx(hk.transform(mlp), X4, params=hk.transform(mlp).init(
+            KEY, jnp.ones([2, 5]))),
+    (SECTION_ADAPTERS, "`to_nnx` with neither `rngs=` nor `params=`"):
+        lambda: hkb.to_nnx(hk.transform(mlp), X4),
 }
 
 
@@ -363,6 +441,8 @@ class ErrorsDocTest(parameterized.TestCase):
     documented = doc_rows().get((section, when))
     if documented is None:
       self.skipTest("no row (reported by the test above)")
+    if section == SECTION_ADAPTERS and not adapters_installed():
+      self.skipTest("needs flax and equinox")
     got = raised(RAISERS[(section, when)])
     hkb.clear_caches()
     if documented.startswith("... "):

@@ -93,8 +93,9 @@ getattr(module, sys.argv[3])(*sys.argv[4:])
 """
 
 
-def run_in_fresh_process(path: str, function: str,
-                         *args: str) -> subprocess.CompletedProcess:
+def run_in_fresh_process(path: str, function: str, *args: str,
+                         env: dict[str, str] | None = None
+                         ) -> subprocess.CompletedProcess:
   """Runs `function(*args)` of the Python file `path` in a new process.
 
   The restore-a-checkpoint path: nothing this process cached is there. The
@@ -102,8 +103,10 @@ def run_in_fresh_process(path: str, function: str,
   runs the same programs: XLA:CPU may order a reduction differently with
   another count (jax 0.7.2, measured: a ResNet's batch-norm statistic moved
   by 1.3e-5 between 8 devices and 1). Its stdout and stderr are captured.
+  `env` adds to (or replaces in) this process's environment, e.g.
+  `{"HAIKU_BRIDGE_CACHES": "0"}`.
   """
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(env or {}))
   return subprocess.run(
       [sys.executable, "-c", _FRESH_PROCESS, str(jax.device_count("cpu")),
        os.path.abspath(path), function, *args],

@@ -16,12 +16,16 @@ import contextlib
 import dataclasses
 import functools
 import os
+import sys
+import sysconfig
 import threading
 import types
 from typing import Any, Callable, Hashable, Iterator, Optional
 
 import jax
 import numpy as np
+
+from haiku_bridge._src import pytree
 
 _MAX_ENTRIES = 512
 _enabled = os.environ.get("HAIKU_BRIDGE_CACHES", "1") != "0"
@@ -118,6 +122,8 @@ def clear_caches() -> None:
 
 
 def _leaf_signature(leaf: Any) -> Hashable:
+  if pytree.is_python_value(leaf):
+    return ("value", type(leaf), leaf)  # A size or a flag.
   if isinstance(leaf, (jax.Array, np.ndarray, np.generic,
                        jax.ShapeDtypeStruct)):
     dtype = (str(leaf.dtype)
@@ -165,10 +171,13 @@ def fingerprint(fn: Any) -> Hashable:
 
   Equal fingerprints, equal behaviour: a function's code, the contents of
   its closure cells, its defaults and the current values of the globals its
-  code names, following functions it reaches that way (and
-  `functools.partial`s, bound methods, dataclasses) four levels deep. So a
-  lambda or partial made afresh at each call, with the same code and values,
-  has the same fingerprint.
+  code names (and, for a module of yours, `config.WIDTH`, of the attributes
+  it names), following functions it reaches that way (and
+  `functools.partial`s, bound methods, dataclasses, and your classes: their
+  own methods and class values) four levels deep. So a lambda or partial
+  made afresh at each call, with the same code and values, has the same
+  fingerprint. Code and classes of Python and of installed packages are
+  keyed by identity: they do not change while the process runs.
   A value that is not hashable by value (a list, a dict) is keyed by its
   contents; one that cannot be keyed at all makes `function_key` give None.
   Beyond four levels, and for objects that hash by identity, a value is
@@ -181,7 +190,7 @@ def fingerprint(fn: Any) -> Hashable:
 
 def _freeze(x: Any, depth: int) -> Hashable:
   if x is None or isinstance(x, (bool, int, float, complex, str, bytes,
-                                 np.generic, type, types.ModuleType)):
+                                 np.generic, types.ModuleType)):
     return (type(x), x) if not isinstance(x, types.ModuleType) else x
   if isinstance(x, (tuple, list)):
     return (type(x), tuple(_freeze(v, depth) for v in x))
@@ -206,10 +215,57 @@ def _freeze(x: Any, depth: int) -> Hashable:
   if isinstance(x, types.MethodType):
     return (types.MethodType, _freeze(x.__func__, depth - 1),
             _freeze(x.__self__, depth - 1))
-  if dataclasses.is_dataclass(x) and not isinstance(x, type):
-    return (type(x), tuple(_freeze(getattr(x, field.name), depth - 1)
-                           for field in dataclasses.fields(x)))
+  if isinstance(x, type):
+    return _freeze_class(x, depth - 1)
+  if dataclasses.is_dataclass(x):
+    return (_freeze_class(type(x), depth - 1),
+            tuple(_freeze(getattr(x, field.name), depth - 1)
+                  for field in dataclasses.fields(x)))
   return _by_identity(x)
+
+
+def _freeze_class(cls: type, depth: int) -> Hashable:
+  """A class and what its own code reads (its methods, its class values).
+
+  A class of an installed package or of Python itself is keyed by identity:
+  its code does not change while the process runs. Any other class (yours)
+  is keyed by the functions and values defined in it and in its own bases
+  (not Python's or a library's), as a function is: a model class whose
+  `__init__` reads a global config is keyed by that config.
+  """
+  if depth < 0 or _installed(cls.__module__):
+    return cls
+  members = []
+  for klass in cls.__mro__:
+    if _installed(klass.__module__):
+      continue
+    for name, value in vars(klass).items():
+      if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+      elif isinstance(value, property):
+        value = (value.fget, value.fset, value.fdel)
+      if (name.startswith("__") and name.endswith("__") and
+          not isinstance(value, types.FunctionType)):
+        continue  # Python's own entries: the class keys them.
+      members.append((klass.__qualname__, name, value))
+  return (cls, _freeze(tuple(members), depth))
+
+
+_INSTALL_ROOTS = tuple(sorted({
+    os.path.realpath(path) for name, path in sysconfig.get_paths().items()
+    if name in ("stdlib", "platstdlib", "purelib", "platlib")}))
+
+
+@functools.lru_cache(maxsize=None)
+def _installed(module_name: str) -> bool:
+  """Whether a module is Python's or an installed package's (fixed code)."""
+  if module_name in sys.builtin_module_names:
+    return True
+  path = getattr(sys.modules.get(module_name), "__file__", None)
+  if path is None:
+    return False  # `__main__` of a notebook, a class made on the fly.
+  path = os.path.realpath(path)
+  return any(path.startswith(root + os.sep) for root in _INSTALL_ROOTS)
 
 
 def _by_identity(x: Any) -> Hashable:
@@ -227,8 +283,17 @@ def _freeze_function(fn: types.FunctionType, depth: int) -> Hashable:
       cells.append(cell.cell_contents)
     except ValueError:  # An empty cell: a name not bound yet.
       cells.append(_EMPTY_CELL)
-  global_values = tuple(fn.__globals__.get(name, _UNBOUND)
-                        for name in _global_names(fn.__code__))
+  names = _global_names(fn.__code__)
+  values = []
+  for name in names:
+    value = fn.__globals__.get(name, _UNBOUND)
+    if isinstance(value, types.ModuleType) and not _installed(value.__name__):
+      # Your module (`config.WIDTH`): the attributes the code names.
+      attributes = vars(value)
+      value = (value, tuple((a, attributes[a]) for a in names
+                            if a in attributes))
+    values.append(value)
+  global_values = tuple(values)
   return (fn.__code__,
           _freeze(tuple(cells), depth),
           _freeze(fn.__defaults__, depth),

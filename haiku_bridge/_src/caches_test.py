@@ -4,6 +4,7 @@ import functools
 import os
 import subprocess
 import sys
+import types
 
 from absl.testing import absltest
 import jax
@@ -30,6 +31,16 @@ class SignatureTest(absltest.TestCase):
     self.assertNotEqual(caches.signature(True), caches.signature(False))
     self.assertEqual(caches.signature(jnp.ones([2]), True),
                      caches.signature(jnp.zeros([2]), True))
+
+  def test_numpy_integer_and_bool_scalars_by_value(self):
+    # Python values to the bridge, as to inline code (pytree.split_arrays).
+    self.assertNotEqual(caches.signature(np.int64(7)),
+                        caches.signature(np.int64(8)))
+    self.assertNotEqual(caches.signature(np.bool_(True)),
+                        caches.signature(np.bool_(False)))
+    self.assertNotEqual(caches.signature(np.int64(7)), caches.signature(7))
+    self.assertEqual(caches.signature(np.float32(1.0)),
+                     caches.signature(np.float32(2.0)))
 
   def test_numpy_and_jax_arrays_and_specs_agree(self):
     spec = jax.ShapeDtypeStruct((2,), jnp.float32)
@@ -88,6 +99,55 @@ class FingerprintTest(absltest.TestCase):
                         caches.fingerprint(functools.partial(g, 2)))
     self.assertEqual(caches.fingerprint(functools.partial(g, 1)),
                      caches.fingerprint(functools.partial(g, 1)))
+
+  def test_a_class_by_its_own_methods_and_values(self):
+    global SIZE
+
+    class Base:
+      scale = 2
+
+    class Model(Base):
+
+      def __init__(self):
+        self.size = reads_a_global()
+
+    before = [caches.fingerprint(f) for f in (Model, lambda: Model(),
+                                             functools.partial(Model))]
+    try:
+      SIZE = 4
+      after = [caches.fingerprint(f) for f in (Model, lambda: Model(),
+                                              functools.partial(Model))]
+    finally:
+      SIZE = 3
+    self.assertTrue(all(b != a for b, a in zip(before, after)))
+    Base.scale = 3
+    self.assertNotEqual(caches.fingerprint(Model), before[0])
+    Base.scale = 2
+    self.assertEqual(caches.fingerprint(Model), before[0])
+
+  def test_attributes_of_your_module_that_the_code_names(self):
+    # `config.WIDTH`, `config.SIZES["a"]`: a config module of yours.
+    config = types.ModuleType("a_config_of_yours")
+    config.WIDTH, config.SIZES = 4, {"a": 1}
+    namespace = {"config": config}
+    code = "def f():\n  return config.WIDTH, config.SIZES['a']"
+    exec(code, namespace)  # pylint: disable=exec-used
+    f = namespace["f"]
+    before = caches.fingerprint(f)
+    config.WIDTH = 5
+    self.assertNotEqual(caches.fingerprint(f), before)
+    config.WIDTH = 4
+    config.SIZES["a"] = 2
+    self.assertNotEqual(caches.fingerprint(f), before)
+    config.SIZES["a"] = 1
+    config.UNREAD = 3
+    self.assertEqual(caches.fingerprint(f), before)
+
+  def test_an_installed_class_by_identity(self):
+    # An installed package's code cannot change while the process runs.
+    # pylint: disable=protected-access
+    self.assertIs(caches._freeze_class(np.ndarray, 3), np.ndarray)
+    self.assertIsNot(caches._freeze_class(FingerprintTest, 3), FingerprintTest)
 
   def test_large_or_traced_values_cannot_be_keyed(self):
     big = np.zeros([4096])

@@ -82,6 +82,8 @@ def custom_vjp(
     f: a Haiku function `f(*args) -> out` (or its `hk.transform*`). It may
       create modules, read and write state and draw rng keys; its parameters
       and state are named exactly as calling `f` inline would name them.
+      `out`'s array leaves are differentiated; any other leaf (a tag, a
+      Python number) comes back as it is, as inline.
     fwd: `fwd(f_pure, params, *args) -> (out, residuals)`. `f_pure(params,
       *args) -> out` is `f` as a pure function of its params (Haiku-shaped,
       the inner's names), with state and rng bound; `args` are the block's
@@ -90,7 +92,8 @@ def custom_vjp(
       `f_pure(params, *args)`'s output runs `f` once, as inline code does;
       for any other `out` the bridge runs `f` once more for the block's new
       state.
-    bwd: `bwd(residuals, out_cotangent) -> (params_ct, *args_cts)`: one
+    bwd: `bwd(residuals, out_cotangent) -> (params_ct, *args_cts)`, where
+      `out_cotangent` is shaped like `out`, None at its non-array leaves: one
       cotangent for `params` and one per differentiable argument (positions
       not in `nondiff_argnums`), each with the structure and shapes of what
       it is the cotangent of, or None for zero (as `jax.custom_vjp`).
@@ -159,7 +162,8 @@ def custom_jvp(
     jvp: `jvp(f_pure, primals, tangents) -> (out, out_dot)`, with `primals =
       (params, *args)` (all arguments, as given) and `tangents = (params_dot,
       *args_dot)` aligned with them, None at `nondiff_argnums` positions.
-      `out_dot` has the structure, shapes and dtypes of `out`. If `out` is
+      `out_dot` has the structure, shapes and dtypes of `out`, with None at
+      its non-array leaves (which come back as they are, as inline). If `out` is
       the output of `f_pure(*primals)` called in the rule, that run gives
       the block's new state too; otherwise the bridge runs `f` once more in
       the rule for it (and to check `out`).
@@ -218,16 +222,30 @@ def vjp_fwd(f_pure: PureFn, params: PyTree, *args: Any) -> tuple[Any, Any]:
   with_aux = (f_pure.with_aux if isinstance(f_pure, _PureFunction) else
               lambda p, *a: (f_pure(p, *a), None))
 
-  def diff_only(p, *diff_args):
-    return with_aux(p, *_merge(args, diff, diff_args))
+  outputs = []
 
-  out, vjp_fn, aux = jax.vjp(diff_only, params, *[args[i] for i in diff],
-                             has_aux=True)
+  def diff_only(p, *diff_args):
+    out, aux = with_aux(p, *_merge(args, diff, diff_args))
+    arrays, output = _Output.of(out)  # Static leaves pass by jax.vjp.
+    outputs.append(output)
+    return arrays, aux
+
+  arrays, vjp_fn, aux = jax.vjp(diff_only, params,
+                                *[args[i] for i in diff], has_aux=True)
+  out = outputs[0].rebuild(arrays)
+  # Takes a cotangent shaped like `out` (None, or anything, at its static
+  # leaves); a pytree whose leaves are the vjp closure's, as residuals.
+  vjp_fn = jax.tree_util.Partial(
+      functools.partial(_vjp_of_output, outputs[0]), vjp_fn)
   if isinstance(f_pure, _PureFunction):
     # `has_aux` returns `aux` outside jax.vjp's trace: the block's new state
     # and rng, handed to the library with the residuals.
     return out, _ResidualsWithAux(vjp_fn, aux)
   return out, vjp_fn
+
+
+def _vjp_of_output(output: "_Output", vjp_fn, out_ct):
+  return vjp_fn(output.arrays_of(out_ct))
 
 
 def route_cotangents(
@@ -329,6 +347,51 @@ class _ResidualsWithAux(NamedTuple):
   """Residuals from `vjp_fwd`, carrying the run's `_Aux` to the library."""
   residuals: Any
   aux: _Aux
+
+
+class _Output(NamedTuple):
+  """`f`'s output, split into what JAX differentiates and what it passes by.
+
+  Array leaves are the custom derivative's outputs. Every other leaf (a
+  string tag, a Python number, a NumPy integer) is a static output, returned
+  as it is, as inline code returns it; its cotangent or tangent is None.
+  """
+  treedef: Any  # Of the whole output.
+  is_array: tuple[bool, ...]  # Per leaf.
+  statics: tuple[Any, ...]  # The static leaves, in order.
+
+  @classmethod
+  def of(cls, out: PyTree) -> tuple[list[Any], "_Output"]:
+    """`out`'s array leaves, and the record to rebuild it from them."""
+    leaves, treedef = jax.tree.flatten(out)
+    is_array = tuple(_is_array(leaf) for leaf in leaves)
+    return ([x for x, a in zip(leaves, is_array) if a],
+            cls(treedef, is_array, tuple(x for x, a in zip(leaves, is_array)
+                                         if not a)))
+
+  def rebuild(self, arrays: Sequence[Any], static: Any = ...) -> PyTree:
+    """The output from its arrays: statics in place (or `static`, e.g. None)."""
+    array_iter, statics = iter(arrays), iter(self.statics)
+    return self.treedef.unflatten([
+        next(array_iter) if a else (next(statics) if static is ... else static)
+        for a in self.is_array])
+
+  def tangent_treedef(self) -> Any:
+    """The structure of a cotangent or tangent: None at each static leaf."""
+    return jax.tree.structure(self.rebuild([0] * sum(self.is_array), None))
+
+  def arrays_of(self, tree: PyTree) -> list[Any]:
+    """The array leaves of `tree`, shaped like the output or like a tangent."""
+    if jax.tree.structure(tree) == self.treedef:
+      return [x for x, a in zip(jax.tree.leaves(tree), self.is_array) if a]
+    return jax.tree.leaves(tree)
+
+
+def _is_array(x: Any) -> bool:
+  """What a custom derivative differentiates: arrays (NumPy float ones too)."""
+  return isinstance(x, jax.Array) or (
+      isinstance(x, (np.ndarray, np.generic)) and
+      not pytree.is_python_value(x))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -446,37 +509,53 @@ class _CustomBlock:
     """`f` at this call, wrapped in the custom rule, on its stored params."""
     diff = self._diff_positions(args)
     stateless = not call.plan.state
+    # The output's static leaves, as the run that JAX traced (`run`, or the
+    # rule) returned them: the custom derivative carries only its arrays.
+    outputs = []
 
     def run(params, state, rng_state, diff_args):
       out, new_state, final_rng = call.run(params, state, rng_state,
                                            _merge(args, diff, diff_args), {})
-      return _check_out(out), _Aux(new_state, final_rng)
+      return record(out)[0], _Aux(new_state, final_rng)
+
+    def record(out):
+      arrays, output = _Output.of(out)
+      outputs.append(output)
+      return arrays, output
 
     def run_of(f_pure, params, full, rule_out):
-      """`(out_spec, aux)` of the rule's run of `f`: its own, or one more.
+      """`(output, specs, aux)` of the rule's run of `f`: its own, or one more.
 
-      A rule that returns the output of `f_pure` called on its primals as
-      given has run `f` at its own level: that run's new state is taken, and
-      `f` runs no more often than the rule runs it.
+      `specs` are the shapes and dtypes of its array leaves. A rule that
+      returns the output of `f_pure` called on its primals as given has run
+      `f` at its own level: that run's new state is taken, and `f` runs no
+      more often than the rule runs it.
       """
       seen = f_pure.seen
       if seen is not None and _same_leaves(seen[0], rule_out):
         out, aux = seen
       elif stateless and rng_state is None:
-        return _out_spec(f_pure, params, full, diff), f_pure.unchanged_aux()
+        return (*_out_spec(f_pure, params, full, diff),
+                f_pure.unchanged_aux())
       else:
         out, aux = f_pure.with_aux(params, *full)
-      return pytree.specs(out), aux
+      arrays, output = _Output.of(out)
+      return output, pytree.specs(arrays), aux
 
     pure = lambda state, rng_state, primals: _PureFunction(
         call.run, state, rng_state, self._nondiff, primals)
-    core = self._custom(run, run_of, pure, call.params, args, diff)
-    out, aux = core(call.params, call.state, rng_state,
-                    tuple(args[i] for i in diff))
-    return out, aux.state, aux.rng_state
+    core = self._custom(run, run_of, pure, record, call.params, args, diff)
+    arrays, aux = core(call.params, call.state, rng_state,
+                       tuple(args[i] for i in diff))
+    return outputs[0].rebuild(arrays), aux.state, aux.rng_state
 
-  def _custom(self, run, run_of, pure, params, args, diff):
-    """`run` wrapped in the custom derivative."""
+  def _custom(self, run, run_of, pure, record, params, args, diff):
+    """`run` wrapped in the custom derivative.
+
+    `run` returns the output's arrays (`record(out)` splits them from its
+    static leaves, and keeps those for the block's result); so must the
+    rules.
+    """
     raise NotImplementedError
 
 
@@ -489,11 +568,12 @@ class _CustomVJP(_CustomBlock):
     super().__init__(f, nondiff_argnums)
     self._fwd, self._bwd = fwd, bwd
 
-  def _custom(self, run, run_of, pure, params, args, diff):
+  def _custom(self, run, run_of, pure, record, params, args, diff):
     # Structure and shapes only: the backward pass must not close over
     # tracers of the forward.
     expected = (pytree.specs(params),) + tuple(pytree.specs(args[i]) for i in diff)
     core = jax.custom_vjp(run)
+    outputs = []  # The output's record, for bwd's cotangent.
 
     def fwd_rule(params, state, rng_state, diff_args):
       full = _merge(args, diff, diff_args)
@@ -508,12 +588,16 @@ class _CustomVJP(_CustomBlock):
         # `vjp_fwd`: `out` is f_pure's own, and the run's new state with it.
         residuals, aux = residuals
       else:
-        spec, aux = run_of(f_pure, params, full, out)
-        _check_like("fwd's out", out, spec, "fwd")
-      return (out, aux), residuals
+        output, specs, aux = run_of(f_pure, params, full, out)
+        _check_like("fwd's out", out, output, specs, "fwd")
+      arrays, output = record(out)
+      outputs.append(output)
+      return (arrays, aux), residuals
 
     def bwd_rule(residuals, cotangents):
       out_ct, _ = cotangents  # State and rng are not differentiated.
+      # Shaped like the output, None at its static leaves.
+      out_ct = outputs[-1].rebuild(out_ct, None)
       cts = _check_bwd(self._bwd(residuals, out_ct), expected, diff,
                        self._nondiff)
       return cts[0], None, None, tuple(cts[1:])
@@ -531,7 +615,7 @@ class _CustomJVP(_CustomBlock):
     super().__init__(f, nondiff_argnums)
     self._jvp = jvp
 
-  def _custom(self, run, run_of, pure, params, args, diff):
+  def _custom(self, run, run_of, pure, record, params, args, diff):
     core = jax.custom_jvp(run)
 
     def jvp_rule(primals, tangents):
@@ -546,39 +630,35 @@ class _CustomJVP(_CustomBlock):
             "jvp must return a pair (out, out_dot); got "
             f"{errors.describe(result)}."))
       out, out_dot = result
-      spec, aux = run_of(f_pure, params, full, out)
-      _check_like("jvp's out", out, spec, "jvp")
-      _check_like("jvp's out_dot", out_dot, spec, "jvp", tangent=True)
-      return (out, aux), (out_dot, jax.tree.map(_zero_tangent, aux))
+      output, specs, aux = run_of(f_pure, params, full, out)
+      _check_like("jvp's out", out, output, specs, "jvp")
+      _check_like("jvp's out_dot", out_dot, output, specs, "jvp",
+                  tangent=True)
+      return ((record(out)[0], aux),
+              (jax.tree.leaves(out_dot), jax.tree.map(_zero_tangent, aux)))
 
     core.defjvp(jvp_rule)
     return core
 
 
-def _out_spec(f_pure: _PureFunction, params, args, diff) -> Any:
-  """Shapes and dtypes of `f_pure(params, *args)`, from an abstract run."""
-  # Non-differentiable arguments stay closed over: never traced.
-  return pytree.specs(jax.eval_shape(
-      lambda p, d: f_pure(p, *_merge(args, diff, d)), params,
-      [args[i] for i in diff]))
+def _out_spec(f_pure: _PureFunction, params, args, diff
+              ) -> tuple[_Output, list[jax.ShapeDtypeStruct]]:
+  """The output record of `f_pure(params, *args)` and its arrays' specs."""
+  outputs = []
+
+  def arrays(p, d):
+    # Non-differentiable arguments stay closed over: never traced.
+    arrays, output = _Output.of(f_pure(p, *_merge(args, diff, d)))
+    outputs.append(output)
+    return arrays
+
+  specs = jax.eval_shape(arrays, params, [args[i] for i in diff])
+  return outputs[0], pytree.specs(specs)
 
 
 # ---------------------------------------------------------------------------
 # Helpers.
 # ---------------------------------------------------------------------------
-
-
-def _check_out(out: PyTree) -> PyTree:
-  """`f`'s output, if every leaf can be an output of a custom derivative."""
-  for path, leaf in jax.tree_util.tree_leaves_with_path(out):
-    if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int,
-                             float, complex)):
-      raise TypeError(errors.message(
-          f"f's output at output{errors.keystr(path)} is {errors.got(leaf)}; "
-          "the output of a custom derivative must be arrays (JAX "
-          "differentiates every leaf). Return that value from outside the "
-          "block, or hold it in a static pytree node."))
-  return out
 
 
 def _same_leaves(a: PyTree, b: PyTree) -> bool:
@@ -602,16 +682,35 @@ def _zero_tangent(x):
   return np.zeros(np.shape(x), jax.dtypes.float0)
 
 
-def _check_like(what: str, tree, spec, rule: str, tangent: bool = False,
-                hint: str = ""):
-  """Checks `tree` against `spec` (the primal output): structure and shapes."""
-  got_def, want_def = jax.tree.structure(tree), jax.tree.structure(spec)
+def _check_like(what: str, tree, output: _Output, specs, rule: str,
+                tangent: bool = False, hint: str = ""):
+  """Checks `tree` against f's output: its structure, its arrays' shapes.
+
+  A tangent (`tangent`) has None at the output's static leaves; an output
+  has the same static values there.
+  """
+  want_def = output.tangent_treedef() if tangent else output.treedef
+  got_def = jax.tree.structure(tree)
   if got_def != want_def:
     raise ValueError(errors.message(
         f"{what} must have the structure of f's output, {want_def}; got "
         f"{got_def}. Check what {rule} returns.{hint}"))
-  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(tree),
-                               jax.tree.leaves(spec)):
+  leaves = jax.tree_util.tree_leaves_with_path(tree)
+  if not tangent:
+    statics = [(p, x) for (p, x), a in zip(leaves, output.is_array) if not a]
+    for (path, got), want in zip(statics, output.statics):
+      if type(got) is not type(want) or not _equal(got, want):
+        raise ValueError(errors.message(
+            f"{what} at {errors.keystr(path)} is {errors.got(got)}, but f's "
+            f"output there is {errors.got(want)}. Check what {rule} "
+            f"returns.{hint}"))
+    leaves = [leaf for leaf, a in zip(leaves, output.is_array) if a]
+  for (path, got), want in zip(leaves, specs):
+    if not (_is_array(got) or isinstance(got, (bool, int, float, complex))):
+      raise ValueError(errors.message(
+          f"{what} at {errors.keystr(path)} is {errors.got(got)}, but f's "
+          f"output there is {errors.type_str(want)}. Check what {rule} "
+          f"returns.{hint}"))
     got = jax.ShapeDtypeStruct(np.shape(got), jnp.result_type(got))
     dtype_ok = got.dtype == want.dtype
     if tangent and not jnp.issubdtype(want.dtype, jnp.inexact):
@@ -621,6 +720,13 @@ def _check_like(what: str, tree, spec, rule: str, tangent: bool = False,
           f"{what} at {errors.keystr(path)} is {errors.type_str(got)}, but "
           f"f's output there is {errors.type_str(want)}. Check what {rule} "
           f"returns.{hint}"))
+
+
+def _equal(a: Any, b: Any) -> bool:
+  try:
+    return bool(a is b or a == b)
+  except Exception:  # pylint: disable=broad-except
+    return False
 
 
 def _check_bwd(result, expected, diff, nondiff):
@@ -681,8 +787,9 @@ def _check_pieces(pieces, out_ct) -> None:
     raise TypeError(errors.message(
         "split must return a non-empty dict {name: piece}; got "
         f"{errors.describe(pieces)}."))
-  want = pytree.specs(out_ct)
+  arrays, output = _Output.of(out_ct)
   for name, piece in pieces.items():
-    _check_like(f"piece {name!r}", piece, want, "split", tangent=True,
+    _check_like(f"piece {name!r}", piece, output, pytree.specs(arrays),
+                "split", tangent=True,
                 hint=" Each piece must be shaped like the whole output "
                 "cotangent (zero outside its part).")

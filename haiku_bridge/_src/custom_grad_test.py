@@ -12,6 +12,7 @@ import haiku as hk
 import jax
 from jax import test_util as jtu
 import jax.numpy as jnp
+import numpy as np
 
 from haiku_bridge._src import call_pure
 from haiku_bridge._src import custom_grad
@@ -387,6 +388,68 @@ def grad_of(block, *args):
   return jax.grad(lambda p: jnp.sum(f.apply(p, None, X)))(params)
 
 
+def tagged(x):
+  """An output with static leaves beside the array: a tag, a count, a size."""
+  return stateful_dropout_mlp(x), "tag", 3, {"size": np.int64(2)}
+
+
+def tagged_jvp(f_pure, primals, tangents):
+  out = f_pure(*primals)
+  out_dot = jax.jvp(lambda *a: f_pure(*a)[0], primals, tangents)[1]
+  return out, (out_dot, None, None, {"size": None})
+
+
+class StaticOutputTest(parameterized.TestCase):
+  """Issue 27, row 11: non-array output leaves pass through, as inline.
+
+  A Python value returned beside the arrays (fine inline) was accepted at
+  init and refused at apply. It now comes back as it is, its cotangent or
+  tangent None, and the arrays' derivative is inline's.
+  """
+
+  @parameterized.named_parameters(
+      ("vjp", lambda: custom_grad.custom_vjp(tagged, custom_grad.vjp_fwd,
+                                             true_bwd)),
+      ("jvp", lambda: custom_grad.custom_jvp(tagged, tagged_jvp)))
+  def test_static_leaves_as_inline(self, make):
+    block = make()
+    assert_same_as_inline(self, deep(lambda x: block(x)[0]),
+                          deep(lambda x: tagged(x)[0]))
+    ours = hk.transform_with_state(deep(block))
+    theirs = hk.transform_with_state(deep(tagged))
+    params, state = theirs.init(KEY, X)
+    (out, *static), _ = ours.apply(params, state, KEY, X)
+    (expected, *expected_static), _ = theirs.apply(params, state, KEY, X)
+    self.assertEqual(static, expected_static)
+    self.assertEqual([type(s) for s in static],
+                     [type(s) for s in expected_static])
+    self.assertIs(type(static[2]["size"]), np.int64)
+    chex.assert_trees_all_close(out, expected, **TOL)
+
+  def test_bwd_gets_none_at_static_leaves(self):
+    seen = []
+
+    def bwd(vjp_fn, g):
+      seen.append(jax.tree.map(jnp.shape, g))
+      return vjp_fn(g)
+
+    block = custom_grad.custom_vjp(tagged, custom_grad.vjp_fwd, bwd)
+    f = hk.transform_with_state(lambda x: block(x)[0])
+    params, state = f.init(KEY, X)
+    jax.grad(lambda p: jnp.sum(f.apply(p, state, KEY, X)[0]))(params)
+    self.assertEqual(seen, [((3, 4), None, None, {"size": None})])
+
+  def test_forward_mode_through_the_jvp_block(self):
+    block = custom_grad.custom_jvp(tagged, tagged_jvp)
+    fs = [hk.transform_with_state(lambda x, f=f: f(x)[0])
+          for f in (block, tagged)]
+    params, state = fs[1].init(KEY, X)
+    tangent = jax.tree.map(jnp.ones_like, params)
+    got, want = [jax.jvp(lambda p, f=f: f.apply(p, state, KEY, X)[0],
+                         (params,), (tangent,)) for f in fs]
+    chex.assert_trees_all_close(got, want, **TOL)
+
+
 class ErrorsTest(parameterized.TestCase):
 
   def test_bwd_wrong_length(self):
@@ -449,6 +512,16 @@ class ErrorsTest(parameterized.TestCase):
                                 r"float32\[4\], but f's output there is "
                                 r"float32\[3, 4\]"):
       grad_of(block)
+
+  def test_fwd_another_static_output(self):
+    block = custom_grad.custom_vjp(
+        lambda x: (mlp(x), "tag"),
+        lambda f_pure, p, x: ((f_pure(p, x)[0], "other"), None),
+        lambda r, g: (None, None))
+    with self.assertRaisesRegex(ValueError, r"fwd's out at \[1\] is a str "
+                                r"'other', but f's output there is a str "
+                                r"'tag'"):
+      grad_of(lambda x: block(x)[0])
 
   def test_jvp_wrong_tangent(self):
     def jvp(f_pure, primals, tangents):

@@ -26,6 +26,7 @@ import jax
 
 from haiku_bridge._src import errors
 from haiku_bridge._src import foreign_module
+from haiku_bridge._src import pytree
 from haiku_bridge._src.foreign_module import Variables
 from haiku_bridge._src.pytree import PyTree
 
@@ -83,15 +84,22 @@ def from_equinox(
     `eqx.nn.inference_mode`.
   """
   with errors.entry("from_equinox"):
+    if not isinstance(model, eqx.Module) and not callable(model):
+      raise TypeError(errors.bad_argument(
+          "model", model, "an eqx.Module or a constructor `f(key=...)` that "
+          "returns one"))
+    if state is not None:
+      if not isinstance(model, eqx.Module):
+        raise TypeError(errors.message(
+            "`state=` goes with a model instance; a constructor's state "
+            "comes from eqx.nn.make_with_state at init."))
+      if not isinstance(state, eqx.nn.State):
+        raise TypeError(errors.bad_argument(
+            "state", state, "None or the model's eqx.nn.State", "Pass the "
+            "state that eqx.nn.make_with_state made with the model: `model, "
+            "state = eqx.nn.make_with_state(Model)(...)`, then "
+            "hkb.from_equinox(model, state=state)."))
     foreign_module.check_name(name)
-  if not isinstance(model, eqx.Module) and not callable(model):
-    raise TypeError(
-        "hkb.from_equinox takes an eqx.Module or a constructor `f(key=...)` "
-        f"that returns one; got {type(model).__name__}.")
-  if state is not None and not isinstance(model, eqx.Module):
-    raise TypeError(
-        "hkb.from_equinox: `state=` goes with a model instance; a "
-        "constructor's state comes from eqx.nn.make_with_state at init.")
   return EquinoxModule(model, state=state, name=name)
 
 
@@ -118,14 +126,15 @@ def to_equinox(
   >>> grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones([3, 4]))))(model)
 
   Args:
-    f: the output of `hk.transform` or `hk.transform_with_state` (not of
-      `hk.without_apply_rng`).
+    f: the output of `hk.transform` or `hk.transform_with_state` (of
+      `hk.without_apply_rng` too: its apply then gets no rng).
     *args: example inputs for `f.init`, when `params` is not given.
     key: the key for `f.init`, when `params` is not given.
     params: Haiku params (e.g. a checkpoint) instead of running `f.init`.
       With example `args` too, their names and shapes are checked against
       an abstract `f.init` of them at construction.
-    state: Haiku state, with `params`; default: empty.
+    state: Haiku state, with `params` (e.g. from the same checkpoint);
+      default: empty.
     **kwargs: keyword inputs for `f.init`.
 
   Returns:
@@ -134,21 +143,18 @@ def to_equinox(
   Raises:
     ValueError: without `params` and without `key` to initialise them.
   """
-  transformed = foreign_module.with_state(f, "to_equinox")
   with errors.entry("to_equinox"):
-    if key is not None and not (isinstance(key, jax.Array) and (
-        jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) or
-        key.dtype == jax.numpy.uint32)):
+    transformed = foreign_module.with_state(f)
+    if key is not None and not pytree.is_key(key):
       raise TypeError(errors.bad_argument(
           "key", key, "None or a JAX random key",
           "e.g. key=jax.random.PRNGKey(0)."))
-    if params is not None:
-      foreign_module.check_given_params(transformed, params, args, kwargs)
+    foreign_module.check_given(transformed, params, state, args, kwargs)
+    if params is None and key is None:
+      raise ValueError(errors.message(
+          "needs `key=` to run f.init, or `params=` (e.g. a Haiku "
+          "checkpoint) to use as they are."))
   if params is None:
-    if key is None:
-      raise ValueError(
-          "hkb.to_equinox needs `key=` to run f.init, or `params=` (e.g. a "
-          "Haiku checkpoint) to use as they are.")
     params, state = transformed.init(key, *args, **kwargs)
   return HaikuModel(transformed, params, state or {})
 

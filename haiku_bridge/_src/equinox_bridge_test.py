@@ -13,6 +13,7 @@ import chex
 import equinox as eqx
 import haiku as hk
 import haiku_bridge as hkb
+from testing import layout_cache
 from testing import migration_fixture
 from testing import test_utils
 import jax
@@ -275,7 +276,8 @@ class ErrorsTest(absltest.TestCase):
       f.init(jax.random.PRNGKey(0), X[0])
 
   def test_not_a_model(self):
-    with self.assertRaisesRegex(TypeError, r"got int"):
+    with self.assertRaisesRegex(
+        TypeError, r"^hkb.from_equinox: `model` must be .*got an int 3\."):
       hk.transform(lambda: hkb.from_equinox(3)).init(None)
     with self.assertRaisesRegex(TypeError, r"`state=` goes with a model"):
       hk.transform(lambda: hkb.from_equinox(
@@ -328,6 +330,59 @@ class ErrorsTest(absltest.TestCase):
         str(ours.exception),
         str(theirs.exception).replace("hkb.call_pure", "hkb.from_equinox(Net)")
         .replace("['lin']['weight']", "lin.weight"))
+
+
+# ---------------------------------------------------------------------------
+# The cached layout: keyed on all it depends on.
+# ---------------------------------------------------------------------------
+
+class ConfiguredModel(eqx.Module):
+  linear: eqx.nn.Linear
+
+  def __init__(self, *, key):
+    self.linear = eqx.nn.Linear(4, layout_cache.CONFIG["width"], key=key)
+
+  def __call__(self, x):
+    return self.linear(x)
+
+
+# What each case passes to from_equinox, one object for every call: a
+# function, a class.
+CONFIGURED = {
+    "function": lambda key: eqx.nn.Linear(4, layout_cache.CONFIG["width"],
+                                          key=key),
+    "class": ConfiguredModel,
+}
+
+
+def configured_net(kind: str, getter: bool = False) -> hk.Transformed:
+  def net(x):
+    with layout_cache.identity_getter(getter):
+      return hkb.from_equinox(CONFIGURED[kind])(x)
+  return hk.transform(net)
+
+
+def native_configured(kind: str, params: hk.Params, x: jax.Array):
+  """The same layer run by Equinox itself, holding `params`."""
+  del kind  # A Linear in each case.
+  (weights,) = params.values()
+  linear = eqx.nn.Linear(4, weights["bias"].shape[0],
+                         key=jax.random.PRNGKey(0))
+  linear = eqx.tree_at(lambda l: (l.weight, l.bias), linear,
+                       (weights["weight"], weights["bias"]))
+  return linear(x)
+
+
+class LayoutCacheTest(layout_cache.LayoutCacheCases):
+  """The layout apply takes without building the model: `layout_cache.py`."""
+
+  KINDS, X, FILE = tuple(CONFIGURED), X[0], __file__
+  net = staticmethod(configured_net)
+  native = staticmethod(native_configured)
+
+
+def child_configured_apply(path: str) -> None:
+  layout_cache.child_apply(path, configured_net, tuple(CONFIGURED), X[0])
 
 
 # ---------------------------------------------------------------------------

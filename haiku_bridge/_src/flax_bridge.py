@@ -35,12 +35,15 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import foreign_module
 from haiku_bridge._src import foreign_sharding
 from haiku_bridge._src import guards
+from haiku_bridge._src import pytree
 from haiku_bridge._src.foreign_module import Variables
 from haiku_bridge._src.pytree import PyTree
 
 NnxConstructor = Callable[..., nnx.Module]
 # A method of the foreign module: its name, or a function taking the module.
 Method = str | Callable[..., Any]
+# `from_flax`'s Linen rng streams (besides `params`) by default.
+_DEFAULT_STREAMS = ("dropout",)
 
 # ---------------------------------------------------------------------------
 # Public API.
@@ -52,7 +55,7 @@ def from_flax(
     *,
     name: Optional[str] = None,
     method: Optional[Method] = None,
-    rng_streams: Sequence[str] = ("dropout",),
+    rng_streams: Sequence[str] = _DEFAULT_STREAMS,
     intermediates: Optional[str] = None,
 ) -> "NnxModule | LinenModule":
   """A Flax NNX or Linen module as a Haiku module.
@@ -126,21 +129,52 @@ def from_flax(
       nor a Linen module.
   """
   with errors.entry("from_flax"):
-    foreign_module.check_name(name)
-    if isinstance(rng_streams, str) or not all(
-        isinstance(s, str) for s in rng_streams):
+    linen = isinstance(module, (nn.Module, nnx.bridge.Module))
+    if not (linen or isinstance(module, nnx.Module) or callable(module)):
       raise TypeError(errors.bad_argument(
-          "rng_streams", rng_streams, "a sequence of Linen rng stream names",
-          f"For one stream, write rng_streams=({rng_streams!r},)."))
-  if isinstance(module, (nn.Module, nnx.bridge.Module)):
+          "module", module, "an nnx.Module, a constructor `f(rngs=...)` "
+          "that returns one, or a Linen nn.Module"))
+    foreign_module.check_name(name)
+    _check_method(method)
+    rng_streams = _check_rng_streams(rng_streams, linen)
+    errors.check_str(
+        "intermediates", intermediates, "None or a Haiku name below the "
+        "adapter (a string), e.g. \"intermediates\"", optional=True)
+  if linen:
+    assert isinstance(module, (nn.Module, nnx.bridge.Module))
     return LinenModule(module, method=method, rng_streams=rng_streams,
                        intermediates=intermediates, name=name)
-  if isinstance(module, nnx.Module) or callable(module):
-    return NnxModule(module, method=method, intermediates=intermediates,
-                     name=name)
-  raise TypeError(
-      f"hkb.from_flax takes an nnx.Module, a constructor `f(rngs=...)` that "
-      f"returns one, or a Linen nn.Module; got {type(module).__name__}.")
+  return NnxModule(module, method=method, intermediates=intermediates,
+                   name=name)
+
+
+def _check_method(method: Any) -> None:
+  """`method=`: None, a method name, or a function taking the module first."""
+  if method is not None and not callable(method) and not (
+      isinstance(method, str) and method):
+    raise TypeError(errors.bad_argument(
+        "method", method, "None, a method name (a string such as "
+        "\"attend\"), or a function taking the module first"))
+
+
+
+def _check_rng_streams(rng_streams: Any, linen: bool) -> tuple[str, ...]:
+  """`rng_streams=`: Linen stream names; an NNX module brings its own."""
+  if (isinstance(rng_streams, (str, bytes)) or
+      not isinstance(rng_streams, Sequence) or
+      not all(isinstance(s, str) and s for s in rng_streams)):
+    raise TypeError(errors.bad_argument(
+        "rng_streams", rng_streams, "a sequence of Linen rng stream names",
+        f"For one stream, write rng_streams=({rng_streams!r},)."
+        if isinstance(rng_streams, str) else ""))
+  rng_streams = tuple(rng_streams)
+  if not linen and rng_streams != _DEFAULT_STREAMS:
+    raise ValueError(errors.message(
+        f"`rng_streams` is {rng_streams}, but it names the streams of a "
+        "Linen module: an NNX module holds its streams in the nnx.Rngs it "
+        "is built with, and each is fed from Haiku's rng already. Leave "
+        "rng_streams out."))
+  return rng_streams
 
 
 def to_nnx(
@@ -168,8 +202,8 @@ def to_nnx(
   >>> grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones([3, 4]))))(model)
 
   Args:
-    f: the output of `hk.transform` or `hk.transform_with_state` (not of
-      `hk.without_apply_rng`).
+    f: the output of `hk.transform` or `hk.transform_with_state` (of
+      `hk.without_apply_rng` too: its apply then gets no rng).
     *args: example inputs for `f.init`, when `params` is not given.
     rngs: `nnx.Rngs`. At construction, its `params` stream seeds `f.init`
       (when `params` is not given); on each call, its `rng_stream` stream gives
@@ -177,7 +211,8 @@ def to_nnx(
     params: Haiku params (e.g. a checkpoint) instead of running `f.init`.
       With example `args` too, their names and shapes are checked against
       an abstract `f.init` of them at construction.
-    state: Haiku state, with `params`; default: empty.
+    state: Haiku state, with `params` (e.g. from the same checkpoint);
+      default: empty.
     rng_stream: the `rngs` stream that `f.apply`'s rng is drawn from.
     **kwargs: keyword inputs for `f.init`.
 
@@ -188,18 +223,20 @@ def to_nnx(
   Raises:
     ValueError: without `params` and without `rngs` to initialise them.
   """
-  transformed = foreign_module.with_state(f, "to_nnx")
   with errors.entry("to_nnx"):
+    transformed = foreign_module.with_state(f)
     if rngs is not None and not isinstance(rngs, nnx.Rngs):
       raise TypeError(errors.bad_argument(
           "rngs", rngs, "None or an nnx.Rngs", "e.g. rngs=nnx.Rngs(0)."))
-    if params is not None:
-      foreign_module.check_given_params(transformed, params, args, kwargs)
+    errors.check_str("rng_stream", rng_stream,
+                     "the name of an nnx.Rngs stream (a string)")
+    foreign_module.check_given(transformed, params, state, args, kwargs)
+    if params is None and rngs is None:
+      raise ValueError(errors.message(
+          "needs `rngs=nnx.Rngs(...)` to run f.init, or `params=` (e.g. a "
+          "Haiku checkpoint) to use as they are."))
   if params is None:
-    if rngs is None:
-      raise ValueError(
-          "hkb.to_nnx needs `rngs=nnx.Rngs(...)` to run f.init, or `params=` "
-          "(e.g. a Haiku checkpoint) to use as they are.")
+    assert rngs is not None, "checked above"
     params, state = transformed.init(rngs.params(), *args, **kwargs)
   return HaikuModule(transformed, params, state or {}, rngs=rngs,
                      rng_stream=rng_stream)
@@ -327,6 +364,7 @@ class NnxModule(foreign_module.ForeignModule):
                **kwargs: Any) -> Any:
     """Calls the module's `method` (default: `from_flax`'s, or `__call__`)."""
     with _running(self._api):
+      _check_method(method)
       layout, values = foreign_module.built(self._instance, self._recipe)
       params = foreign_module.params(
           layout.params, values and values.params, values and values.param_specs)
@@ -538,9 +576,14 @@ def _as_rng_dict(rngs: Any, bare_key_stream: str) -> dict[str, Any]:
   """
   if rngs is None:
     return {}
-  if isinstance(rngs, Mapping):
+  if isinstance(rngs, Mapping) and all(
+      isinstance(s, str) and pytree.is_key(k) for s, k in rngs.items()):
     return dict(rngs)
-  return {bare_key_stream: rngs}
+  if pytree.is_key(rngs):
+    return {bare_key_stream: rngs}
+  raise TypeError(errors.bad_argument(
+      "rngs", rngs, "None, a JAX random key, or a dict {stream name: key}, "
+      "as Linen's apply takes them", "e.g. rngs={\"dropout\": key}."))
 
 
 class LinenModule(foreign_module.ForeignModule):
@@ -566,6 +609,7 @@ class LinenModule(foreign_module.ForeignModule):
             "`mutable=` is the adapter's: every collection but `params` is "
             "Haiku state and always mutable, and sown values are returned "
             "with `intermediates=` (see hkb.from_flax)."))
+      _check_method(method)
       method = method or self._method
       rngs = _as_rng_dict(rngs, "default" if isinstance(
           self._module, nnx.bridge.Module) else "params")
@@ -604,7 +648,8 @@ class LinenModule(foreign_module.ForeignModule):
   def _built(self, args, kwargs, rngs, method) -> foreign_module.Built:
     """The layout of `init`'s variables, with their values at init."""
     key = foreign_module.layout_key(
-        "linen", self._module, method, self._streams, args, kwargs)
+        "linen", (self._module, method), self._streams, sorted(rngs), args,
+        kwargs)
     if hk.running_init():
       guards.require_haiku_trace()
       if "params" not in rngs:

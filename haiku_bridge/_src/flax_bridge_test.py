@@ -19,6 +19,7 @@ from flax import nnx
 import flax.linen as nn
 import haiku as hk
 import haiku_bridge as hkb
+from testing import layout_cache
 from testing import migration_fixture
 from testing import test_utils
 import jax
@@ -295,7 +296,8 @@ class NnxErrorsTest(absltest.TestCase):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_not_a_module(self):
-    with self.assertRaisesRegex(TypeError, r"got int"):
+    with self.assertRaisesRegex(
+        TypeError, r"^hkb.from_flax: `module` must be .*got an int 3\."):
       hk.transform(lambda: hkb.from_flax(3)).init(None)
 
   def test_constructor_returning_something_else(self):
@@ -810,6 +812,67 @@ class StoragePathTest(parameterized.TestCase):
     self.assertEqual(names(adapter, inline), names(inline, inline))
     self.assertEqual(names(inline, adapter), names(inline, inline))
     self.assertEqual(names(adapter, adapter), ["linear", "linear_1"])
+
+
+# ---------------------------------------------------------------------------
+# The cached layout: keyed on all it depends on.
+# ---------------------------------------------------------------------------
+
+class ConfiguredBlock(nnx.Module):
+
+  def __init__(self, din: int, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(din, layout_cache.CONFIG["width"], rngs=rngs)
+
+  def __call__(self, x):
+    return self.linear(x)
+
+
+class ConfiguredDense(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(layout_cache.CONFIG["width"])(x)
+
+
+# What each case passes to from_flax, one object for every call (as the
+# issue's `make`): a function, a class, a Linen module.
+CONFIGURED = {
+    "nnx_function": lambda rngs: nnx.Linear(4, layout_cache.CONFIG["width"],
+                                            rngs=rngs),
+    "nnx_class": functools.partial(ConfiguredBlock, 4),
+    "linen_class": ConfiguredDense(),
+}
+
+
+def configured_net(kind: str, getter: bool = False) -> hk.Transformed:
+  def net(x):
+    with layout_cache.identity_getter(getter):
+      return hkb.from_flax(CONFIGURED[kind])(x)
+  return hk.transform(net)
+
+
+def native_configured(kind: str, params: hk.Params, x: jax.Array):
+  """The same layer run by Flax itself, holding `params`."""
+  (weights,) = params.values()
+  kernel, bias = weights["kernel"], weights["bias"]
+  if kind == "linen_class":
+    return ConfiguredDense().apply(
+        {"params": {"Dense_0": {"kernel": kernel, "bias": bias}}}, x)
+  linear = nnx.Linear(*kernel.shape, rngs=nnx.Rngs(0))
+  linear.kernel[...], linear.bias[...] = kernel, bias
+  return linear(x)
+
+
+class LayoutCacheTest(layout_cache.LayoutCacheCases):
+  """The layout apply takes without building the module: `layout_cache.py`."""
+
+  KINDS, X, FILE = tuple(CONFIGURED), X, __file__
+  net = staticmethod(configured_net)
+  native = staticmethod(native_configured)
+
+
+def child_configured_apply(path: str) -> None:
+  layout_cache.child_apply(path, configured_net, tuple(CONFIGURED), X)
 
 
 # ---------------------------------------------------------------------------

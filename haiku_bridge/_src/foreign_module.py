@@ -16,6 +16,7 @@ worded by `storage.py` under the adapter's name (`hkb.from_flax(Block): ...`).
 Free of Flax and Equinox: each adapter brings only what is foreign.
 """
 
+import inspect
 import re
 from typing import Any, Callable, Hashable, Mapping, NamedTuple, Optional, Sequence
 
@@ -245,11 +246,19 @@ def remember_layout(key: Optional[Hashable], layout: Any) -> None:
   _LAYOUTS.put(key, layout)
 
 
-def layout_key(*parts: Any) -> Optional[Hashable]:
-  """A cache key for a layout that depends on `parts` (and the x64 flag)."""
-  return caches.function_key(
-      parts[0], parts[1:],
-      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
+def layout_key(kind: str, code: Any, *values: Any) -> Optional[Hashable]:
+  """A cache key for the layout of what `code` builds from `values`.
+
+  Keyed as `call_pure` keys the structure of its init's params
+  (`caches.function_key`): `code` (the constructor, or the Linen module and
+  its method) by its fingerprint: its code, closure, defaults, the globals
+  it reads, a partial's arguments, a class's own methods; `values` (the
+  call's arguments, stream names) by signature; with the PRNG
+  implementation (the abstract build draws its keys from it) and the x64
+  flag. None (nothing cached) where no key can be made.
+  """
+  return caches.function_key((kind, code), values, pytree.default_key_spec(),
+                             bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
 
 
 class ForeignModule(hk.Module):
@@ -290,16 +299,41 @@ def constructed(build: Callable[[], Any], *, keyword: str, example: str,
   return built_
 
 
-def with_state(f: Any, api: str) -> hk.TransformedWithState:
-  """`f` as an `hk.TransformedWithState` (for `to_nnx`, `to_equinox`)."""
-  if isinstance(f, hk.TransformedWithState):
-    return f
-  if isinstance(f, hk.Transformed):
-    return hk.with_empty_state(f)
-  raise TypeError(
-      f"hkb.{api} takes the output of hk.transform or hk.transform_with_state; "
-      f"got {type(f).__name__}. Wrap the Haiku function first: "
-      f"hkb.{api}(hk.transform_with_state(f), ...).")
+def with_state(f: Any) -> hk.TransformedWithState:
+  """`f` as an `hk.TransformedWithState` whose apply takes an rng.
+
+  For `to_nnx` and `to_equinox`, which call `apply(params, state, rng,
+  *args)`. The apply of `hk.without_apply_rng(...)` takes no rng: it gets
+  none, as its own caller gives none.
+  """
+  if not isinstance(f, (hk.Transformed, hk.TransformedWithState)):
+    raise TypeError(errors.bad_argument(
+        "f", f, "the output of hk.transform or hk.transform_with_state",
+        f"Wrap the Haiku function first: hkb.{errors.current()}("
+        "hk.transform_with_state(f), ...)."))
+  with_state_ = (f if isinstance(f, hk.TransformedWithState)
+                 else hk.with_empty_state(f))
+  # Haiku names apply's leading parameters: (params, [state,] rng, ...).
+  rng_position = 2 if isinstance(f, hk.TransformedWithState) else 1
+  if _parameter_name(f.apply, rng_position) in (None, "rng"):
+    return with_state_
+  return hk.TransformedWithState(
+      init=with_state_.init,
+      apply=lambda params, state, rng, *args, **kwargs: with_state_.apply(
+          params, state, *args, **kwargs))
+
+
+def _parameter_name(fn: Callable[..., Any], position: int) -> Optional[str]:
+  """The name of `fn`'s positional parameter at `position`; None if unknown."""
+  try:
+    parameters = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):
+    return None
+  if position >= len(parameters) or parameters[position].kind not in (
+      inspect.Parameter.POSITIONAL_ONLY,
+      inspect.Parameter.POSITIONAL_OR_KEYWORD):
+    return None
+  return parameters[position].name
 
 
 def check_name(name: Any) -> None:
@@ -308,37 +342,57 @@ def check_name(name: Any) -> None:
                    optional=True)
 
 
-def check_given_params(transformed: hk.TransformedWithState, params: Any,
-                       args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-  """`params=` of `to_nnx` / `to_equinox`: the params `f.init` makes.
+def check_given(transformed: hk.TransformedWithState, params: Any,
+                state: Any, args: Sequence[Any],
+                kwargs: dict[str, Any]) -> None:
+  """`params=` and `state=` of `to_nnx` / `to_equinox`: what `f.init` makes.
 
-  Always a Haiku params dict. With example inputs beside them, also compared
-  by name and shape with an abstract `f.init(key, *args)`, so a checkpoint of
-  another model is refused at construction, naming the param; without inputs
-  there is nothing to compare with until the first call.
+  Each a Haiku dict `{module: {name: array}}`; state only with params (init
+  makes both otherwise). With example inputs beside them, also compared by
+  name and shape with an abstract `f.init(key, *args)`, so a checkpoint of
+  another model is refused at construction, naming the entry; without
+  inputs there is nothing to compare with until the first call.
   """
-  if not isinstance(params, Mapping) or not all(
-      isinstance(entries, Mapping) for entries in params.values()):
-    raise TypeError(errors.bad_argument(
-        "params", params, "Haiku's params dict {module: {name: array}}, as "
-        "f.init returns it (e.g. a Haiku checkpoint)"))
-  if not args and not kwargs:
+  if state is not None and params is None:
+    raise ValueError(errors.message(
+        "`state` goes with `params=`: without params, f.init runs and makes "
+        "both. Pass the params too (e.g. from the same checkpoint), or "
+        "leave state out."))
+  for argument, given in (("params", params), ("state", state)):
+    if given is not None and (not isinstance(given, Mapping) or not all(
+        isinstance(entries, Mapping) for entries in given.values())):
+      raise TypeError(errors.bad_argument(
+          argument, given, f"Haiku's {argument} dict {{module: {{name: "
+          f"array}}}}, as f.init returns it (e.g. a Haiku checkpoint)"))
+  if params is None or (not args and not kwargs):
     return
-  want, _ = jax.eval_shape(transformed.init, pytree.default_key_spec(),
-                           *args, **kwargs)
-  given = {f"{b}/{n}": v for b, entries in params.items()
+  wants = jax.eval_shape(transformed.init, pytree.default_key_spec(), *args,
+                         **kwargs)
+  _compare("params", params, wants[0])
+  if state is None and wants[1]:
+    raise ValueError(errors.message(
+        f"f has state ({sorted(wants[1])[:4]}), and `params=` came without "
+        "`state=`. Pass the state that f.init made with the params (e.g. "
+        "from the same checkpoint)."))
+  _compare("state", {} if state is None else state, wants[1])
+
+
+def _compare(argument: str, given: Mapping[str, Any],
+             want: Mapping[str, Any]) -> None:
+  """`given` against what f.init makes: the same names, the same shapes."""
+  given = {f"{b}/{n}": v for b, entries in given.items()
            for n, v in entries.items()}
   wanted = {f"{b}/{n}": v for b, entries in want.items()
             for n, v in entries.items()}
   if set(given) != set(wanted):
     raise ValueError(errors.message(
-        f"`params` must be the params f.init makes for these inputs; they "
-        f"lack {sorted(set(wanted) - set(given))[:4]} and have "
+        f"`{argument}` must be the {argument} f.init makes for these inputs; "
+        f"they lack {sorted(set(wanted) - set(given))[:4]} and have "
         f"{sorted(set(given) - set(wanted))[:4]} besides."))
   for path, spec in wanted.items():
     shape = tuple(jax.numpy.shape(given[path]))
     if shape != tuple(spec.shape):
       raise ValueError(errors.message(
-          f"`params` must be the params f.init makes for these inputs; "
-          f"'{path}' has shape {list(shape)}, but f needs "
+          f"`{argument}` must be the {argument} f.init makes for these "
+          f"inputs; '{path}' has shape {list(shape)}, but f needs "
           f"{list(spec.shape)} for these inputs."))

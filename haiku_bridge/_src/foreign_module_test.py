@@ -12,7 +12,9 @@ import haiku as hk
 import haiku_bridge as hkb
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from haiku_bridge._src import errors
 from haiku_bridge._src import foreign_module
 
 
@@ -123,12 +125,29 @@ class ForeignModuleTest(absltest.TestCase):
 
   def test_with_state(self):
     f = hk.transform(lambda: hk.get_parameter("w", [], init=jnp.zeros))
-    self.assertIsInstance(foreign_module.with_state(f, "to_x"),
+    self.assertIsInstance(foreign_module.with_state(f),
                           hk.TransformedWithState)
-    with self.assertRaisesRegex(TypeError, r"hkb.to_x takes the output of "
-                                r"hk.transform.*hk.transform_with_state\(f\)"):
-      foreign_module.with_state(lambda: None, "to_x")
+    with errors.entry("to_x"):
+      with self.assertRaisesRegex(TypeError, r"^hkb.to_x: `f` must be the "
+                                  r"output of hk.transform.*got a function\. "
+                                  r".*hkb.to_x\(hk.transform_with_state\(f\)"):
+        foreign_module.with_state(lambda: None)
 
+  def test_with_state_of_without_apply_rng_as_its_apply(self):
+    # Called as apply(params, state, rng, x): the rng is not passed on, as
+    # the apply of hk.without_apply_rng takes none.
+    net = lambda x: hk.Linear(2)(x) * 3
+    x = jnp.ones([1, 3])
+    plain = hk.without_apply_rng(hk.transform(net))
+    stateful = hk.without_apply_rng(hk.transform_with_state(net))
+    params = plain.init(jax.random.PRNGKey(0), x)
+    expected = plain.apply(params, x)
+    np.testing.assert_array_equal(stateful.apply(params, {}, x)[0], expected)
+    for f in (plain, stateful, hk.with_empty_state(plain)):
+      ours = foreign_module.with_state(f)
+      for rng in (jax.random.PRNGKey(1), None):
+        np.testing.assert_array_equal(ours.apply(params, {}, rng, x)[0],
+                                      expected)
 
 if __name__ == "__main__":
   absltest.main()

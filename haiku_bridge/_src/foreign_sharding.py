@@ -28,6 +28,7 @@ import haiku as hk
 import jax
 from jax.sharding import PartitionSpec
 
+from haiku_bridge._src import pytree
 from haiku_bridge._src import storage
 
 
@@ -115,9 +116,17 @@ def rules_from_foreign(
   recorder = Recorder(logical_axis_rules)
   token = _RECORDER.set(recorder)
   try:
-    # A new function each time: `jax.eval_shape` caches traces by function,
-    # and a trace taken from the cache would run no creator.
-    out = jax.eval_shape(lambda *a, **k: init(*a, **k), *args, **kwargs)
+    # Only arrays are abstract: Python values (a `train` flag, a size) stay
+    # static, as `init` sees them called directly. A new function each
+    # time: `jax.eval_shape` caches traces by function, and a trace taken
+    # from the cache would run no creator.
+    arrays, rebuild = pytree.split_arrays((args, kwargs), numpy=True)
+
+    def abstract(arrays):
+      args, kwargs = rebuild(arrays)
+      return init(*args, **kwargs)
+
+    out = jax.eval_shape(abstract, arrays)
   finally:
     _RECORDER.reset(token)
   params = out[0] if isinstance(out, tuple) else out

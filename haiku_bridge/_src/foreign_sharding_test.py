@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import numpy as np
 
 KEY = jax.random.PRNGKey(0)
 X = jnp.ones([8, 16])
@@ -95,6 +96,26 @@ class NnxTest(absltest.TestCase):
       rules = hkb.ShardingRules.from_foreign(f.init, KEY, X)
       self.assertEqual(rules.spec_for("block/up/kernel", (16, 32)),
                        P(None, "model"))
+
+  def test_python_arguments_stay_static_as_in_init(self):
+    # Issue 27, row 5: `from_foreign(f.init, key, x, True)` traced the flag
+    # (TracerBoolConversionError); `f.init(key, x, True)` takes it as it is.
+    def net(x, train, depth):
+      h = hkb.from_flax(NnxBlock, name="block")(x)
+      for i in range(depth):
+        h = hk.Linear(16, name=f"head_{i}")(h)
+      return h if train else jax.lax.stop_gradient(h)
+
+    f = hk.transform(net)
+    reference = hkb.ShardingRules.from_foreign(
+        lambda key, x: f.init(key, x, True, 2), KEY, X)
+    self.assertLen(reference.rules, 2)
+    for args, kwargs in (((True, 2), {}), ((True,), {"depth": 2}),
+                         ((), {"train": True, "depth": np.int64(2)})):
+      rules = hkb.ShardingRules.from_foreign(f.init, KEY, X, *args, **kwargs)
+      self.assertEqual(rules.rules, reference.rules)
+      self.assertEqual(jax.tree.map(jnp.shape, f.init(KEY, X, *args, **kwargs)),
+                       jax.tree.map(jnp.shape, f.init(KEY, X, True, 2)))
 
   def test_older_metadata_names(self):
     class Older(nnx.Module):

@@ -130,10 +130,12 @@ def _structure(init, args, kwargs) -> _Plan:
 
   Found by `jax.eval_shape` with every array argument abstract, which is
   kept per exact signature: if `init` ran that way, its output cannot depend
-  on the values of its arrays. An `init` that needs values (a size held in a
-  NumPy scalar, NumPy seeded from the key) runs abstractly over the values
-  themselves and a key of zeros instead, each time: that result depends on
-  them, so it is not kept.
+  on the values of its arrays. Python values, and NumPy integer and bool
+  scalars with them, stay static and are part of the signature, as inline
+  code sees them (a size in `np.int64(7)`). An `init` that needs values (a
+  size in a NumPy array, NumPy seeded from the key) runs abstractly over the
+  values themselves and a key of zeros instead, each time: that result
+  depends on them, so it is not kept.
   """
   key_spec = pytree.key_spec(hk.maybe_get_rng_sequence_state())
   cache_key = caches.function_key(

@@ -93,6 +93,42 @@ class StructureTest(parameterized.TestCase):
       self.assertEqual(out.shape, (2, int(n)))
 
   @parameterized.named_parameters(*TEMPERATURES)
+  def test_numpy_integer_and_bool_scalars_as_inline(self, temperature):
+    # Issue 27, row 4: a size in np.int64 used as a shape failed at apply
+    # (traced by eval_shape); inline Haiku takes it as the Python value.
+    def init(rng, x, n, bias):
+      params = {"w": jax.random.normal(rng, [x.shape[-1], n])}
+      if bias:
+        params["b"] = jnp.ones([n])
+      return params
+
+    def inline(x, n, bias):
+      return hk.Linear(n, with_bias=bool(bias), b_init=jnp.ones)(x)
+
+    def pure(params, x, n, bias):
+      del n, bias  # In the params' structure.
+      return x @ params["w"] + params.get("b", 0.0)
+
+    ours = hk.transform(lambda x, n, bias: hkb.call_pure(
+        pure, x, n, bias, init=init, name="linear"))
+    theirs = hk.transform(inline)
+    for n, bias in ((np.int64(7), np.bool_(True)), (np.int32(5), np.True_),
+                    (np.int64(7), np.bool_(False)), (7, True)):
+      params = theirs.init(KEY, X, n, bias)
+      if temperature == "off":
+        context = caches.disabled()
+      else:
+        context = contextlib.nullcontext()
+        if temperature == "cold":
+          hkb.clear_caches()
+      with context:
+        self.assertEqual(test_utils.param_shapes(ours.init(KEY, X, n, bias)),
+                         test_utils.param_shapes(params))
+        np.testing.assert_allclose(ours.apply(params, None, X, n, bias),
+                                   theirs.apply(params, None, X, n, bias),
+                                   rtol=1e-6)
+
+  @parameterized.named_parameters(*TEMPERATURES)
   def test_a_global_that_changed(self, temperature):
     global WIDTH
     try:

@@ -33,6 +33,13 @@ def key_spec(rng_state: Any) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(key.shape, key.dtype)
 
 
+def is_key(x: Any) -> bool:
+  """A JAX random key: a typed key array, or raw `uint32` key data."""
+  return isinstance(x, jax.Array) and (
+      jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) or
+      x.dtype == jnp.uint32)
+
+
 def concrete_key(spec: jax.ShapeDtypeStruct) -> Any:
   """A key of `spec` with a value (zeros), even inside a JAX trace."""
   if not jax.dtypes.issubdtype(spec.dtype, jax.dtypes.prng_key):
@@ -51,15 +58,28 @@ CONCRETIZATION_ERRORS = (jax.errors.ConcretizationTypeError,
                          jax.errors.TracerBoolConversionError)
 
 
+def is_python_value(x: Any) -> bool:
+  """A NumPy integer or bool scalar: a Python value (a size, a flag).
+
+  Inline Haiku code may use `np.int64(7)` as a shape or `np.bool_(True)` as
+  a branch, as it would `7` or `True`; so the bridge keeps such values
+  static, as it keeps Python ones.
+  """
+  return isinstance(x, (np.integer, np.bool_))
+
+
 def split_arrays(tree: PyTree, numpy: bool):
   """The array leaves of `tree`, and `rebuild(arrays)` to put them back.
 
   Arrays are JAX arrays (tracers among them) and, with `numpy`, NumPy arrays
-  and scalars too; every other leaf stays as it is in `rebuild`'s output.
+  and NumPy floating and complex scalars too (integer and bool ones are
+  Python values: `is_python_value`); every other leaf stays as it is in
+  `rebuild`'s output.
   """
-  kinds = (jax.Array, np.ndarray, np.generic) if numpy else (jax.Array,)
   leaves, treedef = jax.tree.flatten(tree)
-  is_array = [isinstance(x, kinds) for x in leaves]
+  is_array = [isinstance(x, jax.Array) or (
+      numpy and isinstance(x, (np.ndarray, np.generic)) and
+      not is_python_value(x)) for x in leaves]
   arrays = [x for x, a in zip(leaves, is_array) if a]
 
   def rebuild(new_arrays):

@@ -217,21 +217,27 @@ def layer_scan(
     name: the name of the stack's module (default: `hk.layer_stack`'s),
       numbered as Haiku numbers modules when used again.
     remat: what the backward pass keeps and recomputes, trading compute for
-      memory. `True`: recompute each layer's activations from its carry,
-      keeping one carry per layer (`jax.checkpoint` on the scan body, as
-      `hk.layer_stack` of `hk.remat(layer)`). `"nested"`: keep ≈2√N carries
+      memory: `False`, `True`, `"nested"` or `"binomial"`. `True`:
+      recompute each layer's activations from its carry, keeping one carry
+      per layer (`jax.checkpoint` on the scan body, as `hk.layer_stack` of
+      `hk.remat(layer)`). `"nested"`: keep ≈2√N carries
       for N layers: the layers in ≈√N groups, the backward pass recomputes
       one group's carries at a time from the group's first one, then each
       layer's activations (one more forward pass in all). `"binomial"`:
       recompute as many layers as `"nested"` does, keeping the fewest
       carries that allows (treeverse). The schedules give the same values
-      and gradients as `True`; they are defined for reverse-mode autodiff
-      (`jax.grad`, `jax.vjp`), not for `jax.jvp`.
+      and derivatives as `True`. They shape reverse-mode autodiff
+      (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.jacfwd`,
+      `jax.linearize`) keeps nothing to schedule and runs as `True`, when
+      it is applied to the function that calls the scan (not through a
+      `jax.jit` inside it: there JAX raises that a custom_vjp has no
+      forward mode; see `scheduled_scan.py`).
     remat_policy: a `jax.checkpoint_policies` policy, with `remat=True`.
-    remat_groups: with `remat="nested"`, the number of groups (default
-      ≈√N; the last group takes what remains); with `"binomial"`, recompute
-      as many layers as `"nested"` with that many groups.
-    unroll: passed to `jax.lax.scan`.
+    remat_groups: with `remat="nested"`, the number of groups, a positive
+      int (default ≈√N; the last group takes what remains); with
+      `"binomial"`, recompute as many layers as `"nested"` with that many
+      groups.
+    unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     reverse: run the layers from last to first (as `jax.lax.scan`).
     pipeline: an `hkb.Pipeline`: at apply, run the layers as pipeline
       stages over a mesh axis, the batch in microbatches (init runs the
@@ -248,8 +254,8 @@ def layer_scan(
     guards.require_transform()
     _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
     num_layers = _num_layers(num_layers, xs)
-    remat = _remat_mode(remat, remat_policy, remat_groups)
-    pipeline = pipeline_lib.check_pipeline(pipeline)
+    remat, remat_groups, pipeline = _check_options(
+        remat, remat_policy, remat_groups, unroll, reverse, pipeline)
     if name is None:
       name = NO_PER_LAYER_NAME if xs is None else WITH_PER_LAYER_NAME
     layer_init, layer_apply = _transformed_layer(_haiku_layer(layer, init,
@@ -346,12 +352,37 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
     The last layer's output.
   """
   with errors.entry("repeat_layer"):
+    num_layers = _check_num_layers(num_layers)
+    _check_repeat_options(options)
     _check_layer_args(layer, init, options.get("name"), "x -> x")
     f = inline.haiku_function(layer) if init is None else layer
     _check_layer_signature(f, init, (x,))
     return layer_scan(
-        _CarryLayer(f), x, num_layers=_check_num_layers(num_layers),
+        _CarryLayer(f), x, num_layers=num_layers,
         init=None if init is None else _CarryInit(init), **options)[0]
+
+
+# `layer_scan`'s options that `repeat_layer` passes on, with their defaults.
+_REPEAT_OPTIONS = {"name": None, "remat": False, "remat_policy": None,
+                   "remat_groups": None, "unroll": 1, "reverse": False,
+                   "pipeline": None}
+
+
+def _check_repeat_options(options: dict[str, Any]) -> None:
+  """`repeat_layer`'s `**options`: known names, each value checked."""
+  if "xs" in options:
+    raise TypeError(errors.message(
+        "takes no `xs`: its layers map x -> x, with no per-layer inputs. "
+        "For per-layer inputs use hkb.layer_scan(layer, carry, xs), whose "
+        "layer is `layer(carry, x) -> (carry, y)`."))
+  unknown = sorted(set(options) - set(_REPEAT_OPTIONS))
+  if unknown:
+    raise TypeError(errors.message(
+        f"got an unexpected keyword argument {unknown[0]!r}; its options "
+        f"are {', '.join(_REPEAT_OPTIONS)} (as for hkb.layer_scan)."))
+  given = dict(_REPEAT_OPTIONS, **options)
+  del given["name"]  # Checked with the layer.
+  _check_options(**given)
 
 
 # `repeat_layer`'s adapters are dataclasses rather than lambdas, so that calls
@@ -464,26 +495,49 @@ def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
 caches.register(_transformed_layer.cache_clear)
 
 
+_REMAT = "False, True, \"nested\" or \"binomial\""
+
+
+def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
+                   unroll: Any, reverse: Any, pipeline: Any,
+                   ) -> tuple[bool | str, Optional[int],
+                              Optional[pipeline_lib.Pipeline]]:
+  """The scan's options, checked: `(remat, remat_groups, pipeline)`."""
+  remat = _remat_mode(remat, remat_policy, remat_groups)
+  if remat_groups is not None:
+    remat_groups = errors.check_positive_int("remat_groups", remat_groups)
+  if not (isinstance(unroll, (bool, np.bool_)) or
+          (errors.is_int(unroll) and unroll >= 0)):
+    raise (ValueError if errors.is_int(unroll) else TypeError)(
+        errors.bad_argument("unroll", unroll, "a bool or a non-negative "
+                            "int, as for jax.lax.scan"))
+  if not isinstance(reverse, (bool, np.bool_)):
+    raise TypeError(errors.bad_argument("reverse", reverse, "a bool"))
+  return remat, remat_groups, pipeline_lib.check_pipeline(pipeline)
+
+
 def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
-  """`remat` checked: a bool, or one of REMAT_SCHEDULES."""
-  if not isinstance(remat, str):
+  """`remat` checked: False, True, or one of REMAT_SCHEDULES."""
+  if isinstance(remat, (bool, np.bool_)):
     remat = bool(remat)
-  elif remat not in REMAT_SCHEDULES:
-    raise ValueError(errors.message(
-        f"remat must be a bool, \"nested\" or \"binomial\"; got {remat!r}."))
-  if policy is not None and remat is not True:
-    raise ValueError(errors.message(
-        "`remat_policy` needs `remat=True`: it says which activations the "
-        "forward pass keeps for the backward pass, and the nested and "
-        "binomial schedules keep none, only carries."))
-  if groups is not None:
-    if remat not in REMAT_SCHEDULES:
+  elif not isinstance(remat, str) or remat not in REMAT_SCHEDULES:
+    # An int or float may be meant as a number of groups.
+    example = (remat if errors.is_int(remat) and remat > 0 else 4)
+    raise (ValueError if isinstance(remat, str) else TypeError)(
+        errors.bad_argument(
+            "remat", remat, _REMAT, "A schedule's number of groups goes in "
+            f"`remat_groups=`: e.g. remat=\"nested\", remat_groups={example}."))
+  if policy is not None:
+    errors.check_callable("remat_policy", policy, "None or a "
+                          "jax.checkpoint_policies policy")
+    if remat is not True:
       raise ValueError(errors.message(
-          "`remat_groups` needs `remat=\"nested\"` or `\"binomial\"`."))
-    if (isinstance(groups, bool) or not isinstance(groups, (int, np.integer))
-        or groups <= 0):
-      raise ValueError(errors.message(
-          f"remat_groups must be a positive int; got {groups!r}."))
+          "`remat_policy` needs `remat=True`: it says which activations the "
+          "forward pass keeps for the backward pass, and the nested and "
+          "binomial schedules keep none, only carries."))
+  if groups is not None and remat not in REMAT_SCHEDULES:
+    raise ValueError(errors.message(
+        "`remat_groups` needs `remat=\"nested\"` or `\"binomial\"`."))
   return remat
 
 

@@ -329,11 +329,40 @@ class RematScheduleTest(parameterized.TestCase):
       chex.assert_trees_all_close(grads[remat], grads[True], rtol=1e-6,
                                   atol=1e-6)
 
-  def test_forward_mode_is_not_defined(self):
+  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  def test_forward_mode_as_layer_stack_of_remat(self, remat):
+    # Issue 27, row 10: jax.jvp / jacfwd / linearize raised "can't apply
+    # forward-mode autodiff (jvp) to a custom_vjp function"; hk.layer_stack
+    # of hk.remat gives them. Forward mode runs the remat=True scan.
+    def derivatives(f, params):
+      @jax.jit
+      def all_of_them(params, x):
+        apply = lambda p, x: f.apply(p, None, x)
+        tangents = (jax.tree.map(jnp.ones_like, params), jnp.ones_like(x))
+        y, linear = jax.linearize(apply, params, x)
+        return (jax.jvp(apply, (params, x), tangents), (y, linear(*tangents)),
+                jax.jacfwd(apply, argnums=(0, 1))(params, x),
+                jax.hessian(lambda x: jnp.sum(apply(params, x) ** 2))(x))
+      return all_of_them(params, X)
+
+    ours = hk.transform(lambda x: scan.repeat_layer(block, x, 4, remat=remat))
+    theirs = hk.transform(lambda x: hk.layer_stack(4)(hk.remat(block))(x))
+    params = theirs.init(KEY, X)
+    chex.assert_trees_all_equal(ours.init(KEY, X), params)
+    chex.assert_trees_all_close(derivatives(ours, params),
+                                derivatives(theirs, params), rtol=1e-5,
+                                atol=1e-5)
+
+  def test_forward_mode_through_a_jit_inside_is_jaxs_error(self):
+    # The limit the docstring states: traced by jax.jit first, the scan
+    # cannot see the forward mode applied later (jax.jvp(jax.jit(f))).
     f = hk.transform(lambda x: scan.repeat_layer(block, x, 4, remat="nested"))
     params = f.init(KEY, X)
+    apply = jax.jit(lambda p: f.apply(p, None, X))
     with self.assertRaisesRegex(TypeError, "forward-mode.*custom_vjp"):
-      jax.jvp(lambda p: f.apply(p, None, X), (params,), (params,))
+      jax.jvp(apply, (params,), (params,))
+    jax.jit(lambda p, t: jax.jvp(lambda p: f.apply(p, None, X), (p,), (t,)))(
+        params, params)  # jax.jit outside: forward mode works.
 
 
 class ShardedRematScheduleTest(parameterized.TestCase):
@@ -583,14 +612,15 @@ class ErrorsTest(parameterized.TestCase):
       f.init(KEY, X)
 
   @parameterized.named_parameters(
-      ("unknown", dict(remat="sqrt"), r"remat must be a bool, \"nested\""),
+      ("unknown", dict(remat="sqrt"),
+       r"`remat` must be False, True, \"nested\" or \"binomial\""),
       ("policy", dict(remat="nested",
                       remat_policy=jax.checkpoint_policies.everything_saveable),
        r"`remat_policy` needs `remat=True`"),
       ("groups_without_schedule", dict(remat=True, remat_groups=2),
        r"`remat_groups` needs `remat=\"nested\"`"),
       ("bad_groups", dict(remat="nested", remat_groups=0),
-       "remat_groups must be a positive int"))
+       "`remat_groups` must be a positive int"))
   def test_remat_options(self, options, message):
     f = hk.transform(lambda x: scan.repeat_layer(block, x, DEPTH, **options))
     with self.assertRaisesRegex(ValueError, message):

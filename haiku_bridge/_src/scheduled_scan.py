@@ -18,8 +18,18 @@ needs no more than `jax.checkpoint` does.
 that jaxpr: what `f` sees when traced (Haiku's custom getters, its frame) is
 what each recomputation does, whenever the backward pass is traced. Values
 `f` closes over become inputs of the `jax.custom_vjp`; their cotangents are
-summed over the steps. Forward-mode autodiff (`jax.jvp`) of the scan is not
-defined (a `jax.custom_vjp`); reverse over reverse is.
+summed over the steps. Reverse over reverse is defined, and so is forward
+over reverse (`jax.hessian`).
+
+Forward mode keeps nothing for a backward pass, so a schedule has nothing to
+save there: under `jax.jvp` / `jax.jacfwd` / `jax.linearize` (when the
+forward-mode trace is the innermost autodiff around the call, as when they
+wrap the function that calls the scan) it runs `jax.lax.scan` with
+`jax.checkpoint` on the step, which any transform differentiates. A
+`jax.custom_vjp` cannot be differentiated in forward mode, and JAX says
+which mode it runs in only to the code it traces: through a boundary that
+traces first and differentiates later (`jax.jvp(jax.jit(f))`, a scan's
+body), the scan cannot tell, and forward mode fails with JAX's error.
 """
 
 import dataclasses
@@ -29,6 +39,7 @@ import jax
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.extend import core as jax_core
+from jax.interpreters import ad
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,6 +50,9 @@ from haiku_bridge._src.pytree import PyTree
 # 0.9 on; only in jax.core before (jax 0.6-0.8), and no longer there in 0.10.
 _mapped_aval = (getattr(jax_core, "mapped_aval", None)
                 or getattr(jax.core, "mapped_aval"))
+# The trace the code runs under (jax.extend.core from jax 0.9; jax.core before).
+_current_trace = (getattr(jax_core, "find_top_trace", None)
+                  or getattr(jax.core, "find_top_trace"))
 
 
 def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
@@ -76,6 +90,9 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
   if schedule.num_steps != length:
     raise ValueError(f"the schedule is for {schedule.num_steps} steps, the "
                      f"scan has {length}.")
+  if _in_forward_mode():
+    return lax.scan(jax.checkpoint(f), init, xs, length=length,
+                    reverse=reverse, unroll=unroll)
   carry, carry_tree = jax.tree.flatten(init)
   # A weakly typed carry (a Python number) takes a type of its own, as the
   # carries the step returns have one.
@@ -101,6 +118,30 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
   run = _checkpointed_scan(step, schedule, reverse, unroll)
   new_carry, ys = run(list(closed.consts), carry, x_leaves)
   return carry_tree.unflatten(new_carry), y_trees[0].unflatten(ys)
+
+
+def _in_forward_mode() -> bool:
+  """Whether the innermost autodiff around this call is forward mode.
+
+  `jax.jvp` / `jax.jacfwd` trace with a JVP trace, `jax.linearize` with a
+  linearize trace that is not for a VJP (`jax.vjp`, `jax.grad`); transforms
+  that do not differentiate (`jax.vmap`) are looked through. A trace that
+  stages code to differentiate later (`jax.jit`, a scan's body) hides what
+  is around it: then reverse mode is assumed, as it is what a schedule is
+  for. Before direct linearization (jax < 0.7, or
+  `jax_use_direct_linearize=False`), reverse mode traced JVPs too, over a
+  partial-evaluation trace: those are reverse mode.
+  """
+  trace = _current_trace(())
+  while trace is not None:
+    if isinstance(trace, ad.JVPTrace):
+      return type(getattr(trace, "parent_trace", None)).__name__ != "JaxprTrace"
+    if type(trace).__name__ == "LinearizeTrace":
+      return getattr(trace, "is_vjp", True) is False
+    if type(trace).__name__ != "BatchTrace":
+      return False
+    trace = getattr(trace, "parent_trace", None)
+  return False
 
 
 class _Step:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
+from testing import test_utils
 
 WIDTH = 4
 SCHEDULES = {
@@ -150,11 +151,50 @@ class ScheduledScanTest(parameterized.TestCase):
                                 batched(lax.scan)((hs, carry[1]), xs),
                                 rtol=1e-6, atol=1e-6)
 
-  def test_forward_mode_is_not_defined(self):
-    carry, xs = inputs(3)
-    scan = scheduled(remat_schedule.nested(3))
-    with self.assertRaisesRegex(TypeError, "forward-mode"):
-      jax.jvp(lambda xs: loss(scan, length=3)(carry, xs), (xs,), (xs,))
+  def test_forward_mode_equals_checkpointed_scan(self):
+    # Forward mode keeps nothing for a backward pass: it runs the
+    # checkpointed scan. Issue 27, row 10: it raised "can't apply
+    # forward-mode autodiff (jvp) to a custom_vjp function".
+    carry, xs = inputs(4)
+    tangent = jax.tree.map(lambda x: jnp.full_like(x, 0.5), xs)
+
+    def derivatives(scan):
+      @jax.jit  # Each transform inside: the scan sees its trace.
+      def all_of_them(xs, tangent):
+        f = lambda xs: loss(scan, length=4)(carry, xs)
+        y, linear = jax.linearize(f, xs)
+        return (jax.jvp(f, (xs,), (tangent,)), jax.jacfwd(f)(xs),
+                (y, linear(tangent), jax.linear_transpose(linear, xs)(1.0)),
+                jax.hessian(f)(xs)["scale"]["scale"],
+                jax.vmap(lambda t: jax.jvp(f, (xs,), (t,))[1])(
+                    jax.tree.map(lambda x: jnp.stack([x, -x]), tangent)))
+      return all_of_them(xs, tangent)
+
+    chex.assert_trees_all_close(
+        derivatives(scheduled(remat_schedule.nested(4))),
+        derivatives(checkpointed), rtol=1e-5, atol=1e-6)
+
+  def test_reverse_mode_runs_the_schedule_forward_mode_does_not(self):
+    # The schedule's backward sweep picks each action with a lax.cond;
+    # jax.checkpoint's backward pass has none.
+    carry, xs = inputs(6)
+    scan = scheduled(remat_schedule.nested(6))
+    f = lambda xs: loss(scan, length=6)(carry, xs)
+    ones = jax.tree.map(jnp.ones_like, xs)
+    for mode, derivative in (
+        ("grad", jax.grad(f)), ("jit_grad", jax.jit(jax.grad(f))),
+        ("vjp", lambda xs: jax.vjp(f, xs)[1](1.0)),
+        ("hessian", lambda xs: jax.hessian(f)(xs)["scale"]),
+        ("vmap_grad", jax.vmap(jax.grad(f))),
+        ("jvp", lambda xs: jax.jvp(f, (xs,), (ones,))),
+        ("jacfwd", jax.jacfwd(f)),
+        ("linearize", lambda xs: jax.linearize(f, xs)[1](ones))):
+      batched = jax.tree.map(lambda x: x[None], xs)
+      counts = test_utils.primitive_counts(
+          derivative, batched if mode == "vmap_grad" else xs)
+      self.assertEqual(counts["cond"] > 0,
+                       mode in ("grad", "jit_grad", "vjp", "hessian",
+                                "vmap_grad"), (mode, counts))
 
   def test_schedule_for_another_length(self):
     carry, xs = inputs(3)

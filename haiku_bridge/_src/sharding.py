@@ -186,11 +186,14 @@ class ShardingRules:
     Returns:
       A `ShardingRules`.
     """
-    user = cls(rules, stacked=stacked)
-    found = foreign_sharding.rules_from_foreign(
-        init, args, kwargs, logical_axis_rules=logical_axis_rules,
-        layer_axes=lambda path, shape: len(user._layer_stacks(path)))  # pylint: disable=protected-access
-    return cls(list(found.rules) + list(user.rules), stacked=user.stacked)
+    with errors.entry("ShardingRules.from_foreign"):
+      _check_foreign_init(init)
+      logical_axis_rules = _check_logical_axis_rules(logical_axis_rules)
+      user = cls(rules, stacked=stacked)
+      found = foreign_sharding.rules_from_foreign(
+          init, args, kwargs, logical_axis_rules=logical_axis_rules,
+          layer_axes=lambda path, shape: len(user._layer_stacks(path)))  # pylint: disable=protected-access
+      return cls(list(found.rules) + list(user.rules), stacked=user.stacked)
 
   @property
   def rules(self) -> tuple[Rule, ...]:
@@ -653,6 +656,52 @@ def _check_stacked(stacked: Any) -> dict[str, MeshAxes]:
           "layer), an axis name such as 'data', or a tuple of names."))
   return {p: tuple(a) if isinstance(a, list) else a
           for p, a in stacked.items()}
+
+
+
+def _check_foreign_init(init: Any) -> None:
+  """`from_foreign`'s `init`: a function (`f.init`) or an `hk.Transformed*`."""
+  if callable(getattr(init, "init", init)):
+    return
+  hint = ("It holds arrays: the params `init` returns (e.g. from "
+          "jax.eval_shape(f.init, key, x)), where the function itself "
+          "belongs. " if jax.tree.leaves(init) else "")
+  raise TypeError(errors.bad_argument(
+      "init", init, "the init function (f.init) or the hk.Transformed, "
+      "followed by its arguments", hint + "Write "
+      "hkb.ShardingRules.from_foreign(f.init, key, x)."))
+
+
+def _check_logical_axis_rules(
+    rules: Any) -> Optional[tuple[tuple[str, Any], ...]]:
+  """`logical_axis_rules`: None or `(name, mesh axes)` pairs, as Flax's."""
+  if rules is None:
+    return None
+  wants = ("None or a sequence of Flax logical axis rules, (logical name, "
+           "mesh axes) pairs such as [(\"embed\", \"model\"), (\"batch\", "
+           "\"data\")]")
+  if isinstance(rules, (str, bytes, Mapping)) or not isinstance(
+      rules, Iterable):
+    raise TypeError(errors.bad_argument(
+        "logical_axis_rules", rules, wants,
+        "For a dict, pass list(rules.items())."
+        if isinstance(rules, Mapping) else ""))
+  rules = tuple(rules)
+  for i, rule in enumerate(rules):
+    if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and
+            isinstance(rule[0], str) and _is_mesh_axes(rule[1])):
+      raise TypeError(errors.message(
+          f"`logical_axis_rules` must be {wants}; rule {i} is "
+          f"{rule!r:.80}."))
+  return tuple((name, axes) for name, axes in rules)
+
+
+def _is_mesh_axes(axes: Any) -> bool:
+  """None, a mesh axis name, or a sequence of them (as Flax takes)."""
+  if axes is None or isinstance(axes, str):
+    return True
+  return (isinstance(axes, (tuple, list)) and
+          all(isinstance(a, str) for a in axes))
 
 
 def _to_rule(index: int, rule: Any) -> Rule:
