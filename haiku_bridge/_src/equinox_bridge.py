@@ -10,7 +10,7 @@ becomes Haiku state, both stored as `call_pure` stores its params
 `hk.transform(_with_state)` becomes an `eqx.Module` holding Haiku's params dict
 as it is, and Haiku state as Equinox state.
 
-Equinox is an optional dependency (`pip install "haiku-bridge[equinox]"`):
+Equinox is an optional dependency (`pip install ".[equinox]"`):
 this module imports it, and `haiku_bridge` imports this module only when one
 of its names is first used.
 """

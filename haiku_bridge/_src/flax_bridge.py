@@ -12,7 +12,7 @@ partitioning is kept for `hkb.ShardingRules.from_foreign`.
 becomes an `nnx.Module` whose `nnx.Param`s keep Haiku's names, so that a Haiku
 checkpoint loads into it as it is.
 
-Flax is an optional dependency (`pip install "haiku-bridge[flax]"`): this module
+Flax is an optional dependency (`pip install ".[flax]"`): this module
 imports it, and `haiku_bridge` imports this module only when one of its names
 is first used.
 """

@@ -40,7 +40,8 @@ def _needs_extra(name: str, extra: str,
     del args, kwargs  # Unused.
     raise ImportError(
         f"hkb.{name} needs the optional dependency {extra!r}, which could not "
-        f"be imported ({error}). Install it with: "
-        f"pip install \"haiku-bridge[{extra}]\"") from error
+        f"be imported ({error}). Install it with: pip install {extra} (or, "
+        f"from a checkout of haiku_bridge, pip install \".[{extra}]\")"
+    ) from error
   missing.__name__ = name
   return missing
