@@ -13,14 +13,14 @@ from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.pipeline import Pipeline
 from haiku_bridge._src.scan import layer_scan
 from haiku_bridge._src.scan import repeat_layer
-from haiku_bridge._src.scan import stack_params
-from haiku_bridge._src.scan import stacked_init
-from haiku_bridge._src.scan import unstack_params
+from haiku_bridge._src.stacked_init import stacked_init
 from haiku_bridge._src.sharding import explain_shardings
 from haiku_bridge._src.sharding import gather_over
 from haiku_bridge._src.sharding import param_shardings
 from haiku_bridge._src.sharding import param_specs
 from haiku_bridge._src.sharding import ShardingRules
+from haiku_bridge._src.unrolled_names import stack_params
+from haiku_bridge._src.unrolled_names import unstack_params
 
 __version__ = "0.1.0"
 
