@@ -26,6 +26,7 @@ import functools
 from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import caches
@@ -130,6 +131,23 @@ def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
     raise ValueError(errors.message(
         "`remat_groups` needs `remat=\"nested\"` or `\"binomial\"`."))
   return remat
+
+
+def carry_change(before: PyTree, after: PyTree) -> Optional[tuple[str, str]]:
+  """None if a step's carry `after` is like `before`, else both described.
+
+  Like: the same structure, and each leaf the same shape and dtype (weak
+  types as JAX promotes them), which a loop needs of the carry it hands on.
+  """
+  def describe(tree):
+    return str(jax.tree.map(
+        lambda a: f"{jnp.result_type(a).name}{list(np.shape(a))}", tree))
+
+  if jax.tree.structure(before) != jax.tree.structure(after) or any(
+      (np.shape(a), jnp.result_type(a)) != (np.shape(b), jnp.result_type(b))
+      for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))):
+    return describe(before), describe(after)
+  return None
 
 
 @functools.lru_cache(maxsize=256)

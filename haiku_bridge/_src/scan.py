@@ -23,7 +23,6 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import haiku as hk
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import caches
@@ -431,17 +430,9 @@ def _check_depth(stack: str, params: PyTree, num_layers: int) -> None:
 
 
 def _check_carry(before: PyTree, after: PyTree) -> None:
-  describe = lambda t: jax.tree.map(errors.type_str, t)
-  if jax.tree.structure(before) != jax.tree.structure(after) or any(
-      (np.shape(a), jnp.result_type(a)) != (np.shape(b), jnp.result_type(b))
-      for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))):
+  changed = loop_lib.carry_change(before, after)
+  if changed is not None:
     raise ValueError(errors.message(
         "a layer must return a carry like the one it gets, since the next "
-        f"layer takes it; the layer got {describe(before)} and returned "
-        f"{describe(after)}. Return per-layer outputs as `y` in `(carry, "
-        "y)`."))
-
-
-# ---------------------------------------------------------------------------
-# To and from the names of an unrolled loop.
-# ---------------------------------------------------------------------------
+        f"layer takes it; the layer got {changed[0]} and returned "
+        f"{changed[1]}. Return per-layer outputs as `y` in `(carry, y)`."))
