@@ -179,6 +179,43 @@ class DynamicUnrollTest(parameterized.TestCase):
     stacked = {s for s in shapes if s[1:] == w.shape}
     self.assertEqual(stacked, set())
 
+  def test_memory_below_per_step_remat(self):
+    # What the schedules are for: a training step over 256 steps keeps ≈2√T
+    # carries (nested: 30, binomial: as many at a square T), not 256. The
+    # ground truth is hk.dynamic_unroll of hk.remat(core), one carry per
+    # step; remat=True compiles to its program (the same temporaries). Each
+    # step's output is reduced in the step, so carries dominate memory.
+    hidden, batch, steps = 32, 8, 256
+    xs = jax.random.normal(KEY, [steps, batch, 2])
+
+    def temporaries(mode):
+      def f(xs):
+        lstm = hk.LSTM(hidden)
+
+        def core(x, state):
+          out, state = lstm(x, state)
+          return jnp.sum(out ** 2, axis=-1), state
+
+        state = lstm.initial_state(batch)
+        if mode == "hk_remat":
+          ys, _ = hk.dynamic_unroll(hk.remat(core), xs, state)
+        else:
+          ys, _ = hkb.dynamic_unroll(core, xs, state, remat=mode)
+        return jnp.mean(ys)
+      f = hk.transform(f)
+      params = f.init(KEY, xs)
+      analysis = jax.jit(jax.grad(f.apply)).lower(
+          params, None, xs).compile().memory_analysis()
+      if analysis is None:
+        self.skipTest("this backend has no memory_analysis")
+      return analysis.temp_size_in_bytes
+
+    baseline = temporaries("hk_remat")
+    self.assertEqual(temporaries(True), baseline)
+    nested, binomial = temporaries("nested"), temporaries("binomial")
+    self.assertLess(nested, baseline / 3)
+    self.assertLessEqual(binomial, nested)
+
   def test_vmap_and_grad_of_grad(self):
     # Per-example gradients (jax.vmap), and a Hessian-vector product.
     inputs = make_inputs("lstm", 7)
