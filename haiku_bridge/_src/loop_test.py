@@ -36,21 +36,6 @@ def lax_scan(body, carry, xs, length, reverse):
   return jax.lax.scan(body, carry, xs, length=length, reverse=reverse)
 
 
-def shapes_in(fn, *args):
-  """The shape of every value `fn`'s jaxpr computes, nested jaxprs included."""
-  shapes = set()
-
-  def visit(jaxpr):
-    for eqn in jaxpr.eqns:
-      shapes.update(tuple(v.aval.shape) for v in eqn.outvars
-                    if hasattr(v.aval, "shape"))
-      for sub in test_utils.jaxprs_in_params(eqn.params):
-        visit(sub)
-
-  visit(jax.make_jaxpr(fn)(*args).jaxpr)
-  return shapes
-
-
 class LoopTest(parameterized.TestCase):
 
   @parameterized.product(remat=loop.REMAT_MODES, reverse=(False, True))
@@ -66,7 +51,8 @@ class LoopTest(parameterized.TestCase):
   def test_shared_weight_gradient_is_one_buffer(self, remat):
     # The gradient of `w`, which every step closes over, is summed in one
     # buffer: no value of the backward pass holds a copy of `w` per step.
-    shapes = shapes_in(jax.grad(loss(loop.Loop(remat=remat))), W, H, XS)
+    shapes = test_utils.value_shapes(jax.grad(loss(loop.Loop(remat=remat))),
+                                     W, H, XS)
     self.assertIn(W.shape, shapes)
     self.assertNotIn((STEPS,) + W.shape, shapes)
 

@@ -164,17 +164,8 @@ class DynamicUnrollTest(parameterized.TestCase):
     f = unroll("lstm", mode)
     params, state = f.init(KEY, inputs)
     w = params["lstm/linear"]["w"]
-    shapes = set()
-
-    def visit(jaxpr):
-      for eqn in jaxpr.eqns:
-        shapes.update(tuple(v.aval.shape) for v in eqn.outvars
-                      if hasattr(v.aval, "shape"))
-        for sub in test_utils.jaxprs_in_params(eqn.params):
-          visit(sub)
-
-    visit(jax.make_jaxpr(lambda p: loss_and_grads(f, p, state, inputs))(
-        params).jaxpr)
+    shapes = test_utils.value_shapes(
+        lambda p: loss_and_grads(f, p, state, inputs), params)
     self.assertIn(w.shape, shapes)
     stacked = {s for s in shapes if s[1:] == w.shape}
     self.assertEqual(stacked, set())

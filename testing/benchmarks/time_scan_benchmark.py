@@ -29,13 +29,6 @@ from absl import flags
 from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import time_scan_bench
 
-_QUICK = flags.DEFINE_bool(
-    "quick", False, "Smoke mode: a tiny model, short sequences, few repetitions.")
-_PLOT = flags.DEFINE_string(
-    "plot", "", "Where to write the plot of memory against T (a .png), if "
-    "matplotlib is installed; empty: no plot.")
-
-
 def report(cfg: time_scan_bench.TimeScanConfig, command: str,
            plot: str = "") -> str:
   """Runs the benchmark; returns the run's description and its tables."""
@@ -54,9 +47,16 @@ def report(cfg: time_scan_bench.TimeScanConfig, command: str,
 
 def main(argv: list[str]) -> None:
   del argv  # Flags only.
-  print(report(time_scan_bench.QUICK if _QUICK.value else time_scan_bench.FULL,
-               " ".join(["python3"] + sys.argv), _PLOT.value))
+  quick, plot = flags.FLAGS.quick, flags.FLAGS.plot
+  print(report(time_scan_bench.QUICK if quick else time_scan_bench.FULL,
+               " ".join(["python3"] + sys.argv), plot))
 
 
 if __name__ == "__main__":
+  # Defined here, not on import: the other benchmarks' modules define a
+  # `--quick` too, and one process (pytest) may import them all.
+  flags.DEFINE_bool("quick", False,
+                    "Smoke mode: a tiny model, short sequences, few repetitions.")
+  flags.DEFINE_string("plot", "", "Where to write the plot of memory against T "
+                      "(a .png), if matplotlib is installed; empty: no plot.")
   app.run(main)

@@ -131,12 +131,9 @@ class TimeScanResult:
 
 def bench_time_scan(cfg: TimeScanConfig) -> TimeScanResult:
   keys = [Key(length, v) for length in cfg.lengths for v in VARIANTS]
-  compiled, args, temp_bytes = {}, {}, {}
-  for k in harness.with_progress("time scan: compiling steps", keys):
-    step, args[k] = step_and_inputs(k.length, k.variant, cfg)
-    compiled[k] = step.lower(*args[k]).compile()
-    analysis = compiled[k].memory_analysis()
-    temp_bytes[k] = None if analysis is None else analysis.temp_size_in_bytes
+  compiled, args, temp_bytes = harness.compile_steps(
+      "time scan: compiling steps", keys,
+      lambda k: step_and_inputs(k.length, k.variant, cfg))
   step = harness.interleaved(
       "time scan: step times",
       [{k: harness.step_timer(compiled[k], args[k], cfg.step_block_s)
