@@ -148,7 +148,10 @@ TARGETS = {"temp": 0.25, "step": 1.5}
 
 
 def _mib(n: Optional[float]) -> str:
-  return "n/a" if n is None else f"{n / 2**20:.3g}"
+  if n is None:
+    return "n/a"
+  mib = n / 2**20
+  return f"{mib:.0f}" if mib >= 100 else f"{mib:.3g}"
 
 
 def temp_ratio(result: TimeScanResult, length: int,
@@ -228,6 +231,21 @@ def markdown(result: TimeScanResult) -> str:
   return "\n".join(lines) + "\n"
 
 
+# Hollow, larger markers under smaller ones: the A/A control's line lies on
+# the baseline's, and "binomial"'s on "nested"'s where they keep as many
+# carries; both of each pair stay visible.
+_STYLES = {
+    BASELINE: dict(color="tab:orange", marker="s", markersize=10,
+                   markerfacecolor="none"),
+    CONTROL: dict(color="tab:red", marker="x", markersize=6, linestyle="--"),
+    PLAIN: dict(color="tab:gray", marker="^", markersize=6),
+    NESTED: dict(color="tab:blue", marker="o", markersize=10,
+                 markerfacecolor="none"),
+    BINOMIAL: dict(color="tab:green", marker="o", markersize=4,
+                   linestyle="--"),
+}
+
+
 def write_plot(result: TimeScanResult, path: str) -> bool:
   """Temporaries against T, log-log, one line per variant; False without matplotlib."""
   try:
@@ -242,7 +260,8 @@ def write_plot(result: TimeScanResult, path: str) -> bool:
     values = [result.temp_bytes[Key(length, variant)] for length in lengths]
     if any(v is None for v in values):
       continue
-    ax.plot(lengths, [v / 2**20 for v in values], marker="o", label=variant)
+    ax.plot(lengths, [v / 2**20 for v in values], label=variant,
+            **_STYLES[variant])
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
   ax.set_xlabel("T (time steps)")
