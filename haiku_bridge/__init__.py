@@ -13,14 +13,16 @@ from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.pipeline import Pipeline
 from haiku_bridge._src.scan import layer_scan
 from haiku_bridge._src.scan import repeat_layer
-from haiku_bridge._src.scan import stack_params
-from haiku_bridge._src.scan import stacked_init
-from haiku_bridge._src.scan import unstack_params
+from haiku_bridge._src.stacked_init import stacked_init
+from haiku_bridge._src.time_scan import dynamic_unroll
+from haiku_bridge._src.time_scan import scan
 from haiku_bridge._src.sharding import explain_shardings
 from haiku_bridge._src.sharding import gather_over
 from haiku_bridge._src.sharding import param_shardings
 from haiku_bridge._src.sharding import param_specs
 from haiku_bridge._src.sharding import ShardingRules
+from haiku_bridge._src.unrolled_names import stack_params
+from haiku_bridge._src.unrolled_names import unstack_params
 
 __version__ = "0.1.0"
 
@@ -31,6 +33,7 @@ __all__ = (
     "clear_caches",
     "custom_jvp",
     "custom_vjp",
+    "dynamic_unroll",
     "explain_shardings",
     "gather_over",
     "from_equinox",
@@ -42,6 +45,7 @@ __all__ = (
     "param_specs",
     "repeat_layer",
     "route_cotangents",
+    "scan",
     "stack_params",
     "stacked_init",
     "to_equinox",

@@ -85,6 +85,9 @@ COVERAGE = {
     "repeat_layer": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
                      "argument_order"},
     "route_cotangents": {"wrong_type", "wrong_arity", "shape_or_depth"},
+    "scan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+    "dynamic_unroll": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+    # scan / dynamic_unroll: Haiku's arguments and keyword options, no names to look up.
     # route_cotangents: split and combine are both functions; a swap shows as wrong_arity.
     "stack_params": {"wrong_type", "shape_or_depth", "unknown_name", "argument_order"},
     "stacked_init": {"wrong_type", "wrong_arity", "shape_or_depth"},
@@ -179,7 +182,8 @@ class CoverageTest(absltest.TestCase):
 
 
 # ---------------------------------------------------------------------------
-# scan.py: unstack_params, stack_params, stacked_init, layer_scan, repeat_layer.
+# scan.py: layer_scan, repeat_layer; stacked_init.py; unrolled_names.py: unstack_params,
+# stack_params.
 # ---------------------------------------------------------------------------
 
 
@@ -567,6 +571,102 @@ class PipelineTest(TestCase):
     pipe = hkb.Pipeline("pipe", np.int32(4), "circular", repeats=2)
     self.assertEqual(pipe, hkb.Pipeline("pipe", 4, "circular", 2))
     self.assertIsInstance(pipe.microbatches, int)
+
+
+# ---------------------------------------------------------------------------
+# time_scan.py: scan, dynamic_unroll.
+# ---------------------------------------------------------------------------
+
+SEQUENCE = jnp.ones([DEPTH, 2, 4])  # [T, B, F].
+
+
+def step(h, x):
+  return jnp.tanh(linear(h) + x), jnp.sum(h)
+
+
+def lstm_unroll(*args, **kwargs):
+  """`hkb.dynamic_unroll` of an LSTM, its state made for a batch of 2."""
+  core = hk.LSTM(4)
+  return hkb.dynamic_unroll(core, *args[:1], core.initial_state(2), *args[1:],
+                            **kwargs)
+
+
+class ScanTest(TestCase):
+  """`scan(f, init, xs, length=None, reverse=False, unroll=1, *, remat, remat_groups)`."""
+
+  def test_wrong_type(self):
+    for kwargs, argument in ((dict(f=None), "f"), (dict(length=3.0), "length"),
+                             (dict(reverse=1), "reverse"), (dict(unroll="2"), "unroll"),
+                             (dict(remat=None), "remat"),
+                             (dict(remat="nested", remat_groups=2.0), "remat_groups")):
+      args = dict(dict(f=step, init=X, xs=SEQUENCE), **kwargs)
+      with refused(self, TypeError, "scan", argument):
+        init(lambda args=args: hkb.scan(**args))
+
+  def test_wrong_type_xs_leaf(self):
+    with self.assertRaisesRegex(TypeError, r"^hkb.scan: xs\['t'\] is an int 3; every leaf of "
+                                "xs must be an array with a leading time axis"):
+      init(lambda: hkb.scan(step, X, {"x": SEQUENCE, "t": 3}))
+
+  def test_wrong_arity_step_output(self):
+    with self.assertRaisesRegex(ValueError, r"^hkb.scan: `f` must return a pair \(carry, y\); "
+                                "it returned a tuple of length 3"):
+      init(lambda: hkb.scan(lambda h, x: (h, x, x), X, SEQUENCE))
+
+  def test_shape_or_depth(self):
+    with self.assertRaisesRegex(ValueError, r"^hkb.scan: xs\['b'\] has shape \(2, 2, 4\), but "
+                                r"every leaf of xs needs a leading time axis of 3 steps"):
+      init(lambda: hkb.scan(step, X, {"a": SEQUENCE, "b": SEQUENCE[:2]}))
+    with self.assertRaisesRegex(ValueError, r"^hkb.scan: xs has shape \(3, 2, 4\), but every "
+                                r"leaf of xs needs a leading time axis of 5 steps\."):
+      init(lambda: hkb.scan(step, X, SEQUENCE, length=5))
+    with refused(self, ValueError, "scan", "length"):
+      init(lambda: hkb.scan(step, X, None, length=-1))
+    with self.assertRaisesRegex(ValueError, r"^hkb.scan: `f` must return a carry like the one it "
+                                r"gets.*got float32\[2, 4\] and returned float32\[2, 3\]"):
+      init(lambda: hkb.scan(lambda h, x: (hk.Linear(3)(h), None), X, SEQUENCE))
+
+  def test_argument_order_f_and_init_swapped(self):
+    with self.assertRaisesRegex(TypeError, r"^hkb.scan: `f` must be a function .*got an array "
+                                r"float32\[2, 4\]"):
+      init(lambda: hkb.scan(X, step, SEQUENCE))
+
+
+class Dynamic_unrollTest(TestCase):
+  """`dynamic_unroll(core, input_sequence, initial_state, time_major=True, reverse=False,
+  return_all_states=False, unroll=1, *, remat, remat_groups)`."""
+
+  def test_wrong_type(self):
+    for kwargs, argument in ((dict(time_major=None), "time_major"),
+                             (dict(reverse="no"), "reverse"),
+                             (dict(return_all_states=1), "return_all_states"),
+                             (dict(unroll=None), "unroll"), (dict(remat=2), "remat")):
+      with refused(self, TypeError, "dynamic_unroll", argument):
+        init(lambda kwargs=kwargs: lstm_unroll(SEQUENCE, **kwargs))
+    with refused(self, TypeError, "dynamic_unroll", "core"):
+      init(lambda: hkb.dynamic_unroll("lstm", SEQUENCE, X))
+
+  def test_wrong_arity_core_output(self):
+    with self.assertRaisesRegex(ValueError, r"^hkb.dynamic_unroll: `core` must return a pair "
+                                r"\(output, state\); it returned an array float32\[2, 4\]\."):
+      init(lambda: hkb.dynamic_unroll(lambda x, h: x + h, SEQUENCE, X))
+
+  def test_shape_or_depth(self):
+    with self.assertRaisesRegex(ValueError, r"^hkb.dynamic_unroll: input_sequence\[1\] has shape "
+                                r"\(2, 2, 4\), but every leaf of input_sequence needs a leading "
+                                r"time axis of 3 steps \(as input_sequence\[0\] has\)\."):
+      init(lambda: hkb.dynamic_unroll(lambda x, h: (x[0], h), (SEQUENCE, SEQUENCE[:2]), X))
+    with self.assertRaisesRegex(ValueError, r"^hkb.dynamic_unroll: input_sequence is an array "
+                                r"float32\[4\]; with time_major=False"):
+      init(lambda: lstm_unroll(jnp.ones([4]), time_major=False))
+    with self.assertRaisesRegex(ValueError, r"^hkb.dynamic_unroll: `core` must return a state "
+                                r"like the one it gets.*got float32\[2, 4\] and returned "
+                                r"float32\[2, 3\]"):
+      init(lambda: hkb.dynamic_unroll(lambda x, h: (x, hk.Linear(3)(h)), SEQUENCE, X))
+
+  def test_argument_order_core_and_inputs_swapped(self):
+    with refused(self, TypeError, "dynamic_unroll", "core"):
+      init(lambda: hkb.dynamic_unroll(SEQUENCE, hk.LSTM(4), X))
 
 
 # ---------------------------------------------------------------------------

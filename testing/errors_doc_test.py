@@ -110,6 +110,7 @@ X4 = jnp.ones([2, 4])
 SECTION_CALL = "`call_pure` and `get_relevant_parameters`"
 SECTION_CUSTOM = "`custom_vjp` and `custom_jvp`"
 SECTION_SCAN = "`layer_scan` and `repeat_layer`"
+SECTION_TIME = "`scan` and `dynamic_unroll`"
 SECTION_SHARDING = "Sharding rules"
 SECTION_PIPELINE = "Pipelines"
 SECTION_ADAPTERS = "Flax and Equinox adapters"
@@ -326,6 +327,37 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
                                  num_layers=2),
     (SECTION_SCAN, "`stacked_init` with an int `in_axes`"):
         lambda: hkb.stacked_init(init_dense, 3, in_axes=0),
+    # scan and dynamic_unroll.
+    (SECTION_TIME, "`f` that does not return `(carry, y)`"):
+        lambda: init(lambda: hkb.scan(lambda c, x: c, X4, jnp.ones([3, 2, 4]))),
+    (SECTION_TIME, "a carry that changes type"):
+        lambda: init(lambda: hkb.scan(lambda c, x: (hk.Linear(2)(c), None), X4,
+                                      jnp.ones([3]))),
+    (SECTION_TIME, "an `xs` leaf that is not an array with a time axis"):
+        lambda: init(lambda: hkb.scan(lambda c, x: (c, None), X4, {"x": jnp.ones([3]), "t": 2})),
+    (SECTION_TIME, "`xs` leaves of different lengths, or not of `length`"):
+        lambda: init(lambda: hkb.scan(lambda c, x: (c, None), X4,
+                                      {"a": jnp.ones([3]), "b": jnp.ones([2])})),
+    (SECTION_TIME, "no `xs` and no `length`"):
+        lambda: init(lambda: hkb.scan(lambda c, x: (c, None), X4, None)),
+    (SECTION_TIME, "`length` negative, or not an int"):
+        lambda: init(lambda: hkb.scan(lambda c, x: (c, None), X4, None, length=-1)),
+    (SECTION_TIME, "`f` or `core` not a function"):
+        lambda: init(lambda: hkb.dynamic_unroll(jnp.ones([3, 2, 4]), hk.LSTM(4), X4)),
+    (SECTION_TIME, "a flag that is not a bool"):
+        lambda: init(lambda: hkb.dynamic_unroll(lambda x, s: (x, s), jnp.ones([3, 2, 4]), X4,
+                                                time_major=0)),
+    (SECTION_TIME, "a core that does not return `(output, state)`"):
+        lambda: init(lambda: hkb.dynamic_unroll(lambda x, s: x, jnp.ones([3, 2, 4]), X4)),
+    (SECTION_TIME, "a core whose state changes type"):
+        lambda: init(lambda: hkb.dynamic_unroll(lambda x, s: (x, hk.Linear(2)(s)),
+                                                jnp.ones([3, 2, 4]), X4)),
+    (SECTION_TIME, "batch-major inputs without a batch and a time axis"):
+        lambda: init(lambda: hkb.dynamic_unroll(lambda x, s: (x, s), jnp.ones([3]), X4,
+                                                time_major=False)),
+    (SECTION_TIME, "a step that creates params at init after the first step"):
+        lambda: init(lambda: hkb.scan(lambda c, x: (hk.Linear(4)(c), None), X4,
+                                      jnp.ones([3]))),
     # Sharding rules.
     (SECTION_SHARDING, "a rule that is not a pair"):
         lambda: hkb.ShardingRules(["/w$"]),

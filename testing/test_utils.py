@@ -30,6 +30,25 @@ def primitive_counts(fn: Callable[..., Any], *args: Any) -> collections.Counter:
   return counts
 
 
+def value_shapes(fn: Callable[..., Any], *args: Any) -> set[tuple[int, ...]]:
+  """The shape of every value `fn`'s jaxpr computes, nested jaxprs included.
+
+  What a program may hold at once: a value of shape `(T,) + w.shape` means a
+  copy of `w` per step somewhere.
+  """
+  shapes = set()
+
+  def visit(jaxpr):
+    for eqn in jaxpr.eqns:
+      shapes.update(tuple(v.aval.shape) for v in eqn.outvars
+                    if hasattr(v.aval, "shape"))
+      for sub in jaxprs_in_params(eqn.params):
+        visit(sub)
+
+  visit(jax.make_jaxpr(fn)(*args).jaxpr)
+  return shapes
+
+
 def jaxprs_in_params(params: dict[str, Any]) -> Iterator[jax_core.Jaxpr]:
   """The jaxprs an equation's params hold: `jax.extend.core.jaxprs_in_params` (jax >= 0.10)."""
   if hasattr(jax_core, "jaxprs_in_params"):

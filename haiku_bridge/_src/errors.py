@@ -136,6 +136,13 @@ def is_int(x: Any) -> bool:
           not isinstance(x, (bool, np.bool_)))
 
 
+def check_bool(name: str, value: Any) -> bool:
+  """`value` as a bool (NumPy's too); a TypeError for anything else."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(bad_argument(name, value, "a bool"))
+  return bool(value)
+
+
 def check_positive_int(name: str, value: Any) -> int:
   """`value` as an int; a TypeError for a non-int, a ValueError below 1."""
   if not is_int(value):

@@ -6,16 +6,23 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import haiku_internals
 
 
-def require_transform() -> None:
-  """Raises unless inside a Haiku transform."""
+def inside_transform() -> bool:
+  """Whether the code runs inside a Haiku transform."""
   try:
     hk.running_init()
   except ValueError:
+    return False
+  return True
+
+
+def require_transform() -> None:
+  """Raises unless inside a Haiku transform."""
+  if not inside_transform():
     raise ValueError(errors.message(
         "must be called inside a Haiku transform (a function passed to "
         "hk.transform / hk.transform_with_state, e.g. from a module's "
         "__call__). Outside Haiku there is nothing to bridge: call the pure "
-        "function with its params directly.")) from None
+        "function with its params directly."))
 
 
 def require_haiku_trace() -> None:

@@ -31,6 +31,11 @@ Writes:
     and a new frame evolved from such a copy over given storage, pushed.
   * `take_names`: takes module names in the caller's scope, as a run did.
   * `write_state`: stores new state values in the current frame.
+
+Loops (`hkb.scan`), as `hk.scan` runs its steps:
+  * `loop_state`: the frame's state and rng, as a loop's carry.
+  * `loop_step`: runs one step on such a carry, saying which params it
+    created; `set_loop_state` stores the carry the loop ends with.
 """
 
 import collections
@@ -41,6 +46,7 @@ import haiku as hk
 from haiku._src import base as _base
 from haiku._src import lift as _lift
 from haiku._src import module as _module
+from haiku._src import stateful as _stateful
 
 Frame = Any  # Haiku's private frame object: only passed around, never read.
 
@@ -352,3 +358,45 @@ def write_state(new_state: Mapping[str, Mapping[str, Any]]) -> None:
       old = state[bundle].get(name)
       state[bundle][name] = _base.StatePair(
           value if old is None else old.initial, value)
+
+
+# -- Loops. -------------------------------------------------------------------
+
+# Haiku's state and rng, as a pytree a loop carries (an `InternalState`
+# without params): only passed around, never read.
+LoopState = Any
+
+
+def loop_state() -> LoopState:
+  """The current frame's state and rng, as a loop carries them from step to step.
+
+  A full block of rng keys is reserved first, as `hk.scan` does before its
+  loop and after each step, so that the carry a step returns has the
+  structure of the one it got however many keys the step drew.
+  """
+  _stateful.reserve_up_to_full_rng_block()
+  return _stateful.internal_state(params=False)
+
+
+@contextlib.contextmanager
+def loop_step(state: LoopState) -> Iterator[Callable[[], list[str]]]:
+  """Runs the code inside as one step of a loop, on the carry `state`.
+
+  As `hk.scan`'s body runs: in a frame evolved from the current one (its
+  params) holding `state`'s state and rng, with the JAX trace level pushed,
+  so Haiku's wrappers inside see it as theirs. `loop_state()` inside gives
+  the carry the step hands on. Yields a function that lists the params
+  (`bundle/name`) the code created so far, which a step may not (they come
+  from the first step, run outside the loop at init; `hk.scan` asserts
+  the same).
+  """
+  with _stateful.temporary_internal_state(state):
+    with _base.push_jax_trace_level():
+      before = _base.param_names()
+      yield lambda: sorted(f"{bundle}/{name}" for bundle, name
+                           in _base.param_names() - before)
+
+
+def set_loop_state(state: LoopState) -> None:
+  """Stores the carry a loop ended with as the current frame's state and rng."""
+  _stateful.update_internal_state(state)

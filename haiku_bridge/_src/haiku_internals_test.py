@@ -4,6 +4,7 @@ from absl.testing import absltest
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from haiku_bridge._src import haiku_internals
 
@@ -280,6 +281,62 @@ class HaikuInternalsTest(absltest.TestCase):
     params = f.init(jax.random.PRNGKey(0), jnp.ones([2, 1]))
     tops = {b.split("/")[0] for b in params}
     self.assertEqual(tops, set(haiku_internals.LAYER_STACK_NAMES.values()))
+
+  def test_loop_state_step_and_set(self):
+    # A loop over the three functions is hk.scan's loop: the same state
+    # and the same dropout keys at each step, and the same state after.
+    def step(linear):
+      def f(h, x):
+        n = hk.get_state("n", [], init=jnp.zeros)
+        hk.set_state("n", n + 1)
+        h = hk.dropout(hk.next_rng_key(), 0.5, jnp.tanh(linear(x) + h))
+        return h, h * n
+      return f
+
+    def by_hand(xs):
+      f = step(hk.Linear(3))
+      h, ys0 = f(jnp.zeros([3]), xs[0])  # Init: the first step creates.
+
+      def body(carry, x):
+        h, state = carry
+        with haiku_internals.loop_step(state):
+          h, y = f(h, x)
+          return (h, haiku_internals.loop_state()), y
+
+      (h, state), ys = jax.lax.scan(body, (h, haiku_internals.loop_state()),
+                                    xs[1:])
+      haiku_internals.set_loop_state(state)
+      return h, jnp.concatenate([ys0[None], ys])
+
+    def haikus(xs):
+      return hk.scan(step(hk.Linear(3)), jnp.zeros([3]), xs)
+
+    xs = jnp.ones([4, 2])
+    ours, theirs = (hk.transform_with_state(by_hand),
+                    hk.transform_with_state(haikus))
+    key = jax.random.PRNGKey(0)
+    params, state = theirs.init(key, xs)
+    jax.tree.map(np.testing.assert_array_equal, ours.init(key, xs),
+                 (params, state))
+    jax.tree.map(np.testing.assert_array_equal,
+                 ours.apply(params, state, key, xs),
+                 theirs.apply(params, state, key, xs))
+
+  def test_loop_step_lists_new_params(self):
+    def f():
+      with haiku_internals.loop_step(haiku_internals.loop_state()) as new:
+        hk.get_parameter("old", [1], init=jnp.ones)
+        seen = [new()]
+        hk.Linear(1)(jnp.ones([1, 1]))
+        return seen + [new()]
+
+    def run():
+      hk.get_parameter("old", [1], init=jnp.ones)
+      return f()
+
+    out = []
+    hk.transform(lambda: out.extend(run())).init(jax.random.PRNGKey(0))
+    self.assertEqual(out, [[], ["linear/b", "linear/w"]])
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ scan's: the same names, shapes and initial values). Under a mesh whose axis
 `"stage"` has S devices, the N stacked layers run as S stages inside
 `jax.shard_map` over that axis alone (the other axes, `data`, `model`, stay
 with `jax.jit`), the batch split into M microbatches, activations passed from
-stage to stage with `jax.lax.ppermute`:
+stage to stage with `jax.lax.ppermute`. A stage runs the layers of each
+visit through the stack's own loop (`loop.Loop`, with its remat):
 
 * `schedule="gpipe"`: stage s holds layers [s·N/S, (s+1)·N/S), which a
   layer axis stored over `"stage"` (`ShardingRules(stacked={stack:
@@ -56,15 +57,11 @@ from jax.sharding import PartitionSpec
 import numpy as np
 
 from haiku_bridge._src import errors
+from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
 SCHEDULES = ("gpipe", "circular")
-
-# `scan(body, carry, per_layer, length) -> (carry, ys)`: the layer scan's own
-# loop (with its remat), run over one visit's layers.
-ScanFn = Callable[[Callable[..., Any], PyTree, PyTree, int],
-                  tuple[PyTree, PyTree]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,8 +270,8 @@ def check(pipeline: Pipeline, carry: PyTree, num_layers: int, *,
 
 
 def run(pipeline: Pipeline, stages: int, body: Callable[..., Any],
-        carry: PyTree, per_layer: PyTree, *, num_layers: int, scan: ScanFn,
-        reverse: bool = False) -> tuple[PyTree, PyTree]:
+        carry: PyTree, per_layer: PyTree, *, num_layers: int,
+        loop: loop_lib.Loop, reverse: bool = False) -> tuple[PyTree, PyTree]:
   """`layer_scan`'s loop as a pipeline: `(carry, (ys, state))`, as its scan returns them.
 
   Args:
@@ -286,7 +283,8 @@ def run(pipeline: Pipeline, stages: int, body: Callable[..., Any],
     per_layer: `(params, state, keys, xs)`, each leaf `[num_layers, ...]`
       (keys may be None).
     num_layers: N.
-    scan: runs `body` over one visit's layers, with the stack's remat.
+    loop: the stack's loop (`loop.Loop`, its remat), which each stage runs
+      over the layers of one visit.
     reverse: run the layers last to first.
 
   Returns:
@@ -302,7 +300,7 @@ def run(pipeline: Pipeline, stages: int, body: Callable[..., Any],
   if reverse:
     per_layer = jax.tree.map(lambda a: jnp.flip(a, 0), per_layer)
   state = per_layer[1]
-  program = _StageProgram(body, scan, layout,
+  program = _StageProgram(body, loop, layout,
                           schedule(stages, pipeline.microbatches, repeats),
                           pipeline.microbatches)
   staged = jax.tree.map(layout.to_stages, per_layer)
@@ -439,7 +437,7 @@ class _Layout:
 class _StageProgram:
   """What each stage runs (inside the `shard_map`): every step of the timetable."""
   body: Callable[..., Any]
-  scan: ScanFn
+  loop: loop_lib.Loop
   layout: _Layout
   timetable: Schedule
   microbatches: int
@@ -481,7 +479,7 @@ class _StageProgram:
           lambda k: jax.random.fold_in(k, m))(_index(keys, repeat))
       visit = (_index(params, repeat), _index(state, repeat), visit_keys,
                _index(xs, repeat))
-      out, (y, new_state) = self.scan(body, x_in, visit, self.layout.layers)
+      out, (y, new_state) = self.loop(body, x_in, visit, self.layout.layers)
       state = _put(state, repeat, new_state, active)
       return (out, returned, state), (out, y)
 

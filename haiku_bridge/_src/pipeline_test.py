@@ -31,7 +31,7 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import scan
+from haiku_bridge._src import loop as loop_lib
 from testing import transformer
 
 KEY = jax.random.PRNGKey(0)
@@ -433,7 +433,7 @@ class LayerKindsTest(EightDevicesTest):
                          stage_rules())
     assert_close(self, got, expected)
 
-  @parameterized.product(remat=(False, True) + scan.REMAT_SCHEDULES,
+  @parameterized.product(remat=(False, True) + loop_lib.REMAT_SCHEDULES,
                          schedule=pipeline_lib.SCHEDULES)
   def test_pure_layer_with_remat(self, remat, schedule):
     pipe = hkb.Pipeline("stage", 2, schedule)

@@ -10,20 +10,19 @@ function (or `hk.Transformed`) or any explicit-params function with its init
 Names and layout are those of `hk.layer_stack` for the same layer (params
 under `<scope>/<name>/<inner module>`, each with a leading layer axis), and
 keys are drawn as `hk.layer_stack` draws them, so checkpoints and outputs move
-between the two. `unstack_params` / `stack_params` convert to and from the
-per-layer names of an unrolled loop.
+between the two (`unrolled_names.py` converts to and from the per-layer
+names of an unrolled loop). What the backward pass keeps (`remat=`) is the
+loop's (`loop.py`); with `pipeline=` the layers run as pipeline stages
+(`pipeline.py`), each stage's layers through the same loop.
 """
 
 import dataclasses
 import functools
 import inspect
-import re
-import string
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional
 
 import haiku as hk
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import caches
@@ -32,9 +31,8 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import inline
+from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import remat_schedule
-from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.pytree import InitFn
 
@@ -42,118 +40,6 @@ from haiku_bridge._src.pytree import InitFn
 # The names hk.layer_stack gives its stack when not given one.
 NO_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[False]
 WITH_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[True]
-
-# `remat=` values that keep fewer carries than layers (remat_schedule.py).
-REMAT_SCHEDULES = ("nested", "binomial")
-
-
-def layer_keys(rng: Optional[jax.Array], num_layers: int) -> Optional[jax.Array]:
-  """`num_layers` independent init keys from one key, as `hk.layer_stack` makes them."""
-  if rng is None:
-    return None
-
-  def step(key, _):
-    key, next_key, _ = jax.random.split(key, 3)
-    return next_key, key
-
-  return jax.lax.scan(step, rng, None, length=num_layers)[1]
-
-
-def stacked_init(init: InitFn, num_layers: int,
-                 in_axes: Optional[Sequence[Optional[int]]] = None) -> InitFn:
-  """Stacks `num_layers` independent inits of `init` along a new leading axis.
-
-  Usable as the `init` of `call_pure`, for a `jax.lax.scan` body of your own.
-  Example: 8 dense layers in plain JAX, scanned, their weights Haiku params:
-
-  >>> def dense(p, h):
-  ...   return jnp.tanh(h @ p["w"] + p["b"])
-  >>> def init_dense(rng, h):
-  ...   return {"w": jax.random.normal(rng, [16, 16]) / 4, "b": jnp.zeros([16])}
-  >>> def stack(params, x):
-  ...   return jax.lax.scan(lambda h, p: (dense(p, h), None), x, params)[0]
-  >>> net = hk.transform(
-  ...     lambda x: hkb.call_pure(stack, x, name="stack",
-  ...                             init=hkb.stacked_init(init_dense, 8)))
-  >>> params = net.init(jax.random.PRNGKey(0), jnp.ones([2, 16]))
-  >>> jax.tree.map(jnp.shape, params)
-  {'stack': {'b': (8, 16), 'w': (8, 16, 16)}}
-  >>> net.apply(params, None, jnp.ones([2, 16])).shape
-  (2, 16)
-
-  Args:
-    init: `init(rng, *args, **kwargs) -> params` for one layer.
-    num_layers: how many layers.
-    in_axes: for each positional argument, the axis holding per-layer values,
-      or None to give every layer the whole argument (the default for all).
-
-  Returns:
-    `init_stack(rng, *args, **kwargs)`: params whose every leaf has a leading
-    axis of size `num_layers`; layer `i` is `init(key_i, ...)` with its own key.
-    With `rng=None`, each layer's `init` gets None.
-  """
-  with errors.entry("stacked_init"):
-    errors.check_callable(
-        "init", init, "a function `init(rng, *args, **kwargs) -> params` "
-        "for one layer")
-    num_layers = _check_num_layers(num_layers)
-    return _StackedInit(init, num_layers, _check_in_axes(in_axes))
-
-
-_IN_AXES = ("None, or a sequence with one entry per positional argument of "
-            "`init`: the axis of its per-layer values (an int), or None to "
-            "give every layer all of it")
-
-
-def _check_in_axes(in_axes: Any) -> Optional[tuple[Optional[int], ...]]:
-  if in_axes is None:
-    return None
-  if (isinstance(in_axes, (str, bytes)) or
-      not isinstance(in_axes, Sequence) or
-      not all(a is None or errors.is_int(a) for a in in_axes)):
-    raise TypeError(errors.bad_argument(
-        "in_axes", in_axes, _IN_AXES,
-        f"For one argument split on axis {in_axes!r}, write "
-        f"in_axes=({in_axes!r},)." if errors.is_int(in_axes) else ""))
-  return tuple(None if a is None else int(a) for a in in_axes)
-
-
-@dataclasses.dataclass(frozen=True)
-class _StackedInit:
-  """`stacked_init`'s result: equal for equal inputs, so shape caches hit."""
-  init: InitFn
-  num_layers: int
-  in_axes: Optional[tuple[Optional[int], ...]]
-
-  def __call__(self, rng, *args, **kwargs):
-    axes = self.in_axes if self.in_axes is not None else (None,) * len(args)
-    with errors.entry("stacked_init"):
-      self._check_args(axes, args)
-    keys = layer_keys(rng, self.num_layers)
-    one_layer = lambda key, *a: self.init(key, *a, **kwargs)
-    return jax.vmap(one_layer, in_axes=(None if keys is None else 0,) + axes,
-                    axis_size=self.num_layers)(keys, *args)
-
-  def _check_args(self, axes, args) -> None:
-    """`in_axes` against the arguments the init is called with."""
-    if len(axes) != len(args):
-      raise ValueError(errors.message(
-          f"`in_axes` has {len(axes)} entries, {axes}, but the stacked init "
-          f"was called with {len(args)} positional arguments after the rng; "
-          "give one entry per argument (None to give every layer all of "
-          "it)."))
-    for i, (axis, arg) in enumerate(zip(axes, args)):
-      if axis is None:
-        continue
-      for path, leaf in jax.tree_util.tree_leaves_with_path(arg):
-        shape = np.shape(leaf)
-        in_range = -len(shape) <= axis < len(shape)
-        if not in_range or shape[axis] != self.num_layers:
-          raise ValueError(errors.message(
-              f"`in_axes[{i}]` is {axis}, so argument {i} holds per-layer "
-              f"values on axis {axis}; but at {errors.keystr(path)} it has "
-              f"shape {shape}, where that axis should have size "
-              f"num_layers={self.num_layers}."))
 
 
 def layer_scan(
@@ -248,84 +134,77 @@ def layer_scan(
   Returns:
     `(carry, ys)`: the last layer's carry, and the per-layer `y`s stacked.
   """
-  # Called by repeat_layer, messages name repeat_layer.
-  with errors.entry("layer_scan",
-                    outer_wins=errors.current() == "repeat_layer"):
+  with errors.entry("layer_scan"):
     guards.require_transform()
     _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
     num_layers = _num_layers(num_layers, xs)
-    remat, remat_groups, pipeline = _check_options(
-        remat, remat_policy, remat_groups, unroll, reverse, pipeline)
+    options = _check_options(remat, remat_policy, remat_groups, unroll,
+                             reverse, pipeline)
     if name is None:
       name = NO_PER_LAYER_NAME if xs is None else WITH_PER_LAYER_NAME
-    layer_init, layer_apply = _transformed_layer(_haiku_layer(layer, init,
-                                                              carry, xs))
+    return _run(_haiku_layer(layer, init, carry, xs), carry, xs, num_layers,
+                name, options)
 
-    def init_one(state, x):
-      carry, key = state
-      if key is None:
-        key, next_key, apply_key = None, None, None
-      else:
-        key, next_key, apply_key = jax.random.split(key, 3)
-      params, layer_state = layer_init(key, carry, x)
-      # The next layer's init sees the carry this layer returns.
-      (carry, _), layer_state = layer_apply(params, layer_state, apply_key,
-                                            carry, x)
-      return (carry, next_key), (params, layer_state)
 
-    def init_stack(carry, xs, key):
-      return jax.lax.scan(init_one, (carry, key), xs, length=num_layers)[1]
+class _Options(NamedTuple):
+  """`layer_scan`'s options, checked once by the public call."""
+  loop: loop_lib.Loop
+  reverse: bool
+  pipeline: Optional[pipeline_lib.Pipeline]
 
-    lifted, updater = hk.lift_with_state(init_stack, allow_reuse=True,
-                                         name=name)
-    params, state = lifted(carry, xs, hk.maybe_next_rng_key())
-    _check_depth(name, params, num_layers)
-    key = hk.maybe_next_rng_key()
-    keys = None if key is None else jax.random.split(key, num_layers)
 
-    def body(carry, scanned):
-      params, state, key, x = scanned
-      (carry, y), state = layer_apply(params, state, key, carry, x)
-      return carry, (y, state)
+def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
+         num_layers: int, name: str,
+         options: _Options) -> tuple[PyTree, PyTree]:
+  """The layer scan of a Haiku `layer(carry, x)`, its arguments checked."""
+  layer_init, layer_apply = _transformed_layer(layer)
 
-    scanned = (params, state, keys, xs)
-    scan = _LayerLoop(remat, remat_policy, remat_groups, unroll)
-    stages = None
-    if pipeline is not None:
-      # Init runs the plain scan (the same params), and so does a bridge
-      # that runs this only to find the params it reads, where no mesh is
-      # set (a bridged function's init): neither needs a mesh.
-      stages = pipeline_lib.check(
-          pipeline, carry, num_layers,
-          require_mesh=not (hk.running_init() or inline.planning()))
-    if pipeline is not None and stages is not None and not hk.running_init():
-      carry, (ys, state) = pipeline_lib.run(
-          pipeline, stages, body, carry, scanned, num_layers=num_layers,
-          scan=scan, reverse=reverse)
+  def init_one(state, x):
+    carry, key = state
+    if key is None:
+      key, next_key, apply_key = None, None, None
     else:
-      carry, (ys, state) = scan(body, carry, scanned, num_layers, reverse)
-    updater.update(state)
+      key, next_key, apply_key = jax.random.split(key, 3)
+    params, layer_state = layer_init(key, carry, x)
+    # The next layer's init sees the carry this layer returns.
+    (carry, _), layer_state = layer_apply(params, layer_state, apply_key,
+                                          carry, x)
+    return (carry, next_key), (params, layer_state)
+
+  def init_stack(carry, xs, key):
+    return jax.lax.scan(init_one, (carry, key), xs, length=num_layers)[1]
+
+  lifted, updater = hk.lift_with_state(init_stack, allow_reuse=True,
+                                       name=name)
+  params, state = lifted(carry, xs, hk.maybe_next_rng_key())
+  _check_depth(name, params, num_layers)
+  key = hk.maybe_next_rng_key()
+  keys = None if key is None else jax.random.split(key, num_layers)
+
+  def body(carry, scanned):
+    params, state, key, x = scanned
+    (carry, y), state = layer_apply(params, state, key, carry, x)
+    return carry, (y, state)
+
+  scanned = (params, state, keys, xs)
+  pipeline, reverse = options.pipeline, options.reverse
+  stages = None
+  if pipeline is not None:
+    # Init runs the plain scan (the same params), and so does a bridge
+    # that runs this only to find the params it reads, where no mesh is
+    # set (a bridged function's init): neither needs a mesh.
+    stages = pipeline_lib.check(
+        pipeline, carry, num_layers,
+        require_mesh=not (hk.running_init() or inline.planning()))
+  if pipeline is not None and stages is not None and not hk.running_init():
+    carry, (ys, state) = pipeline_lib.run(
+        pipeline, stages, body, carry, scanned, num_layers=num_layers,
+        loop=options.loop, reverse=reverse)
+  else:
+    carry, (ys, state) = options.loop(body, carry, scanned, num_layers,
+                                      reverse)
+  updater.update(state)
   return carry, ys
-
-
-@dataclasses.dataclass(frozen=True)
-class _LayerLoop:
-  """The scan over layers, with `layer_scan`'s remat; the pipeline runs it per stage."""
-  remat: bool | str
-  policy: Optional[Callable[..., bool]]
-  groups: Optional[int]
-  unroll: int | bool
-
-  def __call__(self, body, carry, scanned, length, reverse=False):
-    if self.remat in REMAT_SCHEDULES:
-      return scheduled_scan.scan(
-          body, carry, scanned, length=length,
-          schedule=_remat_schedule(self.remat, length, self.groups),
-          unroll=self.unroll, reverse=reverse)
-    if self.remat:
-      body = jax.checkpoint(body, policy=self.policy)
-    return jax.lax.scan(body, carry, scanned, length=length,
-                        unroll=self.unroll, reverse=reverse)
 
 
 def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
@@ -352,14 +231,17 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
     The last layer's output.
   """
   with errors.entry("repeat_layer"):
-    num_layers = _check_num_layers(num_layers)
-    _check_repeat_options(options)
-    _check_layer_args(layer, init, options.get("name"), "x -> x")
+    guards.require_transform()
+    num_layers = errors.check_positive_int("num_layers", num_layers)
+    checked = _check_repeat_options(options)
+    name = options.get("name")
+    _check_layer_args(layer, init, name, "x -> x")
     f = inline.haiku_function(layer) if init is None else layer
     _check_layer_signature(f, init, (x,))
-    return layer_scan(
-        _CarryLayer(f), x, num_layers=num_layers,
-        init=None if init is None else _CarryInit(init), **options)[0]
+    carry_layer = _haiku_layer(
+        _CarryLayer(f), None if init is None else _CarryInit(init), x, None)
+    return _run(carry_layer, x, None, num_layers, name or NO_PER_LAYER_NAME,
+                checked)[0]
 
 
 # `layer_scan`'s options that `repeat_layer` passes on, with their defaults.
@@ -368,7 +250,7 @@ _REPEAT_OPTIONS = {"name": None, "remat": False, "remat_policy": None,
                    "pipeline": None}
 
 
-def _check_repeat_options(options: dict[str, Any]) -> None:
+def _check_repeat_options(options: dict[str, Any]) -> _Options:
   """`repeat_layer`'s `**options`: known names, each value checked."""
   if "xs" in options:
     raise TypeError(errors.message(
@@ -382,7 +264,7 @@ def _check_repeat_options(options: dict[str, Any]) -> None:
         f"are {', '.join(_REPEAT_OPTIONS)} (as for hkb.layer_scan)."))
   given = dict(_REPEAT_OPTIONS, **options)
   del given["name"]  # Checked with the layer.
-  _check_options(**given)
+  return _check_options(**given)
 
 
 # `repeat_layer`'s adapters are dataclasses rather than lambdas, so that calls
@@ -495,69 +377,13 @@ def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
 caches.register(_transformed_layer.cache_clear)
 
 
-_REMAT = "False, True, \"nested\" or \"binomial\""
-
-
 def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
-                   unroll: Any, reverse: Any, pipeline: Any,
-                   ) -> tuple[bool | str, Optional[int],
-                              Optional[pipeline_lib.Pipeline]]:
-  """The scan's options, checked: `(remat, remat_groups, pipeline)`."""
-  remat = _remat_mode(remat, remat_policy, remat_groups)
-  if remat_groups is not None:
-    remat_groups = errors.check_positive_int("remat_groups", remat_groups)
-  if not (isinstance(unroll, (bool, np.bool_)) or
-          (errors.is_int(unroll) and unroll >= 0)):
-    raise (ValueError if errors.is_int(unroll) else TypeError)(
-        errors.bad_argument("unroll", unroll, "a bool or a non-negative "
-                            "int, as for jax.lax.scan"))
-  if not isinstance(reverse, (bool, np.bool_)):
-    raise TypeError(errors.bad_argument("reverse", reverse, "a bool"))
-  return remat, remat_groups, pipeline_lib.check_pipeline(pipeline)
-
-
-def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
-  """`remat` checked: False, True, or one of REMAT_SCHEDULES."""
-  if isinstance(remat, (bool, np.bool_)):
-    remat = bool(remat)
-  elif not isinstance(remat, str) or remat not in REMAT_SCHEDULES:
-    # An int or float may be meant as a number of groups.
-    example = (remat if errors.is_int(remat) and remat > 0 else 4)
-    raise (ValueError if isinstance(remat, str) else TypeError)(
-        errors.bad_argument(
-            "remat", remat, _REMAT, "A schedule's number of groups goes in "
-            f"`remat_groups=`: e.g. remat=\"nested\", remat_groups={example}."))
-  if policy is not None:
-    errors.check_callable("remat_policy", policy, "None or a "
-                          "jax.checkpoint_policies policy")
-    if remat is not True:
-      raise ValueError(errors.message(
-          "`remat_policy` needs `remat=True`: it says which activations the "
-          "forward pass keeps for the backward pass, and the nested and "
-          "binomial schedules keep none, only carries."))
-  if groups is not None and remat not in REMAT_SCHEDULES:
-    raise ValueError(errors.message(
-        "`remat_groups` needs `remat=\"nested\"` or `\"binomial\"`."))
-  return remat
-
-
-@functools.lru_cache(maxsize=256)
-def _remat_schedule(remat: str, num_layers: int,
-                    groups: Optional[int]) -> remat_schedule.Schedule:
-  nested = remat_schedule.nested(num_layers, groups)
-  if remat == "nested":
-    return nested
-  # Treeverse with the fewest slots that recompute no more than `nested`.
-  slots = remat_schedule.fewest_binomial_slots(num_layers,
-                                               nested.recomputed_steps)
-  return remat_schedule.binomial(num_layers, slots)
-
-
-caches.register(_remat_schedule.cache_clear)
-
-
-def _check_num_layers(num_layers: Any) -> int:
-  return errors.check_positive_int("num_layers", num_layers)
+                   unroll: Any, reverse: Any, pipeline: Any) -> _Options:
+  """The scan's options, checked."""
+  loop = loop_lib.from_options(remat=remat, remat_policy=remat_policy,
+                               remat_groups=remat_groups, unroll=unroll)
+  return _Options(loop, errors.check_bool("reverse", reverse),
+                  pipeline_lib.check_pipeline(pipeline))
 
 
 def _num_layers(num_layers: Optional[int], xs: PyTree) -> int:
@@ -577,7 +403,7 @@ def _num_layers(num_layers: Optional[int], xs: PyTree) -> int:
     first = np.shape(leaves[0][1])
     num_layers = first[0] if first else None
   if num_layers is not None:
-    num_layers = _check_num_layers(num_layers)
+    num_layers = errors.check_positive_int("num_layers", num_layers)
   size = ("(of size num_layers)" if num_layers is None else
           f"of size num_layers={num_layers}")
   for path, leaf in leaves:
@@ -604,218 +430,9 @@ def _check_depth(stack: str, params: PyTree, num_layers: int) -> None:
 
 
 def _check_carry(before: PyTree, after: PyTree) -> None:
-  describe = lambda t: jax.tree.map(errors.type_str, t)
-  if jax.tree.structure(before) != jax.tree.structure(after) or any(
-      (np.shape(a), jnp.result_type(a)) != (np.shape(b), jnp.result_type(b))
-      for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))):
+  changed = loop_lib.carry_change(before, after)
+  if changed is not None:
     raise ValueError(errors.message(
         "a layer must return a carry like the one it gets, since the next "
-        f"layer takes it; the layer got {describe(before)} and returned "
-        f"{describe(after)}. Return per-layer outputs as `y` in `(carry, "
-        "y)`."))
-
-
-# ---------------------------------------------------------------------------
-# To and from the names of an unrolled loop.
-# ---------------------------------------------------------------------------
-
-
-def _loop_bundle(layer_scope: str, i: int, inner: str) -> str:
-  scope = layer_scope.format(i=i)
-  return scope if inner == "~" else f"{scope}/{inner}"
-
-
-def unstack_params(params: PyTree, *, stack: str, num_layers: int,
-                   layer_scope: str = "layer_{i}") -> PyTree:
-  """Stacked params (a layer scan's) to the per-layer names of a loop.
-
-  For a loop that runs layer `i` under `hk.name_scope(f"layer_{i}")`, stack
-  bundle `<stack>/linear` becomes `layer_0/linear`, `layer_1/linear`, ...; the
-  layer's own top-level params (`<stack>/~`) go to `layer_i` itself. Example:
-  a scanned stack's params, run by the same 4 layers written as a loop:
-
-  >>> def scanned(x):
-  ...   with hk.name_scope("net"):
-  ...     return hkb.repeat_layer(lambda h: jnp.tanh(hk.Linear(16)(h)), x, 4)
-  >>> def looped(x):
-  ...   with hk.name_scope("net"):
-  ...     for i in range(4):
-  ...       with hk.name_scope(f"layer_{i}"):
-  ...         x = jnp.tanh(hk.Linear(16)(x))
-  ...   return x
-  >>> scanned, looped = hk.transform(scanned), hk.transform(looped)
-  >>> x = jnp.ones([2, 16])
-  >>> params = scanned.init(jax.random.PRNGKey(0), x)
-  >>> sorted(params)
-  ['net/__layer_stack_no_per_layer/linear']
-  >>> loop_params = hkb.unstack_params(params, num_layers=4,
-  ...                                  stack="net/__layer_stack_no_per_layer",
-  ...                                  layer_scope="net/layer_{i}")
-  >>> sorted(loop_params)
-  ['net/layer_0/linear', 'net/layer_1/linear', 'net/layer_2/linear',
-   'net/layer_3/linear']
-  >>> np.allclose(looped.apply(loop_params, None, x),
-  ...             scanned.apply(params, None, x), atol=1e-6)
-  True
-
-  Args:
-    params: params holding a stack under `stack`; others are kept as they are.
-    stack: the stack's full bundle prefix, e.g. `"net/encoder"`.
-    num_layers: the number of layers.
-    layer_scope: the full name scope of layer `i` in the loop, with `{i}`.
-
-  Returns:
-    The params with the stack split into per-layer bundles.
-  """
-  with errors.entry("unstack_params"):
-    num_layers = _check_conversion(params, stack, num_layers, layer_scope)
-    out = {bundle: dict(entries) for bundle, entries in params.items()
-           if _inner_bundle(stack, bundle) is None}
-    stacked = {bundle: entries for bundle, entries in params.items()
-               if bundle not in out}
-    if params and not stacked:
-      raise ValueError(errors.message(
-          f"no params under stack {stack!r}. Its bundles start with "
-          f"'{stack}/'; the params have {sorted(params)[:8]}."))
-    for bundle, entries in stacked.items():
-      inner = _inner_bundle(stack, bundle)
-      assert inner is not None, "a stacked bundle has a bundle inside"
-      for key, value in entries.items():
-        if value.shape[:1] != (num_layers,):
-          raise ValueError(errors.message(
-              f"{bundle}/{key} has shape {tuple(value.shape)}, not a leading "
-              f"layer axis of {num_layers}."))
-      for i in range(num_layers):
-        loop_bundle = _loop_bundle(layer_scope, i, inner)
-        if loop_bundle in params:
-          raise ValueError(errors.message(
-              f"layer {i} of {bundle!r} goes to {loop_bundle!r} by "
-              f"layer_scope {layer_scope!r}, but the params already have a "
-              f"bundle {loop_bundle!r}. Pass the loop's own layer_scope."))
-        loop = out.setdefault(loop_bundle, {})
-        for key, value in entries.items():
-          loop[key] = value[i]
-  return out
-
-
-def stack_params(params: PyTree, *, stack: str, num_layers: int,
-                 layer_scope: str = "layer_{i}") -> PyTree:
-  """The inverse of `unstack_params`: loop params to a layer scan's.
-
-  Example: a loop's checkpoint, run by the same 3 layers under `repeat_layer`
-  (at top level, so `layer_scope` is the default `"layer_{i}"`):
-
-  >>> def looped(x):
-  ...   for i in range(3):
-  ...     with hk.name_scope(f"layer_{i}"):
-  ...       x = jnp.tanh(hk.Linear(16)(x))
-  ...   return x
-  >>> looped = hk.transform(looped)
-  >>> scanned = hk.transform(
-  ...     lambda x: hkb.repeat_layer(lambda h: jnp.tanh(hk.Linear(16)(h)), x, 3))
-  >>> x = jnp.ones([2, 16])
-  >>> loop_params = looped.init(jax.random.PRNGKey(0), x)
-  >>> params = hkb.stack_params(loop_params, num_layers=3,
-  ...                           stack="__layer_stack_no_per_layer")
-  >>> jax.tree.map(jnp.shape, params)
-  {'__layer_stack_no_per_layer/linear': {'b': (3, 16), 'w': (3, 16, 16)}}
-  >>> np.allclose(scanned.apply(params, None, x),
-  ...             looped.apply(loop_params, None, x), atol=1e-6)
-  True
-  """
-  with errors.entry("stack_params"):
-    num_layers = _check_conversion(params, stack, num_layers, layer_scope)
-    pattern = re.compile("^" + re.escape(layer_scope).replace(
-        re.escape("{i}"), r"(?P<i>\d+)") + r"(?:/(?P<inner>.+))?$")
-    per_layer: dict[str, dict[str, list[Any]]] = {}
-    out = {}
-    for bundle, entries in params.items():
-      match = pattern.match(bundle)
-      if match is None:
-        out[bundle] = dict(entries)
-        continue
-      if int(match["i"]) >= num_layers:
-        raise ValueError(errors.message(
-            f"{bundle!r} is layer {match['i']} by {layer_scope!r}, but "
-            f"num_layers={num_layers}. Pass the number of layers the loop "
-            "has."))
-      stacked_bundle = f"{stack}/{match['inner'] or '~'}"
-      for key, value in entries.items():
-        slots = per_layer.setdefault(stacked_bundle, {}).setdefault(
-            key, [None] * num_layers)
-        slots[int(match["i"])] = value
-    if params and not per_layer:
-      raise ValueError(errors.message(
-          f"no bundle is a layer by layer_scope {layer_scope!r} (layer 0 "
-          f"would be {layer_scope.format(i=0)!r} or start with "
-          f"'{layer_scope.format(i=0)}/'); the params have "
-          f"{sorted(params)[:8]}. Pass the full name scope of layer i in the "
-          "loop."))
-    for bundle, entries in per_layer.items():
-      if bundle in out:
-        raise ValueError(errors.message(
-            f"the layers stack into {bundle!r}, but the params already have "
-            f"a bundle {bundle!r}. Pass another `stack`."))
-      for key, values in entries.items():
-        missing = [i for i, v in enumerate(values) if v is None]
-        if missing:
-          raise ValueError(errors.message(
-              f"{bundle}/{key} is missing for layers {missing} (looked for "
-              f"{layer_scope!r} bundles)."))
-        shapes = [tuple(np.shape(v)) for v in values]
-        if len(set(shapes)) > 1:
-          i = next(i for i, shape in enumerate(shapes) if shape != shapes[0])
-          raise ValueError(errors.message(
-              f"{bundle}/{key} has shape {shapes[0]} in layer 0 but "
-              f"{shapes[i]} in layer {i}; only layers of one shape stack."))
-        out.setdefault(bundle, {})[key] = jnp.stack(values)
-  return out
-
-
-def _check_conversion(params: Any, stack: Any, num_layers: Any,
-                      layer_scope: Any) -> int:
-  """The arguments of `unstack_params` / `stack_params`; returns num_layers."""
-  _check_params_dict(params)
-  errors.check_str(
-      "stack", stack, "the stack's full bundle prefix, a string such as "
-      "'net/__layer_stack_no_per_layer' (no trailing '/')")
-  if stack.endswith("/"):
-    raise ValueError(errors.bad_argument(
-        "stack", stack, "the stack's full bundle prefix, without a trailing "
-        "'/'"))
-  errors.check_str("layer_scope", layer_scope,
-                   "a string such as 'layer_{i}' or 'net/block_{i}'")
-  try:
-    fields = [field for _, field, _, _ in string.Formatter().parse(layer_scope)
-              if field is not None]
-  except ValueError:
-    fields = None
-  if fields != ["i"]:
-    raise ValueError(errors.bad_argument(
-        "layer_scope", layer_scope, "the full name scope of layer i in the "
-        "loop, with `{i}` once where the layer's number goes, e.g. "
-        "'layer_{i}' or 'net/block_{i}'", "Without `{i}` every layer would "
-        "get one name."))
-  return _check_num_layers(num_layers)
-
-
-def _check_params_dict(params: Any) -> None:
-  wants = "a Haiku params dict {bundle: {name: array}}, as `f.init` returns"
-  if not isinstance(params, Mapping):
-    raise TypeError(errors.bad_argument("params", params, wants))
-  for bundle, entries in params.items():
-    if not isinstance(bundle, str) or not isinstance(entries, Mapping):
-      raise TypeError(errors.message(
-          f"`params` must be {wants}; at {bundle!r} it holds "
-          f"{errors.got(entries)}."))
-    for name, value in entries.items():
-      if not isinstance(value, (jax.Array, np.ndarray)):
-        raise TypeError(errors.message(
-            f"`params` must be {wants}; at {bundle}/{name} it holds "
-            f"{errors.got(value)}."))
-
-
-def _inner_bundle(stack: str, bundle: str) -> Optional[str]:
-  if bundle.startswith(stack + "/"):
-    return bundle[len(stack) + 1:]
-  return None
+        f"layer takes it; the layer got {changed[0]} and returned "
+        f"{changed[1]}. Return per-layer outputs as `y` in `(carry, y)`."))

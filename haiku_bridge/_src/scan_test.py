@@ -19,10 +19,11 @@ from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from haiku_bridge._src import call_pure
+from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import scan
 from haiku_bridge._src import sharding
+from haiku_bridge._src import unrolled_names
 from testing import test_utils
 from testing import transformer
 
@@ -30,7 +31,7 @@ KEY = jax.random.PRNGKey(0)
 X = jax.random.normal(jax.random.PRNGKey(1), [2, 4])
 DEPTH = 3  # √3 divides nothing: "nested" runs groups of 2 and 1.
 STACK = scan.NO_PER_LAYER_NAME
-REMAT_MODES = (False, True) + scan.REMAT_SCHEDULES
+REMAT_MODES = loop_lib.REMAT_MODES
 
 
 def block(x):
@@ -170,9 +171,9 @@ class UnrolledLoopTest(parameterized.TestCase):
     ref = hk.transform_with_state(
         lambda x, xs: loop(layer, x, xs, reverse=reverse))
     params, st = ours.init(KEY, X, xs)
-    to_loop = lambda tree: scan.unstack_params(tree, stack=STACK if xs is None
-                                               else scan.WITH_PER_LAYER_NAME,
-                                               num_layers=DEPTH)
+    stack = STACK if xs is None else scan.WITH_PER_LAYER_NAME
+    to_loop = lambda tree: unrolled_names.unstack_params(
+        tree, stack=stack, num_layers=DEPTH)
     loop_params, loop_state = to_loop(params), to_loop(st)
     # The loop creates exactly the per-layer names the mapping gives.
     ref_params, ref_state = ref.init(KEY, X, xs)
@@ -238,7 +239,8 @@ class UnrolledLoopTest(parameterized.TestCase):
     params = ours.init(KEY, X)
     chex.assert_trees_all_close(
         ours.apply(params, None, X),
-        ref.apply(scan.unstack_params(params, stack=STACK, num_layers=DEPTH),
+        ref.apply(unrolled_names.unstack_params(params, stack=STACK,
+                                                num_layers=DEPTH),
                   None, X), rtol=1e-6)
 
 
@@ -271,7 +273,7 @@ class RematScheduleTest(parameterized.TestCase):
                                     remat_groups=groups),
         lambda x: hk.layer_stack(depth)(hk.remat(dropout_block))(x), X)
 
-  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  @parameterized.parameters(*loop_lib.REMAT_SCHEDULES)
   def test_reverse_with_state(self, remat):
     self._assert_matches_layer_stack(
         lambda x: scan.repeat_layer(counting_block, x, 5, remat=remat,
@@ -280,7 +282,7 @@ class RematScheduleTest(parameterized.TestCase):
                                                               reverse=True),
         X)
 
-  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  @parameterized.parameters(*loop_lib.REMAT_SCHEDULES)
   def test_xs_and_ys(self, remat):
     def layer(c, x):
       return dropout_block(c * x["gain"]), {"norm": jnp.sum(c ** 2)}
@@ -291,7 +293,7 @@ class RematScheduleTest(parameterized.TestCase):
         lambda x, xs: hk.layer_stack(6, with_per_layer_inputs=True)(
             hk.remat(layer))(x, xs), X, xs)
 
-  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  @parameterized.parameters(*loop_lib.REMAT_SCHEDULES)
   def test_layer_closing_over_an_outer_param(self, remat):
     # The gradient of `scale` sums over the layers that close over it.
     def net(stack):
@@ -304,7 +306,7 @@ class RematScheduleTest(parameterized.TestCase):
         net(lambda layer, x: scan.repeat_layer(layer, x, 6, remat=remat)),
         net(lambda layer, x: hk.layer_stack(6)(hk.remat(layer))(x)), X)
 
-  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  @parameterized.parameters(*loop_lib.REMAT_SCHEDULES)
   def test_getters_see_each_layers_params(self, remat):
     seen = []
     self._assert_matches_layer_stack(
@@ -315,7 +317,7 @@ class RematScheduleTest(parameterized.TestCase):
     self.assertIn(("mlp/~/linear_0/w", (4, 8)), seen)
     self.assertNotIn(("mlp/~/linear_0/w", (5, 4, 8)), seen)
 
-  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  @parameterized.parameters(*loop_lib.REMAT_SCHEDULES)
   def test_pure_layers_equal_remat(self, remat):
     # A pure layer and a jax.custom_vjp one: the same gradients as remat=True.
     for layer in (dense, half_grad_dense):
@@ -329,7 +331,7 @@ class RematScheduleTest(parameterized.TestCase):
       chex.assert_trees_all_close(grads[remat], grads[True], rtol=1e-6,
                                   atol=1e-6)
 
-  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  @parameterized.parameters(*loop_lib.REMAT_SCHEDULES)
   def test_forward_mode_as_layer_stack_of_remat(self, remat):
     # Issue 27, row 10: jax.jvp / jacfwd / linearize raised "can't apply
     # forward-mode autodiff (jvp) to a custom_vjp function"; hk.layer_stack
@@ -383,7 +385,7 @@ class ShardedRematScheduleTest(parameterized.TestCase):
         transformer.transformer, vocab=self.VOCAB, d_model=self.D_MODEL,
         heads=self.HEADS, layers=self.LAYERS, remat=remat))
 
-  @parameterized.product(remat=scan.REMAT_SCHEDULES,
+  @parameterized.product(remat=loop_lib.REMAT_SCHEDULES,
                          layer_axis=(None, "data"))
   def test_transformer_step_equals_one_device(self, remat, layer_axis):
     # The FSDP + tensor-parallel rules; with layer_axis="data", each "data"
@@ -415,7 +417,7 @@ class ShardedRematScheduleTest(parameterized.TestCase):
     self.assertEqual(spec, P(layer_axis, "data" if not layer_axis else None,
                              "model"))
 
-  @parameterized.parameters(*scan.REMAT_SCHEDULES)
+  @parameterized.parameters(*loop_lib.REMAT_SCHEDULES)
   def test_explicit_axes_gather_one_layer_at_a_time(self, remat):
     def layer(h):
       with hk.custom_getter(lambda next_getter, value, context:
@@ -442,7 +444,8 @@ class ShardedRematScheduleTest(parameterized.TestCase):
     self.assertEqual(grads[f"{STACK}/linear"]["w"].sharding.spec,
                      P(None, "data", None))
 
-  @parameterized.product(remat=scan.REMAT_SCHEDULES, check_vma=(True, False))
+  @parameterized.product(remat=loop_lib.REMAT_SCHEDULES,
+                         check_vma=(True, False))
   def test_shard_map_data_parallel(self, remat, check_vma):
     f = hk.transform(lambda x: scan.repeat_layer(dropout_block, x, 5,
                                                  remat=remat))
@@ -526,31 +529,6 @@ class PureLayerTest(parameterized.TestCase):
         jax.tree.map(lambda g: 0.5 * g, jax.grad(loss(plain))(params)),
         rtol=1e-5, atol=1e-7)
 
-  def test_stacked_init_with_own_scan(self):
-    def stack(params, x):
-      return jax.lax.scan(lambda h, p: (dense(p, h), None), x, params)[0]
-
-    f = hk.transform(lambda x: call_pure.call_pure(
-        stack, x, init=scan.stacked_init(init_dense, DEPTH), name="stack"))
-    params = f.init(KEY, X)
-    self.assertEqual(params["stack"]["w"].shape, (DEPTH, 4, 4))
-    # Each layer is initialised independently.
-    self.assertFalse(jnp.allclose(params["stack"]["w"][0],
-                                  params["stack"]["w"][1]))
-    g = hk.transform(lambda x: scan.repeat_layer(dense, x, DEPTH,
-                                                 init=init_dense))
-    chex.assert_trees_all_close(
-        f.apply(params, None, X),
-        g.apply({f"{STACK}/~": params["stack"]}, None, X), rtol=1e-6)
-
-  def test_stacked_init_in_axes(self):
-    xs = jnp.arange(DEPTH, dtype=jnp.float32)
-    init = scan.stacked_init(lambda rng, x: {"v": x * jnp.ones([2])}, DEPTH,
-                             in_axes=(0,))
-    chex.assert_trees_all_equal(init(KEY, xs)["v"],
-                                jnp.repeat(xs[:, None], 2, axis=1))
-
-
 class StructureTest(parameterized.TestCase):
 
   @parameterized.parameters(False, "nested", "binomial")
@@ -563,28 +541,6 @@ class StructureTest(parameterized.TestCase):
       return sum(test_utils.primitive_counts(grad, params).values())
 
     self.assertEqual(eqns(4), eqns(48))
-
-
-class NameMappingTest(absltest.TestCase):
-
-  def test_round_trip(self):
-    f = hk.transform(lambda x: hk.nets.MLP([4])(x) + scan.repeat_layer(
-        block, x, DEPTH, name="enc"))
-    params = f.init(KEY, X)
-    loop_params = scan.unstack_params(params, stack="enc", num_layers=DEPTH,
-                                      layer_scope="blocks/layer_{i}")
-    self.assertIn("blocks/layer_2/mlp/~/linear_0", loop_params)
-    self.assertIn("blocks/layer_0", loop_params)  # the layer's own "gate".
-    self.assertIn("mlp/~/linear_0", loop_params)  # untouched.
-    chex.assert_trees_all_equal(
-        scan.stack_params(loop_params, stack="enc", num_layers=DEPTH,
-                          layer_scope="blocks/layer_{i}"), params)
-
-  def test_missing_layer(self):
-    with self.assertRaisesRegex(ValueError, r"enc/lin/w is missing for layers"
-                                r" \[1\]"):
-      scan.stack_params({"layer_0/lin": {"w": jnp.ones([1])}}, stack="enc",
-                        num_layers=2)
 
 
 class ErrorsTest(parameterized.TestCase):
@@ -609,21 +565,6 @@ class ErrorsTest(parameterized.TestCase):
   def test_bad_num_layers(self, n, error):
     f = hk.transform(lambda x: scan.repeat_layer(block, x, n))
     with self.assertRaisesRegex(error, "positive int"):
-      f.init(KEY, X)
-
-  @parameterized.named_parameters(
-      ("unknown", dict(remat="sqrt"),
-       r"`remat` must be False, True, \"nested\" or \"binomial\""),
-      ("policy", dict(remat="nested",
-                      remat_policy=jax.checkpoint_policies.everything_saveable),
-       r"`remat_policy` needs `remat=True`"),
-      ("groups_without_schedule", dict(remat=True, remat_groups=2),
-       r"`remat_groups` needs `remat=\"nested\"`"),
-      ("bad_groups", dict(remat="nested", remat_groups=0),
-       "`remat_groups` must be a positive int"))
-  def test_remat_options(self, options, message):
-    f = hk.transform(lambda x: scan.repeat_layer(block, x, DEPTH, **options))
-    with self.assertRaisesRegex(ValueError, message):
       f.init(KEY, X)
 
   def test_no_num_layers(self):

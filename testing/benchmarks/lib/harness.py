@@ -184,6 +184,30 @@ def step_timer(step: Callable[..., Any], args: tuple[Any, ...],
   return lambda: {k: t / calls for k, t in timed(run, "step").items()}
 
 
+def compile_steps(label: str, keys: Iterable[Hashable],
+                  step_and_args: Callable[[Hashable], tuple[Any, tuple[Any, ...]]]
+                  ) -> tuple[dict[Hashable, Any], dict[Hashable, tuple[Any, ...]],
+                             dict[Hashable, Optional[int]]]:
+  """Compiles the jitted step of each key; its temporaries, where jax reports them.
+
+  Args:
+    label: what the progress line on stderr calls this loop.
+    keys: the variants to compile.
+    step_and_args: `key -> (jitted step, its arguments)`.
+
+  Returns:
+    `(compiled, args, temp_bytes)`, each by key; `temp_bytes` is None where
+    the backend has no `memory_analysis`.
+  """
+  compiled, args, temp_bytes = {}, {}, {}
+  for key in with_progress(label, keys):
+    step, args[key] = step_and_args(key)
+    compiled[key] = step.lower(*args[key]).compile()
+    analysis = compiled[key].memory_analysis()
+    temp_bytes[key] = None if analysis is None else analysis.temp_size_in_bytes
+  return compiled, args, temp_bytes
+
+
 def only_phases(measurement: Measurement, prefix: str) -> Measurement:
   """`measurement`, keeping the phases whose names start with `prefix`."""
   return lambda: {k: t for k, t in measurement().items()

@@ -157,12 +157,9 @@ class RematResult:
 
 def bench_remat(cfg: RematConfig) -> RematResult:
   keys = [Key(row, v) for row in cfg.rows for v in VARIANTS]
-  compiled, args, temp_bytes = {}, {}, {}
-  for k in harness.with_progress("remat schedules: compiling steps", keys):
-    step, args[k] = step_and_inputs(k.row, k.variant, cfg)
-    compiled[k] = step.lower(*args[k]).compile()
-    analysis = compiled[k].memory_analysis()
-    temp_bytes[k] = None if analysis is None else analysis.temp_size_in_bytes
+  compiled, args, temp_bytes = harness.compile_steps(
+      "remat schedules: compiling steps", keys,
+      lambda k: step_and_inputs(k.row, k.variant, cfg))
   step = harness.interleaved(
       "remat schedules: step times",
       [{k: harness.step_timer(compiled[k], args[k], cfg.step_block_s)

@@ -1,0 +1,302 @@
+"""Scans over time with shared weights: `hk.scan` and `hk.dynamic_unroll` with remat schedules.
+
+An RNN unrolled over T steps keeps, for the backward pass, every step's
+activations (`hk.dynamic_unroll`), or every step's carry (with `hk.remat` on
+the step). `scan` and `dynamic_unroll` are Haiku's, run through the bridge's
+loop (`loop.py`), so `remat="nested"` keeps about 2√T carries and
+`"binomial"` fewer, for one more forward pass: the same outputs, state and
+gradients.
+
+What Haiku does, they do: at init the first step runs outside the loop
+(where it creates the params and state), the loop runs the others on them;
+the params are shared by every step (constants of the loop, whose gradient
+is one buffer summed over the steps); Haiku state and the rng sequence are
+carried from step to step as `hk.scan` carries them (`haiku_internals`), so
+dropout draws the same keys. Outside a transform, `dynamic_unroll` runs
+`jax.lax.scan` as Haiku's does, and so does `scan` (where `hk.scan` raises):
+both with the schedule.
+"""
+
+from typing import Any, Callable, Optional
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from haiku_bridge._src import errors
+from haiku_bridge._src import guards
+from haiku_bridge._src import haiku_internals
+from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src.pytree import PyTree
+
+StepFn = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
+
+
+def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
+         reverse: bool = False, unroll: int | bool = 1, *,
+         remat: bool | str = False,
+         remat_groups: Optional[int] = None) -> tuple[PyTree, PyTree]:
+  """`hk.scan`, with what its backward pass keeps chosen by `remat`.
+
+  `f(carry, x) -> (carry, y)` runs once per step with the same params, as
+  in `hk.scan`; `remat="nested"` or `"binomial"` keep a few carries for the
+  backward pass instead of every step's activations. Example: an LSTM over
+  64 steps, the gradients of `hk.scan`'s:
+
+  >>> def unroll(scan):
+  ...   def f(xs):
+  ...     lstm = hk.LSTM(8)
+  ...     step = lambda state, x: lstm(x, state)[::-1]
+  ...     state, ys = scan(step, lstm.initial_state(2), xs)
+  ...     return jnp.sum(ys ** 2)
+  ...   return hk.transform(f)
+  >>> ours = unroll(lambda *a: hkb.scan(*a, remat="binomial"))
+  >>> xs = jnp.ones([64, 2, 4])
+  >>> params = ours.init(jax.random.PRNGKey(0), xs)
+  >>> grad = lambda f: jax.grad(f.apply)(params, None, xs)
+  >>> jax.tree.all(jax.tree.map(lambda a, b: jnp.allclose(a, b, atol=1e-6),
+  ...                           grad(ours), grad(unroll(hk.scan))))
+  True
+
+  Args:
+    f: `f(carry, x) -> (carry, y)`, a Haiku function. At init its first step
+      runs outside the loop and creates its params and state; the other
+      steps read them (a step that creates a param there is an error, as in
+      `hk.scan`).
+    init: the first carry.
+    xs: per-step inputs, each leaf with a leading axis of `length` steps
+      (None with `length=`).
+    length: the number of steps; taken from `xs` when not given.
+    reverse: run the steps last to first, as `jax.lax.scan` does.
+    unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
+    remat: what the backward pass keeps: `False` (every step's
+      activations), `True` (one carry per step: `hk.remat` of the step),
+      `"nested"` (≈2√T carries: the steps in ≈√T groups, each recomputed
+      from its first carry) or `"binomial"` (as many recomputed steps as
+      `"nested"`, fewer carries). The carry here includes Haiku state and
+      the rng. The schedules give `remat=True`'s values and derivatives.
+    remat_groups: with `"nested"`, the number of groups (default ≈√T); with
+      `"binomial"`, recompute as many steps as `"nested"` with that many.
+
+  Returns:
+    `(carry, ys)`: the last carry and the per-step `y`s stacked, as
+    `hk.scan` returns them.
+  """
+  with errors.entry("scan"):
+    errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
+    loop = _check_options(remat, remat_groups, unroll)
+    reverse = errors.check_bool("reverse", reverse)
+    length = _length(length, xs)
+    return _scan(_CheckedStep(f), init, xs, length, reverse, loop)
+
+
+def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+                   input_sequence: PyTree, initial_state: PyTree,
+                   time_major: bool = True, reverse: bool = False,
+                   return_all_states: bool = False, unroll: int | bool = 1,
+                   *, remat: bool | str = False,
+                   remat_groups: Optional[int] = None
+                   ) -> tuple[PyTree, PyTree]:
+  """`hk.dynamic_unroll`, with what its backward pass keeps chosen by `remat`.
+
+  Calls `core(input, state) -> (output, state)` on each step of
+  `input_sequence`, carrying the state, as `hk.dynamic_unroll` does (through
+  `hkb.scan`). Example: an LSTM over 256 steps keeping ≈2√256 states for
+  the backward pass, the gradients of `hk.dynamic_unroll`'s:
+
+  >>> def net(unroll):
+  ...   def f(xs):
+  ...     lstm = hk.LSTM(8)
+  ...     ys, _ = unroll(lstm, xs, lstm.initial_state(2))
+  ...     return jnp.sum(ys ** 2)
+  ...   return hk.transform(f)
+  >>> nested = net(lambda *a: hkb.dynamic_unroll(*a, remat="nested"))
+  >>> xs = jnp.ones([256, 2, 4])
+  >>> params = nested.init(jax.random.PRNGKey(0), xs)
+  >>> grad = lambda f: jax.grad(f.apply)(params, None, xs)
+  >>> jax.tree.all(jax.tree.map(lambda a, b: jnp.allclose(a, b, atol=1e-6),
+  ...                           grad(nested), grad(net(hk.dynamic_unroll))))
+  True
+
+  Args:
+    core: an RNN core (`hk.LSTM`, `hk.GRU`, `hk.DeepRNN`, `hk.ResetCore`,
+      ...) or any Haiku function `core(input, state) -> (output, state)`.
+    input_sequence: the inputs, each leaf `[T, ...]` (time major) or
+      `[B, T, ...]`.
+    initial_state: the core's state before the first step.
+    time_major: whether the time axis is axis 0 of the inputs and outputs
+      (else axis 1).
+    reverse: run the steps last to first.
+    return_all_states: return the state after every step, stacked on the
+      time axis, instead of the last.
+    unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
+    remat: `False`, `True`, `"nested"` or `"binomial"`, as for `hkb.scan`.
+    remat_groups: as for `hkb.scan`.
+
+  Returns:
+    `(output_sequence, state)`: the outputs on the time axis, and the last
+    state, or every state with `return_all_states`.
+  """
+  with errors.entry("dynamic_unroll"):
+    errors.check_callable(
+        "core", core, "an RNN core, `core(input, state) -> (output, state)`, "
+        "such as an hk.LSTM")
+    time_major = errors.check_bool("time_major", time_major)
+    reverse = errors.check_bool("reverse", reverse)
+    return_all_states = errors.check_bool("return_all_states",
+                                          return_all_states)
+    loop = _check_options(remat, remat_groups, unroll)
+    if not time_major:
+      _check_batch_major(input_sequence)
+      input_sequence = _swap_batch_time(input_sequence)
+    length = _length(None, input_sequence, "input_sequence")
+
+    def step(state, inputs):
+      out = core(inputs, state)
+      if not (isinstance(out, tuple) and len(out) == 2):
+        raise ValueError(errors.message(
+            f"`core` must return a pair (output, state); it returned "
+            f"{errors.describe(out)}."))
+      outputs, new_state = out
+      changed = loop_lib.carry_change(state, new_state)
+      if changed is not None:
+        raise ValueError(errors.message(
+            "`core` must return a state like the one it gets, since the "
+            f"next step takes it; it got {changed[0]} and returned "
+            f"{changed[1]}."))
+      return new_state, ((outputs, new_state) if return_all_states
+                         else outputs)
+
+    last_state, out = _scan(step, initial_state, input_sequence, length,
+                            reverse, loop)
+    outputs, states = out if return_all_states else (out, last_state)
+    if not time_major:
+      outputs = _swap_batch_time(outputs)
+      if return_all_states:
+        states = _swap_batch_time(states)
+    return outputs, states
+
+
+class _CheckedStep:
+  """`f`, whose output is checked: a pair, with a carry like its input."""
+
+  def __init__(self, f: StepFn):
+    self.f = f
+
+  def __call__(self, carry: PyTree, x: PyTree) -> tuple[PyTree, PyTree]:
+    out = self.f(carry, x)
+    if not (isinstance(out, tuple) and len(out) == 2):
+      raise ValueError(errors.message(
+          f"`f` must return a pair (carry, y); it returned "
+          f"{errors.describe(out)}. Return `(new_carry, None)` for a step "
+          "without per-step outputs."))
+    changed = loop_lib.carry_change(carry, out[0])
+    if changed is not None:
+      raise ValueError(errors.message(
+          "`f` must return a carry like the one it gets, since the next "
+          f"step takes it; it got {changed[0]} and returned {changed[1]}. "
+          "Return per-step outputs as `y` in `(carry, y)`."))
+    return out
+
+
+def _check_options(remat: Any, remat_groups: Any,
+                   unroll: Any) -> loop_lib.Loop:
+  return loop_lib.from_options(remat=remat, remat_groups=remat_groups,
+                               unroll=unroll)
+
+
+def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
+          loop: loop_lib.Loop) -> tuple[PyTree, PyTree]:
+  """`scan` of checked arguments: in a transform, with Haiku state and rng."""
+  if not guards.inside_transform():
+    return loop(f, init, xs, length, reverse)
+  first = None
+  if hk.running_init():
+    # The first step creates the params and state, which the loop cannot
+    # (its carry keeps one structure): it runs outside, as in hk.scan.
+    if length == 0:
+      x = jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), xs)
+      y = f(init, x)[1]
+      return init, jax.tree.map(lambda a: jnp.zeros((0,) + a.shape, a.dtype),
+                                y)
+    at = -1 if reverse else 0
+    init, first = f(init, jax.tree.map(lambda a: a[at], xs))
+    first = jax.tree.map(lambda a: jnp.expand_dims(a, 0), first)
+    xs = jax.tree.map(lambda a: a[:-1] if reverse else a[1:], xs)
+    length -= 1
+    if not length:
+      return init, first
+
+  def step(carry, x):
+    carry, state = carry
+    with haiku_internals.loop_step(state) as created:
+      carry, y = f(carry, x)
+      new = created()
+      if new:
+        # The loop's carry holds no params: they cannot change in a step.
+        raise AssertionError(errors.message(
+            f"a step created params {new}, which the first step did not. "
+            "At init the first step runs alone and creates the params that "
+            "every step shares, as in hk.scan: create modules outside the "
+            "step (e.g. `lstm = hk.LSTM(8)` before the scan) so that each "
+            "step calls the same ones."))
+      return (carry, haiku_internals.loop_state()), y
+
+  (carry, state), ys = loop(step, (init, haiku_internals.loop_state()), xs,
+                            length, reverse)
+  haiku_internals.set_loop_state(state)
+  if first is not None:
+    parts = (lambda y, y0: (y, y0)) if reverse else (lambda y, y0: (y0, y))
+    ys = jax.tree.map(lambda y, y0: jnp.concatenate(parts(y, y0)), ys, first)
+  return carry, ys
+
+
+def _length(length: Any, xs: PyTree, name: str = "xs") -> int:
+  """The number of steps: `length`, or the leading axis every leaf of `xs` has."""
+  if length is not None:
+    if not errors.is_int(length):
+      raise TypeError(errors.bad_argument("length", length,
+                                          "None or a non-negative int"))
+    if length < 0:
+      raise ValueError(errors.bad_argument("length", length,
+                                           "None or a non-negative int"))
+    length = int(length)
+  leaves = jax.tree_util.tree_leaves_with_path(xs)
+  for path, leaf in leaves:
+    if not np.ndim(leaf) or not hasattr(leaf, "shape"):
+      raise TypeError(errors.message(
+          f"{name}{jax.tree_util.keystr(path)} is {errors.got(leaf)}; every "
+          f"leaf of {name} must be an array with a leading time axis, one "
+          "entry per step."))
+  from_first = length is None
+  if length is None:
+    if not leaves:
+      what = ("pass `length=`, the number of steps" if name == "xs" else
+              "pass inputs with a time axis")
+      raise ValueError(errors.message(
+          f"{name} holds no arrays, so the number of steps is unknown: "
+          f"{what}."))
+    length = int(np.shape(leaves[0][1])[0])
+  for path, leaf in leaves:
+    if leaf.shape[0] != length:
+      raise ValueError(errors.message(
+          f"{name}{jax.tree_util.keystr(path)} has shape "
+          f"{tuple(leaf.shape)}, but every leaf of {name} needs a leading "
+          f"time axis of {length} steps"
+          + (f" (as {name}{jax.tree_util.keystr(leaves[0][0])} has)."
+             if from_first else ".")))
+  return length
+
+
+def _check_batch_major(input_sequence: PyTree) -> None:
+  for path, leaf in jax.tree_util.tree_leaves_with_path(input_sequence):
+    if np.ndim(leaf) < 2:
+      raise ValueError(errors.message(
+          f"input_sequence{jax.tree_util.keystr(path)} is "
+          f"{errors.got(leaf)}; with time_major=False every leaf needs a "
+          "batch axis and a time axis, [B, T, ...]."))
+
+
+def _swap_batch_time(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), tree)

@@ -1,0 +1,551 @@
+"""Tests for hkb.scan / hkb.dynamic_unroll: against hk.scan, hk.dynamic_unroll and hk.remat.
+
+Ground truth: Haiku's own `hk.dynamic_unroll` / `hk.scan` of the same core
+(for `remat=False`), and of `hk.remat` of the core (for `remat=True`,
+`"nested"` and `"binomial"`): the same params and state at init, the same
+outputs, final state, Haiku state and gradients at apply. Each test compiles
+one function that runs every mode and its references, and checks them all.
+"""
+
+import jax
+
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import inspect
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import haiku as hk
+import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import haiku_bridge as hkb
+from haiku_bridge._src import loop
+from haiku_bridge._src import time_scan
+from testing import clipped_models
+from testing import test_utils
+
+KEY = jax.random.PRNGKey(0)
+RNG = jax.random.PRNGKey(7)  # Apply's rng: the custom core's dropout.
+BATCH, HIDDEN, FEATURES = 2, 4, 3
+MODES = loop.REMAT_MODES
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+class CountingDropoutCore(hk.RNNCore):
+  """A core with Haiku state (an int and a float) and dropout."""
+
+  def __call__(self, x, h):
+    steps = hk.get_state("steps", [], jnp.int32, init=jnp.zeros)
+    total = hk.get_state("total", [HIDDEN], init=jnp.zeros)
+    h = jnp.tanh(hk.Linear(HIDDEN, name="in")(x) +
+                 hk.Linear(HIDDEN, with_bias=False, name="rec")(h))
+    h = hk.dropout(hk.next_rng_key(), 0.25, h)
+    hk.set_state("steps", steps + 1)
+    hk.set_state("total", total + jnp.mean(h, axis=0))
+    return h * (1 + steps.astype(h.dtype) / 8), h
+
+  def initial_state(self, batch_size):
+    return jnp.zeros([batch_size, HIDDEN])
+
+
+def make_core(name):
+  """`(core, inputs of T steps)` for one of the cores under test."""
+  cores = {
+      "lstm": lambda: hk.LSTM(HIDDEN),
+      "gru": lambda: hk.GRU(HIDDEN),
+      "deep_rnn": lambda: hk.DeepRNN(
+          [hk.LSTM(HIDDEN), jax.nn.relu, hk.GRU(HIDDEN)]),
+      "reset_core": lambda: hk.ResetCore(hk.LSTM(HIDDEN)),
+      "counting_dropout": CountingDropoutCore,
+  }
+  return cores[name]()
+
+
+def make_inputs(name, steps, time_major=True):
+  x = jax.random.normal(jax.random.PRNGKey(steps), [steps, BATCH, FEATURES])
+  if name == "reset_core":
+    x = (x, jax.random.bernoulli(jax.random.PRNGKey(1), 0.2, [steps, BATCH]))
+  if not time_major:
+    x = jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), x)
+  return x
+
+
+def unroll(name, mode, **options):
+  """The core `name` unrolled by hkb (a mode) or by Haiku ("hk", "hk_remat")."""
+  def f(inputs):
+    core = make_core(name)
+    state = core.initial_state(BATCH)
+    if mode == "hk":
+      return hk.dynamic_unroll(core, inputs, state, **options)
+    if mode == "hk_remat":
+      return hk.dynamic_unroll(hk.remat(core), inputs, state, **options)
+    return hkb.dynamic_unroll(core, inputs, state, remat=mode, **options)
+  return hk.transform_with_state(f)
+
+
+def loss_and_grads(f, params, state, inputs):
+  """`(loss, (outputs, last state, Haiku state)), grads` of `f.apply`."""
+  def loss(p):
+    (outputs, last), new_state = f.apply(p, state, RNG, inputs)
+    total = sum(jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(outputs))
+    total += sum(jnp.sum(s ** 2) for s in jax.tree.leaves(last))
+    return total, (outputs, last, new_state)
+  return jax.value_and_grad(loss, has_aux=True)(params)
+
+
+def reference_for(mode):
+  return "hk" if mode is False else "hk_remat"
+
+
+def run_all(transforms, params, state, inputs):
+  """`loss_and_grads` of each transform, in one compiled function."""
+  return jax.jit(lambda p, s, x: [loss_and_grads(f, p, s, x)
+                                  for f in transforms])(params, state, inputs)
+
+
+class DynamicUnrollTest(parameterized.TestCase):
+  """Every core, every length: hk.dynamic_unroll's (of hk.remat's) values and gradients."""
+
+  def _assert_matches_haiku(self, name, steps, modes=MODES, **options):
+    inputs = make_inputs(name, steps, options.get("time_major", True))
+    reference = unroll(name, "hk", **options)
+    params, state = reference.init(KEY, inputs)
+    # Init runs the loop forward only, the same in every mode.
+    chex.assert_trees_all_equal(
+        unroll(name, modes[-1], **options).init(KEY, inputs), (params, state))
+    references = ("hk", "hk_remat")
+    results = run_all([unroll(name, m, **options)
+                       for m in references + tuple(modes)],
+                      params, state, inputs)
+    expected = dict(zip(references, results[:2]))
+    for mode, got in zip(modes, results[2:]):
+      with self.subTest(remat=mode):
+        chex.assert_trees_all_close(got, expected[reference_for(mode)],
+                                    **TOL)
+
+  @parameterized.product(
+      name=("lstm", "gru", "deep_rnn", "reset_core", "counting_dropout"),
+      steps=(1, 2, 3, 7, 64))
+  def test_cores(self, name, steps):
+    self._assert_matches_haiku(name, steps)
+
+  @parameterized.parameters("lstm", "counting_dropout")
+  def test_thousand_steps(self, name):
+    self._assert_matches_haiku(name, 1000, modes=("nested", "binomial"))
+
+  @parameterized.parameters(("lstm", 7), ("counting_dropout", 64))
+  def test_reverse(self, name, steps):
+    self._assert_matches_haiku(name, steps, reverse=True)
+
+  def test_batch_major_all_states(self):
+    self._assert_matches_haiku("deep_rnn", 7, time_major=False,
+                               return_all_states=True, unroll=2)
+
+  def test_init_in_every_mode(self):
+    inputs = make_inputs("counting_dropout", 7)
+    expected = unroll("counting_dropout", "hk").init(KEY, inputs)
+    for mode in MODES:
+      chex.assert_trees_all_equal(
+          unroll("counting_dropout", mode).init(KEY, inputs), expected)
+
+  @parameterized.parameters(*MODES)
+  def test_shared_weights_gradient_is_one_buffer(self, mode):
+    # Every step reads the LSTM's weight: its gradient is one buffer that
+    # each step adds to, never a stack of per-step (or per-slot) copies.
+    steps = 7
+    inputs = make_inputs("lstm", steps)
+    f = unroll("lstm", mode)
+    params, state = f.init(KEY, inputs)
+    w = params["lstm/linear"]["w"]
+    shapes = test_utils.value_shapes(
+        lambda p: loss_and_grads(f, p, state, inputs), params)
+    self.assertIn(w.shape, shapes)
+    stacked = {s for s in shapes if s[1:] == w.shape}
+    self.assertEqual(stacked, set())
+
+  def test_memory_below_per_step_remat(self):
+    # What the schedules are for: a training step over 256 steps keeps ≈2√T
+    # carries (nested: 30, binomial: as many at a square T), not 256. The
+    # ground truth is hk.dynamic_unroll of hk.remat(core), one carry per
+    # step; remat=True compiles to its program (the same temporaries). Each
+    # step's output is reduced in the step, so carries dominate memory.
+    hidden, batch, steps = 32, 8, 256
+    xs = jax.random.normal(KEY, [steps, batch, 2])
+
+    def temporaries(mode):
+      def f(xs):
+        lstm = hk.LSTM(hidden)
+
+        def core(x, state):
+          out, state = lstm(x, state)
+          return jnp.sum(out ** 2, axis=-1), state
+
+        state = lstm.initial_state(batch)
+        if mode == "hk_remat":
+          ys, _ = hk.dynamic_unroll(hk.remat(core), xs, state)
+        else:
+          ys, _ = hkb.dynamic_unroll(core, xs, state, remat=mode)
+        return jnp.mean(ys)
+      f = hk.transform(f)
+      params = f.init(KEY, xs)
+      analysis = jax.jit(jax.grad(f.apply)).lower(
+          params, None, xs).compile().memory_analysis()
+      if analysis is None:
+        self.skipTest("this backend has no memory_analysis")
+      return analysis.temp_size_in_bytes
+
+    baseline = temporaries("hk_remat")
+    self.assertEqual(temporaries(True), baseline)
+    nested, binomial = temporaries("nested"), temporaries("binomial")
+    self.assertLess(nested, baseline / 3)
+    self.assertLessEqual(binomial, nested)
+
+  def test_vmap_and_grad_of_grad(self):
+    # Per-example gradients (jax.vmap), and a Hessian-vector product.
+    inputs = make_inputs("lstm", 7)
+    batch = jax.tree.map(lambda a: jnp.stack([a, -a, 2 * a]), inputs)
+    transforms = [unroll("lstm", m) for m in ("hk", "hk_remat") + MODES]
+    params, state = transforms[0].init(KEY, inputs)
+    tangent = jax.tree.map(jnp.ones_like, params)
+
+    def checks(f):
+      grad = lambda p, x: loss_and_grads(f, p, state, x)[1]
+      per_example = jax.vmap(grad, in_axes=(None, 0))(params, batch)
+      hvp = jax.grad(lambda p: sum(
+          jnp.vdot(g, t) for g, t in zip(jax.tree.leaves(grad(p, inputs)),
+                                         jax.tree.leaves(tangent))))(params)
+      return per_example, hvp
+
+    results = jax.jit(lambda: [checks(f) for f in transforms])()
+    for mode, got in zip(MODES, results[2:]):
+      with self.subTest(remat=mode):
+        chex.assert_trees_all_close(
+            got, results[0 if mode is False else 1], **TOL)
+
+
+def stateful_step(linear):
+  """A step with Haiku state and dropout, xs and ys as dicts."""
+  def f(carry, x):
+    n = hk.get_state("n", [], init=jnp.zeros)
+    hk.set_state("n", n + jnp.sum(carry))
+    h = jnp.tanh(linear(x["in"]) + carry) * x["gain"][:, None]
+    h = hk.dropout(hk.next_rng_key(), 0.5, h)
+    return h, {"mean": jnp.mean(h, axis=-1), "n": n}
+  return f
+
+
+class ScanTest(parameterized.TestCase):
+  """hkb.scan against hk.scan: state, rng, xs and ys, lengths, params made at init."""
+
+  def _assert_matches_haiku(self, body, xs, rng=RNG, modes=MODES,
+                            **options):
+    """`body(scan)`, run with `hkb.scan` in each mode, against `hk.scan`'s."""
+    def net(scan, remat=None):
+      if remat is not None:
+        scan = lambda *a, **k: hkb.scan(*a, remat=remat, **k)
+      return hk.transform_with_state(lambda xs: body(scan, xs, **options))
+
+    references = [net(hk.scan), net(lambda f, *a, **k: hk.scan(
+        hk.remat(f), *a, **k))]
+    params, state = references[0].init(KEY, xs)
+    ours = [net(None, m) for m in modes]
+    inits = jax.jit(lambda: [f.init(KEY, xs) for f in ours])()
+    for init in inits:
+      chex.assert_trees_all_equal(init, (params, state))
+
+    def run(f):
+      def loss(p):
+        out, new_state = f.apply(p, state, rng, xs)
+        return sum(jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(out)), (
+            out, new_state)
+      return jax.value_and_grad(loss, has_aux=True)(params)
+
+    results = jax.jit(lambda: [run(f) for f in references + ours])()
+    for mode, got in zip(modes, results[2:]):
+      with self.subTest(remat=mode):
+        chex.assert_trees_all_close(got, results[0 if mode is False else 1],
+                                    **TOL)
+
+  @parameterized.parameters((1, False), (2, True), (3, False), (3, True),
+                            (7, False), (7, True))
+  def test_state_dropout_xs_and_ys(self, steps, reverse):
+    xs = {"in": jax.random.normal(KEY, [steps, BATCH, FEATURES]),
+          "gain": 1 + jnp.arange(steps * BATCH, dtype=jnp.float32).reshape(
+              steps, BATCH) / 8}
+
+    def body(scan, xs, reverse):
+      step = stateful_step(hk.Linear(HIDDEN))
+      return scan(step, jnp.zeros([BATCH, HIDDEN]), xs, reverse=reverse)
+
+    self._assert_matches_haiku(body, xs, reverse=reverse)
+
+  def test_typed_rng_key(self):
+    xs = {"in": jax.random.normal(KEY, [5, BATCH, FEATURES]),
+          "gain": jnp.ones([5, BATCH])}
+
+    def body(scan, xs):
+      step = stateful_step(hk.Linear(HIDDEN))
+      return scan(step, jnp.zeros([BATCH, HIDDEN]), xs)
+
+    self._assert_matches_haiku(body, xs, rng=jax.random.key(3))
+
+  def test_params_made_by_the_first_step(self):
+    # The step itself creates its params (no module made outside): at init
+    # its first step, run outside the loop, makes them; the others share.
+    def body(scan, xs):
+      def step(h, x):
+        w = hk.get_parameter("w", [FEATURES, HIDDEN],
+                             init=hk.initializers.RandomNormal())
+        return jnp.tanh(x @ w + h), jnp.sum(h)
+      return scan(step, jnp.zeros([BATCH, HIDDEN]), xs)
+
+    self._assert_matches_haiku(body, jax.random.normal(KEY, [6, BATCH,
+                                                             FEATURES]))
+
+  def test_module_made_in_every_step_is_refused_as_by_haiku(self):
+    # A module made inside the step gets a new name at each trace: hk.scan
+    # asserts that the second step made no params, and so does hkb.scan,
+    # naming them.
+    def net(scan):
+      return hk.transform(lambda xs: scan(
+          lambda h, x: (hk.Linear(HIDDEN)(x) + h, None),
+          jnp.zeros([BATCH, HIDDEN]), xs))
+
+    xs = jnp.ones([3, BATCH, FEATURES])
+    with self.assertRaisesRegex(AssertionError, r"\('linear_1', 'b'\), "
+                                r"\('linear_1', 'w'\)"):
+      net(hk.scan).init(KEY, xs)
+    for mode in MODES:
+      with self.assertRaisesRegex(
+          AssertionError, r"^hkb.scan: a step created params \['linear_1/b', "
+          r"'linear_1/w'\], which the first step did not\."):
+        net(lambda *a, mode=mode: hkb.scan(*a, remat=mode)).init(KEY, xs)
+
+  @parameterized.parameters(*MODES)
+  def test_no_steps(self, mode):
+    # Init runs the step once on zeros for the params (as hk.scan does);
+    # both return the carry and no ys.
+    def body(scan, xs):
+      return scan(lambda h, x: (h, hk.Linear(2)(x)), jnp.ones([BATCH]), xs)
+
+    xs = jnp.ones([0, BATCH, FEATURES])
+    for transform_ in (hk.transform(lambda xs: body(hk.scan, xs)),
+                       hk.transform(lambda xs: body(
+                           lambda *a: hkb.scan(*a, remat=mode), xs))):
+      params = transform_.init(KEY, xs)
+      self.assertEqual(jax.tree.map(jnp.shape, params),
+                       {"linear": {"w": (FEATURES, 2), "b": (2,)}})
+      h, ys = transform_.apply(params, None, xs)
+      chex.assert_trees_all_equal((h, ys.shape),
+                                  (jnp.ones([BATCH]), (0, BATCH, 2)))
+
+  def test_length_without_xs(self):
+    def body(scan, xs):
+      del xs
+      linear = hk.Linear(HIDDEN)
+      return scan(lambda h, _: (jnp.tanh(linear(h)), jnp.sum(h)),
+                  jnp.ones([BATCH, HIDDEN]), None, length=9, unroll=3)
+
+    self._assert_matches_haiku(body, jnp.zeros([]))
+
+
+class OutsideTransformTest(parameterized.TestCase):
+  """Outside a transform: jax.lax.scan's values and gradients, with the schedule."""
+
+  @parameterized.parameters(*MODES)
+  def test_scan_and_dynamic_unroll(self, mode):
+    w = jax.random.normal(KEY, [HIDDEN, HIDDEN]) / 2
+    xs = jax.random.normal(RNG, [9, BATCH, HIDDEN])
+    step = lambda w: lambda h, x: (jnp.tanh(h @ w + x),) * 2
+    core = lambda w: lambda x, h: step(w)(h, x)
+    h0 = jnp.zeros([BATCH, HIDDEN])
+
+    def losses(w):
+      ours = hkb.scan(step(w), h0, xs, reverse=True, remat=mode)
+      theirs = jax.lax.scan(step(w), h0, xs, reverse=True)
+      ours_unrolled = hkb.dynamic_unroll(core(w), xs, h0, remat=mode)
+      theirs_unrolled = hk.dynamic_unroll(core(w), xs, h0)
+      return [jnp.sum(jnp.sin(jnp.concatenate([a[0][None], a[1]])))
+              for a in (ours, theirs, ours_unrolled[::-1],
+                        theirs_unrolled[::-1])]
+
+    values = jax.jit(lambda w: [jax.value_and_grad(
+        lambda w, i=i: losses(w)[i])(w) for i in range(4)])(w)
+    chex.assert_trees_all_close(values[0], values[1], **TOL)
+    chex.assert_trees_all_close(values[2], values[3], **TOL)
+
+
+class CompositionTest(parameterized.TestCase):
+  """Inside hkb.custom_vjp and hkb.layer_scan, and under jax.jit with a sharded batch."""
+
+  def test_inside_custom_vjp_gradient_clipping(self):
+    # The core's weights learn from a clipped gradient (clipped_models.py):
+    # the true gradient of hk.dynamic_unroll, clipped by hand.
+    def lstm(xs, unroll_fn):
+      core = hk.LSTM(HIDDEN)
+      return unroll_fn(core, xs, core.initial_state(BATCH))[0]
+
+    def net(unroll_fn, clip):
+      def f(xs):
+        block = lambda xs: lstm(xs, unroll_fn)
+        if clip:
+          block = clipped_models.clipped(block)
+        return jnp.sum(jnp.sin(hk.Linear(2, name="head")(block(xs))))
+      return hk.transform(f)
+
+    xs = make_inputs("lstm", 64)
+    plain = net(hk.dynamic_unroll, clip=False)
+    params = plain.init(KEY, xs)
+    expected = jax.grad(plain.apply)(params, None, xs)
+    expected["lstm/linear"] = clipped_models.clip(expected["lstm/linear"])
+    for mode in loop.REMAT_SCHEDULES:
+      ours = net(lambda *a, mode=mode: hkb.dynamic_unroll(*a, remat=mode),
+                 clip=True)
+      chex.assert_trees_all_equal(ours.init(KEY, xs), params)
+      chex.assert_trees_all_close(
+          jax.jit(jax.grad(ours.apply))(params, None, xs), expected, **TOL)
+
+  def test_inside_layer_scan(self):
+    # A stack of 3 LSTM layers, each unrolled over 16 steps with a
+    # schedule, scanned over layers with one: hk.layer_stack of
+    # hk.dynamic_unroll's values, names and gradients.
+    def layer(unroll_fn):
+      def f(seq):
+        core = hk.LSTM(HIDDEN)
+        return seq + unroll_fn(core, seq, core.initial_state(BATCH))[0]
+      return f
+
+    def net(stack, unroll_fn):
+      return hk.transform(lambda seq: jnp.sum(jnp.sin(
+          stack(layer(unroll_fn), seq))))
+
+    seq = jax.random.normal(KEY, [16, BATCH, HIDDEN])
+    theirs = net(lambda l, x: hk.layer_stack(3)(hk.remat(l))(x),
+                 hk.dynamic_unroll)
+    params = theirs.init(KEY, seq)
+    ours = net(
+        lambda l, x: hkb.repeat_layer(l, x, 3, remat="nested"),
+        lambda *a: hkb.dynamic_unroll(*a, remat="binomial"))
+    chex.assert_trees_all_equal(ours.init(KEY, seq), params)
+    got, expected = jax.jit(lambda p: [jax.value_and_grad(f.apply)(
+        p, None, seq) for f in (ours, theirs)])(params)
+    chex.assert_trees_all_close(got, expected, **TOL)
+
+  @parameterized.parameters(*loop.REMAT_SCHEDULES)
+  def test_jit_with_sharded_batch(self, mode):
+    if jax.device_count() < 8:
+      self.skipTest(f"needs 8 devices, jax has {jax.device_count()}.")
+    batch = 16
+    xs = jax.random.normal(KEY, [32, batch, FEATURES])
+
+    def net(unroll_fn):
+      def f(xs):
+        core = hk.DeepRNN([hk.LSTM(HIDDEN), jax.nn.relu, hk.GRU(HIDDEN)])
+        ys, _ = unroll_fn(core, xs, core.initial_state(batch))
+        return jnp.mean(jnp.sin(ys))
+      return hk.transform(f)
+
+    theirs = net(hk.dynamic_unroll)
+    params = theirs.init(KEY, xs)
+    expected = jax.jit(jax.value_and_grad(theirs.apply))(params, None, xs)
+    ours = net(lambda *a: hkb.dynamic_unroll(*a, remat=mode))
+    # Auto axes: under Explicit ones hk.LSTM's own unroll is refused by JAX
+    # (its weight gradient contracts the sharded batch with no out_sharding).
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    data = NamedSharding(mesh, P(None, "data"))  # Time major: batch axis 1.
+    value, grads = jax.jit(jax.value_and_grad(ours.apply))(
+        params, None, jax.device_put(xs, data))
+    chex.assert_trees_all_close((value, grads), expected, **TOL)
+
+
+class ArgumentsTest(parameterized.TestCase):
+  """Each argument checked on entry, the message naming the call and the argument."""
+
+  def _refused(self, error, api, pattern, fn):
+    with self.assertRaisesRegex(error, rf"^hkb\.{api}: {pattern}"):
+      hk.transform(fn).init(KEY)
+
+  @parameterized.named_parameters(
+      ("f", TypeError, "`f` must be a function", dict(f=None)),
+      ("length_type", TypeError, "`length` must be None or a non-negative "
+       "int; got a float 2.0", dict(length=2.0)),
+      ("length_negative", ValueError, "`length` must be None or a "
+       "non-negative int; got an int -1", dict(length=-1)),
+      ("reverse", TypeError, "`reverse` must be a bool; got None",
+       dict(reverse=None)),
+      ("unroll", ValueError, "`unroll` must be a bool or a non-negative int",
+       dict(unroll=-2)),
+      ("remat", TypeError, r"`remat` must be False, True, \"nested\" or "
+       r"\"binomial\"; got an int 4", dict(remat=4)),
+      ("remat_groups", ValueError, r"`remat_groups` needs `remat=\"nested\"`",
+       dict(remat_groups=3)),
+      ("xs_leaf", TypeError, r"xs\['b'\] is a float 1.0; every leaf of xs "
+       "must be an array with a leading time axis",
+       dict(xs={"a": jnp.ones([3]), "b": 1.0})),
+      ("xs_lengths", ValueError, r"xs\['b'\] has shape \(2,\), but every "
+       r"leaf of xs needs a leading time axis of 3 steps \(as xs\['a'\] "
+       r"has\)\.", dict(xs={"a": jnp.ones([3]), "b": jnp.ones([2])})),
+      ("length_and_xs", ValueError, r"xs has shape \(3,\), but every leaf "
+       r"of xs needs a leading time axis of 4 steps\.", dict(length=4)),
+      ("no_xs", ValueError, "xs holds no arrays, so the number of steps is "
+       "unknown: pass `length=`", dict(xs=None)))
+  def test_scan(self, error, pattern, kwargs):
+    args = dict(f=lambda c, x: (c, x), init=jnp.zeros([]),
+                xs=jnp.ones([3]))
+    args.update(kwargs)
+    self._refused(error, "scan", pattern, lambda: hkb.scan(**args))
+
+  @parameterized.named_parameters(
+      ("core", TypeError, "`core` must be an RNN core", dict(core="lstm")),
+      ("time_major", TypeError, "`time_major` must be a bool; got an int 0",
+       dict(time_major=0)),
+      ("return_all_states", TypeError, "`return_all_states` must be a bool",
+       dict(return_all_states="yes")),
+      ("remat", ValueError, r"`remat` must be .*; got a str 'sqrt'",
+       dict(remat="sqrt")),
+      ("batch_major", ValueError, r"input_sequence is an array float32\[3\]; "
+       r"with time_major=False every leaf needs a batch axis and a time "
+       r"axis, \[B, T, \.\.\.\]\.", dict(time_major=False)),
+      ("no_inputs", ValueError, "input_sequence holds no arrays, so the "
+       "number of steps is unknown: pass inputs with a time axis",
+       dict(input_sequence={})))
+  def test_dynamic_unroll(self, error, pattern, kwargs):
+    args = dict(core=lambda x, s: (x, s), input_sequence=jnp.ones([3]),
+                initial_state=jnp.zeros([]))
+    args.update(kwargs)
+    self._refused(error, "dynamic_unroll", pattern,
+                  lambda: hkb.dynamic_unroll(**args))
+
+  def test_checked_before_any_step_runs(self):
+    calls = []
+    with self.assertRaisesRegex(TypeError, "`remat`"):
+      hk.transform(lambda: hkb.scan(
+          lambda c, x: calls.append(x) or (c, x), 0., jnp.ones([3]),
+          remat=2)).init(KEY)
+    self.assertEqual(calls, [])
+
+  def test_signatures_are_haikus(self):
+    # Haiku's positional arguments, in Haiku's order, under Haiku's names.
+    for ours, theirs in ((hkb.scan, hk.scan),
+                         (hkb.dynamic_unroll, hk.dynamic_unroll)):
+      theirs_params = list(inspect.signature(theirs).parameters.values())
+      ours_params = list(inspect.signature(ours).parameters.values())
+      self.assertEqual(
+          [(p.name, p.default) for p in ours_params[:len(theirs_params)]],
+          [(p.name, p.default) for p in theirs_params])
+      self.assertEqual(
+          [(p.name, p.kind) for p in ours_params[len(theirs_params):]],
+          [("remat", inspect.Parameter.KEYWORD_ONLY),
+           ("remat_groups", inspect.Parameter.KEYWORD_ONLY)])
+    self.assertIs(time_scan.scan, hkb.scan)
+
+
+if __name__ == "__main__":
+  absltest.main()
