@@ -113,6 +113,16 @@ def stack(layer=block, num_layers=LAYERS, state=False, **options):
   return hk.transform_with_state(f) if state else hk.transform(f)
 
 
+def closing_over_a_param(pipeline):
+  """A stack whose layers scale by a param made outside it."""
+  def f(x):
+    scale = hk.get_parameter("scale", [4], init=jnp.ones)
+    return jnp.mean(hkb.repeat_layer(
+        lambda h: block(h) * scale, x, LAYERS, name="blocks",
+        pipeline=pipeline) ** 2)
+  return hk.transform(f)
+
+
 def stage_rules():
   return hkb.ShardingRules([], stacked={"blocks": "stage"})
 
@@ -461,15 +471,8 @@ class LayerKindsTest(EightDevicesTest):
 
   def test_layer_closing_over_an_outer_param(self):
     # The gradient of `scale` sums over every layer of every stage.
-    def net(pipeline):
-      def f(x):
-        scale = hk.get_parameter("scale", [4], init=jnp.ones)
-        return jnp.mean(hkb.repeat_layer(
-            lambda h: block(h) * scale, x, LAYERS, name="blocks",
-            pipeline=pipeline) ** 2)
-      return hk.transform(f)
-
-    self._assert_matches_plain(net(None), net(hkb.Pipeline("stage", 2)))
+    self._assert_matches_plain(closing_over_a_param(None),
+                               closing_over_a_param(hkb.Pipeline("stage", 2)))
 
   def test_transformed_layer(self):
     layer = hk.transform(lambda c, _: (block(c), None))
@@ -534,14 +537,8 @@ class DropInTest(EightDevicesTest):
 
   def test_layer_closing_over_an_outer_param_explicit_axes(self):
     # 4: the closed-over param goes into each stage; its gradient sums them.
-    def f(pipeline):
-      def loss(x):
-        scale = hk.get_parameter("scale", [4], init=jnp.ones)
-        return jnp.mean(hkb.repeat_layer(
-            lambda h: block(h) * scale, x, LAYERS, name="blocks",
-            pipeline=pipeline) ** 2)
-      return hk.transform(loss)
-    self._assert_plain(f, make_mesh(4, axis_type=AxisType.Explicit),
+    self._assert_plain(closing_over_a_param,
+                       make_mesh(4, axis_type=AxisType.Explicit),
                        pipeline=hkb.Pipeline("stage", 2))
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
