@@ -1,17 +1,45 @@
 """Lets pytest run the absltest files (`*_test.py`) that Bazel runs.
 
-absltest reads its flags (e.g. --test_tmpdir, used by `create_tempdir`) after `absltest.main()` has
-parsed them; pytest never calls it, so take every flag's default here.
+Under Bazel each test file is its own process; under pytest one process (or
+one per `pytest -n` worker) imports them all. Three things follow:
+
+- absltest reads its flags (e.g. --test_tmpdir, used by `create_tempdir`)
+  after `absltest.main()` has parsed them; pytest never calls it, so every
+  flag takes its default here.
+- The examples and benchmarks are programs, each defining its own flags
+  (`--num_steps` in three of them); imported into one process, a later
+  definition of a name replaces the earlier one instead of raising
+  `DuplicateFlagError`. Their tests set what they read (`flagsaver`).
+- The XLA compilation cache that `.bazelrc` gives every Bazel test is set
+  here too, unless the environment names one.
 """
+
+import os
 
 from absl import flags
 
-from testing import devices
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      "/tmp/haiku_bridge_xla_cache")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+from testing import devices  # pylint: disable=g-import-not-at-top
 
 # Before any test file starts jax's backend: under pytest one process imports
 # every test file, and the sharding tests need 8 (CPU) devices. Under Bazel,
 # each such file calls the same function itself.
 devices.use_cpu_devices(8)
+
+_register_flag = flags.FlagValues.__setitem__
+
+
+def _register_or_replace(flag_values, name, flag):
+  if name in flag_values:
+    flag.allow_override = True
+  _register_flag(flag_values, name, flag)
+
+
+flags.FlagValues.__setitem__ = _register_or_replace
 
 
 def pytest_configure(config):

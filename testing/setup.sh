@@ -12,6 +12,8 @@
 # 3. If the `bazel` on PATH is Debian's, writes .bazelrc.offline, which .bazelrc imports: it takes
 #    rules_java, rules_cc and remote_coverage_tools from local directories, so that Bazel needs the
 #    internet only for pip. Otherwise removes that file. HB_OFFLINE_RC=1 or =0 forces either way.
+# 4. Creates the directory of the tests' shared XLA compilation cache (.bazelrc), which the sandbox
+#    may write to only if it exists.
 
 set -euo pipefail
 
@@ -79,3 +81,5 @@ if [[ "${offline}" == 1 ]]; then
 else
   rm -f "${OFFLINE_RC}"
 fi
+
+mkdir -p /tmp/haiku_bridge_xla_cache

@@ -313,3 +313,10 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     if isinstance(const, types.CodeType):
       names.extend(_global_names(const))
   return tuple(dict.fromkeys(names))
+
+
+# The memos beside the `Cache`s: pure functions of their arguments, in one
+# registry all the same (`pytree` cannot import this module, so its memo is
+# registered here).
+for _memo in (_installed, _global_names, pytree.key_spec_of):
+  register(_memo.cache_clear)

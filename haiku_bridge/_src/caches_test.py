@@ -189,6 +189,20 @@ class ClearCachesTest(absltest.TestCase):
     self.assertIsNone(cache.get("k"))
     self.assertEqual(cleared, [True])
 
+  def test_every_memo_of_the_package_is_registered(self):
+    # A `functools.lru_cache` anywhere in the package empties with the rest.
+    memos = {
+        f"{name}.{attr}": value
+        for name, module in list(sys.modules.items())
+        if name.startswith("haiku_bridge._src.")
+        for attr, value in vars(module).items()
+        if isinstance(value, functools._lru_cache_wrapper)}  # pylint: disable=protected-access
+    self.assertIn("haiku_bridge._src.remat_schedule._binomial_table", memos)
+    self.assertIn("haiku_bridge._src.pytree.key_spec_of", memos)
+    for name, memo in memos.items():
+      with self.subTest(name):
+        self.assertIn(memo.cache_clear, caches._CLEARERS)  # pylint: disable=protected-access
+
   def test_lru_bound(self):
     cache = caches.Cache("small", max_entries=2)
     for key in "abc":

@@ -96,11 +96,11 @@ def default_key_spec() -> jax.ShapeDtypeStruct:
   `jax_default_prng_impl` decides it: `uint32[2]` for threefry, `uint32[4]`
   for rbg.
   """
-  return _key_spec_of(
+  return key_spec_of(
       jax.config.jax_default_prng_impl)  # type: ignore[attr-defined]
 
 
 @functools.lru_cache(maxsize=None)
-def _key_spec_of(impl: str) -> jax.ShapeDtypeStruct:
+def key_spec_of(impl: str) -> jax.ShapeDtypeStruct:
   del impl  # The key: jax.random reads the config itself.
   return jax.eval_shape(lambda: jax.random.PRNGKey(0))

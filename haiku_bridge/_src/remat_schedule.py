@@ -26,6 +26,8 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from haiku_bridge._src import caches
+
 # What an action does.
 ADVANCE = 0  # Run one step on a carry; the result goes to the register.
 BACKPROP = 1  # Backpropagate through one step, from the carry entering it.
@@ -156,6 +158,9 @@ def _binomial_table(num_steps: int,
       best = int(np.argmin(total))
       cost[size, f], split[size, f] = total[best], cut[best]
   return cost, split
+
+
+caches.register(_binomial_table.cache_clear)
 
 
 def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:

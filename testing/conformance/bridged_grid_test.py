@@ -17,8 +17,11 @@ the caller's), and compares with the same network with `f` called inline:
 
 each cold (every cache cleared before init and apply), warm (apply run twice
 after init), and under an identity `hk.custom_getter` of params and state;
-and, in one fresh process, apply and grad on restored params (init never ran
-there). The forms that take a pure function cannot carry state or rng: those
+and, in one fresh process per form, apply and grad on restored params (init
+never ran there). Init runs eagerly; apply and grad run as one `jax.jit`
+program, traced afresh on each run (a new jit each time, so cold and warm
+are about the bridge's caches, not jax's), and inline's results are computed
+once per (mechanism, getter). The forms that take a pure function cannot carry state or rng: those
 mechanisms run in the two custom-derivative forms only (a stateful `f` is
 refused as `init=`, tested in call_pure_test).
 
@@ -26,6 +29,7 @@ Interceptors around the block see what they see inline (`InterceptorsTest`).
 """
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable
 
@@ -289,6 +293,21 @@ def program(f: hk.TransformedWithState, params, state,
   return results
 
 
+def compiled_program(f: hk.TransformedWithState, params, state,
+                     grad: bool = True) -> dict[str, Any]:
+  """`program` as one jit, traced afresh: each call runs the bridge again."""
+  return jax.jit(functools.partial(program, f, grad=grad))(params, state)
+
+
+@functools.cache
+def inline_results(mechanism: str, getter: bool):
+  """Inline's params, state and program results, once per process."""
+  inline_net = network(mechanism, "inline", getter)
+  params, state = inline_net.init(KEY, X)
+  return params, state, compiled_program(inline_net, params, state,
+                                         MECHANISMS[mechanism].grad)
+
+
 def assert_results_close(test, got, want):
   test.assertEqual(jax.tree.structure(got), jax.tree.structure(want))
   chex.assert_trees_all_close(got, want, **TOL)
@@ -303,37 +322,37 @@ class GridTest(parameterized.TestCase):
       for temperature in ("cold", "warm") for getter in (False, True)
       if not (getter and temperature == "warm"))
   def test_grid(self, mechanism, form, temperature, getter):
-    inline_net = network(mechanism, "inline", getter)
+    params, state, want = inline_results(mechanism, getter)
     ours = network(mechanism, form, getter)
-    params, state = inline_net.init(KEY, X)
     if temperature == "cold":
       hkb.clear_caches()
     got_params, got_state = ours.init(KEY, X)
     chex.assert_trees_all_equal((got_params, got_state), (params, state))
     self.assertEqual(list(got_params), list(params))  # The same order too.
     grad = MECHANISMS[mechanism].grad
-    want = program(inline_net, params, state, grad)
     for _ in range(2 if temperature == "warm" else 1):
       if temperature == "cold":
         hkb.clear_caches()
-      assert_results_close(self, program(ours, params, state, grad), want)
+      assert_results_close(self, compiled_program(ours, params, state, grad),
+                           want)
 
-  def test_fresh_process(self):
-    """Apply and grad of every case where init never ran: restored params."""
+  @parameterized.parameters(*FORMS)
+  def test_fresh_process(self, form):
+    """Apply and grad of every case of `form` where init never ran."""
     tmp = self.create_tempdir().full_path
     checkpoint = {}
     expected = {}
-    for mechanism, form in cases():
-      inline_net = network(mechanism, "inline", False)
-      params, state = inline_net.init(KEY, X)
+    for mechanism, case_form in cases():
+      if case_form != form:
+        continue
+      params, state, results = inline_results(mechanism, False)
       name = f"{mechanism}:{form}"
       checkpoint.update(_flat((params, state), name))
-      expected.update(_flat(program(inline_net, params, state,
-                                    MECHANISMS[mechanism].grad), name))
+      expected.update(_flat(results, name))
     in_path, out_path = (os.path.join(tmp, f) for f in ("in.npz", "out.npz"))
     np.savez(in_path, **checkpoint)
-    child = test_utils.run_in_fresh_process(__file__, "run_restored", in_path,
-                                            out_path)
+    child = test_utils.run_in_fresh_process(__file__, "run_restored", form,
+                                            in_path, out_path)
     if child.returncode:
       self.fail(f"the fresh process failed:\n{child.stderr[-4000:]}")
     with np.load(out_path) as results:
@@ -348,12 +367,14 @@ def _flat(tree, prefix: str) -> dict[str, np.ndarray]:
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def run_restored(in_path: str, out_path: str) -> None:
-  """The fresh process: every bridged case applied on restored params."""
+def run_restored(form: str, in_path: str, out_path: str) -> None:
+  """The fresh process: every case of `form` applied on restored params."""
   with np.load(in_path) as saved:
     saved = dict(saved)
   results = {}
-  for mechanism, form in cases():
+  for mechanism, case_form in cases():
+    if case_form != form:
+      continue
     name = f"{mechanism}:{form}"
     inline_net = network(mechanism, "inline", False)
     # The structure of params and state, from an abstract init of the
@@ -362,8 +383,9 @@ def run_restored(in_path: str, out_path: str) -> None:
     leaves = [jnp.asarray(saved[name + jax.tree_util.keystr(path)])
               for path, _ in jax.tree_util.tree_leaves_with_path(shapes)]
     params, state = jax.tree.structure(shapes).unflatten(leaves)
-    results.update(_flat(program(network(mechanism, form, False), params,
-                                 state, MECHANISMS[mechanism].grad), name))
+    results.update(_flat(compiled_program(
+        network(mechanism, form, False), params, state,
+        MECHANISMS[mechanism].grad), name))
   np.savez(out_path, **results)
 
 
