@@ -10,7 +10,8 @@
 # venv, pip from PyPI) under ${HB_MATRIX_DIR:-~/.cache/haiku_bridge/version_matrix}/<pair>/ and
 # reused; HB_MATRIX_REBUILD=1 builds them afresh. Flax, Equinox and optax are optional and not
 # installed, so the test files that import them are left out (HB_MATRIX_EXTRAS=1 installs them, at
-# versions pip finds for each jax). Each pair's full pytest log: <dir>/<pair>.log. Environment:
+# versions pip finds for each jax). pytest runs each test file in a process of its own; each pair's
+# full log: <dir>/<pair>.log. Environment:
 # HB_PYTHON (default python3, 3.11 or newer), PYTEST_ADDOPTS (passed to pytest as usual).
 #
 # Exit status: 0 when every pair passes, 1 otherwise. Last lines, one per pair:
@@ -66,29 +67,44 @@ for pair in "${pairs[@]}"; do
     status=1
     continue
   fi
-  # Without the optional packages, leave out every test file that imports one (found, not listed).
-  ignore=()
-  if ! "${env}/bin/python" -c "import flax, equinox, optax" >/dev/null 2>&1; then
-    while IFS= read -r file; do ignore+=("--ignore=${file}"); done < <(
-      cd "${ROOT}" && grep -rlE '^(import|from) (flax|equinox|optax)([. ]|$)' --include='*_test.py' \
-        "${TEST_PATHS[@]}" | sort)
-  fi
-  echo "== ${label}: pytest ${TEST_PATHS[*]} (log: ${log})" >&2
+  # The test files, less those that import an optional package when it is not installed.
+  files=()
+  optional=no
+  "${env}/bin/python" -c "import flax, equinox, optax" >/dev/null 2>&1 && optional=yes
+  while IFS= read -r file; do
+    if [[ "${optional}" == no ]] &&
+       grep -qE '^(import|from) (flax|equinox|optax)([. ]|$)' "${ROOT}/${file}"; then
+      continue
+    fi
+    files+=("${file}")
+  done < <(cd "${ROOT}" && find "${TEST_PATHS[@]}" -name '*_test.py' | sort)
+  # One pytest process per file: each starts with a fresh XLA, as under Bazel, and a process that
+  # dies (a crash in XLA) costs its own file only, named in the summary.
+  echo "== ${label}: pytest, ${#files[@]} files, one process each (log: ${log})" >&2
   start="${SECONDS}"
-  (cd "${ROOT}" && "${env}/bin/python" -m pytest -q -p no:cacheprovider "${ignore[@]}" \
-     "${TEST_PATHS[@]}") >>"${log}" 2>&1
-  code=$?
+  passed=0 failed=0 skipped=0 crashed=()
+  for file in "${files[@]}"; do
+    out="$(cd "${ROOT}" && "${env}/bin/python" -m pytest -q -p no:cacheprovider "${file}" 2>&1)"
+    code=$?
+    printf '== %s (exit status %d)\n%s\n' "${file}" "${code}" "${out}" >>"${log}"
+    # pytest's closing line: "4 failed, 500 passed, 18 skipped, 8 warnings in 2072.03s" (with -q).
+    last="$(grep -E '(passed|failed|error|skipped).* in [0-9.]+s' <<<"${out}" | tail -n 1)"
+    count() { grep -oE "[0-9]+ $1" <<<"${last}" | grep -oE '^[0-9]+' || echo 0; }
+    if [[ -z "${last}" ]]; then
+      crashed+=("${file} (exit status ${code})")
+      continue
+    fi
+    passed=$((passed + $(count passed)))
+    failed=$((failed + $(count failed) + $(count error)))
+    skipped=$((skipped + $(count skipped)))
+  done
   took=$((SECONDS - start))
-  # pytest's closing line: "4 failed, 500 passed, 18 skipped, 8 warnings in 2072.03s" (with -q).
-  last="$(grep -E '(passed|failed|error|skipped).* in [0-9.]+s' "${log}" | tail -n 1)"
-  count() { grep -oE "[0-9]+ $1" <<<"${last}" | grep -oE '^[0-9]+' || echo 0; }
-  failed=$(( $(count failed) + $(count error) ))
-  if [[ -z "${last}" ]]; then
-    summaries+=("${label}: pytest printed no summary, exit status ${code} (${log})")
-  else
-    summaries+=("${label}: $(count passed) passed, ${failed} failed, $(count skipped) skipped (${took} s)")
+  summary="${label}: ${passed} passed, ${failed} failed, ${skipped} skipped (${took} s)"
+  if [[ "${#crashed[@]}" -gt 0 ]]; then
+    summary+="; no pytest summary from: ${crashed[*]}"
   fi
-  if [[ "${code}" -ne 0 ]]; then status=1; fi
+  summaries+=("${summary}")
+  if [[ "${failed}" -ne 0 || "${#crashed[@]}" -gt 0 ]]; then status=1; fi
 done
 
 printf '%s\n' "${summaries[@]}"
