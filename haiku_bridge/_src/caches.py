@@ -8,7 +8,8 @@ dtypes, weak types, and the values of non-array arguments); the caller adds
 what else it depends on (the PRNG implementation, x64). Where a key cannot
 be made, nothing is cached. Clearing changes no result, only time, and
 `HAIKU_BRIDGE_CACHES=0` in the environment turns every cache off (the test
-suite runs both ways).
+suite runs both ways): the `Cache`s and the memos of `memoize`, all in one
+registry. (One exception, a constant of jax's: `pytree.key_spec_of`.)
 """
 
 import collections
@@ -107,6 +108,27 @@ _CLEARERS: list[Callable[[], None]] = []
 def register(clear: Callable[[], None]) -> None:
   """Adds a cache kept elsewhere (e.g. a `functools.lru_cache`'s `cache_clear`)."""
   _CLEARERS.append(clear)
+
+
+def memoize(maxsize: Optional[int] = 256) -> Callable[[Callable], Callable]:
+  """`functools.lru_cache` for a function of hashable arguments, in the registry.
+
+  `clear_caches()` empties it, and it keeps nothing while caches are off
+  (`disabled()`, `HAIKU_BRIDGE_CACHES=0`), like every `Cache`.
+  """
+  def wrap(fn: Callable) -> Callable:
+    cached = functools.lru_cache(maxsize=maxsize)(fn)
+    register(cached.cache_clear)
+
+    @functools.wraps(fn)
+    def memoized(*args):
+      return cached(*args) if _enabled else fn(*args)
+
+    memoized.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    memoized.cache_info = cached.cache_info  # type: ignore[attr-defined]
+    return memoized
+
+  return wrap
 
 
 def clear_caches() -> None:
@@ -256,7 +278,7 @@ _INSTALL_ROOTS = tuple(sorted({
     if name in ("stdlib", "platstdlib", "purelib", "platlib")}))
 
 
-@functools.lru_cache(maxsize=None)
+@memoize(maxsize=None)
 def _installed(module_name: str) -> bool:
   """Whether a module is Python's or an installed package's (fixed code)."""
   if module_name in sys.builtin_module_names:
@@ -305,7 +327,7 @@ _EMPTY_CELL = object()
 _UNBOUND = object()
 
 
-@functools.lru_cache(maxsize=4096)
+@memoize(maxsize=4096)
 def _global_names(code: types.CodeType) -> tuple[str, ...]:
   """Names that `code` (and the code nested in it) may read as globals."""
   names = list(code.co_names)
@@ -315,8 +337,7 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
   return tuple(dict.fromkeys(names))
 
 
-# The memos beside the `Cache`s: pure functions of their arguments, in one
-# registry all the same (`pytree` cannot import this module, so its memo is
-# registered here).
-for _memo in (_installed, _global_names, pytree.key_spec_of):
-  register(_memo.cache_clear)
+# `pytree` cannot import this module: its one memo, the key shape of a PRNG
+# implementation (a constant of jax's, keyed on the implementation's name), is
+# registered here, and stays on when caches are off.
+register(pytree.key_spec_of.cache_clear)

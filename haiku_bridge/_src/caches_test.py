@@ -196,12 +196,31 @@ class ClearCachesTest(absltest.TestCase):
         for name, module in list(sys.modules.items())
         if name.startswith("haiku_bridge._src.")
         for attr, value in vars(module).items()
-        if isinstance(value, functools._lru_cache_wrapper)}  # pylint: disable=protected-access
+        if callable(getattr(value, "cache_clear", None))}
     self.assertIn("haiku_bridge._src.remat_schedule._binomial_table", memos)
     self.assertIn("haiku_bridge._src.pytree.key_spec_of", memos)
+    self.assertIn("haiku_bridge._src.loop.schedule", memos)
     for name, memo in memos.items():
       with self.subTest(name):
         self.assertIn(memo.cache_clear, caches._CLEARERS)  # pylint: disable=protected-access
+
+  def test_memoize(self):
+    calls = []
+
+    @caches.memoize(maxsize=None)
+    def double(x):
+      calls.append(x)
+      return 2 * x
+
+    self.assertEqual([double(1), double(1)], [2, 2])
+    self.assertLen(calls, 1)
+    hkb.clear_caches()
+    self.assertEqual(double(1), 2)
+    self.assertLen(calls, 2)
+    with caches.disabled():  # Off: computed on every call, nothing kept.
+      self.assertEqual([double(3), double(3)], [6, 6])
+    self.assertLen(calls, 4)
+    self.assertEqual(double.cache_info().currsize, 0)
 
   def test_lru_bound(self):
     cache = caches.Cache("small", max_entries=2)

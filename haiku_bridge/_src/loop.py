@@ -22,7 +22,6 @@ words, naming itself (`errors.entry`).
 """
 
 import dataclasses
-import functools
 from typing import Any, Callable, Optional
 
 import jax
@@ -150,7 +149,7 @@ def carry_change(before: PyTree, after: PyTree) -> Optional[tuple[str, str]]:
   return None
 
 
-@functools.lru_cache(maxsize=256)
+@caches.memoize(maxsize=256)
 def schedule(remat: str, length: int,
              groups: Optional[int]) -> remat_schedule.Schedule:
   """The schedule of `remat="nested"` / `"binomial"` for `length` steps."""
@@ -162,5 +161,3 @@ def schedule(remat: str, length: int,
                                                nested.recomputed_steps)
   return remat_schedule.binomial(length, slots)
 
-
-caches.register(schedule.cache_clear)

@@ -20,7 +20,6 @@ from its own carry. `scheduled_scan.scan` runs it.
 """
 
 import dataclasses
-import functools
 import math
 from typing import Callable, NamedTuple, Optional
 
@@ -140,7 +139,7 @@ def _binomial_splits(num_steps: int,
   return cost[:, :free + 1], split[:, :free + 1]
 
 
-@functools.lru_cache(maxsize=64)
+@caches.memoize(maxsize=64)
 def _binomial_table(num_steps: int,
                     free: int) -> tuple[np.ndarray, np.ndarray]:
   n = np.arange(num_steps + 1)
@@ -159,8 +158,6 @@ def _binomial_table(num_steps: int,
       cost[size, f], split[size, f] = total[best], cut[best]
   return cost, split
 
-
-caches.register(_binomial_table.cache_clear)
 
 
 def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:

@@ -17,7 +17,6 @@ loop's (`loop.py`); with `pipeline=` the layers run as pipeline stages
 """
 
 import dataclasses
-import functools
 import inspect
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -369,12 +368,10 @@ def _check_layer_signature(f, init, args) -> None:
         "returning one layer's params.")) from None
 
 
-@functools.lru_cache(maxsize=256)
+@caches.memoize(maxsize=256)
 def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
   return hk.transform_with_state(_CheckedLayer(f))
 
-
-caches.register(_transformed_layer.cache_clear)
 
 
 def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
