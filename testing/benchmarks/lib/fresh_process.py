@@ -81,8 +81,11 @@ def _child_command(variant: str, size: models.MlpSize, params_path: str,
   return command
 
 
-def _child_env() -> dict[str, str]:
-  # The child finds this checkout (or Bazel's runfiles) where the parent does.
+def child_env() -> dict[str, str]:
+  """This process's environment, with a PYTHONPATH that finds this checkout.
+
+  The child finds this checkout (or Bazel's runfiles) where the parent does.
+  """
   path = [p for p in sys.path if p and os.path.isdir(p)]
   return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
 
@@ -94,7 +97,7 @@ def run_child(variant: str, size: models.MlpSize, params_path: str,
   done = subprocess.run(
       _child_command(variant, size, params_path, profile_out,
                      eval_shape_init),
-      env=_child_env(), capture_output=True, text=True, check=False)
+      env=child_env(), capture_output=True, text=True, check=False)
   if done.returncode != 0:
     raise RuntimeError(f"fresh-process child for {variant!r} failed "
                        f"(exit {done.returncode}):\n{done.stderr}")
