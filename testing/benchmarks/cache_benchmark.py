@@ -24,12 +24,9 @@ by side in one run, with the caches on and off:
    their on / off ratio is the noise floor of the method on this machine.
 
 "Off" is `caches.disabled()` (`HAIKU_BRIDGE_CACHES=0` in the first-step
-processes) with every cache emptied before each timed trace, and the two
-registered `lru_cache`s called through their `__wrapped__` functions, which
-`HAIKU_BRIDGE_CACHES=0` alone does not bypass: off is what the library would
-do without any cache (`caches_off`). Caches the bridge does not register
-(the binomial schedule's table, the PRNG key's spec, the fingerprint's
-helpers) stay on in both arms.
+processes): every `Cache` and every memo of `caches.memoize` off and empty,
+as if the library had none. One memo stays on in both arms: the key shape of
+the PRNG implementation (`pytree.key_spec_of`, a constant of jax's).
 
 Prints the run (command, date, machine, versions) and the tables to stdout,
 progress to stderr; `testing/benchmarks/results/RESULTS.md` holds the
@@ -76,15 +73,12 @@ from testing.benchmarks.lib import time_scan_bench
 ON, OFF = "on", "off"
 ARMS = (ON, OFF)
 
-# The `functools.lru_cache`s registered with `hkb.clear_caches()`, by the
-# name the tables give them: (module, attribute).
+# The memos (`caches.memoize`) a trace of these models can hit, by the name
+# the tables give them: (module, attribute).
 LRU_CACHES = {
     "layer scan's transformed layer": (scan, "_transformed_layer"),
     "remat schedule": (loop, "schedule"),
 }
-# The cached functions themselves (`caches_off` swaps them while it is open).
-_LRU_FUNCTIONS = {(module, attr): getattr(module, attr)
-                  for module, attr in LRU_CACHES.values()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,24 +229,10 @@ CONFIGS = {c.mode: c for c in (FULL, QUICK)}
 # -- Caches on and off. --------------------------------------------------------
 
 
-def check_known_caches() -> None:
-  """Raises if `hkb.clear_caches()` clears a cache this benchmark cannot turn off."""
-  known = set(_LRU_FUNCTIONS.values())
-  for clear in caches._CLEARERS:  # pylint: disable=protected-access
-    owner = getattr(clear, "__self__", None)
-    if not (isinstance(owner, caches.Cache) or owner in known):
-      raise RuntimeError(f"a cache this benchmark does not know: {clear!r}; "
-                         "add it to LRU_CACHES")
-
-
 @contextlib.contextmanager
 def caches_off() -> Iterator[None]:
   """Every cache of the bridge off and empty: as if the library had none."""
-  check_known_caches()
-  with caches.disabled(), contextlib.ExitStack() as stack:
-    for module, attr in LRU_CACHES.values():
-      stack.enter_context(mock.patch.object(
-          module, attr, _LRU_FUNCTIONS[module, attr].__wrapped__))
+  with caches.disabled():
     yield
 
 
@@ -275,7 +255,7 @@ def counting_hits() -> Iterator[collections.Counter[str]]:
       hits[self.name] += 1
     return value
 
-  lru = {name: _LRU_FUNCTIONS[module, attr]
+  lru = {name: getattr(module, attr)
          for name, (module, attr) in LRU_CACHES.items()}
   before = {name: fn.cache_info().hits for name, fn in lru.items()}
   with mock.patch.object(caches.Cache, "get", counted_get):
@@ -450,7 +430,6 @@ class CacheResult(NamedTuple):
 
 
 def bench_caches(cfg: CacheConfig) -> CacheResult:
-  check_known_caches()
   return CacheResult(cfg, bench_retrace(cfg, tuple(CASES)),
                      bench_first_step(cfg))
 
