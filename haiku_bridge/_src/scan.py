@@ -266,8 +266,8 @@ def _check_repeat_options(options: dict[str, Any]) -> _Options:
   return _check_options(**given)
 
 
-# `repeat_layer`'s adapters are dataclasses rather than lambdas, so that calls
-# with one layer are equal and hit the caches of its transform.
+# `repeat_layer`'s adapters are dataclasses rather than lambdas: calls with one
+# layer build equal adapters, which fingerprint alike (caches.function_key).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,10 +368,10 @@ def _check_layer_signature(f, init, args) -> None:
         "returning one layer's params.")) from None
 
 
-@caches.memoize(maxsize=256)
 def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
+  # Not cached: a cache here saved nothing measurable in a re-trace
+  # (testing/benchmarks/results/RESULTS.md, "Caches: what they save").
   return hk.transform_with_state(_CheckedLayer(f))
-
 
 
 def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
