@@ -113,9 +113,10 @@ def layer_scan(
       carries that allows (treeverse). The schedules give the same values
       and derivatives as `True`. They shape reverse-mode autodiff
       (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.jacfwd`,
-      `jax.linearize`) keeps nothing to schedule and runs as `True`, when
-      it is applied to the function that calls the scan (not through a
-      `jax.jit` inside it: there JAX raises that a custom_vjp has no
+      `jax.linearize` from jax 0.9) keeps nothing to schedule and runs as
+      `True`, when it is applied to the function that calls the scan (not
+      through a `jax.jit` inside it, nor `jax.linearize` on jax < 0.9, whose
+      trace looks like a VJP's: there JAX raises that a custom_vjp has no
       forward mode; see `scheduled_scan.py`).
     remat_policy: a `jax.checkpoint_policies` policy, with `remat=True`.
     remat_groups: with `remat="nested"`, the number of groups, a positive

@@ -120,6 +120,12 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
   return carry_tree.unflatten(new_carry), y_trees[0].unflatten(ys)
 
 
+# Whether `jax.linearize` is seen as forward mode: jax 0.9 and newer (measured:
+# 0.6.0, 0.7.2 and 0.8.1 raise, 0.9.2 and 0.10.2 run it).
+LINEARIZE_IS_FORWARD_MODE = tuple(
+    int(part) for part in jax.__version__.split(".")[:2]) >= (0, 9)
+
+
 def _in_forward_mode() -> bool:
   """Whether the innermost autodiff around this call is forward mode.
 
@@ -130,7 +136,9 @@ def _in_forward_mode() -> bool:
   is around it: then reverse mode is assumed, as it is what a schedule is
   for. Before direct linearization (jax < 0.7, or
   `jax_use_direct_linearize=False`), reverse mode traced JVPs too, over a
-  partial-evaluation trace: those are reverse mode.
+  partial-evaluation trace: those are reverse mode. Linearize traces say
+  whether they are for a VJP from jax 0.9; before, `jax.linearize` is taken
+  for reverse mode, and JAX refuses it (`LINEARIZE_IS_FORWARD_MODE`).
   """
   trace = _current_trace(())
   while trace is not None:

@@ -162,9 +162,12 @@ class ScheduledScanTest(parameterized.TestCase):
       @jax.jit  # Each transform inside: the scan sees its trace.
       def all_of_them(xs, tangent):
         f = lambda xs: loss(scan, length=4)(carry, xs)
-        y, linear = jax.linearize(f, xs)
-        return (jax.jvp(f, (xs,), (tangent,)), jax.jacfwd(f)(xs),
-                (y, linear(tangent), jax.linear_transpose(linear, xs)(1.0)),
+        linearized = ()
+        if scheduled_scan.LINEARIZE_IS_FORWARD_MODE:
+          y, linear = jax.linearize(f, xs)
+          linearized = (y, linear(tangent),
+                        jax.linear_transpose(linear, xs)(1.0))
+        return (jax.jvp(f, (xs,), (tangent,)), jax.jacfwd(f)(xs), linearized,
                 jax.hessian(f)(xs)["scale"]["scale"],
                 jax.vmap(lambda t: jax.jvp(f, (xs,), (t,))[1])(
                     jax.tree.map(lambda x: jnp.stack([x, -x]), tangent)))
@@ -173,6 +176,19 @@ class ScheduledScanTest(parameterized.TestCase):
     chex.assert_trees_all_close(
         derivatives(scheduled(remat_schedule.nested(4))),
         derivatives(checkpointed), rtol=1e-5, atol=1e-6)
+
+  def test_linearize_before_jax_0_9_is_jaxs_error(self):
+    # The limit scheduled_scan states: before jax 0.9 a linearize trace does
+    # not say whether it is for a VJP, so the schedule runs, and JAX refuses
+    # to apply its custom_vjp forward.
+    if scheduled_scan.LINEARIZE_IS_FORWARD_MODE:
+      self.skipTest("jax.linearize runs the checkpointed scan from jax 0.9.")
+    carry, xs = inputs(4)
+    f = lambda xs: loss(scheduled(remat_schedule.nested(4)), length=4)(
+        carry, xs)
+    with self.assertRaisesRegex(TypeError, "forward-mode.*custom_vjp"):
+      _, linear = jax.linearize(f, xs)
+      linear(xs)
 
   def test_reverse_mode_runs_the_schedule_forward_mode_does_not(self):
     # The schedule's backward sweep picks each action with a lax.cond;
