@@ -437,7 +437,9 @@ class ShardedRematScheduleTest(parameterized.TestCase):
     f, ours = step(remat)
     params = jax.device_get(f.init(KEY, x))
     expected = step(True)[1](params, x)  # One device.
-    mesh = jax.make_mesh((8,), ("data",))  # Explicit axes.
+    # Explicit axes (jax.make_mesh's default from jax 0.9 only).
+    mesh = jax.make_mesh((8,), ("data",),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
     rules = sharding.ShardingRules([(r"w$", P("data"))], stacked=[STACK])
     with jax.set_mesh(mesh):
       shardings = sharding.param_shardings(params, mesh, rules)
