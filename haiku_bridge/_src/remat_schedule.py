@@ -159,7 +159,6 @@ def _binomial_table(num_steps: int,
   return cost, split
 
 
-
 def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
   """The schedule that reverses all steps by `split`, the first carry in slot 0."""
   actions: list[Action] = []
