@@ -60,6 +60,9 @@ napoleon_numpy_docstring = False
 napoleon_use_ivar = True
 # Signatures stay one line; the types go beside each argument's description.
 autodoc_typehints = "description"
+# Types go beside the arguments a docstring describes: a dataclass whose `Attributes:` name its
+# fields does not list them a second time, untyped, as constructor parameters.
+autodoc_typehints_description_target = "documented_params"
 autodoc_member_order = "bysource"
 # `hkb.call_pure`, not `haiku_bridge._src.call_pure.call_pure`.
 add_module_names = False

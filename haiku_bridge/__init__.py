@@ -8,6 +8,8 @@ from haiku_bridge._src.custom_grad import custom_vjp
 from haiku_bridge._src.custom_grad import route_cotangents
 from haiku_bridge._src.custom_grad import vjp_fwd
 from haiku_bridge._src.hk_namespace import hk
+from haiku_bridge._src.modes import PipelineSchedule
+from haiku_bridge._src.modes import RematMode
 # The Flax and Equinox adapters load on first use (see _src/optional.py).
 from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.pipeline import Pipeline
@@ -28,6 +30,8 @@ __version__ = "0.1.0"
 
 __all__ = (
     "Pipeline",
+    "PipelineSchedule",
+    "RematMode",
     "ShardingRules",
     "call_pure",
     "clear_caches",

@@ -64,6 +64,8 @@ CLASSES = ("wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argum
 # Which classes of bad input each public name can be given; a class left out says why.
 COVERAGE = {
     "Pipeline": {"wrong_type", "shape_or_depth", "unknown_name"},
+    "PipelineSchedule": set(),  # A type (of `Pipeline(schedule=)`), not a function.
+    "RematMode": set(),  # A type (of `remat=`), not a function.
     # Pipeline: keyword fields of distinct types; a swap shows as wrong_type.
     "ShardingRules": {"wrong_type", "wrong_arity", "unknown_name", "shape_or_depth"},
     # argument_order: rules and stacked= are distinct types, caught as wrong_type.

@@ -3,12 +3,17 @@
 mypy runs over haiku_bridge/ with `[tool.mypy]` of pyproject.toml (which says what is checked and
 why), against the installed jax, Haiku, Flax and Equinox. The annotations of the public API are
 checked here directly: every parameter and return of every name of `haiku_bridge.__all__` and of
-their public methods, which mypy's per-function flags cannot single out.
+their public methods, which mypy's per-function flags cannot single out. And a user's script is
+type-checked as a user's mypy reads it: a misspelt mode string (`remat="nestd"`) is reported.
 """
 
 import inspect
 import os
+import re
 import sys
+import tempfile
+import textwrap
+import typing
 from typing import Any, Callable, Iterator
 
 from absl.testing import absltest
@@ -19,14 +24,14 @@ import haiku_bridge as hkb
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_mypy() -> tuple[str, int]:
-  """mypy over the library, from the repository root as a user would run it."""
+def run_mypy(*args: str) -> tuple[str, int]:
+  """mypy over the library (or `args`), from the repository root as a user would run it."""
   cwd = os.getcwd()
   os.chdir(_ROOT)
   try:
     # No cache: nothing is written, and nothing stale is read.
     stdout, stderr, status = mypy_api.run(
-        ["--cache-dir", os.devnull, "--python-executable", sys.executable])
+        ["--cache-dir", os.devnull, "--python-executable", sys.executable, *args])
   finally:
     os.chdir(cwd)
   return stdout + stderr, status
@@ -37,6 +42,8 @@ def public_callables() -> Iterator[tuple[str, Callable[..., Any]]]:
   for name in hkb.__all__:
     obj = getattr(hkb, name)
     if inspect.ismodule(obj):  # `hkb.hk`: Haiku's namespace, typed by Haiku.
+      continue
+    if typing.get_origin(obj) is not None:  # A type such as `hkb.RematMode`.
       continue
     if not inspect.isclass(obj):
       yield name, obj
@@ -83,6 +90,54 @@ class TypecheckTest(absltest.TestCase):
       self.assertIn(name, found)
     missing = {name: unannotated(fn) for name, fn in found.items()}
     self.assertEqual({name: m for name, m in missing.items() if m}, {})
+
+  def test_misspelt_modes_are_type_errors(self):
+    # Each line marked `# error` holds a misspelt mode; the others are every valid mode of each
+    # option, and a user's own wrapper naming the public types.
+    script = textwrap.dedent("""\
+        import haiku as hk
+        import jax.numpy as jnp
+        import haiku_bridge as hkb
+
+        def block(h: jnp.ndarray) -> jnp.ndarray:
+          return h + hk.Linear(4)(h)
+
+        def pair(h: jnp.ndarray, x: None) -> tuple[jnp.ndarray, None]:
+          return block(h), None
+
+        def deep(x: jnp.ndarray, remat: hkb.RematMode = "binomial") -> jnp.ndarray:
+          return hkb.repeat_layer(block, x, 4, remat=remat)
+
+        def net(x: jnp.ndarray) -> jnp.ndarray:
+          for mode in (False, True, "nested", "binomial"):
+            x = hkb.repeat_layer(block, x, 4, remat=mode)
+          x = hkb.layer_scan(pair, x, num_layers=2, remat="nested")[0]
+          x = hkb.scan(pair, x, None, length=3, remat="binomial")[0]
+          x = hkb.dynamic_unroll(pair, x, x, remat=True)[0]
+          x = hkb.repeat_layer(block, x, 4, remat="binomal")  # error
+          x = hkb.layer_scan(pair, x, num_layers=2, remat="nestd")[0]  # error
+          x = hkb.scan(pair, x, None, length=3, remat="nested ")[0]  # error
+          x = hkb.dynamic_unroll(pair, x, x, remat="True")[0]  # error
+          return deep(x, remat="nested")
+
+        GPIPE = hkb.Pipeline("stage", microbatches=2, schedule="gpipe")
+        CIRCULAR: hkb.PipelineSchedule = "circular"
+        PIPE = hkb.Pipeline("stage", microbatches=2, schedule=CIRCULAR)
+        TYPO = hkb.Pipeline("stage", microbatches=2, schedule="circulr")  # error
+        """)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+      path = os.path.join(tmp, "user.py")
+      with open(path, "w") as f:
+        f.write(script)
+      # The library's own modules are checked by test_mypy_finds_no_error: here only the user's.
+      output, status = run_mypy("--follow-imports=silent", path)
+    lines = script.splitlines()
+    expected = {i + 1 for i, line in enumerate(lines) if line.endswith("# error")}
+    reported = {int(n) for n in re.findall(r"user\.py:(\d+): error:", output)}
+    self.assertEqual(status, 1, output)
+    self.assertEqual(reported, expected, output)
+    for n in expected:
+      self.assertRegex(output, rf"user\.py:{n}: error: Argument \"(remat|schedule)\"", output)
 
   def test_unannotated_finds_what_is_missing(self):
     def partly(self, a: int, b, *args, c: str = "", **kwargs) -> int:

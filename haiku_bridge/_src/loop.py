@@ -30,12 +30,13 @@ import numpy as np
 
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
+from haiku_bridge._src import modes
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
 
 # `remat=` values that keep fewer carries than steps (remat_schedule.py).
-REMAT_SCHEDULES = ("nested", "binomial")
+REMAT_SCHEDULES = modes.REMAT_SCHEDULES
 REMAT_MODES = (False, True) + REMAT_SCHEDULES
 
 Body = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
@@ -65,7 +66,7 @@ class Loop:
       ≈√N); "binomial" recomputes as many steps as "nested" with that many.
     unroll: passed to `jax.lax.scan`.
   """
-  remat: bool | str = False
+  remat: modes.RematMode = False
   policy: Optional[Callable[..., bool]] = None
   groups: Optional[int] = None
   unroll: int | bool = 1

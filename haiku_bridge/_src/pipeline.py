@@ -58,10 +58,11 @@ import numpy as np
 
 from haiku_bridge._src import errors
 from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src import modes
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
-SCHEDULES = ("gpipe", "circular")
+SCHEDULES = modes.PIPELINE_SCHEDULES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Pipeline:
   """
   axis: str = "stage"
   microbatches: int = 1
-  schedule: str = "gpipe"
+  schedule: modes.PipelineSchedule = "gpipe"
   repeats: Optional[int] = None
 
   def __post_init__(self):

@@ -18,7 +18,7 @@ loop's (`loop.py`); with `pipeline=` the layers run as pipeline stages
 
 import dataclasses
 import inspect
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional, TypedDict, Unpack
 
 import haiku as hk
 import jax
@@ -31,6 +31,7 @@ from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import inline
 from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.pytree import InitFn
@@ -49,7 +50,7 @@ def layer_scan(
     num_layers: Optional[int] = None,
     init: Optional[InitFn] = None,
     name: Optional[str] = None,
-    remat: bool | str = False,
+    remat: modes.RematMode = False,
     remat_policy: Optional[Callable[..., bool]] = None,
     remat_groups: Optional[int] = None,
     unroll: int | bool = 1,
@@ -207,8 +208,20 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
   return carry, ys
 
 
+class RepeatOptions(TypedDict, total=False):
+  """`repeat_layer`'s `**options`, typed: those of `layer_scan` it passes on."""
+  name: Optional[str]
+  remat: modes.RematMode
+  remat_policy: Optional[Callable[..., bool]]
+  remat_groups: Optional[int]
+  unroll: int | bool
+  reverse: bool
+  pipeline: Optional[pipeline_lib.Pipeline]
+
+
 def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
-                 *, init: Optional[InitFn] = None, **options: Any) -> PyTree:
+                 *, init: Optional[InitFn] = None,
+                 **options: Unpack[RepeatOptions]) -> PyTree:
   """`layer` applied `num_layers` times with separate weights: `layer_scan` for `x -> x` layers.
 
   >>> def net(x):
@@ -250,7 +263,7 @@ _REPEAT_OPTIONS = {"name": None, "remat": False, "remat_policy": None,
                    "pipeline": None}
 
 
-def _check_repeat_options(options: dict[str, Any]) -> _Options:
+def _check_repeat_options(options: Mapping[str, Any]) -> _Options:
   """`repeat_layer`'s `**options`: known names, each value checked."""
   if "xs" in options:
     raise TypeError(errors.message(

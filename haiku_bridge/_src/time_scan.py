@@ -28,6 +28,7 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src import modes
 from haiku_bridge._src.pytree import PyTree
 
 StepFn = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
@@ -35,7 +36,7 @@ StepFn = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
 
 def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
          reverse: bool = False, unroll: int | bool = 1, *,
-         remat: bool | str = False,
+         remat: modes.RematMode = False,
          remat_groups: Optional[int] = None) -> tuple[PyTree, PyTree]:
   """`hk.scan`, with what its backward pass keeps chosen by `remat`.
 
@@ -95,7 +96,7 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                    input_sequence: PyTree, initial_state: PyTree,
                    time_major: bool = True, reverse: bool = False,
                    return_all_states: bool = False, unroll: int | bool = 1,
-                   *, remat: bool | str = False,
+                   *, remat: modes.RematMode = False,
                    remat_groups: Optional[int] = None
                    ) -> tuple[PyTree, PyTree]:
   """`hk.dynamic_unroll`, with what its backward pass keeps chosen by `remat`.

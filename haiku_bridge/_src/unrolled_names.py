@@ -121,6 +121,16 @@ def stack_params(params: PyTree, *, stack: str, num_layers: int,
   >>> np.allclose(scanned.apply(params, None, x),
   ...             looped.apply(loop_params, None, x), atol=1e-6)
   True
+
+  Args:
+    params: loop params holding `num_layers` bundles `layer_scope`, one
+      per layer; others are kept as they are.
+    stack: the stack's full bundle prefix to write, e.g. `"net/encoder"`.
+    num_layers: the number of layers.
+    layer_scope: the loop's per-layer scope, with `{i}` for the index.
+
+  Returns:
+    `params` with the layers' params stacked under `stack`.
   """
   with errors.entry("stack_params"):
     num_layers = _check_conversion(params, stack, num_layers, layer_scope)
