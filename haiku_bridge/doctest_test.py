@@ -3,12 +3,16 @@
 Examples come from the public names (`haiku_bridge.__all__`: functions, classes and their public
 methods) and from every module of `haiku_bridge/_src/` (the module docstring, its functions and
 classes), the optional-library adapters included. Each example runs in a fresh namespace holding
-only the names below, so it must define or import whatever else it uses: an example is what a
-user can paste.
+only `hk`, `hkb`, `jax`, `jnp` and `np`, so it must define or import whatever else it uses
+(`PartitionSpec`, `nnx`, `eqx`, ...): an example is what a user can paste after
+`import haiku as hk, haiku_bridge as hkb, jax, jax.numpy as jnp, numpy as np`. An example that
+needs more devices than one says so in a comment, `# Needs 8 devices ...`, which this harness reads
+(it gives 8 CPU devices, and skips an example that needs more than there are).
 """
 
 import doctest
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -18,24 +22,26 @@ import jax
 
 from testing import devices
 
-devices.use_cpu_devices()  # The sharding examples use a mesh of 8 devices.
+devices.use_cpu_devices(8)  # The sharding examples use a mesh of 8 devices.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl.testing import absltest
 from absl.testing import parameterized
 import haiku as hk
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge import _src
 
 OPTION_FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-# Optional libraries: in the namespace where installed (the Bazel venv has them all). Without one,
-# the adapter for it and the examples that use it are left out.
-OPTIONAL_MODULES = {"nnx": "flax.nnx", "eqx": "equinox", "optax": "optax"}
+# Optional libraries, which examples import themselves (the Bazel venv has them all). Without one,
+# the adapter for it and the examples that import it are left out.
 OPTIONAL_LIBRARIES = ("flax", "equinox", "optax")
+# `# Needs 8 devices`: an example that needs that many (a mesh) says so.
+NEEDS_DEVICES = re.compile(r"#\s*Needs (\d+) devices")
+# What builds a mesh, whose examples must say how many devices they need.
+MAKES_MESH = re.compile(r"\bjax\.make_mesh\(|\bMesh\(")
 # JAX names that examples use and older supported jax lacks: the jax version that added each. An
 # example using one is skipped on older jax, saying so.
 NEWER_JAX = {"jax.set_mesh": "0.7.0"}
@@ -58,14 +64,24 @@ def missing_jax_name(dotted: str) -> bool:
 
 
 def namespace() -> dict[str, object]:
-  """The names every example may use without importing them."""
-  names = dict(hk=hk, hkb=hkb, jax=jax, jnp=jnp, np=np, P=P)
-  for name, module in OPTIONAL_MODULES.items():
-    try:
-      names[name] = importlib.import_module(module)
-    except ImportError:
-      pass
-  return names
+  """The names every example may use without importing them: these five, no more."""
+  return dict(hk=hk, hkb=hkb, jax=jax, jnp=jnp, np=np)
+
+
+def missing_libraries(docstring: str) -> list[str]:
+  """The optional libraries that `docstring`'s examples import and this environment lacks."""
+  imported = re.findall(r"^\s*(?:>>>|\.\.\.)\s+(?:from|import)\s+(\w+)", docstring,
+                        re.MULTILINE)
+  missing = []
+  for library in dict.fromkeys(imported):
+    if library in OPTIONAL_LIBRARIES and importlib.util.find_spec(library) is None:
+      missing.append(library)
+  return missing
+
+
+def devices_needed(docstring: str) -> int:
+  """The devices an example says it needs (`# Needs 8 devices`); 1 if it says nothing."""
+  return max([int(n) for n in NEEDS_DEVICES.findall(docstring)], default=1)
 
 
 def public_objects() -> list[tuple[str, object]]:
@@ -135,14 +151,29 @@ class DoctestTest(parameterized.TestCase):
     self.assertTrue(checker.check_output("P(None, 'x')\n", "PartitionSpec(None, 'x')\n", 0))
     self.assertFalse(checker.check_output("P(None, 'x')\n", "PartitionSpec('x',)\n", 0))
 
+  def test_examples_get_five_names(self):
+    self.assertEqual(sorted(namespace()), ["hk", "hkb", "jax", "jnp", "np"])
+
+  def test_examples_with_a_mesh_say_how_many_devices(self):
+    silent = [test.name for test in EXAMPLES
+              if MAKES_MESH.search(test.docstring) and devices_needed(test.docstring) < 2]
+    self.assertEqual(silent, [])
+    self.assertEqual(devices_needed(">>> mesh = jax.make_mesh((8,), ('d',))  # Needs 8 devices."), 8)
+
+  def test_missing_libraries_reads_the_imports(self):
+    self.assertEqual(missing_libraries(">>> import numpy\n>>> from haiku_bridge import x"), [])
+    self.assertEqual(missing_libraries(">>> import flax_not_installed_here"), [])
+
   @parameterized.named_parameters(
       (method_name(test), test) for test in EXAMPLES)
   def test_example(self, test: doctest.DocTest):
     test.globs = namespace()
-    missing = [name for name in OPTIONAL_MODULES if name not in test.globs
-               and re.search(rf"\b{name}\.", test.docstring)]
+    missing = missing_libraries(test.docstring)
     if missing:
-      self.skipTest(f"{test.name} uses {missing}, which are not installed.")
+      self.skipTest(f"{test.name} imports {missing}, which are not installed.")
+    needed = devices_needed(test.docstring)
+    if needed > len(jax.devices()):
+      self.skipTest(f"{test.name} needs {needed} devices; there are {len(jax.devices())}.")
     for name, since in NEWER_JAX.items():
       if name in test.docstring and missing_jax_name(name):
         self.skipTest(f"{test.name} uses {name}, which needs jax >= {since} (this is jax "

@@ -48,6 +48,7 @@ def from_equinox(
   Create it inside a Haiku transform, as any Haiku module, and call it like
   the model. Calling it twice shares its weights.
 
+  >>> import equinox as eqx
   >>> mlp = lambda key: eqx.nn.MLP(4, 2, width_size=8, depth=1, key=key)
   >>> f = hk.transform(lambda x: hk.vmap(   # Equinox models see one example.
   ...     hkb.from_equinox(mlp), split_rng=(not hk.running_init()))(x))
@@ -61,6 +62,7 @@ def from_equinox(
   `model(*args, state, **kwargs) -> (out, state)`; the adapter keeps that
   state as Haiku state, so it is called without it:
 
+  >>> import equinox as eqx
   >>> bn = lambda key: eqx.nn.BatchNorm(4, "batch", mode="batch")
   >>> f = hk.transform_with_state(lambda x: hk.vmap(
   ...     hkb.from_equinox(bn), split_rng=False, axis_name="batch")(x))
@@ -118,6 +120,7 @@ def to_equinox(
   state: a model with state is called as `model(*args, state, key=None) ->
   (out, state)`, with `state = eqx.nn.State(model)` to begin with.
 
+  >>> import equinox as eqx
   >>> f = hk.transform(lambda x: hk.nets.MLP([8, 2])(x))
   >>> model = hkb.to_equinox(f, jnp.ones([1, 4]), key=jax.random.PRNGKey(0))
   >>> sorted(model.params)

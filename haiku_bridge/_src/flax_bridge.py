@@ -63,6 +63,7 @@ def from_flax(
   Create it inside a Haiku transform, as any Haiku module, and call it like
   the Flax module. Calling it twice shares its weights.
 
+  >>> from flax import nnx
   >>> class Block(nnx.Module):
   ...   def __init__(self, din, dout, *, rngs):
   ...     self.linear1 = nnx.Linear(din, 8, rngs=rngs)
@@ -194,6 +195,7 @@ def to_nnx(
   Haiku checkpoint loads into it as it is, and `haiku_params()` /
   `haiku_state()` give Haiku's dicts back.
 
+  >>> from flax import nnx
   >>> f = hk.transform(lambda x: hk.nets.MLP([8, 2])(x))
   >>> model = hkb.to_nnx(f, jnp.ones([1, 4]), rngs=nnx.Rngs(0))
   >>> sorted(model.haiku_params())

@@ -74,7 +74,8 @@ class Pipeline:
   without it, train either way, and move checkpoints between them. Example:
   8 layers on 4 stages, 2 devices each for data parallelism:
 
-  >>> from jax.sharding import AxisType
+  >>> from jax.sharding import AxisType, PartitionSpec as P
+  >>> # Needs 8 devices (on a CPU: jax.config.update("jax_num_cpu_devices", 8)).
   >>> def block(h):
   ...   return h + jnp.tanh(hk.Linear(16)(h))
   >>> pipe = hkb.Pipeline("stage", microbatches=4)

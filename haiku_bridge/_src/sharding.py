@@ -82,6 +82,7 @@ class ParamSharding(NamedTuple):
 class ShardingRules:
   """Ordered `(pattern, PartitionSpec)` rules; first match wins.
 
+  >>> from jax.sharding import PartitionSpec as P
   >>> rules = hkb.ShardingRules([
   ...     (r"attention/(query|key|value)/w$", P(None, "model")),
   ...     (r"attention/linear/w$", P("model", None)),
@@ -397,6 +398,7 @@ def explain_shardings(params: PyTree,
                       mesh: Optional[Mesh] = None) -> ShardingReport:
   """Each parameter with its rule and spec; unmatched params; unused rules.
 
+  >>> from jax.sharding import PartitionSpec as P
   >>> params = {"mlp/~/linear_0": {"w": jnp.zeros([4, 8]), "b": jnp.zeros([8])}}
   >>> rules = [(r"linear_0/w$", P(None, "model")), (r"linear_1/w$", P("model"))]
   >>> report = hkb.explain_shardings(params, rules)
@@ -446,6 +448,7 @@ def param_specs(params: PyTree,
                 mesh: Optional[Mesh] = None) -> PyTree:
   """The tree of `PartitionSpec`s for `params`, e.g. `shard_map`'s `in_specs`.
 
+  >>> from jax.sharding import PartitionSpec as P
   >>> params = {"linear": {"w": jnp.zeros([4, 8]), "b": jnp.zeros([8])}}
   >>> hkb.param_specs(params, [(r"linear/w$", P(None, "model"))])
   {'linear': {'b': P(), 'w': P(None, 'model')}}
@@ -480,7 +483,8 @@ def param_shardings(
   Pass it as `out_shardings` of a jitted init, so each parameter is created
   where it belongs, and as `in_shardings` of the step:
 
-  >>> from jax.sharding import AxisType
+  >>> from jax.sharding import AxisType, PartitionSpec as P
+  >>> # Needs 8 devices (on a CPU: jax.config.update("jax_num_cpu_devices", 8)).
   >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
   >>> f = hk.transform(lambda x: hk.Linear(16)(x))
   >>> key, x = jax.random.PRNGKey(0), jnp.ones([8, 4])
@@ -540,7 +544,8 @@ def gather_over(tree: PyTree, axes: str | Sequence[str]) -> PyTree:
   ...     return h + hk.Linear(h.shape[-1])(h)
   >>> f = hk.transform(lambda x: hkb.repeat_layer(layer, x, 4))
   >>> key, x = jax.random.PRNGKey(0), jnp.ones([8, 16])
-  >>> from jax.sharding import AxisType
+  >>> from jax.sharding import AxisType, PartitionSpec as P
+  >>> # Needs 8 devices (on a CPU: jax.config.update("jax_num_cpu_devices", 8)).
   >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
   >>> rules = hkb.ShardingRules([(r"w$", P("data"))],
   ...                           stacked=["__layer_stack_no_per_layer"])
