@@ -25,6 +25,9 @@ from haiku_bridge._src.sharding import param_specs
 from haiku_bridge._src.sharding import ShardingRules
 from haiku_bridge._src.unrolled_names import stack_params
 from haiku_bridge._src.unrolled_names import unstack_params
+from haiku_bridge._src import versions as _versions
+
+_versions.warn_if_untested()  # Once, on import: a jax or dm-haiku newer than the tested set.
 
 __version__ = "0.1.0"
 

@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import haiku_bridge as hkb
+from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import pipeline as pipeline_lib
 
 _DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
@@ -114,6 +115,14 @@ SECTION_TIME = "`scan` and `dynamic_unroll`"
 SECTION_SHARDING = "Sharding rules"
 SECTION_PIPELINE = "Pipelines"
 SECTION_ADAPTERS = "Flax and Equinox adapters"
+SECTION_INSTALL = "Installation"
+
+
+def newer_haiku_without(name: str) -> None:
+  """The check run on import, as on a dm-haiku 0.0.18 whose haiku._src.base lost `name`."""
+  with mock.patch.object(haiku_internals.hk, "__version__", "0.0.18"):
+    haiku_internals.check_haiku({haiku_internals._base: ("current_frame", name)})
+
 
 def another_depth():
   stack = lambda n: hk.transform(lambda x: hkb.repeat_layer(lambda h: hk.Linear(4)(h), x, n))
@@ -440,6 +449,8 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
             KEY, jnp.ones([2, 5]))),
     (SECTION_ADAPTERS, "`to_nnx` with neither `rngs=` nor `params=`"):
         lambda: hkb.to_nnx(hk.transform(mlp), X4),
+    (SECTION_INSTALL, "`import haiku_bridge` with a dm-haiku whose internals moved"):
+        lambda: newer_haiku_without("frame_stack_v2"),
 }
 
 

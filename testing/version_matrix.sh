@@ -8,10 +8,12 @@
 # The pairs below are the supported range: pyproject.toml's bounds and the README state it, and
 # testing/versions_test.py checks that all three agree. Each environment is built once (python3 -m
 # venv, pip from PyPI) under ${HB_MATRIX_DIR:-~/.cache/haiku_bridge/version_matrix}/<pair>/ and
-# reused; HB_MATRIX_REBUILD=1 builds them afresh. Flax, Equinox and optax are optional and not
-# installed, so the test files that import them are left out (HB_MATRIX_EXTRAS=1 installs them, at
-# versions pip finds for each jax). pytest runs each test file in a process of its own; each pair's
-# full log: <dir>/<pair>.log. Environment:
+# reused; HB_MATRIX_REBUILD=1 builds them afresh. The optional libraries are installed where the
+# pair can have them, at the versions pip finds with the pair's jax pinned: Equinox and optax on
+# every pair, Flax (pyproject.toml's `flax` extra) on the pairs with jax >= FLAX_MIN_JAX; a test file
+# that imports a library the pair lacks is left out (HB_MATRIX_EXTRAS=0 installs none of them).
+# pytest runs each test file in a process of its own; each pair's full log: <dir>/<pair>.log.
+# Environment:
 # HB_PYTHON (default python3, 3.11 or newer), PYTEST_ADDOPTS (passed to pytest as usual).
 #
 # Exit status: 0 when every pair passes, 1 otherwise. Last lines, one per pair:
@@ -27,6 +29,10 @@ readonly PAIRS=(
   0.0.16/0.9.2
   0.0.17/0.10.2
 )
+
+# The oldest jax the Flax adapter runs on: Flax >= 0.12.6 (pyproject.toml) needs it.
+readonly FLAX_MIN_JAX=0.8.1
+readonly FLAX_REQUIREMENT="flax>=0.12.6"
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly DIR="${HB_MATRIX_DIR:-${HOME}/.cache/haiku_bridge/version_matrix}"
@@ -44,7 +50,12 @@ build_env() {
   fi
   rm -rf "${env}"
   local extras=()
-  if [[ "${HB_MATRIX_EXTRAS:-0}" == 1 ]]; then extras=(flax equinox optax); fi
+  if [[ "${HB_MATRIX_EXTRAS:-1}" == 1 ]]; then
+    extras=("equinox>=0.13.8" "optax>=0.2.8")
+    if [[ "$(printf '%s\n' "${FLAX_MIN_JAX}" "${jax}" | sort -V | head -n 1)" == "${FLAX_MIN_JAX}" ]]; then
+      extras+=("${FLAX_REQUIREMENT}")
+    fi
+  fi
   "${PYTHON}" -m venv "${env}" &&
     "${env}/bin/python" -m pip install -q --upgrade pip &&
     "${env}/bin/python" -m pip install -q "dm-haiku==${haiku}" "jax==${jax}" "jaxlib==${jax}" \
@@ -67,13 +78,15 @@ for pair in "${pairs[@]}"; do
     status=1
     continue
   fi
-  # The test files, less those that import an optional package when it is not installed.
+  # The test files, less those that import an optional package the pair does not have.
+  missing=()
+  for library in flax equinox optax; do
+    "${env}/bin/python" -c "import ${library}" >/dev/null 2>&1 || missing+=("${library}")
+  done
   files=()
-  optional=no
-  "${env}/bin/python" -c "import flax, equinox, optax" >/dev/null 2>&1 && optional=yes
   while IFS= read -r file; do
-    if [[ "${optional}" == no ]] &&
-       grep -qE '^(import|from) (flax|equinox|optax)([. ]|$)' "${ROOT}/${file}"; then
+    if [[ "${#missing[@]}" -gt 0 ]] &&
+       grep -qE "^(import|from) ($(IFS='|'; echo "${missing[*]}"))([. ]|$)" "${ROOT}/${file}"; then
       continue
     fi
     files+=("${file}")

@@ -1,14 +1,20 @@
 """The supported versions are stated once and agree everywhere.
 
-`testing/version_matrix.sh` lists the tested (dm-haiku, jax) pairs; pyproject.toml's bounds must be
-exactly the range they span, the README must state that range and every pair, and requirements.txt
-(Bazel's test environment) must pin one of the pairs.
+`testing/version_matrix.sh` lists the tested (dm-haiku, jax) pairs; pyproject.toml's bounds must
+run from the oldest to the next minor of the newest (no cap at a tested patch), the library's own
+record of the tested set (`_src/versions.py`, which warns past it) must be the range they span, the
+README must state that range and every pair, and requirements.txt (Bazel's test environment) must
+pin one of the pairs. numpy's bound is no tighter than what the installed jax asks for. The Flax
+extra's bound is the one the matrix installs, on the pairs the README names.
 """
 
+import importlib.metadata
 import os
 import re
 
 from absl.testing import absltest
+
+from haiku_bridge._src import versions
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,6 +26,21 @@ def read(path: str) -> str:
 
 def version(text: str) -> tuple[int, ...]:
   return tuple(int(part) for part in text.split("."))
+
+
+def next_minor(text: str) -> str:
+  """`0.10.2` -> `0.11`, `0.0.17` -> `0.1`: the first release a `<` bound leaves out."""
+  major, minor = version(text)[:2]
+  return f"{major}.{minor + 1}"
+
+
+def lower_bound(requirement: str) -> tuple[int, ...]:
+  """The `>=` bound of `numpy>=2.0` / `numpy >=2.0, <3`."""
+  return version(re.search(r">=\s*([\d.]+)", requirement)[1])
+
+
+def pyproject_deps() -> dict[str, str]:
+  return dict(re.findall(r'^  "([\w-]+)([<>=]\S*)",$', read("pyproject.toml"), re.MULTILINE))
 
 
 def matrix_pairs() -> list[tuple[str, str]]:
@@ -39,11 +60,26 @@ class VersionsTest(absltest.TestCase):
   def test_matrix_covers_every_haiku_release_from_0_0_14(self):
     self.assertEqual(self.haiku, ["0.0.14", "0.0.15", "0.0.16", "0.0.17"])
 
-  def test_pyproject_bounds_are_the_tested_range(self):
-    deps = dict(re.findall(r'^  "([\w-]+)([<>=]\S*)",$', read("pyproject.toml"), re.MULTILINE))
-    self.assertEqual(deps["dm-haiku"], f">={self.haiku[0]},<={self.haiku[-1]}")
-    self.assertEqual(deps["jax"], f">={self.jax[0]},<={self.jax[-1]}")
+  def test_next_minor(self):
+    self.assertEqual(next_minor("0.10.2"), "0.11")
+    self.assertEqual(next_minor("0.0.17"), "0.1")
+
+  def test_pyproject_bounds_run_to_the_next_minor(self):
+    deps = pyproject_deps()
+    self.assertEqual(deps["dm-haiku"], f">={self.haiku[0]},<{next_minor(self.haiku[-1])}")
+    self.assertEqual(deps["jax"], f">={self.jax[0]},<{next_minor(self.jax[-1])}")
     self.assertEqual(deps["jaxlib"], deps["jax"])
+
+  def test_the_library_knows_the_tested_range(self):
+    self.assertEqual(versions.TESTED, {"jax": (self.jax[0], self.jax[-1]),
+                                       "dm-haiku": (self.haiku[0], self.haiku[-1])})
+
+  def test_numpy_bound_is_what_jax_needs(self):
+    # jax asks for numpy itself; ours may not exclude a numpy that the installed jax accepts.
+    jax_numpy = [r for r in importlib.metadata.requires("jax")
+                 if re.match(r"numpy\b", r) and "extra" not in r and "python_version" not in r]
+    self.assertLen(jax_numpy, 1)
+    self.assertLessEqual(lower_bound(pyproject_deps()["numpy"]), lower_bound(jax_numpy[0]))
 
   def test_readme_states_the_range_and_every_pair(self):
     readme = " ".join(read("README.md").split())
@@ -57,6 +93,19 @@ class VersionsTest(absltest.TestCase):
       else:
         stated.append((haiku, v))
     self.assertEqual(stated, self.pairs)
+
+  def test_flax_extra_is_the_matrix_one_on_the_pairs_the_readme_names(self):
+    matrix = read("testing/version_matrix.sh")
+    flax = re.search(r'^readonly FLAX_REQUIREMENT="(.*)"$', matrix, re.MULTILINE)[1]
+    min_jax = re.search(r"^readonly FLAX_MIN_JAX=(\S+)$", matrix, re.MULTILINE)[1]
+    extras = re.search(r"^\[project.optional-dependencies\]\n(.*?)^\[", read("pyproject.toml"),
+                       re.MULTILINE | re.DOTALL)[1]
+    self.assertIn(f'flax = ["{flax}"]', extras)
+    self.assertNotIn('"flax', extras.split("test = [")[1])  # `.[test]` installs on every pair.
+    with_flax = [j for j in self.jax if version(j) >= version(min_jax)]
+    readme = " ".join(read("README.md").split())
+    self.assertIn(f"`flax` (Flax ≥ {flax.split('>=')[1]}, which needs jax ≥ {min_jax}) on the "
+                  f"pairs with jax {', '.join(with_flax[:-1])} and {with_flax[-1]}", readme)
 
   def test_bazel_pins_a_tested_pair(self):
     pins = dict(re.findall(r"^(dm-haiku|jax)==(\S+)$", read("requirements.txt"), re.MULTILINE))

@@ -3,8 +3,9 @@
 As a user would: `python -m build` makes the sdist and, from it, the wheel; the wheel is installed
 into a fresh virtual environment with its `flax` and `equinox` extras, and the quickstart runs there,
 from an empty directory, so that the installed package is what is imported, not this checkout. A
-module or a file missing from the wheel, a dependency or an extra that the package does not declare,
-or a version that disagrees with the package's fails here.
+module or a file missing from the wheel, a test file in it (`*_test.py` stay in the source tree:
+setup.py leaves them out), a dependency or an extra that the package does not declare, or a
+version that disagrees with the package's fails here.
 
 Offline: the build runs without isolation on the setuptools installed here, and the fresh
 environment sees this interpreter's installed packages (jax, Haiku, Flax, Equinox) through a `.pth`
@@ -21,6 +22,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import textwrap
 import zipfile
@@ -77,13 +79,14 @@ def clean_env() -> dict[str, str]:
   return env
 
 
-def package_files(root: str) -> set[str]:
-  """The package's files under `root`: its modules and py.typed, relative to `root`."""
+def package_files(root: str, tests: bool = False) -> set[str]:
+  """The package's files under `root`: its modules (and tests) and py.typed, relative to `root`."""
   found = set()
   for directory, subdirs, files in os.walk(os.path.join(root, "haiku_bridge")):
     subdirs[:] = [d for d in subdirs if d != "__pycache__"]
     found |= {os.path.relpath(os.path.join(directory, f), root) for f in files
-              if f.endswith(".py") or f == "py.typed"}
+              if (f.endswith(".py") and (tests or not f.endswith("_test.py")))
+              or f == "py.typed"}
   return found
 
 
@@ -102,7 +105,7 @@ class WheelTest(absltest.TestCase):
     # What a checkout holds for the package, as plain files (Bazel's runfiles are links).
     cls.src = os.path.join(cls.tmp, "src")
     os.makedirs(cls.src)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "setup.py"):
       shutil.copy(os.path.join(_ROOT, name), cls.src)
     shutil.copytree(os.path.join(_ROOT, "haiku_bridge"), os.path.join(cls.src, "haiku_bridge"),
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -136,9 +139,19 @@ class WheelTest(absltest.TestCase):
     in_wheel = {n for n in names if n.startswith("haiku_bridge/")}
     expected = {f.replace(os.sep, "/") for f in package_files(self.src)}
     self.assertIn("haiku_bridge/py.typed", expected)
+    self.assertIn("haiku_bridge/_src/scan.py", expected)
+    self.assertEqual(sorted(n for n in names if n.endswith("_test.py")), [])
     self.assertEqual(in_wheel, expected)
     self.assertContainsSubset(set(_EXTRAS) | {"docs", "test"},
                               set(metadata.get_all("Provides-Extra")))
+
+  def test_sdist_holds_no_tests_either(self):
+    # setuptools lists the sdist's modules as the wheel's: the tests live in the repository.
+    sdist, _ = self.built()
+    with tarfile.open(sdist) as tar:
+      names = tar.getnames()
+    self.assertTrue(any(n.endswith("haiku_bridge/_src/scan.py") for n in names), names)
+    self.assertEqual([n for n in names if n.endswith("_test.py")], [])
 
   def test_installed_wheel_runs_the_quickstart(self):
     _, wheel = self.built()
@@ -177,6 +190,12 @@ class WheelTest(absltest.TestCase):
     })
     version = re.match(r"haiku_bridge-([\d.]+)-", os.path.basename(wheel))[1]
     self.assertEqual((report["version"], report["metadata_version"]), (version, version))
+
+  def test_package_files_leaves_tests_out(self):
+    files = package_files(_ROOT)
+    self.assertIn("haiku_bridge/_src/scan.py", files)
+    self.assertNotIn("haiku_bridge/_src/scan_test.py", files)
+    self.assertIn("haiku_bridge/_src/scan_test.py", package_files(_ROOT, tests=True))
 
   def test_module_names(self):
     files = {"haiku_bridge/__init__.py", "haiku_bridge/py.typed", "haiku_bridge/_src/scan.py",

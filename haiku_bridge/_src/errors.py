@@ -73,6 +73,21 @@ def named(error: Exception, text: str) -> Exception:
     return error
 
 
+class UnsupportedHaikuError(ImportError):
+  """dm-haiku changed a private fact that haiku_bridge reads (haiku_internals.py)."""
+
+
+def unsupported_haiku(version: str, supported: str,
+                      changed: Iterable[str]) -> UnsupportedHaikuError:
+  """The error of importing haiku_bridge with a dm-haiku whose internals moved."""
+  return UnsupportedHaikuError(
+      f"haiku_bridge cannot run on dm-haiku {version}: this release changed Haiku internals "
+      f"that haiku_bridge reads ({'; '.join(changed)}), so the bridge could not run Haiku code "
+      f"exactly as inline. haiku_bridge supports dm-haiku {supported}: install one of those "
+      f"(pip install \"dm-haiku<={supported.split()[-1]}\"), or a haiku_bridge release that "
+      "supports this dm-haiku.")
+
+
 def type_str(x: Any) -> str:
   """`float32[4, 3]`, for an array or a `jax.ShapeDtypeStruct`."""
   return f"{jnp.dtype(x.dtype).name}{list(np.shape(x))}"

@@ -247,8 +247,10 @@ class NnxTransformsTest(parameterized.TestCase):
       chex.assert_trees_all_close(take(new_state),
                                   block_state(m, "stack/block"), rtol=1e-5)
       g = with_params(m, native_grads[i])
+      # atol: a block's out/bias feeds the next block's BatchNorm, which subtracts the batch mean,
+      # so its gradient is zero but for rounding, ~1e-6 apart on jax 0.8.1 + Flax 0.12.6.
       chex.assert_trees_all_close(take(grads), block_params(g, "stack/block"),
-                                  rtol=1e-4, atol=1e-6)
+                                  rtol=1e-4, atol=1e-5)
 
   def test_custom_vjp_with_true_vjp_matches_plain_gradient(self):
     def body(x):

@@ -40,20 +40,85 @@ Loops (`hkb.scan`), as `hk.scan` runs its steps:
 
 import collections
 import contextlib
+import inspect
+import types
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import haiku as hk
 from haiku._src import base as _base
+from haiku._src import layer_stack as _layer_stack
 from haiku._src import lift as _lift
 from haiku._src import module as _module
 from haiku._src import stateful as _stateful
 
-Frame = Any  # Haiku's private frame object: only passed around, never read.
+from haiku_bridge._src import errors
+from haiku_bridge._src import versions
 
+# -- What this file reads of Haiku, checked on import. ------------------------
+
+# The private names used below, by module.
+READS = {
+    _base: ("current_frame", "Frame", "StatePair", "JaxTraceLevel", "param_creator_stack",
+            "state_creator_stack", "param_getter_stack", "state_getter_stack",
+            "state_setter_stack", "context_stack", "new_context", "frame_stack",
+            "push_jax_trace_level", "param_names"),
+    _module: ("interceptor_stack",),
+    _lift: ("LiftingModule",),
+    _stateful: ("reserve_up_to_full_rng_block", "internal_state", "temporary_internal_state",
+                "update_internal_state"),
+}
+# The fields of Haiku's frame (a NamedTuple) and of a state entry that this file reads.
+FRAME_FIELDS = ("params", "state", "freeze_params", "module_stack", "counter_stack",
+                "used_names_stack", "jax_trace_stack", "frame_id")
+STATE_PAIR_FIELDS = ("initial", "current")
 # The names hk.layer_stack gives a stack without `name=`, by whether it has
 # per-layer inputs (haiku/_src/layer_stack.py).
 LAYER_STACK_NAMES = {False: "__layer_stack_no_per_layer",
                      True: "__layer_stack_with_per_layer"}
+
+
+def changed_reads(reads: Mapping[types.ModuleType, tuple[str, ...]] = READS
+                  ) -> list[str]:
+  """What this file reads of Haiku that this dm-haiku no longer has, described.
+
+  Only facts that can be read without running Haiku (so without starting
+  JAX): names, the fields of the frame and of a state entry, `Frame.evolve`'s
+  `decoupled=` and the layer stack's default names. Their behaviour is pinned
+  by haiku_internals_test.py.
+  """
+  changed = [f"{module.__name__}.{name} is gone"
+             for module, names in reads.items() for name in names
+             if not hasattr(module, name)]
+  frame_type = getattr(_base, "Frame", None)
+  if frame_type is not None:
+    fields = getattr(frame_type, "_fields", ())
+    changed += [f"its Frame has no field {f!r}" for f in FRAME_FIELDS if f not in fields]
+    evolve = getattr(frame_type, "evolve", None)
+    if evolve is None or "decoupled" not in inspect.signature(evolve).parameters:
+      changed.append("Frame.evolve takes no `decoupled=`")
+  pair = getattr(_base, "StatePair", None)
+  if pair is not None and tuple(getattr(pair, "_fields", ())) != STATE_PAIR_FIELDS:
+    changed.append(f"StatePair's fields are not {STATE_PAIR_FIELDS}")
+  try:
+    source = inspect.getsource(_layer_stack)
+  except (OSError, TypeError):
+    source = ""
+  changed += [f"hk.layer_stack does not name a stack {name!r}"
+              for name in LAYER_STACK_NAMES.values() if f'"{name}"' not in source]
+  return changed
+
+
+def check_haiku(reads: Mapping[types.ModuleType, tuple[str, ...]] = READS) -> None:
+  """Raises `errors.unsupported_haiku` if dm-haiku changed what this file reads."""
+  changed = changed_reads(reads)
+  if changed:
+    low, high = versions.TESTED["dm-haiku"]
+    raise errors.unsupported_haiku(hk.__version__, f"{low} to {high}", changed)
+
+
+check_haiku()  # Before the reads below run.
+
+Frame = Any  # Haiku's private frame object: only passed around, never read.
 
 
 # -- Reads. -------------------------------------------------------------------

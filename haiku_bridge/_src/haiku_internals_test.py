@@ -1,12 +1,26 @@
-"""Pins the private Haiku facts the bridge reads; a Haiku upgrade fails here first."""
+"""Pins the private Haiku facts the bridge reads; a Haiku upgrade fails here first.
+
+A user's newer dm-haiku fails on import instead, with the library's error, where what the bridge
+reads of it is gone: simulated below by taking a name or a field away.
+"""
+
+import collections
+import os
+import subprocess
+import sys
+from unittest import mock
 
 from absl.testing import absltest
 import haiku as hk
+from haiku._src import base as _base
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from haiku_bridge._src import errors
 from haiku_bridge._src import haiku_internals
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class HaikuInternalsTest(absltest.TestCase):
@@ -337,6 +351,55 @@ class HaikuInternalsTest(absltest.TestCase):
     out = []
     hk.transform(lambda: out.extend(run())).init(jax.random.PRNGKey(0))
     self.assertEqual(out, [[], ["linear/b", "linear/w"]])
+
+
+
+class ChangedHaikuTest(absltest.TestCase):
+  """A dm-haiku that moved what the bridge reads is refused on import, saying what moved."""
+
+  def test_this_haiku_has_everything(self):
+    self.assertEqual(haiku_internals.changed_reads(), [])
+
+  def test_a_name_gone(self):
+    reads = {_base: ("current_frame", "frame_stack_v2")}
+    with mock.patch.object(hk, "__version__", "0.0.18"):
+      with self.assertRaisesRegex(
+          errors.UnsupportedHaikuError,
+          r"^haiku_bridge cannot run on dm-haiku 0\.0\.18: .*\(haiku\._src\.base\."
+          r"frame_stack_v2 is gone\).* supports dm-haiku 0\.0\.14 to 0\.0\.17"):
+        haiku_internals.check_haiku(reads)
+    # An ImportError: code that treats haiku_bridge as optional goes on without it.
+    self.assertTrue(issubclass(errors.UnsupportedHaikuError, ImportError))
+
+  def test_a_frame_field_gone(self):
+    fields = [f for f in _base.Frame._fields if f != "jax_trace_stack"]
+    frame = collections.namedtuple("Frame", fields)
+    frame.evolve = _base.Frame.evolve
+    with mock.patch.object(_base, "Frame", frame):
+      self.assertEqual(haiku_internals.changed_reads(),
+                       ["its Frame has no field 'jax_trace_stack'"])
+
+  def test_evolve_changed_and_layer_stack_renamed(self):
+    frame = collections.namedtuple("Frame", _base.Frame._fields)
+    frame.evolve = lambda self, params, state, rng: self
+    source = "name = '__layer_stack_no_per_layer'; name = \"__layer_stack_with_per_layer\""
+    with mock.patch.object(_base, "Frame", frame), mock.patch.object(
+        haiku_internals.inspect, "getsource", lambda module: source):
+      self.assertEqual(haiku_internals.changed_reads(), [
+          "Frame.evolve takes no `decoupled=`",
+          "hk.layer_stack does not name a stack '__layer_stack_no_per_layer'"])
+
+  def test_import_refuses_a_changed_haiku(self):
+    # A fresh process whose Haiku lost a function the bridge calls: importing haiku_bridge
+    # raises the library's error, not an AttributeError (or a wrong result) later.
+    code = ("import haiku; from haiku._src import stateful; haiku.__version__ = '0.0.18'; "
+            "del stateful.temporary_internal_state; import haiku_bridge")
+    run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True,
+                         text=True, check=False, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    self.assertNotEqual(run.returncode, 0)
+    self.assertIn("UnsupportedHaikuError: haiku_bridge cannot run on dm-haiku 0.0.18: this "
+                  "release changed Haiku internals that haiku_bridge reads (haiku._src.stateful."
+                  "temporary_internal_state is gone)", run.stderr)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,60 @@
+"""Importing haiku_bridge warns once past the tested jax / dm-haiku, and is silent within them."""
+
+import os
+import subprocess
+import sys
+import warnings
+
+from absl.testing import absltest
+
+from haiku_bridge._src import versions
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def import_with(jax_version: str, haiku_version: str) -> subprocess.CompletedProcess:
+  """`import haiku_bridge` in a fresh process whose jax and Haiku report these versions."""
+  code = (f"import jax, haiku; jax.__version__ = {jax_version!r}; "
+          f"haiku.__version__ = {haiku_version!r}; import warnings; "
+          "warnings.simplefilter('error'); import haiku_bridge")
+  return subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True,
+                         text=True, check=False, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+class VersionsTest(absltest.TestCase):
+
+  def test_release(self):
+    self.assertEqual(versions.release("0.10.2"), (0, 10, 2))
+    self.assertEqual(versions.release("0.0.17"), (0, 0, 17))
+    self.assertEqual(versions.release("0.11.0rc1"), (0, 11, 0))
+    self.assertGreater(versions.release("0.10.10"), versions.release("0.10.2"))
+
+  def test_untested_names_only_newer_releases(self):
+    low_jax, high_jax = versions.TESTED["jax"]
+    low_haiku, high_haiku = versions.TESTED["dm-haiku"]
+    self.assertEqual(versions.untested({"jax": high_jax, "dm-haiku": high_haiku}), [])
+    self.assertEqual(versions.untested({"jax": low_jax, "dm-haiku": low_haiku}), [])
+    self.assertEqual(versions.untested({"jax": "0.10.3", "dm-haiku": "0.0.18"}),
+                     ["jax 0.10.3", "dm-haiku 0.0.18"])
+
+  def test_warning_names_both_and_the_tested_range(self):
+    with self.assertWarns(versions.UntestedVersionWarning) as caught:
+      versions.warn_if_untested({"jax": "0.11.0", "dm-haiku": "0.0.17"})
+    text = str(caught.warning)
+    self.assertIn("jax 0.6.0 to 0.10.2 and dm-haiku 0.0.14 to 0.0.17", text)
+    self.assertIn("this is jax 0.11.0,", text)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      versions.warn_if_untested(versions.installed())  # The pinned environment is tested.
+
+  def test_import_warns_past_the_tested_set(self):
+    newer = import_with("0.10.3", versions.TESTED["dm-haiku"][1])
+    self.assertNotEqual(newer.returncode, 0)
+    self.assertIn("UntestedVersionWarning: haiku_bridge is tested with", newer.stderr)
+    self.assertIn("this is jax 0.10.3,", newer.stderr)
+    tested = import_with(*(high for _, high in versions.TESTED.values()))
+    self.assertEqual(tested.returncode, 0, tested.stderr)
+
+
+if __name__ == "__main__":
+  absltest.main()
