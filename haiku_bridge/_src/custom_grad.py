@@ -454,11 +454,8 @@ class _CustomBlock:
       inner = inline.haiku_function(f)
     functools.update_wrapper(self, inner, updated=())
     self._inline = inline.of(inner)
-    self._nondiff = tuple(sorted(set(int(i) for i in nondiff_argnums)))
-    if any(i < 0 for i in self._nondiff):
-      raise ValueError(
-          f"hkb.{self._api}: nondiff_argnums must be non-negative positions; "
-          f"got {tuple(nondiff_argnums)}.")
+    # Checked on entry (`_check_block_args`): ints, none negative.
+    self._nondiff = tuple(sorted(set(nondiff_argnums)))
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     with errors.entry(self._api):
@@ -576,6 +573,10 @@ class _CustomVJP(_CustomBlock):
     outputs = []  # The output's record, for bwd's cotangent.
 
     def fwd_rule(params, state, rng_state, diff_args):
+      with errors.entry(self._api):
+        return fwd(params, state, rng_state, diff_args)
+
+    def fwd(params, state, rng_state, diff_args):
       full = _merge(args, diff, diff_args)
       f_pure = pure(state, rng_state, (params, *full))
       result = self._fwd(f_pure, params, *full)
@@ -595,11 +596,13 @@ class _CustomVJP(_CustomBlock):
       return (arrays, aux), residuals
 
     def bwd_rule(residuals, cotangents):
-      out_ct, _ = cotangents  # State and rng are not differentiated.
-      # Shaped like the output, None at its static leaves.
-      out_ct = outputs[-1].rebuild(out_ct, None)
-      cts = _check_bwd(self._bwd(residuals, out_ct), expected, diff,
-                       self._nondiff)
+      # The backward pass runs after the block's call returned: its own entry.
+      with errors.entry(self._api):
+        out_ct, _ = cotangents  # State and rng are not differentiated.
+        # Shaped like the output, None at its static leaves.
+        out_ct = outputs[-1].rebuild(out_ct, None)
+        cts = _check_bwd(self._bwd(residuals, out_ct), expected, diff,
+                         self._nondiff)
       return cts[0], None, None, tuple(cts[1:])
 
     core.defvjp(fwd_rule, bwd_rule)
@@ -619,6 +622,11 @@ class _CustomJVP(_CustomBlock):
     core = jax.custom_jvp(run)
 
     def jvp_rule(primals, tangents):
+      # JAX may run the rule after the block's call returned: its own entry.
+      with errors.entry(self._api):
+        return jvp(primals, tangents)
+
+    def jvp(primals, tangents):
       params, state, rng_state, diff_args = primals
       params_dot, _, _, diff_dots = tangents  # State and rng: not differentiated.
       full = _merge(args, diff, diff_args)
@@ -741,8 +749,8 @@ def _check_bwd(result, expected, diff, nondiff):
   if nondiff:
     wants += f"; nondiff_argnums {list(nondiff)} get none"
   if not isinstance(result, (tuple, list)) or len(result) != n:
-    raise ValueError(f"hkb.custom_vjp: bwd must return {wants}. Got "
-                     f"{errors.describe(result)}.")
+    raise ValueError(errors.message(f"bwd must return {wants}. Got "
+                                    f"{errors.describe(result)}."))
   names = ["params"] + [f"args[{i}]" for i in diff]
   out = []
   for name, ct, spec in zip(names, result, expected):
@@ -757,25 +765,25 @@ def _check_cotangent(name, ct, spec, wants):
     # `ct` first, with None as a leaf: None may stand for a whole subtree.
     jax.tree.map(lambda c, s: None, ct, spec, is_leaf=is_none)
   except (ValueError, TypeError):
-    raise ValueError(
-        f"hkb.custom_vjp: bwd's cotangent for {name} must have the structure "
+    raise ValueError(errors.message(
+        f"bwd's cotangent for {name} must have the structure "
         f"of {name}, {jax.tree.structure(spec)}; got "
-        f"{jax.tree.structure(ct)}. bwd must return {wants}.") from None
+        f"{jax.tree.structure(ct)}. bwd must return {wants}.")) from None
 
   def fix(path, c, s):
     where = jax.tree_util.keystr(path) or "<root>"
     if c is None:
       return None
     if not isinstance(s, jax.ShapeDtypeStruct):
-      raise ValueError(
-          f"hkb.custom_vjp: bwd's cotangent for {name} has an array at "
-          f"{where}, where {name} has a subtree {jax.tree.structure(s)}.")
+      raise ValueError(errors.message(
+          f"bwd's cotangent for {name} has an array at "
+          f"{where}, where {name} has a subtree {jax.tree.structure(s)}."))
     if not jnp.issubdtype(s.dtype, jnp.inexact):
       return None  # The cotangent of an integer input is always zero.
     if np.shape(c) != s.shape:
-      raise ValueError(
-          f"hkb.custom_vjp: bwd's cotangent for {name} at {where} has shape "
-          f"{list(np.shape(c))}, but {name} there is {errors.type_str(s)}.")
+      raise ValueError(errors.message(
+          f"bwd's cotangent for {name} at {where} has shape "
+          f"{list(np.shape(c))}, but {name} there is {errors.type_str(s)}."))
     # What jax.grad would give: the cotangent in the primal's dtype.
     return jnp.asarray(c, s.dtype)
 

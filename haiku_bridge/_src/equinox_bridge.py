@@ -354,10 +354,11 @@ class HaikuModel(eqx.Module):
     if self.state_index is None:
       return self.transformed.apply(self.params, {}, key, *args, **kwargs)[0]
     if not args or not isinstance(args[-1], eqx.nn.State):
-      raise TypeError(
-          "hkb.to_equinox: this model has Haiku state, so it is called as "
-          "`model(*args, state, key=None) -> (out, state)`, with "
-          "`state = eqx.nn.State(model)` to begin with.")
+      with errors.entry("to_equinox"):  # The model `to_equinox` made, called.
+        raise TypeError(errors.message(
+            "this model has Haiku state, so it is called as "
+            "`model(*args, state, key=None) -> (out, state)`, with "
+            "`state = eqx.nn.State(model)` to begin with."))
     *args, state = args  # type: ignore[assignment]  # A list from here on.
     out, new = self.transformed.apply(
         self.params, state.get(self.state_index), key, *args, **kwargs)

@@ -53,8 +53,16 @@ def current() -> Optional[str]:
 
 
 def message(text: str) -> str:
-  """`text`, prefixed with the public call: `hkb.call_pure: text`."""
-  return f"hkb.{_API.get() or 'call_pure'}: {text}"
+  """`text`, prefixed with the public call: `hkb.call_pure: text`.
+
+  The call is the innermost `entry` open: every public entry point opens one,
+  and so does code that runs after its call returned (a custom rule's
+  backward pass, a method of a module an adapter made). No site writes its
+  own prefix. Outside any entry (a bug: no public call to name) it names
+  none, `hkb: text`, rather than guess one.
+  """
+  api = _API.get()
+  return f"hkb.{api}: {text}" if api is not None else f"hkb: {text}"
 
 
 def named(error: Exception, text: str) -> Exception:

@@ -1,4 +1,8 @@
-"""Tests for errors: the public call's name on every message."""
+"""Tests for errors: the public call's name on every message, through one path."""
+
+import ast
+import os
+import re
 
 from absl.testing import absltest
 import jax
@@ -6,6 +10,33 @@ import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import errors
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A string that starts as a message prefix would: `"hkb.to_nnx: ..."`, `f"hkb.{api}: ..."`.
+_OWN_PREFIX = re.compile(r"""^[rbfRBF]*(["']{1,3})hkb(\.[\w.{}()]+)?:""")
+
+
+def own_prefixes(source: str) -> list[str]:
+  """The string literals of `source` that write a message prefix themselves."""
+  found = {}  # By position: an f-string's parts report the f-string's.
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.Constant, ast.JoinedStr)):
+      segment = ast.get_source_segment(source, node) or ""
+      if _OWN_PREFIX.match(segment):
+        found.setdefault((node.lineno, node.col_offset), segment.splitlines()[0])
+  return [found[position] for position in sorted(found)]
+
+
+def library_sources() -> dict[str, str]:
+  """`{path: source}` of every module of the library, its tests left out."""
+  sources = {}
+  for directory, _, files in os.walk(_PACKAGE):
+    for name in files:
+      if name.endswith(".py") and not name.endswith("_test.py"):
+        path = os.path.join(directory, name)
+        with open(path) as f:
+          sources[os.path.relpath(path, _PACKAGE)] = f.read()
+  return sources
 
 
 class ErrorsTest(absltest.TestCase):
@@ -28,7 +59,24 @@ class ErrorsTest(absltest.TestCase):
     with self.assertRaises(ValueError):
       with errors.entry("repeat_layer"):
         raise ValueError()
-    self.assertEqual(errors.message("x"), "hkb.call_pure: x")
+    self.assertEqual(errors.message("x"), "hkb: x")
+
+  def test_outside_an_entry_no_call_is_guessed(self):
+    self.assertIsNone(errors.current())
+    self.assertEqual(errors.message("x"), "hkb: x")
+
+  def test_no_site_writes_its_own_prefix(self):
+    sources = library_sources()
+    self.assertIn(os.path.join("_src", "custom_grad.py"), sources)
+    found = {path: own_prefixes(source) for path, source in sources.items()
+             if path != os.path.join("_src", "errors.py")}
+    self.assertEqual({path: strings for path, strings in found.items() if strings}, {})
+
+  def test_own_prefixes_finds_them(self):
+    source = ('a = "hkb.to_nnx: x"\nb = f"hkb.{api}: y"\nc = (f"hkb.custom_vjp: bwd "\n  "z")\n'
+              'd = "use hkb.scan(f)"\ne = f"hkb.{errors.current()}(f)"\n')
+    self.assertEqual(own_prefixes(source),
+                     ['"hkb.to_nnx: x"', 'f"hkb.{api}: y"', 'f"hkb.custom_vjp: bwd "'])
 
   def test_formatting(self):
     self.assertEqual(errors.type_str(jnp.zeros([4, 3], jnp.bfloat16)),

@@ -717,11 +717,12 @@ class HaikuModule(nnx.Module):
     for module, entries in new_state.items():  # type: ignore[attr-defined]
       for name, value in entries.items():
         if name not in self.state.get(module, {}):
-          raise ValueError(
-              f"hkb.to_nnx: the Haiku function created state "
-              f"'{module}/{name}' in apply, which the module does not hold. "
-              "Create it at init (hk.get_state with init=) and build the "
-              "module from the state init gives.")
+          with errors.entry("to_nnx"):  # The module `to_nnx` made, called.
+            raise ValueError(errors.message(
+                f"the Haiku function created state "
+                f"'{module}/{name}' in apply, which the module does not hold. "
+                "Create it at init (hk.get_state with init=) and build the "
+                "module from the state init gives."))
         self.state[module][name][...] = value
     return out
 

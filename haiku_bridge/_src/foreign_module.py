@@ -24,6 +24,7 @@ import haiku as hk
 import jax
 
 from haiku_bridge._src import caches
+from haiku_bridge._src import fingerprint
 from haiku_bridge._src import errors
 from haiku_bridge._src import foreign_sharding
 from haiku_bridge._src import guards
@@ -250,15 +251,16 @@ def layout_key(kind: str, code: Any, *values: Any) -> Optional[Hashable]:
   """A cache key for the layout of what `code` builds from `values`.
 
   Keyed as `call_pure` keys the structure of its init's params
-  (`caches.function_key`): `code` (the constructor, or the Linen module and
+  (`fingerprint.function_key`): `code` (the constructor, or the Linen module and
   its method) by its fingerprint: its code, closure, defaults, the globals
   it reads, a partial's arguments, a class's own methods; `values` (the
   call's arguments, stream names) by signature; with the PRNG
   implementation (the abstract build draws its keys from it) and the x64
   flag. None (nothing cached) where no key can be made.
   """
-  return caches.function_key((kind, code), values, pytree.default_key_spec(),
-                             bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
+  return fingerprint.function_key(
+      (kind, code), values, pytree.default_key_spec(),
+      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
 
 
 class ForeignModule(hk.Module):

@@ -28,6 +28,7 @@ import haiku as hk
 import jax
 from jax.sharding import PartitionSpec
 
+from haiku_bridge._src import errors
 from haiku_bridge._src import pytree
 from haiku_bridge._src import storage
 
@@ -137,11 +138,11 @@ def rules_from_foreign(
     extra = len(shape) - declared.ndim
     given = layer_axes(declared.path, shape)
     if given not in (0, extra):
-      raise ValueError(
-          f"hkb.ShardingRules.from_foreign: parameter {declared.path!r} (shape "
+      raise ValueError(errors.message(
+          f"parameter {declared.path!r} (shape "
           f"{shape}) lies in {extra} layer stack(s), of which `stacked=` "
           f"declares {given}. Declare every stack around it in `stacked=`, or "
-          "none (its layer axes are then not split).")
+          "none (its layer axes are then not split)."))
     spec = PartitionSpec(*([None] * (extra - given)), *declared.spec)
     rules.append((f"^{re.escape(declared.path)}$", spec))
   return ForeignRules(tuple(rules), tuple(recorder.declared.values()))

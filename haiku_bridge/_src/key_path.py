@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import caches
+from haiku_bridge._src import fingerprint
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
@@ -138,7 +139,7 @@ def _structure(init, args, kwargs) -> _Plan:
   depends on them, so it is not kept.
   """
   key_spec = pytree.key_spec(hk.maybe_get_rng_sequence_state())
-  cache_key = caches.function_key(
+  cache_key = fingerprint.function_key(
       init, key_spec, args, kwargs,
       bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
   cached = _STRUCTURE.get(cache_key)

@@ -9,6 +9,8 @@ an ImportError naming the extra to install.
 import importlib
 from typing import Any, Callable
 
+from haiku_bridge._src import errors
+
 # Public name -> (module that defines it, pip extra that installs its library).
 ADAPTERS = {
     "from_flax": ("haiku_bridge._src.flax_bridge", "flax"),
@@ -38,10 +40,11 @@ def _needs_extra(name: str, extra: str,
                  error: ImportError) -> Callable[..., Any]:
   def missing(*args, **kwargs):
     del args, kwargs  # Unused.
-    raise ImportError(
-        f"hkb.{name} needs the optional dependency {extra!r}, which could not "
-        f"be imported ({error}). Install it with: pip install {extra} (or, "
-        f"from a checkout of haiku_bridge, pip install \".[{extra}]\")"
-    ) from error
+    with errors.entry(name):
+      raise ImportError(errors.message(
+          f"needs the optional dependency {extra!r}, which could not "
+          f"be imported ({error}). Install it with: pip install {extra} (or, "
+          f"from a checkout of haiku_bridge, pip install \".[{extra}]\")")
+      ) from error
   missing.__name__ = name
   return missing

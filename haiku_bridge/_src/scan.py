@@ -281,7 +281,7 @@ def _check_repeat_options(options: Mapping[str, Any]) -> _Options:
 
 
 # `repeat_layer`'s adapters are dataclasses rather than lambdas: calls with one
-# layer build equal adapters, which fingerprint alike (caches.function_key).
+# layer build equal adapters, which fingerprint alike (fingerprint.function_key).
 
 
 @dataclasses.dataclass(frozen=True)
