@@ -25,7 +25,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_mypy(*args: str) -> tuple[str, int]:
-  """mypy over the library (or `args`), from the repository root as a user would run it."""
+  """mypy over `args` (default: the library), from the repository root as a user would run it."""
   cwd = os.getcwd()
   os.chdir(_ROOT)
   try:
@@ -35,6 +35,41 @@ def run_mypy(*args: str) -> tuple[str, int]:
   finally:
     os.chdir(cwd)
   return stdout + stderr, status
+
+
+# A user's script: each line marked `# error` holds a misspelt mode; the others are every valid
+# mode of each option, and a user's own wrapper naming the public types.
+USER_SCRIPT = textwrap.dedent("""\
+    import haiku as hk
+    import jax.numpy as jnp
+    import haiku_bridge as hkb
+
+    def block(h: jnp.ndarray) -> jnp.ndarray:
+      return h + hk.Linear(4)(h)
+
+    def pair(h: jnp.ndarray, x: None) -> tuple[jnp.ndarray, None]:
+      return block(h), None
+
+    def deep(x: jnp.ndarray, remat: hkb.RematMode = "binomial") -> jnp.ndarray:
+      return hkb.repeat_layer(block, x, 4, remat=remat)
+
+    def net(x: jnp.ndarray) -> jnp.ndarray:
+      for mode in (False, True, "nested", "binomial"):
+        x = hkb.repeat_layer(block, x, 4, remat=mode)
+      x = hkb.layer_scan(pair, x, num_layers=2, remat="nested")[0]
+      x = hkb.scan(pair, x, None, length=3, remat="binomial")[0]
+      x = hkb.dynamic_unroll(pair, x, x, remat=True)[0]
+      x = hkb.repeat_layer(block, x, 4, remat="binomal")  # error
+      x = hkb.layer_scan(pair, x, num_layers=2, remat="nestd")[0]  # error
+      x = hkb.scan(pair, x, None, length=3, remat="nested ")[0]  # error
+      x = hkb.dynamic_unroll(pair, x, x, remat="True")[0]  # error
+      return deep(x, remat="nested")
+
+    GPIPE = hkb.Pipeline("stage", microbatches=2, schedule="gpipe")
+    CIRCULAR: hkb.PipelineSchedule = "circular"
+    PIPE = hkb.Pipeline("stage", microbatches=2, schedule=CIRCULAR)
+    TYPO = hkb.Pipeline("stage", microbatches=2, schedule="circulr")  # error
+    """)
 
 
 def public_callables() -> Iterator[tuple[str, Callable[..., Any]]]:
@@ -72,14 +107,28 @@ def unannotated(fn: Callable[..., Any]) -> list[str]:
 
 class TypecheckTest(absltest.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # One run of mypy (it reads jax, Haiku, Flax and Equinox once): the library, as pyproject.toml
+    # configures it, and a user's script beside it.
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+      path = os.path.join(tmp, "user.py")
+      with open(path, "w") as f:
+        f.write(USER_SCRIPT)
+      cls.mypy_output, cls.mypy_status = run_mypy("haiku_bridge", path)
+
   def test_mypy_finds_no_error(self):
-    output, status = run_mypy()
-    self.assertEqual(status, 0, f"mypy found errors:\n{output}")
-    # Every module of the library was read (none of its tests).
+    output = self.mypy_output
+    library_errors = [line for line in output.splitlines()
+                      if ": error:" in line and "user.py:" not in line]
+    self.assertEqual(library_errors, [], f"mypy found errors:\n{output}")
+    # Every module of the library was read (none of its tests), and the user's script.
     modules = [f for _, _, files in os.walk(os.path.join(_ROOT, "haiku_bridge")) for f in files
                if f.endswith(".py") and not f.endswith("_test.py")]
     self.assertGreater(len(modules), 20)
-    self.assertIn(f"Success: no issues found in {len(modules)} source files", output)
+    self.assertIn(f"errors in 1 file (checked {len(modules) + 1} source files)", output)
+    self.assertEqual(self.mypy_status, 1)  # The user's misspelt modes.
 
   def test_public_api_is_annotated(self):
     found = dict(public_callables())
@@ -92,49 +141,11 @@ class TypecheckTest(absltest.TestCase):
     self.assertEqual({name: m for name, m in missing.items() if m}, {})
 
   def test_misspelt_modes_are_type_errors(self):
-    # Each line marked `# error` holds a misspelt mode; the others are every valid mode of each
-    # option, and a user's own wrapper naming the public types.
-    script = textwrap.dedent("""\
-        import haiku as hk
-        import jax.numpy as jnp
-        import haiku_bridge as hkb
-
-        def block(h: jnp.ndarray) -> jnp.ndarray:
-          return h + hk.Linear(4)(h)
-
-        def pair(h: jnp.ndarray, x: None) -> tuple[jnp.ndarray, None]:
-          return block(h), None
-
-        def deep(x: jnp.ndarray, remat: hkb.RematMode = "binomial") -> jnp.ndarray:
-          return hkb.repeat_layer(block, x, 4, remat=remat)
-
-        def net(x: jnp.ndarray) -> jnp.ndarray:
-          for mode in (False, True, "nested", "binomial"):
-            x = hkb.repeat_layer(block, x, 4, remat=mode)
-          x = hkb.layer_scan(pair, x, num_layers=2, remat="nested")[0]
-          x = hkb.scan(pair, x, None, length=3, remat="binomial")[0]
-          x = hkb.dynamic_unroll(pair, x, x, remat=True)[0]
-          x = hkb.repeat_layer(block, x, 4, remat="binomal")  # error
-          x = hkb.layer_scan(pair, x, num_layers=2, remat="nestd")[0]  # error
-          x = hkb.scan(pair, x, None, length=3, remat="nested ")[0]  # error
-          x = hkb.dynamic_unroll(pair, x, x, remat="True")[0]  # error
-          return deep(x, remat="nested")
-
-        GPIPE = hkb.Pipeline("stage", microbatches=2, schedule="gpipe")
-        CIRCULAR: hkb.PipelineSchedule = "circular"
-        PIPE = hkb.Pipeline("stage", microbatches=2, schedule=CIRCULAR)
-        TYPO = hkb.Pipeline("stage", microbatches=2, schedule="circulr")  # error
-        """)
-    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
-      path = os.path.join(tmp, "user.py")
-      with open(path, "w") as f:
-        f.write(script)
-      # The library's own modules are checked by test_mypy_finds_no_error: here only the user's.
-      output, status = run_mypy("--follow-imports=silent", path)
-    lines = script.splitlines()
-    expected = {i + 1 for i, line in enumerate(lines) if line.endswith("# error")}
+    output = self.mypy_output
+    expected = {i + 1 for i, line in enumerate(USER_SCRIPT.splitlines())
+                if line.endswith("# error")}
     reported = {int(n) for n in re.findall(r"user\.py:(\d+): error:", output)}
-    self.assertEqual(status, 1, output)
+    self.assertLen(expected, 5)
     self.assertEqual(reported, expected, output)
     for n in expected:
       self.assertRegex(output, rf"user\.py:{n}: error: Argument \"(remat|schedule)\"", output)
