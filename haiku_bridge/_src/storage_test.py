@@ -57,7 +57,10 @@ class ParamsTest(absltest.TestCase):
     self.assertEqual(seen, ["outer/proj/w"])
 
   def test_read_checks_presence_and_shape_not_dtype(self):
-    read = hk.transform(lambda: storage.PARAMS.read([W], [(2,)]))
+    def f():
+      with errors.entry("call_pure"):  # As the entry point that reads them opens it.
+        return storage.PARAMS.read([W], [(2,)])
+    read = hk.transform(f)
     with self.assertRaisesRegex(
         ValueError, r"hkb.call_pure: parameter 'outer/proj/w' \(params path "
         r"\['w'\]\) is missing at apply"):
