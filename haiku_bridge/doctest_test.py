@@ -158,7 +158,7 @@ class DoctestTest(parameterized.TestCase):
     silent = [test.name for test in EXAMPLES
               if MAKES_MESH.search(test.docstring) and devices_needed(test.docstring) < 2]
     self.assertEqual(silent, [])
-    self.assertEqual(devices_needed(">>> mesh = jax.make_mesh((8,), ('d',))  # Needs 8 devices."), 8)
+    self.assertEqual(devices_needed(">>> m = jax.make_mesh((8,), ('d',))  # Needs 8 devices."), 8)
 
   def test_missing_libraries_reads_the_imports(self):
     self.assertEqual(missing_libraries(">>> import numpy\n>>> from haiku_bridge import x"), [])

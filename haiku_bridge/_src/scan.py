@@ -18,7 +18,8 @@ loop's (`loop.py`); with `pipeline=` the layers run as pipeline stages
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Mapping, NamedTuple, Optional, TypedDict, Unpack
+from typing import (Any, Callable, Mapping, NamedTuple, Optional, TypedDict,
+                    Unpack)
 
 import haiku as hk
 import jax
@@ -281,7 +282,8 @@ def _check_repeat_options(options: Mapping[str, Any]) -> _Options:
 
 
 # `repeat_layer`'s adapters are dataclasses rather than lambdas: calls with one
-# layer build equal adapters, which fingerprint alike (fingerprint.function_key).
+# layer build equal adapters, which fingerprint alike
+# (fingerprint.function_key).
 
 
 @dataclasses.dataclass(frozen=True)
