@@ -20,7 +20,8 @@ def own_prefixes(source: str) -> list[str]:
   """The string literals of `source` that write a message prefix themselves."""
   found = {}  # By position: an f-string's parts report the f-string's.
   for node in ast.walk(ast.parse(source)):
-    if isinstance(node, (ast.Constant, ast.JoinedStr)):
+    first = node.values[0] if isinstance(node, ast.JoinedStr) and node.values else node
+    if isinstance(first, ast.Constant) and str(first.value).startswith("hkb"):
       segment = ast.get_source_segment(source, node) or ""
       if _OWN_PREFIX.match(segment):
         found.setdefault((node.lineno, node.col_offset), segment.splitlines()[0])
