@@ -57,8 +57,7 @@ class VersionsTest(absltest.TestCase):
     self.assertNotEqual(newer.returncode, 0)
     self.assertIn("UntestedVersionWarning: haiku_bridge is tested with", newer.stderr)
     self.assertIn("this is jax 0.10.3,", newer.stderr)
-    tested = import_with(*(high for _, high in versions.TESTED.values()))
-    self.assertEqual(tested.returncode, 0, tested.stderr)
+    # (On the tested set it is silent: test_warning_names_both_and_the_tested_range.)
 
 
 if __name__ == "__main__":
