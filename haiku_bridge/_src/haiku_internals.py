@@ -4,7 +4,9 @@ Everything else in the bridge uses Haiku's public API. What is not public in
 dm-haiku, and the bridge needs to run a Haiku function exactly as inline code
 runs it, is reached here, behind small functions, each pinned by
 `haiku_internals_test.py`: a Haiku upgrade that moves one fails there first,
-and this file is the one place to mend.
+and this file is the one place to mend. On a user's machine, importing this
+file checks that what it reads is still there (`check_haiku`), and refuses a
+dm-haiku that moved it with the library's error, naming what moved.
 
 The bridge runs Haiku code the way Haiku's own `hk.remat` / `hk.cond` do: in
 a new frame (Haiku's per-transform record of params, state, rng and module
@@ -102,9 +104,10 @@ def changed_reads(reads: Mapping[types.ModuleType, tuple[str, ...]] = READS
   try:
     source = inspect.getsource(_layer_stack)
   except (OSError, TypeError):
-    source = ""
-  changed += [f"hk.layer_stack does not name a stack {name!r}"
-              for name in LAYER_STACK_NAMES.values() if f'"{name}"' not in source]
+    source = None  # Installed without sources: nothing to read, nothing refused.
+  if source is not None:
+    changed += [f"hk.layer_stack does not name a stack {name!r}"
+                for name in LAYER_STACK_NAMES.values() if f'"{name}"' not in source]
   return changed
 
 

@@ -389,6 +389,12 @@ class ChangedHaikuTest(absltest.TestCase):
           "Frame.evolve takes no `decoupled=`",
           "hk.layer_stack does not name a stack '__layer_stack_no_per_layer'"])
 
+  def test_no_source_no_refusal(self):
+    def no_source(module):
+      raise OSError(f"no source for {module}")
+    with mock.patch.object(haiku_internals.inspect, "getsource", no_source):
+      self.assertEqual(haiku_internals.changed_reads(), [])
+
   def test_import_refuses_a_changed_haiku(self):
     # A fresh process whose Haiku lost a function the bridge calls: importing haiku_bridge
     # raises the library's error, not an AttributeError (or a wrong result) later.
