@@ -1005,7 +1005,7 @@ class StructureTest(absltest.TestCase):
         "  except ImportError as e:\n"
         "    assert f'pip install {extra} (or' in str(e), e\n"
         "    assert f'pip install \".[{extra}]\"' in str(e), e\n"
-        "    assert f'hkb.{name} needs' in str(e), e\n"
+        "    assert f'hkb.{name}: needs' in str(e), e\n"
         "  else:\n"
         "    raise AssertionError(name)\n"
         "print('ok')\n")
