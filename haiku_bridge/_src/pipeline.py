@@ -458,6 +458,30 @@ class _StageProgram:
       body = _hoisted(body, _varying(_index(micro, 0), axis),
                       jax.tree.map(lambda a: a[0, 0],
                                    (params, state, keys, xs)))
+    # What a visit reads of the stage's params (and keys, xs) must not be a
+    # value of the step: the backward pass would keep a copy of it per step
+    # (the stage's params times the steps). With one pass the visit reads
+    # them whole, a constant of the loop, kept once. With several, the pass
+    # read is a value of the step, so the visit runs under `jax.checkpoint`
+    # whose policy recomputes that slice in the backward pass and keeps the
+    # rest as the stack's loop would.
+    if repeats == 1:
+      params, keys, xs = jax.tree.map(lambda a: a[0], (params, keys, xs))
+      read_pass = lambda tree, repeat: tree
+    else:
+      read_pass = _index
+
+    def run_visit(params, keys, xs, visit_state, repeat, m, x_in):
+      visit_keys = None if keys is None else jax.vmap(
+          lambda k: jax.random.fold_in(k, m))(read_pass(keys, repeat))
+      visit = (read_pass(params, repeat), visit_state, visit_keys,
+               read_pass(xs, repeat))
+      return self.loop(body, x_in, visit, self.layout.layers)
+
+    if repeats > 1:
+      run_visit = jax.checkpoint(
+          run_visit, prevent_cse=False,
+          policy=_pass_recomputed((params, xs), _kept_by(self.loop)))
 
     def step(loop, table):
       previous, returned, state = loop
@@ -475,11 +499,8 @@ class _StageProgram:
                         came_back & (stage == 0))
         first = _where(repeat == 0, first, _index(returned, m))
       x_in = _where(stage == 0, first, received)
-      visit_keys = None if keys is None else jax.vmap(
-          lambda k: jax.random.fold_in(k, m))(_index(keys, repeat))
-      visit = (_index(params, repeat), _index(state, repeat), visit_keys,
-               _index(xs, repeat))
-      out, (y, new_state) = self.loop(body, x_in, visit, self.layout.layers)
+      out, (y, new_state) = run_visit(params, keys, xs, _index(state, repeat),
+                                      repeat, m, x_in)
       state = _put(state, repeat, new_state, active)
       return (out, returned, state), (out, y)
 
@@ -508,6 +529,37 @@ class _StageProgram:
 
     return out, jax.tree.map(visits, ys), jax.tree.map(lambda a: a[None],
                                                        state)
+
+
+def _kept_by(loop: loop_lib.Loop) -> Callable[..., bool]:
+  """The `jax.checkpoint` policy that keeps what `loop` keeps of a visit.
+
+  Inside `jax.checkpoint`, the outer policy decides for the loop's own
+  `jax.checkpoint` too, so it is the loop's: none with `remat=True` (or its
+  `remat_policy`), all otherwise (a remat schedule keeps its own few).
+  """
+  if loop.remat is True:
+    return loop.policy or jax.checkpoint_policies.nothing_saveable
+  return jax.checkpoint_policies.everything_saveable
+
+
+def _pass_recomputed(stacked: PyTree, policy: Callable[..., bool]
+                     ) -> Callable[..., bool]:
+  """`policy`, except that one pass's slice of `stacked` is recomputed, never kept.
+
+  A policy sees primitives and their operands' types, not values: the slice
+  is the `dynamic_slice` (and its squeeze) of an operand typed as a leaf of
+  `stacked`, `[R, L, ...]`.
+  """
+  shapes = {(a.shape, a.dtype) for a in jax.tree.leaves(stacked)}
+  shapes |= {((1,) + shape[1:], dtype) for shape, dtype in shapes}
+
+  def saveable(prim, *avals, **params):
+    if (prim in (lax.dynamic_slice_p, lax.squeeze_p, lax.reshape_p) and
+        (avals[0].shape, avals[0].dtype) in shapes):
+      return False
+    return policy(prim, *avals, **params)
+  return saveable
 
 
 def _mesh_axes() -> tuple[tuple[str, ...], tuple[int, ...]]:
