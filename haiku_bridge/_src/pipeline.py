@@ -313,16 +313,73 @@ def run(pipeline: Pipeline, stages: int, body: Callable[..., Any],
     out, ys, new_state = program(staged, micro)
   else:
     over_stages = PartitionSpec(pipeline.axis)
-    out, ys, new_state = jax.shard_map(
+    stage_map = jax.shard_map(
         program, in_specs=(over_stages, PartitionSpec()),
         out_specs=(PartitionSpec(), over_stages, over_stages),
-        axis_names=frozenset({pipeline.axis}))(staged, micro)
+        axis_names=frozenset({pipeline.axis}))
+    out, ys, new_state = _on_auto_axes(stage_map, pipeline.axis, staged,
+                                       micro)
   ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
                      lambda: _whole_batch_ys(body, carry, per_layer))
   new_state = jax.tree.map(layout.to_layers, new_state, state)
   if reverse:
     ys, new_state = jax.tree.map(lambda a: jnp.flip(a, 0), (ys, new_state))
   return jax.tree.map(batch.join, out), (ys, new_state)
+
+
+def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
+                  micro: PyTree) -> tuple[PyTree, PyTree, PyTree]:
+  """`stage_map(staged, micro)`, the mesh's other Explicit axes Auto inside it.
+
+  jax lowers a `shard_map` manual over some axes of a mesh whose axes are
+  all Explicit with its inputs and outputs replicated over the others
+  (jax 0.10.2: an all-gather of every input and output split over `data`,
+  the residuals of the backward pass included). With those axes Auto for
+  the `shard_map`, the partitioner keeps each split as it is, as under an
+  Auto mesh; outside, the results are typed again: `out` split as `micro`,
+  the state as `staged`'s, a `y` with the microbatch's rows on axis 4 split
+  as they are.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  explicit = jax.sharding.AxisType.Explicit
+  others = tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types)
+                 if kind == explicit and name != axis)
+  if not others:
+    return stage_map(staged, micro)
+  leaves, tree = jax.tree.flatten((staged, micro))
+  specs = [typed_sharding.spec(a) for a in leaves]
+  with jax.sharding.use_abstract_mesh(mesh.update_axis_types(
+      {name: jax.sharding.AxisType.Auto for name in others})):
+    # Always resharded, so that each type names the mesh of the context.
+    args = tree.unflatten([
+        jax.sharding.reshard(a, PartitionSpec(*(
+            typed_sharding.entry_without(e, others) for e in entries)))
+        for a, entries in zip(leaves, specs)])
+    out, ys, new_state = stage_map(*args)
+  # Each leaf split as its counterpart among the inputs.
+  micro_specs = [typed_sharding.spec(a) for a in jax.tree.leaves(micro)]
+  state_specs = [typed_sharding.spec(a) for a in jax.tree.leaves(staged[1])]
+  def typed(a, entries):
+    return jax.sharding.reshard(a, PartitionSpec(*entries))
+
+  out = jax.tree.unflatten(jax.tree.structure(out), [
+      typed(a, entries)
+      for a, entries in zip(jax.tree.leaves(out), micro_specs)])
+  new_state = jax.tree.unflatten(jax.tree.structure(new_state), [
+      typed(a, entries)
+      for a, entries in zip(jax.tree.leaves(new_state), state_specs)])
+  rows = [(np.shape(a)[1], entries[1]) for a, entries in zip(
+      jax.tree.leaves(micro), micro_specs)]
+
+  def y_spec(y):
+    entries = (axis,) + (None,) * (y.ndim - 1)
+    for size, entry in rows:
+      if y.ndim > 4 and y.shape[4] == size:
+        return entries[:4] + (entry,) + entries[5:]
+    return entries
+
+  ys = jax.tree.map(lambda y: typed(y, y_spec(y)), ys)
+  return out, ys, new_state
 
 
 def _whole_batch_ys(body: Callable[..., Any], carry: PyTree,
