@@ -487,6 +487,12 @@ class _Layout:
     """`[S, R, M, L, ...]` -> `[N, M, ...]`."""
     a = typed_sharding.without(a, (self.axis,))
     a = jnp.moveaxis(jnp.swapaxes(a, 0, 1), 2, 3)
+    entries = typed_sharding.spec(a)
+    if any(e is not None for e in entries):
+      # Merging the unsplit R, S, L axes: jax 0.10.2 cannot always tell the
+      # result's split itself (one microbatch, its rows over `data`).
+      return jnp.reshape(a, (-1,) + a.shape[3:],
+                         out_sharding=PartitionSpec(None, *entries[3:]))
     return a.reshape((-1,) + a.shape[3:])
 
 

@@ -541,6 +541,21 @@ class DropInTest(EightDevicesTest):
                        make_mesh(4, axis_type=AxisType.Explicit),
                        pipeline=hkb.Pipeline("stage", 2))
 
+  def test_ys_circular_one_microbatch_explicit_axes(self):
+    # Issue 34: the six settings together (Explicit axes, batch over data,
+    # per-layer ys, circular, one microbatch, 4 stages) refused a reshape.
+    def f(pipeline):
+      def loss(x):
+        out, ys = hkb.layer_scan(
+            lambda c, _: (block(c), jnp.mean(c ** 2, axis=-1)), x,
+            num_layers=LAYERS, pipeline=pipeline)
+        return jnp.mean(out ** 2) + jnp.mean(ys * jnp.arange(ys.size).reshape(
+            ys.shape))
+      return hk.transform(loss)
+    self._assert_plain(f, make_mesh(4, axis_type=AxisType.Explicit),
+                       pipeline=hkb.Pipeline("stage", 1, "circular"),
+                       batch=P("data"))
+
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_one_stage(self, axis_type):
     # 5: a one-stage axis is a pipeline of microbatches.
