@@ -313,12 +313,25 @@ def run(pipeline: Pipeline, stages: int, body: Callable[..., Any],
     out, ys, new_state = program(staged, micro)
   else:
     over_stages = PartitionSpec(pipeline.axis)
-    stage_map = jax.shard_map(
-        program, in_specs=(over_stages, PartitionSpec()),
-        out_specs=(PartitionSpec(), over_stages, over_stages),
-        axis_names=frozenset({pipeline.axis}))
-    out, ys, new_state = _on_auto_axes(stage_map, pipeline.axis, staged,
-                                       micro)
+
+    def stage_map(check_vma: bool) -> Callable[..., Any]:
+      return jax.shard_map(
+          program, in_specs=(over_stages, PartitionSpec()),
+          out_specs=(PartitionSpec(), over_stages, over_stages),
+          axis_names=frozenset({pipeline.axis}), check_vma=check_vma)
+
+    try:
+      out, ys, new_state = _on_auto_axes(stage_map(True), pipeline.axis,
+                                         staged, micro)
+    except TypeError as e:
+      # A layer that runs a scan of its own from a constant state
+      # (`core.initial_state(batch)`): only the scan's body makes its carry
+      # varying over the stages, which jax refuses where it checks varying
+      # types. Unchecked, the stages run it as the plain stack does.
+      if not _is_varying_carry_error(e):
+        raise
+      out, ys, new_state = _on_auto_axes(stage_map(False), pipeline.axis,
+                                         staged, micro)
   ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
                      lambda: _whole_batch_ys(body, carry, per_layer))
   new_state = jax.tree.map(layout.to_layers, new_state, state)
@@ -380,6 +393,13 @@ def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
 
   ys = jax.tree.map(lambda y: typed(y, y_spec(y)), ys)
   return out, ys, new_state
+
+
+def _is_varying_carry_error(error: TypeError) -> bool:
+  """Whether jax refused a loop whose carry its body made varying over an axis."""
+  text = str(error)
+  return "carry input and carry output must have equal types" in text and (
+      "pcast" in text or "pvary" in text)
 
 
 def _whole_batch_ys(body: Callable[..., Any], carry: PyTree,
