@@ -237,7 +237,7 @@ class CostConfig:
 
 
 FULL_COST = CostConfig(width=256, stages=(2, 4), microbatches=("1", "S", "4S"))
-QUICK_COST = CostConfig(width=16, stages=(2,), microbatches=("S", "4S"))
+QUICK_COST = CostConfig(width=16, stages=(2,), microbatches=("S",))
 
 
 @dataclasses.dataclass(frozen=True)
