@@ -315,16 +315,93 @@ def run(pipeline: Pipeline, stages: int, body: Callable[..., Any],
     out, ys, new_state = program(staged, micro)
   else:
     over_stages = PartitionSpec(pipeline.axis)
-    out, ys, new_state = jax.shard_map(
-        program, in_specs=(over_stages, PartitionSpec()),
-        out_specs=(PartitionSpec(), over_stages, over_stages),
-        axis_names=frozenset({pipeline.axis}))(staged, micro)
+
+    def stage_map(check_vma: bool) -> Callable[..., Any]:
+      return jax.shard_map(
+          program, in_specs=(over_stages, PartitionSpec()),
+          out_specs=(PartitionSpec(), over_stages, over_stages),
+          axis_names=frozenset({pipeline.axis}), check_vma=check_vma)
+
+    try:
+      out, ys, new_state = _on_auto_axes(stage_map(True), pipeline.axis,
+                                         staged, micro)
+    except TypeError as e:
+      # A layer that runs a scan of its own from a constant state
+      # (`core.initial_state(batch)`): only the scan's body makes its carry
+      # varying over the stages, which jax refuses where it checks varying
+      # types. Unchecked, the stages run it as the plain stack does.
+      if not _is_varying_carry_error(e):
+        raise
+      out, ys, new_state = _on_auto_axes(stage_map(False), pipeline.axis,
+                                         staged, micro)
   ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
                      lambda: _whole_batch_ys(body, carry, per_layer))
   new_state = jax.tree.map(layout.to_layers, new_state, state)
   if reverse:
     ys, new_state = jax.tree.map(lambda a: jnp.flip(a, 0), (ys, new_state))
   return jax.tree.map(batch.join, out), (ys, new_state)
+
+
+def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
+                  micro: PyTree) -> tuple[PyTree, PyTree, PyTree]:
+  """`stage_map(staged, micro)`, the mesh's other Explicit axes Auto inside it.
+
+  jax lowers a `shard_map` manual over some axes of a mesh whose axes are
+  all Explicit with its inputs and outputs replicated over the others
+  (jax 0.10.2: an all-gather of every input and output split over `data`,
+  the residuals of the backward pass included). With those axes Auto for
+  the `shard_map`, the partitioner keeps each split as it is, as under an
+  Auto mesh; outside, the results are typed again: `out` split as `micro`,
+  the state as `staged`'s, a `y` with the microbatch's rows on axis 4 split
+  as they are.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  explicit = jax.sharding.AxisType.Explicit
+  others = tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types)
+                 if kind == explicit and name != axis)
+  if not others:
+    return stage_map(staged, micro)
+  leaves, tree = jax.tree.flatten((staged, micro))
+  specs = [typed_sharding.spec(a) for a in leaves]
+  with jax.sharding.use_abstract_mesh(mesh.update_axis_types(
+      {name: jax.sharding.AxisType.Auto for name in others})):
+    # Always resharded, so that each type names the mesh of the context.
+    args = tree.unflatten([
+        jax.sharding.reshard(a, PartitionSpec(*(
+            typed_sharding.entry_without(e, others) for e in entries)))
+        for a, entries in zip(leaves, specs)])
+    out, ys, new_state = stage_map(*args)
+  # Each leaf split as its counterpart among the inputs.
+  micro_specs = [typed_sharding.spec(a) for a in jax.tree.leaves(micro)]
+  state_specs = [typed_sharding.spec(a) for a in jax.tree.leaves(staged[1])]
+  def typed(a, entries):
+    return jax.sharding.reshard(a, PartitionSpec(*entries))
+
+  out = jax.tree.unflatten(jax.tree.structure(out), [
+      typed(a, entries)
+      for a, entries in zip(jax.tree.leaves(out), micro_specs)])
+  new_state = jax.tree.unflatten(jax.tree.structure(new_state), [
+      typed(a, entries)
+      for a, entries in zip(jax.tree.leaves(new_state), state_specs)])
+  rows = [(np.shape(a)[1], entries[1]) for a, entries in zip(
+      jax.tree.leaves(micro), micro_specs)]
+
+  def y_spec(y):
+    entries = (axis,) + (None,) * (y.ndim - 1)
+    for size, entry in rows:
+      if y.ndim > 4 and y.shape[4] == size:
+        return entries[:4] + (entry,) + entries[5:]
+    return entries
+
+  ys = jax.tree.map(lambda y: typed(y, y_spec(y)), ys)
+  return out, ys, new_state
+
+
+def _is_varying_carry_error(error: TypeError) -> bool:
+  """Whether jax refused a loop whose carry its body made varying over an axis."""
+  text = str(error)
+  return "carry input and carry output must have equal types" in text and (
+      "pcast" in text or "pvary" in text)
 
 
 def _whole_batch_ys(body: Callable[..., Any], carry: PyTree,
@@ -432,6 +509,12 @@ class _Layout:
     """`[S, R, M, L, ...]` -> `[N, M, ...]`."""
     a = typed_sharding.without(a, (self.axis,))
     a = jnp.moveaxis(jnp.swapaxes(a, 0, 1), 2, 3)
+    entries = typed_sharding.spec(a)
+    if any(e is not None for e in entries):
+      # Merging the unsplit R, S, L axes: jax 0.10.2 cannot always tell the
+      # result's split itself (one microbatch, its rows over `data`).
+      return jnp.reshape(a, (-1,) + a.shape[3:],
+                         out_sharding=PartitionSpec(None, *entries[3:]))
     return a.reshape((-1,) + a.shape[3:])
 
 
@@ -460,6 +543,30 @@ class _StageProgram:
       body = _hoisted(body, _varying(_index(micro, 0), axis),
                       jax.tree.map(lambda a: a[0, 0],
                                    (params, state, keys, xs)))
+    # What a visit reads of the stage's params (and keys, xs) must not be a
+    # value of the step: the backward pass would keep a copy of it per step
+    # (the stage's params times the steps). With one pass the visit reads
+    # them whole, a constant of the loop, kept once. With several, the pass
+    # read is a value of the step, so the visit runs under `jax.checkpoint`
+    # whose policy recomputes that slice in the backward pass and keeps the
+    # rest as the stack's loop would.
+    if repeats == 1:
+      params, keys, xs = jax.tree.map(lambda a: a[0], (params, keys, xs))
+      read_pass = lambda tree, repeat: tree
+    else:
+      read_pass = _index
+
+    def run_visit(params, keys, xs, visit_state, repeat, m, x_in):
+      visit_keys = None if keys is None else jax.vmap(
+          lambda k: jax.random.fold_in(k, m))(read_pass(keys, repeat))
+      visit = (read_pass(params, repeat), visit_state, visit_keys,
+               read_pass(xs, repeat))
+      return self.loop(body, x_in, visit, self.layout.layers)
+
+    if repeats > 1:
+      run_visit = jax.checkpoint(
+          run_visit, prevent_cse=False,
+          policy=_pass_recomputed((params, xs), _kept_by(self.loop)))
 
     def step(loop, table):
       previous, returned, state = loop
@@ -477,11 +584,8 @@ class _StageProgram:
                         came_back & (stage == 0))
         first = _where(repeat == 0, first, _index(returned, m))
       x_in = _where(stage == 0, first, received)
-      visit_keys = None if keys is None else jax.vmap(
-          lambda k: jax.random.fold_in(k, m))(_index(keys, repeat))
-      visit = (_index(params, repeat), _index(state, repeat), visit_keys,
-               _index(xs, repeat))
-      out, (y, new_state) = self.loop(body, x_in, visit, self.layout.layers)
+      out, (y, new_state) = run_visit(params, keys, xs, _index(state, repeat),
+                                      repeat, m, x_in)
       state = _put(state, repeat, new_state, active)
       return (out, returned, state), (out, y)
 
@@ -510,6 +614,37 @@ class _StageProgram:
 
     return out, jax.tree.map(visits, ys), jax.tree.map(lambda a: a[None],
                                                        state)
+
+
+def _kept_by(loop: loop_lib.Loop) -> Callable[..., bool]:
+  """The `jax.checkpoint` policy that keeps what `loop` keeps of a visit.
+
+  Inside `jax.checkpoint`, the outer policy decides for the loop's own
+  `jax.checkpoint` too, so it is the loop's: none with `remat=True` (or its
+  `remat_policy`), all otherwise (a remat schedule keeps its own few).
+  """
+  if loop.remat is True:
+    return loop.policy or jax.checkpoint_policies.nothing_saveable
+  return jax.checkpoint_policies.everything_saveable
+
+
+def _pass_recomputed(stacked: PyTree, policy: Callable[..., bool]
+                     ) -> Callable[..., bool]:
+  """`policy`, except that one pass's slice of `stacked` is recomputed, never kept.
+
+  A policy sees primitives and their operands' types, not values: the slice
+  is the `dynamic_slice` (and its squeeze) of an operand typed as a leaf of
+  `stacked`, `[R, L, ...]`.
+  """
+  shapes = {(a.shape, a.dtype) for a in jax.tree.leaves(stacked)}
+  shapes |= {((1,) + shape[1:], dtype) for shape, dtype in shapes}
+
+  def saveable(prim, *avals, **params):
+    if (prim in (lax.dynamic_slice_p, lax.squeeze_p, lax.reshape_p) and
+        (avals[0].shape, avals[0].dtype) in shapes):
+      return False
+    return policy(prim, *avals, **params)
+  return saveable
 
 
 def _mesh_axes() -> tuple[tuple[str, ...], tuple[int, ...]]:

@@ -123,6 +123,24 @@ def closing_over_a_param(pipeline):
   return hk.transform(f)
 
 
+def time_scan_stack(scan, **options):
+  """`stack_of` a layer that runs a time scan from a constant state."""
+  def layer(h):
+    seq = jnp.stack([h, -h, 2 * h])  # [time, batch, features]
+    if scan == "lax.scan":
+      w = hk.get_parameter("w", [4, 4], init=hk.initializers.RandomNormal())
+      def step(c, x):
+        return jnp.tanh(c @ w + x), None
+      out, _ = jax.lax.scan(step, jnp.zeros(h.shape), seq)
+      return h + out
+    core = hk.VanillaRNN(4)
+    unroll = (hk.dynamic_unroll if scan == "hk.dynamic_unroll" else
+              hkb.dynamic_unroll)
+    out, _ = unroll(core, seq, core.initial_state(h.shape[0]))
+    return h + out[-1]
+  return stack_of(layer, **options)
+
+
 def stage_rules():
   return hkb.ShardingRules([], stacked={"blocks": "stage"})
 
@@ -540,6 +558,37 @@ class DropInTest(EightDevicesTest):
     self._assert_plain(closing_over_a_param,
                        make_mesh(4, axis_type=AxisType.Explicit),
                        pipeline=hkb.Pipeline("stage", 2))
+
+  @parameterized.product(scan=("hk.dynamic_unroll", "hkb.dynamic_unroll",
+                                "lax.scan"),
+                          axis_type=(AxisType.Auto, AxisType.Explicit))
+  def test_time_scan_from_a_constant_state(self, scan, axis_type):
+    # Issue 34: the scan's carry starts invariant over the stages and only
+    # its body makes it varying, which jax refuses where it checks.
+    self._assert_plain(time_scan_stack(scan),
+                       make_mesh(2, axis_type=axis_type),
+                       pipeline=hkb.Pipeline("stage", 2), batch=P("data"))
+
+  def test_time_scan_with_remat_in_a_circular_pipeline(self):
+    self._assert_plain(time_scan_stack("lax.scan", remat=True),
+                       make_mesh(2, axis_type=AxisType.Explicit),
+                       pipeline=hkb.Pipeline("stage", 2, "circular"),
+                       batch=P("data"))
+
+  def test_ys_circular_one_microbatch_explicit_axes(self):
+    # Issue 34: the six settings together (Explicit axes, batch over data,
+    # per-layer ys, circular, one microbatch, 4 stages) refused a reshape.
+    def f(pipeline):
+      def loss(x):
+        out, ys = hkb.layer_scan(
+            lambda c, _: (block(c), jnp.mean(c ** 2, axis=-1)), x,
+            num_layers=LAYERS, pipeline=pipeline)
+        return jnp.mean(out ** 2) + jnp.mean(ys * jnp.arange(ys.size).reshape(
+            ys.shape))
+      return hk.transform(loss)
+    self._assert_plain(f, make_mesh(4, axis_type=AxisType.Explicit),
+                       pipeline=hkb.Pipeline("stage", 1, "circular"),
+                       batch=P("data"))
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_one_stage(self, axis_type):

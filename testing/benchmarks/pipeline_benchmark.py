@@ -20,7 +20,15 @@ pipeline). For each S, schedule and microbatch count M it reports:
   slots still compute, masked), not what a pipeline over a real
   interconnect gains. Timings never fail the program.
 
+Then the cost table (issue 34; no step is run): a residual MLP stack whose
+params dominate, compiled as a user writes it (params as init returns them,
+the loss after the stack) on Explicit and Auto axes, for each (S, schedule,
+M): per-device temporaries against the bound of docs/sharding.md (3x the
+stage's params) and the collectives of the optimised HLO. `--cost_only`
+prints it alone.
+
     bazel run //testing/benchmarks:pipeline_benchmark              # ~4 minutes
+    bazel run //testing/benchmarks:pipeline_benchmark -- --cost_only  # ~1 minute
     bazel run //testing/benchmarks:pipeline_benchmark -- --quick   # smoke run
 
 or, without Bazel, from the repository root:
@@ -37,6 +45,7 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
 import functools
+import re
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -57,6 +66,9 @@ from testing.benchmarks.lib import harness
 
 _QUICK = flags.DEFINE_bool("quick", False,
                            "Smoke mode: a tiny stack, one timed step.")
+_COST_ONLY = flags.DEFINE_bool(
+    "cost_only", False, "Only the cost table (compiled memory and "
+    "collectives of the residual MLP stack): no step is run.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,20 +220,128 @@ def markdown(cfg: Config, baseline: Compiled, base_step: float,
   return "\n".join(lines) + "\n"
 
 
-def report(cfg: Config, command: str) -> str:
-  """Runs the benchmark; returns the run's description and its table."""
+# The cost model's stack (docs/sharding.md, "What a pipelined step costs"):
+# a residual MLP whose params dominate its memory, as in issue 34.
+COST_LAYERS, COST_BATCH = 8, 32
+COST_BOUND = 3  # Temporaries per device, in the stage's params.
+COLLECTIVES = ("all-gather", "collective-permute", "all-reduce")
+_COLLECTIVE = re.compile(
+    r"= \(?[^=]*?\)? (all-gather|collective-permute|all-reduce)(?:-start)?\(")
+
+
+@dataclasses.dataclass(frozen=True)
+class CostConfig:
+  width: int
+  stages: tuple[int, ...]
+  microbatches: tuple[str, ...]
+
+
+FULL_COST = CostConfig(width=256, stages=(2, 4), microbatches=("1", "S", "4S"))
+QUICK_COST = CostConfig(width=16, stages=(2,), microbatches=("S",))
+
+
+@dataclasses.dataclass(frozen=True)
+class CostRow:
+  stages: int
+  schedule: str
+  microbatches: int
+  stage_param_bytes: float  # The stack's params over S.
+  temp_bytes: dict[str, int]  # Per axis type: peak temporaries per device.
+  collectives: dict[str, dict[str, int]]  # Per axis type: op -> count.
+
+
+def count_collectives(hlo: str) -> dict[str, int]:
+  """How many of each collective the optimised HLO runs (inside loops once)."""
+  counts = dict.fromkeys(COLLECTIVES, 0)
+  for match in _COLLECTIVE.finditer(hlo):
+    counts[match.group(1)] += 1
+  return counts
+
+
+def residual_mlp(h):
+  width = h.shape[-1]
+  return h + hk.Linear(width)(jnp.tanh(hk.Linear(width)(h)))
+
+
+def cost_row(cfg: CostConfig, stages: int, schedule: str,
+             m: int) -> CostRow:
+  """The user's step (params as init returns them, loss after the stack) on both axis types."""
+  pipe = hkb.Pipeline("stage", m, schedule)
+  f = hk.transform(lambda x: jnp.mean(hkb.repeat_layer(
+      residual_mlp, x, COST_LAYERS, pipeline=pipe) ** 2))
+  x = jnp.ones([COST_BATCH, cfg.width])
+  params = f.init(jax.random.PRNGKey(0), x)
+  temp, collectives = {}, {}
+  for kind in (AxisType.Explicit, AxisType.Auto):
+    mesh = jax.make_mesh((stages, 8 // stages), ("stage", "data"),
+                         axis_types=(kind,) * 2)
+    with jax.set_mesh(mesh):
+      compiled = jax.jit(jax.value_and_grad(f.apply)).lower(
+          params, None, jax.device_put(x, P("data"))).compile()
+    temp[kind.name] = compiled.memory_analysis().temp_size_in_bytes
+    collectives[kind.name] = count_collectives(compiled.as_text())
+  param_bytes = sum(a.nbytes for a in jax.tree.leaves(params))
+  return CostRow(stages, schedule, m, param_bytes / stages, temp, collectives)
+
+
+def cost_rows(cfg: CostConfig) -> list[CostRow]:
+  rows = []
+  for stages in cfg.stages:
+    for schedule in pipeline_lib.SCHEDULES:
+      for name in cfg.microbatches:
+        m = microbatch_count(name, stages)
+        print(f"cost: S={stages} {schedule} M={m}", file=sys.stderr)
+        rows.append(cost_row(cfg, stages, schedule, m))
+  return rows
+
+
+def cost_markdown(cfg: CostConfig, rows: list[CostRow]) -> str:
+  lines = [
+      f"Cost: {COST_LAYERS} residual MLP blocks (two Linears of width "
+      f"{cfg.width}), batch {COST_BATCH}, `jax.value_and_grad` of apply with "
+      f"the params as init returns them, on a (stage=S, data=8/S) mesh, "
+      f"Explicit and Auto axes. Temporaries per device "
+      f"(`memory_analysis().temp_size_in_bytes`) in the stage's params "
+      f"(the bound: {COST_BOUND}); collectives in the optimised HLO "
+      f"(all-gather / collective-permute / all-reduce, each op once, loops "
+      f"included once).", "",
+      "| S | schedule | M | stage params (bytes) | temp Explicit | "
+      "temp Auto | Explicit / stage params | Auto / stage params | "
+      "collectives Explicit | collectives Auto |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for r in rows:
+    counts = {kind: " / ".join(str(c[op]) for op in COLLECTIVES)
+              for kind, c in r.collectives.items()}
+    lines.append(
+        f"| {r.stages} | {r.schedule} | {r.microbatches} | "
+        f"{r.stage_param_bytes:.0f} | {r.temp_bytes['Explicit']} | "
+        f"{r.temp_bytes['Auto']} | "
+        f"{r.temp_bytes['Explicit'] / r.stage_param_bytes:.2f} | "
+        f"{r.temp_bytes['Auto'] / r.stage_param_bytes:.2f} | "
+        f"{counts['Explicit']} | {counts['Auto']} |")
+  return "\n".join(lines) + "\n"
+
+
+def report(cfg: Config, command: str, cost: CostConfig,
+           steps: bool = True) -> str:
+  """Runs the benchmark; returns the run's description and its tables."""
   start = time.perf_counter()
-  baseline, base_step, rows = run(cfg)
+  tables = []
+  if steps:
+    baseline, base_step, rows = run(cfg)
+    tables.append(markdown(cfg, baseline, base_step, rows))
+  tables.append(cost_markdown(cost, cost_rows(cost)))
   return environment.run_header(
       "Pipeline (`testing/benchmarks/pipeline_benchmark.py`)", command,
-      cfg.mode, time.perf_counter() - start) + "\n" + markdown(
-          cfg, baseline, base_step, rows)
+      cfg.mode, time.perf_counter() - start) + "\n" + "\n".join(tables)
 
 
 def main(argv: list[str]) -> None:
   del argv  # Flags only.
   print(report(QUICK if _QUICK.value else FULL,
-               " ".join(["python3"] + sys.argv)))
+               " ".join(["python3"] + sys.argv),
+               QUICK_COST if _QUICK.value else FULL_COST,
+               steps=not _COST_ONLY.value))
 
 
 if __name__ == "__main__":

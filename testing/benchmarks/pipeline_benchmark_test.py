@@ -21,7 +21,8 @@ class QuickPipelineBenchmarkTest(absltest.TestCase):
     super().setUpClass()
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
       cls.report = pipeline_benchmark.report(pipeline_benchmark.QUICK,
-                                             "pipeline_benchmark_test --quick")
+                                             "pipeline_benchmark_test --quick",
+                                             pipeline_benchmark.QUICK_COST)
     cls.progress = stderr.getvalue()
 
   def test_reports_the_run(self):
@@ -45,6 +46,19 @@ class QuickPipelineBenchmarkTest(absltest.TestCase):
               rf"(?m)^\| {s} \| {schedule} \| {m} \| .* \| "
               r"\d+\.\d{3} \[\d+\.\d{3}–\d+\.\d{3}\] \(\d+\.\d{2}\) \|$")
           self.assertIn(f"S={s} {schedule} M={m}", self.progress)
+
+  def test_a_cost_row_per_stage_count_schedule_and_microbatches(self):
+    cfg = pipeline_benchmark.QUICK_COST
+    counts = r"\d+ / \d+ / \d+"
+    for s in cfg.stages:
+      for schedule in ("gpipe", "circular"):
+        for name in cfg.microbatches:
+          m = pipeline_benchmark.microbatch_count(name, s)
+          self.assertRegex(
+              self.report,
+              rf"(?m)^\| {s} \| {schedule} \| {m} \| \d+ \| \d+ \| \d+ \| "
+              rf"[\d.]+ \| [\d.]+ \| {counts} \| {counts} \|$")
+          self.assertIn(f"cost: S={s} {schedule} M={m}", self.progress)
 
 
 if __name__ == "__main__":
