@@ -152,12 +152,15 @@ def carry_change(before: PyTree, after: PyTree) -> Optional[tuple[str, str]]:
 @caches.memoize(maxsize=256)
 def schedule(remat: str, length: int,
              groups: Optional[int]) -> remat_schedule.Schedule:
-  """The schedule of `remat="nested"` / `"binomial"` for `length` steps."""
-  nested = remat_schedule.nested(length, groups)
-  if remat == "nested":
-    return nested
-  # Treeverse with the fewest slots that recompute no more than `nested`.
-  slots = remat_schedule.fewest_binomial_slots(length,
-                                               nested.recomputed_steps)
-  return remat_schedule.binomial(length, slots)
+  """The schedule of `remat="nested"` / `"binomial"` for `length` steps.
 
+  "binomial" keeps the fewest carries that recompute at most `length - 1`
+  steps (one more forward pass, as "nested" costs), or, with `groups`, at
+  most as many as "nested" with that many groups.
+  """
+  if remat == "nested":
+    return remat_schedule.nested(length, groups)
+  budget = (length - 1 if groups is None else
+            remat_schedule.nested(length, groups).recomputed_steps)
+  return remat_schedule.binomial(
+      length, remat_schedule.fewest_binomial_slots(length, budget))

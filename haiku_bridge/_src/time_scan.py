@@ -96,7 +96,9 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                    time_major: bool = True, reverse: bool = False,
                    return_all_states: bool = False, unroll: int | bool = 1,
                    *, remat: bool | str = False,
-                   remat_groups: Optional[int] = None
+                   remat_groups: Optional[int] = None,
+                   readout: Optional[Callable[..., PyTree]] = None,
+                   readout_inputs: Optional[PyTree] = None
                    ) -> tuple[PyTree, PyTree]:
   """`hk.dynamic_unroll`, with what its backward pass keeps chosen by `remat`.
 
@@ -133,10 +135,21 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     remat: `False`, `True`, `"nested"` or `"binomial"`, as for `hkb.scan`.
     remat_groups: as for `hkb.scan`.
+    readout: a Haiku function run on each step's output inside the step,
+      `readout(output)` or, with `readout_inputs`, `readout(output, r)` (`r`:
+      that step's slice of `readout_inputs`), such as a head and its loss.
+      Its results are returned instead of the outputs, so that the backward
+      pass keeps the schedule's carries, never the `[T, ...]` outputs or
+      their cotangent. Create its modules outside (e.g. `head =
+      hk.Linear(V)` before the unroll): they get the names and params they
+      get when called on the stacked outputs after the unroll.
+    readout_inputs: per-step inputs of `readout` (e.g. the targets), laid out
+      as `input_sequence` (time axis 0, or 1 with `time_major=False`).
 
   Returns:
-    `(output_sequence, state)`: the outputs on the time axis, and the last
-    state, or every state with `return_all_states`.
+    `(output_sequence, state)`: the outputs on the time axis (or, with
+    `readout`, its results), and the last state, or every state with
+    `return_all_states`.
   """
   with errors.entry("dynamic_unroll"):
     errors.check_callable(
@@ -147,12 +160,30 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     return_all_states = errors.check_bool("return_all_states",
                                           return_all_states)
     loop = _check_options(remat, remat_groups, unroll)
+    if readout is not None:
+      errors.check_callable(
+          "readout", readout, "a function of each step's output (and its "
+          "slice of `readout_inputs`), such as a head and its loss")
+    elif readout_inputs is not None:
+      raise ValueError(errors.message(
+          "`readout_inputs` are the per-step inputs of `readout`: pass "
+          "`readout=` too, e.g. `readout=lambda y, target: loss(head(y), "
+          "target)`."))
+    with_readout_inputs = readout_inputs is not None
     if not time_major:
       _check_batch_major(input_sequence)
       input_sequence = _swap_batch_time(input_sequence)
+      if with_readout_inputs:
+        _check_batch_major(readout_inputs, "readout_inputs")
+        readout_inputs = _swap_batch_time(readout_inputs)
     length = _length(None, input_sequence, "input_sequence")
+    if with_readout_inputs:
+      _length(length, readout_inputs, "readout_inputs")
+      input_sequence = (input_sequence, readout_inputs)
 
     def step(state, inputs):
+      if with_readout_inputs:
+        inputs, readout_in = inputs
       out = core(inputs, state)
       if not (isinstance(out, tuple) and len(out) == 2):
         raise ValueError(errors.message(
@@ -165,6 +196,9 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
             "`core` must return a state like the one it gets, since the "
             f"next step takes it; it got {changed[0]} and returned "
             f"{changed[1]}."))
+      if readout is not None:
+        outputs = (readout(outputs, readout_in) if with_readout_inputs
+                   else readout(outputs))
       return new_state, ((outputs, new_state) if return_all_states
                          else outputs)
 
@@ -289,11 +323,12 @@ def _length(length: Any, xs: PyTree, name: str = "xs") -> int:
   return length
 
 
-def _check_batch_major(input_sequence: PyTree) -> None:
+def _check_batch_major(input_sequence: PyTree,
+                       name: str = "input_sequence") -> None:
   for path, leaf in jax.tree_util.tree_leaves_with_path(input_sequence):
     if np.ndim(leaf) < 2:
       raise ValueError(errors.message(
-          f"input_sequence{jax.tree_util.keystr(path)} is "
+          f"{name}{jax.tree_util.keystr(path)} is "
           f"{errors.got(leaf)}; with time_major=False every leaf needs a "
           "batch axis and a time axis, [B, T, ...]."))
 
