@@ -77,7 +77,14 @@ class Loop:
       return scheduled_scan.scan(
           body, carry, xs, length=length,
           schedule=schedule(str(self.remat), length, self.groups),
-          unroll=self.unroll, reverse=reverse)
+          unroll=self.unroll, reverse=reverse,
+          forward_mode_error=errors.message(
+              f"`remat=\"{self.remat}\"` runs its own backward pass (a "
+              "jax.custom_vjp), which forward-mode autodiff reaches here "
+              "through a jax.jit (as in jax.jacfwd(jax.jit(f))), where the "
+              "scan cannot see it to run the plain loop instead. Put the "
+              "jit outside (jax.jit(jax.jacfwd(f))), or use remat=True, "
+              "which every autodiff mode differentiates."))
     if self.remat:
       body = jax.checkpoint(body, policy=self.policy)
     return jax.lax.scan(body, carry, xs, length=length, unroll=self.unroll,

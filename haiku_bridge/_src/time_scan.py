@@ -17,6 +17,9 @@ dropout draws the same keys. Outside a transform, `dynamic_unroll` runs
 both with the schedule.
 """
 
+import difflib
+import functools
+import inspect
 from typing import Any, Callable, Optional
 
 import haiku as hk
@@ -33,10 +36,33 @@ from haiku_bridge._src.pytree import PyTree
 StepFn = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
 
 
+def _known_keywords(api: str) -> Callable[[Callable[..., Any]], Any]:
+  """Refuses a keyword the public call `api` does not take, in our words."""
+  def wrap(fn):
+    names = list(inspect.signature(fn).parameters)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+      unknown = sorted(set(kwargs) - set(names))
+      if unknown:
+        near = difflib.get_close_matches(unknown[0], names, n=1)
+        with errors.entry(api):
+          raise TypeError(errors.message(
+              f"got an unexpected keyword argument {unknown[0]!r}"
+              + (f" (did you mean {near[0]!r}?)" if near else "")
+              + f"; its arguments are {', '.join(names)}."))
+      return fn(*args, **kwargs)
+    return checked
+  return wrap
+
+
+@_known_keywords("scan")
 def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
          reverse: bool = False, unroll: int | bool = 1, *,
          remat: bool | str = False,
-         remat_groups: Optional[int] = None) -> tuple[PyTree, PyTree]:
+         remat_groups: Optional[int] = None,
+         remat_policy: Optional[Callable[..., bool]] = None
+         ) -> tuple[PyTree, PyTree]:
   """`hk.scan`, with what its backward pass keeps chosen by `remat`.
 
   `f(carry, x) -> (carry, y)` runs once per step with the same params, as
@@ -77,7 +103,10 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
       `"nested"`, fewer carries). The carry here includes Haiku state and
       the rng. The schedules give `remat=True`'s values and derivatives.
     remat_groups: with `"nested"`, the number of groups (default ≈√T); with
-      `"binomial"`, recompute as many steps as `"nested"` with that many.
+      `"binomial"`, recompute no more steps than `"nested"` with that many
+      (by default, at most one more forward pass, with the fewest carries).
+    remat_policy: with `remat=True`, a `jax.checkpoint_policies` policy:
+      which of a step's activations the forward pass keeps.
 
   Returns:
     `(carry, ys)`: the last carry and the per-step `y`s stacked, as
@@ -85,18 +114,20 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
   """
   with errors.entry("scan"):
     errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
-    loop = _check_options(remat, remat_groups, unroll)
+    loop = _check_options(remat, remat_groups, remat_policy, unroll)
     reverse = errors.check_bool("reverse", reverse)
     length = _length(length, xs)
     return _scan(_CheckedStep(f), init, xs, length, reverse, loop)
 
 
+@_known_keywords("dynamic_unroll")
 def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                    input_sequence: PyTree, initial_state: PyTree,
                    time_major: bool = True, reverse: bool = False,
                    return_all_states: bool = False, unroll: int | bool = 1,
                    *, remat: bool | str = False,
                    remat_groups: Optional[int] = None,
+                   remat_policy: Optional[Callable[..., bool]] = None,
                    readout: Optional[Callable[..., PyTree]] = None,
                    readout_inputs: Optional[PyTree] = None
                    ) -> tuple[PyTree, PyTree]:
@@ -135,6 +166,7 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     remat: `False`, `True`, `"nested"` or `"binomial"`, as for `hkb.scan`.
     remat_groups: as for `hkb.scan`.
+    remat_policy: as for `hkb.scan`.
     readout: a Haiku function run on each step's output inside the step,
       `readout(output)` or, with `readout_inputs`, `readout(output, r)` (`r`:
       that step's slice of `readout_inputs`), such as a head and its loss.
@@ -159,7 +191,7 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     reverse = errors.check_bool("reverse", reverse)
     return_all_states = errors.check_bool("return_all_states",
                                           return_all_states)
-    loop = _check_options(remat, remat_groups, unroll)
+    loop = _check_options(remat, remat_groups, remat_policy, unroll)
     if readout is not None:
       errors.check_callable(
           "readout", readout, "a function of each step's output (and its "
@@ -234,10 +266,10 @@ class _CheckedStep:
     return out
 
 
-def _check_options(remat: Any, remat_groups: Any,
+def _check_options(remat: Any, remat_groups: Any, remat_policy: Any,
                    unroll: Any) -> loop_lib.Loop:
   return loop_lib.from_options(remat=remat, remat_groups=remat_groups,
-                               unroll=unroll)
+                               remat_policy=remat_policy, unroll=unroll)
 
 
 def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,

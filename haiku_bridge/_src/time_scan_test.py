@@ -556,6 +556,56 @@ class CompositionTest(parameterized.TestCase):
       chex.assert_trees_all_close(
           jax.jit(jax.grad(ours.apply))(params, None, xs), expected, **TOL)
 
+  def test_forward_mode_through_jit(self):
+    # jax.jacfwd(jax.jit(f)) hides forward mode from a schedule's scan: the
+    # library's error names `remat` and the fix, and the fix (the jit
+    # outside, or remat=True) gives hk.dynamic_unroll's Jacobian.
+    xs = make_inputs("lstm", 5)
+    reference = unroll("lstm", "hk")
+    params, state = reference.init(KEY, xs)
+
+    def jacobian(mode, jit_inside):
+      f = lambda p: jnp.sum(unroll("lstm", mode).apply(p, state, RNG, xs)[0][0])
+      return jax.jacfwd(jax.jit(f)) if jit_inside else jax.jit(jax.jacfwd(f))
+
+    for mode in loop.REMAT_SCHEDULES:
+      with self.subTest(remat=mode):
+        with self.assertRaisesRegex(
+            TypeError, rf'^hkb\.dynamic_unroll: `remat="{mode}"` runs its own '
+            r"backward pass .* Put the jit outside \(jax\.jit\(jax\.jacfwd"):
+          jacobian(mode, jit_inside=True)(params)
+    expected = jacobian("hk", jit_inside=False)(params)
+    for mode, jit_inside in (("nested", False), ("binomial", False),
+                             (True, True)):
+      with self.subTest(remat=mode, jit_inside=jit_inside):
+        chex.assert_trees_all_close(jacobian(mode, jit_inside)(params),
+                                    expected, **TOL)
+
+  def test_scan_remat_policy(self):
+    # remat=True with a policy: the values of hk.scan, and the policy used
+    # (saving every activation keeps more than saving none).
+    xs = jax.random.normal(KEY, [32, BATCH, FEATURES])
+
+    def net(**options):
+      def f(xs):
+        lstm = hk.LSTM(HIDDEN)
+        step = lambda state, x: lstm(x, state)[::-1]
+        _, ys = hkb.scan(step, lstm.initial_state(BATCH), xs, **options)
+        return jnp.sum(jnp.sin(ys))
+      return hk.transform(f)
+
+    params = net().init(KEY, xs)
+    saving = dict(remat=True,
+                  remat_policy=jax.checkpoint_policies.everything_saveable)
+    chex.assert_trees_all_close(
+        jax.grad(net(**saving).apply)(params, None, xs),
+        jax.grad(net().apply)(params, None, xs), **TOL)
+    self.assertGreater(
+        compiled_temporaries(self, jax.grad(net(**saving).apply), params,
+                             None, xs),
+        compiled_temporaries(self, jax.grad(net(remat=True).apply), params,
+                             None, xs))
+
   def test_inside_layer_scan(self):
     # A stack of 3 LSTM layers, each unrolled over 16 steps with a
     # schedule, scanned over layers with one: hk.layer_stack of
@@ -639,7 +689,14 @@ class ArgumentsTest(parameterized.TestCase):
       ("length_and_xs", ValueError, r"xs has shape \(3,\), but every leaf "
        r"of xs needs a leading time axis of 4 steps\.", dict(length=4)),
       ("no_xs", ValueError, "xs holds no arrays, so the number of steps is "
-       "unknown: pass `length=`", dict(xs=None)))
+       "unknown: pass `length=`", dict(xs=None)),
+      ("unknown_keyword", TypeError, "got an unexpected keyword argument "
+       r"'remat_group' \(did you mean 'remat_groups'\?\); its arguments are "
+       "f, init, xs, length, reverse, unroll, remat, remat_groups, "
+       r"remat_policy\.$", dict(remat_group=2)),
+      ("remat_policy", ValueError, "`remat_policy` needs `remat=True`",
+       dict(remat="nested",
+            remat_policy=jax.checkpoint_policies.nothing_saveable)))
   def test_scan(self, error, pattern, kwargs):
     args = dict(f=lambda c, x: (c, x), init=jnp.zeros([]),
                 xs=jnp.ones([3]))
@@ -659,7 +716,18 @@ class ArgumentsTest(parameterized.TestCase):
        r"axis, \[B, T, \.\.\.\]\.", dict(time_major=False)),
       ("no_inputs", ValueError, "input_sequence holds no arrays, so the "
        "number of steps is unknown: pass inputs with a time axis",
-       dict(input_sequence={})))
+       dict(input_sequence={})),
+      ("unknown_keyword", TypeError, "got an unexpected keyword argument "
+       "'head'; its arguments are core, ", dict(head=len)),
+      ("readout", TypeError, "`readout` must be a function of each step's "
+       "output", dict(readout=3)),
+      ("readout_inputs_alone", ValueError, "`readout_inputs` are the "
+       "per-step inputs of `readout`: pass `readout=` too",
+       dict(readout_inputs=jnp.ones([3]))),
+      ("readout_inputs_length", ValueError, r"readout_inputs has shape "
+       r"\(2,\), but every leaf of readout_inputs needs a leading time axis "
+       "of 3 steps.", dict(readout=lambda y, t: y,
+                           readout_inputs=jnp.ones([2]))))
   def test_dynamic_unroll(self, error, pattern, kwargs):
     args = dict(core=lambda x, s: (x, s), input_sequence=jnp.ones([3]),
                 initial_state=jnp.zeros([]))
@@ -679,9 +747,10 @@ class ArgumentsTest(parameterized.TestCase):
     # Haiku's positional arguments, in Haiku's order, under Haiku's names.
     # Our options after them, keyword only.
     for ours, theirs, options in (
-        (hkb.scan, hk.scan, ["remat", "remat_groups"]),
+        (hkb.scan, hk.scan, ["remat", "remat_groups", "remat_policy"]),
         (hkb.dynamic_unroll, hk.dynamic_unroll,
-         ["remat", "remat_groups", "readout", "readout_inputs"])):
+         ["remat", "remat_groups", "remat_policy", "readout",
+          "readout_inputs"])):
       theirs_params = list(inspect.signature(theirs).parameters.values())
       ours_params = list(inspect.signature(ours).parameters.values())
       self.assertEqual(
