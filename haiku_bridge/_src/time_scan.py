@@ -116,8 +116,9 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
     errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
     loop = _check_options(remat, remat_groups, remat_policy, unroll)
     reverse = errors.check_bool("reverse", reverse)
-    length = _length(length, xs)
-    return _scan(_CheckedStep(f), init, xs, length, reverse, loop)
+    length = loop_lib.num_steps(length, xs, _TIME)
+    return _scan(loop_lib.CheckedBody(f, _STEP), init, xs, length, reverse,
+                 loop)
 
 
 @_known_keywords("dynamic_unroll")
@@ -208,26 +209,18 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
       if with_readout_inputs:
         _check_batch_major(readout_inputs, "readout_inputs")
         readout_inputs = _swap_batch_time(readout_inputs)
-    length = _length(None, input_sequence, "input_sequence")
+    length = loop_lib.num_steps(None, input_sequence, _TIME_INPUTS,
+                                "input_sequence")
     if with_readout_inputs:
-      _length(length, readout_inputs, "readout_inputs")
+      loop_lib.num_steps(length, readout_inputs, _TIME_INPUTS,
+                         "readout_inputs")
       input_sequence = (input_sequence, readout_inputs)
 
     def step(state, inputs):
       if with_readout_inputs:
         inputs, readout_in = inputs
-      out = core(inputs, state)
-      if not (isinstance(out, tuple) and len(out) == 2):
-        raise ValueError(errors.message(
-            f"`core` must return a pair (output, state); it returned "
-            f"{errors.describe(out)}."))
-      outputs, new_state = out
-      changed = loop_lib.carry_change(state, new_state)
-      if changed is not None:
-        raise ValueError(errors.message(
-            "`core` must return a state like the one it gets, since the "
-            f"next step takes it; it got {changed[0]} and returned "
-            f"{changed[1]}."))
+      outputs, new_state = loop_lib.check_step_output(
+          core(inputs, state), state, _CORE, carry_index=1)
       if readout is not None:
         outputs = (readout(outputs, readout_in) if with_readout_inputs
                    else readout(outputs))
@@ -244,26 +237,13 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     return outputs, states
 
 
-class _CheckedStep:
-  """`f`, whose output is checked: a pair, with a carry like its input."""
-
-  def __init__(self, f: StepFn):
-    self.f = f
-
-  def __call__(self, carry: PyTree, x: PyTree) -> tuple[PyTree, PyTree]:
-    out = self.f(carry, x)
-    if not (isinstance(out, tuple) and len(out) == 2):
-      raise ValueError(errors.message(
-          f"`f` must return a pair (carry, y); it returned "
-          f"{errors.describe(out)}. Return `(new_carry, None)` for a step "
-          "without per-step outputs."))
-    changed = loop_lib.carry_change(carry, out[0])
-    if changed is not None:
-      raise ValueError(errors.message(
-          "`f` must return a carry like the one it gets, since the next "
-          f"step takes it; it got {changed[0]} and returned {changed[1]}. "
-          "Return per-step outputs as `y` in `(carry, y)`."))
-    return out
+# How the time scans' messages name their bodies (loop.check_step_output).
+_STEP = loop_lib.StepWords(
+    body="`f`", pair="(carry, y)", carry="carry", step="step", subject="it",
+    pair_hint=" Return `(new_carry, None)` for a step without per-step "
+    "outputs.", carry_hint=" Return per-step outputs as `y` in `(carry, y)`.")
+_CORE = loop_lib.StepWords(body="`core`", pair="(output, state)",
+                           carry="state", step="step", subject="it")
 
 
 def _check_options(remat: Any, remat_groups: Any, remat_policy: Any,
@@ -318,41 +298,15 @@ def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
   return carry, ys
 
 
-def _length(length: Any, xs: PyTree, name: str = "xs") -> int:
-  """The number of steps: `length`, or the leading axis every leaf of `xs` has."""
-  if length is not None:
-    if not errors.is_int(length):
-      raise TypeError(errors.bad_argument("length", length,
-                                          "None or a non-negative int"))
-    if length < 0:
-      raise ValueError(errors.bad_argument("length", length,
-                                           "None or a non-negative int"))
-    length = int(length)
-  leaves = jax.tree_util.tree_leaves_with_path(xs)
-  for path, leaf in leaves:
-    if not np.ndim(leaf) or not hasattr(leaf, "shape"):
-      raise TypeError(errors.message(
-          f"{name}{jax.tree_util.keystr(path)} is {errors.got(leaf)}; every "
-          f"leaf of {name} must be an array with a leading time axis, one "
-          "entry per step."))
-  from_first = length is None
-  if length is None:
-    if not leaves:
-      what = ("pass `length=`, the number of steps" if name == "xs" else
-              "pass inputs with a time axis")
-      raise ValueError(errors.message(
-          f"{name} holds no arrays, so the number of steps is unknown: "
-          f"{what}."))
-    length = int(np.shape(leaves[0][1])[0])
-  for path, leaf in leaves:
-    if leaf.shape[0] != length:
-      raise ValueError(errors.message(
-          f"{name}{jax.tree_util.keystr(path)} has shape "
-          f"{tuple(leaf.shape)}, but every leaf of {name} needs a leading "
-          f"time axis of {length} steps"
-          + (f" (as {name}{jax.tree_util.keystr(leaves[0][0])} has)."
-             if from_first else ".")))
-  return length
+# How the time scans count their steps (loop.num_steps).
+_TIME = loop_lib.StepAxis(
+    count="length", least=0,
+    leaf="an array with a leading time axis, one entry per step",
+    none="{name} holds no arrays, so the number of steps is unknown: pass "
+    "`length=`, the number of steps.")
+_TIME_INPUTS = _TIME._replace(
+    none="{name} holds no arrays, so the number of steps is unknown: pass "
+    "inputs with a time axis.")
 
 
 def _check_batch_major(input_sequence: PyTree,
