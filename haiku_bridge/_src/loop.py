@@ -66,7 +66,8 @@ class Loop:
     remat: False, True, "nested" or "binomial".
     policy: with `remat=True`, a `jax.checkpoint_policies` policy.
     groups: with a schedule, `remat_groups`: the groups of "nested" (default
-      ≈√N); "binomial" recomputes as many steps as "nested" with that many.
+      ≈√N); "binomial" recomputes no more steps than "nested" with that
+      many (by default, at most N - 1: one more forward pass).
     unroll: passed to `jax.lax.scan`.
   """
   remat: bool | str = False

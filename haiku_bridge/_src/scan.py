@@ -109,19 +109,19 @@ def layer_scan(
       for N layers: the layers in ≈√N groups, the backward pass recomputes
       one group's carries at a time from the group's first one, then each
       layer's activations (one more forward pass in all). `"binomial"`:
-      recompute as many layers as `"nested"` does, keeping the fewest
-      carries that allows (treeverse). The schedules give the same values
+      the fewest carries that recompute at most one more forward pass
+      (treeverse at Griewank's binomial bound). The schedules give the same values
       and derivatives as `True`. They shape reverse-mode autodiff
       (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.jacfwd`,
       `jax.linearize` from jax 0.9) keeps nothing to schedule and runs as
       `True`, when it is applied to the function that calls the scan (not
       through a `jax.jit` inside it, nor `jax.linearize` on jax < 0.9, whose
-      trace looks like a VJP's: there JAX raises that a custom_vjp has no
-      forward mode; see `scheduled_scan.py`).
+      trace looks like a VJP's: there forward mode raises an error naming
+      `remat`; see `scheduled_scan.py`).
     remat_policy: a `jax.checkpoint_policies` policy, with `remat=True`.
     remat_groups: with `remat="nested"`, the number of groups, a positive
       int (default ≈√N; the last group takes what remains); with
-      `"binomial"`, recompute as many layers as `"nested"` with that many
+      `"binomial"`, recompute no more layers than `"nested"` with that many
       groups.
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     reverse: run the layers from last to first (as `jax.lax.scan`).

@@ -4,8 +4,10 @@ An RNN unrolled over T steps keeps, for the backward pass, every step's
 activations (`hk.dynamic_unroll`), or every step's carry (with `hk.remat` on
 the step). `scan` and `dynamic_unroll` are Haiku's, run through the bridge's
 loop (`loop.py`), so `remat="nested"` keeps about 2√T carries and
-`"binomial"` fewer, for one more forward pass: the same outputs, state and
-gradients.
+`"binomial"` the fewest for at most one more forward pass: the same outputs,
+state and gradients. `dynamic_unroll(readout=)` runs a per-step head and
+loss inside the checkpointed step, so that the `[T, ...]` outputs are never
+kept.
 
 What Haiku does, they do: at init the first step runs outside the loop
 (where it creates the params and state), the loop runs the others on them;
@@ -99,8 +101,8 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
     remat: what the backward pass keeps: `False` (every step's
       activations), `True` (one carry per step: `hk.remat` of the step),
       `"nested"` (≈2√T carries: the steps in ≈√T groups, each recomputed
-      from its first carry) or `"binomial"` (as many recomputed steps as
-      `"nested"`, fewer carries). The carry here includes Haiku state and
+      from its first carry) or `"binomial"` (the fewest carries that
+      recompute at most one more forward pass: Griewank's binomial bound). The carry here includes Haiku state and
       the rng. The schedules give `remat=True`'s values and derivatives.
     remat_groups: with `"nested"`, the number of groups (default ≈√T); with
       `"binomial"`, recompute no more steps than `"nested"` with that many
