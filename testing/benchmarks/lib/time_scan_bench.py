@@ -23,7 +23,8 @@ program: its step-time ratio is the A/A control, the noise floor. Beside
 ours: Equinox's checkpointed scan (`equinox.internal.scan(...,
 kind="checkpointed")`, online treeverse, its default ≈√(2T) checkpoints) and
 the two-level `jax.checkpoint` recipe (a scan over ≈√T groups, each a
-checkpointed scan of its steps), both of the same pure step.
+checkpointed scan of its steps) and Flax's `nn.remat_scan` (the same two
+levels; the loss in the step only), all of the same pure step.
 """
 
 import dataclasses
@@ -32,6 +33,7 @@ import time
 from typing import Any, Callable, NamedTuple, Optional
 
 import equinox.internal as eqxi
+import flax.linen as nn
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -47,7 +49,9 @@ NESTED = 'hkb.dynamic_unroll(remat="nested")'
 BINOMIAL = 'hkb.dynamic_unroll(remat="binomial")'
 EQUINOX = 'equinox.internal.scan(kind="checkpointed")'
 TWO_LEVEL = "two-level jax.checkpoint"
-VARIANTS = (BASELINE, PLAIN, CONTROL, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL)
+FLAX = "flax.linen.remat_scan"
+VARIANTS = (BASELINE, PLAIN, CONTROL, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL,
+            FLAX)
 SCHEDULES = {NESTED: "nested", BINOMIAL: "binomial"}
 _REMAT = {CONTROL: True, **SCHEDULES}
 
@@ -55,8 +59,11 @@ AFTER = "loss after the unroll"
 IN_STEP = "loss in the step"
 READOUT = "readout="
 FORMS = (AFTER, IN_STEP, READOUT)
-# The variants each form runs; `readout=` is ours alone, against AFTER's baseline.
-FORM_VARIANTS = {AFTER: VARIANTS, IN_STEP: VARIANTS,
+# The variants each form runs; `readout=` is ours alone, against AFTER's
+# baseline. Flax's remat_scan scans a carry alone (no per-step inputs or
+# outputs): the loss in the step only, the step's index and the loss summed
+# in the carry.
+FORM_VARIANTS = {AFTER: VARIANTS[:-1], IN_STEP: VARIANTS,
                  READOUT: (NESTED, BINOMIAL)}
 _BASELINE_FORM = {AFTER: AFTER, IN_STEP: IN_STEP, READOUT: AFTER}
 
@@ -138,6 +145,28 @@ def _group_size(length: int) -> int:
   return size
 
 
+class _FlaxStep(nn.Module):
+  """One step of `flax.linen.remat_scan`: `fn(carry) -> carry`."""
+  fn: Callable[[Any], Any]
+
+  def __call__(self, carry):
+    return self.fn(carry)
+
+
+def _flax_loss(step, state, chars, targets):
+  """The mean of `step`'s per-step losses, scanned by Flax's remat_scan."""
+  def fn(carry):
+    s, t, total = carry
+    s, losses = step(s, (chars[t], targets[t]))
+    return s, t + 1, total + jnp.sum(losses)
+
+  length = chars.shape[0]
+  size = _group_size(length)
+  stack = nn.remat_scan(_FlaxStep, lengths=(length // size, size))(fn)
+  _, _, total = stack.apply({}, (state, jnp.int32(0), jnp.float32(0)))
+  return total / chars.size
+
+
 def pure_loss(form: str, variant: str,
               cfg: TimeScanConfig) -> Callable[..., jax.Array]:
   """`loss(params, chars, targets)` of `model`'s params, scanned by Equinox or the recipe."""
@@ -171,6 +200,8 @@ def pure_loss(form: str, variant: str,
       c, t = inputs
       h, s = lstm.apply(core, embed[c], s)
       return s, _xent(head(h), t, cfg.vocab)
+    if variant == FLAX:
+      return _flax_loss(step, state, chars, targets)
     _, losses = scan(step, state, (chars, targets), length)
     return jnp.mean(losses)
   return loss
@@ -185,7 +216,7 @@ def step_and_inputs(length: int, form: str, variant: str,
   inputs = (chars[:-1], chars[1:])
   params = jax.jit(model(AFTER, PLAIN, cfg).init)(jax.random.PRNGKey(0),
                                                   *inputs)
-  if variant in (EQUINOX, TWO_LEVEL):
+  if variant in (EQUINOX, TWO_LEVEL, FLAX):
     loss = pure_loss(form, variant, cfg)
   else:
     net = model(form, variant, cfg)
@@ -213,7 +244,7 @@ def slots(variant: str, length: int) -> Optional[int]:
     return loop.schedule(SCHEDULES[variant], length, None).num_slots
   if variant == EQUINOX:  # Its default: the fewest with (c+1)(c+2)/2 > T.
     return math.floor(-1.5 + math.sqrt(2 * length + 0.25)) + 1
-  if variant == TWO_LEVEL:
+  if variant in (TWO_LEVEL, FLAX):
     return length // _group_size(length) + _group_size(length)
   return length
 
@@ -303,9 +334,10 @@ def markdown(result: TimeScanResult) -> str:
                f"({_ratio(temp_ratio(result, Key(length, form, v)))})"
                for v in variants]
       lines.append(f"| {length} | " + " | ".join(cells) + " |")
-  kept = (BASELINE, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL)
+  kept = (BASELINE, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL, FLAX)
   lines += ["", "### Carries kept for the backward pass (Equinox: its "
-            "checkpoints; the recipe: groups + one group's steps), and their "
+            "checkpoints; the recipe and Flax: groups + one group's steps), "
+            "and their "
             "MiB; the floor of the loss after the unroll", "",
             "| T | " + " | ".join(kept) + " | outputs + cotangent (after) |",
             "|" + " --- |" * (2 + len(kept))]
@@ -358,6 +390,7 @@ _STYLES = {
                    linestyle="--"),
     EQUINOX: dict(color="tab:purple", marker="D", markersize=5),
     TWO_LEVEL: dict(color="tab:brown", marker="v", markersize=5),
+    FLAX: dict(color="tab:olive", marker="P", markersize=5),
 }
 
 
@@ -372,7 +405,7 @@ def write_plot(result: TimeScanResult, path: str) -> bool:
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
   lengths = list(result.cfg.lengths)
   for ax, form in zip(axes, (AFTER, IN_STEP)):
-    for variant in VARIANTS:
+    for variant in FORM_VARIANTS[form]:
       values = [result.temp_bytes[Key(length, form, variant)]
                 for length in lengths]
       if any(v is None for v in values):
