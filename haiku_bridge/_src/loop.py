@@ -197,14 +197,14 @@ class CheckedBody:
 
 class StepAxis(NamedTuple):
   """How a scan counts its steps: the argument, its least value, the words."""
-  count: str  # The argument giving the count: "length", "num_layers".
+  argument: str  # The argument giving the count: "length", "num_layers".
   least: int  # Its least value: 0 steps of time, 1 layer.
   leaf: str  # What each leaf of `xs` must be: "an array with ...".
   none: str  # The message when there are no arrays to count ({name}: xs).
 
   def needs(self, count: Optional[int]) -> str:
     """The leading axis every leaf of `name` needs, for `count` steps."""
-    if self.count == "length":
+    if self.argument == "length":
       return f"a leading time axis of {count} steps"
     return ("a leading layer axis (of size num_layers)" if count is None else
             f"a leading layer axis of size num_layers={count}")
@@ -214,13 +214,13 @@ def num_steps(count: Any, xs: PyTree, axis: StepAxis,
               name: str = "xs") -> int:
   """The number of steps: `count`, or the leading axis every leaf of `xs` has.
 
-  Raises TypeError or ValueError, naming `axis.count` or the leaf of `xs`
+  Raises TypeError or ValueError, naming `axis.argument` or the leaf of `xs`
   (by its path), for a count or a leaf the scan cannot run.
   """
   wants = ("None or a non-negative int" if axis.least == 0 else
            "a positive int")
   if count is not None and axis.least == 0:
-    count = _check_count(axis.count, count, wants)
+    count = _check_count(axis.argument, count, wants)
   leaves = jax.tree_util.tree_leaves_with_path(xs)
   for path, leaf in leaves:
     # A time scan needs a time axis on each leaf; a layer without one is
@@ -239,7 +239,7 @@ def num_steps(count: Any, xs: PyTree, axis: StepAxis,
     first = np.shape(leaves[0][1])
     count = first[0] if first else None
   if count is not None and axis.least:
-    count = errors.check_positive_int(axis.count, count)
+    count = errors.check_positive_int(axis.argument, count)
   for path, leaf in leaves:
     if not np.ndim(leaf) or leaf.shape[0] != count:
       same = (f" (as {name}{jax.tree_util.keystr(leaves[0][0])} has)."

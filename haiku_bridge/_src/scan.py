@@ -303,7 +303,7 @@ class _PureLayer:
 
 # How the layer scan counts its layers (loop.num_steps).
 _LAYERS = loop_lib.StepAxis(
-    count="num_layers", least=1,
+    argument="num_layers", least=1,
     leaf="an array of per-layer inputs, with a leading layer axis",
     none="needs `num_layers=` when there are no `xs`.")
 

@@ -36,6 +36,7 @@ for that JVP, as it does the first time.
 
 import dataclasses
 import sys
+import types
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -225,6 +226,7 @@ def _traced_for_forward_mode() -> bool:
   it for a VJP. The rule is traced under the parent trace, so only the
   caller's frame says which.
   """
+  frame: Optional[types.FrameType]
   frame = sys._getframe(1)  # pylint: disable=protected-access
   while frame is not None:
     if frame.f_code.co_name == "process_custom_vjp_call":

@@ -22,7 +22,7 @@ both with the schedule.
 import difflib
 import functools
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar, cast
 
 import haiku as hk
 import jax
@@ -38,9 +38,12 @@ from haiku_bridge._src.pytree import PyTree
 StepFn = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
 
 
-def _known_keywords(api: str) -> Callable[[Callable[..., Any]], Any]:
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def _known_keywords(api: str) -> Callable[[_Fn], _Fn]:
   """Refuses a keyword the public call `api` does not take, in our words."""
-  def wrap(fn):
+  def wrap(fn: _Fn) -> _Fn:
     names = list(inspect.signature(fn).parameters)
 
     @functools.wraps(fn)
@@ -54,7 +57,7 @@ def _known_keywords(api: str) -> Callable[[Callable[..., Any]], Any]:
               + (f" (did you mean {near[0]!r}?)" if near else "")
               + f"; its arguments are {', '.join(names)}."))
       return fn(*args, **kwargs)
-    return checked
+    return cast(_Fn, checked)
   return wrap
 
 
@@ -302,7 +305,7 @@ def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
 
 # How the time scans count their steps (loop.num_steps).
 _TIME = loop_lib.StepAxis(
-    count="length", least=0,
+    argument="length", least=0,
     leaf="an array with a leading time axis, one entry per step",
     none="{name} holds no arrays, so the number of steps is unknown: pass "
     "`length=`, the number of steps.")
