@@ -105,8 +105,9 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
       activations), `True` (one carry per step: `hk.remat` of the step),
       `"nested"` (≈2√T carries: the steps in ≈√T groups, each recomputed
       from its first carry) or `"binomial"` (the fewest carries that
-      recompute at most one more forward pass: Griewank's binomial bound). The carry here includes Haiku state and
-      the rng. The schedules give `remat=True`'s values and derivatives.
+      recompute at most one more forward pass: Griewank's binomial
+      bound). The carry here includes Haiku state and the rng. The
+      schedules give `remat=True`'s values and derivatives.
     remat_groups: with `"nested"`, the number of groups (default ≈√T); with
       `"binomial"`, recompute no more steps than `"nested"` with that many
       (by default, at most one more forward pass, with the fewest carries).

@@ -359,7 +359,8 @@ def markdown(result: TimeScanResult) -> str:
           for v in variants) + " |")
   lines += ["", "### Binomial against Equinox's checkpointed scan: "
             "temporaries and step time, ours / theirs", "",
-            "| T | form | temporaries | step time |", "| --- | --- | --- | --- |"]
+            "| T | form | temporaries | step time |",
+            "| --- | --- | --- | --- |"]
   for length in lengths:
     for form in (AFTER, IN_STEP):
       ours, theirs = Key(length, form, BINOMIAL), Key(length, form, EQUINOX)
