@@ -100,7 +100,8 @@ def _xent(logits, targets, vocab):
                   axis=-1)
 
 
-def model(form: str, variant: str, cfg: TimeScanConfig) -> hk.Transformed:
+def model(variant: str, cfg: TimeScanConfig,
+          form: str = IN_STEP) -> hk.Transformed:
   """The mean loss over `[T, B]` characters, in `form`, unrolled as `variant` does.
 
   Every form and variant makes the same params ("embed", "lstm", "head").
@@ -214,12 +215,12 @@ def step_and_inputs(length: int, form: str, variant: str,
   chars = jax.random.randint(jax.random.PRNGKey(1), [length + 1, cfg.batch],
                              0, cfg.vocab)
   inputs = (chars[:-1], chars[1:])
-  params = jax.jit(model(AFTER, PLAIN, cfg).init)(jax.random.PRNGKey(0),
+  params = jax.jit(model(PLAIN, cfg, AFTER).init)(jax.random.PRNGKey(0),
                                                   *inputs)
   if variant in (EQUINOX, TWO_LEVEL, FLAX):
     loss = pure_loss(form, variant, cfg)
   else:
-    net = model(form, variant, cfg)
+    net = model(variant, cfg, form)
     loss = lambda p, x, y: net.apply(p, None, x, y)
   return jax.jit(jax.grad(loss)), (params,) + inputs
 
