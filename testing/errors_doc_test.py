@@ -129,6 +129,16 @@ def another_depth():
   stack(4).apply(stack(3).init(KEY, X4), None, X4)
 
 
+def jacfwd_through_jit():
+  def net(xs):
+    linear = hk.Linear(4)
+    return jnp.sum(hkb.scan(lambda c, x: (jnp.tanh(linear(c) + x), None), X4, xs,
+                            remat="nested")[0])
+  f = hk.transform(net)
+  params = f.init(KEY, jnp.ones([3, 2, 4]))
+  jax.jacfwd(jax.jit(lambda p: f.apply(p, None, jnp.ones([3, 2, 4]))))(params)
+
+
 def sized_under_jit():
   sized = lambda r, x, n: {"w": jnp.zeros([x.shape[-1], int(n)])}
   f = hk.transform(lambda x, n: hkb.call_pure(lambda p, x, n: x @ p["w"], x, n, init=sized))
@@ -367,6 +377,14 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     (SECTION_TIME, "a step that creates params at init after the first step"):
         lambda: init(lambda: hkb.scan(lambda c, x: (hk.Linear(4)(c), None), X4,
                                       jnp.ones([3]))),
+    (SECTION_TIME, "an option the call does not take"):
+        lambda: init(lambda: hkb.scan(lambda c, x: (c, None), X4, jnp.ones([3]),
+                                      remat_group=2)),
+    (SECTION_TIME, "`readout_inputs` without `readout`"):
+        lambda: init(lambda: hkb.dynamic_unroll(lambda x, s: (x, s), jnp.ones([3, 2, 4]), X4,
+                                                readout_inputs=jnp.ones([3, 2]))),
+    (SECTION_TIME, "`jax.jacfwd(jax.jit(f))` through a schedule"):
+        jacfwd_through_jit,
     # Sharding rules.
     (SECTION_SHARDING, "a rule that is not a pair"):
         lambda: hkb.ShardingRules(["/w$"]),

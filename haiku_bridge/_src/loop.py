@@ -18,11 +18,15 @@ steps, never a copy per step.
 
 `from_options` checks a public call's options and returns the loop they
 describe, so every entry point refuses the same bad values with the same
-words, naming itself (`errors.entry`).
+words, naming itself (`errors.entry`). What every scan checks of its body
+and its steps is here once too: `check_step_output` / `CheckedBody` (a pair,
+with a carry like the one the body got) and `num_steps` (the count, from
+the leading axis of `xs`), each worded by the scan (`StepWords`,
+`StepAxis`).
 """
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +67,8 @@ class Loop:
     remat: False, True, "nested" or "binomial".
     policy: with `remat=True`, a `jax.checkpoint_policies` policy.
     groups: with a schedule, `remat_groups`: the groups of "nested" (default
-      ≈√N); "binomial" recomputes as many steps as "nested" with that many.
+      ≈√N); "binomial" recomputes no more steps than "nested" with that
+      many (by default, at most N - 1: one more forward pass).
     unroll: passed to `jax.lax.scan`.
   """
   remat: modes.RematMode = False
@@ -78,7 +83,14 @@ class Loop:
       return scheduled_scan.scan(
           body, carry, xs, length=length,
           schedule=schedule(str(self.remat), length, self.groups),
-          unroll=self.unroll, reverse=reverse)
+          unroll=self.unroll, reverse=reverse,
+          forward_mode_error=errors.message(
+              f"`remat=\"{self.remat}\"` runs its own backward pass (a "
+              "jax.custom_vjp), which forward-mode autodiff reaches here "
+              "through a jax.jit (as in jax.jacfwd(jax.jit(f))), where the "
+              "scan cannot see it to run the plain loop instead. Put the "
+              "jit outside (jax.jit(jax.jacfwd(f))), or use remat=True, "
+              "which every autodiff mode differentiates."))
     if self.remat:
       body = jax.checkpoint(body, policy=self.policy)
     return jax.lax.scan(body, carry, xs, length=length, unroll=self.unroll,
@@ -133,6 +145,122 @@ def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
   return remat
 
 
+class StepWords(NamedTuple):
+  """How a scan's messages name its body and what the body hands on."""
+  body: str  # "`f`", "`core`", "a layer".
+  pair: str  # The pair it returns: "(carry, y)".
+  carry: str  # What the next step takes: "carry", "state".
+  step: str  # "step", "layer".
+  subject: str  # Who got the carry, in the message: "it", "the layer".
+  pair_hint: str = ""  # A sentence after the message on the pair.
+  carry_hint: str = ""  # A sentence after the message on the carry.
+
+
+def check_step_output(out: Any, carry: PyTree, words: StepWords,
+                      carry_index: int = 0) -> tuple[Any, Any]:
+  """`out`, a body's output, if it is a pair whose `carry_index` is like `carry`.
+
+  Every scan of the bridge (the layer scan, the time scans, the pipeline's
+  stages through the layer scan) checks its body's output here, before the
+  loop would refuse it in JAX's words.
+  """
+  if not (isinstance(out, tuple) and len(out) == 2):
+    raise ValueError(errors.message(
+        f"{words.body} must return a pair {words.pair}; it returned "
+        f"{errors.describe(out)}.{words.pair_hint}"))
+  changed = carry_change(carry, out[carry_index])
+  if changed is not None:
+    raise ValueError(errors.message(
+        f"{words.body} must return a {words.carry} like the one it gets, "
+        f"since the next {words.step} takes it; {words.subject} got "
+        f"{changed[0]} and returned {changed[1]}.{words.carry_hint}"))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedBody:
+  """`f(carry, x) -> (carry, y)`, its output checked (`check_step_output`).
+
+  A dataclass, so that two built from one `f` are equal (and fingerprint
+  alike for the caches). With `entry`, messages name that public call even
+  when the body runs after the call returned (a backward pass).
+  """
+  f: Callable[..., Any]
+  words: StepWords
+  entry: Optional[str] = None
+
+  def __call__(self, carry: PyTree, x: PyTree) -> tuple[Any, Any]:
+    if self.entry is None:
+      return check_step_output(self.f(carry, x), carry, self.words)
+    with errors.entry(self.entry):
+      return check_step_output(self.f(carry, x), carry, self.words)
+
+
+class StepAxis(NamedTuple):
+  """How a scan counts its steps: the argument, its least value, the words."""
+  argument: str  # The argument giving the count: "length", "num_layers".
+  least: int  # Its least value: 0 steps of time, 1 layer.
+  leaf: str  # What each leaf of `xs` must be: "an array with ...".
+  none: str  # The message when there are no arrays to count ({name}: xs).
+
+  def needs(self, count: Optional[int]) -> str:
+    """The leading axis every leaf of `name` needs, for `count` steps."""
+    if self.argument == "length":
+      return f"a leading time axis of {count} steps"
+    return ("a leading layer axis (of size num_layers)" if count is None else
+            f"a leading layer axis of size num_layers={count}")
+
+
+def num_steps(count: Any, xs: PyTree, axis: StepAxis,
+              name: str = "xs") -> int:
+  """The number of steps: `count`, or the leading axis every leaf of `xs` has.
+
+  Raises TypeError or ValueError, naming `axis.argument` or the leaf of `xs`
+  (by its path), for a count or a leaf the scan cannot run.
+  """
+  wants = ("None or a non-negative int" if axis.least == 0 else
+           "a positive int")
+  if count is not None and axis.least == 0:
+    count = _check_count(axis.argument, count, wants)
+  leaves = jax.tree_util.tree_leaves_with_path(xs)
+  for path, leaf in leaves:
+    # A time scan needs a time axis on each leaf; a layer without one is
+    # refused below, with its shape.
+    if not hasattr(leaf, "shape") or (axis.least == 0 and not np.ndim(leaf)):
+      hint = (f" For {leaf} layers without per-layer inputs, pass "
+              f"num_layers={leaf}." if axis.least and errors.is_int(leaf)
+              else "")
+      raise TypeError(errors.message(
+          f"{name}{jax.tree_util.keystr(path)} is {errors.got(leaf)}; every "
+          f"leaf of {name} must be {axis.leaf}.{hint}"))
+  from_first = count is None
+  if count is None:
+    if not leaves:
+      raise ValueError(errors.message(axis.none.format(name=name)))
+    first = np.shape(leaves[0][1])
+    count = first[0] if first else None
+  if count is not None and axis.least:
+    count = errors.check_positive_int(axis.argument, count)
+  for path, leaf in leaves:
+    if not np.ndim(leaf) or leaf.shape[0] != count:
+      same = (f" (as {name}{jax.tree_util.keystr(leaves[0][0])} has)."
+              if from_first and axis.least == 0 else ".")
+      raise ValueError(errors.message(
+          f"{name}{jax.tree_util.keystr(path)} has shape "
+          f"{tuple(leaf.shape)}, but every leaf of {name} needs "
+          f"{axis.needs(count)}{same}"))
+  assert count is not None, "found above, or a leaf of xs was refused"
+  return int(count)
+
+
+def _check_count(name: str, count: Any, wants: str) -> int:
+  if not errors.is_int(count):
+    raise TypeError(errors.bad_argument(name, count, wants))
+  if count < 0:
+    raise ValueError(errors.bad_argument(name, count, wants))
+  return int(count)
+
+
 def carry_change(before: PyTree, after: PyTree) -> Optional[tuple[str, str]]:
   """None if a step's carry `after` is like `before`, else both described.
 
@@ -153,12 +281,15 @@ def carry_change(before: PyTree, after: PyTree) -> Optional[tuple[str, str]]:
 @caches.memoize(maxsize=256)
 def schedule(remat: str, length: int,
              groups: Optional[int]) -> remat_schedule.Schedule:
-  """The schedule of `remat="nested"` / `"binomial"` for `length` steps."""
-  nested = remat_schedule.nested(length, groups)
-  if remat == "nested":
-    return nested
-  # Treeverse with the fewest slots that recompute no more than `nested`.
-  slots = remat_schedule.fewest_binomial_slots(length,
-                                               nested.recomputed_steps)
-  return remat_schedule.binomial(length, slots)
+  """The schedule of `remat="nested"` / `"binomial"` for `length` steps.
 
+  "binomial" keeps the fewest carries that recompute at most `length - 1`
+  steps (one more forward pass, as "nested" costs), or, with `groups`, at
+  most as many as "nested" with that many groups.
+  """
+  if remat == "nested":
+    return remat_schedule.nested(length, groups)
+  budget = (length - 1 if groups is None else
+            remat_schedule.nested(length, groups).recomputed_steps)
+  return remat_schedule.binomial(
+      length, remat_schedule.fewest_binomial_slots(length, budget))

@@ -1,5 +1,7 @@
 """Tests for the loop under the scans: jax.lax.scan's values and gradients in every remat mode."""
 
+import math
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex
@@ -112,15 +114,40 @@ class OptionsTest(parameterized.TestCase):
         loop.Loop(remat="binomial", groups=3, unroll=True))
 
   def test_schedules(self):
-    # "binomial" recomputes no more steps than "nested", with fewer carries.
-    nested = loop.schedule("nested", 128, None)
-    binomial = loop.schedule("binomial", 128, None)
-    self.assertLessEqual(binomial.recomputed_steps, nested.recomputed_steps)
-    self.assertLess(binomial.num_slots, nested.num_slots)
     # remat_groups sets how many groups "nested" runs: here 4, 4 and 2 steps.
     self.assertEqual(loop.schedule("nested", 10, 3),
                      loop.remat_schedule.nested(10, 3))
+    # With remat_groups, "binomial" recomputes no more than that "nested".
+    nested = loop.schedule("nested", 128, 4)
+    binomial = loop.schedule("binomial", 128, 4)
+    self.assertLessEqual(binomial.recomputed_steps, nested.recomputed_steps)
+    self.assertLessEqual(binomial.num_slots, nested.num_slots)
 
+  def test_binomial_keeps_the_fewest_carries_for_one_more_forward_pass(self):
+    # Ground truth: Griewank's binomial bound, computed here; and Equinox's
+    # checkpointed scan, whose default number of checkpoints (online
+    # treeverse) is the fewest with (c + 1)(c + 2) / 2 > T.
+    def advances(steps, slots):
+      r = 0
+      while math.comb(slots + r, slots) < steps:
+        r += 1
+      return r * steps - math.comb(slots + r, slots + 1) if steps > 1 else 0
+
+    for steps in (1, 2, 3, 7, 100, 256, 1024, 4096, 16384):
+      with self.subTest(steps=steps):
+        schedule = loop.schedule("binomial", steps, None)
+        loop.remat_schedule.simulate(schedule)
+        slots = schedule.num_slots
+        recomputed = advances(steps, slots) - (steps - 1)
+        self.assertEqual(schedule.recomputed_steps, recomputed)
+        self.assertLessEqual(recomputed, steps - 1)
+        if slots > 1:  # One slot fewer would recompute more.
+          self.assertGreater(advances(steps, slots - 1) - (steps - 1),
+                             steps - 1)
+        equinox = math.floor(-1.5 + math.sqrt(2 * steps + 0.25)) + 1
+        self.assertLessEqual(slots, equinox)
+        if steps >= 256:
+          self.assertLess(slots, equinox)
 
 if __name__ == "__main__":
   absltest.main()

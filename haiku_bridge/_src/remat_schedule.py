@@ -10,8 +10,8 @@ recomputes the others from them:
   backward sweep recomputes one group at a time, keeping its carries. About
   2√N carries; each step's carry is recomputed at most once.
 * `binomial(n, slots)`: treeverse / revolve (Griewank 1992): with a fixed
-  number of slots, the split points that recompute the fewest steps, found by
-  dynamic programming.
+  number of slots, the split points that recompute the fewest steps, from
+  Griewank's closed-form cost (the binomial bound).
 
 A schedule is plain data: the slot each carry of the forward sweep goes to,
 then the backward sweep's actions in order. `simulate` replays it on step
@@ -25,7 +25,6 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from haiku_bridge._src import caches
 
 # What an action does.
 ADVANCE = 0  # Run one step on a carry; the result goes to the register.
@@ -96,67 +95,91 @@ def binomial(num_steps: int, slots: int) -> Schedule:
   """Treeverse with `slots` slots: the fewest recomputed steps for that memory.
 
   The carry entering the first step takes one slot, so `slots=1` recomputes
-  every carry from it (quadratic); with more slots, each split point is chosen
-  by dynamic programming over (steps left, slots left).
+  every carry from it (quadratic); with more slots, each split point is the
+  one that minimises Griewank's closed-form cost (`binomial_cost`), found by
+  bisection: the schedule is built in about O(N log N) time.
   """
   num_steps = _positive("num_steps", num_steps)
   free = _positive("slots", slots) - 1
-  splits = _binomial_splits(num_steps, free)[1]
 
   def split(first, end, free):
-    return first + int(splits[end - first, int(free)])
+    return first + _best_cut(end - first, int(free))
 
   return _schedule(num_steps, split, free)
 
 
 def binomial_cost(num_steps: int, slots: int) -> int:
-  """`binomial(num_steps, slots).recomputed_steps`, from the table alone."""
-  costs = _binomial_splits(num_steps, slots - 1)[0]
-  # The table counts the first sweep's num_steps - 1 advances too.
-  return int(costs[num_steps, slots - 1]) - (num_steps - 1)
+  """`binomial(num_steps, slots).recomputed_steps`, in closed form."""
+  num_steps = _positive("num_steps", num_steps)
+  # The closed form counts the first sweep's num_steps - 1 advances too.
+  return _advances(num_steps, _positive("slots", slots)) - (num_steps - 1)
 
 
 def fewest_binomial_slots(num_steps: int, max_recomputed: int) -> int:
-  """The fewest slots whose binomial schedule recomputes ≤ `max_recomputed` steps."""
-  free = 1
-  while True:
-    costs = _binomial_splits(num_steps, free)[0][num_steps] - (num_steps - 1)
-    fits = np.flatnonzero(costs <= max_recomputed)
-    if fits.size:
-      return int(fits[0]) + 1
-    free = 2 * free + 1
+  """The fewest slots whose binomial schedule recomputes ≤ `max_recomputed` steps.
 
-
-def _binomial_splits(num_steps: int,
-                     free: int) -> tuple[np.ndarray, np.ndarray]:
-  """cost[n, f]: advances to reverse n steps with f free slots; split[n, f]: the cut.
-
-  Column f depends only on columns 0..f, so one table, of 2^k columns, serves
-  every smaller `free`.
+  The cost falls as slots are added (`num_steps` slots recompute nothing), so
+  the answer is found by bisection.
   """
-  columns = 1 << free.bit_length()  # > free.
-  cost, split = _binomial_table(num_steps, columns - 1)
-  return cost[:, :free + 1], split[:, :free + 1]
+  low, high = 1, _positive("num_steps", num_steps)
+  while low < high:
+    mid = (low + high) // 2
+    if binomial_cost(num_steps, mid) <= max_recomputed:
+      high = mid
+    else:
+      low = mid + 1
+  return low
 
 
-@caches.memoize(maxsize=64)
-def _binomial_table(num_steps: int,
-                    free: int) -> tuple[np.ndarray, np.ndarray]:
-  n = np.arange(num_steps + 1)
-  cost = np.zeros((num_steps + 1, free + 1), np.int64)
-  split = np.zeros((num_steps + 1, free + 1), np.int64)
-  # No free slot: advance from the first carry to each step in turn.
-  cost[:, 0] = n * (n - 1) // 2
-  split[2:, 0] = n[2:] - 1
-  for f in range(1, free + 1):
-    for size in range(2, num_steps + 1):
-      cut = np.arange(1, size)
-      # Advance `cut` steps, keep that carry (one slot fewer for what
-      # follows it), reverse what follows, then what precedes it.
-      total = cut + cost[size - cut, f - 1] + cost[cut, f]
-      best = int(np.argmin(total))
-      cost[size, f], split[size, f] = total[best], cut[best]
-  return cost, split
+def _repetitions(num_steps: int, snapshots: int) -> int:
+  """r: the fewest times any step runs, C(snapshots + r, r) ≥ num_steps.
+
+  Griewank's binomial bound: with s snapshots and each step advanced at most r
+  times, at most C(s + r, s) steps can be reversed.
+  """
+  if snapshots == 1:
+    return num_steps - 1
+  r, reach = 0, 1  # reach = C(snapshots + r, r).
+  while reach < num_steps:
+    r += 1
+    reach = reach * (snapshots + r) // r
+  return r
+
+
+def _advances(num_steps: int, snapshots: int) -> int:
+  """Fewest advances that reverse `num_steps` steps with `snapshots` carries kept.
+
+  One snapshot holds the carry entering the first step. Griewank (1992):
+  r·n − C(s + r, s + 1), r = `_repetitions(n, s)`; it counts the n − 1
+  advances of the first sweep too. Piecewise linear and convex in n.
+  """
+  if num_steps <= 1:
+    return 0
+  r = _repetitions(num_steps, snapshots)
+  return r * num_steps - math.comb(snapshots + r, snapshots + 1)
+
+
+def _best_cut(size: int, free: int) -> int:
+  """Where to cut `size` steps with `free` free slots: the fewest advances.
+
+  Cutting at c costs c advances, then reversing the size − c steps after the
+  cut with one slot fewer, then the c before it: both convex in c, so their
+  sum is, and bisection on its forward difference finds a minimum.
+  """
+  if free == 0:
+    return size - 1  # Only the register: the step before the last.
+
+  def cost(c):
+    return c + _advances(size - c, free) + _advances(c, free + 1)
+
+  low, high = 1, size - 1
+  while low < high:
+    mid = (low + high) // 2
+    if cost(mid + 1) >= cost(mid):
+      high = mid
+    else:
+      low = mid + 1
+  return low
 
 
 def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:

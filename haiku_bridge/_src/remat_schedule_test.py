@@ -96,6 +96,32 @@ class BinomialTest(parameterized.TestCase):
                        brute_force_cost(steps, slots - 1) - (steps - 1),
                        (steps, slots))
 
+  def test_griewank_closed_form(self):
+    # Ground truth: the binomial bound (Griewank 1992), written here: with s
+    # slots and each step advanced at most r times, C(s + r, s) steps can be
+    # reversed, with r·n − C(s + r, s + 1) advances (the first sweep's n − 1
+    # included).
+    def advances(steps, slots):
+      r = 0
+      while math.comb(slots + r, slots) < steps:
+        r += 1
+      return r * steps - math.comb(slots + r, slots + 1) if steps > 1 else 0
+
+    for steps, slots in itertools.product((2, 5, 30, 99, 300, 1000),
+                                          (1, 2, 3, 7, 20)):
+      schedule = remat_schedule.binomial(steps, slots)
+      remat_schedule.simulate(schedule)
+      self.assertLessEqual(schedule.num_slots, slots)
+      self.assertEqual(schedule.recomputed_steps,
+                       advances(steps, slots) - (steps - 1), (steps, slots))
+
+  def test_long_scans_build_fast(self):
+    # A table over (steps, slots) would take minutes here; the closed form
+    # and a bisection per cut take well under a second (not asserted).
+    schedule = remat_schedule.binomial(16384, 180)
+    remat_schedule.simulate(schedule)
+    self.assertLess(schedule.recomputed_steps, 16384)
+
   def test_one_slot_recomputes_from_the_first_carry(self):
     schedule = remat_schedule.binomial(4, 1)
     self.assertEqual(schedule.recomputed_steps, 0 + 1 + 2)

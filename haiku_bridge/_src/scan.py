@@ -111,19 +111,19 @@ def layer_scan(
       for N layers: the layers in ≈√N groups, the backward pass recomputes
       one group's carries at a time from the group's first one, then each
       layer's activations (one more forward pass in all). `"binomial"`:
-      recompute as many layers as `"nested"` does, keeping the fewest
-      carries that allows (treeverse). The schedules give the same values
+      the fewest carries that recompute at most one more forward pass
+      (treeverse at Griewank's binomial bound). The schedules give the same values
       and derivatives as `True`. They shape reverse-mode autodiff
       (`jax.grad`, `jax.vjp`); forward mode (`jax.jvp`, `jax.jacfwd`,
       `jax.linearize` from jax 0.9) keeps nothing to schedule and runs as
       `True`, when it is applied to the function that calls the scan (not
       through a `jax.jit` inside it, nor `jax.linearize` on jax < 0.9, whose
-      trace looks like a VJP's: there JAX raises that a custom_vjp has no
-      forward mode; see `scheduled_scan.py`).
+      trace looks like a VJP's: there forward mode raises an error naming
+      `remat`; see `scheduled_scan.py`).
     remat_policy: a `jax.checkpoint_policies` policy, with `remat=True`.
     remat_groups: with `remat="nested"`, the number of groups, a positive
       int (default ≈√N; the last group takes what remains); with
-      `"binomial"`, recompute as many layers as `"nested"` with that many
+      `"binomial"`, recompute no more layers than `"nested"` with that many
       groups.
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     reverse: run the layers from last to first (as `jax.lax.scan`).
@@ -139,7 +139,7 @@ def layer_scan(
   with errors.entry("layer_scan"):
     guards.require_transform()
     _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
-    num_layers = _num_layers(num_layers, xs)
+    num_layers = loop_lib.num_steps(num_layers, xs, _LAYERS)
     options = _check_options(remat, remat_policy, remat_groups, unroll,
                              reverse, pipeline)
     if name is None:
@@ -316,22 +316,18 @@ class _PureLayer:
     return self.layer(params, carry, x)
 
 
-@dataclasses.dataclass(frozen=True)
-class _CheckedLayer:
-  """A Haiku layer whose output is checked: a pair, with a carry like its input."""
-  f: Callable[..., Any]
+# How the layer scan counts its layers (loop.num_steps).
+_LAYERS = loop_lib.StepAxis(
+    argument="num_layers", least=1,
+    leaf="an array of per-layer inputs, with a leading layer axis",
+    none="needs `num_layers=` when there are no `xs`.")
 
-  def __call__(self, carry, x):
-    with errors.entry("layer_scan"):
-      out = self.f(carry, x)
-      if not (isinstance(out, tuple) and len(out) == 2):
-        raise ValueError(errors.message(
-            f"a layer must return a pair (carry, y); it returned "
-            f"{errors.describe(out)}. Return `(new_carry, None)` for a layer "
-            "without per-layer outputs, or use hkb.repeat_layer for `x -> x` "
-            "layers."))
-      _check_carry(carry, out[0])
-    return out
+# How the layer scan's messages name its layer (loop.check_step_output).
+_LAYER = loop_lib.StepWords(
+    body="a layer", pair="(carry, y)", carry="carry", step="layer",
+    subject="the layer", pair_hint=" Return `(new_carry, None)` for a layer "
+    "without per-layer outputs, or use hkb.repeat_layer for `x -> x` layers.",
+    carry_hint=" Return per-layer outputs as `y` in `(carry, y)`.")
 
 
 def _check_layer_args(layer: Any, init: Any, name: Any,
@@ -387,7 +383,8 @@ def _check_layer_signature(f, init, args) -> None:
 def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
   # Not cached: a cache here saved nothing measurable in a re-trace
   # (testing/benchmarks/results/RESULTS.md, "Caches: what they save").
-  return hk.transform_with_state(_CheckedLayer(f))
+  return hk.transform_with_state(
+      loop_lib.CheckedBody(f, _LAYER, "layer_scan"))
 
 
 def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
@@ -397,35 +394,6 @@ def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
                                remat_groups=remat_groups, unroll=unroll)
   return _Options(loop, errors.check_bool("reverse", reverse),
                   pipeline_lib.check_pipeline(pipeline))
-
-
-def _num_layers(num_layers: Optional[int], xs: PyTree) -> int:
-  leaves = jax.tree_util.tree_leaves_with_path(xs)
-  for path, leaf in leaves:
-    if not hasattr(leaf, "shape"):
-      hint = (f" For {leaf} layers without per-layer inputs, pass "
-              f"num_layers={leaf}." if errors.is_int(leaf) else "")
-      raise TypeError(errors.message(
-          f"xs{jax.tree_util.keystr(path)} is {errors.got(leaf)}; every leaf "
-          "of xs must be an array of per-layer inputs, with a leading layer "
-          f"axis.{hint}"))
-  if num_layers is None:
-    if not leaves:
-      raise ValueError(errors.message(
-          "needs `num_layers=` when there are no `xs`."))
-    first = np.shape(leaves[0][1])
-    num_layers = first[0] if first else None
-  if num_layers is not None:
-    num_layers = errors.check_positive_int("num_layers", num_layers)
-  size = ("(of size num_layers)" if num_layers is None else
-          f"of size num_layers={num_layers}")
-  for path, leaf in leaves:
-    if not np.ndim(leaf) or leaf.shape[0] != num_layers:
-      raise ValueError(errors.message(
-          f"xs{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, "
-          f"but every leaf of xs needs a leading layer axis {size}."))
-  assert num_layers is not None, "found above, or a leaf of xs was refused"
-  return num_layers
 
 
 def _check_depth(stack: str, params: PyTree, num_layers: int) -> None:
@@ -440,12 +408,3 @@ def _check_depth(stack: str, params: PyTree, num_layers: int) -> None:
             f"runs num_layers={num_layers}. Pass the number of layers the "
             "params were made with, or convert them (hkb.unstack_params / "
             "hkb.stack_params)."))
-
-
-def _check_carry(before: PyTree, after: PyTree) -> None:
-  changed = loop_lib.carry_change(before, after)
-  if changed is not None:
-    raise ValueError(errors.message(
-        "a layer must return a carry like the one it gets, since the next "
-        f"layer takes it; the layer got {changed[0]} and returned "
-        f"{changed[1]}. Return per-layer outputs as `y` in `(carry, y)`."))

@@ -359,13 +359,16 @@ class RematScheduleTest(parameterized.TestCase):
                                 derivatives(theirs, params), rtol=1e-5,
                                 atol=1e-5)
 
-  def test_forward_mode_through_a_jit_inside_is_jaxs_error(self):
+  def test_forward_mode_through_a_jit_inside_is_the_librarys_error(self):
     # The limit the docstring states: traced by jax.jit first, the scan
-    # cannot see the forward mode applied later (jax.jvp(jax.jit(f))).
+    # cannot see the forward mode applied later (jax.jvp(jax.jit(f))); the
+    # error names the call, `remat` and the fix.
     f = hk.transform(lambda x: scan.repeat_layer(block, x, 4, remat="nested"))
     params = f.init(KEY, X)
     apply = jax.jit(lambda p: f.apply(p, None, X))
-    with self.assertRaisesRegex(TypeError, "forward-mode.*custom_vjp"):
+    with self.assertRaisesRegex(
+        TypeError, r'^hkb\.repeat_layer: `remat="nested"` runs its own '
+        r"backward pass .* Put the jit outside"):
       jax.jvp(apply, (params,), (params,))
     jax.jit(lambda p, t: jax.jvp(lambda p: f.apply(p, None, X), (p,), (t,)))(
         params, params)  # jax.jit outside: forward mode works.

@@ -29,11 +29,15 @@ wrap the function that calls the scan) it runs `jax.lax.scan` with
 `jax.custom_vjp` cannot be differentiated in forward mode, and JAX says
 which mode it runs in only to the code it traces: through a boundary that
 traces first and differentiates later (`jax.jvp(jax.jit(f))`, a scan's
-body), the scan cannot tell, and forward mode fails with JAX's error.
+body), the scan cannot tell. Forward mode then fails: with
+`forward_mode_error` (the caller's words) where JAX traces the forward rule
+for that JVP, as it does the first time.
 """
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+import sys
+import types
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -57,7 +61,8 @@ _current_trace = (getattr(jax_core, "find_top_trace", None)
 
 def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
          xs: PyTree, *, length: int, schedule: remat_schedule.Schedule,
-         reverse: bool = False, unroll: int | bool = 1
+         reverse: bool = False, unroll: int | bool = 1,
+         forward_mode_error: Optional[str] = None
          ) -> tuple[PyTree, PyTree]:
   """`jax.lax.scan(f, init, xs, length, reverse, unroll)`, reversed by `schedule`.
 
@@ -83,6 +88,9 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
     schedule: which carries to keep (`remat_schedule.nested`, `binomial`).
     reverse: run the steps from last to first, as `jax.lax.scan` does.
     unroll: passed to the `jax.lax.scan`s of both sweeps.
+    forward_mode_error: the message of the TypeError raised where forward
+      mode reaches the custom backward pass through a `jax.jit` (JAX's own
+      error when None).
 
   Returns:
     `(carry, ys)`, as `jax.lax.scan` returns them.
@@ -115,7 +123,8 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
       [jax.typeof(c) for c in carry],
       [_mapped_aval(length, 0, jax.typeof(x)) for x in x_leaves])
   step = _Step(closed.jaxpr, len(carry))
-  run = _checkpointed_scan(step, schedule, reverse, unroll)
+  run = _checkpointed_scan(step, schedule, reverse, unroll,
+                           forward_mode_error)
   new_carry, ys = run(list(closed.consts), carry, x_leaves)
   return carry_tree.unflatten(new_carry), y_trees[0].unflatten(ys)
 
@@ -208,8 +217,31 @@ def _slot_plan(schedule: remat_schedule.Schedule) -> _SlotPlan:
                    np.asarray(actions, np.int32).reshape(-1, 4))
 
 
+def _traced_for_forward_mode() -> bool:
+  """Whether JAX traces a custom_vjp's forward rule for a JVP (forward mode).
+
+  A JVP trace's `process_custom_vjp_call` runs the forward rule and then
+  refuses to go on; a linearize trace (reverse mode), or a JVP trace over a
+  partial-evaluation trace (reverse mode before direct linearization), runs
+  it for a VJP. The rule is traced under the parent trace, so only the
+  caller's frame says which.
+  """
+  frame: Optional[types.FrameType]
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code.co_name == "process_custom_vjp_call":
+      trace = frame.f_locals.get("self")
+      return (isinstance(trace, ad.JVPTrace) and
+              type(getattr(trace, "parent_trace", None)).__name__
+              != "JaxprTrace")
+    frame = frame.f_back
+  return False
+
+
 def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
-                       reverse: bool, unroll: int | bool) -> Callable[..., Any]:
+                       reverse: bool, unroll: int | bool,
+                       forward_mode_error: Optional[str] = None
+                       ) -> Callable[..., Any]:
   """`run(consts, carry, xs) -> (carry, ys)`, a `jax.custom_vjp` over flat lists."""
   length = schedule.num_steps
   plan = _slot_plan(schedule)
@@ -223,6 +255,8 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
                     reverse=reverse, unroll=unroll)
 
   def forward(consts, carry, xs):
+    if forward_mode_error is not None and _traced_for_forward_mode():
+      raise TypeError(forward_mode_error)
     consts, perturbed_consts = _values(consts)
     carry, _ = _values(carry)
     xs, perturbed_xs = _values(xs)

@@ -4,8 +4,10 @@ An RNN unrolled over T steps keeps, for the backward pass, every step's
 activations (`hk.dynamic_unroll`), or every step's carry (with `hk.remat` on
 the step). `scan` and `dynamic_unroll` are Haiku's, run through the bridge's
 loop (`loop.py`), so `remat="nested"` keeps about 2√T carries and
-`"binomial"` fewer, for one more forward pass: the same outputs, state and
-gradients.
+`"binomial"` the fewest for at most one more forward pass: the same outputs,
+state and gradients. `dynamic_unroll(readout=)` runs a per-step head and
+loss inside the checkpointed step, so that the `[T, ...]` outputs are never
+kept.
 
 What Haiku does, they do: at init the first step runs outside the loop
 (where it creates the params and state), the loop runs the others on them;
@@ -17,7 +19,10 @@ dropout draws the same keys. Outside a transform, `dynamic_unroll` runs
 both with the schedule.
 """
 
-from typing import Any, Callable, Optional
+import difflib
+import functools
+import inspect
+from typing import Any, Callable, Optional, TypeVar, cast
 
 import haiku as hk
 import jax
@@ -34,10 +39,36 @@ from haiku_bridge._src.pytree import PyTree
 StepFn = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
 
 
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def _known_keywords(api: str) -> Callable[[_Fn], _Fn]:
+  """Refuses a keyword the public call `api` does not take, in our words."""
+  def wrap(fn: _Fn) -> _Fn:
+    names = list(inspect.signature(fn).parameters)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+      unknown = sorted(set(kwargs) - set(names))
+      if unknown:
+        near = difflib.get_close_matches(unknown[0], names, n=1)
+        with errors.entry(api):
+          raise TypeError(errors.message(
+              f"got an unexpected keyword argument {unknown[0]!r}"
+              + (f" (did you mean {near[0]!r}?)" if near else "")
+              + f"; its arguments are {', '.join(names)}."))
+      return fn(*args, **kwargs)
+    return cast(_Fn, checked)
+  return wrap
+
+
+@_known_keywords("scan")
 def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
          reverse: bool = False, unroll: int | bool = 1, *,
          remat: modes.RematMode = False,
-         remat_groups: Optional[int] = None) -> tuple[PyTree, PyTree]:
+         remat_groups: Optional[int] = None,
+         remat_policy: Optional[Callable[..., bool]] = None
+         ) -> tuple[PyTree, PyTree]:
   """`hk.scan`, with what its backward pass keeps chosen by `remat`.
 
   `f(carry, x) -> (carry, y)` runs once per step with the same params, as
@@ -74,11 +105,15 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
     remat: what the backward pass keeps: `False` (every step's
       activations), `True` (one carry per step: `hk.remat` of the step),
       `"nested"` (≈2√T carries: the steps in ≈√T groups, each recomputed
-      from its first carry) or `"binomial"` (as many recomputed steps as
-      `"nested"`, fewer carries). The carry here includes Haiku state and
-      the rng. The schedules give `remat=True`'s values and derivatives.
+      from its first carry) or `"binomial"` (the fewest carries that
+      recompute at most one more forward pass: Griewank's binomial
+      bound). The carry here includes Haiku state and the rng. The
+      schedules give `remat=True`'s values and derivatives.
     remat_groups: with `"nested"`, the number of groups (default ≈√T); with
-      `"binomial"`, recompute as many steps as `"nested"` with that many.
+      `"binomial"`, recompute no more steps than `"nested"` with that many
+      (by default, at most one more forward pass, with the fewest carries).
+    remat_policy: with `remat=True`, a `jax.checkpoint_policies` policy:
+      which of a step's activations the forward pass keeps.
 
   Returns:
     `(carry, ys)`: the last carry and the per-step `y`s stacked, as
@@ -86,18 +121,23 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
   """
   with errors.entry("scan"):
     errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
-    loop = _check_options(remat, remat_groups, unroll)
+    loop = _check_options(remat, remat_groups, remat_policy, unroll)
     reverse = errors.check_bool("reverse", reverse)
-    length = _length(length, xs)
-    return _scan(_CheckedStep(f), init, xs, length, reverse, loop)
+    length = loop_lib.num_steps(length, xs, _TIME)
+    return _scan(loop_lib.CheckedBody(f, _STEP), init, xs, length, reverse,
+                 loop)
 
 
+@_known_keywords("dynamic_unroll")
 def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                    input_sequence: PyTree, initial_state: PyTree,
                    time_major: bool = True, reverse: bool = False,
                    return_all_states: bool = False, unroll: int | bool = 1,
                    *, remat: modes.RematMode = False,
-                   remat_groups: Optional[int] = None
+                   remat_groups: Optional[int] = None,
+                   remat_policy: Optional[Callable[..., bool]] = None,
+                   readout: Optional[Callable[..., PyTree]] = None,
+                   readout_inputs: Optional[PyTree] = None
                    ) -> tuple[PyTree, PyTree]:
   """`hk.dynamic_unroll`, with what its backward pass keeps chosen by `remat`.
 
@@ -134,10 +174,22 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     remat: `False`, `True`, `"nested"` or `"binomial"`, as for `hkb.scan`.
     remat_groups: as for `hkb.scan`.
+    remat_policy: as for `hkb.scan`.
+    readout: a Haiku function run on each step's output inside the step,
+      `readout(output)` or, with `readout_inputs`, `readout(output, r)` (`r`:
+      that step's slice of `readout_inputs`), such as a head and its loss.
+      Its results are returned instead of the outputs, so that the backward
+      pass keeps the schedule's carries, never the `[T, ...]` outputs or
+      their cotangent. Create its modules outside (e.g. `head =
+      hk.Linear(V)` before the unroll): they get the names and params they
+      get when called on the stacked outputs after the unroll.
+    readout_inputs: per-step inputs of `readout` (e.g. the targets), laid out
+      as `input_sequence` (time axis 0, or 1 with `time_major=False`).
 
   Returns:
-    `(output_sequence, state)`: the outputs on the time axis, and the last
-    state, or every state with `return_all_states`.
+    `(output_sequence, state)`: the outputs on the time axis (or, with
+    `readout`, its results), and the last state, or every state with
+    `return_all_states`.
   """
   with errors.entry("dynamic_unroll"):
     errors.check_callable(
@@ -147,25 +199,38 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     reverse = errors.check_bool("reverse", reverse)
     return_all_states = errors.check_bool("return_all_states",
                                           return_all_states)
-    loop = _check_options(remat, remat_groups, unroll)
+    loop = _check_options(remat, remat_groups, remat_policy, unroll)
+    if readout is not None:
+      errors.check_callable(
+          "readout", readout, "a function of each step's output (and its "
+          "slice of `readout_inputs`), such as a head and its loss")
+    elif readout_inputs is not None:
+      raise ValueError(errors.message(
+          "`readout_inputs` are the per-step inputs of `readout`: pass "
+          "`readout=` too, e.g. `readout=lambda y, target: loss(head(y), "
+          "target)`."))
+    with_readout_inputs = readout_inputs is not None
     if not time_major:
       _check_batch_major(input_sequence)
       input_sequence = _swap_batch_time(input_sequence)
-    length = _length(None, input_sequence, "input_sequence")
+      if with_readout_inputs:
+        _check_batch_major(readout_inputs, "readout_inputs")
+        readout_inputs = _swap_batch_time(readout_inputs)
+    length = loop_lib.num_steps(None, input_sequence, _TIME_INPUTS,
+                                "input_sequence")
+    if with_readout_inputs:
+      loop_lib.num_steps(length, readout_inputs, _TIME_INPUTS,
+                         "readout_inputs")
+      input_sequence = (input_sequence, readout_inputs)
 
     def step(state, inputs):
-      out = core(inputs, state)
-      if not (isinstance(out, tuple) and len(out) == 2):
-        raise ValueError(errors.message(
-            f"`core` must return a pair (output, state); it returned "
-            f"{errors.describe(out)}."))
-      outputs, new_state = out
-      changed = loop_lib.carry_change(state, new_state)
-      if changed is not None:
-        raise ValueError(errors.message(
-            "`core` must return a state like the one it gets, since the "
-            f"next step takes it; it got {changed[0]} and returned "
-            f"{changed[1]}."))
+      if with_readout_inputs:
+        inputs, readout_in = inputs
+      outputs, new_state = loop_lib.check_step_output(
+          core(inputs, state), state, _CORE, carry_index=1)
+      if readout is not None:
+        outputs = (readout(outputs, readout_in) if with_readout_inputs
+                   else readout(outputs))
       return new_state, ((outputs, new_state) if return_all_states
                          else outputs)
 
@@ -179,32 +244,19 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     return outputs, states
 
 
-class _CheckedStep:
-  """`f`, whose output is checked: a pair, with a carry like its input."""
-
-  def __init__(self, f: StepFn):
-    self.f = f
-
-  def __call__(self, carry: PyTree, x: PyTree) -> tuple[PyTree, PyTree]:
-    out = self.f(carry, x)
-    if not (isinstance(out, tuple) and len(out) == 2):
-      raise ValueError(errors.message(
-          f"`f` must return a pair (carry, y); it returned "
-          f"{errors.describe(out)}. Return `(new_carry, None)` for a step "
-          "without per-step outputs."))
-    changed = loop_lib.carry_change(carry, out[0])
-    if changed is not None:
-      raise ValueError(errors.message(
-          "`f` must return a carry like the one it gets, since the next "
-          f"step takes it; it got {changed[0]} and returned {changed[1]}. "
-          "Return per-step outputs as `y` in `(carry, y)`."))
-    return out
+# How the time scans' messages name their bodies (loop.check_step_output).
+_STEP = loop_lib.StepWords(
+    body="`f`", pair="(carry, y)", carry="carry", step="step", subject="it",
+    pair_hint=" Return `(new_carry, None)` for a step without per-step "
+    "outputs.", carry_hint=" Return per-step outputs as `y` in `(carry, y)`.")
+_CORE = loop_lib.StepWords(body="`core`", pair="(output, state)",
+                           carry="state", step="step", subject="it")
 
 
-def _check_options(remat: Any, remat_groups: Any,
+def _check_options(remat: Any, remat_groups: Any, remat_policy: Any,
                    unroll: Any) -> loop_lib.Loop:
   return loop_lib.from_options(remat=remat, remat_groups=remat_groups,
-                               unroll=unroll)
+                               remat_policy=remat_policy, unroll=unroll)
 
 
 def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
@@ -253,48 +305,23 @@ def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
   return carry, ys
 
 
-def _length(length: Any, xs: PyTree, name: str = "xs") -> int:
-  """The number of steps: `length`, or the leading axis every leaf of `xs` has."""
-  if length is not None:
-    if not errors.is_int(length):
-      raise TypeError(errors.bad_argument("length", length,
-                                          "None or a non-negative int"))
-    if length < 0:
-      raise ValueError(errors.bad_argument("length", length,
-                                           "None or a non-negative int"))
-    length = int(length)
-  leaves = jax.tree_util.tree_leaves_with_path(xs)
-  for path, leaf in leaves:
-    if not np.ndim(leaf) or not hasattr(leaf, "shape"):
-      raise TypeError(errors.message(
-          f"{name}{jax.tree_util.keystr(path)} is {errors.got(leaf)}; every "
-          f"leaf of {name} must be an array with a leading time axis, one "
-          "entry per step."))
-  from_first = length is None
-  if length is None:
-    if not leaves:
-      what = ("pass `length=`, the number of steps" if name == "xs" else
-              "pass inputs with a time axis")
-      raise ValueError(errors.message(
-          f"{name} holds no arrays, so the number of steps is unknown: "
-          f"{what}."))
-    length = int(np.shape(leaves[0][1])[0])
-  for path, leaf in leaves:
-    if leaf.shape[0] != length:
-      raise ValueError(errors.message(
-          f"{name}{jax.tree_util.keystr(path)} has shape "
-          f"{tuple(leaf.shape)}, but every leaf of {name} needs a leading "
-          f"time axis of {length} steps"
-          + (f" (as {name}{jax.tree_util.keystr(leaves[0][0])} has)."
-             if from_first else ".")))
-  return length
+# How the time scans count their steps (loop.num_steps).
+_TIME = loop_lib.StepAxis(
+    argument="length", least=0,
+    leaf="an array with a leading time axis, one entry per step",
+    none="{name} holds no arrays, so the number of steps is unknown: pass "
+    "`length=`, the number of steps.")
+_TIME_INPUTS = _TIME._replace(
+    none="{name} holds no arrays, so the number of steps is unknown: pass "
+    "inputs with a time axis.")
 
 
-def _check_batch_major(input_sequence: PyTree) -> None:
+def _check_batch_major(input_sequence: PyTree,
+                       name: str = "input_sequence") -> None:
   for path, leaf in jax.tree_util.tree_leaves_with_path(input_sequence):
     if np.ndim(leaf) < 2:
       raise ValueError(errors.message(
-          f"input_sequence{jax.tree_util.keystr(path)} is "
+          f"{name}{jax.tree_util.keystr(path)} is "
           f"{errors.got(leaf)}; with time_major=False every leaf needs a "
           "batch axis and a time axis, [B, T, ...]."))
 

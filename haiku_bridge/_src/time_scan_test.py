@@ -14,11 +14,13 @@ from testing import devices
 devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import functools
 import inspect
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex
+import equinox.internal as eqxi
 import haiku as hk
 import jax.numpy as jnp
 from jax.sharding import AxisType
@@ -170,16 +172,19 @@ class DynamicUnrollTest(parameterized.TestCase):
     stacked = {s for s in shapes if s[1:] == w.shape}
     self.assertEqual(stacked, set())
 
-  def test_memory_below_per_step_remat(self):
+  def test_memory_below_per_step_remat_and_equinox(self):
     # What the schedules are for: a training step over 256 steps keeps ≈2√T
-    # carries (nested: 30, binomial: as many at a square T), not 256. The
-    # ground truth is hk.dynamic_unroll of hk.remat(core), one carry per
-    # step; remat=True compiles to its program (the same temporaries). Each
-    # step's output is reduced in the step, so carries dominate memory.
+    # carries (nested: 30; binomial: 21, the fewest for one more forward
+    # pass), not 256. Ground truths: hk.dynamic_unroll of hk.remat(core), one
+    # carry per step (remat=True compiles to its program: the same
+    # temporaries), and Equinox's checkpointed scan (online treeverse) of the
+    # same step. Each step's output is reduced in the step, so carries
+    # dominate memory. `remat_groups` changes only memory: more groups keep
+    # more carries, in both schedules.
     hidden, batch, steps = 32, 8, 256
     xs = jax.random.normal(KEY, [steps, batch, 2])
 
-    def temporaries(mode):
+    def temporaries(mode, **options):
       def f(xs):
         lstm = hk.LSTM(hidden)
 
@@ -191,21 +196,36 @@ class DynamicUnrollTest(parameterized.TestCase):
         if mode == "hk_remat":
           ys, _ = hk.dynamic_unroll(hk.remat(core), xs, state)
         else:
-          ys, _ = hkb.dynamic_unroll(core, xs, state, remat=mode)
+          ys, _ = hkb.dynamic_unroll(core, xs, state, remat=mode, **options)
         return jnp.mean(ys)
       f = hk.transform(f)
-      params = f.init(KEY, xs)
-      analysis = jax.jit(jax.grad(f.apply)).lower(
-          params, None, xs).compile().memory_analysis()
-      if analysis is None:
-        self.skipTest("this backend has no memory_analysis")
-      return analysis.temp_size_in_bytes
+      return compiled_temporaries(self, jax.grad(f.apply), f.init(KEY, xs),
+                                  None, xs)
+
+    def equinox_temporaries():
+      lstm = hk.without_apply_rng(hk.transform(
+          lambda x, state: hk.LSTM(hidden)(x, state)))
+      state = hk.LSTMState(jnp.zeros([batch, hidden]),
+                           jnp.zeros([batch, hidden]))
+
+      def loss(params, xs):
+        def step(state, x):
+          out, state = lstm.apply(params, x, state)
+          return state, jnp.sum(out ** 2, axis=-1)
+        return jnp.mean(eqxi.scan(step, state, xs, kind="checkpointed")[1])
+      return compiled_temporaries(self, jax.grad(loss),
+                                  lstm.init(KEY, xs[0], state), xs)
 
     baseline = temporaries("hk_remat")
     self.assertEqual(temporaries(True), baseline)
     nested, binomial = temporaries("nested"), temporaries("binomial")
     self.assertLess(nested, baseline / 3)
-    self.assertLessEqual(binomial, nested)
+    self.assertLess(binomial, nested)
+    self.assertLessEqual(binomial, equinox_temporaries())
+    # 8 groups of 32: 38 slots, not 30; "binomial" recomputing no more
+    # steps than 64 groups of 4 do (189): 66 slots, not 21.
+    self.assertGreater(temporaries("nested", remat_groups=8), nested)
+    self.assertGreater(temporaries("binomial", remat_groups=64), binomial)
 
   def test_vmap_and_grad_of_grad(self):
     # Per-example gradients (jax.vmap), and a Hessian-vector product.
@@ -228,6 +248,130 @@ class DynamicUnrollTest(parameterized.TestCase):
       with self.subTest(remat=mode):
         chex.assert_trees_all_close(
             got, results[0 if mode is False else 1], **TOL)
+
+
+VOCAB = 11
+
+
+def char_lm(mode, form, time_major=True):
+  """A character LM: `mean xent`; "usual": the head over the stacked outputs.
+
+  "readout": the same model converted to `readout=` (the embedding in the
+  core, the head and loss per step), by hkb.dynamic_unroll in `mode`.
+  """
+  def xent(logits, targets):
+    return -jnp.sum(jax.nn.log_softmax(logits) *
+                    jax.nn.one_hot(targets, VOCAB), axis=-1)
+
+  def f(chars, targets):
+    embed = hk.Embed(VOCAB, HIDDEN)
+    lstm = hk.LSTM(HIDDEN)
+    state = lstm.initial_state(BATCH)
+    options = dict(time_major=time_major)
+    if form == "usual":
+      unroll = (hk.dynamic_unroll if mode == "hk" else functools.partial(
+          hkb.dynamic_unroll, remat=mode))
+      ys, _ = unroll(lstm, embed(chars), state, **options)
+      logits = hk.BatchApply(hk.Linear(VOCAB))(ys)
+      return jnp.mean(xent(logits, targets))
+    head = hk.Linear(VOCAB)
+    losses, _ = hkb.dynamic_unroll(
+        lambda c, s: lstm(embed(c), s), chars, state, remat=mode,
+        readout=lambda y, t: xent(head(y), t), readout_inputs=targets,
+        **options)
+    return jnp.mean(losses)
+  return hk.transform(f)
+
+
+def char_data(steps, batch=BATCH, vocab=VOCAB):
+  chars = jax.random.randint(jax.random.PRNGKey(3), [steps + 1, batch], 0,
+                             vocab)
+  return chars[:-1], chars[1:]
+
+
+class ReadoutTest(parameterized.TestCase):
+  """`readout=`: the head and loss in the step; Haiku's params, loss and gradients."""
+
+  @parameterized.parameters(True, False)
+  def test_char_lm_as_written_the_usual_way(self, time_major):
+    data = char_data(9)
+    if not time_major:
+      data = jax.tree.map(lambda a: a.T, data)
+    usual = char_lm("hk", "usual", time_major)
+    params = usual.init(KEY, *data)
+    # The converted model makes the same params, under the same names.
+    chex.assert_trees_all_equal(
+        char_lm("binomial", "readout", time_major).init(KEY, *data), params)
+    ours = [char_lm(m, "readout", time_major) for m in MODES]
+    results = jax.jit(lambda p: [
+        jax.value_and_grad(f.apply)(p, None, *data)
+        for f in [usual] + ours])(params)
+    for mode, got in zip(MODES, results[1:]):
+      with self.subTest(remat=mode):
+        chex.assert_trees_all_close(got, results[0], **TOL)
+
+  def test_without_readout_inputs_and_with_all_states(self):
+    # readout(output) alone; the per-step results replace the outputs.
+    xs = make_inputs("lstm", 5)
+
+    def f(mode):
+      def g(xs):
+        lstm = hk.LSTM(HIDDEN)
+        head = hk.Linear(1)
+        state = lstm.initial_state(BATCH)
+        if mode == "hk":
+          ys, states = hk.dynamic_unroll(lstm, xs, state,
+                                         return_all_states=True)
+          return hk.BatchApply(head)(ys), states
+        return hkb.dynamic_unroll(lstm, xs, state, remat=mode,
+                                  return_all_states=True, readout=head)
+      return hk.transform(g)
+
+    params = f("hk").init(KEY, xs)
+    expected = f("hk").apply(params, None, xs)
+    chex.assert_trees_all_close(f("nested").apply(params, None, xs),
+                                expected, **TOL)
+
+  def test_memory_below_the_floor_of_the_usual_form(self):
+    # The usual form keeps the [T, B, H] outputs and the [T, B, V] logits
+    # (and their cotangents) whatever the schedule; `readout=` keeps the
+    # schedule's carries. Ground truth: the usual form with per-step remat
+    # (hk.remat of the core), compiled here.
+    steps, batch, vocab = 256, 8, 64
+    data = char_data(steps, batch, vocab)
+
+    def temporaries(f):
+      return compiled_temporaries(self, jax.grad(f.apply),
+                                  f.init(KEY, *data), None, *data)
+
+    def model(form, mode):
+      def f(chars, targets):
+        embed, lstm = hk.Embed(vocab, 32), hk.LSTM(32)
+        state = lstm.initial_state(batch)
+        xent = lambda logits, t: -jnp.sum(
+            jax.nn.log_softmax(logits) * jax.nn.one_hot(t, vocab), axis=-1)
+        if form == "usual":
+          ys, _ = hk.dynamic_unroll(hk.remat(lstm), embed(chars), state)
+          return jnp.mean(xent(hk.BatchApply(hk.Linear(vocab))(ys), targets))
+        head = hk.Linear(vocab)
+        losses, _ = hkb.dynamic_unroll(
+            lambda c, s: lstm(embed(c), s), chars, state, remat=mode,
+            readout=lambda y, t: xent(head(y), t), readout_inputs=targets)
+        return jnp.mean(losses)
+      return hk.transform(f)
+
+    baseline = temporaries(model("usual", True))
+    for mode in loop.REMAT_SCHEDULES:
+      with self.subTest(remat=mode):
+        self.assertLess(temporaries(model("readout", mode)), 0.15 * baseline)
+
+
+def compiled_temporaries(test, f, *args):
+  """The compiled temporaries of `jax.jit(f)(*args)`, in bytes."""
+  analysis = jax.jit(f).lower(*args).compile().memory_analysis()
+  if analysis is None:
+    test.skipTest("this backend has no memory_analysis")
+  return analysis.temp_size_in_bytes
 
 
 def stateful_step(linear):
@@ -412,6 +556,56 @@ class CompositionTest(parameterized.TestCase):
       chex.assert_trees_all_close(
           jax.jit(jax.grad(ours.apply))(params, None, xs), expected, **TOL)
 
+  def test_forward_mode_through_jit(self):
+    # jax.jacfwd(jax.jit(f)) hides forward mode from a schedule's scan: the
+    # library's error names `remat` and the fix, and the fix (the jit
+    # outside, or remat=True) gives hk.dynamic_unroll's Jacobian.
+    xs = make_inputs("lstm", 5)
+    reference = unroll("lstm", "hk")
+    params, state = reference.init(KEY, xs)
+
+    def jacobian(mode, jit_inside):
+      f = lambda p: jnp.sum(unroll("lstm", mode).apply(p, state, RNG, xs)[0][0])
+      return jax.jacfwd(jax.jit(f)) if jit_inside else jax.jit(jax.jacfwd(f))
+
+    for mode in loop.REMAT_SCHEDULES:
+      with self.subTest(remat=mode):
+        with self.assertRaisesRegex(
+            TypeError, rf'^hkb\.dynamic_unroll: `remat="{mode}"` runs its own '
+            r"backward pass .* Put the jit outside \(jax\.jit\(jax\.jacfwd"):
+          jacobian(mode, jit_inside=True)(params)
+    expected = jacobian("hk", jit_inside=False)(params)
+    for mode, jit_inside in (("nested", False), ("binomial", False),
+                             (True, True)):
+      with self.subTest(remat=mode, jit_inside=jit_inside):
+        chex.assert_trees_all_close(jacobian(mode, jit_inside)(params),
+                                    expected, **TOL)
+
+  def test_scan_remat_policy(self):
+    # remat=True with a policy: the values of hk.scan, and the policy used
+    # (saving every activation keeps more than saving none).
+    xs = jax.random.normal(KEY, [32, BATCH, FEATURES])
+
+    def net(**options):
+      def f(xs):
+        lstm = hk.LSTM(HIDDEN)
+        step = lambda state, x: lstm(x, state)[::-1]
+        _, ys = hkb.scan(step, lstm.initial_state(BATCH), xs, **options)
+        return jnp.sum(jnp.sin(ys))
+      return hk.transform(f)
+
+    params = net().init(KEY, xs)
+    saving = dict(remat=True,
+                  remat_policy=jax.checkpoint_policies.everything_saveable)
+    chex.assert_trees_all_close(
+        jax.grad(net(**saving).apply)(params, None, xs),
+        jax.grad(net().apply)(params, None, xs), **TOL)
+    self.assertGreater(
+        compiled_temporaries(self, jax.grad(net(**saving).apply), params,
+                             None, xs),
+        compiled_temporaries(self, jax.grad(net(remat=True).apply), params,
+                             None, xs))
+
   def test_inside_layer_scan(self):
     # A stack of 3 LSTM layers, each unrolled over 16 steps with a
     # schedule, scanned over layers with one: hk.layer_stack of
@@ -495,7 +689,14 @@ class ArgumentsTest(parameterized.TestCase):
       ("length_and_xs", ValueError, r"xs has shape \(3,\), but every leaf "
        r"of xs needs a leading time axis of 4 steps\.", dict(length=4)),
       ("no_xs", ValueError, "xs holds no arrays, so the number of steps is "
-       "unknown: pass `length=`", dict(xs=None)))
+       "unknown: pass `length=`", dict(xs=None)),
+      ("unknown_keyword", TypeError, "got an unexpected keyword argument "
+       r"'remat_group' \(did you mean 'remat_groups'\?\); its arguments are "
+       "f, init, xs, length, reverse, unroll, remat, remat_groups, "
+       r"remat_policy\.$", dict(remat_group=2)),
+      ("remat_policy", ValueError, "`remat_policy` needs `remat=True`",
+       dict(remat="nested",
+            remat_policy=jax.checkpoint_policies.nothing_saveable)))
   def test_scan(self, error, pattern, kwargs):
     args = dict(f=lambda c, x: (c, x), init=jnp.zeros([]),
                 xs=jnp.ones([3]))
@@ -515,7 +716,18 @@ class ArgumentsTest(parameterized.TestCase):
        r"axis, \[B, T, \.\.\.\]\.", dict(time_major=False)),
       ("no_inputs", ValueError, "input_sequence holds no arrays, so the "
        "number of steps is unknown: pass inputs with a time axis",
-       dict(input_sequence={})))
+       dict(input_sequence={})),
+      ("unknown_keyword", TypeError, "got an unexpected keyword argument "
+       "'head'; its arguments are core, ", dict(head=len)),
+      ("readout", TypeError, "`readout` must be a function of each step's "
+       "output", dict(readout=3)),
+      ("readout_inputs_alone", ValueError, "`readout_inputs` are the "
+       "per-step inputs of `readout`: pass `readout=` too",
+       dict(readout_inputs=jnp.ones([3]))),
+      ("readout_inputs_length", ValueError, r"readout_inputs has shape "
+       r"\(2,\), but every leaf of readout_inputs needs a leading time axis "
+       "of 3 steps.", dict(readout=lambda y, t: y,
+                           readout_inputs=jnp.ones([2]))))
   def test_dynamic_unroll(self, error, pattern, kwargs):
     args = dict(core=lambda x, s: (x, s), input_sequence=jnp.ones([3]),
                 initial_state=jnp.zeros([]))
@@ -533,8 +745,12 @@ class ArgumentsTest(parameterized.TestCase):
 
   def test_signatures_are_haikus(self):
     # Haiku's positional arguments, in Haiku's order, under Haiku's names.
-    for ours, theirs in ((hkb.scan, hk.scan),
-                         (hkb.dynamic_unroll, hk.dynamic_unroll)):
+    # Our options after them, keyword only.
+    for ours, theirs, options in (
+        (hkb.scan, hk.scan, ["remat", "remat_groups", "remat_policy"]),
+        (hkb.dynamic_unroll, hk.dynamic_unroll,
+         ["remat", "remat_groups", "remat_policy", "readout",
+          "readout_inputs"])):
       theirs_params = list(inspect.signature(theirs).parameters.values())
       ours_params = list(inspect.signature(ours).parameters.values())
       self.assertEqual(
@@ -542,8 +758,7 @@ class ArgumentsTest(parameterized.TestCase):
           [(p.name, p.default) for p in theirs_params])
       self.assertEqual(
           [(p.name, p.kind) for p in ours_params[len(theirs_params):]],
-          [("remat", inspect.Parameter.KEYWORD_ONLY),
-           ("remat_groups", inspect.Parameter.KEYWORD_ONLY)])
+          [(name, inspect.Parameter.KEYWORD_ONLY) for name in options])
     self.assertIs(time_scan.scan, hkb.scan)
 
 

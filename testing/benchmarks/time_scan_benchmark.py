@@ -1,17 +1,20 @@
-r"""Benchmark of the time scan's remat schedules: memory and step time against T.
+r"""Benchmark of the time scan's remat schedules: memory, step time and compile time against T.
 
 `hkb.dynamic_unroll(remat="nested")` and `remat="binomial"` beside
-`hk.dynamic_unroll` and `hk.dynamic_unroll(hk.remat(core))`
-(`lib/time_scan_bench.py`): grad-step temporaries and step time of a character
-LSTM (hidden 256, batch 32) at T = 256, 1024 and 4096, as ratios to the
+`hk.dynamic_unroll`, `hk.dynamic_unroll(hk.remat(core))`, Equinox's
+checkpointed scan and the two-level `jax.checkpoint` recipe
+(`lib/time_scan_bench.py`), for a character language model written three
+ways: the loss after the unroll (the usual way), the loss in the step, and
+the usual model converted to `readout=`. Grad-step temporaries, step time
+and lower + compile time at T = 256, 1024 and 4096, as ratios to the
 per-step remat. Prints the run (command, date, machine, versions) and the
-tables to stdout, progress to stderr; with `--plot=PATH` and matplotlib, draws
-the temporaries against T. `testing/benchmarks/results/RESULTS.md` holds the
-conclusions people draw from them; this program never writes it. Timings
-never fail the program; the memory relations are tests
+tables to stdout, progress to stderr; with `--plot=PATH` and matplotlib,
+draws the temporaries against T. `testing/benchmarks/results/RESULTS.md`
+holds the conclusions people draw from them; this program never writes it.
+Timings never fail the program; the memory relations are tests
 (`haiku_bridge/_src/time_scan_test.py`).
 
-    bazel run //testing/benchmarks:time_scan_benchmark              # full run, ~10 minutes
+    bazel run //testing/benchmarks:time_scan_benchmark              # full run
     bazel run //testing/benchmarks:time_scan_benchmark -- --quick   # smoke run, seconds
 
 or, without Bazel, from the repository root (matplotlib for the plot):

@@ -31,15 +31,21 @@ class QuickTimeScanBenchmarkTest(absltest.TestCase):
                  "| CPU count |", "| jax |", "| haiku_bridge |"):
       self.assertIn(text, self.report)
 
-  def test_every_length_and_variant_in_the_tables(self):
+  def test_every_length_form_and_variant_in_the_tables(self):
     temp, rest = self.report.split("### Carries kept")
-    step = rest.split("### Step time")[1]
-    for table in (temp, step):
-      for variant in time_scan_bench.VARIANTS:
+    for form in time_scan_bench.FORMS:
+      table = temp.split(f": {form}\n")[1].split("###")[0]
+      step = rest.split(f"### Step time / {time_scan_bench.BASELINE}: "
+                        f"{form};")[1].split("###")[0]
+      for variant in time_scan_bench.FORM_VARIANTS[form]:
         self.assertIn(variant, table)
+        if variant != time_scan_bench.BASELINE:
+          self.assertIn(variant, step)
       for length in time_scan_bench.QUICK.lengths:
         self.assertIn(f"| {length} |", table)
-    self.assertIn("### Growth of the temporaries from T = 8 to T = 32", rest)
+        self.assertIn(f"| {length} |", step)
+    self.assertIn("### Binomial against Equinox's checkpointed scan", rest)
+    self.assertIn("### Lower + compile time (s)", rest)
 
   def test_plot_written_or_said_missing(self):
     if os.path.exists(self.plot):
@@ -55,6 +61,8 @@ class QuickTimeScanBenchmarkTest(absltest.TestCase):
     self.assertEqual(time_scan_bench.slots(time_scan_bench.BASELINE, 1024),
                      1024)
     self.assertEqual(time_scan_bench.slots(time_scan_bench.NESTED, 1024), 62)
+    self.assertEqual(time_scan_bench.slots(time_scan_bench.BINOMIAL, 1024), 43)
+    self.assertEqual(time_scan_bench.slots(time_scan_bench.EQUINOX, 1024), 44)
 
 
 if __name__ == "__main__":

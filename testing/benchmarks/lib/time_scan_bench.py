@@ -1,22 +1,39 @@
-"""Benchmark 4: the time scan's remat schedules against `hk.dynamic_unroll` (+ `hk.remat`).
+"""Benchmark 4: the time scan's remat schedules beside Haiku's, Equinox's and the two-level recipe.
 
-The training step of a character LSTM (embedding, `hk.LSTM`, a softmax head;
-each step's loss computed inside the step, so that what a step keeps is its
-carry, not a `[T, B, vocab]` output), unrolled over T steps. For each T and
-each variant: the compiled temporaries of the grad step
-(`memory_analysis().temp_size_in_bytes`) and its step time, as ratios to
-`hk.dynamic_unroll(hk.remat(core))`, which keeps one carry per step.
+The training step of a character language model (`hk.Embed`, `hk.LSTM`, a
+softmax head over the vocabulary), unrolled over T steps, written three ways
+(`FORMS`):
 
-`hkb.dynamic_unroll(remat=True)` compiles to the baseline's program: its
-step-time ratio is the A/A control, the noise floor. The floor of the
-schedules' memory is their carries (`slots` of the schedule, each one
-`(h, c)` of the LSTM) plus one step's activations; the table gives the
-carries' part.
+* "loss after the unroll" (the usual way): `ys, _ = unroll(lstm, embed(chars),
+  state)`, then `hk.BatchApply(hk.Linear(V))(ys)` and the cross-entropy. The
+  backward pass must keep the `[T, B, H]` outputs, their cotangent and the
+  head's `[T, B, V]` softmax, whatever the schedule: that is this form's floor.
+* "loss in the step": the embedding, head and loss inside the core, so that a
+  step hands on only its carry.
+* `readout=`: the usual model converted by a few lines
+  (`hkb.dynamic_unroll(lambda c, s: lstm(embed(c), s), chars, state,
+  readout=..., readout_inputs=targets)`): the head and loss run in the
+  checkpointed step; its ratio is to the usual form's per-step remat.
+
+For each T, form and variant: the compiled temporaries of the grad step
+(`memory_analysis().temp_size_in_bytes`), lower + compile time and step time,
+as ratios to `hk.dynamic_unroll(hk.remat(core))` of the same form (one carry
+per step). `hkb.dynamic_unroll(remat=True)` compiles to the baseline's
+program: its step-time ratio is the A/A control, the noise floor. Beside
+ours: Equinox's checkpointed scan (`equinox.internal.scan(...,
+kind="checkpointed")`, online treeverse, its default ≈√(2T) checkpoints) and
+the two-level `jax.checkpoint` recipe (a scan over ≈√T groups, each a
+checkpointed scan of its steps) and Flax's `nn.remat_scan` (the same two
+levels; the loss in the step only), all of the same pure step.
 """
 
 import dataclasses
+import math
+import time
 from typing import Any, Callable, NamedTuple, Optional
 
+import equinox.internal as eqxi
+import flax.linen as nn
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -30,14 +47,30 @@ BASELINE = "hk.dynamic_unroll + hk.remat"
 CONTROL = "hkb.dynamic_unroll(remat=True) (A/A)"
 NESTED = 'hkb.dynamic_unroll(remat="nested")'
 BINOMIAL = 'hkb.dynamic_unroll(remat="binomial")'
-VARIANTS = (BASELINE, PLAIN, CONTROL, NESTED, BINOMIAL)
+EQUINOX = 'equinox.internal.scan(kind="checkpointed")'
+TWO_LEVEL = "two-level jax.checkpoint"
+FLAX = "flax.linen.remat_scan"
+VARIANTS = (BASELINE, PLAIN, CONTROL, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL,
+            FLAX)
 SCHEDULES = {NESTED: "nested", BINOMIAL: "binomial"}
 _REMAT = {CONTROL: True, **SCHEDULES}
+
+AFTER = "loss after the unroll"
+IN_STEP = "loss in the step"
+READOUT = "readout="
+FORMS = (AFTER, IN_STEP, READOUT)
+# The variants each form runs; `readout=` is ours alone, against AFTER's
+# baseline. Flax's remat_scan scans a carry alone (no per-step inputs or
+# outputs): the loss in the step only, the step's index and the loss summed
+# in the carry.
+FORM_VARIANTS = {AFTER: VARIANTS[:-1], IN_STEP: VARIANTS,
+                 READOUT: (NESTED, BINOMIAL)}
+_BASELINE_FORM = {AFTER: AFTER, IN_STEP: IN_STEP, READOUT: AFTER}
 
 
 @dataclasses.dataclass(frozen=True)
 class TimeScanConfig:
-  """Lengths, model size and repetitions; `FULL` fits ~10 minutes on 2 shared cores."""
+  """Lengths, model size and repetitions."""
   mode: str
   lengths: tuple[int, ...]
   hidden: int
@@ -49,65 +82,147 @@ class TimeScanConfig:
 
 
 FULL = TimeScanConfig(mode="full", lengths=(256, 1024, 4096), hidden=256,
-                      batch=32, vocab=64, warmup=1, step_repeats=5,
+                      batch=32, vocab=256, warmup=1, step_repeats=3,
                       step_block_s=1.0)
 
-QUICK = TimeScanConfig(mode="quick", lengths=(8, 32), hidden=8, batch=2,
+QUICK = TimeScanConfig(mode="quick", lengths=(8,), hidden=8, batch=2,
                        vocab=8, warmup=1, step_repeats=2, step_block_s=0.001)
 
 
 class Key(NamedTuple):
   length: int
+  form: str
   variant: str
 
 
-class CharCore(hk.RNNCore):
-  """One character: embed it, step the LSTM, the loss of predicting the next."""
-
-  def __init__(self, hidden: int, vocab: int):
-    super().__init__(name="char_core")
-    self.vocab = vocab
-    self.embed = hk.Embed(vocab, hidden, name="embed")
-    self.lstm = hk.LSTM(hidden, name="lstm")
-    self.head = hk.Linear(vocab, name="head")
-
-  def __call__(self, inputs, state):
-    chars, targets = inputs
-    h, state = self.lstm(self.embed(chars), state)
-    log_p = jax.nn.log_softmax(self.head(h))
-    loss = -jnp.sum(log_p * jax.nn.one_hot(targets, self.vocab), axis=-1)
-    return loss, state
-
-  def initial_state(self, batch_size: Optional[int]):
-    return self.lstm.initial_state(batch_size)
+def _xent(logits, targets, vocab):
+  return -jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(targets, vocab),
+                  axis=-1)
 
 
-def model(variant: str, cfg: TimeScanConfig) -> hk.Transformed:
-  """The mean loss over `[T, B]` characters, unrolled as `variant` does."""
+def model(variant: str, cfg: TimeScanConfig,
+          form: str = IN_STEP) -> hk.Transformed:
+  """The mean loss over `[T, B]` characters, in `form`, unrolled as `variant` does.
+
+  Every form and variant makes the same params ("embed", "lstm", "head").
+  """
   def loss(chars, targets):
-    core = CharCore(cfg.hidden, cfg.vocab)
-    state = core.initial_state(cfg.batch)
-    if variant == PLAIN:
-      losses, _ = hk.dynamic_unroll(core, (chars, targets), state)
-    elif variant == BASELINE:
-      losses, _ = hk.dynamic_unroll(hk.remat(core), (chars, targets), state)
+    embed = hk.Embed(cfg.vocab, cfg.hidden, name="embed")
+    lstm = hk.LSTM(cfg.hidden, name="lstm")
+    head = hk.Linear(cfg.vocab, name="head")
+    state = lstm.initial_state(cfg.batch)
+    xent = lambda logits, t: _xent(logits, t, cfg.vocab)
+
+    def unroll(core, xs, **options):
+      if variant == PLAIN:
+        return hk.dynamic_unroll(core, xs, state)
+      if variant == BASELINE:
+        return hk.dynamic_unroll(hk.remat(core), xs, state)
+      return hkb.dynamic_unroll(core, xs, state, remat=_REMAT[variant],
+                                **options)
+
+    if form == AFTER:
+      ys, _ = unroll(lstm, embed(chars))
+      return jnp.mean(xent(hk.BatchApply(head)(ys), targets))
+    if form == IN_STEP:
+      def core(inputs, state):
+        c, t = inputs
+        h, state = lstm(embed(c), state)
+        return xent(head(h), t), state
+      losses, _ = unroll(core, (chars, targets))
     else:
-      losses, _ = hkb.dynamic_unroll(core, (chars, targets), state,
-                                     remat=_REMAT[variant])
+      losses, _ = unroll(lambda c, s: lstm(embed(c), s), chars,
+                         readout=lambda y, t: xent(head(y), t),
+                         readout_inputs=targets)
     return jnp.mean(losses)
   return hk.transform(loss)
 
 
-def step_and_inputs(length: int, variant: str, cfg: TimeScanConfig
+def _group_size(length: int) -> int:
+  """The smallest divisor of `length` not below √length: the recipe's group."""
+  size = max(1, math.isqrt(length))
+  while length % size:
+    size += 1
+  return size
+
+
+class _FlaxStep(nn.Module):
+  """One step of `flax.linen.remat_scan`: `fn(carry) -> carry`."""
+  fn: Callable[[Any], Any]
+
+  def __call__(self, carry):
+    return self.fn(carry)
+
+
+def _flax_loss(step, state, chars, targets):
+  """The mean of `step`'s per-step losses, scanned by Flax's remat_scan."""
+  def fn(carry):
+    s, t, total = carry
+    s, losses = step(s, (chars[t], targets[t]))
+    return s, t + 1, total + jnp.sum(losses)
+
+  length = chars.shape[0]
+  size = _group_size(length)
+  stack = nn.remat_scan(_FlaxStep, lengths=(length // size, size))(fn)
+  _, _, total = stack.apply({}, (state, jnp.int32(0), jnp.float32(0)))
+  return total / chars.size
+
+
+def pure_loss(form: str, variant: str,
+              cfg: TimeScanConfig) -> Callable[..., jax.Array]:
+  """`loss(params, chars, targets)` of `model`'s params, scanned by Equinox or the recipe."""
+  lstm = hk.without_apply_rng(hk.transform(
+      lambda x, s: hk.LSTM(cfg.hidden, name="lstm")(x, s)))
+
+  def scan(step, carry, xs, length):
+    if variant == EQUINOX:
+      return eqxi.scan(step, carry, xs, kind="checkpointed")
+    size = _group_size(length)
+    groups = jax.tree.map(lambda a: a.reshape((-1, size) + a.shape[1:]), xs)
+    group = jax.checkpoint(lambda c, xg: jax.lax.scan(step, c, xg))
+    carry, ys = jax.lax.scan(group, carry, groups)
+    return carry, jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), ys)
+
+  def loss(params, chars, targets):
+    embed = params["embed"]["embeddings"]
+    core = {"lstm/linear": params["lstm/linear"]}
+    head = lambda h: h @ params["head"]["w"] + params["head"]["b"]
+    state = hk.LSTMState(jnp.zeros([cfg.batch, cfg.hidden]),
+                         jnp.zeros([cfg.batch, cfg.hidden]))
+    length = chars.shape[0]
+    if form == AFTER:
+      def step(s, x):
+        h, s = lstm.apply(core, x, s)
+        return s, h
+      _, ys = scan(step, state, embed[chars], length)
+      return jnp.mean(_xent(head(ys), targets, cfg.vocab))
+
+    def step(s, inputs):
+      c, t = inputs
+      h, s = lstm.apply(core, embed[c], s)
+      return s, _xent(head(h), t, cfg.vocab)
+    if variant == FLAX:
+      return _flax_loss(step, state, chars, targets)
+    _, losses = scan(step, state, (chars, targets), length)
+    return jnp.mean(losses)
+  return loss
+
+
+def step_and_inputs(length: int, form: str, variant: str,
+                    cfg: TimeScanConfig
                     ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-  """The jitted grad step of `variant` for `length` steps, and its arguments."""
+  """The jitted grad step of `variant` in `form` for `length` steps, and its arguments."""
   chars = jax.random.randint(jax.random.PRNGKey(1), [length + 1, cfg.batch],
                              0, cfg.vocab)
   inputs = (chars[:-1], chars[1:])
-  net = model(variant, cfg)
-  params = jax.jit(net.init)(jax.random.PRNGKey(0), *inputs)
-  return (jax.jit(jax.grad(lambda p, x, y: net.apply(p, None, x, y))),
-          (params,) + inputs)
+  params = jax.jit(model(PLAIN, cfg, AFTER).init)(jax.random.PRNGKey(0),
+                                                  *inputs)
+  if variant in (EQUINOX, TWO_LEVEL, FLAX):
+    loss = pure_loss(form, variant, cfg)
+  else:
+    net = model(variant, cfg, form)
+    loss = lambda p, x, y: net.apply(p, None, x, y)
+  return jax.jit(jax.grad(loss)), (params,) + inputs
 
 
 def carry_bytes(cfg: TimeScanConfig) -> int:
@@ -115,10 +230,23 @@ def carry_bytes(cfg: TimeScanConfig) -> int:
   return 2 * cfg.batch * cfg.hidden * 4
 
 
-def slots(variant: str, length: int) -> int:
-  """Carries the backward pass keeps: one per step, or the schedule's slots."""
+def after_floor_bytes(length: int, cfg: TimeScanConfig) -> int:
+  """What the usual form keeps whatever the schedule: the outputs and their cotangent.
+
+  `[T, B, H]` twice, float32 (the embedded inputs and the head's `[T, B, V]`
+  softmax come on top).
+  """
+  return 2 * length * cfg.batch * cfg.hidden * 4
+
+
+def slots(variant: str, length: int) -> Optional[int]:
+  """Carries the backward pass keeps: one per step, the schedule's slots, Equinox's checkpoints."""
   if variant in SCHEDULES:
     return loop.schedule(SCHEDULES[variant], length, None).num_slots
+  if variant == EQUINOX:  # Its default: the fewest with (c+1)(c+2)/2 > T.
+    return math.floor(-1.5 + math.sqrt(2 * length + 0.25)) + 1
+  if variant in (TWO_LEVEL, FLAX):
+    return length // _group_size(length) + _group_size(length)
   return length
 
 
@@ -126,25 +254,50 @@ def slots(variant: str, length: int) -> int:
 class TimeScanResult:
   cfg: TimeScanConfig
   temp_bytes: dict[Key, Optional[int]]  # None: no memory_analysis.
+  compile_s: dict[Key, float]  # Lower + compile, seconds.
   step: harness.Samples  # By Key; phases "step" and "step cpu".
 
 
+def keys(cfg: TimeScanConfig) -> list[Key]:
+  return [Key(length, form, v) for length in cfg.lengths for form in FORMS
+          for v in FORM_VARIANTS[form]]
+
+
 def bench_time_scan(cfg: TimeScanConfig) -> TimeScanResult:
-  keys = [Key(length, v) for length in cfg.lengths for v in VARIANTS]
-  compiled, args, temp_bytes = harness.compile_steps(
-      "time scan: compiling steps", keys,
-      lambda k: step_and_inputs(k.length, k.variant, cfg))
+  compiled, args, temp_bytes, compile_s = {}, {}, {}, {}
+  for key in harness.with_progress("time scan: compiling steps", keys(cfg)):
+    step, args[key] = step_and_inputs(*key, cfg)
+    start = time.perf_counter()
+    compiled[key] = step.lower(*args[key]).compile()
+    compile_s[key] = time.perf_counter() - start
+    analysis = compiled[key].memory_analysis()
+    temp_bytes[key] = None if analysis is None else analysis.temp_size_in_bytes
   step = harness.interleaved(
       "time scan: step times",
       [{k: harness.step_timer(compiled[k], args[k], cfg.step_block_s)
-        for k in keys if k.length == length} for length in cfg.lengths],
+        for k in compiled if (k.length, k.form) == (length, form)}
+       for length in cfg.lengths for form in FORMS],
       cfg.step_repeats, cfg.warmup)
-  return TimeScanResult(cfg, temp_bytes, step)
+  return TimeScanResult(cfg, temp_bytes, compile_s, step)
 
 
-# Issue 30's targets, at T = 1024, for both schedules.
-TARGET_LENGTH = 1024
-TARGETS = {"temp": 0.25, "step": 1.5}
+def _baseline(key: Key) -> Key:
+  return Key(key.length, _BASELINE_FORM[key.form], BASELINE)
+
+
+def temp_ratio(result: TimeScanResult, key: Key) -> Optional[float]:
+  """`key`'s temporaries over its baseline's; None without memory_analysis."""
+  ours, theirs = result.temp_bytes[key], result.temp_bytes[_baseline(key)]
+  return None if ours is None or not theirs else ours / theirs
+
+
+def step_ratio(result: TimeScanResult, key: Key, den: Key) -> harness.Stat:
+  """Step time of `key` over `den`'s, sample by sample (same repetition)."""
+  if key.form != den.form:  # Timed in another group: medians.
+    num = harness.Stat.of(result.step[key]["step"]).median
+    return harness.Stat(num / harness.Stat.of(
+        result.step[den]["step"]).median, math.nan, math.nan)
+  return harness.pair_ratios(result.step, key, den, "step")
 
 
 def _mib(n: Optional[float]) -> str:
@@ -154,86 +307,80 @@ def _mib(n: Optional[float]) -> str:
   return f"{mib:.0f}" if mib >= 100 else f"{mib:.3g}"
 
 
-def temp_ratio(result: TimeScanResult, length: int,
-               variant: str) -> Optional[float]:
-  """`variant`'s temporaries over the baseline's; None without memory_analysis."""
-  ours = result.temp_bytes[Key(length, variant)]
-  theirs = result.temp_bytes[Key(length, BASELINE)]
-  return None if ours is None or not theirs else ours / theirs
-
-
 def _ratio(value: Optional[float]) -> str:
   return "n/a" if value is None else f"{value:.3f}"
 
 
+def _stat(stat: harness.Stat) -> str:
+  if math.isnan(stat.lo):
+    return f"{stat.median:.3f}"
+  return stat.ratio()
+
+
 def markdown(result: TimeScanResult) -> str:
-  """The tables: temporaries, their growth, step-time ratios, targets."""
+  """The tables: temporaries, carries and floors, step time, compile time."""
   cfg, lengths = result.cfg, result.cfg.lengths
-  others = VARIANTS[1:]
-  lines = [f"Model: character LSTM, hidden {cfg.hidden}, batch {cfg.batch}, "
-           f"vocabulary {cfg.vocab}; one carry is "
-           f"{carry_bytes(cfg) / 2**10:.3g} KiB.", "",
-           "### Grad-step temporaries (MiB), and / baseline", "",
-           "| T | " + " | ".join(VARIANTS) + " |",
-           "|" + " --- |" * (1 + len(VARIANTS))]
-  for length in lengths:
-    cells = [_mib(result.temp_bytes[Key(length, BASELINE)])]
-    for v in others:
-      cells.append(f"{_mib(result.temp_bytes[Key(length, v)])} "
-                   f"({_ratio(temp_ratio(result, length, v))})")
-    lines.append(f"| {length} | " + " | ".join(cells) + " |")
-  kept = (BASELINE, NESTED, BINOMIAL)
-  lines += ["", "### Carries kept for the backward pass, and their MiB "
-            "(the part of the floor that grows with T)", "",
-            "| T | " + " | ".join(kept) + " |",
-            "|" + " --- |" * (1 + len(kept))]
+  lines = [f"Model: character LM (`hk.Embed`, `hk.LSTM({cfg.hidden})`, "
+           f"softmax head over {cfg.vocab}), batch {cfg.batch}; one carry is "
+           f"{carry_bytes(cfg) / 2**10:.3g} KiB."]
+  for form in FORMS:
+    variants = FORM_VARIANTS[form]
+    base = (f"{BASELINE} of the loss after the unroll" if form == READOUT
+            else BASELINE)
+    lines += ["", f"### Grad-step temporaries (MiB), and / {base}: {form}",
+              "", "| T | " + " | ".join(variants) + " |",
+              "|" + " --- |" * (1 + len(variants))]
+    for length in lengths:
+      cells = [f"{_mib(result.temp_bytes[Key(length, form, v)])} "
+               f"({_ratio(temp_ratio(result, Key(length, form, v)))})"
+               for v in variants]
+      lines.append(f"| {length} | " + " | ".join(cells) + " |")
+  kept = (BASELINE, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL, FLAX)
+  lines += ["", "### Carries kept for the backward pass (Equinox: its "
+            "checkpoints; the recipe and Flax: groups + one group's steps), "
+            "and their "
+            "MiB; the floor of the loss after the unroll", "",
+            "| T | " + " | ".join(kept) + " | outputs + cotangent (after) |",
+            "|" + " --- |" * (2 + len(kept))]
   for length in lengths:
     lines.append(f"| {length} | " + " | ".join(
         f"{slots(v, length)} ({_mib(slots(v, length) * carry_bytes(cfg))})"
-        for v in kept) + " |")
-  if len(lengths) > 1:
-    first, last = lengths[0], lengths[-1]
-    lines += ["", f"### Growth of the temporaries from T = {first} to T = "
-              f"{last} (T × {last // first})", "",
-              "| " + " | ".join(VARIANTS) + " |",
-              "|" + " --- |" * len(VARIANTS)]
-    growth = []
-    for v in VARIANTS:
-      a, b = result.temp_bytes[Key(first, v)], result.temp_bytes[Key(last, v)]
-      growth.append("n/a" if not a or b is None else f"× {b / a:.1f}")
-    lines.append("| " + " | ".join(growth) + " |")
-  wall = {(length, v): harness.pair_ratios(result.step, Key(length, v),
-                                           Key(length, BASELINE), "step")
-          for length in lengths for v in others}
-  cpu = {(length, v): harness.pair_ratios(
-      result.step, Key(length, v), Key(length, BASELINE),
-      "step" + harness.CPU) for length in lengths for v in others}
-  lines += ["", "### Step time / baseline: wall clock median [min–max] "
-            "(process CPU time median)", "",
-            f"| T | {BASELINE} (ms) | " + " | ".join(others) + " |",
-            "|" + " --- |" * (2 + len(others))]
+        for v in kept) + f" | {_mib(after_floor_bytes(length, cfg))} |")
+  for form in FORMS:
+    variants = [v for v in FORM_VARIANTS[form] if v != BASELINE]
+    lines += ["", f"### Step time / {BASELINE}: {form}; wall clock median "
+              "[min–max]", "",
+              f"| T | {BASELINE} (ms) | " + " | ".join(variants) + " |",
+              "|" + " --- |" * (2 + len(variants))]
+    for length in lengths:
+      den = _baseline(Key(length, form, BASELINE))
+      ms = harness.Stat.of(result.step[den]["step"]).ms(1)
+      lines.append(f"| {length} | {ms} | " + " | ".join(
+          _stat(step_ratio(result, Key(length, form, v), den))
+          for v in variants) + " |")
+  lines += ["", "### Binomial against Equinox's checkpointed scan: "
+            "temporaries and step time, ours / theirs", "",
+            "| T | form | temporaries | step time |",
+            "| --- | --- | --- | --- |"]
   for length in lengths:
-    base = harness.Stat.of(result.step[Key(length, BASELINE)]["step"])
-    lines.append(f"| {length} | {base.ms(1)} | " + " | ".join(
-        f"{wall[length, v].ratio()} ({cpu[length, v].median:.3f})"
-        for v in others) + " |")
-  if TARGET_LENGTH in lengths:
-    lines += ["", f"### Targets (issue 30), at T = {TARGET_LENGTH}", "",
-              "| variant | measure | goal | measured | met |",
-              "| --- | --- | --- | --- | --- |"]
-    for variant in SCHEDULES:
-      for measure, goal in TARGETS.items():
-        value = (temp_ratio(result, TARGET_LENGTH, variant)
-                 if measure == "temp" else wall[TARGET_LENGTH, variant].median)
-        met = "n/a" if value is None else ("yes" if value <= goal else "no")
-        lines.append(f"| {variant} | {measure} ratio | ≤ {goal:.2f} | "
-                     f"{_ratio(value)} | {met} |")
+    for form in (AFTER, IN_STEP):
+      ours, theirs = Key(length, form, BINOMIAL), Key(length, form, EQUINOX)
+      a, b = result.temp_bytes[ours], result.temp_bytes[theirs]
+      lines.append(f"| {length} | {form} | "
+                   f"{_ratio(None if a is None or not b else a / b)} | "
+                   f"{_stat(step_ratio(result, ours, theirs))} |")
+  lines += ["", "### Lower + compile time (s)", "",
+            "| T | form | " + " | ".join(VARIANTS) + " |",
+            "|" + " --- |" * (2 + len(VARIANTS))]
+  for length in lengths:
+    for form in FORMS:
+      lines.append(f"| {length} | {form} | " + " | ".join(
+          f"{result.compile_s[Key(length, form, v)]:.2f}"
+          if Key(length, form, v) in result.compile_s else "—"
+          for v in VARIANTS) + " |")
   return "\n".join(lines) + "\n"
 
 
-# Hollow, larger markers under smaller ones: the A/A control's line lies on
-# the baseline's, and "binomial"'s on "nested"'s where they keep as many
-# carries; both of each pair stay visible.
 _STYLES = {
     BASELINE: dict(color="tab:orange", marker="s", markersize=10,
                    markerfacecolor="none"),
@@ -243,33 +390,47 @@ _STYLES = {
                  markerfacecolor="none"),
     BINOMIAL: dict(color="tab:green", marker="o", markersize=4,
                    linestyle="--"),
+    EQUINOX: dict(color="tab:purple", marker="D", markersize=5),
+    TWO_LEVEL: dict(color="tab:brown", marker="v", markersize=5),
+    FLAX: dict(color="tab:olive", marker="P", markersize=5),
 }
 
 
 def write_plot(result: TimeScanResult, path: str) -> bool:
-  """Temporaries against T, log-log, one line per variant; False without matplotlib."""
+  """Temporaries against T, log-log, per form; False without matplotlib."""
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
   except ImportError:
     return False
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
   lengths = list(result.cfg.lengths)
-  for variant in VARIANTS:
-    values = [result.temp_bytes[Key(length, variant)] for length in lengths]
-    if any(v is None for v in values):
-      continue
-    ax.plot(lengths, [v / 2**20 for v in values], label=variant,
-            **_STYLES[variant])
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
-  ax.set_xlabel("T (time steps)")
-  ax.set_ylabel("grad-step temporaries (MiB)")
-  ax.set_title(f"Character LSTM (hidden {result.cfg.hidden}, batch "
-               f"{result.cfg.batch}): memory against T")
-  ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=8)
+  for ax, form in zip(axes, (AFTER, IN_STEP)):
+    for variant in FORM_VARIANTS[form]:
+      values = [result.temp_bytes[Key(length, form, variant)]
+                for length in lengths]
+      if any(v is None for v in values):
+        continue
+      ax.plot(lengths, [v / 2**20 for v in values], label=variant,
+              **_STYLES[variant])
+    if form == AFTER:
+      values = [result.temp_bytes[Key(length, READOUT, BINOMIAL)]
+                for length in lengths]
+      if all(v is not None for v in values):
+        ax.plot(lengths, [v / 2**20 for v in values],
+                label='readout=, remat="binomial"', color="black",
+                marker="*", markersize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("T (time steps)")
+    ax.set_ylabel("grad-step temporaries (MiB)")
+    ax.set_title(form)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle(f"Character LM (hidden {result.cfg.hidden}, batch "
+               f"{result.cfg.batch}, vocabulary {result.cfg.vocab}): memory "
+               "against T")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
