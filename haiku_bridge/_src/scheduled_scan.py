@@ -224,18 +224,28 @@ def _traced_for_forward_mode() -> bool:
   refuses to go on; a linearize trace (reverse mode), or a JVP trace over a
   partial-evaluation trace (reverse mode before direct linearization), runs
   it for a VJP. The rule is traced under the parent trace, so only the
-  caller's frame says which.
+  callers' frames say which. A JVP trace is reverse mode too where a
+  linearize or partial-evaluation trace called it: `jax.checkpoint` (and
+  `hk.remat`) linearizes its body through a JVP (`jax.grad(jax.checkpoint(f))`).
+  When unsure this says no, and forward mode gets JAX's own error.
   """
   frame: Optional[types.FrameType]
   frame = sys._getframe(1)  # pylint: disable=protected-access
-  while frame is not None:
-    if frame.f_code.co_name == "process_custom_vjp_call":
-      trace = frame.f_locals.get("self")
-      return (isinstance(trace, ad.JVPTrace) and
-              type(getattr(trace, "parent_trace", None)).__name__
-              != "JaxprTrace")
+  while frame is not None and frame.f_code.co_name != "process_custom_vjp_call":
     frame = frame.f_back
-  return False
+  if frame is None:
+    return False
+  trace = frame.f_locals.get("self")
+  if not isinstance(trace, ad.JVPTrace):
+    return False
+  if type(getattr(trace, "parent_trace", None)).__name__ == "JaxprTrace":
+    return False
+  while frame is not None:
+    caller = type(frame.f_locals.get("self")).__name__
+    if caller in ("LinearizeTrace", "JaxprTrace"):
+      return False
+    frame = frame.f_back
+  return True
 
 
 def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,

@@ -581,6 +581,25 @@ class CompositionTest(parameterized.TestCase):
         chex.assert_trees_all_close(jacobian(mode, jit_inside)(params),
                                     expected, **TOL)
 
+  def test_reverse_mode_through_checkpoint(self):
+    # jax.checkpoint / hk.remat linearize their body through a JVP: reverse
+    # mode all the same, so a schedule runs (no forward-mode error) and the
+    # gradient is hk.dynamic_unroll's, with and without a jit between.
+    xs = make_inputs("lstm", 5)
+    reference = unroll("lstm", "hk")
+    params, state = reference.init(KEY, xs)
+
+    def loss(mode):
+      return lambda p: jnp.sum(
+          unroll("lstm", mode).apply(p, state, RNG, xs)[0][0])
+
+    expected = jax.grad(loss("hk"))(params)
+    for mode in loop.REMAT_SCHEDULES:
+      for wrap in (jax.checkpoint, lambda f: jax.jit(jax.checkpoint(f))):
+        with self.subTest(remat=mode):
+          chex.assert_trees_all_close(jax.grad(wrap(loss(mode)))(params),
+                                      expected, **TOL)
+
   def test_scan_remat_policy(self):
     # remat=True with a policy: the values of hk.scan, and the policy used
     # (saving every activation keeps more than saving none).
