@@ -109,6 +109,10 @@ class WheelTest(absltest.TestCase):
       shutil.copy(os.path.join(_ROOT, name), cls.src)
     shutil.copytree(os.path.join(_ROOT, "haiku_bridge"), os.path.join(cls.src, "haiku_bridge"),
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # A test beside its module, as in a checkout (Bazel's runfiles hold none): the build must
+    # leave it out.
+    with open(os.path.join(cls.src, "haiku_bridge", "_src", "scan_test.py"), "w") as f:
+      f.write("raise AssertionError('a test file was packaged')\n")
     cls.dist = os.path.join(cls.tmp, "dist")
     cls.build = run([sys.executable, "-m", "build", "--no-isolation", "--outdir", cls.dist,
                      cls.src], env=clean_env())
@@ -192,10 +196,16 @@ class WheelTest(absltest.TestCase):
     self.assertEqual((report["version"], report["metadata_version"]), (version, version))
 
   def test_package_files_leaves_tests_out(self):
-    files = package_files(_ROOT)
-    self.assertIn("haiku_bridge/_src/scan.py", files)
-    self.assertNotIn("haiku_bridge/_src/scan_test.py", files)
-    self.assertIn("haiku_bridge/_src/scan_test.py", package_files(_ROOT, tests=True))
+    # A tree of its own: Bazel's runfiles hold the package's modules, not its tests.
+    root = tempfile.mkdtemp(dir=self.tmp)
+    os.makedirs(os.path.join(root, "haiku_bridge", "_src"))
+    for name in ("__init__.py", "py.typed", "_src/scan.py", "_src/scan_test.py"):
+      open(os.path.join(root, "haiku_bridge", name), "w").close()
+    files = package_files(root)
+    self.assertEqual(files, {"haiku_bridge/__init__.py", "haiku_bridge/py.typed",
+                             "haiku_bridge/_src/scan.py"})
+    self.assertEqual(package_files(root, tests=True),
+                     files | {"haiku_bridge/_src/scan_test.py"})
 
   def test_module_names(self):
     files = {"haiku_bridge/__init__.py", "haiku_bridge/py.typed", "haiku_bridge/_src/scan.py",
