@@ -761,6 +761,21 @@ class ErrorsTest(parameterized.TestCase):
     with jax.set_mesh(mesh):
       return f.apply(params, None, self.X)
 
+  def test_explicit_axes_before_jax_09(self):
+    # jax 0.7 and 0.8 fail inside jax there: refused up front, by name.
+    self.assertTrue(pipeline_lib.jax_runs_stages_on_explicit_axes())  # 0.10.
+    f = stack(pipeline=hkb.Pipeline("stage", 2))
+    with mock.patch.object(pipeline_lib, "jax_runs_stages_on_explicit_axes",
+                           return_value=False):
+      with self.assertRaisesRegex(
+          NotImplementedError, r"^hkb.repeat_layer: the mesh's axes \('stage', "
+          r"'data'\) are Explicit, and jax .* Upgrade to jax 0.9 or newer, or "
+          r"make the mesh's axes Auto"):
+        self._apply(f, make_mesh(4, 2, axis_type=AxisType.Explicit))
+      # Auto axes, and one stage (no shard_map), run as before.
+      self._apply(f, make_mesh(4, 2))
+      self._apply(f, make_mesh(1, 8, axis_type=AxisType.Explicit))
+
   def test_layers_not_divisible_by_stages(self):
     f = stack(num_layers=6, pipeline=hkb.Pipeline("stage", 2))
     with self.assertRaisesRegex(
