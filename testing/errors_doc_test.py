@@ -443,6 +443,8 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: hkb.Pipeline(repeats=2),
     (SECTION_PIPELINE, "a jax without `jax.shard_map` (before 0.7)"):
         lambda: jax_without_shard_map(hkb.Pipeline),
+    (SECTION_PIPELINE, "stages on Explicit mesh axes, jax 0.7 or 0.8"):
+        lambda: explicit_stages_on_jax_08(),
     # Flax and Equinox adapters.
     (SECTION_ADAPTERS, "`from_flax` of something that is not a module"):
         lambda: hkb.from_flax(3),
@@ -477,6 +479,12 @@ def jax_without_shard_map(fn: Callable[[], Any]) -> Any:
   old = types.SimpleNamespace(__version__="0.6.0")
   with mock.patch.object(pipeline_lib, "jax", old):
     return fn()
+
+
+def explicit_stages_on_jax_08() -> None:
+  """A pipeline on 2 stages of an Explicit mesh, where the pipeline sees jax 0.8.1."""
+  with mock.patch.object(pipeline_lib.jax, "__version__", "0.8.1"):
+    pipelined(4, hkb.Pipeline("stage", 2), {"stage": 2})
 
 
 def raised(fn: Callable[[], Any]) -> str:

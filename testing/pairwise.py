@@ -15,6 +15,9 @@ Rows are built greedily (each adds the most pairs not yet covered), with a
 seeded random choice among ties, so the same factors give the same rows on
 every machine. `required` rows come first, as given: the triples a bug needs
 are pinned there.
+
+Settings that compare equal but differ in type (`1` and `True`, as
+`unroll=` takes them) are different settings here.
 """
 
 import itertools
@@ -24,9 +27,15 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 Row = dict[str, Any]
 
 
+def setting(value: Any) -> tuple[type, Any]:
+  """`value` as a setting: its type too, so that `True` is not `1`."""
+  return type(value), value
+
+
 def pairs_of(row: Mapping[str, Any], names: Sequence[str]) -> set[tuple]:
-  """The pairs of (factor, setting) that `row` covers."""
-  return {((a, row[a]), (b, row[b])) for a, b in itertools.combinations(names, 2)}
+  """The pairs of (factor, `setting`) that `row` covers."""
+  return {((a, setting(row[a])), (b, setting(row[b])))
+          for a, b in itertools.combinations(names, 2)}
 
 
 def pairwise(factors: Mapping[str, Sequence[Any]],
@@ -49,7 +58,8 @@ def pairwise(factors: Mapping[str, Sequence[Any]],
   rng = random.Random(seed)
   uncovered = set()
   for a, b in itertools.combinations(names, 2):
-    uncovered |= {((a, x), (b, y)) for x in factors[a] for y in factors[b]}
+    uncovered |= {((a, setting(x)), (b, setting(y)))
+                  for x in factors[a] for y in factors[b]}
   rows = []
   for row in required:
     if set(row) != set(names):
@@ -76,14 +86,16 @@ def pairwise(factors: Mapping[str, Sequence[Any]],
 
 def _greedy_row(factors, names, uncovered, rng) -> Row:
   """A row seeded with one uncovered pair, each other factor set to cover most."""
-  (a, x), (b, y) = rng.choice(sorted(uncovered, key=repr))
+  (a, (_, x)), (b, (_, y)) = rng.choice(sorted(uncovered, key=repr))
   row = {a: x, b: y}
   rest = [n for n in names if n not in row]
   rng.shuffle(rest)
   for name in rest:
-    def gain(setting):
-      return sum(((n, row[n]), (name, setting)) in uncovered or
-                 ((name, setting), (n, row[n])) in uncovered for n in row)
+    def gain(value):
+      pairs = (((n, setting(row[n])), (name, setting(value)))
+               for n in row)
+      return sum(pair in uncovered or pair[::-1] in uncovered
+                 for pair in pairs)
     scores = [(gain(s), rng.random(), i)
               for i, s in enumerate(factors[name])]
     row[name] = factors[name][max(scores)[2]]

@@ -13,7 +13,7 @@ FACTORS = {"a": (0, 1, 2), "b": ("x", "y"), "c": (True, False),
 
 
 def all_pairs(factors):
-  return {((a, x), (b, y))
+  return {((a, pairwise.setting(x)), (b, pairwise.setting(y)))
           for a, b in itertools.combinations(list(factors), 2)
           for x in factors[a] for y in factors[b]}
 
@@ -33,6 +33,20 @@ class PairwiseTest(parameterized.TestCase):
     self.assertEqual(covered(rows, FACTORS), all_pairs(FACTORS))
     # Far fewer than all 144 cells; at least the 4 × 3 of the two largest.
     self.assertBetween(len(rows), 12, 30)
+
+  def test_equal_settings_of_other_types_are_distinct(self):
+    # `True == 1`: as dict keys they would be one setting, and a grid over
+    # `unroll=(1, 2, True)` would never run `True`.
+    factors = {"unroll": (1, 2, True), "remat": (False, 0, "nested")}
+    rows = pairwise.pairwise(factors)
+    self.assertLen(rows, 9)
+    self.assertEqual(
+        sorted({(type(r["unroll"]).__name__, r["unroll"],
+                 type(r["remat"]).__name__, r["remat"]) for r in rows},
+               key=repr),
+        sorted({(type(u).__name__, u, type(m).__name__, m)
+                for u in factors["unroll"] for m in factors["remat"]},
+               key=repr))
 
   def test_same_rows_every_time(self):
     self.assertEqual(pairwise.pairwise(FACTORS), pairwise.pairwise(FACTORS))

@@ -44,7 +44,8 @@ Under Explicit mesh axes (`jax.make_mesh`'s default) every reshape here says
 where its result goes (`typed_sharding.py`): a layer axis stored over the
 stages stays there (GPipe), a batch split over `data` stays split in each
 microbatch where the microbatch is large enough, and is whole on every
-device where it is not.
+device where it is not. jax 0.7 and 0.8 cannot lower the stages' `shard_map`
+on a mesh with Explicit axes: `check` refuses it there, naming the fix.
 """
 
 import dataclasses
@@ -60,6 +61,7 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
 from haiku_bridge._src import typed_sharding
+from haiku_bridge._src import versions
 from haiku_bridge._src.pytree import PyTree
 
 SCHEDULES = modes.PIPELINE_SCHEDULES
@@ -144,6 +146,11 @@ class Pipeline:
 def jax_has_pipelines() -> bool:
   """Whether this jax has what a pipeline runs with (jax 0.7 on)."""
   return hasattr(jax, "shard_map") and hasattr(jax, "set_mesh")
+
+
+def jax_runs_stages_on_explicit_axes() -> bool:
+  """Whether this jax runs a `shard_map` manual over one axis of a mesh with Explicit axes (jax 0.9 on)."""
+  return versions.release(jax.__version__) >= (0, 9)
 
 
 def check_pipeline(pipeline: Any) -> Optional[Pipeline]:
@@ -238,6 +245,17 @@ def check(pipeline: Pipeline, carry: PyTree, num_layers: int, *,
         f"{pipeline.axis!r} for the stages (e.g. jax.make_mesh((4, 2), "
         f"({pipeline.axis!r}, 'data')))."))
   stages = sizes[names.index(pipeline.axis)]
+  explicit = [name for name in names if typed_sharding.is_explicit(name)]
+  if stages > 1 and explicit and not jax_runs_stages_on_explicit_axes():
+    raise NotImplementedError(errors.message(
+        f"the mesh's axes {tuple(explicit)} are Explicit, and jax "
+        f"{jax.__version__} cannot run a pipeline's stages (a jax.shard_map "
+        f"manual over {pipeline.axis!r}) on a mesh with Explicit axes: it "
+        "refuses the shard_map's specs (\"Tuple subset of PartitionSpec "
+        "cannot contain Manual mixed with ... Explicit\"). Upgrade to jax "
+        "0.9 or newer, or make the mesh's axes Auto "
+        "(jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * "
+        "len(names)))."))
   repeats = pipeline.num_repeats(num_layers, stages)
   if num_layers % (stages * repeats):
     split = (f"{stages} stages" if repeats == 1 else

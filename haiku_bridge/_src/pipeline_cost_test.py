@@ -35,10 +35,12 @@ def block(h):
   return h + hk.Linear(width)(jnp.tanh(hk.Linear(width)(h)))
 
 
-def compiled_step(mesh_shape, axis_type, width, pipeline, remat=False):
+def compiled_step(mesh_shape, axis_type, width, pipeline, remat=False,
+                  **options):
   """The compiled `value_and_grad` step and the stack's param bytes."""
   def loss(x):
-    h = hkb.repeat_layer(block, x, LAYERS, pipeline=pipeline, remat=remat)
+    h = hkb.repeat_layer(block, x, LAYERS, pipeline=pipeline, remat=remat,
+                         **options)
     return jnp.mean(h ** 2)
 
   f = hk.transform(loss)
@@ -79,6 +81,25 @@ class MemoryTest(parameterized.TestCase):
     # stage's params for the backward pass: 22x at M=16, 2.2x M=4's.
     self.assertLessEqual(temp[16], 3 * stage_params, (temp, stage_params))
     self.assertLessEqual(temp[16], 1.25 * temp[4], temp)
+
+
+class RematPolicyTest(parameterized.TestCase):
+  """`remat_policy` changes only what a stage keeps: its compiled temporaries."""
+
+  @parameterized.parameters("gpipe", "circular")
+  def test_a_policy_that_keeps_more_holds_more(self, schedule):
+    # Keeping nothing but each layer's input < keeping the matmuls' outputs
+    # too < keeping everything (the tanh's as well), per microbatch in
+    # flight: the orders of what each policy keeps.
+    pipe = hkb.Pipeline("stage", 4, schedule)
+    policies = jax.checkpoint_policies
+    temp = [compiled_step((2, 4), None, 16, pipe, remat=True,
+                          remat_policy=policy)[0].memory_analysis(
+                          ).temp_size_in_bytes
+            for policy in (policies.nothing_saveable, policies.dots_saveable,
+                           policies.everything_saveable)]
+    self.assertLess(temp[0], temp[1], temp)
+    self.assertLess(temp[1], temp[2], temp)
 
 
 _COLLECTIVE = re.compile(

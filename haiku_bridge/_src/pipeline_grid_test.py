@@ -2,11 +2,13 @@
 
 Ground truth is the same stack without `pipeline=`, jitted on one device, in
 the same dtype: its loss, gradients and second derivative (a Hessian-vector
-product: grad of grad), and its init. Eleven factors (mesh axis types, param
+product: grad of grad), and its init. Twelve factors (mesh axis types, param
 placement, batch placement, carry/xs/ys, schedule, microbatches, dtype,
-stages, remat, where the stack runs) would make 248,832 cells; `pairwise`
-picks rows in which every pair of settings occurs (bugs seen so far needed
-two settings at once: an Explicit mesh and params as init returns them), and
+stages, remat with or without a `remat_policy`, `unroll`, where the stack
+runs, what is differentiated) would make 311,040 cells; `pairwise` picks
+rows in which every pair of settings of every two factors occurs (bugs seen
+so far needed two settings at once: an Explicit mesh and params as init
+returns them), counted by brute force in `test_rows_cover_every_pair`, and
 the rows of issue 26's failures are pinned in whole. Each cell compiles one
 function, the plain stack's init checked beside it.
 """
@@ -19,6 +21,7 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import functools
+import itertools
 from typing import Any
 
 from absl.testing import absltest
@@ -35,6 +38,7 @@ from haiku_bridge._src import pipeline as pipeline_lib
 from testing import pairwise
 
 KEY = jax.random.PRNGKey(0)
+DOTS = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 LAYERS, BATCH, WIDTH, HIDDEN = 8, 8, 8, 16
 DATA = 2  # Devices over the batch; the rest of 8 / stages is "model".
 
@@ -51,7 +55,10 @@ FACTORS = {
     "microbatches": ("1", "S", "2S", "over"),
     "dtype": ("float32", "bfloat16"),
     "stages": (1, 2, 4),
-    "remat": (False, True, "nested", "binomial"),
+    # "dots": remat=True with a `remat_policy` that keeps the matmuls.
+    "remat": (False, True, "dots", "nested", "binomial"),
+    # `jax.lax.scan`'s, for the loop of each visit (and of the plain stack).
+    "unroll": (1, 2, True),
     # The stack in a plain transform, inside `hkb.custom_vjp`, inside
     # `call_pure(hk.transform)`; or each layer an `hkb.custom_vjp`.
     "where": ("plain", "custom_vjp", "call_pure", "vjp_layer"),
@@ -64,7 +71,8 @@ FACTORS = {
 def _row(**settings):
   row = dict(axis_type="explicit", params="init", batch="replicated",
              io="carry", schedule="gpipe", microbatches="S", dtype="float32",
-             stages=4, remat=False, where="plain", derivative="grad")
+             stages=4, remat=False, unroll=1, where="plain",
+             derivative="grad")
   row.update(settings)
   return row
 
@@ -127,7 +135,11 @@ def model(row, pipeline=None) -> hk.Transformed:
   io, where = row["io"], row["where"]
   one = (hkb.custom_vjp(layer, hkb.vjp_fwd, _identity_bwd)
          if where == "vjp_layer" else layer)
-  options = dict(name="blocks", remat=row["remat"], pipeline=pipeline)
+  remat = row["remat"]
+  options = dict(name="blocks", remat=remat != "dots" and remat,
+                 unroll=row["unroll"], pipeline=pipeline)
+  if remat == "dots":
+    options.update(remat=True, remat_policy=DOTS)
 
   def stack(x, xs):
     if io == "carry":
@@ -186,7 +198,7 @@ def inputs(dtype):
 def reference(io: str, where: str, dtype: str,
               derivative: str) -> tuple[Any, Any]:
   """The plain stack's init (as init returns it) and `derivatives`, on one device."""
-  row = dict(io=io, where=where, remat=False)
+  row = dict(io=io, where=where, remat=False, unroll=1)
   f = model(row)
   x, xs = inputs(jnp.float32)
   params = jax.tree.map(lambda p: p.astype(dtype), f.init(KEY, x, xs))
@@ -265,14 +277,20 @@ class PipelineGridTest(parameterized.TestCase):
       raise absltest.SkipTest(f"needs 8 devices, jax has {jax.device_count()}.")
 
   def test_rows_cover_every_pair(self):
+    # By brute force: every two factors, every two settings of theirs, in
+    # some row that runs (`True` is not `1`: `unroll` has both).
+    def same(value, setting):
+      return type(value) is type(setting) and value == setting
     names = list(FACTORS)
-    covered = set()
-    for row in ROWS:
-      covered |= pairwise.pairs_of(row, names)
-    for a, b in zip(names, names[1:]):  # Spot-check pairs of neighbours;
-      for x in FACTORS[a]:                # `pairwise_test` checks them all.
-        for y in FACTORS[b]:
-          self.assertIn(((a, x), (b, y)), covered)
+    factor_pairs = list(itertools.combinations(names, 2))
+    self.assertLen(factor_pairs, len(names) * (len(names) - 1) // 2)
+    missing = [
+        ((a, x), (b, y)) for a, b in factor_pairs
+        for x in FACTORS[a] for y in FACTORS[b]
+        if not any(same(row[a], x) and same(row[b], y) for row in ROWS)]
+    self.assertEqual(missing, [])
+    self.assertTrue(all(set(row) == set(names) for row in ROWS))
+    self.assertFalse(any(jax_fails(row) for row in ROWS))
 
   @parameterized.named_parameters((_name(row), row) for row in ROWS)
   def test_cell(self, row):

@@ -15,7 +15,9 @@ from testing import devices
 devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import contextlib
 import functools
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -32,6 +34,7 @@ import numpy as np
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src import scheduled_scan
 from testing import transformer
 
 KEY = jax.random.PRNGKey(0)
@@ -153,6 +156,29 @@ def pipelined_grad(f, params, x, mesh, rules, rng=None):
                    out_shardings=(None, shardings))
     return grad(jax.device_put(params, shardings), rng,
                 jax.device_put(x, NamedSharding(mesh, P("data"))))
+
+
+@contextlib.contextmanager
+def recorded_schedules():
+  """The remat schedules (`remat_schedule.Schedule`) of the loops traced inside."""
+  ran = []
+  scan = scheduled_scan.scan
+
+  def recording(*args, **kwargs):
+    ran.append(kwargs["schedule"])
+    return scan(*args, **kwargs)
+
+  with mock.patch.object(scheduled_scan, "scan", recording):
+    yield ran
+
+
+def schedule_of(f):
+  """The one remat schedule the plain stack `f` runs (traced, not compiled)."""
+  with recorded_schedules() as ran:
+    jax.eval_shape(f.apply, f.init(KEY, LayerKindsTest.X), None,
+                   LayerKindsTest.X)
+  (one,) = set(ran)
+  return one
 
 
 # jax before 0.7 has neither: hkb.Pipeline says so (errors_doc_test).
@@ -470,17 +496,34 @@ class LayerKindsTest(EightDevicesTest):
         stack(dense, init=init_dense, remat=remat, pipeline=pipe))
 
   @parameterized.parameters(
-      ("gpipe", 2, None, "nested", 3),  # 4 layers a visit, in 3 groups.
-      ("gpipe", 4, None, "binomial", 2),
-      ("circular", 2, 2, "nested", 2),
-      ("circular", 2, 4, "nested", 3),  # 1 layer a visit: fewer than groups.
+      # 4 layers a visit in 1 group: every carry kept, none recomputed.
+      ("gpipe", 2, None, 8, "nested", 1),
+      ("gpipe", 2, None, 8, "binomial", 2),  # 4 layers a visit.
+      ("circular", 2, 2, 16, "nested", 1),  # 4 layers a visit, 2 passes.
+      ("circular", 2, 4, 8, "nested", 3),  # 1 layer a visit: fewer than groups.
   )
   def test_remat_groups_count_within_a_visit(self, schedule, stages, repeats,
-                                             remat, groups):
+                                             layers, remat, groups):
+    # `remat_groups` changes what the backward pass keeps, never a value:
+    # the values are the plain stack's, and the schedule each stage runs over
+    # a visit's layers is the one a plain stack of that many layers runs
+    # with these groups.
     pipe = hkb.Pipeline("stage", 4, schedule, repeats)
-    self._assert_matches_plain(
-        stack(remat=remat, remat_groups=groups),
-        stack(remat=remat, remat_groups=groups, pipeline=pipe), stages=stages)
+    per_visit = layers // (stages * (repeats or 1))
+    with recorded_schedules() as ran:
+      self._assert_matches_plain(
+          stack(num_layers=layers, remat=remat, remat_groups=groups),
+          stack(num_layers=layers, remat=remat, remat_groups=groups,
+                pipeline=pipe), stages=stages)
+    visits = [s for s in ran if s.num_steps == per_visit]
+    self.assertNotEmpty(visits)
+    expected = schedule_of(stack(num_layers=per_visit, remat=remat,
+                                 remat_groups=groups))
+    for got in visits:
+      self.assertEqual(got, expected)
+    if per_visit > 1:  # The groups count here: without them, another one.
+      self.assertNotEqual(expected, schedule_of(stack(num_layers=per_visit,
+                                                      remat=remat)))
 
   def test_reverse(self):
     pipe = hkb.Pipeline("stage", 4, "circular", repeats=2)
@@ -717,6 +760,21 @@ class ErrorsTest(parameterized.TestCase):
     params = f.init(KEY, self.X)
     with jax.set_mesh(mesh):
       return f.apply(params, None, self.X)
+
+  def test_explicit_axes_before_jax_09(self):
+    # jax 0.7 and 0.8 fail inside jax there: refused up front, by name.
+    self.assertTrue(pipeline_lib.jax_runs_stages_on_explicit_axes())  # 0.10.
+    f = stack(pipeline=hkb.Pipeline("stage", 2))
+    with mock.patch.object(pipeline_lib, "jax_runs_stages_on_explicit_axes",
+                           return_value=False):
+      with self.assertRaisesRegex(
+          NotImplementedError, r"^hkb.repeat_layer: the mesh's axes \('stage', "
+          r"'data'\) are Explicit, and jax .* Upgrade to jax 0.9 or newer, or "
+          r"make the mesh's axes Auto"):
+        self._apply(f, make_mesh(4, 2, axis_type=AxisType.Explicit))
+      # Auto axes, and one stage (no shard_map), run as before.
+      self._apply(f, make_mesh(4, 2))
+      self._apply(f, make_mesh(1, 8, axis_type=AxisType.Explicit))
 
   def test_layers_not_divisible_by_stages(self):
     f = stack(num_layers=6, pipeline=hkb.Pipeline("stage", 2))
