@@ -20,6 +20,7 @@ from its own carry. `scheduled_scan.scan` runs it.
 """
 
 import dataclasses
+import heapq
 import math
 from typing import Callable, NamedTuple, Optional
 
@@ -182,36 +183,54 @@ def _best_cut(size: int, free: int) -> int:
   return low
 
 
+@dataclasses.dataclass
+class _Span:
+  """Steps [first, end) still to reverse, from the carry in `slot`."""
+  first: int
+  end: int
+  slot: int
+  free: float  # Slots free for the steps after a cut.
+
+
 def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
-  """The schedule that reverses all steps by `split`, the first carry in slot 0."""
+  """The schedule that reverses all steps by `split`, the first carry in slot 0.
+
+  Reversing the steps after a cut nests inside reversing those before it, as
+  deep as slots are in use at once (up to `num_steps` of them), so the nesting
+  is an explicit stack of `_Span`s rather than Python's call stack.
+  """
   actions: list[Action] = []
-  in_use: list[bool] = []
+  free_slots: list[int] = []  # A heap: the lowest free slot is taken first.
+  num_slots = 0
 
   def take() -> int:
-    slot = in_use.index(False) if False in in_use else len(in_use)
-    if slot == len(in_use):
-      in_use.append(False)
-    in_use[slot] = True
-    return slot
+    nonlocal num_slots
+    if free_slots:
+      return heapq.heappop(free_slots)
+    num_slots += 1
+    return num_slots - 1
 
-  def reverse(first: int, end: int, slot: int, free: float) -> None:
-    # The carry entering `first` is in `slot`.
-    while end - first > 1:
-      cut = split(first, end, free)
-      assert first < cut < end, (first, cut, end)
-      keep = take() if end - cut > 1 else NOWHERE
-      for t in range(first, cut):
-        actions.append(Action(ADVANCE, t, slot if t == first else REGISTER,
+  spans = [_Span(0, num_steps, take(), free)]
+  while spans:
+    span = spans[-1]  # The carry entering `span.first` is in `span.slot`.
+    if span.end - span.first > 1:
+      cut = split(span.first, span.end, span.free)
+      assert span.first < cut < span.end, (span, cut)
+      keep = take() if span.end - cut > 1 else NOWHERE
+      for t in range(span.first, cut):
+        actions.append(Action(ADVANCE, t,
+                              span.slot if t == span.first else REGISTER,
                               keep if t == cut - 1 else NOWHERE))
       if keep == NOWHERE:
         actions.append(Action(BACKPROP, cut, REGISTER, NOWHERE))
-      else:
-        reverse(cut, end, keep, free - 1)
-        in_use[keep] = False
-      end = cut
-    actions.append(Action(BACKPROP, first, slot, NOWHERE))
+      else:  # The steps after the cut first, then (below) those before it.
+        spans.append(_Span(cut, span.end, keep, span.free - 1))
+      span.end = cut
+    else:
+      actions.append(Action(BACKPROP, span.first, span.slot, NOWHERE))
+      spans.pop()
+      heapq.heappush(free_slots, span.slot)
 
-  reverse(0, num_steps, take(), free)
   # The actions up to the first BACKPROP advance through steps 0..n-2: the
   # forward sweep runs them anyway, so it keeps what they would keep.
   lead = next(i for i, a in enumerate(actions) if a.kind == BACKPROP)
@@ -222,7 +241,7 @@ def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
   for a in actions[:lead]:
     if a.store != NOWHERE:
       forward_stores[a.step + 1] = a.store
-  return Schedule(num_steps, len(in_use), tuple(forward_stores),
+  return Schedule(num_steps, num_slots, tuple(forward_stores),
                   tuple(actions[lead:]))
 
 
