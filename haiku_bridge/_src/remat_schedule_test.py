@@ -33,7 +33,7 @@ def brute_force_cost(steps, free):
 
 @functools.lru_cache(maxsize=None)
 def cheapest_cut(steps, free):
-  """The first cut of `steps` steps, `free` free slots, with the fewest advances.
+  """The cheapest first cut of `steps` steps with `free` free slots.
 
   The leftmost of the cheapest, by exhaustive search over brute_force_cost;
   with no free slot the carry after the cut can only be in the register, so
