@@ -20,7 +20,6 @@ from its own carry. `scheduled_scan.scan` runs it.
 """
 
 import dataclasses
-import heapq
 import math
 from typing import Callable, NamedTuple, Optional
 
@@ -223,23 +222,16 @@ def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
   is an explicit stack of `_Span`s rather than Python's call stack.
   """
   actions: list[Action] = []
-  free_slots: list[int] = []  # A heap: the lowest free slot is taken first.
-  num_slots = 0
-
-  def take() -> int:
-    nonlocal num_slots
-    if free_slots:
-      return heapq.heappop(free_slots)
-    num_slots += 1
-    return num_slots - 1
-
-  spans = [_Span(0, num_steps, take(), free)]
+  num_slots = 1
+  # Spans end last in, first out, so the slots in use are always 0..k-1 for
+  # k spans on the stack: a span's slot is its place on the stack.
+  spans = [_Span(0, num_steps, 0, free)]
   while spans:
     span = spans[-1]  # The carry entering `span.first` is in `span.slot`.
     if span.end - span.first > 1:
       cut = split(span.first, span.end, span.free)
       assert span.first < cut < span.end, (span, cut)
-      keep = take() if span.end - cut > 1 else NOWHERE
+      keep = len(spans) if span.end - cut > 1 else NOWHERE
       for t in range(span.first, cut):
         actions.append(Action(ADVANCE, t,
                               span.slot if t == span.first else REGISTER,
@@ -248,11 +240,11 @@ def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
         actions.append(Action(BACKPROP, cut, REGISTER, NOWHERE))
       else:  # The steps after the cut first, then (below) those before it.
         spans.append(_Span(cut, span.end, keep, span.free - 1))
+        num_slots = max(num_slots, len(spans))
       span.end = cut
     else:
       actions.append(Action(BACKPROP, span.first, span.slot, NOWHERE))
       spans.pop()
-      heapq.heappush(free_slots, span.slot)
 
   # The actions up to the first BACKPROP advance through steps 0..n-2: the
   # forward sweep runs them anyway, so it keeps what they would keep.
