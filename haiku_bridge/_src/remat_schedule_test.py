@@ -1,5 +1,6 @@
 """Tests for remat_schedule: replayed on step numbers, against hand-written schedules."""
 
+import functools
 import itertools
 import math
 
@@ -16,6 +17,7 @@ from haiku_bridge._src.remat_schedule import REGISTER
 DEPTHS = list(range(1, 30)) + [63, 64, 65, 100, 128]
 
 
+@functools.lru_cache(maxsize=None)
 def brute_force_cost(steps, free):
   """Fewest advanced steps over every way to split, by exhaustive recursion.
 
@@ -27,6 +29,73 @@ def brute_force_cost(steps, free):
     return steps * (steps - 1) // 2
   return min(cut + brute_force_cost(steps - cut, free - 1) +
              brute_force_cost(cut, free) for cut in range(1, steps))
+
+
+@functools.lru_cache(maxsize=None)
+def cheapest_cut(steps, free):
+  """The cheapest first cut of `steps` steps with `free` free slots.
+
+  The leftmost of the cheapest, by exhaustive search over brute_force_cost;
+  with no free slot the carry after the cut can only be in the register, so
+  the cut is before the last step.
+  """
+  if free == 0:
+    return steps - 1
+  costs = [cut + brute_force_cost(steps - cut, free - 1) +
+           brute_force_cost(cut, free) for cut in range(1, steps)]
+  return 1 + costs.index(min(costs))
+
+
+def reference_schedule(steps, cut_rule, free):
+  """A schedule built by plain recursion from `cut_rule(first, end, free)`.
+
+  Written apart from remat_schedule's builder, for small `steps`: reverse
+  [first, end) from the carry in `slot` = advance to the cut (the carry
+  there kept in the lowest free slot, or only in the register when one step
+  follows it), reverse the steps after the cut, then those before it.
+  """
+  in_use = set()
+
+  def take():
+    slot = min(set(range(len(in_use) + 1)) - in_use)
+    in_use.add(slot)
+    return slot
+
+  def reverse(first, end, slot, free):
+    if end - first == 1:
+      return [Action(BACKPROP, first, slot, NOWHERE)]
+    cut = cut_rule(first, end, free)
+    keep = take() if end - cut > 1 else NOWHERE
+    advance = [Action(ADVANCE, t, REGISTER, NOWHERE) for t in range(first, cut)]
+    advance[0] = advance[0]._replace(load=slot)
+    advance[-1] = advance[-1]._replace(store=keep)
+    if keep == NOWHERE:
+      after = [Action(BACKPROP, cut, REGISTER, NOWHERE)]
+    else:
+      after = reverse(cut, end, keep, free - 1)
+      in_use.remove(keep)
+    return advance + after + reverse(first, cut, slot, free)
+
+  actions = reverse(0, steps, take(), free)
+  slots_used = 1 + max([a.store for a in actions] + [0])
+  # The forward sweep runs steps 0..steps-2 once and keeps what the first
+  # advances of the plan keep; the backward sweep is the rest.
+  lead = steps - 1
+  forward_stores = [0] + [NOWHERE] * (steps - 1)
+  for a in actions[:lead]:
+    assert a.kind == ADVANCE, a
+    if a.store != NOWHERE:
+      forward_stores[a.step + 1] = a.store
+  return remat_schedule.Schedule(steps, slots_used, tuple(forward_stores),
+                                 tuple(actions[lead:]))
+
+
+def assert_same_schedule(test, schedule, expected):
+  test.assertEqual(
+      (schedule.num_steps, schedule.num_slots, schedule.forward_stores,
+       schedule.actions),
+      (expected.num_steps, expected.num_slots, expected.forward_stores,
+       expected.actions))
 
 
 class NestedTest(parameterized.TestCase):
@@ -64,6 +133,27 @@ class NestedTest(parameterized.TestCase):
     # group, every step but its last is recomputed once.
     self.assertEqual(schedule.recomputed_steps, (groups - 1) * (size - 1))
 
+  def test_matches_a_recursive_reference(self):
+    for steps in range(1, 25):
+      for groups in range(1, steps + 1):
+        size = -(-steps // groups)
+        # A span longer than a group is cut after its first group; a group
+        # is cut after its first step.
+        rule = lambda first, end, free, size=size: first + (
+            size if end - first > size else 1)
+        schedule = remat_schedule.nested(steps, groups)
+        remat_schedule.simulate(schedule)
+        assert_same_schedule(self, schedule,
+                             reference_schedule(steps, rule, math.inf))
+
+  def test_one_group_per_step_is_not_limited_by_recursion(self):
+    # Every slot in use at once: 5000 levels of nesting. Builds in about
+    # 0.02 s (not asserted).
+    schedule = remat_schedule.nested(5000, groups=5000)
+    remat_schedule.simulate(schedule)
+    self.assertEqual(schedule.num_slots, 4999)  # And the register.
+    self.assertEqual(schedule.recomputed_steps, 0)
+
   def test_any_number_of_groups(self):
     for steps, groups in itertools.product((1, 7, 12, 30), (1, 2, 3, 5, 40)):
       remat_schedule.simulate(remat_schedule.nested(steps, groups))
@@ -89,6 +179,24 @@ class BinomialTest(parameterized.TestCase):
       self.assertLessEqual(schedule.num_slots, slots)
       self.assertEqual(schedule.recomputed_steps,
                        remat_schedule.binomial_cost(steps, slots))
+
+  def test_matches_a_recursive_reference(self):
+    # Every slot count, each cut the cheapest by exhaustive search.
+    rule = lambda first, end, free: first + cheapest_cut(end - first, free)
+    for steps in range(1, 25):
+      for slots in range(1, steps + 1):
+        schedule = remat_schedule.binomial(steps, slots)
+        remat_schedule.simulate(schedule)
+        assert_same_schedule(self, schedule,
+                             reference_schedule(steps, rule, slots - 1))
+
+  def test_a_slot_per_step_is_not_limited_by_recursion(self):
+    # As many slots as steps: cuts nest as deep as slots are used. Builds
+    # in about 0.1 s (not asserted).
+    schedule = remat_schedule.binomial(5000, 5000)
+    remat_schedule.simulate(schedule)
+    self.assertEqual(schedule.recomputed_steps, 0)
+    self.assertEqual(schedule.num_slots, 4999)  # And the register.
 
   def test_fewest_recomputations(self):
     for steps, slots in itertools.product(range(1, 13), range(1, 5)):
