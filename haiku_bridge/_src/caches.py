@@ -53,7 +53,7 @@ class Cache:
 
   def get(self, key: Optional[Hashable]) -> Any:
     """The value kept under `key`; None if none, or if `key` is unhashable."""
-    if not _enabled or key is None or not _hashable(key):
+    if not _enabled or key is None or not hashable(key):
       return None
     with self._lock:
       value = self._entries.get(key)
@@ -63,7 +63,7 @@ class Cache:
 
   def put(self, key: Optional[Hashable], value: Any) -> None:
     """Keeps `value` under `key`; an unhashable key keeps nothing."""
-    if not _enabled or key is None or not _hashable(key):
+    if not _enabled or key is None or not hashable(key):
       return
     with self._lock:
       self._entries[key] = value
@@ -86,7 +86,8 @@ class Cache:
     return len(self._entries)
 
 
-def _hashable(key: Any) -> bool:
+def hashable(key: Any) -> bool:
+  """Whether `key` can key a dict (a tuple holding a list cannot)."""
   try:
     hash(key)
   except TypeError:

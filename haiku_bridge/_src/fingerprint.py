@@ -63,7 +63,7 @@ def function_key(fn: Any, *trees: Any) -> Optional[Hashable]:
     key = (fingerprint(fn), sig)
   except _Unkeyable:
     return None
-  return key if _hashable(key) else None
+  return key if caches.hashable(key) else None
 
 
 class _Unkeyable(Exception):
@@ -223,11 +223,3 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     if isinstance(const, types.CodeType):
       names.extend(_global_names(const))
   return tuple(dict.fromkeys(names))
-
-
-def _hashable(key: Any) -> bool:
-  try:
-    hash(key)
-  except TypeError:
-    return False
-  return True
