@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from typing import Any, Callable, Iterator
 
 import haiku as hk
@@ -112,6 +113,16 @@ getattr(module, sys.argv[3])(*sys.argv[4:])
 """
 
 
+def _fresh_process_command(path: str, function: str, *args: str
+                           ) -> list[str]:
+  return [sys.executable, "-c", _FRESH_PROCESS, str(jax.device_count("cpu")),
+          os.path.abspath(path), function, *args]
+
+
+def _fresh_process_env(env: dict[str, str] | None) -> dict[str, str]:
+  return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(env or {}))
+
+
 def run_in_fresh_process(path: str, function: str, *args: str,
                          env: dict[str, str] | None = None
                          ) -> subprocess.CompletedProcess:
@@ -125,8 +136,67 @@ def run_in_fresh_process(path: str, function: str, *args: str,
   `env` adds to (or replaces in) this process's environment, e.g.
   `{"HAIKU_BRIDGE_CACHES": "0"}`.
   """
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(env or {}))
-  return subprocess.run(
-      [sys.executable, "-c", _FRESH_PROCESS, str(jax.device_count("cpu")),
-       os.path.abspath(path), function, *args],
-      env=env, capture_output=True, text=True, check=False)
+  return subprocess.run(_fresh_process_command(path, function, *args),
+                        env=_fresh_process_env(env), capture_output=True,
+                        text=True, check=False)
+
+
+class FreshProcess:
+  """One new process (as `run_in_fresh_process` starts) that runs many calls.
+
+  Each `call(*args)` runs `function(*args)` of `path` there and returns
+  `None`, or the child's traceback if it raised. One process start (a jax
+  import, the programs compiled once) serves every call: what a call must
+  find fresh (e.g. the library's caches), `function` resets itself.
+  Protocol: one line of tab-separated arguments in, one marked line out.
+  """
+
+  _PREFIX = "fresh-process: "
+  _OK = _PREFIX + "ok"
+
+  def __init__(self, path: str, function: str,
+               env: dict[str, str] | None = None):
+    self._stderr = tempfile.TemporaryFile(mode="w+")
+    self._process = subprocess.Popen(
+        _fresh_process_command(__file__, "_serve", path, function),
+        env=_fresh_process_env(env), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+
+  def call(self, *args: str) -> str | None:
+    assert not any("\t" in a or "\n" in a for a in args), args
+    self._process.stdin.write("\t".join(args) + "\n")
+    self._process.stdin.flush()
+    reply = "fresh-process: the process ended"
+    for line in self._process.stdout:  # Lines the call printed come first.
+      if line.startswith(self._PREFIX):
+        reply = line.rstrip("\n")
+        break
+    if reply == self._OK:
+      return None
+    self._stderr.seek(0)
+    return (reply[len(self._PREFIX):].replace("\x00", "\n") + "\n" +
+            self._stderr.read()[-3000:])
+
+  def close(self) -> None:
+    self._process.stdin.close()
+    self._process.wait()
+    self._process.stdout.close()
+    self._stderr.close()
+
+
+def _serve(path: str, function: str) -> None:
+  """The child of `FreshProcess`: calls `function` for each line of stdin."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import traceback  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("fresh_process_served", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for line in sys.stdin:
+    try:
+      getattr(module, function)(*line.rstrip("\n").split("\t"))
+      reply = FreshProcess._OK  # pylint: disable=protected-access
+    except Exception:  # pylint: disable=broad-except
+      reply = FreshProcess._PREFIX + traceback.format_exc().replace(  # pylint: disable=protected-access
+          "\n", "\x00")
+    sys.stdout.write(reply + "\n")
+    sys.stdout.flush()

@@ -1,5 +1,6 @@
-"""Tests for the shared test helpers: primitive counts see nested jaxprs on every jax."""
+"""Tests for the shared test helpers: primitive counts see nested jaxprs on every jax; one fresh process serves many calls."""
 
+import os
 import types
 from unittest import mock
 
@@ -9,6 +10,15 @@ import jax.extend.core as jax_core
 import jax.numpy as jnp
 
 from testing import test_utils
+
+
+def _record(path, value):
+  """Run in a `FreshProcess`: appends to `path` this process's id and `value`."""
+  print("a line the call printed")
+  if value == "raise":
+    raise ValueError("asked to raise")
+  with open(path, "a") as f:
+    f.write(f"{os.getpid()} {value}\n")
 
 
 def nested(x):
@@ -28,6 +38,25 @@ class PrimitiveCountsTest(absltest.TestCase):
       counts = test_utils.primitive_counts(nested, jnp.ones([3]))
     self.assertEqual(counts, test_utils.primitive_counts(nested, jnp.ones([3])))
     self.assertEqual(counts["sin"], 1)
+
+
+class FreshProcessTest(absltest.TestCase):
+
+  def test_many_calls_in_one_new_process(self):
+    path = os.path.join(self.create_tempdir().full_path, "calls.txt")
+    child = test_utils.FreshProcess(__file__, "_record")
+    try:
+      self.assertIsNone(child.call(path, "first"))
+      error = child.call(path, "raise")
+      self.assertIsNone(child.call(path, "second"))  # The child lives on.
+    finally:
+      child.close()
+    self.assertIn("ValueError: asked to raise", error)
+    with open(path) as f:
+      pids, values = zip(*(line.split() for line in f))
+    self.assertEqual(values, ("first", "second"))
+    self.assertLen(set(pids), 1)
+    self.assertNotEqual(pids[0], str(os.getpid()))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ gradients. Each is run
 - cold: every cache of the bridge cleared before init and again before apply
   (`hkb.clear_caches`, when the library has it);
 - in a fresh process, where `init` never ran: params restored from saved
-  arrays, only the apply program runs (`test_utils.run_in_fresh_process`);
+  arrays, only the apply program runs, every cache of the bridge cleared
+  first (`test_utils.FreshProcess`: one child serves all such cases);
 - warm: the apply program run twice in one process after init;
 
 and each of these with and without an identity `hk.custom_getter`, which must
@@ -375,7 +376,13 @@ def _parameters():
 
 
 def _child_main(case_name, kind, getter, in_path, out_path):
-  """In a fresh process: restore params and state, run the apply program."""
+  """In a fresh process: restore params and state, run the apply program.
+
+  One child serves every such case of a test process (a process start and a
+  jax import each would cost more than the cases): init never runs in it, and
+  each case finds the bridge's caches empty, as in a process of its own.
+  """
+  clear_caches()
   case = CASES[case_name]
   getter = getter == "True"
   with np.load(in_path) as saved:
@@ -387,16 +394,26 @@ def _child_main(case_name, kind, getter, in_path, out_path):
 
 class ApplyPathTest(parameterized.TestCase):
 
+  _child = None  # The fresh process of the "subprocess" cases, when started.
+
+  @classmethod
+  def tearDownClass(cls):
+    if cls._child is not None:
+      cls._child.close()
+      cls._child = None
+    super().tearDownClass()
+
   def _run_in_fresh_process(self, case, kind, getter, params, state):
     tmp = self.create_tempdir().full_path
     in_path = os.path.join(tmp, "checkpoint.npz")
     out_path = os.path.join(tmp, "results.npz")
     np.savez(in_path, **flat(params, "params"), **flat(state, "state"))
-    child = test_utils.run_in_fresh_process(__file__, "_child_main", case.name,
-                                            kind, str(getter), in_path,
-                                            out_path)
-    if child.returncode:
-      self.fail(f"apply in a fresh process failed:\n{child.stderr[-3000:]}")
+    if ApplyPathTest._child is None:
+      ApplyPathTest._child = test_utils.FreshProcess(__file__, "_child_main")
+    error = ApplyPathTest._child.call(case.name, kind, str(getter), in_path,
+                                      out_path)
+    if error is not None:
+      self.fail(f"apply in a fresh process failed:\n{error}")
     with np.load(out_path) as results:
       return dict(results)
 
