@@ -11,6 +11,14 @@ so far needed two settings at once: an Explicit mesh and params as init
 returns them), counted by brute force in `test_rows_cover_every_pair`, and
 the rows of issue 26's failures are pinned in whole. Each cell compiles one
 function, the plain stack's init checked beside it.
+
+The six factors that meet where arrays move between the layer and stage
+layouts and in and out of microbatches (axis type, batch placement,
+carry/xs/ys, schedule, microbatches, stages) are run whole, all 288
+combinations, traced only (`jax.eval_shape`: a six-way bug is a type error
+at trace time, as issue 34's `ys` reshape was): each gives init and
+`value_and_grad` of apply the plain stack's shapes, dtypes and shardings,
+the stack's outputs included.
 """
 
 import jax
@@ -20,9 +28,10 @@ from testing import devices
 devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import dataclasses
 import functools
 import itertools
-from typing import Any
+from typing import Any, Optional
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -130,8 +139,11 @@ def layer(h):
   return h + jnp.dot(z, params["w2"], out_sharding=jax.typeof(h).sharding)
 
 
-def model(row, pipeline=None) -> hk.Transformed:
-  """`loss(x, xs)` of the stack of `row`: plain without `pipeline`."""
+def model(row, pipeline=None, outputs=False) -> hk.Transformed:
+  """`loss(x, xs)` of the stack of `row`: plain without `pipeline`.
+
+  With `outputs`, `(loss, (out, ys))`: the stack's outputs beside it.
+  """
   io, where = row["io"], row["where"]
   one = (hkb.custom_vjp(layer, hkb.vjp_fwd, _identity_bwd)
          if where == "vjp_layer" else layer)
@@ -162,7 +174,8 @@ def model(row, pipeline=None) -> hk.Transformed:
       out = stack(x, xs)
     out, ys = out if io == "ys" else (out, None)
     value = jnp.mean(out.astype(jnp.float32) ** 2)
-    return value if ys is None else value + jnp.mean(ys)
+    value = value if ys is None else value + jnp.mean(ys)
+    return (value, (out, ys)) if outputs else value
 
   return hk.transform(loss)
 
@@ -226,14 +239,29 @@ def assert_close(got, expected, rtol, atol, scaled_atol):
   jax.tree_util.tree_map_with_path(check, got, expected)
 
 
+def microbatch_count(row) -> int:
+  stages = row["stages"]
+  return {"1": 1, "S": stages, "2S": 2 * stages,
+          "over": BATCH}[row["microbatches"]]
+
+
+def pipeline_of(row) -> hkb.Pipeline:
+  repeats = 2 if row["schedule"] == "circular" else None
+  return hkb.Pipeline("stage", microbatch_count(row), row["schedule"], repeats)
+
+
+def mesh_of(row) -> jax.sharding.Mesh:
+  stages = row["stages"]
+  axis_type = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}[
+      row["axis_type"]]
+  return jax.make_mesh((stages, DATA, 8 // stages // DATA),
+                       ("stage", "data", "model"),
+                       axis_types=(axis_type,) * 3)
+
+
 def check_cell(row) -> None:
   """The pipelined stack of `row` against the plain one, on 8 devices."""
-  stages = row["stages"]
-  microbatches = {"1": 1, "S": stages, "2S": 2 * stages,
-                  "over": BATCH}[row["microbatches"]]
-  repeats = 2 if row["schedule"] == "circular" else None
-  pipe = hkb.Pipeline("stage", microbatches, row["schedule"], repeats)
-  f = model(row, pipe)
+  f = model(row, pipeline_of(row))
   params, expected = reference(row["io"], row["where"], row["dtype"],
                                row["derivative"])
   x, xs = inputs(jnp.float32)
@@ -243,11 +271,7 @@ def check_cell(row) -> None:
   init = jax.tree.map(lambda p: p.astype(row["dtype"]), f.init(KEY, x, xs))
   jax.tree.map(np.testing.assert_array_equal, init, params)
 
-  axis_type = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}[
-      row["axis_type"]]
-  mesh = jax.make_mesh((stages, DATA, 8 // stages // DATA),
-                       ("stage", "data", "model"),
-                       axis_types=(axis_type,) * 3)
+  mesh = mesh_of(row)
   rules = {
       "init": None,
       "stage": hkb.ShardingRules([], stacked={"blocks": "stage"}),
@@ -264,6 +288,78 @@ def check_cell(row) -> None:
       x = jax.device_put(x, NamedSharding(mesh, P("data")))
     got = jax.jit(derivatives(f, row["derivative"]))(params, x, xs)
   assert_close(got, expected, **tolerance(row["dtype"]))
+
+
+# Where arrays move between the layer and stage layouts and in and out of
+# microbatches: every combination of these factors, traced.
+LAYOUT_FACTORS = ("axis_type", "batch", "io", "schedule", "microbatches",
+                  "stages")
+LAYOUT_ROWS = [_row(**dict(zip(LAYOUT_FACTORS, settings)))
+               for settings in itertools.product(*(
+                   FACTORS[name] for name in LAYOUT_FACTORS))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Type:
+  """An array's type as traced: shape, dtype, sharding spec (None: none)."""
+  shape: tuple[int, ...]
+  dtype: Any
+  spec: Optional[tuple[Any, ...]]
+
+  def whole_over(self, axis: str) -> "Type":
+    if self.spec is None:
+      return self
+    return Type(self.shape, self.dtype,
+                tuple(None if e == axis else e for e in self.spec))
+
+
+def types(tree) -> Any:
+  def of(a):
+    spec = None if a.sharding is None else tuple(a.sharding.spec)
+    return Type(a.shape, a.dtype, spec)
+  return jax.tree.map(of, tree)
+
+
+def traced(row, pipelined: bool) -> Any:
+  """The types of init's params and of `value_and_grad` of apply with the stack's outputs.
+
+  Traced under `row`'s mesh, never compiled: params as init returns them,
+  the batch as `row` places it.
+  """
+  f = model(row, pipeline_of(row) if pipelined else None, outputs=True)
+  mesh = mesh_of(row)
+  x, xs = inputs(jnp.float32)
+  batch = P("data") if row["batch"] == "data" else P()
+  x = jax.ShapeDtypeStruct(x.shape, x.dtype,
+                           sharding=NamedSharding(mesh, batch))
+  xs = jax.ShapeDtypeStruct(xs.shape, xs.dtype)
+  step = jax.value_and_grad(lambda p, x, xs: f.apply(p, None, x, xs),
+                            has_aux=True)
+  with jax.set_mesh(mesh):
+    params = jax.eval_shape(f.init, KEY, x, xs)
+    return types((params, jax.eval_shape(step, params, x, xs)))
+
+
+def outputs_whole_over_data(row) -> bool:
+  """The cells whose outputs the pipeline types whole where the plain stack's are split.
+
+  Explicit axes, the batch over `data`, microbatches of one row (fewer
+  than the `data` devices): each microbatch is whole on every device, and
+  so are the stack's outputs joined from them (`out`, `ys`), typed
+  replicated where the plain stack's are split over `data`. The values are
+  the plain stack's (`test_cell`); the type is not: reported, pinned by
+  `test_layout_factors_traced_whole` until the pipeline types its outputs
+  as the plain stack does.
+  """
+  return (row["axis_type"] == "explicit" and row["batch"] == "data"
+          and BATCH // microbatch_count(row) % DATA != 0)
+
+
+def whole_over_data(traced_types) -> Any:
+  """`traced` of the plain stack, with the stack's outputs typed whole over `data`."""
+  params, ((loss, outputs), grads) = traced_types
+  outputs = jax.tree.map(lambda t: t.whole_over("data"), outputs)
+  return params, ((loss, outputs), grads)
 
 
 @absltest.skipUnless(pipeline_lib.jax_has_pipelines(),
@@ -295,6 +391,41 @@ class PipelineGridTest(parameterized.TestCase):
   @parameterized.named_parameters((_name(row), row) for row in ROWS)
   def test_cell(self, row):
     check_cell(row)
+
+  def test_layout_rows_are_the_whole_product(self):
+    self.assertLen(LAYOUT_ROWS, 2 * 2 * 3 * 2 * 4 * 3)
+    settings = {tuple(row[name] for name in LAYOUT_FACTORS)
+                for row in LAYOUT_ROWS}
+    self.assertEqual(settings, set(itertools.product(*(
+        FACTORS[name] for name in LAYOUT_FACTORS))))
+    # None is one of jax's own failures (those need `vjp_layer`, a remat
+    # schedule and grad of grad): every cell must trace.
+    self.assertFalse(any(jax_fails(row) for row in LAYOUT_ROWS))
+
+  @parameterized.named_parameters(("auto", "auto"), ("explicit", "explicit"))
+  def test_layout_factors_traced_whole(self, axis_type):
+    # One plain trace per (batch, io, stages), each pipelined cell beside it.
+    plain = {}
+    wrong = []
+    for row in LAYOUT_ROWS:
+      if row["axis_type"] != axis_type:
+        continue
+      key = (row["batch"], row["io"], row["stages"])
+      if key not in plain:
+        plain[key] = traced(row, pipelined=False)
+      expected = plain[key]
+      if outputs_whole_over_data(row):
+        expected = whole_over_data(expected)
+      try:
+        got = traced(row, pipelined=True)
+      except Exception as e:  # pylint: disable=broad-except
+        wrong.append((_name(row), f"{type(e).__name__}: {e}"[:400]))
+        continue
+      if got != expected:
+        wrong.append((_name(row), got, expected))
+    # Where only `outputs_whole_over_data` fails, the pipeline now types
+    # its outputs as the plain stack does: drop that pin.
+    self.assertEqual(wrong, [])
 
   def test_jax_failure_pinned(self):
     # When jax fixes it, this fails: drop `jax_fails` from the grid.
