@@ -144,8 +144,7 @@ def jax_failure_without_the_bridge(activation=jax.nn.gelu,
 
   def stage(w, h):
     w = jax.tree.map(lambda a: a[0], w)
-    h = (jax.lax.pcast(h, "stage", to="varying") if hasattr(jax.lax, "pcast")
-         else jax.lax.pvary(h, "stage"))  # jax < 0.10.
+    h = jax.lax.pcast(h, "stage", to="varying")  # As the timetable's carry.
     return jax.lax.scan(lambda h, _: (outer(w, h), None), h, length=2)[0]
 
   mesh = jax.make_mesh((2,), ("stage",), axis_types=(AxisType.Auto,))
