@@ -1,13 +1,17 @@
 """Keeps testing/benchmarks/pipeline_benchmark.py from rotting: its quick mode runs to the end.
 
 No timing is asserted; what the rows must say is checked where the schedule and the
-sharding are (haiku_bridge/_src/pipeline_test.py). Here: every row is there, and the
-param bytes per device are 1/S of the data-parallel run's.
+sharding are (haiku_bridge/_src/pipeline_test.py). Here: every row is there, the
+param bytes per device are 1/S of the data-parallel run's, and the plot (`--plot`, an SVG)
+draws the cost table's figures.
 """
 
 import contextlib
 import io
+import os
 import re
+import tempfile
+from xml.etree import ElementTree
 
 from absl.testing import absltest
 
@@ -19,11 +23,14 @@ class QuickPipelineBenchmarkTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
+    plot = os.path.join(tempfile.mkdtemp(), "memory.svg")
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
       cls.report = pipeline_benchmark.report(pipeline_benchmark.QUICK,
                                              "pipeline_benchmark_test --quick",
-                                             pipeline_benchmark.QUICK_COST)
+                                             pipeline_benchmark.QUICK_COST,
+                                             plot=plot)
     cls.progress = stderr.getvalue()
+    cls.svg = ElementTree.parse(plot).getroot()
 
   def test_reports_the_run(self):
     for text in ("Command: `pipeline_benchmark_test --quick`", "Mode: quick",
@@ -59,6 +66,30 @@ class QuickPipelineBenchmarkTest(absltest.TestCase):
               rf"(?m)^\| {s} \| {schedule} \| {m} \| \d+ \| \d+ \| \d+ \| "
               rf"[\d.]+ \| [\d.]+ \| {counts} \| {counts} \|$")
           self.assertIn(f"cost: S={s} {schedule} M={m}", self.progress)
+
+  def test_plot_draws_the_cost_table(self):
+    # Each point's title and each panel's bound against the table's bytes.
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    titles = {t.text for t in self.svg.iterfind(".//svg:title", ns)}
+    cfg = pipeline_benchmark.QUICK_COST
+    mib = 2 ** 20
+    for s in cfg.stages:
+      for schedule in ("gpipe", "circular"):
+        for name in cfg.microbatches:
+          m = pipeline_benchmark.microbatch_count(name, s)
+          row = re.search(rf"(?m)^\| {s} \| {schedule} \| {m} \| (\d+) \| "
+                          r"(\d+) \| (\d+) \|", self.report)
+          stage_params, explicit, auto = (int(row[i]) for i in (1, 2, 3))
+          for kind, temp in (("Explicit", explicit), ("Auto", auto)):
+            self.assertIn(f"S={s} {schedule} {kind} M={m}: "
+                          f"{temp / mib:.3f} MiB", titles)
+          self.assertIn(f"S={s} bound: 3 × stage params = "
+                        f"{3 * stage_params / mib:.3f} MiB", titles)
+    lines = {line.get("class") for line in self.svg.iterfind(
+        ".//svg:polyline", ns)}
+    self.assertEqual(lines, {"gpipe Explicit", "gpipe Auto",
+                             "circular Explicit", "circular Auto"})
+    self.assertIn("Plot: `", self.report)
 
 
 if __name__ == "__main__":
