@@ -45,7 +45,10 @@ where its result goes (`typed_sharding.py`): a layer axis stored over the
 stages stays there (GPipe), a batch split over `data` stays split in each
 microbatch where the microbatch is large enough, and is whole on every
 device where it is not. jax 0.7 and 0.8 cannot lower the stages' `shard_map`
-on a mesh with Explicit axes: `check` refuses it there, naming the fix.
+on a mesh with Explicit axes: `check` refuses it there, naming the fix. Nor
+does a `shard_map` close over an array typed by Explicit axes (an outer
+param, `jax.device_put` on the mesh): a layer that does runs in the stages
+as a jaxpr traced once, those arrays passed in (`_closure_converted`).
 """
 
 import dataclasses
@@ -330,28 +333,59 @@ def run(pipeline: Pipeline, stages: int, body: Callable[..., Any],
     # over arrays typed by the mesh as a `shard_map` would type them (an
     # argument jit got from one device has no mesh in its type).
     staged, micro = typed_sharding.on_mesh((staged, micro))
-    out, ys, new_state = program(staged, micro)
+    out, ys, new_state = program(staged, micro, [])
   else:
     over_stages = PartitionSpec(pipeline.axis)
 
-    def stage_map(check_vma: bool) -> Callable[..., Any]:
-      return jax.shard_map(
-          program, in_specs=(over_stages, PartitionSpec()),
+    def run_stages(program: _StageProgram, closed_over: list[jax.Array],
+                   check_vma: bool) -> tuple[PyTree, PyTree, PyTree]:
+      stage_map = jax.shard_map(
+          program, in_specs=(over_stages, PartitionSpec(), PartitionSpec()),
           out_specs=(PartitionSpec(), over_stages, over_stages),
           axis_names=frozenset({pipeline.axis}), check_vma=check_vma)
+      return _on_auto_axes(stage_map, pipeline.axis, staged, micro,
+                           closed_over)
 
-    try:
-      out, ys, new_state = _on_auto_axes(stage_map(True), pipeline.axis,
-                                         staged, micro)
-    except TypeError as e:
-      # A layer that runs a scan of its own from a constant state
-      # (`core.initial_state(batch)`): only the scan's body makes its carry
-      # varying over the stages, which jax refuses where it checks varying
-      # types. Unchecked, the stages run it as the plain stack does.
-      if not _is_varying_carry_error(e):
-        raise
-      out, ys, new_state = _on_auto_axes(stage_map(False), pipeline.axis,
-                                         staged, micro)
+    closure = _closure_converted(body, micro, staged)
+    if closure is not None:
+      # A layer that closes over an array typed by Explicit mesh axes (an
+      # outer param, `jax.device_put` on the mesh), which jax refuses to
+      # close over in a `shard_map` (jax-ml/jax#29162): the stages run the
+      # layer as a jaxpr, those arrays passed in as arguments.
+      converted, closed_over = closure
+      closed_over = [typed_sharding.reshard(a, (None,) * np.ndim(a))
+                     for a in closed_over]
+      try:
+        out, ys, new_state = run_stages(
+            dataclasses.replace(program, body=converted), closed_over, False)
+      except (TypeError, ValueError, NotImplementedError) as e:
+        raise NotImplementedError(errors.message(
+            "the layer closes over arrays made outside the stack and typed "
+            "by the mesh's Explicit axes (e.g. an hk.get_parameter of the "
+            "enclosing module, with the params jax.device_put on the mesh). "
+            f"jax {jax.__version__} cannot close over those in the "
+            "jax.shard_map that runs the stages (jax-ml/jax#29162), so the "
+            "stages run the layer as a jaxpr with them as arguments, and "
+            "this layer's jaxpr keeps their types inside (it passes them "
+            "into a jax.lax.scan, cond or jit of its own): "
+            f"{type(e).__name__}. Pass them to the layers as inputs "
+            "(layer_scan's `xs`, e.g. jnp.broadcast_to(value, (num_layers,) "
+            "+ value.shape)), make the mesh's axes Auto (jax.make_mesh("
+            "shape, names, axis_types=(AxisType.Auto,) * len(names))), or "
+            "pass the params to jit without a jax.device_put on the "
+            "mesh.")) from e
+    else:
+      try:
+        out, ys, new_state = run_stages(program, [], True)
+      except TypeError as e:
+        # A layer that runs a scan of its own from a constant state
+        # (`core.initial_state(batch)`): only the scan's body makes its
+        # carry varying over the stages, which jax refuses where it checks
+        # varying types. Unchecked, the stages run it as the plain stack
+        # does.
+        if not _is_varying_carry_error(e):
+          raise
+        out, ys, new_state = run_stages(program, [], False)
   ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
                      lambda: _whole_batch_ys(body, carry, per_layer))
   new_state = jax.tree.map(layout.to_layers, new_state, state)
@@ -361,8 +395,9 @@ def run(pipeline: Pipeline, stages: int, body: Callable[..., Any],
 
 
 def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
-                  micro: PyTree) -> tuple[PyTree, PyTree, PyTree]:
-  """`stage_map(staged, micro)`, the mesh's other Explicit axes Auto inside it.
+                  micro: PyTree, closed_over: list[jax.Array]
+                  ) -> tuple[PyTree, PyTree, PyTree]:
+  """`stage_map(staged, micro, closed_over)`, the mesh's other Explicit axes Auto inside it.
 
   jax lowers a `shard_map` manual over some axes of a mesh whose axes are
   all Explicit with its inputs and outputs replicated over the others
@@ -378,8 +413,8 @@ def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
   others = tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types)
                  if kind == explicit and name != axis)
   if not others:
-    return stage_map(staged, micro)
-  leaves, tree = jax.tree.flatten((staged, micro))
+    return stage_map(staged, micro, closed_over)
+  leaves, tree = jax.tree.flatten((staged, micro, closed_over))
   specs = [typed_sharding.spec(a) for a in leaves]
   with jax.sharding.use_abstract_mesh(mesh.update_axis_types(
       {name: jax.sharding.AxisType.Auto for name in others})):
@@ -420,6 +455,52 @@ def _is_varying_carry_error(error: TypeError) -> bool:
   text = str(error)
   return "carry input and carry output must have equal types" in text and (
       "pcast" in text or "pvary" in text)
+
+
+def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree
+                       ) -> Optional[tuple[Callable[..., Any], list[Any]]]:
+  """`body` as a function of the arrays it closes over too, and those arrays.
+
+  None where it closes over no array whose type names Explicit mesh axes
+  (the stages run it as it is). `body` is traced once, here, to a jaxpr
+  whose closed-over arrays are arguments; a stage evaluates that jaxpr. It
+  is traced with no mesh set, on types that name none: each operation of a
+  jaxpr runs again under the mesh it was traced under, and the stage's own
+  (its axis Manual, the others Auto) cannot be set outside the
+  `shard_map`. So the stages run it with varying types unchecked
+  (`check_vma=False`); `jax.shard_map`'s transpose still sums each
+  closed-over array's gradient over the stages.
+  """
+  explicit = jax.sharding.AxisType.Explicit
+  if explicit not in tuple(jax.sharding.get_abstract_mesh().axis_types):
+    return None
+
+  def part(a: jax.Array, axes: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(a.shape[axes:], a.dtype)
+
+  carry = jax.tree.map(lambda a: part(a, 1), micro)  # One microbatch's.
+  scanned = jax.tree.map(lambda a: part(a, 3), staged)  # One layer's.
+  try:
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+      closed, shapes = jax.make_jaxpr(body, return_shape=True)(carry,
+                                                               scanned)
+  except Exception:  # pylint: disable=broad-except
+    # A layer that needs the mesh to trace (its own sharding
+    # annotations): the stages run it as it is, as they did before.
+    return None
+
+  def typed_explicit(a: Any) -> bool:
+    mesh = jax.typeof(a).sharding.mesh
+    return not mesh.empty and explicit in tuple(mesh.axis_types)
+
+  if not any(typed_explicit(a) for a in closed.consts):
+    return None
+  outputs = jax.tree.structure(shapes)
+
+  def converted(carry, scanned, *closed_over):
+    return jax.tree.unflatten(outputs, jax.core.eval_jaxpr(
+        closed.jaxpr, closed_over, *jax.tree.leaves((carry, scanned))))
+  return converted, list(closed.consts)
 
 
 def _whole_batch_ys(body: Callable[..., Any], carry: PyTree,
@@ -545,7 +626,7 @@ class _StageProgram:
   timetable: Schedule
   microbatches: int
 
-  def __call__(self, staged, micro):
+  def __call__(self, staged, micro, closed_over):
     params, state, keys, xs = jax.tree.map(lambda a: a[0], staged)
     stages, repeats = self.layout.stages, self.layout.repeats
     axis = self.layout.axis
@@ -556,7 +637,9 @@ class _StageProgram:
     arrived = np.concatenate([[False], t.active[:-1, -1]])
     arrived_micro = np.concatenate([[0], t.microbatch[:-1, -1]])
     to_next = [(s, (s + 1) % stages) for s in range(stages)]
-    body = self.body
+    # `closed_over`: the arrays `body` takes last, where it is
+    # `_closure_converted` (else none).
+    body = lambda carry, scanned: self.body(carry, scanned, *closed_over)
     if passing:
       body = _hoisted(body, _varying(_index(micro, 0), axis),
                       jax.tree.map(lambda a: a[0, 0],

@@ -35,11 +35,16 @@ def block(h):
   return h + hk.Linear(width)(jnp.tanh(hk.Linear(width)(h)))
 
 
+def one_leaf_block(h):
+  """A block of one Linear's weights and bias: its largest leaf is most of it."""
+  return h + hk.Linear(h.shape[-1])(h)
+
+
 def compiled_step(mesh_shape, axis_type, width, pipeline, remat=False,
-                  **options):
+                  layer=block, **options):
   """The compiled `value_and_grad` step and the stack's param bytes."""
   def loss(x):
-    h = hkb.repeat_layer(block, x, LAYERS, pipeline=pipeline, remat=remat,
+    h = hkb.repeat_layer(layer, x, LAYERS, pipeline=pipeline, remat=remat,
                          **options)
     return jnp.mean(h ** 2)
 
@@ -81,6 +86,24 @@ class MemoryTest(parameterized.TestCase):
     # stage's params for the backward pass: 22x at M=16, 2.2x M=4's.
     self.assertLessEqual(temp[16], 3 * stage_params, (temp, stage_params))
     self.assertLessEqual(temp[16], 1.25 * temp[4], temp)
+
+
+  def test_circular_gathers_one_leaf_of_the_stack_at_a_time(self):
+    # With params as init returns them, circular gathers each gradient
+    # leaf's whole stack over the stages and copies it into layer order: a
+    # buffer of the largest leaf's stack (docs/sharding.md), S times the
+    # stage's params for a block of one leaf, beside which the rest of the
+    # step fits in the bound above.
+    stages, width = 4, 64
+    compiled, param_bytes = compiled_step(
+        (stages, 2), None, width, hkb.Pipeline("stage", 16, "circular"),
+        layer=one_leaf_block)
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    stage_params = param_bytes / stages
+    gathered = LAYERS * width * width * 4  # The stack's weights, float32.
+    self.assertLessEqual(temp, max(3 * stage_params,
+                                   gathered + 0.1 * stage_params),
+                         (temp, gathered, stage_params))
 
 
 class RematPolicyTest(parameterized.TestCase):
