@@ -198,7 +198,7 @@ class EightDevicesTest(parameterized.TestCase):
       raise absltest.SkipTest(f"needs 8 devices, jax has {jax.device_count()}.")
 
 
-class ScheduleTest(parameterized.TestCase):
+class TimetableTest(parameterized.TestCase):
   """The timetable: every visit once, in an order the data allows; the bubble."""
 
   @needs_shard_map
@@ -208,7 +208,7 @@ class ScheduleTest(parameterized.TestCase):
                        database=None)
   def test_every_visit_once_after_the_one_before(self, stages, microbatches,
                                                  repeats):
-    t = pipeline_lib.schedule(stages, microbatches, repeats)
+    t = pipeline_lib.timetable(stages, microbatches, repeats)
     when = {}
     for step, stage in zip(*np.nonzero(t.active)):
       visit = (stage, t.repeat[step, stage], t.microbatch[step, stage])
@@ -227,7 +227,7 @@ class ScheduleTest(parameterized.TestCase):
 
   @parameterized.product(stages=(2, 4, 8), microbatches=(1, 2, 4, 8, 32))
   def test_gpipe_bubble(self, stages, microbatches):
-    t = pipeline_lib.schedule(stages, microbatches)
+    t = pipeline_lib.timetable(stages, microbatches)
     self.assertEqual(t.num_steps, microbatches + stages - 1)
     self.assertAlmostEqual(t.bubble,
                            (stages - 1) / (microbatches + stages - 1))
@@ -237,10 +237,10 @@ class ScheduleTest(parameterized.TestCase):
   def test_circular_bubble(self, stages, microbatches, repeats):
     # With M >= S no pass waits: (S-1) idle steps out of R·M + S - 1, each
     # step 1/R of a GPipe step.
-    t = pipeline_lib.schedule(stages, microbatches, repeats)
+    t = pipeline_lib.timetable(stages, microbatches, repeats)
     self.assertAlmostEqual(
         t.bubble, (stages - 1) / (repeats * microbatches + stages - 1))
-    self.assertLess(t.bubble, pipeline_lib.schedule(stages,
+    self.assertLess(t.bubble, pipeline_lib.timetable(stages,
                                                     microbatches).bubble)
 
 
