@@ -445,6 +445,8 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: jax_without_shard_map(hkb.Pipeline),
     (SECTION_PIPELINE, "stages on Explicit mesh axes, jax 0.7 or 0.8"):
         lambda: explicit_stages_on_jax_08(),
+    (SECTION_PIPELINE, "a layer passing a closed-over array into its own scan, Explicit axes"):
+        lambda: closed_over_array_into_a_scan(),
     # Flax and Equinox adapters.
     (SECTION_ADAPTERS, "`from_flax` of something that is not a module"):
         lambda: hkb.from_flax(3),
@@ -485,6 +487,20 @@ def explicit_stages_on_jax_08() -> None:
   """A pipeline on 2 stages of an Explicit mesh, where the pipeline sees jax 0.8.1."""
   with mock.patch.object(pipeline_lib.jax, "__version__", "0.8.1"):
     pipelined(4, hkb.Pipeline("stage", 2), {"stage": 2})
+
+
+def closed_over_array_into_a_scan() -> None:
+  """A layer whose scan closes over an outer param, params put on an Explicit mesh."""
+  def f(x):
+    scale = hk.get_parameter("scale", [4], init=jnp.ones)
+    def layer(h):
+      step = lambda c, x: (jnp.tanh(c + x) * scale, None)
+      return jax.lax.scan(step, jnp.zeros_like(h), jnp.stack([h, -h]))[0]
+    return hkb.repeat_layer(layer, x, 4, pipeline=hkb.Pipeline("stage", 2))
+  f = hk.transform(f)
+  params = f.init(KEY, X4)
+  with jax.set_mesh(jax.make_mesh((2, 4), ("stage", "rest"))):
+    f.apply(jax.device_put(params, P()), None, X4)
 
 
 def raised(fn: Callable[[], Any]) -> str:

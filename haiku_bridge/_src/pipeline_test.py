@@ -116,13 +116,13 @@ def stack(layer=block, num_layers=LAYERS, state=False, **options):
   return hk.transform_with_state(f) if state else hk.transform(f)
 
 
-def closing_over_a_param(pipeline):
+def closing_over_a_param(pipeline, **options):
   """A stack whose layers scale by a param made outside it."""
   def f(x):
     scale = hk.get_parameter("scale", [4], init=jnp.ones)
     return jnp.mean(hkb.repeat_layer(
         lambda h: block(h) * scale, x, LAYERS, name="blocks",
-        pipeline=pipeline) ** 2)
+        pipeline=pipeline, **options) ** 2)
   return hk.transform(f)
 
 
@@ -198,7 +198,7 @@ class EightDevicesTest(parameterized.TestCase):
       raise absltest.SkipTest(f"needs 8 devices, jax has {jax.device_count()}.")
 
 
-class ScheduleTest(parameterized.TestCase):
+class TimetableTest(parameterized.TestCase):
   """The timetable: every visit once, in an order the data allows; the bubble."""
 
   @needs_shard_map
@@ -208,7 +208,7 @@ class ScheduleTest(parameterized.TestCase):
                        database=None)
   def test_every_visit_once_after_the_one_before(self, stages, microbatches,
                                                  repeats):
-    t = pipeline_lib.schedule(stages, microbatches, repeats)
+    t = pipeline_lib.timetable(stages, microbatches, repeats)
     when = {}
     for step, stage in zip(*np.nonzero(t.active)):
       visit = (stage, t.repeat[step, stage], t.microbatch[step, stage])
@@ -227,7 +227,7 @@ class ScheduleTest(parameterized.TestCase):
 
   @parameterized.product(stages=(2, 4, 8), microbatches=(1, 2, 4, 8, 32))
   def test_gpipe_bubble(self, stages, microbatches):
-    t = pipeline_lib.schedule(stages, microbatches)
+    t = pipeline_lib.timetable(stages, microbatches)
     self.assertEqual(t.num_steps, microbatches + stages - 1)
     self.assertAlmostEqual(t.bubble,
                            (stages - 1) / (microbatches + stages - 1))
@@ -237,10 +237,10 @@ class ScheduleTest(parameterized.TestCase):
   def test_circular_bubble(self, stages, microbatches, repeats):
     # With M >= S no pass waits: (S-1) idle steps out of R·M + S - 1, each
     # step 1/R of a GPipe step.
-    t = pipeline_lib.schedule(stages, microbatches, repeats)
+    t = pipeline_lib.timetable(stages, microbatches, repeats)
     self.assertAlmostEqual(
         t.bubble, (stages - 1) / (repeats * microbatches + stages - 1))
-    self.assertLess(t.bubble, pipeline_lib.schedule(stages,
+    self.assertLess(t.bubble, pipeline_lib.timetable(stages,
                                                     microbatches).bubble)
 
 
@@ -602,6 +602,19 @@ class DropInTest(EightDevicesTest):
                        make_mesh(4, axis_type=AxisType.Explicit),
                        pipeline=hkb.Pipeline("stage", 2))
 
+  @parameterized.product(axis_type=(AxisType.Auto, AxisType.Explicit),
+                         schedule=pipeline_lib.SCHEDULES,
+                         remat=(False, True))
+  def test_layer_closing_over_a_param_placed_on_the_mesh(self, axis_type,
+                                                          schedule, remat):
+    # Issue 34: params `jax.device_put` on a mesh of Explicit axes are typed
+    # by it, and jax refuses to close over such an array in a shard_map.
+    self._assert_plain(
+        lambda pipeline: closing_over_a_param(pipeline, remat=remat),
+        make_mesh(2, axis_type=axis_type),
+        pipeline=hkb.Pipeline("stage", 2, schedule),
+        rules=hkb.ShardingRules([]), batch=P("data"))
+
   @parameterized.product(scan=("hk.dynamic_unroll", "hkb.dynamic_unroll",
                                 "lax.scan"),
                           axis_type=(AxisType.Auto, AxisType.Explicit))
@@ -775,6 +788,24 @@ class ErrorsTest(parameterized.TestCase):
       # Auto axes, and one stage (no shard_map), run as before.
       self._apply(f, make_mesh(4, 2))
       self._apply(f, make_mesh(1, 8, axis_type=AxisType.Explicit))
+
+  def test_closed_over_array_passed_into_a_scan_of_the_layer(self):
+    # An array typed by Explicit axes, closed over where the layer's jaxpr
+    # keeps its type (a scan's body): named, with what to do instead.
+    def f(x):
+      scale = hk.get_parameter("scale", [4], init=jnp.ones)
+      def layer(h):
+        step = lambda c, x: (jnp.tanh(c + x) * scale, None)
+        return jax.lax.scan(step, jnp.zeros_like(h), jnp.stack([h, -h]))[0]
+      return hkb.repeat_layer(layer, x, 4, pipeline=hkb.Pipeline("stage", 2))
+    f = hk.transform(f)
+    params = f.init(KEY, self.X)
+    with jax.set_mesh(make_mesh(2, axis_type=AxisType.Explicit)):
+      with self.assertRaisesRegex(
+          NotImplementedError, r"^hkb.repeat_layer: the layer closes over "
+          r"arrays made outside the stack and typed by the mesh's Explicit "
+          r"axes .*jax-ml/jax#29162.*Pass them to the layers as inputs"):
+        f.apply(jax.device_put(params, P()), None, self.X)
 
   def test_layers_not_divisible_by_stages(self):
     f = stack(num_layers=6, pipeline=hkb.Pipeline("stage", 2))

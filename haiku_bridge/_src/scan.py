@@ -34,6 +34,8 @@ from haiku_bridge._src import inline
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
+from haiku_bridge._src import pipeline_plan
+from haiku_bridge._src import pipeline_stages
 from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.pytree import InitFn
 
@@ -190,18 +192,17 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
 
   scanned = (params, state, keys, xs)
   pipeline, reverse = options.pipeline, options.reverse
-  stages = None
+  plan = None
   if pipeline is not None:
     # Init runs the plain scan (the same params), and so does a bridge
     # that runs this only to find the params it reads, where no mesh is
     # set (a bridged function's init): neither needs a mesh.
-    stages = pipeline_lib.check(
+    plan = pipeline_plan.plan(
         pipeline, carry, num_layers,
         require_mesh=not (hk.running_init() or inline.planning()))
-  if pipeline is not None and stages is not None and not hk.running_init():
-    carry, (ys, state) = pipeline_lib.run(
-        pipeline, stages, body, carry, scanned, num_layers=num_layers,
-        loop=options.loop, reverse=reverse)
+  if plan is not None and not hk.running_init():
+    carry, (ys, state) = pipeline_stages.run(
+        plan, body, carry, scanned, loop=options.loop, reverse=reverse)
   else:
     carry, (ys, state) = options.loop(body, carry, scanned, num_layers,
                                       reverse)

@@ -1,0 +1,429 @@
+"""The stage program: what each stage of a pipeline runs inside its `shard_map`, and running it.
+
+`run` runs a layer scan as a pipeline from its `pipeline_plan.Plan`: the
+stack and the batch laid out for the stages (`pipeline_layout`), a
+`jax.shard_map` manual over the stage axis alone (the mesh's other axes Auto
+inside it), and in it `_StageProgram`, which runs every step of the
+timetable: the stage's visit through the stack's own loop (`loop.Loop`,
+with its remat), activations passed on with `jax.lax.ppermute`.
+"""
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+import numpy as np
+
+from haiku_bridge._src import errors
+from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src import pipeline as pipeline_lib
+from haiku_bridge._src import pipeline_layout
+from haiku_bridge._src import pipeline_plan
+from haiku_bridge._src import typed_sharding
+from haiku_bridge._src.pytree import PyTree
+
+
+def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
+        per_layer: PyTree, *, loop: loop_lib.Loop,
+        reverse: bool = False) -> tuple[PyTree, PyTree]:
+  """`layer_scan`'s loop as a pipeline: `(carry, (ys, state))`, as its scan returns them.
+
+  Args:
+    plan: the pipeline, checked and laid out (`pipeline_plan.plan`).
+    body: `body(carry, (params, state, key, x)) -> (carry, (y, state))`, one
+      layer.
+    carry: the first layer's input; axis 0 of every leaf is the batch.
+    per_layer: `(params, state, keys, xs)`, each leaf `[num_layers, ...]`
+      (keys may be None).
+    loop: the stack's loop (`loop.Loop`, its remat), which each stage runs
+      over the layers of one visit.
+    reverse: run the layers last to first.
+
+  Returns:
+    `(carry, (ys, state))`, as the plain scan returns them: the last layer's
+    carry, the `y`s as `[num_layers, batch, ...]`, the state after every
+    microbatch.
+  """
+  layout, batch = plan.layout, plan.batch
+  stages, axis = layout.stages, layout.axis
+  if reverse:
+    per_layer = jax.tree.map(lambda a: jnp.flip(a, 0), per_layer)
+  state = per_layer[1]
+  program = _StageProgram(body, loop, layout, plan.timetable,
+                          batch.microbatches)
+  staged = jax.tree.map(layout.to_stages, per_layer)
+  micro = jax.tree.map(batch.split, carry)
+  if stages == 1:
+    # One stage passes nothing on: the timetable runs as a loop, in place,
+    # over arrays typed by the mesh as a `shard_map` would type them (an
+    # argument jit got from one device has no mesh in its type).
+    staged, micro = typed_sharding.on_mesh((staged, micro))
+    out, ys, new_state = program(staged, micro, [])
+  else:
+    over_stages = PartitionSpec(axis)
+
+    def run_stages(program: _StageProgram, closed_over: list[jax.Array],
+                   check_vma: bool) -> tuple[PyTree, PyTree, PyTree]:
+      stage_map = jax.shard_map(
+          program, in_specs=(over_stages, PartitionSpec(), PartitionSpec()),
+          out_specs=(PartitionSpec(), over_stages, over_stages),
+          axis_names=frozenset({axis}), check_vma=check_vma)
+      return _on_auto_axes(stage_map, axis, staged, micro,
+                           closed_over)
+
+    closure = _closure_converted(body, micro, staged)
+    if closure is not None:
+      # A layer that closes over an array typed by Explicit mesh axes (an
+      # outer param, `jax.device_put` on the mesh), which jax refuses to
+      # close over in a `shard_map` (jax-ml/jax#29162): the stages run the
+      # layer as a jaxpr, those arrays passed in as arguments.
+      converted, closed_over = closure
+      closed_over = [typed_sharding.reshard(a, (None,) * np.ndim(a))
+                     for a in closed_over]
+      try:
+        out, ys, new_state = run_stages(
+            dataclasses.replace(program, body=converted), closed_over, False)
+      except (TypeError, ValueError, NotImplementedError) as e:
+        raise NotImplementedError(errors.message(
+            "the layer closes over arrays made outside the stack and typed "
+            "by the mesh's Explicit axes (e.g. an hk.get_parameter of the "
+            "enclosing module, with the params jax.device_put on the mesh). "
+            f"jax {jax.__version__} cannot close over those in the "
+            "jax.shard_map that runs the stages (jax-ml/jax#29162), so the "
+            "stages run the layer as a jaxpr with them as arguments, and "
+            "this layer's jaxpr keeps their types inside (it passes them "
+            "into a jax.lax.scan, cond or jit of its own): "
+            f"{type(e).__name__}. Pass them to the layers as inputs "
+            "(layer_scan's `xs`, e.g. jnp.broadcast_to(value, (num_layers,) "
+            "+ value.shape)), make the mesh's axes Auto (jax.make_mesh("
+            "shape, names, axis_types=(AxisType.Auto,) * len(names))), or "
+            "pass the params to jit without a jax.device_put on the "
+            "mesh.")) from e
+    else:
+      try:
+        out, ys, new_state = run_stages(program, [], True)
+      except TypeError as e:
+        # A layer that runs a scan of its own from a constant state
+        # (`core.initial_state(batch)`): only the scan's body makes its
+        # carry varying over the stages, which jax refuses where it checks
+        # varying types. Unchecked, the stages run it as the plain stack
+        # does.
+        if not _is_varying_carry_error(e):
+          raise
+        out, ys, new_state = run_stages(program, [], False)
+  ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
+                     lambda: pipeline_layout.whole_batch_ys(body, carry, per_layer))
+  new_state = jax.tree.map(layout.to_layers, new_state, state)
+  if reverse:
+    ys, new_state = jax.tree.map(lambda a: jnp.flip(a, 0), (ys, new_state))
+  return jax.tree.map(batch.join, out), (ys, new_state)
+
+
+def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
+                  micro: PyTree, closed_over: list[jax.Array]
+                  ) -> tuple[PyTree, PyTree, PyTree]:
+  """`stage_map(staged, micro, closed_over)`, the mesh's other Explicit axes Auto inside it.
+
+  jax lowers a `shard_map` manual over some axes of a mesh whose axes are
+  all Explicit with its inputs and outputs replicated over the others
+  (jax 0.10.2: an all-gather of every input and output split over `data`,
+  the residuals of the backward pass included). With those axes Auto for
+  the `shard_map`, the partitioner keeps each split as it is, as under an
+  Auto mesh; outside, the results are typed again: `out` split as `micro`,
+  the state as `staged`'s, a `y` with the microbatch's rows on axis 4 split
+  as they are.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  explicit = jax.sharding.AxisType.Explicit
+  others = tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types)
+                 if kind == explicit and name != axis)
+  if not others:
+    return stage_map(staged, micro, closed_over)
+  leaves, tree = jax.tree.flatten((staged, micro, closed_over))
+  specs = [typed_sharding.spec(a) for a in leaves]
+  with jax.sharding.use_abstract_mesh(mesh.update_axis_types(
+      {name: jax.sharding.AxisType.Auto for name in others})):
+    # Always resharded, so that each type names the mesh of the context.
+    args = tree.unflatten([
+        jax.sharding.reshard(a, PartitionSpec(*(
+            typed_sharding.entry_without(e, others) for e in entries)))
+        for a, entries in zip(leaves, specs)])
+    out, ys, new_state = stage_map(*args)
+  # Each leaf split as its counterpart among the inputs.
+  micro_specs = [typed_sharding.spec(a) for a in jax.tree.leaves(micro)]
+  state_specs = [typed_sharding.spec(a) for a in jax.tree.leaves(staged[1])]
+  def typed(a, entries):
+    return jax.sharding.reshard(a, PartitionSpec(*entries))
+
+  out = jax.tree.unflatten(jax.tree.structure(out), [
+      typed(a, entries)
+      for a, entries in zip(jax.tree.leaves(out), micro_specs)])
+  new_state = jax.tree.unflatten(jax.tree.structure(new_state), [
+      typed(a, entries)
+      for a, entries in zip(jax.tree.leaves(new_state), state_specs)])
+  rows = [(np.shape(a)[1], entries[1]) for a, entries in zip(
+      jax.tree.leaves(micro), micro_specs)]
+
+  def y_spec(y):
+    entries = (axis,) + (None,) * (y.ndim - 1)
+    for size, entry in rows:
+      if y.ndim > 4 and y.shape[4] == size:
+        return entries[:4] + (entry,) + entries[5:]
+    return entries
+
+  ys = jax.tree.map(lambda y: typed(y, y_spec(y)), ys)
+  return out, ys, new_state
+
+
+def _is_varying_carry_error(error: TypeError) -> bool:
+  """Whether jax refused a loop whose carry its body made varying over an axis."""
+  text = str(error)
+  return "carry input and carry output must have equal types" in text and (
+      "pcast" in text or "pvary" in text)
+
+
+def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree
+                       ) -> Optional[tuple[Callable[..., Any], list[Any]]]:
+  """`body` as a function of the arrays it closes over too, and those arrays.
+
+  None where it closes over no array whose type names Explicit mesh axes
+  (the stages run it as it is). `body` is traced once, here, to a jaxpr
+  whose closed-over arrays are arguments; a stage evaluates that jaxpr. It
+  is traced with no mesh set, on types that name none: each operation of a
+  jaxpr runs again under the mesh it was traced under, and the stage's own
+  (its axis Manual, the others Auto) cannot be set outside the
+  `shard_map`. So the stages run it with varying types unchecked
+  (`check_vma=False`); `jax.shard_map`'s transpose still sums each
+  closed-over array's gradient over the stages.
+  """
+  explicit = jax.sharding.AxisType.Explicit
+  if explicit not in tuple(jax.sharding.get_abstract_mesh().axis_types):
+    return None
+
+  def part(a: jax.Array, axes: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(a.shape[axes:], a.dtype)
+
+  carry = jax.tree.map(lambda a: part(a, 1), micro)  # One microbatch's.
+  scanned = jax.tree.map(lambda a: part(a, 3), staged)  # One layer's.
+  try:
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+      closed, shapes = jax.make_jaxpr(body, return_shape=True)(carry,
+                                                               scanned)
+  except Exception:  # pylint: disable=broad-except
+    # A layer that needs the mesh to trace (its own sharding
+    # annotations): the stages run it as it is, as they did before.
+    return None
+
+  def typed_explicit(a: Any) -> bool:
+    mesh = jax.typeof(a).sharding.mesh
+    return not mesh.empty and explicit in tuple(mesh.axis_types)
+
+  if not any(typed_explicit(a) for a in closed.consts):
+    return None
+  outputs = jax.tree.structure(shapes)
+
+  def converted(carry, scanned, *closed_over):
+    return jax.tree.unflatten(outputs, jax.core.eval_jaxpr(
+        closed.jaxpr, closed_over, *jax.tree.leaves((carry, scanned))))
+  return converted, list(closed.consts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _StageProgram:
+  """What each stage runs (inside the `shard_map`): every step of the timetable."""
+  body: Callable[..., Any]
+  loop: loop_lib.Loop
+  layout: pipeline_layout.Layout
+  timetable: pipeline_lib.Timetable
+  microbatches: int
+
+  def __call__(self, staged, micro, closed_over):
+    params, state, keys, xs = jax.tree.map(lambda a: a[0], staged)
+    stages, repeats = self.layout.stages, self.layout.repeats
+    axis = self.layout.axis
+    passing = stages > 1  # Stages pass activations over the mesh axis.
+    stage = lax.axis_index(axis) if passing else 0
+    t = self.timetable
+    # What reaches stage 0 at step i left stage S - 1 at step i - 1.
+    arrived = np.concatenate([[False], t.active[:-1, -1]])
+    arrived_micro = np.concatenate([[0], t.microbatch[:-1, -1]])
+    to_next = [(s, (s + 1) % stages) for s in range(stages)]
+    # `closed_over`: the arrays `body` takes last, where it is
+    # `_closure_converted` (else none).
+    body = lambda carry, scanned: self.body(carry, scanned, *closed_over)
+    if passing:
+      body = _hoisted(body, _varying(_index(micro, 0), axis),
+                      jax.tree.map(lambda a: a[0, 0],
+                                   (params, state, keys, xs)))
+    # What a visit reads of the stage's params (and keys, xs) must not be a
+    # value of the step: the backward pass would keep a copy of it per step
+    # (the stage's params times the steps). With one pass the visit reads
+    # them whole, a constant of the loop, kept once. With several, the pass
+    # read is a value of the step, so the visit runs under `jax.checkpoint`
+    # whose policy recomputes that slice in the backward pass and keeps the
+    # rest as the stack's loop would.
+    if repeats == 1:
+      params, keys, xs = jax.tree.map(lambda a: a[0], (params, keys, xs))
+      read_pass = lambda tree, repeat: tree
+    else:
+      read_pass = _index
+
+    def run_visit(params, keys, xs, visit_state, repeat, m, x_in):
+      visit_keys = None if keys is None else jax.vmap(
+          lambda k: jax.random.fold_in(k, m))(read_pass(keys, repeat))
+      visit = (read_pass(params, repeat), visit_state, visit_keys,
+               read_pass(xs, repeat))
+      return self.loop(body, x_in, visit, self.layout.layers)
+
+    if repeats > 1:
+      run_visit = jax.checkpoint(
+          run_visit, prevent_cse=False,
+          policy=_pass_recomputed((params, xs), _kept_by(self.loop)))
+
+    def step(loop, table):
+      previous, returned, state = loop
+      active, repeat, m, came_back, came_back_micro = table
+      if passing:
+        active, repeat, m = active[stage], repeat[stage], m[stage]
+        received = lax.ppermute(previous, axis, to_next)
+      else:
+        active, repeat, m, received = active[0], repeat[0], m[0], previous
+      first = _index(micro, m)
+      if repeats > 1:
+        # Stage 0 keeps each microbatch that comes back from the last stage
+        # until its next pass (P - S steps later).
+        returned = _put(returned, came_back_micro, received,
+                        came_back & (stage == 0))
+        first = _where(repeat == 0, first, _index(returned, m))
+      x_in = _where(stage == 0, first, received)
+      out, (y, new_state) = run_visit(params, keys, xs, _index(state, repeat),
+                                      repeat, m, x_in)
+      state = _put(state, repeat, new_state, active)
+      return (out, returned, state), (out, y)
+
+    loop = (_index(micro, 0), micro, state)
+    if passing:
+      loop = _varying(loop, axis)
+    tables = (t.active, t.repeat, t.microbatch, arrived, arrived_micro)
+    (_, _, state), (outs, ys) = lax.scan(
+        step, loop, tuple(jnp.asarray(a) for a in tables))
+    m, period = self.microbatches, t.period
+    # Each microbatch's output: the last stage's, at its last pass (steps
+    # (R-1)·P + S - 1 + m).
+    last = (repeats - 1) * period + stages - 1
+    out = jax.tree.map(lambda a: a[last:last + m], outs)
+    if passing:
+      out = jax.tree.map(
+          lambda a: _from_stage(a, stage, stages - 1, axis), out)
+
+    # This stage's ys: at pass r of microbatch m, step r·P + m + stage.
+    def visits(a):
+      length = (repeats - 1) * period + m
+      if passing:
+        a = lax.dynamic_slice_in_dim(a, stage, length)
+      return jnp.stack([a[r * period:r * period + m]
+                        for r in range(repeats)])[None]
+
+    return out, jax.tree.map(visits, ys), jax.tree.map(lambda a: a[None],
+                                                       state)
+
+
+def _kept_by(loop: loop_lib.Loop) -> Callable[..., bool]:
+  """The `jax.checkpoint` policy that keeps what `loop` keeps of a visit.
+
+  Inside `jax.checkpoint`, the outer policy decides for the loop's own
+  `jax.checkpoint` too, so it is the loop's: none with `remat=True` (or its
+  `remat_policy`), all otherwise (a remat schedule keeps its own few).
+  """
+  if loop.remat is True:
+    return loop.policy or jax.checkpoint_policies.nothing_saveable
+  return jax.checkpoint_policies.everything_saveable
+
+
+def _pass_recomputed(stacked: PyTree, policy: Callable[..., bool]
+                     ) -> Callable[..., bool]:
+  """`policy`, except that one pass's slice of `stacked` is recomputed, never kept.
+
+  A policy sees primitives and their operands' types, not values: the slice
+  is the `dynamic_slice` (and its squeeze) of an operand typed as a leaf of
+  `stacked`, `[R, L, ...]`.
+  """
+  shapes = {(a.shape, a.dtype) for a in jax.tree.leaves(stacked)}
+  shapes |= {((1,) + shape[1:], dtype) for shape, dtype in shapes}
+
+  def saveable(prim, *avals, **params):
+    if (prim in (lax.dynamic_slice_p, lax.squeeze_p, lax.reshape_p) and
+        (avals[0].shape, avals[0].dtype) in shapes):
+      return False
+    return policy(prim, *avals, **params)
+  return saveable
+
+
+def _index(tree: PyTree, i) -> PyTree:
+  return jax.tree.map(
+      lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), tree)
+
+
+def _put(tree: PyTree, i, values: PyTree, when) -> PyTree:
+  """Each buffer of `tree` with slot `i` set to `values` where `when`."""
+  def put(buffer, value):
+    old = lax.dynamic_index_in_dim(buffer, i, keepdims=False)
+    return lax.dynamic_update_index_in_dim(
+        buffer, jnp.where(when, value, old).astype(buffer.dtype), i, 0)
+  return jax.tree.map(put, tree, values)
+
+
+def _where(condition, x: PyTree, y: PyTree) -> PyTree:
+  return jax.tree.map(lambda a, b: jnp.where(condition, a, b), x, y)
+
+
+def _from_stage(a: jax.Array, stage, source: int, axis: str) -> jax.Array:
+  """`a` as held by stage `source`, on every stage (an invariant value).
+
+  A sum over the stages of `a` at the source and zeros elsewhere: adding
+  zeros is exact, so every stage gets the source's values bit for bit. The
+  sum runs in 32 bits at least (XLA:CPU cannot all-reduce bfloat16).
+  """
+  dtype = a.dtype
+  if dtype == jnp.bool_:
+    wide = jnp.int32
+  elif jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+    wide = jnp.float32
+  else:
+    wide = dtype
+  a = a.astype(wide)
+  a = lax.psum(jnp.where(stage == source, a, jnp.zeros_like(a)), axis)
+  return a.astype(dtype)
+
+
+def _hoisted(body: Callable[..., Any], carry: PyTree,
+             scanned: PyTree) -> Callable[..., Any]:
+  """`body`, the arrays it closes over passed in as copies made inside the stage.
+
+  A layer may close over values from outside the `shard_map` (an outer
+  param it scales by). Autodiff would make their cotangents inside it with
+  the outer mesh's sharding, which the manual stage axis contradicts; a copy
+  made here has this stage's type (its cotangent leaves through the copy,
+  summed over the stages as it crosses the `shard_map`).
+  """
+  converted, consts = jax.closure_convert(body, carry, scanned)
+  consts = [jnp.copy(c) for c in consts]
+  return lambda carry, scanned: converted(carry, scanned, *consts)
+
+
+def _varying(tree: PyTree, axis: str) -> PyTree:
+  """`tree` typed as varying over `axis`, as the loop's carry becomes."""
+  def cast(a):
+    aval = jax.typeof(a)
+    # jax >= 0.10 keeps the varying axes in `manual_axis_type`, before in `vma`.
+    varying: Any = getattr(getattr(aval, "manual_axis_type", None), "varying",
+                           getattr(aval, "vma", frozenset()))
+    if axis in varying:
+      return a
+    if hasattr(lax, "pcast"):
+      return lax.pcast(a, axis, to="varying")
+    return lax.pvary(a, axis)  # type: ignore[attr-defined]  # jax < 0.10
+  return jax.tree.map(cast, tree)
