@@ -225,7 +225,3 @@ def timetable(num_stages: int, microbatches: int, repeats: int = 1) -> Timetable
   return Timetable(active, np.minimum(repeat, repeats - 1),
                    np.minimum(micro, microbatches - 1), period)
 
-
-# testing/benchmarks/pipeline_benchmark.py's name for `timetable` (a file
-# another change holds): remove once it calls `timetable`.
-schedule = timetable

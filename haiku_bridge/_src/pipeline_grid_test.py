@@ -354,12 +354,6 @@ class Type:
   dtype: Any
   spec: Optional[tuple[Any, ...]]
 
-  def whole_over(self, axis: str) -> "Type":
-    if self.spec is None:
-      return self
-    return Type(self.shape, self.dtype,
-                tuple(None if e == axis else e for e in self.spec))
-
 
 def types(tree) -> Any:
   def of(a):
@@ -386,28 +380,6 @@ def traced(row, pipelined: bool) -> Any:
   with jax.set_mesh(mesh):
     params = jax.eval_shape(f.init, KEY, x, xs)
     return types((params, jax.eval_shape(step, params, x, xs)))
-
-
-def outputs_whole_over_data(row) -> bool:
-  """The cells whose outputs the pipeline types whole where the plain stack's are split.
-
-  Explicit axes, the batch over `data`, microbatches whose rows the `data`
-  devices do not divide (here one row): the pipeline makes each microbatch
-  whole on every device, and the stack's outputs joined from them (`out`,
-  `ys`) come back typed replicated where the plain stack's are split over
-  `data`. The values are the plain stack's (`test_cell`); the type is not:
-  reported, and pinned by `test_layout_factors_traced_whole` until the
-  pipeline types its outputs as the plain stack does.
-  """
-  return (row["axis_type"] == "explicit" and row["batch"] == "data"
-          and BATCH // microbatch_count(row) % DATA != 0)
-
-
-def whole_over_data(traced_types) -> Any:
-  """`traced` of the plain stack, with the stack's outputs typed whole over `data`."""
-  params, ((loss, outputs), grads) = traced_types
-  outputs = jax.tree.map(lambda t: t.whole_over("data"), outputs)
-  return params, ((loss, outputs), grads)
 
 
 @absltest.skipUnless(pipeline_lib.jax_has_pipelines(),
@@ -462,8 +434,6 @@ class PipelineGridTest(parameterized.TestCase):
       if key not in plain:
         plain[key] = traced(row, pipelined=False)
       expected = plain[key]
-      if outputs_whole_over_data(row):
-        expected = whole_over_data(expected)
       try:
         got = traced(row, pipelined=True)
       except Exception as e:  # pylint: disable=broad-except
@@ -471,8 +441,6 @@ class PipelineGridTest(parameterized.TestCase):
         continue
       if got != expected:
         wrong.append((_name(row), got, expected))
-    # Where only `outputs_whole_over_data` fails, the pipeline now types
-    # its outputs as the plain stack does: drop that pin.
     self.assertEqual(wrong, [])
 
   def test_jax_failure_pinned(self):

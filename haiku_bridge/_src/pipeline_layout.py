@@ -65,7 +65,9 @@ class Batch:
             "returns a y as the plain stack does only where axis 0 is the "
             "batch. Return a value per example and reduce after the stack "
             "(e.g. `ys.mean(axis=1)`), or pass microbatches=1."))
-      return self.join(a, 1)
+      # Typed as the whole batch's y (see `run`'s `out`).
+      return typed_sharding.reshard(self.join(a, 1),
+                                    (None,) + typed_sharding.spec(whole))
 
     return jax.tree_util.tree_map_with_path(join, ys, whole_batch())
 

@@ -119,7 +119,13 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
   new_state = jax.tree.map(layout.to_layers, new_state, state)
   if reverse:
     ys, new_state = jax.tree.map(lambda a: jnp.flip(a, 0), (ys, new_state))
-  return jax.tree.map(batch.join, out), (ys, new_state)
+  # Typed as the plain stack's: a microbatch too small to split over `data`
+  # is whole on every device, the batch it came from is not.
+  out = jax.tree.map(
+      lambda a, c: typed_sharding.reshard(batch.join(a),
+                                          typed_sharding.spec(c)),
+      out, carry)
+  return out, (ys, new_state)
 
 
 def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,

@@ -191,7 +191,7 @@ def run(cfg: Config) -> tuple[Compiled, float, list[Row]]:
         for key, step in steps.items()}], cfg.repeats, warmup=1)
   rows = []
   for (stages, schedule, m), c in compiled.items():
-    timetable = pipeline_lib.schedule(
+    timetable = pipeline_lib.timetable(
         stages, m, pipes[(stages, schedule, m)].num_repeats(cfg.layers,
                                                             stages))
     rows.append(Row(
