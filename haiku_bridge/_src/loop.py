@@ -46,7 +46,7 @@ from haiku_bridge._src.pytree import PyTree
 
 # `remat=` values that keep fewer carries than steps (remat_schedule.py).
 REMAT_SCHEDULES = modes.REMAT_SCHEDULES
-REMAT_MODES = (False, True) + REMAT_SCHEDULES + (modes.REMAT_AUTO,)
+REMAT_MODES = (False, True) + REMAT_SCHEDULES
 
 Body = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
 
@@ -161,7 +161,8 @@ def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
   """`remat` checked: False, True, or one of REMAT_SCHEDULES."""
   if isinstance(remat, (bool, np.bool_)):
     remat = bool(remat)
-  elif not isinstance(remat, str) or remat not in REMAT_MODES:
+  elif not isinstance(remat, str) or remat not in (
+      REMAT_SCHEDULES + (modes.REMAT_AUTO,)):
     # An int or float may be meant as a number of groups.
     example = (remat if errors.is_int(remat) and remat > 0 else 4)
     raise (ValueError if isinstance(remat, str) else TypeError)(

@@ -695,8 +695,8 @@ class ArgumentsTest(parameterized.TestCase):
        dict(reverse=None)),
       ("unroll", ValueError, "`unroll` must be a bool or a non-negative int",
        dict(unroll=-2)),
-      ("remat", TypeError, r"`remat` must be False, True, \"nested\" or "
-       r"\"binomial\"; got an int 4", dict(remat=4)),
+      ("remat", TypeError, r"`remat` must be False, True, \"nested\", "
+       r"\"binomial\" or \"auto\"; got an int 4", dict(remat=4)),
       ("remat_groups", ValueError, r"`remat_groups` needs `remat=\"nested\"`",
        dict(remat_groups=3)),
       ("xs_leaf", TypeError, r"xs\['b'\] is a float 1.0; every leaf of xs "
