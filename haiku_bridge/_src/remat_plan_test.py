@@ -222,16 +222,18 @@ class AutoTest(parameterized.TestCase):
       compiles = measure.call_count
       self.assertEqual(compiles, 6)
       # Another budget, or another length of 128 steps or more: the same
-      # measurements.
+      # measurements (when caches are on).
       again = hkb.remat_plan(step, h, jnp.ones([256, 4, 16]),
                              memory_budget=100_000)
       hkb.remat_plan(step, h, jnp.ones([512, 4, 16]), memory_budget=1 << 30)
-      self.assertEqual(measure.call_count, compiles)
+      self.assertEqual(measure.call_count,
+                       compiles if caches.enabled() else 3 * compiles)
       self.assertEqual(again, first)
       # Another shape is measured.
       hkb.remat_plan(step, jnp.zeros([8, 16]), jnp.ones([256, 8, 16]),
                      memory_budget=1 << 30)
-      self.assertEqual(measure.call_count, 2 * compiles)
+      self.assertEqual(measure.call_count,
+                       (2 if caches.enabled() else 4) * compiles)
       with caches.disabled():
         self.assertEqual(hkb.remat_plan(step, h, jnp.ones([256, 4, 16]),
                                         memory_budget=100_000), first)
