@@ -42,6 +42,7 @@ import numpy as np
 
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
+from haiku_bridge._src import modes
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
@@ -68,7 +69,7 @@ class Candidate(NamedTuple):
       again: T for `remat=True`, T and the advances that rebuild carries
       for a schedule.
   """
-  remat: bool | str
+  remat: modes.RematMode
   slots: Optional[int]
   groups: Optional[int]
   temporaries: int
