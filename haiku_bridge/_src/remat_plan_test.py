@@ -1,6 +1,7 @@
 """Tests for `remat="auto"`: predictions against compiled memory, the choice against the manual plans."""
 
 import contextlib
+import functools
 from unittest import mock
 
 from absl.testing import absltest
@@ -14,6 +15,7 @@ import haiku_bridge as hkb
 from haiku_bridge._src import caches
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import remat_plan
+from testing import transformer as transformer_lib
 
 # Small widths: the grid compiles a few dozen training steps.
 BATCH, HIDDEN, INPUTS = 4, 32, 8
@@ -45,13 +47,25 @@ def mlp(depth, **remat):
   return hk.transform(f), jnp.ones([8, WIDTH])
 
 
+def transformer(depth, **remat):
+  """A pre-norm transformer stack of `depth` blocks (attention and MLP)."""
+  def f(x):
+    block = functools.partial(transformer_lib.block, d_model=32, heads=4)
+    return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
+  return hk.transform(f), jnp.ones([2, 16, 32])
+
+
 MODELS = {
     "lstm_256_loss_after": lambda **r: lstm(256, False, **r),
     "lstm_256_loss_in_step": lambda **r: lstm(256, True, **r),
     "lstm_1024_loss_after": lambda **r: lstm(1024, False, **r),
     "lstm_1024_loss_in_step": lambda **r: lstm(1024, True, **r),
+    "lstm_4096_loss_after": lambda **r: lstm(4096, False, **r),
+    "lstm_4096_loss_in_step": lambda **r: lstm(4096, True, **r),
     "mlp_depth_16": lambda **r: mlp(16, **r),
     "mlp_depth_64": lambda **r: mlp(64, **r),
+    "transformer_depth_16": lambda **r: transformer(16, **r),
+    "transformer_depth_64": lambda **r: transformer(64, **r),
 }
 
 
@@ -92,7 +106,7 @@ class PredictionTest(parameterized.TestCase):
   def test_predicted_memory_and_the_choice_under_three_budgets(self, model):
     net, x = model()
     params = net.init(KEY, x)
-    length = x.shape[0] if x.ndim == 3 else int(
+    length = x.shape[0] if "lstm" in self._testMethodName else int(
         jax.tree.leaves(params)[0].shape[0])
     with plans_made() as made:
       temporaries(model, params, x, remat="auto", memory_budget=1 << 40)
