@@ -8,9 +8,10 @@ the step's activations compare with its carry, the length, where the loss
 sits. `plan` predicts, for every candidate, the temporaries a training step
 of the loop needs and the steps it recomputes, and chooses.
 
-The model (docs/remat_plan.md): the loop's training-step temporaries grow
-linearly with the steps it keeps something for, and with the slots a
-schedule keeps:
+The model (README, "Choosing remat"): the loop's training-step
+temporaries (what its backward pass keeps, its outputs and their
+cotangents, its working memory; not the params, nor the rest of the step)
+grow linearly with the steps and with the slots a schedule keeps:
 
     remat=False:            a₀ + b₀·T
     remat=True:             a₁ + b₁·T
@@ -28,8 +29,11 @@ come from the schedules: `remat=True` runs every step's forward once more
 none.
 
 The coefficients are cached on the step's jaxpr (its text: every shape,
-dtype and operation) and the backend; the choice follows from them, the
+dtype and operation), L and the backend; the choice follows from them, the
 length and the budget, so it is the same for the same shapes and budget.
+The step is planned on the shapes the loop sees, compiled for one
+device: inside `jax.vmap` those are one example's (the prediction is per
+example), and a sharded step is planned unsharded.
 """
 
 import math
