@@ -95,6 +95,29 @@ class Plan(NamedTuple):
   candidates: tuple[Candidate, ...]
   choice: Candidate
 
+  def table(self) -> str:
+    """The candidates as a Markdown table, the choice marked.
+
+    >>> from haiku_bridge._src import remat_plan
+    >>> c = remat_plan.Candidate
+    >>> print(remat_plan.Plan(8, 900, (c(False, None, None, 1000, 0),
+    ...                                c(True, None, None, 800, 8)),
+    ...                       c(True, None, None, 800, 8)).table())
+    | remat | slots | groups | temporaries (bytes) | recomputed steps | |
+    | --- | --- | --- | --- | --- | --- |
+    | False |  |  | 1000 | 0 | over the budget |
+    | True |  |  | 800 | 8 | chosen |
+    """
+    rows = ["| remat | slots | groups | temporaries (bytes) | recomputed steps "
+            "| |", "| --- | --- | --- | --- | --- | --- |"]
+    for k in self.candidates:
+      note = ("chosen" if k == self.choice else "over the budget"
+              if k.temporaries > self.memory_budget else "")
+      rows.append(f"| {k.remat} | {'' if k.slots is None else k.slots} | "
+                  f"{'' if k.groups is None else k.groups} | {k.temporaries} "
+                  f"| {k.recomputed_steps} | {note} |")
+    return "\n".join(rows)
+
 
 class Coefficients(NamedTuple):
   """The model's measured coefficients, bytes (see the module docstring)."""
