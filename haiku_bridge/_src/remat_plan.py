@@ -166,16 +166,22 @@ def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     ValueError: if no candidate fits `memory_budget`, naming the least any
       candidate needs.
   """
-  with errors.entry("remat_plan", outer_wins=True):
+  with errors.entry("remat_plan"):
+    errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
     memory_budget = check_budget(memory_budget)
+    leaves = jax.tree_util.tree_leaves_with_path(xs)
     if length is None:
-      leaves = jax.tree.leaves(xs)
-      if not leaves:
+      if not leaves or not np.ndim(leaves[0][1]):
         raise ValueError(errors.message(
-            "xs holds no arrays, so the number of steps is unknown: pass "
-            "`length=`."))
-      length = int(np.shape(leaves[0])[0])
+            "xs holds no arrays with a leading time axis, so the number of "
+            "steps is unknown: pass `length=`."))
+      length = int(np.shape(leaves[0][1])[0])
     length = errors.check_positive_int("length", length)
+    for path, leaf in leaves:
+      if not np.ndim(leaf) or np.shape(leaf)[0] != length:
+        raise ValueError(errors.message(
+            f"xs{jax.tree_util.keystr(path)} has shape {np.shape(leaf)}, but "
+            f"every leaf of xs needs a leading axis of {length} steps."))
     return plan(f, init, xs, length, memory_budget)
 
 
