@@ -412,7 +412,7 @@ class Layer_scanTest(TestCase):
     # Issue 27, row 1: an int or a float (perhaps meant as remat_groups) was taken as
     # remat=True, None as False.
     with self.assertRaisesRegex(error, r"^hkb.layer_scan: `remat` must be False, True, "
-                                r"\"nested\" or \"binomial\"; .*`remat_groups=`"):
+                                r"\"nested\", \"binomial\" or \"auto\"; .*`remat_groups=`"):
       init(lambda: hkb.layer_scan(lambda c, x: (linear(c), None), X, num_layers=DEPTH,
                                   remat=remat))
 

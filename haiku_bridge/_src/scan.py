@@ -402,13 +402,14 @@ def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
   loop = loop_lib.from_options(remat=remat, remat_policy=remat_policy,
                                remat_groups=remat_groups, unroll=unroll,
                                memory_budget=memory_budget)
+  reverse = errors.check_bool("reverse", reverse)
   pipeline = pipeline_lib.check_pipeline(pipeline)
   if pipeline is not None and loop.remat == modes.REMAT_AUTO:
     raise ValueError(errors.message(
         "`remat=\"auto\"` plans one loop, not yet a pipeline's stages: "
         "with `pipeline=`, choose the stages' remat (hkb.remat_plan of one "
         "stage's layers shows what each needs)."))
-  return _Options(loop, errors.check_bool("reverse", reverse), pipeline)
+  return _Options(loop, reverse, pipeline)
 
 
 def _check_depth(stack: str, params: PyTree, num_layers: int) -> None:
