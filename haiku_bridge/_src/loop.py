@@ -158,7 +158,7 @@ _REMAT = "False, True, \"nested\", \"binomial\" or \"auto\""
 
 
 def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
-  """`remat` checked: False, True, or one of REMAT_SCHEDULES."""
+  """`remat` checked: False, True, one of REMAT_SCHEDULES, or "auto"."""
   if isinstance(remat, (bool, np.bool_)):
     remat = bool(remat)
   elif not isinstance(remat, str) or remat not in (
