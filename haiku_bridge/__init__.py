@@ -13,6 +13,7 @@ from haiku_bridge._src.modes import RematMode
 # The Flax and Equinox adapters load on first use (see _src/optional.py).
 from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.pipeline import Pipeline
+from haiku_bridge._src.remat_plan import remat_plan
 from haiku_bridge._src.scan import layer_scan
 from haiku_bridge._src.scan import repeat_layer
 from haiku_bridge._src.stacked_init import stacked_init
@@ -50,6 +51,7 @@ __all__ = (
     "layer_scan",
     "param_shardings",
     "param_specs",
+    "remat_plan",
     "repeat_layer",
     "route_cotangents",
     "scan",

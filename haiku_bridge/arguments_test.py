@@ -86,6 +86,8 @@ COVERAGE = {
     "param_specs": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
     "repeat_layer": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
                      "argument_order"},
+    "remat_plan": {"wrong_type", "shape_or_depth", "argument_order"},
+    # remat_plan: a scan's arguments, by keyword after f, init and xs; no names to look up.
     "route_cotangents": {"wrong_type", "wrong_arity", "shape_or_depth"},
     "scan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
     "dynamic_unroll": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
@@ -410,7 +412,7 @@ class Layer_scanTest(TestCase):
     # Issue 27, row 1: an int or a float (perhaps meant as remat_groups) was taken as
     # remat=True, None as False.
     with self.assertRaisesRegex(error, r"^hkb.layer_scan: `remat` must be False, True, "
-                                r"\"nested\" or \"binomial\"; .*`remat_groups=`"):
+                                r"\"nested\", \"binomial\" or \"auto\"; .*`remat_groups=`"):
       init(lambda: hkb.layer_scan(lambda c, x: (linear(c), None), X, num_layers=DEPTH,
                                   remat=remat))
 
@@ -591,6 +593,30 @@ def lstm_unroll(*args, **kwargs):
   core = hk.LSTM(4)
   return hkb.dynamic_unroll(core, *args[:1], core.initial_state(2), *args[1:],
                             **kwargs)
+
+
+class Remat_planTest(TestCase):
+  """`remat_plan(f, init, xs, *, memory_budget, length=None)`."""
+
+  def test_wrong_type(self):
+    for kwargs, argument in ((dict(f=None), "f"), (dict(memory_budget="1GB"), "memory_budget"),
+                             (dict(length=3.0), "length")):
+      args = dict(dict(f=step, init=X, xs=SEQUENCE, memory_budget=1 << 20), **kwargs)
+      with refused(self, TypeError, "remat_plan", argument):
+        hkb.remat_plan(**args)
+
+  def test_shape_or_depth(self):
+    with self.assertRaisesRegex(ValueError, r"^hkb.remat_plan: xs\['b'\] has shape \(2, 2, 4\), "
+                                "but every leaf of xs needs a leading axis of 3 steps"):
+      hkb.remat_plan(step, X, {"a": SEQUENCE, "b": SEQUENCE[:2]}, memory_budget=1 << 20)
+    with refused(self, ValueError, "remat_plan", "length"):
+      hkb.remat_plan(step, X, SEQUENCE, memory_budget=1 << 20, length=0)
+    with refused(self, ValueError, "remat_plan", "memory_budget"):
+      hkb.remat_plan(step, X, SEQUENCE, memory_budget=0)
+
+  def test_argument_order_f_and_init_swapped(self):
+    with refused(self, TypeError, "remat_plan", "f"):
+      hkb.remat_plan(X, step, SEQUENCE, memory_budget=1 << 20)
 
 
 class ScanTest(TestCase):

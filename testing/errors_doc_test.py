@@ -303,7 +303,8 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 0)),
     (SECTION_SCAN, "`num_layers` not an int (a bool, a float)"):
         lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, True)),
-    (SECTION_SCAN, "`remat` not `False`, `True`, `\"nested\"` or `\"binomial\"`"):
+    (SECTION_SCAN,
+     "`remat` not `False`, `True`, `\"nested\"`, `\"binomial\"` or `\"auto\"`"):
         lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, remat=4)),
     (SECTION_SCAN, "`remat_groups` not a positive int"):
         lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
@@ -311,6 +312,20 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     (SECTION_SCAN, "`remat_groups` without a schedule"):
         lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
                                             remat=True, remat_groups=2)),
+    (SECTION_SCAN, "`remat=\"auto\"` without `memory_budget`"):
+        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, remat="auto")),
+    (SECTION_SCAN, "`memory_budget` without `remat=\"auto\"`"):
+        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, memory_budget=10**6)),
+    (SECTION_SCAN, "`memory_budget` not a positive int"):
+        lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
+                                            remat="auto", memory_budget=1e6)),
+    (SECTION_SCAN, "a budget below what any plan needs (`remat=\"auto\"`, `hkb.remat_plan`)"):
+        lambda: hkb.remat_plan(lambda h, x: (jnp.tanh(h + x), None), jnp.zeros([2, 4]),
+                               jnp.ones([8, 2, 4]), memory_budget=100),
+    (SECTION_SCAN, "`remat=\"auto\"` with `pipeline=`"):
+        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 4, remat="auto",
+                                              memory_budget=10**6,
+                                              pipeline=hkb.Pipeline(axis="stage"))),
     (SECTION_SCAN, "`unroll` or `reverse` of the wrong type"):
         lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
                                             unroll=-1)),

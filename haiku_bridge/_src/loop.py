@@ -11,6 +11,10 @@ It owns what the backward pass keeps:
 * `remat="nested"` / `"binomial"`: `scheduled_scan.scan` with a schedule of
   `remat_schedule.py`, about 2√N carries for N steps (or fewer, binomial),
   one more forward pass.
+* `remat="auto"` with `memory_budget=`: one of those, the one that
+  recomputes least among those whose predicted training-step temporaries
+  fit the budget (`remat_plan.py`), planned on the step's shapes when the
+  loop is traced.
 
 Values the step closes over (a time scan's shared weights) are constants
 of the loop: in every mode their gradient is one buffer, summed over the
@@ -35,6 +39,7 @@ import numpy as np
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import modes
+from haiku_bridge._src import remat_plan
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
@@ -64,25 +69,45 @@ class Loop:
   True
 
   Attributes:
-    remat: False, True, "nested" or "binomial".
+    remat: False, True, "nested", "binomial" or "auto".
     policy: with `remat=True`, a `jax.checkpoint_policies` policy.
     groups: with a schedule, `remat_groups`: the groups of "nested" (default
       ≈√N); "binomial" recomputes no more steps than "nested" with that
       many (by default, at most N - 1: one more forward pass).
     unroll: passed to `jax.lax.scan`.
+    slots: with "binomial", the slots to keep (instead of `groups`).
+    memory_budget: with `remat="auto"`, the bytes a training step's
+      temporaries of the loop may take.
   """
   remat: modes.RematMode = False
   policy: Optional[Callable[..., bool]] = None
   groups: Optional[int] = None
   unroll: int | bool = 1
+  memory_budget: Optional[int] = None
+  slots: Optional[int] = None
+
+  def planned(self, body: Body, carry: PyTree, xs: PyTree,
+              length: int) -> "Loop":
+    """The loop `remat="auto"` runs for these shapes: `remat_plan.plan`'s."""
+    if length == 0:
+      return Loop(unroll=self.unroll)
+    assert self.memory_budget is not None, "from_options requires it"
+    choice = remat_plan.plan(body, carry, xs, length,
+                             self.memory_budget).choice
+    return Loop(choice.remat, None, choice.groups, self.unroll,
+                slots=choice.slots if choice.remat == "binomial" else None)
 
   def __call__(self, body: Body, carry: PyTree, xs: PyTree, length: int,
                reverse: bool = False) -> tuple[PyTree, PyTree]:
     """`jax.lax.scan(body, carry, xs, length, reverse)`: `(carry, ys)`."""
+    if self.remat == modes.REMAT_AUTO:
+      return self.planned(body, carry, xs, length)(body, carry, xs, length,
+                                                   reverse)
     if self.remat in REMAT_SCHEDULES and length > 0:
       return scheduled_scan.scan(
           body, carry, xs, length=length,
-          schedule=schedule(str(self.remat), length, self.groups),
+          schedule=schedule(str(self.remat), length, self.groups,
+                            self.slots),
           unroll=self.unroll, reverse=reverse,
           forward_mode_error=errors.message(
               f"`remat=\"{self.remat}\"` runs its own backward pass (a "
@@ -98,13 +123,25 @@ class Loop:
 
 
 def from_options(*, remat: Any = False, remat_policy: Any = None,
-                 remat_groups: Any = None, unroll: Any = 1) -> Loop:
+                 remat_groups: Any = None, unroll: Any = 1,
+                 memory_budget: Any = None) -> Loop:
   """The `Loop` a public call's options describe, each option checked.
 
   Raises TypeError or ValueError, naming the option, for a value the loop
   cannot run (messages name the public call through `errors.entry`).
   """
   remat = _remat_mode(remat, remat_policy, remat_groups)
+  if remat == modes.REMAT_AUTO:
+    if memory_budget is None:
+      raise ValueError(errors.message(
+          "`remat=\"auto\"` needs `memory_budget=`, the bytes the loop's "
+          "training-step temporaries may take (hkb.remat_plan shows what "
+          "each plan needs)."))
+    memory_budget = remat_plan.check_budget(memory_budget)
+  elif memory_budget is not None:
+    raise ValueError(errors.message(
+        "`memory_budget` needs `remat=\"auto\"`, which chooses the plan "
+        "that fits it."))
   if remat_groups is not None:
     remat_groups = errors.check_positive_int("remat_groups", remat_groups)
   if not (isinstance(unroll, (bool, np.bool_)) or
@@ -114,17 +151,18 @@ def from_options(*, remat: Any = False, remat_policy: Any = None,
                             "int, as for jax.lax.scan"))
   unroll = (bool(unroll) if isinstance(unroll, (bool, np.bool_))
             else int(unroll))
-  return Loop(remat, remat_policy, remat_groups, unroll)
+  return Loop(remat, remat_policy, remat_groups, unroll, memory_budget)
 
 
-_REMAT = "False, True, \"nested\" or \"binomial\""
+_REMAT = "False, True, \"nested\", \"binomial\" or \"auto\""
 
 
 def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
-  """`remat` checked: False, True, or one of REMAT_SCHEDULES."""
+  """`remat` checked: False, True, one of REMAT_SCHEDULES, or "auto"."""
   if isinstance(remat, (bool, np.bool_)):
     remat = bool(remat)
-  elif not isinstance(remat, str) or remat not in REMAT_SCHEDULES:
+  elif not isinstance(remat, str) or remat not in (
+      REMAT_SCHEDULES + (modes.REMAT_AUTO,)):
     # An int or float may be meant as a number of groups.
     example = (remat if errors.is_int(remat) and remat > 0 else 4)
     raise (ValueError if isinstance(remat, str) else TypeError)(
@@ -279,16 +317,19 @@ def carry_change(before: PyTree, after: PyTree) -> Optional[tuple[str, str]]:
 
 
 @caches.memoize(maxsize=256)
-def schedule(remat: str, length: int,
-             groups: Optional[int]) -> remat_schedule.Schedule:
+def schedule(remat: str, length: int, groups: Optional[int],
+             slots: Optional[int] = None) -> remat_schedule.Schedule:
   """The schedule of `remat="nested"` / `"binomial"` for `length` steps.
 
   "binomial" keeps the fewest carries that recompute at most `length - 1`
   steps (one more forward pass, as "nested" costs), or, with `groups`, at
-  most as many as "nested" with that many groups.
+  most as many as "nested" with that many groups; or, with `slots` (a plan
+  of `remat="auto"`), that many.
   """
   if remat == "nested":
     return remat_schedule.nested(length, groups)
+  if slots is not None:
+    return remat_schedule.binomial(length, slots)
   budget = (length - 1 if groups is None else
             remat_schedule.nested(length, groups).recomputed_steps)
   return remat_schedule.binomial(

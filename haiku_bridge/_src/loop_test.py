@@ -82,8 +82,8 @@ class OptionsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("unknown", dict(remat="sqrt"), ValueError,
-       r"`remat` must be False, True, \"nested\" or \"binomial\"; got a str "
-       "'sqrt'"),
+       r"`remat` must be False, True, \"nested\", \"binomial\" or \"auto\"; got a "
+       "str 'sqrt'"),
       ("int", dict(remat=4), TypeError,
        r"`remat` must be .*e\.g\. remat=\"nested\", remat_groups=4\."),
       ("policy", dict(remat="nested",

@@ -19,9 +19,12 @@ from typing import Literal
 # keeps for the backward pass: its schedules keep fewer carries than steps
 # (remat_schedule.py).
 RematSchedule = Literal["nested", "binomial"]
-RematMode = bool | RematSchedule
+# "auto": the plan with the least recomputation under `memory_budget=`
+# (remat_plan.py).
+RematMode = bool | RematSchedule | Literal["auto"]
 # `Pipeline(schedule=...)`: which stage runs which layers (pipeline.py).
 PipelineSchedule = Literal["gpipe", "circular"]
 
 REMAT_SCHEDULES: tuple[str, ...] = typing.get_args(RematSchedule)
+REMAT_AUTO = "auto"
 PIPELINE_SCHEDULES: tuple[str, ...] = typing.get_args(PipelineSchedule)

@@ -59,6 +59,7 @@ def layer_scan(
     unroll: int | bool = 1,
     reverse: bool = False,
     pipeline: Optional[pipeline_lib.Pipeline] = None,
+    memory_budget: Optional[int] = None,
 ) -> tuple[PyTree, PyTree]:
   """Runs a stack of layers with `jax.lax.scan`, each with its own weights.
 
@@ -127,8 +128,14 @@ def layer_scan(
       int (default ≈√N; the last group takes what remains); with
       `"binomial"`, recompute no more layers than `"nested"` with that many
       groups.
+      `remat="auto"` (with `memory_budget=`) chooses among all of these,
+      and binomial with any number of slots, the plan that recomputes
+      least whose predicted training-step temporaries fit the budget
+      (`hkb.remat_plan` shows the candidates); not yet with `pipeline=`.
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     reverse: run the layers from last to first (as `jax.lax.scan`).
+    memory_budget: with `remat="auto"`, the bytes the loop's training-step
+      temporaries may take.
     pipeline: an `hkb.Pipeline`: at apply, run the layers as pipeline
       stages over a mesh axis, the batch in microbatches (init runs the
       plain scan: the params are the same). The remat options apply to each
@@ -143,7 +150,7 @@ def layer_scan(
     _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
     num_layers = loop_lib.num_steps(num_layers, xs, _LAYERS)
     options = _check_options(remat, remat_policy, remat_groups, unroll,
-                             reverse, pipeline)
+                             reverse, pipeline, memory_budget)
     if name is None:
       name = NO_PER_LAYER_NAME if xs is None else WITH_PER_LAYER_NAME
     return _run(_haiku_layer(layer, init, carry, xs), carry, xs, num_layers,
@@ -219,6 +226,7 @@ class RepeatOptions(TypedDict, total=False):
   unroll: int | bool
   reverse: bool
   pipeline: Optional[pipeline_lib.Pipeline]
+  memory_budget: Optional[int]
 
 
 def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
@@ -240,7 +248,7 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
     num_layers: the number of layers.
     init: for a pure `layer`, `init(rng, x) -> params` of one layer.
     **options: `name`, `remat`, `remat_policy`, `remat_groups`, `unroll`,
-      `reverse`, `pipeline`, as for `layer_scan`.
+      `reverse`, `pipeline`, `memory_budget`, as for `layer_scan`.
 
   Returns:
     The last layer's output.
@@ -262,7 +270,7 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
 # `layer_scan`'s options that `repeat_layer` passes on, with their defaults.
 _REPEAT_OPTIONS = {"name": None, "remat": False, "remat_policy": None,
                    "remat_groups": None, "unroll": 1, "reverse": False,
-                   "pipeline": None}
+                   "pipeline": None, "memory_budget": None}
 
 
 def _check_repeat_options(options: Mapping[str, Any]) -> _Options:
@@ -389,12 +397,20 @@ def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
 
 
 def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
-                   unroll: Any, reverse: Any, pipeline: Any) -> _Options:
+                   unroll: Any, reverse: Any, pipeline: Any,
+                   memory_budget: Any = None) -> _Options:
   """The scan's options, checked."""
   loop = loop_lib.from_options(remat=remat, remat_policy=remat_policy,
-                               remat_groups=remat_groups, unroll=unroll)
-  return _Options(loop, errors.check_bool("reverse", reverse),
-                  pipeline_lib.check_pipeline(pipeline))
+                               remat_groups=remat_groups, unroll=unroll,
+                               memory_budget=memory_budget)
+  reverse = errors.check_bool("reverse", reverse)
+  pipeline = pipeline_lib.check_pipeline(pipeline)
+  if pipeline is not None and loop.remat == modes.REMAT_AUTO:
+    raise ValueError(errors.message(
+        "`remat=\"auto\"` plans one loop, not yet a pipeline's stages: "
+        "with `pipeline=`, choose the stages' remat (hkb.remat_plan of one "
+        "stage's layers shows what each needs)."))
+  return _Options(loop, reverse, pipeline)
 
 
 def _check_depth(stack: str, params: PyTree, num_layers: int) -> None:

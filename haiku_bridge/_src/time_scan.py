@@ -67,7 +67,8 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
          reverse: bool = False, unroll: int | bool = 1, *,
          remat: modes.RematMode = False,
          remat_groups: Optional[int] = None,
-         remat_policy: Optional[Callable[..., bool]] = None
+         remat_policy: Optional[Callable[..., bool]] = None,
+         memory_budget: Optional[int] = None
          ) -> tuple[PyTree, PyTree]:
   """`hk.scan`, with what its backward pass keeps chosen by `remat`.
 
@@ -107,13 +108,18 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
       `"nested"` (≈2√T carries: the steps in ≈√T groups, each recomputed
       from its first carry) or `"binomial"` (the fewest carries that
       recompute at most one more forward pass: Griewank's binomial
-      bound). The carry here includes Haiku state and the rng. The
-      schedules give `remat=True`'s values and derivatives.
+      bound), or `"auto"` (with `memory_budget=`: of those, and binomial
+      with any number of slots, the one recomputing least whose predicted
+      temporaries fit; see `hkb.remat_plan`). The carry here includes
+      Haiku state and the rng. The schedules give `remat=True`'s values
+      and derivatives.
     remat_groups: with `"nested"`, the number of groups (default ≈√T); with
       `"binomial"`, recompute no more steps than `"nested"` with that many
       (by default, at most one more forward pass, with the fewest carries).
     remat_policy: with `remat=True`, a `jax.checkpoint_policies` policy:
       which of a step's activations the forward pass keeps.
+    memory_budget: with `remat="auto"`, the bytes the loop's training-step
+      temporaries may take.
 
   Returns:
     `(carry, ys)`: the last carry and the per-step `y`s stacked, as
@@ -121,7 +127,8 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
   """
   with errors.entry("scan"):
     errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
-    loop = _check_options(remat, remat_groups, remat_policy, unroll)
+    loop = _check_options(remat, remat_groups, remat_policy, unroll,
+                         memory_budget)
     reverse = errors.check_bool("reverse", reverse)
     length = loop_lib.num_steps(length, xs, _TIME)
     return _scan(loop_lib.CheckedBody(f, _STEP), init, xs, length, reverse,
@@ -137,7 +144,8 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                    remat_groups: Optional[int] = None,
                    remat_policy: Optional[Callable[..., bool]] = None,
                    readout: Optional[Callable[..., PyTree]] = None,
-                   readout_inputs: Optional[PyTree] = None
+                   readout_inputs: Optional[PyTree] = None,
+                   memory_budget: Optional[int] = None
                    ) -> tuple[PyTree, PyTree]:
   """`hk.dynamic_unroll`, with what its backward pass keeps chosen by `remat`.
 
@@ -172,9 +180,11 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     return_all_states: return the state after every step, stacked on the
       time axis, instead of the last.
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
-    remat: `False`, `True`, `"nested"` or `"binomial"`, as for `hkb.scan`.
+    remat: `False`, `True`, `"nested"`, `"binomial"` or `"auto"`, as for
+      `hkb.scan`.
     remat_groups: as for `hkb.scan`.
     remat_policy: as for `hkb.scan`.
+    memory_budget: as for `hkb.scan`.
     readout: a Haiku function run on each step's output inside the step,
       `readout(output)` or, with `readout_inputs`, `readout(output, r)` (`r`:
       that step's slice of `readout_inputs`), such as a head and its loss.
@@ -199,7 +209,8 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     reverse = errors.check_bool("reverse", reverse)
     return_all_states = errors.check_bool("return_all_states",
                                           return_all_states)
-    loop = _check_options(remat, remat_groups, remat_policy, unroll)
+    loop = _check_options(remat, remat_groups, remat_policy, unroll,
+                         memory_budget)
     if readout is not None:
       errors.check_callable(
           "readout", readout, "a function of each step's output (and its "
@@ -254,9 +265,10 @@ _CORE = loop_lib.StepWords(body="`core`", pair="(output, state)",
 
 
 def _check_options(remat: Any, remat_groups: Any, remat_policy: Any,
-                   unroll: Any) -> loop_lib.Loop:
+                   unroll: Any, memory_budget: Any) -> loop_lib.Loop:
   return loop_lib.from_options(remat=remat, remat_groups=remat_groups,
-                               remat_policy=remat_policy, unroll=unroll)
+                               remat_policy=remat_policy, unroll=unroll,
+                               memory_budget=memory_budget)
 
 
 def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,

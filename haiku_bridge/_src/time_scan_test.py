@@ -695,8 +695,8 @@ class ArgumentsTest(parameterized.TestCase):
        dict(reverse=None)),
       ("unroll", ValueError, "`unroll` must be a bool or a non-negative int",
        dict(unroll=-2)),
-      ("remat", TypeError, r"`remat` must be False, True, \"nested\" or "
-       r"\"binomial\"; got an int 4", dict(remat=4)),
+      ("remat", TypeError, r"`remat` must be False, True, \"nested\", "
+       r"\"binomial\" or \"auto\"; got an int 4", dict(remat=4)),
       ("remat_groups", ValueError, r"`remat_groups` needs `remat=\"nested\"`",
        dict(remat_groups=3)),
       ("xs_leaf", TypeError, r"xs\['b'\] is a float 1.0; every leaf of xs "
@@ -712,7 +712,7 @@ class ArgumentsTest(parameterized.TestCase):
       ("unknown_keyword", TypeError, "got an unexpected keyword argument "
        r"'remat_group' \(did you mean 'remat_groups'\?\); its arguments are "
        "f, init, xs, length, reverse, unroll, remat, remat_groups, "
-       r"remat_policy\.$", dict(remat_group=2)),
+       r"remat_policy, memory_budget\.$", dict(remat_group=2)),
       ("remat_policy", ValueError, "`remat_policy` needs `remat=True`",
        dict(remat="nested",
             remat_policy=jax.checkpoint_policies.nothing_saveable)))
@@ -766,10 +766,11 @@ class ArgumentsTest(parameterized.TestCase):
     # Haiku's positional arguments, in Haiku's order, under Haiku's names.
     # Our options after them, keyword only.
     for ours, theirs, options in (
-        (hkb.scan, hk.scan, ["remat", "remat_groups", "remat_policy"]),
+        (hkb.scan, hk.scan, ["remat", "remat_groups", "remat_policy",
+                             "memory_budget"]),
         (hkb.dynamic_unroll, hk.dynamic_unroll,
          ["remat", "remat_groups", "remat_policy", "readout",
-          "readout_inputs"])):
+          "readout_inputs", "memory_budget"])):
       theirs_params = list(inspect.signature(theirs).parameters.values())
       ours_params = list(inspect.signature(ours).parameters.values())
       self.assertEqual(

@@ -1,0 +1,388 @@
+"""`remat="auto"`: the plan with the least recomputation whose memory fits a budget.
+
+A scan's backward pass can keep every step's activations (`remat=False`),
+one carry per step (`remat=True`), or a schedule's few carries
+(`"nested"`, `"binomial"`: `remat_schedule.py`), each trading recomputed
+steps for memory. Which one fits depends on things a user cannot see: how
+the step's activations compare with its carry, the length, where the loss
+sits. `plan` predicts, for every candidate, the temporaries a training step
+of the loop needs and the steps it recomputes, and chooses.
+
+The model (README, "Choosing remat"): the loop's training-step
+temporaries (what its backward pass keeps, its outputs and their
+cotangents, its working memory; not the params, nor the rest of the step)
+grow linearly with the steps and with the slots a schedule keeps:
+
+    remat=False:            a₀ + b₀·T
+    remat=True:             a₁ + b₁·T
+    binomial with s slots:  a₂ + b₂·T + c₂·s   (nested: s = its slots)
+
+The coefficients are measured, not guessed: XLA keeps, fuses and
+rematerialises a step's residuals its own way, so a₀, b₀, a₁, b₁, a₂ and
+b₂ come from compiling the gradient of the loop itself (a loss of its
+outputs, as a training step has) at two lengths, L and L/2 with
+L = min(T, 128): 6 compiles of a short loop, whatever T is. c₂ is the
+carry's bytes: a schedule's slots are stacked carries. Recomputed steps
+come from the schedules: `remat=True` runs every step's forward once more
+(T), a schedule that too and the steps it advances to rebuild carries
+(`remat_schedule.binomial_cost`, `Schedule.recomputed_steps`), `False`
+none.
+
+The coefficients are cached on the step's jaxpr (its text: every shape,
+dtype and operation), L and the backend; the choice follows from them, the
+length and the budget, so it is the same for the same shapes and budget.
+The step is planned on the shapes the loop sees, compiled for one
+device: inside `jax.vmap` those are one example's (the prediction is per
+example), and a sharded step is planned unsharded.
+"""
+
+import math
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+from jax.extend import core as jax_core
+import jax.numpy as jnp
+import numpy as np
+
+from haiku_bridge._src import caches
+from haiku_bridge._src import errors
+from haiku_bridge._src import modes
+from haiku_bridge._src import remat_schedule
+from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.pytree import PyTree
+
+# The longest length the coefficients are measured at, and the slots a
+# schedule is measured with. XLA places a loop's small stacked buffers
+# differently from its large ones (measured: an LSTM step's per-step
+# temporaries are 1536 bytes up to 32 steps, 2048 from 64 on), so the
+# slope is measured where it holds for long loops.
+_LONGEST = 128
+_SLOTS = 2
+
+
+class Candidate(NamedTuple):
+  """One way to run the loop, with its predicted cost.
+
+  Attributes:
+    remat: `False`, `True`, `"nested"` or `"binomial"`, as `remat=` takes it.
+    slots: the carries a schedule keeps (None without one).
+    groups: `remat_groups` of `"nested"` (None otherwise).
+    temporaries: predicted bytes of temporaries of a training step of the
+      loop (what the backward pass keeps, and its working memory).
+    recomputed_steps: the steps whose forward the backward pass runs
+      again: T for `remat=True`, T and the advances that rebuild carries
+      for a schedule.
+  """
+  remat: modes.RematMode
+  slots: Optional[int]
+  groups: Optional[int]
+  temporaries: int
+  recomputed_steps: int
+
+
+class Plan(NamedTuple):
+  """The candidates, fewest recomputed steps first, and the one chosen.
+
+  Attributes:
+    length: the number of steps.
+    memory_budget: the budget, bytes.
+    candidates: every candidate, ordered by recomputed steps, then memory.
+    choice: the candidate with the fewest recomputed steps whose predicted
+      temporaries fit the budget (the least memory among those).
+  """
+  length: int
+  memory_budget: int
+  candidates: tuple[Candidate, ...]
+  choice: Candidate
+
+  def table(self) -> str:
+    """The candidates as a Markdown table, the choice marked.
+
+    >>> from haiku_bridge._src import remat_plan
+    >>> c = remat_plan.Candidate
+    >>> print(remat_plan.Plan(8, 900, (c(False, None, None, 1000, 0),
+    ...                                c(True, None, None, 800, 8)),
+    ...                       c(True, None, None, 800, 8)).table())
+    | remat | slots | groups | temporaries (bytes) | recomputed steps | |
+    | --- | --- | --- | --- | --- | --- |
+    | False |  |  | 1000 | 0 | over the budget |
+    | True |  |  | 800 | 8 | chosen |
+    """
+    rows = ["| remat | slots | groups | temporaries (bytes) | recomputed steps "
+            "| |", "| --- | --- | --- | --- | --- | --- |"]
+    for k in self.candidates:
+      note = ("chosen" if k == self.choice else "over the budget"
+              if k.temporaries > self.memory_budget else "")
+      rows.append(f"| {k.remat} | {'' if k.slots is None else k.slots} | "
+                  f"{'' if k.groups is None else k.groups} | {k.temporaries} "
+                  f"| {k.recomputed_steps} | {note} |")
+    return "\n".join(rows)
+
+
+class Coefficients(NamedTuple):
+  """The model's measured coefficients, bytes (see the module docstring)."""
+  plain: tuple[float, float]  # a₀, b₀.
+  per_step: tuple[float, float]  # a₁, b₁.
+  scheduled: tuple[float, float, float]  # a₂, b₂, c₂.
+
+
+def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+               init: PyTree, xs: PyTree, *, memory_budget: int,
+               length: Optional[int] = None) -> Plan:
+  """The remat plan `remat="auto"` chooses for `jax.lax.scan(f, init, xs)`.
+
+  The candidates (no remat, per-step remat, nested with a few numbers of
+  groups, binomial with numbers of slots from 1 to the most the budget
+  holds) with their predicted training-step temporaries and recomputed
+  steps, and the choice: the fewest recomputed steps whose prediction fits
+  `memory_budget`. A step over 512 steps, under a budget that per-step
+  remat does not fit:
+
+  >>> def step(h, x):
+  ...   h = jnp.tanh(h @ jnp.eye(16) + x)
+  ...   return h, jnp.sum(h ** 2)
+  >>> xs = jnp.ones([512, 4, 16])
+  >>> plan = hkb.remat_plan(step, jnp.zeros([4, 16]), xs,
+  ...                       memory_budget=100_000)
+  >>> [(c.remat, c.recomputed_steps) for c in plan.candidates[:2]]
+  [(False, 0), (True, 512)]
+  >>> plan.choice.remat, plan.choice.temporaries <= 100_000
+  ('binomial', True)
+  >>> plan.choice.recomputed_steps < 2 * 512  # Less than one more pass.
+  True
+
+  Args:
+    f: `f(carry, x) -> (carry, y)`, a JAX function (inside a Haiku
+      transform, `remat="auto"` plans the step itself).
+    init: the first carry.
+    xs: per-step inputs, each leaf with a leading axis of `length` steps.
+    memory_budget: bytes the loop's training-step temporaries may take.
+    length: the number of steps; taken from `xs` when not given.
+
+  Returns:
+    A `Plan`.
+
+  Raises:
+    ValueError: if no candidate fits `memory_budget`, naming the least any
+      candidate needs.
+  """
+  with errors.entry("remat_plan"):
+    errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
+    memory_budget = check_budget(memory_budget)
+    leaves = jax.tree_util.tree_leaves_with_path(xs)
+    if length is None:
+      if not leaves or not np.ndim(leaves[0][1]):
+        raise ValueError(errors.message(
+            "xs holds no arrays with a leading time axis, so the number of "
+            "steps is unknown: pass `length=`."))
+      length = int(np.shape(leaves[0][1])[0])
+    length = errors.check_positive_int("length", length)
+    for path, leaf in leaves:
+      if not np.ndim(leaf) or np.shape(leaf)[0] != length:
+        raise ValueError(errors.message(
+            f"xs{jax.tree_util.keystr(path)} has shape {np.shape(leaf)}, but "
+            f"every leaf of xs needs a leading axis of {length} steps."))
+    return plan(f, init, xs, length, memory_budget)
+
+
+def check_budget(memory_budget: Any) -> int:
+  """`memory_budget`, a positive int of bytes."""
+  if not errors.is_int(memory_budget) or memory_budget <= 0:
+    raise (ValueError if errors.is_int(memory_budget) else TypeError)(
+        errors.bad_argument("memory_budget", memory_budget,
+                            "a positive int, in bytes"))
+  return int(memory_budget)
+
+
+def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
+         memory_budget: int) -> Plan:
+  """`remat_plan` of checked arguments (the loop's `remat="auto"`)."""
+  step, consts = _trace(f, init, xs, length)
+  return choose(coefficients(step, consts, length), length, memory_budget)
+
+
+def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
+  """The plan the coefficients predict for `length` steps and the budget."""
+  candidates = _candidates(c, length)
+  # Binomial with the most slots the budget holds: the fewest recomputed
+  # steps of any schedule that fits (each slot costs the same).
+  a, b, per_slot = c.scheduled
+  most = int((memory_budget - a - b * length) // max(per_slot, 1.0))
+  if 1 <= most < length and not any(
+      k.remat == "binomial" and k.slots == most for k in candidates):
+    candidates.append(_binomial(c, length, most))
+  candidates.sort(key=lambda k: (k.recomputed_steps, k.temporaries))
+  fitting = [k for k in candidates if k.temporaries <= memory_budget]
+  if not fitting:
+    least = min(k.temporaries for k in candidates)
+    raise ValueError(errors.message(
+        f"no remat plan for {length} steps fits memory_budget="
+        f"{memory_budget} bytes: the least any needs is {least} bytes "
+        "(predicted). Raise the budget, or shorten the scan."))
+  return Plan(length, memory_budget, tuple(candidates), fitting[0])
+
+
+def _scheduled(c: Coefficients, length: int, slots: int) -> int:
+  a, b, per_slot = c.scheduled
+  return int(round(a + b * length + per_slot * slots))
+
+
+def _binomial(c: Coefficients, length: int, slots: int) -> Candidate:
+  # Each step is run again once where it is backpropagated (as
+  # jax.checkpoint does), besides the schedule's advances.
+  return Candidate("binomial", slots, None, _scheduled(c, length, slots),
+                   length + remat_schedule.binomial_cost(length, slots))
+
+
+def _candidates(c: Coefficients, length: int) -> list[Candidate]:
+  """No remat, remat=True, a few groupings of "nested", binomial by slots."""
+  def linear(ab):
+    return int(round(ab[0] + ab[1] * length))
+
+  out = [Candidate(False, None, None, linear(c.plain), 0),
+         Candidate(True, None, None, linear(c.per_step), length)]
+  # Every count of slots up to 16, then about 20% apart: the budget's own
+  # count is added by `choose`.
+  slots = 1
+  while slots < length:
+    out.append(_binomial(c, length, slots))
+    slots = slots + 1 if slots < 16 else int(slots * 1.2)
+  # A few groupings of "nested", for the record: binomial recomputes no
+  # more with as many slots.
+  for groups in sorted({2, max(1, math.isqrt(length)), length // 4} - {0, 1}):
+    if groups < length:
+      nested = remat_schedule.nested(length, groups)
+      out.append(Candidate("nested", nested.num_slots, groups,
+                           _scheduled(c, length, nested.num_slots),
+                           length + nested.recomputed_steps))
+  return out
+
+
+class _Traced(NamedTuple):
+  """The step as a jaxpr of (consts, carry, x), with the avals it takes."""
+  jaxpr: jax_core.ClosedJaxpr  # Consts abstracted into inputs.
+  num_consts: int
+  carry: tuple[jax.ShapeDtypeStruct, ...]
+  x: tuple[jax.ShapeDtypeStruct, ...]  # One step's slice.
+
+
+def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
+  """`f` traced once on one step's shapes; what it closes over, abstracted."""
+  carry, carry_tree = jax.tree.flatten(init)
+  x_leaves, x_tree = jax.tree.flatten(xs)
+
+  def flat(carry_leaves, x):
+    new_carry, y = f(carry_tree.unflatten(carry_leaves), x_tree.unflatten(x))
+    return jax.tree.leaves(new_carry), jax.tree.leaves(y)
+
+  def struct(a):
+    a = jax.typeof(a)
+    return jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+  carry_avals = tuple(struct(c) for c in carry)
+  x_avals = tuple(jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x))
+                  for x in x_leaves)
+  closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
+  consts = tuple(struct(c) for c in closed.consts)
+  # The consts become the jaxpr's first inputs: no tracer of the caller's
+  # trace reaches the compiles below.
+  jaxpr = jax_core.ClosedJaxpr(
+      _consts_as_inputs(closed.jaxpr), ())
+  return _Traced(jaxpr, len(consts), carry_avals, x_avals), consts
+
+
+def _consts_as_inputs(jaxpr):
+  return jaxpr.replace(constvars=[], invars=jaxpr.constvars + jaxpr.invars)
+
+
+_COEFFICIENTS = caches.Cache("remat_plan.coefficients")
+
+
+def coefficients(step: _Traced, consts: tuple[Any, ...],
+                 length: int) -> Coefficients:
+  """The model's coefficients for `step`, measured by 6 short compiles."""
+  long = min(length, _LONGEST)
+  short = max(1, long // 2)
+  key = (str(step.jaxpr), consts, step.carry, step.x, long,
+         jax.default_backend())
+  found = _COEFFICIENTS.get(key)
+  if found is not None:
+    return found
+
+  def fit(remat):
+    low = _measure(step, consts, short, remat)
+    if long == short:
+      return (float(low), 0.0)
+    b = (_measure(step, consts, long, remat) - low) / (long - short)
+    return (low - b * short, b)
+
+  carry_bytes = sum(math.prod(c.shape) * np.dtype(c.dtype).itemsize
+                    for c in step.carry)
+  a, b = fit(_SLOTS)
+  slots = min(_SLOTS, short)
+  found = Coefficients(fit(None), fit(True),
+                       (a - carry_bytes * slots, b, float(carry_bytes)))
+  _COEFFICIENTS.put(key, found)
+  return found
+
+
+def _measure(step: _Traced, consts, length: int, remat) -> int:
+  """Compiled temporaries of the VJP of `length` steps, run as `remat` says.
+
+  `remat`: None (plain scan), True (checkpointed step), or a number of
+  binomial slots.
+  """
+  def body(consts, carry, x):
+    out = jax_core.jaxpr_as_fun(step.jaxpr)(*consts, *carry, *x)
+    return out[:len(step.carry)], out[len(step.carry):]
+
+  def run(consts, carry, xs):
+    f = lambda c, x: body(consts, c, x)
+    if remat is None:
+      return jax.lax.scan(f, carry, xs, length=length)
+    if remat is True:
+      return jax.lax.scan(jax.checkpoint(f), carry, xs, length=length)
+    return scheduled_scan.scan(
+        f, carry, xs, length=length,
+        schedule=remat_schedule.binomial(length, min(remat, length)))
+
+  def train(consts, carry, xs):
+    # A loss of the outputs, as a training step has one: the ys are made
+    # and kept for it, and their cotangent made from them (a loss in the
+    # step returns small ys, and this costs little).
+    def loss(*floats):
+      out = _on_floats(run, (consts, carry, xs))(*floats)
+      return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
+    floats = _floats((consts, carry, xs))
+    return jax.grad(loss, argnums=tuple(range(len(floats))))(*floats)
+
+  stacked = [jax.ShapeDtypeStruct((length,) + x.shape, x.dtype)
+             for x in step.x]
+  compiled = jax.jit(train).lower(list(consts), list(step.carry),
+                                  stacked).compile()
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    raise ValueError(errors.message(
+        f"remat=\"auto\" needs XLA's memory analysis, which the "
+        f"{jax.default_backend()} backend does not give."))
+  return analysis.temp_size_in_bytes
+
+
+def _is_float(a) -> bool:
+  return jnp.issubdtype(a.dtype, jnp.inexact)
+
+
+def _floats(tree):
+  return [leaf for leaf in jax.tree.leaves(tree) if _is_float(leaf)]
+
+
+def _on_floats(fn, args):
+  """`fn(*args)` as a function of the float leaves of `args` only."""
+  leaves, tree = jax.tree.flatten(args)
+
+  def g(*floats):
+    it = iter(floats)
+    full = [next(it) if _is_float(leaf) else leaf for leaf in leaves]
+    return _floats(fn(*tree.unflatten(full)))
+  return g
+
