@@ -1,7 +1,6 @@
 """Tests for `remat="auto"`: predictions against compiled memory, the choice against the manual plans."""
 
 import contextlib
-import functools
 from unittest import mock
 
 from absl.testing import absltest
@@ -15,58 +14,12 @@ import haiku_bridge as hkb
 from haiku_bridge._src import caches
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import remat_plan
-from testing import transformer as transformer_lib
+from testing import remat_models
 
-# Small widths: the grid compiles a few dozen training steps.
-BATCH, HIDDEN, INPUTS = 4, 32, 8
-WIDTH = 64
 KEY = jax.random.PRNGKey(0)
-
-
-def lstm(length, loss_in_step, **remat):
-  """An LSTM over `length` steps, the loss after the unroll or in the step."""
-  def f(xs):
-    core = hk.LSTM(HIDDEN)
-    state = core.initial_state(BATCH)
-    if loss_in_step:
-      losses, _ = hkb.dynamic_unroll(core, xs, state,
-                                     readout=lambda y: jnp.sum(y ** 2),
-                                     **remat)
-      return jnp.sum(losses)
-    ys, _ = hkb.dynamic_unroll(core, xs, state, **remat)
-    return jnp.sum(ys ** 2)
-  return hk.transform(f), jnp.ones([length, BATCH, INPUTS])
-
-
-def mlp(depth, **remat):
-  """A residual MLP stack of `depth` layers."""
-  def f(x):
-    def block(h):
-      return h + hk.nets.MLP([4 * WIDTH, WIDTH])(h)
-    return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
-  return hk.transform(f), jnp.ones([8, WIDTH])
-
-
-def transformer(depth, **remat):
-  """A pre-norm transformer stack of `depth` blocks (attention and MLP)."""
-  def f(x):
-    block = functools.partial(transformer_lib.block, d_model=32, heads=4)
-    return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
-  return hk.transform(f), jnp.ones([2, 16, 32])
-
-
-MODELS = {
-    "lstm_256_loss_after": lambda **r: lstm(256, False, **r),
-    "lstm_256_loss_in_step": lambda **r: lstm(256, True, **r),
-    "lstm_1024_loss_after": lambda **r: lstm(1024, False, **r),
-    "lstm_1024_loss_in_step": lambda **r: lstm(1024, True, **r),
-    "lstm_4096_loss_after": lambda **r: lstm(4096, False, **r),
-    "lstm_4096_loss_in_step": lambda **r: lstm(4096, True, **r),
-    "mlp_depth_16": lambda **r: mlp(16, **r),
-    "mlp_depth_64": lambda **r: mlp(64, **r),
-    "transformer_depth_16": lambda **r: transformer(16, **r),
-    "transformer_depth_64": lambda **r: transformer(64, **r),
-}
+# Small widths: the grid compiles a few dozen training steps.
+MODELS = remat_models.models(lstm_lengths=(256, 1024, 4096),
+                             mlp_depths=(16, 64), transformer_depths=(16, 64))
 
 
 @contextlib.contextmanager

@@ -54,7 +54,6 @@ import re
 import sys
 import time
 from typing import Any, Callable, Optional
-from xml.sax import saxutils
 
 from absl import app
 from absl import flags
@@ -69,6 +68,7 @@ from haiku_bridge._src import pipeline as pipeline_lib
 from testing import transformer
 from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import svg
 
 _QUICK = flags.DEFINE_bool("quick", False,
                            "Smoke mode: a tiny stack, one timed step.")
@@ -344,21 +344,6 @@ _BOUND_COLOR = "#d62728"
 MIB = 2 ** 20
 
 
-def _tick_step(top: float) -> float:
-  """A round step (1, 2, 2.5 or 5 × a power of ten) that splits [0, top] in at most 5."""
-  power = 10 ** math.floor(math.log10(top / 5))
-  return next(power * k for k in (1, 2, 2.5, 5, 10) if power * k * 5 >= top)
-
-
-def _marker(kind: str, x: float, y: float, color: str, title: str) -> str:
-  tip = f"<title>{saxutils.escape(title)}</title>"
-  if kind == "circle":
-    return (f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="none" '
-            f'stroke="{color}" stroke-width="1.5">{tip}</circle>')
-  return (f'<rect x="{x - 2.5:.1f}" y="{y - 2.5:.1f}" width="5" height="5" '
-          f'fill="{color}">{tip}</rect>')
-
-
 def memory_svg(cfg: CostConfig, rows: list[CostRow]) -> str:
   """Per-device temporaries (MiB) against M, a panel per S, as an SVG document.
 
@@ -368,90 +353,46 @@ def memory_svg(cfg: CostConfig, rows: list[CostRow]) -> str:
   stages = sorted({r.stages for r in rows})
   width = len(stages) * (_PANEL_W + _MARGIN) + _MARGIN
   height = _PANEL_H + 2 * _MARGIN + 18 * len(_STYLE)
-  parts = [
-      f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-      f'height="{height}" viewBox="0 0 {width} {height}" '
-      'font-family="sans-serif" font-size="11">',
-      f'<rect width="{width}" height="{height}" fill="white"/>',
-      f'<text x="{width / 2:.0f}" y="18" text-anchor="middle" '
-      f'font-size="13">Pipelined grad step: temporaries per device against '
-      f'microbatches ({COST_LAYERS} residual MLP blocks, width {cfg.width}, '
-      f'batch {COST_BATCH})</text>']
-  for panel, s in enumerate(stages):
+  parts = svg.open_document(
+      width, height, "Pipelined grad step: temporaries per device against "
+      f"microbatches ({COST_LAYERS} residual MLP blocks, width {cfg.width}, "
+      f"batch {COST_BATCH})")
+  for i, s in enumerate(stages):
     mine = [r for r in rows if r.stages == s]
     bound = COST_BOUND * mine[0].stage_param_bytes / MIB
     highest = 1.1 * max([bound] + [t / MIB for r in mine
                                    for t in r.temp_bytes.values()])
-    step = _tick_step(highest)
-    top = step * math.ceil(highest / step)
+    step = svg.tick_step(highest)
     ms = sorted({r.microbatches for r in mine})
-    left = _MARGIN + panel * (_PANEL_W + _MARGIN)
-    span = max(math.log2(ms[-1]) - math.log2(ms[0]), 1)
-
-    def x_of(m, left=left, ms=ms, span=span):
-      return left + 20 + (_PANEL_W - 40) * (math.log2(m) - math.log2(ms[0])
-                                            ) / span
-
-    def y_of(mib, top=top):
-      return _MARGIN + _PANEL_H * (1 - mib / top)
-
-    parts.append(f'<rect x="{left}" y="{_MARGIN}" width="{_PANEL_W}" '
-                 f'height="{_PANEL_H}" fill="none" stroke="#444"/>')
-    parts.append(f'<text x="{left + _PANEL_W / 2:.0f}" y="{_MARGIN - 8}" '
-                 f'text-anchor="middle">S = {s} stages</text>')
-    for i in range(round(top / step) + 1):  # The MiB axis.
-      mib = step * i
-      y = y_of(mib)
-      parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + _PANEL_W}" '
-                   f'y2="{y:.1f}" stroke="#ddd"/>')
-      parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" '
-                   f'text-anchor="end">{mib:.2f}</text>')
-    for m in ms:
-      parts.append(f'<text x="{x_of(m):.1f}" y="{_MARGIN + _PANEL_H + 16}" '
-                   f'text-anchor="middle">{m}</text>')
-    parts.append(f'<text x="{left + _PANEL_W / 2:.0f}" '
-                 f'y="{_MARGIN + _PANEL_H + 32}" text-anchor="middle">'
-                 'microbatches M (log scale)</text>')
-    parts.append(f'<text transform="translate({left - 42},'
-                 f'{_MARGIN + _PANEL_H / 2:.0f}) rotate(-90)" '
-                 'text-anchor="middle">temporaries per device (MiB)</text>')
-    y = y_of(bound)
-    parts.append(
-        f'<line class="bound" x1="{left}" y1="{y:.1f}" x2="{left + _PANEL_W}" '
-        f'y2="{y:.1f}" stroke="{_BOUND_COLOR}" stroke-dasharray="8,4">'
-        f'<title>S={s} bound: {COST_BOUND} × stage params = {bound:.3f} MiB'
-        '</title></line>')
-    parts.append(f'<text x="{left + _PANEL_W - 4}" y="{y - 5:.1f}" '
-                 f'text-anchor="end" fill="{_BOUND_COLOR}">bound '
-                 f'{bound:.2f} MiB</text>')
+    panel = svg.Panel(_MARGIN + i * (_PANEL_W + _MARGIN), _MARGIN, _PANEL_W,
+                      _PANEL_H, ms[0], ms[-1],
+                      step * math.ceil(highest / step), x_log=True)
+    parts += svg.frame(panel, f"S = {s} stages", step,
+                       [(m, str(m)) for m in ms],
+                       "microbatches M (log scale)",
+                       "temporaries per device (MiB)")
+    parts += svg.hline(
+        panel, bound, _BOUND_COLOR, "bound",
+        f"S={s} bound: {COST_BOUND} × stage params = {bound:.3f} MiB",
+        f"bound {bound:.2f} MiB")
     for (schedule, kind), (color, dash, marker) in _STYLE.items():
       points = [(r.microbatches, r.temp_bytes[kind] / MIB)
                 for r in sorted(mine, key=lambda r: r.microbatches)
                 if r.schedule == schedule]
       if not points:
         continue
-      xy = " ".join(f"{x_of(m):.1f},{y_of(v):.1f}" for m, v in points)
-      dashes = f' stroke-dasharray="{dash}"' if dash else ""
-      parts.append(f'<polyline class="{schedule} {kind}" points="{xy}" '
-                   f'fill="none" stroke="{color}" stroke-width="1.5"'
-                   f'{dashes}/>')
-      parts.extend(_marker(marker, x_of(m), y_of(v), color,
-                           f"S={s} {schedule} {kind} M={m}: {v:.3f} MiB")
+      parts.append(svg.polyline(panel, points, color, f"{schedule} {kind}",
+                                dash))
+      parts.extend(svg.marker(marker, panel.x(m), panel.y(v), color,
+                              f"S={s} {schedule} {kind} M={m}: {v:.3f} MiB")
                    for m, v in points)
-  legend_y = _MARGIN + _PANEL_H + 52
-  for i, ((schedule, kind), (color, dash, marker)) in enumerate(
-      list(_STYLE.items()) + [(("bound", ""), (_BOUND_COLOR, "8,4", ""))]):
-    y = legend_y + 16 * i
-    dashes = f' stroke-dasharray="{dash}"' if dash else ""
-    parts.append(f'<line x1="{_MARGIN}" y1="{y}" x2="{_MARGIN + 30}" y2="{y}" '
-                 f'stroke="{color}" stroke-width="1.5"{dashes}/>')
-    if marker:
-      parts.append(_marker(marker, _MARGIN + 15, y, color, ""))
-    label = (f"{schedule}, {kind} axes" if kind else
-             f"bound: {COST_BOUND} × the stage's params (docs/sharding.md)")
-    parts.append(f'<text x="{_MARGIN + 38}" y="{y + 4}">{label}</text>')
-  parts.append("</svg>")
-  return "\n".join(parts) + "\n"
+  parts += svg.legend(
+      _MARGIN, _MARGIN + _PANEL_H + 52,
+      [(color, dash, marker, f"{schedule}, {kind} axes")
+       for (schedule, kind), (color, dash, marker) in _STYLE.items()] +
+      [(_BOUND_COLOR, "8,4", "",
+        f"bound: {COST_BOUND} × the stage's params (docs/sharding.md)")])
+  return svg.close_document(parts)
 
 
 def report(cfg: Config, command: str, cost: CostConfig,

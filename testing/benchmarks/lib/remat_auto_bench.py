@@ -1,0 +1,279 @@
+"""The benchmark of `remat="auto"` (issue 37): every candidate plan against what the compiler does.
+
+For each model (an LSTM unroll with the loss after it or in the step, a
+residual MLP stack, a transformer stack; small widths: testing/remat_models.py,
+on which haiku_bridge/_src/remat_plan_test.py checks the predictions),
+`remat_plan` predicts every candidate's training-step temporaries and
+recomputed steps from one plan; the manual plans (`False`, `True`, `"nested"`, `"binomial"`, `"nested"` with
+2 groups) and what `remat="auto"` picks at a loose, a middle and a tight
+budget are compiled, and their compiled temporaries (XLA's memory analysis
+of the jitted `value_and_grad` step) set beside the predictions.
+"""
+
+import contextlib
+import dataclasses
+import math
+import sys
+from typing import Any, Callable, Optional
+from unittest import mock
+
+import jax
+
+from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src import remat_plan
+from testing import remat_models
+from testing.benchmarks.lib import svg
+
+KEY = jax.random.PRNGKey(0)
+# The manual plans compiled beside the predictions: (remat, remat_groups).
+MANUAL = ((False, None), (True, None), ("nested", None), ("binomial", None),
+          ("nested", 2))
+BUDGETS = ("loose", "middle", "tight")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  mode: str
+  lstm_lengths: tuple[int, ...]
+  mlp_depths: tuple[int, ...]
+  transformer_depths: tuple[int, ...]
+
+
+FULL = Config("full", (256, 1024, 4096), (16, 64), (16, 64))
+QUICK = Config("quick", (16,), (4,), ())
+
+
+def models(cfg: Config) -> dict[str, Callable[..., Any]]:
+  return remat_models.models(cfg.lstm_lengths, cfg.mlp_depths,
+                             cfg.transformer_depths)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+  """A plan compiled: what remat= ran, its prediction and the compiler's figure."""
+  label: str
+  candidate: remat_plan.Candidate
+  compiled: int  # Bytes of temporaries.
+  budget: Optional[int] = None  # For auto's picks.
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelResult:
+  name: str
+  length: int
+  candidates: tuple[remat_plan.Candidate, ...]
+  budgets: dict[str, int]
+  manual: tuple[Compiled, ...]
+  picks: tuple[Compiled, ...]
+
+
+def temporaries(model, params, x, **remat) -> int:
+  """Compiled temporaries of a training step of `model` run with `remat`."""
+  net, _ = model(**remat)
+  step = jax.value_and_grad(lambda p, x: net.apply(p, None, x))
+  return jax.jit(step).lower(params, x).compile().memory_analysis(
+      ).temp_size_in_bytes
+
+
+@contextlib.contextmanager
+def _coefficients_seen():
+  """The `Coefficients` the loops' plans are chosen from, in order."""
+  seen = []
+  real = remat_plan.choose
+
+  def spy(c, length, budget):
+    seen.append(c)
+    return real(c, length, budget)
+
+  with mock.patch.object(remat_plan, "choose", spy):
+    yield seen
+
+
+def _predicted(c, length: int, remat, groups) -> remat_plan.Candidate:
+  """The prediction for a manual plan (remat_plan's formulas, its slots)."""
+  if remat in (False, True):
+    plan = remat_plan.choose(c, length, 1 << 62)
+    return next(k for k in plan.candidates if k.remat is remat)
+  sched = loop_lib.schedule(remat, length, groups)
+  return remat_plan.Candidate(
+      remat, sched.num_slots, groups,
+      remat_plan._scheduled(c, length, sched.num_slots),  # pylint: disable=protected-access
+      length + sched.recomputed_steps)
+
+
+def bench_model(name: str, model) -> ModelResult:
+  net, x = model()
+  params = net.init(KEY, x)
+  with _coefficients_seen() as seen:
+    temporaries(model, params, x, remat="auto", memory_budget=1 << 40)
+  c = seen[-1]
+  length = (x.shape[0] if name.startswith("lstm") else
+            int(jax.tree.leaves(params)[0].shape[0]))
+  candidates = remat_plan.choose(c, length, 1 << 62).candidates
+  manual = []
+  for remat, groups in MANUAL:
+    kw = {} if groups is None else {"remat_groups": groups}
+    manual.append(Compiled(
+        f"{remat}" + ("" if groups is None else f", groups={groups}"),
+        _predicted(c, length, remat, groups),
+        temporaries(model, params, x, remat=remat, **kw)))
+  plain = next(k for k in candidates if k.remat is False).temporaries
+  per_step = next(k for k in candidates if k.remat is True).temporaries
+  smallest = min(k.temporaries for k in candidates)
+  budgets = {"loose": int(plain * 1.01),
+             "middle": int((per_step + smallest) / 2),
+             "tight": int(smallest * 1.01)}
+  picks = []
+  for label, budget in budgets.items():
+    choice = remat_plan.choose(c, length, budget).choice
+    picks.append(Compiled(label, choice, temporaries(
+        model, params, x, remat="auto", memory_budget=budget), budget))
+    print(f"remat auto: {name} {label}: {choice}", file=sys.stderr,
+          flush=True)
+  return ModelResult(name, length, tuple(candidates), budgets, tuple(manual),
+                     tuple(picks))
+
+
+def bench(cfg: Config) -> list[ModelResult]:
+  return [bench_model(name, model) for name, model in models(cfg).items()]
+
+
+def _plan_name(k: remat_plan.Candidate) -> str:
+  out = str(k.remat)
+  if k.slots is not None:
+    out += f", {k.slots} slots"
+  if k.groups is not None:
+    out += f", {k.groups} groups"
+  return out
+
+
+def _kib(n: float) -> str:
+  return f"{n / 1024:,.1f}"
+
+
+def markdown(results: list[ModelResult]) -> str:
+  """Auto's picks per budget, then every compiled plan's prediction against the compiler."""
+  out = ["### What `remat=\"auto\"` picks", "",
+         "Budgets: loose = 1.01 × no remat's predicted temporaries, middle = "
+         "halfway between `remat=True`'s and the smallest candidate's, tight "
+         "= 1.01 × the smallest. \"Fewest manual\": the fewest recomputed "
+         "steps of the manual plans whose compiled temporaries fit.", "",
+         "| model | budget | budget (KiB) | auto's plan | predicted (KiB) | "
+         "compiled (KiB) | compiled / budget | recomputed steps | "
+         "fewest manual |",
+         "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+  for r in results:
+    for p in r.picks:
+      fitting = [m.candidate.recomputed_steps for m in r.manual
+                 if m.compiled <= p.budget]
+      out.append(
+          f"| {r.name} | {p.label} | {_kib(p.budget)} | "
+          f"{_plan_name(p.candidate)} | {_kib(p.candidate.temporaries)} | "
+          f"{_kib(p.compiled)} | {p.compiled / p.budget:.3f} | "
+          f"{p.candidate.recomputed_steps} | "
+          f"{min(fitting) if fitting else 'none fits'} |")
+  out += ["", "### Predicted against compiled temporaries", "",
+          "| model | plan | predicted (KiB) | compiled (KiB) | "
+          "predicted / compiled − 1 | recomputed steps |",
+          "| --- | --- | ---: | ---: | ---: | ---: |"]
+  for r in results:
+    for m in r.manual + r.picks:
+      label = (f"auto ({m.label}): {_plan_name(m.candidate)}" if m.budget
+               else _plan_name(m.candidate))
+      out.append(f"| {r.name} | {label} | {_kib(m.candidate.temporaries)} | "
+                 f"{_kib(m.compiled)} | "
+                 f"{m.candidate.temporaries / m.compiled - 1:+.1%} | "
+                 f"{m.candidate.recomputed_steps} |")
+  return "\n".join(out) + "\n"
+
+
+def pareto(candidates) -> list[remat_plan.Candidate]:
+  """The candidates no other beats in both recomputed steps and temporaries."""
+  front, least = [], math.inf
+  for k in sorted(candidates, key=lambda k: (k.recomputed_steps,
+                                             k.temporaries)):
+    if k.temporaries < least:
+      front.append(k)
+      least = k.temporaries
+  return front
+
+
+_PANEL_W, _PANEL_H, _MARGIN, _COLUMNS = 260, 200, 72, 2
+_CANDIDATE, _FRONT, _MANUAL = "#7f7f7f", "#1f77b4", "#2ca02c"
+_BUDGET_COLORS = {"loose": "#9467bd", "middle": "#ff7f0e", "tight": "#d62728"}
+_KIND_MARKER = {"binomial": "square", "nested": "diamond"}
+
+
+def _passes(r: ModelResult, k: remat_plan.Candidate) -> float:
+  """Forward passes over the loop a training step runs with `k`: 1 + recomputed / T."""
+  return 1 + k.recomputed_steps / r.length
+
+
+def pareto_svg(results: list[ModelResult]) -> str:
+  """A panel per model: every candidate's predicted temporaries against its forward passes.
+
+  Both axes are log-scaled: x is 1 + recomputed steps / T (1: no remat,
+  2: per-step remat), y the temporaries in KiB.
+  Grey: each candidate (square binomial, diamond nested, circle no remat /
+  per-step remat), blue line: their Pareto front; green circles: the manual
+  plans, compiled; a ring per budget at auto's pick (compiled) on the
+  budget's dashed line. Each point's `<title>` gives its figures.
+  """
+  rows = math.ceil(len(results) / _COLUMNS)
+  width = _COLUMNS * (_PANEL_W + _MARGIN + 16) + _MARGIN
+  panel_h = _PANEL_H + _MARGIN + 24
+  height = rows * panel_h + _MARGIN + 16 * 9
+  parts = svg.open_document(
+      width, height, "remat=\"auto\": training-step temporaries against "
+      "forward passes, every candidate (predicted)")
+  for i, r in enumerate(results):
+    ys = ([k.temporaries for k in r.candidates] + list(r.budgets.values()) +
+          [m.compiled for m in r.manual + r.picks])
+    passes = [_passes(r, k) for k in r.candidates]
+    panel = svg.Panel(
+        _MARGIN + (i % _COLUMNS) * (_PANEL_W + _MARGIN + 16),
+        _MARGIN + (i // _COLUMNS) * panel_h, _PANEL_W, _PANEL_H, 1,
+        max(passes), 10 ** math.ceil(math.log10(1.1 * max(ys) / 1024)),
+        x_log=True, y_low=10 ** math.floor(math.log10(0.9 * min(ys) / 1024)),
+        y_log=True)
+    x_ticks = [2 ** j for j in range(math.ceil(math.log2(max(passes))) + 1)
+               if 2 ** j <= max(passes)]
+    x_ticks = x_ticks[::max(1, math.ceil(len(x_ticks) / 6))]
+    parts += svg.frame(panel, f"{r.name} (T = {r.length})", 0,
+                       [(x, f"{x:g}") for x in x_ticks],
+                       "forward passes per step: 1 + recomputed / T (log)",
+                       "temporaries (KiB, log)", "g")
+    for label, budget in r.budgets.items():
+      parts += svg.hline(panel, budget / 1024, _BUDGET_COLORS[label],
+                         f"budget {label}",
+                         f"{r.name} {label} budget: {_kib(budget)} KiB",
+                         label, dash="4,3", at_start=label == "middle")
+    parts.append(svg.polyline(
+        panel, [(_passes(r, k), k.temporaries / 1024)
+                for k in pareto(r.candidates)], _FRONT, "pareto"))
+    for k in r.candidates:
+      parts.append(svg.marker(
+          _KIND_MARKER.get(k.remat, "circle"), panel.x(_passes(r, k)),
+          panel.y(k.temporaries / 1024), _CANDIDATE,
+          f"{r.name} candidate {_plan_name(k)}: predicted "
+          f"{_kib(k.temporaries)} KiB, {k.recomputed_steps} recomputed"))
+    for m in r.manual + r.picks:
+      if m.budget is None:
+        kind, color, what = "circle", _MANUAL, f"manual {m.label}:"
+      else:
+        kind, color = "ring", _BUDGET_COLORS[m.label]
+        what = f"auto {m.label}: {_plan_name(m.candidate)},"
+      parts.append(svg.marker(
+          kind, panel.x(_passes(r, m.candidate)), panel.y(m.compiled / 1024),
+          color, f"{r.name} {what} compiled {_kib(m.compiled)} KiB, "
+          f"{m.candidate.recomputed_steps} recomputed"))
+  parts += svg.legend(_MARGIN, rows * panel_h + _MARGIN, [
+      (_CANDIDATE, None, "square", "candidate, binomial (predicted)"),
+      (_CANDIDATE, None, "diamond", "candidate, nested (predicted)"),
+      (_CANDIDATE, None, "circle",
+       "candidate, no remat / per-step (predicted)"),
+      (_FRONT, "", "", "Pareto front of the candidates"),
+      (_MANUAL, None, "circle", "manual plan (compiled)")] + [
+          (color, "4,3", "ring", f"{label} budget and auto's pick (compiled)")
+          for label, color in _BUDGET_COLORS.items()])
+  return svg.close_document(parts)

@@ -1,0 +1,77 @@
+"""Keeps testing/benchmarks/remat_auto_benchmark.py from rotting: its quick mode runs to the end.
+
+The budget and prediction relations themselves are tests in
+haiku_bridge/_src/remat_plan_test.py; here, that the report and the plot
+carry every model, plan and budget.
+"""
+
+import contextlib
+import io
+import os
+import tempfile
+from xml.etree import ElementTree
+
+from absl.testing import absltest
+
+from haiku_bridge._src import remat_plan
+from testing.benchmarks import remat_auto_benchmark
+from testing.benchmarks.lib import remat_auto_bench
+
+_NS = {"svg": "http://www.w3.org/2000/svg"}
+
+
+class QuickRematAutoBenchmarkTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    plot = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")),
+                        "pareto.svg")
+    with contextlib.redirect_stderr(io.StringIO()) as stderr:
+      cls.report = remat_auto_benchmark.report(
+          remat_auto_bench.QUICK, "remat_auto_benchmark_test --quick", plot)
+    cls.progress = stderr.getvalue()
+    cls.svg = ElementTree.parse(plot).getroot()
+    cls.models = list(remat_auto_bench.models(remat_auto_bench.QUICK))
+
+  def test_reports_the_run(self):
+    for text in ("Command: `remat_auto_benchmark_test --quick`",
+                 "Mode: quick", "| CPU count |", "| jax |",
+                 "| haiku_bridge |"):
+      self.assertIn(text, self.report)
+
+  def test_a_row_per_model_and_budget_and_per_compiled_plan(self):
+    picks, compiled = self.report.split("### Predicted against compiled")
+    for model in self.models:
+      for budget in remat_auto_bench.BUDGETS:
+        self.assertIn(f"| {model} | {budget} |", picks)
+        self.assertIn(f"| {model} | auto ({budget}): ", compiled)
+      for remat, groups in remat_auto_bench.MANUAL:
+        self.assertIn(f"| {model} | {remat}", compiled)
+
+  def test_plot_marks_every_candidate_and_each_pick(self):
+    titles = [t.text or "" for t in self.svg.iterfind(".//svg:title", _NS)]
+    for model in self.models:
+      self.assertGreater(
+          sum(t.startswith(f"{model} candidate ") for t in titles), 4)
+      for budget in remat_auto_bench.BUDGETS:
+        self.assertTrue(any(t.startswith(f"{model} auto {budget}: ")
+                            for t in titles), (model, budget))
+        self.assertTrue(any(t.startswith(f"{model} {budget} budget: ")
+                            for t in titles), (model, budget))
+    self.assertLen(self.svg.findall(".//svg:polyline[@class='pareto']", _NS),
+                   len(self.models))
+
+  def test_progress_goes_to_stderr(self):
+    self.assertIn("remat auto: ", self.progress)
+
+  def test_pareto_front(self):
+    c = remat_plan.Candidate
+    front = remat_auto_bench.pareto([
+        c(False, None, None, 100, 0), c(True, None, None, 40, 8),
+        c("nested", 4, 2, 50, 12), c("binomial", 2, None, 30, 20)])
+    self.assertEqual([k.temporaries for k in front], [100, 40, 30])
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,67 @@
+"""The models `remat="auto"` is measured on: an LSTM unroll, residual MLP and transformer stacks.
+
+Small widths, so a grid of them compiles in minutes; shared by
+haiku_bridge/_src/remat_plan_test.py (predictions against compiled memory)
+and testing/benchmarks/lib/remat_auto_bench.py (the Pareto plot). Each takes
+the loop's remat keywords and returns the transformed net and its input.
+"""
+
+import functools
+from typing import Any, Callable
+
+import haiku as hk
+import jax.numpy as jnp
+
+import haiku_bridge as hkb
+from testing import transformer as transformer_lib
+
+BATCH, HIDDEN, INPUTS = 4, 32, 8
+WIDTH = 64
+
+
+def lstm(length: int, loss_in_step: bool, **remat):
+  """An LSTM over `length` steps, the loss after the unroll or in the step."""
+  def f(xs):
+    core = hk.LSTM(HIDDEN)
+    state = core.initial_state(BATCH)
+    if loss_in_step:
+      losses, _ = hkb.dynamic_unroll(core, xs, state,
+                                     readout=lambda y: jnp.sum(y ** 2),
+                                     **remat)
+      return jnp.sum(losses)
+    ys, _ = hkb.dynamic_unroll(core, xs, state, **remat)
+    return jnp.sum(ys ** 2)
+  return hk.transform(f), jnp.ones([length, BATCH, INPUTS])
+
+
+def mlp(depth: int, **remat):
+  """A residual MLP stack of `depth` layers."""
+  def f(x):
+    def block(h):
+      return h + hk.nets.MLP([4 * WIDTH, WIDTH])(h)
+    return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
+  return hk.transform(f), jnp.ones([8, WIDTH])
+
+
+def transformer(depth: int, **remat):
+  """A pre-norm transformer stack of `depth` blocks (attention and MLP)."""
+  def f(x):
+    block = functools.partial(transformer_lib.block, d_model=32, heads=4)
+    return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
+  return hk.transform(f), jnp.ones([2, 16, 32])
+
+
+def models(lstm_lengths, mlp_depths,
+           transformer_depths) -> dict[str, Callable[..., Any]]:
+  """The models by name: `lstm_{T}_loss_after`, `lstm_{T}_loss_in_step`,
+  `mlp_depth_{D}` and `transformer_depth_{D}`."""
+  out = {}
+  for t in lstm_lengths:
+    for where in ("after", "in_step"):
+      out[f"lstm_{t}_loss_{where}"] = functools.partial(lstm, t,
+                                                        where == "in_step")
+  for d in mlp_depths:
+    out[f"mlp_depth_{d}"] = functools.partial(mlp, d)
+  for d in transformer_depths:
+    out[f"transformer_depth_{d}"] = functools.partial(transformer, d)
+  return out
