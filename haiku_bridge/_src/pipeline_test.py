@@ -638,7 +638,7 @@ class RematAutoTest(EightDevicesTest):
     loose = self._visit_plan(per_visit, 1 << 40, 2, x)
     budgets = (1 << 40, loose.choice.temporaries - 1,
                min(c.temporaries for c in loose.candidates))
-    chosen = []
+    chosen, compiled = [], []
     for budget in budgets:
       expected = self._visit_plan(per_visit, budget, 2, x)
       pipelined = stack(dense, layers, init=init_dense, remat="auto",
@@ -647,7 +647,8 @@ class RematAutoTest(EightDevicesTest):
       params = pipelined.init(KEY, x)
       with plans_made() as made, recorded_schedules() as ran:
         with jax.set_mesh(make_mesh(2)):
-          jax.eval_shape(jax.value_and_grad(pipelined.apply), params, None, x)
+          compiled.append(jax.jit(jax.value_and_grad(pipelined.apply)).lower(
+              params, None, x).compile().memory_analysis().temp_size_in_bytes)
       (got,) = made
       self.assertEqual(got, expected)
       choice = got.choice
@@ -664,6 +665,8 @@ class RematAutoTest(EightDevicesTest):
     self.assertEqual(
         sorted((c.temporaries for c in chosen), reverse=True),
         [c.temporaries for c in chosen])
+    # And the compiled pipeline step's temporaries fall with them.
+    self.assertEqual(sorted(set(compiled), reverse=True), compiled)
 
   def test_budget_below_every_plan_for_a_visit(self):
     per_visit = LAYERS // 2
