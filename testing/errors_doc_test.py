@@ -322,10 +322,6 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     (SECTION_SCAN, "a budget below what any plan needs (`remat=\"auto\"`, `hkb.remat_plan`)"):
         lambda: hkb.remat_plan(lambda h, x: (jnp.tanh(h + x), None), jnp.zeros([2, 4]),
                                jnp.ones([8, 2, 4]), memory_budget=100),
-    (SECTION_SCAN, "`remat=\"auto\"` with `pipeline=`"):
-        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 4, remat="auto",
-                                              memory_budget=10**6,
-                                              pipeline=hkb.Pipeline(axis="stage"))),
     (SECTION_SCAN, "`unroll` or `reverse` of the wrong type"):
         lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
                                             unroll=-1)),

@@ -19,6 +19,7 @@ import numpy as np
 
 from haiku_bridge._src import errors
 from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import pipeline_layout
 from haiku_bridge._src import pipeline_plan
@@ -52,10 +53,12 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
   if reverse:
     per_layer = jax.tree.map(lambda a: jnp.flip(a, 0), per_layer)
   state = per_layer[1]
-  program = _StageProgram(body, loop, layout, plan.timetable,
-                          batch.microbatches)
   staged = jax.tree.map(layout.to_stages, per_layer)
   micro = jax.tree.map(batch.split, carry)
+  if loop.remat == modes.REMAT_AUTO:
+    loop = stage_loop(loop, body, micro, staged, layout.layers)
+  program = _StageProgram(body, loop, layout, plan.timetable,
+                          batch.microbatches)
   if stages == 1:
     # One stage passes nothing on: the timetable runs as a loop, in place,
     # over arrays typed by the mesh as a `shard_map` would type them (an
@@ -126,6 +129,29 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
                                           typed_sharding.spec(c)),
       out, carry)
   return out, (ys, new_state)
+
+
+def stage_loop(loop: loop_lib.Loop, body: Callable[..., Any], micro: PyTree,
+               staged: PyTree, layers: int) -> loop_lib.Loop:
+  """The loop every stage runs for `remat="auto"`: planned once, for one visit.
+
+  `memory_budget` is per stage: the training-step temporaries of one
+  visit's loop (`layers` layers) on one microbatch, as `remat_plan` counts
+  a loop's (what its backward pass keeps, its outputs and their
+  cotangents, its working memory; not the stage's params, nor what the
+  timetable keeps across visits and microbatches). The plan is made here,
+  outside the stages' `shard_map`, on one microbatch's carry and one
+  visit's layers, unsharded (as `remat_plan` plans every step), so every
+  stage and every visit runs the same one, and `_kept_by` sees it.
+  """
+  # Shapes only: a slice of arrays split over the stages (Explicit axes)
+  # would be refused.
+  def part(a: jax.Array, axes: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(np.shape(a)[axes:], a.dtype)
+
+  carry = jax.tree.map(lambda a: part(a, 1), micro)  # One microbatch.
+  visit = jax.tree.map(lambda a: part(a, 2), staged)  # One visit's layers.
+  return loop.planned(body, carry, visit, layers)
 
 
 def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
@@ -343,7 +369,9 @@ def _kept_by(loop: loop_lib.Loop) -> Callable[..., bool]:
   Inside `jax.checkpoint`, the outer policy decides for the loop's own
   `jax.checkpoint` too, so it is the loop's: none with `remat=True` (or its
   `remat_policy`), all otherwise (a remat schedule keeps its own few).
+  `remat="auto"` is planned before (`stage_loop`): `loop` is its plan.
   """
+  assert loop.remat != modes.REMAT_AUTO, "stage_loop plans it first"
   if loop.remat is True:
     return loop.policy or jax.checkpoint_policies.nothing_saveable
   return jax.checkpoint_policies.everything_saveable

@@ -33,7 +33,9 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
+from haiku_bridge._src import pipeline_stages
 from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src import remat_plan
 from haiku_bridge._src import scheduled_scan
 from testing import transformer
 
@@ -556,6 +558,127 @@ class LayerKindsTest(EightDevicesTest):
           layer, x, num_layers=LAYERS, name="blocks",
           pipeline=pipeline)[0] ** 2))
     self._assert_matches_plain(net(None), net(hkb.Pipeline("stage", 4)))
+
+
+@contextlib.contextmanager
+def plans_made():
+  """The `remat_plan.Plan`s that `remat="auto"` makes while the block runs."""
+  made = []
+  real = remat_plan.plan
+
+  def spy(*args):
+    made.append(real(*args))
+    return made[-1]
+
+  with mock.patch.object(remat_plan, "plan", spy):
+    yield made
+
+
+class RematAutoTest(EightDevicesTest):
+  """`remat="auto"` in a pipeline: one plan per stack, for a visit's layers, within the per-stage budget."""
+
+  X = jax.random.normal(jax.random.PRNGKey(1), [8, 4])
+
+  def _visit_plan(self, per_visit, budget, microbatches, x=None):
+    """The plan a plain stack of one visit's layers makes for one microbatch."""
+    plain = stack(dense, per_visit, init=init_dense, remat="auto",
+                  memory_budget=budget)
+    x = self.X if x is None else x
+    x = x[:x.shape[0] // microbatches]
+    with plans_made() as made:
+      jax.eval_shape(plain.apply, plain.init(KEY, x), None, x)
+    return made[-1]
+
+  @parameterized.product(schedule=pipeline_lib.SCHEDULES,
+                         axis_type=(AxisType.Auto, AxisType.Explicit))
+  def test_values_and_grads_are_the_plain_stacks(self, schedule, axis_type):
+    # 8 layers on 2 stages: 4 a visit (gpipe), 2 (circular, 2 passes); the
+    # tightest budget any plan fits, so the stages recompute.
+    repeats = 2 if schedule == "circular" else None
+    per_visit = LAYERS // 2 // (repeats or 1)
+    loose = self._visit_plan(per_visit, 1 << 40, 2)
+    tight = min(c.temporaries for c in loose.candidates)
+    plain = stack(dense, init=init_dense)
+    pipelined = stack(dense, init=init_dense, remat="auto",
+                      memory_budget=tight,
+                      pipeline=hkb.Pipeline("stage", 2, schedule, repeats))
+    x = self.X
+    params = plain.init(KEY, x)
+    chex.assert_trees_all_equal(pipelined.init(KEY, x), params)
+    expected = jax.jit(jax.value_and_grad(plain.apply))(params, None, x)
+    kept_by = []
+    real_kept_by = pipeline_stages._kept_by  # pylint: disable=protected-access
+
+    def spy(loop):
+      kept_by.append(loop)
+      return real_kept_by(loop)
+
+    with plans_made() as made, mock.patch.object(pipeline_stages, "_kept_by",
+                                                 spy):
+      got = pipelined_grad(
+          pipelined, params, x, make_mesh(2, axis_type=axis_type),
+          stage_rules())
+    assert_close(self, got, expected)
+    self.assertLen(made, 1)  # Once per stack, for every stage and visit.
+    self.assertEqual(made[0].length, per_visit)
+    choice = made[0].choice
+    self.assertIsNot(choice.remat, False)
+    # Circular passes run each visit under a jax.checkpoint whose policy
+    # keeps what the chosen plan keeps.
+    planned = (choice.remat,
+               choice.slots if choice.remat == "binomial" else None)
+    self.assertEqual({(k.remat, k.slots) for k in kept_by},
+                     {planned} if repeats else set())
+
+  def test_stages_run_remat_plans_plan_for_a_visit_and_the_budget(self):
+    # 16 layers on 2 stages: 8 a visit, on microbatches of 4 rows of 16
+    # (wide enough that one binomial slot takes less than a carry a layer).
+    per_visit, layers = 8, 16
+    x = jax.random.normal(jax.random.PRNGKey(1), [8, 16])
+    loose = self._visit_plan(per_visit, 1 << 40, 2, x)
+    budgets = (1 << 40, loose.choice.temporaries - 1,
+               min(c.temporaries for c in loose.candidates))
+    chosen, compiled = [], []
+    for budget in budgets:
+      expected = self._visit_plan(per_visit, budget, 2, x)
+      pipelined = stack(dense, layers, init=init_dense, remat="auto",
+                        memory_budget=budget,
+                        pipeline=hkb.Pipeline("stage", 2))
+      params = pipelined.init(KEY, x)
+      with plans_made() as made, recorded_schedules() as ran:
+        with jax.set_mesh(make_mesh(2)):
+          compiled.append(jax.jit(jax.value_and_grad(pipelined.apply)).lower(
+              params, None, x).compile().memory_analysis().temp_size_in_bytes)
+      (got,) = made
+      self.assertEqual(got, expected)
+      choice = got.choice
+      if choice.remat in loop_lib.REMAT_SCHEDULES:
+        # The schedule the stages run over a visit is the plan's.
+        self.assertEqual(set(ran), {loop_lib.schedule(
+            choice.remat, per_visit, choice.groups, choice.slots)})
+      else:
+        self.assertEmpty(ran)
+      chosen.append(choice)
+    # Tighter: every activation kept, then a carry per layer, then fewer.
+    self.assertEqual([c.remat for c in chosen], [False, True, "binomial"])
+    self.assertLess(chosen[2].slots, per_visit)
+    self.assertEqual(
+        sorted((c.temporaries for c in chosen), reverse=True),
+        [c.temporaries for c in chosen])
+    # And the compiled pipeline step's temporaries fall with them.
+    self.assertEqual(sorted(set(compiled), reverse=True), compiled)
+
+  def test_budget_below_every_plan_for_a_visit(self):
+    per_visit = LAYERS // 2
+    smallest = min(c.temporaries for c in self._visit_plan(
+        per_visit, 1 << 40, 2).candidates)
+    pipelined = stack(dense, init=init_dense, remat="auto", memory_budget=100,
+                      pipeline=hkb.Pipeline("stage", 2))
+    params = pipelined.init(KEY, self.X)  # Init runs plain: no plan.
+    with jax.set_mesh(make_mesh(2)), self.assertRaisesRegex(
+        ValueError, f"hkb.repeat_layer: no remat plan for {per_visit} steps "
+        f"fits memory_budget=100 bytes: the least any needs is {smallest} "):
+      jax.eval_shape(pipelined.apply, params, None, self.X)
 
 
 class DropInTest(EightDevicesTest):

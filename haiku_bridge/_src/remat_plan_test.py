@@ -233,8 +233,6 @@ class AutoTest(parameterized.TestCase):
       (dict(remat="auto", memory_budget=1000, remat_policy=(
           jax.checkpoint_policies.nothing_saveable)), ValueError,
        "`remat_policy` needs `remat=True`"),
-      (dict(remat="auto", memory_budget=1000, pipeline=hkb.Pipeline(
-          axis="stage")), ValueError, "not yet a pipeline's stages"),
   )
   def test_options_refused(self, options, error, text):
     net = hk.transform(lambda x: hkb.repeat_layer(

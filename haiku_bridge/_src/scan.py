@@ -131,16 +131,17 @@ def layer_scan(
       `remat="auto"` (with `memory_budget=`) chooses among all of these,
       and binomial with any number of slots, the plan that recomputes
       least whose predicted training-step temporaries fit the budget
-      (`hkb.remat_plan` shows the candidates); not yet with `pipeline=`.
+      (`hkb.remat_plan` shows the candidates).
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     reverse: run the layers from last to first (as `jax.lax.scan`).
     memory_budget: with `remat="auto"`, the bytes the loop's training-step
-      temporaries may take.
+      temporaries may take; with `pipeline=`, per stage: those of one
+      visit's loop on one microbatch.
     pipeline: an `hkb.Pipeline`: at apply, run the layers as pipeline
       stages over a mesh axis, the batch in microbatches (init runs the
       plain scan: the params are the same). The remat options apply to each
-      stage's layers. With more than one microbatch, each `y` must have the
-      batch on axis 0; see `hkb.Pipeline`.
+      stage's layers of one visit. With more than one microbatch, each `y`
+      must have the batch on axis 0; see `hkb.Pipeline`.
 
   Returns:
     `(carry, ys)`: the last layer's carry, and the per-layer `y`s stacked.
@@ -211,8 +212,13 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
     carry, (ys, state) = pipeline_stages.run(
         plan, body, carry, scanned, loop=options.loop, reverse=reverse)
   else:
-    carry, (ys, state) = options.loop(body, carry, scanned, num_layers,
-                                      reverse)
+    loop = options.loop
+    if pipeline is not None and loop.remat == modes.REMAT_AUTO:
+      # Init (or a bridge finding the params) runs the whole stack in one
+      # loop, which the per-stage budget is not for: values are the same
+      # under any remat, so it runs plain.
+      loop = dataclasses.replace(loop, remat=False, memory_budget=None)
+    carry, (ys, state) = loop(body, carry, scanned, num_layers, reverse)
   updater.update(state)
   return carry, ys
 
@@ -405,11 +411,6 @@ def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
                                memory_budget=memory_budget)
   reverse = errors.check_bool("reverse", reverse)
   pipeline = pipeline_lib.check_pipeline(pipeline)
-  if pipeline is not None and loop.remat == modes.REMAT_AUTO:
-    raise ValueError(errors.message(
-        "`remat=\"auto\"` plans one loop, not yet a pipeline's stages: "
-        "with `pipeline=`, choose the stages' remat (hkb.remat_plan of one "
-        "stage's layers shows what each needs)."))
   return _Options(loop, reverse, pipeline)
 
 
