@@ -15,6 +15,7 @@ from haiku_bridge._src import caches
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import remat_plan
 from testing import remat_models
+from testing import test_utils
 
 KEY = jax.random.PRNGKey(0)
 # Small widths: the grid compiles a few dozen training steps.
@@ -126,6 +127,21 @@ def value_and_grads(net, x):
   return jax.value_and_grad(lambda p: net.apply(p, None, x))(params)
 
 
+def _deterministic_plan() -> remat_plan.Plan:
+  """A plan made from nothing cached: measured, then chosen."""
+  def step(h, x):
+    h = jnp.tanh(h @ jnp.eye(16) + x)
+    return h, jnp.sum(h ** 2)
+  with caches.disabled():
+    return hkb.remat_plan(step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
+                          memory_budget=100_000)
+
+
+def _print_plan() -> None:
+  """In a fresh process: the plan, as `repr` writes it."""
+  print(repr(_deterministic_plan()))
+
+
 class AutoTest(parameterized.TestCase):
 
   def assert_equal_values(self, ours, theirs):
@@ -208,6 +224,37 @@ class AutoTest(parameterized.TestCase):
         [c.recomputed_steps for c in first.candidates],
         sorted(c.recomputed_steps for c in first.candidates))
     self.assertLessEqual(first.choice.temporaries, 100_000)
+
+  def test_plan_in_a_fresh_process_is_this_ones(self):
+    # The restore-a-checkpoint path: nothing cached, the same plan.
+    here = repr(_deterministic_plan())
+    child = test_utils.run_in_fresh_process(__file__, "_print_plan")
+    self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+    self.assertEqual(child.stdout.strip().splitlines()[-1], here)
+
+  def test_identity_custom_getter_changes_nothing(self):
+    def getter(next_getter, value, context):
+      del context
+      return next_getter(value)
+
+    def run(f, x):
+      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=budget)
+
+    def with_getter(f, x):
+      with hk.custom_getter(getter):
+        return run(f, x)
+
+    with plans_made() as made:
+      value_and_grads(*stack(lambda f, x: hkb.repeat_layer(
+          f, x, 12, remat="auto", memory_budget=1 << 40)))
+    budget = min(c.temporaries for c in made[-1].candidates)
+    with plans_made() as plain_plans:
+      plain = value_and_grads(*stack(run))
+    with plans_made() as getter_plans:
+      got = value_and_grads(*stack(with_getter))
+    self.assertEqual(getter_plans, plain_plans)
+    self.assertNotIn(plain_plans[-1].choice.remat, (False, True))
+    self.assert_equal_values(got, plain)
 
   def test_budget_below_the_smallest_names_it(self):
     def step(h, x):
