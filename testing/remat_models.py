@@ -4,19 +4,38 @@ Small widths, so a grid of them compiles in minutes; shared by
 haiku_bridge/_src/remat_plan_test.py (predictions against compiled memory)
 and testing/benchmarks/lib/remat_auto_bench.py (the Pareto plot). Each takes
 the loop's remat keywords and returns the transformed net and its input.
+`plans_made` records the plans `remat="auto"` makes (remat_plan_test,
+pipeline_test).
 """
 
+import contextlib
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+from unittest import mock
 
 import haiku as hk
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
+from haiku_bridge._src import remat_plan
 from testing import transformer as transformer_lib
 
 BATCH, HIDDEN, INPUTS = 4, 32, 8
 WIDTH = 64
+
+
+@contextlib.contextmanager
+def plans_made() -> Iterator[list[remat_plan.Plan]]:
+  """The `remat_plan.Plan`s that `remat="auto"` makes while the block runs, in order."""
+  made = []
+  real = remat_plan.plan
+
+  def spy(*args):
+    made.append(real(*args))
+    return made[-1]
+
+  with mock.patch.object(remat_plan, "plan", spy):
+    yield made
 
 
 def lstm(length: int, loss_in_step: bool, **remat):

@@ -35,8 +35,8 @@ import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import pipeline_stages
 from haiku_bridge._src import loop as loop_lib
-from haiku_bridge._src import remat_plan
 from haiku_bridge._src import scheduled_scan
+from testing import remat_models
 from testing import transformer
 
 KEY = jax.random.PRNGKey(0)
@@ -560,20 +560,6 @@ class LayerKindsTest(EightDevicesTest):
     self._assert_matches_plain(net(None), net(hkb.Pipeline("stage", 4)))
 
 
-@contextlib.contextmanager
-def plans_made():
-  """The `remat_plan.Plan`s that `remat="auto"` makes while the block runs."""
-  made = []
-  real = remat_plan.plan
-
-  def spy(*args):
-    made.append(real(*args))
-    return made[-1]
-
-  with mock.patch.object(remat_plan, "plan", spy):
-    yield made
-
-
 class RematAutoTest(EightDevicesTest):
   """`remat="auto"` in a pipeline: one plan per stack, for a visit's layers, within the per-stage budget."""
 
@@ -585,7 +571,7 @@ class RematAutoTest(EightDevicesTest):
                   memory_budget=budget)
     x = self.X if x is None else x
     x = x[:x.shape[0] // microbatches]
-    with plans_made() as made:
+    with remat_models.plans_made() as made:
       jax.eval_shape(plain.apply, plain.init(KEY, x), None, x)
     return made[-1]
 
@@ -613,8 +599,8 @@ class RematAutoTest(EightDevicesTest):
       kept_by.append(loop)
       return real_kept_by(loop)
 
-    with plans_made() as made, mock.patch.object(pipeline_stages, "_kept_by",
-                                                 spy):
+    with remat_models.plans_made() as made, mock.patch.object(
+        pipeline_stages, "_kept_by", spy):
       got = pipelined_grad(
           pipelined, params, x, make_mesh(2, axis_type=axis_type),
           stage_rules())
@@ -645,7 +631,7 @@ class RematAutoTest(EightDevicesTest):
                         memory_budget=budget,
                         pipeline=hkb.Pipeline("stage", 2))
       params = pipelined.init(KEY, x)
-      with plans_made() as made, recorded_schedules() as ran:
+      with remat_models.plans_made() as made, recorded_schedules() as ran:
         with jax.set_mesh(make_mesh(2)):
           compiled.append(jax.jit(jax.value_and_grad(pipelined.apply)).lower(
               params, None, x).compile().memory_analysis().temp_size_in_bytes)

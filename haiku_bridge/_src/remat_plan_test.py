@@ -1,6 +1,5 @@
 """Tests for `remat="auto"`: predictions against compiled memory, the choice against the manual plans."""
 
-import contextlib
 from unittest import mock
 
 from absl.testing import absltest
@@ -21,20 +20,6 @@ KEY = jax.random.PRNGKey(0)
 # Small widths: the grid compiles a few dozen training steps.
 MODELS = remat_models.models(lstm_lengths=(256, 1024, 4096),
                              mlp_depths=(16, 64), transformer_depths=(16, 64))
-
-
-@contextlib.contextmanager
-def plans_made():
-  """The `Plan`s the loops make while the block runs, in order."""
-  made = []
-  real = remat_plan.plan
-
-  def spy(*args):
-    made.append(real(*args))
-    return made[-1]
-
-  with mock.patch.object(remat_plan, "plan", spy):
-    yield made
 
 
 def temporaries(model, params, x, **remat):
@@ -62,7 +47,7 @@ class PredictionTest(parameterized.TestCase):
     params = net.init(KEY, x)
     length = x.shape[0] if "lstm" in self._testMethodName else int(
         jax.tree.leaves(params)[0].shape[0])
-    with plans_made() as made:
+    with remat_models.plans_made() as made:
       temporaries(model, params, x, remat="auto", memory_budget=1 << 40)
     plan = made[-1]
     self.assertEqual(plan.length, length)
@@ -87,7 +72,7 @@ class PredictionTest(parameterized.TestCase):
                "tight": smallest * 1.01}
     for name, budget in budgets.items():
       budget = int(budget)
-      with plans_made() as made:
+      with remat_models.plans_made() as made:
         got = temporaries(model, params, x, remat="auto",
                           memory_budget=budget)
       choice = made[-1].choice
@@ -153,13 +138,13 @@ class AutoTest(parameterized.TestCase):
     reference = value_and_grads(*unroll(hk.dynamic_unroll))
     loose = unroll(lambda *a: hkb.dynamic_unroll(
         *a, remat="auto", memory_budget=1 << 40))
-    with plans_made() as made:
+    with remat_models.plans_made() as made:
       self.assert_equal_values(value_and_grads(*loose), reference)
     plan = made[-1]
     self.assertIs(plan.choice.remat, False)
     smallest = min(c.temporaries for c in plan.candidates)
     for budget in (plan.choice.temporaries - 1, smallest):
-      with plans_made() as made:
+      with remat_models.plans_made() as made:
         self.assert_equal_values(value_and_grads(*unroll(
             lambda *a, b=budget: hkb.dynamic_unroll(
                 *a, remat="auto", memory_budget=b))), reference)
@@ -176,12 +161,12 @@ class AutoTest(parameterized.TestCase):
   def test_layer_scan_and_repeat_layer_equal_the_plain_stack(self):
     plain = value_and_grads(*stack(
         lambda f, x: hkb.repeat_layer(f, x, 12)))
-    with plans_made() as made:
+    with remat_models.plans_made() as made:
       loose = value_and_grads(*stack(lambda f, x: hkb.repeat_layer(
           f, x, 12, remat="auto", memory_budget=1 << 40)))
     self.assert_equal_values(loose, plain)
     smallest = min(c.temporaries for c in made[-1].candidates)
-    with plans_made() as made:
+    with remat_models.plans_made() as made:
       tight = value_and_grads(*stack(lambda f, x: hkb.repeat_layer(
           f, x, 12, remat="auto", memory_budget=smallest)))
       scanned = value_and_grads(*stack(lambda f, x: hkb.layer_scan(
@@ -244,13 +229,13 @@ class AutoTest(parameterized.TestCase):
       with hk.custom_getter(getter):
         return run(f, x)
 
-    with plans_made() as made:
+    with remat_models.plans_made() as made:
       value_and_grads(*stack(lambda f, x: hkb.repeat_layer(
           f, x, 12, remat="auto", memory_budget=1 << 40)))
     budget = min(c.temporaries for c in made[-1].candidates)
-    with plans_made() as plain_plans:
+    with remat_models.plans_made() as plain_plans:
       plain = value_and_grads(*stack(run))
-    with plans_made() as getter_plans:
+    with remat_models.plans_made() as getter_plans:
       got = value_and_grads(*stack(with_getter))
     self.assertEqual(getter_plans, plain_plans)
     self.assertNotIn(plain_plans[-1].choice.remat, (False, True))
