@@ -146,12 +146,15 @@ def stage_loop(loop: loop_lib.Loop, body: Callable[..., Any], micro: PyTree,
   """
   # Shapes only: a slice of arrays split over the stages (Explicit axes)
   # would be refused.
-  def part(a: jax.Array, axes: int) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(np.shape(a)[axes:], a.dtype)
-
-  carry = jax.tree.map(lambda a: part(a, 1), micro)  # One microbatch.
-  visit = jax.tree.map(lambda a: part(a, 2), staged)  # One visit's layers.
+  carry = _parts(micro, 1)  # One microbatch.
+  visit = _parts(staged, 2)  # One visit's layers.
   return loop.planned(body, carry, visit, layers)
+
+
+def _parts(tree: PyTree, axes: int) -> PyTree:
+  """The type of one part of each leaf: its shape after the first `axes` axes."""
+  return jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(np.shape(a)[axes:], a.dtype), tree)
 
 
 def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
@@ -235,11 +238,8 @@ def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree
   if explicit not in tuple(jax.sharding.get_abstract_mesh().axis_types):
     return None
 
-  def part(a: jax.Array, axes: int) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(a.shape[axes:], a.dtype)
-
-  carry = jax.tree.map(lambda a: part(a, 1), micro)  # One microbatch's.
-  scanned = jax.tree.map(lambda a: part(a, 3), staged)  # One layer's.
+  carry = _parts(micro, 1)  # One microbatch's.
+  scanned = _parts(staged, 3)  # One layer's.
   try:
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
       closed, shapes = jax.make_jaxpr(body, return_shape=True)(carry,
