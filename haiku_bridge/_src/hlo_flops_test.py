@@ -1,0 +1,100 @@
+"""Tests for hlo_flops: rolled loops against XLA's own count of the same program unrolled."""
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+
+from haiku_bridge._src import hlo_flops
+
+W = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32)
+H = jnp.zeros([4, 32])
+XS = jnp.ones([8, 4, 32])
+
+
+def step(h, x):
+  h = jnp.tanh(h @ W + x)
+  return h, jnp.sum(h ** 2)
+
+
+def compiled(f, *args):
+  return jax.jit(f).lower(*args).compile()
+
+
+def ours(f, *args) -> hlo_flops.Count:
+  return hlo_flops.count(compiled(f, *args).as_text())
+
+
+def xla(f, *args) -> float:
+  """XLA's count, right where no loop is left (transcendentals as FLOPs)."""
+  analysis = compiled(f, *args).cost_analysis()
+  return analysis["flops"] + analysis.get("transcendentals", 0.0)
+
+
+def gradient(body, unroll=1):
+  """The gradient of a loss of a scan of `body` over `XS`."""
+  def loss(h, xs):
+    h, ys = jax.lax.scan(body, h, xs, unroll=unroll)
+    return jnp.sum(ys) + jnp.sum(h)
+  return jax.grad(loss, argnums=(0, 1))
+
+
+def nested(unroll=1):
+  """The gradient of a scan over 2 scans of 4 steps each."""
+  def loss(h, xs):
+    inner = lambda h, xs: jax.lax.scan(step, h, xs, unroll=unroll)
+    h, ys = jax.lax.scan(inner, h, xs.reshape(2, 4, *xs.shape[1:]),
+                         unroll=unroll)
+    return jnp.sum(ys) + jnp.sum(h)
+  return jax.grad(loss, argnums=(0, 1))
+
+
+class CountTest(absltest.TestCase):
+
+  def test_one_matmul_and_one_convolution_by_hand(self):
+    a, b = jnp.ones([4, 8]), jnp.ones([8, 3])
+    self.assertEqual(ours(jnp.matmul, a, b).flops, 2 * 4 * 3 * 8)
+    image, kernel = jnp.ones([1, 6, 6, 2]), jnp.ones([3, 3, 2, 5])
+    conv = lambda x, k: jax.lax.conv_general_dilated(
+        x, k, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    # Each of the 1·4·4·5 outputs: 3·3·2 multiply-adds.
+    self.assertEqual(ours(conv, image, kernel).flops, 2 * (4 * 4 * 5) * 18)
+
+  def test_rolled_loops_count_as_xla_counts_them_unrolled(self):
+    scan = lambda unroll: (lambda h, xs: jax.lax.scan(step, h, xs,
+                                                      unroll=unroll))
+    for name, make in (("scan", scan), ("gradient", lambda u: gradient(
+        step, u)), ("nested", nested)):
+      rolled = ours(make(1), H, XS)
+      self.assertEqual(rolled.unknown_trip_counts, 0, name)
+      self.assertEqual(rolled.conditionals, (), name)
+      # XLA's count of the rolled loop sees one step of 8.
+      self.assertLess(xla(make(1), H, XS), rolled.flops / 4, name)
+      self.assertAlmostEqual(rolled.flops / xla(make(True), H, XS), 1,
+                             delta=0.02, msg=name)
+
+  def test_a_checkpointed_scan_counts_one_more_forward_per_step(self):
+    # Unrolled, XLA merges the recomputation with the forward pass, so the
+    # ground truth is the plain gradient unrolled and, for each step, the
+    # forward of its carry that jax.checkpoint runs again.
+    recompute = xla(lambda h, x: step(h, x)[0], H, XS[0])
+    expected = xla(gradient(step, True), H, XS) + len(XS) * recompute
+    got = ours(gradient(jax.checkpoint(step)), H, XS).flops
+    self.assertAlmostEqual(got / expected, 1, delta=0.02)
+
+  def test_a_conditional_counts_its_cheapest_branch_and_lists_all(self):
+    def f(h, xs):
+      def body(h, x):
+        h = jax.lax.cond(jnp.sum(x) > 0, lambda: h @ W, lambda: h + 1.0)
+        return h, None
+      return jax.lax.scan(body, h, xs)[0]
+    count = ours(f, H, XS)
+    (conditional,) = count.conditionals
+    self.assertEqual(conditional.executions, 8)
+    dot = 2 * 4 * 32 * 32
+    self.assertEqual(max(conditional.branches), dot)
+    self.assertLess(min(conditional.branches), dot / 10)
+    self.assertLess(count.flops, dot)
+
+
+if __name__ == "__main__":
+  absltest.main()
