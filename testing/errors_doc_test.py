@@ -329,7 +329,7 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, xs=jnp.ones([3]))),
     (SECTION_SCAN, "an option `repeat_layer` does not have"):
         lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, remat_group=2)),
-    (SECTION_SCAN, "`remat_policy` without `remat=True`"):
+    (SECTION_SCAN, "`remat_policy` without `remat=True` or `\"auto\"`"):
         lambda: init(lambda: hkb.layer_scan(
             lambda c, x: (c, None), X4, num_layers=2,
             remat_policy=jax.checkpoint_policies.everything_saveable)),

@@ -5,19 +5,21 @@ haiku_bridge/_src/remat_plan_test.py (predictions against compiled memory)
 and testing/benchmarks/lib/remat_auto_bench.py (the Pareto plot). Each takes
 the loop's remat keywords and returns the transformed net and its input.
 `plans_made` records the plans `remat="auto"` makes (remat_plan_test,
-pipeline_test).
+pipeline_test); `step_cost` compiles a training step and measures it.
 """
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 from unittest import mock
 
 import haiku as hk
+import jax
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
 from haiku_bridge._src import remat_plan
+from haiku_bridge._src import hlo_flops
 from testing import transformer as transformer_lib
 
 BATCH, HIDDEN, INPUTS = 4, 32, 8
@@ -30,12 +32,36 @@ def plans_made() -> Iterator[list[remat_plan.Plan]]:
   made = []
   real = remat_plan.plan
 
-  def spy(*args):
-    made.append(real(*args))
+  def spy(*args, **kwargs):
+    made.append(real(*args, **kwargs))
     return made[-1]
 
   with mock.patch.object(remat_plan, "plan", spy):
     yield made
+
+
+class StepCost(NamedTuple):
+  """A compiled training step's temporaries (bytes) and FLOPs (`hlo_flops`)."""
+  temporaries: int
+  flops: int
+
+
+def step_cost(model, params, x, length: int, **remat) -> StepCost:
+  """What a training step (`value_and_grad`) of `model` run with `remat` costs, compiled.
+
+  Each conditional of these models is a remat schedule's, in the backward
+  sweep of `scheduled_scan`: its dearest branch backpropagates a step, and
+  runs once per step of the `length`; the others advance a carry.
+  """
+  net, _ = model(**remat)
+  step = jax.value_and_grad(lambda p, x: net.apply(p, None, x))
+  compiled = jax.jit(step).lower(params, x).compile()
+  count = hlo_flops.count(compiled.as_text())
+  if count.unknown_trip_counts:
+    raise ValueError(f"A loop without a known trip count: {count}")
+  flops = count.flops + sum(length * (max(c.branches) - min(c.branches))
+                            for c in count.conditionals)
+  return StepCost(compiled.memory_analysis().temp_size_in_bytes, flops)
 
 
 def lstm(length: int, loss_in_step: bool, **remat):

@@ -8,8 +8,8 @@ while's backend_config; jax's scans always have one). The rule, per
 instruction, with `n` the elements of its result:
 
 - `dot`: 2·n·(the product of the left operand's contracting dimensions);
-  `convolution`: 2·n·(the kernel's elements over its output features, per
-  feature group).
+  `convolution`: 2·n·(the kernel's elements over its output features: its
+  input features are already those of one feature group).
 - `reduce`, `reduce-window`, `scatter`, `map`: the reducer's FLOPs per
   element of the input (of the updates, for `scatter`).
 - data movement (copy, broadcast, slices, reshapes, transposes, gathers,
@@ -26,7 +26,8 @@ instruction, with `n` the elements of its result:
 - `conditional`: which branch runs is known only at run time, so `flops`
   counts the cheapest branch, and `Count.conditionals` lists each
   conditional's executions (the trip counts around it multiplied) with
-  every branch's FLOPs, for a caller that knows how often each runs.
+  every branch's FLOPs, for a caller that knows how often each runs (a
+  conditional inside another's branch counts in that branch, unlisted).
 
 XLA's own count puts transcendentals apart and counts some elementwise
 ops its own way, so compare `flops` with `flops + transcendentals` of
@@ -76,7 +77,8 @@ class Count(NamedTuple):
   Attributes:
     flops: every loop by its trip count, every conditional by its cheapest
       branch.
-    conditionals: every conditional executed, by its executions and branches.
+    conditionals: every conditional outside another's branches, by its
+      executions and branches.
     unknown_trip_counts: the while loops counted once, for want of a trip count.
   """
   flops: int
@@ -95,10 +97,10 @@ class _Instruction(NamedTuple):
 def count(hlo_text: str) -> Count:
   """The FLOPs of the optimised HLO `hlo_text` (`compiled.as_text()`).
 
-  >>> import jax, jax.numpy as jnp
+  >>> from haiku_bridge._src import hlo_flops
   >>> f = lambda a, b: a @ b
   >>> a = jnp.ones([4, 8])
-  >>> count(jax.jit(f).lower(a, a.T).compile().as_text()).flops  # 2·4·4·8.
+  >>> hlo_flops.count(jax.jit(f).lower(a, a.T).compile().as_text()).flops
   256
   """
   computations, entry = _parse(hlo_text)
@@ -132,7 +134,9 @@ class _Counter:
     if op in _FREE:
       return 0
     if op in _CALLS:
-      return self._computation(_called(ins.attributes, "calls"), executions)
+      # A fusion names its computation `calls=`, a call `to_apply=`.
+      key = "to_apply" if op == "call" else "calls"
+      return self._computation(_called(ins.attributes, key), executions)
     if op == "while":
       trips = _trip_count(ins.attributes)
       if trips is None:
@@ -157,6 +161,7 @@ class _Counter:
     if op == "convolution":
       kernel = _dims(shapes[ins.operands[1]])
       labels = re.search(r"dim_labels=[^_]+_([^-]+)->", ins.attributes)
+      assert labels, f"a convolution without dim_labels: {ins}"
       # The kernel's input features are already per feature group.
       return 2 * n * math.prod(kernel) // kernel[labels.group(1).index("o")]
     if op in _PER_INPUT_ELEMENT or op == "scatter":
@@ -233,7 +238,9 @@ def _int_list(attributes: str, key: str) -> tuple[int, ...]:
 
 
 def _called(attributes: str, key: str) -> str:
-  return re.search(key + r"=%([^\s,]+)", attributes).group(1)
+  match = re.search(key + r"=%([^\s,]+)", attributes)
+  assert match, f"no {key}= in {attributes[:200]}"
+  return match.group(1)
 
 
 def _branches(attributes: str) -> Iterator[str]:

@@ -59,6 +59,23 @@ class CountTest(absltest.TestCase):
     # Each of the 1·4·4·5 outputs: 3·3·2 multiply-adds.
     self.assertEqual(ours(conv, image, kernel).flops, 2 * (4 * 4 * 5) * 18)
 
+  def test_a_call_counts_its_computation(self):
+    # XLA:CPU wraps a small loop in a `call` (`to_apply=`), as here.
+    text = """HloModule m
+%c (p: f32[4,8], q: f32[8,3]) -> f32[4,3] {
+  %p = f32[4,8]{1,0} parameter(0)
+  %q = f32[8,3]{1,0} parameter(1)
+  ROOT %d = f32[4,3]{1,0} dot(%p, %q), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: f32[4,8], b: f32[8,3]) -> f32[4,3] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %b = f32[8,3]{1,0} parameter(1)
+  ROOT %r = f32[4,3]{1,0} call(%a, %b), to_apply=%c
+}
+"""
+    self.assertEqual(hlo_flops.count(text).flops, 2 * 4 * 3 * 8)
+
   def test_rolled_loops_count_as_xla_counts_them_unrolled(self):
     scan = lambda unroll: (lambda h, xs: jax.lax.scan(step, h, xs,
                                                       unroll=unroll))

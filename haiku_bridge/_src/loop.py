@@ -11,10 +11,11 @@ It owns what the backward pass keeps:
 * `remat="nested"` / `"binomial"`: `scheduled_scan.scan` with a schedule of
   `remat_schedule.py`, about 2√N carries for N steps (or fewer, binomial),
   one more forward pass.
-* `remat="auto"` with `memory_budget=`: one of those, the one that
-  recomputes least among those whose predicted training-step temporaries
-  fit the budget (`remat_plan.py`), planned on the step's shapes when the
-  loop is traced.
+* `remat="auto"` with `memory_budget=`: one of those (with
+  `remat_policy=`, `remat=True` under it too), the one that recomputes the
+  least FLOPs among those whose predicted training-step temporaries fit the
+  budget (`remat_plan.py`), planned on the step's shapes when the loop is
+  traced.
 
 Values the step closes over (a time scan's shared weights) are constants
 of the loop: in every mode their gradient is one buffer, summed over the
@@ -70,7 +71,8 @@ class Loop:
 
   Attributes:
     remat: False, True, "nested", "binomial" or "auto".
-    policy: with `remat=True`, a `jax.checkpoint_policies` policy.
+    policy: with `remat=True`, a `jax.checkpoint_policies` policy; with
+      `remat="auto"`, one more candidate.
     groups: with a schedule, `remat_groups`: the groups of "nested" (default
       ≈√N); "binomial" recomputes no more steps than "nested" with that
       many (by default, at most N - 1: one more forward pass).
@@ -86,15 +88,27 @@ class Loop:
   memory_budget: Optional[int] = None
   slots: Optional[int] = None
 
+  def unplanned(self) -> "Loop":
+    """This loop where no backward pass follows (Haiku's init): never planned.
+
+    Every remat computes the same values, and a plan is for the backward
+    pass, so `remat="auto"` runs the plain loop without measuring anything.
+    """
+    if self.remat != modes.REMAT_AUTO:
+      return self
+    return dataclasses.replace(self, remat=False, policy=None,
+                               memory_budget=None)
+
   def planned(self, body: Body, carry: PyTree, xs: PyTree,
               length: int) -> "Loop":
     """The loop `remat="auto"` runs for these shapes: `remat_plan.plan`'s."""
     if length == 0:
       return Loop(unroll=self.unroll)
     assert self.memory_budget is not None, "from_options requires it"
-    choice = remat_plan.plan(body, carry, xs, length,
-                             self.memory_budget).choice
-    return Loop(choice.remat, None, choice.groups, self.unroll,
+    choice = remat_plan.plan(body, carry, xs, length, self.memory_budget,
+                             self.policy).choice
+    return Loop(choice.remat, None if choice.policy is None else self.policy,
+                choice.groups, self.unroll,
                 slots=choice.slots if choice.remat == "binomial" else None)
 
   def __call__(self, body: Body, carry: PyTree, xs: PyTree, length: int,
@@ -172,9 +186,10 @@ def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
   if policy is not None:
     errors.check_callable("remat_policy", policy, "None or a "
                           "jax.checkpoint_policies policy")
-    if remat is not True:
+    if remat is not True and remat != modes.REMAT_AUTO:
       raise ValueError(errors.message(
-          "`remat_policy` needs `remat=True`: it says which activations the "
+          "`remat_policy` needs `remat=True` (or `remat=\"auto\"`, which "
+          "weighs it as one more plan): it says which activations the "
           "forward pass keeps for the backward pass, and the nested and "
           "binomial schedules keep none, only carries."))
   if groups is not None and remat not in REMAT_SCHEDULES:

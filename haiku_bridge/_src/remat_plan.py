@@ -1,12 +1,13 @@
 """`remat="auto"`: the plan with the least recomputation whose memory fits a budget.
 
 A scan's backward pass can keep every step's activations (`remat=False`),
-one carry per step (`remat=True`), or a schedule's few carries
+one carry per step (`remat=True`), what a `remat_policy` saves of each step
+(`remat=True` with the policy the user gives), or a schedule's few carries
 (`"nested"`, `"binomial"`: `remat_schedule.py`), each trading recomputed
-steps for memory. Which one fits depends on things a user cannot see: how
+FLOPs for memory. Which one fits depends on things a user cannot see: how
 the step's activations compare with its carry, the length, where the loss
 sits. `plan` predicts, for every candidate, the temporaries a training step
-of the loop needs and the steps it recomputes, and chooses.
+of the loop needs and the FLOPs it recomputes, and chooses.
 
 The model (README, "Choosing remat"): the loop's training-step
 temporaries (what its backward pass keeps, its outputs and their
@@ -15,22 +16,33 @@ grow linearly with the steps and with the slots a schedule keeps:
 
     remat=False:            a₀ + b₀·T
     remat=True:             a₁ + b₁·T
+    remat=True, policy p:   a₃ + b₃·T
     binomial with s slots:  a₂ + b₂·T + c₂·s   (nested: s = its slots)
 
 The coefficients are measured, not guessed: XLA keeps, fuses and
 rematerialises a step's residuals its own way, so a₀, b₀, a₁, b₁, a₂ and
 b₂ come from compiling the gradient of the loop itself (a loss of its
 outputs, as a training step has) at two lengths, L and L/2 with
-L = min(T, 128): 6 compiles of a short loop, whatever T is. c₂ is the
-carry's bytes: a schedule's slots are stacked carries. Recomputed steps
-come from the schedules: `remat=True` runs every step's forward once more
-(T), a schedule that too and the steps it advances to rebuild carries
-(`remat_schedule.binomial_cost`, `Schedule.recomputed_steps`), `False`
-none.
+L = min(T, 128): 6 compiles of a short loop, whatever T is (8 with a
+policy). c₂ is the carry's bytes: a schedule's slots are stacked carries.
+
+Recomputed FLOPs come from the same compiles, counted with every loop by
+its trip count (`hlo_flops.py`): r, one step's recomputation under
+`jax.checkpoint` (what its backward pass needs), is the FLOPs per step of
+`remat=True` less those of `remat=False` (the slopes between L/2 and L),
+and likewise under the policy; f, one advance of a schedule (a whole
+step's forward, for the carry), is the cheaper branch of the schedule's
+conditional in its compile. `remat=True` recomputes T·r, the policy its
+own part of each step, a schedule T·r and f for each step it advances to
+rebuild carries (`remat_schedule.binomial_cost`,
+`Schedule.recomputed_steps`); `False` none. The choice is the candidate
+with the least recomputed FLOPs whose temporaries fit (then the fewest
+recomputed steps, then the least memory).
 
 The coefficients are cached on the step's jaxpr (its text: every shape,
-dtype and operation), L and the backend; the choice follows from them, the
-length and the budget, so it is the same for the same shapes and budget.
+dtype and operation), the policy, L and the backend; the choice follows
+from them, the length and the budget, so it is the same for the same
+shapes, policy and budget.
 The step is planned on the shapes the loop sees, compiled for one
 device: inside `jax.vmap` those are one example's (the prediction is per
 example), and a sharded step is planned unsharded.
@@ -46,6 +58,7 @@ import numpy as np
 
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
+from haiku_bridge._src import hlo_flops
 from haiku_bridge._src import modes
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
@@ -70,25 +83,32 @@ class Candidate(NamedTuple):
     temporaries: predicted bytes of temporaries of a training step of the
       loop (what the backward pass keeps, and its working memory).
     recomputed_steps: the steps whose forward the backward pass runs
-      again: T for `remat=True`, T and the advances that rebuild carries
-      for a schedule.
+      again (in whole or, under a policy, in part): T for `remat=True`, T
+      and the advances that rebuild carries for a schedule.
+    recomputed_flops: predicted FLOPs of that recomputation.
+    policy: with `remat=True`, the `remat_policy` it runs under, by
+      `policy_name` (None: no policy).
   """
   remat: modes.RematMode
   slots: Optional[int]
   groups: Optional[int]
   temporaries: int
   recomputed_steps: int
+  recomputed_flops: int
+  policy: Optional[str] = None
 
 
 class Plan(NamedTuple):
-  """The candidates, fewest recomputed steps first, and the one chosen.
+  """The candidates, least recomputed FLOPs first, and the one chosen.
 
   Attributes:
     length: the number of steps.
     memory_budget: the budget, bytes.
-    candidates: every candidate, ordered by recomputed steps, then memory.
-    choice: the candidate with the fewest recomputed steps whose predicted
-      temporaries fit the budget (the least memory among those).
+    candidates: every candidate, ordered by recomputed FLOPs, then steps,
+      then memory.
+    choice: the candidate with the least recomputed FLOPs whose predicted
+      temporaries fit the budget (the fewest recomputed steps, then the
+      least memory, among those).
   """
   length: int
   memory_budget: int
@@ -100,41 +120,53 @@ class Plan(NamedTuple):
 
     >>> from haiku_bridge._src import remat_plan
     >>> c = remat_plan.Candidate
-    >>> print(remat_plan.Plan(8, 900, (c(False, None, None, 1000, 0),
-    ...                                c(True, None, None, 800, 8)),
-    ...                       c(True, None, None, 800, 8)).table())
-    | remat | slots | groups | temporaries (bytes) | recomputed steps | |
-    | --- | --- | --- | --- | --- | --- |
-    | False |  |  | 1000 | 0 | over the budget |
-    | True |  |  | 800 | 8 | chosen |
+    >>> print(remat_plan.Plan(8, 900, (
+    ...     c(False, None, None, 1000, 0, 0),
+    ...     c(True, None, None, 900, 8, 160, "dots_saveable"),
+    ...     c(True, None, None, 800, 8, 800)),
+    ...     c(True, None, None, 900, 8, 160, "dots_saveable")).table())
+    | remat | slots | groups | temporaries (bytes) | recomputed steps | recomputed FLOPs | |
+    | --- | --- | --- | --- | --- | --- | --- |
+    | False |  |  | 1000 | 0 | 0 | over the budget |
+    | True, policy dots_saveable |  |  | 900 | 8 | 160 | chosen |
+    | True |  |  | 800 | 8 | 800 |  |
     """
     rows = ["| remat | slots | groups | temporaries (bytes) | recomputed steps "
-            "| |", "| --- | --- | --- | --- | --- | --- |"]
+            "| recomputed FLOPs | |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for k in self.candidates:
       note = ("chosen" if k == self.choice else "over the budget"
               if k.temporaries > self.memory_budget else "")
-      rows.append(f"| {k.remat} | {'' if k.slots is None else k.slots} | "
+      remat = f"{k.remat}" + ("" if k.policy is None else
+                              f", policy {k.policy}")
+      rows.append(f"| {remat} | {'' if k.slots is None else k.slots} | "
                   f"{'' if k.groups is None else k.groups} | {k.temporaries} "
-                  f"| {k.recomputed_steps} | {note} |")
+                  f"| {k.recomputed_steps} | {k.recomputed_flops} | {note} |")
     return "\n".join(rows)
 
 
 class Coefficients(NamedTuple):
-  """The model's measured coefficients, bytes (see the module docstring)."""
-  plain: tuple[float, float]  # a₀, b₀.
+  """The model's measured coefficients (see the module docstring)."""
+  plain: tuple[float, float]  # a₀, b₀ (bytes).
   per_step: tuple[float, float]  # a₁, b₁.
   scheduled: tuple[float, float, float]  # a₂, b₂, c₂.
+  step_flops: float  # r: one step's recomputation under jax.checkpoint.
+  advance_flops: float  # f: one advance of a schedule.
+  # With a policy: its name, a₃, b₃ and one step's recomputation under it.
+  policy: Optional[tuple[str, float, float, float]] = None
 
 
 def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                init: PyTree, xs: PyTree, *, memory_budget: int,
-               length: Optional[int] = None) -> Plan:
+               length: Optional[int] = None,
+               remat_policy: Optional[Callable[..., bool]] = None) -> Plan:
   """The remat plan `remat="auto"` chooses for `jax.lax.scan(f, init, xs)`.
 
-  The candidates (no remat, per-step remat, nested with a few numbers of
-  groups, binomial with numbers of slots from 1 to the most the budget
-  holds) with their predicted training-step temporaries and recomputed
-  steps, and the choice: the fewest recomputed steps whose prediction fits
+  The candidates (no remat, per-step remat, per-step remat under
+  `remat_policy` if given, nested with a few numbers of groups, binomial
+  with numbers of slots from 1 to the most the budget holds) with their
+  predicted training-step temporaries and recomputed steps and FLOPs, and
+  the choice: the least recomputed FLOPs whose prediction fits
   `memory_budget`. A step over 512 steps, under a budget that per-step
   remat does not fit:
 
@@ -158,6 +190,8 @@ def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     xs: per-step inputs, each leaf with a leading axis of `length` steps.
     memory_budget: bytes the loop's training-step temporaries may take.
     length: the number of steps; taken from `xs` when not given.
+    remat_policy: a `jax.checkpoint_policies` policy: per-step remat under
+      it is a candidate too (as `remat="auto", remat_policy=` weighs it).
 
   Returns:
     A `Plan`.
@@ -169,6 +203,9 @@ def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
   with errors.entry("remat_plan"):
     errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
     memory_budget = check_budget(memory_budget)
+    if remat_policy is not None:
+      errors.check_callable("remat_policy", remat_policy,
+                            "None or a jax.checkpoint_policies policy")
     leaves = jax.tree_util.tree_leaves_with_path(xs)
     if length is None:
       if not leaves or not np.ndim(leaves[0][1]):
@@ -182,7 +219,7 @@ def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
         raise ValueError(errors.message(
             f"xs{jax.tree_util.keystr(path)} has shape {np.shape(leaf)}, but "
             f"every leaf of xs needs a leading axis of {length} steps."))
-    return plan(f, init, xs, length, memory_budget)
+    return plan(f, init, xs, length, memory_budget, remat_policy)
 
 
 def check_budget(memory_budget: Any) -> int:
@@ -195,10 +232,12 @@ def check_budget(memory_budget: Any) -> int:
 
 
 def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
-         memory_budget: int) -> Plan:
+         memory_budget: int,
+         policy: Optional[Callable[..., bool]] = None) -> Plan:
   """`remat_plan` of checked arguments (the loop's `remat="auto"`)."""
   step, consts = _trace(f, init, xs, length)
-  return choose(coefficients(step, consts, length), length, memory_budget)
+  return choose(coefficients(step, consts, length, policy), length,
+                memory_budget)
 
 
 def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
@@ -211,7 +250,8 @@ def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
   if 1 <= most < length and not any(
       k.remat == "binomial" and k.slots == most for k in candidates):
     candidates.append(_binomial(c, length, most))
-  candidates.sort(key=lambda k: (k.recomputed_steps, k.temporaries))
+  candidates.sort(key=lambda k: (k.recomputed_flops, k.recomputed_steps,
+                                 k.temporaries))
   fitting = [k for k in candidates if k.temporaries <= memory_budget]
   if not fitting:
     least = min(k.temporaries for k in candidates)
@@ -227,11 +267,20 @@ def _scheduled(c: Coefficients, length: int, slots: int) -> int:
   return int(round(a + b * length + per_slot * slots))
 
 
+def _recomputing(c: Coefficients, remat, slots, groups, temporaries,
+                 length: int, advances: int) -> Candidate:
+  """A candidate that recomputes each step where it backpropagates it, and advances."""
+  return Candidate(remat, slots, groups, temporaries, length + advances,
+                   int(round(length * c.step_flops +
+                             advances * c.advance_flops)))
+
+
 def _binomial(c: Coefficients, length: int, slots: int) -> Candidate:
   # Each step is run again once where it is backpropagated (as
   # jax.checkpoint does), besides the schedule's advances.
-  return Candidate("binomial", slots, None, _scheduled(c, length, slots),
-                   length + remat_schedule.binomial_cost(length, slots))
+  return _recomputing(c, "binomial", slots, None,
+                      _scheduled(c, length, slots), length,
+                      remat_schedule.binomial_cost(length, slots))
 
 
 def _candidates(c: Coefficients, length: int) -> list[Candidate]:
@@ -239,8 +288,12 @@ def _candidates(c: Coefficients, length: int) -> list[Candidate]:
   def linear(ab):
     return int(round(ab[0] + ab[1] * length))
 
-  out = [Candidate(False, None, None, linear(c.plain), 0),
-         Candidate(True, None, None, linear(c.per_step), length)]
+  out = [Candidate(False, None, None, linear(c.plain), 0, 0),
+         _recomputing(c, True, None, None, linear(c.per_step), length, 0)]
+  if c.policy is not None:
+    name, a, b, flops = c.policy
+    out.append(Candidate(True, None, None, linear((a, b)), length,
+                         int(round(length * flops)), name))
   # Every count of slots up to 16, then about 20% apart: the budget's own
   # count is added by `choose`.
   slots = 1
@@ -252,9 +305,9 @@ def _candidates(c: Coefficients, length: int) -> list[Candidate]:
   for groups in sorted({2, max(1, math.isqrt(length)), length // 4} - {0, 1}):
     if groups < length:
       nested = remat_schedule.nested(length, groups)
-      out.append(Candidate("nested", nested.num_slots, groups,
-                           _scheduled(c, length, nested.num_slots),
-                           length + nested.recomputed_steps))
+      out.append(_recomputing(c, "nested", nested.num_slots, groups,
+                              _scheduled(c, length, nested.num_slots),
+                              length, nested.recomputed_steps))
   return out
 
 
@@ -298,39 +351,82 @@ def _consts_as_inputs(jaxpr):
 _COEFFICIENTS = caches.Cache("remat_plan.coefficients")
 
 
-def coefficients(step: _Traced, consts: tuple[Any, ...],
-                 length: int) -> Coefficients:
-  """The model's coefficients for `step`, measured by 6 short compiles."""
+class _Fit(NamedTuple):
+  """One way to run the loop, measured: temporaries `a + b·T` (bytes), FLOPs per step."""
+  temporaries: tuple[float, float]
+  flops_per_step: float  # b of the FLOPs.
+  advance_flops: Optional[int]  # A schedule's: one advance.
+
+
+def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
+                 policy: Optional[Callable[..., bool]] = None
+                 ) -> Coefficients:
+  """The model's coefficients for `step`, measured by 6 short compiles (8 with a policy)."""
   long = min(length, _LONGEST)
   short = max(1, long // 2)
-  key = (str(step.jaxpr), consts, step.carry, step.x, long,
+  key = (str(step.jaxpr), consts, step.carry, step.x, policy, long,
          jax.default_backend())
   found = _COEFFICIENTS.get(key)
   if found is not None:
     return found
 
-  def fit(remat):
-    low = _measure(step, consts, short, remat)
+  def fit(remat, policy=None) -> _Fit:
+    low = _measure(step, consts, short, remat, policy)
     if long == short:
-      return (float(low), 0.0)
-    b = (_measure(step, consts, long, remat) - low) / (long - short)
-    return (low - b * short, b)
+      # One length: the FLOPs per step are the whole loop's, over its steps.
+      return _Fit((float(low.temporaries), 0.0), low.flops / short,
+                  low.advance_flops)
+    high = _measure(step, consts, long, remat, policy)
+    b = (high.temporaries - low.temporaries) / (long - short)
+    return _Fit((low.temporaries - b * short, b),
+                (high.flops - low.flops) / (long - short), high.advance_flops)
+
+  def recomputed(k: _Fit) -> float:
+    # XLA may find nothing to recompute; never a gain.
+    return max(0.0, k.flops_per_step - plain.flops_per_step)
 
   carry_bytes = sum(math.prod(c.shape) * np.dtype(c.dtype).itemsize
                     for c in step.carry)
-  a, b = fit(_SLOTS)
+  plain, per_step = fit(None), fit(True)
+  (a, b), _, advance = fit(_SLOTS)
   slots = min(_SLOTS, short)
-  found = Coefficients(fit(None), fit(True),
-                       (a - carry_bytes * slots, b, float(carry_bytes)))
+  with_policy = None
+  if policy is not None:
+    k = fit(True, policy)
+    with_policy = (policy_name(policy), *k.temporaries, recomputed(k))
+  r = recomputed(per_step)
+  found = Coefficients(plain.temporaries, per_step.temporaries,
+                       (a - carry_bytes * slots, b, float(carry_bytes)), r,
+                       r if advance is None else float(advance), with_policy)
   _COEFFICIENTS.put(key, found)
   return found
 
 
-def _measure(step: _Traced, consts, length: int, remat) -> int:
-  """Compiled temporaries of the VJP of `length` steps, run as `remat` says.
+def policy_name(policy: Callable[..., bool]) -> str:
+  """How a `Candidate` names a policy: a function's name, else its repr.
 
-  `remat`: None (plain scan), True (checkpointed step), or a number of
-  binomial slots.
+  >>> from haiku_bridge._src import remat_plan
+  >>> remat_plan.policy_name(jax.checkpoint_policies.nothing_saveable)
+  'nothing_saveable'
+  """
+  return getattr(policy, "__name__", None) or repr(policy)
+
+
+class _Measured(NamedTuple):
+  temporaries: int
+  flops: int
+  advance_flops: Optional[int]  # With a schedule.
+
+
+def _measure(step: _Traced, consts, length: int, remat,
+             policy=None) -> _Measured:
+  """Compiled temporaries and FLOPs of the VJP of `length` steps, run as `remat` says.
+
+  `remat`: None (plain scan), True (checkpointed step, under `policy`), or
+  a number of binomial slots. The FLOPs count every loop by its trip
+  count (only `remat=True`'s and `None`'s are used); a schedule's
+  conditional, which its backward sweep runs once per action (more often
+  than any in the step), gives an advance's FLOPs: its cheaper branch.
   """
   def body(consts, carry, x):
     out = jax_core.jaxpr_as_fun(step.jaxpr)(*consts, *carry, *x)
@@ -341,7 +437,8 @@ def _measure(step: _Traced, consts, length: int, remat) -> int:
     if remat is None:
       return jax.lax.scan(f, carry, xs, length=length)
     if remat is True:
-      return jax.lax.scan(jax.checkpoint(f), carry, xs, length=length)
+      return jax.lax.scan(jax.checkpoint(f, policy=policy), carry, xs,
+                          length=length)
     return scheduled_scan.scan(
         f, carry, xs, length=length,
         schedule=remat_schedule.binomial(length, min(remat, length)))
@@ -360,12 +457,17 @@ def _measure(step: _Traced, consts, length: int, remat) -> int:
              for x in step.x]
   compiled = jax.jit(train).lower(list(consts), list(step.carry),
                                   stacked).compile()
-  analysis = compiled.memory_analysis()
-  if analysis is None:
+  analysis, text = compiled.memory_analysis(), compiled.as_text()
+  if analysis is None or text is None:
     raise ValueError(errors.message(
-        f"remat=\"auto\" needs XLA's memory analysis, which the "
-        f"{jax.default_backend()} backend does not give."))
-  return analysis.temp_size_in_bytes
+        f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
+        f"which the {jax.default_backend()} backend does not give."))
+  count = hlo_flops.count(text)
+  schedule = max(count.conditionals, key=lambda c: c.executions,
+                 default=None)
+  return _Measured(analysis.temp_size_in_bytes, count.flops,
+                   None if remat in (None, True) or schedule is None
+                   else min(schedule.branches))
 
 
 def _is_float(a) -> bool:

@@ -22,12 +22,9 @@ MODELS = remat_models.models(lstm_lengths=(256, 1024, 4096),
                              mlp_depths=(16, 64), transformer_depths=(16, 64))
 
 
-def temporaries(model, params, x, **remat):
-  """Compiled temporaries of a training step of `model` run with `remat`."""
-  net, _ = model(**remat)
-  step = jax.value_and_grad(lambda p, x: net.apply(p, None, x))
-  return jax.jit(step).lower(params, x).compile().memory_analysis(
-      ).temp_size_in_bytes
+def cost(model, params, x, length, **remat) -> remat_models.StepCost:
+  """Compiled temporaries and FLOPs of a training step of `model` run with `remat`."""
+  return remat_models.step_cost(model, params, x, length, **remat)
 
 
 def recomputed(remat, length, groups=None):
@@ -48,23 +45,28 @@ class PredictionTest(parameterized.TestCase):
     length = x.shape[0] if "lstm" in self._testMethodName else int(
         jax.tree.leaves(params)[0].shape[0])
     with remat_models.plans_made() as made:
-      temporaries(model, params, x, remat="auto", memory_budget=1 << 40)
+      cost(model, params, x, length, remat="auto", memory_budget=1 << 40)
     plan = made[-1]
     self.assertEqual(plan.length, length)
 
-    # The manual plans, compiled: each one's memory, and its prediction.
+    # The manual plans, compiled: each one's memory and FLOPs, and its
+    # prediction.
     manual = [(False, None), (True, None), ("nested", None),
               ("binomial", None), ("nested", 2)]
     compiled = {}
     for remat, groups in manual:
-      compiled[remat, groups] = temporaries(
-          model, params, x, remat=remat,
+      compiled[remat, groups] = cost(
+          model, params, x, length, remat=remat,
           **({} if groups is None else {"remat_groups": groups}))
     by_kind = {(c.remat, c.groups): c for c in plan.candidates}
     for remat in (False, True):
       predicted = by_kind[remat, None].temporaries
-      self.assertLess(abs(predicted / compiled[remat, None] - 1), 0.10,
-                      (remat, predicted, compiled[remat, None]))
+      got = compiled[remat, None].temporaries
+      self.assertLess(abs(predicted / got - 1), 0.10, (remat, predicted, got))
+    # Per-step remat's recomputation: its FLOPs less no remat's, compiled.
+    recomputed_flops = compiled[True, None].flops - compiled[False, None].flops
+    self.assertLess(abs(by_kind[True, None].recomputed_flops /
+                        recomputed_flops - 1), 0.10, recomputed_flops)
 
     smallest = min(c.temporaries for c in plan.candidates)
     budgets = {"loose": by_kind[False, None].temporaries * 1.01,
@@ -73,20 +75,25 @@ class PredictionTest(parameterized.TestCase):
     for name, budget in budgets.items():
       budget = int(budget)
       with remat_models.plans_made() as made:
-        got = temporaries(model, params, x, remat="auto",
-                          memory_budget=budget)
+        got = cost(model, params, x, length, remat="auto",
+                   memory_budget=budget)
       choice = made[-1].choice
       # Predicted against compiled, for the plan chosen; then the budget.
-      self.assertLess(abs(choice.temporaries / got - 1), 0.10,
+      self.assertLess(abs(choice.temporaries / got.temporaries - 1), 0.10,
                       (name, choice, got))
-      self.assertLessEqual(got, budget * 1.05, (name, choice))
-      # No manual plan that fits (compiled) recomputes less.
-      fitting = [recomputed(remat, length, groups)
-                 for (remat, groups), memory in compiled.items()
-                 if memory <= budget]
+      self.assertLessEqual(got.temporaries, budget * 1.05, (name, choice))
+      # No manual plan that fits (compiled) recomputes less, nor runs
+      # fewer FLOPs (compiled, every loop by its trip count).
+      fitting = {kind: c for kind, c in compiled.items()
+                 if c.temporaries <= budget}
       if fitting:
-        self.assertLessEqual(choice.recomputed_steps, 1.05 * min(fitting),
+        least = min(recomputed(remat, length, groups)
+                    for remat, groups in fitting)
+        self.assertLessEqual(choice.recomputed_steps, 1.05 * least,
                              (name, choice, compiled))
+        self.assertLessEqual(
+            got.flops, 1.05 * min(c.flops for c in fitting.values()),
+            (name, choice, got, compiled))
     if "loss_after" not in self._testMethodName:
       # Where the outputs do not dominate, the tight budget needs a schedule.
       self.assertIn(made[-1].choice.remat, ("binomial", "nested"))
@@ -113,13 +120,14 @@ def value_and_grads(net, x):
 
 
 def _deterministic_plan() -> remat_plan.Plan:
-  """A plan made from nothing cached: measured, then chosen."""
+  """A plan made from nothing cached, with a policy: measured, then chosen."""
   def step(h, x):
     h = jnp.tanh(h @ jnp.eye(16) + x)
     return h, jnp.sum(h ** 2)
   with caches.disabled():
     return hkb.remat_plan(step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
-                          memory_budget=100_000)
+                          memory_budget=100_000,
+                          remat_policy=jax.checkpoint_policies.dots_saveable)
 
 
 def _print_plan() -> None:
@@ -177,6 +185,19 @@ class AutoTest(parameterized.TestCase):
     self.assert_equal_values(tight, plain)
     self.assert_equal_values(scanned, plain)
 
+  def test_init_makes_no_plan_and_the_same_params(self):
+    # Init runs no backward pass: nothing to plan for.
+    auto = dict(remat="auto", memory_budget=1 << 40)
+    for ours, theirs in (
+        (unroll(lambda *a: hkb.dynamic_unroll(*a, **auto)),
+         unroll(hk.dynamic_unroll)),
+        (stack(lambda f, x: hkb.repeat_layer(f, x, 12, **auto)),
+         stack(lambda f, x: hkb.repeat_layer(f, x, 12)))):
+      with remat_models.plans_made() as made:
+        params = ours[0].init(KEY, ours[1])
+      self.assertEqual(made, [])
+      self.assert_equal_values(params, theirs[0].init(KEY, theirs[1]))
+
   def test_plan_is_deterministic_and_measured_once_per_step_shape(self):
     def step(h, x):
       h = jnp.tanh(h @ jnp.eye(16) + x)
@@ -205,9 +226,22 @@ class AutoTest(parameterized.TestCase):
       with caches.disabled():
         self.assertEqual(hkb.remat_plan(step, h, jnp.ones([256, 4, 16]),
                                         memory_budget=100_000), first)
-    self.assertEqual(
-        [c.recomputed_steps for c in first.candidates],
-        sorted(c.recomputed_steps for c in first.candidates))
+      # A policy is measured too (2 more compiles), never taken from the
+      # plan without it.
+      before = measure.call_count
+      policy = jax.checkpoint_policies.dots_saveable
+      with_policy = hkb.remat_plan(step, h, jnp.ones([256, 4, 16]),
+                                   memory_budget=100_000, remat_policy=policy)
+      self.assertEqual(measure.call_count, before + compiles + 2)
+      self.assertEqual([c.policy for c in with_policy.candidates
+                        if c.policy is not None],
+                       [remat_plan.policy_name(policy)])
+      self.assertEqual(set(first.candidates),
+                       {c for c in with_policy.candidates if c.policy is None})
+    for plan in (first, with_policy):
+      self.assertEqual(
+          [c.recomputed_flops for c in plan.candidates],
+          sorted(c.recomputed_flops for c in plan.candidates))
     self.assertLessEqual(first.choice.temporaries, 100_000)
 
   def test_plan_in_a_fresh_process_is_this_ones(self):
@@ -241,6 +275,52 @@ class AutoTest(parameterized.TestCase):
     self.assertNotIn(plain_plans[-1].choice.remat, (False, True))
     self.assert_equal_values(got, plain)
 
+  def test_a_policy_is_a_candidate_measured_and_chosen_where_it_fits(self):
+    # A residual MLP: the policy keeps each layer's dot outputs, not its
+    # activations; it recomputes the elementwise ops only.
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    model = MODELS["mlp_depth_16"]
+    net, x = model()
+    params = net.init(KEY, x)
+    with remat_models.plans_made() as made:
+      cost(model, params, x, 16, remat="auto", remat_policy=policy,
+           memory_budget=1 << 40)
+    by_kind = {(c.remat, c.policy): c for c in made[-1].candidates
+               if c.slots is None}
+    plain, per_step = by_kind[False, None], by_kind[True, None]
+    saving = by_kind[True, remat_plan.policy_name(policy)]
+    self.assertLess(per_step.temporaries, saving.temporaries)
+    self.assertLess(saving.temporaries, plain.temporaries)
+    self.assertLess(0, saving.recomputed_flops)
+    self.assertLess(saving.recomputed_flops, per_step.recomputed_flops / 4)
+
+    # Predicted against compiled: memory, and recomputed FLOPs.
+    compiled = {kind: cost(model, params, x, 16, remat=kind[0],
+                           remat_policy=policy if kind[1] else None)
+                for kind in ((False, None), (True, None), (True, "p"))}
+    for kind, candidate in (((True, "p"), saving), ((True, None), per_step)):
+      got = compiled[kind]
+      self.assertLess(abs(candidate.temporaries / got.temporaries - 1), 0.10,
+                      (candidate, got))
+      recomputed = got.flops - compiled[False, None].flops
+      self.assertLess(abs(candidate.recomputed_flops / recomputed - 1), 0.10,
+                      (candidate, recomputed))
+
+    # Where it fits and no remat does not, it is the choice: the same
+    # program as the manual one, and remat=False's values and gradients.
+    budget = int(saving.temporaries * 1.01)
+    with remat_models.plans_made() as made:
+      got = cost(model, params, x, 16, remat="auto", remat_policy=policy,
+                 memory_budget=budget)
+    self.assertEqual(made[-1].choice, saving)
+    self.assertEqual(got, compiled[True, "p"])
+    self.assertLessEqual(got.temporaries, budget * 1.05)
+    self.assertLess(got.flops, compiled[True, None].flops)
+    auto, _ = model(remat="auto", remat_policy=policy, memory_budget=budget)
+    reference, _ = model()
+    self.assert_equal_values(value_and_grads(auto, x),
+                             value_and_grads(reference, x))
+
   def test_budget_below_the_smallest_names_it(self):
     def step(h, x):
       return jnp.tanh(h + x), None
@@ -262,9 +342,8 @@ class AutoTest(parameterized.TestCase):
       (dict(memory_budget=1000), ValueError, "`memory_budget` needs"),
       (dict(remat="auto", memory_budget=-1), ValueError, "positive int"),
       (dict(remat="auto", memory_budget="1GB"), TypeError, "positive int"),
-      (dict(remat="auto", memory_budget=1000, remat_policy=(
-          jax.checkpoint_policies.nothing_saveable)), ValueError,
-       "`remat_policy` needs `remat=True`"),
+      (dict(remat="auto", memory_budget=1000, remat_policy="dots"),
+       TypeError, "`remat_policy` must be None or a jax.checkpoint_policies"),
   )
   def test_options_refused(self, options, error, text):
     net = hk.transform(lambda x: hkb.repeat_layer(

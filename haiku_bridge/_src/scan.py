@@ -123,14 +123,15 @@ def layer_scan(
       through a `jax.jit` inside it, nor `jax.linearize` on jax < 0.9, whose
       trace looks like a VJP's: there forward mode raises an error naming
       `remat`; see `scheduled_scan.py`).
-    remat_policy: a `jax.checkpoint_policies` policy, with `remat=True`.
+    remat_policy: a `jax.checkpoint_policies` policy, with `remat=True`;
+      with `remat="auto"`, `remat=True` under it is one more candidate.
     remat_groups: with `remat="nested"`, the number of groups, a positive
       int (default ≈√N; the last group takes what remains); with
       `"binomial"`, recompute no more layers than `"nested"` with that many
       groups.
       `remat="auto"` (with `memory_budget=`) chooses among all of these,
       and binomial with any number of slots, the plan that recomputes
-      least whose predicted training-step temporaries fit the budget
+      the least FLOPs whose predicted training-step temporaries fit the budget
       (`hkb.remat_plan` shows the candidates).
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     reverse: run the layers from last to first (as `jax.lax.scan`).
@@ -213,11 +214,12 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
         plan, body, carry, scanned, loop=options.loop, reverse=reverse)
   else:
     loop = options.loop
-    if pipeline is not None and loop.remat == modes.REMAT_AUTO:
-      # Init (or a bridge finding the params) runs the whole stack in one
-      # loop, which the per-stage budget is not for: values are the same
-      # under any remat, so it runs plain.
-      loop = dataclasses.replace(loop, remat=False, memory_budget=None)
+    if pipeline is not None or hk.running_init():
+      # Init runs no backward pass, and with a pipeline init (or a bridge
+      # finding the params) runs the whole stack in one loop, which the
+      # per-stage budget is not for: values are the same under any remat,
+      # so `remat="auto"` runs plain, unplanned.
+      loop = loop.unplanned()
     carry, (ys, state) = loop(body, carry, scanned, num_layers, reverse)
   updater.update(state)
   return carry, ys

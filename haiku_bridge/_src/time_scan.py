@@ -109,15 +109,16 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
       from its first carry) or `"binomial"` (the fewest carries that
       recompute at most one more forward pass: Griewank's binomial
       bound), or `"auto"` (with `memory_budget=`: of those, and binomial
-      with any number of slots, the one recomputing least whose predicted
-      temporaries fit; see `hkb.remat_plan`). The carry here includes
+      with any number of slots, the one recomputing the least FLOPs whose
+      predicted temporaries fit; see `hkb.remat_plan`). The carry here includes
       Haiku state and the rng. The schedules give `remat=True`'s values
       and derivatives.
     remat_groups: with `"nested"`, the number of groups (default ≈√T); with
       `"binomial"`, recompute no more steps than `"nested"` with that many
       (by default, at most one more forward pass, with the fewest carries).
     remat_policy: with `remat=True`, a `jax.checkpoint_policies` policy:
-      which of a step's activations the forward pass keeps.
+      which of a step's activations the forward pass keeps; with
+      `remat="auto"`, `remat=True` under it is one more candidate.
     memory_budget: with `remat="auto"`, the bytes the loop's training-step
       temporaries may take.
 
@@ -278,6 +279,8 @@ def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
     return loop(f, init, xs, length, reverse)
   first = None
   if hk.running_init():
+    # Init runs no backward pass: `remat="auto"` runs plain, unplanned.
+    loop = loop.unplanned()
     # The first step creates the params and state, which the loop cannot
     # (its carry keeps one structure): it runs outside, as in hk.scan.
     if length == 0:

@@ -68,8 +68,8 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
   def test_pareto_front(self):
     c = remat_plan.Candidate
     front = remat_auto_bench.pareto([
-        c(False, None, None, 100, 0), c(True, None, None, 40, 8),
-        c("nested", 4, 2, 50, 12), c("binomial", 2, None, 30, 20)])
+        c(False, None, None, 100, 0, 0), c(True, None, None, 40, 8, 80),
+        c("nested", 4, 2, 50, 12, 120), c("binomial", 2, None, 30, 20, 200)])
     self.assertEqual([k.temporaries for k in front], [100, 40, 30])
 
 

@@ -7,7 +7,10 @@ on which haiku_bridge/_src/remat_plan_test.py checks the predictions),
 recomputed steps from one plan; the manual plans (`False`, `True`, `"nested"`, `"binomial"`, `"nested"` with
 2 groups) and what `remat="auto"` picks at a loose, a middle and a tight
 budget are compiled, and their compiled temporaries (XLA's memory analysis
-of the jitted `value_and_grad` step) set beside the predictions.
+of the jitted `value_and_grad` step) set beside the predictions, with the
+compiled step's FLOPs (`haiku_bridge/_src/hlo_flops.py`: every loop by
+its trip count) beside the least of the manual plans that fit, and the
+predicted recomputed FLOPs beside the compiled ones.
 """
 
 import contextlib
@@ -54,6 +57,7 @@ class Compiled:
   label: str
   candidate: remat_plan.Candidate
   compiled: int  # Bytes of temporaries.
+  flops: int  # Of the compiled step, every loop by its trip count.
   budget: Optional[int] = None  # For auto's picks.
 
 
@@ -65,14 +69,6 @@ class ModelResult:
   budgets: dict[str, int]
   manual: tuple[Compiled, ...]
   picks: tuple[Compiled, ...]
-
-
-def temporaries(model, params, x, **remat) -> int:
-  """Compiled temporaries of a training step of `model` run with `remat`."""
-  net, _ = model(**remat)
-  step = jax.value_and_grad(lambda p, x: net.apply(p, None, x))
-  return jax.jit(step).lower(params, x).compile().memory_analysis(
-      ).temp_size_in_bytes
 
 
 @contextlib.contextmanager
@@ -95,20 +91,21 @@ def _predicted(c, length: int, remat, groups) -> remat_plan.Candidate:
     plan = remat_plan.choose(c, length, 1 << 62)
     return next(k for k in plan.candidates if k.remat is remat)
   sched = loop_lib.schedule(remat, length, groups)
-  return remat_plan.Candidate(
-      remat, sched.num_slots, groups,
+  return remat_plan._recomputing(  # pylint: disable=protected-access
+      c, remat, sched.num_slots, groups,
       remat_plan._scheduled(c, length, sched.num_slots),  # pylint: disable=protected-access
-      length + sched.recomputed_steps)
+      length, sched.recomputed_steps)
 
 
 def bench_model(name: str, model) -> ModelResult:
   net, x = model()
   params = net.init(KEY, x)
-  with _coefficients_seen() as seen:
-    temporaries(model, params, x, remat="auto", memory_budget=1 << 40)
-  c = seen[-1]
   length = (x.shape[0] if name.startswith("lstm") else
             int(jax.tree.leaves(params)[0].shape[0]))
+  with _coefficients_seen() as seen:
+    remat_models.step_cost(model, params, x, length, remat="auto",
+                           memory_budget=1 << 40)
+  c = seen[-1]
   candidates = remat_plan.choose(c, length, 1 << 62).candidates
   manual = []
   for remat, groups in MANUAL:
@@ -116,7 +113,7 @@ def bench_model(name: str, model) -> ModelResult:
     manual.append(Compiled(
         f"{remat}" + ("" if groups is None else f", groups={groups}"),
         _predicted(c, length, remat, groups),
-        temporaries(model, params, x, remat=remat, **kw)))
+        *remat_models.step_cost(model, params, x, length, remat=remat, **kw)))
   plain = next(k for k in candidates if k.remat is False).temporaries
   per_step = next(k for k in candidates if k.remat is True).temporaries
   smallest = min(k.temporaries for k in candidates)
@@ -126,8 +123,9 @@ def bench_model(name: str, model) -> ModelResult:
   picks = []
   for label, budget in budgets.items():
     choice = remat_plan.choose(c, length, budget).choice
-    picks.append(Compiled(label, choice, temporaries(
-        model, params, x, remat="auto", memory_budget=budget), budget))
+    picks.append(Compiled(label, choice, *remat_models.step_cost(
+        model, params, x, length, remat="auto", memory_budget=budget),
+                          budget))
     print(f"remat auto: {name} {label}: {choice}", file=sys.stderr,
           flush=True)
   return ModelResult(name, length, tuple(candidates), budgets, tuple(manual),
@@ -151,39 +149,55 @@ def _kib(n: float) -> str:
   return f"{n / 1024:,.1f}"
 
 
+def _mega(n: float) -> str:
+  return f"{n / 1e6:,.2f}"
+
+
 def markdown(results: list[ModelResult]) -> str:
   """Auto's picks per budget, then every compiled plan's prediction against the compiler."""
   out = ["### What `remat=\"auto\"` picks", "",
          "Budgets: loose = 1.01 × no remat's predicted temporaries, middle = "
          "halfway between `remat=True`'s and the smallest candidate's, tight "
          "= 1.01 × the smallest. \"Fewest manual\": the fewest recomputed "
-         "steps of the manual plans whose compiled temporaries fit.", "",
+         "steps of the manual plans whose compiled temporaries fit; "
+         "\"least manual\": the least FLOPs of those. FLOPs: of the compiled "
+         "training step, every loop by its trip count "
+         "(`haiku_bridge/_src/hlo_flops.py`), in millions.", "",
          "| model | budget | budget (KiB) | auto's plan | predicted (KiB) | "
          "compiled (KiB) | compiled / budget | recomputed steps | "
-         "fewest manual |",
-         "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+         "fewest manual | MFLOPs | least manual MFLOPs | FLOPs / least |",
+         "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: "
+         "| ---: | ---: |"]
   for r in results:
     for p in r.picks:
-      fitting = [m.candidate.recomputed_steps for m in r.manual
-                 if m.compiled <= p.budget]
+      fitting = [m for m in r.manual if m.compiled <= p.budget]
+      fewest = min((m.candidate.recomputed_steps for m in fitting),
+                   default="none fits")
+      least = min((m.flops for m in fitting), default=None)
       out.append(
           f"| {r.name} | {p.label} | {_kib(p.budget)} | "
           f"{_plan_name(p.candidate)} | {_kib(p.candidate.temporaries)} | "
           f"{_kib(p.compiled)} | {p.compiled / p.budget:.3f} | "
-          f"{p.candidate.recomputed_steps} | "
-          f"{min(fitting) if fitting else 'none fits'} |")
-  out += ["", "### Predicted against compiled temporaries", "",
-          "| model | plan | predicted (KiB) | compiled (KiB) | "
-          "predicted / compiled − 1 | recomputed steps |",
-          "| --- | --- | ---: | ---: | ---: | ---: |"]
+          f"{p.candidate.recomputed_steps} | {fewest} | {_mega(p.flops)} | "
+          + (f"{_mega(least)} | {p.flops / least:.3f} |" if least else
+             "none fits | |"))
+  out += ["", "### Predicted against compiled temporaries and recomputed FLOPs",
+          "", "Recomputed MFLOPs, compiled: the plan's MFLOPs less no remat's.",
+          "", "| model | plan | predicted (KiB) | compiled (KiB) | "
+          "predicted / compiled − 1 | recomputed steps | MFLOPs | "
+          "recomputed MFLOPs, predicted | recomputed MFLOPs, compiled |",
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   for r in results:
+    plain = next(m.flops for m in r.manual if m.candidate.remat is False)
     for m in r.manual + r.picks:
       label = (f"auto ({m.label}): {_plan_name(m.candidate)}" if m.budget
                else _plan_name(m.candidate))
       out.append(f"| {r.name} | {label} | {_kib(m.candidate.temporaries)} | "
                  f"{_kib(m.compiled)} | "
                  f"{m.candidate.temporaries / m.compiled - 1:+.1%} | "
-                 f"{m.candidate.recomputed_steps} |")
+                 f"{m.candidate.recomputed_steps} | {_mega(m.flops)} | "
+                 f"{_mega(m.candidate.recomputed_flops)} | "
+                 f"{_mega(m.flops - plain)} |")
   return "\n".join(out) + "\n"
 
 
