@@ -180,7 +180,7 @@ class AutoTest(parameterized.TestCase):
       scanned = value_and_grads(*stack(lambda f, x: hkb.layer_scan(
           lambda h, _: (f(h), None), x, num_layers=12, remat="auto",
           memory_budget=smallest)[0]))
-    # Planned at init and at apply, by each.
+    # Planned at apply (not at init), by each.
     self.assertEqual({p.choice.remat for p in made}, {"binomial"})
     self.assert_equal_values(tight, plain)
     self.assert_equal_values(scanned, plain)
