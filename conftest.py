@@ -10,8 +10,9 @@ one per `pytest -n` worker) imports them all. Three things follow:
   (`--num_steps` in three of them); imported into one process, a later
   definition of a name replaces the earlier one instead of raising
   `DuplicateFlagError`. Their tests set what they read (`flagsaver`).
-- The XLA compilation cache that `.bazelrc` gives every Bazel test is set
-  here too, unless the environment names one.
+- The XLA compilation cache and the XLA flags (`testing/xla_flags.py`)
+  that `.bazelrc` gives every Bazel test are set here too, unless the
+  environment names its own.
 """
 
 import os
@@ -22,6 +23,10 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       "/tmp/haiku_bridge_xla_cache")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+from testing import xla_flags  # pylint: disable=g-import-not-at-top
+
+os.environ.setdefault("XLA_FLAGS", xla_flags.FLAGS)
 
 from testing import devices  # pylint: disable=g-import-not-at-top
 

@@ -1,0 +1,120 @@
+"""The tests' XLA flags (`testing/xla_flags.py`) change the compile's cost, not what tests measure.
+
+Every test process compiles with `xla_flags.FLAGS`. Here the programs whose
+compiled memory the suite holds to bounds (a remat'd Haiku RNN, a nested
+layer scan, a pipelined stack on jax's default mesh, the compiles of
+`remat="auto"`'s plan) are compiled with those flags in this process and
+with XLA's defaults in a fresh one: the memory analysis and the plan must be
+the same, and the values equal up to float rounding.
+"""
+
+import jax
+
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import json
+import os
+
+from absl.testing import absltest
+import haiku as hk
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+import haiku_bridge as hkb
+from testing import test_utils
+from testing import xla_flags
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _block(h):
+  return h + hk.Linear(h.shape[-1])(jnp.tanh(hk.Linear(h.shape[-1])(h)))
+
+
+def _rnn(x):
+  core = hk.LSTM(16)
+  out, _ = hk.dynamic_unroll(hk.remat(core), x, core.initial_state(x.shape[1]))
+  return out
+
+
+def _nested_stack(x):
+  return hkb.repeat_layer(_block, x, 8, remat="nested")
+
+
+def _pipelined_stack(x):
+  return hkb.repeat_layer(_block, x, 8, pipeline=hkb.Pipeline("stage", 4))
+
+
+def _step(fn, x, mesh=None):
+  """Memory and values of the compiled `value_and_grad` of a loss after `fn`."""
+  f = hk.transform(lambda x: jnp.mean(fn(x) ** 2))
+  params = f.init(jax.random.PRNGKey(0), x)
+  step = jax.jit(jax.value_and_grad(f.apply))
+  if mesh is not None:
+    with jax.set_mesh(mesh):
+      x = jax.device_put(x, P("data"))
+      compiled = step.lower(params, None, x).compile()
+  else:
+    compiled = step.lower(params, None, x).compile()
+  memory = compiled.memory_analysis()
+  loss, grads = compiled(params, None, x)
+  return {"temp": memory.temp_size_in_bytes,
+          "output": memory.output_size_in_bytes,
+          "argument": memory.argument_size_in_bytes,
+          "values": [float(loss)] + [float(jnp.sum(g))
+                                     for g in jax.tree.leaves(grads)]}
+
+
+def _plan_step(h, x):
+  h = jnp.tanh(h @ jnp.full([16, 16], 0.1) + x)
+  return h, jnp.sum(h ** 2)
+
+
+def figures() -> dict[str, object]:
+  """What the suite's memory tests read, for each program."""
+  mesh = jax.make_mesh((4, 2), ("stage", "data"))  # Explicit axes.
+  plan = hkb.remat_plan(_plan_step, jnp.zeros([4, 16]),
+                        jnp.ones([256, 4, 16]), memory_budget=60_000)
+  return {"rnn": _step(_rnn, jnp.ones([24, 4, 8])),
+          "nested_stack": _step(_nested_stack, jnp.ones([8, 32])),
+          "pipelined_stack": _step(_pipelined_stack, jnp.ones([16, 32]), mesh),
+          "remat_plan": plan.table()}
+
+
+def _print_figures() -> None:
+  """In a fresh process with XLA's default flags: `figures()` as JSON."""
+  print(json.dumps(figures()))
+
+
+class XlaFlagsTest(absltest.TestCase):
+
+  def test_bazelrc_gives_tests_these_flags(self):
+    with open(os.path.join(_ROOT, ".bazelrc")) as f:
+      self.assertIn(f'test --test_env=XLA_FLAGS="{xla_flags.FLAGS}"\n', f.read())
+
+  def test_this_process_compiles_with_them(self):
+    self.assertEqual(os.environ.get("XLA_FLAGS"), xla_flags.FLAGS)
+
+  def test_memory_and_plans_as_with_xla_defaults(self):
+    ours = figures()
+    child = test_utils.run_in_fresh_process(__file__, "_print_figures",
+                                            env={"XLA_FLAGS": ""})
+    self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+    defaults = json.loads(child.stdout.strip().splitlines()[-1])
+    self.assertEqual(ours["remat_plan"], defaults["remat_plan"])
+    for name in ("rnn", "nested_stack", "pipelined_stack"):
+      with self.subTest(name):
+        got, expected = ours[name], defaults[name]
+        self.assertEqual(
+            {k: got[k] for k in ("temp", "output", "argument")},
+            {k: expected[k] for k in ("temp", "output", "argument")})
+        np.testing.assert_allclose(got["values"], expected["values"],
+                                   rtol=1e-5, atol=1e-6)
+
+
+if __name__ == "__main__":
+  absltest.main()
