@@ -12,9 +12,13 @@ instruction, with `n` the elements of its result:
   input features are already those of one feature group).
 - `reduce`, `reduce-window`, `scatter`, `map`: the reducer's FLOPs per
   element of the input (of the updates, for `scatter`).
+- a `custom-call` that is a matrix multiply (GPU's cuBLAS calls: a
+  `dot_dimension_numbers` in its `gemm_backend_config`): as `dot`, on its
+  first result. Any other `custom-call` (a cuDNN convolution, a LAPACK
+  routine): 0, and named in `Count.opaque_custom_calls`.
 - data movement (copy, broadcast, slices, reshapes, transposes, gathers,
-  tuples, parameters, constants, iota, and the like), `custom-call`,
-  `sort`, `rng`, collectives: 0.
+  tuples, parameters, constants, iota, and the like), `sort`, `rng`,
+  collectives: 0.
 - every other instruction (arithmetic, compares, selects, converts,
   transcendentals alike) on floating-point or complex values (its result's
   or its first operand's type): n, one per element; on integers and
@@ -44,7 +48,7 @@ from typing import Iterator, NamedTuple
 _FREE = frozenset("""
     parameter constant iota copy copy-start copy-done bitcast bitcast-convert
     broadcast reshape transpose slice dynamic-slice dynamic-update-slice
-    concatenate pad reverse gather tuple get-tuple-element custom-call sort
+    concatenate pad reverse gather tuple get-tuple-element sort
     rng rng-bit-generator rng-get-and-update-state after-all partition-id
     replica-id all-reduce all-gather all-to-all reduce-scatter
     collective-permute send recv send-done recv-done infeed outfeed
@@ -80,10 +84,13 @@ class Count(NamedTuple):
     conditionals: every conditional outside another's branches, by its
       executions and branches.
     unknown_trip_counts: the while loops counted once, for want of a trip count.
+    opaque_custom_calls: the targets of the custom-calls counted as 0 FLOPs
+      (every one that is not a matrix multiply), each once.
   """
   flops: int
   conditionals: tuple[Conditional, ...]
   unknown_trip_counts: int
+  opaque_custom_calls: tuple[str, ...] = ()
 
 
 class _Instruction(NamedTuple):
@@ -115,10 +122,12 @@ class _Counter:
     self._computations = computations
     self._conditionals: list[Conditional] = []
     self._unknown = 0
+    self._opaque: dict[str, None] = {}
 
   def run(self, entry: str) -> Count:
     flops = self._computation(entry, 1)
-    return Count(flops, tuple(self._conditionals), self._unknown)
+    return Count(flops, tuple(self._conditionals), self._unknown,
+                 tuple(self._opaque))
 
   def _computation(self, name: str, executions: int) -> int:
     shapes = {}
@@ -153,6 +162,8 @@ class _Counter:
       if executions:
         self._conditionals.append(Conditional(executions, branches))
       return min(branches)
+    if op == "custom-call":
+      return self._custom_call(ins, shapes)
     n = _elements(ins.shape)
     if op == "dot":
       lhs = _dims(shapes[ins.operands[0]])
@@ -171,6 +182,21 @@ class _Counter:
     # Index arithmetic (a loop's counter, a slice's start) is not floating point.
     operand = shapes.get(ins.operands[0], "") if ins.operands else ""
     return n if _FLOAT.match(ins.shape) or _FLOAT.match(operand) else 0
+
+
+  def _custom_call(self, ins: _Instruction, shapes: dict[str, str]) -> int:
+    gemm = (_backend_config(ins.attributes) or {}).get(
+        "gemm_backend_config", {})
+    contracting = gemm.get("dot_dimension_numbers", {}).get(
+        "lhs_contracting_dimensions")
+    if contracting is None:
+      target = re.search(r'custom_call_target="([^"]*)"', ins.attributes)
+      self._opaque[target.group(1) if target else "?"] = None
+      return 0
+    # The product, then (on GPU) the library's workspace.
+    result = ins.shape[1:] if ins.shape.startswith("(") else ins.shape
+    lhs = _dims(shapes[ins.operands[0]])
+    return 2 * _elements(result) * math.prod(lhs[int(d)] for d in contracting)
 
 
 def _parse(text: str) -> tuple[dict[str, list[_Instruction]], str]:
@@ -252,14 +278,19 @@ def _branches(attributes: str) -> Iterator[str]:
     yield _called(attributes, "true_computation")
 
 
-def _trip_count(attributes: str):
+def _backend_config(attributes: str):
+  """An instruction's JSON `backend_config`, as a dict (None without one)."""
   start = attributes.find("backend_config={")
   if start < 0:
     return None
   start += len("backend_config=")
   try:
-    config = json.loads(attributes[start:_closing(attributes, start) + 1])
+    return json.loads(attributes[start:_closing(attributes, start) + 1])
   except json.JSONDecodeError:
     return None
+
+
+def _trip_count(attributes: str):
+  config = _backend_config(attributes) or {}
   n = config.get("known_trip_count", {}).get("n")
   return None if n is None else int(n)

@@ -76,6 +76,23 @@ ENTRY %main (a: f32[4,8], b: f32[8,3]) -> f32[4,3] {
 """
     self.assertEqual(hlo_flops.count(text).flops, 2 * 4 * 3 * 8)
 
+  def test_a_gpu_matmul_custom_call_counts_as_a_dot(self):
+    # XLA:GPU writes a matmul as a cuBLAS custom-call with a workspace
+    # result; a cuDNN convolution's cost is not read (named instead).
+    text = """HloModule m
+ENTRY %main (a: f32[2,4,8], b: f32[2,8,3], x: f32[1,6,6,2]) -> f32[2,4,3] {
+  %a = f32[2,4,8]{2,1,0} parameter(0)
+  %b = f32[2,8,3]{2,1,0} parameter(1)
+  %x = f32[1,6,6,2]{3,2,1,0} parameter(2)
+  %g = (f32[2,4,3]{2,1,0}, s8[4194304]{0}) custom-call(f32[2,4,8]{2,1,0} %a, f32[2,8,3]{2,1,0} %b), custom_call_target="__cublas$gemm", backend_config={"operation_queue_id":"0","wait_on_operation_queues":[],"gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["2"],"rhs_contracting_dimensions":["1"],"lhs_batch_dimensions":["0"],"rhs_batch_dimensions":["0"]},"alpha_imag":0,"epilogue":"DEFAULT"},"force_earliest_schedule":false}
+  %c = (f32[1,4,4,5]{3,2,1,0}, u8[0]{0}) custom-call(f32[1,6,6,2]{3,2,1,0} %x), custom_call_target="__cudnn$convForward", backend_config={"operation_queue_id":"0"}
+  ROOT %r = f32[2,4,3]{2,1,0} get-tuple-element(%g), index=0
+}
+"""
+    got = hlo_flops.count(text)
+    self.assertEqual(got.flops, 2 * (2 * 4 * 3) * 8)
+    self.assertEqual(got.opaque_custom_calls, ("__cudnn$convForward",))
+
   def test_rolled_loops_count_as_xla_counts_them_unrolled(self):
     scan = lambda unroll: (lambda h, xs: jax.lax.scan(step, h, xs,
                                                       unroll=unroll))
