@@ -484,8 +484,10 @@ class Repeat_layerTest(TestCase):
 
   def test_unknown_name_option(self):
     with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: got an unexpected keyword "
-                                r"argument 'remat_group'; its options are name, remat, "
-                                r"remat_policy, remat_groups, unroll, reverse, pipeline"):
+                                r"argument 'remat_group' \(did you mean 'remat_groups'\?\); "
+                                r"its arguments are layer, x, num_layers, init, name, remat, "
+                                r"remat_policy, remat_groups, unroll, reverse, pipeline, "
+                                r"memory_budget\.$"):
       init(lambda: hkb.repeat_layer(linear, X, DEPTH, remat="nested", remat_group=2))
 
   def test_wrong_type_options_on_entry(self):

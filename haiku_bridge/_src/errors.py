@@ -12,7 +12,8 @@ argument's name, what it got, what to pass:
 
 import contextlib
 import contextvars
-from typing import Any, Iterable, Iterator, Optional
+import difflib
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -151,6 +152,23 @@ def check_str(name: str, value: Any, wants: str, *,
     return
   if not isinstance(value, str) or not value:
     raise TypeError(bad_argument(name, value, wants, hint))
+
+
+def check_keywords(given: Iterable[str], accepted: Sequence[str]) -> None:
+  """A TypeError for the first keyword in `given` not in `accepted`.
+
+  Python's own message names no call and lists nothing; ours names the
+  nearest accepted name, if one is close, and lists them all:
+  `hkb.scan: got an unexpected keyword argument 'remat_group' (did you mean
+  'remat_groups'?); its arguments are f, init, ...`.
+  """
+  unknown = sorted(set(given) - set(accepted))
+  if unknown:
+    near = difflib.get_close_matches(unknown[0], accepted, n=1)
+    raise TypeError(message(
+        f"got an unexpected keyword argument {unknown[0]!r}"
+        + (f" (did you mean {near[0]!r}?)" if near else "")
+        + f"; its arguments are {', '.join(accepted)}."))
 
 
 def is_int(x: Any) -> bool:

@@ -66,6 +66,18 @@ class ErrorsTest(absltest.TestCase):
     self.assertIsNone(errors.current())
     self.assertEqual(errors.message("x"), "hkb: x")
 
+  def test_check_keywords(self):
+    # The first unknown name in sorted order (as each call's test expects), the nearest
+    # accepted name when one is close, every accepted name.
+    with errors.entry("scan"):
+      errors.check_keywords({"remat_groups": 2}, ("a", "remat_groups"))  # Accepted: no error.
+      with self.assertRaisesRegex(
+          TypeError, r"^hkb.scan: got an unexpected keyword argument 'remat_group' \(did you "
+          r"mean 'remat_groups'\?\); its arguments are a, remat_groups\.$"):
+        errors.check_keywords({"zz": 3, "remat_group": 2}, ("a", "remat_groups"))
+      with self.assertRaisesRegex(TypeError, r"argument 'zz'; its arguments are a\.$"):
+        errors.check_keywords({"zz": 3}, ("a",))
+
   def test_no_site_writes_its_own_prefix(self):
     sources = library_sources()
     self.assertIn(os.path.join("_src", "custom_grad.py"), sources)

@@ -371,7 +371,10 @@ def _kept_by(loop: loop_lib.Loop) -> Callable[..., bool]:
   `remat_policy`), all otherwise (a remat schedule keeps its own few).
   `remat="auto"` is planned before (`stage_loop`): `loop` is its plan.
   """
-  assert loop.remat != modes.REMAT_AUTO, "stage_loop plans it first"
+  assert loop.remat != modes.REMAT_AUTO, (
+      "an unplanned remat=\"auto\" loop in a stage: `run` replaces it by "
+      "`stage_loop`'s plan, a remat_plan candidate (False, True, \"nested\" "
+      "or \"binomial\"), before any stage runs")
   if loop.remat is True:
     return loop.policy or jax.checkpoint_policies.nothing_saveable
   return jax.checkpoint_policies.everything_saveable

@@ -17,6 +17,19 @@ from haiku_bridge._src.remat_schedule import REGISTER
 DEPTHS = list(range(1, 30)) + [63, 64, 65, 100, 128]
 
 
+def griewank_advances(steps, slots):
+  """Advances to reverse `steps` steps with `slots` slots: Griewank's binomial bound (1992).
+
+  With s slots and each step advanced at most r times, C(s + r, s) steps can
+  be reversed, with r·n − C(s + r, s + 1) advances (the first sweep's n − 1
+  included). Written here from the paper, not from remat_schedule.
+  """
+  r = 0
+  while math.comb(slots + r, slots) < steps:
+    r += 1
+  return r * steps - math.comb(slots + r, slots + 1) if steps > 1 else 0
+
+
 @functools.lru_cache(maxsize=None)
 def brute_force_cost(steps, free):
   """Fewest advanced steps over every way to split, by exhaustive recursion.
@@ -205,23 +218,37 @@ class BinomialTest(parameterized.TestCase):
                        (steps, slots))
 
   def test_griewank_closed_form(self):
-    # Ground truth: the binomial bound (Griewank 1992), written here: with s
-    # slots and each step advanced at most r times, C(s + r, s) steps can be
-    # reversed, with r·n − C(s + r, s + 1) advances (the first sweep's n − 1
-    # included).
-    def advances(steps, slots):
-      r = 0
-      while math.comb(slots + r, slots) < steps:
-        r += 1
-      return r * steps - math.comb(slots + r, slots + 1) if steps > 1 else 0
-
+    # Ground truth: the binomial bound (Griewank 1992), griewank_advances.
     for steps, slots in itertools.product((2, 5, 30, 99, 300, 1000),
                                           (1, 2, 3, 7, 20)):
       schedule = remat_schedule.binomial(steps, slots)
       remat_schedule.simulate(schedule)
       self.assertLessEqual(schedule.num_slots, slots)
       self.assertEqual(schedule.recomputed_steps,
-                       advances(steps, slots) - (steps - 1), (steps, slots))
+                       griewank_advances(steps, slots) - (steps - 1),
+                       (steps, slots))
+
+  def test_fewest_slots_for_one_more_forward_pass(self):
+    # What remat="binomial" keeps (loop.schedule with no remat_groups).
+    # Ground truth: Griewank's bound, griewank_advances; and Equinox's
+    # checkpointed scan, whose default number of checkpoints (online
+    # treeverse) is the fewest with (c + 1)(c + 2) / 2 > T.
+    for steps in (1, 2, 3, 7, 100, 256, 1024, 4096, 16384):
+      with self.subTest(steps=steps):
+        schedule = remat_schedule.binomial(
+            steps, remat_schedule.fewest_binomial_slots(steps, steps - 1))
+        remat_schedule.simulate(schedule)
+        slots = schedule.num_slots
+        recomputed = griewank_advances(steps, slots) - (steps - 1)
+        self.assertEqual(schedule.recomputed_steps, recomputed)
+        self.assertLessEqual(recomputed, steps - 1)
+        if slots > 1:  # One slot fewer would recompute more.
+          self.assertGreater(griewank_advances(steps, slots - 1) - (steps - 1),
+                             steps - 1)
+        equinox = math.floor(-1.5 + math.sqrt(2 * steps + 0.25)) + 1
+        self.assertLessEqual(slots, equinox)
+        if steps >= 256:
+          self.assertLess(slots, equinox)
 
   def test_long_scans_build_fast(self):
     # A table over (steps, slots) would take minutes here; the closed form

@@ -288,11 +288,8 @@ def _check_repeat_options(options: Mapping[str, Any]) -> _Options:
         "takes no `xs`: its layers map x -> x, with no per-layer inputs. "
         "For per-layer inputs use hkb.layer_scan(layer, carry, xs), whose "
         "layer is `layer(carry, x) -> (carry, y)`."))
-  unknown = sorted(set(options) - set(_REPEAT_OPTIONS))
-  if unknown:
-    raise TypeError(errors.message(
-        f"got an unexpected keyword argument {unknown[0]!r}; its options "
-        f"are {', '.join(_REPEAT_OPTIONS)} (as for hkb.layer_scan)."))
+  errors.check_keywords(
+      options, ("layer", "x", "num_layers", "init", *_REPEAT_OPTIONS))
   given = dict(_REPEAT_OPTIONS, **options)
   del given["name"]  # Checked with the layer.
   return _check_options(**given)

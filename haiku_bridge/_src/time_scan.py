@@ -19,7 +19,6 @@ dropout draws the same keys. Outside a transform, `dynamic_unroll` runs
 both with the schedule.
 """
 
-import difflib
 import functools
 import inspect
 from typing import Any, Callable, Optional, TypeVar, cast
@@ -49,14 +48,8 @@ def _known_keywords(api: str) -> Callable[[_Fn], _Fn]:
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-      unknown = sorted(set(kwargs) - set(names))
-      if unknown:
-        near = difflib.get_close_matches(unknown[0], names, n=1)
-        with errors.entry(api):
-          raise TypeError(errors.message(
-              f"got an unexpected keyword argument {unknown[0]!r}"
-              + (f" (did you mean {near[0]!r}?)" if near else "")
-              + f"; its arguments are {', '.join(names)}."))
+      with errors.entry(api):
+        errors.check_keywords(kwargs, names)
       return fn(*args, **kwargs)
     return cast(_Fn, checked)
   return wrap
