@@ -15,6 +15,8 @@ import tempfile
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from testing import xla_flags
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DOCS = ["README.md"] + sorted(
     os.path.relpath(path, _ROOT) for path in glob.glob(os.path.join(_ROOT, "docs", "*.md")))
@@ -41,8 +43,9 @@ def run_alone(code: str) -> subprocess.CompletedProcess:
     with open(path, "w") as f:
       f.write(code)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    # JAX's device count comes from the snippet alone, never from this process's flags.
-    env.pop("XLA_FLAGS", None)
+    # JAX's device count comes from the snippet alone, never from this process's flags; the
+    # compile flags are every test's (testing/xla_flags.py: cheaper code, the same programs).
+    env["XLA_FLAGS"] = xla_flags.FLAGS
     return subprocess.run([sys.executable, path], cwd=directory, env=env, capture_output=True,
                           text=True, timeout=_TIMEOUT_S, check=False)
 

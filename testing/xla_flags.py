@@ -9,12 +9,13 @@ of the CPU backend's code generation cut that compile time by about a half
   emitters instead of its MLIR fusion emitters.
 - `--xla_backend_optimization_level=1`: LLVM's -O1 instead of -O2.
 
-Neither changes what a test measures of a program: the optimised HLO's buffer
-assignment (`compiled.memory_analysis()`), hence every memory figure a test
-holds to a bound, and every value up to float rounding (`xla_flags_test.py`
-checks both against the default flags, in a process without these). A run
-with other XLA_FLAGS keeps them: `.bazelrc` gives Bazel's tests these, and
-conftest.py gives pytest's these unless the environment names its own.
+They change how kernels are generated, not what the tests read of a program:
+its optimised HLO's buffer assignment (`compiled.memory_analysis()`, which
+memory tests hold to bounds) and its values up to float rounding.
+`xla_flags_test.py` checks both on the programs the memory tests measure,
+against a process with XLA's defaults. `.bazelrc` gives Bazel's tests these
+flags, conftest.py gives pytest's them unless the environment names its own
+XLA_FLAGS, and `readme_test.py` gives them to the snippets it runs.
 Benchmarks run with whatever the user's environment says (their tables
 record it).
 """
