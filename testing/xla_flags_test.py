@@ -15,6 +15,7 @@ from testing import devices
 devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import contextlib
 import json
 import os
 
@@ -54,11 +55,9 @@ def _step(fn, x, mesh=None):
   f = hk.transform(lambda x: jnp.mean(fn(x) ** 2))
   params = f.init(jax.random.PRNGKey(0), x)
   step = jax.jit(jax.value_and_grad(f.apply))
-  if mesh is not None:
-    with jax.set_mesh(mesh):
+  with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
+    if mesh is not None:
       x = jax.device_put(x, P("data"))
-      compiled = step.lower(params, None, x).compile()
-  else:
     compiled = step.lower(params, None, x).compile()
   memory = compiled.memory_analysis()
   loss, grads = compiled(params, None, x)
