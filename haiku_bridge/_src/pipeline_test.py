@@ -697,6 +697,29 @@ class DropInTest(EightDevicesTest):
                                                       ("stage", "data")),
                        pipeline=hkb.Pipeline("stage", 4))
 
+  @parameterized.product(axis_type=(AxisType.Auto, AxisType.Explicit),
+                         schedule=pipeline_lib.SCHEDULES)
+  def test_gradients_carry_the_plain_stacks_shardings(self, axis_type,
+                                                      schedule):
+    # Issue 43: the README's pipeline example, params as init returns them
+    # (outside any mesh), the step under `jax.set_mesh`. The partitioner
+    # placed GPipe's gradients (and the stack it was given) over "stage";
+    # the plain stack's come back whole on every device.
+    f = stack_of(block)
+    x = jax.random.normal(KEY, [16, 4])
+    params = f(None).init(KEY, x)
+    mesh = make_mesh(4, axis_type=axis_type)
+    with jax.set_mesh(mesh):
+      step = lambda g: jax.jit(jax.value_and_grad(g.apply))(params, None, x)
+      got, expected = step(f(hkb.Pipeline("stage", 4, schedule))), step(
+          f(None))
+    assert_close(self, got, expected)
+    for (path, g), e in zip(jax.tree_util.tree_leaves_with_path(got[1]),
+                            jax.tree.leaves(expected[1])):
+      self.assertTrue(e.sharding.is_fully_replicated, (path, e.sharding))
+      self.assertTrue(g.sharding.is_equivalent_to(e.sharding, g.ndim),
+                      (path, g.sharding, e.sharding))
+
   def test_ys_under_explicit_axes(self):
     # 2 and 9: ys come back as the plain stack's, [num_layers, batch, ...].
     def f(pipeline):
