@@ -39,10 +39,11 @@ ops its own way, so compare `flops` with `flops + transcendentals` of
 `remat_plan` measures the recomputation of each candidate with it.
 """
 
-import json
 import math
 import re
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
+
+from haiku_bridge._src import hlo_text
 
 # Instructions that move or name data and compute nothing.
 _FREE = frozenset("""
@@ -58,9 +59,14 @@ _FREE = frozenset("""
 _CALLS = frozenset(["fusion", "call", "async-start"])
 _PER_INPUT_ELEMENT = frozenset(["reduce", "reduce-window", "map"])
 
-_HEADER = re.compile(r"^(ENTRY )?%(\S+) .*\{$")
 _FLOAT = re.compile(r"^(f|bf|c)[0-9]")
-_SHAPE = re.compile(r"^[a-z][a-z0-9]*\[([0-9,]*)\]")
+
+# The parser is hlo_text's, shared with hlo_collectives.
+_Instruction, _parse = hlo_text.Instruction, hlo_text.parse
+_dims, _elements = hlo_text.dims, hlo_text.elements
+_int_list, _called, _branches = (hlo_text.int_list, hlo_text.called,
+                                 hlo_text.branches)
+_backend_config, _trip_count = hlo_text.backend_config, hlo_text.trip_count
 
 
 class Conditional(NamedTuple):
@@ -93,14 +99,6 @@ class Count(NamedTuple):
   opaque_custom_calls: tuple[str, ...] = ()
 
 
-class _Instruction(NamedTuple):
-  name: str
-  shape: str  # The result type as printed: `f32[4,16]{1,0}` or a tuple.
-  opcode: str
-  operands: tuple[str, ...]
-  attributes: str
-
-
 def count(hlo_text: str) -> Count:
   """The FLOPs of the optimised HLO `hlo_text` (`compiled.as_text()`).
 
@@ -110,9 +108,9 @@ def count(hlo_text: str) -> Count:
   >>> hlo_flops.count(jax.jit(f).lower(a, a.T).compile().as_text()).flops
   256
   """
-  computations, entry = _parse(hlo_text)
-  counter = _Counter(computations)
-  return counter.run(entry)
+  program = _parse(hlo_text)
+  counter = _Counter(program.computations)
+  return counter.run(program.entry)
 
 
 class _Counter:
@@ -197,100 +195,3 @@ class _Counter:
     result = ins.shape[1:] if ins.shape.startswith("(") else ins.shape
     lhs = _dims(shapes[ins.operands[0]])
     return 2 * _elements(result) * math.prod(lhs[int(d)] for d in contracting)
-
-
-def _parse(text: str) -> tuple[dict[str, list[_Instruction]], str]:
-  computations: dict[str, list[_Instruction]] = {}
-  entry = None
-  current = None
-  for line in text.splitlines():
-    header = _HEADER.match(line)
-    if header and current is None:
-      current = computations.setdefault(header.group(2), [])
-      if header.group(1):
-        entry = header.group(2)
-    elif line == "}":
-      current = None
-    elif current is not None and " = " in line:
-      current.append(_instruction(line))
-  assert entry is not None, "XLA's HLO text names an ENTRY computation"
-  return computations, entry
-
-
-def _instruction(line: str) -> _Instruction:
-  line = line.strip()
-  if line.startswith("ROOT "):
-    line = line[5:]
-  name, rest = line.split(" = ", 1)
-  if rest.startswith("("):
-    end = _closing(rest, 0)
-    shape, rest = rest[:end + 1], rest[end + 2:]
-  else:
-    shape, rest = rest.split(" ", 1)
-  opcode, rest = rest.split("(", 1)
-  end = _closing("(" + rest, 0) - 1
-  operands = tuple(re.findall(r"%([^\s,()]+)", rest[:end]))
-  return _Instruction(name.lstrip("%"), shape, opcode, operands,
-                      rest[end + 1:])
-
-
-def _closing(text: str, start: int) -> int:
-  """The index of the bracket closing the one at `start`."""
-  depth = 0
-  for i in range(start, len(text)):
-    if text[i] in "([{":
-      depth += 1
-    elif text[i] in ")]}":
-      depth -= 1
-      if not depth:
-        return i
-  raise AssertionError(f"Unbalanced brackets in XLA's HLO: {text[:200]}")
-
-
-def _dims(shape: str) -> tuple[int, ...]:
-  match = _SHAPE.match(shape)
-  if match is None:  # A tuple, a token.
-    return ()
-  return tuple(int(d) for d in match.group(1).split(",") if d)
-
-
-def _elements(shape: str) -> int:
-  return math.prod(_dims(shape)) if _SHAPE.match(shape) else 0
-
-
-def _int_list(attributes: str, key: str) -> tuple[int, ...]:
-  match = re.search(key + r"=\{([0-9,]*)\}", attributes)
-  return tuple(int(d) for d in match.group(1).split(",") if d) if match else ()
-
-
-def _called(attributes: str, key: str) -> str:
-  match = re.search(key + r"=%([^\s,]+)", attributes)
-  assert match, f"no {key}= in {attributes[:200]}"
-  return match.group(1)
-
-
-def _branches(attributes: str) -> Iterator[str]:
-  listed = re.search(r"branch_computations=\{([^}]*)\}", attributes)
-  if listed:
-    yield from re.findall(r"%([^\s,]+)", listed.group(1))
-  else:
-    yield _called(attributes, "false_computation")
-    yield _called(attributes, "true_computation")
-
-
-def _backend_config(attributes: str):
-  """An instruction's JSON `backend_config`, as a dict (None without one)."""
-  start = attributes.find("backend_config={")
-  if start < 0:
-    return None
-  start += len("backend_config=")
-  try:
-    return json.loads(attributes[start:_closing(attributes, start) + 1])
-  except json.JSONDecodeError:
-    return None
-
-
-def _trip_count(attributes: str):
-  config = _backend_config(attributes) or {}
-  n = config.get("known_trip_count", {}).get("n")
-  return None if n is None else int(n)
