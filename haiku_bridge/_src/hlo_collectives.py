@@ -60,6 +60,7 @@ class Collective(NamedTuple):
     groups: the devices that take part together, as partition ids (a
       `collective-permute`: its `(source, target)` pairs); `()` for all.
     in_branch: inside a `conditional`'s branch.
+    shapes: the dimensions of each array `bytes` counts.
   """
   kind: str
   bytes: int
@@ -67,6 +68,7 @@ class Collective(NamedTuple):
   loops: tuple[int, ...]
   groups: tuple[tuple[int, ...], ...]
   in_branch: bool
+  shapes: tuple[tuple[int, ...], ...]
 
   @property
   def bytes_per_step(self) -> int:
@@ -84,15 +86,16 @@ def collectives(hlo: str) -> list[Collective]:
     if kind not in KINDS:
       continue
     if kind == "all-gather":
-      results = hlo_text.array_bytes(ins.shape)
+      arrays = hlo_text.arrays(ins.shape)
       if ins.opcode.endswith(_START):  # (operands, results).
-        results = results[len(results) // 2:]
-      size = sum(results)
+        arrays = arrays[len(arrays) // 2:]
     else:
-      size = sum(sum(hlo_text.array_bytes(site.shapes[o]))
-                 for o in ins.operands)
-    found.append(Collective(kind, size, site.executions, site.loops,
-                            _groups(ins.attributes), site.in_branch))
+      arrays = [a for o in ins.operands
+                for a in hlo_text.arrays(site.shapes[o])]
+    found.append(Collective(
+        kind, sum(a.bytes for a in arrays), site.executions, site.loops,
+        _groups(ins.attributes), site.in_branch,
+        tuple(a.dims for a in arrays)))
   return found
 
 

@@ -156,11 +156,17 @@ _BITS = {"pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8,
          "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128}
 
 
-def array_bytes(shape: str) -> list[int]:
-  """The bytes of each array in a type, a tuple's in order (tokens: none).
+class Array(NamedTuple):
+  """One array of a type: its dimensions and its bytes."""
+  dims: tuple[int, ...]
+  bytes: int
+
+
+def arrays(shape: str) -> list[Array]:
+  """The arrays of a type, a tuple's in order (tokens: none).
 
   >>> from haiku_bridge._src import hlo_text
-  >>> hlo_text.array_bytes("(f32[4,16]{1,0}, bf16[8]{0}, token[])")
+  >>> [a.bytes for a in hlo_text.arrays("(f32[4,16]{1,0}, bf16[8]{0}, token[])")]
   [256, 16]
   """
   found = []
@@ -169,8 +175,8 @@ def array_bytes(shape: str) -> list[int]:
       continue
     bits = _BITS.get(dtype, 8 if dtype.startswith("f8") else None)
     assert bits is not None, f"an element type of XLA's HLO: {dtype}"
-    count = math.prod(int(d) for d in sizes.split(",") if d)
-    found.append(count * bits // 8)
+    array_dims = tuple(int(d) for d in sizes.split(",") if d)
+    found.append(Array(array_dims, math.prod(array_dims) * bits // 8))
   return found
 
 
