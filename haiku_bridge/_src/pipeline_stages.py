@@ -101,10 +101,9 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
             "into a jax.lax.scan, cond or jit of its own): "
             f"{type(e).__name__}. Pass them to the layers as inputs "
             "(layer_scan's `xs`, e.g. jnp.broadcast_to(value, (num_layers,) "
-            "+ value.shape)), make the mesh's axes Auto (jax.make_mesh("
-            "shape, names, axis_types=(AxisType.Auto,) * len(names))), or "
-            "pass the params to jit without a jax.device_put on the "
-            "mesh.")) from e
+            "+ value.shape)), or pass the params to jit as init returns "
+            "them, without a jax.device_put on the mesh. (Auto axes do not "
+            "help: there jax fails in the backward pass instead.)")) from e
     else:
       try:
         out, ys, new_state = run_stages(program, [], True)
