@@ -794,6 +794,34 @@ class DropInTest(EightDevicesTest):
                        make_mesh(2, axis_type=axis_type),
                        pipeline=hkb.Pipeline("stage", 2), batch=P("data"))
 
+  def test_loops_from_a_constant_read_off_the_jaxpr(self):
+    # What decides that the stages run unchecked: the layer's jaxpr, not
+    # the text of an error jax raised (issue 43). A loop whose carry
+    # starts from a constant, at any depth, and only such a loop.
+    h, w = jnp.ones([2, 4]), jnp.ones([4, 4])
+
+    def scan_from(init):
+      return lambda h, w: jax.lax.scan(
+          lambda c, x: (jnp.tanh(c @ w + x), None), init(h),
+          jnp.stack([h, -h]))[0]
+
+    from_zeros, from_h = scan_from(jnp.zeros_like), scan_from(lambda h: h)
+    layers = {
+        "a scan from zeros": (from_zeros, True),
+        "a scan from the input": (from_h, False),
+        "no loop": (lambda h, w: jnp.tanh(h @ w), False),
+        "a fori_loop from zeros": (lambda h, w: jax.lax.fori_loop(
+            0, 3, lambda i, c: jnp.tanh(c @ w + h), jnp.zeros_like(h)), True),
+        "in a jit": (jax.jit(from_zeros), True),
+        "in a checkpoint": (jax.checkpoint(from_zeros), True),
+        "in a cond's branch": (lambda h, w: jax.lax.cond(
+            jnp.sum(h) > 0, from_h, from_zeros, h, w), True),
+    }
+    for name, (layer, expected) in layers.items():
+      jaxpr = jax.make_jaxpr(layer)(h, w).jaxpr
+      self.assertEqual(pipeline_stages._loops_from_a_constant(jaxpr),
+                       expected, name)
+
   def test_time_scan_with_remat_in_a_circular_pipeline(self):
     self._assert_plain(time_scan_stack("lax.scan", remat=True),
                        make_mesh(2, axis_type=AxisType.Explicit),
