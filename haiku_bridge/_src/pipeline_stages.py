@@ -78,7 +78,10 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
       return _on_auto_axes(stage_map, axis, staged, micro,
                            closed_over)
 
-    closure = _closure_converted(body, micro, staged)
+    # The layer on one microbatch and one layer, traced once with no mesh
+    # (None: it needs the mesh to trace, and runs in the stages as it is).
+    layer = _layer_jaxpr(body, micro, staged)
+    closure = _closure_converted(layer)
     if closure is not None:
       # A layer that closes over an array typed by Explicit mesh axes (an
       # outer param, `jax.device_put` on the mesh), which jax refuses to
@@ -110,7 +113,6 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
       # (`core.initial_state(batch)`): only the loop's body makes its carry
       # varying over the stages, which jax refuses where it checks varying
       # types. Unchecked, the stages run it as the plain stack does.
-      layer = _layer_jaxpr(body, micro, staged)
       check_vma = layer is None or not _loops_from_a_constant(layer[0].jaxpr)
       out, ys, new_state = run_stages(program, [], check_vma)
   ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
@@ -298,14 +300,14 @@ def _sub_jaxprs(params: dict[str, Any]) -> list[Any]:
   return found
 
 
-def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree
+def _closure_converted(layer: Optional[tuple[Any, Any]]
                        ) -> Optional[tuple[Callable[..., Any], list[Any]]]:
-  """`body` as a function of the arrays it closes over too, and those arrays.
+  """The layer as a function of the arrays it closes over too, and those arrays.
 
-  None where it closes over no array whose type names Explicit mesh axes
-  (the stages run it as it is). `body` is traced once, here, to a jaxpr
-  whose closed-over arrays are arguments; a stage evaluates that jaxpr. It
-  is traced with no mesh set, on types that name none: each operation of a
+  `layer` is `_layer_jaxpr`'s. None where it closes over no array whose
+  type names Explicit mesh axes, or was not traced (the stages run it as
+  it is). A stage evaluates the traced jaxpr, whose closed-over arrays are
+  arguments. It is traced with no mesh set, on types that name none: each operation of a
   jaxpr runs again under the mesh it was traced under, and the stage's own
   (its axis Manual, the others Auto) cannot be set outside the
   `shard_map`. So the stages run it with varying types unchecked
@@ -313,11 +315,8 @@ def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree
   closed-over array's gradient over the stages.
   """
   explicit = jax.sharding.AxisType.Explicit
-  if explicit not in tuple(jax.sharding.get_abstract_mesh().axis_types):
-    return None
-  layer = _layer_jaxpr(body, micro, staged)
-  if layer is None:
-    # A layer that needs the mesh to trace: the stages run it as it is.
+  if (layer is None or
+      explicit not in tuple(jax.sharding.get_abstract_mesh().axis_types)):
     return None
   closed, shapes = layer
 
