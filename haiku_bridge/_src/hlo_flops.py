@@ -62,7 +62,8 @@ _PER_INPUT_ELEMENT = frozenset(["reduce", "reduce-window", "map"])
 _FLOAT = re.compile(r"^(f|bf|c)[0-9]")
 
 # The parser is hlo_text's, shared with hlo_collectives.
-_Instruction, _parse = hlo_text.Instruction, hlo_text.parse
+_Instruction = hlo_text.Instruction
+_parse = hlo_text.parse
 _dims, _elements = hlo_text.dims, hlo_text.elements
 _int_list, _called, _branches = (hlo_text.int_list, hlo_text.called,
                                  hlo_text.branches)
