@@ -140,8 +140,9 @@ class CollectivesTest(parameterized.TestCase):
 
 # The bytes test's steps: stage=2 x data=4, M=4, width 16, compiled once each.
 BYTES_MESH, BYTES_M, BYTES_WIDTH = (2, 4), 4, 16
-# Band of measured over theory: a regression either way leaves it.
-BAND = (0.95, 1.05)
+# Band of measured over theory: a regression either way leaves it. The
+# gradient's reduction has issue 43's bound, 1.1x.
+BAND, GRADIENT_BAND = (0.95, 1.05), (0.95, 1.1)
 # The gradient's reduction over `data`, once per step (issue 43), and
 # circular's reordering of params stored over the stages as an all-to-all:
 # not at theory yet (docs/sharding.md), tested apart, expected to fail.
@@ -159,13 +160,13 @@ def bytes_per_step(schedule, placement, axes):
   return pipeline_cost.measured(step), pipeline_cost.theory(step)
 
 
-def off_theory(cases, rows):
-  """`[(case, row, measured, theory)]` where measured is outside `BAND` of theory."""
+def off_theory(cases, rows, band=BAND):
+  """`[(case, row, measured, theory)]` where measured is outside `band` of theory."""
+  low, high = band
   found = []
   for case in cases:
     measured, theory = bytes_per_step(*case)
     for row in rows:
-      low, high = BAND
       if not low * theory[row] <= measured[row] <= high * theory[row]:
         found.append((case, row, measured[row], theory[row]))
   return found
@@ -209,7 +210,7 @@ class BytesPerStepTest(parameterized.TestCase):
   @unittest.expectedFailure
   def test_gradient_reduced_over_data_once_per_step(self):
     # Today (M+S-1)x one reduction for GPipe, 4.25x for circular (R=4).
-    self.assertEmpty(off_theory(CASES, [GRADIENT_ROW]))
+    self.assertEmpty(off_theory(CASES, [GRADIENT_ROW], GRADIENT_BAND))
 
   @unittest.expectedFailure
   def test_circular_reorders_params_stored_over_stages_all_to_all(self):
