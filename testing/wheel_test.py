@@ -5,7 +5,10 @@ into a fresh virtual environment with its `flax` and `equinox` extras, and the q
 from an empty directory, so that the installed package is what is imported, not this checkout. A
 module or a file missing from the wheel, a test file in it (`*_test.py` stay in the source tree:
 setup.py leaves them out), a dependency or an extra that the package does not declare, or a
-version that disagrees with the package's fails here.
+version that disagrees with the package's fails here. So does a package without its licence: the
+LICENSE (Apache-2.0, the text jax, dm-haiku, Flax and Optax ship) and NOTICE must be in the sdist
+and the wheel, and the metadata must name the licence, the authors, the project's URLs, its
+classifiers and keywords.
 
 Offline: the build runs without isolation on the setuptools installed here, and the fresh
 environment sees this interpreter's installed packages (jax, Haiku, Flax, Equinox) through a `.pth`
@@ -14,6 +17,7 @@ fails naming the one it lacks.
 """
 
 import email.parser
+import importlib.metadata
 import json
 import os
 import re
@@ -32,6 +36,7 @@ from absl.testing import absltest
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _EXTRAS = ("flax", "equinox")
 _TIMEOUT_S = 240
+_LICENSE_FILES = ("LICENSE", "NOTICE")
 
 # Run in the fresh environment after the quickstart: where haiku_bridge came from, and whether
 # each of its modules and adapters imports.
@@ -90,6 +95,18 @@ def package_files(root: str, tests: bool = False) -> set[str]:
   return found
 
 
+def installed_license(distribution: str) -> str:
+  """The LICENSE text that an installed distribution ships in its metadata."""
+  files = importlib.metadata.distribution(distribution).files or []
+  path = next(f for f in files if f.name == "LICENSE")
+  return path.read_text()
+
+
+def read(path: str) -> str:
+  with open(os.path.join(_ROOT, path)) as f:
+    return f.read()
+
+
 def module_names(files: set[str]) -> list[str]:
   """The importable modules among `files`, tests left out."""
   return sorted(f[:-len(".py")].replace(os.sep, ".").removesuffix(".__init__")
@@ -105,7 +122,7 @@ class WheelTest(absltest.TestCase):
     # What a checkout holds for the package, as plain files (Bazel's runfiles are links).
     cls.src = os.path.join(cls.tmp, "src")
     os.makedirs(cls.src)
-    for name in ("pyproject.toml", "README.md", "setup.py"):
+    for name in ("pyproject.toml", "README.md", "setup.py") + _LICENSE_FILES:
       shutil.copy(os.path.join(_ROOT, name), cls.src)
     shutil.copytree(os.path.join(_ROOT, "haiku_bridge"), os.path.join(cls.src, "haiku_bridge"),
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -148,6 +165,48 @@ class WheelTest(absltest.TestCase):
     self.assertEqual(in_wheel, expected)
     self.assertContainsSubset(set(_EXTRAS) | {"docs", "test"},
                               set(metadata.get_all("Provides-Extra")))
+
+  def test_license_is_apache_2_as_jax_ships_it(self):
+    self.assertEqual(read("LICENSE"), installed_license("jax"))
+    self.assertIn("Copyright 2026 The haiku_bridge Authors.", read("NOTICE"))
+
+  def test_sdist_and_wheel_ship_the_license(self):
+    sdist, wheel = self.built()
+    with tarfile.open(sdist) as tar:
+      root = tar.getnames()[0].split("/")[0]
+      in_sdist = {name: tar.extractfile(f"{root}/{name}").read().decode()
+                  for name in _LICENSE_FILES}
+    with zipfile.ZipFile(wheel) as z:
+      dist_info = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")).split("/")[0]
+      in_wheel = {name: z.read(f"{dist_info}/licenses/{name}").decode() for name in _LICENSE_FILES}
+    expected = {name: read(name) for name in _LICENSE_FILES}
+    self.assertEqual(in_sdist, expected)
+    self.assertEqual(in_wheel, expected)
+
+  def test_metadata_names_licence_authors_urls_and_classifiers(self):
+    _, wheel = self.built()
+    with zipfile.ZipFile(wheel) as z:
+      metadata = email.parser.Parser().parsestr(
+          z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+    self.assertEqual(metadata["License-Expression"], "Apache-2.0")
+    self.assertEqual(sorted(metadata.get_all("License-File")), sorted(_LICENSE_FILES))
+    self.assertEqual(metadata["Author"], "The haiku_bridge Authors")
+    urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL"))
+    self.assertContainsSubset({"Homepage", "Documentation", "Source", "Issues"}, set(urls))
+    for url in urls.values():
+      self.assertStartsWith(url, "https://")
+    classifiers = set(metadata.get_all("Classifier"))
+    self.assertContainsSubset({
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Science/Research",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    }, classifiers)
+    # The licence is the SPDX expression above; a `License ::` classifier would restate it.
+    self.assertEqual([c for c in classifiers if c.startswith("License ::")], [])
+    self.assertIn("haiku", metadata["Keywords"].split(","))
 
   def test_sdist_holds_no_tests_either(self):
     # setuptools lists the sdist's modules as the wheel's: the tests live in the repository.
