@@ -62,7 +62,9 @@ class VersionsTest(absltest.TestCase):
     self.assertIn("this is jax 0.11.0,", text)
     with warnings.catch_warnings():
       warnings.simplefilter("error")
-      versions.warn_if_untested(versions.installed())  # The pinned environment is tested.
+      # Silent at the newest tested pair (the installed one may be newer: the version matrix
+      # runs these tests past the tested set too).
+      versions.warn_if_untested({name: high for name, (_, high) in versions.TESTED.items()})
 
   def test_import_warns_past_the_tested_set_by_a_public_name(self):
     newer = [[category, message] for category, message in import_with(
