@@ -10,10 +10,7 @@ LICENSE (Apache-2.0, the text jax, dm-haiku, Flax and Optax ship) and NOTICE mus
 and the wheel, and the metadata must name the licence, the authors, the project's URLs, its
 classifiers and keywords.
 
-Offline: the build runs without isolation on the setuptools installed here, and the fresh
-environment sees this interpreter's installed packages (jax, Haiku, Flax, Equinox) through a `.pth`
-file, so pip installs the wheel with `--no-index` and finds every dependency already satisfied, or
-fails naming the one it lacks.
+Offline, as `testing/installed_package.py` builds and installs it.
 """
 
 import email.parser
@@ -22,10 +19,6 @@ import json
 import os
 import re
 import shutil
-import site
-import subprocess
-import sys
-import sysconfig
 import tarfile
 import tempfile
 import textwrap
@@ -33,9 +26,10 @@ import zipfile
 
 from absl.testing import absltest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from testing import installed_package
+
+_ROOT = installed_package.ROOT
 _EXTRAS = ("flax", "equinox")
-_TIMEOUT_S = 240
 _LICENSE_FILES = ("LICENSE", "NOTICE")
 
 # Run in the fresh environment after the quickstart: where haiku_bridge came from, and whether
@@ -69,19 +63,6 @@ def quickstart(readme: str) -> str:
   """The Python snippet of the README's Quickstart section."""
   return re.search(r"^## Quickstart\n.*?^```python\n(.*?)^```", readme,
                    re.MULTILINE | re.DOTALL)[1]
-
-
-def run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
-  return subprocess.run(args, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False,
-                        **kwargs)
-
-
-def clean_env() -> dict[str, str]:
-  """This environment without what would put the checkout on the child's path."""
-  env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
-  for name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "XLA_FLAGS"):
-    env.pop(name, None)
-  return env
 
 
 def package_files(root: str, tests: bool = False) -> set[str]:
@@ -119,20 +100,14 @@ class WheelTest(absltest.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-    # What a checkout holds for the package, as plain files (Bazel's runfiles are links).
     cls.src = os.path.join(cls.tmp, "src")
-    os.makedirs(cls.src)
-    for name in ("pyproject.toml", "README.md", "setup.py") + _LICENSE_FILES:
-      shutil.copy(os.path.join(_ROOT, name), cls.src)
-    shutil.copytree(os.path.join(_ROOT, "haiku_bridge"), os.path.join(cls.src, "haiku_bridge"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    installed_package.copy_project(cls.src)
     # A test beside its module, as in a checkout (Bazel's runfiles hold none): the build must
     # leave it out.
     with open(os.path.join(cls.src, "haiku_bridge", "_src", "scan_test.py"), "w") as f:
       f.write("raise AssertionError('a test file was packaged')\n")
     cls.dist = os.path.join(cls.tmp, "dist")
-    cls.build = run([sys.executable, "-m", "build", "--no-isolation", "--outdir", cls.dist,
-                     cls.src], env=clean_env())
+    cls.build = installed_package.build(cls.src, cls.dist)
 
   @classmethod
   def tearDownClass(cls):
@@ -218,27 +193,18 @@ class WheelTest(absltest.TestCase):
 
   def test_installed_wheel_runs_the_quickstart(self):
     _, wheel = self.built()
-    venv = os.path.join(self.tmp, "venv")
-    created = run([sys.executable, "-m", "venv", "--without-pip", venv])
-    self.assertEqual(created.returncode, 0, created.stderr)
-    python = os.path.join(venv, "bin", "python")
-    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                  env=clean_env()).stdout.strip()
-    # This interpreter's packages, after the venv's own: the installed wheel comes first.
-    with open(os.path.join(purelib, "_installed_here.pth"), "w") as f:
-      f.write("\n".join(site.getsitepackages() + [sysconfig.get_paths()["purelib"]]) + "\n")
-    installed = run([sys.executable, "-m", "pip", "--python", python, "install", "--no-index",
-                     "--no-cache-dir", f"{wheel}[{','.join(_EXTRAS)}]"], env=clean_env())
-    output = installed.stdout + installed.stderr
-    self.assertEqual(installed.returncode, 0, f"pip install failed:\n{output[-3000:]}")
-    self.assertEqual(re.findall(r"^.*does not provide the extra.*$", output, re.MULTILINE), [])
+    python, purelib = installed_package.fresh_venv(os.path.join(self.tmp, "venv"))
+    status, output, unprovided = installed_package.install(python, wheel, _EXTRAS)
+    self.assertEqual(status, 0, f"pip install failed:\n{output[-3000:]}")
+    self.assertEqual(unprovided, [])
 
     with open(os.path.join(_ROOT, "README.md")) as f:
       script = quickstart(f.read()) + _CHECKS
     modules = module_names(package_files(self.src))
     workdir = os.path.join(self.tmp, "empty")
     os.makedirs(workdir)
-    ran = run([python, "-c", script, json.dumps(modules)], cwd=workdir, env=clean_env())
+    ran = installed_package.run([python, "-c", script, json.dumps(modules)], cwd=workdir,
+                                env=installed_package.clean_env())
     self.assertEqual(ran.returncode, 0, f"the quickstart failed:\n{ran.stderr[-3000:]}")
     report = json.loads(ran.stdout.strip().splitlines()[-1])
 
