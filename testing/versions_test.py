@@ -38,8 +38,9 @@ def pyproject_deps() -> dict[str, str]:
   return dict(re.findall(r'^  "([\w-]+)([<>=]\S*)",$', read("pyproject.toml"), re.MULTILINE))
 
 
-def matrix_pairs() -> list[tuple[str, str]]:
-  block = re.search(r"^readonly PAIRS=\(\n(.*?)^\)", read("testing/version_matrix.sh"),
+def matrix_pairs(name: str = "PAIRS") -> list[tuple[str, str]]:
+  """The pairs of version_matrix.sh's array `name`: PAIRS (the tested set) or NEWER_PAIRS."""
+  block = re.search(rf"^readonly {name}=\(\n(.*?)^\)", read("testing/version_matrix.sh"),
                     re.MULTILINE | re.DOTALL)[1]
   return [tuple(line.strip().split("/")) for line in block.splitlines() if line.strip()]
 
@@ -61,6 +62,14 @@ class VersionsTest(absltest.TestCase):
     self.assertEqual(deps["jax"], f">={self.jax[0]}")
     self.assertEqual(deps["jaxlib"], deps["jax"])
     self.assertEqual({name: bound for name, bound in deps.items() if "<" in bound}, {})
+
+  def test_newer_pairs_are_past_the_tested_set(self):
+    # The matrix runs them too; importing haiku_bridge warns on their jax until they move up.
+    newer = matrix_pairs("NEWER_PAIRS")
+    self.assertNotEmpty(newer)
+    for haiku, jax in newer:
+      self.assertIn(haiku, self.haiku)
+      self.assertEqual(versions.untested({"jax": jax, "dm-haiku": haiku}), [f"jax {jax}"])
 
   def test_the_library_knows_the_tested_range(self):
     self.assertEqual(versions.TESTED, {"jax": (self.jax[0], self.jax[-1]),
