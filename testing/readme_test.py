@@ -54,8 +54,8 @@ class ReadmeTest(parameterized.TestCase):
 
   def test_docs_are_found(self):
     # Under Bazel the docs are data files; a missing one would pass silently.
-    for name in ("README.md", "docs/errors.md", "docs/foreign_libraries.md", "docs/naming.md",
-                 "docs/sharding.md"):
+    for name in ("README.md", "docs/comparison.md", "docs/errors.md", "docs/foreign_libraries.md",
+                 "docs/install.md", "docs/naming.md", "docs/remat.md", "docs/sharding.md"):
       self.assertIn(name, _DOCS)
     self.assertNotEmpty([s for s in all_snippets() if s[0] == "README.md"])
 
