@@ -66,9 +66,12 @@ COVERAGE = {
     "Pipeline": {"wrong_type", "shape_or_depth", "unknown_name"},
     "PipelineSchedule": set(),  # A type (of `Pipeline(schedule=)`), not a function.
     "RematMode": set(),  # A type (of `remat=`), not a function.
+    "UnsupportedHaikuError": set(),  # An exception class that import raises, takes no input.
+    "UntestedVersionWarning": set(),  # A warning class that import issues, takes no input.
     # Pipeline: keyword fields of distinct types; a swap shows as wrong_type.
     "ShardingRules": {"wrong_type", "wrong_arity", "unknown_name", "shape_or_depth"},
     # argument_order: rules and stacked= are distinct types, caught as wrong_type.
+    "ShardingReport": set(),  # What `explain_shardings` returns; users do not build one.
     "call_pure": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
                   "argument_order"},
     "clear_caches": set(),  # Takes no arguments.
