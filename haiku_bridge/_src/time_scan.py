@@ -33,6 +33,7 @@ from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
+from haiku_bridge._src import remat_plan
 from haiku_bridge._src.pytree import PyTree
 
 StepFn = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
@@ -55,6 +56,7 @@ def _known_keywords(api: str) -> Callable[[_Fn], _Fn]:
   return wrap
 
 
+@remat_plan.plannable
 @_known_keywords("scan")
 def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
          reverse: bool = False, unroll: int | bool = 1, *,
@@ -129,6 +131,7 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
                  loop)
 
 
+@remat_plan.plannable
 @_known_keywords("dynamic_unroll")
 def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                    input_sequence: PyTree, initial_state: PyTree,
@@ -241,6 +244,7 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     read_after = readout is not None and _initialising()
 
     def read(outputs, readout_in):
+      assert readout is not None, "read runs only with a readout"
       return (readout(outputs, readout_in) if with_readout_inputs
               else readout(outputs))
 
