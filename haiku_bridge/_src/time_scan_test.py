@@ -667,6 +667,34 @@ class CompositionTest(parameterized.TestCase):
         compiled_temporaries(self, jax.grad(net(remat=True).apply), params,
                              None, xs))
 
+  def test_dynamic_unroll_remat_policy_keeps_what_hk_remat_keeps(self):
+    # What a policy saves shows in memory only. Ground truth: Haiku's
+    # hk.dynamic_unroll of hk.remat(core, policy=...), compiled: the same
+    # temporaries under each policy, and the policies differ from each other.
+    xs = jax.random.normal(KEY, [32, 16, FEATURES])
+
+    def net(form, policy):
+      def f(xs):
+        lstm = hk.LSTM(32)
+        state = lstm.initial_state(16)
+        if form == "hk":
+          ys, _ = hk.dynamic_unroll(hk.remat(lstm, policy=policy), xs, state)
+        else:
+          ys, _ = hkb.dynamic_unroll(lstm, xs, state, remat=True,
+                                     remat_policy=policy)
+        return jnp.sum(jnp.sin(ys))
+      return hk.transform(f)
+
+    params = net("hk", None).init(KEY, xs)
+    got = {}
+    for policy in (None, jax.checkpoint_policies.dots_saveable,
+                   jax.checkpoint_policies.everything_saveable):
+      got[policy] = [compiled_temporaries(
+          self, jax.grad(net(form, policy).apply), params, None, xs)
+                     for form in ("hk", "ours")]
+      self.assertEqual(got[policy][1], got[policy][0], policy)
+    self.assertLen({hk_bytes for hk_bytes, _ in got.values()}, 3)
+
   def test_inside_layer_scan(self):
     # A stack of 3 LSTM layers, each unrolled over 16 steps with a
     # schedule, scanned over layers with one: hk.layer_stack of
