@@ -16,18 +16,42 @@ def step(h, x):
   return h, jnp.sum(h ** 2)
 
 
-def compiled(f, *args):
+# XLA's CPU count is the ground truth of the convolution tests, on any
+# backend (XLA:GPU's cost analysis does not count cuDNN's calls).
+CPU = jax.devices("cpu")[0]
+
+
+def compiled(f, *args, device=None):
+  """`f` compiled for `args`, on `device` (default: the default backend)."""
+  if device is not None:
+    args = jax.device_put(args, device)
   return jax.jit(f).lower(*args).compile()
 
 
-def ours(f, *args) -> hlo_flops.Count:
-  return hlo_flops.count(compiled(f, *args).as_text())
+def ours(f, *args, device=None) -> hlo_flops.Count:
+  return hlo_flops.count(compiled(f, *args, device=device).as_text())
 
 
-def xla(f, *args) -> float:
+def xla(f, *args, device=None) -> float:
   """XLA's count, right where no loop is left (transcendentals as FLOPs)."""
-  analysis = compiled(f, *args).cost_analysis()
+  analysis = compiled(f, *args, device=device).cost_analysis()
   return analysis["flops"] + analysis.get("transcendentals", 0.0)
+
+
+def convolutions():
+  """`(name, f, x, k)`: 2D convolutions and their gradients, padded, strided, dilated, grouped."""
+  for strides, padding, dilation, groups in (
+      ((1, 1), "SAME", (1, 1), 1), ((2, 2), ((1, 0), (1, 1)), (1, 1), 1),
+      ((1, 1), "SAME", (2, 2), 1), ((1, 1), "VALID", (1, 1), 2)):
+    conv = lambda x, k, s=strides, p=padding, d=dilation, g=groups: (
+        jax.lax.conv_general_dilated(
+            x, k, s, p, rhs_dilation=d, feature_group_count=g,
+            dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    x, k = jnp.ones([2, 10, 10, 8]), jnp.ones([3, 3, 8 // groups, 6])
+    name = f"{strides} {padding} {dilation} {groups}"
+    yield name, conv, x, k
+    yield name + " gradients", jax.grad(
+        lambda x, k, conv=conv: jnp.sum(conv(x, k) ** 2), (0, 1)), x, k
 
 
 def gradient(body, unroll=1):
@@ -143,9 +167,11 @@ ENTRY %main (a: f32[2,4,8], b: f32[2,8,3], x: f32[4,4]) -> f32[2,4,3] {
       x_t, y_t = (f"f32[{','.join(map(str, s))}]" for s in (x_shape,
                                                               y_shape))
       for target, operands, result, truth in (
-          ("convForward", (x_t, gpu_k), y_t, xla(conv, x, k)),
-          ("convBackwardInput", (y_t, gpu_k), x_t, xla(d_x, y, k)),
-          ("convBackwardFilter", (x_t, y_t), gpu_k, xla(d_k, x, y))):
+          ("convForward", (x_t, gpu_k), y_t, xla(conv, x, k, device=CPU)),
+          ("convBackwardInput", (y_t, gpu_k), x_t,
+           xla(d_x, y, k, device=CPU)),
+          ("convBackwardFilter", (x_t, y_t), gpu_k,
+           xla(d_k, x, y, device=CPU))):
         got = hlo_flops.count(cudnn_convolution(target, operands, result,
                                                 window, groups))
         self.assertEqual(got.opaque_custom_calls, ())
@@ -153,21 +179,23 @@ ENTRY %main (a: f32[2,4,8], b: f32[2,8,3], x: f32[4,4]) -> f32[2,4,3] {
                                msg=(target, window))
 
   def test_convolutions_count_only_real_inputs_as_xla_does(self):
-    # Padding, strides, dilations and groups, on CPU: the forward
-    # convolution and its gradients (XLA writes those as convolutions with
-    # dilated or padded inputs, and batch groups).
-    for strides, padding, dilation, groups in (
-        ((1, 1), "SAME", (1, 1), 1), ((2, 2), ((1, 0), (1, 1)), (1, 1), 1),
-        ((1, 1), "SAME", (2, 2), 1), ((1, 1), "VALID", (1, 1), 2)):
-      conv = lambda x, k: jax.lax.conv_general_dilated(
-          x, k, strides, padding, rhs_dilation=dilation,
-          dimension_numbers=("NHWC", "HWIO", "NHWC"),
-          feature_group_count=groups)
-      x, k = jnp.ones([2, 10, 10, 8]), jnp.ones([3, 3, 8 // groups, 6])
-      both = jax.grad(lambda x, k: jnp.sum(conv(x, k) ** 2), (0, 1))
-      for f in (conv, both):
-        self.assertAlmostEqual(ours(f, x, k).flops / xla(f, x, k), 1,
-                               delta=0.02, msg=(strides, padding, groups))
+    # On CPU: the convolution, and its gradients (XLA writes those as
+    # convolutions with dilated or padded inputs, and batch groups).
+    for name, f, x, k in convolutions():
+      self.assertAlmostEqual(ours(f, x, k, device=CPU).flops /
+                             xla(f, x, k, device=CPU), 1, delta=0.02, msg=name)
+
+  @absltest.skipUnless(jax.default_backend() == "gpu",
+                       "XLA:GPU writes convolutions as cuDNN custom-calls")
+  def test_a_gpu_programs_convolutions_count_as_xla_counts_them_on_cpu(self):
+    for name, f, x, k in convolutions():
+      if "((1, 0)" in name:
+        # XLA:GPU pads this input itself, and cuDNN multiplies the zeros.
+        continue
+      text = compiled(f, x, k).as_text()
+      self.assertIn("__cudnn$conv", text, name)
+      self.assertAlmostEqual(hlo_flops.count(text).flops /
+                             xla(f, x, k, device=CPU), 1, delta=0.02, msg=name)
 
   def test_rolled_loops_count_as_xla_counts_them_unrolled(self):
     scan = lambda unroll: (lambda h, xs: jax.lax.scan(step, h, xs,
