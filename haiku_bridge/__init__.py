@@ -25,6 +25,7 @@ from haiku_bridge._src.sharding import explain_shardings
 from haiku_bridge._src.sharding import gather_over
 from haiku_bridge._src.sharding import param_shardings
 from haiku_bridge._src.sharding import param_specs
+from haiku_bridge._src.sharding import ShardingReport
 from haiku_bridge._src.sharding import ShardingRules
 from haiku_bridge._src.unrolled_names import stack_params
 from haiku_bridge._src.unrolled_names import unstack_params
@@ -40,6 +41,7 @@ __all__ = (
     "RematCandidate",
     "RematMode",
     "RematPlan",
+    "ShardingReport",
     "ShardingRules",
     "call_pure",
     "clear_caches",

@@ -72,6 +72,7 @@ COVERAGE = {
     # Pipeline: keyword fields of distinct types; a swap shows as wrong_type.
     "ShardingRules": {"wrong_type", "wrong_arity", "unknown_name", "shape_or_depth"},
     # argument_order: rules and stacked= are distinct types, caught as wrong_type.
+    "ShardingReport": set(),  # What `explain_shardings` returns; users do not build one.
     "call_pure": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
                   "argument_order"},
     "clear_caches": set(),  # Takes no arguments.

@@ -3,9 +3,10 @@
 `testing/version_matrix.sh` lists the tested (dm-haiku, jax) pairs; pyproject.toml's bounds must
 run from the oldest to the next minor of the newest (no cap at a tested patch), the library's own
 record of the tested set (`_src/versions.py`, which warns past it) must be the range they span, the
-README must state that range and every pair, and requirements.txt (Bazel's test environment) must
-pin one of the pairs. numpy's bound is no tighter than what the installed jax asks for. The Flax
-extra's bound is the one the matrix installs, on the pairs the README names.
+install page (docs/install.md, which the README's install section links) must state that range
+and every pair, and requirements.txt (Bazel's test environment) must pin one of the pairs. numpy's
+bound is no tighter than what the installed jax asks for. The Flax extra's bound is the one the
+matrix installs, on the pairs the install page names.
 """
 
 import importlib.metadata
@@ -17,6 +18,8 @@ from absl.testing import absltest
 from haiku_bridge._src import versions
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where the versions are stated for users; the README's install section links it.
+INSTALL_PAGE = os.path.join("docs", "install.md")
 
 
 def read(path: str) -> str:
@@ -81,11 +84,11 @@ class VersionsTest(absltest.TestCase):
     self.assertLen(jax_numpy, 1)
     self.assertLessEqual(lower_bound(pyproject_deps()["numpy"]), lower_bound(jax_numpy[0]))
 
-  def test_readme_states_the_range_and_every_pair(self):
-    readme = " ".join(read("README.md").split())
+  def test_install_page_states_the_range_and_every_pair(self):
+    page = " ".join(read(INSTALL_PAGE).split())
     self.assertIn(f"`dm-haiku` {self.haiku[0]} to {self.haiku[-1]} and `jax` {self.jax[0]} to "
-                  f"{self.jax[-1]}", readme)
-    tested = re.search(r"Tested pairs: (.*?) \(`bash testing/version_matrix.sh`", readme)[1]
+                  f"{self.jax[-1]}", page)
+    tested = re.search(r"Tested pairs: (.*?) \(`bash testing/version_matrix.sh`", page)[1]
     stated, haiku = [], None
     for v in re.findall(r"\d+\.\d+\.\d+", tested):  # Each jax goes with the dm-haiku before it.
       if v.startswith("0.0."):
@@ -94,7 +97,7 @@ class VersionsTest(absltest.TestCase):
         stated.append((haiku, v))
     self.assertEqual(stated, self.pairs)
 
-  def test_flax_extra_is_the_matrix_one_on_the_pairs_the_readme_names(self):
+  def test_flax_extra_is_the_matrix_one_on_the_pairs_the_install_page_names(self):
     matrix = read("testing/version_matrix.sh")
     flax = re.search(r'^readonly FLAX_REQUIREMENT="(.*)"$', matrix, re.MULTILINE)[1]
     min_jax = re.search(r"^readonly FLAX_MIN_JAX=(\S+)$", matrix, re.MULTILINE)[1]
@@ -103,9 +106,13 @@ class VersionsTest(absltest.TestCase):
     self.assertIn(f'flax = ["{flax}"]', extras)
     self.assertNotIn('"flax', extras.split("test = [")[1])  # `.[test]` installs on every pair.
     with_flax = [j for j in self.jax if version(j) >= version(min_jax)]
-    readme = " ".join(read("README.md").split())
+    page = " ".join(read(INSTALL_PAGE).split())
     self.assertIn(f"`flax` (Flax ≥ {flax.split('>=')[1]}, which needs jax ≥ {min_jax}) on the "
-                  f"pairs with jax {', '.join(with_flax[:-1])} and {with_flax[-1]}", readme)
+                  f"pairs with jax {', '.join(with_flax[:-1])} and {with_flax[-1]}", page)
+
+  def test_readme_install_section_links_the_install_page(self):
+    install = re.search(r"^## Install\n(.*?)^## ", read("README.md"), re.MULTILINE | re.DOTALL)[1]
+    self.assertIn("](docs/install.md)", install)
 
   def test_bazel_pins_a_tested_pair(self):
     pins = dict(re.findall(r"^(dm-haiku|jax)==(\S+)$", read("requirements.txt"), re.MULTILINE))

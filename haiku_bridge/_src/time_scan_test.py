@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 import haiku_bridge as hkb
 from haiku_bridge._src import loop
 from haiku_bridge._src import time_scan
+from testing import backend_tolerance
 from testing import clipped_models
 from testing import test_utils
 
@@ -247,7 +248,8 @@ class DynamicUnrollTest(parameterized.TestCase):
     for mode, got in zip(MODES, results[2:]):
       with self.subTest(remat=mode):
         chex.assert_trees_all_close(
-            got, results[0 if mode is False else 1], **TOL)
+            got, results[0 if mode is False else 1],
+            **backend_tolerance.second_order())
 
 
 VOCAB = 11
@@ -308,7 +310,8 @@ class ReadoutTest(parameterized.TestCase):
         for f in [usual] + ours])(params)
     for mode, got in zip(MODES, results[1:]):
       with self.subTest(remat=mode):
-        chex.assert_trees_all_close(got, results[0], **TOL)
+        chex.assert_trees_all_close(got, results[0],
+                                    **backend_tolerance.values())
 
   def test_without_readout_inputs_and_with_all_states(self):
     # readout(output) alone; the per-step results replace the outputs.
@@ -359,8 +362,8 @@ class ReadoutTest(parameterized.TestCase):
 
     usual = net("hk")
     params, state = usual.init(KEY, xs, targets)
-    chex.assert_trees_all_equal(net("binomial").init(KEY, xs, targets),
-                                (params, state))
+    backend_tolerance.assert_same(net("binomial").init(KEY, xs, targets),
+                                  (params, state))
 
     def value_and_grad(f):
       def loss(p):
@@ -372,7 +375,7 @@ class ReadoutTest(parameterized.TestCase):
         usual, net(False), net("binomial"))])()
     self.assertEqual(results[0][0][1][0].shape, (6,))
     for got in results[1:]:
-      chex.assert_trees_all_close(got, results[0], **TOL)
+      chex.assert_trees_all_close(got, results[0], **backend_tolerance.values())
 
   def test_memory_below_the_floor_of_the_usual_form(self):
     # The usual form keeps the [T, B, H] outputs and the [T, B, V] logits
@@ -442,9 +445,11 @@ class ScanTest(parameterized.TestCase):
         hk.remat(f), *a, **k))]
     params, state = references[0].init(KEY, xs)
     ours = [net(None, m) for m in modes]
-    inits = jax.jit(lambda: [f.init(KEY, xs) for f in ours])()
-    for init in inits:
-      chex.assert_trees_all_equal(init, (params, state))
+    # Jitted, as the reference (op-by-op and jitted initialisers may differ
+    # in the last bit on a GPU: testing/backend_tolerance.py).
+    inits = jax.jit(lambda: [f.init(KEY, xs) for f in references[:1] + ours])()
+    for init in inits[1:]:
+      backend_tolerance.assert_same(init, inits[0])
 
     def run(f):
       def loss(p):
