@@ -49,6 +49,7 @@ example), and a sharded step is planned unsharded.
 """
 
 import contextvars
+import functools
 import logging
 import math
 from typing import Any, Callable, NamedTuple, Optional, TypeVar
@@ -262,8 +263,8 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
   Args:
     f: `f(carry, x) -> (carry, y)`, a JAX function, planned as
       `jax.lax.scan` runs it; or one of the bridge's loops (`hkb.scan`,
-      `hkb.dynamic_unroll`, `hkb.layer_scan`, `hkb.repeat_layer`), planned
-      as it runs with `remat="auto"`.
+      `hkb.dynamic_unroll`, `hkb.layer_scan`, `hkb.repeat_layer`, or a
+      `functools.partial` of one), planned as it runs with `remat="auto"`.
     *args: for a function `f`: `init` (the first carry) and `xs` (per-step
       inputs, each leaf with a leading axis of `length` steps); for a
       loop, its positional arguments.
@@ -290,7 +291,7 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
     if remat_policy is not None:
       errors.check_callable("remat_policy", remat_policy,
                             "None or a jax.checkpoint_policies policy")
-    if f in _LOOPS:
+    if _loop_of(f) is not None:
       return _plan_of_loop(f, args, options, memory_budget, remat_policy)
     try:
       init, xs, length = _scan_arguments(*args, **options)
@@ -335,6 +336,13 @@ def plannable(loop: _F) -> _F:
   return loop
 
 
+def _loop_of(f: Any) -> Optional[Callable[..., Any]]:
+  """The bridge's loop `f` is, or is a `functools.partial` of; else None."""
+  while isinstance(f, functools.partial):
+    f = f.func
+  return f if f in _LOOPS else None
+
+
 class Planned(Exception):
   """Carries a loop's plan out of the loop, before it runs, to `remat_plan(loop, ...)`.
 
@@ -357,7 +365,7 @@ def _plan_of_loop(loop: Callable[..., Any], args: tuple[Any, ...],
                   options: dict[str, Any], memory_budget: int,
                   policy: Optional[Callable[..., bool]]) -> RematPlan:
   """The plan `loop(*args, remat="auto", **options)` makes, the loop not run."""
-  name = getattr(loop, "__name__", "the loop")
+  name = getattr(_loop_of(loop), "__name__", "the loop")
   if "remat" in options:
     raise ValueError(errors.message(
         f"plans hkb.{name} with `remat=\"auto\"`: pass the loop's arguments "

@@ -1,5 +1,6 @@
 """Tests for `remat="auto"`: predictions against compiled memory, the choice against the manual plans."""
 
+import functools
 from unittest import mock
 
 from absl.testing import absltest
@@ -380,9 +381,11 @@ def _loop_models():
                                         jnp.sum(h)), x[0], x)
 
   def dynamic_unroll(loop, x):
+    # Batch major, through a functools.partial of the loop.
     lin = hk.Linear(8)
-    return loop(hkb.dynamic_unroll,
-                lambda x, h: (h, counted(jnp.tanh(lin(h) + x))), x, x[0])
+    return loop(functools.partial(hkb.dynamic_unroll, time_major=False),
+                lambda x, h: (h, counted(jnp.tanh(lin(h) + x))),
+                jnp.swapaxes(x, 0, 1), x[0])
 
   def layer_scan(loop, x):
     return loop(hkb.layer_scan, lambda h, x: (
