@@ -46,6 +46,12 @@ shapes, policy and budget.
 The step is planned on the shapes the loop sees, compiled for one
 device: inside `jax.vmap` those are one example's (the prediction is per
 example), and a sharded step is planned unsharded.
+
+What users see: `remat_plan` (public) returns the `RematPlan` of a JAX step,
+or of one of the bridge's loops (`plannable`) with its arguments, which it
+runs until the loop has made its plan (`Planned` carries it out, the loop
+not run); every plan a loop makes passes `loop_plan`, which logs it at
+INFO on the `haiku_bridge.remat` logger.
 """
 
 import contextvars
@@ -55,7 +61,6 @@ import math
 from typing import Any, Callable, NamedTuple, Optional, TypeVar
 
 import haiku as hk
-
 import jax
 from jax.extend import core as jax_core
 import jax.numpy as jnp
@@ -118,8 +123,8 @@ class RematPlan(NamedTuple):
   """The plan `remat="auto"` makes for a loop: the candidates, and the one chosen.
 
   `hkb.remat_plan` returns it; every loop run with `remat="auto"` logs the
-  one it makes through absl at INFO (`str()` of it: the choice and the
-  table), when it is traced.
+  one it makes, when it is traced, at INFO on the `haiku_bridge.remat`
+  logger (`str()` of it: the choice, then the table).
 
   Attributes:
     length: the number of steps.
@@ -457,8 +462,8 @@ def _recomputing(c: Coefficients, remat, slots, groups, temporaries,
                  length: int, advances: int) -> RematCandidate:
   """A candidate that recomputes each step where it backpropagates it, and advances."""
   return RematCandidate(remat, slots, groups, temporaries, length + advances,
-                   int(round(length * c.step_flops +
-                             advances * c.advance_flops)))
+                        int(round(length * c.step_flops +
+                                  advances * c.advance_flops)))
 
 
 def _binomial(c: Coefficients, length: int, slots: int) -> RematCandidate:
@@ -479,7 +484,7 @@ def _candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   if c.policy is not None:
     name, a, b, flops = c.policy
     out.append(RematCandidate(True, None, None, linear((a, b)), length,
-                         int(round(length * flops)), name))
+                              int(round(length * flops)), name))
   # Every count of slots up to 16, then about 20% apart: the budget's own
   # count is added by `choose`.
   slots = 1
