@@ -7,6 +7,7 @@ from haiku_bridge._src.custom_grad import custom_jvp
 from haiku_bridge._src.custom_grad import custom_vjp
 from haiku_bridge._src.custom_grad import route_cotangents
 from haiku_bridge._src.custom_grad import vjp_fwd
+from haiku_bridge._src.errors import UnsupportedHaikuError
 from haiku_bridge._src.hk_namespace import hk
 from haiku_bridge._src.modes import PipelineSchedule
 from haiku_bridge._src.modes import RematMode
@@ -29,6 +30,7 @@ from haiku_bridge._src.sharding import ShardingReport
 from haiku_bridge._src.sharding import ShardingRules
 from haiku_bridge._src.unrolled_names import stack_params
 from haiku_bridge._src.unrolled_names import unstack_params
+from haiku_bridge._src.versions import UntestedVersionWarning
 from haiku_bridge._src import versions as _versions
 
 _versions.warn_if_untested()  # Once, on import: a jax or dm-haiku newer than the tested set.
@@ -43,6 +45,8 @@ __all__ = (
     "RematPlan",
     "ShardingReport",
     "ShardingRules",
+    "UnsupportedHaikuError",
+    "UntestedVersionWarning",
     "call_pure",
     "clear_caches",
     "custom_jvp",

@@ -69,6 +69,8 @@ COVERAGE = {
     # RematPlan / RematCandidate: records `remat_plan` returns (named tuples), not functions.
     "RematCandidate": set(),
     "RematPlan": set(),
+    "UnsupportedHaikuError": set(),  # An exception class that import raises, takes no input.
+    "UntestedVersionWarning": set(),  # A warning class that import issues, takes no input.
     # Pipeline: keyword fields of distinct types; a swap shows as wrong_type.
     "ShardingRules": {"wrong_type", "wrong_arity", "unknown_name", "shape_or_depth"},
     # argument_order: rules and stacked= are distinct types, caught as wrong_type.

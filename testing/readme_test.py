@@ -46,8 +46,9 @@ def run_alone(code: str) -> subprocess.CompletedProcess:
       f.write(code)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     # JAX's device count comes from the snippet alone, never from this process's flags; the
-    # compile flags are every test's (testing/xla_flags.py: cheaper code, the same programs).
-    env["XLA_FLAGS"] = xla_flags.FLAGS
+    # compile flags are every test's (testing/xla_flags.py: cheaper code, the same programs), those
+    # the installed XLA knows.
+    env["XLA_FLAGS"] = xla_flags.flags()
     return subprocess.run([sys.executable, path], cwd=directory, env=env, capture_output=True,
                           text=True, timeout=_TIMEOUT_S, check=False)
 
