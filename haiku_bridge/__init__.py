@@ -15,6 +15,8 @@ from haiku_bridge._src.modes import RematMode
 from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.pipeline import Pipeline
 from haiku_bridge._src.remat_plan import remat_plan
+from haiku_bridge._src.remat_plan import RematCandidate
+from haiku_bridge._src.remat_plan import RematPlan
 from haiku_bridge._src.scan import layer_scan
 from haiku_bridge._src.scan import repeat_layer
 from haiku_bridge._src.stacked_init import stacked_init
@@ -38,7 +40,9 @@ __version__ = "0.1.0"
 __all__ = (
     "Pipeline",
     "PipelineSchedule",
+    "RematCandidate",
     "RematMode",
+    "RematPlan",
     "ShardingReport",
     "ShardingRules",
     "UnsupportedHaikuError",

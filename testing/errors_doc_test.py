@@ -331,6 +331,18 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
                                             remat="auto", memory_budget=1e6)),
     ROW_BUDGET: lambda: tanh_scan_plan(memory_budget=100),
+    (SECTION_SCAN, "`hkb.remat_plan` of a function with other arguments than a scan's"):
+        lambda: hkb.remat_plan(lambda h, x: (h, None), X4, jnp.ones([8, 2, 4]), X4,
+                               memory_budget=10**6),
+    (SECTION_SCAN, "`hkb.remat_plan` of a loop at init"):
+        lambda: init(lambda: hkb.remat_plan(hkb.repeat_layer, lambda x: hk.Linear(4)(x), X4,
+                                            3, memory_budget=10**6)),
+    (SECTION_SCAN, "`hkb.remat_plan` of a loop given `remat=`"):
+        lambda: hkb.remat_plan(hkb.scan, lambda h, x: (h, None), X4, jnp.ones([8, 2, 4]),
+                               memory_budget=10**6, remat="binomial"),
+    (SECTION_SCAN, "`hkb.remat_plan` of a loop of no steps"):
+        lambda: hkb.remat_plan(hkb.scan, lambda h, x: (h, None), X4, jnp.ones([0, 2, 4]),
+                               memory_budget=10**6),
     (SECTION_SCAN, "`unroll` or `reverse` of the wrong type"):
         lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
                                             unroll=-1)),

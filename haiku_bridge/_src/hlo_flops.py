@@ -7,14 +7,25 @@ loop's body by the trip count XLA wrote on it (`known_trip_count` in the
 while's backend_config; jax's scans always have one). The rule, per
 instruction, with `n` the elements of its result:
 
-- `dot`: 2·n·(the product of the left operand's contracting dimensions);
-  `convolution`: 2·n·(the kernel's elements over its output features: its
-  input features are already those of one feature group).
+- `dot`: 2·n·(the product of the left operand's contracting dimensions).
+- `convolution`: 2 per multiply-add, as XLA counts them: (input features
+  per feature group)·(output features)·(batch per batch group)·(the
+  (kernel, output) positions of each spatial dimension whose input is
+  real, not padding nor a hole of `lhs_dilate`), from the operands' and
+  result's shapes, `dim_labels` and `window`.
 - `reduce`, `reduce-window`, `scatter`, `map`: the reducer's FLOPs per
   element of the input (of the updates, for `scatter`).
 - a `custom-call` that is a matrix multiply (GPU's cuBLAS calls: a
   `dot_dimension_numbers` in its `gemm_backend_config`): as `dot`, on its
-  first result. Any other `custom-call` (a cuDNN convolution, a LAPACK
+  first result. A cuDNN convolution (GPU's `__cudnn$conv...` calls, which
+  keep the forward convolution's `window`, `dim_labels` and group counts):
+  as `convolution`, with the forward convolution's input, kernel and
+  output read from where the call keeps them (`convBackwardInput`: the
+  output is the first operand, the input the first result;
+  `convBackwardFilter`: the output is the second operand, the kernel the
+  first result). Where XLA:GPU pads the input itself (a `pad` before the
+  call, for a padding cuDNN cannot take), the zeros are the call's input
+  and count, as the GPU multiplies them. Any other `custom-call` (a LAPACK
   routine): 0, and named in `Count.opaque_custom_calls`.
 - data movement (copy, broadcast, slices, reshapes, transposes, gathers,
   tuples, parameters, constants, iota, and the like), `sort`, `rng`,
@@ -42,6 +53,8 @@ ops its own way, so compare `flops` with `flops + transcendentals` of
 import math
 import re
 from typing import NamedTuple
+
+import numpy as np
 
 from haiku_bridge._src import hlo_text
 
@@ -169,11 +182,8 @@ class _Counter:
       contracting = _int_list(ins.attributes, "lhs_contracting_dims")
       return 2 * n * math.prod(lhs[d] for d in contracting)
     if op == "convolution":
-      kernel = _dims(shapes[ins.operands[1]])
-      labels = re.search(r"dim_labels=[^_]+_([^-]+)->", ins.attributes)
-      assert labels, f"a convolution without dim_labels: {ins}"
-      # The kernel's input features are already per feature group.
-      return 2 * n * math.prod(kernel) // kernel[labels.group(1).index("o")]
+      return _convolution(ins.attributes, _dims(shapes[ins.operands[0]]),
+                          _dims(shapes[ins.operands[1]]), _dims(ins.shape))
     if op in _PER_INPUT_ELEMENT or op == "scatter":
       reducer = self._computation(_called(ins.attributes, "to_apply"), 0)
       source = ins.operands[-1] if op == "scatter" else ins.operands[0]
@@ -190,9 +200,70 @@ class _Counter:
         "lhs_contracting_dimensions")
     if contracting is None:
       target = re.search(r'custom_call_target="([^"]*)"', ins.attributes)
-      self._opaque[target.group(1) if target else "?"] = None
-      return 0
+      name = target.group(1) if target else "?"
+      roles = _CUDNN_CONVOLUTIONS.get(name)
+      if roles is None:
+        self._opaque[name] = None
+        return 0
+      # The forward convolution's input, kernel and output, where the call
+      # keeps each: an operand (its index), or the first result (None).
+      first_result = _dims(ins.shape[1:] if ins.shape.startswith("(")
+                           else ins.shape)
+      return _convolution(ins.attributes, *(
+          first_result if i is None else _dims(shapes[ins.operands[i]])
+          for i in roles))
     # The product, then (on GPU) the library's workspace.
     result = ins.shape[1:] if ins.shape.startswith("(") else ins.shape
     lhs = _dims(shapes[ins.operands[0]])
     return 2 * _elements(result) * math.prod(lhs[int(d)] for d in contracting)
+
+
+# cuDNN's convolutions (XLA:GPU's custom-call targets): where each keeps
+# the forward convolution's input, kernel and output (an operand's index, or
+# None for the first result). Their `window` and `dim_labels` are the
+# forward convolution's.
+_CUDNN_CONVOLUTIONS = {
+    "__cudnn$convForward": (0, 1, None),
+    "__cudnn$convBiasActivationForward": (0, 1, None),
+    "__cudnn$convForwardGraph": (0, 1, None),
+    "__cudnn$convBackwardInput": (None, 1, 0),
+    "__cudnn$convBackwardFilter": (0, None, 1),
+}
+
+
+def _convolution(attributes: str, lhs: tuple[int, ...],
+                 kernel: tuple[int, ...], out: tuple[int, ...]) -> int:
+  """A convolution's FLOPs, as XLA counts them (see the module docstring)."""
+  labels = re.search(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)",
+                     attributes)
+  assert labels, f"a convolution without dim_labels: {attributes[:200]}"
+  lhs_labels, kernel_labels, out_labels = labels.groups()
+  window = re.search(r"window=\{([^}]*)\}", attributes)
+  fields = dict(f.split("=", 1) for f in window.group(1).split()) if (
+      window) else {}
+  spatial = sum(c.isdigit() for c in lhs_labels)
+
+  def per_dim(key: str, default: str) -> list[str]:
+    return fields[key].split("x") if key in fields else [default] * spatial
+
+  positions = 1
+  for d, stride, pad, lhs_dilate, rhs_dilate in zip(
+      range(spatial), per_dim("stride", "1"), per_dim("pad", "0_0"),
+      per_dim("lhs_dilate", "1"), per_dim("rhs_dilate", "1")):
+    size = lhs[lhs_labels.index(str(d))]
+    taps = np.arange(kernel[kernel_labels.index(str(d))])[:, None]
+    outs = np.arange(out[out_labels.index(str(d))])[None, :]
+    # The dilated input's index each (kernel, output) position reads.
+    at = outs * int(stride) - int(pad.split("_")[0]) + taps * int(rhs_dilate)
+    dilate = int(lhs_dilate)
+    positions *= int(np.sum((at % dilate == 0) & (at >= 0) &
+                            (at < size * dilate - dilate + 1)))
+
+  def group(key: str) -> int:
+    found = re.search(key + r"=([0-9]+)", attributes)
+    return int(found.group(1)) if found else 1
+
+  return (2 * lhs[lhs_labels.index("f")] // group("feature_group_count") *
+          out[out_labels.index("f")] *
+          (lhs[lhs_labels.index("b")] // group("batch_group_count")) *
+          positions)
