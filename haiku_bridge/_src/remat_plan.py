@@ -48,10 +48,12 @@ device: inside `jax.vmap` those are one example's (the prediction is per
 example), and a sharded step is planned unsharded.
 """
 
+import contextlib
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, ContextManager, NamedTuple, Optional
 
 import jax
+from jax._src import config as jax_config  # pylint: disable=g-bad-import-order
 from jax.extend import core as jax_core
 import jax.numpy as jnp
 import numpy as np
@@ -335,13 +337,30 @@ def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
   carry_avals = tuple(struct(c) for c in carry)
   x_avals = tuple(jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x))
                   for x in x_leaves)
-  closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
+  with _varying_types_unchecked():
+    closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
   consts = tuple(struct(c) for c in closed.consts)
   # The consts become the jaxpr's first inputs: no tracer of the caller's
   # trace reaches the compiles below.
   jaxpr = jax_core.ClosedJaxpr(
       _consts_as_inputs(closed.jaxpr), ())
   return _Traced(jaxpr, len(consts), carry_avals, x_avals), consts
+
+
+def _varying_types_unchecked() -> ContextManager[Any]:
+  """Where jax types no value as varying over a manual mesh axis.
+
+  A loop inside `jax.shard_map` (a time scan in a pipeline's stage) is
+  planned on one device's step, compiled on its own (`_measure`). Traced in
+  the shard_map's context, the step's values would be typed as varying over
+  its manual axes, the carry cast to match (`pvary`), and those compiles
+  refuse the mix ("dot_general requires varying manual axes to match"). So
+  the step is traced as `jax.shard_map(..., check_vma=False)` traces a body,
+  by jax's own switch for it, which jax keeps internal (jax >= 0.7; before,
+  no value was typed so).
+  """
+  check = getattr(jax_config, "_check_vma", None)
+  return contextlib.nullcontext() if check is None else check(False)
 
 
 def _consts_as_inputs(jaxpr):
