@@ -44,16 +44,16 @@ NOWHERE = -1
 class Action(NamedTuple):
   """One action of the backward sweep.
 
-  An ADVANCE runs `count` steps, `step` to `step + count - 1`, the first
+  An ADVANCE runs `length` steps, `step` to `step + length - 1`, the first
   from the carry in `load`, each later one from the result before it (the
   register); `store` keeps the last one's result too. A BACKPROP
-  backpropagates through `step` (its `count` is 1).
+  backpropagates through `step` (its `length` is 1).
   """
   kind: int  # ADVANCE or BACKPROP.
   step: int  # Which step, 0 being the first the forward sweep runs.
   load: int  # The slot holding the carry entering `step`, or REGISTER.
   store: int  # ADVANCE only: a slot that keeps the result too, or NOWHERE.
-  count: int = 1  # ADVANCE only: how many steps it runs.
+  length: int = 1  # ADVANCE only: how many steps it runs.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Schedule:
   @property
   def recomputed_steps(self) -> int:
     """Steps the backward sweep runs again to rebuild carries."""
-    return sum(a.count for a in self.actions if a.kind == ADVANCE)
+    return sum(a.length for a in self.actions if a.kind == ADVANCE)
 
   @property
   def table_bytes(self) -> int:
@@ -94,13 +94,13 @@ class Schedule:
     """
     out = []
     for a in self.actions:
-      if a.kind == BACKPROP or a.count == 1:
+      if a.kind == BACKPROP or a.length == 1:
         out.append(a)
         continue
       out.append(Action(ADVANCE, a.step, a.load, NOWHERE))
       out.extend(Action(ADVANCE, t, REGISTER, NOWHERE)
-                 for t in range(a.step + 1, a.step + a.count - 1))
-      out.append(Action(ADVANCE, a.step + a.count - 1, REGISTER, a.store))
+                 for t in range(a.step + 1, a.step + a.length - 1))
+      out.append(Action(ADVANCE, a.step + a.length - 1, REGISTER, a.store))
     return tuple(out)
 
 
@@ -315,14 +315,14 @@ def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
   # The actions up to the first BACKPROP advance through steps 0..n-2: the
   # forward sweep runs them anyway, so it keeps what they would keep.
   lead = next(i for i, a in enumerate(actions) if a.kind == BACKPROP)
-  assert sum(a.count for a in actions[:lead]) == num_steps - 1 and all(
-      a.step == b.step + b.count
+  assert sum(a.length for a in actions[:lead]) == num_steps - 1 and all(
+      a.step == b.step + b.length
       for a, b in zip(actions[1:lead], actions[:lead])), actions[:lead + 1]
   forward_stores = [NOWHERE] * num_steps
   forward_stores[0] = 0
   for a in actions[:lead]:
     if a.store != NOWHERE:
-      forward_stores[a.step + a.count] = a.store
+      forward_stores[a.step + a.length] = a.store
   return Schedule(num_steps, num_slots, tuple(forward_stores),
                   tuple(actions[lead:]))
 
@@ -348,14 +348,14 @@ def simulate(schedule: Schedule) -> None:
       raise ValueError(f"action {i} {a}: step {a.step} would get the carry "
                        f"entering step {carry}.")
     if a.kind == ADVANCE:
-      if not 1 <= a.count <= schedule.num_steps - a.step:
-        raise ValueError(f"action {i} {a}: advances {a.count} steps from "
+      if not 1 <= a.length <= schedule.num_steps - a.step:
+        raise ValueError(f"action {i} {a}: advances {a.length} steps from "
                          f"step {a.step} of {schedule.num_steps}.")
-      register = a.step + a.count
+      register = a.step + a.length
       if a.store != NOWHERE:
         _check_slot(schedule, a.store)
         slots[a.store] = register
-    elif a.kind != BACKPROP or a.count != 1:
+    elif a.kind != BACKPROP or a.length != 1:
       raise ValueError(f"action {i} {a}: neither an ADVANCE nor a BACKPROP "
                        "of one step.")
     elif a.step != due:

@@ -347,12 +347,12 @@ class SimulateTest(absltest.TestCase):
     schedule = remat_schedule.binomial(6, 1)
     first = schedule.actions[1]  # Advances steps 0..3 from slot 0.
     self.assertEqual(first, Action(ADVANCE, 0, 0, NOWHERE, 4))
-    for count in (0, 7):
+    for length in (0, 7):
       broken = remat_schedule.Schedule(
           6, 1, schedule.forward_stores,
-          schedule.actions[:1] + (first._replace(count=count),) +
+          schedule.actions[:1] + (first._replace(length=length),) +
           schedule.actions[2:])
-      with self.assertRaisesRegex(ValueError, f"advances {count} steps"):
+      with self.assertRaisesRegex(ValueError, f"advances {length} steps"):
         remat_schedule.simulate(broken)
 
 

@@ -6,7 +6,11 @@ xs)` returns. Under reverse-mode autodiff its forward sweep keeps the carries
 `schedule.actions` (`remat_schedule.py`): it recomputes carries from kept
 ones, and backpropagates each step once, last to first, recomputing that
 step's own intermediates as `jax.checkpoint` on the body would. So it stores
-a schedule's few carries instead of one per step.
+a schedule's few carries instead of one per step. The backward loop runs one
+iteration per step it recomputes or backpropagates, and reads what to do from
+a table of one row per action (an ADVANCE of many steps is one row), which
+the program holds as `Schedule.table_bytes` of constants: O(N) however much
+the schedule recomputes.
 
 What it never copies: each step reads its slice of `xs` (the stacked
 parameters) by index, and writes the cotangent of that slice in place into
@@ -201,7 +205,7 @@ class _SlotPlan(NamedTuple):
   # [actions, 5]: kind, first step, steps, slot read, slot written (a
   # BACKPROP writes the carry it read back where it read it).
   actions: np.ndarray
-  num_steps_run: int  # The backward sweep's steps: each action's count.
+  num_steps_run: int  # The backward sweep's steps: each action's length.
 
 
 def _slot_plan(schedule: remat_schedule.Schedule) -> _SlotPlan:
@@ -218,7 +222,7 @@ def _slot_plan(schedule: remat_schedule.Schedule) -> _SlotPlan:
     if a.kind == remat_schedule.ADVANCE:
       target = a.store if a.store != remat_schedule.NOWHERE else register
       holder = target
-    actions.append((a.kind, a.step, a.count, load, target))
+    actions.append((a.kind, a.step, a.length, load, target))
   table = np.asarray(actions, np.int32).reshape(-1, 5)
   return _SlotPlan(register + 1, np.asarray(stores, np.int32), table,
                    int(table[:, 2].sum()))
@@ -329,10 +333,10 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
       slots, ct_c, ct_xs, ct_consts, row, done = state
       # The action's `done`-th step: the table holds one row per action,
       # not one per step, and is read here, as the loop runs.
-      kind, first, count, load, target = [
+      kind, first, steps, load, target = [
           _get(column, row) for column in table]
       t = first + done
-      last = done + 1 == count
+      last = done + 1 == steps
       register = plan.num_slots - 1
       c = [_get(s, jnp.where(done == 0, load, register)) for s in slots]
       i = layer(t)

@@ -91,7 +91,7 @@ class ScheduledScanTest(parameterized.TestCase):
     carry, xs = inputs(12)
     for slots, reverse in ((1, False), (2, True)):
       schedule = remat_schedule.binomial(12, slots)
-      self.assertGreater(max(a.count for a in schedule.actions), 2)
+      self.assertGreater(max(a.length for a in schedule.actions), 2)
       options = dict(length=12, reverse=reverse)
       chex.assert_trees_all_close(
           value_and_grads(scheduled(schedule), carry, xs, **options),
