@@ -37,7 +37,9 @@ own part of each step, a schedule T·r and f for each step it advances to
 rebuild carries (`remat_schedule.binomial_cost`,
 `Schedule.recomputed_steps`); `False` none. The choice is the candidate
 with the least recomputed FLOPs whose temporaries fit (then the fewest
-recomputed steps, then the least memory).
+recomputed steps, then the least memory), among those that recompute at
+most `max_recompute` forward passes of the loop (`MAX_RECOMPUTE`, 3, by
+default: see `choose`).
 
 The coefficients are cached on the step's jaxpr (its text: every shape,
 dtype and operation), the policy, L and the backend; the choice follows
@@ -73,6 +75,15 @@ from haiku_bridge._src.pytree import PyTree
 # slope is measured where it holds for long loops.
 _LONGEST = 128
 _SLOTS = 2
+
+# The most forward passes of the loop a plan may recompute unless the caller
+# allows more (`max_recompute=`): remat=True's one and two more. A training
+# step runs about three passes' worth (the backward pass about two), so
+# this keeps a plan's step within about twice no remat's compute. Binomial
+# schedules within it keep about (6·T)^(1/3) slots (44 at 16384 steps,
+# where one pass fewer takes 179); with fewer, the recomputation grows
+# fast (one slot: about T/2 passes).
+MAX_RECOMPUTE = 3.0
 
 
 class Candidate(NamedTuple):
@@ -161,7 +172,8 @@ class Coefficients(NamedTuple):
 def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                init: PyTree, xs: PyTree, *, memory_budget: int,
                length: Optional[int] = None,
-               remat_policy: Optional[Callable[..., bool]] = None) -> Plan:
+               remat_policy: Optional[Callable[..., bool]] = None,
+               max_recompute: Optional[float] = None) -> Plan:
   """The remat plan `remat="auto"` chooses for `jax.lax.scan(f, init, xs)`.
 
   The candidates (no remat, per-step remat, per-step remat under
@@ -194,17 +206,24 @@ def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     length: the number of steps; taken from `xs` when not given.
     remat_policy: a `jax.checkpoint_policies` policy: per-step remat under
       it is a candidate too (as `remat="auto", remat_policy=` weighs it).
+    max_recompute: the most forward passes of the loop the backward pass
+      may run again (recomputed steps over `length`; `remat=True` runs 1):
+      a plan over it is never chosen. None: 3 (remat=True's pass and two
+      more); `math.inf` allows any.
 
   Returns:
     A `Plan`.
 
   Raises:
     ValueError: if no candidate fits `memory_budget`, naming the least any
-      candidate needs.
+      candidate needs; or if every one that fits recomputes more than
+      `max_recompute` allows, naming what it recomputes and the least
+      budget within `max_recompute`.
   """
   with errors.entry("remat_plan"):
     errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
     memory_budget = check_budget(memory_budget)
+    max_recompute = check_max_recompute(max_recompute)
     if remat_policy is not None:
       errors.check_callable("remat_policy", remat_policy,
                             "None or a jax.checkpoint_policies policy")
@@ -221,7 +240,8 @@ def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
         raise ValueError(errors.message(
             f"xs{jax.tree_util.keystr(path)} has shape {np.shape(leaf)}, but "
             f"every leaf of xs needs a leading axis of {length} steps."))
-    return plan(f, init, xs, length, memory_budget, remat_policy)
+    return plan(f, init, xs, length, memory_budget, remat_policy,
+                max_recompute)
 
 
 def check_budget(memory_budget: Any) -> int:
@@ -233,17 +253,37 @@ def check_budget(memory_budget: Any) -> int:
   return int(memory_budget)
 
 
+def check_max_recompute(max_recompute: Any) -> float:
+  """`max_recompute`, a number ≥ 0 of forward passes; None: `MAX_RECOMPUTE`."""
+  if max_recompute is None:
+    return MAX_RECOMPUTE
+  number = (isinstance(max_recompute, (int, float, np.integer, np.floating))
+            and not isinstance(max_recompute, (bool, np.bool_)))
+  if not number or not max_recompute >= 0:
+    raise (ValueError if number else TypeError)(errors.bad_argument(
+        "max_recompute", max_recompute,
+        "a number ≥ 0: the forward passes of the loop its backward pass may "
+        "run again (remat=True runs 1; math.inf allows any)"))
+  return float(max_recompute)
+
+
 def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
-         memory_budget: int,
-         policy: Optional[Callable[..., bool]] = None) -> Plan:
+         memory_budget: int, policy: Optional[Callable[..., bool]] = None,
+         max_recompute: float = MAX_RECOMPUTE) -> Plan:
   """`remat_plan` of checked arguments (the loop's `remat="auto"`)."""
   step, consts = _trace(f, init, xs, length)
   return choose(coefficients(step, consts, length, policy), length,
-                memory_budget)
+                memory_budget, max_recompute)
 
 
-def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
-  """The plan the coefficients predict for `length` steps and the budget."""
+def choose(c: Coefficients, length: int, memory_budget: int,
+           max_recompute: float = MAX_RECOMPUTE) -> Plan:
+  """The plan the coefficients predict for `length` steps and the budget.
+
+  Never one that recomputes more than `max_recompute` forward passes of the
+  loop: where every plan that fits the budget does, the error says what the
+  budget costs and the least budget within `max_recompute`.
+  """
   candidates = _candidates(c, length)
   # Binomial with the most slots the budget holds: the fewest recomputed
   # steps of any schedule that fits (each slot costs the same).
@@ -261,7 +301,35 @@ def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
         f"no remat plan for {length} steps fits memory_budget="
         f"{memory_budget} bytes: the least any needs is {least} bytes "
         "(predicted). Raise the budget, or shorten the scan."))
-  return Plan(length, memory_budget, tuple(candidates), fitting[0])
+  affordable = [k for k in fitting
+                if k.recomputed_steps <= max_recompute * length]
+  if not affordable:
+    _raise_over_recompute(c, candidates, fitting, length, memory_budget,
+                          max_recompute)
+  return Plan(length, memory_budget, tuple(candidates), affordable[0])
+
+
+def _raise_over_recompute(c: Coefficients, candidates: list[Candidate],
+                          fitting: list[Candidate], length: int,
+                          memory_budget: int, max_recompute: float) -> None:
+  """The error where every plan that fits recomputes over `max_recompute`."""
+  fewest = min(k.recomputed_steps for k in fitting)
+  within = [k for k in candidates
+            if k.recomputed_steps <= max_recompute * length]
+  spare = int(max_recompute * length) - length  # A schedule's advances.
+  if spare >= 0:
+    # The fewest slots within the bound: a schedule's least memory there.
+    within.append(_binomial(c, length, remat_schedule.fewest_binomial_slots(
+        length, spare)))
+  least = min(k.temporaries for k in within)  # remat=False is always within.
+  raise ValueError(errors.message(
+      f"every remat plan for {length} steps that fits memory_budget="
+      f"{memory_budget} bytes recomputes at least {fewest} steps, "
+      f"{fewest / length:.1f} forward passes of the loop (remat=True "
+      f"recomputes 1), over max_recompute={max_recompute:g}. The least "
+      f"budget within it is {least} bytes (predicted): raise memory_budget "
+      f"to that, or pass max_recompute={math.ceil(fewest / length)} to "
+      "accept the recomputation."))
 
 
 def _scheduled(c: Coefficients, length: int, slots: int) -> int:
