@@ -404,11 +404,13 @@ def _loop_models():
   for model, length in ((scan, 64), (dynamic_unroll, 64), (layer_scan, 12),
                         (repeat_layer, 12)):
     def net(x, budget, plan=False, model=model):
+      # Any recomputation: the least budget's plan is a schedule of one slot.
       if plan:
         return model(lambda loop, *a, **k: hkb.remat_plan(
-            loop, *a, memory_budget=budget, **k), x)
+            loop, *a, memory_budget=budget, max_recompute=math.inf, **k), x)
       out = model(lambda loop, *a, **k: loop(
-          *a, remat="auto", memory_budget=budget, **k), x)
+          *a, remat="auto", memory_budget=budget, max_recompute=math.inf,
+          **k), x)
       return sum(jnp.sum(o ** 2) for o in jax.tree.leaves(out))
     yield model.__name__, hk.transform_with_state(net), jnp.ones([length, 2, 8])
 
