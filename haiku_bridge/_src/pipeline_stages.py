@@ -9,7 +9,7 @@ with its remat), activations passed on with `jax.lax.ppermute`.
 """
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -23,6 +23,7 @@ from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import pipeline_layout
 from haiku_bridge._src import pipeline_plan
+from haiku_bridge._src import row_wise
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
@@ -67,17 +68,40 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
     out, ys, new_state = program(staged, micro, [])
   else:
     over_stages = PartitionSpec(axis)
+    apart = _rows_apart(body, micro, staged, axis)
 
     def run_stages(program: _StageProgram, closed_over: list[jax.Array],
                    check_vma: bool) -> tuple[PyTree, PyTree, PyTree]:
+      if apart is None:
+        micro_specs, ys_specs, manual = PartitionSpec(), over_stages, {axis}
+      else:
+        rows = apart.entry
+        micro_specs = jax.tree.map(lambda _: PartitionSpec(None, rows), micro)
+        ys_specs = jax.tree.map(
+            lambda dim: PartitionSpec(axis, None, None, None, rows)
+            if dim == 0 else over_stages, apart.ys, is_leaf=_is_none)
+        manual = {axis, *apart.axes}
+      inputs = (staged, micro, closed_over)
+      if apart is not None:
+        # Unchecked, `jax.shard_map`'s transpose sums each input's gradient
+        # over the mesh axes its spec leaves out as it leaves the stages
+        # (and, transposed again, each output's), which XLA:CPU cannot do
+        # in bfloat16 (jaxlib 0.10.2 aborts): all go in and out 32 bits
+        # wide.
+        program = _Widened(program, inputs)
+        inputs = _wide(inputs)
       stage_map = jax.shard_map(
-          program, in_specs=(over_stages, PartitionSpec(), PartitionSpec()),
-          out_specs=(PartitionSpec(), over_stages, over_stages),
-          axis_names=frozenset({axis}), check_vma=check_vma)
-      return _on_auto_axes(stage_map, axis, staged, micro,
-                           closed_over)
+          program, in_specs=(over_stages, micro_specs, PartitionSpec()),
+          out_specs=(micro_specs, ys_specs, over_stages),
+          axis_names=frozenset(manual), check_vma=check_vma)
+      outputs = _on_auto_axes(stage_map, axis, *inputs,
+                              () if apart is None else apart.axes)
+      if apart is not None:
+        outputs = program.narrow(outputs)
+      return outputs
 
-    closure = _closure_converted(body, micro, staged)
+    closure = _closure_converted(body, micro, staged,
+                                 1 if apart is None else apart.parts)
     if closure is not None:
       # A layer that closes over an array typed by Explicit mesh axes (an
       # outer param, `jax.device_put` on the mesh), which jax refuses to
@@ -105,6 +129,11 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
             "shape, names, axis_types=(AxisType.Auto,) * len(names))), or "
             "pass the params to jit without a jax.device_put on the "
             "mesh.")) from e
+    elif apart is not None:
+      # Each data device runs the stages on its own rows; the gradients of
+      # what every device holds whole (the params) are summed over the data
+      # axes once, by `jax.shard_map`'s transpose, after the timetable.
+      out, ys, new_state = run_stages(program, [], False)
     else:
       try:
         out, ys, new_state = run_stages(program, [], True)
@@ -157,8 +186,83 @@ def _parts(tree: PyTree, axes: int) -> PyTree:
       lambda a: jax.ShapeDtypeStruct(np.shape(a)[axes:], a.dtype), tree)
 
 
+class _RowsApart(NamedTuple):
+  """The stages run by hand over the data axes too: each device on its rows of every microbatch."""
+  axes: tuple[str, ...]  # The mesh axes the microbatches' rows are split over.
+  ys: PyTree  # Each `y`'s row dimension (0, or None: it has no rows).
+
+  @property
+  def parts(self) -> int:
+    """How many parts the rows are split in."""
+    return typed_sharding.axis_size(self.axes)
+
+  @property
+  def entry(self) -> typed_sharding.MeshAxes:
+    """The split of the rows, as a PartitionSpec entry."""
+    return self.axes[0] if len(self.axes) == 1 else self.axes
+
+
+def _rows_apart(body: Callable[..., Any], micro: PyTree, staged: PyTree,
+                axis: str) -> Optional[_RowsApart]:
+  """How the stages run each data device's rows on their own, where they can; else None.
+
+  Where the layer is row-wise (`row_wise.row_dims`), the stages' `shard_map`
+  is manual over the axes the microbatches' rows are split over as well as
+  the stage axis: each device then sums the gradients of the stage's params
+  over its microbatches, and `jax.shard_map`'s transpose reduces them over
+  those axes once, after the timetable. Left to the partitioner (those axes
+  Auto inside the stages), the gradient of the params is reduced where it
+  is made, once per layer per step: XLA keeps no sum unreduced across a loop,
+  and jax 0.10.2 types a sum unreduced only over Explicit axes of a
+  `shard_map` manual over every axis. The rows' axes are those named by the
+  microbatches' types (Explicit axes); on Auto axes, where types name none,
+  every other mesh axis, where their devices divide the rows.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  leaves = jax.tree.leaves(micro)
+  if not leaves or any(np.ndim(a) < 2 for a in leaves):
+    return None
+  if jax.sharding.AxisType.Explicit in tuple(mesh.axis_types):
+    entries = {typed_sharding.spec(a)[1] for a in leaves}
+    if len(entries) != 1 or None in entries:
+      return None
+    entry, = entries
+    axes = (entry,) if isinstance(entry, str) else tuple(entry)
+  else:
+    axes = tuple(name for name in mesh.axis_names if name != axis)
+  parts = typed_sharding.axis_size(axes) if axes else 1
+  if parts == 1 or any(np.shape(a)[1] % parts for a in leaves):
+    return None
+  carry = _parts(micro, 1)  # One microbatch's.
+  scanned = _parts(staged, 3)  # One layer's.
+  dims = row_wise.row_dims(body, (carry, scanned),
+                           (_rows_of(carry, parts), scanned), parts)
+  if dims is None:
+    return None
+  out, (ys, _) = dims
+  # The carry comes back with the microbatch's rows (its type is the
+  # carry's); each y has them first or not at all; the state has none (its
+  # type is the state's).
+  if any(dim not in (0, None) for dim in jax.tree.leaves(
+      ys, is_leaf=_is_none)) or any(
+          dim != 0 for dim in jax.tree.leaves(out, is_leaf=_is_none)):
+    return None
+  return _RowsApart(axes, ys)
+
+
+def _rows_of(carry: PyTree, parts: int) -> PyTree:
+  """The type of a device's rows of `carry` (shapes), its rows split in `parts`."""
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+      (a.shape[0] // parts,) + a.shape[1:], a.dtype), carry)
+
+
+def _is_none(a: Any) -> bool:
+  return a is None
+
+
 def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
-                  micro: PyTree, closed_over: list[jax.Array]
+                  micro: PyTree, closed_over: list[jax.Array],
+                  rows: tuple[str, ...] = ()
                   ) -> tuple[PyTree, PyTree, PyTree]:
   """`stage_map(staged, micro, closed_over)`, the mesh's other Explicit axes Auto inside it.
 
@@ -174,7 +278,10 @@ def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
   mesh = jax.sharding.get_abstract_mesh()
   explicit = jax.sharding.AxisType.Explicit
   others = tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types)
-                 if kind == explicit and name != axis)
+                 if kind == explicit and name != axis and name not in rows)
+  if rows:
+    staged, closed_over = jax.tree.map(
+        lambda a: typed_sharding.without(a, rows), (staged, closed_over))
   if not others:
     return stage_map(staged, micro, closed_over)
   leaves, tree = jax.tree.flatten((staged, micro, closed_over))
@@ -220,7 +327,8 @@ def _is_varying_carry_error(error: TypeError) -> bool:
       "pcast" in text or "pvary" in text)
 
 
-def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree
+def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree,
+                       parts: int
                        ) -> Optional[tuple[Callable[..., Any], list[Any]]]:
   """`body` as a function of the arrays it closes over too, and those arrays.
 
@@ -238,7 +346,7 @@ def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree
   if explicit not in tuple(jax.sharding.get_abstract_mesh().axis_types):
     return None
 
-  carry = _parts(micro, 1)  # One microbatch's.
+  carry = _rows_of(_parts(micro, 1), parts)  # A device's rows of one.
   scanned = _parts(staged, 3)  # One layer's.
   try:
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
@@ -425,15 +533,41 @@ def _from_stage(a: jax.Array, stage, source: int, axis: str) -> jax.Array:
   sum runs in 32 bits at least (XLA:CPU cannot all-reduce bfloat16).
   """
   dtype = a.dtype
-  if dtype == jnp.bool_:
-    wide = jnp.int32
-  elif jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-    wide = jnp.float32
-  else:
-    wide = dtype
-  a = a.astype(wide)
+  a = a.astype(jnp.int32) if dtype == jnp.bool_ else _wide(a)
   a = lax.psum(jnp.where(stage == source, a, jnp.zeros_like(a)), axis)
   return a.astype(dtype)
+
+
+def _wide(tree: PyTree) -> PyTree:
+  """`tree`, its floating leaves narrower than 32 bits (which XLA:CPU cannot all-reduce) as float32."""
+  def wide(a):
+    if jnp.issubdtype(a.dtype, jnp.floating) and jnp.finfo(a.dtype).bits < 32:
+      return a.astype(jnp.float32)
+    return a
+  return jax.tree.map(wide, tree)
+
+
+class _Widened:
+  """`program`, called and returning with its floating arrays at least 32 bits wide.
+
+  Its arguments are cast back to the dtypes of `inputs` inside; `narrow`
+  casts its results back to the dtypes it made them in (known once traced).
+  """
+
+  def __init__(self, program: Callable[..., Any], inputs: PyTree):
+    self._program, self._inputs = program, inputs
+    self._dtypes: Optional[PyTree] = None
+
+  def __call__(self, *args: Any) -> Any:
+    outputs = self._program(*jax.tree.map(
+        lambda a, like: a.astype(like.dtype), args, self._inputs))
+    self._dtypes = jax.tree.map(lambda a: a.dtype, outputs)
+    return _wide(outputs)
+
+  def narrow(self, outputs: PyTree) -> PyTree:
+    assert self._dtypes is not None, "narrow before the program was traced"
+    return jax.tree.map(lambda a, dtype: a.astype(dtype), outputs,
+                        self._dtypes)
 
 
 def _hoisted(body: Callable[..., Any], carry: PyTree,
