@@ -14,17 +14,15 @@ from testing import devices
 devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import re
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import haiku as hk
 import jax.numpy as jnp
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
-import numpy as np
 
 import haiku_bridge as hkb
+from testing import hlo_collectives
 
 LAYERS = 8
 BATCH = 32
@@ -104,7 +102,9 @@ class MemoryTest(parameterized.TestCase):
     # leaf's whole stack over the stages and copies it into layer order: a
     # buffer of the largest leaf's stack (docs/sharding.md), S times the
     # stage's params for a block of one leaf, beside which the rest of the
-    # step fits in the bound above.
+    # step fits in the stage's params: since issue 43 the gradient reduced
+    # over `data` as it leaves the stages, live while it is gathered
+    # (133432 bytes before, 164152 after).
     stages, width = 4, 64
     compiled, param_bytes = compiled_step(
         (stages, 2), None, width, hkb.Pipeline("stage", 16, "circular"),
@@ -113,7 +113,7 @@ class MemoryTest(parameterized.TestCase):
     stage_params = param_bytes / stages
     gathered = LAYERS * width * width * 4  # The stack's weights, float32.
     self.assertLessEqual(temp, max(3 * stage_params,
-                                   gathered + 0.1 * stage_params),
+                                   gathered + 1.1 * stage_params),
                          (temp, gathered, stage_params))
 
 
@@ -131,7 +131,7 @@ class MemoryTest(parameterized.TestCase):
           (stages, 2), axis_type, width, hkb.Pipeline("stage", 16, "circular"),
           rules=hkb.ShardingRules([], stacked={"layers": "stage"}))
       found[name] = (compiled.memory_analysis().temp_size_in_bytes,
-                     bytes_per_step(compiled, "all-gather"))
+                     hlo_collectives.bytes_per_step(compiled, "all-gather"))
     stage_params = param_bytes / stages
     self.assertLessEqual(found["explicit"][0], 3 * stage_params,
                          (found, stage_params))
@@ -157,134 +157,6 @@ class RematPolicyTest(parameterized.TestCase):
     self.assertLess(temp[1], temp[2], temp)
 
 
-_COLLECTIVE = re.compile(
-    r"= (\(?[^=]*?\)?) (all-gather|collective-permute|all-reduce)(?:-start)?\(")
-_ARRAY = re.compile(r"[a-z]+[0-9]*\[([0-9,]*)\]")
-
-
-def collectives(compiled):
-  """`{op: [shape of each result]}` of the collectives in the optimised HLO."""
-  found = {"all-gather": [], "collective-permute": [], "all-reduce": []}
-  for line in compiled.as_text().splitlines():
-    match = _COLLECTIVE.search(line)
-    if match:
-      shapes = [tuple(int(d) for d in dims.split(",") if d)
-                for dims in _ARRAY.findall(match.group(1))]
-      found[match.group(2)].append(shapes)
-  return found
-
-
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%([^ ]+) ")
-_CALLED = re.compile(r"(condition|body|calls|to_apply)=%([^ ,)}]+)")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-_TYPED_ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
-_LISTED_GROUPS = re.compile(r"replica_groups=\{(\{[0-9,{}]*\})\}")
-# [groups, size]<=[dims]T(permutation): iota(dims), transposed, reshaped.
-_IOTA_GROUPS = re.compile(
-    r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?")
-# mesh['a'=4,'b'=2], device_ids=([dims]T(permutation)) {'a'}: reduce over 'a'.
-_MESH_GROUPS = re.compile(
-    r"replica_groups=mesh\[([^\]]*)\], device_ids=\(\[([0-9,]+)\]"
-    r"(?:T\(([0-9,]+)\))?\) \{([^}]*)\}")
-
-
-def _ints(text):
-  return [int(d) for d in text.split(",") if d]
-
-
-def _iota(dims, permutation):
-  ids = np.arange(int(np.prod(dims))).reshape(dims)
-  return ids.transpose(_ints(permutation)) if permutation else ids
-
-
-def replica_groups(line):
-  """The device groups of a collective's HLO line, as a set of sorted tuples (None where it names none)."""
-  if match := _LISTED_GROUPS.search(line):
-    groups = [_ints(g) for g in re.findall(r"\{([0-9,]+)\}", match.group(1))]
-  elif match := _IOTA_GROUPS.search(line):
-    groups = _iota(_ints(match.group(2)), match.group(3)).reshape(
-        _ints(match.group(1))).tolist()
-  elif match := _MESH_GROUPS.search(line):
-    names, sizes = zip(*(
-        (name.strip("'"), int(size)) for name, size in
-        (entry.split("=") for entry in match.group(1).split(","))))
-    ids = _iota(_ints(match.group(2)), match.group(3)).reshape(sizes)
-    over = [names.index(n.strip().strip("'"))
-            for n in match.group(4).split(",")]
-    kept = [i for i in range(len(names)) if i not in over]
-    groups = ids.transpose(kept + over).reshape(
-        -1, int(np.prod([sizes[i] for i in over]))).tolist()
-  else:
-    return None
-  return frozenset(tuple(sorted(g)) for g in groups)
-
-
-def mesh_groups(mesh, axis):
-  """The device groups of collectives over `axis` of `mesh` (devices by their place in it)."""
-  ids = np.moveaxis(np.arange(mesh.size).reshape(mesh.devices.shape),
-                    mesh.axis_names.index(axis), -1)
-  return frozenset(tuple(g) for g in ids.reshape(-1, ids.shape[-1]).tolist())
-
-
-def _computations(compiled):
-  """`{name: its lines}` and `{name: (caller, trip count of the loop it is the body of, or None)}`."""
-  computations, current = {}, None
-  for line in compiled.as_text().splitlines():
-    match = _COMPUTATION.match(line)
-    if match and line.rstrip().endswith("{"):
-      current = computations.setdefault(match.group(1), [])
-    elif current is not None and line.startswith(" "):
-      current.append(line)
-  caller = {}
-  for name, lines in computations.items():
-    for line in lines:
-      trips = _TRIP_COUNT.search(line)
-      for kind, called in _CALLED.findall(line):
-        loop = kind == "body" and trips is not None
-        caller.setdefault(called, (name, int(trips.group(1)) if loop else None))
-  return computations, caller
-
-
-def _collectives_in_loops(compiled):
-  """Per collective: (its kind, trip counts of the loops around it, outermost first, its result types, its line)."""
-  computations, caller = _computations(compiled)
-  found = []
-  for name, lines in computations.items():
-    for line in lines:
-      match = _COLLECTIVE.search(line)
-      if match:
-        loops, at = [], name
-        while at in caller:
-          at, trips = caller[at]
-          if trips is not None:
-            loops.insert(0, trips)
-        found.append((match.group(2), tuple(loops),
-                      _TYPED_ARRAY.findall(match.group(1)), line))
-  return found
-
-
-def all_reduces_by_loop(compiled):
-  """`[(trip counts of the while loops around it, outermost first, its result shapes)]` per all-reduce."""
-  return sorted((loops, [tuple(_ints(dims)) for _, dims in types])
-                for kind, loops, types, _ in _collectives_in_loops(compiled)
-                if kind == "all-reduce")
-
-
-def bytes_per_step(compiled, kind, groups=None):
-  """The bytes a step's `kind` collectives (over `groups`, or any) return, each counted as often as its loops run."""
-  total = 0
-  for found, loops, types, line in _collectives_in_loops(compiled):
-    if found == kind and groups in (None, replica_groups(line)):
-      size = sum(_BYTES[dtype] * int(np.prod(_ints(dims)))
-                 for dtype, dims in types)
-      total += size * int(np.prod(loops))
-  return total
-
-
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2,
-          "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-
-
 class CollectivesTest(parameterized.TestCase):
   """Explicit axes (jax's default mesh) communicate as Auto axes do."""
 
@@ -292,9 +164,10 @@ class CollectivesTest(parameterized.TestCase):
   def test_explicit_axes_add_no_collectives(self, schedule):
     stages, data, m, width = 2, 4, 4, 16
     pipe = hkb.Pipeline("stage", m, schedule)
-    found = {name: collectives(compiled_step((stages, data), axis_type,
-                                             width, pipe)[0])
-             for name, axis_type in AXES}
+    found = {
+        name: hlo_collectives.collectives(
+            compiled_step((stages, data), axis_type, width, pipe)[0])
+        for name, axis_type in AXES}
     explicit, auto = found["explicit"], found["auto"]
     # Before issue 34, 7 all-gathers over `data` on Explicit axes (gpipe),
     # none on Auto: the shard_map's inputs, outputs and residuals whole.
@@ -323,8 +196,8 @@ class CollectivesTest(parameterized.TestCase):
       compiled, param_bytes = compiled_step(
           (stages, data), axis_type, width, hkb.Pipeline("stage", m, schedule),
           batch=4 * m)  # One row per data device in a microbatch.
-      reduced = bytes_per_step(compiled, "all-reduce",
-                               mesh_groups(mesh, "data"))
+      reduced = hlo_collectives.bytes_per_step(
+          compiled, "all-reduce", hlo_collectives.mesh_groups(mesh, "data"))
       stage_params = param_bytes / stages
       self.assertBetween(reduced / stage_params, 1.0, 1.1, (m, reduced))
 

@@ -119,7 +119,8 @@ class Layout:
     a = jnp.swapaxes(a, 0, 1).reshape(like.shape)
     return typed_sharding.reshard(a, entries)
 
-  def _interleaved(self, a: jax.Array, rest: tuple[typed_sharding.MeshAxes, ...],
+  def _interleaved(self, a: jax.Array,
+                   rest: tuple[typed_sharding.MeshAxes, ...],
                    inverse: bool) -> jax.Array:
     """`[N, ...]` in blocks over the stages -> `[S, R, L, ...]` over them (`inverse`: back), by `ppermute`.
 
@@ -141,7 +142,7 @@ class Layout:
         block = block[0]  # [R, L, ...], by visit.
       else:
         block = block.reshape((repeats, layers) + block.shape[1:])  # By group.
-      moved = [None] * repeats
+      moved: list[list[jax.Array]] = [[] for _ in range(repeats)]
       for visit in range(repeats):
         for group in range(repeats):
           pairs = [((visit * stages + s) // repeats, s) for s in range(stages)
@@ -152,12 +153,11 @@ class Layout:
           else:
             to, part = visit, block[group]
           if pairs:
-            part = jax.lax.ppermute(part, self.axis, pairs)
-            moved[to] = part if moved[to] is None else moved[to] + part
-      moved = jnp.stack(moved)
+            moved[to].append(jax.lax.ppermute(part, self.axis, pairs))
+      out = jnp.stack([sum(parts[1:], parts[0]) for parts in moved])
       if inverse:
-        return moved.reshape((-1,) + moved.shape[2:])
-      return moved[None]
+        return out.reshape((-1,) + out.shape[2:])
+      return out[None]
 
     staged = PartitionSpec(self.axis, None, None, *rest)
     stored = PartitionSpec(self.axis, *rest)

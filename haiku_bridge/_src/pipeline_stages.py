@@ -82,23 +82,23 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
             if dim == 0 else over_stages, apart.ys, is_leaf=_is_none)
         manual = {axis, *apart.axes}
       inputs = (staged, micro, closed_over)
+      widened = None
       if apart is not None:
         # Unchecked, `jax.shard_map`'s transpose sums each input's gradient
         # over the mesh axes its spec leaves out as it leaves the stages
         # (and, transposed again, each output's), which XLA:CPU cannot do
         # in bfloat16 (jaxlib 0.10.2 aborts): all go in and out 32 bits
         # wide.
-        program = _Widened(program, inputs)
+        widened = _Widened(program, inputs)
         inputs = _wide(inputs)
       stage_map = jax.shard_map(
-          program, in_specs=(over_stages, micro_specs, PartitionSpec()),
+          program if widened is None else widened,
+          in_specs=(over_stages, micro_specs, PartitionSpec()),
           out_specs=(micro_specs, ys_specs, over_stages),
           axis_names=frozenset(manual), check_vma=check_vma)
       outputs = _on_auto_axes(stage_map, axis, *inputs,
                               () if apart is None else apart.axes)
-      if apart is not None:
-        outputs = program.narrow(outputs)
-      return outputs
+      return outputs if widened is None else widened.narrow(outputs)
 
     closure = _closure_converted(body, micro, staged,
                                  1 if apart is None else apart.parts)
@@ -227,7 +227,7 @@ def _rows_apart(body: Callable[..., Any], micro: PyTree, staged: PyTree,
     if len(entries) != 1 or None in entries:
       return None
     entry, = entries
-    axes = (entry,) if isinstance(entry, str) else tuple(entry)
+    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
   else:
     axes = tuple(name for name in mesh.axis_names if name != axis)
   parts = typed_sharding.axis_size(axes) if axes else 1
@@ -262,7 +262,7 @@ def _is_none(a: Any) -> bool:
 
 def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
                   micro: PyTree, closed_over: list[jax.Array],
-                  rows: tuple[str, ...] = ()
+                  batch_axes: tuple[str, ...] = ()
                   ) -> tuple[PyTree, PyTree, PyTree]:
   """`stage_map(staged, micro, closed_over)`, the mesh's other Explicit axes Auto inside it.
 
@@ -273,15 +273,17 @@ def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
   the `shard_map`, the partitioner keeps each split as it is, as under an
   Auto mesh; outside, the results are typed again: `out` split as `micro`,
   the state as `staged`'s, a `y` with the microbatch's rows on axis 4 split
-  as they are.
+  as they are. `batch_axes`, manual in the stages too (`_rows_apart`), stay
+  Explicit, and `staged` and `closed_over` come in whole over them.
   """
   mesh = jax.sharding.get_abstract_mesh()
   explicit = jax.sharding.AxisType.Explicit
   others = tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types)
-                 if kind == explicit and name != axis and name not in rows)
-  if rows:
+                 if kind == explicit and name not in (axis, *batch_axes))
+  if batch_axes:
+    # Manual inside: what they do not split is whole on each of their devices.
     staged, closed_over = jax.tree.map(
-        lambda a: typed_sharding.without(a, rows), (staged, closed_over))
+        lambda a: typed_sharding.without(a, batch_axes), (staged, closed_over))
   if not others:
     return stage_map(staged, micro, closed_over)
   leaves, tree = jax.tree.flatten((staged, micro, closed_over))

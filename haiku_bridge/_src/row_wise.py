@@ -82,7 +82,7 @@ def _same_consts(local: Sequence[Any], whole: Sequence[Any]) -> None:
   if len(local) != len(whole):
     raise _NotRowWise()
   for a, b in zip(local, whole):
-    if a is b:  # The same array closed over (a tracer of the enclosing jit too).
+    if a is b:  # One array closed over (a tracer of the enclosing jit too).
       continue
     if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer) or (
         not _equal(a, b)):
@@ -121,7 +121,7 @@ def _walk(local: Any, whole: Any, parts: int) -> list[Optional[int]]:
   for eqn, twin in zip(local.eqns, whole.eqns):
     if eqn.primitive.name != twin.primitive.name:
       raise _NotRowWise()
-    ins = []
+    ins: list[Optional[int]] = []
     for lv, wv in zip(eqn.invars, twin.invars):
       if isinstance(lv, extend.core.Literal):
         if not isinstance(wv, extend.core.Literal) or not _equal(lv.val,
@@ -140,11 +140,14 @@ def _check(eqn: Any, twin: Any, ins: list[Optional[int]],
            outs: list[Optional[int]], parts: int) -> None:
   """Raises `_NotRowWise` unless `eqn` keeps rows apart."""
   name, params = eqn.primitive.name, eqn.params
+  walked = name in _CALLS or name in ("scan", "while", "cond")
   if all(d is None for d in ins + outs):
-    # Touches no rows: the same computation in both traces, or refused.
-    if not _same_params(params, twin.params):
+    # Touches no rows: the same computation in both traces (a jaxpr inside
+    # one not walked here could hide a difference), or refused.
+    if not _same_params(params, twin.params) or (
+        not walked and any(_holds_jaxpr(v) for v in params.values())):
       raise _NotRowWise()
-    if name not in _CALLS and name not in ("scan", "while", "cond"):
+    if not walked:
       return
   if name in _ELEMENTWISE:
     if any(d is not None and d != o for d in ins for o in outs):
@@ -181,6 +184,7 @@ def _check(eqn: Any, twin: Any, ins: list[Optional[int]],
       raise _NotRowWise()
   elif name == "slice":
     i = ins[0]
+    assert i is not None  # Its output has rows only where its operand does.
     strides = params["strides"] or (1,) * len(params["start_indices"])
     if (params["start_indices"][i] != 0 or strides[i] != 1 or
         params["limit_indices"][i] != eqn.invars[0].aval.shape[i]):
@@ -233,8 +237,7 @@ def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return False
   for key in a:
     x, y = a[key], b[key]
-    if callable(x) or _is_jaxpr(x) or (
-        isinstance(x, tuple) and x and all(_is_jaxpr(e) for e in x)):
+    if callable(x) or _holds_jaxpr(x):
       continue
     try:
       equal = bool(np.array_equal(x, y) if isinstance(x, np.ndarray)
@@ -248,3 +251,8 @@ def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def _is_jaxpr(x: Any) -> bool:
   return isinstance(x, (extend.core.Jaxpr, extend.core.ClosedJaxpr))
+
+
+def _holds_jaxpr(x: Any) -> bool:
+  return _is_jaxpr(x) or (isinstance(x, (tuple, list)) and
+                          any(_is_jaxpr(e) for e in x))
