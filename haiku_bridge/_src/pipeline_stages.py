@@ -67,38 +67,12 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
     staged, micro = typed_sharding.on_mesh((staged, micro))
     out, ys, new_state = program(staged, micro, [])
   else:
-    over_stages = PartitionSpec(axis)
     apart = _rows_apart(body, micro, staged, axis)
 
     def run_stages(program: _StageProgram, closed_over: list[jax.Array],
                    check_vma: bool) -> tuple[PyTree, PyTree, PyTree]:
-      if apart is None:
-        micro_specs, ys_specs, manual = PartitionSpec(), over_stages, {axis}
-      else:
-        rows = apart.entry
-        micro_specs = jax.tree.map(lambda _: PartitionSpec(None, rows), micro)
-        ys_specs = jax.tree.map(
-            lambda dim: PartitionSpec(axis, None, None, None, rows)
-            if dim == 0 else over_stages, apart.ys, is_leaf=_is_none)
-        manual = {axis, *apart.axes}
-      inputs = (staged, micro, closed_over)
-      widened = None
-      if apart is not None:
-        # Unchecked, `jax.shard_map`'s transpose sums each input's gradient
-        # over the mesh axes its spec leaves out as it leaves the stages
-        # (and, transposed again, each output's), which XLA:CPU cannot do
-        # in bfloat16 (jaxlib 0.10.2 aborts): all go in and out 32 bits
-        # wide.
-        widened = _Widened(program, inputs)
-        inputs = _wide(inputs)
-      stage_map = jax.shard_map(
-          program if widened is None else widened,
-          in_specs=(over_stages, micro_specs, PartitionSpec()),
-          out_specs=(micro_specs, ys_specs, over_stages),
-          axis_names=frozenset(manual), check_vma=check_vma)
-      outputs = _on_auto_axes(stage_map, axis, *inputs,
-                              () if apart is None else apart.axes)
-      return outputs if widened is None else widened.narrow(outputs)
+      return _run_on_stages(program, staged, micro, closed_over, axis, apart,
+                            check_vma)
 
     closure = _closure_converted(body, micro, staged,
                                  1 if apart is None else apart.parts)
@@ -129,14 +103,10 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
             "shape, names, axis_types=(AxisType.Auto,) * len(names))), or "
             "pass the params to jit without a jax.device_put on the "
             "mesh.")) from e
-    elif apart is not None:
-      # Each data device runs the stages on its own rows; the gradients of
-      # what every device holds whole (the params) are summed over the data
-      # axes once, by `jax.shard_map`'s transpose, after the timetable.
-      out, ys, new_state = run_stages(program, [], False)
     else:
       try:
-        out, ys, new_state = run_stages(program, [], True)
+        # Unchecked where each device runs the stages on its own rows.
+        out, ys, new_state = run_stages(program, [], apart is None)
       except TypeError as e:
         # A layer that runs a scan of its own from a constant state
         # (`core.initial_state(batch)`): only the scan's body makes its
@@ -158,6 +128,45 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
                                           typed_sharding.spec(c)),
       out, carry)
   return out, (ys, new_state)
+
+
+def _run_on_stages(program: "_StageProgram", staged: PyTree, micro: PyTree,
+                   closed_over: list[jax.Array], axis: str,
+                   apart: Optional["_RowsApart"], check_vma: bool
+                   ) -> tuple[PyTree, PyTree, PyTree]:
+  """`program(staged, micro, closed_over)` in a `jax.shard_map` manual over `axis`.
+
+  With `apart`, manual over the batch's axes too: each device runs the
+  stages on its own rows, and the gradients of what every device holds
+  whole (the params) are summed over those axes once, by `jax.shard_map`'s
+  transpose, after the timetable.
+  """
+  over_stages = PartitionSpec(axis)
+  inputs = (staged, micro, closed_over)
+  stage_map: Callable[..., Any]
+  if apart is None:
+    stage_map = jax.shard_map(
+        program, in_specs=(over_stages, PartitionSpec(), PartitionSpec()),
+        out_specs=(PartitionSpec(), over_stages, over_stages),
+        axis_names=frozenset({axis}), check_vma=check_vma)
+    return _on_auto_axes(stage_map, axis, staged, micro, closed_over)
+  rows = apart.entry
+  micro_specs = jax.tree.map(lambda _: PartitionSpec(None, rows), micro)
+  ys_specs = jax.tree.map(
+      lambda dim: PartitionSpec(axis, None, None, None, rows)
+      if dim == 0 else over_stages, apart.ys, is_leaf=_is_none)
+  # Unchecked, `jax.shard_map`'s transpose sums each input's gradient over
+  # the mesh axes its spec leaves out as it leaves the stages (and,
+  # transposed again, each output's), which XLA:CPU cannot do in bfloat16
+  # (jaxlib 0.10.2 aborts): all go in and out 32 bits wide.
+  widened = _Widened(program, inputs)
+  stage_map = jax.shard_map(
+      widened, in_specs=(over_stages, micro_specs, PartitionSpec()),
+      out_specs=(micro_specs, ys_specs, over_stages),
+      axis_names=frozenset({axis, *apart.axes}), check_vma=check_vma)
+  staged, micro, closed_over = _wide(inputs)
+  return widened.narrow(_on_auto_axes(stage_map, axis, staged, micro,
+                                      closed_over, apart.axes))
 
 
 def stage_loop(loop: loop_lib.Loop, body: Callable[..., Any], micro: PyTree,
