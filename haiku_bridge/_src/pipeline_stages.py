@@ -2,10 +2,11 @@
 
 `run` runs a layer scan as a pipeline from its `pipeline_plan.Plan`: the
 stack and the batch laid out for the stages (`pipeline_layout`), a
-`jax.shard_map` manual over the stage axis alone (the mesh's other axes Auto
-inside it), and in it `_StageProgram`, which runs every step of the
-timetable: the stage's visit through the stack's own loop (`loop.Loop`,
-with its remat), activations passed on with `jax.lax.ppermute`.
+`jax.shard_map` manual over the stage axis (and over the batch's axes where
+the layer is row-wise, `_rows_apart`; the mesh's other axes Auto inside it),
+and in it `_StageProgram`, which runs every step of the timetable: the
+stage's visit through the stack's own loop (`loop.Loop`, with its remat),
+activations passed on with `jax.lax.ppermute`.
 """
 
 import dataclasses
