@@ -14,8 +14,8 @@ It owns what the backward pass keeps:
 * `remat="auto"` with `memory_budget=`: one of those (with
   `remat_policy=`, `remat=True` under it too), the one that recomputes the
   least FLOPs among those whose predicted training-step temporaries fit the
-  budget (`remat_plan.py`), planned on the step's shapes when the loop is
-  traced.
+  budget and that recompute at most `max_recompute` forward passes
+  (`remat_plan.py`), planned on the step's shapes when the loop is traced.
 
 Values the step closes over (a time scan's shared weights) are constants
 of the loop: in every mode their gradient is one buffer, summed over the
@@ -80,6 +80,8 @@ class Loop:
     slots: with "binomial", the slots to keep (instead of `groups`).
     memory_budget: with `remat="auto"`, the bytes a training step's
       temporaries of the loop may take.
+    max_recompute: with `remat="auto"`, the most forward passes of the
+      loop a plan may recompute.
   """
   remat: modes.RematMode = False
   policy: Optional[Callable[..., bool]] = None
@@ -87,6 +89,7 @@ class Loop:
   unroll: int | bool = 1
   memory_budget: Optional[int] = None
   slots: Optional[int] = None
+  max_recompute: float = remat_plan.MAX_RECOMPUTE
 
   def unplanned(self) -> "Loop":
     """This loop where no backward pass follows (Haiku's init): never planned.
@@ -97,16 +100,17 @@ class Loop:
     if self.remat != modes.REMAT_AUTO:
       return self
     return dataclasses.replace(self, remat=False, policy=None,
-                               memory_budget=None)
+                               memory_budget=None,
+                               max_recompute=remat_plan.MAX_RECOMPUTE)
 
   def planned(self, body: Body, carry: PyTree, xs: PyTree,
               length: int) -> "Loop":
-    """The loop `remat="auto"` runs for these shapes: `remat_plan.plan`'s."""
+    """The loop `remat="auto"` runs for these shapes: `remat_plan.loop_plan`'s (logged)."""
     if length == 0:
       return Loop(unroll=self.unroll)
     assert self.memory_budget is not None, "from_options requires it"
-    choice = remat_plan.plan(body, carry, xs, length, self.memory_budget,
-                             self.policy).choice
+    choice = remat_plan.loop_plan(body, carry, xs, length, self.memory_budget,
+                                  self.policy, self.max_recompute).choice
     return Loop(choice.remat, None if choice.policy is None else self.policy,
                 choice.groups, self.unroll,
                 slots=choice.slots if choice.remat == "binomial" else None)
@@ -138,7 +142,7 @@ class Loop:
 
 def from_options(*, remat: Any = False, remat_policy: Any = None,
                  remat_groups: Any = None, unroll: Any = 1,
-                 memory_budget: Any = None) -> Loop:
+                 memory_budget: Any = None, max_recompute: Any = None) -> Loop:
   """The `Loop` a public call's options describe, each option checked.
 
   Raises TypeError or ValueError, naming the option, for a value the loop
@@ -152,10 +156,15 @@ def from_options(*, remat: Any = False, remat_policy: Any = None,
           "training-step temporaries may take (hkb.remat_plan shows what "
           "each plan needs)."))
     memory_budget = remat_plan.check_budget(memory_budget)
-  elif memory_budget is not None:
-    raise ValueError(errors.message(
-        "`memory_budget` needs `remat=\"auto\"`, which chooses the plan "
-        "that fits it."))
+    max_recompute = remat_plan.check_max_recompute(max_recompute)
+  else:
+    for name, value in (("memory_budget", memory_budget),
+                        ("max_recompute", max_recompute)):
+      if value is not None:
+        raise ValueError(errors.message(
+            f"`{name}` needs `remat=\"auto\"`, which chooses the plan that "
+            "fits it."))
+    max_recompute = remat_plan.MAX_RECOMPUTE
   if remat_groups is not None:
     remat_groups = errors.check_positive_int("remat_groups", remat_groups)
   if not (isinstance(unroll, (bool, np.bool_)) or
@@ -165,7 +174,8 @@ def from_options(*, remat: Any = False, remat_policy: Any = None,
                             "int, as for jax.lax.scan"))
   unroll = (bool(unroll) if isinstance(unroll, (bool, np.bool_))
             else int(unroll))
-  return Loop(remat, remat_policy, remat_groups, unroll, memory_budget)
+  return Loop(remat, remat_policy, remat_groups, unroll, memory_budget,
+              max_recompute=max_recompute)
 
 
 _REMAT = "False, True, \"nested\", \"binomial\" or \"auto\""

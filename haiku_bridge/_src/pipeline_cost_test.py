@@ -1,10 +1,12 @@
 """What a pipelined training step costs a device: compiled memory and collectives.
 
-Ground truth is the cost model of docs/pipelines.md, read off the compiled
-step (`jax.jit(...).lower(...).compile()`): its memory analysis and its
-optimised HLO. The step is a user's: the loss after the pipelined stack,
-`jax.value_and_grad` of apply, params as init returns them (replicated),
-under `jax.make_mesh`'s default (Explicit) axes or Auto axes.
+Ground truth is the cost model of docs/sharding.md (its bytes per step in
+testing/pipeline_cost.py), read off the compiled step
+(`jax.jit(...).lower(...).compile()`): its memory analysis and its
+optimised HLO (`hlo_collectives`). The step is a user's: the loss after
+the pipelined stack, `jax.value_and_grad` of apply, params as init returns
+them (replicated) or stored over the stages, under `jax.make_mesh`'s
+default (Explicit) axes or Auto axes.
 """
 
 import jax
@@ -14,24 +16,21 @@ from testing import devices
 devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import functools
+import unittest
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import haiku as hk
-import jax.numpy as jnp
 from jax.sharding import AxisType
-from jax.sharding import PartitionSpec as P
 
 import haiku_bridge as hkb
-from testing import hlo_collectives
+from haiku_bridge._src import hlo_collectives
+from testing import pipeline_cost
 
-LAYERS = 8
+LAYERS = pipeline_cost.LAYERS
 BATCH = 32
-
-
-def block(h):
-  """A residual MLP block: two Linears, so the params dominate its memory."""
-  width = h.shape[-1]
-  return h + hk.Linear(width)(jnp.tanh(hk.Linear(width)(h)))
+block = pipeline_cost.residual_mlp
 
 
 def one_leaf_block(h):
@@ -40,37 +39,12 @@ def one_leaf_block(h):
 
 
 def compiled_step(mesh_shape, axis_type, width, pipeline, remat=False,
-                  layer=block, batch=BATCH, rules=None, **options):
-  """The compiled `value_and_grad` step and the stack's param bytes.
-
-  Params as init returns them, or with `rules` placed on the mesh by
-  `hkb.param_shardings` (and their gradients placed so).
-  """
-  def loss(x):
-    h = hkb.repeat_layer(layer, x, LAYERS, name="layers", pipeline=pipeline,
-                         remat=remat, **options)
-    return jnp.mean(h ** 2)
-
-  f = hk.transform(loss)
-  x = jnp.ones([batch, width])
-  params = f.init(jax.random.PRNGKey(0), x)
-  names = ("stage", "data")
-  if axis_type is None:  # jax.make_mesh's default: Explicit axes.
-    mesh = jax.make_mesh(mesh_shape, names)
-  else:
-    mesh = jax.make_mesh(mesh_shape, names, axis_types=(axis_type,) * 2)
-  param_bytes = sum(a.nbytes for a in jax.tree.leaves(params))
-  with jax.set_mesh(mesh):
-    x = jax.device_put(x, P("data"))
-    step = jax.value_and_grad(f.apply)
-    if rules is None:
-      step = jax.jit(step)
-    else:
-      shardings = hkb.param_shardings(params, mesh, rules)
-      params = jax.device_put(params, shardings)
-      step = jax.jit(step, out_shardings=(None, shardings))
-    compiled = step.lower(params, None, x).compile()
-  return compiled, param_bytes
+                  layer=block, **options):
+  """The compiled `value_and_grad` step and the stack's param bytes."""
+  step = pipeline_cost.compiled_step(mesh_shape, axis_type, width, pipeline,
+                                     batch=BATCH, remat=remat, layer=layer,
+                                     **options)
+  return step.compiled, step.param_bytes
 
 
 AXES = (("explicit", None), ("auto", AxisType.Auto))
@@ -116,23 +90,23 @@ class MemoryTest(parameterized.TestCase):
                                    gathered + 1.1 * stage_params),
                          (temp, gathered, stage_params))
 
-
   def test_circular_with_params_stored_over_the_stages(self):
     # Params stored over "stage" (`stacked={"layers": "stage"}`, as
     # docs/sharding.md shows), in blocks of layers that circular runs
     # interleaved: each stage sends its blocks' layers to the stages that
-    # run them, as the partitioner does on Auto axes. Until issue 43, on
-    # Explicit axes each leaf's whole stack was all-gathered onto every
-    # device (8 times the stage's params of all-gathers; temporaries 4.57x).
+    # run them. Until issue 43, on Explicit axes each leaf's whole stack
+    # was all-gathered onto every device (8 times the stage's params of
+    # all-gathers; temporaries 4.57x).
     stages, width = 4, 256
     found = {}
     for name, axis_type in AXES:
-      compiled, param_bytes = compiled_step(
-          (stages, 2), axis_type, width, hkb.Pipeline("stage", 16, "circular"),
-          rules=hkb.ShardingRules([], stacked={"layers": "stage"}))
-      found[name] = (compiled.memory_analysis().temp_size_in_bytes,
-                     hlo_collectives.bytes_per_step(compiled, "all-gather"))
-    stage_params = param_bytes / stages
+      step = pipeline_cost.compiled_step(
+          (stages, 2), axis_type, width,
+          hkb.Pipeline("stage", 16, "circular"), placement="stage",
+          batch=BATCH)
+      found[name] = (step.compiled.memory_analysis().temp_size_in_bytes,
+                     pipeline_cost.measured(step)["all-gather"])
+    stage_params = step.stage_param_bytes
     self.assertLessEqual(found["explicit"][0], 3 * stage_params,
                          (found, stage_params))
     self.assertLessEqual(found["explicit"][1], found["auto"][1], found)
@@ -157,49 +131,108 @@ class RematPolicyTest(parameterized.TestCase):
     self.assertLess(temp[1], temp[2], temp)
 
 
-class CollectivesTest(parameterized.TestCase):
-  """Explicit axes (jax's default mesh) communicate as Auto axes do."""
+# The bytes test's steps: stage=2 x data=4, M=4, width 16, compiled once each.
+BYTES_MESH, BYTES_M, BYTES_WIDTH = (2, 4), 4, 16
+# Band of measured over theory: a regression either way leaves it. The
+# gradient's reduction has issue 43's bound, 1.1x.
+BAND, GRADIENT_BAND = (0.95, 1.05), (0.95, 1.1)
+# Tested apart: the gradient's reduction over `data`, once per step (issue
+# 43, in its own band), and circular's reordering of params stored over the
+# stages as an all-to-all (not at theory: on Explicit axes partial
+# collective-permutes, beside the boundary activations' in that row,
+# docs/sharding.md; expected to fail).
+GRADIENT_ROW = "all-reduce data"
+CIRCULAR_STORED_ROWS = ("all-gather", "all-to-all", "collective-permute")
 
-  @parameterized.parameters("gpipe", "circular")
-  def test_explicit_axes_add_no_collectives(self, schedule):
-    stages, data, m, width = 2, 4, 4, 16
-    pipe = hkb.Pipeline("stage", m, schedule)
-    found = {
-        name: hlo_collectives.collectives(
-            compiled_step((stages, data), axis_type, width, pipe)[0])
-        for name, axis_type in AXES}
-    explicit, auto = found["explicit"], found["auto"]
+
+@functools.cache
+def bytes_per_step(schedule, placement, axes):
+  """`(measured, theory)` bytes per device of one step, by row of `pipeline_cost.ROWS`."""
+  step = pipeline_cost.compiled_step(
+      BYTES_MESH, dict(AXES)[axes], BYTES_WIDTH,
+      hkb.Pipeline("stage", BYTES_M, schedule), placement=placement,
+      batch=BATCH)
+  return pipeline_cost.measured(step), pipeline_cost.theory(step)
+
+
+def off_theory(cases, rows, band=BAND):
+  """`[(case, row, measured, theory)]` where measured is outside `band` of theory."""
+  low, high = band
+  found = []
+  for case in cases:
+    measured, theory = bytes_per_step(*case)
+    for row in rows:
+      if not low * theory[row] <= measured[row] <= high * theory[row]:
+        found.append((case, row, measured[row], theory[row]))
+  return found
+
+
+CASES = [(schedule, placement, axes)
+         for schedule in ("gpipe", "circular")
+         for placement in pipeline_cost.PLACEMENTS for axes, _ in AXES]
+
+
+class BytesPerStepTest(parameterized.TestCase):
+  """Bytes each collective kind moves per device and step, against theory.
+
+  Theory is testing/pipeline_cost.py's (docs/sharding.md): the boundary
+  activations and their cotangents at every step of the timetable, the
+  stack's output from the last stage, the gradient whole on every device
+  for params as init returns them, the stage's gradient reduced over
+  `data` once. Measured from the compiled HLO, every op by the trip counts
+  of the loops around it.
+  """
+
+  @parameterized.parameters(*CASES)
+  def test_at_theory(self, schedule, placement, axes):
+    rows = [row for row in pipeline_cost.ROWS if row != GRADIENT_ROW and not (
+        schedule == "circular" and placement == "stage" and
+        row in CIRCULAR_STORED_ROWS)]
+    self.assertEmpty(off_theory([(schedule, placement, axes)], rows))
+
+  def test_explicit_axes_move_what_auto_axes_move(self):
     # Before issue 34, 7 all-gathers over `data` on Explicit axes (gpipe),
     # none on Auto: the shard_map's inputs, outputs and residuals whole.
-    for op in explicit:
-      self.assertLen(explicit[op], len(auto[op]), (op, explicit, auto))
-    if schedule == "gpipe":
-      self.assertEmpty(explicit["all-gather"])
-    # The boundary activations: forward, and their cotangents back; each
-    # one microbatch's rows on this data device.
-    rows = BATCH // m // data
-    self.assertEqual(explicit["collective-permute"],
-                     [[(rows, width)]] * 2)
+    for schedule, placement, _ in CASES:
+      if schedule == "circular" and placement == "stage":
+        continue  # Explicit gathers what Auto moves all-to-all: below.
+      self.assertEqual(bytes_per_step(schedule, placement, "explicit")[0],
+                       bytes_per_step(schedule, placement, "auto")[0],
+                       (schedule, placement))
 
-  @parameterized.product(axes=AXES, schedule=("gpipe", "circular"))
-  def test_gradient_reduced_over_data_once_per_step(self, axes, schedule):
-    # Theory, and plain data parallelism: each device's gradient of the
-    # stage's params summed over its microbatches, then all-reduced over
-    # `data` once. Until issue 43 XLA reduced each layer's gradient where it
-    # was made, inside the backward loops: M+S-1 times (GPipe; 5x at M=4,
-    # 17x at M=16) or (R-1)·max(M, S)+M+S-1 times one layer's reduction
-    # per visit (circular; 4.25x, 16.25x).
-    _, axis_type = axes
-    stages, data, width = 2, 4, 16
-    mesh = jax.make_mesh((stages, data), ("stage", "data"))
-    for m in (4, 16):
-      compiled, param_bytes = compiled_step(
-          (stages, data), axis_type, width, hkb.Pipeline("stage", m, schedule),
-          batch=4 * m)  # One row per data device in a microbatch.
-      reduced = hlo_collectives.bytes_per_step(
-          compiled, "all-reduce", hlo_collectives.mesh_groups(mesh, "data"))
-      stage_params = param_bytes / stages
-      self.assertBetween(reduced / stage_params, 1.0, 1.1, (m, reduced))
+  def test_gradient_reduced_over_data_once_per_step(self):
+    # Each device sums the gradient of the stage's params over its
+    # microbatches and it is reduced over `data` once, after the timetable
+    # (issue 43). Until then XLA reduced each layer's gradient where it was
+    # made, inside the backward loops: (M+S-1)x one reduction for GPipe
+    # (5.0x here), 4.25x for circular (R=4).
+    self.assertEmpty(off_theory(CASES, [GRADIENT_ROW], GRADIENT_BAND))
+
+  def test_gradient_reduced_once_at_more_microbatches(self):
+    # Flat in M: at M=16 it was 17x (GPipe) and 16.25x (circular).
+    cases = [(schedule, "init", axes) for schedule in ("gpipe", "circular")
+             for axes, _ in AXES]
+    wrong = []
+    for schedule, placement, axes in cases:
+      step = pipeline_cost.compiled_step(
+          BYTES_MESH, dict(AXES)[axes], BYTES_WIDTH,
+          hkb.Pipeline("stage", 16, schedule), placement=placement,
+          batch=64)  # One row per data device in a microbatch.
+      measured = pipeline_cost.measured(step)[GRADIENT_ROW]
+      theory = pipeline_cost.theory(step)[GRADIENT_ROW]
+      if not GRADIENT_BAND[0] * theory <= measured <= GRADIENT_BAND[1] * theory:
+        wrong.append((schedule, axes, measured, theory))
+    self.assertEmpty(wrong)
+
+  @unittest.expectedFailure
+  def test_circular_reorders_params_stored_over_stages_all_to_all(self):
+    # Today Explicit axes move each stage's layers by R^2 partial
+    # collective-permutes (issue 43; until then they all-gathered each
+    # leaf's whole stack), Auto axes by collective-permutes too, or
+    # all-to-all and the gradient gathered whole: not theory's all-to-all.
+    stored = [case for case in CASES if case[:2] == ("circular", "stage")]
+    self.assertEmpty(off_theory(stored, CIRCULAR_STORED_ROWS))
+
 
 if __name__ == "__main__":
   absltest.main()

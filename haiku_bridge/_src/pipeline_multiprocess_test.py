@@ -8,7 +8,7 @@ process runs this file as a child (`--child`): a few SGD steps of a
 pipelined residual MLP stack, and the compiled step's HLO. Ground truth:
 the same training in this process on 8 local devices; the bytes
 all-reduced over `data` in the children's step, one reduction of the
-stage's params (`testing/hlo_collectives.py`). Leave it out where tests
+stage's params (`hlo_collectives`). Leave it out where tests
 may not open ports: `bazel test //... --test_tag_filters=-multiprocess`.
 """
 
@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import haiku_bridge as hkb
-from testing import hlo_collectives
+from haiku_bridge._src import hlo_collectives
 from testing import multiprocess
 
 NUM_PROCESSES = 2
@@ -137,8 +137,10 @@ class PipelineDataParallelProcessesTest(absltest.TestCase):
     hlo = str(multi.pop("hlo"))
     multiprocess.assert_same_training(multi, losses, params)
     stage_params = sum(a.nbytes for a in jax.tree.leaves(params)) / STAGES
-    reduced = hlo_collectives.bytes_per_step(
-        hlo, "all-reduce", hlo_collectives.mesh_groups(make_mesh(), "data"))
+    mesh = {"stage": STAGES, "data": DATA}
+    reduced = sum(c.bytes_per_step for c in hlo_collectives.collectives(hlo)
+                  if c.kind == "all-reduce" and
+                  hlo_collectives.mesh_axes(c, mesh) == ("data",))
     # The gradient once (and the loss's mean, 4 bytes).
     self.assertBetween(reduced / stage_params, 1.0, 1.1, reduced)
 

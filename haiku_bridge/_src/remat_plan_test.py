@@ -1,5 +1,7 @@
 """Tests for `remat="auto"`: predictions against compiled memory, the choice against the manual plans."""
 
+import functools
+import math
 from unittest import mock
 
 from absl.testing import absltest
@@ -39,7 +41,7 @@ def recomputed(remat, length, groups=None):
 class PredictionTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*MODELS.items())
-  def test_predicted_memory_and_the_choice_under_three_budgets(self, model):
+  def test_predicted_memory_and_the_choice_under_four_budgets(self, model):
     net, x = model()
     params = net.init(KEY, x)
     length = x.shape[0] if "lstm" in self._testMethodName else int(
@@ -68,15 +70,21 @@ class PredictionTest(parameterized.TestCase):
     self.assertLess(abs(by_kind[True, None].recomputed_flops /
                         recomputed_flops - 1), 0.10, recomputed_flops)
 
-    smallest = min(c.temporaries for c in plan.candidates)
+    smallest = plan.least_budget
+    # "tight" is below every manual plan (their least keeps ≈√T carries);
+    # "least_manual" is the least budget a manual plan fits (compiled), so
+    # that the comparison with the manual plans below runs near the least.
+    least_manual = min(c.temporaries for c in compiled.values())
     budgets = {"loose": by_kind[False, None].temporaries * 1.01,
                "middle": (by_kind[True, None].temporaries + smallest) / 2,
-               "tight": smallest * 1.01}
+               "tight": smallest * 1.01,
+               "least_manual": max(least_manual, smallest) * 1.01}
     for name, budget in budgets.items():
       budget = int(budget)
       with remat_models.plans_made() as made:
+        # Any recomputation: the tight budget needs a schedule of few slots.
         got = cost(model, params, x, length, remat="auto",
-                   memory_budget=budget)
+                   memory_budget=budget, max_recompute=math.inf)
       choice = made[-1].choice
       # Predicted against compiled, for the plan chosen; then the budget.
       self.assertLess(abs(choice.temporaries / got.temporaries - 1), 0.10,
@@ -86,6 +94,9 @@ class PredictionTest(parameterized.TestCase):
       # fewer FLOPs (compiled, every loop by its trip count).
       fitting = {kind: c for kind, c in compiled.items()
                  if c.temporaries <= budget}
+      if name != "tight":
+        # The comparison runs: a manual plan fits (at "least_manual", one).
+        self.assertTrue(fitting, (name, budget, compiled))
       if fitting:
         least = min(recomputed(remat, length, groups)
                     for remat, groups in fitting)
@@ -94,9 +105,10 @@ class PredictionTest(parameterized.TestCase):
         self.assertLessEqual(
             got.flops, 1.05 * min(c.flops for c in fitting.values()),
             (name, choice, got, compiled))
-    if "loss_after" not in self._testMethodName:
-      # Where the outputs do not dominate, the tight budget needs a schedule.
-      self.assertIn(made[-1].choice.remat, ("binomial", "nested"))
+      if name == "tight" and "loss_after" not in self._testMethodName:
+        # Where the outputs do not dominate, the tight budget needs a
+        # schedule.
+        self.assertIn(choice.remat, ("binomial", "nested"))
 
 
 def unroll(scan, length=16):
@@ -155,12 +167,14 @@ class AutoTest(parameterized.TestCase):
       with remat_models.plans_made() as made:
         self.assert_equal_values(value_and_grads(*unroll(
             lambda *a, b=budget: hkb.dynamic_unroll(
-                *a, remat="auto", memory_budget=b))), reference)
+                *a, remat="auto", memory_budget=b,
+                max_recompute=math.inf))), reference)
       self.assertIsNot(made[-1].choice.remat, False)
 
       def through_scan(core, xs, state, b=budget):
         state, ys = hkb.scan(lambda s, x: core(x, s)[::-1], state, xs,
-                             remat="auto", memory_budget=b)
+                             remat="auto", memory_budget=b,
+                             max_recompute=math.inf)
         return ys, state
       self.assert_equal_values(value_and_grads(*unroll(through_scan)),
                                reference)
@@ -176,10 +190,11 @@ class AutoTest(parameterized.TestCase):
     smallest = min(c.temporaries for c in made[-1].candidates)
     with remat_models.plans_made() as made:
       tight = value_and_grads(*stack(lambda f, x: hkb.repeat_layer(
-          f, x, 12, remat="auto", memory_budget=smallest)))
+          f, x, 12, remat="auto", memory_budget=smallest,
+          max_recompute=math.inf)))
       scanned = value_and_grads(*stack(lambda f, x: hkb.layer_scan(
           lambda h, _: (f(h), None), x, num_layers=12, remat="auto",
-          memory_budget=smallest)[0]))
+          memory_budget=smallest, max_recompute=math.inf)[0]))
     # Planned at apply (not at init), by each.
     self.assertEqual({p.choice.remat for p in made}, {"binomial"})
     self.assert_equal_values(tight, plain)
@@ -257,7 +272,8 @@ class AutoTest(parameterized.TestCase):
       return next_getter(value)
 
     def run(f, x):
-      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=budget)
+      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=budget,
+                              max_recompute=math.inf)
 
     def with_getter(f, x):
       with hk.custom_getter(getter):
@@ -350,6 +366,183 @@ class AutoTest(parameterized.TestCase):
         lambda h: hk.Linear(8)(h), x, 4, **options))
     with self.assertRaisesRegex(error, text):
       net.init(KEY, jnp.ones([2, 8]))
+
+
+def _loop_models():
+  """Each loop of the bridge over a small Haiku step: `(name, net, x)`.
+
+  `net(x, budget, plan=False)` runs a loss of the loop with `remat="auto"`,
+  or with `plan`, returns `hkb.remat_plan` of the same loop and arguments.
+  Each step counts its runs in Haiku state ("n"), which a loop that ran
+  would change.
+  """
+  def counted(h):
+    hk.set_state("n", hk.get_state("n", [], jnp.int32, init=jnp.zeros) + 1)
+    return h
+
+  # Each calls `loop(name, *args, **kwargs)`: the loop, or its plan.
+  def scan(loop, x):
+    lin = hk.Linear(8)
+    return loop(hkb.scan, lambda h, x: (counted(jnp.tanh(lin(h) + x)),
+                                        jnp.sum(h)), x[0], x)
+
+  def dynamic_unroll(loop, x):
+    # Batch major, through a functools.partial of the loop.
+    lin = hk.Linear(8)
+    return loop(functools.partial(hkb.dynamic_unroll, time_major=False),
+                lambda x, h: (h, counted(jnp.tanh(lin(h) + x))),
+                jnp.swapaxes(x, 0, 1), x[0])
+
+  def layer_scan(loop, x):
+    return loop(hkb.layer_scan, lambda h, x: (
+        counted(jnp.tanh(hk.Linear(8)(h) + x)), None), x[0], x)
+
+  def repeat_layer(loop, x):
+    return loop(hkb.repeat_layer, lambda h: counted(jnp.tanh(hk.Linear(8)(h))),
+                x[0], 12, name="stack")
+
+  for model, length in ((scan, 64), (dynamic_unroll, 64), (layer_scan, 12),
+                        (repeat_layer, 12)):
+    def net(x, budget, plan=False, model=model):
+      if plan:
+        return model(lambda loop, *a, **k: hkb.remat_plan(
+            loop, *a, memory_budget=budget, **k), x)
+      out = model(lambda loop, *a, **k: loop(
+          *a, remat="auto", memory_budget=budget, **k), x)
+      return sum(jnp.sum(o ** 2) for o in jax.tree.leaves(out))
+    yield model.__name__, hk.transform_with_state(net), jnp.ones([length, 2, 8])
+
+
+class VisibleTest(parameterized.TestCase):
+  """The plan of a Haiku loop, before it runs; the plan each loop logs; the table."""
+
+  def test_remat_plan_of_each_loop_is_the_plan_the_loop_logs_and_runs(self):
+    for name, net, x in _loop_models():
+      with self.subTest(name):
+        params, state = net.init(KEY, x, 1 << 40)
+        planned = lambda budget: net.apply(params, state, None, x, budget,
+                                           plan=True)
+        loose, new_state = planned(1 << 40)
+        # The loop did not run: its steps never touched the state.
+        jax.tree.map(np.testing.assert_array_equal, new_state, state)
+        self.assertIs(loose.choice.remat, False)
+        budget = loose.least_budget
+        tight, _ = planned(budget)
+        self.assertIn(tight.choice.remat, ("binomial", "nested"))
+        self.assertEqual(tight.least_budget, budget)
+        with remat_models.plans_made() as made:
+          jax.eval_shape(jax.grad(lambda p: net.apply(
+              p, state, None, x, budget)[0]), params)
+        self.assertEqual(made, [tight])
+        with self.assertRaisesRegex(
+            ValueError, f"the least any needs is {budget} bytes"):
+          planned(budget - 1)
+
+  def test_a_loop_logs_its_plan_at_info(self):
+    net = hk.transform(lambda x: hkb.repeat_layer(
+        lambda h: jnp.tanh(hk.Linear(8)(h)), x, 12, remat="auto",
+        memory_budget=1 << 40))
+    x = jnp.ones([2, 8])
+    params = net.init(KEY, x)
+    with self.assertLogs("haiku_bridge.remat", "INFO") as logs:
+      jax.eval_shape(jax.grad(lambda p: jnp.sum(net.apply(p, None, x))),
+                     params)
+    (record,) = logs.records
+    (plan,) = record.args
+    self.assertIsInstance(plan, hkb.RematPlan)
+    self.assertEqual((plan.length, plan.choice.remat), (12, False))
+    self.assertIn("remat=\"auto\" for 12 steps chose remat=False:",
+                  record.getMessage())
+    self.assertIn(plan.table(), record.getMessage())
+
+  def test_table_in_mib_and_gflop_the_choice_marked(self):
+    plan = _deterministic_plan()
+    rows = [row.split(" | ") for row in plan.table().splitlines()[2:]]
+    self.assertLen(rows, len(plan.candidates))
+    chosen = [row for row in rows if row[-1] == "**chosen** |"]
+    self.assertLen(chosen, 1)
+    (row,) = chosen
+    self.assertAlmostEqual(float(row[3]), plan.choice.temporaries / 2**20,
+                           delta=plan.choice.temporaries / 2**20 * 1e-3)
+    self.assertAlmostEqual(float(row[5]) * 1e9, plan.choice.recomputed_flops,
+                           delta=plan.choice.recomputed_flops * 1e-3)
+    self.assertEqual(plan.least_budget,
+                     min(c.temporaries for c in plan.candidates))
+class RecomputeBoundTest(absltest.TestCase):
+  """No plan recomputing more than `max_recompute` forward passes is chosen unasked."""
+
+  LENGTH = 32
+
+  def _step_and_inputs(self):
+    def step(h, x):  # Wide activations, a small carry: schedules fit least.
+      return jnp.tanh(h + x), jnp.sum(h ** 2)
+    return step, jnp.zeros([2, 16]), jnp.ones([self.LENGTH, 2, 16])
+
+  def test_every_budget_chooses_within_the_bound_or_names_the_least(self):
+    step, h, xs = self._step_and_inputs()
+    length = self.LENGTH
+    loose = hkb.remat_plan(step, h, xs, memory_budget=1 << 30)
+
+    def passes(candidate):
+      # Ground truth: the steps the chosen schedule itself recomputes.
+      if candidate.remat in loop_lib.REMAT_SCHEDULES:
+        return 1 + loop_lib.schedule(candidate.remat, length, candidate.groups,
+                                     candidate.slots).recomputed_steps / length
+      return 0 if candidate.remat is False else 1
+
+    within = [c for c in loose.candidates if passes(c) <= 3]
+    least = min(c.temporaries for c in within)
+    refused = 0
+    for budget in sorted({c.temporaries for c in loose.candidates}):
+      try:
+        plan = hkb.remat_plan(step, h, xs, memory_budget=budget)
+      except ValueError as e:
+        refused += 1
+        # Below the least within the bound, and what the budget costs:
+        # the fewest recomputed steps among the plans that fit.
+        self.assertLess(budget, least)
+        fewest = min(c.recomputed_steps for c in loose.candidates
+                     if c.temporaries <= budget)
+        self.assertIn(f"memory_budget={budget} bytes recomputes at least "
+                      f"{fewest} steps, {fewest / length:.1f} forward passes",
+                      str(e))
+        self.assertIn(f"The least budget within it is {least} bytes", str(e))
+        self.assertIn(f"max_recompute={math.ceil(fewest / length)} to accept",
+                      str(e))
+        # Asked for, the plan is the one with the least FLOPs that fits.
+        opted_in = hkb.remat_plan(step, h, xs, memory_budget=budget,
+                                  max_recompute=math.ceil(fewest / length))
+        self.assertEqual(opted_in.choice.recomputed_steps, fewest)
+        continue
+      self.assertLessEqual(passes(plan.choice), 3, (budget, plan.choice))
+      self.assertEqual(plan.choice, min(
+          (c for c in plan.candidates
+           if c.temporaries <= budget and passes(c) <= 3),
+          key=lambda c: (c.recomputed_flops, c.recomputed_steps,
+                         c.temporaries)))
+    self.assertGreater(refused, 0)  # One slot fits, 15.5 passes.
+    self.assertLessEqual(hkb.remat_plan(step, h, xs, memory_budget=least)
+                         .choice.temporaries, least)
+
+  def test_the_loops_refuse_and_accept_as_told(self):
+    step, h, xs = self._step_and_inputs()
+    smallest = min(c.temporaries for c in hkb.remat_plan(
+        step, h, xs, memory_budget=1 << 30).candidates)
+    with self.assertRaisesRegex(ValueError, "hkb.scan: every remat plan for "
+                                "32 steps that fits .* over max_recompute=3"):
+      hkb.scan(step, h, xs, remat="auto", memory_budget=smallest)
+    with remat_models.plans_made() as made:
+      hkb.scan(step, h, xs, remat="auto", memory_budget=smallest,
+               max_recompute=math.inf)
+    self.assertEqual((made[-1].choice.remat, made[-1].choice.slots),
+                     ("binomial", 1))
+    # max_recompute=0: nothing recomputed, so no remat or the error.
+    plain = hkb.remat_plan(step, h, xs, memory_budget=1 << 30).candidates[0]
+    self.assertIs(plain.remat, False)
+    with self.assertRaisesRegex(ValueError, "The least budget within it is "
+                                f"{plain.temporaries} bytes"):
+      hkb.remat_plan(step, h, xs, memory_budget=plain.temporaries - 1,
+                     max_recompute=0)
 
 
 if __name__ == "__main__":
