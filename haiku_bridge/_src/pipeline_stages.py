@@ -264,6 +264,8 @@ def _rows_apart(body: Callable[..., Any], micro: PyTree, staged: PyTree,
 
 def _rows_of(carry: PyTree, parts: int) -> PyTree:
   """The type of a device's rows of `carry` (shapes), its rows split in `parts`."""
+  if parts == 1:  # Whole (a scalar leaf too, with one microbatch).
+    return carry
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
       (a.shape[0] // parts,) + a.shape[1:], a.dtype), carry)
 
