@@ -77,12 +77,18 @@ class QuickPipelineBenchmarkTest(absltest.TestCase):
   def test_bytes_against_theory(self):
     # The collective-permute: 2 microbatches per timetable step, exactly
     # (theory is testing/pipeline_cost.py's; pipeline_cost_test pins every
-    # kind).
+    # kind). Not circular with params stored over the stages, whose reorder
+    # runs as partial collective-permutes where theory has an all-to-all
+    # (pipeline_cost_test's expected failure,
+    # test_circular_reorders_params_stored_over_stages_all_to_all).
     column = 8 + pipeline_cost.ROWS.index("collective-permute")
+    rows = 0
     for line in self.report.splitlines():
-      if re.match(r"^\| \d+ \| (gpipe|circular) \| \d+ \| (init|stage) \|",
-                  line):
+      if re.match(r"^\| \d+ \| (gpipe \| \d+ \| (init|stage)|"
+                  r"circular \| \d+ \| init) \|", line):
+        rows += 1
         self.assertRegex(line.split(" | ")[column], r"^\d+ \(1\.00\)$")
+    self.assertGreater(rows, 0)
 
   def test_plot_draws_the_cost_table(self):
     # Each point's title and each panel's bound against the table's bytes.
