@@ -24,6 +24,7 @@ from testing import transformer as transformer_lib
 
 BATCH, HIDDEN, INPUTS = 4, 32, 8
 WIDTH = 64
+CHANNELS = 16
 
 
 @contextlib.contextmanager
@@ -41,9 +42,15 @@ def plans_made() -> Iterator[list[remat_plan.Plan]]:
 
 
 class StepCost(NamedTuple):
-  """A compiled training step's temporaries (bytes) and FLOPs (`hlo_flops`)."""
+  """A compiled training step's temporaries, FLOPs (`hlo_flops`) and constants (bytes)."""
   temporaries: int
   flops: int
+  constants: int = 0
+
+  @property
+  def bytes(self) -> int:
+    """What `memory_budget` counts: temporaries and constants (a schedule's tables)."""
+    return self.temporaries + self.constants
 
 
 def step_cost(model, params, x, length: int, **remat) -> StepCost:
@@ -61,7 +68,8 @@ def step_cost(model, params, x, length: int, **remat) -> StepCost:
     raise ValueError(f"A loop without a known trip count: {count}")
   flops = count.flops + sum(length * (max(c.branches) - min(c.branches))
                             for c in count.conditionals)
-  return StepCost(compiled.memory_analysis().temp_size_in_bytes, flops)
+  return StepCost(compiled.memory_analysis().temp_size_in_bytes, flops,
+                  hlo_flops.constant_bytes(compiled.as_text()))
 
 
 def lstm(length: int, loss_in_step: bool, **remat):
@@ -94,6 +102,16 @@ def transformer(depth: int, **remat):
     block = functools.partial(transformer_lib.block, d_model=32, heads=4)
     return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
   return hk.transform(f), jnp.ones([2, 16, 32])
+
+
+def conv(depth: int, **remat):
+  """A residual stack of `depth` Conv1D blocks (two convolutions each)."""
+  def f(x):
+    def block(h):
+      y = jax.nn.relu(hk.Conv1D(CHANNELS, 3, name="conv_0")(h))
+      return h + hk.Conv1D(CHANNELS, 3, name="conv_1")(y)
+    return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
+  return hk.transform(f), jnp.ones([2, 32, CHANNELS])
 
 
 def models(lstm_lengths, mlp_depths,

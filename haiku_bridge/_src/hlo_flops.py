@@ -294,3 +294,33 @@ def _trip_count(attributes: str):
   config = _backend_config(attributes) or {}
   n = config.get("known_trip_count", {}).get("n")
   return None if n is None else int(n)
+
+
+_CONSTANT = re.compile(r"^\s*(?:ROOT )?%\S+ = ([a-z][a-z0-9]*)\[([0-9,]+)\]\S* "
+                       r"constant\(")
+
+
+def constant_bytes(hlo_text: str) -> int:
+  """Bytes of the array constants the HLO `hlo_text` holds (e.g. a remat schedule's tables).
+
+  XLA's memory analysis counts a program's temporaries, not the constants
+  compiled into it.
+
+  >>> from haiku_bridge._src import hlo_flops
+  >>> table = np.arange(1000, dtype=np.int32)
+  >>> f = jax.jit(lambda i: jnp.asarray(table)[i])
+  >>> hlo_flops.constant_bytes(f.lower(3).compile().as_text())
+  4000
+  """
+  total = 0
+  for line in hlo_text.splitlines():
+    match = _CONSTANT.match(line)
+    if match:
+      dims = [int(d) for d in match.group(2).split(",") if d]
+      total += math.prod(dims) * _ITEMSIZE.get(match.group(1), 4)
+  return total
+
+
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+             "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+             "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}

@@ -48,12 +48,18 @@ device: inside `jax.vmap` those are one example's (the prediction is per
 example), and a sharded step is planned unsharded.
 """
 
+import functools
+import hashlib
 import math
+import os
+import re
+import sys
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 from jax.extend import core as jax_core
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 from haiku_bridge._src import caches
@@ -64,13 +70,6 @@ from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
 
-# The longest length the coefficients are measured at, and the slots a
-# schedule is measured with. XLA places a loop's small stacked buffers
-# differently from its large ones (measured: an LSTM step's per-step
-# temporaries are 1536 bytes up to 32 steps, 2048 from 64 on), so the
-# slope is measured where it holds for long loops.
-_LONGEST = 128
-_SLOTS = 2
 
 
 class Candidate(NamedTuple):
@@ -145,15 +144,25 @@ class Plan(NamedTuple):
     return "\n".join(rows)
 
 
+Key = tuple[Any, ...]  # A plan's identity: (remat, slots, groups, policy).
+
+
 class Coefficients(NamedTuple):
-  """The model's measured coefficients (see the module docstring)."""
-  plain: tuple[float, float]  # a₀, b₀ (bytes).
-  per_step: tuple[float, float]  # a₁, b₁.
-  scheduled: tuple[float, float, float]  # a₂, b₂, c₂.
+  """What the model predicts from, measured at the loop's own length (module docstring).
+
+  Bytes are a compiled program's temporaries plus the constants it holds.
+  """
+  length: int  # T, the steps every figure is measured at.
+  plain: int  # remat=False, compiled.
+  per_step: Optional[int]  # remat=True, compiled; None: nothing to differentiate.
+  scheduled: Optional[tuple[float, float]]  # A schedule with s slots: a + c·s temporaries.
+  constants: tuple[float, float]  # A schedule's constants: k₀ + k₁·(steps it runs).
   step_flops: float  # r: one step's recomputation under jax.checkpoint.
   advance_flops: float  # f: one advance of a schedule.
-  # With a policy: its name, a₃, b₃ and one step's recomputation under it.
-  policy: Optional[tuple[str, float, float, float]] = None
+  # With a policy: its name, its bytes and one step's recomputation under it.
+  policy: Optional[tuple[str, int, float]] = None
+  # The plans compiled at T, by `key`: their bytes, which override a prediction.
+  measured: tuple[tuple[Key, int], ...] = ()
 
 
 def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
@@ -234,10 +243,27 @@ def check_budget(memory_budget: Any) -> int:
 def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
          memory_budget: int,
          policy: Optional[Callable[..., bool]] = None) -> Plan:
-  """`remat_plan` of checked arguments (the loop's `remat="auto"`)."""
+  """`remat_plan` of checked arguments (the loop's `remat="auto"`).
+
+  The prediction steers, the compiled program decides: the choice is
+  compiled at `length` steps (the loop's gradient, as it is measured) and,
+  when its temporaries and constants are over the budget, the next
+  candidate is chosen, with the schedules' predictions raised by the miss.
+  """
   step, consts = _trace(f, init, xs, length)
-  return choose(coefficients(step, consts, length, policy), length,
-                memory_budget)
+  c = coefficients(step, consts, length, policy)
+  for _ in range(_CHECKS):
+    chosen = choose(c, length, memory_budget)
+    measured = dict(c.measured)
+    if key(chosen.choice) in measured:
+      return chosen
+    c = _checked(c, step, consts, chosen.choice, policy)
+  return choose(c, length, memory_budget)
+
+
+def key(k: Candidate) -> Key:
+  """A candidate's plan, without its costs: (remat, slots, groups, policy)."""
+  return (k.remat, k.slots, k.groups, k.policy)
 
 
 def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
@@ -245,11 +271,12 @@ def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
   candidates = _candidates(c, length)
   # Binomial with the most slots the budget holds: the fewest recomputed
   # steps of any schedule that fits (each slot costs the same).
-  a, b, per_slot = c.scheduled
-  most = int((memory_budget - a - b * length) // max(per_slot, 1.0))
-  if 1 <= most < length and not any(
-      k.remat == "binomial" and k.slots == most for k in candidates):
-    candidates.append(_binomial(c, length, most))
+  if c.scheduled is not None:
+    a, per_slot = c.scheduled
+    most = int((memory_budget - a - c.constants[0]) // max(per_slot, 1.0))
+    if 1 <= most < length and not any(
+        k.remat == "binomial" and k.slots == most for k in candidates):
+      candidates.append(_binomial(c, length, most))
   candidates.sort(key=lambda k: (k.recomputed_flops, k.recomputed_steps,
                                  k.temporaries))
   fitting = [k for k in candidates if k.temporaries <= memory_budget]
@@ -262,14 +289,27 @@ def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
   return Plan(length, memory_budget, tuple(candidates), fitting[0])
 
 
-def _scheduled(c: Coefficients, length: int, slots: int) -> int:
-  a, b, per_slot = c.scheduled
-  return int(round(a + b * length + per_slot * slots))
+def _bytes(c: Coefficients, plan: Key, predicted: float) -> int:
+  """A plan's bytes: compiled where it was, else predicted."""
+  return dict(c.measured).get(plan, int(round(predicted)))
 
 
-def _recomputing(c: Coefficients, remat, slots, groups, temporaries,
-                 length: int, advances: int) -> Candidate:
+def _scheduled(c: Coefficients, length: int, slots: int, plan: Key,
+               recomputed_steps: int) -> int:
+  """A schedule's bytes: its slots' temporaries, and its tables' constants."""
+  assert c.scheduled is not None, "a loop with schedules measured them"
+  a, per_slot = c.scheduled
+  k0, k1 = c.constants
+  return _bytes(c, plan, a + per_slot * slots + k0 + k1 * recomputed_steps)
+
+
+def _recomputing(c: Coefficients, remat, slots, groups, length: int,
+                 advances: int, temporaries: Optional[int] = None
+                 ) -> Candidate:
   """A candidate that recomputes each step where it backpropagates it, and advances."""
+  if temporaries is None:
+    temporaries = _scheduled(c, length, slots, (remat, slots, groups, None),
+                             length + advances)
   return Candidate(remat, slots, groups, temporaries, length + advances,
                    int(round(length * c.step_flops +
                              advances * c.advance_flops)))
@@ -278,22 +318,25 @@ def _recomputing(c: Coefficients, remat, slots, groups, temporaries,
 def _binomial(c: Coefficients, length: int, slots: int) -> Candidate:
   # Each step is run again once where it is backpropagated (as
   # jax.checkpoint does), besides the schedule's advances.
-  return _recomputing(c, "binomial", slots, None,
-                      _scheduled(c, length, slots), length,
+  return _recomputing(c, "binomial", slots, None, length,
                       remat_schedule.binomial_cost(length, slots))
 
 
 def _candidates(c: Coefficients, length: int) -> list[Candidate]:
   """No remat, remat=True, a few groupings of "nested", binomial by slots."""
-  def linear(ab):
-    return int(round(ab[0] + ab[1] * length))
-
-  out = [Candidate(False, None, None, linear(c.plain), 0, 0),
-         _recomputing(c, True, None, None, linear(c.per_step), length, 0)]
+  out = [Candidate(False, None, None, _bytes(c, (False, None, None, None),
+                                             c.plain), 0, 0)]
+  if c.per_step is None:  # Nothing to differentiate: nothing to keep.
+    return out
+  out.append(_recomputing(c, True, None, None, length, 0,
+                          _bytes(c, (True, None, None, None), c.per_step)))
   if c.policy is not None:
-    name, a, b, flops = c.policy
-    out.append(Candidate(True, None, None, linear((a, b)), length,
-                         int(round(length * flops)), name))
+    name, temporaries, flops = c.policy
+    out.append(Candidate(True, None, None,
+                         _bytes(c, (True, None, None, name), temporaries),
+                         length, int(round(length * flops)), name))
+  if c.scheduled is None:  # One step: no schedule keeps fewer carries.
+    return out
   # Every count of slots up to 16, then about 20% apart: the budget's own
   # count is added by `choose`.
   slots = 1
@@ -305,9 +348,8 @@ def _candidates(c: Coefficients, length: int) -> list[Candidate]:
   for groups in sorted({2, max(1, math.isqrt(length)), length // 4} - {0, 1}):
     if groups < length:
       nested = remat_schedule.nested(length, groups)
-      out.append(_recomputing(c, "nested", nested.num_slots, groups,
-                              _scheduled(c, length, nested.num_slots),
-                              length, nested.recomputed_steps))
+      out.append(_recomputing(c, "nested", nested.num_slots, groups, length,
+                              nested.recomputed_steps))
   return out
 
 
@@ -333,7 +375,7 @@ def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
     return jax.ShapeDtypeStruct(a.shape, a.dtype)
 
   carry_avals = tuple(struct(c) for c in carry)
-  x_avals = tuple(jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x))
+  x_avals = tuple(jax.ShapeDtypeStruct(np.shape(x)[1:], jax.typeof(x).dtype)
                   for x in x_leaves)
   closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
   consts = tuple(struct(c) for c in closed.consts)
@@ -349,57 +391,110 @@ def _consts_as_inputs(jaxpr):
 
 
 _COEFFICIENTS = caches.Cache("remat_plan.coefficients")
-
-
-class _Fit(NamedTuple):
-  """One way to run the loop, measured: temporaries `a + b·T` (bytes), FLOPs per step."""
-  temporaries: tuple[float, float]
-  flops_per_step: float  # b of the FLOPs.
-  advance_flops: Optional[int]  # A schedule's: one advance.
+# Across processes: the coefficients and the plans compiled, as JSON, under
+# caches.directory() (`hkb.clear_caches()` deletes them).
+_ON_DISK = caches.OnDisk("remat_plans")
+# Bumped when what a file holds changes meaning.
+_FORMAT = 1
 
 
 def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
                  policy: Optional[Callable[..., bool]] = None
                  ) -> Coefficients:
-  """The model's coefficients for `step`, measured by 6 short compiles (8 with a policy)."""
-  long = min(length, _LONGEST)
-  short = max(1, long // 2)
-  key = (str(step.jaxpr), consts, step.carry, step.x, policy, long,
-         jax.default_backend())
-  found = _COEFFICIENTS.get(key)
+  """The model's coefficients for `step` over `length` steps, measured by 4 compiles (5 with a policy).
+
+  Each compiles the loop's gradient at `length` steps, with XLA's cheaper
+  code generation (`_COMPILE_OPTIONS`): remat=False, remat=True, and the
+  binomial schedule with two numbers of slots. Cached in this process and
+  on disk, keyed on everything the figures depend on.
+  """
+  memo = _memo_key(step, consts, length, policy)
+  found = _COEFFICIENTS.get(memo)
   if found is not None:
     return found
+  disk = _disk_key(step, consts, length, policy)
+  found = _from_json(_ON_DISK.get(disk))
+  if found is None:
+    found = _coefficients(step, consts, length, policy)
+    _ON_DISK.put(disk, _to_json(found))
+  _COEFFICIENTS.put(memo, found)
+  return found
 
-  def fit(remat, policy=None) -> _Fit:
-    low = _measure(step, consts, short, remat, policy)
-    if long == short:
-      # One length: the FLOPs per step are the whole loop's, over its steps.
-      return _Fit((float(low.temporaries), 0.0), low.flops / short,
-                  low.advance_flops)
-    high = _measure(step, consts, long, remat, policy)
-    b = (high.temporaries - low.temporaries) / (long - short)
-    return _Fit((low.temporaries - b * short, b),
-                (high.flops - low.flops) / (long - short), high.advance_flops)
 
-  def recomputed(k: _Fit) -> float:
+def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
+  plain = _measure(step, consts, length, None)
+  if not _differentiable(step):
+    # Nothing reaches a float output from a float input: no backward pass
+    # keeps anything, and every plan is the plain loop.
+    return Coefficients(length, plain.bytes, None, None, (0.0, 0.0), 0.0,
+                        0.0, None, (((False, None, None, None),
+                                     plain.bytes),))
+  per_step = _measure(step, consts, length, True)
+
+  def recomputed(k: _Measured) -> float:
     # XLA may find nothing to recompute; never a gain.
-    return max(0.0, k.flops_per_step - plain.flops_per_step)
+    return max(0.0, (k.flops - plain.flops) / length)
 
-  carry_bytes = sum(math.prod(c.shape) * np.dtype(c.dtype).itemsize
-                    for c in step.carry)
-  plain, per_step = fit(None), fit(True)
-  (a, b), _, advance = fit(_SLOTS)
-  slots = min(_SLOTS, short)
+  r = recomputed(per_step)
+  measured = [((False, None, None, None), plain.bytes),
+              ((True, None, None, None), per_step.bytes)]
   with_policy = None
   if policy is not None:
-    k = fit(True, policy)
-    with_policy = (policy_name(policy), *k.temporaries, recomputed(k))
-  r = recomputed(per_step)
-  found = Coefficients(plain.temporaries, per_step.temporaries,
-                       (a - carry_bytes * slots, b, float(carry_bytes)), r,
-                       r if advance is None else float(advance), with_policy)
-  _COEFFICIENTS.put(key, found)
-  return found
+    k = _measure(step, consts, length, True, policy)
+    with_policy = (policy_name(policy), k.bytes, recomputed(k))
+    measured.append(((True, None, None, with_policy[0]), k.bytes))
+  scheduled, constants, advance = None, (0.0, 0.0), r
+  if length > 1:
+    # Two numbers of slots, each a schedule of O(T) actions: a slot's bytes
+    # and the tables' are measured, never assumed (XLA may widen a
+    # bfloat16 carry, or keep a copy).
+    few = max(1, min(length - 1, remat_schedule.fewest_binomial_slots(
+        length, length - 1)))
+    more = min(length - 1, 2 * few) if few < length - 1 else few - 1
+    points = []
+    for slots in sorted({few, max(1, more)}):
+      schedule = remat_schedule.binomial(length, slots)
+      k = _measure(step, consts, length, schedule)
+      points.append((slots, length + schedule.recomputed_steps, k))
+      measured.append((("binomial", slots, None, None), k.bytes))
+      if k.advance_flops is not None:
+        advance = float(k.advance_flops)
+    (s1, n1, k1), (s2, n2, k2) = points[0], points[-1]
+    per_slot = ((k2.temporaries - k1.temporaries) / (s2 - s1) if s2 != s1
+                else float(_nbytes(step.carry)))
+    per_step_constants = ((k2.constants - k1.constants) / (n2 - n1)
+                          if n2 != n1 else 0.0)
+    scheduled = (k1.temporaries - per_slot * s1, per_slot)
+    constants = (k1.constants - per_step_constants * n1, per_step_constants)
+  return Coefficients(length, plain.bytes, per_step.bytes, scheduled,
+                      constants, r, advance, with_policy, tuple(measured))
+
+
+# Plans compiled to check a choice, at most: then the last choice stands.
+_CHECKS = 4
+
+
+def _checked(c: Coefficients, step: _Traced, consts, choice: Candidate,
+             policy) -> Coefficients:
+  """`c` with `choice` compiled; a schedule's miss raises every schedule's prediction."""
+  if choice.remat == "binomial":
+    schedule = remat_schedule.binomial(c.length, choice.slots)
+  elif choice.remat == "nested":
+    schedule = remat_schedule.nested(c.length, choice.groups)
+  else:  # Measured with the coefficients; here only if they were not.
+    schedule = True
+  got = _measure(step, consts, c.length, schedule,
+                 policy if choice.policy is not None else None).bytes
+  scheduled = c.scheduled
+  if scheduled is not None and choice.slots is not None:
+    scheduled = (scheduled[0] + max(0, got - choice.temporaries),
+                 scheduled[1])
+  checked = c._replace(scheduled=scheduled,
+                       measured=c.measured + ((key(choice), got),))
+  disk = _disk_key(step, consts, c.length, policy)
+  _ON_DISK.put(disk, _to_json(checked))
+  _COEFFICIENTS.put(_memo_key(step, consts, c.length, policy), checked)
+  return checked
 
 
 def policy_name(policy: Callable[..., bool]) -> str:
@@ -412,21 +507,105 @@ def policy_name(policy: Callable[..., bool]) -> str:
   return getattr(policy, "__name__", None) or repr(policy)
 
 
+def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
+  return (str(step.jaxpr), consts, step.carry, step.x, policy, length,
+          jax.default_backend())
+
+
+# What the figures depend on besides the step: the code that measures them.
+_MEASURING_CODE = (remat_schedule, scheduled_scan, hlo_flops)
+
+
+def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
+  """The coefficients' key across processes; None where a policy has no stable name.
+
+  Everything the figures depend on: the step's jaxpr (every shape, dtype
+  and operation; function addresses left out), what it takes, the policy,
+  the length, the backend and device, the jax, jaxlib and haiku_bridge
+  versions and the measuring code, XLA's flags, the compile options.
+  """
+  name = None if policy is None else policy_name(policy)
+  if name is not None and getattr(jax.checkpoint_policies, name,
+                                  None) is not policy:
+    return None  # A closure (save_only_these_names) or the user's own.
+  device = jax.devices()[0]
+  jaxpr = re.sub(r" at 0x[0-9a-f]+", "", str(step.jaxpr))
+  text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
+               [(c.shape, str(c.dtype)) for c in step.carry + step.x],
+               name, length, jax.default_backend(), device.device_kind,
+               getattr(device.client, "platform_version", ""),
+               jax.__version__, jaxlib.__version__, _version(),
+               _code_digest(), os.environ.get("XLA_FLAGS", ""),
+               sorted(_compile_options().items()), jax.config.jax_enable_x64))
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _code_digest() -> str:
+  code = hashlib.sha256()
+  for module in _MEASURING_CODE + (sys.modules[__name__],):
+    with open(module.__file__, "rb") as f:
+      code.update(f.read())
+  return code.hexdigest()
+
+
+def _version() -> str:
+  # The package's version, without importing the package from inside it.
+  return getattr(sys.modules.get("haiku_bridge"), "__version__", "")
+
+
+def _to_json(c: Coefficients) -> dict[str, Any]:
+  return {"format": _FORMAT, **c._replace(
+      measured=[[list(k), v] for k, v in c.measured])._asdict()}
+
+
+def _from_json(value: Optional[dict[str, Any]]) -> Optional[Coefficients]:
+  """The coefficients a file held; None if it holds anything else."""
+  if not value or value.get("format") != _FORMAT:
+    return None
+  try:
+    value = {k: v for k, v in value.items() if k != "format"}
+    tuples = ("scheduled", "constants", "policy")
+    return Coefficients(**{
+        **value, **{k: None if value[k] is None else tuple(value[k])
+                    for k in tuples},
+        "measured": tuple((tuple(k), int(v)) for k, v in value["measured"])})
+  except (KeyError, TypeError, ValueError):
+    return None
+
+
+def _compile_options() -> dict[str, Any]:
+  """XLA options for the measuring compiles: cheaper code, the same buffers.
+
+  On CPU, LLVM without optimisation and XLA's older fusion emitters:
+  compiles about 10× faster, and neither changes the buffer assignment
+  that the memory analysis reads (remat_plan_test checks the figures
+  against a compile with XLA's defaults). Elsewhere, the defaults.
+  """
+  if jax.default_backend() == "cpu":
+    return {"xla_backend_optimization_level": 0,
+            "xla_cpu_use_fusion_emitters": False}
+  return {}
+
+
 class _Measured(NamedTuple):
+  bytes: int  # temporaries + constants.
   temporaries: int
+  constants: int  # Bytes of the program's array constants (a schedule's tables).
   flops: int
   advance_flops: Optional[int]  # With a schedule.
 
 
 def _measure(step: _Traced, consts, length: int, remat,
              policy=None) -> _Measured:
-  """Compiled temporaries and FLOPs of the VJP of `length` steps, run as `remat` says.
+  """Compiled bytes and FLOPs of the VJP of `length` steps, run as `remat` says.
 
   `remat`: None (plain scan), True (checkpointed step, under `policy`), or
-  a number of binomial slots. The FLOPs count every loop by its trip
+  a `remat_schedule.Schedule`. The FLOPs count every loop by its trip
   count (only `remat=True`'s and `None`'s are used); a schedule's
   conditional, which its backward sweep runs once per action (more often
-  than any in the step), gives an advance's FLOPs: its cheaper branch.
+  than any in the step), gives an advance's FLOPs: its cheaper branch. A
+  loop with nothing to differentiate is compiled forward only.
   """
   def body(consts, carry, x):
     out = jax_core.jaxpr_as_fun(step.jaxpr)(*consts, *carry, *x)
@@ -439,9 +618,7 @@ def _measure(step: _Traced, consts, length: int, remat,
     if remat is True:
       return jax.lax.scan(jax.checkpoint(f, policy=policy), carry, xs,
                           length=length)
-    return scheduled_scan.scan(
-        f, carry, xs, length=length,
-        schedule=remat_schedule.binomial(length, min(remat, length)))
+    return scheduled_scan.scan(f, carry, xs, length=length, schedule=remat)
 
   def train(consts, carry, xs):
     # A loss of the outputs, as a training step has one: the ys are made
@@ -451,23 +628,44 @@ def _measure(step: _Traced, consts, length: int, remat,
       out = _on_floats(run, (consts, carry, xs))(*floats)
       return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
     floats = _floats((consts, carry, xs))
-    return jax.grad(loss, argnums=tuple(range(len(floats))))(*floats)
+    grads = jax.grad(loss, argnums=tuple(range(len(floats))))(*floats)
+    # The gradients of the weights (consts, xs) are the step's outputs, as
+    # a training step returns them; the carry's feeds what came before the
+    # loop (or nothing), so it is a temporary, as there.
+    in_carry = [_is_float(c) for c in jax.tree.leaves(carry)]
+    first = len(_floats(consts))
+    end = first + sum(in_carry)
+    return (grads[:first] + grads[end:],
+            sum(jnp.sum(g.astype(jnp.float32)) for g in grads[first:end]))
 
   stacked = [jax.ShapeDtypeStruct((length,) + x.shape, x.dtype)
              for x in step.x]
-  compiled = jax.jit(train).lower(list(consts), list(step.carry),
-                                  stacked).compile()
+  compiled = jax.jit(train if _differentiable(step) else run).lower(
+      list(consts), list(step.carry), stacked).compile(_compile_options())
   analysis, text = compiled.memory_analysis(), compiled.as_text()
   if analysis is None or text is None:
     raise ValueError(errors.message(
         f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
         f"which the {jax.default_backend()} backend does not give."))
   count = hlo_flops.count(text)
+  constants = hlo_flops.constant_bytes(text)
   schedule = max(count.conditionals, key=lambda c: c.executions,
                  default=None)
-  return _Measured(analysis.temp_size_in_bytes, count.flops,
+  return _Measured(analysis.temp_size_in_bytes + constants,
+                   analysis.temp_size_in_bytes, constants, count.flops,
                    None if remat in (None, True) or schedule is None
                    else min(schedule.branches))
+
+
+def _differentiable(step: _Traced) -> bool:
+  """Whether a float output may depend on a float input: a gradient to take."""
+  return (any(_is_float(a) for a in step.jaxpr.in_avals) and
+          any(_is_float(a) for a in step.jaxpr.out_avals))
+
+
+def _nbytes(avals) -> int:
+  """Bytes of arrays of these avals (a PRNG key's are its key data's)."""
+  return sum(math.prod(a.shape) * a.dtype.itemsize for a in avals)
 
 
 def _is_float(a) -> bool:

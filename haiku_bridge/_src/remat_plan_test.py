@@ -61,7 +61,7 @@ class PredictionTest(parameterized.TestCase):
     by_kind = {(c.remat, c.groups): c for c in plan.candidates}
     for remat in (False, True):
       predicted = by_kind[remat, None].temporaries
-      got = compiled[remat, None].temporaries
+      got = compiled[remat, None].bytes
       self.assertLess(abs(predicted / got - 1), 0.10, (remat, predicted, got))
     # Per-step remat's recomputation: its FLOPs less no remat's, compiled.
     recomputed_flops = compiled[True, None].flops - compiled[False, None].flops
@@ -79,13 +79,13 @@ class PredictionTest(parameterized.TestCase):
                    memory_budget=budget)
       choice = made[-1].choice
       # Predicted against compiled, for the plan chosen; then the budget.
-      self.assertLess(abs(choice.temporaries / got.temporaries - 1), 0.10,
+      self.assertLess(abs(choice.temporaries / got.bytes - 1), 0.10,
                       (name, choice, got))
-      self.assertLessEqual(got.temporaries, budget * 1.05, (name, choice))
+      self.assertLessEqual(got.bytes, budget * 1.05, (name, choice))
       # No manual plan that fits (compiled) recomputes less, nor runs
       # fewer FLOPs (compiled, every loop by its trip count).
       fitting = {kind: c for kind, c in compiled.items()
-                 if c.temporaries <= budget}
+                 if c.bytes <= budget}
       if fitting:
         least = min(recomputed(remat, length, groups)
                     for remat, groups in fitting)
