@@ -1,4 +1,4 @@
-"""The models `remat="auto"` is measured on: an LSTM unroll, residual MLP and transformer stacks.
+"""The models `remat="auto"` is measured on: an LSTM unroll, residual MLP, transformer and conv stacks.
 
 Small widths, so a grid of them compiles in minutes; shared by
 haiku_bridge/_src/remat_plan_test.py (predictions against compiled memory)
@@ -114,10 +114,10 @@ def conv(depth: int, **remat):
   return hk.transform(f), jnp.ones([2, 32, CHANNELS])
 
 
-def models(lstm_lengths, mlp_depths,
-           transformer_depths) -> dict[str, Callable[..., Any]]:
+def models(lstm_lengths, mlp_depths, transformer_depths,
+           conv_depths=()) -> dict[str, Callable[..., Any]]:
   """The models by name: `lstm_{T}_loss_after`, `lstm_{T}_loss_in_step`,
-  `mlp_depth_{D}` and `transformer_depth_{D}`."""
+  `mlp_depth_{D}`, `transformer_depth_{D}` and `conv_depth_{D}`."""
   out = {}
   for t in lstm_lengths:
     for where in ("after", "in_step"):
@@ -127,4 +127,6 @@ def models(lstm_lengths, mlp_depths,
     out[f"mlp_depth_{d}"] = functools.partial(mlp, d)
   for d in transformer_depths:
     out[f"transformer_depth_{d}"] = functools.partial(transformer, d)
+  for d in conv_depths:
+    out[f"conv_depth_{d}"] = functools.partial(conv, d)
   return out

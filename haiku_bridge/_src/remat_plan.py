@@ -524,10 +524,9 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   the length, the backend and device, the jax, jaxlib and haiku_bridge
   versions and the measuring code, XLA's flags, the compile options.
   """
-  name = None if policy is None else policy_name(policy)
-  if name is not None and getattr(jax.checkpoint_policies, name,
-                                  None) is not policy:
-    return None  # A closure (save_only_these_names) or the user's own.
+  name = _stable_name(policy)
+  if name is None:
+    return None
   device = jax.devices()[0]
   jaxpr = re.sub(r" at 0x[0-9a-f]+", "", str(step.jaxpr))
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
@@ -547,6 +546,26 @@ def _code_digest() -> str:
     with open(module.__file__, "rb") as f:
       code.update(f.read())
   return code.hexdigest()
+
+
+def _stable_name(policy) -> Optional[str]:
+  """A policy's name that means the same in every process; None if it has none.
+
+  jax's named policies, and policy objects whose repr shows their fields
+  (`DotsSaveable(only_if_no_batch_dims=False)`); not a closure
+  (`save_only_these_names`'s) or a function of the user's, whose name
+  does not say what it does.
+  """
+  if policy is None:
+    return ""
+  name = getattr(policy, "__name__", None)
+  if name is not None:
+    return name if getattr(jax.checkpoint_policies, name,
+                           None) is policy else None
+  text = repr(policy)
+  if type(policy).__repr__ is object.__repr__ or " at 0x" in text:
+    return None
+  return text
 
 
 def _version() -> str:
