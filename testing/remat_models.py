@@ -104,14 +104,40 @@ def transformer(depth: int, **remat):
   return hk.transform(f), jnp.ones([2, 16, 32])
 
 
-def conv(depth: int, **remat):
+def conv(depth: int, channels: int = CHANNELS, width: int = 32,
+         batch: int = 2, **remat):
   """A residual stack of `depth` Conv1D blocks (two convolutions each)."""
   def f(x):
     def block(h):
-      y = jax.nn.relu(hk.Conv1D(CHANNELS, 3, name="conv_0")(h))
-      return h + hk.Conv1D(CHANNELS, 3, name="conv_1")(y)
+      y = jax.nn.relu(hk.Conv1D(channels, 3, name="conv_0")(h))
+      return h + hk.Conv1D(channels, 3, name="conv_1")(y)
     return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
-  return hk.transform(f), jnp.ones([2, 32, CHANNELS])
+  return hk.transform(f), jnp.ones([batch, width, channels])
+
+
+def language_model(depth: int, d_model: int, seq: int, batch: int,
+                   vocab: int = 256, **remat):
+  """A transformer language model: embedding, `depth` blocks, logits, cross-entropy."""
+  def f(tokens):
+    block = functools.partial(transformer_lib.block, d_model=d_model,
+                              heads=4)
+    h = hk.Embed(vocab, d_model)(tokens)
+    h = hkb.repeat_layer(block, h, depth, **remat)
+    logits = hk.Linear(vocab)(h)
+    return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+  return hk.transform(f), jnp.zeros([batch, seq], jnp.int32)
+
+
+def char_gru(length: int, hidden: int = 256, batch: int = 8,
+             vocab: int = 64, **remat):
+  """A character GRU over `length` steps: embedding, GRU, logits, cross-entropy."""
+  def f(tokens):
+    core = hk.GRU(hidden)
+    xs = hk.Embed(vocab, 32)(tokens)
+    ys, _ = hkb.dynamic_unroll(core, xs, core.initial_state(batch), **remat)
+    logits = hk.Linear(vocab)(ys)
+    return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+  return hk.transform(f), jnp.zeros([length, batch], jnp.int32)
 
 
 def models(lstm_lengths, mlp_depths, transformer_depths,

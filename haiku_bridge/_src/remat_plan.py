@@ -48,6 +48,7 @@ device: inside `jax.vmap` those are one example's (the prediction is per
 example), and a sharded step is planned unsharded.
 """
 
+from concurrent import futures
 import functools
 import hashlib
 import math
@@ -254,11 +255,19 @@ def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   c = coefficients(step, consts, length, policy)
   for _ in range(_CHECKS):
     chosen = choose(c, length, memory_budget)
-    measured = dict(c.measured)
-    if key(chosen.choice) in measured:
+    if key(chosen.choice) in dict(c.measured):
       return chosen
     c = _checked(c, step, consts, chosen.choice, policy)
-  return choose(c, length, memory_budget)
+  # Still unchecked: the first that was compiled and fits.
+  chosen = choose(c, length, memory_budget)
+  measured = dict(c.measured)
+  for k in chosen.candidates:
+    if key(k) in measured and k.temporaries <= memory_budget:
+      return chosen._replace(choice=k)
+  raise ValueError(errors.message(
+      f"no remat plan for {length} steps compiled within memory_budget="
+      f"{memory_budget} bytes ({_CHECKS} checked). Raise the budget, or "
+      "shorten the scan."))
 
 
 def key(k: Candidate) -> Key:
@@ -394,6 +403,9 @@ _COEFFICIENTS = caches.Cache("remat_plan.coefficients")
 # Across processes: the coefficients and the plans compiled, as JSON, under
 # caches.directory() (`hkb.clear_caches()` deletes them).
 _ON_DISK = caches.OnDisk("remat_plans")
+# The bytes of a plan compiled to check a choice, by the coefficients' key and
+# the plan's.
+_COMPILED = caches.Cache("remat_plan.compiled")
 # Bumped when what a file holds changes meaning.
 _FORMAT = 1
 
@@ -422,14 +434,29 @@ def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
 
 
 def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
-  plain = _measure(step, consts, length, None)
   if not _differentiable(step):
     # Nothing reaches a float output from a float input: no backward pass
     # keeps anything, and every plan is the plain loop.
+    plain = _measure(step, consts, length, None)
     return Coefficients(length, plain.bytes, None, None, (0.0, 0.0), 0.0,
                         0.0, None, (((False, None, None, None),
                                      plain.bytes),))
-  per_step = _measure(step, consts, length, True)
+  # Two numbers of slots, each a schedule of O(T) actions: a slot's bytes
+  # and the tables' are measured, never assumed (XLA may widen a bfloat16
+  # carry, or keep a copy).
+  few = max(1, min(length - 1, remat_schedule.fewest_binomial_slots(
+      length, length - 1)))
+  more = min(length - 1, 2 * few) if few < length - 1 else few - 1
+  slot_counts = sorted({few, max(1, more)}) if length > 1 else []
+  schedules = [remat_schedule.binomial(length, s) for s in slot_counts]
+  # Compiled side by side: XLA compiles without the GIL, while the next
+  # program is traced and lowered.
+  with futures.ThreadPoolExecutor(_WORKERS) as pool:
+    runs = [pool.submit(_measure, step, consts, length, remat, p)
+            for remat, p in [(None, None), (True, None)] +
+            ([] if policy is None else [(True, policy)]) +
+            [(s, None) for s in schedules]]
+    plain, per_step, *rest = [run.result() for run in runs]
 
   def recomputed(k: _Measured) -> float:
     # XLA may find nothing to recompute; never a gain.
@@ -440,21 +467,13 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
               ((True, None, None, None), per_step.bytes)]
   with_policy = None
   if policy is not None:
-    k = _measure(step, consts, length, True, policy)
+    k = rest.pop(0)
     with_policy = (policy_name(policy), k.bytes, recomputed(k))
     measured.append(((True, None, None, with_policy[0]), k.bytes))
   scheduled, constants, advance = None, (0.0, 0.0), r
-  if length > 1:
-    # Two numbers of slots, each a schedule of O(T) actions: a slot's bytes
-    # and the tables' are measured, never assumed (XLA may widen a
-    # bfloat16 carry, or keep a copy).
-    few = max(1, min(length - 1, remat_schedule.fewest_binomial_slots(
-        length, length - 1)))
-    more = min(length - 1, 2 * few) if few < length - 1 else few - 1
+  if schedules:
     points = []
-    for slots in sorted({few, max(1, more)}):
-      schedule = remat_schedule.binomial(length, slots)
-      k = _measure(step, consts, length, schedule)
+    for slots, schedule, k in zip(slot_counts, schedules, rest):
       points.append((slots, length + schedule.recomputed_steps, k))
       measured.append((("binomial", slots, None, None), k.bytes))
       if k.advance_flops is not None:
@@ -470,31 +489,46 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
                       constants, r, advance, with_policy, tuple(measured))
 
 
+# Compiles run side by side, at most.
+_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
 # Plans compiled to check a choice, at most: then the last choice stands.
 _CHECKS = 4
 
 
 def _checked(c: Coefficients, step: _Traced, consts, choice: Candidate,
              policy) -> Coefficients:
-  """`c` with `choice` compiled; a schedule's miss raises every schedule's prediction."""
-  if choice.remat == "binomial":
-    schedule = remat_schedule.binomial(c.length, choice.slots)
-  elif choice.remat == "nested":
-    schedule = remat_schedule.nested(c.length, choice.groups)
-  else:  # Measured with the coefficients; here only if they were not.
-    schedule = True
-  got = _measure(step, consts, c.length, schedule,
-                 policy if choice.policy is not None else None).bytes
+  """`c` with `choice` compiled; a schedule's miss raises every schedule's prediction.
+
+  For this budget's choice only: what one budget's checks found never
+  changes another budget's plan (the compiled bytes are kept, in memory
+  and on disk, as a measurement is).
+  """
+  memo = (_memo_key(step, consts, c.length, policy), key(choice))
+  disk = _disk_key(step, consts, c.length, policy)
+  disk = None if disk is None else hashlib.sha256(
+      repr((disk, key(choice))).encode()).hexdigest()
+  got = _COMPILED.get(memo)
+  if got is None:
+    got = (_ON_DISK.get(disk) or {}).get("bytes")
+  if got is None:
+    if choice.remat == "binomial":
+      schedule = remat_schedule.binomial(c.length, choice.slots)
+    elif choice.remat == "nested":
+      schedule = remat_schedule.nested(c.length, choice.groups)
+    else:  # Measured with the coefficients: here only if they were not.
+      schedule = True
+    got = _measure(step, consts, c.length, schedule,
+                   policy if choice.policy is not None else None).bytes
+    _ON_DISK.put(disk, {"bytes": got})
+  _COMPILED.put(memo, got)
   scheduled = c.scheduled
   if scheduled is not None and choice.slots is not None:
     scheduled = (scheduled[0] + max(0, got - choice.temporaries),
                  scheduled[1])
-  checked = c._replace(scheduled=scheduled,
-                       measured=c.measured + ((key(choice), got),))
-  disk = _disk_key(step, consts, c.length, policy)
-  _ON_DISK.put(disk, _to_json(checked))
-  _COEFFICIENTS.put(_memo_key(step, consts, c.length, policy), checked)
-  return checked
+  return c._replace(scheduled=scheduled,
+                    measured=c.measured + ((key(choice), got),))
 
 
 def policy_name(policy: Callable[..., bool]) -> str:

@@ -36,6 +36,8 @@ def report(cfg: remat_auto_bench.Config, command: str, plot: str = "") -> str:
   results = remat_auto_bench.bench(cfg)
   print("remat auto: results " + repr(results), file=sys.stderr, flush=True)
   tables = remat_auto_bench.markdown(results)
+  tables += "\n" + remat_auto_bench.planning_markdown(
+      remat_auto_bench.planning(cfg))
   if plot:
     with open(plot, "w") as f:
       f.write(remat_auto_bench.pareto_svg(results))
