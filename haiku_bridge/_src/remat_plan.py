@@ -6,49 +6,63 @@ one carry per step (`remat=True`), what a `remat_policy` saves of each step
 (`"nested"`, `"binomial"`: `remat_schedule.py`), each trading recomputed
 FLOPs for memory. Which one fits depends on things a user cannot see: how
 the step's activations compare with its carry, the length, where the loss
-sits. `plan` predicts, for every candidate, the temporaries a training step
-of the loop needs and the FLOPs it recomputes, and chooses.
+sits. `plan` predicts, for every candidate, the bytes a training step of
+the loop needs and the FLOPs it recomputes, chooses, and checks the choice
+compiled.
 
-The model (README, "Choosing remat"): the loop's training-step
-temporaries (what its backward pass keeps, its outputs and their
-cotangents, its working memory; not the params, nor the rest of the step)
-grow linearly with the steps and with the slots a schedule keeps:
+What the budget counts (README, "Choosing remat"): the loop's part of a
+training step, compiled as `_measure` builds it (the gradient of a loss of
+the loop's outputs with respect to what it closes over and its per-step
+inputs, at the loop's own length T): XLA's temporaries (what the backward
+pass keeps, the outputs and their cotangents, the carry's cotangent, the
+working memory) and the constants compiled into the program (a schedule's
+tables). Not the params or their gradients, nor the rest of the step.
 
-    remat=False:            a₀ + b₀·T
-    remat=True:             a₁ + b₁·T
-    remat=True, policy p:   a₃ + b₃·T
-    binomial with s slots:  a₂ + b₂·T + c₂·s   (nested: s = its slots)
+The model, at the loop's own length T:
 
-The coefficients are measured, not guessed: XLA keeps, fuses and
-rematerialises a step's residuals its own way, so a₀, b₀, a₁, b₁, a₂ and
-b₂ come from compiling the gradient of the loop itself (a loss of its
-outputs, as a training step has) at two lengths, L and L/2 with
-L = min(T, 128): 6 compiles of a short loop, whatever T is (8 with a
-policy). c₂ is the carry's bytes: a schedule's slots are stacked carries.
+    remat=False, remat=True, remat=True under a policy:  compiled, exactly
+    binomial with s slots:  a + c·s + k₀ + k₁·n   (nested: s = its slots)
+
+where n is the steps the schedule runs (T and its recomputed ones: its
+table grows with them). a, c, k₀ and k₁ come from compiling the binomial
+schedule with two numbers of slots (each of O(T) actions), so a slot's
+cost is measured, never assumed (XLA:CPU keeps a bfloat16 carry's slots at
+twice its bytes). Four compiles (five with a policy), all at T, so that
+what XLA does only for long loops (or short ones: unrolling, double
+buffering) is in every figure; with XLA's cheaper code generation
+(`_compile_options`), which leaves buffers as they are.
+
+Predictions steer; the compiled program decides. The choice, unless it
+was one of the programs measured, is compiled too, and when it is over the
+budget the next candidate is chosen, the schedules' predictions raised by
+the miss (at most `_CHECKS` compiles; then the first compiled plan that
+fits, or an error).
 
 Recomputed FLOPs come from the same compiles, counted with every loop by
 its trip count (`hlo_flops.py`): r, one step's recomputation under
-`jax.checkpoint` (what its backward pass needs), is the FLOPs per step of
-`remat=True` less those of `remat=False` (the slopes between L/2 and L),
-and likewise under the policy; f, one advance of a schedule (a whole
-step's forward, for the carry), is the cheaper branch of the schedule's
-conditional in its compile. `remat=True` recomputes T·r, the policy its
-own part of each step, a schedule T·r and f for each step it advances to
-rebuild carries (`remat_schedule.binomial_cost`,
-`Schedule.recomputed_steps`); `False` none. The choice is the candidate
-with the least recomputed FLOPs whose temporaries fit (then the fewest
-recomputed steps, then the least memory).
+`jax.checkpoint` (what its backward pass needs), is the FLOPs of
+`remat=True` less those of `remat=False`, over T, and likewise under the
+policy; f, one advance of a schedule (a whole step's forward, for the
+carry), is the cheaper branch of the schedule's conditional in its
+compile. `remat=True` recomputes T·r, the policy its own part of each
+step, a schedule T·r and f for each step it advances to rebuild carries
+(`remat_schedule.binomial_cost`, `Schedule.recomputed_steps`); `False`
+none. The choice is the candidate with the least recomputed FLOPs whose
+bytes fit (then the fewest recomputed steps, then the least memory).
 
-The coefficients are cached on the step's jaxpr (its text: every shape,
-dtype and operation), the policy, L and the backend; the choice follows
-from them, the length and the budget, so it is the same for the same
-shapes, policy and budget.
+The measurements are cached in memory and on disk (`caches.OnDisk`, under
+`caches.directory()`; `hkb.clear_caches()` deletes them), keyed on the
+step's jaxpr (its text: every shape, dtype and operation), the policy, T,
+the backend and device, the jax, jaxlib and haiku_bridge versions, the
+measuring code, XLA's flags; the choice follows from them and the budget,
+so it is the same for the same shapes, policy and budget, in any process.
 The step is planned on the shapes the loop sees, compiled for one
 device: inside `jax.vmap` those are one example's (the prediction is per
-example), and a sharded step is planned unsharded.
+example), and a sharded step is planned unsharded. A loop with nothing to
+differentiate (no float reaches a float output) has one plan: the plain
+loop.
 """
 
-from concurrent import futures
 import functools
 import hashlib
 import math
@@ -70,7 +84,6 @@ from haiku_bridge._src import modes
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
-
 
 
 class Candidate(NamedTuple):
@@ -449,14 +462,11 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
   more = min(length - 1, 2 * few) if few < length - 1 else few - 1
   slot_counts = sorted({few, max(1, more)}) if length > 1 else []
   schedules = [remat_schedule.binomial(length, s) for s in slot_counts]
-  # Compiled side by side: XLA compiles without the GIL, while the next
-  # program is traced and lowered.
-  with futures.ThreadPoolExecutor(_WORKERS) as pool:
-    runs = [pool.submit(_measure, step, consts, length, remat, p)
-            for remat, p in [(None, None), (True, None)] +
-            ([] if policy is None else [(True, policy)]) +
-            [(s, None) for s in schedules]]
-    plain, per_step, *rest = [run.result() for run in runs]
+  plain, per_step, *rest = [
+      _measure(step, consts, length, remat, p)
+      for remat, p in [(None, None), (True, None)] +
+      ([] if policy is None else [(True, policy)]) +
+      [(s, None) for s in schedules]]
 
   def recomputed(k: _Measured) -> float:
     # XLA may find nothing to recompute; never a gain.
@@ -489,8 +499,6 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
                       constants, r, advance, with_policy, tuple(measured))
 
 
-# Compiles run side by side, at most.
-_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 # Plans compiled to check a choice, at most: then the last choice stands.

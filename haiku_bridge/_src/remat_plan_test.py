@@ -15,6 +15,7 @@ from haiku_bridge._src import caches
 from haiku_bridge._src import hlo_flops
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import remat_plan
+from haiku_bridge._src import remat_schedule
 from testing import remat_models
 from testing import test_utils
 
@@ -514,6 +515,31 @@ class BudgetTest(parameterized.TestCase):
                            budget * (1 + STEP_TOLERANCE), budget)
     self.assert_equal_values(jax.grad(loss)(xs),
                              jax.grad(scan_loss(step, init, False))(xs))
+
+  def test_cheap_compiles_measure_what_xla_defaults_compile(self):
+    # The measuring compiles' code generation leaves the buffers as XLA's
+    # defaults (-O2 LLVM, the MLIR fusion emitters) place them.
+    model = MODELS["conv_depth_32"]
+    net, x = model()
+    params = net.init(KEY, x)
+    traced = []
+
+    def trace(*args):
+      traced.append(real(*args))
+      return traced[-1]
+
+    real = remat_plan._trace
+    with mock.patch.object(remat_plan, "_trace", trace), caches.disabled():
+      cost(model, params, x, 32, remat="auto", memory_budget=1 << 40)
+    step, consts = traced[-1]
+    defaults = {"xla_backend_optimization_level": 2,
+                "xla_cpu_use_fusion_emitters": True}
+    for remat in (None, True, remat_schedule.binomial(32, 4)):
+      cheap = remat_plan._measure(step, consts, 32, remat)
+      with mock.patch.object(remat_plan, "_compile_options",
+                             lambda: defaults):
+        self.assertEqual(remat_plan._measure(step, consts, 32, remat),
+                         cheap)
 
   def assert_equal_values(self, ours, theirs):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(
