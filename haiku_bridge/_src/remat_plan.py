@@ -211,7 +211,11 @@ def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
       transform, `remat="auto"` plans the step itself).
     init: the first carry.
     xs: per-step inputs, each leaf with a leading axis of `length` steps.
-    memory_budget: bytes the loop's training-step temporaries may take.
+    memory_budget: the bytes the loop's part of a training step may take,
+      held by the compiled loop: its temporaries (what its backward pass
+      keeps, its outputs and their cotangents, the carry's cotangent, its
+      working memory) and the constants it compiles in (a schedule's
+      tables); not the params or their gradients, nor the rest of the step.
     length: the number of steps; taken from `xs` when not given.
     remat_policy: a `jax.checkpoint_policies` policy: per-step remat under
       it is a candidate too (as `remat="auto", remat_policy=` weighs it).
@@ -277,10 +281,7 @@ def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   for k in chosen.candidates:
     if key(k) in measured and k.temporaries <= memory_budget:
       return chosen._replace(choice=k)
-  raise ValueError(errors.message(
-      f"no remat plan for {length} steps compiled within memory_budget="
-      f"{memory_budget} bytes ({_CHECKS} checked). Raise the budget, or "
-      "shorten the scan."))
+  raise _over_budget(length, memory_budget, min(measured.values()))
 
 
 def key(k: Candidate) -> Key:
@@ -303,12 +304,16 @@ def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
                                  k.temporaries))
   fitting = [k for k in candidates if k.temporaries <= memory_budget]
   if not fitting:
-    least = min(k.temporaries for k in candidates)
-    raise ValueError(errors.message(
-        f"no remat plan for {length} steps fits memory_budget="
-        f"{memory_budget} bytes: the least any needs is {least} bytes "
-        "(predicted). Raise the budget, or shorten the scan."))
+    raise _over_budget(length, memory_budget,
+                       min(k.temporaries for k in candidates))
   return Plan(length, memory_budget, tuple(candidates), fitting[0])
+
+
+def _over_budget(length: int, memory_budget: int, least: int) -> ValueError:
+  return ValueError(errors.message(
+      f"no remat plan for {length} steps fits memory_budget="
+      f"{memory_budget} bytes: the least any needs is {least} bytes "
+      "(predicted). Raise the budget, or shorten the scan."))
 
 
 def _bytes(c: Coefficients, plan: Key, predicted: float) -> int:
