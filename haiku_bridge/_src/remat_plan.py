@@ -63,7 +63,6 @@ differentiate (no float reaches a float output) has one plan: the plain
 loop.
 """
 
-import functools
 import hashlib
 import math
 import os
@@ -586,7 +585,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   return hashlib.sha256(text.encode()).hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+@caches.memoize(maxsize=1)
 def _code_digest() -> str:
   code = hashlib.sha256()
   for module in _MEASURING_CODE + (sys.modules[__name__],):

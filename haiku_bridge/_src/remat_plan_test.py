@@ -285,7 +285,8 @@ class AutoTest(parameterized.TestCase):
     # Where they are, and what clears them.
     self.assertNotEqual(os.listdir(os.path.join(directory, "remat_plans")),
                         [])
-    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}):
+    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}), \
+        mock.patch.object(caches, "_enabled", True):
       hkb.clear_caches()
     self.assertFalse(os.path.exists(os.path.join(directory, "remat_plans")))
 
