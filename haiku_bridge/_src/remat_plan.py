@@ -477,8 +477,9 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
     return max(0.0, (k.flops - plain.flops) / length)
 
   r = recomputed(per_step)
-  measured = [((False, None, None, None), plain.bytes),
-              ((True, None, None, None), per_step.bytes)]
+  measured: list[tuple[Key, int]] = [
+      ((False, None, None, None), plain.bytes),
+      ((True, None, None, None), per_step.bytes)]
   with_policy = None
   if policy is not None:
     k = rest.pop(0)
@@ -525,12 +526,12 @@ def _checked(c: Coefficients, step: _Traced, consts, choice: Candidate,
   if got is None:
     got = (_ON_DISK.get(disk) or {}).get("bytes")
   if got is None:
+    schedule: Any = True  # remat=True: measured with the coefficients.
     if choice.remat == "binomial":
+      assert choice.slots is not None, "a binomial candidate has slots"
       schedule = remat_schedule.binomial(c.length, choice.slots)
     elif choice.remat == "nested":
       schedule = remat_schedule.nested(c.length, choice.groups)
-    else:  # Measured with the coefficients: here only if they were not.
-      schedule = True
     got = _measure(step, consts, c.length, schedule,
                    policy if choice.policy is not None else None).bytes
     _ON_DISK.put(disk, {"bytes": got})
@@ -581,7 +582,8 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
                getattr(device.client, "platform_version", ""),
                jax.__version__, jaxlib.__version__, _version(),
                _code_digest(), os.environ.get("XLA_FLAGS", ""),
-               sorted(_compile_options().items()), jax.config.jax_enable_x64))
+               sorted(_compile_options().items()),
+               str(jax.dtypes.canonicalize_dtype(np.int64))))  # x64 or not.
   return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -589,7 +591,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
 def _code_digest() -> str:
   code = hashlib.sha256()
   for module in _MEASURING_CODE + (sys.modules[__name__],):
-    with open(module.__file__, "rb") as f:
+    with open(str(module.__file__), "rb") as f:
       code.update(f.read())
   return code.hexdigest()
 
@@ -620,8 +622,8 @@ def _version() -> str:
 
 
 def _to_json(c: Coefficients) -> dict[str, Any]:
-  return {"format": _FORMAT, **c._replace(
-      measured=[[list(k), v] for k, v in c.measured])._asdict()}
+  return {"format": _FORMAT, **c._asdict(),
+          "measured": [[list(k), v] for k, v in c.measured]}
 
 
 def _from_json(value: Optional[dict[str, Any]]) -> Optional[Coefficients]:

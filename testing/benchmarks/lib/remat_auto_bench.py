@@ -283,7 +283,12 @@ def markdown(results: list[ModelResult]) -> str:
          "steps of the manual plans whose compiled temporaries fit; "
          "\"least manual\": the least FLOPs of those. FLOPs: of the compiled "
          "training step, every loop by its trip count "
-         "(`haiku_bridge/_src/hlo_flops.py`), in millions.", "",
+         "(`haiku_bridge/_src/hlo_flops.py`), in millions. Bytes: XLA's "
+         "temporaries and the program's constants (a schedule's tables), "
+         "what `memory_budget` counts; \"predicted\" for auto's plan is the "
+         "figure its plan holds for the choice: the loop's gradient "
+         "compiled, as the plan checks it; \"compiled\" is the whole "
+         "training step.", "",
          "| model | budget | budget (KiB) | auto's plan | predicted (KiB) | "
          "compiled (KiB) | compiled / budget | recomputed steps | "
          "fewest manual | MFLOPs | least manual MFLOPs | FLOPs / least |",
