@@ -13,12 +13,19 @@ than 10% off. `--small`: small shapes for a CPU (a minute or two).
 
     PYTHONPATH=. python3 testing/remat_gpu_check.py            # the GPU's run
     PYTHONPATH=. python3 testing/remat_gpu_check.py --small    # a CPU's
+    PYTHONPATH=. python3 testing/remat_gpu_check.py --only 'jax_lstm|lstm_4096'
+
+Each model prints its seconds: on a GPU (XLA autotunes every compile, and
+the measuring compiles keep XLA's defaults there), pick with `--only` what
+fits the time.
 """
 
 import argparse
 import contextlib
 import functools
+import re
 import sys
+import time
 from typing import Any, Iterator
 from unittest import mock
 
@@ -144,7 +151,11 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--small", action="store_true",
                       help="small shapes, for a CPU")
-  small = parser.parse_args().small
+  parser.add_argument("--only", default="",
+                      help="a regular expression: only the models it finds "
+                           "(e.g. 'jax_lstm|lstm_4096')")
+  args = parser.parse_args()
+  small, only = args.small, re.compile(args.only)
   print(f"backend {jax.default_backend()}: {jax.devices()[0].device_kind}, "
         f"jax {jax.__version__}", flush=True)
   if small:
@@ -155,15 +166,22 @@ def main() -> int:
     hidden, batch, length = 1024, 64, 4096
   rows = []
   for name, model in grid.items():
+    if not only.search(name):
+      continue
+    start = time.perf_counter()
     net, x = model()
     params = net.init(KEY, x)
     rows += check(name, functools.partial(haiku_step, model), (params, x))
     print("\n".join(r for r, _ in rows[-4:]), flush=True)
-  step_of, params = lstm_step(hidden, batch, 32)
-  xs = jnp.ones([length, batch, 32])
-  rows += check(f"jax_lstm_H{hidden}_B{batch}_T{length}", step_of,
-                (params, xs))
-  print("\n".join(r for r, _ in rows[-4:]), flush=True)
+    print(f"     ({time.perf_counter() - start:.0f} s)", flush=True)
+  name = f"jax_lstm_H{hidden}_B{batch}_T{length}"
+  if only.search(name):
+    start = time.perf_counter()
+    step_of, params = lstm_step(hidden, batch, 32)
+    xs = jnp.ones([length, batch, 32])
+    rows += check(name, step_of, (params, xs))
+    print("\n".join(r for r, _ in rows[-4:]), flush=True)
+    print(f"     ({time.perf_counter() - start:.0f} s)", flush=True)
   failed = [r for r, ok in rows if not ok]
   print(f"{len(rows) - len(failed)} of {len(rows)} within bounds"
         + ("" if not failed else ":\n" + "\n".join(failed)))

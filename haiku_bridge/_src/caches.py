@@ -185,12 +185,13 @@ class OnDisk:
     if path is None:
       return
     try:
+      text = json.dumps(value)
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with tempfile.NamedTemporaryFile(
           "w", dir=os.path.dirname(path), suffix=".tmp", delete=False) as f:
-        json.dump(value, f)
+        f.write(text)
       os.replace(f.name, path)
-    except OSError:
+    except (OSError, TypeError, ValueError):  # Unwritable, or not JSON.
       pass
 
   def clear(self) -> None:
