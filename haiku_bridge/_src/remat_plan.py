@@ -92,8 +92,9 @@ class Candidate(NamedTuple):
     remat: `False`, `True`, `"nested"` or `"binomial"`, as `remat=` takes it.
     slots: the carries a schedule keeps (None without one).
     groups: `remat_groups` of `"nested"` (None otherwise).
-    temporaries: predicted bytes of temporaries of a training step of the
-      loop (what the backward pass keeps, and its working memory).
+    temporaries: bytes of a training step of the loop that the budget
+      counts (XLA's temporaries and the constants compiled in): compiled
+      where the plan compiled it, else predicted.
     recomputed_steps: the steps whose forward the backward pass runs
       again (in whole or, under a policy, in part): T for `remat=True`, T
       and the advances that rebuild carries for a schedule.
