@@ -17,6 +17,8 @@ import os
 import re
 import sys
 
+from sphinx.util.typing import stringify_annotation
+
 # Document the checkout this file is in, not whatever haiku_bridge is installed
 # (under Bazel, testing/build_docs.py builds a copy of the pages: there the
 # package comes from the runfiles).
@@ -72,6 +74,11 @@ myst_heading_anchors = 3
 
 html_theme = "alabaster"
 html_title = f"haiku_bridge {release}"
+# A text column wide enough for the docstrings' 100-column examples; what is still wider wraps
+# (_static/haiku_bridge.css), never runs off the right.
+html_theme_options = {"page_width": "1180px", "body_max_width": "none"}
+html_static_path = ["_static"]
+html_css_files = ["haiku_bridge.css"]
 
 # The generated benchmark tables (testing/benchmarks/results/pipeline.md) start
 # at a level-2 heading; heading levels are all this silences.
@@ -97,6 +104,62 @@ def _plurals_of_code(app, what, name, obj, options, lines):
       lines[i] = _CODE_THEN_LETTER.sub(r"\1\\ ", line)
 
 
+# The public type aliases, shown by name and linked to their entry wherever a parameter or a field
+# is annotated with one, instead of the `Literal`s it stands for (`RematMode`, not
+# `bool | Literal['nested', 'binomial'] | ~typing.Literal['auto']`). autodoc_type_aliases cannot
+# do this: it applies only to annotations written as strings.
+_ALIASES = {"RematMode": haiku_bridge.RematMode,
+            "PipelineSchedule": haiku_bridge.PipelineSchedule}
+
+
+def _alias_spellings(short_literals: bool) -> list[tuple[str, str]]:
+  """`(how Sphinx writes an alias's type, its name)`, longest first.
+
+  Each in the modes that autodoc (parameters) and napoleon (fields) write annotations in.
+  """
+  spelled = {}
+  for name, alias in _ALIASES.items():
+    for mode in ("smart", "fully-qualified-except-typing", "fully-qualified"):
+      text = stringify_annotation(alias, mode, short_literals=short_literals)
+      spelled[text] = f"~haiku_bridge.{name}"
+  return sorted(spelled.items(), key=lambda item: -len(item[0]))
+
+
+# napoleon writes a field's class by its full path (`haiku_bridge._src.sharding.ShardingRules`).
+_PRIVATE_PATH = re.compile(r"(?<![\w.~])haiku_bridge\._src(?:\.\w+)*\.(\w+)")
+
+
+def _public_path(match: re.Match[str]) -> str:
+  """A class of the library by its public name where it has one, else by its own name."""
+  name = match[1]
+  if name in haiku_bridge.__all__:
+    return f"~haiku_bridge.{name}"
+  return f"~{match[0]}"
+
+
+def _readable_types(app, text: str) -> str:
+  """`text` with the aliases by name, and the library's classes by their public names."""
+  for spelled, name in _alias_spellings(app.config.python_display_short_literal_types):
+    text = text.replace(spelled, name)
+  return _PRIVATE_PATH.sub(_public_path, text)
+
+
+def _readable_signature_types(app, what, name, obj, options, signature, return_annotation):
+  """autodoc-process-signature: the parameter types autodoc recorded, readable."""
+  del what, obj, options, signature, return_annotation  # Unused.
+  annotations = app.env.current_document.autodoc_annotations.get(name, {})
+  for param, text in annotations.items():
+    annotations[param] = _readable_types(app, text)
+
+
+def _readable_field_types(app, what, name, obj, options, lines):
+  """autodoc-process-docstring, after napoleon: the `:vartype:` / `:type:` fields, readable."""
+  del what, name, obj, options  # Unused.
+  for i, line in enumerate(lines):
+    if re.match(r"\s*:(var)?type ", line):
+      lines[i] = _readable_types(app, line)
+
+
 def _front_page(app, exception):
   """build-finished: index.html at the top leads to docs/index.html."""
   if exception is None and app.builder.format == "html":
@@ -108,4 +171,6 @@ def _front_page(app, exception):
 
 def setup(app):
   app.connect("autodoc-process-docstring", _plurals_of_code)
+  app.connect("autodoc-process-docstring", _readable_field_types, priority=600)
+  app.connect("autodoc-process-signature", _readable_signature_types)
   app.connect("build-finished", _front_page)

@@ -32,13 +32,14 @@ the custom gradient against the plain one (they differ on the routed block
 weights, agree elsewhere) and against an independent reference written with
 `lax.stop_gradient`.
 
-Run it with
+Run it from a checkout, with haiku_bridge and what the examples import
+installed (`pip install ".[examples]"`, once):
+
+    python examples/custom_vjp_routing.py
+
+(from any other directory, with the file's path), or with Bazel:
 
     bazel run //examples:custom_vjp_routing
-
-or, without Bazel, from the repository root:
-
-    PYTHONPATH=. python3 examples/custom_vjp_routing.py
 """
 
 from typing import Any, Callable, Iterator

@@ -11,8 +11,14 @@ The example trains the mixed model on a toy regression task with
 trained NNX block against the same NNX module run natively with the weights
 Haiku holds.
 
+Run it from a checkout, with haiku_bridge and what the examples import
+installed (`pip install ".[examples]"`, once):
+
+    python examples/foreign_modules.py
+
+(from any other directory, with the file's path), or with Bazel:
+
     bazel run //examples:foreign_modules
-    PYTHONPATH=. python3 examples/foreign_modules.py
 """
 
 import functools

@@ -13,8 +13,14 @@ computes the same outputs. The stax params (a list of `(W, b)` tuples and
 empty tuples for activation layers) are stored as `net/head/layer_0_0` (W of
 layer 0), `net/head/layer_0_1` (its b), `net/head/layer_2_0`, ...
 
+Run it from a checkout, with haiku_bridge and what the examples import
+installed (`pip install ".[examples]"`, once):
+
+    python examples/foreign_stax.py
+
+(from any other directory, with the file's path), or with Bazel:
+
     bazel run //examples:foreign_stax
-    PYTHONPATH=. python3 examples/foreign_stax.py
 """
 
 import os

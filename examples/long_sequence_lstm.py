@@ -20,8 +20,14 @@ keeps for the backward pass is its carry. The example
    `hk.dynamic_unroll`'s, on the same params;
 3. trains a few steps of Adam (optax) with that schedule, the loss falling.
 
+Run it from a checkout, with haiku_bridge and what the examples import
+installed (`pip install ".[examples]"`, once):
+
+    python examples/long_sequence_lstm.py --length=4096 --remat=nested
+
+(from any other directory, with the file's path), or with Bazel:
+
     bazel run //examples:long_sequence_lstm
-    PYTHONPATH=. python3 examples/long_sequence_lstm.py --length=4096 --remat=nested
 """
 
 from typing import Any

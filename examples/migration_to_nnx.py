@@ -11,8 +11,14 @@ checks that both give the same outputs and gradients, trains on in NNX with
 `nnx.Optimizer`, and exports the NNX weights back to Haiku's layout (same
 outputs again).
 
+Run it from a checkout, with haiku_bridge and what the examples import
+installed (`pip install ".[examples]"`, once):
+
+    python examples/migration_to_nnx.py
+
+(from any other directory, with the file's path), or with Bazel:
+
     bazel run //examples:migration_to_nnx
-    PYTHONPATH=. python3 examples/migration_to_nnx.py
 """
 
 import os
@@ -73,6 +79,25 @@ def train_haiku(num_steps: int) -> tuple[Any, Any, list[float]]:
   return params, state, losses
 
 
+def eval_loss(predict) -> float:
+  """The loss on the training data with dropout off and batch norm's averages.
+
+  The loss each training step reports is drawn under dropout: at this size it
+  moves by more than a few steps of progress, so the phases compare this one.
+  """
+  x, y = data()
+  return float(jnp.mean((predict(x) - y) ** 2))
+
+
+def haiku_loss(params, state) -> float:
+  return eval_loss(lambda x: HAIKU.apply(params, state, None, x,
+                                         is_training=False)[0])
+
+
+def nnx_loss(model: nnx.Module) -> float:
+  return eval_loss(lambda x: model(x, is_training=False))
+
+
 def save(path: str, params, state) -> None:
   """A Haiku checkpoint: `params/<module>/<name>`, `state/<module>/<name>`."""
   np.savez(path, **{f"{kind}/{module}/{name}": np.asarray(value)
@@ -117,9 +142,11 @@ def train_nnx(model: nnx.Module, num_steps: int) -> list[float]:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  params, state, losses = train_haiku(_HAIKU_STEPS.value)
-  print(f"Haiku: loss {losses[0]:.4f} at step 0, {losses[-1]:.4f} at step "
-        f"{len(losses) - 1}.")
+  print("Loss: mean squared error on the training data, dropout off.")
+  initial = haiku_loss(*HAIKU.init(jax.random.PRNGKey(0), data()[0]))
+  params, state, _ = train_haiku(_HAIKU_STEPS.value)
+  print(f"Haiku: loss {initial:.4f} at init, {haiku_loss(params, state):.4f} "
+        f"after {_HAIKU_STEPS.value} steps.")
   model = migrate(params, state)
   print("NNX module params (Haiku's names):",
         sorted(nnx.to_pure_dict(nnx.state(model, nnx.Param))["params"]))
@@ -130,9 +157,10 @@ def main(argv: list[str]) -> None:
                              rtol=1e-6)
   print("Same outputs in NNX as in Haiku.")
 
-  nnx_losses = train_nnx(model, _NNX_STEPS.value)
-  print(f"NNX: loss {nnx_losses[0]:.4f} at step 0, {nnx_losses[-1]:.4f} at "
-        f"step {len(nnx_losses) - 1}.")
+  migrated = nnx_loss(model)
+  train_nnx(model, _NNX_STEPS.value)
+  print(f"NNX: loss {migrated:.4f} after migration, {nnx_loss(model):.4f} "
+        f"after {_NNX_STEPS.value} more steps.")
   back_out, _ = HAIKU.apply(model.haiku_params(), model.haiku_state(), None,
                             x, is_training=False)
   np.testing.assert_allclose(model(x, is_training=False), back_out,

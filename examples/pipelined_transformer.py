@@ -16,22 +16,23 @@ shapes and initial values, so a checkpoint moves between the two untouched;
 the losses and trained params are the unpipelined model's, up to float
 rounding (pipelined_transformer_test.py checks both).
 
-Run it with
-
-    bazel run //examples:pipelined_transformer
-
-or, without Bazel, from the repository root (on a CPU, the 8 devices are
+Run it from a checkout, with haiku_bridge and what the examples import
+installed (`pip install ".[examples]"`, once; on a CPU, the 8 devices are
 simulated by XLA):
 
-    PYTHONPATH=. python3 examples/pipelined_transformer.py --schedule=circular
+    python examples/pipelined_transformer.py --schedule=circular
+
+(from any other directory, with the file's path), or with Bazel:
+
+    bazel run //examples:pipelined_transformer
 
 As 2 processes (`jax.distributed`, each with 4 of the 8 devices: stages 0-1
 on one, 2-3 on the other, so activations cross between processes), run one
 command per process:
 
-    PYTHONPATH=. python3 examples/pipelined_transformer.py --num_processes=2 \
+    python examples/pipelined_transformer.py --num_processes=2 \
         --process_id=0 --coordinator_address=localhost:12355 &
-    PYTHONPATH=. python3 examples/pipelined_transformer.py --num_processes=2 \
+    python examples/pipelined_transformer.py --num_processes=2 \
         --process_id=1 --coordinator_address=localhost:12355
 """
 
@@ -50,7 +51,13 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
-from examples import processes
+# As a module (`python -m examples.pipelined_transformer`, the tests, Bazel's library) or as a
+# file (`python examples/pipelined_transformer.py`: the file's folder is first on sys.path,
+# and "examples" may name dm-haiku's own examples, which its wheel installs).
+if __package__:
+  from examples import processes
+else:
+  import processes  # pylint: disable=g-import-not-at-top
 
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 40, "SGD steps to run.")
 _SCHEDULE = flags.DEFINE_enum("schedule", "gpipe", ["gpipe", "circular"],

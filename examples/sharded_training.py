@@ -28,21 +28,22 @@ gives by default) makes the shardings part of the types, so the two matmuls
 that contract a split dimension name their output's sharding
 (`out_sharding=`); with `--axis_type=auto` they are hints to XLA.
 
-Run it with
-
-    bazel run //examples:sharded_training
-
-or, without Bazel, from the repository root (on a CPU, the 8 devices are
+Run it from a checkout, with haiku_bridge and what the examples import
+installed (`pip install ".[examples]"`, once; on a CPU, the 8 devices are
 simulated by XLA):
 
-    PYTHONPATH=. python3 examples/sharded_training.py
+    python examples/sharded_training.py
+
+(from any other directory, with the file's path), or with Bazel:
+
+    bazel run //examples:sharded_training
 
 As N processes (`jax.distributed`, one per host; here two on localhost, each
 with 4 of the 8 CPU devices), run one command per process:
 
-    PYTHONPATH=. python3 examples/sharded_training.py --num_processes=2 \
+    python examples/sharded_training.py --num_processes=2 \
         --process_id=0 --coordinator_address=localhost:12355 &
-    PYTHONPATH=. python3 examples/sharded_training.py --num_processes=2 \
+    python examples/sharded_training.py --num_processes=2 \
         --process_id=1 --coordinator_address=localhost:12355
 
 Each process feeds its own rows of the batch
@@ -65,7 +66,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
-from examples import processes
+# As a module (`python -m examples.sharded_training`, the tests, Bazel's library) or as a
+# file (`python examples/sharded_training.py`: the file's folder is first on sys.path,
+# and "examples" may name dm-haiku's own examples, which its wheel installs).
+if __package__:
+  from examples import processes
+else:
+  import processes  # pylint: disable=g-import-not-at-top
 
 
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 100, "SGD steps to run.")

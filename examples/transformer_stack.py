@@ -12,8 +12,14 @@ stacked weights mapped to the loop's per-layer names with
 `hkb.unstack_params`), and prints trace+compile time and compiled temporary
 memory against depth.
 
+Run it from a checkout, with haiku_bridge and what the examples import
+installed (`pip install ".[examples]"`, once):
+
+    python examples/transformer_stack.py --depths=2,8,32
+
+(from any other directory, with the file's path), or with Bazel:
+
     bazel run //examples:transformer_stack
-    PYTHONPATH=. python3 examples/transformer_stack.py --depths=2,8,32
 """
 
 import time

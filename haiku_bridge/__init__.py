@@ -7,6 +7,7 @@ from haiku_bridge._src.custom_grad import custom_jvp
 from haiku_bridge._src.custom_grad import custom_vjp
 from haiku_bridge._src.custom_grad import route_cotangents
 from haiku_bridge._src.custom_grad import vjp_fwd
+from haiku_bridge._src.errors import UnsupportedHaikuError
 from haiku_bridge._src.hk_namespace import hk
 from haiku_bridge._src.modes import PipelineSchedule
 from haiku_bridge._src.modes import RematMode
@@ -14,6 +15,8 @@ from haiku_bridge._src.modes import RematMode
 from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.pipeline import Pipeline
 from haiku_bridge._src.remat_plan import remat_plan
+from haiku_bridge._src.remat_plan import RematCandidate
+from haiku_bridge._src.remat_plan import RematPlan
 from haiku_bridge._src.scan import layer_scan
 from haiku_bridge._src.scan import repeat_layer
 from haiku_bridge._src.stacked_init import stacked_init
@@ -23,9 +26,11 @@ from haiku_bridge._src.sharding import explain_shardings
 from haiku_bridge._src.sharding import gather_over
 from haiku_bridge._src.sharding import param_shardings
 from haiku_bridge._src.sharding import param_specs
+from haiku_bridge._src.sharding import ShardingReport
 from haiku_bridge._src.sharding import ShardingRules
 from haiku_bridge._src.unrolled_names import stack_params
 from haiku_bridge._src.unrolled_names import unstack_params
+from haiku_bridge._src.versions import UntestedVersionWarning
 from haiku_bridge._src import versions as _versions
 
 _versions.warn_if_untested()  # Once, on import: a jax or dm-haiku newer than the tested set.
@@ -35,8 +40,13 @@ __version__ = "0.1.0"
 __all__ = (
     "Pipeline",
     "PipelineSchedule",
+    "RematCandidate",
     "RematMode",
+    "RematPlan",
+    "ShardingReport",
     "ShardingRules",
+    "UnsupportedHaikuError",
+    "UntestedVersionWarning",
     "call_pure",
     "clear_caches",
     "custom_jvp",

@@ -66,9 +66,15 @@ COVERAGE = {
     "Pipeline": {"wrong_type", "shape_or_depth", "unknown_name"},
     "PipelineSchedule": set(),  # A type (of `Pipeline(schedule=)`), not a function.
     "RematMode": set(),  # A type (of `remat=`), not a function.
+    # RematPlan / RematCandidate: records `remat_plan` returns (named tuples), not functions.
+    "RematCandidate": set(),
+    "RematPlan": set(),
+    "UnsupportedHaikuError": set(),  # An exception class that import raises, takes no input.
+    "UntestedVersionWarning": set(),  # A warning class that import issues, takes no input.
     # Pipeline: keyword fields of distinct types; a swap shows as wrong_type.
     "ShardingRules": {"wrong_type", "wrong_arity", "unknown_name", "shape_or_depth"},
     # argument_order: rules and stacked= are distinct types, caught as wrong_type.
+    "ShardingReport": set(),  # What `explain_shardings` returns; users do not build one.
     "call_pure": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
                   "argument_order"},
     "clear_caches": set(),  # Takes no arguments.
@@ -86,8 +92,9 @@ COVERAGE = {
     "param_specs": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
     "repeat_layer": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
                      "argument_order"},
-    "remat_plan": {"wrong_type", "shape_or_depth", "argument_order"},
-    # remat_plan: a scan's arguments, by keyword after f, init and xs; no names to look up.
+    "remat_plan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+    # remat_plan: a scan's arguments, by keyword after f, init and xs, or a loop's (checked by the
+    # loop); no names to look up.
     "route_cotangents": {"wrong_type", "wrong_arity", "shape_or_depth"},
     "scan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
     "dynamic_unroll": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
@@ -598,7 +605,8 @@ def lstm_unroll(*args, **kwargs):
 
 
 class Remat_planTest(TestCase):
-  """`remat_plan(f, init, xs, *, memory_budget, length=None)`."""
+  """`remat_plan(f, *args, memory_budget, remat_policy=None, **options)`: a step's `init, xs,
+  length=`, or a loop's arguments."""
 
   def test_wrong_type(self):
     for kwargs, argument in ((dict(f=None), "f"), (dict(memory_budget="1GB"), "memory_budget"),
@@ -619,6 +627,12 @@ class Remat_planTest(TestCase):
   def test_argument_order_f_and_init_swapped(self):
     with refused(self, TypeError, "remat_plan", "f"):
       hkb.remat_plan(X, step, SEQUENCE, memory_budget=1 << 20)
+
+  def test_wrong_arity(self):
+    # A step with a loop's arguments (a core's state after xs), or a scan's `length` by position.
+    for args in ((X, SEQUENCE, X), (X, SEQUENCE, 3)):
+      with refused(self, TypeError, "remat_plan", "f"):
+        hkb.remat_plan(step, *args, memory_budget=1 << 20)
 
 
 class ScanTest(TestCase):

@@ -6,6 +6,10 @@ napoleon. A broken link between the Markdown pages, a docstring that is not vali
 reStructuredText, or an autodoc entry whose object is gone fails it; so does a name of
 `haiku_bridge.__all__` that no page documents (as Haiku's docs build checks), or a class entry
 that lists a field twice (its `Attributes:` as Variables, and again as constructor Parameters).
+The built HTML is read as a reader sees it: every page takes the stylesheet that wraps long code
+lines (docs/_static/haiku_bridge.css) instead of cutting them off at the right, the types of
+parameters and fields read as written (`RematMode`, not the `~typing.Literal`s it stands for, and
+no `haiku_bridge._src.` path), and no two sidebar entries share a title.
 
 The docstrings' examples are not run here: haiku_bridge/doctest_test.py runs every `>>>` example
 of every public name and method (the docstrings the API pages show) and of every module, and
@@ -13,8 +17,12 @@ testing/readme_test.py every Python snippet of the Markdown pages. Running them 
 `sphinx.ext.doctest` would repeat that work.
 """
 
+import glob
+import html
 import os
+import re
 import tempfile
+import typing
 
 from absl.testing import absltest
 from docutils import nodes
@@ -54,6 +62,22 @@ def listed_twice(fields: dict[str, dict[str, list[str]]]) -> dict[str, list[str]
   return {name: names for name, names in twice.items() if names}
 
 
+def text_of(page: str) -> str:
+  """What a reader of the HTML `page` sees: its text, without tags, whitespace collapsed."""
+  return " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
+
+
+def sidebar_titles(page: str) -> list[str]:
+  """The titles of the sidebar's top-level entries (the toctrees' pages) on the HTML `page`."""
+  sidebar = page[page.index('<div class="sphinxsidebar"'):]
+  return [text_of(title) for title in
+          re.findall(r'<li class="toctree-l1[^"]*"><a [^>]*>(.*?)</a>', sidebar, re.DOTALL)]
+
+
+def repeated(titles: list[str]) -> list[str]:
+  return sorted({title for title in titles if titles.count(title) > 1})
+
+
 class DocsTest(absltest.TestCase):
 
   @classmethod
@@ -84,6 +108,51 @@ class DocsTest(absltest.TestCase):
     self.assertIn("params", fields["ShardingReport"]["Variables"])
     self.assertIn("rules", fields["ShardingRules"]["Parameters"])
     self.assertEqual(listed_twice(fields), {})
+
+  def test_what_explain_shardings_returns_is_public(self):
+    self.assertIs(typing.get_type_hints(hkb.explain_shardings)["return"], hkb.ShardingReport)
+    self.assertIn("haiku_bridge.ShardingReport", self.app.env.get_domain("py").objects)
+
+  def test_every_page_takes_the_stylesheet_that_wraps_code(self):
+    pages = glob.glob(os.path.join(self.out, "**", "*.html"), recursive=True)
+    self.assertGreater(len(pages), 20)
+    for path in pages:
+      if os.path.basename(path) == "index.html" and os.path.dirname(path) == self.out:
+        continue  # The redirect to docs/index.html.
+      with open(path) as f:
+        linked = re.search(r'<link [^>]*href="[./]*_static/haiku_bridge.css', f.read())
+      self.assertIsNotNone(linked, f"{path} does not link _static/haiku_bridge.css")
+    with open(os.path.join(self.out, "_static", "haiku_bridge.css")) as f:
+      css = f.read()
+    for selector in ("div.highlight pre", "span.pre"):  # Code blocks, inline code.
+      rule = re.search(re.escape(selector) + r"[^{]*\{([^}]*)\}", css)
+      self.assertIsNotNone(rule, selector)
+      self.assertIn("white-space: pre-wrap", rule[1], selector)
+
+  def test_types_read_as_written(self):
+    pages = {}
+    for path in glob.glob(os.path.join(self.out, "docs", "api", "*.html")):
+      with open(path) as f:
+        pages[os.path.basename(path)] = text = text_of(f.read())
+      self.assertEqual(re.findall(r".{0,40}(?:typing\.|haiku_bridge\._src\.).{0,40}", text), [],
+                       path)
+    self.assertIn("remat (RematMode)", pages["layer_scan.html"])
+    self.assertIn("remat (RematMode)", pages["time_scan.html"])
+    self.assertIn("schedule (PipelineSchedule)", pages["pipelines_and_sharding.html"])
+    self.assertIn("rules (ShardingRules)", pages["pipelines_and_sharding.html"])
+
+  def test_sidebar_titles_are_distinct(self):
+    with open(os.path.join(self.out, "docs", "api", "core.html")) as f:
+      titles = sidebar_titles(f.read())
+    self.assertContainsSubset(["Core: call_pure", "Errors", "Changelog"], titles)
+    self.assertEqual(repeated(titles), [])
+
+  def test_sidebar_titles_finds_a_repeated_title(self):
+    page = ('<div class="sphinxsidebar"><ul><li class="toctree-l1"><a href="a.html">Time <code>'
+            'scan</code></a></li><li class="toctree-l1 current"><a class="x" href="b.html">Time '
+            'scan</a><ul><li class="toctree-l2"><a href="#c">Time scan</a></li></ul></li></ul>')
+    self.assertEqual(sidebar_titles(page), ["Time scan", "Time scan"])
+    self.assertEqual(repeated(sidebar_titles(page) + ["Other"]), ["Time scan"])
 
   def test_listed_twice_finds_a_repeated_field(self):
     fields = {"A": {"Variables": ["x", "y"], "Parameters": ["y", "z"]},

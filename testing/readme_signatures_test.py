@@ -1,7 +1,7 @@
-"""The public signatures that the README's prose names agree with the code.
+"""The public signatures that the prose of the README and the guides names agree with the code.
 
-readme_test.py runs the README's snippets; this checks the calls written in its text, in inline
-code such as `hkb.layer_scan(layer, carry, xs=None, *, num_layers=None, ...)`:
+readme_test.py runs their snippets; this checks the calls written in their text, in inline code
+such as `hkb.layer_scan(layer, carry, xs=None, *, num_layers=None, ...)`:
 
 - every keyword argument written in a call of a public name exists in that name's signature
   (for `repeat_layer`, whose `**options` are `layer_scan`'s, in either);
@@ -15,6 +15,7 @@ first check applies to them.
 Haiku's own names (`hk.layer_stack(...)`) are not checked.
 """
 
+import glob
 import inspect
 import os
 import re
@@ -25,6 +26,8 @@ from absl.testing import absltest
 import haiku_bridge as hkb
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DOCS = ["README.md"] + sorted(
+    os.path.relpath(path, _ROOT) for path in glob.glob(os.path.join(_ROOT, "docs", "*.md")))
 # Public functions whose `**kwargs` are another public function's keyword arguments.
 _FORWARDS = {"repeat_layer": "layer_scan"}
 
@@ -127,11 +130,15 @@ class ReadmeSignaturesTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    with open(os.path.join(_ROOT, "README.md")) as f:
-      self.calls = public_calls(f.read())
+    self.calls = []
+    for doc in _DOCS:
+      with open(os.path.join(_ROOT, doc)) as f:
+        self.calls += public_calls(f.read())
 
   def test_calls_are_found(self):
-    # Guards the parsing: the README names these signatures today.
+    # Guards the parsing, and that the guides are read: the README and docs/sharding.md name these
+    # signatures today.
+    self.assertIn(os.path.join("docs", "sharding.md"), _DOCS)
     names = {call.name for call in self.calls}
     self.assertContainsSubset({"call_pure", "layer_scan", "repeat_layer", "custom_vjp",
                                "from_flax", "ShardingRules.from_foreign"}, names)

@@ -3,6 +3,8 @@
 Every snippet runs alone, in a new Python process, from an empty directory: it must import what it
 uses and set up what it needs (the sharding snippets give JAX 8 CPU devices in their first lines).
 The process finds `haiku_bridge` where this test does, as an installed package would be found.
+The README's first screen is checked too: its install section and quickstart come first, and the
+two commands that run the main example and every test follow before the features.
 """
 
 import glob
@@ -44,8 +46,9 @@ def run_alone(code: str) -> subprocess.CompletedProcess:
       f.write(code)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     # JAX's device count comes from the snippet alone, never from this process's flags; the
-    # compile flags are every test's (testing/xla_flags.py: cheaper code, the same programs).
-    env["XLA_FLAGS"] = xla_flags.FLAGS
+    # compile flags are every test's (testing/xla_flags.py: cheaper code, the same programs), those
+    # the installed XLA knows.
+    env["XLA_FLAGS"] = xla_flags.flags()
     return subprocess.run([sys.executable, path], cwd=directory, env=env, capture_output=True,
                           text=True, timeout=_TIMEOUT_S, check=False)
 
@@ -54,10 +57,23 @@ class ReadmeTest(parameterized.TestCase):
 
   def test_docs_are_found(self):
     # Under Bazel the docs are data files; a missing one would pass silently.
-    for name in ("README.md", "docs/errors.md", "docs/foreign_libraries.md", "docs/naming.md",
-                 "docs/sharding.md"):
+    for name in ("README.md", "docs/comparison.md", "docs/errors.md", "docs/foreign_libraries.md",
+                 "docs/install.md", "docs/naming.md", "docs/remat.md", "docs/sharding.md"):
       self.assertIn(name, _DOCS)
     self.assertNotEmpty([s for s in all_snippets() if s[0] == "README.md"])
+
+  def test_readme_opens_with_install_and_quickstart(self):
+    # The first screen is what the library is, its install and the quickstart; the version detail
+    # is docs/install.md's. The commands that run the main example and every test (CI's) follow,
+    # word for word, before the features.
+    with open(os.path.join(_ROOT, "README.md")) as f:
+      readme = f.read()
+    self.assertEqual(re.findall(r"^## (.+)$", readme, re.MULTILINE)[:2], ["Install", "Quickstart"])
+    self.assertLess(readme[:readme.index("\n## Quickstart\n")].count("\n"), 30)
+    before_features = readme[:readme.index("\n## Features\n")]
+    for command in ("bash testing/setup.sh && bazel run //examples:custom_vjp_routing",
+                    "bash testing/setup.sh && bazel test //..."):
+      self.assertIn(f"\n{command}\n", before_features)
 
   def test_a_snippet_runs_alone(self):
     # Guards the runner: a name from another snippet is not defined.

@@ -4,21 +4,20 @@ Small widths, so a grid of them compiles in minutes; shared by
 haiku_bridge/_src/remat_plan_test.py (predictions against compiled memory)
 and testing/benchmarks/lib/remat_auto_bench.py (the Pareto plot). Each takes
 the loop's remat keywords and returns the transformed net and its input.
-`plans_made` records the plans `remat="auto"` makes (remat_plan_test,
+`plans_made` records the plans `remat="auto"` makes, as the loops log them (remat_plan_test,
 pipeline_test); `step_cost` compiles a training step and measures it.
 """
 
 import contextlib
 import functools
+import logging
 from typing import Any, Callable, Iterator, NamedTuple
-from unittest import mock
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
-from haiku_bridge._src import remat_plan
 from haiku_bridge._src import hlo_flops
 from testing import transformer as transformer_lib
 
@@ -27,18 +26,31 @@ WIDTH = 64
 CHANNELS = 16
 
 
+class _Plans(logging.Handler):
+  """Keeps the `RematPlan` of each record the `haiku_bridge.remat` logger writes."""
+
+  def __init__(self):
+    super().__init__(logging.INFO)
+    self.plans: list[hkb.RematPlan] = []
+
+  def emit(self, record):
+    self.plans.extend(a for a in record.args if isinstance(a, hkb.RematPlan))
+
+
 @contextlib.contextmanager
-def plans_made() -> Iterator[list[remat_plan.Plan]]:
-  """The `remat_plan.Plan`s that `remat="auto"` makes while the block runs, in order."""
-  made = []
-  real = remat_plan.plan
-
-  def spy(*args, **kwargs):
-    made.append(real(*args, **kwargs))
-    return made[-1]
-
-  with mock.patch.object(remat_plan, "plan", spy):
-    yield made
+def plans_made() -> Iterator[list[hkb.RematPlan]]:
+  """The plans `remat="auto"` makes while the block runs, in order (as every loop logs them)."""
+  log = logging.getLogger("haiku_bridge.remat")
+  handler, level, propagate = _Plans(), log.level, log.propagate
+  log.addHandler(handler)
+  log.setLevel(logging.INFO)
+  log.propagate = False  # Kept here, not printed.
+  try:
+    yield handler.plans
+  finally:
+    log.removeHandler(handler)
+    log.setLevel(level)
+    log.propagate = propagate
 
 
 class StepCost(NamedTuple):

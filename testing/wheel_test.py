@@ -5,23 +5,20 @@ into a fresh virtual environment with its `flax` and `equinox` extras, and the q
 from an empty directory, so that the installed package is what is imported, not this checkout. A
 module or a file missing from the wheel, a test file in it (`*_test.py` stay in the source tree:
 setup.py leaves them out), a dependency or an extra that the package does not declare, or a
-version that disagrees with the package's fails here.
+version that disagrees with the package's fails here. So does a package without its licence: the
+LICENSE (Apache-2.0, the text jax, dm-haiku, Flax and Optax ship) and NOTICE must be in the sdist
+and the wheel, and the metadata must name the licence, the authors, the project's URLs, its
+classifiers and keywords.
 
-Offline: the build runs without isolation on the setuptools installed here, and the fresh
-environment sees this interpreter's installed packages (jax, Haiku, Flax, Equinox) through a `.pth`
-file, so pip installs the wheel with `--no-index` and finds every dependency already satisfied, or
-fails naming the one it lacks.
+Offline, as `testing/installed_package.py` builds and installs it.
 """
 
 import email.parser
+import importlib.metadata
 import json
 import os
 import re
 import shutil
-import site
-import subprocess
-import sys
-import sysconfig
 import tarfile
 import tempfile
 import textwrap
@@ -29,9 +26,11 @@ import zipfile
 
 from absl.testing import absltest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from testing import installed_package
+
+_ROOT = installed_package.ROOT
 _EXTRAS = ("flax", "equinox")
-_TIMEOUT_S = 240
+_LICENSE_FILES = ("LICENSE", "NOTICE")
 
 # Run in the fresh environment after the quickstart: where haiku_bridge came from, and whether
 # each of its modules and adapters imports.
@@ -66,19 +65,6 @@ def quickstart(readme: str) -> str:
                    re.MULTILINE | re.DOTALL)[1]
 
 
-def run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
-  return subprocess.run(args, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False,
-                        **kwargs)
-
-
-def clean_env() -> dict[str, str]:
-  """This environment without what would put the checkout on the child's path."""
-  env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
-  for name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "XLA_FLAGS"):
-    env.pop(name, None)
-  return env
-
-
 def package_files(root: str, tests: bool = False) -> set[str]:
   """The package's files under `root`: its modules (and tests) and py.typed, relative to `root`."""
   found = set()
@@ -88,6 +74,18 @@ def package_files(root: str, tests: bool = False) -> set[str]:
               if (f.endswith(".py") and (tests or not f.endswith("_test.py")))
               or f == "py.typed"}
   return found
+
+
+def installed_license(distribution: str) -> str:
+  """The LICENSE text that an installed distribution ships in its metadata."""
+  files = importlib.metadata.distribution(distribution).files or []
+  path = next(f for f in files if f.name == "LICENSE")
+  return path.read_text()
+
+
+def read(path: str) -> str:
+  with open(os.path.join(_ROOT, path)) as f:
+    return f.read()
 
 
 def module_names(files: set[str]) -> list[str]:
@@ -102,20 +100,14 @@ class WheelTest(absltest.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-    # What a checkout holds for the package, as plain files (Bazel's runfiles are links).
     cls.src = os.path.join(cls.tmp, "src")
-    os.makedirs(cls.src)
-    for name in ("pyproject.toml", "README.md", "setup.py"):
-      shutil.copy(os.path.join(_ROOT, name), cls.src)
-    shutil.copytree(os.path.join(_ROOT, "haiku_bridge"), os.path.join(cls.src, "haiku_bridge"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    installed_package.copy_project(cls.src)
     # A test beside its module, as in a checkout (Bazel's runfiles hold none): the build must
     # leave it out.
     with open(os.path.join(cls.src, "haiku_bridge", "_src", "scan_test.py"), "w") as f:
       f.write("raise AssertionError('a test file was packaged')\n")
     cls.dist = os.path.join(cls.tmp, "dist")
-    cls.build = run([sys.executable, "-m", "build", "--no-isolation", "--outdir", cls.dist,
-                     cls.src], env=clean_env())
+    cls.build = installed_package.build(cls.src, cls.dist)
 
   @classmethod
   def tearDownClass(cls):
@@ -149,6 +141,48 @@ class WheelTest(absltest.TestCase):
     self.assertContainsSubset(set(_EXTRAS) | {"docs", "test"},
                               set(metadata.get_all("Provides-Extra")))
 
+  def test_license_is_apache_2_as_jax_ships_it(self):
+    self.assertEqual(read("LICENSE"), installed_license("jax"))
+    self.assertIn("Copyright 2026 The haiku_bridge Authors.", read("NOTICE"))
+
+  def test_sdist_and_wheel_ship_the_license(self):
+    sdist, wheel = self.built()
+    with tarfile.open(sdist) as tar:
+      root = tar.getnames()[0].split("/")[0]
+      in_sdist = {name: tar.extractfile(f"{root}/{name}").read().decode()
+                  for name in _LICENSE_FILES}
+    with zipfile.ZipFile(wheel) as z:
+      dist_info = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")).split("/")[0]
+      in_wheel = {name: z.read(f"{dist_info}/licenses/{name}").decode() for name in _LICENSE_FILES}
+    expected = {name: read(name) for name in _LICENSE_FILES}
+    self.assertEqual(in_sdist, expected)
+    self.assertEqual(in_wheel, expected)
+
+  def test_metadata_names_licence_authors_urls_and_classifiers(self):
+    _, wheel = self.built()
+    with zipfile.ZipFile(wheel) as z:
+      metadata = email.parser.Parser().parsestr(
+          z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+    self.assertEqual(metadata["License-Expression"], "Apache-2.0")
+    self.assertEqual(sorted(metadata.get_all("License-File")), sorted(_LICENSE_FILES))
+    self.assertEqual(metadata["Author"], "The haiku_bridge Authors")
+    urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL"))
+    self.assertContainsSubset({"Homepage", "Documentation", "Source", "Issues"}, set(urls))
+    for url in urls.values():
+      self.assertStartsWith(url, "https://")
+    classifiers = set(metadata.get_all("Classifier"))
+    self.assertContainsSubset({
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Science/Research",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    }, classifiers)
+    # The licence is the SPDX expression above; a `License ::` classifier would restate it.
+    self.assertEqual([c for c in classifiers if c.startswith("License ::")], [])
+    self.assertIn("haiku", metadata["Keywords"].split(","))
+
   def test_sdist_holds_no_tests_either(self):
     # setuptools lists the sdist's modules as the wheel's: the tests live in the repository.
     sdist, _ = self.built()
@@ -159,27 +193,18 @@ class WheelTest(absltest.TestCase):
 
   def test_installed_wheel_runs_the_quickstart(self):
     _, wheel = self.built()
-    venv = os.path.join(self.tmp, "venv")
-    created = run([sys.executable, "-m", "venv", "--without-pip", venv])
-    self.assertEqual(created.returncode, 0, created.stderr)
-    python = os.path.join(venv, "bin", "python")
-    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                  env=clean_env()).stdout.strip()
-    # This interpreter's packages, after the venv's own: the installed wheel comes first.
-    with open(os.path.join(purelib, "_installed_here.pth"), "w") as f:
-      f.write("\n".join(site.getsitepackages() + [sysconfig.get_paths()["purelib"]]) + "\n")
-    installed = run([sys.executable, "-m", "pip", "--python", python, "install", "--no-index",
-                     "--no-cache-dir", f"{wheel}[{','.join(_EXTRAS)}]"], env=clean_env())
-    output = installed.stdout + installed.stderr
-    self.assertEqual(installed.returncode, 0, f"pip install failed:\n{output[-3000:]}")
-    self.assertEqual(re.findall(r"^.*does not provide the extra.*$", output, re.MULTILINE), [])
+    python, purelib = installed_package.fresh_venv(os.path.join(self.tmp, "venv"))
+    status, output, unprovided = installed_package.install(python, wheel, _EXTRAS)
+    self.assertEqual(status, 0, f"pip install failed:\n{output[-3000:]}")
+    self.assertEqual(unprovided, [])
 
     with open(os.path.join(_ROOT, "README.md")) as f:
       script = quickstart(f.read()) + _CHECKS
     modules = module_names(package_files(self.src))
     workdir = os.path.join(self.tmp, "empty")
     os.makedirs(workdir)
-    ran = run([python, "-c", script, json.dumps(modules)], cwd=workdir, env=clean_env())
+    ran = installed_package.run([python, "-c", script, json.dumps(modules)], cwd=workdir,
+                                env=installed_package.clean_env())
     self.assertEqual(ran.returncode, 0, f"the quickstart failed:\n{ran.stderr[-3000:]}")
     report = json.loads(ran.stdout.strip().splitlines()[-1])
 

@@ -1,6 +1,12 @@
-"""The tests' XLA flags (`testing/xla_flags.py`) change the compile's cost, not what tests measure.
+"""The tests' XLA flags (`testing/xla_flags.py`) reach only an XLA that knows them, and change the
+compile's cost, not what tests measure.
 
-Every test process compiles with `xla_flags.FLAGS`. Here the programs whose
+XLA aborts a process that names a flag it does not know, so `xla_flags.flags()` gives only the
+candidates the installed XLA accepts: checked here against fresh processes (each flag it gives is
+accepted, each it drops is refused, a made-up one among the candidates never comes through), cold
+and from its cache. `.bazelrc`'s fixed line must be what the pinned jaxlib (requirements.txt) gets.
+
+Every test process compiles with `xla_flags.flags()`. Here the programs whose
 compiled memory the suite holds to bounds (a remat'd Haiku RNN, a nested
 layer scan, a pipelined stack on jax's default mesh, the compiles of
 `remat="auto"`'s plan) are compiled with those flags in this process and
@@ -16,8 +22,13 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib
+import importlib.metadata
 import json
 import os
+import re
+import subprocess
+import sys
+from unittest import mock
 
 from absl.testing import absltest
 import haiku as hk
@@ -89,18 +100,80 @@ def _print_figures() -> None:
   print(json.dumps(figures()))
 
 
+_NO_SUCH_FLAG = "--xla_haiku_bridge_no_such_flag=true"
+
+
+def read(path: str) -> str:
+  with open(os.path.join(_ROOT, path)) as f:
+    return f.read()
+
+
+def starts(flags: str) -> subprocess.CompletedProcess:
+  """A fresh process that starts jax's backend with `XLA_FLAGS=flags`."""
+  return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
+                        env=dict(os.environ, XLA_FLAGS=flags), capture_output=True,
+                        text=True, timeout=120, check=False)
+
+
+class KnownFlagsTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.cache = os.path.join(self.create_tempdir().full_path, "flags.json")
+
+  def test_only_flags_xla_accepts_come_through(self):
+    candidates = xla_flags.CANDIDATES + (_NO_SUCH_FLAG,)
+    known = xla_flags.known_flags(candidates, self.cache)  # Cold: an empty cache file.
+    self.assertNotIn(_NO_SUCH_FLAG, known)
+    self.assertEqual(list(known), [c for c in candidates if c in known])  # In their order.
+    accepted = starts(" ".join(known))
+    self.assertEqual(accepted.returncode, 0, accepted.stderr[-3000:])
+    for dropped in sorted(set(candidates) - set(known)):
+      with self.subTest(dropped):
+        refused = starts(dropped)
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertRegex(refused.stderr, "Unknown flags? in XLA_FLAGS: " + re.escape(dropped))
+    # Warm: the cached answer, with no process started.
+    with mock.patch.object(subprocess, "run", side_effect=AssertionError("probed again")):
+      self.assertEqual(xla_flags.known_flags(candidates, self.cache), known)
+
+  def test_cache_is_keyed_on_candidates_packages_and_platforms(self):
+    key = xla_flags.cache_key(xla_flags.CANDIDATES)
+    self.assertIn(f"jaxlib=={importlib.metadata.version('jaxlib')}", key)
+    self.assertNotEqual(key, xla_flags.cache_key(xla_flags.CANDIDATES[:1]))
+    with mock.patch.dict(os.environ, {"JAX_PLATFORMS": "haiku_bridge_elsewhere"}):
+      self.assertNotEqual(key, xla_flags.cache_key(xla_flags.CANDIDATES))
+    # An entry under another key is not read as this one's answer.
+    with open(self.cache, "w") as f:
+      json.dump({xla_flags.cache_key(xla_flags.CANDIDATES[:1]): []}, f)
+    with mock.patch.object(xla_flags, "probe", return_value=("--probed",)) as probe:
+      self.assertEqual(xla_flags.known_flags(xla_flags.CANDIDATES, self.cache), ("--probed",))
+    probe.assert_called_once_with(xla_flags.CANDIDATES)
+    with open(self.cache) as f:
+      self.assertLen(json.load(f), 2)  # The other entry is kept.
+
+  def test_a_process_failing_otherwise_is_an_error(self):
+    with mock.patch.dict(os.environ, {"JAX_PLATFORMS": "haiku_bridge_no_such_platform"}):
+      with self.assertRaisesRegex(RuntimeError, "another reason than an unknown flag"):
+        xla_flags.probe(xla_flags.CANDIDATES)
+
+
 class XlaFlagsTest(absltest.TestCase):
 
-  def test_bazelrc_gives_tests_these_flags(self):
-    with open(os.path.join(_ROOT, ".bazelrc")) as f:
-      self.assertIn(f'test --test_env=XLA_FLAGS="{xla_flags.FLAGS}"\n', f.read())
+  def test_bazelrc_gives_tests_the_pinned_jaxlibs_flags(self):
+    line = re.search(r'^test --test_env=XLA_FLAGS="(.*)"$', read(".bazelrc"), re.MULTILINE)[1]
+    self.assertEqual(line.split(), [c for c in xla_flags.CANDIDATES if c in line.split()])
+    pinned = re.search(r"^jaxlib==(\S+)$", read("requirements.txt"), re.MULTILINE)[1]
+    if importlib.metadata.version("jaxlib") != pinned:
+      self.skipTest(f"jaxlib {importlib.metadata.version('jaxlib')} is not the pinned {pinned}")
+    self.assertEqual(line, xla_flags.flags())
 
   def test_this_process_compiles_with_them(self):
     if "TEST_TARGET" not in os.environ and os.environ.get(
-        "XLA_FLAGS") != xla_flags.FLAGS:
+        "XLA_FLAGS") != xla_flags.flags():
       # Under pytest, conftest.py keeps XLA_FLAGS the environment names.
       self.skipTest("the environment names its own XLA_FLAGS")
-    self.assertEqual(os.environ.get("XLA_FLAGS"), xla_flags.FLAGS)
+    self.assertEqual(os.environ.get("XLA_FLAGS"), xla_flags.flags())
 
   def test_memory_and_plans_as_with_xla_defaults(self):
     ours = figures()

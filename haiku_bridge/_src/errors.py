@@ -83,7 +83,16 @@ def named(error: Exception, text: str) -> Exception:
 
 
 class UnsupportedHaikuError(ImportError):
-  """dm-haiku changed a private fact that haiku_bridge reads (haiku_internals.py)."""
+  """The installed dm-haiku moved a Haiku internal that haiku_bridge reads.
+
+  Raised by `import haiku_bridge` (haiku_internals.py checks every private Haiku name, frame
+  field and layer-stack name it reads), naming what moved and the dm-haiku releases that work,
+  rather than running Haiku code differently from inline. An `ImportError`, so code that treats
+  haiku_bridge as optional catches it as such.
+
+  >>> issubclass(hkb.UnsupportedHaikuError, ImportError)
+  True
+  """
 
 
 def unsupported_haiku(version: str, supported: str,

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import haiku_bridge as hkb
 from haiku_bridge._src import errors
 from haiku_bridge._src import haiku_internals
 
@@ -368,8 +369,10 @@ class ChangedHaikuTest(absltest.TestCase):
           r"^haiku_bridge cannot run on dm-haiku 0\.0\.18: .*\(haiku\._src\.base\."
           r"frame_stack_v2 is gone\).* supports dm-haiku 0\.0\.14 to 0\.0\.17"):
         haiku_internals.check_haiku(reads)
-    # An ImportError: code that treats haiku_bridge as optional goes on without it.
+    # An ImportError: code that treats haiku_bridge as optional goes on without it. Public, so
+    # that code can name it.
     self.assertTrue(issubclass(errors.UnsupportedHaikuError, ImportError))
+    self.assertIs(hkb.UnsupportedHaikuError, errors.UnsupportedHaikuError)
 
   def test_a_frame_field_gone(self):
     fields = [f for f in _base.Frame._fields if f != "jax_trace_stack"]

@@ -7,14 +7,25 @@ loop's body by the trip count XLA wrote on it (`known_trip_count` in the
 while's backend_config; jax's scans always have one). The rule, per
 instruction, with `n` the elements of its result:
 
-- `dot`: 2·n·(the product of the left operand's contracting dimensions);
-  `convolution`: 2·n·(the kernel's elements over its output features: its
-  input features are already those of one feature group).
+- `dot`: 2·n·(the product of the left operand's contracting dimensions).
+- `convolution`: 2 per multiply-add, as XLA counts them: (input features
+  per feature group)·(output features)·(batch per batch group)·(the
+  (kernel, output) positions of each spatial dimension whose input is
+  real, not padding nor a hole of `lhs_dilate`), from the operands' and
+  result's shapes, `dim_labels` and `window`.
 - `reduce`, `reduce-window`, `scatter`, `map`: the reducer's FLOPs per
   element of the input (of the updates, for `scatter`).
 - a `custom-call` that is a matrix multiply (GPU's cuBLAS calls: a
   `dot_dimension_numbers` in its `gemm_backend_config`): as `dot`, on its
-  first result. Any other `custom-call` (a cuDNN convolution, a LAPACK
+  first result. A cuDNN convolution (GPU's `__cudnn$conv...` calls, which
+  keep the forward convolution's `window`, `dim_labels` and group counts):
+  as `convolution`, with the forward convolution's input, kernel and
+  output read from where the call keeps them (`convBackwardInput`: the
+  output is the first operand, the input the first result;
+  `convBackwardFilter`: the output is the second operand, the kernel the
+  first result). Where XLA:GPU pads the input itself (a `pad` before the
+  call, for a padding cuDNN cannot take), the zeros are the call's input
+  and count, as the GPU multiplies them. Any other `custom-call` (a LAPACK
   routine): 0, and named in `Count.opaque_custom_calls`.
 - data movement (copy, broadcast, slices, reshapes, transposes, gathers,
   tuples, parameters, constants, iota, and the like), `sort`, `rng`,
@@ -39,10 +50,13 @@ ops its own way, so compare `flops` with `flops + transcendentals` of
 `remat_plan` measures the recomputation of each candidate with it.
 """
 
-import json
 import math
 import re
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
+
+import numpy as np
+
+from haiku_bridge._src import hlo_text
 
 # Instructions that move or name data and compute nothing.
 _FREE = frozenset("""
@@ -58,9 +72,15 @@ _FREE = frozenset("""
 _CALLS = frozenset(["fusion", "call", "async-start"])
 _PER_INPUT_ELEMENT = frozenset(["reduce", "reduce-window", "map"])
 
-_HEADER = re.compile(r"^(ENTRY )?%(\S+) .*\{$")
 _FLOAT = re.compile(r"^(f|bf|c)[0-9]")
-_SHAPE = re.compile(r"^[a-z][a-z0-9]*\[([0-9,]*)\]")
+
+# The parser is hlo_text's, shared with hlo_collectives.
+_Instruction = hlo_text.Instruction
+_parse = hlo_text.parse
+_dims, _elements = hlo_text.dims, hlo_text.elements
+_int_list, _called, _branches = (hlo_text.int_list, hlo_text.called,
+                                 hlo_text.branches)
+_backend_config, _trip_count = hlo_text.backend_config, hlo_text.trip_count
 
 
 class Conditional(NamedTuple):
@@ -93,14 +113,6 @@ class Count(NamedTuple):
   opaque_custom_calls: tuple[str, ...] = ()
 
 
-class _Instruction(NamedTuple):
-  name: str
-  shape: str  # The result type as printed: `f32[4,16]{1,0}` or a tuple.
-  opcode: str
-  operands: tuple[str, ...]
-  attributes: str
-
-
 def count(hlo_text: str) -> Count:
   """The FLOPs of the optimised HLO `hlo_text` (`compiled.as_text()`).
 
@@ -110,9 +122,9 @@ def count(hlo_text: str) -> Count:
   >>> hlo_flops.count(jax.jit(f).lower(a, a.T).compile().as_text()).flops
   256
   """
-  computations, entry = _parse(hlo_text)
-  counter = _Counter(computations)
-  return counter.run(entry)
+  program = _parse(hlo_text)
+  counter = _Counter(program.computations)
+  return counter.run(program.entry)
 
 
 class _Counter:
@@ -170,11 +182,8 @@ class _Counter:
       contracting = _int_list(ins.attributes, "lhs_contracting_dims")
       return 2 * n * math.prod(lhs[d] for d in contracting)
     if op == "convolution":
-      kernel = _dims(shapes[ins.operands[1]])
-      labels = re.search(r"dim_labels=[^_]+_([^-]+)->", ins.attributes)
-      assert labels, f"a convolution without dim_labels: {ins}"
-      # The kernel's input features are already per feature group.
-      return 2 * n * math.prod(kernel) // kernel[labels.group(1).index("o")]
+      return _convolution(ins.attributes, _dims(shapes[ins.operands[0]]),
+                          _dims(shapes[ins.operands[1]]), _dims(ins.shape))
     if op in _PER_INPUT_ELEMENT or op == "scatter":
       reducer = self._computation(_called(ins.attributes, "to_apply"), 0)
       source = ins.operands[-1] if op == "scatter" else ins.operands[0]
@@ -191,109 +200,73 @@ class _Counter:
         "lhs_contracting_dimensions")
     if contracting is None:
       target = re.search(r'custom_call_target="([^"]*)"', ins.attributes)
-      self._opaque[target.group(1) if target else "?"] = None
-      return 0
+      name = target.group(1) if target else "?"
+      roles = _CUDNN_CONVOLUTIONS.get(name)
+      if roles is None:
+        self._opaque[name] = None
+        return 0
+      # The forward convolution's input, kernel and output, where the call
+      # keeps each: an operand (its index), or the first result (None).
+      first_result = _dims(ins.shape[1:] if ins.shape.startswith("(")
+                           else ins.shape)
+      return _convolution(ins.attributes, *(
+          first_result if i is None else _dims(shapes[ins.operands[i]])
+          for i in roles))
     # The product, then (on GPU) the library's workspace.
     result = ins.shape[1:] if ins.shape.startswith("(") else ins.shape
     lhs = _dims(shapes[ins.operands[0]])
     return 2 * _elements(result) * math.prod(lhs[int(d)] for d in contracting)
 
 
-def _parse(text: str) -> tuple[dict[str, list[_Instruction]], str]:
-  computations: dict[str, list[_Instruction]] = {}
-  entry = None
-  current = None
-  for line in text.splitlines():
-    header = _HEADER.match(line)
-    if header and current is None:
-      current = computations.setdefault(header.group(2), [])
-      if header.group(1):
-        entry = header.group(2)
-    elif line == "}":
-      current = None
-    elif current is not None and " = " in line:
-      current.append(_instruction(line))
-  assert entry is not None, "XLA's HLO text names an ENTRY computation"
-  return computations, entry
+# cuDNN's convolutions (XLA:GPU's custom-call targets): where each keeps
+# the forward convolution's input, kernel and output (an operand's index, or
+# None for the first result). Their `window` and `dim_labels` are the
+# forward convolution's.
+_CUDNN_CONVOLUTIONS = {
+    "__cudnn$convForward": (0, 1, None),
+    "__cudnn$convBiasActivationForward": (0, 1, None),
+    "__cudnn$convForwardGraph": (0, 1, None),
+    "__cudnn$convBackwardInput": (None, 1, 0),
+    "__cudnn$convBackwardFilter": (0, None, 1),
+}
 
 
-def _instruction(line: str) -> _Instruction:
-  line = line.strip()
-  if line.startswith("ROOT "):
-    line = line[5:]
-  name, rest = line.split(" = ", 1)
-  if rest.startswith("("):
-    end = _closing(rest, 0)
-    shape, rest = rest[:end + 1], rest[end + 2:]
-  else:
-    shape, rest = rest.split(" ", 1)
-  opcode, rest = rest.split("(", 1)
-  end = _closing("(" + rest, 0) - 1
-  operands = tuple(re.findall(r"%([^\s,()]+)", rest[:end]))
-  return _Instruction(name.lstrip("%"), shape, opcode, operands,
-                      rest[end + 1:])
+def _convolution(attributes: str, lhs: tuple[int, ...],
+                 kernel: tuple[int, ...], out: tuple[int, ...]) -> int:
+  """A convolution's FLOPs, as XLA counts them (see the module docstring)."""
+  labels = re.search(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)",
+                     attributes)
+  assert labels, f"a convolution without dim_labels: {attributes[:200]}"
+  lhs_labels, kernel_labels, out_labels = labels.groups()
+  window = re.search(r"window=\{([^}]*)\}", attributes)
+  fields = dict(f.split("=", 1) for f in window.group(1).split()) if (
+      window) else {}
+  spatial = sum(c.isdigit() for c in lhs_labels)
 
+  def per_dim(key: str, default: str) -> list[str]:
+    return fields[key].split("x") if key in fields else [default] * spatial
 
-def _closing(text: str, start: int) -> int:
-  """The index of the bracket closing the one at `start`."""
-  depth = 0
-  for i in range(start, len(text)):
-    if text[i] in "([{":
-      depth += 1
-    elif text[i] in ")]}":
-      depth -= 1
-      if not depth:
-        return i
-  raise AssertionError(f"Unbalanced brackets in XLA's HLO: {text[:200]}")
+  positions = 1
+  for d, stride, pad, lhs_dilate, rhs_dilate in zip(
+      range(spatial), per_dim("stride", "1"), per_dim("pad", "0_0"),
+      per_dim("lhs_dilate", "1"), per_dim("rhs_dilate", "1")):
+    size = lhs[lhs_labels.index(str(d))]
+    taps = np.arange(kernel[kernel_labels.index(str(d))])[:, None]
+    outs = np.arange(out[out_labels.index(str(d))])[None, :]
+    # The dilated input's index each (kernel, output) position reads.
+    at = outs * int(stride) - int(pad.split("_")[0]) + taps * int(rhs_dilate)
+    dilate = int(lhs_dilate)
+    positions *= int(np.sum((at % dilate == 0) & (at >= 0) &
+                            (at < size * dilate - dilate + 1)))
 
+  def group(key: str) -> int:
+    found = re.search(key + r"=([0-9]+)", attributes)
+    return int(found.group(1)) if found else 1
 
-def _dims(shape: str) -> tuple[int, ...]:
-  match = _SHAPE.match(shape)
-  if match is None:  # A tuple, a token.
-    return ()
-  return tuple(int(d) for d in match.group(1).split(",") if d)
-
-
-def _elements(shape: str) -> int:
-  return math.prod(_dims(shape)) if _SHAPE.match(shape) else 0
-
-
-def _int_list(attributes: str, key: str) -> tuple[int, ...]:
-  match = re.search(key + r"=\{([0-9,]*)\}", attributes)
-  return tuple(int(d) for d in match.group(1).split(",") if d) if match else ()
-
-
-def _called(attributes: str, key: str) -> str:
-  match = re.search(key + r"=%([^\s,]+)", attributes)
-  assert match, f"no {key}= in {attributes[:200]}"
-  return match.group(1)
-
-
-def _branches(attributes: str) -> Iterator[str]:
-  listed = re.search(r"branch_computations=\{([^}]*)\}", attributes)
-  if listed:
-    yield from re.findall(r"%([^\s,]+)", listed.group(1))
-  else:
-    yield _called(attributes, "false_computation")
-    yield _called(attributes, "true_computation")
-
-
-def _backend_config(attributes: str):
-  """An instruction's JSON `backend_config`, as a dict (None without one)."""
-  start = attributes.find("backend_config={")
-  if start < 0:
-    return None
-  start += len("backend_config=")
-  try:
-    return json.loads(attributes[start:_closing(attributes, start) + 1])
-  except json.JSONDecodeError:
-    return None
-
-
-def _trip_count(attributes: str):
-  config = _backend_config(attributes) or {}
-  n = config.get("known_trip_count", {}).get("n")
-  return None if n is None else int(n)
+  return (2 * lhs[lhs_labels.index("f")] // group("feature_group_count") *
+          out[out_labels.index("f")] *
+          (lhs[lhs_labels.index("b")] // group("batch_group_count")) *
+          positions)
 
 
 _CONSTANT = re.compile(r"^\s*(?:ROOT )?%\S+ = ([a-z][a-z0-9]*)\[([0-9,]+)\]\S* "

@@ -105,12 +105,12 @@ class Loop:
 
   def planned(self, body: Body, carry: PyTree, xs: PyTree,
               length: int) -> "Loop":
-    """The loop `remat="auto"` runs for these shapes: `remat_plan.plan`'s."""
+    """The loop `remat="auto"` runs for these shapes: `remat_plan.loop_plan`'s (logged)."""
     if length == 0:
       return Loop(unroll=self.unroll)
     assert self.memory_budget is not None, "from_options requires it"
-    choice = remat_plan.plan(body, carry, xs, length, self.memory_budget,
-                             self.policy).choice
+    choice = remat_plan.loop_plan(body, carry, xs, length, self.memory_budget,
+                                  self.policy).choice
     return Loop(choice.remat, None if choice.policy is None else self.policy,
                 choice.groups, self.unroll,
                 slots=choice.slots if choice.remat == "binomial" else None)

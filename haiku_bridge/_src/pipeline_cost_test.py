@@ -1,10 +1,12 @@
 """What a pipelined training step costs a device: compiled memory and collectives.
 
-Ground truth is the cost model of docs/pipelines.md, read off the compiled
-step (`jax.jit(...).lower(...).compile()`): its memory analysis and its
-optimised HLO. The step is a user's: the loss after the pipelined stack,
-`jax.value_and_grad` of apply, params as init returns them (replicated),
-under `jax.make_mesh`'s default (Explicit) axes or Auto axes.
+Ground truth is the cost model of docs/sharding.md (its bytes per step in
+testing/pipeline_cost.py), read off the compiled step
+(`jax.jit(...).lower(...).compile()`): its memory analysis and its
+optimised HLO (`hlo_collectives`). The step is a user's: the loss after
+the pipelined stack, `jax.value_and_grad` of apply, params as init returns
+them (replicated) or stored over the stages, under `jax.make_mesh`'s
+default (Explicit) axes or Auto axes.
 """
 
 import jax
@@ -14,25 +16,21 @@ from testing import devices
 devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import re
+import functools
+import unittest
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import haiku as hk
-import jax.numpy as jnp
 from jax.sharding import AxisType
-from jax.sharding import PartitionSpec as P
 
 import haiku_bridge as hkb
+from haiku_bridge._src import hlo_collectives
+from testing import pipeline_cost
 
-LAYERS = 8
+LAYERS = pipeline_cost.LAYERS
 BATCH = 32
-
-
-def block(h):
-  """A residual MLP block: two Linears, so the params dominate its memory."""
-  width = h.shape[-1]
-  return h + hk.Linear(width)(jnp.tanh(hk.Linear(width)(h)))
+block = pipeline_cost.residual_mlp
 
 
 def one_leaf_block(h):
@@ -43,25 +41,10 @@ def one_leaf_block(h):
 def compiled_step(mesh_shape, axis_type, width, pipeline, remat=False,
                   layer=block, **options):
   """The compiled `value_and_grad` step and the stack's param bytes."""
-  def loss(x):
-    h = hkb.repeat_layer(layer, x, LAYERS, pipeline=pipeline, remat=remat,
-                         **options)
-    return jnp.mean(h ** 2)
-
-  f = hk.transform(loss)
-  x = jnp.ones([BATCH, width])
-  params = f.init(jax.random.PRNGKey(0), x)
-  names = ("stage", "data")
-  if axis_type is None:  # jax.make_mesh's default: Explicit axes.
-    mesh = jax.make_mesh(mesh_shape, names)
-  else:
-    mesh = jax.make_mesh(mesh_shape, names, axis_types=(axis_type,) * 2)
-  with jax.set_mesh(mesh):
-    x = jax.device_put(x, P("data"))
-    compiled = jax.jit(jax.value_and_grad(f.apply)).lower(
-        params, None, x).compile()
-  param_bytes = sum(a.nbytes for a in jax.tree.leaves(params))
-  return compiled, param_bytes
+  step = pipeline_cost.compiled_step(mesh_shape, axis_type, width, pipeline,
+                                     batch=BATCH, remat=remat, layer=layer,
+                                     **options)
+  return step.compiled, step.param_bytes
 
 
 AXES = (("explicit", None), ("auto", AxisType.Auto))
@@ -125,82 +108,15 @@ class RematPolicyTest(parameterized.TestCase):
     self.assertLess(temp[1], temp[2], temp)
 
 
-_COLLECTIVE = re.compile(
-    r"= (\(?[^=]*?\)?) (all-gather|collective-permute|all-reduce)(?:-start)?\(")
-_ARRAY = re.compile(r"[a-z]+[0-9]*\[([0-9,]*)\]")
-
-
-def collectives(compiled):
-  """`{op: [shape of each result]}` of the collectives in the optimised HLO."""
-  found = {"all-gather": [], "collective-permute": [], "all-reduce": []}
-  for line in compiled.as_text().splitlines():
-    match = _COLLECTIVE.search(line)
-    if match:
-      shapes = [tuple(int(d) for d in dims.split(",") if d)
-                for dims in _ARRAY.findall(match.group(1))]
-      found[match.group(2)].append(shapes)
-  return found
-
-
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%([^ ]+) ")
-_CALLED = re.compile(r"(condition|body|calls|to_apply)=%([^ ,)}]+)")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-
-
 def all_reduces_by_loop(compiled):
-  """`[(trip counts of the while loops around it, outermost first, its result shapes)]` per all-reduce."""
-  computations, current = {}, None
-  for line in compiled.as_text().splitlines():
-    match = _COMPUTATION.match(line)
-    if match and line.rstrip().endswith("{"):
-      current = computations.setdefault(match.group(1), [])
-    elif current is not None and line.startswith(" "):
-      current.append(line)
-  caller = {}  # computation -> (its caller, the loop's trip count or None)
-  for name, lines in computations.items():
-    for line in lines:
-      trips = _TRIP_COUNT.search(line)
-      for kind, called in _CALLED.findall(line):
-        loop = kind == "body" and trips is not None
-        caller.setdefault(called, (name, int(trips.group(1)) if loop else None))
-  found = []
-  for name, lines in computations.items():
-    for line in lines:
-      match = _COLLECTIVE.search(line)
-      if match and match.group(2) == "all-reduce":
-        loops, at = [], name
-        while at in caller:
-          at, trips = caller[at]
-          if trips is not None:
-            loops.insert(0, trips)
-        shapes = [tuple(int(d) for d in dims.split(",") if d)
-                  for dims in _ARRAY.findall(match.group(1))]
-        found.append((tuple(loops), shapes))
-  return sorted(found)
+  """`[(trip counts of the while loops around it, outermost first, its arrays' shapes)]` per all-reduce."""
+  return sorted((c.loops, list(c.shapes))
+                for c in hlo_collectives.collectives(compiled.as_text())
+                if c.kind == "all-reduce")
 
 
 class CollectivesTest(parameterized.TestCase):
-  """Explicit axes (jax's default mesh) communicate as Auto axes do."""
-
-  @parameterized.parameters("gpipe", "circular")
-  def test_explicit_axes_add_no_collectives(self, schedule):
-    stages, data, m, width = 2, 4, 4, 16
-    pipe = hkb.Pipeline("stage", m, schedule)
-    found = {name: collectives(compiled_step((stages, data), axis_type,
-                                             width, pipe)[0])
-             for name, axis_type in AXES}
-    explicit, auto = found["explicit"], found["auto"]
-    # Before issue 34, 7 all-gathers over `data` on Explicit axes (gpipe),
-    # none on Auto: the shard_map's inputs, outputs and residuals whole.
-    for op in explicit:
-      self.assertLen(explicit[op], len(auto[op]), (op, explicit, auto))
-    if schedule == "gpipe":
-      self.assertEmpty(explicit["all-gather"])
-    # The boundary activations: forward, and their cotangents back; each
-    # one microbatch's rows on this data device.
-    rows = BATCH // m // data
-    self.assertEqual(explicit["collective-permute"],
-                     [[(rows, width)]] * 2)
+  """Where the gradient's reduction over `data` runs."""
 
   @parameterized.named_parameters(*AXES)
   def test_gradient_all_reduce_in_the_backward_loops_pinned(self, axis_type):
@@ -220,6 +136,89 @@ class CollectivesTest(parameterized.TestCase):
         ((), [(m, BATCH // m // data, width)]),  # The last stage's output.
         ((steps, per_visit), layer),  # The gradient, per layer and step.
     ])
+
+
+# The bytes test's steps: stage=2 x data=4, M=4, width 16, compiled once each.
+BYTES_MESH, BYTES_M, BYTES_WIDTH = (2, 4), 4, 16
+# Band of measured over theory: a regression either way leaves it. The
+# gradient's reduction has issue 43's bound, 1.1x.
+BAND, GRADIENT_BAND = (0.95, 1.05), (0.95, 1.1)
+# The gradient's reduction over `data`, once per step (issue 43), and
+# circular's reordering of params stored over the stages as an all-to-all:
+# not at theory yet (docs/sharding.md), tested apart, expected to fail.
+GRADIENT_ROW = "all-reduce data"
+CIRCULAR_STORED_ROWS = ("all-gather", "all-to-all")
+
+
+@functools.cache
+def bytes_per_step(schedule, placement, axes):
+  """`(measured, theory)` bytes per device of one step, by row of `pipeline_cost.ROWS`."""
+  step = pipeline_cost.compiled_step(
+      BYTES_MESH, dict(AXES)[axes], BYTES_WIDTH,
+      hkb.Pipeline("stage", BYTES_M, schedule), placement=placement,
+      batch=BATCH)
+  return pipeline_cost.measured(step), pipeline_cost.theory(step)
+
+
+def off_theory(cases, rows, band=BAND):
+  """`[(case, row, measured, theory)]` where measured is outside `band` of theory."""
+  low, high = band
+  found = []
+  for case in cases:
+    measured, theory = bytes_per_step(*case)
+    for row in rows:
+      if not low * theory[row] <= measured[row] <= high * theory[row]:
+        found.append((case, row, measured[row], theory[row]))
+  return found
+
+
+CASES = [(schedule, placement, axes)
+         for schedule in ("gpipe", "circular")
+         for placement in pipeline_cost.PLACEMENTS for axes, _ in AXES]
+
+
+class BytesPerStepTest(parameterized.TestCase):
+  """Bytes each collective kind moves per device and step, against theory.
+
+  Theory is testing/pipeline_cost.py's (docs/sharding.md): the boundary
+  activations and their cotangents at every step of the timetable, the
+  stack's output from the last stage, the gradient whole on every device
+  for params as init returns them, the stage's gradient reduced over
+  `data` once. Measured from the compiled HLO, every op by the trip counts
+  of the loops around it.
+  """
+
+  @parameterized.parameters(*CASES)
+  def test_at_theory(self, schedule, placement, axes):
+    rows = [row for row in pipeline_cost.ROWS if row != GRADIENT_ROW and not (
+        schedule == "circular" and placement == "stage" and
+        row in CIRCULAR_STORED_ROWS)]
+    self.assertEmpty(off_theory([(schedule, placement, axes)], rows))
+
+  def test_explicit_axes_move_what_auto_axes_move(self):
+    # Before issue 34, 7 all-gathers over `data` on Explicit axes (gpipe),
+    # none on Auto: the shard_map's inputs, outputs and residuals whole.
+    for schedule, placement, _ in CASES:
+      if schedule == "circular" and placement == "stage":
+        continue  # Explicit gathers what Auto moves all-to-all: below.
+      self.assertEqual(bytes_per_step(schedule, placement, "explicit")[0],
+                       bytes_per_step(schedule, placement, "auto")[0],
+                       (schedule, placement))
+
+  # After the gradient's reduction moves out of the backward loops (the
+  # `pipe-dp` change of issue 43), this passes: drop the decorator.
+  @unittest.expectedFailure
+  def test_gradient_reduced_over_data_once_per_step(self):
+    # Today (M+S-1)x one reduction for GPipe, 4.25x for circular (R=4).
+    self.assertEmpty(off_theory(CASES, [GRADIENT_ROW], GRADIENT_BAND))
+
+  @unittest.expectedFailure
+  def test_circular_reorders_params_stored_over_stages_all_to_all(self):
+    # Today Explicit axes all-gather each leaf's whole stack, forward and
+    # for the gradient; Auto axes move the params all-to-all and gather
+    # the gradient whole.
+    stored = [case for case in CASES if case[:2] == ("circular", "stage")]
+    self.assertEmpty(off_theory(stored, CIRCULAR_STORED_ROWS))
 
 
 if __name__ == "__main__":

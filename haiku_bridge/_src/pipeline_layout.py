@@ -85,6 +85,7 @@ class Layout:
 
   def to_stages(self, a: jax.Array) -> jax.Array:
     """`[N, ...]` -> `[S, R, L, ...]`, axis 0 over the stages."""
+    a = typed_sharding.gradient_replicated_where_unplaced(a)
     entries = typed_sharding.spec(a)
     rest = tuple(typed_sharding.entry_without(e, (self.axis,))
                  for e in entries[1:])

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import jax
 from jax import lax
+from jax.extend import core as jax_core
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 import numpy as np
@@ -77,7 +78,10 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
       return _on_auto_axes(stage_map, axis, staged, micro,
                            closed_over)
 
-    closure = _closure_converted(body, micro, staged)
+    # The layer on one microbatch and one layer, traced once with no mesh
+    # (None: it needs the mesh to trace, and runs in the stages as it is).
+    layer = _layer_jaxpr(body, micro, staged)
+    closure = _closure_converted(layer)
     if closure is not None:
       # A layer that closes over an array typed by Explicit mesh axes (an
       # outer param, `jax.device_put` on the mesh), which jax refuses to
@@ -101,22 +105,16 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
             "into a jax.lax.scan, cond or jit of its own): "
             f"{type(e).__name__}. Pass them to the layers as inputs "
             "(layer_scan's `xs`, e.g. jnp.broadcast_to(value, (num_layers,) "
-            "+ value.shape)), make the mesh's axes Auto (jax.make_mesh("
-            "shape, names, axis_types=(AxisType.Auto,) * len(names))), or "
-            "pass the params to jit without a jax.device_put on the "
-            "mesh.")) from e
+            "+ value.shape)), or pass the params to jit as init returns "
+            "them, without a jax.device_put on the mesh. (Auto axes do not "
+            "help: there jax fails in the backward pass instead.)")) from e
     else:
-      try:
-        out, ys, new_state = run_stages(program, [], True)
-      except TypeError as e:
-        # A layer that runs a scan of its own from a constant state
-        # (`core.initial_state(batch)`): only the scan's body makes its
-        # carry varying over the stages, which jax refuses where it checks
-        # varying types. Unchecked, the stages run it as the plain stack
-        # does.
-        if not _is_varying_carry_error(e):
-          raise
-        out, ys, new_state = run_stages(program, [], False)
+      # A layer that runs a loop of its own from a constant state
+      # (`core.initial_state(batch)`): only the loop's body makes its carry
+      # varying over the stages, which jax refuses where it checks varying
+      # types. Unchecked, the stages run it as the plain stack does.
+      check_vma = layer is None or not _loops_from_a_constant(layer[0].jaxpr)
+      out, ys, new_state = run_stages(program, [], check_vma)
   ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
                      lambda: pipeline_layout.whole_batch_ys(body, carry, per_layer))
   new_state = jax.tree.map(layout.to_layers, new_state, state)
@@ -213,21 +211,103 @@ def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
   return out, ys, new_state
 
 
-def _is_varying_carry_error(error: TypeError) -> bool:
-  """Whether jax refused a loop whose carry its body made varying over an axis."""
-  text = str(error)
-  return "carry input and carry output must have equal types" in text and (
-      "pcast" in text or "pvary" in text)
+def _layer_jaxpr(body: Callable[..., Any], micro: PyTree, staged: PyTree
+                 ) -> Optional[tuple[Any, Any]]:
+  """`body` on one microbatch and one layer, traced with no mesh: `(closed jaxpr, output shapes)`.
+
+  None for a layer that needs the mesh to trace (its own sharding
+  annotations).
+  """
+  carry = _parts(micro, 1)  # One microbatch's.
+  scanned = _parts(staged, 3)  # One layer's.
+  try:
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+      return jax.make_jaxpr(body, return_shape=True)(carry, scanned)
+  except Exception:  # pylint: disable=broad-except
+    return None
 
 
-def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree
+def _loops_from_a_constant(jaxpr: Any) -> bool:
+  """Whether a loop in the layer's `jaxpr` starts a carry from values its inputs do not reach.
+
+  In a stage every input of the layer (the microbatch, the stage's
+  params) varies over the stage axis, and so does every value computed
+  from one; a value computed from constants alone does not. A loop (scan
+  or while) whose carry starts from such a value while the rest of its
+  inputs vary may make that carry varying in its body, which jax refuses
+  where it checks varying types. Read off the jaxpr, conservatively: a
+  loop inside another construct (a jit, a checkpoint, a cond, a custom
+  derivative) counts as one from a constant wherever the construct's
+  inputs cannot be matched one to one with its jaxpr's.
+  """
+  def visit(jaxpr, varying_in) -> bool:
+    varying = {v for v, var in zip(jaxpr.invars, varying_in) if var}
+    for eqn in jaxpr.eqns:
+      ins = [isinstance(v, jax_core.Var) and v in varying
+             for v in eqn.invars]
+      loop = _loop_parts(eqn)
+      if loop is not None:
+        carry, sub, sub_in = loop
+        if any(ins) and not all(ins[i] for i in carry):
+          return True
+        if visit(sub, [ins[i] for i in sub_in]):
+          return True
+      else:
+        for sub in _sub_jaxprs(eqn.params):
+          if len(sub.invars) == len(ins):
+            sub_varying = ins
+          elif len(sub.invars) == len(ins) - 1:  # A cond's branch.
+            sub_varying = ins[1:]
+          else:
+            return _has_a_loop(sub)
+          if visit(sub, sub_varying):
+            return True
+      if any(ins):
+        varying.update(eqn.outvars)
+    return False
+  return visit(jaxpr, [True] * len(jaxpr.invars))
+
+
+def _loop_parts(eqn: Any) -> Optional[tuple[range, Any, list[int]]]:
+  """A loop equation's carry inputs, its body, and which inputs its body takes (None: not a loop)."""
+  params = eqn.params
+  if eqn.primitive.name == "scan":
+    consts, carry = params["num_consts"], params["num_carry"]
+    return (range(consts, consts + carry), params["jaxpr"].jaxpr,
+            list(range(len(eqn.invars))))
+  if eqn.primitive.name == "while":
+    cond, body = params["cond_nconsts"], params["body_nconsts"]
+    return (range(cond + body, len(eqn.invars)), params["body_jaxpr"].jaxpr,
+            list(range(cond, len(eqn.invars))))
+  return None
+
+
+def _has_a_loop(jaxpr: Any) -> bool:
+  return any(_loop_parts(eqn) is not None or any(
+      _has_a_loop(sub) for sub in _sub_jaxprs(eqn.params))
+             for eqn in jaxpr.eqns)
+
+
+def _sub_jaxprs(params: dict[str, Any]) -> list[Any]:
+  """The jaxprs an equation's params hold (a cond's branches among them)."""
+  found = []
+  for value in params.values():
+    for v in value if isinstance(value, (tuple, list)) else (value,):
+      if isinstance(v, jax_core.ClosedJaxpr):
+        found.append(v.jaxpr)
+      elif isinstance(v, jax_core.Jaxpr):
+        found.append(v)
+  return found
+
+
+def _closure_converted(layer: Optional[tuple[Any, Any]]
                        ) -> Optional[tuple[Callable[..., Any], list[Any]]]:
-  """`body` as a function of the arrays it closes over too, and those arrays.
+  """The layer as a function of the arrays it closes over too, and those arrays.
 
-  None where it closes over no array whose type names Explicit mesh axes
-  (the stages run it as it is). `body` is traced once, here, to a jaxpr
-  whose closed-over arrays are arguments; a stage evaluates that jaxpr. It
-  is traced with no mesh set, on types that name none: each operation of a
+  `layer` is `_layer_jaxpr`'s. None where it closes over no array whose
+  type names Explicit mesh axes, or was not traced (the stages run it as
+  it is). A stage evaluates the traced jaxpr, whose closed-over arrays are
+  arguments. It is traced with no mesh set, on types that name none: each operation of a
   jaxpr runs again under the mesh it was traced under, and the stage's own
   (its axis Manual, the others Auto) cannot be set outside the
   `shard_map`. So the stages run it with varying types unchecked
@@ -235,19 +315,10 @@ def _closure_converted(body: Callable[..., Any], micro: PyTree, staged: PyTree
   closed-over array's gradient over the stages.
   """
   explicit = jax.sharding.AxisType.Explicit
-  if explicit not in tuple(jax.sharding.get_abstract_mesh().axis_types):
+  if (layer is None or
+      explicit not in tuple(jax.sharding.get_abstract_mesh().axis_types)):
     return None
-
-  carry = _parts(micro, 1)  # One microbatch's.
-  scanned = _parts(staged, 3)  # One layer's.
-  try:
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
-      closed, shapes = jax.make_jaxpr(body, return_shape=True)(carry,
-                                                               scanned)
-  except Exception:  # pylint: disable=broad-except
-    # A layer that needs the mesh to trace (its own sharding
-    # annotations): the stages run it as it is, as they did before.
-    return None
+  closed, shapes = layer
 
   def typed_explicit(a: Any) -> bool:
     mesh = jax.typeof(a).sharding.mesh

@@ -61,15 +61,25 @@ device: inside `jax.vmap` those are one example's (the prediction is per
 example), and a sharded step is planned unsharded. A loop with nothing to
 differentiate (no float reaches a float output) has one plan: the plain
 loop.
+
+What users see: `remat_plan` (public) returns the `RematPlan` of a JAX step,
+or of one of the bridge's loops (`plannable`) with its arguments, which it
+runs until the loop has made its plan (`Planned` carries it out, the loop
+not run); every plan a loop makes passes `loop_plan`, which logs it at
+INFO on the `haiku_bridge.remat` logger.
 """
 
+import contextvars
+import functools
 import hashlib
+import logging
 import math
 import os
 import re
 import sys
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, TypeVar
 
+import haiku as hk
 import jax
 from jax.extend import core as jax_core
 import jax.numpy as jnp
@@ -78,6 +88,7 @@ import numpy as np
 
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
+from haiku_bridge._src import guards
 from haiku_bridge._src import hlo_flops
 from haiku_bridge._src import modes
 from haiku_bridge._src import remat_schedule
@@ -85,8 +96,8 @@ from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
 
 
-class Candidate(NamedTuple):
-  """One way to run the loop, with its predicted cost.
+class RematCandidate(NamedTuple):
+  """One way to run a loop, with its predicted cost: a row of `RematPlan`.
 
   Attributes:
     remat: `False`, `True`, `"nested"` or `"binomial"`, as `remat=` takes it.
@@ -110,52 +121,100 @@ class Candidate(NamedTuple):
   recomputed_flops: int
   policy: Optional[str] = None
 
+  def describe(self) -> str:
+    """The candidate as one phrase: `remat="binomial", 12 slots`."""
+    remat = (f'remat="{self.remat}"' if isinstance(self.remat, str)
+             else f"remat={self.remat}")
+    return remat + "".join(
+        f", {text}" for value, text in (
+            (self.slots, f"{self.slots} slots"),
+            (self.groups, f"remat_groups={self.groups}"),
+            (self.policy, f"remat_policy={self.policy}")) if value is not None)
 
-class Plan(NamedTuple):
-  """The candidates, least recomputed FLOPs first, and the one chosen.
+
+class RematPlan(NamedTuple):
+  """The plan `remat="auto"` makes for a loop: the candidates, and the one chosen.
+
+  `hkb.remat_plan` returns it; every loop run with `remat="auto"` logs the
+  one it makes, when it is traced, at INFO on the `haiku_bridge.remat`
+  logger (`str()` of it: the choice, then the table).
 
   Attributes:
     length: the number of steps.
     memory_budget: the budget, bytes.
-    candidates: every candidate, ordered by recomputed FLOPs, then steps,
-      then memory.
+    candidates: every candidate (`RematCandidate`), ordered by recomputed
+      FLOPs, then steps, then memory.
     choice: the candidate with the least recomputed FLOPs whose predicted
       temporaries fit the budget (the fewest recomputed steps, then the
       least memory, among those).
   """
   length: int
   memory_budget: int
-  candidates: tuple[Candidate, ...]
-  choice: Candidate
+  candidates: tuple[RematCandidate, ...]
+  choice: RematCandidate
+
+  @property
+  def least_budget(self) -> int:
+    """The least `memory_budget` any candidate fits: its predicted temporaries, bytes."""
+    return min(k.temporaries for k in self.candidates)
 
   def table(self) -> str:
-    """The candidates as a Markdown table, the choice marked.
+    """The candidates as a Markdown table, in MiB and GFLOP, the choice marked.
 
-    >>> from haiku_bridge._src import remat_plan
-    >>> c = remat_plan.Candidate
-    >>> print(remat_plan.Plan(8, 900, (
-    ...     c(False, None, None, 1000, 0, 0),
-    ...     c(True, None, None, 900, 8, 160, "dots_saveable"),
-    ...     c(True, None, None, 800, 8, 800)),
-    ...     c(True, None, None, 900, 8, 160, "dots_saveable")).table())
-    | remat | slots | groups | temporaries (bytes) | recomputed steps | recomputed FLOPs | |
+    >>> c = hkb.RematCandidate
+    >>> print(hkb.RematPlan(8, 3 << 20, (
+    ...     c(False, None, None, 4 << 20, 0, 0),
+    ...     c(True, None, None, 3 << 20, 8, 160_000_000, "dots_saveable"),
+    ...     c(True, None, None, 1 << 19, 8, 800_000_000)),
+    ...     c(True, None, None, 3 << 20, 8, 160_000_000, "dots_saveable")
+    ...     ).table())
+    | remat | slots | groups | temporaries (MiB) | recomputed steps | recomputed GFLOP | |
     | --- | --- | --- | --- | --- | --- | --- |
-    | False |  |  | 1000 | 0 | 0 | over the budget |
-    | True, policy dots_saveable |  |  | 900 | 8 | 160 | chosen |
-    | True |  |  | 800 | 8 | 800 |  |
+    | False |  |  | 4 | 0 | 0 | over the budget |
+    | True, policy dots_saveable |  |  | 3 | 8 | 0.16 | **chosen** |
+    | True |  |  | 0.5 | 8 | 0.8 |  |
     """
-    rows = ["| remat | slots | groups | temporaries (bytes) | recomputed steps "
-            "| recomputed FLOPs | |",
+    rows = ["| remat | slots | groups | temporaries (MiB) | recomputed steps "
+            "| recomputed GFLOP | |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for k in self.candidates:
-      note = ("chosen" if k == self.choice else "over the budget"
+      note = ("**chosen**" if k == self.choice else "over the budget"
               if k.temporaries > self.memory_budget else "")
       remat = f"{k.remat}" + ("" if k.policy is None else
                               f", policy {k.policy}")
       rows.append(f"| {remat} | {'' if k.slots is None else k.slots} | "
-                  f"{'' if k.groups is None else k.groups} | {k.temporaries} "
-                  f"| {k.recomputed_steps} | {k.recomputed_flops} | {note} |")
+                  f"{'' if k.groups is None else k.groups} | "
+                  f"{_mib(k.temporaries)} | {k.recomputed_steps} | "
+                  f"{_readable(k.recomputed_flops / 1e9)} | {note} |")
     return "\n".join(rows)
+
+  def __str__(self) -> str:
+    """What `remat="auto"` chose and why, then `table()`."""
+    return (f'remat="auto" for {self.length} steps chose '
+            f"{self.choice.describe()}: {_mib(self.choice.temporaries)} MiB "
+            "of training-step temporaries (predicted), within memory_budget="
+            f"{self.memory_budget} bytes ({_mib(self.memory_budget)} MiB; the "
+            f"least any plan needs: {self.least_budget} bytes, "
+            f"{_mib(self.least_budget)} MiB), "
+            f"{self.choice.recomputed_steps} steps and "
+            f"{_readable(self.choice.recomputed_flops / 1e9)} GFLOP "
+            f"recomputed.\n{self.table()}")
+
+
+# The names these classes had before they were public (`remat_plan.Plan`,
+# `remat_plan.Candidate`), for code written against them.
+Plan = RematPlan
+Candidate = RematCandidate
+
+
+def _readable(x: float) -> str:
+  """`x` to 4 significant digits, without an exponent: 0.1907, 1235, 12350."""
+  return np.format_float_positional(x, precision=4, unique=True,
+                                    fractional=False, trim="-")
+
+
+def _mib(num_bytes: float) -> str:
+  return _readable(num_bytes / 2**20)
 
 
 Key = tuple[Any, ...]  # A plan's identity: (remat, slots, groups, policy).
@@ -179,11 +238,10 @@ class Coefficients(NamedTuple):
   measured: tuple[tuple[Key, int], ...] = ()
 
 
-def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
-               init: PyTree, xs: PyTree, *, memory_budget: int,
-               length: Optional[int] = None,
-               remat_policy: Optional[Callable[..., bool]] = None) -> Plan:
-  """The remat plan `remat="auto"` chooses for `jax.lax.scan(f, init, xs)`.
+def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
+               remat_policy: Optional[Callable[..., bool]] = None,
+               **options: Any) -> RematPlan:
+  """The plan `remat="auto"` makes: for `jax.lax.scan(f, init, xs)`, or for a loop of the bridge.
 
   The candidates (no remat, per-step remat, per-step remat under
   `remat_policy` if given, nested with a few numbers of groups, binomial
@@ -205,34 +263,78 @@ def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
   ('binomial', True)
   >>> plan.choice.recomputed_steps < 2 * 512  # Less than one more pass.
   True
+  >>> plan.least_budget <= plan.choice.temporaries  # Bytes.
+  True
+
+  A Haiku layer, core or step: pass its loop (`hkb.layer_scan`,
+  `hkb.repeat_layer`, `hkb.scan` or `hkb.dynamic_unroll`) and the loop's
+  arguments, where the loop would run (at apply, inside the transform, with
+  the model's params): the plan is the one the loop makes with
+  `remat="auto"` there, by the same path, and the loop does not run:
+
+  >>> def net(xs, plan=False):
+  ...   lstm = hk.LSTM(32)
+  ...   unroll = (lstm, xs, lstm.initial_state(4))
+  ...   if plan:
+  ...     return hkb.remat_plan(hkb.dynamic_unroll, *unroll,
+  ...                           memory_budget=1_500_000)
+  ...   ys, _ = hkb.dynamic_unroll(*unroll, remat="auto",
+  ...                              memory_budget=1_500_000)
+  ...   return jnp.sum(ys ** 2)
+  >>> net = hk.transform(net)
+  >>> xs = jnp.ones([1024, 4, 8])
+  >>> params = net.init(jax.random.PRNGKey(0), xs)
+  >>> plan = net.apply(params, None, xs, plan=True)
+  >>> plan.length, plan.choice.remat
+  (1024, 'binomial')
 
   Args:
-    f: `f(carry, x) -> (carry, y)`, a JAX function (inside a Haiku
-      transform, `remat="auto"` plans the step itself).
-    init: the first carry.
-    xs: per-step inputs, each leaf with a leading axis of `length` steps.
+    f: `f(carry, x) -> (carry, y)`, a JAX function, planned as
+      `jax.lax.scan` runs it; or one of the bridge's loops (`hkb.scan`,
+      `hkb.dynamic_unroll`, `hkb.layer_scan`, `hkb.repeat_layer`, or a
+      `functools.partial` of one), planned as it runs with `remat="auto"`.
+    *args: for a function `f`: `init` (the first carry) and `xs` (per-step
+      inputs, each leaf with a leading axis of `length` steps); for a
+      loop, its positional arguments.
     memory_budget: the bytes the loop's part of a training step may take,
       held by the compiled loop: its temporaries (what its backward pass
       keeps, its outputs and their cotangents, the carry's cotangent, its
       working memory) and the constants it compiles in (a schedule's
       tables); not the params or their gradients, nor the rest of the step.
-    length: the number of steps; taken from `xs` when not given.
     remat_policy: a `jax.checkpoint_policies` policy: per-step remat under
       it is a candidate too (as `remat="auto", remat_policy=` weighs it).
+    **options: for a function `f`: `length`, the number of steps (taken
+      from `xs` when not given); for a loop, its keyword arguments other
+      than `remat` (e.g. `num_layers=`, `time_major=`, `readout=`).
 
   Returns:
-    A `Plan`.
+    A `RematPlan`.
 
   Raises:
     ValueError: if no candidate fits `memory_budget`, naming the least any
-      candidate needs.
+      candidate needs; for a loop, at init (where loops plan nothing), or
+      if the loop plans nothing (no steps).
   """
   with errors.entry("remat_plan"):
-    errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
+    errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`, "
+                          "or one of the bridge's loops (hkb.dynamic_unroll, "
+                          "...)")
     memory_budget = check_budget(memory_budget)
     if remat_policy is not None:
       errors.check_callable("remat_policy", remat_policy,
                             "None or a jax.checkpoint_policies policy")
+    if _loop_of(f) is not None:
+      return _plan_of_loop(f, args, options, memory_budget, remat_policy)
+    try:
+      init, xs, length = _scan_arguments(*args, **options)
+    except TypeError:
+      raise TypeError(errors.message(
+          "for a function `f`, takes `(f, init, xs, *, memory_budget, "
+          f"length=None, remat_policy=None)`; got {len(args)} positional "
+          f"arguments after `f` and the keywords {sorted(options)}. For a "
+          "Haiku layer, core or step, pass its loop first: e.g. "
+          "hkb.remat_plan(hkb.dynamic_unroll, core, xs, state, "
+          "memory_budget=...).")) from None
     leaves = jax.tree_util.tree_leaves_with_path(xs)
     if length is None:
       if not leaves or not np.ndim(leaves[0][1]):
@@ -249,6 +351,95 @@ def remat_plan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     return plan(f, init, xs, length, memory_budget, remat_policy)
 
 
+def _scan_arguments(init: PyTree, xs: PyTree, *,
+                    length: Optional[int] = None) -> tuple[Any, Any, Any]:
+  return init, xs, length
+
+
+# The bridge's public loops, which take `remat="auto"` (`plannable`).
+_LOOPS: set[Callable[..., Any]] = set()
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def plannable(loop: _F) -> _F:
+  """Marks a public loop that takes `remat="auto"`: `remat_plan(loop, ...)` plans it."""
+  _LOOPS.add(loop)
+  return loop
+
+
+def _loop_of(f: Any) -> Optional[Callable[..., Any]]:
+  """The bridge's loop `f` is, or is a `functools.partial` of; else None."""
+  while isinstance(f, functools.partial):
+    f = f.func
+  return f if f in _LOOPS else None
+
+
+class Planned(Exception):
+  """Carries a loop's plan out of the loop, before it runs, to `remat_plan(loop, ...)`.
+
+  A loop that holds something it must close (Haiku's lift updater) closes
+  it when this passes.
+  """
+
+  def __init__(self, made: RematPlan):
+    super().__init__("a remat plan, on its way to hkb.remat_plan")
+    self.plan = made
+
+
+# Whether `remat_plan(loop, ...)` is waiting for the loop's plan.
+_WANTED = contextvars.ContextVar("remat_plan.wanted", default=False)
+# Where each plan a loop makes is logged, at INFO.
+LOG = logging.getLogger("haiku_bridge.remat")
+
+
+def _plan_of_loop(loop: Callable[..., Any], args: tuple[Any, ...],
+                  options: dict[str, Any], memory_budget: int,
+                  policy: Optional[Callable[..., bool]]) -> RematPlan:
+  """The plan `loop(*args, remat="auto", **options)` makes, the loop not run."""
+  name = getattr(_loop_of(loop), "__name__", "the loop")
+  if "remat" in options:
+    raise ValueError(errors.message(
+        f"plans hkb.{name} with `remat=\"auto\"`: pass the loop's arguments "
+        f"without `remat=` (got remat={options['remat']!r})."))
+  if guards.inside_transform() and hk.running_init():
+    raise ValueError(errors.message(
+        f"plans hkb.{name} at apply, where its params exist: at init "
+        "(hk.transform(f).init) a loop runs no backward pass and plans "
+        "nothing. Call it in a function you apply with the model's params."))
+  token = _WANTED.set(True)
+  try:
+    loop(*args, remat="auto", memory_budget=memory_budget,
+         remat_policy=policy, **options)
+  except Planned as planned:
+    return planned.plan
+  finally:
+    _WANTED.reset(token)
+  raise ValueError(errors.message(
+      f"hkb.{name} made no plan: it ran no loop with steps to plan."))
+
+
+def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
+              memory_budget: int,
+              policy: Optional[Callable[..., bool]] = None) -> RematPlan:
+  """The plan a loop's `remat="auto"` runs (`Loop.planned`), logged.
+
+  Every plan a loop makes passes here: it is logged at INFO on the
+  `haiku_bridge.remat` logger (`str(plan)`: the choice and the table), and
+  under `remat_plan(loop, ...)` it goes to that call instead of running.
+  """
+  # A loop inside this one's step plans for itself, unasked.
+  token = _WANTED.set(False)
+  try:
+    made = plan(f, init, xs, length, memory_budget, policy)
+  finally:
+    _WANTED.reset(token)
+  LOG.info("%s", made)
+  if _WANTED.get():
+    raise Planned(made)
+  return made
+
+
 def check_budget(memory_budget: Any) -> int:
   """`memory_budget`, a positive int of bytes."""
   if not errors.is_int(memory_budget) or memory_budget <= 0:
@@ -260,7 +451,7 @@ def check_budget(memory_budget: Any) -> int:
 
 def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
          memory_budget: int,
-         policy: Optional[Callable[..., bool]] = None) -> Plan:
+         policy: Optional[Callable[..., bool]] = None) -> RematPlan:
   """`remat_plan` of checked arguments (the loop's `remat="auto"`).
 
   The prediction steers, the compiled program decides: the choice is
@@ -284,12 +475,12 @@ def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   raise _over_budget(length, memory_budget, min(measured.values()))
 
 
-def key(k: Candidate) -> Key:
+def key(k: RematCandidate) -> Key:
   """A candidate's plan, without its costs: (remat, slots, groups, policy)."""
   return (k.remat, k.slots, k.groups, k.policy)
 
 
-def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
+def choose(c: Coefficients, length: int, memory_budget: int) -> RematPlan:
   """The plan the coefficients predict for `length` steps and the budget."""
   candidates = _candidates(c, length)
   # Binomial with the most slots the budget holds: the fewest recomputed
@@ -306,7 +497,7 @@ def choose(c: Coefficients, length: int, memory_budget: int) -> Plan:
   if not fitting:
     raise _over_budget(length, memory_budget,
                        min(k.temporaries for k in candidates))
-  return Plan(length, memory_budget, tuple(candidates), fitting[0])
+  return RematPlan(length, memory_budget, tuple(candidates), fitting[0])
 
 
 def _over_budget(length: int, memory_budget: int, least: int) -> ValueError:
@@ -332,26 +523,26 @@ def _scheduled(c: Coefficients, length: int, slots: int, plan: Key,
 
 def _recomputing(c: Coefficients, remat, slots, groups, length: int,
                  advances: int, temporaries: Optional[int] = None
-                 ) -> Candidate:
+                 ) -> RematCandidate:
   """A candidate that recomputes each step where it backpropagates it, and advances."""
   if temporaries is None:
     temporaries = _scheduled(c, length, slots, (remat, slots, groups, None),
                              length + advances)
-  return Candidate(remat, slots, groups, temporaries, length + advances,
+  return RematCandidate(remat, slots, groups, temporaries, length + advances,
                    int(round(length * c.step_flops +
                              advances * c.advance_flops)))
 
 
-def _binomial(c: Coefficients, length: int, slots: int) -> Candidate:
+def _binomial(c: Coefficients, length: int, slots: int) -> RematCandidate:
   # Each step is run again once where it is backpropagated (as
   # jax.checkpoint does), besides the schedule's advances.
   return _recomputing(c, "binomial", slots, None, length,
                       remat_schedule.binomial_cost(length, slots))
 
 
-def _candidates(c: Coefficients, length: int) -> list[Candidate]:
+def _candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   """No remat, remat=True, a few groupings of "nested", binomial by slots."""
-  out = [Candidate(False, None, None, _bytes(c, (False, None, None, None),
+  out = [RematCandidate(False, None, None, _bytes(c, (False, None, None, None),
                                              c.plain), 0, 0)]
   if c.per_step is None:  # Nothing to differentiate: nothing to keep.
     return out
@@ -359,7 +550,7 @@ def _candidates(c: Coefficients, length: int) -> list[Candidate]:
                           _bytes(c, (True, None, None, None), c.per_step)))
   if c.policy is not None:
     name, temporaries, flops = c.policy
-    out.append(Candidate(True, None, None,
+    out.append(RematCandidate(True, None, None,
                          _bytes(c, (True, None, None, name), temporaries),
                          length, int(round(length * flops)), name))
   if c.scheduled is None:  # One step: no schedule keeps fewer carries.
@@ -511,7 +702,7 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
 _CHECKS = 4
 
 
-def _checked(c: Coefficients, step: _Traced, consts, choice: Candidate,
+def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
              policy) -> Coefficients:
   """`c` with `choice` compiled; a schedule's miss raises every schedule's prediction.
 
@@ -546,7 +737,7 @@ def _checked(c: Coefficients, step: _Traced, consts, choice: Candidate,
 
 
 def policy_name(policy: Callable[..., bool]) -> str:
-  """How a `Candidate` names a policy: a function's name, else its repr.
+  """How a `RematCandidate` names a policy: a function's name, else its repr.
 
   >>> from haiku_bridge._src import remat_plan
   >>> remat_plan.policy_name(jax.checkpoint_policies.nothing_saveable)

@@ -36,6 +36,7 @@ from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import pipeline_plan
 from haiku_bridge._src import pipeline_stages
+from haiku_bridge._src import remat_plan
 from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.pytree import InitFn
 
@@ -45,6 +46,7 @@ NO_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[False]
 WITH_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[True]
 
 
+@remat_plan.plannable
 def layer_scan(
     layer: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
     carry: PyTree,
@@ -204,6 +206,17 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
     return carry, (y, state)
 
   scanned = (params, state, keys, xs)
+  try:
+    carry, (ys, state) = _run_loop(body, carry, scanned, num_layers, options)
+  except remat_plan.Planned:
+    updater.ignore_update()  # hkb.remat_plan took the plan: no layer ran.
+    raise
+  updater.update(state)
+  return carry, ys
+
+
+def _run_loop(body, carry, scanned, num_layers: int, options: _Options):
+  """The layers' loop, or with `pipeline=` at apply, its pipeline stages."""
   pipeline, reverse = options.pipeline, options.reverse
   plan = None
   if pipeline is not None:
@@ -225,8 +238,7 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
       # so `remat="auto"` runs plain, unplanned.
       loop = loop.unplanned()
     carry, (ys, state) = loop(body, carry, scanned, num_layers, reverse)
-  updater.update(state)
-  return carry, ys
+  return carry, (ys, state)
 
 
 class RepeatOptions(TypedDict, total=False):
@@ -241,6 +253,7 @@ class RepeatOptions(TypedDict, total=False):
   memory_budget: Optional[int]
 
 
+@remat_plan.plannable
 def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
                  *, init: Optional[InitFn] = None,
                  **options: Unpack[RepeatOptions]) -> PyTree:

@@ -33,6 +33,7 @@ from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
+from haiku_bridge._src import remat_plan
 from haiku_bridge._src.pytree import PyTree
 
 StepFn = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
@@ -55,6 +56,7 @@ def _known_keywords(api: str) -> Callable[[_Fn], _Fn]:
   return wrap
 
 
+@remat_plan.plannable
 @_known_keywords("scan")
 def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
          reverse: bool = False, unroll: int | bool = 1, *,
@@ -133,6 +135,7 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
                  loop)
 
 
+@remat_plan.plannable
 @_known_keywords("dynamic_unroll")
 def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                    input_sequence: PyTree, initial_state: PyTree,
@@ -190,14 +193,21 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
       pass keeps the schedule's carries, never the `[T, ...]` outputs or
       their cotangent. Create its modules outside (e.g. `head =
       hk.Linear(V)` before the unroll): they get the names and params they
-      get when called on the stacked outputs after the unroll.
+      get when called on the stacked outputs after the unroll. At init the
+      readout runs after the unroll, as such a head does, so its params
+      are the usual form's, initial values included (also where the core
+      draws rng at init, as dropout does). Its values differ from the
+      usual form's only where the readout draws rng itself (dropout in the
+      head): it draws a key per step, where a head after the unroll draws
+      one for all steps.
     readout_inputs: per-step inputs of `readout` (e.g. the targets), laid out
       as `input_sequence` (time axis 0, or 1 with `time_major=False`).
 
   Returns:
     `(output_sequence, state)`: the outputs on the time axis (or, with
     `readout`, its results), and the last state, or every state with
-    `return_all_states`.
+    `return_all_states`. With `time_major=False` each is `[B, T, ...]`,
+    except a leaf of one value per step (a readout's scalar loss), `[T]`.
   """
   with errors.entry("dynamic_unroll"):
     errors.check_callable(
@@ -232,25 +242,44 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                          "readout_inputs")
       input_sequence = (input_sequence, readout_inputs)
 
+    # At init the usual form's head runs after the unroll, and its params
+    # draw their keys after every step's (a core's dropout draws one per
+    # step): so the readout runs after the unroll there, in a loop of its own.
+    read_after = readout is not None and _initialising()
+
+    def read(outputs, readout_in):
+      assert readout is not None, "read runs only with a readout"
+      return (readout(outputs, readout_in) if with_readout_inputs
+              else readout(outputs))
+
     def step(state, inputs):
+      readout_in = None
       if with_readout_inputs:
         inputs, readout_in = inputs
       outputs, new_state = loop_lib.check_step_output(
           core(inputs, state), state, _CORE, carry_index=1)
-      if readout is not None:
-        outputs = (readout(outputs, readout_in) if with_readout_inputs
-                   else readout(outputs))
+      if readout is not None and not read_after:
+        outputs = read(outputs, readout_in)
       return new_state, ((outputs, new_state) if return_all_states
                          else outputs)
 
     last_state, out = _scan(step, initial_state, input_sequence, length,
                             reverse, loop)
     outputs, states = out if return_all_states else (out, last_state)
+    if read_after:
+      outputs = _scan(lambda _, step: (None, read(*step)), None,
+                      (outputs, input_sequence[1] if with_readout_inputs
+                       else None), length, False, loop)[1]
     if not time_major:
       outputs = _swap_batch_time(outputs)
       if return_all_states:
         states = _swap_batch_time(states)
     return outputs, states
+
+
+def _initialising() -> bool:
+  """Haiku's init: inside a transform, creating params."""
+  return guards.inside_transform() and hk.running_init()
 
 
 # How the time scans' messages name their bodies (loop.check_step_output).
@@ -339,4 +368,6 @@ def _check_batch_major(input_sequence: PyTree,
 
 
 def _swap_batch_time(tree: PyTree) -> PyTree:
-  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), tree)
+  """`[T, B, ...]` leaves as `[B, T, ...]`; a leaf of one value per step stays `[T]`."""
+  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1) if np.ndim(a) > 1
+                      else a, tree)

@@ -93,6 +93,39 @@ def without(a: jax.Array, axes: tuple[str, ...],
                           for i, e in enumerate(entries)))
 
 
+def gradient_replicated_where_unplaced(a: jax.Array) -> jax.Array:
+  """`a`, its gradient held whole on every device, where its type names no mesh.
+
+  An argument jit got from outside any mesh (params as `init` returns
+  them) has no split in its type, so the partitioner places it and its
+  gradient as the program around it suggests: a stack reshaped into the
+  stages' layout suggests its layer axis over them, where the plain
+  stack's gradient comes back whole on every device. The tangent (and so,
+  transposed, the gradient) is constrained to that; `a` itself is left to
+  the partitioner (it may hand each stage only its layers). An array whose
+  type names a mesh, and one with no gradient (keys, integers), is as it is.
+  """
+  if (_named(a) is not None or jax.sharding.get_abstract_mesh().empty or
+      not jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)):
+    return a
+  return _tangent_replicated(a)
+
+
+@jax.custom_jvp
+def _tangent_replicated(a: jax.Array) -> jax.Array:
+  return a
+
+
+@_tangent_replicated.defjvp
+def _tangent_replicated_jvp(primals, tangents):
+  (a,), (t,) = primals, tangents
+  mesh = jax.sharding.get_abstract_mesh()
+  if jax.sharding.AxisType.Explicit in tuple(mesh.axis_types):
+    # Typed on the mesh: its transpose's result (the gradient) is too.
+    return a, _reshard(t, PartitionSpec())
+  return a, jax.lax.with_sharding_constraint(t, PartitionSpec())
+
+
 def on_mesh(tree: Any) -> Any:
   """`tree`, each array with no mesh in its type put on the Explicit mesh set.
 

@@ -1,8 +1,8 @@
 """The jax and dm-haiku releases haiku_bridge is tested with, and a warning past them.
 
-`pyproject.toml` allows releases up to the next minor of the newest tested one (a user on a newer
-patch can install), and importing haiku_bridge warns once if the installed jax or dm-haiku is newer
-than the tested set: it should work, but nobody ran the tests there. What would not work is caught
+`pyproject.toml` sets lower bounds only (the oldest tested releases: a newer jax installs beside
+haiku_bridge), and importing haiku_bridge warns once (`UntestedVersionWarning`) if the installed
+jax or dm-haiku is newer than the tested set: it should work, but nobody ran the tests there. What would not work is caught
 on import as well: `haiku_internals.py` checks that the private Haiku names it reads are still
 there, and raises `errors.unsupported_haiku` if they are not. `testing/versions_test.py` checks
 these ranges against the pairs of `testing/version_matrix.sh`.
@@ -26,7 +26,17 @@ TESTED = {"jax": ("0.6.0", "0.10.2"), "dm-haiku": ("0.0.14", "0.0.17")}
 
 
 class UntestedVersionWarning(UserWarning):
-  """The installed jax or dm-haiku is newer than haiku_bridge was tested with."""
+  """The installed jax or dm-haiku is newer than haiku_bridge was tested with.
+
+  Issued once, when haiku_bridge is imported: the release should work, but the tests have not
+  run on it. As the warning comes from the import itself, a filter set up before the import
+  matches it by its message, which starts with "haiku_bridge is tested with", e.g.
+  `warnings.filterwarnings("ignore", message="haiku_bridge is tested with")`; after the import,
+  warnings recorded around it can be told apart by this class.
+
+  >>> issubclass(hkb.UntestedVersionWarning, UserWarning)
+  True
+  """
 
 
 def release(version: str) -> tuple[int, ...]:

@@ -20,11 +20,13 @@ pipeline). For each S, schedule and microbatch count M it reports:
   slots still compute, masked), not what a pipeline over a real
   interconnect gains. Timings never fail the program.
 
-Then the cost table (issue 34; no step is run): a residual MLP stack whose
-params dominate, compiled as a user writes it (params as init returns them,
-the loss after the stack) on Explicit and Auto axes, for each (S, schedule,
-M): per-device temporaries against the bound of docs/sharding.md (3x the
-stage's params) and the collectives of the optimised HLO. `--cost_only`
+Then the cost table (issues 34 and 43; no step is run): a residual MLP
+stack whose params dominate, compiled as a user writes it (the loss after
+the stack; params as init returns them, or stored over the stages) on
+Explicit and Auto axes, for each (S, schedule, M): per-device temporaries
+against the bound of docs/sharding.md (3x the stage's params), and the
+bytes each collective kind moves per device and step, measured from the
+optimised HLO against theory (testing/pipeline_cost.py). `--cost_only`
 prints it alone. `--plot=PATH` also draws its temporaries against M (an
 SVG, written here without a plotting library): a panel per S, a line per
 schedule and axis type, the bound dashed.
@@ -50,7 +52,6 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 import dataclasses
 import functools
 import math
-import re
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -65,6 +66,7 @@ from jax.sharding import PartitionSpec as P
 
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
+from testing import pipeline_cost
 from testing import transformer
 from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import harness
@@ -229,13 +231,11 @@ def markdown(cfg: Config, baseline: Compiled, base_step: float,
   return "\n".join(lines) + "\n"
 
 
-# The cost model's stack (docs/sharding.md, "What a pipelined step costs"):
-# a residual MLP whose params dominate its memory, as in issue 34.
-COST_LAYERS, COST_BATCH = 8, 32
+# The cost table's step and theory: testing/pipeline_cost.py (docs/sharding.md,
+# "What a pipelined step costs"), a residual MLP whose params dominate its memory.
+COST_LAYERS, COST_BATCH = pipeline_cost.LAYERS, 32
 COST_BOUND = 3  # Temporaries per device, in the stage's params.
-COLLECTIVES = ("all-gather", "collective-permute", "all-reduce")
-_COLLECTIVE = re.compile(
-    r"= \(?[^=]*?\)? (all-gather|collective-permute|all-reduce)(?:-start)?\(")
+AXIS_TYPES = (AxisType.Explicit, AxisType.Auto)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,43 +254,29 @@ class CostRow:
   stages: int
   schedule: str
   microbatches: int
+  placement: str  # pipeline_cost.PLACEMENTS: as init returns them, or over "stage".
   stage_param_bytes: float  # The stack's params over S.
   temp_bytes: dict[str, int]  # Per axis type: peak temporaries per device.
-  collectives: dict[str, dict[str, int]]  # Per axis type: op -> count.
+  # Per axis type: (measured, theory) bytes per device and step, by
+  # pipeline_cost.ROWS.
+  collective_bytes: dict[str, dict[str, tuple[int, float]]]
 
 
-def count_collectives(hlo: str) -> dict[str, int]:
-  """How many of each collective the optimised HLO runs (inside loops once)."""
-  counts = dict.fromkeys(COLLECTIVES, 0)
-  for match in _COLLECTIVE.finditer(hlo):
-    counts[match.group(1)] += 1
-  return counts
-
-
-def residual_mlp(h):
-  width = h.shape[-1]
-  return h + hk.Linear(width)(jnp.tanh(hk.Linear(width)(h)))
-
-
-def cost_row(cfg: CostConfig, stages: int, schedule: str,
-             m: int) -> CostRow:
-  """The user's step (params as init returns them, loss after the stack) on both axis types."""
+def cost_row(cfg: CostConfig, stages: int, schedule: str, m: int,
+             placement: str) -> CostRow:
+  """The user's step (the loss after the stack) on both axis types."""
   pipe = hkb.Pipeline("stage", m, schedule)
-  f = hk.transform(lambda x: jnp.mean(hkb.repeat_layer(
-      residual_mlp, x, COST_LAYERS, pipeline=pipe) ** 2))
-  x = jnp.ones([COST_BATCH, cfg.width])
-  params = f.init(jax.random.PRNGKey(0), x)
-  temp, collectives = {}, {}
-  for kind in (AxisType.Explicit, AxisType.Auto):
-    mesh = jax.make_mesh((stages, 8 // stages), ("stage", "data"),
-                         axis_types=(kind,) * 2)
-    with jax.set_mesh(mesh):
-      compiled = jax.jit(jax.value_and_grad(f.apply)).lower(
-          params, None, jax.device_put(x, P("data"))).compile()
-    temp[kind.name] = compiled.memory_analysis().temp_size_in_bytes
-    collectives[kind.name] = count_collectives(compiled.as_text())
-  param_bytes = sum(a.nbytes for a in jax.tree.leaves(params))
-  return CostRow(stages, schedule, m, param_bytes / stages, temp, collectives)
+  temp, moved = {}, {}
+  for kind in AXIS_TYPES:
+    step = pipeline_cost.compiled_step(
+        (stages, 8 // stages), kind, cfg.width, pipe, placement=placement,
+        batch=COST_BATCH)
+    temp[kind.name] = step.compiled.memory_analysis().temp_size_in_bytes
+    measured, theory = pipeline_cost.measured(step), pipeline_cost.theory(step)
+    moved[kind.name] = {row: (measured[row], theory[row])
+                        for row in pipeline_cost.ROWS}
+  return CostRow(stages, schedule, m, placement, step.stage_param_bytes, temp,
+                 moved)
 
 
 def cost_rows(cfg: CostConfig) -> list[CostRow]:
@@ -299,35 +285,48 @@ def cost_rows(cfg: CostConfig) -> list[CostRow]:
     for schedule in pipeline_lib.SCHEDULES:
       for name in cfg.microbatches:
         m = microbatch_count(name, stages)
-        print(f"cost: S={stages} {schedule} M={m}", file=sys.stderr)
-        rows.append(cost_row(cfg, stages, schedule, m))
+        for placement in pipeline_cost.PLACEMENTS:
+          print(f"cost: S={stages} {schedule} M={m} {placement}",
+                file=sys.stderr)
+          rows.append(cost_row(cfg, stages, schedule, m, placement))
   return rows
+
+
+def bytes_cell(measured: int, theory: float) -> str:
+  """`measured (measured / theory)`; a theory of 0 said so."""
+  if theory:
+    return f"{measured} ({measured / theory:.2f})"
+  return "0" if not measured else f"{measured} (theory 0)"
 
 
 def cost_markdown(cfg: CostConfig, rows: list[CostRow]) -> str:
   lines = [
       f"Cost: {COST_LAYERS} residual MLP blocks (two Linears of width "
-      f"{cfg.width}), batch {COST_BATCH}, `jax.value_and_grad` of apply with "
-      f"the params as init returns them, on a (stage=S, data=8/S) mesh, "
-      f"Explicit and Auto axes. Temporaries per device "
-      f"(`memory_analysis().temp_size_in_bytes`) in the stage's params "
-      f"(the bound: {COST_BOUND}); collectives in the optimised HLO "
-      f"(all-gather / collective-permute / all-reduce, each op once, loops "
-      f"included once).", "",
-      "| S | schedule | M | stage params (bytes) | temp Explicit | "
-      "temp Auto | Explicit / stage params | Auto / stage params | "
-      "collectives Explicit | collectives Auto |",
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+      f"{cfg.width}), batch {COST_BATCH}, `jax.value_and_grad` of apply, on "
+      f"a (stage=S, data=8/S) mesh, Explicit and Auto axes, the params as "
+      f"init returns them (`init`) or stored over the stages (`stage`). "
+      f"Temporaries per device (`memory_analysis().temp_size_in_bytes`) in "
+      f"the stage's params (the bound: {COST_BOUND}). Bytes per device and "
+      f"step by collective kind (`hlo_collectives`: each op's bytes times "
+      f"the trip counts of the loops around it), measured (measured / "
+      f"theory); theory in testing/pipeline_cost.py: all-gather the "
+      f"gradient whole (S × stage params) for `init`, all-reduce over data "
+      f"the stage's gradient once (+ the loss's 4 bytes), over stage the "
+      f"stack's output (M microbatches), collective-permute 2 microbatches "
+      f"per timetable step, all-to-all 2 × stage params for circular "
+      f"`stage`.", "",
+      "| S | schedule | M | params | axes | stage params (bytes) | temp | "
+      "temp / stage params | " + " | ".join(pipeline_cost.ROWS) + " |",
+      "| --- " * (8 + len(pipeline_cost.ROWS)) + "|"]
   for r in rows:
-    counts = {kind: " / ".join(str(c[op]) for op in COLLECTIVES)
-              for kind, c in r.collectives.items()}
-    lines.append(
-        f"| {r.stages} | {r.schedule} | {r.microbatches} | "
-        f"{r.stage_param_bytes:.0f} | {r.temp_bytes['Explicit']} | "
-        f"{r.temp_bytes['Auto']} | "
-        f"{r.temp_bytes['Explicit'] / r.stage_param_bytes:.2f} | "
-        f"{r.temp_bytes['Auto'] / r.stage_param_bytes:.2f} | "
-        f"{counts['Explicit']} | {counts['Auto']} |")
+    for kind in (k.name for k in AXIS_TYPES):
+      cells = [bytes_cell(*r.collective_bytes[kind][row])
+               for row in pipeline_cost.ROWS]
+      lines.append(
+          f"| {r.stages} | {r.schedule} | {r.microbatches} | {r.placement} | "
+          f"{kind} | {r.stage_param_bytes:.0f} | {r.temp_bytes[kind]} | "
+          f"{r.temp_bytes[kind] / r.stage_param_bytes:.2f} | "
+          + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
@@ -347,9 +346,11 @@ MIB = 2 ** 20
 def memory_svg(cfg: CostConfig, rows: list[CostRow]) -> str:
   """Per-device temporaries (MiB) against M, a panel per S, as an SVG document.
 
-  Each point's `<title>` names its S, schedule, axis type, M and MiB; the
-  bound (`COST_BOUND` × the stage's params) is the dashed red line.
+  The rows of params as init returns them. Each point's `<title>` names
+  its S, schedule, axis type, M and MiB; the bound (`COST_BOUND` × the
+  stage's params) is the dashed red line.
   """
+  rows = [r for r in rows if r.placement == "init"]
   stages = sorted({r.stages for r in rows})
   width = len(stages) * (_PANEL_W + _MARGIN) + _MARGIN
   height = _PANEL_H + 2 * _MARGIN + 18 * len(_STYLE)

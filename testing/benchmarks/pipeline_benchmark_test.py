@@ -15,6 +15,7 @@ from xml.etree import ElementTree
 
 from absl.testing import absltest
 
+from testing import pipeline_cost
 from testing.benchmarks import pipeline_benchmark
 
 
@@ -54,18 +55,34 @@ class QuickPipelineBenchmarkTest(absltest.TestCase):
               r"\d+\.\d{3} \[\d+\.\d{3}–\d+\.\d{3}\] \(\d+\.\d{2}\) \|$")
           self.assertIn(f"S={s} {schedule} M={m}", self.progress)
 
-  def test_a_cost_row_per_stage_count_schedule_and_microbatches(self):
+  def test_a_cost_row_per_stage_count_schedule_microbatches_placement_and_axes(
+      self):
     cfg = pipeline_benchmark.QUICK_COST
-    counts = r"\d+ / \d+ / \d+"
+    # Bytes, then measured / theory, "theory 0", or 0 where both are.
+    cell = r"(?:\d+ \([\d.]+\)|\d+ \(theory 0\)|0)"
+    cells = r" \| ".join([cell] * len(pipeline_cost.ROWS))
     for s in cfg.stages:
       for schedule in ("gpipe", "circular"):
         for name in cfg.microbatches:
           m = pipeline_benchmark.microbatch_count(name, s)
-          self.assertRegex(
-              self.report,
-              rf"(?m)^\| {s} \| {schedule} \| {m} \| \d+ \| \d+ \| \d+ \| "
-              rf"[\d.]+ \| [\d.]+ \| {counts} \| {counts} \|$")
-          self.assertIn(f"cost: S={s} {schedule} M={m}", self.progress)
+          for placement in pipeline_cost.PLACEMENTS:
+            for axes in ("Explicit", "Auto"):
+              self.assertRegex(
+                  self.report,
+                  rf"(?m)^\| {s} \| {schedule} \| {m} \| {placement} \| "
+                  rf"{axes} \| \d+ \| \d+ \| [\d.]+ \| {cells} \|$")
+            self.assertIn(f"cost: S={s} {schedule} M={m} {placement}",
+                          self.progress)
+
+  def test_bytes_against_theory(self):
+    # The collective-permute: 2 microbatches per timetable step, exactly
+    # (theory is testing/pipeline_cost.py's; pipeline_cost_test pins every
+    # kind).
+    column = 8 + pipeline_cost.ROWS.index("collective-permute")
+    for line in self.report.splitlines():
+      if re.match(r"^\| \d+ \| (gpipe|circular) \| \d+ \| (init|stage) \|",
+                  line):
+        self.assertRegex(line.split(" | ")[column], r"^\d+ \(1\.00\)$")
 
   def test_plot_draws_the_cost_table(self):
     # Each point's title and each panel's bound against the table's bytes.
@@ -77,10 +94,10 @@ class QuickPipelineBenchmarkTest(absltest.TestCase):
       for schedule in ("gpipe", "circular"):
         for name in cfg.microbatches:
           m = pipeline_benchmark.microbatch_count(name, s)
-          row = re.search(rf"(?m)^\| {s} \| {schedule} \| {m} \| (\d+) \| "
-                          r"(\d+) \| (\d+) \|", self.report)
-          stage_params, explicit, auto = (int(row[i]) for i in (1, 2, 3))
-          for kind, temp in (("Explicit", explicit), ("Auto", auto)):
+          for kind in ("Explicit", "Auto"):
+            row = re.search(rf"(?m)^\| {s} \| {schedule} \| {m} \| init \| "
+                            rf"{kind} \| (\d+) \| (\d+) \|", self.report)
+            stage_params, temp = int(row[1]), int(row[2])
             self.assertIn(f"S={s} {schedule} {kind} M={m}: "
                           f"{temp / mib:.3f} MiB", titles)
           self.assertIn(f"S={s} bound: 3 × stage params = "

@@ -253,7 +253,7 @@ class LayerStackConformanceTest(parameterized.TestCase):
                                         "output_projection": jnp.sum(out)}
 
     # By design, layer_scan's default name follows whether `xs` are given
-    # (README, "Differences by design"): this layer has per-layer outputs but
+    # (docs/comparison.md, "Differences ... by design"): this layer has per-layer outputs but
     # no per-layer inputs, so the name hk.layer_stack uses is passed.
     _, _, (out, z) = compare_with_layer_stack(
         self, lambda x: hkb.layer_scan(lambda c, _: f(c), x,

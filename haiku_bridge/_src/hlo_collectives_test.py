@@ -1,0 +1,112 @@
+"""Tests for hlo_collectives: bytes per device against the arrays' own sizes, loops by trip count."""
+
+import jax
+
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl.testing import absltest
+import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+from haiku_bridge._src import hlo_collectives
+
+MESH = {"stage": 2, "data": 4}
+
+
+def compiled(f, *args, specs):
+  """`f` compiled on the MESH (Explicit axes), `args` placed by `specs`."""
+  mesh = jax.make_mesh(tuple(MESH.values()), tuple(MESH),
+                       axis_types=(AxisType.Explicit,) * len(MESH))
+  with jax.set_mesh(mesh):
+    args = [jax.device_put(a, s) for a, s in zip(args, specs)]
+    return jax.jit(f).lower(*args).compile()
+
+
+class CollectivesTest(absltest.TestCase):
+
+  def test_each_kind_by_hand(self):
+    # Every kind, and an async pair, in one program (HLO as XLA:GPU
+    # writes it), each array's bytes per device by hand.
+    text = """HloModule m
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (t: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
+  %t = (s32[], f32[8,16]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[8,16]{1,0} get-tuple-element(%t), index=1
+  %p = f32[8,16]{1,0} collective-permute(%x), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  %r = f32[8,16]{1,0} all-reduce-start(%p), channel_id=2, replica_groups=[4,2]<=[8], to_apply=%add
+  %d = f32[8,16]{1,0} all-reduce-done(%r)
+  ROOT %o = (s32[], f32[8,16]{1,0}) tuple(%i, %d)
+}
+
+%cond (t: (s32[], f32[8,16])) -> pred[] {
+  %t = (s32[], f32[8,16]{1,0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (x: f32[8,16], h: bf16[4,6]) -> f32[8,16] {
+  %x = f32[8,16]{1,0} parameter(0)
+  %h = bf16[4,6]{1,0} parameter(1)
+  %g = (bf16[4,6]{1,0}, bf16[16,6]{1,0}) all-gather-start(%h), channel_id=3, replica_groups={{0,2,4,6},{1,3,5,7}}, dimensions={0}
+  %gd = bf16[16,6]{1,0} all-gather-done(%g)
+  %rs = f32[2,16]{1,0} reduce-scatter(%x), channel_id=4, replica_groups=mesh['x'=2,'y'=4], device_ids=([8]) {'y'}, dimensions={0}, to_apply=%add
+  %aa = f32[8,16]{1,0} all-to-all(%x), channel_id=5, replica_groups={}, dimensions={0}
+  %init = s32[] constant(0)
+  %t = (s32[], f32[8,16]{1,0}) tuple(%init, %aa)
+  %w = (s32[], f32[8,16]{1,0}) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %out = f32[8,16]{1,0} get-tuple-element(%w), index=1
+}
+"""
+    found = hlo_collectives.collectives(text)
+    array = 8 * 16 * 4
+    self.assertEqual(hlo_collectives.bytes_by_kind(found), {
+        "all-gather": 16 * 6 * 2,  # The result, bfloat16.
+        "all-reduce": 3 * array,  # In the loop of 3.
+        "collective-permute": 3 * array,
+        "reduce-scatter": array,  # The operand, not the 1/4 result.
+        "all-to-all": array,
+    })
+    axes = {c.kind: hlo_collectives.mesh_axes(c, MESH) for c in found}
+    self.assertEqual(axes, {
+        "all-gather": ("stage", "data"),  # Ids 0, 2, 4, 6.
+        "reduce-scatter": ("data",),  # Over 'y' of [[0-3], [4-7]].
+        "all-to-all": ("stage", "data"),  # All devices.
+        "collective-permute": ("data",),  # 0 <-> 1.
+        "all-reduce": ("data",),  # [4,2]<=[8]: {0,1}, {2,3}, ...
+    })
+    loops = {c.kind: c.loops for c in found}
+    self.assertEqual(loops["all-reduce"], (3,))
+    self.assertEqual(loops["all-gather"], ())
+
+  def test_a_compiled_reduction_in_a_scan(self):
+    # jax's own program: a sum over "data" in a scan of 5 steps, and one
+    # after it; per device, the shapes are one device's.
+    def f(xs, w):
+      def step(h, x):
+        return h + jnp.sum(x * w, axis=0), None
+      h, _ = jax.lax.scan(step, jnp.zeros(w.shape[1:]), xs)
+      return h, jnp.sum(xs, axis=1)
+
+    found = [c for c in hlo_collectives.collectives(compiled(
+        f, jnp.ones([5, 16, 32]), jnp.ones([16, 32]),
+        specs=(P(None, "data"), P())).as_text()) if c.kind == "all-reduce"]
+    self.assertNotEmpty(found)
+    for c in found:
+      self.assertEqual(hlo_collectives.mesh_axes(c, MESH), ("data",))
+    # The scan's: one float32 row of 32 per step (or all 5 at once, if XLA
+    # moved it out); the one after: [5, 32] per device.
+    self.assertEqual(sum(c.bytes_per_step for c in found),
+                     5 * 32 * 4 + 5 * 32 * 4)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,57 @@
+"""What two computations of the same values may differ by, on each backend.
+
+The tests compare the bridge with inline Haiku (or one remat schedule with
+another) by running both. On the CPU the two agree as the tests state it: an
+initial value bit for bit, a loss and its gradients within float32 rounding
+(`values()`). A GPU's arithmetic is another: op-by-op and jitted random
+initialisers differ in the last bit, float32 matmuls run in TF32 by default
+on Ampere and newer, and its reductions associate differently, so a
+recomputed forward (a remat schedule) lands a few rounding steps away. There
+the bound is explicit and small, each beside the largest difference measured
+on an H200 with jax 0.11.2 (`bash testing/gpu_check.sh`, 2026-12-04):
+
+- `assert_same`: bit-exact on the CPU; elsewhere within 1e-6 (measured: 4.3e-7
+  relative, one float32 ulp, between a jitted and an op-by-op init).
+- `values()` (losses, first-order gradients): CPU rtol 1e-5; elsewhere 1e-4
+  (measured: 1.6e-5, a char LM's loss under `readout=` against the usual form).
+- `second_order()` (per-example gradients and Hessian-vector products through a
+  recomputing schedule): CPU as `values()`; elsewhere rtol 2e-3 (measured:
+  5.5e-4, an LSTM's Hessian-vector product under "nested" against `remat=True`).
+
+Tests compare like with like first (a jitted init with a jitted init), so
+these bounds cover arithmetic, never a difference in what is computed.
+"""
+
+from typing import Any
+
+import chex
+import jax
+
+
+def on_cpu() -> bool:
+  return jax.default_backend() == "cpu"
+
+
+def _by_backend(cpu: dict[str, float], other: dict[str, float]):
+  return cpu if on_cpu() else other
+
+
+_CPU_VALUES = dict(rtol=1e-5, atol=1e-6)
+
+
+def values() -> dict[str, float]:
+  """`rtol`/`atol` for losses and first-order gradients computed two ways."""
+  return _by_backend(_CPU_VALUES, dict(rtol=1e-4, atol=1e-5))
+
+
+def second_order() -> dict[str, float]:
+  """`rtol`/`atol` for gradients of gradients through a recomputing schedule."""
+  return _by_backend(_CPU_VALUES, dict(rtol=2e-3, atol=2e-4))
+
+
+def assert_same(got: Any, want: Any) -> None:
+  """The same values: bit for bit on the CPU, within one or two ulp elsewhere."""
+  if on_cpu():
+    chex.assert_trees_all_equal(got, want)
+  else:
+    chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-6)
