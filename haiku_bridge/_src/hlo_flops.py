@@ -269,15 +269,11 @@ def _convolution(attributes: str, lhs: tuple[int, ...],
           positions)
 
 
-_CONSTANT = re.compile(r"^\s*(?:ROOT )?%\S+ = ([a-z][a-z0-9]*)\[([0-9,]+)\]\S* "
-                       r"constant\(")
-
-
-def constant_bytes(hlo_text: str) -> int:
-  """Bytes of the array constants the HLO `hlo_text` holds (e.g. a remat schedule's tables).
+def constant_bytes(text: str) -> int:
+  """Bytes of the array constants of the HLO `text` (e.g. a remat schedule's tables).
 
   XLA's memory analysis counts a program's temporaries, not the constants
-  compiled into it.
+  compiled into it (scalars, which live in the code, are left out).
 
   >>> from haiku_bridge._src import hlo_flops
   >>> table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
@@ -285,15 +281,7 @@ def constant_bytes(hlo_text: str) -> int:
   >>> hlo_flops.constant_bytes(f.lower(3).compile().as_text())
   4000
   """
-  total = 0
-  for line in hlo_text.splitlines():
-    match = _CONSTANT.match(line)
-    if match:
-      dims = [int(d) for d in match.group(2).split(",") if d]
-      total += math.prod(dims) * _ITEMSIZE.get(match.group(1), 4)
-  return total
-
-
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
-             "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-             "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+  return sum(array.bytes
+             for instructions in hlo_text.parse(text).computations.values()
+             for ins in instructions if ins.opcode == "constant"
+             for array in hlo_text.arrays(ins.shape) if array.dims)

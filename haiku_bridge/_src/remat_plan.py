@@ -484,13 +484,20 @@ def choose(c: Coefficients, length: int, memory_budget: int) -> RematPlan:
   """The plan the coefficients predict for `length` steps and the budget."""
   candidates = _candidates(c, length)
   # Binomial with the most slots the budget holds: the fewest recomputed
-  # steps of any schedule that fits (each slot costs the same).
+  # steps of any schedule that fits. Each slot costs the same, and the
+  # tables shrink as slots are added: from the most the slots alone
+  # allow, down to the first that fits with its tables.
   if c.scheduled is not None:
     a, per_slot = c.scheduled
-    most = int((memory_budget - a - c.constants[0]) // max(per_slot, 1.0))
-    if 1 <= most < length and not any(
-        k.remat == "binomial" and k.slots == most for k in candidates):
-      candidates.append(_binomial(c, length, most))
+    k0, k1 = c.constants
+    most = min(length - 1, int((memory_budget - a - k0 - k1 * length) //
+                               max(per_slot, 1.0)))
+    for slots in range(most, max(0, most - _SLOT_SEARCH), -1):
+      fits = _binomial(c, length, slots)
+      if fits.temporaries <= memory_budget:
+        if fits not in candidates:
+          candidates.append(fits)
+        break
   candidates.sort(key=lambda k: (k.recomputed_flops, k.recomputed_steps,
                                  k.temporaries))
   fitting = [k for k in candidates if k.temporaries <= memory_budget]
@@ -498,6 +505,11 @@ def choose(c: Coefficients, length: int, memory_budget: int) -> RematPlan:
     raise _over_budget(length, memory_budget,
                        min(k.temporaries for k in candidates))
   return RematPlan(length, memory_budget, tuple(candidates), fitting[0])
+
+
+# The counts of slots below the most the slots alone allow that `choose`
+# tries, at most.
+_SLOT_SEARCH = 64
 
 
 def _over_budget(length: int, memory_budget: int, least: int) -> ValueError:
