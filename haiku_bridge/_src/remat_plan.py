@@ -90,6 +90,7 @@ from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import hlo_flops
+from haiku_bridge._src import hlo_text
 from haiku_bridge._src import modes
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
@@ -764,7 +765,7 @@ def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
 
 
 # What the figures depend on besides the step: the code that measures them.
-_MEASURING_CODE = (remat_schedule, scheduled_scan, hlo_flops)
+_MEASURING_CODE = (remat_schedule, scheduled_scan, hlo_flops, hlo_text)
 
 
 def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
