@@ -116,6 +116,16 @@ COVERAGE = {
 }
 
 
+# `max_recompute` refused by every loop that takes remat="auto": on entry, before planning.
+MAX_RECOMPUTE_REFUSED = (
+    (dict(remat="auto", memory_budget=1 << 20, max_recompute="3"), TypeError, "max_recompute"),
+    (dict(remat="auto", memory_budget=1 << 20, max_recompute=True), TypeError, "max_recompute"),
+    (dict(remat="auto", memory_budget=1 << 20, max_recompute=-1), ValueError, "max_recompute"),
+    (dict(remat="auto", memory_budget=1 << 20, max_recompute=float("nan")), ValueError,
+     "max_recompute"),
+    (dict(remat=True, max_recompute=3), ValueError, "max_recompute"))
+
+
 def refused(test, error, api, argument=None):
   """`assertRaisesRegex` for a message `hkb.<api>: ...` naming `argument`, once prefixed."""
   pattern = rf"^hkb\.{re.escape(api)}: (?!.*\bhkb(\.\w+)?: )"
@@ -409,7 +419,7 @@ class Layer_scanTest(TestCase):
         (dict(remat="nested", remat_groups=0), ValueError, "remat_groups"),
         (dict(unroll="2"), TypeError, "unroll"), (dict(unroll=1.0), TypeError, "unroll"),
         (dict(unroll=-1), ValueError, "unroll"), (dict(reverse=None), TypeError, "reverse"),
-        (dict(reverse=1), TypeError, "reverse")):
+        (dict(reverse=1), TypeError, "reverse")) + MAX_RECOMPUTE_REFUSED:
       with refused(self, error, "layer_scan", argument):
         init(lambda kwargs=kwargs: hkb.layer_scan(layer, X, num_layers=DEPTH, **kwargs))
 
@@ -494,7 +504,7 @@ class Repeat_layerTest(TestCase):
                                 r"argument 'remat_group' \(did you mean 'remat_groups'\?\); "
                                 r"its arguments are layer, x, num_layers, init, name, remat, "
                                 r"remat_policy, remat_groups, unroll, reverse, pipeline, "
-                                r"memory_budget\.$"):
+                                r"memory_budget, max_recompute\.$"):
       init(lambda: hkb.repeat_layer(linear, X, DEPTH, remat="nested", remat_group=2))
 
   def test_wrong_type_options_on_entry(self):
@@ -504,7 +514,8 @@ class Repeat_layerTest(TestCase):
     for kwargs, error, argument in ((dict(remat=4), TypeError, "remat"),
                                     (dict(remat_groups=2), ValueError, "remat_groups"),
                                     (dict(unroll=None), TypeError, "unroll"),
-                                    (dict(pipeline="stage"), TypeError, "pipeline")):
+                                    (dict(pipeline="stage"), TypeError, "pipeline"),
+                                    *MAX_RECOMPUTE_REFUSED):
       with refused(self, error, "repeat_layer", argument):
         init(lambda kwargs=kwargs: hkb.repeat_layer(counted, X, DEPTH, **kwargs))
     with refused(self, ValueError, "repeat_layer", "num_layers"):
@@ -610,7 +621,9 @@ class Remat_planTest(TestCase):
 
   def test_wrong_type(self):
     for kwargs, argument in ((dict(f=None), "f"), (dict(memory_budget="1GB"), "memory_budget"),
-                             (dict(length=3.0), "length")):
+                             (dict(length=3.0), "length"), (dict(max_recompute="3"),
+                                                            "max_recompute"),
+                             (dict(max_recompute=True), "max_recompute")):
       args = dict(dict(f=step, init=X, xs=SEQUENCE, memory_budget=1 << 20), **kwargs)
       with refused(self, TypeError, "remat_plan", argument):
         hkb.remat_plan(**args)
@@ -623,6 +636,9 @@ class Remat_planTest(TestCase):
       hkb.remat_plan(step, X, SEQUENCE, memory_budget=1 << 20, length=0)
     with refused(self, ValueError, "remat_plan", "memory_budget"):
       hkb.remat_plan(step, X, SEQUENCE, memory_budget=0)
+    for max_recompute in (-1, float("nan")):
+      with refused(self, ValueError, "remat_plan", "max_recompute"):
+        hkb.remat_plan(step, X, SEQUENCE, memory_budget=1 << 20, max_recompute=max_recompute)
 
   def test_argument_order_f_and_init_swapped(self):
     with refused(self, TypeError, "remat_plan", "f"):
@@ -646,6 +662,9 @@ class ScanTest(TestCase):
       args = dict(dict(f=step, init=X, xs=SEQUENCE), **kwargs)
       with refused(self, TypeError, "scan", argument):
         init(lambda args=args: hkb.scan(**args))
+    for kwargs, error, argument in MAX_RECOMPUTE_REFUSED:
+      with refused(self, error, "scan", argument):
+        init(lambda kwargs=kwargs: hkb.scan(step, X, SEQUENCE, **kwargs))
 
   def test_wrong_type_xs_leaf(self):
     with self.assertRaisesRegex(TypeError, r"^hkb.scan: xs\['t'\] is an int 3; every leaf of "
@@ -686,6 +705,9 @@ class Dynamic_unrollTest(TestCase):
                              (dict(return_all_states=1), "return_all_states"),
                              (dict(unroll=None), "unroll"), (dict(remat=2), "remat")):
       with refused(self, TypeError, "dynamic_unroll", argument):
+        init(lambda kwargs=kwargs: lstm_unroll(SEQUENCE, **kwargs))
+    for kwargs, error, argument in MAX_RECOMPUTE_REFUSED:
+      with refused(self, error, "dynamic_unroll", argument):
         init(lambda kwargs=kwargs: lstm_unroll(SEQUENCE, **kwargs))
     with refused(self, TypeError, "dynamic_unroll", "core"):
       init(lambda: hkb.dynamic_unroll("lstm", SEQUENCE, X))

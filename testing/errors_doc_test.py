@@ -343,6 +343,16 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     (SECTION_SCAN, "`hkb.remat_plan` of a loop of no steps"):
         lambda: hkb.remat_plan(hkb.scan, lambda h, x: (h, None), X4, jnp.ones([0, 2, 4]),
                                memory_budget=10**6),
+    (SECTION_SCAN, "a budget that only plans recomputing more than `max_recompute` fit "
+                   "(`remat=\"auto\"`, `hkb.remat_plan`)"):
+        lambda: hkb.remat_plan(lambda h, x: (jnp.tanh(h + x), jnp.sum(h ** 2)),
+                               jnp.zeros([2, 16]), jnp.ones([16, 2, 16]), memory_budget=1664),
+    (SECTION_SCAN, "`max_recompute` without `remat=\"auto\"`"):
+        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, max_recompute=3)),
+    (SECTION_SCAN, "`max_recompute` not a number ≥ 0"):
+        lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
+                                            remat="auto", memory_budget=10**6,
+                                            max_recompute=-1)),
     (SECTION_SCAN, "`unroll` or `reverse` of the wrong type"):
         lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
                                             unroll=-1)),

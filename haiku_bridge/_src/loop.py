@@ -13,9 +13,10 @@ It owns what the backward pass keeps:
   one more forward pass.
 * `remat="auto"` with `memory_budget=`: one of those (with
   `remat_policy=`, `remat=True` under it too), the one that recomputes the
-  least FLOPs among those whose training-step bytes fit the budget,
-  predicted, then checked compiled (`remat_plan.py`), planned on the
-  step's shapes when the loop is traced.
+  least FLOPs among those whose training-step bytes fit the budget
+  (predicted, then checked compiled) and that recompute at most
+  `max_recompute` forward passes (`remat_plan.py`), planned on the step's
+  shapes when the loop is traced.
 
 Values the step closes over (a time scan's shared weights) are constants
 of the loop: in every mode their gradient is one buffer, summed over the
@@ -84,6 +85,8 @@ class Loop:
       cotangent, its working memory) and the constants it compiles in (a
       schedule's tables); not the params or their gradients, nor the rest
       of the step (README, "Choosing remat").
+    max_recompute: with `remat="auto"`, the most forward passes of the
+      loop a plan may recompute.
   """
   remat: modes.RematMode = False
   policy: Optional[Callable[..., bool]] = None
@@ -91,6 +94,7 @@ class Loop:
   unroll: int | bool = 1
   memory_budget: Optional[int] = None
   slots: Optional[int] = None
+  max_recompute: float = remat_plan.MAX_RECOMPUTE
 
   def unplanned(self) -> "Loop":
     """This loop where no backward pass follows (Haiku's init): never planned.
@@ -101,7 +105,8 @@ class Loop:
     if self.remat != modes.REMAT_AUTO:
       return self
     return dataclasses.replace(self, remat=False, policy=None,
-                               memory_budget=None)
+                               memory_budget=None,
+                               max_recompute=remat_plan.MAX_RECOMPUTE)
 
   def planned(self, body: Body, carry: PyTree, xs: PyTree,
               length: int) -> "Loop":
@@ -110,7 +115,7 @@ class Loop:
       return Loop(unroll=self.unroll)
     assert self.memory_budget is not None, "from_options requires it"
     choice = remat_plan.loop_plan(body, carry, xs, length, self.memory_budget,
-                                  self.policy).choice
+                                  self.policy, self.max_recompute).choice
     return Loop(choice.remat, None if choice.policy is None else self.policy,
                 choice.groups, self.unroll,
                 slots=choice.slots if choice.remat == "binomial" else None)
@@ -142,7 +147,7 @@ class Loop:
 
 def from_options(*, remat: Any = False, remat_policy: Any = None,
                  remat_groups: Any = None, unroll: Any = 1,
-                 memory_budget: Any = None) -> Loop:
+                 memory_budget: Any = None, max_recompute: Any = None) -> Loop:
   """The `Loop` a public call's options describe, each option checked.
 
   Raises TypeError or ValueError, naming the option, for a value the loop
@@ -156,10 +161,15 @@ def from_options(*, remat: Any = False, remat_policy: Any = None,
           "training-step temporaries may take (hkb.remat_plan shows what "
           "each plan needs)."))
     memory_budget = remat_plan.check_budget(memory_budget)
-  elif memory_budget is not None:
-    raise ValueError(errors.message(
-        "`memory_budget` needs `remat=\"auto\"`, which chooses the plan "
-        "that fits it."))
+    max_recompute = remat_plan.check_max_recompute(max_recompute)
+  else:
+    for name, value in (("memory_budget", memory_budget),
+                        ("max_recompute", max_recompute)):
+      if value is not None:
+        raise ValueError(errors.message(
+            f"`{name}` needs `remat=\"auto\"`, which chooses the plan that "
+            "fits it."))
+    max_recompute = remat_plan.MAX_RECOMPUTE
   if remat_groups is not None:
     remat_groups = errors.check_positive_int("remat_groups", remat_groups)
   if not (isinstance(unroll, (bool, np.bool_)) or
@@ -169,7 +179,8 @@ def from_options(*, remat: Any = False, remat_policy: Any = None,
                             "int, as for jax.lax.scan"))
   unroll = (bool(unroll) if isinstance(unroll, (bool, np.bool_))
             else int(unroll))
-  return Loop(remat, remat_policy, remat_groups, unroll, memory_budget)
+  return Loop(remat, remat_policy, remat_groups, unroll, memory_budget,
+              max_recompute=max_recompute)
 
 
 _REMAT = "False, True, \"nested\", \"binomial\" or \"auto\""

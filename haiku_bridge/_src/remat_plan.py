@@ -48,7 +48,9 @@ compile. `remat=True` recomputes T·r, the policy its own part of each
 step, a schedule T·r and f for each step it advances to rebuild carries
 (`remat_schedule.binomial_cost`, `Schedule.recomputed_steps`); `False`
 none. The choice is the candidate with the least recomputed FLOPs whose
-bytes fit (then the fewest recomputed steps, then the least memory).
+bytes fit (then the fewest recomputed steps, then the least memory), among
+those that recompute at most `max_recompute` forward passes of the loop
+(`MAX_RECOMPUTE`, 3, by default: see `choose`).
 
 The measurements are cached in memory and on disk (`caches.OnDisk`, under
 `caches.directory()`; `hkb.clear_caches()` deletes them), keyed on the
@@ -69,6 +71,7 @@ not run); every plan a loop makes passes `loop_plan`, which logs it at
 INFO on the `haiku_bridge.remat` logger.
 """
 
+import contextlib
 import contextvars
 import functools
 import hashlib
@@ -77,10 +80,11 @@ import math
 import os
 import re
 import sys
-from typing import Any, Callable, NamedTuple, Optional, TypeVar
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, TypeVar
 
 import haiku as hk
 import jax
+from jax._src import config as jax_config  # pylint: disable=g-bad-import-order
 from jax.extend import core as jax_core
 import jax.numpy as jnp
 import jaxlib
@@ -95,6 +99,15 @@ from haiku_bridge._src import modes
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
+
+# The most forward passes of the loop a plan may recompute unless the caller
+# allows more (`max_recompute=`): remat=True's one and two more. A training
+# step runs about three passes' worth (the backward pass about two), so
+# this keeps a plan's step within about twice no remat's compute. Binomial
+# schedules within it keep about (6·T)^(1/3) slots (44 at 16384 steps,
+# where one pass fewer takes 179); with fewer, the recomputation grows
+# fast (one slot: about T/2 passes).
+MAX_RECOMPUTE = 3.0
 
 
 class RematCandidate(NamedTuple):
@@ -241,6 +254,7 @@ class Coefficients(NamedTuple):
 
 def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
                remat_policy: Optional[Callable[..., bool]] = None,
+               max_recompute: Optional[float] = None,
                **options: Any) -> RematPlan:
   """The plan `remat="auto"` makes: for `jax.lax.scan(f, init, xs)`, or for a loop of the bridge.
 
@@ -304,6 +318,10 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
       tables); not the params or their gradients, nor the rest of the step.
     remat_policy: a `jax.checkpoint_policies` policy: per-step remat under
       it is a candidate too (as `remat="auto", remat_policy=` weighs it).
+    max_recompute: the most forward passes of the loop the backward pass
+      may run again (recomputed steps over `length`; `remat=True` runs 1):
+      a plan over it is never chosen. None: 3 (remat=True's pass and two
+      more); `math.inf` allows any.
     **options: for a function `f`: `length`, the number of steps (taken
       from `xs` when not given); for a loop, its keyword arguments other
       than `remat` (e.g. `num_layers=`, `time_major=`, `readout=`).
@@ -313,25 +331,29 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
 
   Raises:
     ValueError: if no candidate fits `memory_budget`, naming the least any
-      candidate needs; for a loop, at init (where loops plan nothing), or
-      if the loop plans nothing (no steps).
+      candidate needs; or if every one that fits recomputes more than
+      `max_recompute` allows, naming what it recomputes and the least
+      budget within `max_recompute`; for a loop, at init (where loops plan
+      nothing), or if the loop plans nothing (no steps).
   """
   with errors.entry("remat_plan"):
     errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`, "
                           "or one of the bridge's loops (hkb.dynamic_unroll, "
                           "...)")
     memory_budget = check_budget(memory_budget)
+    max_recompute = check_max_recompute(max_recompute)
     if remat_policy is not None:
       errors.check_callable("remat_policy", remat_policy,
                             "None or a jax.checkpoint_policies policy")
     if _loop_of(f) is not None:
-      return _plan_of_loop(f, args, options, memory_budget, remat_policy)
+      return _plan_of_loop(f, args, options, memory_budget, remat_policy,
+                           max_recompute)
     try:
       init, xs, length = _scan_arguments(*args, **options)
     except TypeError:
       raise TypeError(errors.message(
           "for a function `f`, takes `(f, init, xs, *, memory_budget, "
-          f"length=None, remat_policy=None)`; got {len(args)} positional "
+          f"length=None, remat_policy=None, max_recompute=None)`; got {len(args)} positional "
           f"arguments after `f` and the keywords {sorted(options)}. For a "
           "Haiku layer, core or step, pass its loop first: e.g. "
           "hkb.remat_plan(hkb.dynamic_unroll, core, xs, state, "
@@ -349,7 +371,8 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
         raise ValueError(errors.message(
             f"xs{jax.tree_util.keystr(path)} has shape {np.shape(leaf)}, but "
             f"every leaf of xs needs a leading axis of {length} steps."))
-    return plan(f, init, xs, length, memory_budget, remat_policy)
+    return plan(f, init, xs, length, memory_budget, remat_policy,
+                max_recompute)
 
 
 def _scan_arguments(init: PyTree, xs: PyTree, *,
@@ -396,7 +419,8 @@ LOG = logging.getLogger("haiku_bridge.remat")
 
 def _plan_of_loop(loop: Callable[..., Any], args: tuple[Any, ...],
                   options: dict[str, Any], memory_budget: int,
-                  policy: Optional[Callable[..., bool]]) -> RematPlan:
+                  policy: Optional[Callable[..., bool]],
+                  max_recompute: float) -> RematPlan:
   """The plan `loop(*args, remat="auto", **options)` makes, the loop not run."""
   name = getattr(_loop_of(loop), "__name__", "the loop")
   if "remat" in options:
@@ -411,7 +435,7 @@ def _plan_of_loop(loop: Callable[..., Any], args: tuple[Any, ...],
   token = _WANTED.set(True)
   try:
     loop(*args, remat="auto", memory_budget=memory_budget,
-         remat_policy=policy, **options)
+         remat_policy=policy, max_recompute=max_recompute, **options)
   except Planned as planned:
     return planned.plan
   finally:
@@ -422,7 +446,8 @@ def _plan_of_loop(loop: Callable[..., Any], args: tuple[Any, ...],
 
 def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
               memory_budget: int,
-              policy: Optional[Callable[..., bool]] = None) -> RematPlan:
+              policy: Optional[Callable[..., bool]] = None,
+              max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
   """The plan a loop's `remat="auto"` runs (`Loop.planned`), logged.
 
   Every plan a loop makes passes here: it is logged at INFO on the
@@ -432,7 +457,7 @@ def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   # A loop inside this one's step plans for itself, unasked.
   token = _WANTED.set(False)
   try:
-    made = plan(f, init, xs, length, memory_budget, policy)
+    made = plan(f, init, xs, length, memory_budget, policy, max_recompute)
   finally:
     _WANTED.reset(token)
   LOG.info("%s", made)
@@ -450,9 +475,23 @@ def check_budget(memory_budget: Any) -> int:
   return int(memory_budget)
 
 
+def check_max_recompute(max_recompute: Any) -> float:
+  """`max_recompute`, a number ≥ 0 of forward passes; None: `MAX_RECOMPUTE`."""
+  if max_recompute is None:
+    return MAX_RECOMPUTE
+  number = (isinstance(max_recompute, (int, float, np.integer, np.floating))
+            and not isinstance(max_recompute, (bool, np.bool_)))
+  if not number or not max_recompute >= 0:
+    raise (ValueError if number else TypeError)(errors.bad_argument(
+        "max_recompute", max_recompute,
+        "a number ≥ 0: the forward passes of the loop its backward pass may "
+        "run again (remat=True runs 1; math.inf allows any)"))
+  return float(max_recompute)
+
+
 def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
-         memory_budget: int,
-         policy: Optional[Callable[..., bool]] = None) -> RematPlan:
+         memory_budget: int, policy: Optional[Callable[..., bool]] = None,
+         max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
   """`remat_plan` of checked arguments (the loop's `remat="auto"`).
 
   The prediction steers, the compiled program decides: the choice is
@@ -463,15 +502,16 @@ def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   step, consts = _trace(f, init, xs, length)
   c = coefficients(step, consts, length, policy)
   for _ in range(_CHECKS):
-    chosen = choose(c, length, memory_budget)
+    chosen = choose(c, length, memory_budget, max_recompute)
     if key(chosen.choice) in dict(c.measured):
       return chosen
     c = _checked(c, step, consts, chosen.choice, policy)
-  # Still unchecked: the first that was compiled and fits.
-  chosen = choose(c, length, memory_budget)
+  # Still unchecked: the first that was compiled, fits and is affordable.
+  chosen = choose(c, length, memory_budget, max_recompute)
   measured = dict(c.measured)
   for k in chosen.candidates:
-    if key(k) in measured and k.temporaries <= memory_budget:
+    if (key(k) in measured and k.temporaries <= memory_budget and
+        k.recomputed_steps <= max_recompute * length):
       return chosen._replace(choice=k)
   raise _over_budget(length, memory_budget, min(measured.values()))
 
@@ -481,8 +521,14 @@ def key(k: RematCandidate) -> Key:
   return (k.remat, k.slots, k.groups, k.policy)
 
 
-def choose(c: Coefficients, length: int, memory_budget: int) -> RematPlan:
-  """The plan the coefficients predict for `length` steps and the budget."""
+def choose(c: Coefficients, length: int, memory_budget: int,
+           max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
+  """The plan the coefficients predict for `length` steps and the budget.
+
+  Never one that recomputes more than `max_recompute` forward passes of the
+  loop: where every plan that fits the budget does, the error says what the
+  budget costs and the least budget within `max_recompute`.
+  """
   candidates = _candidates(c, length)
   # Binomial with the most slots the budget holds: the fewest recomputed
   # steps of any schedule that fits. Each slot costs the same, and the
@@ -505,7 +551,35 @@ def choose(c: Coefficients, length: int, memory_budget: int) -> RematPlan:
   if not fitting:
     raise _over_budget(length, memory_budget,
                        min(k.temporaries for k in candidates))
-  return RematPlan(length, memory_budget, tuple(candidates), fitting[0])
+  affordable = [k for k in fitting
+                if k.recomputed_steps <= max_recompute * length]
+  if not affordable:
+    _raise_over_recompute(c, candidates, fitting, length, memory_budget,
+                          max_recompute)
+  return RematPlan(length, memory_budget, tuple(candidates), affordable[0])
+
+
+def _raise_over_recompute(c: Coefficients, candidates: list[RematCandidate],
+                          fitting: list[RematCandidate], length: int,
+                          memory_budget: int, max_recompute: float) -> None:
+  """The error where every plan that fits recomputes over `max_recompute`."""
+  fewest = min(k.recomputed_steps for k in fitting)
+  within = [k for k in candidates
+            if k.recomputed_steps <= max_recompute * length]
+  spare = int(max_recompute * length) - length  # A schedule's advances.
+  if spare >= 0:
+    # The fewest slots within the bound: a schedule's least memory there.
+    within.append(_binomial(c, length, remat_schedule.fewest_binomial_slots(
+        length, spare)))
+  least = min(k.temporaries for k in within)  # remat=False is always within.
+  raise ValueError(errors.message(
+      f"every remat plan for {length} steps that fits memory_budget="
+      f"{memory_budget} bytes recomputes at least {fewest} steps, "
+      f"{fewest / length:.1f} forward passes of the loop (remat=True "
+      f"recomputes 1), over max_recompute={max_recompute:g}. The least "
+      f"budget within it is {least} bytes (predicted): raise memory_budget "
+      f"to that, or pass max_recompute={math.ceil(fewest / length)} to "
+      "accept the recomputation."))
 
 
 # The counts of slots below the most the slots alone allow that `choose`
@@ -608,13 +682,30 @@ def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
   carry_avals = tuple(struct(c) for c in carry)
   x_avals = tuple(jax.ShapeDtypeStruct(np.shape(x)[1:], jax.typeof(x).dtype)
                   for x in x_leaves)
-  closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
+  with _varying_types_unchecked():
+    closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
   consts = tuple(struct(c) for c in closed.consts)
   # The consts become the jaxpr's first inputs: no tracer of the caller's
   # trace reaches the compiles below.
   jaxpr = jax_core.ClosedJaxpr(
       _consts_as_inputs(closed.jaxpr), ())
   return _Traced(jaxpr, len(consts), carry_avals, x_avals), consts
+
+
+def _varying_types_unchecked() -> ContextManager[Any]:
+  """Where jax types no value as varying over a manual mesh axis.
+
+  A loop inside `jax.shard_map` (a time scan in a pipeline's stage) is
+  planned on one device's step, compiled on its own (`_measure`). Traced in
+  the shard_map's context, the step's values would be typed as varying over
+  its manual axes, the carry cast to match (`pvary`), and those compiles
+  refuse the mix ("dot_general requires varying manual axes to match"). So
+  the step is traced as `jax.shard_map(..., check_vma=False)` traces a body,
+  by jax's own switch for it, which jax keeps internal (jax >= 0.7; before,
+  no value was typed so).
+  """
+  check = getattr(jax_config, "_check_vma", None)
+  return contextlib.nullcontext() if check is None else check(False)
 
 
 def _consts_as_inputs(jaxpr):

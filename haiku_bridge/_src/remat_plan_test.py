@@ -1,6 +1,7 @@
 """Tests for `remat="auto"`: predictions against compiled memory, the choice against the manual plans."""
 
 import functools
+import math
 import os
 from unittest import mock
 
@@ -85,8 +86,9 @@ class PredictionTest(parameterized.TestCase):
     for name, budget in budgets.items():
       budget = int(budget)
       with remat_models.plans_made() as made:
+        # Any recomputation: the tight budget needs a schedule of few slots.
         got = cost(model, params, x, length, remat="auto",
-                   memory_budget=budget)
+                   memory_budget=budget, max_recompute=math.inf)
       choice = made[-1].choice
       # Predicted against compiled, for the plan chosen; then the budget.
       self.assertLess(abs(choice.temporaries / got.bytes - 1), 0.10,
@@ -193,12 +195,14 @@ class AutoTest(parameterized.TestCase):
       with remat_models.plans_made() as made:
         self.assert_equal_values(value_and_grads(*unroll(
             lambda *a, b=budget: hkb.dynamic_unroll(
-                *a, remat="auto", memory_budget=b))), reference)
+                *a, remat="auto", memory_budget=b,
+                max_recompute=math.inf))), reference)
       self.assertIsNot(made[-1].choice.remat, False)
 
       def through_scan(core, xs, state, b=budget):
         state, ys = hkb.scan(lambda s, x: core(x, s)[::-1], state, xs,
-                             remat="auto", memory_budget=b)
+                             remat="auto", memory_budget=b,
+                             max_recompute=math.inf)
         return ys, state
       self.assert_equal_values(value_and_grads(*unroll(through_scan)),
                                reference)
@@ -214,10 +218,11 @@ class AutoTest(parameterized.TestCase):
     smallest = min(c.temporaries for c in made[-1].candidates)
     with remat_models.plans_made() as made:
       tight = value_and_grads(*stack(lambda f, x: hkb.repeat_layer(
-          f, x, 12, remat="auto", memory_budget=smallest)))
+          f, x, 12, remat="auto", memory_budget=smallest,
+          max_recompute=math.inf)))
       scanned = value_and_grads(*stack(lambda f, x: hkb.layer_scan(
           lambda h, _: (f(h), None), x, num_layers=12, remat="auto",
-          memory_budget=smallest)[0]))
+          memory_budget=smallest, max_recompute=math.inf)[0]))
     # Planned at apply (not at init), by each.
     self.assertEqual({p.choice.remat for p in made}, {"binomial"})
     self.assert_equal_values(tight, plain)
@@ -314,7 +319,8 @@ class AutoTest(parameterized.TestCase):
       return next_getter(value)
 
     def run(f, x):
-      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=budget)
+      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=budget,
+                              max_recompute=math.inf)
 
     def with_getter(f, x):
       with hk.custom_getter(getter):
@@ -602,11 +608,13 @@ def _loop_models():
   for model, length in ((scan, 64), (dynamic_unroll, 64), (layer_scan, 12),
                         (repeat_layer, 12)):
     def net(x, budget, plan=False, model=model):
+      # Any recomputation: the least budget's plan is a schedule of one slot.
       if plan:
         return model(lambda loop, *a, **k: hkb.remat_plan(
-            loop, *a, memory_budget=budget, **k), x)
+            loop, *a, memory_budget=budget, max_recompute=math.inf, **k), x)
       out = model(lambda loop, *a, **k: loop(
-          *a, remat="auto", memory_budget=budget, **k), x)
+          *a, remat="auto", memory_budget=budget, max_recompute=math.inf,
+          **k), x)
       return sum(jnp.sum(o ** 2) for o in jax.tree.leaves(out))
     # A batch of 32: with 12 layers, a schedule's tables cost less than the
     # carries it saves.
@@ -669,6 +677,81 @@ class VisibleTest(parameterized.TestCase):
                            delta=plan.choice.recomputed_flops * 1e-3)
     self.assertEqual(plan.least_budget,
                      min(c.temporaries for c in plan.candidates))
+class RecomputeBoundTest(absltest.TestCase):
+  """No plan recomputing more than `max_recompute` forward passes is chosen unasked."""
+
+  LENGTH = 32
+
+  def _step_and_inputs(self):
+    def step(h, x):  # Wide activations, a small carry: schedules fit least.
+      return jnp.tanh(h + x), jnp.sum(h ** 2)
+    return step, jnp.zeros([2, 16]), jnp.ones([self.LENGTH, 2, 16])
+
+  def test_every_budget_chooses_within_the_bound_or_names_the_least(self):
+    step, h, xs = self._step_and_inputs()
+    length = self.LENGTH
+    loose = hkb.remat_plan(step, h, xs, memory_budget=1 << 30)
+
+    def passes(candidate):
+      # Ground truth: the steps the chosen schedule itself recomputes.
+      if candidate.remat in loop_lib.REMAT_SCHEDULES:
+        return 1 + loop_lib.schedule(candidate.remat, length, candidate.groups,
+                                     candidate.slots).recomputed_steps / length
+      return 0 if candidate.remat is False else 1
+
+    within = [c for c in loose.candidates if passes(c) <= 3]
+    least = min(c.temporaries for c in within)
+    refused = 0
+    for budget in sorted({c.temporaries for c in loose.candidates}):
+      try:
+        plan = hkb.remat_plan(step, h, xs, memory_budget=budget)
+      except ValueError as e:
+        refused += 1
+        # Below the least within the bound, and what the budget costs:
+        # the fewest recomputed steps among the plans that fit.
+        self.assertLess(budget, least)
+        fewest = min(c.recomputed_steps for c in loose.candidates
+                     if c.temporaries <= budget)
+        self.assertIn(f"memory_budget={budget} bytes recomputes at least "
+                      f"{fewest} steps, {fewest / length:.1f} forward passes",
+                      str(e))
+        self.assertIn(f"The least budget within it is {least} bytes", str(e))
+        self.assertIn(f"max_recompute={math.ceil(fewest / length)} to accept",
+                      str(e))
+        # Asked for, the plan is the one with the least FLOPs that fits.
+        opted_in = hkb.remat_plan(step, h, xs, memory_budget=budget,
+                                  max_recompute=math.ceil(fewest / length))
+        self.assertEqual(opted_in.choice.recomputed_steps, fewest)
+        continue
+      self.assertLessEqual(passes(plan.choice), 3, (budget, plan.choice))
+      self.assertEqual(plan.choice, min(
+          (c for c in plan.candidates
+           if c.temporaries <= budget and passes(c) <= 3),
+          key=lambda c: (c.recomputed_flops, c.recomputed_steps,
+                         c.temporaries)))
+    self.assertGreater(refused, 0)  # One slot fits, 15.5 passes.
+    self.assertLessEqual(hkb.remat_plan(step, h, xs, memory_budget=least)
+                         .choice.temporaries, least)
+
+  def test_the_loops_refuse_and_accept_as_told(self):
+    step, h, xs = self._step_and_inputs()
+    smallest = min(c.temporaries for c in hkb.remat_plan(
+        step, h, xs, memory_budget=1 << 30).candidates)
+    with self.assertRaisesRegex(ValueError, "hkb.scan: every remat plan for "
+                                "32 steps that fits .* over max_recompute=3"):
+      hkb.scan(step, h, xs, remat="auto", memory_budget=smallest)
+    with remat_models.plans_made() as made:
+      hkb.scan(step, h, xs, remat="auto", memory_budget=smallest,
+               max_recompute=math.inf)
+    self.assertEqual((made[-1].choice.remat, made[-1].choice.slots),
+                     ("binomial", 1))
+    # max_recompute=0: nothing recomputed, so no remat or the error.
+    plain = hkb.remat_plan(step, h, xs, memory_budget=1 << 30).candidates[0]
+    self.assertIs(plain.remat, False)
+    with self.assertRaisesRegex(ValueError, "The least budget within it is "
+                                f"{plain.temporaries} bytes"):
+      hkb.remat_plan(step, h, xs, memory_budget=plain.temporaries - 1,
+                     max_recompute=0)
 
 
 if __name__ == "__main__":

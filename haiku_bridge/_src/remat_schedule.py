@@ -14,9 +14,14 @@ recomputes the others from them:
   Griewank's closed-form cost (the binomial bound).
 
 A schedule is plain data: the slot each carry of the forward sweep goes to,
-then the backward sweep's actions in order. `simulate` replays it on step
-numbers and checks that every step is backpropagated once, last to first,
-from its own carry. `scheduled_scan.scan` runs it.
+then the backward sweep's actions in order, each a run of advances (from one
+carry, through consecutive steps) or one backpropagated step. Reversing N
+steps cuts them N - 1 times, and each cut is one run, so a schedule holds at
+most 2N actions however many steps it recomputes (with one slot, N²/2): it
+is built in O(N) time and memory, and compiled in as `table_bytes` of
+constants. `simulate` replays it on step numbers and checks that every step
+is backpropagated once, last to first, from its own carry.
+`scheduled_scan.scan` runs it.
 """
 
 import dataclasses
@@ -27,7 +32,7 @@ import numpy as np
 
 
 # What an action does.
-ADVANCE = 0  # Run one step on a carry; the result goes to the register.
+ADVANCE = 0  # Run steps from a carry; the last result goes to the register.
 BACKPROP = 1  # Backpropagate through one step, from the carry entering it.
 
 # Action.load: read the carry from the register (the last ADVANCE's result).
@@ -37,10 +42,18 @@ NOWHERE = -1
 
 
 class Action(NamedTuple):
+  """One action of the backward sweep.
+
+  An ADVANCE runs `length` steps, `step` to `step + length - 1`, the first
+  from the carry in `load`, each later one from the result before it (the
+  register); `store` keeps the last one's result too. A BACKPROP
+  backpropagates through `step` (its `length` is 1).
+  """
   kind: int  # ADVANCE or BACKPROP.
   step: int  # Which step, 0 being the first the forward sweep runs.
   load: int  # The slot holding the carry entering `step`, or REGISTER.
   store: int  # ADVANCE only: a slot that keeps the result too, or NOWHERE.
+  length: int = 1  # ADVANCE only: how many steps it runs.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +62,9 @@ class Schedule:
 
   The forward sweep runs every step, keeping the carry entering step `t` in
   slot `forward_stores[t]` (or nowhere); when it ends, the register holds the
-  carry entering the last step. The backward sweep then runs `actions`.
+  carry entering the last step. The backward sweep then runs `actions`:
+  fewer than 2·`num_steps` of them (each cut of the steps is one ADVANCE,
+  each step one BACKPROP), however many steps they recompute.
   """
   num_steps: int
   num_slots: int
@@ -59,7 +74,34 @@ class Schedule:
   @property
   def recomputed_steps(self) -> int:
     """Steps the backward sweep runs again to rebuild carries."""
-    return sum(a.kind == ADVANCE for a in self.actions)
+    return sum(a.length for a in self.actions if a.kind == ADVANCE)
+
+  @property
+  def table_bytes(self) -> int:
+    """Bytes of the schedule as a program's constants (`scheduled_scan.scan`).
+
+    One int32 per step (`forward_stores`) and five per action, fewer than
+    44·`num_steps` bytes in all. The compiled program holds at most these
+    (XLA folds a column whose entries are all equal).
+    """
+    return 4 * (self.num_steps + 5 * len(self.actions))
+
+  def one_step_actions(self) -> tuple[Action, ...]:
+    """`actions` with each ADVANCE of several steps split into one per step.
+
+    As long as the steps recomputed and backpropagated (quadratic in the
+    steps with one slot): for reading and checking small schedules.
+    """
+    out = []
+    for a in self.actions:
+      if a.kind == BACKPROP or a.length == 1:
+        out.append(a)
+        continue
+      out.append(Action(ADVANCE, a.step, a.load, NOWHERE))
+      out.extend(Action(ADVANCE, t, REGISTER, NOWHERE)
+                 for t in range(a.step + 1, a.step + a.length - 1))
+      out.append(Action(ADVANCE, a.step + a.length - 1, REGISTER, a.store))
+    return tuple(out)
 
 
 # split(first, end, free_slots) -> where to cut the steps [first, end): the
@@ -96,8 +138,9 @@ def binomial(num_steps: int, slots: int) -> Schedule:
 
   The carry entering the first step takes one slot, so `slots=1` recomputes
   every carry from it (quadratic); with more slots, each split point is the
-  one that minimises Griewank's closed-form cost (`binomial_cost`), found by
-  bisection: the schedule is built in about O(N log N) time.
+  first that minimises Griewank's closed-form cost (`binomial_cost`), found
+  from the binomial bound in O(log N) binomials: the schedule is built in
+  about O(N log N) time and holds at most 2N actions, whatever the slots.
 
   1000 steps with 10 slots, replayed, against Griewank's bound: r is the
   fewest advances of any one step with C(10 + r, r) ≥ 1000, and reversing
@@ -154,19 +197,41 @@ def fewest_binomial_slots(num_steps: int, max_recomputed: int) -> int:
   return low
 
 
+def _reach(snapshots: int, repetitions: int) -> int:
+  """C(snapshots + r, r): the most steps reversible advancing each ≤ r times.
+
+  Griewank's binomial bound (β(s, r) in his notation).
+  """
+  return math.comb(snapshots + repetitions, repetitions)
+
+
+def _fewest(ok: Callable[[int], bool]) -> int:
+  """The least k ≥ 1 with `ok(k)`, for `ok` false then true as k grows."""
+  high = 1
+  while not ok(high):
+    high *= 2
+  low = high // 2 + 1
+  while low < high:
+    mid = (low + high) // 2
+    if ok(mid):
+      high = mid
+    else:
+      low = mid + 1
+  return high
+
+
 def _repetitions(num_steps: int, snapshots: int) -> int:
   """r: the fewest times any step runs, C(snapshots + r, r) ≥ num_steps.
 
   Griewank's binomial bound: with s snapshots and each step advanced at most r
-  times, at most C(s + r, s) steps can be reversed.
+  times, at most C(s + r, s) steps can be reversed. Found in O(log r)
+  binomials, however few the snapshots.
   """
+  if num_steps <= 1:
+    return 0
   if snapshots == 1:
     return num_steps - 1
-  r, reach = 0, 1  # reach = C(snapshots + r, r).
-  while reach < num_steps:
-    r += 1
-    reach = reach * (snapshots + r) // r
-  return r
+  return _fewest(lambda r: _reach(snapshots, r) >= num_steps)
 
 
 def _advances(num_steps: int, snapshots: int) -> int:
@@ -174,7 +239,8 @@ def _advances(num_steps: int, snapshots: int) -> int:
 
   One snapshot holds the carry entering the first step. Griewank (1992):
   r·n − C(s + r, s + 1), r = `_repetitions(n, s)`; it counts the n − 1
-  advances of the first sweep too. Piecewise linear and convex in n.
+  advances of the first sweep too. Piecewise linear and convex in n: going
+  from n − 1 to n steps adds exactly `_repetitions(n, s)` advances.
   """
   if num_steps <= 1:
     return 0
@@ -186,23 +252,25 @@ def _best_cut(size: int, free: int) -> int:
   """Where to cut `size` steps with `free` free slots: the fewest advances.
 
   Cutting at c costs c advances, then reversing the size − c steps after the
-  cut with one slot fewer, then the c before it: both convex in c, so their
-  sum is, and bisection on its forward difference finds a minimum.
+  cut with `free` snapshots (one slot fewer, and the cut's), then the c
+  before it with free + 1: cost(c) = c + A(size − c, free) + A(c, free + 1),
+  A = `_advances`. Its forward difference is 1 − r(size − c, free) +
+  r(c + 1, free + 1) (r = `_repetitions`), rising with c, and the cut is
+  the least c where it is ≥ 0 (else the last, size − 1). Where r(c + 1,
+  free + 1) = k, that is c ≥ size − C(free + k + 1, k + 1), and those c
+  run from C(free + k, k − 1) to C(free + 1 + k, k) − 1: the least k whose
+  run reaches that far gives the cut, in O(log k) binomials.
   """
   if free == 0:
     return size - 1  # Only the register: the step before the last.
+  before, after = free + 1, free  # Snapshots either side of the cut.
 
-  def cost(c):
-    return c + _advances(size - c, free) + _advances(c, free + 1)
+  def reaches(k):
+    return size - _reach(after, k + 1) <= _reach(before, k) - 1
 
-  low, high = 1, size - 1
-  while low < high:
-    mid = (low + high) // 2
-    if cost(mid + 1) >= cost(mid):
-      high = mid
-    else:
-      low = mid + 1
-  return low
+  k = _fewest(reaches)
+  return min(max(_reach(before, k - 1), size - _reach(after, k + 1)),
+             size - 1)
 
 
 @dataclasses.dataclass
@@ -232,10 +300,8 @@ def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
       cut = split(span.first, span.end, span.free)
       assert span.first < cut < span.end, (span, cut)
       keep = len(spans) if span.end - cut > 1 else NOWHERE
-      for t in range(span.first, cut):
-        actions.append(Action(ADVANCE, t,
-                              span.slot if t == span.first else REGISTER,
-                              keep if t == cut - 1 else NOWHERE))
+      actions.append(Action(ADVANCE, span.first, span.slot, keep,
+                            cut - span.first))
       if keep == NOWHERE:
         actions.append(Action(BACKPROP, cut, REGISTER, NOWHERE))
       else:  # The steps after the cut first, then (below) those before it.
@@ -249,13 +315,14 @@ def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
   # The actions up to the first BACKPROP advance through steps 0..n-2: the
   # forward sweep runs them anyway, so it keeps what they would keep.
   lead = next(i for i, a in enumerate(actions) if a.kind == BACKPROP)
-  assert [a.step for a in actions[:lead]] == list(range(lead)) == list(
-      range(num_steps - 1)), actions[:lead + 1]
+  assert sum(a.length for a in actions[:lead]) == num_steps - 1 and all(
+      a.step == b.step + b.length
+      for a, b in zip(actions[1:lead], actions[:lead])), actions[:lead + 1]
   forward_stores = [NOWHERE] * num_steps
   forward_stores[0] = 0
   for a in actions[:lead]:
     if a.store != NOWHERE:
-      forward_stores[a.step + 1] = a.store
+      forward_stores[a.step + a.length] = a.store
   return Schedule(num_steps, num_slots, tuple(forward_stores),
                   tuple(actions[lead:]))
 
@@ -265,7 +332,8 @@ def simulate(schedule: Schedule) -> None:
 
   Checks that the backward sweep backpropagates every step exactly once,
   last to first, each from the carry entering it, and that every slot it
-  names exists and holds that carry.
+  names exists and holds that carry. Takes time in the actions, not in the
+  steps they run.
   """
   slots: dict[int, int] = {}  # slot -> the step whose entering carry it holds.
   for t, slot in enumerate(schedule.forward_stores):
@@ -280,10 +348,16 @@ def simulate(schedule: Schedule) -> None:
       raise ValueError(f"action {i} {a}: step {a.step} would get the carry "
                        f"entering step {carry}.")
     if a.kind == ADVANCE:
-      register = a.step + 1
+      if not 1 <= a.length <= schedule.num_steps - a.step:
+        raise ValueError(f"action {i} {a}: advances {a.length} steps from "
+                         f"step {a.step} of {schedule.num_steps}.")
+      register = a.step + a.length
       if a.store != NOWHERE:
         _check_slot(schedule, a.store)
         slots[a.store] = register
+    elif a.kind != BACKPROP or a.length != 1:
+      raise ValueError(f"action {i} {a}: neither an ADVANCE nor a BACKPROP "
+                       "of one step.")
     elif a.step != due:
       raise ValueError(f"action {i} {a}: step {a.step} backpropagated where "
                        f"step {due} is due.")

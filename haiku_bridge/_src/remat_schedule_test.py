@@ -3,6 +3,7 @@
 import functools
 import itertools
 import math
+import tracemalloc
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -106,7 +107,7 @@ def reference_schedule(steps, cut_rule, free):
 def assert_same_schedule(test, schedule, expected):
   test.assertEqual(
       (schedule.num_steps, schedule.num_slots, schedule.forward_stores,
-       schedule.actions),
+       schedule.one_step_actions()),
       (expected.num_steps, expected.num_slots, expected.forward_stores,
        expected.actions))
 
@@ -275,6 +276,54 @@ class BinomialTest(parameterized.TestCase):
       self.assertLess(slots, nested.num_slots)
 
 
+class SizeTest(parameterized.TestCase):
+  """A schedule is O(steps) data, however many steps it recomputes."""
+
+  def test_at_most_two_actions_per_step(self):
+    # One BACKPROP per step and one ADVANCE per cut: each run of advances
+    # is one action, not one per step it runs (with one slot, 130816
+    # advances for 512 steps).
+    for steps, slots in itertools.product((1, 2, 7, 100, 512),
+                                          (1, 2, 3, 40, 512)):
+      schedule = remat_schedule.binomial(steps, slots)
+      self.assertLess(len(schedule.actions), 2 * steps, (steps, slots))
+      self.assertEqual(schedule.table_bytes,
+                       4 * steps + 20 * len(schedule.actions))
+      self.assertLess(schedule.table_bytes, 44 * steps)
+      # The same steps, one by one: as many as recomputed and backpropagated.
+      self.assertLen(schedule.one_step_actions(),
+                     steps + griewank_advances(steps, slots) - (steps - 1))
+    for groups in (1, 3, 22, 512):
+      self.assertLess(len(remat_schedule.nested(512, groups).actions), 1024)
+
+  @parameterized.parameters((16384, 1), (16384, 2), (16384, 16384))
+  def test_builds_and_checks_in_linear_memory(self, steps, slots):
+    # With one slot, 16384 steps recompute 134 M steps; the schedule takes
+    # about 300 bytes a step to build (and about 0.05 s, not asserted).
+    tracemalloc.start()
+    try:
+      schedule = remat_schedule.binomial(steps, slots)
+      remat_schedule.simulate(schedule)
+      peak = tracemalloc.get_traced_memory()[1]
+    finally:
+      tracemalloc.stop()
+    self.assertLess(peak, 1000 * steps)
+    self.assertEqual(schedule.recomputed_steps,
+                     griewank_advances(steps, slots) - (steps - 1))
+
+  def test_cuts_where_the_bound_is_least(self):
+    # Past the exhaustive search's reach: the first cut (where the forward
+    # sweep keeps slot 1) is the leftmost cut that minimises Griewank's
+    # cost, computed here from griewank_advances.
+    for steps, slots in itertools.product((300, 1000), (2, 3, 6)):
+      free = slots - 1
+      costs = [cut + griewank_advances(steps - cut, free) +
+               griewank_advances(cut, free + 1) for cut in range(1, steps)]
+      schedule = remat_schedule.binomial(steps, slots)
+      self.assertEqual(schedule.forward_stores.index(1),
+                       1 + costs.index(min(costs)), (steps, slots))
+
+
 class SimulateTest(absltest.TestCase):
 
   def test_rejects_a_wrong_carry(self):
@@ -293,6 +342,18 @@ class SimulateTest(absltest.TestCase):
                                      schedule.actions[:-1])
     with self.assertRaisesRegex(ValueError, "never backpropagated"):
       remat_schedule.simulate(broken)
+
+  def test_rejects_advances_past_the_last_step(self):
+    schedule = remat_schedule.binomial(6, 1)
+    first = schedule.actions[1]  # Advances steps 0..3 from slot 0.
+    self.assertEqual(first, Action(ADVANCE, 0, 0, NOWHERE, 4))
+    for length in (0, 7):
+      broken = remat_schedule.Schedule(
+          6, 1, schedule.forward_stores,
+          schedule.actions[:1] + (first._replace(length=length),) +
+          schedule.actions[2:])
+      with self.assertRaisesRegex(ValueError, f"advances {length} steps"):
+        remat_schedule.simulate(broken)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ def layer_scan(
     reverse: bool = False,
     pipeline: Optional[pipeline_lib.Pipeline] = None,
     memory_budget: Optional[int] = None,
+    max_recompute: Optional[float] = None,
 ) -> tuple[PyTree, PyTree]:
   """Runs a stack of layers with `jax.lax.scan`, each with its own weights.
 
@@ -144,6 +145,11 @@ def layer_scan(
       schedule's tables); not the params or their gradients, nor the rest
       of the step (README, "Choosing remat"); with `pipeline=`, per stage: those of one
       visit's loop on one microbatch.
+    max_recompute: with `remat="auto"`, the most forward passes of the loop
+      a plan may run again in the backward pass (`remat=True` runs 1;
+      default 3; `math.inf` allows any). Where every plan that fits the
+      budget recomputes more, `remat="auto"` raises an error naming the
+      least budget within it.
     pipeline: an `hkb.Pipeline`: at apply, run the layers as pipeline
       stages over a mesh axis, the batch in microbatches (init runs the
       plain scan: the params are the same). The remat options apply to each
@@ -158,7 +164,7 @@ def layer_scan(
     _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
     num_layers = loop_lib.num_steps(num_layers, xs, _LAYERS)
     options = _check_options(remat, remat_policy, remat_groups, unroll,
-                             reverse, pipeline, memory_budget)
+                             reverse, pipeline, memory_budget, max_recompute)
     if name is None:
       name = NO_PER_LAYER_NAME if xs is None else WITH_PER_LAYER_NAME
     return _run(_haiku_layer(layer, init, carry, xs), carry, xs, num_layers,
@@ -251,6 +257,7 @@ class RepeatOptions(TypedDict, total=False):
   reverse: bool
   pipeline: Optional[pipeline_lib.Pipeline]
   memory_budget: Optional[int]
+  max_recompute: Optional[float]
 
 
 @remat_plan.plannable
@@ -273,7 +280,8 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
     num_layers: the number of layers.
     init: for a pure `layer`, `init(rng, x) -> params` of one layer.
     **options: `name`, `remat`, `remat_policy`, `remat_groups`, `unroll`,
-      `reverse`, `pipeline`, `memory_budget`, as for `layer_scan`.
+      `reverse`, `pipeline`, `memory_budget`, `max_recompute`, as for
+      `layer_scan`.
 
   Returns:
     The last layer's output.
@@ -295,7 +303,8 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
 # `layer_scan`'s options that `repeat_layer` passes on, with their defaults.
 _REPEAT_OPTIONS = {"name": None, "remat": False, "remat_policy": None,
                    "remat_groups": None, "unroll": 1, "reverse": False,
-                   "pipeline": None, "memory_budget": None}
+                   "pipeline": None, "memory_budget": None,
+                   "max_recompute": None}
 
 
 def _check_repeat_options(options: Mapping[str, Any]) -> _Options:
@@ -420,11 +429,13 @@ def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
 
 def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
                    unroll: Any, reverse: Any, pipeline: Any,
-                   memory_budget: Any = None) -> _Options:
+                   memory_budget: Any = None,
+                   max_recompute: Any = None) -> _Options:
   """The scan's options, checked."""
   loop = loop_lib.from_options(remat=remat, remat_policy=remat_policy,
                                remat_groups=remat_groups, unroll=unroll,
-                               memory_budget=memory_budget)
+                               memory_budget=memory_budget,
+                               max_recompute=max_recompute)
   reverse = errors.check_bool("reverse", reverse)
   pipeline = pipeline_lib.check_pipeline(pipeline)
   return _Options(loop, reverse, pipeline)

@@ -6,7 +6,11 @@ xs)` returns. Under reverse-mode autodiff its forward sweep keeps the carries
 `schedule.actions` (`remat_schedule.py`): it recomputes carries from kept
 ones, and backpropagates each step once, last to first, recomputing that
 step's own intermediates as `jax.checkpoint` on the body would. So it stores
-a schedule's few carries instead of one per step.
+a schedule's few carries instead of one per step. The backward loop runs one
+iteration per step it recomputes or backpropagates, and reads what to do from
+a table of one row per action (an ADVANCE of many steps is one row), which
+the program holds as `Schedule.table_bytes` of constants: O(N) however much
+the schedule recomputes.
 
 What it never copies: each step reads its slice of `xs` (the stacked
 parameters) by index, and writes the cotangent of that slice in place into
@@ -188,14 +192,20 @@ class _SlotPlan(NamedTuple):
   """A schedule with its register as one more slot, every move static.
 
   Slot `register` (the last) stands for the register. Each backward action
-  reads its carry from one slot and an ADVANCE writes its result to one: the
-  slot the schedule keeps it in, else the register's. A later read of "the
-  register" reads wherever the last ADVANCE wrote, so a carry is copied once
-  when written and once when read, never moved between slots.
+  reads its carry from one slot and an ADVANCE of one step writes its
+  result to one: the slot the schedule keeps it in, else the register's. A
+  later read of "the register" reads wherever the last ADVANCE wrote, so a
+  carry is copied once when written and once when read, never moved
+  between slots. An ADVANCE of several steps reads its first carry from
+  `read`, runs its later steps on the register's slot, and writes its last
+  result to `written`.
   """
   num_slots: int
   forward_stores: np.ndarray  # [steps]: slot for the carry entering t, or -1.
-  actions: np.ndarray  # [actions, 4]: kind, step, slot read, slot written.
+  # [actions, 5]: kind, first step, steps, slot read, slot written (a
+  # BACKPROP writes the carry it read back where it read it).
+  actions: np.ndarray
+  num_steps_run: int  # The backward sweep's steps: each action's length.
 
 
 def _slot_plan(schedule: remat_schedule.Schedule) -> _SlotPlan:
@@ -212,9 +222,10 @@ def _slot_plan(schedule: remat_schedule.Schedule) -> _SlotPlan:
     if a.kind == remat_schedule.ADVANCE:
       target = a.store if a.store != remat_schedule.NOWHERE else register
       holder = target
-    actions.append((a.kind, a.step, load, target))
-  return _SlotPlan(register + 1, np.asarray(stores, np.int32),
-                   np.asarray(actions, np.int32).reshape(-1, 4))
+    actions.append((a.kind, a.step, a.length, load, target))
+  table = np.asarray(actions, np.int32).reshape(-1, 5)
+  return _SlotPlan(register + 1, np.asarray(stores, np.int32), table,
+                   int(table[:, 2].sum()))
 
 
 def _traced_for_forward_mode() -> bool:
@@ -318,11 +329,17 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
               for v, ct in zip(y, [ct_y[i] for i in diff_ys])]
       return vjp((ct_c, ct_y))
 
-    def body(state, action):
-      slots, ct_c, ct_xs, ct_consts = state
-      kind, t, load, target = action
+    def body(state, _):
+      slots, ct_c, ct_xs, ct_consts, row, done = state
+      # The action's `done`-th step: the table holds one row per action,
+      # not one per step, and is read here, as the loop runs.
+      kind, first, steps, load, target = [
+          _get(column, row) for column in table]
+      t = first + done
+      last = done + 1 == steps
+      register = plan.num_slots - 1
+      c = [_get(s, jnp.where(done == 0, load, register)) for s in slots]
       i = layer(t)
-      c = [_get(s, load) for s in slots]
       x = lambda: [_get(v, i) for v in xs]  # Read in each branch.
 
       # The cotangent buffers go through the cond, so that the BACKPROP
@@ -342,14 +359,18 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
           kind == remat_schedule.BACKPROP, back, advance, ct_c, ct_xs,
           ct_consts)
       # A BACKPROP writes the carry it read back where it read it.
-      slots = [_put(s, v, target) for s, v in zip(slots, new_c)]
-      return (slots, ct_c, ct_xs, ct_consts), None
+      slots = [_put(s, v, jnp.where(last, target, register))
+               for s, v in zip(slots, new_c)]
+      return (slots, ct_c, ct_xs, ct_consts, row + last,
+              jnp.where(last, 0, done + 1)), None
 
+    table = [jnp.asarray(column) for column in plan.actions.T]
     state = (slots, [ct_carry[i] for i in diff_carry],
              [jnp.zeros_like(xs[i]) for i in diff_xs],
-             [jnp.zeros_like(consts[i]) for i in diff_consts])
-    (_, ct_c, ct_xs, ct_consts), _ = lax.scan(
-        body, state, tuple(plan.actions.T), unroll=unroll)
+             [jnp.zeros_like(consts[i]) for i in diff_consts],
+             jnp.int32(0), jnp.int32(0))
+    (_, ct_c, ct_xs, ct_consts, _, _), _ = lax.scan(
+        body, state, None, length=plan.num_steps_run, unroll=unroll)
     return (_scatter(len(consts), diff_consts, ct_consts),
             _scatter(len(step.carry_is_float), diff_carry, ct_c),
             _scatter(len(xs), diff_xs, ct_xs))

@@ -1,6 +1,7 @@
 """Tests for scheduled_scan: against jax.lax.scan, plain and with jax.checkpoint."""
 
 import functools
+import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -8,6 +9,7 @@ import chex
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
@@ -82,6 +84,19 @@ class ScheduledScanTest(parameterized.TestCase):
         value_and_grads(scan, carry, xs, **options),
         value_and_grads(checkpointed, carry, xs, **options),
         rtol=1e-6, atol=1e-6)
+
+  def test_advances_of_many_steps(self):
+    # With one slot, or few, the backward sweep runs several steps from one
+    # carry per action (the table holds a row per action, not per step).
+    carry, xs = inputs(12)
+    for slots, reverse in ((1, False), (2, True)):
+      schedule = remat_schedule.binomial(12, slots)
+      self.assertGreater(max(a.length for a in schedule.actions), 2)
+      options = dict(length=12, reverse=reverse)
+      chex.assert_trees_all_close(
+          value_and_grads(scheduled(schedule), carry, xs, **options),
+          value_and_grads(checkpointed, carry, xs, **options),
+          rtol=1e-6, atol=1e-6)
 
   def test_unroll(self):
     carry, xs = inputs(7)
@@ -217,6 +232,32 @@ class ScheduledScanTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "schedule is for 4 steps"):
       scheduled_scan.scan(step, carry, xs, length=3,
                           schedule=remat_schedule.nested(4))
+
+
+def int32_constant_bytes(hlo_text):
+  """Bytes of the int32 constants of more than one element in compiled HLO."""
+  sizes = [int(np.prod([int(d) for d in dims.split(",")])) for dims in
+           re.findall(r"= s32\[([0-9,]+)\]\S* constant\(", hlo_text)]
+  return sum(4 * n for n in sizes if n > 1)
+
+
+class ConstantsTest(absltest.TestCase):
+
+  def test_the_program_holds_the_schedule_in_linear_bytes(self):
+    # One slot over 2048 steps recomputes 2 M steps; the program holds the
+    # schedule's table_bytes of constants (about 88 KB), not a row per step
+    # it runs (32 MB).
+    length = 2048
+    schedule = remat_schedule.binomial(length, 1)
+    self.assertEqual(schedule.recomputed_steps, (length - 1) * (length - 2) // 2)
+    f = lambda h, xs: jnp.sum(scheduled_scan.scan(
+        lambda h, x: (jnp.tanh(h * x), None), h, xs, length=length,
+        schedule=schedule)[0])
+    compiled = jax.jit(jax.grad(f)).lower(
+        jnp.ones([4]), jnp.ones([length, 4])).compile()
+    self.assertEqual(int32_constant_bytes(compiled.as_text()),
+                     schedule.table_bytes)
+    self.assertLess(schedule.table_bytes, 44 * length)
 
 
 class MemoryTest(absltest.TestCase):

@@ -63,7 +63,8 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
          remat: modes.RematMode = False,
          remat_groups: Optional[int] = None,
          remat_policy: Optional[Callable[..., bool]] = None,
-         memory_budget: Optional[int] = None
+         memory_budget: Optional[int] = None,
+         max_recompute: Optional[float] = None
          ) -> tuple[PyTree, PyTree]:
   """`hk.scan`, with what its backward pass keeps chosen by `remat`.
 
@@ -120,6 +121,11 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
       cotangent, its working memory) and the constants it compiles in (a
       schedule's tables); not the params or their gradients, nor the rest
       of the step (README, "Choosing remat").
+    max_recompute: with `remat="auto"`, the most forward passes of the loop
+      a plan may run again in the backward pass (`remat=True` runs 1;
+      default 3; `math.inf` allows any). Where every plan that fits the
+      budget recomputes more, `remat="auto"` raises an error naming the
+      least budget within it.
 
   Returns:
     `(carry, ys)`: the last carry and the per-step `y`s stacked, as
@@ -128,7 +134,7 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
   with errors.entry("scan"):
     errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
     loop = _check_options(remat, remat_groups, remat_policy, unroll,
-                         memory_budget)
+                         memory_budget, max_recompute)
     reverse = errors.check_bool("reverse", reverse)
     length = loop_lib.num_steps(length, xs, _TIME)
     return _scan(loop_lib.CheckedBody(f, _STEP), init, xs, length, reverse,
@@ -146,7 +152,8 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                    remat_policy: Optional[Callable[..., bool]] = None,
                    readout: Optional[Callable[..., PyTree]] = None,
                    readout_inputs: Optional[PyTree] = None,
-                   memory_budget: Optional[int] = None
+                   memory_budget: Optional[int] = None,
+                   max_recompute: Optional[float] = None
                    ) -> tuple[PyTree, PyTree]:
   """`hk.dynamic_unroll`, with what its backward pass keeps chosen by `remat`.
 
@@ -186,6 +193,7 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     remat_groups: as for `hkb.scan`.
     remat_policy: as for `hkb.scan`.
     memory_budget: as for `hkb.scan`.
+    max_recompute: as for `hkb.scan`.
     readout: a Haiku function run on each step's output inside the step,
       `readout(output)` or, with `readout_inputs`, `readout(output, r)` (`r`:
       that step's slice of `readout_inputs`), such as a head and its loss.
@@ -218,7 +226,7 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     return_all_states = errors.check_bool("return_all_states",
                                           return_all_states)
     loop = _check_options(remat, remat_groups, remat_policy, unroll,
-                         memory_budget)
+                         memory_budget, max_recompute)
     if readout is not None:
       errors.check_callable(
           "readout", readout, "a function of each step's output (and its "
@@ -292,10 +300,12 @@ _CORE = loop_lib.StepWords(body="`core`", pair="(output, state)",
 
 
 def _check_options(remat: Any, remat_groups: Any, remat_policy: Any,
-                   unroll: Any, memory_budget: Any) -> loop_lib.Loop:
+                   unroll: Any, memory_budget: Any,
+                   max_recompute: Any) -> loop_lib.Loop:
   return loop_lib.from_options(remat=remat, remat_groups=remat_groups,
                                remat_policy=remat_policy, unroll=unroll,
-                               memory_budget=memory_budget)
+                               memory_budget=memory_budget,
+                               max_recompute=max_recompute)
 
 
 def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,

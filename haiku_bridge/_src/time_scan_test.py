@@ -787,7 +787,8 @@ class ArgumentsTest(parameterized.TestCase):
       ("unknown_keyword", TypeError, "got an unexpected keyword argument "
        r"'remat_group' \(did you mean 'remat_groups'\?\); its arguments are "
        "f, init, xs, length, reverse, unroll, remat, remat_groups, "
-       r"remat_policy, memory_budget\.$", dict(remat_group=2)),
+       r"remat_policy, memory_budget, max_recompute\.$",
+       dict(remat_group=2)),
       ("remat_policy", ValueError, "`remat_policy` needs `remat=True`",
        dict(remat="nested",
             remat_policy=jax.checkpoint_policies.nothing_saveable)))
@@ -842,10 +843,10 @@ class ArgumentsTest(parameterized.TestCase):
     # Our options after them, keyword only.
     for ours, theirs, options in (
         (hkb.scan, hk.scan, ["remat", "remat_groups", "remat_policy",
-                             "memory_budget"]),
+                             "memory_budget", "max_recompute"]),
         (hkb.dynamic_unroll, hk.dynamic_unroll,
          ["remat", "remat_groups", "remat_policy", "readout",
-          "readout_inputs", "memory_budget"])):
+          "readout_inputs", "memory_budget", "max_recompute"])):
       theirs_params = list(inspect.signature(theirs).parameters.values())
       ours_params = list(inspect.signature(ours).parameters.values())
       self.assertEqual(
