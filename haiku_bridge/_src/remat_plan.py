@@ -21,12 +21,12 @@ tables). Not the params or their gradients, nor the rest of the step.
 The model, at the loop's own length T:
 
     remat=False, remat=True, remat=True under a policy:  compiled, exactly
-    binomial with s slots:  a + c·s + k₀ + k₁·n   (nested: s = its slots)
+    binomial with s slots:  a + c·s   (nested: s = its slots)
 
-where n is the steps the schedule runs (T and its recomputed ones: its
-table grows with them). a, c, k₀ and k₁ come from compiling the binomial
-schedule with two numbers of slots (each of O(T) actions), so a slot's
-cost is measured, never assumed (XLA:CPU keeps a bfloat16 carry's slots at
+its tables included (a row per action, about 2·T - s of them:
+`Schedule.table_bytes`). a and c come from compiling the binomial
+schedule with two numbers of slots, so a slot's cost is measured, never
+assumed (XLA:CPU keeps a bfloat16 carry's slots at
 twice its bytes). Four compiles (five with a policy), all at T, so that
 what XLA does only for long loops (or short ones: unrolling, double
 buffering) is in every figure; with XLA's cheaper code generation
@@ -243,7 +243,7 @@ class Coefficients(NamedTuple):
   plain: int  # remat=False, compiled.
   per_step: Optional[int]  # remat=True, compiled; None: nothing to differentiate.
   scheduled: Optional[tuple[float, float]]  # A schedule with s slots: a + c·s temporaries.
-  constants: tuple[float, float]  # A schedule's constants: k₀ + k₁·(steps it runs).
+  constants: tuple[float, float]  # Bytes beside a + c·s: (0, 0), the tables being in them.
   step_flops: float  # r: one step's recomputation under jax.checkpoint.
   advance_flops: float  # f: one advance of a schedule.
   # With a policy: its name, its bytes and one step's recomputation under it.
@@ -785,17 +785,17 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
   if schedules:
     points = []
     for slots, schedule, k in zip(slot_counts, schedules, rest):
-      points.append((slots, length + schedule.recomputed_steps, k))
+      points.append((slots, k))
       measured.append((("binomial", slots, None, None), k.bytes))
       if k.advance_flops is not None:
         advance = float(k.advance_flops)
-    (s1, n1, k1), (s2, n2, k2) = points[0], points[-1]
-    per_slot = ((k2.temporaries - k1.temporaries) / (s2 - s1) if s2 != s1
+    (s1, k1), (s2, k2) = points[0], points[-1]
+    # Bytes with the tables: a schedule's table has a row per action,
+    # about 2·T - s of them (`Schedule.table_bytes`), so it too is linear
+    # in the slots.
+    per_slot = ((k2.bytes - k1.bytes) / (s2 - s1) if s2 != s1
                 else float(_nbytes(step.carry)))
-    per_step_constants = ((k2.constants - k1.constants) / (n2 - n1)
-                          if n2 != n1 else 0.0)
-    scheduled = (k1.temporaries - per_slot * s1, per_slot)
-    constants = (k1.constants - per_step_constants * n1, per_step_constants)
+    scheduled = (k1.bytes - per_slot * s1, per_slot)
   return Coefficients(length, plain.bytes, per_step.bytes, scheduled,
                       constants, r, advance, with_policy, tuple(measured))
 
