@@ -156,7 +156,8 @@ def _plans_made_here() -> list[remat_plan.RematPlan]:
 
   def with_getter(f, x):
     with hk.custom_getter(getter):
-      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=15_000)
+      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=15_000,
+                              max_recompute=math.inf)
 
   pure = hkb.remat_plan(_step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
                         memory_budget=100_000,
@@ -267,19 +268,24 @@ class AutoTest(parameterized.TestCase):
       with caches.disabled():
         self.assertEqual(hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                                         memory_budget=100_000), first)
-      # A policy is measured too (1 more compile), never taken from the
-      # plan without it.
+      # A policy is measured too (1 more compile, then the checks of its
+      # choice), never taken from the plan without it.
       caches.clear_caches()
       before = measure.call_count
       policy = jax.checkpoint_policies.dots_saveable
       with_policy = hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                                    memory_budget=100_000, remat_policy=policy)
-      self.assertEqual(measure.call_count, before + compiles + 1)
+      self.assertIn(measure.call_count - before,
+                    range(5, 5 + remat_plan._CHECKS + 1))  # And its checks.
       self.assertEqual([c.policy for c in with_policy.candidates
                         if c.policy is not None],
                        [remat_plan.policy_name(policy)])
-      self.assertEqual(set(first.candidates),
-                       {c for c in with_policy.candidates if c.policy is None})
+      # The same measurements of the plans without it (a schedule's figures
+      # move with each plan's own checks).
+      self.assertEqual(
+          {c for c in first.candidates if c.slots is None},
+          {c for c in with_policy.candidates
+           if c.policy is None and c.slots is None})
     for plan in (first, with_policy):
       self.assertEqual(
           [c.recomputed_flops for c in plan.candidates],
@@ -450,7 +456,8 @@ class BudgetTest(parameterized.TestCase):
       cost(model, params, x, depth, remat="auto", memory_budget=1 << 40)
     least = min(c.temporaries for c in made[-1].candidates)
     for budget in (int(least * 1.01), int(least * 1.1)):
-      got = cost(model, params, x, depth, remat="auto", memory_budget=budget)
+      got = cost(model, params, x, depth, remat="auto", memory_budget=budget,
+                 max_recompute=math.inf)
       self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE),
                            (name, budget, got))
 
@@ -471,13 +478,20 @@ class BudgetTest(parameterized.TestCase):
     with remat_models.plans_made() as made:
       cost(model, params, x, 32, remat="auto", memory_budget=1 << 40)
     budget = int(min(c.temporaries for c in made[-1].candidates) * 1.2)
-    caches.clear_caches()
-    with mock.patch.object(remat_plan, "_coefficients", low), \
-        mock.patch.object(remat_plan, "_measure",
-                          wraps=remat_plan._measure) as measure, \
-        remat_models.plans_made() as made:
-      got = cost(model, params, x, 32, remat="auto", memory_budget=budget)
-    caches.clear_caches()
+    # What the wrong coefficients measure stays in this test's directory
+    # (and in memory until cleared), never in the suite's.
+    with mock.patch.dict(os.environ, {
+        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
+      caches.clear_caches()
+      try:
+        with mock.patch.object(remat_plan, "_coefficients", low), \
+            mock.patch.object(remat_plan, "_measure",
+                              wraps=remat_plan._measure) as measure, \
+            remat_models.plans_made() as made:
+          got = cost(model, params, x, 32, remat="auto",
+                     memory_budget=budget, max_recompute=math.inf)
+      finally:
+        caches.clear_caches()
     self.assertGreater(measure.call_count, 4 + 1)  # Passed one over.
     self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE))
     self.assertIn(made[-1].choice.remat, ("binomial", "nested"))
@@ -488,8 +502,8 @@ class BudgetTest(parameterized.TestCase):
     init, xs = jnp.zeros([4, 16]), jnp.ones([1024, 4, 16])
     plan = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
     budget = int(min(c.temporaries for c in plan.candidates) * 1.01)
-    got = compiled_bytes(scan_loss(_step, init, "auto",
-                                   memory_budget=budget), xs)
+    got = compiled_bytes(scan_loss(_step, init, "auto", memory_budget=budget,
+                                   max_recompute=math.inf), xs)
     self.assertLessEqual(got, budget * (1 + STEP_TOLERANCE))
 
   def test_a_typed_key_in_the_carry(self):
@@ -502,7 +516,8 @@ class BudgetTest(parameterized.TestCase):
     init, xs = (jnp.zeros([4, 16]), jax.random.key(0)), jnp.ones([64, 4, 16])
     plan = hkb.remat_plan(step, init, xs, memory_budget=1 << 30)
     budget = min(c.temporaries for c in plan.candidates)
-    auto = scan_loss(step, init, "auto", memory_budget=budget)
+    auto = scan_loss(step, init, "auto", memory_budget=budget,
+                     max_recompute=math.inf)
     self.assert_equal_values(jax.value_and_grad(auto)(xs),
                              jax.value_and_grad(scan_loss(step, init, False))(
                                  xs))
@@ -535,7 +550,8 @@ class BudgetTest(parameterized.TestCase):
     per_step = next(c for c in plan.candidates if c.remat is True)
     least = min(c.temporaries for c in plan.candidates)
     for budget in ((per_step.temporaries + least) // 2, int(least * 1.1)):
-      loss = scan_loss(step, init, "auto", memory_budget=budget)
+      loss = scan_loss(step, init, "auto", memory_budget=budget,
+                       max_recompute=math.inf)
       self.assertLessEqual(compiled_bytes(jax.grad(loss), xs),
                            budget * (1 + STEP_TOLERANCE), budget)
     self.assert_equal_values(jax.grad(loss)(xs),
@@ -638,7 +654,9 @@ class VisibleTest(parameterized.TestCase):
         budget = loose.least_budget
         tight, _ = planned(budget)
         self.assertIn(tight.choice.remat, ("binomial", "nested"))
-        self.assertEqual(tight.least_budget, budget)
+        # Checked compiled: the choice holds the budget (the least
+        # candidate's figure may move either way once compiled).
+        self.assertLessEqual(tight.choice.temporaries, budget)
         with remat_models.plans_made() as made:
           jax.eval_shape(jax.grad(lambda p: net.apply(
               p, state, None, x, budget)[0]), params)
