@@ -21,10 +21,10 @@ tables). Not the params or their gradients, nor the rest of the step.
 The model, at the loop's own length T:
 
     remat=False, remat=True, remat=True under a policy:  compiled, exactly
-    binomial with s slots:  a + c·s   (nested: s = its slots)
+    binomial with s slots:  a + c·s + k   (nested: s = its slots)
 
-its tables included (a row per action, about 2·T - s of them:
-`Schedule.table_bytes`). a and c come from compiling the binomial
+where k is its tables' constants (a row per action, about 2·T - s of
+them: `Schedule.table_bytes`; the larger of the two measured). a and c come from compiling the binomial
 schedule with two numbers of slots, so a slot's cost is measured, never
 assumed (XLA:CPU keeps a bfloat16 carry's slots at
 twice its bytes). Four compiles (five with a policy), all at T, so that
@@ -243,7 +243,7 @@ class Coefficients(NamedTuple):
   plain: int  # remat=False, compiled.
   per_step: Optional[int]  # remat=True, compiled; None: nothing to differentiate.
   scheduled: Optional[tuple[float, float]]  # A schedule with s slots: a + c·s temporaries.
-  constants: tuple[float, float]  # Bytes beside a + c·s: (0, 0), the tables being in them.
+  constants: tuple[float, float]  # A schedule's tables: (k, 0), bytes.
   step_flops: float  # r: one step's recomputation under jax.checkpoint.
   advance_flops: float  # f: one advance of a schedule.
   # With a policy: its name, its bytes and one step's recomputation under it.
@@ -790,12 +790,13 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
       if k.advance_flops is not None:
         advance = float(k.advance_flops)
     (s1, k1), (s2, k2) = points[0], points[-1]
-    # Bytes with the tables: a schedule's table has a row per action,
-    # about 2·T - s of them (`Schedule.table_bytes`), so it too is linear
-    # in the slots.
-    per_slot = ((k2.bytes - k1.bytes) / (s2 - s1) if s2 != s1
+    per_slot = ((k2.temporaries - k1.temporaries) / (s2 - s1) if s2 != s1
                 else float(_nbytes(step.carry)))
-    scheduled = (k1.bytes - per_slot * s1, per_slot)
+    scheduled = (k1.temporaries - per_slot * s1, per_slot)
+    # A schedule's tables: a row per action, about 2·T - s of them
+    # (`Schedule.table_bytes`), where XLA may fold a column: the larger
+    # of the two measured.
+    constants = (float(max(k1.constants, k2.constants)), 0.0)
   return Coefficients(length, plain.bytes, per_step.bytes, scheduled,
                       constants, r, advance, with_policy, tuple(measured))
 
