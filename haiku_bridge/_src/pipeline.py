@@ -4,9 +4,11 @@
 scan here at apply (init runs the plain scan, so the params are the plain
 scan's: the same names, shapes and initial values). Under a mesh whose axis
 `"stage"` has S devices, the N stacked layers run as S stages inside
-`jax.shard_map` over that axis alone (the other axes, `data`, `model`, stay
-with `jax.jit`), the batch split into M microbatches, activations passed from
-stage to stage with `jax.lax.ppermute`. A stage runs the layers of each
+`jax.shard_map` over that axis (and, for a layer that treats each row on its
+own, over the axes the batch is split over, so that the gradient is reduced
+over them once per step; the other axes, `model`, stay with `jax.jit`), the
+batch split into M microbatches, activations passed from stage to stage with
+`jax.lax.ppermute`. A stage runs the layers of each
 visit through the stack's own loop (`loop.Loop`, with its remat):
 
 * `schedule="gpipe"`: stage s holds layers [s·N/S, (s+1)·N/S), which a

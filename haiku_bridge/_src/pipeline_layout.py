@@ -94,6 +94,11 @@ class Layout:
       # A layer axis stored over the stages: each holds its GPipe block.
       return jnp.reshape(a, shape, out_sharding=PartitionSpec(
           self.axis, None, None, *rest))
+    if self.explicit and entries[0] == self.axis and _summable(a):
+      # Stored over the stages in blocks of layers, which circular
+      # interleaves: each stage sends each of its visits' layers to the
+      # stage that runs them, never the whole stack.
+      return self._interleaved(a, entries[1:], inverse=False)
     a = typed_sharding.reshard(a, (None,) + rest)
     a = jnp.swapaxes(a.reshape((self.repeats, self.stages, self.layers)
                                + a.shape[1:]), 0, 1)
@@ -108,9 +113,60 @@ class Layout:
         and typed_sharding.spec(a)[3:] == entries[1:]):
       return jnp.reshape(a, like.shape,
                          out_sharding=PartitionSpec(*entries))
+    if self.explicit and entries[:1] == (self.axis,) and _summable(a):
+      a = typed_sharding.reshard(a, (self.axis, None, None) + entries[1:])
+      return self._interleaved(a, entries[1:], inverse=True)
     a = typed_sharding.without(a, (self.axis,))
     a = jnp.swapaxes(a, 0, 1).reshape(like.shape)
     return typed_sharding.reshard(a, entries)
+
+  def _interleaved(self, a: jax.Array,
+                   rest: tuple[typed_sharding.MeshAxes, ...],
+                   inverse: bool) -> jax.Array:
+    """`[N, ...]` in blocks over the stages -> `[S, R, L, ...]` over them (`inverse`: back), by `ppermute`.
+
+    Stage b stores layers [b·R·L, (b+1)·R·L): R groups of L layers; visit r
+    of stage s is group g = r·S + s, stored on stage g // R as its group
+    g mod R. For each visit r and stored group t, one `ppermute` takes
+    those groups to the stages that run them (a partial permutation: the
+    other stages get zeros, which the sum over t drops), so every index is
+    static and each stage holds its own layers and the groups in flight,
+    never the stack (an all-gather of it: S times the stage's share of each
+    leaf, until issue 43). Autodiff's transpose is the inverse permutation.
+    """
+    stages, repeats, layers = self.stages, self.repeats, self.layers
+    named = {name for entry in rest if entry is not None
+             for name in ((entry,) if isinstance(entry, str) else entry)}
+
+    def move(block):
+      if inverse:
+        block = block[0]  # [R, L, ...], by visit.
+      else:
+        block = block.reshape((repeats, layers) + block.shape[1:])  # By group.
+      moved: list[list[jax.Array]] = [[] for _ in range(repeats)]
+      for visit in range(repeats):
+        for group in range(repeats):
+          pairs = [((visit * stages + s) // repeats, s) for s in range(stages)
+                   if (visit * stages + s) % repeats == group]
+          if inverse:
+            pairs = [(s, b) for b, s in pairs]
+            to, part = group, block[visit]
+          else:
+            to, part = visit, block[group]
+          if pairs:
+            moved[to].append(jax.lax.ppermute(part, self.axis, pairs))
+      out = jnp.stack([sum(parts[1:], parts[0]) for parts in moved])
+      if inverse:
+        return out.reshape((-1,) + out.shape[2:])
+      return out[None]
+
+    staged = PartitionSpec(self.axis, None, None, *rest)
+    stored = PartitionSpec(self.axis, *rest)
+
+    return jax.shard_map(
+        move, in_specs=staged if inverse else stored,
+        out_specs=stored if inverse else staged,
+        axis_names=frozenset({self.axis} | named))(a)
 
   def ys_to_layers(self, a: jax.Array) -> jax.Array:
     """`[S, R, M, L, ...]` -> `[N, M, ...]`."""
@@ -123,6 +179,11 @@ class Layout:
       return jnp.reshape(a, (-1,) + a.shape[3:],
                          out_sharding=PartitionSpec(None, *entries[3:]))
     return a.reshape((-1,) + a.shape[3:])
+
+
+def _summable(a: jax.Array) -> bool:
+  """Whether adding zeros to `a` is exact (not a PRNG key's type)."""
+  return jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_
 
 
 def whole_batch_ys(body: Callable[..., Any], carry: PyTree,

@@ -2,14 +2,16 @@
 
 `run` runs a layer scan as a pipeline from its `pipeline_plan.Plan`: the
 stack and the batch laid out for the stages (`pipeline_layout`), a
-`jax.shard_map` manual over the stage axis alone (the mesh's other axes Auto
-inside it), and in it `_StageProgram`, which runs every step of the
-timetable: the stage's visit through the stack's own loop (`loop.Loop`,
-with its remat), activations passed on with `jax.lax.ppermute`.
+`jax.shard_map` manual over the stage axis (and over the batch's axes where
+the layer is row-wise, `_rows_apart`; the mesh's other axes Auto inside it),
+and in it `_StageProgram`, which runs every step of the timetable: the
+stage's visit through the stack's own loop (`loop.Loop`, with its remat),
+activations passed on with `jax.lax.ppermute`.
 """
 
 import dataclasses
-from typing import Any, Callable, Optional
+import functools
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -24,6 +26,7 @@ from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import pipeline_layout
 from haiku_bridge._src import pipeline_plan
+from haiku_bridge._src import row_wise
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
@@ -67,20 +70,18 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
     staged, micro = typed_sharding.on_mesh((staged, micro))
     out, ys, new_state = program(staged, micro, [])
   else:
-    over_stages = PartitionSpec(axis)
+    apart = _rows_apart(body, micro, staged, axis)
 
     def run_stages(program: _StageProgram, closed_over: list[jax.Array],
                    check_vma: bool) -> tuple[PyTree, PyTree, PyTree]:
-      stage_map = jax.shard_map(
-          program, in_specs=(over_stages, PartitionSpec(), PartitionSpec()),
-          out_specs=(PartitionSpec(), over_stages, over_stages),
-          axis_names=frozenset({axis}), check_vma=check_vma)
-      return _on_auto_axes(stage_map, axis, staged, micro,
-                           closed_over)
+      return _run_on_stages(program, staged, micro, closed_over, axis, apart,
+                            check_vma)
 
-    # The layer on one microbatch and one layer, traced once with no mesh
-    # (None: it needs the mesh to trace, and runs in the stages as it is).
-    layer = _layer_jaxpr(body, micro, staged)
+    # The layer on one microbatch (a device's rows of one, where each device
+    # runs its own) and one layer, traced once with no mesh (None: it needs
+    # the mesh to trace, and runs in the stages as it is).
+    layer = _layer_jaxpr(body, micro, staged,
+                         1 if apart is None else apart.parts)
     closure = _closure_converted(layer)
     if closure is not None:
       # A layer that closes over an array typed by Explicit mesh axes (an
@@ -112,8 +113,10 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
       # A layer that runs a loop of its own from a constant state
       # (`core.initial_state(batch)`): only the loop's body makes its carry
       # varying over the stages, which jax refuses where it checks varying
-      # types. Unchecked, the stages run it as the plain stack does.
-      check_vma = layer is None or not _loops_from_a_constant(layer[0].jaxpr)
+      # types. Unchecked, the stages run it as the plain stack does; and so
+      # where each device runs the stages on its own rows.
+      check_vma = apart is None and (
+          layer is None or not _loops_from_a_constant(layer[0].jaxpr))
       out, ys, new_state = run_stages(program, [], check_vma)
   ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
                      lambda: pipeline_layout.whole_batch_ys(body, carry, per_layer))
@@ -127,6 +130,46 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
                                           typed_sharding.spec(c)),
       out, carry)
   return out, (ys, new_state)
+
+
+def _run_on_stages(program: "_StageProgram", staged: PyTree, micro: PyTree,
+                   closed_over: list[jax.Array], axis: str,
+                   apart: Optional["_RowsApart"], check_vma: bool
+                   ) -> tuple[PyTree, PyTree, PyTree]:
+  """`program(staged, micro, closed_over)` in a `jax.shard_map` manual over `axis`.
+
+  With `apart`, manual over the batch's axes too: each device runs the
+  stages on its own rows, and the gradients of what every device holds
+  whole (the params) are summed over those axes once, by `jax.shard_map`'s
+  transpose, after the timetable.
+  """
+  over_stages = PartitionSpec(axis)
+  inputs = (staged, micro, closed_over)
+  program = dataclasses.replace(program, unchecked=not check_vma)
+  stage_map: Callable[..., Any]
+  if apart is None:
+    stage_map = jax.shard_map(
+        program, in_specs=(over_stages, PartitionSpec(), PartitionSpec()),
+        out_specs=(PartitionSpec(), over_stages, over_stages),
+        axis_names=frozenset({axis}), check_vma=check_vma)
+    return _on_auto_axes(stage_map, axis, staged, micro, closed_over)
+  rows = apart.entry
+  micro_specs = jax.tree.map(lambda _: PartitionSpec(None, rows), micro)
+  ys_specs = jax.tree.map(
+      lambda dim: PartitionSpec(axis, None, None, None, rows)
+      if dim == 0 else over_stages, apart.ys, is_leaf=_is_none)
+  # Unchecked, `jax.shard_map`'s transpose sums each input's gradient over
+  # the mesh axes its spec leaves out as it leaves the stages (and,
+  # transposed again, each output's), which XLA:CPU cannot do in bfloat16
+  # (jaxlib 0.10.2 aborts): all go in and out 32 bits wide.
+  widened = _Widened(program, inputs)
+  stage_map = jax.shard_map(
+      widened, in_specs=(over_stages, micro_specs, PartitionSpec()),
+      out_specs=(micro_specs, ys_specs, over_stages),
+      axis_names=frozenset({axis, *apart.axes}), check_vma=check_vma)
+  staged, micro, closed_over = _wide(inputs)
+  return widened.narrow(_on_auto_axes(stage_map, axis, staged, micro,
+                                      closed_over, apart.axes))
 
 
 def stage_loop(loop: loop_lib.Loop, body: Callable[..., Any], micro: PyTree,
@@ -155,8 +198,85 @@ def _parts(tree: PyTree, axes: int) -> PyTree:
       lambda a: jax.ShapeDtypeStruct(np.shape(a)[axes:], a.dtype), tree)
 
 
+class _RowsApart(NamedTuple):
+  """The stages run by hand over the data axes too: each device on its rows of every microbatch."""
+  axes: tuple[str, ...]  # The mesh axes the microbatches' rows are split over.
+  ys: PyTree  # Each `y`'s row dimension (0, or None: it has no rows).
+
+  @property
+  def parts(self) -> int:
+    """How many parts the rows are split in."""
+    return typed_sharding.axis_size(self.axes)
+
+  @property
+  def entry(self) -> typed_sharding.MeshAxes:
+    """The split of the rows, as a PartitionSpec entry."""
+    return self.axes[0] if len(self.axes) == 1 else self.axes
+
+
+def _rows_apart(body: Callable[..., Any], micro: PyTree, staged: PyTree,
+                axis: str) -> Optional[_RowsApart]:
+  """How the stages run each data device's rows on their own, where they can; else None.
+
+  Where the layer is row-wise (`row_wise.row_dims`), the stages' `shard_map`
+  is manual over the axes the microbatches' rows are split over as well as
+  the stage axis: each device then sums the gradients of the stage's params
+  over its microbatches, and `jax.shard_map`'s transpose reduces them over
+  those axes once, after the timetable. Left to the partitioner (those axes
+  Auto inside the stages), the gradient of the params is reduced where it
+  is made, once per layer per step: XLA keeps no sum unreduced across a loop,
+  and jax 0.10.2 types a sum unreduced only over Explicit axes of a
+  `shard_map` manual over every axis. The rows' axes are those named by the
+  microbatches' types (Explicit axes); on Auto axes, where types name none,
+  every other mesh axis, where their devices divide the rows.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  leaves = jax.tree.leaves(micro)
+  if not leaves or any(np.ndim(a) < 2 for a in leaves):
+    return None
+  if jax.sharding.AxisType.Explicit in tuple(mesh.axis_types):
+    entries = {typed_sharding.spec(a)[1] for a in leaves}
+    if len(entries) != 1 or None in entries:
+      return None
+    entry, = entries
+    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+  else:
+    axes = tuple(name for name in mesh.axis_names if name != axis)
+  parts = typed_sharding.axis_size(axes) if axes else 1
+  if parts == 1 or any(np.shape(a)[1] % parts for a in leaves):
+    return None
+  carry = _parts(micro, 1)  # One microbatch's.
+  scanned = _parts(staged, 3)  # One layer's.
+  dims = row_wise.row_dims(body, (carry, scanned),
+                           (_rows_of(carry, parts), scanned), parts)
+  if dims is None:
+    return None
+  out, (ys, _) = dims
+  # The carry comes back with the microbatch's rows (its type is the
+  # carry's); each y has them first or not at all; the state has none (its
+  # type is the state's).
+  if any(dim not in (0, None) for dim in jax.tree.leaves(
+      ys, is_leaf=_is_none)) or any(
+          dim != 0 for dim in jax.tree.leaves(out, is_leaf=_is_none)):
+    return None
+  return _RowsApart(axes, ys)
+
+
+def _rows_of(carry: PyTree, parts: int) -> PyTree:
+  """The type of a device's rows of `carry` (shapes), its rows split in `parts`."""
+  if parts == 1:  # Whole (a scalar leaf too, with one microbatch).
+    return carry
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+      (a.shape[0] // parts,) + a.shape[1:], a.dtype), carry)
+
+
+def _is_none(a: Any) -> bool:
+  return a is None
+
+
 def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
-                  micro: PyTree, closed_over: list[jax.Array]
+                  micro: PyTree, closed_over: list[jax.Array],
+                  batch_axes: tuple[str, ...] = ()
                   ) -> tuple[PyTree, PyTree, PyTree]:
   """`stage_map(staged, micro, closed_over)`, the mesh's other Explicit axes Auto inside it.
 
@@ -167,12 +287,17 @@ def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
   the `shard_map`, the partitioner keeps each split as it is, as under an
   Auto mesh; outside, the results are typed again: `out` split as `micro`,
   the state as `staged`'s, a `y` with the microbatch's rows on axis 4 split
-  as they are.
+  as they are. `batch_axes`, manual in the stages too (`_rows_apart`), stay
+  Explicit, and `staged` and `closed_over` come in whole over them.
   """
   mesh = jax.sharding.get_abstract_mesh()
   explicit = jax.sharding.AxisType.Explicit
   others = tuple(name for name, kind in zip(mesh.axis_names, mesh.axis_types)
-                 if kind == explicit and name != axis)
+                 if kind == explicit and name not in (axis, *batch_axes))
+  if batch_axes:
+    # Manual inside: what they do not split is whole on each of their devices.
+    staged, closed_over = jax.tree.map(
+        lambda a: typed_sharding.without(a, batch_axes), (staged, closed_over))
   if not others:
     return stage_map(staged, micro, closed_over)
   leaves, tree = jax.tree.flatten((staged, micro, closed_over))
@@ -211,14 +336,14 @@ def _on_auto_axes(stage_map: Callable[..., Any], axis: str, staged: PyTree,
   return out, ys, new_state
 
 
-def _layer_jaxpr(body: Callable[..., Any], micro: PyTree, staged: PyTree
-                 ) -> Optional[tuple[Any, Any]]:
-  """`body` on one microbatch and one layer, traced with no mesh: `(closed jaxpr, output shapes)`.
+def _layer_jaxpr(body: Callable[..., Any], micro: PyTree, staged: PyTree,
+                 parts: int) -> Optional[tuple[Any, Any]]:
+  """`body` on one microbatch's rows split in `parts` and one layer, traced with no mesh: `(closed jaxpr, output shapes)`.
 
   None for a layer that needs the mesh to trace (its own sharding
   annotations).
   """
-  carry = _parts(micro, 1)  # One microbatch's.
+  carry = _rows_of(_parts(micro, 1), parts)  # A device's rows of one.
   scanned = _parts(staged, 3)  # One layer's.
   try:
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
@@ -342,6 +467,9 @@ class _StageProgram:
   layout: pipeline_layout.Layout
   timetable: pipeline_lib.Timetable
   microbatches: int
+  # Run with jax's check of varying types off (`jax.shard_map`'s
+  # `check_vma=False`), where the transpose of a `psum` is a `psum`.
+  unchecked: bool = False
 
   def __call__(self, staged, micro, closed_over):
     params, state, keys, xs = jax.tree.map(lambda a: a[0], staged)
@@ -420,7 +548,8 @@ class _StageProgram:
     out = jax.tree.map(lambda a: a[last:last + m], outs)
     if passing:
       out = jax.tree.map(
-          lambda a: _from_stage(a, stage, stages - 1, axis), out)
+          lambda a: _from_stage(a, stage, stages - 1, axis, self.unchecked),
+          out)
 
     # This stage's ys: at pass r of microbatch m, step r·P + m + stage.
     def visits(a):
@@ -488,23 +617,75 @@ def _where(condition, x: PyTree, y: PyTree) -> PyTree:
   return jax.tree.map(lambda a, b: jnp.where(condition, a, b), x, y)
 
 
-def _from_stage(a: jax.Array, stage, source: int, axis: str) -> jax.Array:
+def _from_stage(a: jax.Array, stage, source: int, axis: str,
+                unchecked: bool = False) -> jax.Array:
   """`a` as held by stage `source`, on every stage (an invariant value).
 
   A sum over the stages of `a` at the source and zeros elsewhere: adding
   zeros is exact, so every stage gets the source's values bit for bit. The
   sum runs in 32 bits at least (XLA:CPU cannot all-reduce bfloat16).
+  `unchecked`: its gradient goes back to the source without a collective
+  (autodiff's would sum it over the stages again).
   """
   dtype = a.dtype
-  if dtype == jnp.bool_:
-    wide = jnp.int32
-  elif jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-    wide = jnp.float32
+  a = a.astype(jnp.int32) if dtype == jnp.bool_ else _wide(a)
+  if unchecked and jnp.issubdtype(a.dtype, jnp.floating):
+    a = _summed_from(a, stage, source, axis)
   else:
-    wide = dtype
-  a = a.astype(wide)
-  a = lax.psum(jnp.where(stage == source, a, jnp.zeros_like(a)), axis)
+    a = lax.psum(jnp.where(stage == source, a, jnp.zeros_like(a)), axis)
   return a.astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _summed_from(a: jax.Array, stage: Any, source: int, axis: str) -> Any:
+  return lax.psum(jnp.where(stage == source, a, jnp.zeros_like(a)), axis)
+
+
+def _summed_from_fwd(a, stage, source, axis):
+  return _summed_from(a, stage, source, axis), stage
+
+
+def _summed_from_bwd(source, axis, stage, ct):
+  # Unchecked, `jax.shard_map`'s transpose hands each stage the output's
+  # cotangent over the stages (it is invariant over them): the source's
+  # is that times their number.
+  stages = lax.psum(1, axis)
+  return jnp.where(stage == source, ct * stages, jnp.zeros_like(ct)), None
+
+
+_summed_from.defvjp(_summed_from_fwd, _summed_from_bwd)
+
+
+def _wide(tree: PyTree) -> PyTree:
+  """`tree`, its floating leaves narrower than 32 bits (which XLA:CPU cannot all-reduce) as float32."""
+  def wide(a):
+    if jnp.issubdtype(a.dtype, jnp.floating) and jnp.finfo(a.dtype).bits < 32:
+      return a.astype(jnp.float32)
+    return a
+  return jax.tree.map(wide, tree)
+
+
+class _Widened:
+  """`program`, called and returning with its floating arrays at least 32 bits wide.
+
+  Its arguments are cast back to the dtypes of `inputs` inside; `narrow`
+  casts its results back to the dtypes it made them in (known once traced).
+  """
+
+  def __init__(self, program: Callable[..., Any], inputs: PyTree):
+    self._program, self._inputs = program, inputs
+    self._dtypes: Optional[PyTree] = None
+
+  def __call__(self, *args: Any) -> Any:
+    outputs = self._program(*jax.tree.map(
+        lambda a, like: a.astype(like.dtype), args, self._inputs))
+    self._dtypes = jax.tree.map(lambda a: a.dtype, outputs)
+    return _wide(outputs)
+
+  def narrow(self, outputs: PyTree) -> PyTree:
+    assert self._dtypes is not None, "narrow before the program was traced"
+    return jax.tree.map(lambda a, dtype: a.astype(dtype), outputs,
+                        self._dtypes)
 
 
 def _hoisted(body: Callable[..., Any], carry: PyTree,

@@ -400,11 +400,16 @@ class MicrobatchSemanticsTest(EightDevicesTest):
   # change the loss.
   WEIGHTS = jnp.linspace(0.5, 2.0, 16)
 
-  @parameterized.parameters(("gpipe", None, False), ("circular", 2, True))
-  def test_state_goes_through_the_microbatches_in_order(self, schedule,
-                                                        repeats, remat):
+  @parameterized.parameters(("gpipe", None, False, False),
+                            ("circular", 2, True, False),
+                            ("gpipe", None, False, True))
+  def test_state_goes_through_the_microbatches_in_order(
+      self, schedule, repeats, remat, batch_over_data):
     # Ground truth: the plain stack applied to microbatch 0, 1, ... in turn,
-    # each with the state the one before left.
+    # each with the state the one before left. With the batch over `data`
+    # (Explicit axes), each microbatch's statistics are still the whole
+    # microbatch's: a layer that mixes rows runs with `data` Auto in the
+    # stages, not on each device's rows (issue 43).
     m = 4
     pipe = hkb.Pipeline("stage", m, schedule, repeats)
     plain = stack(batch_norm_block, state=True, remat=remat)
@@ -421,10 +426,12 @@ class MicrobatchSemanticsTest(EightDevicesTest):
 
     (loss, new_state), grads = jax.jit(jax.value_and_grad(
         sequential, has_aux=True))(params)
-    mesh = make_mesh(2)
+    mesh = make_mesh(2, axis_type=(AxisType.Explicit if batch_over_data
+                                   else AxisType.Auto))
     with jax.set_mesh(mesh):
+      x = jax.device_put(self.X, P("data")) if batch_over_data else self.X
       (got_loss, got_state), got_grads = jax.jit(jax.value_and_grad(
-          lambda p: pipelined.apply(p, state, None, self.X), has_aux=True))(
+          lambda p: pipelined.apply(p, state, None, x), has_aux=True))(
               params)
     assert_close(self, (got_loss, got_state, got_grads),
                  (loss, new_state, grads), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,123 @@
+"""Tests for `row_wise`: its verdicts against the functions' values, row block by row block.
+
+Ground truth: a function is row-wise where its value on the whole batch is
+its values on each block of rows, put together (`by_blocks`). Every
+function `row_dims` accepts is checked so; the ones it refuses compute
+something else on a block of rows (shown on values too), or are outside
+what it reads (a `jax.custom_vjp`'s backward rule).
+"""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import haiku as hk
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from haiku_bridge._src import row_wise
+
+PARTS = 4
+ROWS = 8
+X = jax.random.normal(jax.random.PRNGKey(0), [ROWS, 3, 4])
+W = jax.random.normal(jax.random.PRNGKey(1), [4, 4])
+
+
+def shapes(tree, rows):
+  return jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct((rows,) + a.shape[1:], a.dtype), tree)
+
+
+def by_blocks(fn, x):
+  """`fn` on each of `PARTS` blocks of rows of `x`, its outputs put together on axis 0."""
+  parts = [fn(part) for part in jnp.split(x, PARTS)]
+  return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+
+
+def linear_block(x):
+  h = hk.LayerNorm(-1, True, True)(x)
+  return x + hk.Linear(4)(jax.nn.gelu(h))
+
+
+LINEAR = hk.without_apply_rng(hk.transform(linear_block))
+LINEAR_PARAMS = LINEAR.init(jax.random.PRNGKey(2), X)
+
+
+@jax.custom_vjp
+def scaled(x):
+  return 2 * x
+
+
+scaled.defvjp(lambda x: (2 * x, None), lambda _, g: (2 * g,))
+
+
+ROW_WISE = {
+    "dense": lambda x: jnp.tanh(x @ W) + x,
+    "relu_softmax": lambda x: jax.nn.softmax(jax.nn.relu(x), -1),
+    "attention": lambda x: jax.nn.softmax(
+        jnp.einsum("btd,bsd->bts", x, x) + jnp.tril(jnp.ones((3, 3))), -1) @ x,
+    "time_scan": lambda x: lax.scan(
+        lambda c, t: (jnp.tanh(c @ W + t), c), jnp.zeros((x.shape[0], 4)),
+        jnp.swapaxes(x, 0, 1))[0],
+    "remat": lambda x: jax.checkpoint(lambda y: jnp.sin(y) @ W)(x),
+    "reshape_rows_first": lambda x: (x.reshape(-1, 4) @ W).reshape(x.shape),
+    "haiku_layer": lambda x: LINEAR.apply(LINEAR_PARAMS, x),
+}
+
+MIXING = {
+    "batch_mean": lambda x: x - x.mean(0),
+    "batch_size": lambda x: x / x.shape[0],
+    "row_index": lambda x: x + jnp.arange(x.shape[0])[:, None, None],
+    "dropout": lambda x: x * jax.random.bernoulli(
+        jax.random.PRNGKey(0), 0.5, x.shape),
+    "scan_over_rows": lambda x: lax.scan(lambda c, r: (c + r, c), x[0], x)[1],
+    "first_rows": lambda x: jnp.concatenate([x[:1]] * x.shape[0]),
+    "cumsum_rows": lambda x: jnp.cumsum(x, 0),
+    "rows_times_rows": lambda x: jnp.einsum("bij,cij->bc", x, x)[:, :, None],
+    "reshape_rows_inner": lambda x: jnp.swapaxes(x, 0, 1).reshape(
+        3 * x.shape[0], 4)[:x.shape[0] * 3].reshape(x.shape),
+}
+
+
+class RowDimsTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*ROW_WISE.items())
+  def test_row_wise_functions_accepted_and_they_are(self, fn):
+    dims = row_wise.row_dims(fn, (shapes(X, ROWS),),
+                             (shapes(X, ROWS // PARTS),), PARTS)
+    self.assertEqual(dims, 0)
+    np.testing.assert_allclose(fn(X), by_blocks(fn, X), rtol=1e-5,
+                               atol=1e-5)
+
+  @parameterized.named_parameters(*MIXING.items())
+  def test_mixing_functions_refused_and_they_do_mix(self, fn):
+    dims = row_wise.row_dims(fn, (shapes(X, ROWS),),
+                             (shapes(X, ROWS // PARTS),), PARTS)
+    self.assertIsNone(dims)
+    whole, blocks = fn(X), by_blocks(fn, X)
+    self.assertFalse(whole.shape == blocks.shape and
+                     np.allclose(whole, blocks, atol=1e-5))
+
+  def test_custom_vjp_refused(self):
+    # Its backward rule is a Python function the jaxpr does not show.
+    self.assertIsNone(row_wise.row_dims(
+        scaled, (shapes(X, ROWS),), (shapes(X, ROWS // PARTS),), PARTS))
+
+  def test_outputs_without_rows(self):
+    # A layer's carry, a y per example and a y that holds no rows (a
+    # state-like value of the params alone).
+    def layer(x, w):
+      return x @ w, (jnp.sum(x, -1), jnp.sum(w))
+    dims = row_wise.row_dims(layer, (shapes(X, ROWS), W),
+                             (shapes(X, ROWS // PARTS), W), PARTS)
+    self.assertEqual(dims, (0, (0, None)))
+
+  def test_a_layer_that_needs_the_mesh_to_trace(self):
+    def layer(x):
+      return jax.sharding.reshard(x, jax.sharding.PartitionSpec("data"))
+    self.assertIsNone(row_wise.row_dims(
+        layer, (shapes(X, ROWS),), (shapes(X, ROWS // PARTS),), PARTS))
+
+
+if __name__ == "__main__":
+  absltest.main()
