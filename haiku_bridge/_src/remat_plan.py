@@ -25,8 +25,10 @@ The model, at the loop's own length T:
 
 where k is its tables' constants (a row per action, about 2·T - s of
 them: `Schedule.table_bytes`; the larger of the two measured). a and c come from compiling the binomial
-schedule with two numbers of slots, so a slot's cost is measured, never
-assumed (XLA:CPU keeps a bfloat16 carry's slots at
+schedule with one slot and with the most a candidate keeps (half the
+steps: `_most_slots`), so that the least plan's bytes are compiled and
+every other schedule's lie between two compiles, and a slot's cost is
+measured, never assumed (XLA:CPU keeps a bfloat16 carry's slots at
 twice its bytes). Four compiles (five with a policy), all at T, so that
 what XLA does only for long loops (or short ones: unrolling, double
 buffering) is in every figure; with XLA's cheaper code generation
@@ -34,8 +36,8 @@ buffering) is in every figure; with XLA's cheaper code generation
 
 Predictions steer; the compiled program decides. The choice, unless it
 was one of the programs measured, is compiled too, and when it is over the
-budget the next candidate is chosen, the schedules' predictions raised by
-the miss (at most `_CHECKS` compiles; then the first compiled plan that
+budget the next candidate is chosen, the compiled bytes replacing that
+plan's prediction only (at most `_CHECKS` compiles; then the first compiled plan that
 fits, or an error).
 
 Recomputed FLOPs come from the same compiles, counted with every loop by
@@ -497,7 +499,7 @@ def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   The prediction steers, the compiled program decides: the choice is
   compiled at `length` steps (the loop's gradient, as it is measured) and,
   when its temporaries and constants are over the budget, the next
-  candidate is chosen, with the schedules' predictions raised by the miss.
+  candidate is chosen, the compiled bytes replacing that plan's prediction.
   """
   step, consts = _trace(f, init, xs, length)
   c = coefficients(step, consts, length, policy)
@@ -537,8 +539,9 @@ def choose(c: Coefficients, length: int, memory_budget: int,
   if c.scheduled is not None:
     a, per_slot = c.scheduled
     k0, k1 = c.constants
-    most = min(length - 1, int((memory_budget - a - k0 - k1 * length) //
-                               max(per_slot, 1.0)))
+    most = min(_most_slots(length),
+               int((memory_budget - a - k0 - k1 * length) //
+                   max(per_slot, 1.0)))
     for slots in range(most, max(0, most - _SLOT_SEARCH), -1):
       fits = _binomial(c, length, slots)
       if fits.temporaries <= memory_budget:
@@ -585,6 +588,17 @@ def _raise_over_recompute(c: Coefficients, candidates: list[RematCandidate],
 # The counts of slots below the most the slots alone allow that `choose`
 # tries, at most.
 _SLOT_SEARCH = 64
+
+
+def _most_slots(length: int) -> int:
+  """The most slots a schedule keeps among the candidates: half the steps.
+
+  Past that a schedule saves little against `remat=True`, and XLA's
+  temporaries stop growing by a slot's bytes (a 32-block Conv1D stack at 31
+  slots compiles to 1.7× the line through fewer), so no line through
+  fewer predicts it.
+  """
+  return max(1, length // 2)
 
 
 def _over_budget(length: int, memory_budget: int, least: int) -> ValueError:
@@ -645,7 +659,7 @@ def _candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   # Every count of slots up to 16, then about 20% apart: the budget's own
   # count is added by `choose`.
   slots = 1
-  while slots < length:
+  while slots <= _most_slots(length):
     out.append(_binomial(c, length, slots))
     slots = slots + 1 if slots < 16 else int(slots * 1.2)
   # A few groupings of "nested", for the record: binomial recomputes no
@@ -720,7 +734,7 @@ _ON_DISK = caches.OnDisk("remat_plans")
 # the plan's.
 _COMPILED = caches.Cache("remat_plan.compiled")
 # Bumped when what a file holds changes meaning.
-_FORMAT = 1
+_FORMAT = 2
 
 
 def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
@@ -754,13 +768,11 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
     return Coefficients(length, plain.bytes, None, None, (0.0, 0.0), 0.0,
                         0.0, None, (((False, None, None, None),
                                      plain.bytes),))
-  # Two numbers of slots, each a schedule of O(T) actions: a slot's bytes
-  # and the tables' are measured, never assumed (XLA may widen a bfloat16
-  # carry, or keep a copy).
-  few = max(1, min(length - 1, remat_schedule.fewest_binomial_slots(
-      length, length - 1)))
-  more = min(length - 1, 2 * few) if few < length - 1 else few - 1
-  slot_counts = sorted({few, max(1, more)}) if length > 1 else []
+  # The fewest and the most slots a plan keeps (`_most_slots`), each a
+  # schedule of O(T) actions: a slot's bytes and the tables' are measured,
+  # never assumed (XLA may widen a bfloat16 carry, or keep a copy), and every
+  # schedule's prediction lies between two compiles, the least exact.
+  slot_counts = sorted({1, _most_slots(length)}) if length > 1 else []
   schedules = [remat_schedule.binomial(length, s) for s in slot_counts]
   plain, per_step, *rest = [
       _measure(step, consts, length, remat, p)
@@ -809,7 +821,7 @@ _CHECKS = 4
 
 def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
              policy) -> Coefficients:
-  """`c` with `choice` compiled; a schedule's miss raises every schedule's prediction.
+  """`c` with `choice` compiled: its bytes replace its prediction, no other's.
 
   For this budget's choice only: what one budget's checks found never
   changes another budget's plan (the compiled bytes are kept, in memory
@@ -833,12 +845,7 @@ def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
                    policy if choice.policy is not None else None).bytes
     _ON_DISK.put(disk, {"bytes": got})
   _COMPILED.put(memo, got)
-  scheduled = c.scheduled
-  if scheduled is not None and choice.slots is not None:
-    scheduled = (scheduled[0] + max(0, got - choice.temporaries),
-                 scheduled[1])
-  return c._replace(scheduled=scheduled,
-                    measured=c.measured + ((key(choice), got),))
+  return c._replace(measured=c.measured + ((key(choice), got),))
 
 
 def policy_name(policy: Callable[..., bool]) -> str:
