@@ -744,7 +744,7 @@ def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
 
   Each compiles the loop's gradient at `length` steps, with XLA's cheaper
   code generation (`_COMPILE_OPTIONS`): remat=False, remat=True, and the
-  binomial schedule with two numbers of slots. Cached in this process and
+  binomial schedule with one slot and with `_most_slots`. Cached in this process and
   on disk, keyed on everything the figures depend on.
   """
   memo = _memo_key(step, consts, length, policy)
