@@ -461,6 +461,27 @@ class BudgetTest(parameterized.TestCase):
       self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE),
                            (name, budget, got))
 
+  def test_a_schedule_between_the_slots_measured_predicted_within_10pct(self):
+    # Near as many slots as steps XLA's temporaries stop growing by a
+    # slot's bytes (this stack at 31 of 32 slots: about 1.7× the line
+    # through fewer): a line through that point predicts every schedule
+    # far over what it compiles to, and the plan wastes the budget.
+    model = MODELS["conv_depth_32"]
+    net, x = model()
+    params = net.init(KEY, x)
+    with remat_models.plans_made() as made:
+      cost(model, params, x, 32, remat="auto", memory_budget=1 << 40)
+    by_slots = {k.slots: k.temporaries for k in made[-1].candidates
+                if k.remat == "binomial"}
+    for slots in (4, 12):
+      # remat="binomial" with `slots` slots, compiled in the real loop.
+      with mock.patch.object(
+          loop_lib, "schedule",
+          lambda *_, s=slots, **__: remat_schedule.binomial(32, s)):
+        got = cost(model, params, x, 32, remat="binomial")
+      self.assertLess(abs(by_slots[slots] / got.bytes - 1), 0.10,
+                      (slots, by_slots[slots], got))
+
   def test_a_choice_over_the_budget_compiled_is_passed_over(self):
     # Predictions 30% low for every schedule: the first choice compiles
     # over the budget, and the plan moves on until one compiles within it.
@@ -495,6 +516,38 @@ class BudgetTest(parameterized.TestCase):
     self.assertGreater(measure.call_count, 4 + 1)  # Passed one over.
     self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE))
     self.assertIn(made[-1].choice.remat, ("binomial", "nested"))
+
+  def test_a_miss_at_one_slot_count_moves_only_that_plan(self):
+    # XLA compiles one count of slots over the line (as near T): the plan
+    # passes over that count to the next fewer slots, the others'
+    # predictions untouched, rather than ruling out every schedule.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([64, 4, 16])
+    loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
+    by_slots = {k.slots: k for k in loose.candidates if k.remat == "binomial"}
+    budget = by_slots[6].temporaries
+    real = remat_plan._measure
+
+    def over_at_six(step, consts, length, remat, policy=None):
+      got = real(step, consts, length, remat, policy)
+      if getattr(remat, "num_slots", None) == 6:
+        return got._replace(bytes=got.bytes + budget // 2)
+      return got
+
+    with mock.patch.dict(os.environ, {
+        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
+      caches.clear_caches()
+      try:
+        with mock.patch.object(remat_plan, "_measure", over_at_six):
+          made = hkb.remat_plan(_step, init, xs, memory_budget=budget,
+                                max_recompute=math.inf)
+      finally:
+        caches.clear_caches()
+    self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 5))
+    # The counts not compiled keep their predictions.
+    after = {k.slots: k.temporaries for k in made.candidates
+             if k.remat == "binomial"}
+    self.assertEqual({s: after[s] for s in (2, 3, 4, 7)},
+                     {s: by_slots[s].temporaries for s in (2, 3, 4, 7)})
 
   def test_schedule_tables_count_against_the_budget(self):
     # 1024 steps: a schedule of one slot holds a table of half a million
