@@ -1,4 +1,4 @@
-"""The models `remat="auto"` is measured on: an LSTM unroll, residual MLP and transformer stacks.
+"""The models `remat="auto"` is measured on: an LSTM unroll, residual MLP, transformer and conv stacks.
 
 Small widths, so a grid of them compiles in minutes; shared by
 haiku_bridge/_src/remat_plan_test.py (predictions against compiled memory)
@@ -23,6 +23,7 @@ from testing import transformer as transformer_lib
 
 BATCH, HIDDEN, INPUTS = 4, 32, 8
 WIDTH = 64
+CHANNELS = 16
 
 
 class _Plans(logging.Handler):
@@ -53,9 +54,15 @@ def plans_made() -> Iterator[list[hkb.RematPlan]]:
 
 
 class StepCost(NamedTuple):
-  """A compiled training step's temporaries (bytes) and FLOPs (`hlo_flops`)."""
+  """A compiled training step's temporaries, FLOPs (`hlo_flops`) and constants (bytes)."""
   temporaries: int
   flops: int
+  constants: int = 0
+
+  @property
+  def bytes(self) -> int:
+    """What `memory_budget` counts: temporaries and constants (a schedule's tables)."""
+    return self.temporaries + self.constants
 
 
 def step_cost(model, params, x, length: int, **remat) -> StepCost:
@@ -73,7 +80,8 @@ def step_cost(model, params, x, length: int, **remat) -> StepCost:
     raise ValueError(f"A loop without a known trip count: {count}")
   flops = count.flops + sum(length * (max(c.branches) - min(c.branches))
                             for c in count.conditionals)
-  return StepCost(compiled.memory_analysis().temp_size_in_bytes, flops)
+  return StepCost(compiled.memory_analysis().temp_size_in_bytes, flops,
+                  hlo_flops.constant_bytes(compiled.as_text()))
 
 
 def lstm(length: int, loss_in_step: bool, **remat):
@@ -108,10 +116,46 @@ def transformer(depth: int, **remat):
   return hk.transform(f), jnp.ones([2, 16, 32])
 
 
-def models(lstm_lengths, mlp_depths,
-           transformer_depths) -> dict[str, Callable[..., Any]]:
+def conv(depth: int, channels: int = CHANNELS, width: int = 32,
+         batch: int = 2, **remat):
+  """A residual stack of `depth` Conv1D blocks (two convolutions each)."""
+  def f(x):
+    def block(h):
+      y = jax.nn.relu(hk.Conv1D(channels, 3, name="conv_0")(h))
+      return h + hk.Conv1D(channels, 3, name="conv_1")(y)
+    return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
+  return hk.transform(f), jnp.ones([batch, width, channels])
+
+
+def language_model(depth: int, d_model: int, seq: int, batch: int,
+                   vocab: int = 256, **remat):
+  """A transformer language model: embedding, `depth` blocks, logits, cross-entropy."""
+  def f(tokens):
+    block = functools.partial(transformer_lib.block, d_model=d_model,
+                              heads=4)
+    h = hk.Embed(vocab, d_model)(tokens)
+    h = hkb.repeat_layer(block, h, depth, **remat)
+    logits = hk.Linear(vocab)(h)
+    return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+  return hk.transform(f), jnp.zeros([batch, seq], jnp.int32)
+
+
+def char_gru(length: int, hidden: int = 256, batch: int = 8,
+             vocab: int = 64, **remat):
+  """A character GRU over `length` steps: embedding, GRU, logits, cross-entropy."""
+  def f(tokens):
+    core = hk.GRU(hidden)
+    xs = hk.Embed(vocab, 32)(tokens)
+    ys, _ = hkb.dynamic_unroll(core, xs, core.initial_state(batch), **remat)
+    logits = hk.Linear(vocab)(ys)
+    return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+  return hk.transform(f), jnp.zeros([length, batch], jnp.int32)
+
+
+def models(lstm_lengths, mlp_depths, transformer_depths,
+           conv_depths=()) -> dict[str, Callable[..., Any]]:
   """The models by name: `lstm_{T}_loss_after`, `lstm_{T}_loss_in_step`,
-  `mlp_depth_{D}` and `transformer_depth_{D}`."""
+  `mlp_depth_{D}`, `transformer_depth_{D}` and `conv_depth_{D}`."""
   out = {}
   for t in lstm_lengths:
     for where in ("after", "in_step"):
@@ -121,4 +165,6 @@ def models(lstm_lengths, mlp_depths,
     out[f"mlp_depth_{d}"] = functools.partial(mlp, d)
   for d in transformer_depths:
     out[f"transformer_depth_{d}"] = functools.partial(transformer, d)
+  for d in conv_depths:
+    out[f"conv_depth_{d}"] = functools.partial(conv, d)
   return out

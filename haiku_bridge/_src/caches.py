@@ -9,12 +9,21 @@ cached. Clearing changes no result, only time, and
 `HAIKU_BRIDGE_CACHES=0` in the environment turns every cache off (the test
 suite runs both ways): the `Cache`s and the memos of `memoize`, all in one
 registry. (One exception, a constant of jax's: `pytree.key_spec_of`.)
+
+One kind of value outlives the process: what `remat="auto"` measured of a
+loop (`remat_plan.py`), as small JSON files under `directory()`:
+`$HAIKU_BRIDGE_CACHE_DIR` if set (empty: nothing on disk), else
+`$XDG_CACHE_HOME/haiku_bridge`, else `~/.cache/haiku_bridge`.
+`clear_caches()` deletes them too, and `HAIKU_BRIDGE_CACHES=0` turns them off.
 """
 
 import collections
 import contextlib
 import functools
+import json
 import os
+import shutil
+import tempfile
 import threading
 from typing import Any, Callable, Hashable, Iterator, Optional
 
@@ -124,11 +133,79 @@ def memoize(maxsize: Optional[int] = 256) -> Callable[[Callable], Callable]:
   return wrap
 
 
+def directory() -> Optional[str]:
+  """Where caches that outlive the process keep their files; None: nowhere.
+
+  `$HAIKU_BRIDGE_CACHE_DIR` if set (set and empty: nowhere), else
+  `$XDG_CACHE_HOME/haiku_bridge`, else `~/.cache/haiku_bridge`; nowhere while
+  caches are off.
+  """
+  if not _enabled:
+    return None
+  named = os.environ.get("HAIKU_BRIDGE_CACHE_DIR")
+  if named is not None:
+    return named or None
+  home = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+      os.path.expanduser("~"), ".cache")
+  return os.path.join(home, "haiku_bridge")
+
+
+class OnDisk:
+  """JSON values under `directory()/name`, one file per key (a hex digest).
+
+  Nothing it does can fail a call: a file that cannot be read or written is
+  a miss. Writes are atomic (a file is renamed into place), so processes
+  may share the directory.
+  """
+
+  def __init__(self, name: str):
+    self.name = name
+    register(self.clear)
+
+  def _path(self, key: Optional[str]) -> Optional[str]:
+    root = directory()
+    if root is None or key is None:
+      return None
+    return os.path.join(root, self.name, key + ".json")
+
+  def get(self, key: Optional[str]) -> Any:
+    """The value kept under `key`; None if none (or unreadable)."""
+    path = self._path(key)
+    if path is None:
+      return None
+    try:
+      with open(path) as f:
+        return json.load(f)
+    except (OSError, ValueError):
+      return None
+
+  def put(self, key: Optional[str], value: Any) -> None:
+    """Keeps `value` (JSON) under `key`, if the directory can be written."""
+    path = self._path(key)
+    if path is None:
+      return
+    try:
+      text = json.dumps(value)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with tempfile.NamedTemporaryFile(
+          "w", dir=os.path.dirname(path), suffix=".tmp", delete=False) as f:
+        f.write(text)
+      os.replace(f.name, path)
+    except (OSError, TypeError, ValueError):  # Unwritable, or not JSON.
+      pass
+
+  def clear(self) -> None:
+    root = directory()
+    if root is not None:
+      shutil.rmtree(os.path.join(root, self.name), ignore_errors=True)
+
+
 def clear_caches() -> None:
-  """Empties every cache of haiku_bridge.
+  """Empties every cache of haiku_bridge, the files of `remat="auto"`'s plans too.
 
   Only ever needed to measure a cold start or to free memory: a cache never
-  changes a result.
+  changes a result. The plans' files are under `$HAIKU_BRIDGE_CACHE_DIR`
+  (default `~/.cache/haiku_bridge`; README, "Choosing remat").
 
   >>> hkb.clear_caches()
   """

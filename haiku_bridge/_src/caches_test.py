@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -30,6 +31,41 @@ class SwitchTest(absltest.TestCase):
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
                          capture_output=True, text=True).stdout
     self.assertEqual(out.strip(), "False")
+
+
+class OnDiskTest(absltest.TestCase):
+
+  @mock.patch.object(caches, "_enabled", True)  # The suite runs caches off too.
+  def test_where_files_go_and_what_clears_them(self):
+    root = self.create_tempdir().full_path
+    store = caches.OnDisk("on_disk_test")
+    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": root}):
+      self.assertEqual(caches.directory(), root)
+      store.put("k", {"a": [1, 2]})
+      self.assertEqual(os.listdir(os.path.join(root, "on_disk_test")),
+                       ["k.json"])
+      self.assertEqual(store.get("k"), {"a": [1, 2]})
+      self.assertIsNone(store.get("other"))
+      with caches.disabled():  # Off: nothing read, nothing written.
+        self.assertIsNone(store.get("k"))
+        store.put("j", 1)
+      self.assertIsNone(store.get("j"))
+      hkb.clear_caches()  # Deletes the files too.
+      self.assertIsNone(store.get("k"))
+      # A file that is not JSON is a miss, never an error.
+      os.makedirs(os.path.join(root, "on_disk_test"))
+      with open(os.path.join(root, "on_disk_test", "bad.json"), "w") as f:
+        f.write("{")
+      self.assertIsNone(store.get("bad"))
+    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": ""}):
+      self.assertIsNone(caches.directory())  # Set and empty: nowhere.
+      store.put("k", 1)
+      self.assertIsNone(store.get("k"))
+    home = self.create_tempdir().full_path
+    with mock.patch.dict(os.environ, {"XDG_CACHE_HOME": home}):
+      os.environ.pop("HAIKU_BRIDGE_CACHE_DIR", None)
+      self.assertEqual(caches.directory(),
+                       os.path.join(home, "haiku_bridge"))
 
 
 class ClearCachesTest(absltest.TestCase):

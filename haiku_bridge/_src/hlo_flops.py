@@ -267,3 +267,21 @@ def _convolution(attributes: str, lhs: tuple[int, ...],
           out[out_labels.index("f")] *
           (lhs[lhs_labels.index("b")] // group("batch_group_count")) *
           positions)
+
+
+def constant_bytes(text: str) -> int:
+  """Bytes of the array constants of the HLO `text` (e.g. a remat schedule's tables).
+
+  XLA's memory analysis counts a program's temporaries, not the constants
+  compiled into it (scalars, which live in the code, are left out).
+
+  >>> from haiku_bridge._src import hlo_flops
+  >>> table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
+  >>> f = jax.jit(lambda i: jnp.asarray(table)[i])
+  >>> hlo_flops.constant_bytes(f.lower(3).compile().as_text())
+  4000
+  """
+  return sum(array.bytes
+             for instructions in hlo_text.parse(text).computations.values()
+             for ins in instructions if ins.opcode == "constant"
+             for array in hlo_text.arrays(ins.shape) if array.dims)

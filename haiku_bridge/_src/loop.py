@@ -13,9 +13,10 @@ It owns what the backward pass keeps:
   one more forward pass.
 * `remat="auto"` with `memory_budget=`: one of those (with
   `remat_policy=`, `remat=True` under it too), the one that recomputes the
-  least FLOPs among those whose predicted training-step temporaries fit the
-  budget and that recompute at most `max_recompute` forward passes
-  (`remat_plan.py`), planned on the step's shapes when the loop is traced.
+  least FLOPs among those whose training-step bytes fit the budget
+  (predicted, then checked compiled) and that recompute at most
+  `max_recompute` forward passes (`remat_plan.py`), planned on the step's
+  shapes when the loop is traced.
 
 Values the step closes over (a time scan's shared weights) are constants
 of the loop: in every mode their gradient is one buffer, summed over the
@@ -78,8 +79,12 @@ class Loop:
       many (by default, at most N - 1: one more forward pass).
     unroll: passed to `jax.lax.scan`.
     slots: with "binomial", the slots to keep (instead of `groups`).
-    memory_budget: with `remat="auto"`, the bytes a training step's
-      temporaries of the loop may take.
+    memory_budget: with `remat="auto"`, the bytes the loop's part of a training
+      step may take, held by the compiled loop: its temporaries (what its
+      backward pass keeps, its outputs and their cotangents, the carry's
+      cotangent, its working memory) and the constants it compiles in (a
+      schedule's tables); not the params or their gradients, nor the rest
+      of the step (README, "Choosing remat").
     max_recompute: with `remat="auto"`, the most forward passes of the
       loop a plan may recompute.
   """

@@ -6,48 +6,65 @@ one carry per step (`remat=True`), what a `remat_policy` saves of each step
 (`"nested"`, `"binomial"`: `remat_schedule.py`), each trading recomputed
 FLOPs for memory. Which one fits depends on things a user cannot see: how
 the step's activations compare with its carry, the length, where the loss
-sits. `plan` predicts, for every candidate, the temporaries a training step
-of the loop needs and the FLOPs it recomputes, and chooses.
+sits. `plan` predicts, for every candidate, the bytes a training step of
+the loop needs and the FLOPs it recomputes, chooses, and checks the choice
+compiled.
 
-The model (README, "Choosing remat"): the loop's training-step
-temporaries (what its backward pass keeps, its outputs and their
-cotangents, its working memory; not the params, nor the rest of the step)
-grow linearly with the steps and with the slots a schedule keeps:
+What the budget counts (README, "Choosing remat"): the loop's part of a
+training step, compiled as `_measure` builds it (the gradient of a loss of
+the loop's outputs with respect to what it closes over and its per-step
+inputs, at the loop's own length T): XLA's temporaries (what the backward
+pass keeps, the outputs and their cotangents, the carry's cotangent, the
+working memory) and the constants compiled into the program (a schedule's
+tables). Not the params or their gradients, nor the rest of the step.
 
-    remat=False:            a₀ + b₀·T
-    remat=True:             a₁ + b₁·T
-    remat=True, policy p:   a₃ + b₃·T
-    binomial with s slots:  a₂ + b₂·T + c₂·s   (nested: s = its slots)
+The model, at the loop's own length T:
 
-The coefficients are measured, not guessed: XLA keeps, fuses and
-rematerialises a step's residuals its own way, so a₀, b₀, a₁, b₁, a₂ and
-b₂ come from compiling the gradient of the loop itself (a loss of its
-outputs, as a training step has) at two lengths, L and L/2 with
-L = min(T, 128): 6 compiles of a short loop, whatever T is (8 with a
-policy). c₂ is the carry's bytes: a schedule's slots are stacked carries.
+    remat=False, remat=True, remat=True under a policy:  compiled, exactly
+    binomial with s slots:  a + c·s + k   (nested: s = its slots)
+
+where k is its tables' constants (a row per action, about 2·T - s of
+them: `Schedule.table_bytes`; the larger of the two measured). a and c come from compiling the binomial
+schedule with one slot and with the most a candidate keeps (half the
+steps: `_most_slots`), so that the least plan's bytes are compiled and
+every other schedule's lie between two compiles, and a slot's cost is
+measured, never assumed (XLA:CPU keeps a bfloat16 carry's slots at
+twice its bytes). Four compiles (five with a policy), all at T, so that
+what XLA does only for long loops (or short ones: unrolling, double
+buffering) is in every figure; with XLA's cheaper code generation
+(`_compile_options`), which leaves buffers as they are.
+
+Predictions steer; the compiled program decides. The choice, unless it
+was one of the programs measured, is compiled too, and when it is over the
+budget the next candidate is chosen, the compiled bytes replacing that
+plan's prediction only (at most `_CHECKS` compiles; then the first compiled plan that
+fits, or an error).
 
 Recomputed FLOPs come from the same compiles, counted with every loop by
 its trip count (`hlo_flops.py`): r, one step's recomputation under
-`jax.checkpoint` (what its backward pass needs), is the FLOPs per step of
-`remat=True` less those of `remat=False` (the slopes between L/2 and L),
-and likewise under the policy; f, one advance of a schedule (a whole
-step's forward, for the carry), is the cheaper branch of the schedule's
-conditional in its compile. `remat=True` recomputes T·r, the policy its
-own part of each step, a schedule T·r and f for each step it advances to
-rebuild carries (`remat_schedule.binomial_cost`,
-`Schedule.recomputed_steps`); `False` none. The choice is the candidate
-with the least recomputed FLOPs whose temporaries fit (then the fewest
-recomputed steps, then the least memory), among those that recompute at
-most `max_recompute` forward passes of the loop (`MAX_RECOMPUTE`, 3, by
-default: see `choose`).
+`jax.checkpoint` (what its backward pass needs), is the FLOPs of
+`remat=True` less those of `remat=False`, over T, and likewise under the
+policy; f, one advance of a schedule (a whole step's forward, for the
+carry), is the cheaper branch of the schedule's conditional in its
+compile. `remat=True` recomputes T·r, the policy its own part of each
+step, a schedule T·r and f for each step it advances to rebuild carries
+(`remat_schedule.binomial_cost`, `Schedule.recomputed_steps`); `False`
+none. The choice is the candidate with the least recomputed FLOPs whose
+bytes fit (then the fewest recomputed steps, then the least memory), among
+those that recompute at most `max_recompute` forward passes of the loop
+(`MAX_RECOMPUTE`, 3, by default: see `choose`).
 
-The coefficients are cached on the step's jaxpr (its text: every shape,
-dtype and operation), the policy, L and the backend; the choice follows
-from them, the length and the budget, so it is the same for the same
-shapes, policy and budget.
+The measurements are cached in memory and on disk (`caches.OnDisk`, under
+`caches.directory()`; `hkb.clear_caches()` deletes them), keyed on the
+step's jaxpr (its text: every shape, dtype and operation), the policy, T,
+the backend and device, the jax, jaxlib and haiku_bridge versions, the
+measuring code, XLA's flags; the choice follows from them and the budget,
+so it is the same for the same shapes, policy and budget, in any process.
 The step is planned on the shapes the loop sees, compiled for one
 device: inside `jax.vmap` those are one example's (the prediction is per
-example), and a sharded step is planned unsharded.
+example), and a sharded step is planned unsharded. A loop with nothing to
+differentiate (no float reaches a float output) has one plan: the plain
+loop.
 
 What users see: `remat_plan` (public) returns the `RematPlan` of a JAX step,
 or of one of the bridge's loops (`plannable`) with its arguments, which it
@@ -59,8 +76,12 @@ INFO on the `haiku_bridge.remat` logger.
 import contextlib
 import contextvars
 import functools
+import hashlib
 import logging
 import math
+import os
+import re
+import sys
 from typing import Any, Callable, ContextManager, NamedTuple, Optional, TypeVar
 
 import haiku as hk
@@ -68,24 +89,18 @@ import jax
 from jax._src import config as jax_config  # pylint: disable=g-bad-import-order
 from jax.extend import core as jax_core
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import hlo_flops
+from haiku_bridge._src import hlo_text
 from haiku_bridge._src import modes
 from haiku_bridge._src import remat_schedule
 from haiku_bridge._src import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
-
-# The longest length the coefficients are measured at, and the slots a
-# schedule is measured with. XLA places a loop's small stacked buffers
-# differently from its large ones (measured: an LSTM step's per-step
-# temporaries are 1536 bytes up to 32 steps, 2048 from 64 on), so the
-# slope is measured where it holds for long loops.
-_LONGEST = 128
-_SLOTS = 2
 
 # The most forward passes of the loop a plan may recompute unless the caller
 # allows more (`max_recompute=`): remat=True's one and two more. A training
@@ -104,8 +119,9 @@ class RematCandidate(NamedTuple):
     remat: `False`, `True`, `"nested"` or `"binomial"`, as `remat=` takes it.
     slots: the carries a schedule keeps (None without one).
     groups: `remat_groups` of `"nested"` (None otherwise).
-    temporaries: predicted bytes of temporaries of a training step of the
-      loop (what the backward pass keeps, and its working memory).
+    temporaries: bytes of a training step of the loop that the budget
+      counts (XLA's temporaries and the constants compiled in): compiled
+      where the plan compiled it, else predicted.
     recomputed_steps: the steps whose forward the backward pass runs
       again (in whole or, under a policy, in part): T for `remat=True`, T
       and the advances that rebuild carries for a schedule.
@@ -217,15 +233,25 @@ def _mib(num_bytes: float) -> str:
   return _readable(num_bytes / 2**20)
 
 
+Key = tuple[Any, ...]  # A plan's identity: (remat, slots, groups, policy).
+
+
 class Coefficients(NamedTuple):
-  """The model's measured coefficients (see the module docstring)."""
-  plain: tuple[float, float]  # a₀, b₀ (bytes).
-  per_step: tuple[float, float]  # a₁, b₁.
-  scheduled: tuple[float, float, float]  # a₂, b₂, c₂.
+  """What the model predicts from, measured at the loop's own length (module docstring).
+
+  Bytes are a compiled program's temporaries plus the constants it holds.
+  """
+  length: int  # T, the steps every figure is measured at.
+  plain: int  # remat=False, compiled.
+  per_step: Optional[int]  # remat=True, compiled; None: nothing to differentiate.
+  scheduled: Optional[tuple[float, float]]  # A schedule with s slots: a + c·s temporaries.
+  constants: tuple[float, float]  # A schedule's tables: (k, 0), bytes.
   step_flops: float  # r: one step's recomputation under jax.checkpoint.
   advance_flops: float  # f: one advance of a schedule.
-  # With a policy: its name, a₃, b₃ and one step's recomputation under it.
-  policy: Optional[tuple[str, float, float, float]] = None
+  # With a policy: its name, its bytes and one step's recomputation under it.
+  policy: Optional[tuple[str, int, float]] = None
+  # The plans compiled at T, by `key`: their bytes, which override a prediction.
+  measured: tuple[tuple[Key, int], ...] = ()
 
 
 def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
@@ -287,7 +313,11 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
     *args: for a function `f`: `init` (the first carry) and `xs` (per-step
       inputs, each leaf with a leading axis of `length` steps); for a
       loop, its positional arguments.
-    memory_budget: bytes the loop's training-step temporaries may take.
+    memory_budget: the bytes the loop's part of a training step may take,
+      held by the compiled loop: its temporaries (what its backward pass
+      keeps, its outputs and their cotangents, the carry's cotangent, its
+      working memory) and the constants it compiles in (a schedule's
+      tables); not the params or their gradients, nor the rest of the step.
     remat_policy: a `jax.checkpoint_policies` policy: per-step remat under
       it is a candidate too (as `remat="auto", remat_policy=` weighs it).
     max_recompute: the most forward passes of the loop the backward pass
@@ -464,10 +494,33 @@ def check_max_recompute(max_recompute: Any) -> float:
 def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
          memory_budget: int, policy: Optional[Callable[..., bool]] = None,
          max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
-  """`remat_plan` of checked arguments (the loop's `remat="auto"`)."""
+  """`remat_plan` of checked arguments (the loop's `remat="auto"`).
+
+  The prediction steers, the compiled program decides: the choice is
+  compiled at `length` steps (the loop's gradient, as it is measured) and,
+  when its temporaries and constants are over the budget, the next
+  candidate is chosen, the compiled bytes replacing that plan's prediction.
+  """
   step, consts = _trace(f, init, xs, length)
-  return choose(coefficients(step, consts, length, policy), length,
-                memory_budget, max_recompute)
+  c = coefficients(step, consts, length, policy)
+  for _ in range(_CHECKS):
+    chosen = choose(c, length, memory_budget, max_recompute)
+    if key(chosen.choice) in dict(c.measured):
+      return chosen
+    c = _checked(c, step, consts, chosen.choice, policy)
+  # Still unchecked: the first that was compiled, fits and is affordable.
+  chosen = choose(c, length, memory_budget, max_recompute)
+  measured = dict(c.measured)
+  for k in chosen.candidates:
+    if (key(k) in measured and k.temporaries <= memory_budget and
+        k.recomputed_steps <= max_recompute * length):
+      return chosen._replace(choice=k)
+  raise _over_budget(length, memory_budget, min(measured.values()))
+
+
+def key(k: RematCandidate) -> Key:
+  """A candidate's plan, without its costs: (remat, slots, groups, policy)."""
+  return (k.remat, k.slots, k.groups, k.policy)
 
 
 def choose(c: Coefficients, length: int, memory_budget: int,
@@ -480,21 +533,27 @@ def choose(c: Coefficients, length: int, memory_budget: int,
   """
   candidates = _candidates(c, length)
   # Binomial with the most slots the budget holds: the fewest recomputed
-  # steps of any schedule that fits (each slot costs the same).
-  a, b, per_slot = c.scheduled
-  most = int((memory_budget - a - b * length) // max(per_slot, 1.0))
-  if 1 <= most < length and not any(
-      k.remat == "binomial" and k.slots == most for k in candidates):
-    candidates.append(_binomial(c, length, most))
+  # steps of any schedule that fits. Each slot costs the same, and the
+  # tables shrink as slots are added: from the most the slots alone
+  # allow, down to the first that fits with its tables.
+  if c.scheduled is not None:
+    a, per_slot = c.scheduled
+    k0, k1 = c.constants
+    most = min(_most_slots(length),
+               int((memory_budget - a - k0 - k1 * length) //
+                   max(per_slot, 1.0)))
+    for slots in range(most, max(0, most - _SLOT_SEARCH), -1):
+      fits = _binomial(c, length, slots)
+      if fits.temporaries <= memory_budget:
+        if fits not in candidates:
+          candidates.append(fits)
+        break
   candidates.sort(key=lambda k: (k.recomputed_flops, k.recomputed_steps,
                                  k.temporaries))
   fitting = [k for k in candidates if k.temporaries <= memory_budget]
   if not fitting:
-    least = min(k.temporaries for k in candidates)
-    raise ValueError(errors.message(
-        f"no remat plan for {length} steps fits memory_budget="
-        f"{memory_budget} bytes: the least any needs is {least} bytes "
-        "(predicted). Raise the budget, or shorten the scan."))
+    raise _over_budget(length, memory_budget,
+                       min(k.temporaries for k in candidates))
   affordable = [k for k in fitting
                 if k.recomputed_steps <= max_recompute * length]
   if not affordable:
@@ -526,42 +585,81 @@ def _raise_over_recompute(c: Coefficients, candidates: list[RematCandidate],
       "accept the recomputation."))
 
 
-def _scheduled(c: Coefficients, length: int, slots: int) -> int:
-  a, b, per_slot = c.scheduled
-  return int(round(a + b * length + per_slot * slots))
+# The counts of slots below the most the slots alone allow that `choose`
+# tries, at most.
+_SLOT_SEARCH = 64
 
 
-def _recomputing(c: Coefficients, remat, slots, groups, temporaries,
-                 length: int, advances: int) -> RematCandidate:
+def _most_slots(length: int) -> int:
+  """The most slots a schedule keeps among the candidates: half the steps.
+
+  Past that a schedule saves little against `remat=True`, and XLA's
+  temporaries stop growing by a slot's bytes (a 32-block Conv1D stack at 31
+  slots compiles to 1.7× the line through fewer), so no line through
+  fewer predicts it.
+  """
+  return max(1, length // 2)
+
+
+def _over_budget(length: int, memory_budget: int, least: int) -> ValueError:
+  return ValueError(errors.message(
+      f"no remat plan for {length} steps fits memory_budget="
+      f"{memory_budget} bytes: the least any needs is {least} bytes "
+      "(predicted). Raise the budget, or shorten the scan."))
+
+
+def _bytes(c: Coefficients, plan: Key, predicted: float) -> int:
+  """A plan's bytes: compiled where it was, else predicted."""
+  return dict(c.measured).get(plan, int(round(predicted)))
+
+
+def _scheduled(c: Coefficients, length: int, slots: int, plan: Key,
+               recomputed_steps: int) -> int:
+  """A schedule's bytes: its slots' temporaries, and its tables' constants."""
+  assert c.scheduled is not None, "a loop with schedules measured them"
+  a, per_slot = c.scheduled
+  k0, k1 = c.constants
+  return _bytes(c, plan, a + per_slot * slots + k0 + k1 * recomputed_steps)
+
+
+def _recomputing(c: Coefficients, remat, slots, groups, length: int,
+                 advances: int, temporaries: Optional[int] = None
+                 ) -> RematCandidate:
   """A candidate that recomputes each step where it backpropagates it, and advances."""
+  if temporaries is None:
+    temporaries = _scheduled(c, length, slots, (remat, slots, groups, None),
+                             length + advances)
   return RematCandidate(remat, slots, groups, temporaries, length + advances,
-                        int(round(length * c.step_flops +
-                                  advances * c.advance_flops)))
+                   int(round(length * c.step_flops +
+                             advances * c.advance_flops)))
 
 
 def _binomial(c: Coefficients, length: int, slots: int) -> RematCandidate:
   # Each step is run again once where it is backpropagated (as
   # jax.checkpoint does), besides the schedule's advances.
-  return _recomputing(c, "binomial", slots, None,
-                      _scheduled(c, length, slots), length,
+  return _recomputing(c, "binomial", slots, None, length,
                       remat_schedule.binomial_cost(length, slots))
 
 
 def _candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   """No remat, remat=True, a few groupings of "nested", binomial by slots."""
-  def linear(ab):
-    return int(round(ab[0] + ab[1] * length))
-
-  out = [RematCandidate(False, None, None, linear(c.plain), 0, 0),
-         _recomputing(c, True, None, None, linear(c.per_step), length, 0)]
+  out = [RematCandidate(False, None, None, _bytes(c, (False, None, None, None),
+                                             c.plain), 0, 0)]
+  if c.per_step is None:  # Nothing to differentiate: nothing to keep.
+    return out
+  out.append(_recomputing(c, True, None, None, length, 0,
+                          _bytes(c, (True, None, None, None), c.per_step)))
   if c.policy is not None:
-    name, a, b, flops = c.policy
-    out.append(RematCandidate(True, None, None, linear((a, b)), length,
-                              int(round(length * flops)), name))
+    name, temporaries, flops = c.policy
+    out.append(RematCandidate(True, None, None,
+                         _bytes(c, (True, None, None, name), temporaries),
+                         length, int(round(length * flops)), name))
+  if c.scheduled is None:  # One step: no schedule keeps fewer carries.
+    return out
   # Every count of slots up to 16, then about 20% apart: the budget's own
   # count is added by `choose`.
   slots = 1
-  while slots < length:
+  while slots <= _most_slots(length):
     out.append(_binomial(c, length, slots))
     slots = slots + 1 if slots < 16 else int(slots * 1.2)
   # A few groupings of "nested", for the record: binomial recomputes no
@@ -569,9 +667,8 @@ def _candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   for groups in sorted({2, max(1, math.isqrt(length)), length // 4} - {0, 1}):
     if groups < length:
       nested = remat_schedule.nested(length, groups)
-      out.append(_recomputing(c, "nested", nested.num_slots, groups,
-                              _scheduled(c, length, nested.num_slots),
-                              length, nested.recomputed_steps))
+      out.append(_recomputing(c, "nested", nested.num_slots, groups, length,
+                              nested.recomputed_steps))
   return out
 
 
@@ -597,7 +694,7 @@ def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
     return jax.ShapeDtypeStruct(a.shape, a.dtype)
 
   carry_avals = tuple(struct(c) for c in carry)
-  x_avals = tuple(jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x))
+  x_avals = tuple(jax.ShapeDtypeStruct(np.shape(x)[1:], jax.typeof(x).dtype)
                   for x in x_leaves)
   with _varying_types_unchecked():
     closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
@@ -630,57 +727,125 @@ def _consts_as_inputs(jaxpr):
 
 
 _COEFFICIENTS = caches.Cache("remat_plan.coefficients")
-
-
-class _Fit(NamedTuple):
-  """One way to run the loop, measured: temporaries `a + b·T` (bytes), FLOPs per step."""
-  temporaries: tuple[float, float]
-  flops_per_step: float  # b of the FLOPs.
-  advance_flops: Optional[int]  # A schedule's: one advance.
+# Across processes: the coefficients and the plans compiled, as JSON, under
+# caches.directory() (`hkb.clear_caches()` deletes them).
+_ON_DISK = caches.OnDisk("remat_plans")
+# The bytes of a plan compiled to check a choice, by the coefficients' key and
+# the plan's.
+_COMPILED = caches.Cache("remat_plan.compiled")
+# Bumped when what a file holds changes meaning.
+_FORMAT = 2
 
 
 def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
                  policy: Optional[Callable[..., bool]] = None
                  ) -> Coefficients:
-  """The model's coefficients for `step`, measured by 6 short compiles (8 with a policy)."""
-  long = min(length, _LONGEST)
-  short = max(1, long // 2)
-  key = (str(step.jaxpr), consts, step.carry, step.x, policy, long,
-         jax.default_backend())
-  found = _COEFFICIENTS.get(key)
+  """The model's coefficients for `step` over `length` steps, measured by 4 compiles (5 with a policy).
+
+  Each compiles the loop's gradient at `length` steps, with XLA's cheaper
+  code generation (`_COMPILE_OPTIONS`): remat=False, remat=True, and the
+  binomial schedule with one slot and with `_most_slots`. Cached in this process and
+  on disk, keyed on everything the figures depend on.
+  """
+  memo = _memo_key(step, consts, length, policy)
+  found = _COEFFICIENTS.get(memo)
   if found is not None:
     return found
+  disk = _disk_key(step, consts, length, policy)
+  found = _from_json(_ON_DISK.get(disk))
+  if found is None:
+    found = _coefficients(step, consts, length, policy)
+    _ON_DISK.put(disk, _to_json(found))
+  _COEFFICIENTS.put(memo, found)
+  return found
 
-  def fit(remat, policy=None) -> _Fit:
-    low = _measure(step, consts, short, remat, policy)
-    if long == short:
-      # One length: the FLOPs per step are the whole loop's, over its steps.
-      return _Fit((float(low.temporaries), 0.0), low.flops / short,
-                  low.advance_flops)
-    high = _measure(step, consts, long, remat, policy)
-    b = (high.temporaries - low.temporaries) / (long - short)
-    return _Fit((low.temporaries - b * short, b),
-                (high.flops - low.flops) / (long - short), high.advance_flops)
 
-  def recomputed(k: _Fit) -> float:
+def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
+  if not _differentiable(step):
+    # Nothing reaches a float output from a float input: no backward pass
+    # keeps anything, and every plan is the plain loop.
+    plain = _measure(step, consts, length, None)
+    return Coefficients(length, plain.bytes, None, None, (0.0, 0.0), 0.0,
+                        0.0, None, (((False, None, None, None),
+                                     plain.bytes),))
+  # The fewest and the most slots a plan keeps (`_most_slots`), each a
+  # schedule of O(T) actions: a slot's bytes and the tables' are measured,
+  # never assumed (XLA may widen a bfloat16 carry, or keep a copy), and every
+  # schedule's prediction lies between two compiles, the least exact.
+  slot_counts = sorted({1, _most_slots(length)}) if length > 1 else []
+  schedules = [remat_schedule.binomial(length, s) for s in slot_counts]
+  plain, per_step, *rest = [
+      _measure(step, consts, length, remat, p)
+      for remat, p in [(None, None), (True, None)] +
+      ([] if policy is None else [(True, policy)]) +
+      [(s, None) for s in schedules]]
+
+  def recomputed(k: _Measured) -> float:
     # XLA may find nothing to recompute; never a gain.
-    return max(0.0, k.flops_per_step - plain.flops_per_step)
+    return max(0.0, (k.flops - plain.flops) / length)
 
-  carry_bytes = sum(math.prod(c.shape) * np.dtype(c.dtype).itemsize
-                    for c in step.carry)
-  plain, per_step = fit(None), fit(True)
-  (a, b), _, advance = fit(_SLOTS)
-  slots = min(_SLOTS, short)
+  r = recomputed(per_step)
+  measured: list[tuple[Key, int]] = [
+      ((False, None, None, None), plain.bytes),
+      ((True, None, None, None), per_step.bytes)]
   with_policy = None
   if policy is not None:
-    k = fit(True, policy)
-    with_policy = (policy_name(policy), *k.temporaries, recomputed(k))
-  r = recomputed(per_step)
-  found = Coefficients(plain.temporaries, per_step.temporaries,
-                       (a - carry_bytes * slots, b, float(carry_bytes)), r,
-                       r if advance is None else float(advance), with_policy)
-  _COEFFICIENTS.put(key, found)
-  return found
+    k = rest.pop(0)
+    with_policy = (policy_name(policy), k.bytes, recomputed(k))
+    measured.append(((True, None, None, with_policy[0]), k.bytes))
+  scheduled, constants, advance = None, (0.0, 0.0), r
+  if schedules:
+    points = []
+    for slots, schedule, k in zip(slot_counts, schedules, rest):
+      points.append((slots, k))
+      measured.append((("binomial", slots, None, None), k.bytes))
+      if k.advance_flops is not None:
+        advance = float(k.advance_flops)
+    (s1, k1), (s2, k2) = points[0], points[-1]
+    per_slot = ((k2.temporaries - k1.temporaries) / (s2 - s1) if s2 != s1
+                else float(_nbytes(step.carry)))
+    scheduled = (k1.temporaries - per_slot * s1, per_slot)
+    # A schedule's tables: a row per action, about 2·T - s of them
+    # (`Schedule.table_bytes`), where XLA may fold a column: the larger
+    # of the two measured.
+    constants = (float(max(k1.constants, k2.constants)), 0.0)
+  return Coefficients(length, plain.bytes, per_step.bytes, scheduled,
+                      constants, r, advance, with_policy, tuple(measured))
+
+
+
+
+# Plans compiled to check a choice, at most: then the last choice stands.
+_CHECKS = 4
+
+
+def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
+             policy) -> Coefficients:
+  """`c` with `choice` compiled: its bytes replace its prediction, no other's.
+
+  For this budget's choice only: what one budget's checks found never
+  changes another budget's plan (the compiled bytes are kept, in memory
+  and on disk, as a measurement is).
+  """
+  memo = (_memo_key(step, consts, c.length, policy), key(choice))
+  disk = _disk_key(step, consts, c.length, policy)
+  disk = None if disk is None else hashlib.sha256(
+      repr((disk, key(choice))).encode()).hexdigest()
+  got = _COMPILED.get(memo)
+  if got is None:
+    got = (_ON_DISK.get(disk) or {}).get("bytes")
+  if got is None:
+    schedule: Any = True  # remat=True: measured with the coefficients.
+    if choice.remat == "binomial":
+      assert choice.slots is not None, "a binomial candidate has slots"
+      schedule = remat_schedule.binomial(c.length, choice.slots)
+    elif choice.remat == "nested":
+      schedule = remat_schedule.nested(c.length, choice.groups)
+    got = _measure(step, consts, c.length, schedule,
+                   policy if choice.policy is not None else None).bytes
+    _ON_DISK.put(disk, {"bytes": got})
+  _COMPILED.put(memo, got)
+  return c._replace(measured=c.measured + ((key(choice), got),))
 
 
 def policy_name(policy: Callable[..., bool]) -> str:
@@ -693,21 +858,125 @@ def policy_name(policy: Callable[..., bool]) -> str:
   return getattr(policy, "__name__", None) or repr(policy)
 
 
+def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
+  return (str(step.jaxpr), consts, step.carry, step.x, policy, length,
+          jax.default_backend())
+
+
+# What the figures depend on besides the step: the code that measures them.
+_MEASURING_CODE = (remat_schedule, scheduled_scan, hlo_flops, hlo_text)
+
+
+def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
+  """The coefficients' key across processes; None where a policy has no stable name.
+
+  Everything the figures depend on: the step's jaxpr (every shape, dtype
+  and operation; function addresses left out), what it takes, the policy,
+  the length, the backend and device, the jax, jaxlib and haiku_bridge
+  versions and the measuring code, XLA's flags, the compile options.
+  """
+  name = _stable_name(policy)
+  if name is None:
+    return None
+  device = jax.devices()[0]
+  jaxpr = re.sub(r" at 0x[0-9a-f]+", "", str(step.jaxpr))
+  text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
+               [(c.shape, str(c.dtype)) for c in step.carry + step.x],
+               name, length, jax.default_backend(), device.device_kind,
+               getattr(device.client, "platform_version", ""),
+               jax.__version__, jaxlib.__version__, _version(),
+               _code_digest(), os.environ.get("XLA_FLAGS", ""),
+               sorted(_compile_options().items()),
+               str(jax.dtypes.canonicalize_dtype(np.int64))))  # x64 or not.
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+@caches.memoize(maxsize=1)
+def _code_digest() -> str:
+  code = hashlib.sha256()
+  for module in _MEASURING_CODE + (sys.modules[__name__],):
+    with open(str(module.__file__), "rb") as f:
+      code.update(f.read())
+  return code.hexdigest()
+
+
+def _stable_name(policy) -> Optional[str]:
+  """A policy's name that means the same in every process; None if it has none.
+
+  jax's named policies, and policy objects whose repr shows their fields
+  (`DotsSaveable(only_if_no_batch_dims=False)`); not a closure
+  (`save_only_these_names`'s) or a function of the user's, whose name
+  does not say what it does.
+  """
+  if policy is None:
+    return ""
+  name = getattr(policy, "__name__", None)
+  if name is not None:
+    return name if getattr(jax.checkpoint_policies, name,
+                           None) is policy else None
+  text = repr(policy)
+  if type(policy).__repr__ is object.__repr__ or " at 0x" in text:
+    return None
+  return text
+
+
+def _version() -> str:
+  # The package's version, without importing the package from inside it.
+  return getattr(sys.modules.get("haiku_bridge"), "__version__", "")
+
+
+def _to_json(c: Coefficients) -> dict[str, Any]:
+  return {"format": _FORMAT, **c._asdict(),
+          "measured": [[list(k), v] for k, v in c.measured]}
+
+
+def _from_json(value: Optional[dict[str, Any]]) -> Optional[Coefficients]:
+  """The coefficients a file held; None if it holds anything else."""
+  if not value or value.get("format") != _FORMAT:
+    return None
+  try:
+    value = {k: v for k, v in value.items() if k != "format"}
+    tuples = ("scheduled", "constants", "policy")
+    return Coefficients(**{
+        **value, **{k: None if value[k] is None else tuple(value[k])
+                    for k in tuples},
+        "measured": tuple((tuple(k), int(v)) for k, v in value["measured"])})
+  except (KeyError, TypeError, ValueError):
+    return None
+
+
+def _compile_options() -> dict[str, Any]:
+  """XLA options for the measuring compiles: cheaper code, the same buffers.
+
+  On CPU, LLVM without optimisation and XLA's older fusion emitters:
+  compiles about 10× faster, and neither changes the buffer assignment
+  that the memory analysis reads (remat_plan_test checks the figures
+  against a compile with XLA's defaults). Elsewhere, the defaults.
+  """
+  if jax.default_backend() == "cpu":
+    return {"xla_backend_optimization_level": 0,
+            "xla_cpu_use_fusion_emitters": False}
+  return {}
+
+
 class _Measured(NamedTuple):
+  bytes: int  # temporaries + constants.
   temporaries: int
+  constants: int  # Bytes of the program's array constants (a schedule's tables).
   flops: int
   advance_flops: Optional[int]  # With a schedule.
 
 
 def _measure(step: _Traced, consts, length: int, remat,
              policy=None) -> _Measured:
-  """Compiled temporaries and FLOPs of the VJP of `length` steps, run as `remat` says.
+  """Compiled bytes and FLOPs of the VJP of `length` steps, run as `remat` says.
 
   `remat`: None (plain scan), True (checkpointed step, under `policy`), or
-  a number of binomial slots. The FLOPs count every loop by its trip
+  a `remat_schedule.Schedule`. The FLOPs count every loop by its trip
   count (only `remat=True`'s and `None`'s are used); a schedule's
   conditional, which its backward sweep runs once per action (more often
-  than any in the step), gives an advance's FLOPs: its cheaper branch.
+  than any in the step), gives an advance's FLOPs: its cheaper branch. A
+  loop with nothing to differentiate is compiled forward only.
   """
   def body(consts, carry, x):
     out = jax_core.jaxpr_as_fun(step.jaxpr)(*consts, *carry, *x)
@@ -720,9 +989,7 @@ def _measure(step: _Traced, consts, length: int, remat,
     if remat is True:
       return jax.lax.scan(jax.checkpoint(f, policy=policy), carry, xs,
                           length=length)
-    return scheduled_scan.scan(
-        f, carry, xs, length=length,
-        schedule=remat_schedule.binomial(length, min(remat, length)))
+    return scheduled_scan.scan(f, carry, xs, length=length, schedule=remat)
 
   def train(consts, carry, xs):
     # A loss of the outputs, as a training step has one: the ys are made
@@ -732,23 +999,44 @@ def _measure(step: _Traced, consts, length: int, remat,
       out = _on_floats(run, (consts, carry, xs))(*floats)
       return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
     floats = _floats((consts, carry, xs))
-    return jax.grad(loss, argnums=tuple(range(len(floats))))(*floats)
+    grads = jax.grad(loss, argnums=tuple(range(len(floats))))(*floats)
+    # The gradients of the weights (consts, xs) are the step's outputs, as
+    # a training step returns them; the carry's feeds what came before the
+    # loop (or nothing), so it is a temporary, as there.
+    in_carry = [_is_float(c) for c in jax.tree.leaves(carry)]
+    first = len(_floats(consts))
+    end = first + sum(in_carry)
+    return (grads[:first] + grads[end:],
+            sum(jnp.sum(g.astype(jnp.float32)) for g in grads[first:end]))
 
   stacked = [jax.ShapeDtypeStruct((length,) + x.shape, x.dtype)
              for x in step.x]
-  compiled = jax.jit(train).lower(list(consts), list(step.carry),
-                                  stacked).compile()
+  compiled = jax.jit(train if _differentiable(step) else run).lower(
+      list(consts), list(step.carry), stacked).compile(_compile_options())
   analysis, text = compiled.memory_analysis(), compiled.as_text()
   if analysis is None or text is None:
     raise ValueError(errors.message(
         f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
         f"which the {jax.default_backend()} backend does not give."))
   count = hlo_flops.count(text)
+  constants = hlo_flops.constant_bytes(text)
   schedule = max(count.conditionals, key=lambda c: c.executions,
                  default=None)
-  return _Measured(analysis.temp_size_in_bytes, count.flops,
+  return _Measured(analysis.temp_size_in_bytes + constants,
+                   analysis.temp_size_in_bytes, constants, count.flops,
                    None if remat in (None, True) or schedule is None
                    else min(schedule.branches))
+
+
+def _differentiable(step: _Traced) -> bool:
+  """Whether a float output may depend on a float input: a gradient to take."""
+  return (any(_is_float(a) for a in step.jaxpr.in_avals) and
+          any(_is_float(a) for a in step.jaxpr.out_avals))
+
+
+def _nbytes(avals) -> int:
+  """Bytes of arrays of these avals (a PRNG key's are its key data's)."""
+  return sum(math.prod(a.shape) * a.dtype.itemsize for a in avals)
 
 
 def _is_float(a) -> bool:

@@ -2,6 +2,7 @@
 
 import functools
 import math
+import os
 from unittest import mock
 
 from absl.testing import absltest
@@ -13,15 +14,18 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
+from haiku_bridge._src import hlo_flops
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import remat_plan
+from haiku_bridge._src import remat_schedule
 from testing import remat_models
 from testing import test_utils
 
 KEY = jax.random.PRNGKey(0)
 # Small widths: the grid compiles a few dozen training steps.
 MODELS = remat_models.models(lstm_lengths=(256, 1024, 4096),
-                             mlp_depths=(16, 64), transformer_depths=(16, 64))
+                             mlp_depths=(16, 64), transformer_depths=(16, 64),
+                             conv_depths=(32,))
 
 
 def cost(model, params, x, length, **remat) -> remat_models.StepCost:
@@ -63,7 +67,7 @@ class PredictionTest(parameterized.TestCase):
     by_kind = {(c.remat, c.groups): c for c in plan.candidates}
     for remat in (False, True):
       predicted = by_kind[remat, None].temporaries
-      got = compiled[remat, None].temporaries
+      got = compiled[remat, None].bytes
       self.assertLess(abs(predicted / got - 1), 0.10, (remat, predicted, got))
     # Per-step remat's recomputation: its FLOPs less no remat's, compiled.
     recomputed_flops = compiled[True, None].flops - compiled[False, None].flops
@@ -74,7 +78,7 @@ class PredictionTest(parameterized.TestCase):
     # "tight" is below every manual plan (their least keeps ≈√T carries);
     # "least_manual" is the least budget a manual plan fits (compiled), so
     # that the comparison with the manual plans below runs near the least.
-    least_manual = min(c.temporaries for c in compiled.values())
+    least_manual = min(c.bytes for c in compiled.values())
     budgets = {"loose": by_kind[False, None].temporaries * 1.01,
                "middle": (by_kind[True, None].temporaries + smallest) / 2,
                "tight": smallest * 1.01,
@@ -87,13 +91,13 @@ class PredictionTest(parameterized.TestCase):
                    memory_budget=budget, max_recompute=math.inf)
       choice = made[-1].choice
       # Predicted against compiled, for the plan chosen; then the budget.
-      self.assertLess(abs(choice.temporaries / got.temporaries - 1), 0.10,
+      self.assertLess(abs(choice.temporaries / got.bytes - 1), 0.10,
                       (name, choice, got))
-      self.assertLessEqual(got.temporaries, budget * 1.05, (name, choice))
+      self.assertLessEqual(got.bytes, budget * 1.05, (name, choice))
       # No manual plan that fits (compiled) recomputes less, nor runs
       # fewer FLOPs (compiled, every loop by its trip count).
       fitting = {kind: c for kind, c in compiled.items()
-                 if c.temporaries <= budget}
+                 if c.bytes <= budget}
       if name != "tight":
         # The comparison runs: a manual plan fits (at "least_manual", one).
         self.assertTrue(fitting, (name, budget, compiled))
@@ -111,7 +115,7 @@ class PredictionTest(parameterized.TestCase):
         self.assertIn(choice.remat, ("binomial", "nested"))
 
 
-def unroll(scan, length=16):
+def unroll(scan, length=64):
   """An LSTM through `scan` (a dynamic_unroll), its loss of every output."""
   def f(xs):
     core = hk.LSTM(8)
@@ -123,7 +127,7 @@ def unroll(scan, length=16):
 def stack(run):
   def f(x):
     return jnp.sum(run(lambda h: jnp.tanh(hk.Linear(8)(h)), x) ** 2)
-  return hk.transform(f), jax.random.normal(KEY, [2, 8])
+  return hk.transform(f), jax.random.normal(KEY, [64, 8])
 
 
 def value_and_grads(net, x):
@@ -131,20 +135,45 @@ def value_and_grads(net, x):
   return jax.value_and_grad(lambda p: net.apply(p, None, x))(params)
 
 
-def _deterministic_plan() -> remat_plan.Plan:
+def _step(h, x):
+  h = jnp.tanh(h @ jnp.eye(16) + x)
+  return h, jnp.sum(h ** 2)
+
+
+def _deterministic_plan() -> remat_plan.RematPlan:
   """A plan made from nothing cached, with a policy: measured, then chosen."""
-  def step(h, x):
-    h = jnp.tanh(h @ jnp.eye(16) + x)
-    return h, jnp.sum(h ** 2)
   with caches.disabled():
-    return hkb.remat_plan(step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
+    return hkb.remat_plan(_step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
                           memory_budget=100_000,
                           remat_policy=jax.checkpoint_policies.dots_saveable)
 
 
-def _print_plan() -> None:
-  """In a fresh process: the plan, as `repr` writes it."""
-  print(repr(_deterministic_plan()))
+def _plans_made_here() -> list[remat_plan.RematPlan]:
+  """The plans of a pure step (with a policy) and of a Haiku stack (with an identity getter)."""
+  def getter(next_getter, value, context):
+    del context
+    return next_getter(value)
+
+  def with_getter(f, x):
+    with hk.custom_getter(getter):
+      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=15_000,
+                              max_recompute=math.inf)
+
+  pure = hkb.remat_plan(_step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
+                        memory_budget=100_000,
+                        remat_policy=jax.checkpoint_policies.dots_saveable)
+  with remat_models.plans_made() as made:
+    value_and_grads(*stack(with_getter))
+  return [pure] + made
+
+
+def _print_plans() -> None:
+  """In a fresh process: the compiles made, then the plans, as `repr` writes them."""
+  with mock.patch.object(remat_plan, "_measure",
+                         wraps=remat_plan._measure) as measure:
+    plans = _plans_made_here()
+  print(measure.call_count)
+  print(repr(plans))
 
 
 class AutoTest(parameterized.TestCase):
@@ -214,57 +243,81 @@ class AutoTest(parameterized.TestCase):
       self.assert_equal_values(params, theirs[0].init(KEY, theirs[1]))
 
   def test_plan_is_deterministic_and_measured_once_per_step_shape(self):
-    def step(h, x):
-      h = jnp.tanh(h @ jnp.eye(16) + x)
-      return h, jnp.sum(h ** 2)
-
+    caches.clear_caches()
     h = jnp.zeros([4, 16])
     with mock.patch.object(remat_plan, "_measure",
                            wraps=remat_plan._measure) as measure:
-      first = hkb.remat_plan(step, h, jnp.ones([256, 4, 16]),
+      first = hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                              memory_budget=100_000)
+      # remat=False, remat=True, two binomial schedules; then the choice,
+      # compiled unless it is one of those.
+      self.assertIn(measure.call_count, range(4, 4 + remat_plan._CHECKS + 1))
       compiles = measure.call_count
-      self.assertEqual(compiles, 6)
-      # Another budget, or another length of 128 steps or more: the same
-      # measurements (when caches are on).
-      again = hkb.remat_plan(step, h, jnp.ones([256, 4, 16]),
+      # The same budget: nothing compiled (when caches are on).
+      again = hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                              memory_budget=100_000)
-      hkb.remat_plan(step, h, jnp.ones([512, 4, 16]), memory_budget=1 << 30)
       self.assertEqual(measure.call_count,
-                       compiles if caches.enabled() else 3 * compiles)
+                       compiles if caches.enabled() else 2 * compiles)
       self.assertEqual(again, first)
-      # Another shape is measured.
-      hkb.remat_plan(step, jnp.zeros([8, 16]), jnp.ones([256, 8, 16]),
+      # Another length or shape is measured.
+      before = measure.call_count
+      hkb.remat_plan(_step, h, jnp.ones([512, 4, 16]), memory_budget=1 << 30)
+      hkb.remat_plan(_step, jnp.zeros([8, 16]), jnp.ones([256, 8, 16]),
                      memory_budget=1 << 30)
-      self.assertEqual(measure.call_count,
-                       (2 if caches.enabled() else 4) * compiles)
+      self.assertEqual(measure.call_count, before + 8)
       with caches.disabled():
-        self.assertEqual(hkb.remat_plan(step, h, jnp.ones([256, 4, 16]),
+        self.assertEqual(hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                                         memory_budget=100_000), first)
-      # A policy is measured too (2 more compiles), never taken from the
-      # plan without it.
+      # A policy is measured too (1 more compile, then the checks of its
+      # choice), never taken from the plan without it.
+      caches.clear_caches()
       before = measure.call_count
       policy = jax.checkpoint_policies.dots_saveable
-      with_policy = hkb.remat_plan(step, h, jnp.ones([256, 4, 16]),
+      with_policy = hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                                    memory_budget=100_000, remat_policy=policy)
-      self.assertEqual(measure.call_count, before + compiles + 2)
+      self.assertIn(measure.call_count - before,
+                    range(5, 5 + remat_plan._CHECKS + 1))  # And its checks.
       self.assertEqual([c.policy for c in with_policy.candidates
                         if c.policy is not None],
                        [remat_plan.policy_name(policy)])
-      self.assertEqual(set(first.candidates),
-                       {c for c in with_policy.candidates if c.policy is None})
+      # The same measurements of the plans without it (a schedule's figures
+      # move with each plan's own checks).
+      self.assertEqual(
+          {c for c in first.candidates if c.slots is None},
+          {c for c in with_policy.candidates
+           if c.policy is None and c.slots is None})
     for plan in (first, with_policy):
       self.assertEqual(
           [c.recomputed_flops for c in plan.candidates],
           sorted(c.recomputed_flops for c in plan.candidates))
     self.assertLessEqual(first.choice.temporaries, 100_000)
 
-  def test_plan_in_a_fresh_process_is_this_ones(self):
-    # The restore-a-checkpoint path: nothing cached, the same plan.
-    here = repr(_deterministic_plan())
-    child = test_utils.run_in_fresh_process(__file__, "_print_plan")
-    self.assertEqual(child.returncode, 0, child.stderr[-3000:])
-    self.assertEqual(child.stdout.strip().splitlines()[-1], here)
+  def test_plans_persist_across_processes(self):
+    # Cold: a fresh process, its cache directory empty, measures; warm: the
+    # next one compiles nothing for its plans; both make this process's
+    # plans with nothing cached, an identity custom getter included.
+    with caches.disabled():
+      here = repr(_plans_made_here())
+    directory = self.create_tempdir().full_path
+    env = {"HAIKU_BRIDGE_CACHE_DIR": directory, "HAIKU_BRIDGE_CACHES": "1"}
+    runs = []
+    for _ in range(2):
+      child = test_utils.run_in_fresh_process(__file__, "_print_plans",
+                                              env=env)
+      self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+      runs.append(child.stdout.strip().splitlines()[-2:])
+    (cold_compiles, cold), (warm_compiles, warm) = runs
+    self.assertGreaterEqual(int(cold_compiles), 2 * 4 + 1)
+    self.assertEqual(int(warm_compiles), 0)
+    self.assertEqual(cold, here)
+    self.assertEqual(warm, here)
+    # Where they are, and what clears them.
+    self.assertNotEqual(os.listdir(os.path.join(directory, "remat_plans")),
+                        [])
+    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}), \
+        mock.patch.object(caches, "_enabled", True):
+      hkb.clear_caches()
+    self.assertFalse(os.path.exists(os.path.join(directory, "remat_plans")))
 
   def test_identity_custom_getter_changes_nothing(self):
     def getter(next_getter, value, context):
@@ -368,6 +421,226 @@ class AutoTest(parameterized.TestCase):
       net.init(KEY, jnp.ones([2, 8]))
 
 
+def compiled_bytes(f, *args) -> int:
+  """What `memory_budget` counts of `jax.jit(f)(*args)`: its temporaries and constants, compiled."""
+  compiled = jax.jit(f).lower(*args).compile()
+  return (compiled.memory_analysis().temp_size_in_bytes +
+          hlo_flops.constant_bytes(compiled.as_text()))
+
+
+def scan_loss(step, init, remat, **options):
+  """A training loss of `hkb.scan(step, init, xs)`: every float output, squared."""
+  def loss(xs):
+    carry, ys = hkb.scan(step, init, xs, remat=remat, **options)
+    return sum(jnp.sum(jnp.square(leaf.astype(jnp.float32)))
+               for leaf in jax.tree.leaves((carry, ys))
+               if jnp.issubdtype(leaf.dtype, jnp.floating))
+  return loss
+
+
+# What the tests allow a whole training step's compiled bytes over the
+# budget (README, "Choosing remat": the loop's own gradient is held to it).
+STEP_TOLERANCE = 0.02
+
+
+class BudgetTest(parameterized.TestCase):
+  """The budget held by the compiled program, on carries of every kind."""
+
+  @parameterized.parameters("conv_depth_32", "mlp_depth_64")
+  def test_the_whole_step_compiles_within_the_budget(self, name):
+    model = MODELS[name]
+    net, x = model()
+    params = net.init(KEY, x)
+    depth = int(jax.tree.leaves(params)[0].shape[0])
+    with remat_models.plans_made() as made:
+      cost(model, params, x, depth, remat="auto", memory_budget=1 << 40)
+    least = min(c.temporaries for c in made[-1].candidates)
+    for budget in (int(least * 1.01), int(least * 1.1)):
+      got = cost(model, params, x, depth, remat="auto", memory_budget=budget,
+                 max_recompute=math.inf)
+      self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE),
+                           (name, budget, got))
+
+  def test_a_schedule_between_the_slots_measured_predicted_within_10pct(self):
+    # Near as many slots as steps XLA's temporaries stop growing by a
+    # slot's bytes (this stack at 31 of 32 slots: about 1.7× the line
+    # through fewer): a line through that point predicts every schedule
+    # far over what it compiles to, and the plan wastes the budget.
+    model = MODELS["conv_depth_32"]
+    net, x = model()
+    params = net.init(KEY, x)
+    with remat_models.plans_made() as made:
+      cost(model, params, x, 32, remat="auto", memory_budget=1 << 40)
+    by_slots = {k.slots: k.temporaries for k in made[-1].candidates
+                if k.remat == "binomial"}
+    for slots in (4, 12):
+      # remat="binomial" with `slots` slots, compiled in the real loop.
+      with mock.patch.object(
+          loop_lib, "schedule",
+          lambda *_, s=slots, **__: remat_schedule.binomial(32, s)):
+        got = cost(model, params, x, 32, remat="binomial")
+      self.assertLess(abs(by_slots[slots] / got.bytes - 1), 0.10,
+                      (slots, by_slots[slots], got))
+
+  def test_a_choice_over_the_budget_compiled_is_passed_over(self):
+    # Predictions 30% low for every schedule: the first choice compiles
+    # over the budget, and the plan moves on until one compiles within it.
+    def low(*args):
+      c = real(*args)
+      a, per_slot = c.scheduled
+      return c._replace(scheduled=(a * 0.7, per_slot), measured=tuple(
+          (k, v) for k, v in c.measured if k[0] in (False, True)))
+
+    real = remat_plan._coefficients
+    model = MODELS["conv_depth_32"]
+    net, x = model()
+    params = net.init(KEY, x)
+    caches.clear_caches()
+    with remat_models.plans_made() as made:
+      cost(model, params, x, 32, remat="auto", memory_budget=1 << 40)
+    budget = int(min(c.temporaries for c in made[-1].candidates) * 1.2)
+    # What the wrong coefficients measure stays in this test's directory
+    # (and in memory until cleared), never in the suite's.
+    with mock.patch.dict(os.environ, {
+        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
+      caches.clear_caches()
+      try:
+        with mock.patch.object(remat_plan, "_coefficients", low), \
+            mock.patch.object(remat_plan, "_measure",
+                              wraps=remat_plan._measure) as measure, \
+            remat_models.plans_made() as made:
+          got = cost(model, params, x, 32, remat="auto",
+                     memory_budget=budget, max_recompute=math.inf)
+      finally:
+        caches.clear_caches()
+    self.assertGreater(measure.call_count, 4 + 1)  # Passed one over.
+    self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE))
+    self.assertIn(made[-1].choice.remat, ("binomial", "nested"))
+
+  def test_a_miss_at_one_slot_count_moves_only_that_plan(self):
+    # XLA compiles one count of slots over the line (as near T): the plan
+    # passes over that count to the next fewer slots, the others'
+    # predictions untouched, rather than ruling out every schedule.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([64, 4, 16])
+    loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
+    by_slots = {k.slots: k for k in loose.candidates if k.remat == "binomial"}
+    budget = by_slots[6].temporaries
+    real = remat_plan._measure
+
+    def over_at_six(step, consts, length, remat, policy=None):
+      got = real(step, consts, length, remat, policy)
+      if getattr(remat, "num_slots", None) == 6:
+        return got._replace(bytes=got.bytes + budget // 2)
+      return got
+
+    with mock.patch.dict(os.environ, {
+        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
+      caches.clear_caches()
+      try:
+        with mock.patch.object(remat_plan, "_measure", over_at_six):
+          made = hkb.remat_plan(_step, init, xs, memory_budget=budget,
+                                max_recompute=math.inf)
+      finally:
+        caches.clear_caches()
+    self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 5))
+    # The counts not compiled keep their predictions.
+    after = {k.slots: k.temporaries for k in made.candidates
+             if k.remat == "binomial"}
+    self.assertEqual({s: after[s] for s in (2, 3, 4, 7)},
+                     {s: by_slots[s].temporaries for s in (2, 3, 4, 7)})
+
+  def test_schedule_tables_count_against_the_budget(self):
+    # 1024 steps: a schedule of one slot holds a table of half a million
+    # actions, far more than the carries it saves.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([1024, 4, 16])
+    plan = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
+    budget = int(min(c.temporaries for c in plan.candidates) * 1.01)
+    got = compiled_bytes(scan_loss(_step, init, "auto", memory_budget=budget,
+                                   max_recompute=math.inf), xs)
+    self.assertLessEqual(got, budget * (1 + STEP_TOLERANCE))
+
+  def test_a_typed_key_in_the_carry(self):
+    def step(carry, x):
+      h, key = carry
+      key, sub = jax.random.split(key)
+      h = jnp.tanh(h + x) * jax.random.bernoulli(sub, 0.9, h.shape)
+      return (h, key), jnp.sum(h ** 2)
+
+    init, xs = (jnp.zeros([4, 16]), jax.random.key(0)), jnp.ones([64, 4, 16])
+    plan = hkb.remat_plan(step, init, xs, memory_budget=1 << 30)
+    budget = min(c.temporaries for c in plan.candidates)
+    auto = scan_loss(step, init, "auto", memory_budget=budget,
+                     max_recompute=math.inf)
+    self.assert_equal_values(jax.value_and_grad(auto)(xs),
+                             jax.value_and_grad(scan_loss(step, init, False))(
+                                 xs))
+    self.assertLessEqual(compiled_bytes(jax.value_and_grad(auto), xs),
+                         budget * (1 + STEP_TOLERANCE))
+
+  def test_a_loop_with_nothing_to_differentiate_plans_nothing(self):
+    def step(count, x):
+      return count + x, count * 2
+
+    init, xs = jnp.zeros([4], jnp.int32), jnp.ones([64, 4], jnp.int32)
+    plan = hkb.remat_plan(step, init, xs, memory_budget=1 << 30)
+    self.assertEqual([(c.remat, c.recomputed_steps) for c in plan.candidates],
+                     [(False, 0)])
+    self.assertEqual(plan.choice, plan.candidates[0])
+    self.assert_equal_values(
+        hkb.scan(step, init, xs, remat="auto", memory_budget=1 << 30),
+        jax.lax.scan(step, init, xs))
+
+  def test_a_bfloat16_carry_within_the_budget(self):
+    # XLA:CPU keeps a bfloat16 carry's slots at twice its bytes: measured,
+    # not assumed.
+    def step(h, x):
+      h = jnp.tanh(h @ jnp.eye(64, dtype=jnp.bfloat16) + x)
+      return h, jnp.sum(h.astype(jnp.float32) ** 2)
+
+    init = jnp.zeros([8, 64], jnp.bfloat16)
+    xs = jnp.ones([1024, 8, 64], jnp.bfloat16)
+    plan = hkb.remat_plan(step, init, xs, memory_budget=1 << 30)
+    per_step = next(c for c in plan.candidates if c.remat is True)
+    least = min(c.temporaries for c in plan.candidates)
+    for budget in ((per_step.temporaries + least) // 2, int(least * 1.1)):
+      loss = scan_loss(step, init, "auto", memory_budget=budget,
+                       max_recompute=math.inf)
+      self.assertLessEqual(compiled_bytes(jax.grad(loss), xs),
+                           budget * (1 + STEP_TOLERANCE), budget)
+    self.assert_equal_values(jax.grad(loss)(xs),
+                             jax.grad(scan_loss(step, init, False))(xs))
+
+  def test_cheap_compiles_measure_what_xla_defaults_compile(self):
+    # The measuring compiles' code generation leaves the buffers as XLA's
+    # defaults (-O2 LLVM, the MLIR fusion emitters) place them.
+    model = MODELS["conv_depth_32"]
+    net, x = model()
+    params = net.init(KEY, x)
+    traced = []
+
+    def trace(*args):
+      traced.append(real(*args))
+      return traced[-1]
+
+    real = remat_plan._trace
+    with mock.patch.object(remat_plan, "_trace", trace), caches.disabled():
+      cost(model, params, x, 32, remat="auto", memory_budget=1 << 40)
+    step, consts = traced[-1]
+    defaults = {"xla_backend_optimization_level": 2,
+                "xla_cpu_use_fusion_emitters": True}
+    for remat in (None, True, remat_schedule.binomial(32, 4)):
+      cheap = remat_plan._measure(step, consts, 32, remat)
+      with mock.patch.object(remat_plan, "_compile_options",
+                             lambda: defaults):
+        self.assertEqual(remat_plan._measure(step, consts, 32, remat),
+                         cheap)
+
+  def assert_equal_values(self, ours, theirs):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(
+        np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-2,
+        atol=1e-5), ours, theirs)
+
+
 def _loop_models():
   """Each loop of the bridge over a small Haiku step: `(name, net, x)`.
 
@@ -412,7 +685,10 @@ def _loop_models():
           *a, remat="auto", memory_budget=budget, max_recompute=math.inf,
           **k), x)
       return sum(jnp.sum(o ** 2) for o in jax.tree.leaves(out))
-    yield model.__name__, hk.transform_with_state(net), jnp.ones([length, 2, 8])
+    # A batch of 32: with 12 layers, a schedule's tables cost less than the
+    # carries it saves.
+    yield model.__name__, hk.transform_with_state(net), jnp.ones([length, 32,
+                                                                  8])
 
 
 class VisibleTest(parameterized.TestCase):
@@ -431,7 +707,9 @@ class VisibleTest(parameterized.TestCase):
         budget = loose.least_budget
         tight, _ = planned(budget)
         self.assertIn(tight.choice.remat, ("binomial", "nested"))
-        self.assertEqual(tight.least_budget, budget)
+        # Checked compiled: the choice holds the budget (the least
+        # candidate's figure may move either way once compiled).
+        self.assertLessEqual(tight.choice.temporaries, budget)
         with remat_models.plans_made() as made:
           jax.eval_shape(jax.grad(lambda p: net.apply(
               p, state, None, x, budget)[0]), params)

@@ -138,8 +138,12 @@ def layer_scan(
       (`hkb.remat_plan` shows the candidates).
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     reverse: run the layers from last to first (as `jax.lax.scan`).
-    memory_budget: with `remat="auto"`, the bytes the loop's training-step
-      temporaries may take; with `pipeline=`, per stage: those of one
+    memory_budget: with `remat="auto"`, the bytes the loop's part of a training
+      step may take, held by the compiled loop: its temporaries (what its
+      backward pass keeps, its outputs and their cotangents, the carry's
+      cotangent, its working memory) and the constants it compiles in (a
+      schedule's tables); not the params or their gradients, nor the rest
+      of the step (README, "Choosing remat"); with `pipeline=`, per stage: those of one
       visit's loop on one microbatch.
     max_recompute: with `remat="auto"`, the most forward passes of the loop
       a plan may run again in the backward pass (`remat=True` runs 1;

@@ -115,8 +115,12 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
     remat_policy: with `remat=True`, a `jax.checkpoint_policies` policy:
       which of a step's activations the forward pass keeps; with
       `remat="auto"`, `remat=True` under it is one more candidate.
-    memory_budget: with `remat="auto"`, the bytes the loop's training-step
-      temporaries may take.
+    memory_budget: with `remat="auto"`, the bytes the loop's part of a training
+      step may take, held by the compiled loop: its temporaries (what its
+      backward pass keeps, its outputs and their cotangents, the carry's
+      cotangent, its working memory) and the constants it compiles in (a
+      schedule's tables); not the params or their gradients, nor the rest
+      of the step (README, "Choosing remat").
     max_recompute: with `remat="auto"`, the most forward passes of the loop
       a plan may run again in the backward pass (`remat=True` runs 1;
       default 3; `math.inf` allows any). Where every plan that fits the

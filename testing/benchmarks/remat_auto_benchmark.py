@@ -13,6 +13,12 @@ The memory relations are tests (`haiku_bridge/_src/remat_plan_test.py`).
 
     bazel run //testing/benchmarks:remat_auto_benchmark              # full run
     bazel run //testing/benchmarks:remat_auto_benchmark -- --quick   # smoke run
+    bazel run //testing/benchmarks:remat_auto_benchmark -- --planning_only
+
+The planning table times each model's first compiled step in fresh
+processes (JAX's compilation cache off): with `remat=True`, with
+`remat="auto"` planning cold, and in a second process reading the plan
+from disk.
 
 or, without Bazel, from the repository root:
 
@@ -20,6 +26,7 @@ or, without Bazel, from the repository root:
         --plot=testing/benchmarks/results/remat_auto_pareto.svg > remat_auto.md
 """
 
+import dataclasses
 import sys
 import time
 
@@ -30,13 +37,19 @@ from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import remat_auto_bench
 
 
-def report(cfg: remat_auto_bench.Config, command: str, plot: str = "") -> str:
+def report(cfg: remat_auto_bench.Config, command: str, plot: str = "",
+           planning_only: bool = False) -> str:
   """Runs the benchmark; returns the run's description and its tables."""
   start = time.perf_counter()
-  results = remat_auto_bench.bench(cfg)
-  print("remat auto: results " + repr(results), file=sys.stderr, flush=True)
-  tables = remat_auto_bench.markdown(results)
-  if plot:
+  tables = ""
+  if not planning_only:
+    results = remat_auto_bench.bench(cfg)
+    print("remat auto: results " + repr(results), file=sys.stderr,
+          flush=True)
+    tables = remat_auto_bench.markdown(results) + "\n"
+  tables += remat_auto_bench.planning_markdown(
+      remat_auto_bench.planning(cfg))
+  if plot and not planning_only:
     with open(plot, "w") as f:
       f.write(remat_auto_bench.pareto_svg(results))
     tables += f"\nPlot: `{plot}`\n"
@@ -47,9 +60,12 @@ def report(cfg: remat_auto_bench.Config, command: str, plot: str = "") -> str:
 
 def main(argv: list[str]) -> None:
   del argv  # Flags only.
-  print(report(remat_auto_bench.QUICK if flags.FLAGS.quick else
-               remat_auto_bench.FULL, " ".join(["python3"] + sys.argv),
-               flags.FLAGS.plot))
+  cfg = remat_auto_bench.QUICK if flags.FLAGS.quick else remat_auto_bench.FULL
+  if flags.FLAGS.planning_repeats:
+    cfg = dataclasses.replace(cfg,
+                              planning_repeats=flags.FLAGS.planning_repeats)
+  print(report(cfg, " ".join(["python3"] + sys.argv), flags.FLAGS.plot,
+               flags.FLAGS.planning_only))
 
 
 if __name__ == "__main__":
@@ -58,4 +74,8 @@ if __name__ == "__main__":
   flags.DEFINE_bool("quick", False, "Smoke mode: tiny models.")
   flags.DEFINE_string("plot", "", "Where to write the Pareto plot (an SVG); "
                       "empty: no plot.")
+  flags.DEFINE_bool("planning_only", False, "Only the planning times (each "
+                    "in fresh processes).")
+  flags.DEFINE_integer("planning_repeats", 0, "Fresh processes per planning "
+                       "figure (the least is kept); 0: the mode's.")
   app.run(main)

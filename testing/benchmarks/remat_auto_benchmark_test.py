@@ -62,6 +62,11 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
     self.assertLen(self.svg.findall(".//svg:polyline[@class='pareto']", _NS),
                    len(self.models))
 
+  def test_a_row_per_planning_model(self):
+    _, planning = self.report.split("### What planning costs")
+    for model in remat_auto_bench.planning_models("quick"):
+      self.assertIn(f"| {model} | ", planning)
+
   def test_progress_goes_to_stderr(self):
     self.assertIn("remat auto: ", self.progress)
 

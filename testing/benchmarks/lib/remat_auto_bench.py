@@ -15,13 +15,20 @@ predicted recomputed FLOPs beside the compiled ones.
 
 import contextlib
 import dataclasses
+import functools
+import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
+import time
 from typing import Any, Callable, Optional
 from unittest import mock
 
 import jax
 
+from haiku_bridge._src import caches
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import remat_plan
 from testing import remat_models
@@ -42,8 +49,24 @@ class Config:
   transformer_depths: tuple[int, ...]
 
 
-FULL = Config("full", (256, 1024, 4096), (16, 64), (16, 64))
+  planning_repeats: int = 1  # Fresh processes per planning figure (the least taken).
+
+
+FULL = Config("full", (256, 1024, 4096), (16, 64), (16, 64), 2)
 QUICK = Config("quick", (16,), (4,), ())
+
+
+def planning_models(mode: str) -> dict[str, Callable[..., Any]]:
+  """The models planning is timed on: a user's sizes (quick: one small stack)."""
+  if mode == "quick":
+    return {"conv_depth_4": functools.partial(remat_models.conv, 4)}
+  return {
+      "transformer_24_blocks_d256_seq256_batch2": functools.partial(
+          remat_models.language_model, 24, 256, 256, 2),
+      "gru_char_T2048_h256_batch8": functools.partial(remat_models.char_gru,
+                                                      2048),
+      "conv_depth_32_c64_w256_batch8": functools.partial(
+          remat_models.conv, 32, 64, 256, 8)}
 
 
 def models(cfg: Config) -> dict[str, Callable[..., Any]]:
@@ -56,7 +79,7 @@ class Compiled:
   """A plan compiled: what remat= ran, its prediction and the compiler's figure."""
   label: str
   candidate: remat_plan.Candidate
-  compiled: int  # Bytes of temporaries.
+  compiled: int  # Bytes of temporaries and constants (a schedule's tables).
   flops: int  # Of the compiled step, every loop by its trip count.
   budget: Optional[int] = None  # For auto's picks.
 
@@ -92,9 +115,7 @@ def _predicted(c, length: int, remat, groups) -> remat_plan.Candidate:
     return next(k for k in plan.candidates if k.remat is remat)
   sched = loop_lib.schedule(remat, length, groups)
   return remat_plan._recomputing(  # pylint: disable=protected-access
-      c, remat, sched.num_slots, groups,
-      remat_plan._scheduled(c, length, sched.num_slots),  # pylint: disable=protected-access
-      length, sched.recomputed_steps)
+      c, remat, sched.num_slots, groups, length, sched.recomputed_steps)
 
 
 def bench_model(name: str, model) -> ModelResult:
@@ -110,10 +131,11 @@ def bench_model(name: str, model) -> ModelResult:
   manual = []
   for remat, groups in MANUAL:
     kw = {} if groups is None else {"remat_groups": groups}
+    cost = remat_models.step_cost(model, params, x, length, remat=remat,
+                                  **kw)
     manual.append(Compiled(
         f"{remat}" + ("" if groups is None else f", groups={groups}"),
-        _predicted(c, length, remat, groups),
-        *remat_models.step_cost(model, params, x, length, remat=remat, **kw)))
+        _predicted(c, length, remat, groups), cost.bytes, cost.flops))
   plain = next(k for k in candidates if k.remat is False).temporaries
   per_step = next(k for k in candidates if k.remat is True).temporaries
   smallest = min(k.temporaries for k in candidates)
@@ -124,10 +146,12 @@ def bench_model(name: str, model) -> ModelResult:
   for label, budget in budgets.items():
     # Any recomputation (the tight budget may need more than the default
     # bound's 3 forward passes): the budgets compare the model's choices.
-    choice = remat_plan.choose(c, length, budget, math.inf).choice
-    picks.append(Compiled(label, choice, *remat_models.step_cost(
-        model, params, x, length, remat="auto", memory_budget=budget,
-        max_recompute=math.inf), budget))
+    with remat_models.plans_made() as made:
+      cost = remat_models.step_cost(model, params, x, length, remat="auto",
+                                    memory_budget=budget,
+                                    max_recompute=math.inf)
+    choice = made[-1].choice
+    picks.append(Compiled(label, choice, cost.bytes, cost.flops, budget))
     print(f"remat auto: {name} {label}: {choice}", file=sys.stderr,
           flush=True)
   return ModelResult(name, length, tuple(candidates), budgets, tuple(manual),
@@ -136,6 +160,104 @@ def bench_model(name: str, model) -> ModelResult:
 
 def bench(cfg: Config) -> list[ModelResult]:
   return [bench_model(name, model) for name, model in models(cfg).items()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Planning:
+  """The first compiled step of a model, each in a fresh process: seconds."""
+  name: str
+  budget: int
+  plan: str  # What `remat="auto"` chose.
+  per_step: float  # remat=True.
+  cold: float  # remat="auto", its plan cache directory empty.
+  warm: float  # remat="auto", a second process with that directory.
+
+
+def _step(name: str, mode: str, **remat):
+  """The model's params and input, and its jitted training step."""
+  net, x = planning_models(mode)[name](**remat)
+  params = net.init(KEY, x)  # Init plans nothing.
+  return params, x, jax.jit(jax.value_and_grad(
+      lambda p, x: net.apply(p, None, x)))
+
+
+def _middle_budget(name: str, mode: str) -> int:
+  """Halfway between remat=True's bytes and the least plan's, planned here with nothing cached."""
+  with caches.disabled(), remat_models.plans_made() as made:
+    params, x, step = _step(name, mode, remat="auto", memory_budget=1 << 40)
+    step.lower(params, x)
+  candidates = made[-1].candidates
+  per_step = next(k for k in candidates if k.remat is True).temporaries
+  return (per_step + min(k.temporaries for k in candidates)) // 2
+
+
+def first_step(name: str, mode: str, remat: str, budget: int) -> dict[str, Any]:
+  """In a fresh process: seconds to trace and compile the step (plan included), and the plan."""
+  jax.config.update("jax_enable_compilation_cache", False)
+  options = (dict(remat=True) if remat == "true" else
+             dict(remat="auto", memory_budget=budget))
+  params, x, step = _step(name, mode, **options)
+  with remat_models.plans_made() as made:
+    start = time.perf_counter()
+    step.lower(params, x).compile()
+    seconds = time.perf_counter() - start
+  return {"seconds": seconds,
+          "plan": _plan_name(made[-1].choice) if made else ""}
+
+
+def _in_fresh_process(name: str, mode: str, remat: str, budget: int,
+                      directory: str) -> dict[str, Any]:
+  env = dict(os.environ, HAIKU_BRIDGE_CACHE_DIR=directory,
+             JAX_ENABLE_COMPILATION_CACHE="false",
+             PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  out = subprocess.run(
+      [sys.executable, "-m", "testing.benchmarks.lib.remat_auto_bench",
+       name, mode, remat, str(budget)], env=env, capture_output=True,
+      text=True, check=False)
+  if out.returncode:
+    raise RuntimeError(f"{name} {remat}: {out.stderr[-3000:]}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def planning(cfg: Config) -> list[Planning]:
+  """Each planning model's first step: remat=True, auto cold, auto in a second process."""
+  out = []
+  for name in planning_models(cfg.mode):
+    budget = _middle_budget(name, cfg.mode)
+    times: dict[str, list[float]] = {"true": [], "cold": [], "warm": []}
+    plan = ""
+    for _ in range(cfg.planning_repeats):
+      with tempfile.TemporaryDirectory() as directory:
+        times["true"].append(_in_fresh_process(
+            name, cfg.mode, "true", budget, directory)["seconds"])
+        for run in ("cold", "warm"):
+          got = _in_fresh_process(name, cfg.mode, "auto", budget, directory)
+          times[run].append(got["seconds"])
+          plan = got["plan"]
+    out.append(Planning(name, budget, plan, min(times["true"]),
+                        min(times["cold"]), min(times["warm"])))
+    print(f"remat auto: planning {out[-1]}", file=sys.stderr, flush=True)
+  return out
+
+
+def planning_markdown(results: list[Planning]) -> str:
+  out = ["### What planning costs: the first compiled step", "",
+         "Seconds to trace and compile a model's training step "
+         "(`value_and_grad`) the first time, each in a fresh process with "
+         "JAX's compilation cache off (the least of the repetitions): "
+         "`remat=True`; `remat=\"auto\"` at the middle budget with its plan "
+         "cache directory empty (cold: planned, the choice compiled and "
+         "checked); and a second process with that directory (the plan read "
+         "from disk).", "",
+         "| model | budget (KiB) | auto's plan | remat=True (s) | auto, cold "
+         "(s) | cold / True | auto, second process (s) | second / True |",
+         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+  for r in results:
+    out.append(f"| {r.name} | {_kib(r.budget)} | {r.plan} | "
+               f"{r.per_step:.2f} | {r.cold:.2f} | {r.cold / r.per_step:.2f} "
+               f"| {r.warm:.2f} | {r.warm / r.per_step:.2f} |")
+  return "\n".join(out) + "\n"
 
 
 def _plan_name(k: remat_plan.Candidate) -> str:
@@ -164,7 +286,12 @@ def markdown(results: list[ModelResult]) -> str:
          "steps of the manual plans whose compiled temporaries fit; "
          "\"least manual\": the least FLOPs of those. FLOPs: of the compiled "
          "training step, every loop by its trip count "
-         "(`haiku_bridge/_src/hlo_flops.py`), in millions.", "",
+         "(`haiku_bridge/_src/hlo_flops.py`), in millions. Bytes: XLA's "
+         "temporaries and the program's constants (a schedule's tables), "
+         "what `memory_budget` counts; \"predicted\" for auto's plan is the "
+         "figure its plan holds for the choice: the loop's gradient "
+         "compiled, as the plan checks it; \"compiled\" is the whole "
+         "training step.", "",
          "| model | budget | budget (KiB) | auto's plan | predicted (KiB) | "
          "compiled (KiB) | compiled / budget | recomputed steps | "
          "fewest manual | MFLOPs | least manual MFLOPs | FLOPs / least |",
@@ -293,3 +420,9 @@ def pareto_svg(results: list[ModelResult]) -> str:
           (color, "4,3", "ring", f"{label} budget and auto's pick (compiled)")
           for label, color in _BUDGET_COLORS.items()])
   return svg.close_document(parts)
+
+
+if __name__ == "__main__":
+  # The child of `planning`: MODEL MODE REMAT BUDGET, one JSON line out.
+  print(json.dumps(first_step(sys.argv[1], sys.argv[2], sys.argv[3],
+                              int(sys.argv[4]))))
