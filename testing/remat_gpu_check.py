@@ -45,9 +45,9 @@ PREDICTION_TOLERANCE = 0.10
 
 
 @contextlib.contextmanager
-def first_choices() -> Iterator[list[remat_plan.Candidate]]:
+def first_choices() -> Iterator[list[remat_plan.RematCandidate]]:
   """The choice each plan predicted first, before its compiled check."""
-  made: list[remat_plan.Candidate] = []
+  made: list[remat_plan.RematCandidate] = []
   real = remat_plan.choose
   planning = [False]
 
@@ -92,7 +92,7 @@ def _row(name: str, what: str, predicted: int, compiled: int,
           f"{compiled / 1e6:10.3f} MB  {ratio}"), ok
 
 
-def _plan_name(k: remat_plan.Candidate) -> str:
+def _plan_name(k: remat_plan.RematCandidate) -> str:
   return f"{k.remat}" + (f", {k.slots} slots" if k.slots else "")
 
 

@@ -74,14 +74,6 @@ _PER_INPUT_ELEMENT = frozenset(["reduce", "reduce-window", "map"])
 
 _FLOAT = re.compile(r"^(f|bf|c)[0-9]")
 
-# The parser is hlo_text's, shared with hlo_collectives.
-_Instruction = hlo_text.Instruction
-_parse = hlo_text.parse
-_dims, _elements = hlo_text.dims, hlo_text.elements
-_int_list, _called, _branches = (hlo_text.int_list, hlo_text.called,
-                                 hlo_text.branches)
-_backend_config, _trip_count = hlo_text.backend_config, hlo_text.trip_count
-
 
 class Conditional(NamedTuple):
   """A `conditional` of the program: how often it runs, what each branch costs.
@@ -113,8 +105,8 @@ class Count(NamedTuple):
   opaque_custom_calls: tuple[str, ...] = ()
 
 
-def count(hlo_text: str) -> Count:
-  """The FLOPs of the optimised HLO `hlo_text` (`compiled.as_text()`).
+def count(text: str) -> Count:
+  """The FLOPs of the optimised HLO `text` (`compiled.as_text()`).
 
   >>> from haiku_bridge._src import hlo_flops
   >>> f = lambda a, b: a @ b
@@ -122,7 +114,7 @@ def count(hlo_text: str) -> Count:
   >>> hlo_flops.count(jax.jit(f).lower(a, a.T).compile().as_text()).flops
   256
   """
-  program = _parse(hlo_text)
+  program = hlo_text.parse(text)
   counter = _Counter(program.computations)
   return counter.run(program.entry)
 
@@ -130,7 +122,7 @@ def count(hlo_text: str) -> Count:
 class _Counter:
   """Walks computations from the entry, multiplying by the loops around each."""
 
-  def __init__(self, computations: dict[str, list[_Instruction]]):
+  def __init__(self, computations: dict[str, list[hlo_text.Instruction]]):
     self._computations = computations
     self._conditionals: list[Conditional] = []
     self._unknown = 0
@@ -149,7 +141,7 @@ class _Counter:
       total += self._instruction(ins, shapes, executions)
     return total
 
-  def _instruction(self, ins: _Instruction, shapes: dict[str, str],
+  def _instruction(self, ins: hlo_text.Instruction, shapes: dict[str, str],
                    executions: int) -> int:
     op = ins.opcode
     if op in _FREE:
@@ -157,44 +149,48 @@ class _Counter:
     if op in _CALLS:
       # A fusion names its computation `calls=`, a call `to_apply=`.
       key = "to_apply" if op == "call" else "calls"
-      return self._computation(_called(ins.attributes, key), executions)
+      return self._computation(hlo_text.called(ins.attributes, key), executions)
     if op == "while":
-      trips = _trip_count(ins.attributes)
+      trips = hlo_text.trip_count(ins.attributes)
       if trips is None:
         self._unknown += 1
         trips = 1
-      body = self._computation(_called(ins.attributes, "body"),
+      body = self._computation(hlo_text.called(ins.attributes, "body"),
                                executions * trips)
-      cond = self._computation(_called(ins.attributes, "condition"),
+      cond = self._computation(hlo_text.called(ins.attributes, "condition"),
                                executions * (trips + 1))
       return trips * body + (trips + 1) * cond
     if op == "conditional":
-      branches = tuple(self._computation(b, 0) for b in _branches(
+      branches = tuple(self._computation(b, 0) for b in hlo_text.branches(
           ins.attributes))
       if executions:
         self._conditionals.append(Conditional(executions, branches))
       return min(branches)
     if op == "custom-call":
       return self._custom_call(ins, shapes)
-    n = _elements(ins.shape)
+    n = hlo_text.elements(ins.shape)
     if op == "dot":
-      lhs = _dims(shapes[ins.operands[0]])
-      contracting = _int_list(ins.attributes, "lhs_contracting_dims")
+      lhs = hlo_text.dims(shapes[ins.operands[0]])
+      contracting = hlo_text.int_list(ins.attributes, "lhs_contracting_dims")
       return 2 * n * math.prod(lhs[d] for d in contracting)
     if op == "convolution":
-      return _convolution(ins.attributes, _dims(shapes[ins.operands[0]]),
-                          _dims(shapes[ins.operands[1]]), _dims(ins.shape))
+      return _convolution(ins.attributes,
+                          hlo_text.dims(shapes[ins.operands[0]]),
+                          hlo_text.dims(shapes[ins.operands[1]]),
+                          hlo_text.dims(ins.shape))
     if op in _PER_INPUT_ELEMENT or op == "scatter":
-      reducer = self._computation(_called(ins.attributes, "to_apply"), 0)
+      reducer = self._computation(
+          hlo_text.called(ins.attributes, "to_apply"), 0)
       source = ins.operands[-1] if op == "scatter" else ins.operands[0]
-      return _elements(shapes[source]) * reducer
+      return hlo_text.elements(shapes[source]) * reducer
     # Index arithmetic (a loop's counter, a slice's start) is not floating point.
     operand = shapes.get(ins.operands[0], "") if ins.operands else ""
     return n if _FLOAT.match(ins.shape) or _FLOAT.match(operand) else 0
 
 
-  def _custom_call(self, ins: _Instruction, shapes: dict[str, str]) -> int:
-    gemm = (_backend_config(ins.attributes) or {}).get(
+  def _custom_call(self, ins: hlo_text.Instruction,
+                   shapes: dict[str, str]) -> int:
+    gemm = (hlo_text.backend_config(ins.attributes) or {}).get(
         "gemm_backend_config", {})
     contracting = gemm.get("dot_dimension_numbers", {}).get(
         "lhs_contracting_dimensions")
@@ -207,15 +203,16 @@ class _Counter:
         return 0
       # The forward convolution's input, kernel and output, where the call
       # keeps each: an operand (its index), or the first result (None).
-      first_result = _dims(ins.shape[1:] if ins.shape.startswith("(")
+      first_result = hlo_text.dims(ins.shape[1:] if ins.shape.startswith("(")
                            else ins.shape)
       return _convolution(ins.attributes, *(
-          first_result if i is None else _dims(shapes[ins.operands[i]])
+          first_result if i is None else hlo_text.dims(shapes[ins.operands[i]])
           for i in roles))
     # The product, then (on GPU) the library's workspace.
     result = ins.shape[1:] if ins.shape.startswith("(") else ins.shape
-    lhs = _dims(shapes[ins.operands[0]])
-    return 2 * _elements(result) * math.prod(lhs[int(d)] for d in contracting)
+    lhs = hlo_text.dims(shapes[ins.operands[0]])
+    return 2 * hlo_text.elements(result) * math.prod(
+        lhs[int(d)] for d in contracting)
 
 
 # cuDNN's convolutions (XLA:GPU's custom-call targets): where each keeps

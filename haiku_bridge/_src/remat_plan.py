@@ -217,12 +217,6 @@ class RematPlan(NamedTuple):
             f"recomputed.\n{self.table()}")
 
 
-# The names these classes had before they were public (`remat_plan.Plan`,
-# `remat_plan.Candidate`), for code written against them.
-Plan = RematPlan
-Candidate = RematCandidate
-
-
 def _readable(x: float) -> str:
   """`x` to 4 significant digits, without an exponent: 0.1907, 1235, 12350."""
   return np.format_float_positional(x, precision=4, unique=True,
@@ -811,8 +805,6 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
     constants = (float(max(k1.constants, k2.constants)), 0.0)
   return Coefficients(length, plain.bytes, per_step.bytes, scheduled,
                       constants, r, advance, with_policy, tuple(measured))
-
-
 
 
 # Plans compiled to check a choice, at most: then the last choice stands.

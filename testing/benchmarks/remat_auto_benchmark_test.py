@@ -71,7 +71,7 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
     self.assertIn("remat auto: ", self.progress)
 
   def test_pareto_front(self):
-    c = remat_plan.Candidate
+    c = remat_plan.RematCandidate
     front = remat_auto_bench.pareto([
         c(False, None, None, 100, 0, 0), c(True, None, None, 40, 8, 80),
         c("nested", 4, 2, 50, 12, 120), c("binomial", 2, None, 30, 20, 200)])

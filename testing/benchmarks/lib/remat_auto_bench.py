@@ -78,7 +78,7 @@ def models(cfg: Config) -> dict[str, Callable[..., Any]]:
 class Compiled:
   """A plan compiled: what remat= ran, its prediction and the compiler's figure."""
   label: str
-  candidate: remat_plan.Candidate
+  candidate: remat_plan.RematCandidate
   compiled: int  # Bytes of temporaries and constants (a schedule's tables).
   flops: int  # Of the compiled step, every loop by its trip count.
   budget: Optional[int] = None  # For auto's picks.
@@ -88,7 +88,7 @@ class Compiled:
 class ModelResult:
   name: str
   length: int
-  candidates: tuple[remat_plan.Candidate, ...]
+  candidates: tuple[remat_plan.RematCandidate, ...]
   budgets: dict[str, int]
   manual: tuple[Compiled, ...]
   picks: tuple[Compiled, ...]
@@ -108,7 +108,7 @@ def _coefficients_seen():
     yield seen
 
 
-def _predicted(c, length: int, remat, groups) -> remat_plan.Candidate:
+def _predicted(c, length: int, remat, groups) -> remat_plan.RematCandidate:
   """The prediction for a manual plan (remat_plan's formulas, its slots)."""
   if remat in (False, True):
     plan = remat_plan.choose(c, length, 1 << 62)
@@ -260,7 +260,7 @@ def planning_markdown(results: list[Planning]) -> str:
   return "\n".join(out) + "\n"
 
 
-def _plan_name(k: remat_plan.Candidate) -> str:
+def _plan_name(k: remat_plan.RematCandidate) -> str:
   out = str(k.remat)
   if k.slots is not None:
     out += f", {k.slots} slots"
@@ -330,7 +330,7 @@ def markdown(results: list[ModelResult]) -> str:
   return "\n".join(out) + "\n"
 
 
-def pareto(candidates) -> list[remat_plan.Candidate]:
+def pareto(candidates) -> list[remat_plan.RematCandidate]:
   """The candidates no other beats in both recomputed steps and temporaries."""
   front, least = [], math.inf
   for k in sorted(candidates, key=lambda k: (k.recomputed_steps,
@@ -347,7 +347,7 @@ _BUDGET_COLORS = {"loose": "#9467bd", "middle": "#ff7f0e", "tight": "#d62728"}
 _KIND_MARKER = {"binomial": "square", "nested": "diamond"}
 
 
-def _passes(r: ModelResult, k: remat_plan.Candidate) -> float:
+def _passes(r: ModelResult, k: remat_plan.RematCandidate) -> float:
   """Forward passes over the loop a training step runs with `k`: 1 + recomputed / T."""
   return 1 + k.recomputed_steps / r.length
 
