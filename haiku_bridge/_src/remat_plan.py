@@ -73,6 +73,7 @@ not run); every plan a loop makes passes `loop_plan`, which logs it at
 INFO on the `haiku_bridge.remat` logger.
 """
 
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -768,11 +769,10 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
   # schedule's prediction lies between two compiles, the least exact.
   slot_counts = sorted({1, _most_slots(length)}) if length > 1 else []
   schedules = [remat_schedule.binomial(length, s) for s in slot_counts]
-  plain, per_step, *rest = [
-      _measure(step, consts, length, remat, p)
-      for remat, p in [(None, None), (True, None)] +
+  plain, per_step, *rest = _measure_all(
+      step, consts, length, [(None, None), (True, None)] +
       ([] if policy is None else [(True, policy)]) +
-      [(s, None) for s in schedules]]
+      [(s, None) for s in schedules])
 
   def recomputed(k: _Measured) -> float:
     # XLA may find nothing to recompute; never a gain.
@@ -943,11 +943,15 @@ def _compile_options() -> dict[str, Any]:
   On CPU, LLVM without optimisation and XLA's older fusion emitters:
   compiles about 10× faster, and neither changes the buffer assignment
   that the memory analysis reads (remat_plan_test checks the figures
-  against a compile with XLA's defaults). Elsewhere, the defaults.
+  against a compile with XLA's defaults); and the code generated in one
+  piece, not split for LLVM threads, which at that level costs more CPU
+  time (about a third of a compile) than it saves (the measurements
+  compile side by side instead: `_measure_all`). Elsewhere, the defaults.
   """
   if jax.default_backend() == "cpu":
     return {"xla_backend_optimization_level": 0,
-            "xla_cpu_use_fusion_emitters": False}
+            "xla_cpu_use_fusion_emitters": False,
+            "xla_cpu_parallel_codegen_split_count": 1}
   return {}
 
 
@@ -963,12 +967,46 @@ def _measure(step: _Traced, consts, length: int, remat,
              policy=None) -> _Measured:
   """Compiled bytes and FLOPs of the VJP of `length` steps, run as `remat` says.
 
+  One program of `_measure_all`.
+  """
+  return _measure_all(step, consts, length, [(remat, policy)])[0]
+
+
+def _measure_all(step: _Traced, consts, length: int,
+                 plans: list[tuple[Any, Any]]) -> list[_Measured]:
+  """`_measure` of each `(remat, policy)`, the programs compiled concurrently.
+
+  Each program is traced and lowered here, one after another (Python,
+  under the GIL), and compiled and read in a thread (XLA compiles without
+  the GIL): the next program lowers while the last compiles, and the
+  compiles run side by side on as many cores as there are
+  (`_compile_threads`). Each figure is its own program's, so the figures
+  are those of compiling them one by one (remat_plan_test checks it).
+  """
+  threads = min(len(plans), _compile_threads())
+  if threads <= 1:
+    return [_read(_compile(_lower(step, consts, length, remat, policy)),
+                  remat) for remat, policy in plans]
+  with concurrent.futures.ThreadPoolExecutor(
+      threads, thread_name_prefix="remat_plan") as pool:
+    futures = [pool.submit(lambda lowered, remat: _read(_compile(lowered),
+                                                        remat),
+                           _lower(step, consts, length, remat, policy), remat)
+               for remat, policy in plans]
+    return [f.result() for f in futures]
+
+
+def _compile_threads() -> int:
+  """Threads that compile measurements at once: one per core, two at least (to lower while one compiles)."""
+  return max(2, os.cpu_count() or 1)
+
+
+def _lower(step: _Traced, consts, length: int, remat, policy=None):
+  """The program `_measure` compiles, lowered: the VJP of `length` steps run as `remat` says.
+
   `remat`: None (plain scan), True (checkpointed step, under `policy`), or
-  a `remat_schedule.Schedule`. The FLOPs count every loop by its trip
-  count (only `remat=True`'s and `None`'s are used); a schedule's
-  conditional, which its backward sweep runs once per action (more often
-  than any in the step), gives an advance's FLOPs: its cheaper branch. A
-  loop with nothing to differentiate is compiled forward only.
+  a `remat_schedule.Schedule`. A loop with nothing to differentiate is
+  compiled forward only.
   """
   def body(consts, carry, x):
     out = jax_core.jaxpr_as_fun(step.jaxpr)(*consts, *carry, *x)
@@ -1003,8 +1041,23 @@ def _measure(step: _Traced, consts, length: int, remat,
 
   stacked = [jax.ShapeDtypeStruct((length,) + x.shape, x.dtype)
              for x in step.x]
-  compiled = jax.jit(train if _differentiable(step) else run).lower(
-      list(consts), list(step.carry), stacked).compile(_compile_options())
+  return jax.jit(train if _differentiable(step) else run).lower(
+      list(consts), list(step.carry), stacked)
+
+
+def _compile(lowered):
+  """A measurement's program compiled, with `_compile_options`: every measuring compile passes here."""
+  return lowered.compile(_compile_options())
+
+
+def _read(compiled, remat) -> _Measured:
+  """A compiled measurement's figures.
+
+  The FLOPs count every loop by its trip count (only `remat=True`'s and
+  `None`'s are used); a schedule's conditional, which its backward sweep
+  runs once per action (more often than any in the step), gives an
+  advance's FLOPs: its cheaper branch.
+  """
   analysis, text = compiled.memory_analysis(), compiled.as_text()
   if analysis is None or text is None:
     raise ValueError(errors.message(

@@ -1,8 +1,11 @@
 """Tests for `remat="auto"`: predictions against compiled memory, the choice against the manual plans."""
 
+import contextlib
 import functools
 import math
 import os
+import threading
+from typing import Iterator
 from unittest import mock
 
 from absl.testing import absltest
@@ -40,6 +43,20 @@ def recomputed(remat, length, groups=None):
   if remat is True:
     return length
   return length + loop_lib.schedule(remat, length, groups).recomputed_steps
+
+
+@contextlib.contextmanager
+def measuring_compiles() -> Iterator[list[str]]:
+  """The compiles `remat_plan` measures while the block runs: each one's thread name."""
+  threads: list[str] = []  # list.append is atomic: compiles run in threads.
+  real = remat_plan._compile
+
+  def counted(lowered):
+    threads.append(threading.current_thread().name)
+    return real(lowered)
+
+  with mock.patch.object(remat_plan, "_compile", counted):
+    yield threads
 
 
 class PredictionTest(parameterized.TestCase):
@@ -169,10 +186,9 @@ def _plans_made_here() -> list[remat_plan.RematPlan]:
 
 def _print_plans() -> None:
   """In a fresh process: the compiles made, then the plans, as `repr` writes them."""
-  with mock.patch.object(remat_plan, "_measure",
-                         wraps=remat_plan._measure) as measure:
+  with measuring_compiles() as compiles:
     plans = _plans_made_here()
-  print(measure.call_count)
+  print(len(compiles))
   print(repr(plans))
 
 
@@ -245,37 +261,36 @@ class AutoTest(parameterized.TestCase):
   def test_plan_is_deterministic_and_measured_once_per_step_shape(self):
     caches.clear_caches()
     h = jnp.zeros([4, 16])
-    with mock.patch.object(remat_plan, "_measure",
-                           wraps=remat_plan._measure) as measure:
+    with measuring_compiles() as measured:
       first = hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                              memory_budget=100_000)
       # remat=False, remat=True, two binomial schedules; then the choice,
       # compiled unless it is one of those.
-      self.assertIn(measure.call_count, range(4, 4 + remat_plan._CHECKS + 1))
-      compiles = measure.call_count
+      self.assertIn(len(measured), range(4, 4 + remat_plan._CHECKS + 1))
+      compiles = len(measured)
       # The same budget: nothing compiled (when caches are on).
       again = hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                              memory_budget=100_000)
-      self.assertEqual(measure.call_count,
+      self.assertEqual(len(measured),
                        compiles if caches.enabled() else 2 * compiles)
       self.assertEqual(again, first)
       # Another length or shape is measured.
-      before = measure.call_count
+      before = len(measured)
       hkb.remat_plan(_step, h, jnp.ones([512, 4, 16]), memory_budget=1 << 30)
       hkb.remat_plan(_step, jnp.zeros([8, 16]), jnp.ones([256, 8, 16]),
                      memory_budget=1 << 30)
-      self.assertEqual(measure.call_count, before + 8)
+      self.assertEqual(len(measured), before + 8)
       with caches.disabled():
         self.assertEqual(hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                                         memory_budget=100_000), first)
       # A policy is measured too (1 more compile, then the checks of its
       # choice), never taken from the plan without it.
       caches.clear_caches()
-      before = measure.call_count
+      before = len(measured)
       policy = jax.checkpoint_policies.dots_saveable
       with_policy = hkb.remat_plan(_step, h, jnp.ones([256, 4, 16]),
                                    memory_budget=100_000, remat_policy=policy)
-      self.assertIn(measure.call_count - before,
+      self.assertIn(len(measured) - before,
                     range(5, 5 + remat_plan._CHECKS + 1))  # And its checks.
       self.assertEqual([c.policy for c in with_policy.candidates
                         if c.policy is not None],
@@ -318,6 +333,23 @@ class AutoTest(parameterized.TestCase):
         mock.patch.object(caches, "_enabled", True):
       hkb.clear_caches()
     self.assertFalse(os.path.exists(os.path.join(directory, "remat_plans")))
+
+  def test_measurements_compile_in_threads_as_one_by_one(self):
+    # The measuring programs compile side by side, off the caller's thread,
+    # and each figure is the one compiling it alone gives; so the plans.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([128, 4, 16])
+    with caches.disabled():
+      with measuring_compiles() as threads:
+        together = hkb.remat_plan(_step, init, xs, memory_budget=60_000)
+      with mock.patch.object(remat_plan, "_compile_threads", lambda: 1), \
+          measuring_compiles() as alone:
+        one_by_one = hkb.remat_plan(_step, init, xs, memory_budget=60_000)
+    self.assertEqual(together, one_by_one)
+    main = threading.main_thread().name
+    # The four measurements in threads; a check of the choice on its own.
+    self.assertGreaterEqual(sum(t != main for t in threads), 4)
+    self.assertEqual(alone, [main] * len(alone))
+    self.assertEqual(len(alone), len(threads))
 
   def test_identity_custom_getter_changes_nothing(self):
     def getter(next_getter, value, context):
@@ -506,14 +538,13 @@ class BudgetTest(parameterized.TestCase):
       caches.clear_caches()
       try:
         with mock.patch.object(remat_plan, "_coefficients", low), \
-            mock.patch.object(remat_plan, "_measure",
-                              wraps=remat_plan._measure) as measure, \
+            measuring_compiles() as compiles, \
             remat_models.plans_made() as made:
           got = cost(model, params, x, 32, remat="auto",
                      memory_budget=budget, max_recompute=math.inf)
       finally:
         caches.clear_caches()
-    self.assertGreater(measure.call_count, 4 + 1)  # Passed one over.
+    self.assertGreater(len(compiles), 4 + 1)  # Passed one over.
     self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE))
     self.assertIn(made[-1].choice.remat, ("binomial", "nested"))
 
