@@ -171,6 +171,11 @@ class Planning:
   per_step: float  # remat=True.
   cold: float  # remat="auto", its plan cache directory empty.
   warm: float  # remat="auto", a second process with that directory.
+  # The same, CPU seconds of the process (every thread): the work, which
+  # other programs on the machine move less than the wall time.
+  per_step_cpu: float = 0.0
+  cold_cpu: float = 0.0
+  warm_cpu: float = 0.0
 
 
 def _step(name: str, mode: str, **remat):
@@ -192,16 +197,17 @@ def _middle_budget(name: str, mode: str) -> int:
 
 
 def first_step(name: str, mode: str, remat: str, budget: int) -> dict[str, Any]:
-  """In a fresh process: seconds to trace and compile the step (plan included), and the plan."""
+  """In a fresh process: seconds (wall and CPU) to trace and compile the step, plan included; the plan."""
   jax.config.update("jax_enable_compilation_cache", False)
   options = (dict(remat=True) if remat == "true" else
              dict(remat="auto", memory_budget=budget))
   params, x, step = _step(name, mode, **options)
   with remat_models.plans_made() as made:
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     step.lower(params, x).compile()
     seconds = time.perf_counter() - start
-  return {"seconds": seconds,
+    cpu = time.process_time() - cpu
+  return {"seconds": seconds, "cpu_seconds": cpu,
           "plan": _plan_name(made[-1].choice) if made else ""}
 
 
@@ -225,18 +231,21 @@ def planning(cfg: Config) -> list[Planning]:
   out = []
   for name in planning_models(cfg.mode):
     budget = _middle_budget(name, cfg.mode)
-    times: dict[str, list[float]] = {"true": [], "cold": [], "warm": []}
+    times: dict[str, list[tuple[float, float]]] = {
+        "true": [], "cold": [], "warm": []}
     plan = ""
     for _ in range(cfg.planning_repeats):
       with tempfile.TemporaryDirectory() as directory:
-        times["true"].append(_in_fresh_process(
-            name, cfg.mode, "true", budget, directory)["seconds"])
-        for run in ("cold", "warm"):
-          got = _in_fresh_process(name, cfg.mode, "auto", budget, directory)
-          times[run].append(got["seconds"])
-          plan = got["plan"]
-    out.append(Planning(name, budget, plan, min(times["true"]),
-                        min(times["cold"]), min(times["warm"])))
+        for run in ("true", "cold", "warm"):
+          got = _in_fresh_process(name, cfg.mode,
+                                  "true" if run == "true" else "auto",
+                                  budget, directory)
+          times[run].append((got["seconds"], got["cpu_seconds"]))
+          plan = got["plan"] or plan
+    wall = {run: min(t for t, _ in got) for run, got in times.items()}
+    cpu = {run: min(c for _, c in got) for run, got in times.items()}
+    out.append(Planning(name, budget, plan, wall["true"], wall["cold"],
+                        wall["warm"], cpu["true"], cpu["cold"], cpu["warm"]))
     print(f"remat auto: planning {out[-1]}", file=sys.stderr, flush=True)
   return out
 
@@ -249,14 +258,19 @@ def planning_markdown(results: list[Planning]) -> str:
          "`remat=True`; `remat=\"auto\"` at the middle budget with its plan "
          "cache directory empty (cold: planned, the choice compiled and "
          "checked); and a second process with that directory (the plan read "
-         "from disk).", "",
+         "from disk). Wall seconds, then the ratios of the processes' CPU "
+         "seconds (every thread's), the work, which other programs on a "
+         "shared machine move less.", "",
          "| model | budget (KiB) | auto's plan | remat=True (s) | auto, cold "
-         "(s) | cold / True | auto, second process (s) | second / True |",
-         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+         "(s) | cold / True | auto, second process (s) | second / True | "
+         "cold / True, CPU | second / True, CPU |",
+         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   for r in results:
     out.append(f"| {r.name} | {_kib(r.budget)} | {r.plan} | "
                f"{r.per_step:.2f} | {r.cold:.2f} | {r.cold / r.per_step:.2f} "
-               f"| {r.warm:.2f} | {r.warm / r.per_step:.2f} |")
+               f"| {r.warm:.2f} | {r.warm / r.per_step:.2f} | "
+               f"{r.cold_cpu / r.per_step_cpu:.2f} | "
+               f"{r.warm_cpu / r.per_step_cpu:.2f} |")
   return "\n".join(out) + "\n"
 
 
