@@ -32,7 +32,9 @@ measured, never assumed (XLA:CPU keeps a bfloat16 carry's slots at
 twice its bytes). Four compiles (five with a policy), all at T, so that
 what XLA does only for long loops (or short ones: unrolling, double
 buffering) is in every figure; with XLA's cheaper code generation
-(`_compile_options`), which leaves buffers as they are.
+(`_compile_options`), which leaves buffers as they are, each program
+lowered while the last compiles in a thread, as many compiling at once as
+there are cores (`_measure_all`).
 
 Predictions steer; the compiled program decides. The choice, unless it
 was one of the programs measured, is compiled too, and when it is over the

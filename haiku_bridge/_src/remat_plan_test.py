@@ -21,6 +21,7 @@ from haiku_bridge._src import hlo_flops
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import remat_plan
 from haiku_bridge._src import remat_schedule
+from haiku_bridge._src import scheduled_scan
 from testing import remat_models
 from testing import test_utils
 
@@ -579,6 +580,37 @@ class BudgetTest(parameterized.TestCase):
              if k.remat == "binomial"}
     self.assertEqual({s: after[s] for s in (2, 3, 4, 7)},
                      {s: by_slots[s].temporaries for s in (2, 3, 4, 7)})
+
+  def test_a_schedule_keeps_at_most_half_the_steps(self):
+    # A limitation, documented (docs/remat.md, `_most_slots`): a budget
+    # between the bytes of T/2 slots and remat=True's gets T/2 slots, the
+    # most a candidate keeps, although more would fit and recompute less.
+    # A wide carry, whose slots outweigh the schedule's tables.
+    def step(h, x):
+      h = jnp.tanh(0.5 * h + x)
+      return h, jnp.sum(h)
+
+    def schedule_loss(slots):
+      def loss(xs):
+        carry, ys = scheduled_scan.scan(
+            step, init, xs, length=64,
+            schedule=remat_schedule.binomial(64, slots))
+        return jnp.sum(carry ** 2) + jnp.sum(ys ** 2)
+      return jax.grad(loss)
+
+    init, xs = jnp.zeros([32, 128]), jnp.ones([64, 32, 128])
+    loose = hkb.remat_plan(step, init, xs, memory_budget=1 << 30)
+    self.assertEqual(max(k.slots for k in loose.candidates
+                         if k.remat == "binomial"), 32)
+    budget = next(k for k in loose.candidates
+                  if k.remat is True).temporaries - 1
+    made = hkb.remat_plan(step, init, xs, memory_budget=budget)
+    self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 32))
+    self.assertLessEqual(compiled_bytes(schedule_loss(32), xs), budget)
+    # 48 slots fit too, and recompute fewer steps.
+    self.assertLessEqual(compiled_bytes(schedule_loss(48), xs), budget)
+    self.assertLess(remat_schedule.binomial(64, 48).recomputed_steps,
+                    remat_schedule.binomial(64, 32).recomputed_steps)
 
   def test_schedule_tables_count_against_the_budget(self):
     # 1024 steps: a schedule of one slot holds a table of half a million
