@@ -984,15 +984,19 @@ def _measure_all(step: _Traced, consts, length: int,
   compiles run side by side on as many cores as there are
   (`_compile_threads`). Each figure is its own program's, so the figures
   are those of compiling them one by one (remat_plan_test checks it).
+  Each thread runs in the caller's context (`contextvars`): an error there
+  names the public call as one here would.
   """
+  def measured(lowered, remat) -> _Measured:
+    return _read(_compile(lowered), remat)
+
   threads = min(len(plans), _compile_threads())
   if threads <= 1:
-    return [_read(_compile(_lower(step, consts, length, remat, policy)),
-                  remat) for remat, policy in plans]
+    return [measured(_lower(step, consts, length, remat, policy), remat)
+            for remat, policy in plans]
   with concurrent.futures.ThreadPoolExecutor(
       threads, thread_name_prefix="remat_plan") as pool:
-    futures = [pool.submit(lambda lowered, remat: _read(_compile(lowered),
-                                                        remat),
+    futures = [pool.submit(contextvars.copy_context().run, measured,
                            _lower(step, consts, length, remat, policy), remat)
                for remat, policy in plans]
     return [f.result() for f in futures]

@@ -17,6 +17,7 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
+from haiku_bridge._src import errors
 from haiku_bridge._src import hlo_flops
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import remat_plan
@@ -351,6 +352,18 @@ class AutoTest(parameterized.TestCase):
     self.assertGreaterEqual(sum(t != main for t in threads), 4)
     self.assertEqual(alone, [main] * len(alone))
     self.assertEqual(len(alone), len(threads))
+
+  def test_an_error_in_a_compiling_thread_names_the_call(self):
+    def refused(lowered):
+      del lowered
+      raise ValueError(errors.message("no memory analysis here."))
+
+    with caches.disabled(), mock.patch.object(remat_plan, "_compile",
+                                              refused):
+      with self.assertRaisesRegex(ValueError,
+                                  r"^hkb\.remat_plan: no memory analysis"):
+        hkb.remat_plan(_step, jnp.zeros([4, 16]), jnp.ones([8, 4, 16]),
+                       memory_budget=1 << 20)
 
   def test_identity_custom_getter_changes_nothing(self):
     def getter(next_getter, value, context):
