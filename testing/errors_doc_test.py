@@ -7,7 +7,7 @@ or a function without a row, fails the test, so the doc cannot drift from the co
 
 The doc shows what the pinned environment (requirements.txt) raises, and there the comparison is
 exact. Two rows hold a fact of the install: the jax version a message names, and the temporaries
-`remat_plan` predicts from XLA's compiles. On another jax, those parts of the row are this
+the remat plan (`_src/remat/plan.py`) predicts from XLA's compiles. On another jax, those parts of the row are this
 install's (the version it runs, the least temporaries of `hkb.remat_plan`'s own candidates) and
 the rest must be the doc's word for word.
 """

@@ -1,14 +1,14 @@
 r"""`remat="auto"` on whatever backend runs it: predicted against compiled bytes, choice against budget.
 
 A standalone check (no pytest) for a machine the test suite does not run on,
-a GPU above all: for `remat_plan_test`'s models and a plain-JAX LSTM training
+a GPU above all: for `remat/plan_test`'s models and a plain-JAX LSTM training
 step (H=1024, B=64, T=4096, the loss in the step), it plans each at a tight
 and a middle budget, prints the plan's first prediction for its choice (before
 the compiled check), the choice and what the compiled training step takes
 (XLA's temporaries and the constants of the program), and for `remat=False`
 and `remat=True` the prediction against the compiled step. Exits 1 if a
 whole step compiles over its budget by more than the tests allow
-(`remat_plan_test.STEP_TOLERANCE`), or a prediction of `False`/`True` is more
+(`remat/plan_test.py`'s `STEP_TOLERANCE`), or a prediction of `False`/`True` is more
 than 10% off. `--small`: small shapes for a CPU (a minute or two).
 
     PYTHONPATH=. python3 testing/remat_gpu_check.py            # the GPU's run
@@ -33,12 +33,12 @@ import jax
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
-from haiku_bridge._src import hlo_flops
-from haiku_bridge._src import remat_plan
+from haiku_bridge._src.remat import hlo_flops
+from haiku_bridge._src.remat import plan as remat_plan
 from testing import remat_models
 
 KEY = jax.random.PRNGKey(0)
-# What remat_plan_test allows a whole step over its budget, and a prediction
+# What remat/plan_test allows a whole step over its budget, and a prediction
 # of remat=False or remat=True off from the compiled step.
 STEP_TOLERANCE = 0.02
 PREDICTION_TOLERANCE = 0.10

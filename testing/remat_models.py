@@ -1,10 +1,10 @@
 """The models `remat="auto"` is measured on: an LSTM unroll, residual MLP, transformer and conv stacks.
 
 Small widths, so a grid of them compiles in minutes; shared by
-haiku_bridge/_src/remat_plan_test.py (predictions against compiled memory)
+haiku_bridge/_src/remat/plan_test.py (predictions against compiled memory)
 and testing/benchmarks/lib/remat_auto_bench.py (the Pareto plot). Each takes
 the loop's remat keywords and returns the transformed net and its input.
-`plans_made` records the plans `remat="auto"` makes, as the loops log them (remat_plan_test,
+`plans_made` records the plans `remat="auto"` makes, as the loops log them (remat/plan_test,
 pipeline_test); `step_cost` compiles a training step and measures it.
 """
 
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
-from haiku_bridge._src import hlo_flops
+from haiku_bridge._src.remat import hlo_flops
 from testing import transformer as transformer_lib
 
 BATCH, HIDDEN, INPUTS = 4, 32, 8

@@ -21,18 +21,18 @@ from jax.sharding import PartitionSpec
 import numpy as np
 
 from haiku_bridge._src import errors
-from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import pipeline_layout
 from haiku_bridge._src import pipeline_plan
+from haiku_bridge._src import remat as remat_lib
 from haiku_bridge._src import row_wise
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
 
 def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
-        per_layer: PyTree, *, loop: loop_lib.Loop,
+        per_layer: PyTree, *, loop: remat_lib.Loop,
         reverse: bool = False) -> tuple[PyTree, PyTree]:
   """`layer_scan`'s loop as a pipeline: `(carry, (ys, state))`, as its scan returns them.
 
@@ -172,8 +172,8 @@ def _run_on_stages(program: "_StageProgram", staged: PyTree, micro: PyTree,
                                       closed_over, apart.axes))
 
 
-def stage_loop(loop: loop_lib.Loop, body: Callable[..., Any], micro: PyTree,
-               staged: PyTree, layers: int) -> loop_lib.Loop:
+def stage_loop(loop: remat_lib.Loop, body: Callable[..., Any],
+               micro: PyTree, staged: PyTree, layers: int) -> remat_lib.Loop:
   """The loop every stage runs for `remat="auto"`: planned once, for one visit.
 
   `memory_budget` is per stage: the training-step temporaries of one
@@ -463,7 +463,7 @@ def _closure_converted(layer: Optional[tuple[Any, Any]]
 class _StageProgram:
   """What each stage runs (inside the `shard_map`): every step of the timetable."""
   body: Callable[..., Any]
-  loop: loop_lib.Loop
+  loop: remat_lib.Loop
   layout: pipeline_layout.Layout
   timetable: pipeline_lib.Timetable
   microbatches: int
@@ -563,7 +563,7 @@ class _StageProgram:
                                                        state)
 
 
-def _kept_by(loop: loop_lib.Loop) -> Callable[..., bool]:
+def _kept_by(loop: remat_lib.Loop) -> Callable[..., bool]:
   """The `jax.checkpoint` policy that keeps what `loop` keeps of a visit.
 
   Inside `jax.checkpoint`, the outer policy decides for the loop's own

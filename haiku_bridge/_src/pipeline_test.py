@@ -34,8 +34,8 @@ import numpy as np
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import pipeline_stages
-from haiku_bridge._src import loop as loop_lib
-from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.remat import loop as loop_lib
+from haiku_bridge._src.remat import scheduled_scan
 from testing import remat_models
 from testing import transformer
 

@@ -108,7 +108,7 @@ class Count(NamedTuple):
 def count(text: str) -> Count:
   """The FLOPs of the optimised HLO `text` (`compiled.as_text()`).
 
-  >>> from haiku_bridge._src import hlo_flops
+  >>> from haiku_bridge._src.remat import hlo_flops
   >>> f = lambda a, b: a @ b
   >>> a = jnp.ones([4, 8])
   >>> hlo_flops.count(jax.jit(f).lower(a, a.T).compile().as_text()).flops
@@ -272,7 +272,7 @@ def constant_bytes(text: str) -> int:
   XLA's memory analysis counts a program's temporaries, not the constants
   compiled into it (scalars, which live in the code, are left out).
 
-  >>> from haiku_bridge._src import hlo_flops
+  >>> from haiku_bridge._src.remat import hlo_flops
   >>> table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
   >>> f = jax.jit(lambda i: jnp.asarray(table)[i])
   >>> hlo_flops.constant_bytes(f.lower(3).compile().as_text())

@@ -3,7 +3,7 @@
 A scan's backward pass can keep every step's activations (`remat=False`),
 one carry per step (`remat=True`), what a `remat_policy` saves of each step
 (`remat=True` with the policy the user gives), or a schedule's few carries
-(`"nested"`, `"binomial"`: `remat_schedule.py`), each trading recomputed
+(`"nested"`, `"binomial"`: `schedule.py`), each trading recomputed
 FLOPs for memory. Which one fits depends on things a user cannot see: how
 the step's activations compare with its carry, the length, where the loss
 sits. `plan` predicts, for every candidate, the bytes a training step of
@@ -95,11 +95,11 @@ import numpy as np
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards
-from haiku_bridge._src import hlo_flops
+from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src import hlo_text
 from haiku_bridge._src import modes
-from haiku_bridge._src import remat_schedule
-from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
 
 # The most forward passes of the loop a plan may recompute unless the caller
@@ -843,7 +843,7 @@ def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
 def policy_name(policy: Callable[..., bool]) -> str:
   """How a `RematCandidate` names a policy: a function's name, else its repr.
 
-  >>> from haiku_bridge._src import remat_plan
+  >>> from haiku_bridge._src.remat import plan as remat_plan
   >>> remat_plan.policy_name(jax.checkpoint_policies.nothing_saveable)
   'nothing_saveable'
   """
@@ -942,7 +942,7 @@ def _compile_options() -> dict[str, Any]:
 
   On CPU, LLVM without optimisation and XLA's older fusion emitters:
   compiles about 10× faster, and neither changes the buffer assignment
-  that the memory analysis reads (remat_plan_test checks the figures
+  that the memory analysis reads (plan_test checks the figures
   against a compile with XLA's defaults). Elsewhere, the defaults.
   """
   if jax.default_backend() == "cpu":

@@ -3,7 +3,7 @@
 `scan(f, init, xs, length=n, schedule=...)` returns what `jax.lax.scan(f, init,
 xs)` returns. Under reverse-mode autodiff its forward sweep keeps the carries
 `schedule.forward_stores` names, and its backward sweep follows
-`schedule.actions` (`remat_schedule.py`): it recomputes carries from kept
+`schedule.actions` (`schedule.py`): it recomputes carries from kept
 ones, and backpropagates each step once, last to first, recomputing that
 step's own intermediates as `jax.checkpoint` on the body would. So it stores
 a schedule's few carries instead of one per step. The backward loop runs one
@@ -51,7 +51,7 @@ from jax.interpreters import ad
 import jax.numpy as jnp
 import numpy as np
 
-from haiku_bridge._src import remat_schedule
+from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.pytree import PyTree
 
 # The aval of one step's slice of a scanned array. In jax.extend.core from jax
@@ -70,7 +70,8 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
          ) -> tuple[PyTree, PyTree]:
   """`jax.lax.scan(f, init, xs, length, reverse, unroll)`, reversed by `schedule`.
 
-  >>> from haiku_bridge._src import remat_schedule, scheduled_scan
+  >>> from haiku_bridge._src.remat import schedule as remat_schedule
+  >>> from haiku_bridge._src.remat import scheduled_scan
   >>> def step(h, w):
   ...   return jnp.tanh(h @ w), jnp.sum(h)
   >>> ws = jax.random.normal(jax.random.PRNGKey(0), [10, 4, 4]) / 2

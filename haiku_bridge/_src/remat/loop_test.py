@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import errors
-from haiku_bridge._src import loop
+from haiku_bridge._src.remat import loop
 from testing import test_utils
 
 STEPS = 7  # √7 divides nothing: "nested" runs groups of 3, 3 and 1.
@@ -121,7 +121,7 @@ class OptionsTest(parameterized.TestCase):
     self.assertLessEqual(binomial.recomputed_steps, nested.recomputed_steps)
     self.assertLessEqual(binomial.num_slots, nested.num_slots)
     # Without remat_groups, the fewest slots for at most one more forward
-    # pass (remat_schedule_test checks those against Griewank's bound).
+    # pass (schedule_test checks those against Griewank's bound).
     self.assertEqual(
         loop.schedule("binomial", 100, None),
         loop.remat_schedule.binomial(

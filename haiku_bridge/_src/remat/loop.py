@@ -9,13 +9,13 @@ It owns what the backward pass keeps:
 * `remat=True`: `jax.checkpoint` on the step (with `remat_policy`), as
   `hk.remat` of the step does: one carry per step.
 * `remat="nested"` / `"binomial"`: `scheduled_scan.scan` with a schedule of
-  `remat_schedule.py`, about 2√N carries for N steps (or fewer, binomial),
+  `schedule.py`, about 2√N carries for N steps (or fewer, binomial),
   one more forward pass.
 * `remat="auto"` with `memory_budget=`: one of those (with
   `remat_policy=`, `remat=True` under it too), the one that recomputes the
   least FLOPs among those whose training-step bytes fit the budget
   (predicted, then checked compiled) and that recompute at most
-  `max_recompute` forward passes (`remat_plan.py`), planned on the step's
+  `max_recompute` forward passes (`plan.py`), planned on the step's
   shapes when the loop is traced.
 
 Values the step closes over (a time scan's shared weights) are constants
@@ -41,12 +41,12 @@ import numpy as np
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import modes
-from haiku_bridge._src import remat_plan
-from haiku_bridge._src import remat_schedule
-from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.remat import plan as remat_plan
+from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
 
-# `remat=` values that keep fewer carries than steps (remat_schedule.py).
+# `remat=` values that keep fewer carries than steps (schedule.py).
 REMAT_SCHEDULES = modes.REMAT_SCHEDULES
 REMAT_MODES = (False, True) + REMAT_SCHEDULES
 
@@ -59,7 +59,7 @@ class Loop:
 
   Build it with `from_options`, which checks the options.
 
-  >>> from haiku_bridge._src import loop
+  >>> from haiku_bridge._src.remat import loop
   >>> def step(h, w):
   ...   return jnp.tanh(h @ w), jnp.sum(h)
   >>> ws = jax.random.normal(jax.random.PRNGKey(0), [9, 4, 4]) / 2

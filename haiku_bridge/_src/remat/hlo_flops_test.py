@@ -4,7 +4,7 @@ from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 
-from haiku_bridge._src import hlo_flops
+from haiku_bridge._src.remat import hlo_flops
 
 W = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32)
 H = jnp.zeros([4, 32])
