@@ -230,7 +230,7 @@ def _run_loop(body, carry, scanned, num_layers: int, options: _Options):
     # set (a bridged function's init): neither needs a mesh.
     plan = pipeline_plan.plan(
         pipeline, carry, num_layers,
-        require_mesh=not (hk.running_init() or inline.planning()))
+        require_mesh=not (hk.running_init() or inline.probing()))
   if plan is not None and not hk.running_init():
     carry, (ys, state) = pipeline_stages.run(
         plan, body, carry, scanned, loop=options.loop, reverse=reverse)
