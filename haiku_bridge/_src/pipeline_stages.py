@@ -189,7 +189,7 @@ def stage_loop(loop: remat_lib.Loop, body: Callable[..., Any],
   # would be refused.
   carry = _parts(micro, 1)  # One microbatch.
   visit = _parts(staged, 2)  # One visit's layers.
-  return loop.planned(body, carry, visit, layers)
+  return remat_lib.resolved(loop, body, carry, visit, layers)
 
 
 def _parts(tree: PyTree, axes: int) -> PyTree:

@@ -235,13 +235,10 @@ def _run_loop(body, carry, scanned, num_layers: int, options: _Options):
     carry, (ys, state) = pipeline_stages.run(
         plan, body, carry, scanned, loop=options.loop, reverse=reverse)
   else:
-    loop = options.loop
-    if pipeline is not None or hk.running_init():
-      # Init runs no backward pass, and with a pipeline init (or a bridge
-      # finding the params) runs the whole stack in one loop, which the
-      # per-stage budget is not for: values are the same under any remat,
-      # so `remat="auto"` runs plain, unplanned.
-      loop = loop.unplanned()
+    # With a pipeline, init (or a bridge finding the params) runs the whole
+    # stack in one loop, which the per-stage budget is not for.
+    loop = remat_lib.resolved(options.loop, body, carry, scanned, num_layers,
+                              whole_pipelined_stack=pipeline is not None)
     carry, (ys, state) = loop(body, carry, scanned, num_layers, reverse)
   return carry, (ys, state)
 

@@ -314,10 +314,9 @@ def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
     return loop(f, init, xs, length, reverse)
   first = None
   if hk.running_init():
-    # Init runs no backward pass: `remat="auto"` runs plain, unplanned.
-    loop = loop.unplanned()
     # The first step creates the params and state, which the loop cannot
-    # (its carry keeps one structure): it runs outside, as in hk.scan.
+    # (its carry keeps one structure): it runs outside, as in hk.scan. (The
+    # loop runs unplanned: `remat_lib.resolved` plans nothing at init.)
     if length == 0:
       x = jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), xs)
       y = f(init, x)[1]

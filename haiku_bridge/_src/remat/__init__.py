@@ -12,6 +12,9 @@ rooms meet each other by name:
 * `plan.py`: `remat="auto"`, the plan that fits a memory budget
   (`hkb.remat_plan`, `RematPlan`); `hlo_flops.py` counts a compiled
   program's FLOPs, every loop by its trip count, for it.
+
+When a plan is made is decided in one place, `resolved`: every loop of the
+bridge (the scans', each pipeline stage's) passes it.
 """
 
 # The names the rest of the library uses, and nothing else.
@@ -21,6 +24,7 @@ from haiku_bridge._src.remat.loop import CheckedBody
 from haiku_bridge._src.remat.loop import from_options
 from haiku_bridge._src.remat.loop import Loop
 from haiku_bridge._src.remat.loop import num_steps
+from haiku_bridge._src.remat.loop import resolved
 from haiku_bridge._src.remat.loop import StepAxis
 from haiku_bridge._src.remat.loop import StepWords
 from haiku_bridge._src.remat.plan import plannable
@@ -43,4 +47,5 @@ __all__ = [
     "num_steps",
     "plannable",
     "remat_plan",
+    "resolved",
 ]

@@ -444,7 +444,7 @@ def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
               memory_budget: int,
               policy: Optional[Callable[..., bool]] = None,
               max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
-  """The plan a loop's `remat="auto"` runs (`Loop.planned`), logged.
+  """The plan a loop's `remat="auto"` runs (`loop.resolved`), logged.
 
   Every plan a loop makes passes here: it is logged at INFO on the
   `haiku_bridge.remat` logger (`str(plan)`: the choice and the table), and
