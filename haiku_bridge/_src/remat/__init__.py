@@ -18,7 +18,6 @@ bridge (the scans', each pipeline stage's) passes it.
 """
 
 # The names the rest of the library uses, and nothing else.
-from haiku_bridge._src.remat.loop import Body
 from haiku_bridge._src.remat.loop import check_step_output
 from haiku_bridge._src.remat.loop import CheckedBody
 from haiku_bridge._src.remat.loop import from_options
@@ -34,7 +33,6 @@ from haiku_bridge._src.remat.plan import RematCandidate
 from haiku_bridge._src.remat.plan import RematPlan
 
 __all__ = [
-    "Body",
     "CheckedBody",
     "Loop",
     "Planned",
