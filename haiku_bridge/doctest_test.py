@@ -90,13 +90,13 @@ def public_objects() -> list[tuple[str, object]]:
 
 
 def source_modules() -> list[types.ModuleType]:
-  """Every module under haiku_bridge/_src/ except the tests (and adapters for missing libraries)."""
+  """Every module under haiku_bridge/_src/ and its packages except the tests (and adapters for missing libraries)."""
   modules = []
-  for info in pkgutil.iter_modules(_src.__path__):
+  for info in pkgutil.walk_packages(_src.__path__, prefix=f"{_src.__name__}."):
     if info.name.endswith("_test"):
       continue
     try:
-      modules.append(importlib.import_module(f"{_src.__name__}.{info.name}"))
+      modules.append(importlib.import_module(info.name))
     except ModuleNotFoundError as e:
       if (e.name or "").split(".")[0] not in OPTIONAL_LIBRARIES:
         raise

@@ -34,8 +34,8 @@ from haiku_bridge._src import inline
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import pipeline_plan
-from haiku_bridge._src import pipeline_stages
+from haiku_bridge._src.pipeline import plan as pipeline_plan
+from haiku_bridge._src.pipeline import stages as pipeline_stages
 from haiku_bridge._src import remat_plan
 from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.pytree import InitFn
