@@ -1,6 +1,6 @@
 """The stage program: what each stage of a pipeline runs inside its `shard_map`, and running it.
 
-`run` runs a layer scan as a pipeline from its `plan_lib.Plan`: the
+`run` runs a layer scan as a pipeline from its `staging.Staging`: the
 stack and the batch laid out for the stages (`layout`), a
 `jax.shard_map` manual over the stage axis (and over the batch's axes where
 the layer is row-wise, `_rows_apart`; the mesh's other axes Auto inside it),
@@ -23,21 +23,21 @@ import numpy as np
 from haiku_bridge._src import errors
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
-from haiku_bridge._src.pipeline import config
 from haiku_bridge._src.pipeline import layout as layout_lib
-from haiku_bridge._src.pipeline import plan as plan_lib
 from haiku_bridge._src.pipeline import row_wise
+from haiku_bridge._src.pipeline import schedule
+from haiku_bridge._src.pipeline import staging as staging_lib
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
 
-def run(plan: plan_lib.Plan, body: Callable[..., Any], carry: PyTree,
+def run(staging: staging_lib.Staging, body: Callable[..., Any], carry: PyTree,
         per_layer: PyTree, *, loop: loop_lib.Loop,
         reverse: bool = False) -> tuple[PyTree, PyTree]:
   """`layer_scan`'s loop as a pipeline: `(carry, (ys, state))`, as its scan returns them.
 
   Args:
-    plan: the pipeline, checked and laid out (`plan_lib.plan`).
+    staging: the pipeline, checked and laid out (`staging.staging_for`).
     body: `body(carry, (params, state, key, x)) -> (carry, (y, state))`, one
       layer.
     carry: the first layer's input; axis 0 of every leaf is the batch.
@@ -52,7 +52,7 @@ def run(plan: plan_lib.Plan, body: Callable[..., Any], carry: PyTree,
     carry, the `y`s as `[num_layers, batch, ...]`, the state after every
     microbatch.
   """
-  layout, batch = plan.layout, plan.batch
+  layout, batch = staging.layout, staging.batch
   stages, axis = layout.stages, layout.axis
   if reverse:
     per_layer = jax.tree.map(lambda a: jnp.flip(a, 0), per_layer)
@@ -61,7 +61,7 @@ def run(plan: plan_lib.Plan, body: Callable[..., Any], carry: PyTree,
   micro = jax.tree.map(batch.split, carry)
   if loop.remat == modes.REMAT_AUTO:
     loop = stage_loop(loop, body, micro, staged, layout.layers)
-  program = _StageProgram(body, loop, layout, plan.timetable,
+  program = _StageProgram(body, loop, layout, staging.timetable,
                           batch.microbatches)
   if stages == 1:
     # One stage passes nothing on: the timetable runs as a loop, in place,
@@ -465,7 +465,7 @@ class _StageProgram:
   body: Callable[..., Any]
   loop: loop_lib.Loop
   layout: layout_lib.Layout
-  timetable: config.Timetable
+  timetable: schedule.Timetable
   microbatches: int
   # Run with jax's check of varying types off (`jax.shard_map`'s
   # `check_vma=False`), where the transpose of a `psum` is a `psum`.

@@ -1,7 +1,7 @@
-"""A pipeline checked against the mesh, the stack and the batch, and laid out once: its `Plan`.
+"""A pipeline checked against the mesh, the stack and the batch, and laid out once: its `Staging`.
 
-`layer_scan` plans its pipeline at init under a mesh and at apply
-(`plan`); the stages run from the plan (`stages.run`). The checks
+`layer_scan` stages its pipeline at init under a mesh and at apply
+(`staging_for`); the stages run from the staging (`stages.run`). The checks
 name what does not fit, and the fix: a mesh without the stage axis, a jax
 that cannot run the stages on Explicit axes, a stack that does not split
 into the stages (and passes), a batch that does not split into the
@@ -17,20 +17,21 @@ import numpy as np
 from haiku_bridge._src import errors
 from haiku_bridge._src.pipeline import config
 from haiku_bridge._src.pipeline import layout as layout_lib
+from haiku_bridge._src.pipeline import schedule
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Staging:
   """How a stack runs as a pipeline: its layout on the stages, its microbatches, their timetable."""
   layout: layout_lib.Layout
   batch: layout_lib.Batch
-  timetable: config.Timetable
+  timetable: schedule.Timetable
 
 
-def plan(pipeline: config.Pipeline, carry: PyTree, num_layers: int, *,
-         require_mesh: bool) -> Optional[Plan]:
+def staging_for(pipeline: config.Pipeline, carry: PyTree, num_layers: int,
+                *, require_mesh: bool) -> Optional[Staging]:
   """The pipeline checked against the mesh, the stack and the batch, and laid out.
 
   Without a mesh, returns None, or with `require_mesh` raises.
@@ -90,8 +91,8 @@ def plan(pipeline: config.Pipeline, carry: PyTree, num_layers: int, *,
   layout = layout_lib.Layout(
       pipeline.axis, stages, repeats, num_layers // (stages * repeats),
       stages > 1 and typed_sharding.is_explicit(pipeline.axis))
-  return Plan(layout, layout_lib.Batch(microbatches, pipeline.axis),
-              config.timetable(stages, microbatches, repeats))
+  return Staging(layout, layout_lib.Batch(microbatches, pipeline.axis),
+                 schedule.timetable(stages, microbatches, repeats))
 
 
 def _mesh_axes() -> tuple[tuple[str, ...], tuple[int, ...]]:
