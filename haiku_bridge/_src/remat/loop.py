@@ -137,7 +137,7 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
   * with `whole_pipelined_stack`: the loop runs all the layers of a
     pipelined stack at once (its init, or a bridge running the layer only
     to find its params), and `memory_budget` is per stage, not for this loop
-    (each stage's plan is made here too, for one visit: `pipeline_stages`);
+    (each stage's plan is made here too, for one visit: `pipeline/stages.py`);
   * with no steps.
   """
   if loop.remat != modes.REMAT_AUTO:

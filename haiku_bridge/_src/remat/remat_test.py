@@ -51,7 +51,7 @@ class EntryPointTest(absltest.TestCase):
     self.assertEqual(importers, {})
     # Guards the walk: the modules that use the machinery were read.
     for module in ("__init__.py", "_src/scan.py", "_src/time_scan.py",
-                   "_src/pipeline_stages.py"):
+                   "_src/pipeline/stages.py"):
       self.assertIn(module.replace("/", os.sep), read)
 
   def test_the_check_sees_a_module_inside(self):

@@ -33,7 +33,8 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import pipeline_stages
+from haiku_bridge._src.pipeline import config as pipeline_config
+from haiku_bridge._src.pipeline import stages as stages_lib
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import scheduled_scan
 from testing import remat_models
@@ -623,14 +624,14 @@ class RematAutoTest(EightDevicesTest):
     chex.assert_trees_all_equal(pipelined.init(KEY, x), params)
     expected = jax.jit(jax.value_and_grad(plain.apply))(params, None, x)
     kept_by = []
-    real_kept_by = pipeline_stages._kept_by  # pylint: disable=protected-access
+    real_kept_by = stages_lib._kept_by  # pylint: disable=protected-access
 
     def spy(loop):
       kept_by.append(loop)
       return real_kept_by(loop)
 
     with remat_models.plans_made() as made, mock.patch.object(
-        pipeline_stages, "_kept_by", spy):
+        stages_lib, "_kept_by", spy):
       got = pipelined_grad(
           pipelined, params, x, make_mesh(2, axis_type=axis_type),
           stage_rules())
@@ -829,7 +830,7 @@ class DropInTest(EightDevicesTest):
     }
     for name, (layer, expected) in layers.items():
       jaxpr = jax.make_jaxpr(layer)(h, w).jaxpr
-      self.assertEqual(pipeline_stages._loops_from_a_constant(jaxpr),
+      self.assertEqual(stages_lib._loops_from_a_constant(jaxpr),
                        expected, name)
 
   def test_time_scan_with_remat_in_a_circular_pipeline(self):
@@ -1012,7 +1013,8 @@ class ErrorsTest(parameterized.TestCase):
     f = stack(pipeline=hkb.Pipeline("stage", 2))
     explicit = jax.make_mesh((4, 2), ("stage", "data"),
                              axis_types=(AxisType.Explicit,) * 2)
-    with mock.patch.object(pipeline_lib, "jax_runs_stages_on_explicit_axes",
+    with mock.patch.object(pipeline_config,
+                           "jax_runs_stages_on_explicit_axes",
                            return_value=False):
       with self.assertRaisesRegex(
           NotImplementedError, r"^hkb.repeat_layer: the mesh's axes \('stage', "
