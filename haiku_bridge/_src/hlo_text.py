@@ -69,7 +69,8 @@ def parse(text: str) -> Program:
   """The computations of the HLO module `text`."""
   computations: dict[str, list[Instruction]] = {}
   roots: dict[str, str] = {}
-  entry = name = None
+  entry = None
+  name = ""
   current = None
   for line in text.splitlines():
     header = _HEADER.match(line)
