@@ -172,23 +172,22 @@ def _without_layouts(text: str) -> str:
   return re.sub(r"\{[^{}]*\}", "", text)
 
 
+# What `_split` looks at: a quoted string (skipped whole), a bracket, a comma.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[()\[\]{},]')
+
+
 def _split(attributes: str) -> list[str]:
   """An instruction's attributes (`, a=1, b={2,3}`), one `key=value` each."""
-  parts, depth, quoted, start = [], 0, False, 0
-  escaped = False
-  for i, c in enumerate(attributes):
-    if quoted:
-      escaped, quoted = (not escaped and c == "\\",
-                         quoted and (escaped or c != '"'))
-    elif c == '"':
-      quoted = True
-    elif c in "([{":
+  parts, depth, start = [], 0, 0
+  for token in _TOKEN.finditer(attributes):
+    c = token.group()
+    if c in "([{":
       depth += 1
     elif c in ")]}":
       depth -= 1
     elif c == "," and not depth:
-      parts.append(attributes[start:i].strip())
-      start = i + 1
+      parts.append(attributes[start:token.start()].strip())
+      start = token.end()
   parts.append(attributes[start:].strip())
   return [p for p in parts if p]
 
