@@ -96,6 +96,36 @@ def cudnn_convolution(target: str, operands: tuple[str, str], result: str,
       ""])
 
 
+F32_4_32, F32_8_4_32 = "f32[4,32]{1,0}", "f32[8,4,32]{2,1,0}"
+
+
+def eight_steps(computations: str, *carry: str) -> str:
+  """A program running `%body` of `computations` 8 times, as XLA writes a scan.
+
+  The loop's carry: an s32 counter (index 0), then the entry's parameters,
+  of types `carry`; the program returns the loop's carry.
+  """
+  types = ", ".join(("s32[]",) + carry)
+  params = ", ".join(f"p{i}: {t}" for i, t in enumerate(carry))
+  return "\n".join([
+      computations, "",
+      f"%condition (arg.1: ({types})) -> pred[] {{",
+      f"  %arg.1 = ({types}) parameter(0)",
+      "  %i.1 = s32[] get-tuple-element(%arg.1), index=0",
+      "  %constant_8 = s32[] constant(8)",
+      "  ROOT %lt = pred[] compare(%i.1, %constant_8), direction=LT", "}", "",
+      f"ENTRY %main ({params}) -> ({types}) {{",
+      *(f"  %p{i} = {t} parameter({i})" for i, t in enumerate(carry)),
+      "  %zero = s32[] constant(0)",
+      f"  %init = ({types}) tuple(%zero, "
+      f"{', '.join(f'%p{i}' for i in range(len(carry)))})",
+      f"  ROOT %while = ({types}) while(%init), condition=%condition, "
+      "body=%body, backend_config={\"dynamic_variables\":[],"
+      "\"known_induction_variable\":{\"tuple_index\":\"0\"},"
+      "\"known_init_step\":{\"init\":\"0\",\"step\":\"1\"},"
+      "\"known_trip_count\":{\"n\":\"8\"}}", "}", ""])
+
+
 class CountTest(absltest.TestCase):
 
   def test_one_matmul_and_one_convolution_by_hand(self):
@@ -179,23 +209,10 @@ ENTRY %main (a: f32[2,4,8], b: f32[2,8,3], x: f32[4,4]) -> f32[2,4,3] {
   ROOT %tuple = (s32[], f32[4,32]{1,0}, f32[8,4,32]{2,1,0}) tuple(%next, %h, %fusion-done)
 }
 
-%condition (arg.1: (s32[], f32[4,32], f32[8,4,32])) -> pred[] {
-  %arg.1 = (s32[], f32[4,32]{1,0}, f32[8,4,32]{2,1,0}) parameter(0)
-  %i.1 = s32[] get-tuple-element(%arg.1), index=0
-  %constant_8 = s32[] constant(8)
-  ROOT %lt = pred[] compare(%i.1, %constant_8), direction=LT
-}
-
-ENTRY %main (h.1: f32[4,32], ys.1: f32[8,4,32]) -> f32[8,4,32] {
-  %h.1 = f32[4,32]{1,0} parameter(0)
-  %ys.1 = f32[8,4,32]{2,1,0} parameter(1)
-  %zero = s32[] constant(0)
-  %init = (s32[], f32[4,32]{1,0}, f32[8,4,32]{2,1,0}) tuple(%zero, %h.1, %ys.1)
-  %while = (s32[], f32[4,32]{1,0}, f32[8,4,32]{2,1,0}) while(%init), condition=%condition, body=%body, backend_config={"dynamic_variables":[],"known_induction_variable":{"tuple_index":"0"},"known_init_step":{"init":"0","step":"1"},"known_trip_count":{"n":"8"}}
-  ROOT %out = f32[8,4,32]{2,1,0} get-tuple-element(%while), index=2
-}
 """
-    self.assertEqual(hlo_flops.count(text).flops, 8 * (4 * 32))
+    self.assertEqual(hlo_flops.count(eight_steps(text, F32_4_32,
+                                                 F32_8_4_32)).flops,
+                     8 * (4 * 32))
 
   def test_a_value_copied_into_two_fusions_counts_once(self):
     # XLA:GPU copies a cheap producer into each fusion that reads it: the
@@ -309,24 +326,9 @@ ENTRY %main (h: f32[4,32], xs: f32[8,4,32]) -> (f32[4,32], f32[]) {
   ROOT %tuple = (s32[], f32[4,32]{1,0}, f32[8,4,32]{2,1,0}, f32[8,4,32]{2,1,0}) tuple(%next, %copy, %loop_dynamic_update_slice_fusion, %cts)
 }
 
-%condition (arg.1: (s32[], f32[4,32], f32[8,4,32], f32[8,4,32])) -> pred[] {
-  %arg.1 = (s32[], f32[4,32]{1,0}, f32[8,4,32]{2,1,0}, f32[8,4,32]{2,1,0}) parameter(0)
-  %i.1 = s32[] get-tuple-element(%arg.1), index=0
-  %constant_8 = s32[] constant(8)
-  ROOT %lt = pred[] compare(%i.1, %constant_8), direction=LT
-}
-
-ENTRY %main (g.1: f32[4,32], cts.1: f32[8,4,32]) -> f32[8,4,32] {
-  %g.1 = f32[4,32]{1,0} parameter(0)
-  %cts.1 = f32[8,4,32]{2,1,0} parameter(1)
-  %zero = s32[] constant(0)
-  %zeros = f32[8,4,32]{2,1,0} broadcast(f32[] constant(0)), dimensions={}
-  %init = (s32[], f32[4,32]{1,0}, f32[8,4,32]{2,1,0}, f32[8,4,32]{2,1,0}) tuple(%zero, %g.1, %zeros, %cts.1)
-  %while = (s32[], f32[4,32]{1,0}, f32[8,4,32]{2,1,0}, f32[8,4,32]{2,1,0}) while(%init), condition=%condition, body=%body, backend_config={"known_trip_count":{"n":"8"}}
-  ROOT %out = f32[8,4,32]{2,1,0} get-tuple-element(%while), index=2
-}
 """
-    self.assertEqual(hlo_flops.count(text).flops,
+    self.assertEqual(hlo_flops.count(eight_steps(
+        text, F32_4_32, F32_8_4_32, F32_8_4_32)).flops,
                      8 * (2 * 128 + 2 * 4 * 32 * 32))
 
   def test_only_the_same_arithmetic_on_the_same_values_counts_once(self):
