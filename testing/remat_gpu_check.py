@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 import haiku_bridge as hkb
 from haiku_bridge._src import hlo_flops
+from haiku_bridge._src import hlo_flops_test
 from haiku_bridge._src import remat_plan
 from testing import remat_models
 
@@ -164,7 +165,7 @@ def check(name: str, step_of, args) -> list[tuple[str, bool]]:
 
 def rolled_loops() -> list[tuple[str, bool]]:
   """`hlo_flops` of small loops compiled here, rolled, against XLA:CPU's count of them unrolled."""
-  from haiku_bridge._src import hlo_flops_test as t  # pylint: disable=g-import-not-at-top
+  t = hlo_flops_test
   scan = lambda unroll: (lambda h, xs: jax.lax.scan(t.step, h, xs,
                                                     unroll=unroll))
   programs = {"scan": scan, "gradient": lambda u: t.gradient(t.step, u),
