@@ -55,8 +55,9 @@ differently in a loop rolled and unrolled, or with and without
 `jax.checkpoint`. Two instructions are the same value when their opcode,
 type (no layout, no dimension of 1), attributes (not metadata nor
 configs; an applied computation by its content) and operands' values
-are; a copy, a bitcast or reshape that only adds or drops dimensions of
-1, and an asynchronous pair's end are their operand's value; a parameter
+are; a copy, a reshape that only adds or drops dimensions of 1 (a bitcast
+too, where it keeps the elements' order in memory), and an asynchronous
+pair's end are their operand's value; a parameter
 of the computation, a loop, a conditional, a custom-call, random bits, a
 collective, an optimization barrier and a constant whose literal XLA
 leaves out (`{...}`) are each a value of their own. So `flops` is the
@@ -165,6 +166,19 @@ def _type(shape: str) -> str:
     return _without_layouts(shape)
   dims = ",".join(str(d) for d in hlo_text.dims(shape) if d != 1)
   return shape[:shape.find("[")] + f"[{dims}]"
+
+
+def _in_memory(shape: str) -> tuple[int, ...]:
+  """An array's order in memory: its dimensions other than 1, numbered among themselves, minor to major.
+
+  (A bitcast keeps the bytes: where this changes, it reorders elements.)
+  """
+  dims = hlo_text.dims(shape)
+  layout = re.search(r"\]\{([0-9,]*)", shape)
+  order = ([int(d) for d in layout.group(1).split(",") if d] if layout
+           else list(reversed(range(len(dims)))))
+  kept = [d for d in range(len(dims)) if dims[d] != 1]
+  return tuple(kept.index(d) for d in order if dims[d] != 1)
 
 
 def _without_layouts(text: str) -> str:
@@ -279,7 +293,9 @@ class _Counter:
       # its `...-done` gives.)
       return flops, root
     if op in _SAME_VALUE or (op in ("bitcast", "reshape") and _type(
-        ins.shape) == _type(shapes[ins.operands[0]])):
+        ins.shape) == _type(shapes[ins.operands[0]]) and (
+            op == "reshape" or _in_memory(ins.shape) == _in_memory(
+                shapes[ins.operands[0]]))):
       return 0, operands[0]
     if (op in _OWN_VALUE or op.endswith(("-start", "-done")) or
         (op == "constant" and "..." in ins.operand_text)):
@@ -287,8 +303,9 @@ class _Counter:
       return self._opaque_value(ins, shapes, executions), values.unique()
     if op in _COMMUTATIVE:
       operands = tuple(sorted(operands))
-    value = values.number((op, _type(ins.shape), self._attributes(ins),
-                           operands,
+    # (A bitcast's layout says which elements it reads where.)
+    value = values.number((op, ins.shape if op == "bitcast" else _type(
+        ins.shape), self._attributes(ins), operands,
                            _without_layouts(re.sub(r"%[^\s,()]+", "",
                                                    ins.operand_text))))
     if op in _FREE or not values.first(value):

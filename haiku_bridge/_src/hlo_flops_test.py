@@ -334,9 +334,11 @@ ENTRY %main (h: f32[4,32], xs: f32[8,4,32]) -> (f32[4,32], f32[]) {
   def test_only_the_same_arithmetic_on_the_same_values_counts_once(self):
     # tanh(h) in three fusions counts once; but not two matmuls of it with
     # two constants XLA prints alike (`{...}`), two reductions of it by
-    # different reducers, nor a tanh of h past an optimization barrier
-    # (what jax.checkpoint's recomputation reads). By hand: tanh, sum,
-    # max and the second tanh 4·32 each, two matmuls 2·4·32·32 each.
+    # different reducers, a tanh of h past an optimization barrier (what
+    # jax.checkpoint's recomputation reads), nor a tanh of h's bytes read
+    # as its transpose (a bitcast to another layout). By hand: tanh, sum,
+    # max, the second and third tanh 4·32 each, two matmuls 2·4·32·32
+    # each.
     text = """HloModule m
 
 %sum (a: f32[], b: f32[]) -> f32[] {
@@ -374,7 +376,7 @@ ENTRY %main (h: f32[4,32], xs: f32[8,4,32]) -> (f32[4,32], f32[]) {
   ROOT %tuple = (f32[4]{0}, f32[4]{0}) tuple(%s, %m)
 }
 
-ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]) {
+ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32], f32[4,32]) {
   %h = f32[4,32]{1,0} parameter(0)
   %w1 = f32[32,32]{1,0} constant({...})
   %w2 = f32[32,32]{1,0} constant({...})
@@ -385,11 +387,13 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
   %barrier = (f32[4,32]{1,0}) opt-barrier(%kept)
   %h.1 = f32[4,32]{1,0} get-tuple-element(%barrier), index=0
   %again = f32[4,32]{1,0} tanh(%h.1)
-  ROOT %out = (f32[4,32]{1,0}, f32[4,32]{1,0}, (f32[4]{0}, f32[4]{0}), f32[4,32]{1,0}) tuple(%a, %b, %r, %again)
+  %read_transposed = f32[4,32]{0,1} bitcast(%h)
+  %transposed = f32[4,32]{0,1} tanh(%read_transposed)
+  ROOT %out = (f32[4,32]{1,0}, f32[4,32]{1,0}, (f32[4]{0}, f32[4]{0}), f32[4,32]{1,0}, f32[4,32]{0,1}) tuple(%a, %b, %r, %again, %transposed)
 }
 """
     self.assertEqual(hlo_flops.count(text).flops,
-                     4 * 128 + 2 * (2 * 4 * 32 * 32))
+                     5 * 128 + 2 * (2 * 4 * 32 * 32))
 
   def test_gpu_convolutions_count_as_xla_counts_them_on_cpu(self):
     # XLA:GPU runs a convolution and its two transposes as cuDNN
