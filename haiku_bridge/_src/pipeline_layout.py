@@ -95,7 +95,7 @@ class Layout:
       # A layer axis stored over the stages: each holds its GPipe block.
       return jnp.reshape(a, shape, out_sharding=PartitionSpec(
           self.axis, None, None, *rest))
-    if self.explicit and entries[0] == self.axis and _summable(a):
+    if self.explicit and entries[0] == self.axis:
       # Stored over the stages in blocks of layers, which circular
       # interleaves: each stage sends each of its visits' layers to the
       # stage that runs them, never the whole stack.
@@ -114,7 +114,7 @@ class Layout:
         and typed_sharding.spec(a)[3:] == entries[1:]):
       return jnp.reshape(a, like.shape,
                          out_sharding=PartitionSpec(*entries))
-    if self.explicit and entries[:1] == (self.axis,) and _summable(a):
+    if self.explicit and entries[:1] == (self.axis,):
       a = typed_sharding.reshard(a, (self.axis, None, None) + entries[1:])
       return self._interleaved(a, entries[1:], inverse=True)
     a = typed_sharding.without(a, (self.axis,))
@@ -232,11 +232,6 @@ def _rounds(stages: int, repeats: int
       del left[g]
     rounds.append((pairs, tuple(stored), tuple(visit)))
   return tuple(rounds)
-
-
-def _summable(a: jax.Array) -> bool:
-  """Whether adding zeros to `a` is exact (not a PRNG key's type)."""
-  return jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_
 
 
 def whole_batch_ys(body: Callable[..., Any], carry: PyTree,
