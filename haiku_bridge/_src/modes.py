@@ -22,7 +22,7 @@ RematSchedule = Literal["nested", "binomial"]
 # "auto": the plan with the least recomputation under `memory_budget=`
 # (remat_plan.py).
 RematMode = bool | RematSchedule | Literal["auto"]
-# `Pipeline(schedule=...)`: which stage runs which layers (pipeline.py).
+# `Pipeline(schedule=...)`: which stage runs which layers (pipeline/config.py).
 PipelineSchedule = Literal["gpipe", "circular"]
 
 REMAT_SCHEDULES: tuple[str, ...] = typing.get_args(RematSchedule)

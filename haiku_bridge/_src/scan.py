@@ -13,7 +13,7 @@ keys are drawn as `hk.layer_stack` draws them, so checkpoints and outputs move
 between the two (`unrolled_names.py` converts to and from the per-layer
 names of an unrolled loop). What the backward pass keeps (`remat=`) is the
 loop's (`loop.py`); with `pipeline=` the layers run as pipeline stages
-(`pipeline.py`), each stage's layers through the same loop.
+(the package `pipeline/`), each stage's layers through the same loop.
 """
 
 import dataclasses
@@ -34,8 +34,6 @@ from haiku_bridge._src import inline
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import pipeline_plan
-from haiku_bridge._src import pipeline_stages
 from haiku_bridge._src import remat_plan
 from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.pytree import InitFn
@@ -224,17 +222,17 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
 def _run_loop(body, carry, scanned, num_layers: int, options: _Options):
   """The layers' loop, or with `pipeline=` at apply, its pipeline stages."""
   pipeline, reverse = options.pipeline, options.reverse
-  plan = None
+  staging = None
   if pipeline is not None:
     # Init runs the plain scan (the same params), and so does a bridge
     # that runs this only to find the params it reads, where no mesh is
     # set (a bridged function's init): neither needs a mesh.
-    plan = pipeline_plan.plan(
+    staging = pipeline_lib.staging_for(
         pipeline, carry, num_layers,
         require_mesh=not (hk.running_init() or inline.planning()))
-  if plan is not None and not hk.running_init():
-    carry, (ys, state) = pipeline_stages.run(
-        plan, body, carry, scanned, loop=options.loop, reverse=reverse)
+  if staging is not None and not hk.running_init():
+    carry, (ys, state) = pipeline_lib.run(
+        staging, body, carry, scanned, loop=options.loop, reverse=reverse)
   else:
     loop = options.loop
     if pipeline is not None or hk.running_init():

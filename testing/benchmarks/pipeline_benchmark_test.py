@@ -1,7 +1,7 @@
 """Keeps testing/benchmarks/pipeline_benchmark.py from rotting: its quick mode runs to the end.
 
 No timing is asserted; what the rows must say is checked where the schedule and the
-sharding are (haiku_bridge/_src/pipeline_test.py). Here: every row is there, the
+sharding are (haiku_bridge/_src/pipeline/pipeline_test.py). Here: every row is there, the
 param bytes per device are 1/S of the data-parallel run's, and the plot (`--plot`, an SVG)
 draws the cost table's figures.
 """

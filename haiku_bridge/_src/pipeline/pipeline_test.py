@@ -33,8 +33,9 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import pipeline_layout
-from haiku_bridge._src import pipeline_stages
+from haiku_bridge._src.pipeline import config as pipeline_config
+from haiku_bridge._src.pipeline import layout as layout_lib
+from haiku_bridge._src.pipeline import stages as stages_lib
 from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import scheduled_scan
 from testing import remat_models
@@ -624,14 +625,14 @@ class RematAutoTest(EightDevicesTest):
     chex.assert_trees_all_equal(pipelined.init(KEY, x), params)
     expected = jax.jit(jax.value_and_grad(plain.apply))(params, None, x)
     kept_by = []
-    real_kept_by = pipeline_stages._kept_by  # pylint: disable=protected-access
+    real_kept_by = stages_lib._kept_by  # pylint: disable=protected-access
 
     def spy(loop):
       kept_by.append(loop)
       return real_kept_by(loop)
 
     with remat_models.plans_made() as made, mock.patch.object(
-        pipeline_stages, "_kept_by", spy):
+        stages_lib, "_kept_by", spy):
       got = pipelined_grad(
           pipelined, params, x, make_mesh(2, axis_type=axis_type),
           stage_rules())
@@ -830,7 +831,7 @@ class DropInTest(EightDevicesTest):
     }
     for name, (layer, expected) in layers.items():
       jaxpr = jax.make_jaxpr(layer)(h, w).jaxpr
-      self.assertEqual(pipeline_stages._loops_from_a_constant(jaxpr),
+      self.assertEqual(stages_lib._loops_from_a_constant(jaxpr),
                        expected, name)
 
   def test_time_scan_with_remat_in_a_circular_pipeline(self):
@@ -1007,7 +1008,7 @@ class StoredOverStagesTest(EightDevicesTest):
     # Group g = r·S + s (visit r of stage s) is stored on stage g // R as
     # its slot g mod R: R rounds, in each every stage sends one group and
     # receives one, and every group moves once, where its visit runs.
-    rounds = pipeline_layout._rounds(stages, repeats)
+    rounds = layout_lib._rounds(stages, repeats)
     self.assertLen(rounds, repeats)
     moved = []
     for pairs, stored, visit in rounds:
@@ -1053,7 +1054,8 @@ class ErrorsTest(parameterized.TestCase):
     f = stack(pipeline=hkb.Pipeline("stage", 2))
     explicit = jax.make_mesh((4, 2), ("stage", "data"),
                              axis_types=(AxisType.Explicit,) * 2)
-    with mock.patch.object(pipeline_lib, "jax_runs_stages_on_explicit_axes",
+    with mock.patch.object(pipeline_config,
+                           "jax_runs_stages_on_explicit_axes",
                            return_value=False):
       with self.assertRaisesRegex(
           NotImplementedError, r"^hkb.repeat_layer: the mesh's axes \('stage', "
