@@ -75,13 +75,18 @@ def step_cost(model, params, x, length: int, **remat) -> StepCost:
   net, _ = model(**remat)
   step = jax.value_and_grad(lambda p, x: net.apply(p, None, x))
   compiled = jax.jit(step).lower(params, x).compile()
-  count = hlo_flops.count(compiled.as_text())
+  return StepCost(compiled.memory_analysis().temp_size_in_bytes,
+                  step_flops(compiled.as_text(), length),
+                  hlo_flops.constant_bytes(compiled.as_text()))
+
+
+def step_flops(text: str, length: int) -> int:
+  """The FLOPs of a compiled training step (`hlo_flops`), a schedule's conditionals as `step_cost` says."""
+  count = hlo_flops.count(text)
   if count.unknown_trip_counts:
     raise ValueError(f"A loop without a known trip count: {count}")
-  flops = count.flops + sum(length * (max(c.branches) - min(c.branches))
-                            for c in count.conditionals)
-  return StepCost(compiled.memory_analysis().temp_size_in_bytes, flops,
-                  hlo_flops.constant_bytes(compiled.as_text()))
+  return count.flops + sum(length * (max(c.branches) - min(c.branches))
+                           for c in count.conditionals)
 
 
 def lstm(length: int, loss_in_step: bool, **remat):

@@ -34,6 +34,7 @@ import numpy as np
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src.pipeline import config as pipeline_config
+from haiku_bridge._src.pipeline import layout as layout_lib
 from haiku_bridge._src.pipeline import stages as stages_lib
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import scheduled_scan
@@ -995,6 +996,46 @@ class OtherMeshAxesTest(EightDevicesTest):
     assert_close(self, got, expected)
     self.assertEqual(got[1]["blocks/~"]["w1"].sharding.spec,
                      P("stage", "data", "model"))
+
+
+class StoredOverStagesTest(EightDevicesTest):
+  """Circular with the layer axis stored over the stages in model order."""
+
+  @hypothesis.given(stages=st.integers(1, 8), repeats=st.integers(1, 6))
+  @hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
+                       database=None)
+  def test_moves_are_r_permutations_of_the_stages(self, stages, repeats):
+    # Group g = r·S + s (visit r of stage s) is stored on stage g // R as
+    # its slot g mod R: R rounds, in each every stage sends one group and
+    # receives one, and every group moves once, where its visit runs.
+    rounds = layout_lib._rounds(stages, repeats)
+    self.assertLen(rounds, repeats)
+    moved = []
+    for pairs, stored, visit in rounds:
+      self.assertCountEqual([b for b, _ in pairs], range(stages))
+      self.assertCountEqual([s for _, s in pairs], range(stages))
+      for b, s in pairs:
+        g = b * repeats + stored[b]
+        self.assertEqual((g % stages, g // stages), (s, visit[s]))
+        moved.append(g)
+    self.assertCountEqual(moved, range(stages * repeats))
+
+  @parameterized.parameters((4, 3), (2, 3), (4, 2))
+  def test_values_and_gradients_explicit_axes(self, stages, repeats):
+    # R neither a multiple nor a divisor of S: rounds send different slots
+    # from different stages.
+    f = lambda pipeline=None: stack(num_layers=stages * repeats,
+                                    pipeline=pipeline)
+    x = jax.random.normal(KEY, [8, 4])
+    params = f().init(KEY, x)
+    expected = jax.jit(jax.value_and_grad(f().apply))(params, None, x)
+    mesh = make_mesh(stages, axis_type=AxisType.Explicit)
+    got = pipelined_grad(f(hkb.Pipeline("stage", 2, "circular", repeats)),
+                         params, x, mesh, stage_rules())
+    assert_close(self, got, expected)
+    # Each gradient leaf stored as its param: over the stages.
+    self.assertEqual({g.sharding.spec[0] for g in jax.tree.leaves(got[1])},
+                     {"stage"})
 
 
 @needs_shard_map
