@@ -942,7 +942,7 @@ def _compile_options() -> dict[str, Any]:
 
   On CPU, LLVM without optimisation and XLA's older fusion emitters:
   compiles about 10× faster, and neither changes the buffer assignment
-  that the memory analysis reads (plan_test checks the figures
+  that the memory analysis reads (remat_plan_test checks the figures
   against a compile with XLA's defaults). Elsewhere, the defaults.
   """
   if jax.default_backend() == "cpu":
