@@ -8,13 +8,13 @@ reshape says where its result goes (`typed_sharding.py`).
 """
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
@@ -193,7 +193,7 @@ class Layout:
     return a.reshape((-1,) + a.shape[3:])
 
 
-@functools.cache
+@caches.memoize()
 def _rounds(stages: int, repeats: int
             ) -> tuple[tuple[tuple[tuple[int, int], ...], tuple[int, ...],
                              tuple[int, ...]], ...]:
