@@ -14,9 +14,9 @@ from haiku_bridge._src.modes import RematMode
 # The Flax and Equinox adapters load on first use (see _src/optional.py).
 from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.pipeline import Pipeline
-from haiku_bridge._src.remat_plan import remat_plan
-from haiku_bridge._src.remat_plan import RematCandidate
-from haiku_bridge._src.remat_plan import RematPlan
+from haiku_bridge._src.remat import remat_plan
+from haiku_bridge._src.remat import RematCandidate
+from haiku_bridge._src.remat import RematPlan
 from haiku_bridge._src.scan import layer_scan
 from haiku_bridge._src.scan import repeat_layer
 from haiku_bridge._src.stacked_init import stacked_init

@@ -1,10 +1,10 @@
 """Runs every `>>>` example in haiku_bridge's docstrings, one test per docstring.
 
 Examples come from the public names (`haiku_bridge.__all__`: functions, classes and their public
-methods) and from every module of `haiku_bridge/_src/` (the module docstring, its functions and
-classes), the optional-library adapters included. Each example runs in a fresh namespace holding
-only `hk`, `hkb`, `jax`, `jnp` and `np`, so it must define or import whatever else it uses
-(`PartitionSpec`, `nnx`, `eqx`, ...): an example is what a user can paste after
+methods) and from every module of `haiku_bridge/_src/` and of its packages (the module docstring,
+its functions and classes), the optional-library adapters included. Each example runs in a fresh
+namespace holding only `hk`, `hkb`, `jax`, `jnp` and `np`, so it must define or import whatever else
+it uses (`PartitionSpec`, `nnx`, `eqx`, ...): an example is what a user can paste after
 `import haiku as hk, haiku_bridge as hkb, jax, jax.numpy as jnp, numpy as np`. An example that
 needs more devices than one says so in a comment, `# Needs 8 devices ...`, which this harness reads
 (it gives 8 CPU devices, and skips an example that needs more than there are).
@@ -90,13 +90,13 @@ def public_objects() -> list[tuple[str, object]]:
 
 
 def source_modules() -> list[types.ModuleType]:
-  """Every module under haiku_bridge/_src/ except the tests (and adapters for missing libraries)."""
+  """Every module under haiku_bridge/_src/ and its packages, less the tests (and absent adapters)."""
   modules = []
-  for info in pkgutil.iter_modules(_src.__path__):
+  for info in pkgutil.walk_packages(_src.__path__, f"{_src.__name__}."):
     if info.name.endswith("_test"):
       continue
     try:
-      modules.append(importlib.import_module(f"{_src.__name__}.{info.name}"))
+      modules.append(importlib.import_module(info.name))
     except ModuleNotFoundError as e:
       if (e.name or "").split(".")[0] not in OPTIONAL_LIBRARIES:
         raise
@@ -145,6 +145,8 @@ class DoctestTest(parameterized.TestCase):
     # Guards the finder: a handful of modules carry examples today.
     files = {test.filename for test in EXAMPLES}
     self.assertGreaterEqual(len(files), 5, sorted(files))
+    # It walks the packages of _src/ too.
+    self.assertIn("haiku_bridge._src.remat.loop", [m.__name__ for m in source_modules()])
 
   def test_specs_read_alike_on_every_jax(self):
     checker = OutputChecker()

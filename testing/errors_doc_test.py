@@ -7,7 +7,7 @@ or a function without a row, fails the test, so the doc cannot drift from the co
 
 The doc shows what the pinned environment (requirements.txt) raises, and there the comparison is
 exact. Two rows hold a fact of the install: the jax version a message names, and the temporaries
-`remat_plan` predicts from XLA's compiles. On another jax, those parts of the row are this
+the remat plan (`_src/remat/plan.py`) predicts from XLA's compiles. On another jax, those parts of the row are this
 install's (the version it runs, the least temporaries of `hkb.remat_plan`'s own candidates) and
 the rest must be the doc's word for word.
 """
@@ -36,7 +36,7 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import haiku_internals
-from haiku_bridge._src import pipeline as pipeline_lib
+from haiku_bridge._src.pipeline import config as pipeline_config
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DOC = os.path.join(_ROOT, "docs", "errors.md")
@@ -520,13 +520,13 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
 def jax_without_shard_map(fn: Callable[[], Any]) -> Any:
   """`fn()` where the pipeline sees jax 0.6.0, which has no jax.shard_map."""
   old = types.SimpleNamespace(__version__="0.6.0")
-  with mock.patch.object(pipeline_lib, "jax", old):
+  with mock.patch.object(pipeline_config, "jax", old):
     return fn()
 
 
 def explicit_stages_on_jax_08() -> None:
   """A pipeline on 2 stages of an Explicit mesh, where the pipeline sees jax 0.8.1."""
-  with mock.patch.object(pipeline_lib.jax, "__version__", "0.8.1"):
+  with mock.patch.object(pipeline_config.jax, "__version__", "0.8.1"):
     pipelined(4, hkb.Pipeline("stage", 2), {"stage": 2})
 
 

@@ -44,17 +44,17 @@ GPU_TESTS=(
   haiku_bridge/_src/equinox_bridge_test.py
   haiku_bridge/_src/flax_bridge_test.py
   haiku_bridge/_src/foreign_module_test.py
-  haiku_bridge/_src/hlo_flops_test.py
   haiku_bridge/_src/inline_test.py
-  haiku_bridge/_src/loop_test.py
-  haiku_bridge/_src/remat_plan_test.py
-  haiku_bridge/_src/remat_schedule_test.py
   haiku_bridge/_src/scan_test.py
-  haiku_bridge/_src/scheduled_scan_test.py
   haiku_bridge/_src/stacked_init_test.py
   haiku_bridge/_src/storage_test.py
   haiku_bridge/_src/time_scan_test.py
   haiku_bridge/_src/unrolled_names_test.py
+  haiku_bridge/_src/remat/hlo_flops_test.py
+  haiku_bridge/_src/remat/loop_test.py
+  haiku_bridge/_src/remat/plan_test.py
+  haiku_bridge/_src/remat/schedule_test.py
+  haiku_bridge/_src/remat/scheduled_scan_test.py
   testing/conformance/bridged_grid_test.py
   testing/conformance/clipped_models_test.py
   testing/conformance/equinox_conformance_test.py

@@ -17,16 +17,19 @@ for GPipe, (R-1)·max(M, S)+M+S-1 for circular's R passes):
 - `collective-permute`: 2·T·a: at each step of the timetable each stage
   sends one microbatch's activations on and their cotangent back; the
   bubble's steps send too (`ppermute` needs every stage at each step), so
-  this is (M+S-1)/M of one send per microbatch and pass.
+  this is (M+S-1)/M of one send per microbatch and pass. For circular
+  with params stored over the stages, 2·P more: each stage sends its
+  stored layers once to the stages whose visits run them, in R full
+  permutations of the stages of P/R each, and the gradient back the same
+  way (a group that stays on its stage is sent to itself: an all-to-all
+  would count its own chunk too; not every R and S has equal chunks).
 - `all-reduce data`: P + 4: the stage's gradient summed over the data
   devices once per step, and the loss's float32 mean.
 - `all-reduce stage`: M·a: the stack's output, from the last stage to the
   others (every all-reduce not over `"data"` alone counts here).
 - `all-gather`: S·P with params as init returns them (the gradient comes
   back whole on every device, as the plain stack's); none for `"stage"`.
-- `all-to-all`: 2·P for circular with params stored over the stages (the
-  stage's layers into the interleaved order the visits read, and the
-  gradient back); none otherwise.
+- `all-to-all`: none.
 - `reduce-scatter`: none.
 """
 
@@ -135,9 +138,10 @@ def theory(step: Step) -> dict[str, float]:
       "all-gather": stages * stage_params if step.placement == "init" else 0,
       "all-reduce data": stage_params + LOSS_BYTES,
       "all-reduce stage": m * microbatch,
-      "collective-permute": 2 * steps * microbatch,
+      "collective-permute": 2 * steps * microbatch + (
+          2 * stage_params if circular_stored else 0),
       "reduce-scatter": 0,
-      "all-to-all": 2 * stage_params if circular_stored else 0,
+      "all-to-all": 0,
   }
 
 

@@ -1,15 +1,24 @@
 r"""`remat="auto"` on whatever backend runs it: predicted against compiled bytes, choice against budget.
 
 A standalone check (no pytest) for a machine the test suite does not run on,
-a GPU above all: for `remat_plan_test`'s models and a plain-JAX LSTM training
+a GPU above all: for `remat/plan_test`'s models and a plain-JAX LSTM training
 step (H=1024, B=64, T=4096, the loss in the step), it plans each at a tight
 and a middle budget, prints the plan's first prediction for its choice (before
 the compiled check), the choice and what the compiled training step takes
 (XLA's temporaries and the constants of the program), and for `remat=False`
-and `remat=True` the prediction against the compiled step. Exits 1 if a
-whole step compiles over its budget by more than the tests allow
-(`remat_plan_test.STEP_TOLERANCE`), or a prediction of `False`/`True` is more
-than 10% off. `--small`: small shapes for a CPU (a minute or two).
+and `remat=True` the prediction against the compiled step. FLOPs too
+(`hlo_flops`, every loop by its trip count): `remat=True`'s predicted
+recomputation against the compiled steps' difference (True less False),
+and each chosen plan's step against `remat=False`'s (a plan runs at least
+the plain step's arithmetic). First, `hlo_flops` on small loops compiled
+here, rolled against XLA's count on CPU of the same loops unrolled (as
+`hlo_flops_test` does; XLA:GPU's own count of a program counts each copy
+of a value its fusions make, printed beside it). Exits 1 if a whole step
+compiles over its budget by more than the tests allow
+(`remat/plan_test.py`'s `STEP_TOLERANCE`), a prediction of `False`/`True`
+(bytes, or `True`'s recomputed FLOPs) is more than 10% off, a chosen plan
+counts fewer FLOPs than `remat=False`, or a rolled loop's count is more than
+2% off. `--small`: small shapes for a CPU (a minute or two).
 
     PYTHONPATH=. python3 testing/remat_gpu_check.py            # the GPU's run
     PYTHONPATH=. python3 testing/remat_gpu_check.py --small    # a CPU's
@@ -23,22 +32,24 @@ fits the time.
 import argparse
 import contextlib
 import functools
+import math
 import re
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
-from haiku_bridge._src import hlo_flops
-from haiku_bridge._src import remat_plan
+from haiku_bridge._src.remat import hlo_flops
+from haiku_bridge._src.remat import hlo_flops_test
+from haiku_bridge._src.remat import plan as remat_plan
 from testing import remat_models
 
 KEY = jax.random.PRNGKey(0)
-# What remat_plan_test allows a whole step over its budget, and a prediction
+# What remat/plan_test allows a whole step over its budget, and a prediction
 # of remat=False or remat=True off from the compiled step.
 STEP_TOLERANCE = 0.02
 PREDICTION_TOLERANCE = 0.10
@@ -71,11 +82,18 @@ def first_choices() -> Iterator[list[remat_plan.RematCandidate]]:
     yield made
 
 
-def compiled_bytes(f, *args) -> int:
-  """XLA's temporaries and the program's constants, for `jax.jit(f)(*args)`."""
+class Compiled(NamedTuple):
+  bytes: int  # XLA's temporaries and the program's constants.
+  flops: int  # `remat_models.step_flops`: every loop by its trip count.
+
+
+def compiled_cost(length: int, f, *args) -> Compiled:
+  """What `jax.jit(f)(*args)`, a training step of a loop of `length` steps, compiles to."""
   compiled = jax.jit(f).lower(*args).compile()
-  return (compiled.memory_analysis().temp_size_in_bytes +
-          hlo_flops.constant_bytes(compiled.as_text()))
+  text = compiled.as_text()
+  return Compiled(compiled.memory_analysis().temp_size_in_bytes +
+                  hlo_flops.constant_bytes(text),
+                  remat_models.step_flops(text, length))
 
 
 def _row(name: str, what: str, predicted: int, compiled: int,
@@ -96,27 +114,84 @@ def _plan_name(k: remat_plan.RematCandidate) -> str:
   return f"{k.remat}" + (f", {k.slots} slots" if k.slots else "")
 
 
+def _flops_row(name: str, what: str, got: float, truth: float,
+               ok: bool, compared: str) -> tuple[str, bool]:
+  return (f"{'ok  ' if ok else 'FAIL'} {name:32} {what:10} {got / 1e6:14.3f} "
+          f"MFLOP  {compared} {truth / 1e6:14.3f} MFLOP  ratio "
+          f"{got / truth if truth else float('nan'):.3f}"), ok
+
+
 def check(name: str, step_of, args) -> list[tuple[str, bool]]:
   """`step_of(**remat)`: a training step; each plan and budget checked."""
   rows = []
   with remat_models.plans_made() as made:
     jax.jit(step_of(remat="auto", memory_budget=1 << 50)).lower(*args)
-  candidates = made[-1].candidates
+  candidates, length = made[-1].candidates, made[-1].length
   by_kind = {k.remat: k for k in candidates if k.slots is None and
              k.policy is None}
+  compiled = {remat: compiled_cost(length, step_of(remat=remat), *args)
+              for remat in (False, True)}
   for remat in (False, True):
     rows.append(_row(name, f"{remat}", by_kind[remat].temporaries,
-                     compiled_bytes(step_of(remat=remat), *args)))
+                     compiled[remat].bytes))
+  # remat=True's recomputation: predicted, and the compiled steps' FLOPs
+  # True less False (what remat/plan_test checks, within 10%).
+  recomputed = compiled[True].flops - compiled[False].flops
+  predicted = by_kind[True].recomputed_flops
+  rows.append(_flops_row(
+      name, "True flops", predicted, recomputed,
+      recomputed > 0 and abs(predicted / recomputed - 1) <= 0.10,
+      "recomputed; compiled True - False"))
   least = min(k.temporaries for k in candidates)
   budgets = {"middle": (by_kind[True].temporaries + least) // 2,
              "tight": int(least * 1.01)}
   for label, budget in budgets.items():
-    step = step_of(remat="auto", memory_budget=budget)
+    # Any recomputation, as remat/plan_test: a tight budget needs a
+    # schedule of few slots.
+    step = step_of(remat="auto", memory_budget=budget,
+                   max_recompute=math.inf)
     with first_choices() as first, remat_models.plans_made() as made:
-      got = compiled_bytes(step, *args)
+      got = compiled_cost(length, step, *args)
     choice = made[-1].choice
-    rows.append(_row(name, label, first[-1].temporaries, got, budget,
+    rows.append(_row(name, label, first[-1].temporaries, got.bytes, budget,
                      f"{_plan_name(first[-1])} -> {_plan_name(choice)}"))
+    # Any plan runs at least the plain step's arithmetic.
+    rows.append(_flops_row(name, label + " flops", got.flops,
+                           compiled[False].flops,
+                           got.flops >= 0.99 * compiled[False].flops,
+                           "step; remat=False's"))
+  return rows
+
+
+def rolled_loops() -> list[tuple[str, bool]]:
+  """`hlo_flops` of small loops compiled here, rolled, against XLA:CPU's count of them unrolled."""
+  t = hlo_flops_test
+  scan = lambda unroll: (lambda h, xs: jax.lax.scan(t.step, h, xs,
+                                                    unroll=unroll))
+  programs = {"scan": scan, "gradient": lambda u: t.gradient(t.step, u),
+              "nested": t.nested,
+              "checkpointed": lambda u: t.gradient(
+                  jax.checkpoint(t.step) if u == 1 else t.step, u)}
+  def unrolled(name, device=None):
+    """XLA's count of program `name` unrolled, on `device`."""
+    flops = t.xla(programs[name](True), t.H, t.XS, device=device)
+    if name == "checkpointed":  # One more forward of each step.
+      flops += len(t.XS) * t.xla(lambda h, x: t.step(h, x)[0], t.H,
+                                 t.XS[0], device=device)
+    return flops
+
+  rows = []
+  for name, make in programs.items():
+    rolled = t.ours(make(1), t.H, t.XS)
+    truth, here = unrolled(name, t.CPU), unrolled(name)
+    ok = (abs(rolled.flops / truth - 1) <= 0.02 and
+          not rolled.unknown_trip_counts)
+    row, _ = _flops_row("hlo_flops " + name, "rolled", rolled.flops, truth,
+                        ok, "XLA:CPU unrolled")
+    rows.append((f"{row}  (XLA:{jax.default_backend().upper()} unrolled "
+                 f"{here / 1e6:.3f} MFLOP; unknown trip counts "
+                 f"{rolled.unknown_trip_counts}, opaque "
+                 f"{rolled.opaque_custom_calls})", ok))
   return rows
 
 
@@ -164,7 +239,8 @@ def main() -> int:
   else:
     grid = remat_models.models((256, 1024, 4096), (16, 64), (16, 64), (32,))
     hidden, batch, length = 1024, 64, 4096
-  rows = []
+  rows = rolled_loops()
+  print("\n".join(r for r, _ in rows), flush=True)
   for name, model in grid.items():
     if not only.search(name):
       continue
@@ -172,7 +248,7 @@ def main() -> int:
     net, x = model()
     params = net.init(KEY, x)
     rows += check(name, functools.partial(haiku_step, model), (params, x))
-    print("\n".join(r for r, _ in rows[-4:]), flush=True)
+    print("\n".join(r for r, _ in rows[-7:]), flush=True)
     print(f"     ({time.perf_counter() - start:.0f} s)", flush=True)
   name = f"jax_lstm_H{hidden}_B{batch}_T{length}"
   if only.search(name):
@@ -180,7 +256,7 @@ def main() -> int:
     step_of, params = lstm_step(hidden, batch, 32)
     xs = jnp.ones([length, batch, 32])
     rows += check(name, step_of, (params, xs))
-    print("\n".join(r for r, _ in rows[-4:]), flush=True)
+    print("\n".join(r for r, _ in rows[-7:]), flush=True)
     print(f"     ({time.perf_counter() - start:.0f} s)", flush=True)
   failed = [r for r, ok in rows if not ok]
   print(f"{len(rows) - len(failed)} of {len(rows)} within bounds"

@@ -1,10 +1,10 @@
 """The models `remat="auto"` is measured on: an LSTM unroll, residual MLP, transformer and conv stacks.
 
 Small widths, so a grid of them compiles in minutes; shared by
-haiku_bridge/_src/remat_plan_test.py (predictions against compiled memory)
+haiku_bridge/_src/remat/plan_test.py (predictions against compiled memory)
 and testing/benchmarks/lib/remat_auto_bench.py (the Pareto plot). Each takes
 the loop's remat keywords and returns the transformed net and its input.
-`plans_made` records the plans `remat="auto"` makes, as the loops log them (remat_plan_test,
+`plans_made` records the plans `remat="auto"` makes, as the loops log them (remat/plan_test,
 pipeline_test); `step_cost` compiles a training step and measures it.
 """
 
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
-from haiku_bridge._src import hlo_flops
+from haiku_bridge._src.remat import hlo_flops
 from testing import transformer as transformer_lib
 
 BATCH, HIDDEN, INPUTS = 4, 32, 8
@@ -75,13 +75,18 @@ def step_cost(model, params, x, length: int, **remat) -> StepCost:
   net, _ = model(**remat)
   step = jax.value_and_grad(lambda p, x: net.apply(p, None, x))
   compiled = jax.jit(step).lower(params, x).compile()
-  count = hlo_flops.count(compiled.as_text())
+  return StepCost(compiled.memory_analysis().temp_size_in_bytes,
+                  step_flops(compiled.as_text(), length),
+                  hlo_flops.constant_bytes(compiled.as_text()))
+
+
+def step_flops(text: str, length: int) -> int:
+  """The FLOPs of a compiled training step (`hlo_flops`), a schedule's conditionals as `step_cost` says."""
+  count = hlo_flops.count(text)
   if count.unknown_trip_counts:
     raise ValueError(f"A loop without a known trip count: {count}")
-  flops = count.flops + sum(length * (max(c.branches) - min(c.branches))
-                            for c in count.conditionals)
-  return StepCost(compiled.memory_analysis().temp_size_in_bytes, flops,
-                  hlo_flops.constant_bytes(compiled.as_text()))
+  return count.flops + sum(length * (max(c.branches) - min(c.branches))
+                           for c in count.conditionals)
 
 
 def lstm(length: int, loss_in_step: bool, **remat):

@@ -89,7 +89,7 @@ class ClearCachesTest(absltest.TestCase):
         for attr, value in vars(module).items()
         if callable(getattr(value, "cache_clear", None))}
     self.assertIn("haiku_bridge._src.pytree.key_spec_of", memos)
-    self.assertIn("haiku_bridge._src.loop.schedule", memos)
+    self.assertIn("haiku_bridge._src.remat.loop.schedule", memos)
     for name, memo in memos.items():
       with self.subTest(name):
         self.assertIn(memo.cache_clear, caches._CLEARERS)  # pylint: disable=protected-access

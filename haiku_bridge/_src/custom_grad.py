@@ -505,7 +505,7 @@ class _CustomBlock:
   def _run(self, call, rng_state, args):
     """`f` at this call, wrapped in the custom rule, on its stored params."""
     diff = self._diff_positions(args)
-    stateless = not call.plan.state
+    stateless = not call.bindings.state
     # The output's static leaves, as the run that JAX traced (`run`, or the
     # rule) returned them: the custom derivative carries only its arrays.
     outputs = []

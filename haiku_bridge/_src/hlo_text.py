@@ -17,7 +17,10 @@ _HEADER = re.compile(r"^(ENTRY )?%(\S+) .*\{$")
 _SHAPE = re.compile(r"^[a-z][a-z0-9]*\[([0-9,]*)\]")
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
 # Instructions that run another computation once per execution of their own.
-_CALLS = {"fusion": "calls", "call": "to_apply", "async-start": "calls"}
+# (`fusion-start`: XLA:GPU's asynchronous fusion, its result read by a
+# `fusion-done`.)
+_CALLS = {"fusion": "calls", "call": "to_apply", "async-start": "calls",
+          "fusion-start": "calls"}
 
 
 class Instruction(NamedTuple):
@@ -27,12 +30,16 @@ class Instruction(NamedTuple):
   opcode: str
   operands: tuple[str, ...]
   attributes: str
+  # The text between the opcode's brackets: the operands as printed, a
+  # constant's literal, a parameter's number.
+  operand_text: str = ""
 
 
 class Program(NamedTuple):
-  """The computations of an HLO module, by name, and the entry's name."""
+  """The computations of an HLO module, by name, the entry's name, and each computation's ROOT instruction's name."""
   computations: dict[str, list[Instruction]]
   entry: str
+  roots: dict[str, str] = {}
 
 
 class Site(NamedTuple):
@@ -61,20 +68,25 @@ class Site(NamedTuple):
 def parse(text: str) -> Program:
   """The computations of the HLO module `text`."""
   computations: dict[str, list[Instruction]] = {}
+  roots: dict[str, str] = {}
   entry = None
+  name = ""
   current = None
   for line in text.splitlines():
     header = _HEADER.match(line)
     if header and current is None:
-      current = computations.setdefault(header.group(2), [])
+      name = header.group(2)
+      current = computations.setdefault(name, [])
       if header.group(1):
-        entry = header.group(2)
+        entry = name
     elif line == "}":
       current = None
     elif current is not None and " = " in line:
       current.append(instruction(line))
+      if line.lstrip().startswith("ROOT "):
+        roots[name] = current[-1].name
   assert entry is not None, "XLA's HLO text names an ENTRY computation"
-  return Program(computations, entry)
+  return Program(computations, entry, roots)
 
 
 def walk(program: Program) -> Iterator[Site]:
@@ -121,7 +133,7 @@ def instruction(line: str) -> Instruction:
   end = _closing("(" + rest, 0) - 1
   operands = tuple(re.findall(r"%([^\s,()]+)", rest[:end]))
   return Instruction(name.lstrip("%"), shape, opcode, operands,
-                     rest[end + 1:])
+                     rest[end + 1:], rest[:end])
 
 
 def _closing(text: str, start: int) -> int:

@@ -8,8 +8,8 @@ params as an explicit pytree under `f`'s own names (those
 names inline code uses. Everything here runs `f` with Haiku's own machinery,
 over plain dicts:
 
-* **The plan** (`HaikuFunction.plan`): which params and state `f` has at this
-  call, under both names. `f` runs twice in one `jax.eval_shape`: as
+* **The bindings** (`HaikuFunction.bindings`): which params and state `f`
+  has at this call, under both names. `f` runs twice in one `jax.eval_shape`: as
   `hk.transform_with_state(f).init` (its own names), and as inline init code
   at this point of the caller (a frame evolved from the caller's, over empty
   storage: the names inline code gets). Both runs create the same leaves in
@@ -45,28 +45,28 @@ Transformed = hk.Transformed | hk.TransformedWithState
 Nested = dict[str, dict[str, Any]]  # `{bundle: {name: value}}`, as Haiku's.
 
 
-_plans = threading.local()  # `depth`: how many plans are running `f` now.
+_probes = threading.local()  # `depth`: how many probes are running `f` now.
 
 
-def planning() -> bool:
+def probing() -> bool:
   """Whether a bridge is running `f` abstractly now, only to find what it reads.
 
   Code inside `f` may then skip work that reads nothing more: the layer scan
   runs its plain loop instead of a pipeline, which needs a mesh.
   """
-  return getattr(_plans, "depth", 0) > 0
+  return getattr(_probes, "depth", 0) > 0
 
 
 @contextlib.contextmanager
-def _planning() -> Any:
-  _plans.depth = getattr(_plans, "depth", 0) + 1
+def _probing() -> Any:
+  _probes.depth = getattr(_probes, "depth", 0) + 1
   try:
     yield
   finally:
-    _plans.depth -= 1
+    _probes.depth -= 1
 
 
-class PlannedLeaf(NamedTuple):
+class BoundLeaf(NamedTuple):
   """One param or state leaf of `f`: its bundle inside `f` and here."""
   inner: str  # Its bundle in `hk.transform(f)`.
   outer: str  # Its bundle in the caller, as inline code names it.
@@ -79,20 +79,25 @@ class PlannedLeaf(NamedTuple):
     return storage.Leaf(f"{self.inner}/{self.name}", self.outer, self.name)
 
 
-class Plan(NamedTuple):
-  """`f`'s params and state at one call, and the module names it takes."""
-  params: tuple[PlannedLeaf, ...]
-  state: tuple[PlannedLeaf, ...]
+class Bindings(NamedTuple):
+  """`f`'s params and state at one call, bound to the caller's, and its module names.
+
+  What inline apply code at the call reads and writes, each leaf under
+  `f`'s own name and the caller's (`BoundLeaf`), and the module names it
+  takes in the caller's scope.
+  """
+  params: tuple[BoundLeaf, ...]
+  state: tuple[BoundLeaf, ...]
   naming: haiku_internals.NamingEffect
 
   def stored_params(self) -> list[Any]:
-    """At apply: the caller's stored params (the plan found them there)."""
+    """At apply: the caller's stored params (the probe found them there)."""
     return [haiku_internals.stored_param(leaf.outer, leaf.name)
             for leaf in self.params]
 
   def read_params(self) -> list[Any]:
     """The caller's params, read through any custom getter."""
-    # A planned param always has its spec; only state may lack one.
+    # A bound param always has its spec; only state may lack one.
     return storage.PARAMS.read(
         [leaf.leaf for leaf in self.params],
         [leaf.spec.shape for leaf in self.params])  # type: ignore[union-attr]
@@ -136,13 +141,13 @@ class Call:
   """`f` at one call at apply, as a pure function of its params.
 
   Attributes:
-    plan: `f`'s params and state at this call.
+    bindings: `f`'s params and state at this call.
     params: `{inner bundle: {name: value}}`, as stored (before getters:
       getters run inside `f`, where it reads them, as inline).
     state: `{outer bundle: {name: current value}}`.
   """
   f: Callable[..., Any]
-  plan: Plan
+  bindings: Bindings
   params: Nested
   state: Nested
   point: haiku_internals.Frame
@@ -159,7 +164,7 @@ class Call:
     rng = None if rng_state is None else hk.PRNGSequence(rng_state)
     with haiku_internals.interceptors_as(self.interceptors), \
          haiku_internals.frame_from(
-             self.point, params=self.plan.outer_params(params), state=state,
+             self.point, params=self.bindings.outer_params(params), state=state,
              rng=rng, init=False) as frame:
       out = self.f(*args, **kwargs)
       final_rng = hk.maybe_get_rng_sequence_state()
@@ -174,7 +179,7 @@ class Call:
 
 
 class HaikuFunction:
-  """A Haiku function `f`, bridged: planned, run inline, or run pure."""
+  """A Haiku function `f`, bridged: bound, run inline, or run pure."""
 
   def __init__(self, f: Callable[..., Any]):
     self.f = f
@@ -185,16 +190,17 @@ class HaikuFunction:
     point = haiku_internals.call_point()
     out = self.f(*args, **kwargs)
     # What apply will run: refuses now what apply could not.
-    self.plan(point, args, kwargs)
+    self.bindings(point, args, kwargs)
     return out
 
   def call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Call:
     """At apply: `f`'s stored params and state, bound for pure runs."""
     point = haiku_internals.call_point()
-    plan = self.plan(point, args, kwargs)
-    haiku_internals.take_names(plan.naming)
-    return Call(self.f, plan, plan.inner_params(plan.stored_params()),
-                plan.stored_state(), point, haiku_internals.interceptors())
+    bindings = self.bindings(point, args, kwargs)
+    haiku_internals.take_names(bindings.naming)
+    return Call(self.f, bindings,
+                bindings.inner_params(bindings.stored_params()),
+                bindings.stored_state(), point, haiku_internals.interceptors())
 
   def explicit_params(self, args: Sequence[Any],
                       kwargs: dict[str, Any]) -> Nested:
@@ -209,20 +215,20 @@ class HaikuFunction:
       guards.require_haiku_trace()
       with haiku_internals.interceptors_suspended(getters_only=True):
         self.f(*args, **kwargs)
-    plan = self.plan(point, args, kwargs)
-    if plan.state:
+    bindings = self.bindings(point, args, kwargs)
+    if bindings.state:
       raise ValueError(errors.message(
           "`init` is a Haiku function with state "
-          f"({sorted({leaf.inner for leaf in plan.state})}); a pure function "
-          "cannot update it. Pass the hk.TransformedWithState as `fn` "
-          "itself (or use hkb.custom_vjp), where its state is read and "
+          f"({sorted({leaf.inner for leaf in bindings.state})}); a pure "
+          "function cannot update it. Pass the hk.TransformedWithState as "
+          "`fn` itself (or use hkb.custom_vjp), where its state is read and "
           "written as inline."))
     if not hk.running_init():
-      haiku_internals.take_names(plan.naming)
-    return plan.inner_params(plan.read_params())
+      haiku_internals.take_names(bindings.naming)
+    return bindings.inner_params(bindings.read_params())
 
-  def plan(self, point: haiku_internals.Frame, args: Sequence[Any],
-           kwargs: dict[str, Any]) -> Plan:
+  def bindings(self, point: haiku_internals.Frame, args: Sequence[Any],
+               kwargs: dict[str, Any]) -> Bindings:
     """What `f` reads and writes at apply when called at `point`.
 
     `f` runs abstractly (`jax.eval_shape`) as inline apply code at `point`:
@@ -242,7 +248,7 @@ class HaikuFunction:
 
       def run_as_inline(key, arrays):
         args, kwargs = rebuild(arrays)
-        with _planning(), haiku_internals.interceptors_suspended(), \
+        with _probing(), haiku_internals.interceptors_suspended(), \
              haiku_internals.frame_from(
                  point, params=recorder.params, state=recorder.state,
                  rng=hk.PRNGSequence(key), init=False) as here, \
@@ -256,7 +262,7 @@ class HaikuFunction:
         # Over the values themselves: what is concrete is computed.
         with jax.ensure_compile_time_eval():
           run_as_inline(key, arrays)
-      return recorder.plan()
+      return recorder.bindings()
 
     try:
       return probe(*pytree.split_arrays((tuple(args), kwargs), numpy=False))
@@ -304,7 +310,7 @@ def haiku_function(fn: Any) -> Callable[..., Any]:
 
 
 class _Recorder:
-  """What `f` reads and writes when run as inline apply code, in `plan`.
+  """What `f` reads and writes when run as inline apply code, in `bindings`.
 
   Params and state are `f`'s if it reads them (`hk.get_parameter` /
   `hk.get_state` in a frame of the caller's transform: its own code, and
@@ -421,7 +427,7 @@ class _Recorder:
     names = {f"{prefix}{b}" for tree in made for b in tree}
     return [b for b in under if b in names]
 
-  # -- The plan. --------------------------------------------------------------
+  # -- The bindings. ----------------------------------------------------------
 
   def _inner_bundle(self, bundle: str) -> str:
     """`bundle` as `f` names it in a transform of its own."""
@@ -431,8 +437,8 @@ class _Recorder:
   def _inner_path(self, bundle: str, name: str) -> str:
     return f"{self._inner_bundle(bundle)}/{name}"
 
-  def plan(self) -> Plan:
-    assert self._naming is not None, "plan() comes after finish()"
+  def bindings(self) -> Bindings:
+    assert self._naming is not None, "bindings() comes after finish()"
     params = []
     owner: dict[str, str] = {}
     for bundle, name in self._params_read:
@@ -445,15 +451,15 @@ class _Recorder:
             "number, `name=\"linear_3\"`, cannot be told from Haiku's "
             "numbering)."))
       value = self.params[bundle][name]
-      params.append(PlannedLeaf(inner, bundle, name,
+      params.append(BoundLeaf(inner, bundle, name,
                                 jax.ShapeDtypeStruct(value.shape, value.dtype)))
     state = []
     for bundle, name in {**self._state_read, **self._state_written}:
       value = self.state.get(bundle, {}).get(name)
       spec = None if value is None else jax.ShapeDtypeStruct(
           value.shape, value.dtype)
-      state.append(PlannedLeaf(bundle, bundle, name, spec))
-    return Plan(tuple(params), tuple(state), self._naming)
+      state.append(BoundLeaf(bundle, bundle, name, spec))
+    return Bindings(tuple(params), tuple(state), self._naming)
 
 
 def _describe(f: Any) -> str:

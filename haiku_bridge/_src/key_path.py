@@ -6,7 +6,7 @@ sequence and each leaf is stored where its key path says (`naming.py`); at
 apply, `init` never runs: its output's structure and shapes come from
 `jax.eval_shape` (no op of it reaches the jaxpr), kept per exact argument
 signature (`_structure`) together with the key-path names of its leaves (a
-`_Plan`), and the leaves are read back from what apply was given, each
+`_Layout`), and the leaves are read back from what apply was given, each
 checked for presence and shape. Dtypes are the stored params' own, as inline
 Haiku reads them.
 """
@@ -33,7 +33,7 @@ from haiku_bridge._src.pytree import PyTree
 _STRUCTURE = caches.Cache("structure of init's output")
 
 
-class _Plan(NamedTuple):
+class _Layout(NamedTuple):
   """What reading a params pytree needs of it: a function of its structure.
 
   Computed from `init`'s output once per signature and kept with it, so a
@@ -46,12 +46,12 @@ class _Plan(NamedTuple):
   groups: tuple[tuple[Optional[str], tuple[naming.KeyPathLeaf, ...]], ...]
 
 
-def _plan(tree: PyTree) -> _Plan:
-  """`tree`'s plan; raises for a key path that is no Haiku name."""
+def _layout(tree: PyTree) -> _Layout:
+  """`tree`'s layout; raises for a key path that is no Haiku name."""
   groups = tuple((top, tuple(members))
                  for top, members in naming.key_path_groups(tree).items())
-  return _Plan(jax.tree.structure(tree),
-               tuple(tuple(x.shape) for x in jax.tree.leaves(tree)), groups)
+  return _Layout(jax.tree.structure(tree),
+                 tuple(tuple(x.shape) for x in jax.tree.leaves(tree)), groups)
 
 
 def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
@@ -65,11 +65,11 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
     tree = _run_init(init, args, kwargs)
     _check_array_leaves(tree)
     tree = jax.tree.map(storage.canonical, tree)
-    plan, flat = _plan(tree), jax.tree.leaves(tree)
+    layout, flat = _layout(tree), jax.tree.leaves(tree)
   else:
-    plan = _structure(init, args, kwargs)
-  values = [None] * len(plan.shapes)
-  for top, members in plan.groups:
+    layout = _structure(init, args, kwargs)
+  values = [None] * len(layout.shapes)
+  for top, members in layout.groups:
     # One module per first path component: it takes the name and is the
     # scope its leaves are read and written in.
     with naming.module_scope(top, members[0].keypath):
@@ -81,10 +81,10 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
         got = storage.PARAMS.create(leaves, [flat[m.index] for m in members])
       else:
         got = storage.PARAMS.read(leaves,
-                                  [plan.shapes[m.index] for m in members])
+                                  [layout.shapes[m.index] for m in members])
     for member, value in zip(members, got):
       values[member.index] = value
-  return plan.treedef.unflatten(values)
+  return layout.treedef.unflatten(values)
 
 
 def _run_init(init, args, kwargs) -> PyTree:
@@ -126,8 +126,8 @@ def _check_array_leaves(tree: PyTree) -> None:
           "subtree."))
 
 
-def _structure(init, args, kwargs) -> _Plan:
-  """The plan of `init(rng, *args, **kwargs)`'s output, never running it.
+def _structure(init, args, kwargs) -> _Layout:
+  """The layout of `init(rng, *args, **kwargs)`'s output, never running it.
 
   Found by `jax.eval_shape` with every array argument abstract, which is
   kept per exact signature: if `init` ran that way, its output cannot depend
@@ -162,7 +162,7 @@ def _structure(init, args, kwargs) -> _Plan:
           f"{str(error).splitlines()[0]} Make the structure follow from the "
           "shapes of array arguments and from Python values (pass sizes and "
           "flags as Python ints and bools).")) from error
-    return _plan(structure)  # It depends on values: not kept.
-  plan = _plan(structure)
-  _STRUCTURE.put(cache_key, plan)
-  return plan
+    return _layout(structure)  # It depends on values: not kept.
+  layout = _layout(structure)
+  _STRUCTURE.put(cache_key, layout)
+  return layout

@@ -17,12 +17,12 @@ from typing import Literal
 
 # What `remat=` of `layer_scan`, `repeat_layer`, `scan` and `dynamic_unroll`
 # keeps for the backward pass: its schedules keep fewer carries than steps
-# (remat_schedule.py).
+# (remat/schedule.py).
 RematSchedule = Literal["nested", "binomial"]
 # "auto": the plan with the least recomputation under `memory_budget=`
-# (remat_plan.py).
+# (remat/plan.py).
 RematMode = bool | RematSchedule | Literal["auto"]
-# `Pipeline(schedule=...)`: which stage runs which layers (pipeline.py).
+# `Pipeline(schedule=...)`: which stage runs which layers (pipeline/config.py).
 PipelineSchedule = Literal["gpipe", "circular"]
 
 REMAT_SCHEDULES: tuple[str, ...] = typing.get_args(RematSchedule)

@@ -10,7 +10,7 @@ import typing
 from absl.testing import absltest
 
 import haiku_bridge as hkb
-from haiku_bridge._src import loop
+from haiku_bridge._src.remat import loop
 from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline
 from haiku_bridge._src import scan

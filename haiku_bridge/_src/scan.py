@@ -12,8 +12,8 @@ under `<scope>/<name>/<inner module>`, each with a leading layer axis), and
 keys are drawn as `hk.layer_stack` draws them, so checkpoints and outputs move
 between the two (`unrolled_names.py` converts to and from the per-layer
 names of an unrolled loop). What the backward pass keeps (`remat=`) is the
-loop's (`loop.py`); with `pipeline=` the layers run as pipeline stages
-(`pipeline.py`), each stage's layers through the same loop.
+loop's (`remat/loop.py`); with `pipeline=` the layers run as pipeline stages
+(the package `pipeline/`), each stage's layers through the same loop.
 """
 
 import dataclasses
@@ -31,12 +31,9 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import inline
-from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import pipeline_plan
-from haiku_bridge._src import pipeline_stages
-from haiku_bridge._src import remat_plan
+from haiku_bridge._src import remat as remat_lib
 from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.pytree import InitFn
 
@@ -46,7 +43,7 @@ NO_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[False]
 WITH_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[True]
 
 
-@remat_plan.plannable
+@remat_lib.plannable
 def layer_scan(
     layer: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
     carry: PyTree,
@@ -162,7 +159,7 @@ def layer_scan(
   with errors.entry("layer_scan"):
     guards.require_transform()
     _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
-    num_layers = loop_lib.num_steps(num_layers, xs, _LAYERS)
+    num_layers = remat_lib.num_steps(num_layers, xs, _LAYERS)
     options = _check_options(remat, remat_policy, remat_groups, unroll,
                              reverse, pipeline, memory_budget, max_recompute)
     if name is None:
@@ -173,7 +170,7 @@ def layer_scan(
 
 class _Options(NamedTuple):
   """`layer_scan`'s options, checked once by the public call."""
-  loop: loop_lib.Loop
+  loop: remat_lib.Loop
   reverse: bool
   pipeline: Optional[pipeline_lib.Pipeline]
 
@@ -214,7 +211,7 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
   scanned = (params, state, keys, xs)
   try:
     carry, (ys, state) = _run_loop(body, carry, scanned, num_layers, options)
-  except remat_plan.Planned:
+  except remat_lib.Planned:
     updater.ignore_update()  # hkb.remat_plan took the plan: no layer ran.
     raise
   updater.update(state)
@@ -224,25 +221,22 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
 def _run_loop(body, carry, scanned, num_layers: int, options: _Options):
   """The layers' loop, or with `pipeline=` at apply, its pipeline stages."""
   pipeline, reverse = options.pipeline, options.reverse
-  plan = None
+  staging = None
   if pipeline is not None:
     # Init runs the plain scan (the same params), and so does a bridge
     # that runs this only to find the params it reads, where no mesh is
     # set (a bridged function's init): neither needs a mesh.
-    plan = pipeline_plan.plan(
+    staging = pipeline_lib.staging_for(
         pipeline, carry, num_layers,
-        require_mesh=not (hk.running_init() or inline.planning()))
-  if plan is not None and not hk.running_init():
-    carry, (ys, state) = pipeline_stages.run(
-        plan, body, carry, scanned, loop=options.loop, reverse=reverse)
+        require_mesh=not (hk.running_init() or inline.probing()))
+  if staging is not None and not hk.running_init():
+    carry, (ys, state) = pipeline_lib.run(
+        staging, body, carry, scanned, loop=options.loop, reverse=reverse)
   else:
-    loop = options.loop
-    if pipeline is not None or hk.running_init():
-      # Init runs no backward pass, and with a pipeline init (or a bridge
-      # finding the params) runs the whole stack in one loop, which the
-      # per-stage budget is not for: values are the same under any remat,
-      # so `remat="auto"` runs plain, unplanned.
-      loop = loop.unplanned()
+    # With a pipeline, init (or a bridge finding the params) runs the whole
+    # stack in one loop, which the per-stage budget is not for.
+    loop = remat_lib.resolved(options.loop, body, carry, scanned, num_layers,
+                              whole_pipelined_stack=pipeline is not None)
     carry, (ys, state) = loop(body, carry, scanned, num_layers, reverse)
   return carry, (ys, state)
 
@@ -260,7 +254,7 @@ class RepeatOptions(TypedDict, total=False):
   max_recompute: Optional[float]
 
 
-@remat_plan.plannable
+@remat_lib.plannable
 def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
                  *, init: Optional[InitFn] = None,
                  **options: Unpack[RepeatOptions]) -> PyTree:
@@ -356,14 +350,14 @@ class _PureLayer:
     return self.layer(params, carry, x)
 
 
-# How the layer scan counts its layers (loop.num_steps).
-_LAYERS = loop_lib.StepAxis(
+# How the layer scan counts its layers (remat.num_steps).
+_LAYERS = remat_lib.StepAxis(
     argument="num_layers", least=1,
     leaf="an array of per-layer inputs, with a leading layer axis",
     none="needs `num_layers=` when there are no `xs`.")
 
-# How the layer scan's messages name its layer (loop.check_step_output).
-_LAYER = loop_lib.StepWords(
+# How the layer scan's messages name its layer (remat.check_step_output).
+_LAYER = remat_lib.StepWords(
     body="a layer", pair="(carry, y)", carry="carry", step="layer",
     subject="the layer", pair_hint=" Return `(new_carry, None)` for a layer "
     "without per-layer outputs, or use hkb.repeat_layer for `x -> x` layers.",
@@ -424,7 +418,7 @@ def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
   # Not cached: a cache here saved nothing measurable in a re-trace
   # (testing/benchmarks/results/RESULTS.md, "Caches: what they save").
   return hk.transform_with_state(
-      loop_lib.CheckedBody(f, _LAYER, "layer_scan"))
+      remat_lib.CheckedBody(f, _LAYER, "layer_scan"))
 
 
 def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
@@ -432,10 +426,10 @@ def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
                    memory_budget: Any = None,
                    max_recompute: Any = None) -> _Options:
   """The scan's options, checked."""
-  loop = loop_lib.from_options(remat=remat, remat_policy=remat_policy,
-                               remat_groups=remat_groups, unroll=unroll,
-                               memory_budget=memory_budget,
-                               max_recompute=max_recompute)
+  loop = remat_lib.from_options(remat=remat, remat_policy=remat_policy,
+                                remat_groups=remat_groups, unroll=unroll,
+                                memory_budget=memory_budget,
+                                max_recompute=max_recompute)
   reverse = errors.check_bool("reverse", reverse)
   pipeline = pipeline_lib.check_pipeline(pipeline)
   return _Options(loop, reverse, pipeline)

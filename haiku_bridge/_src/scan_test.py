@@ -19,10 +19,10 @@ from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from haiku_bridge._src import loop as loop_lib
+from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import scan
-from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src import sharding
 from haiku_bridge._src import unrolled_names
 from testing import test_utils

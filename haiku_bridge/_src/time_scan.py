@@ -3,7 +3,7 @@
 An RNN unrolled over T steps keeps, for the backward pass, every step's
 activations (`hk.dynamic_unroll`), or every step's carry (with `hk.remat` on
 the step). `scan` and `dynamic_unroll` are Haiku's, run through the bridge's
-loop (`loop.py`), so `remat="nested"` keeps about 2√T carries and
+loop (`remat/loop.py`), so `remat="nested"` keeps about 2√T carries and
 `"binomial"` the fewest for at most one more forward pass: the same outputs,
 state and gradients. `dynamic_unroll(readout=)` runs a per-step head and
 loss inside the checkpointed step, so that the `[T, ...]` outputs are never
@@ -31,9 +31,8 @@ import numpy as np
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
-from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
-from haiku_bridge._src import remat_plan
+from haiku_bridge._src import remat as remat_lib
 from haiku_bridge._src.pytree import PyTree
 
 StepFn = Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
@@ -56,7 +55,7 @@ def _known_keywords(api: str) -> Callable[[_Fn], _Fn]:
   return wrap
 
 
-@remat_plan.plannable
+@remat_lib.plannable
 @_known_keywords("scan")
 def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
          reverse: bool = False, unroll: int | bool = 1, *,
@@ -136,12 +135,12 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
     loop = _check_options(remat, remat_groups, remat_policy, unroll,
                          memory_budget, max_recompute)
     reverse = errors.check_bool("reverse", reverse)
-    length = loop_lib.num_steps(length, xs, _TIME)
-    return _scan(loop_lib.CheckedBody(f, _STEP), init, xs, length, reverse,
+    length = remat_lib.num_steps(length, xs, _TIME)
+    return _scan(remat_lib.CheckedBody(f, _STEP), init, xs, length, reverse,
                  loop)
 
 
-@remat_plan.plannable
+@remat_lib.plannable
 @_known_keywords("dynamic_unroll")
 def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                    input_sequence: PyTree, initial_state: PyTree,
@@ -243,11 +242,11 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
       if with_readout_inputs:
         _check_batch_major(readout_inputs, "readout_inputs")
         readout_inputs = _swap_batch_time(readout_inputs)
-    length = loop_lib.num_steps(None, input_sequence, _TIME_INPUTS,
-                                "input_sequence")
+    length = remat_lib.num_steps(None, input_sequence, _TIME_INPUTS,
+                                 "input_sequence")
     if with_readout_inputs:
-      loop_lib.num_steps(length, readout_inputs, _TIME_INPUTS,
-                         "readout_inputs")
+      remat_lib.num_steps(length, readout_inputs, _TIME_INPUTS,
+                          "readout_inputs")
       input_sequence = (input_sequence, readout_inputs)
 
     # At init the usual form's head runs after the unroll, and its params
@@ -264,7 +263,7 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
       readout_in = None
       if with_readout_inputs:
         inputs, readout_in = inputs
-      outputs, new_state = loop_lib.check_step_output(
+      outputs, new_state = remat_lib.check_step_output(
           core(inputs, state), state, _CORE, carry_index=1)
       if readout is not None and not read_after:
         outputs = read(outputs, readout_in)
@@ -290,35 +289,34 @@ def _initialising() -> bool:
   return guards.inside_transform() and hk.running_init()
 
 
-# How the time scans' messages name their bodies (loop.check_step_output).
-_STEP = loop_lib.StepWords(
+# How the time scans' messages name their bodies (remat.check_step_output).
+_STEP = remat_lib.StepWords(
     body="`f`", pair="(carry, y)", carry="carry", step="step", subject="it",
     pair_hint=" Return `(new_carry, None)` for a step without per-step "
     "outputs.", carry_hint=" Return per-step outputs as `y` in `(carry, y)`.")
-_CORE = loop_lib.StepWords(body="`core`", pair="(output, state)",
-                           carry="state", step="step", subject="it")
+_CORE = remat_lib.StepWords(body="`core`", pair="(output, state)",
+                            carry="state", step="step", subject="it")
 
 
 def _check_options(remat: Any, remat_groups: Any, remat_policy: Any,
                    unroll: Any, memory_budget: Any,
-                   max_recompute: Any) -> loop_lib.Loop:
-  return loop_lib.from_options(remat=remat, remat_groups=remat_groups,
-                               remat_policy=remat_policy, unroll=unroll,
-                               memory_budget=memory_budget,
-                               max_recompute=max_recompute)
+                   max_recompute: Any) -> remat_lib.Loop:
+  return remat_lib.from_options(remat=remat, remat_groups=remat_groups,
+                                remat_policy=remat_policy, unroll=unroll,
+                                memory_budget=memory_budget,
+                                max_recompute=max_recompute)
 
 
 def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
-          loop: loop_lib.Loop) -> tuple[PyTree, PyTree]:
+          loop: remat_lib.Loop) -> tuple[PyTree, PyTree]:
   """`scan` of checked arguments: in a transform, with Haiku state and rng."""
   if not guards.inside_transform():
     return loop(f, init, xs, length, reverse)
   first = None
   if hk.running_init():
-    # Init runs no backward pass: `remat="auto"` runs plain, unplanned.
-    loop = loop.unplanned()
     # The first step creates the params and state, which the loop cannot
-    # (its carry keeps one structure): it runs outside, as in hk.scan.
+    # (its carry keeps one structure): it runs outside, as in hk.scan. (The
+    # loop runs unplanned: `remat_lib.resolved` plans nothing at init.)
     if length == 0:
       x = jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), xs)
       y = f(init, x)[1]
@@ -356,8 +354,8 @@ def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
   return carry, ys
 
 
-# How the time scans count their steps (loop.num_steps).
-_TIME = loop_lib.StepAxis(
+# How the time scans count their steps (remat.num_steps).
+_TIME = remat_lib.StepAxis(
     argument="length", least=0,
     leaf="an array with a leading time axis, one entry per step",
     none="{name} holds no arrays, so the number of steps is unknown: pass "

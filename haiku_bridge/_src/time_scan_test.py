@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import haiku_bridge as hkb
-from haiku_bridge._src import loop
+from haiku_bridge._src.remat import loop
 from haiku_bridge._src import time_scan
 from testing import backend_tolerance
 from testing import clipped_models

@@ -61,7 +61,7 @@ import jax.numpy as jnp
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
-from haiku_bridge._src import loop
+from haiku_bridge._src.remat import loop
 from haiku_bridge._src import scan
 from testing.benchmarks import bridged_trace
 from testing.benchmarks import foreign_adapters

@@ -313,8 +313,9 @@ def cost_markdown(cfg: CostConfig, rows: list[CostRow]) -> str:
       f"gradient whole (S × stage params) for `init`, all-reduce over data "
       f"the stage's gradient once (+ the loss's 4 bytes), over stage the "
       f"stack's output (M microbatches), collective-permute 2 microbatches "
-      f"per timetable step, all-to-all 2 × stage params for circular "
-      f"`stage`.", "",
+      f"per timetable step (+ 2 × stage params for circular `stage`: the "
+      f"stage's layers to the stages that run them, and the gradient "
+      f"back).", "",
       "| S | schedule | M | params | axes | stage params (bytes) | temp | "
       "temp / stage params | " + " | ".join(pipeline_cost.ROWS) + " |",
       "| --- " * (8 + len(pipeline_cost.ROWS)) + "|"]

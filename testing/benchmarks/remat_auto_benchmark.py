@@ -9,7 +9,7 @@ beside their predictions. Prints the run (command, date, machine, versions)
 and the tables to stdout, progress to stderr; with `--plot=PATH`, writes the
 Pareto plot (an SVG, no dependencies). `testing/benchmarks/results/RESULTS.md`
 holds the conclusions people draw from them; this program never writes it.
-The memory relations are tests (`haiku_bridge/_src/remat_plan_test.py`).
+The memory relations are tests (`haiku_bridge/_src/remat/plan_test.py`).
 
     bazel run //testing/benchmarks:remat_auto_benchmark              # full run
     bazel run //testing/benchmarks:remat_auto_benchmark -- --quick   # smoke run

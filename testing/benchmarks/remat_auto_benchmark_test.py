@@ -1,7 +1,7 @@
 """Keeps testing/benchmarks/remat_auto_benchmark.py from rotting: its quick mode runs to the end.
 
 The budget and prediction relations themselves are tests in
-haiku_bridge/_src/remat_plan_test.py; here, that the report and the plot
+haiku_bridge/_src/remat/plan_test.py; here, that the report and the plot
 carry every model, plan and budget.
 """
 
@@ -13,7 +13,7 @@ from xml.etree import ElementTree
 
 from absl.testing import absltest
 
-from haiku_bridge._src import remat_plan
+from haiku_bridge._src.remat import plan as remat_plan
 from testing.benchmarks import remat_auto_benchmark
 from testing.benchmarks.lib import remat_auto_bench
 

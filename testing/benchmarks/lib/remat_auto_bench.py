@@ -2,13 +2,13 @@
 
 For each model (an LSTM unroll with the loss after it or in the step, a
 residual MLP stack, a transformer stack; small widths: testing/remat_models.py,
-on which haiku_bridge/_src/remat_plan_test.py checks the predictions),
+on which haiku_bridge/_src/remat/plan_test.py checks the predictions),
 `remat_plan` predicts every candidate's training-step temporaries and
 recomputed steps from one plan; the manual plans (`False`, `True`, `"nested"`, `"binomial"`, `"nested"` with
 2 groups) and what `remat="auto"` picks at a loose, a middle and a tight
 budget are compiled, and their compiled temporaries (XLA's memory analysis
 of the jitted `value_and_grad` step) set beside the predictions, with the
-compiled step's FLOPs (`haiku_bridge/_src/hlo_flops.py`: every loop by
+compiled step's FLOPs (`haiku_bridge/_src/remat/hlo_flops.py`: every loop by
 its trip count) beside the least of the manual plans that fit, and the
 predicted recomputed FLOPs beside the compiled ones.
 """
@@ -29,8 +29,8 @@ from unittest import mock
 import jax
 
 from haiku_bridge._src import caches
-from haiku_bridge._src import loop as loop_lib
-from haiku_bridge._src import remat_plan
+from haiku_bridge._src.remat import loop as loop_lib
+from haiku_bridge._src.remat import plan as remat_plan
 from testing import remat_models
 from testing.benchmarks.lib import svg
 
@@ -300,7 +300,7 @@ def markdown(results: list[ModelResult]) -> str:
          "steps of the manual plans whose compiled temporaries fit; "
          "\"least manual\": the least FLOPs of those. FLOPs: of the compiled "
          "training step, every loop by its trip count "
-         "(`haiku_bridge/_src/hlo_flops.py`), in millions. Bytes: XLA's "
+         "(`haiku_bridge/_src/remat/hlo_flops.py`), in millions. Bytes: XLA's "
          "temporaries and the program's constants (a schedule's tables), "
          "what `memory_budget` counts; \"predicted\" for auto's plan is the "
          "figure its plan holds for the choice: the loop's gradient "

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
-from haiku_bridge._src import loop
+from haiku_bridge._src.remat import loop
 from testing.benchmarks.lib import harness
 
 PLAIN = "hk.dynamic_unroll"

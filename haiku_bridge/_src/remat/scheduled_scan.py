@@ -3,7 +3,7 @@
 `scan(f, init, xs, length=n, schedule=...)` returns what `jax.lax.scan(f, init,
 xs)` returns. Under reverse-mode autodiff its forward sweep keeps the carries
 `schedule.forward_stores` names, and its backward sweep follows
-`schedule.actions` (`remat_schedule.py`): it recomputes carries from kept
+`schedule.actions` (`schedule.py`): it recomputes carries from kept
 ones, and backpropagates each step once, last to first, recomputing that
 step's own intermediates as `jax.checkpoint` on the body would. So it stores
 a schedule's few carries instead of one per step. The backward loop runs one
@@ -51,7 +51,7 @@ from jax.interpreters import ad
 import jax.numpy as jnp
 import numpy as np
 
-from haiku_bridge._src import remat_schedule
+from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.pytree import PyTree
 
 # The aval of one step's slice of a scanned array. In jax.extend.core from jax
@@ -70,7 +70,8 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
          ) -> tuple[PyTree, PyTree]:
   """`jax.lax.scan(f, init, xs, length, reverse, unroll)`, reversed by `schedule`.
 
-  >>> from haiku_bridge._src import remat_schedule, scheduled_scan
+  >>> from haiku_bridge._src.remat import schedule as remat_schedule
+  >>> from haiku_bridge._src.remat import scheduled_scan
   >>> def step(h, w):
   ...   return jnp.tanh(h @ w), jnp.sum(h)
   >>> ws = jax.random.normal(jax.random.PRNGKey(0), [10, 4, 4]) / 2
@@ -188,7 +189,7 @@ class _Perturbed:
   xs: tuple[bool, ...]
 
 
-class _SlotPlan(NamedTuple):
+class _SlotLayout(NamedTuple):
   """A schedule with its register as one more slot, every move static.
 
   Slot `register` (the last) stands for the register. Each backward action
@@ -208,7 +209,7 @@ class _SlotPlan(NamedTuple):
   num_steps_run: int  # The backward sweep's steps: each action's length.
 
 
-def _slot_plan(schedule: remat_schedule.Schedule) -> _SlotPlan:
+def _slot_layout(schedule: remat_schedule.Schedule) -> _SlotLayout:
   register = schedule.num_slots
   stores = list(schedule.forward_stores)
   last = schedule.num_steps - 1
@@ -224,8 +225,8 @@ def _slot_plan(schedule: remat_schedule.Schedule) -> _SlotPlan:
       holder = target
     actions.append((a.kind, a.step, a.length, load, target))
   table = np.asarray(actions, np.int32).reshape(-1, 5)
-  return _SlotPlan(register + 1, np.asarray(stores, np.int32), table,
-                   int(table[:, 2].sum()))
+  return _SlotLayout(register + 1, np.asarray(stores, np.int32), table,
+                     int(table[:, 2].sum()))
 
 
 def _traced_for_forward_mode() -> bool:
@@ -265,7 +266,7 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
                        ) -> Callable[..., Any]:
   """`run(consts, carry, xs) -> (carry, ys)`, a `jax.custom_vjp` over flat lists."""
   length = schedule.num_steps
-  plan = _slot_plan(schedule)
+  layout = _slot_layout(schedule)
   # Steps are numbered in the order the forward sweep runs them; the layer
   # (index into xs and ys) of step t.
   layer = (lambda t: length - 1 - t) if reverse else (lambda t: t)
@@ -281,7 +282,7 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
     consts, perturbed_consts = _values(consts)
     carry, _ = _values(carry)
     xs, perturbed_xs = _values(xs)
-    slots = [_slot_buffer(c, plan.num_slots) for c in carry]
+    slots = [_slot_buffer(c, layout.num_slots) for c in carry]
 
     def body(state, inputs):
       c, slots = state
@@ -295,7 +296,7 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
       new_c, y = step(consts, c, x)
       return (new_c, slots), y
 
-    stores = plan.forward_stores
+    stores = layout.forward_stores
     (carry, slots), ys = lax.scan(
         body, (carry, slots), (xs, stores[::-1] if reverse else stores),
         length=length, reverse=reverse, unroll=unroll)
@@ -337,7 +338,7 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
           _get(column, row) for column in table]
       t = first + done
       last = done + 1 == steps
-      register = plan.num_slots - 1
+      register = layout.num_slots - 1
       c = [_get(s, jnp.where(done == 0, load, register)) for s in slots]
       i = layer(t)
       x = lambda: [_get(v, i) for v in xs]  # Read in each branch.
@@ -364,13 +365,13 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
       return (slots, ct_c, ct_xs, ct_consts, row + last,
               jnp.where(last, 0, done + 1)), None
 
-    table = [jnp.asarray(column) for column in plan.actions.T]
+    table = [jnp.asarray(column) for column in layout.actions.T]
     state = (slots, [ct_carry[i] for i in diff_carry],
              [jnp.zeros_like(xs[i]) for i in diff_xs],
              [jnp.zeros_like(consts[i]) for i in diff_consts],
              jnp.int32(0), jnp.int32(0))
     (_, ct_c, ct_xs, ct_consts, _, _), _ = lax.scan(
-        body, state, None, length=plan.num_steps_run, unroll=unroll)
+        body, state, None, length=layout.num_steps_run, unroll=unroll)
     return (_scatter(len(consts), diff_consts, ct_consts),
             _scatter(len(step.carry_is_float), diff_carry, ct_c),
             _scatter(len(xs), diff_xs, ct_xs))

@@ -1,14 +1,19 @@
 """Tests for the loop under the scans: jax.lax.scan's values and gradients in every remat mode."""
 
+import functools
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import errors
-from haiku_bridge._src import loop
+from haiku_bridge._src.remat import loop
+from haiku_bridge._src.remat import plan as remat_plan
 from testing import test_utils
 
 STEPS = 7  # √7 divides nothing: "nested" runs groups of 3, 3 and 1.
@@ -76,6 +81,70 @@ class LoopTest(parameterized.TestCase):
     chex.assert_trees_all_equal((h, ys), (H, jnp.zeros([0, 2])))
 
 
+class ResolvedTest(absltest.TestCase):
+  """`resolved`: a plan for `remat="auto"` only where a backward pass of this loop follows."""
+
+  AUTO = loop.Loop(remat="auto", memory_budget=1 << 20, unroll=2)
+
+  def resolve(self, run):
+    """`run()`'s result, and the lengths `remat_plan.loop_plan` was asked to plan."""
+    asked = []
+
+    def loop_plan(f, init, xs, length, *args):
+      del f, init, xs, args
+      asked.append(length)
+      # A stand-in: this test is about when a plan is made, not which.
+      return mock.Mock(choice=remat_plan.RematCandidate(
+          "binomial", 3, None, 0, 0, 0))
+
+    with mock.patch.object(remat_plan, "loop_plan", loop_plan):
+      return run(), asked
+
+  def resolved(self, **kwargs):
+    return loop.resolved(self.AUTO, step(W), H, XS, STEPS, **kwargs)
+
+  def in_transform(self, init: bool):
+    got = []
+    f = hk.transform(lambda: got.append(self.resolved()))
+    if init:
+      f.init(None)
+    else:
+      f.apply({}, None)
+    return got[0]
+
+  def test_plans_outside_a_transform_and_at_apply(self):
+    for run in (self.resolved, lambda: self.in_transform(init=False)):
+      resolved, asked = self.resolve(run)
+      self.assertEqual(asked, [STEPS])
+      self.assertEqual(resolved, loop.Loop("binomial", unroll=2, slots=3))
+
+  def test_plain_at_init_for_a_whole_pipelined_stack_and_without_steps(self):
+    for run in (lambda: self.in_transform(init=True),
+                lambda: self.resolved(whole_pipelined_stack=True)):
+      resolved, asked = self.resolve(run)
+      self.assertEqual(asked, [])
+      self.assertEqual(resolved, loop.Loop(unroll=2))
+    resolved, asked = self.resolve(
+        lambda: loop.resolved(self.AUTO, step(W), H, XS[:0], 0))
+    self.assertEqual((resolved, asked), (loop.Loop(unroll=2), []))
+
+  def test_other_modes_run_as_they_are(self):
+    for remat in loop.REMAT_MODES:
+      ours = loop.Loop(remat=remat, unroll=2)
+      resolved, asked = self.resolve(
+          functools.partial(loop.resolved, ours, step(W), H, XS, STEPS))
+      self.assertIs(resolved, ours)
+      self.assertEqual(asked, [])
+
+  def test_a_loop_called_with_auto_runs_its_plan(self):
+    # Values only: the stand-in plan ("binomial", 3 slots) runs as planned.
+    ours, asked = self.resolve(
+        lambda: jax.grad(loss(self.AUTO))(W, H, XS))
+    self.assertEqual(asked, [STEPS])
+    chex.assert_trees_all_close(ours, jax.grad(loss(lax_scan))(W, H, XS),
+                                rtol=1e-5, atol=1e-6)
+
+
 class OptionsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -121,7 +190,7 @@ class OptionsTest(parameterized.TestCase):
     self.assertLessEqual(binomial.recomputed_steps, nested.recomputed_steps)
     self.assertLessEqual(binomial.num_slots, nested.num_slots)
     # Without remat_groups, the fewest slots for at most one more forward
-    # pass (remat_schedule_test checks those against Griewank's bound).
+    # pass (schedule_test checks those against Griewank's bound).
     self.assertEqual(
         loop.schedule("binomial", 100, None),
         loop.remat_schedule.binomial(

@@ -1,7 +1,7 @@
-"""A pipeline checked against the mesh, the stack and the batch, and laid out once: its `Plan`.
+"""A pipeline checked against the mesh, the stack and the batch, and laid out once: its `Staging`.
 
-`layer_scan` plans its pipeline at init under a mesh and at apply
-(`plan`); the stages run from the plan (`pipeline_stages.run`). The checks
+`layer_scan` stages its pipeline at init under a mesh and at apply
+(`staging_for`); the stages run from the staging (`stages.run`). The checks
 name what does not fit, and the fix: a mesh without the stage axis, a jax
 that cannot run the stages on Explicit axes, a stack that does not split
 into the stages (and passes), a batch that does not split into the
@@ -15,22 +15,23 @@ import jax
 import numpy as np
 
 from haiku_bridge._src import errors
-from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import pipeline_layout
+from haiku_bridge._src.pipeline import config
+from haiku_bridge._src.pipeline import layout as layout_lib
+from haiku_bridge._src.pipeline import schedule
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Staging:
   """How a stack runs as a pipeline: its layout on the stages, its microbatches, their timetable."""
-  layout: pipeline_layout.Layout
-  batch: pipeline_layout.Batch
-  timetable: pipeline_lib.Timetable
+  layout: layout_lib.Layout
+  batch: layout_lib.Batch
+  timetable: schedule.Timetable
 
 
-def plan(pipeline: pipeline_lib.Pipeline, carry: PyTree, num_layers: int, *,
-         require_mesh: bool) -> Optional[Plan]:
+def staging_for(pipeline: config.Pipeline, carry: PyTree, num_layers: int,
+                *, require_mesh: bool) -> Optional[Staging]:
   """The pipeline checked against the mesh, the stack and the batch, and laid out.
 
   Without a mesh, returns None, or with `require_mesh` raises.
@@ -47,7 +48,7 @@ def plan(pipeline: pipeline_lib.Pipeline, carry: PyTree, num_layers: int, *,
         f"({pipeline.axis!r}, 'data')))."))
   stages = sizes[names.index(pipeline.axis)]
   explicit = [name for name in names if typed_sharding.is_explicit(name)]
-  if stages > 1 and explicit and not pipeline_lib.jax_runs_stages_on_explicit_axes():
+  if stages > 1 and explicit and not config.jax_runs_stages_on_explicit_axes():
     raise NotImplementedError(errors.message(
         f"the mesh's axes {tuple(explicit)} are Explicit, and jax "
         f"{jax.__version__} cannot run a pipeline's stages (a jax.shard_map "
@@ -87,11 +88,11 @@ def plan(pipeline: pipeline_lib.Pipeline, carry: PyTree, num_layers: int, *,
           f"`pipeline.microbatches`={microbatches} microbatches, and "
           f"{microbatches} does not divide {shape[0]}. Pass a batch that "
           f"{microbatches} divides, or other `microbatches`."))
-  layout = pipeline_layout.Layout(
+  layout = layout_lib.Layout(
       pipeline.axis, stages, repeats, num_layers // (stages * repeats),
       stages > 1 and typed_sharding.is_explicit(pipeline.axis))
-  return Plan(layout, pipeline_layout.Batch(microbatches, pipeline.axis),
-              pipeline_lib.timetable(stages, microbatches, repeats))
+  return Staging(layout, layout_lib.Batch(microbatches, pipeline.axis),
+                 schedule.timetable(stages, microbatches, repeats))
 
 
 def _mesh_axes() -> tuple[tuple[str, ...], tuple[int, ...]]:

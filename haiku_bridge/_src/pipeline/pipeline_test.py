@@ -33,9 +33,11 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import pipeline_stages
-from haiku_bridge._src import loop as loop_lib
-from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.pipeline import config as pipeline_config
+from haiku_bridge._src.pipeline import layout as layout_lib
+from haiku_bridge._src.pipeline import stages as stages_lib
+from haiku_bridge._src.remat import loop as loop_lib
+from haiku_bridge._src.remat import scheduled_scan
 from testing import remat_models
 from testing import transformer
 
@@ -623,14 +625,14 @@ class RematAutoTest(EightDevicesTest):
     chex.assert_trees_all_equal(pipelined.init(KEY, x), params)
     expected = jax.jit(jax.value_and_grad(plain.apply))(params, None, x)
     kept_by = []
-    real_kept_by = pipeline_stages._kept_by  # pylint: disable=protected-access
+    real_kept_by = stages_lib._kept_by  # pylint: disable=protected-access
 
     def spy(loop):
       kept_by.append(loop)
       return real_kept_by(loop)
 
     with remat_models.plans_made() as made, mock.patch.object(
-        pipeline_stages, "_kept_by", spy):
+        stages_lib, "_kept_by", spy):
       got = pipelined_grad(
           pipelined, params, x, make_mesh(2, axis_type=axis_type),
           stage_rules())
@@ -829,7 +831,7 @@ class DropInTest(EightDevicesTest):
     }
     for name, (layer, expected) in layers.items():
       jaxpr = jax.make_jaxpr(layer)(h, w).jaxpr
-      self.assertEqual(pipeline_stages._loops_from_a_constant(jaxpr),
+      self.assertEqual(stages_lib._loops_from_a_constant(jaxpr),
                        expected, name)
 
   def test_time_scan_with_remat_in_a_circular_pipeline(self):
@@ -996,6 +998,46 @@ class OtherMeshAxesTest(EightDevicesTest):
                      P("stage", "data", "model"))
 
 
+class StoredOverStagesTest(EightDevicesTest):
+  """Circular with the layer axis stored over the stages in model order."""
+
+  @hypothesis.given(stages=st.integers(1, 8), repeats=st.integers(1, 6))
+  @hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
+                       database=None)
+  def test_moves_are_r_permutations_of_the_stages(self, stages, repeats):
+    # Group g = r·S + s (visit r of stage s) is stored on stage g // R as
+    # its slot g mod R: R rounds, in each every stage sends one group and
+    # receives one, and every group moves once, where its visit runs.
+    rounds = layout_lib._rounds(stages, repeats)
+    self.assertLen(rounds, repeats)
+    moved = []
+    for pairs, stored, visit in rounds:
+      self.assertCountEqual([b for b, _ in pairs], range(stages))
+      self.assertCountEqual([s for _, s in pairs], range(stages))
+      for b, s in pairs:
+        g = b * repeats + stored[b]
+        self.assertEqual((g % stages, g // stages), (s, visit[s]))
+        moved.append(g)
+    self.assertCountEqual(moved, range(stages * repeats))
+
+  @parameterized.parameters((4, 3), (2, 3), (4, 2))
+  def test_values_and_gradients_explicit_axes(self, stages, repeats):
+    # R neither a multiple nor a divisor of S: rounds send different slots
+    # from different stages.
+    f = lambda pipeline=None: stack(num_layers=stages * repeats,
+                                    pipeline=pipeline)
+    x = jax.random.normal(KEY, [8, 4])
+    params = f().init(KEY, x)
+    expected = jax.jit(jax.value_and_grad(f().apply))(params, None, x)
+    mesh = make_mesh(stages, axis_type=AxisType.Explicit)
+    got = pipelined_grad(f(hkb.Pipeline("stage", 2, "circular", repeats)),
+                         params, x, mesh, stage_rules())
+    assert_close(self, got, expected)
+    # Each gradient leaf stored as its param: over the stages.
+    self.assertEqual({g.sharding.spec[0] for g in jax.tree.leaves(got[1])},
+                     {"stage"})
+
+
 @needs_shard_map
 class ErrorsTest(parameterized.TestCase):
 
@@ -1012,7 +1054,8 @@ class ErrorsTest(parameterized.TestCase):
     f = stack(pipeline=hkb.Pipeline("stage", 2))
     explicit = jax.make_mesh((4, 2), ("stage", "data"),
                              axis_types=(AxisType.Explicit,) * 2)
-    with mock.patch.object(pipeline_lib, "jax_runs_stages_on_explicit_axes",
+    with mock.patch.object(pipeline_config,
+                           "jax_runs_stages_on_explicit_axes",
                            return_value=False):
       with self.assertRaisesRegex(
           NotImplementedError, r"^hkb.repeat_layer: the mesh's axes \('stage', "

@@ -123,7 +123,7 @@ class PipelineDataParallelProcessesTest(absltest.TestCase):
     results = os.path.join(tmp, "results.npz")
     port = multiprocess.free_port()
     processes = multiprocess.Processes(
-        "haiku_bridge._src.pipeline_multiprocess_test",
+        "haiku_bridge._src.pipeline.pipeline_multiprocess_test",
         [["--child", str(i), str(port), results]
          for i in range(NUM_PROCESSES)], tmp)
     try:

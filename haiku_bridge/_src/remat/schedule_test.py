@@ -8,12 +8,12 @@ import tracemalloc
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from haiku_bridge._src import remat_schedule
-from haiku_bridge._src.remat_schedule import ADVANCE
-from haiku_bridge._src.remat_schedule import BACKPROP
-from haiku_bridge._src.remat_schedule import Action
-from haiku_bridge._src.remat_schedule import NOWHERE
-from haiku_bridge._src.remat_schedule import REGISTER
+from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat.schedule import ADVANCE
+from haiku_bridge._src.remat.schedule import BACKPROP
+from haiku_bridge._src.remat.schedule import Action
+from haiku_bridge._src.remat.schedule import NOWHERE
+from haiku_bridge._src.remat.schedule import REGISTER
 
 DEPTHS = list(range(1, 30)) + [63, 64, 65, 100, 128]
 

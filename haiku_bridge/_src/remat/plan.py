@@ -3,7 +3,7 @@
 A scan's backward pass can keep every step's activations (`remat=False`),
 one carry per step (`remat=True`), what a `remat_policy` saves of each step
 (`remat=True` with the policy the user gives), or a schedule's few carries
-(`"nested"`, `"binomial"`: `remat_schedule.py`), each trading recomputed
+(`"nested"`, `"binomial"`: `schedule.py`), each trading recomputed
 FLOPs for memory. Which one fits depends on things a user cannot see: how
 the step's activations compare with its carry, the length, where the loss
 sits. `plan` predicts, for every candidate, the bytes a training step of
@@ -98,11 +98,11 @@ import numpy as np
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards
-from haiku_bridge._src import hlo_flops
+from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src import hlo_text
 from haiku_bridge._src import modes
-from haiku_bridge._src import remat_schedule
-from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
 
 # The most forward passes of the loop a plan may recompute unless the caller
@@ -447,7 +447,7 @@ def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
               memory_budget: int,
               policy: Optional[Callable[..., bool]] = None,
               max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
-  """The plan a loop's `remat="auto"` runs (`Loop.planned`), logged.
+  """The plan a loop's `remat="auto"` runs (`loop.resolved`), logged.
 
   Every plan a loop makes passes here: it is logged at INFO on the
   `haiku_bridge.remat` logger (`str(plan)`: the choice and the table), and
@@ -845,7 +845,7 @@ def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
 def policy_name(policy: Callable[..., bool]) -> str:
   """How a `RematCandidate` names a policy: a function's name, else its repr.
 
-  >>> from haiku_bridge._src import remat_plan
+  >>> from haiku_bridge._src.remat import plan as remat_plan
   >>> remat_plan.policy_name(jax.checkpoint_policies.nothing_saveable)
   'nothing_saveable'
   """
@@ -944,7 +944,7 @@ def _compile_options() -> dict[str, Any]:
 
   On CPU, LLVM without optimisation and XLA's older fusion emitters:
   compiles about 10× faster, and neither changes the buffer assignment
-  that the memory analysis reads (remat_plan_test checks the figures
+  that the memory analysis reads (plan_test checks the figures
   against a compile with XLA's defaults); and the code generated in one
   piece, not split for LLVM threads, which at that level costs more CPU
   time (about a third of a compile) than it saves (the measurements
@@ -983,7 +983,7 @@ def _measure_all(step: _Traced, consts, length: int,
   the GIL): the next program lowers while the last compiles, and the
   compiles run side by side on as many cores as there are
   (`_compile_threads`). Each figure is its own program's, so the figures
-  are those of compiling them one by one (remat_plan_test checks it).
+  are those of compiling them one by one (plan_test checks it).
   Each thread runs in the caller's context (`contextvars`): an error there
   names the public call as one here would.
   """

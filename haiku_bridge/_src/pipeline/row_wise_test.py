@@ -15,7 +15,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from haiku_bridge._src import row_wise
+from haiku_bridge._src.pipeline import row_wise
 
 PARTS = 4
 ROWS = 8

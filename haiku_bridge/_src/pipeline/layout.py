@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
@@ -94,7 +95,7 @@ class Layout:
       # A layer axis stored over the stages: each holds its GPipe block.
       return jnp.reshape(a, shape, out_sharding=PartitionSpec(
           self.axis, None, None, *rest))
-    if self.explicit and entries[0] == self.axis and _summable(a):
+    if self.explicit and entries[0] == self.axis:
       # Stored over the stages in blocks of layers, which circular
       # interleaves: each stage sends each of its visits' layers to the
       # stage that runs them, never the whole stack.
@@ -113,7 +114,7 @@ class Layout:
         and typed_sharding.spec(a)[3:] == entries[1:]):
       return jnp.reshape(a, like.shape,
                          out_sharding=PartitionSpec(*entries))
-    if self.explicit and entries[:1] == (self.axis,) and _summable(a):
+    if self.explicit and entries[:1] == (self.axis,):
       a = typed_sharding.reshard(a, (self.axis, None, None) + entries[1:])
       return self._interleaved(a, entries[1:], inverse=True)
     a = typed_sharding.without(a, (self.axis,))
@@ -123,39 +124,50 @@ class Layout:
   def _interleaved(self, a: jax.Array,
                    rest: tuple[typed_sharding.MeshAxes, ...],
                    inverse: bool) -> jax.Array:
-    """`[N, ...]` in blocks over the stages -> `[S, R, L, ...]` over them (`inverse`: back), by `ppermute`.
+    """`[N, ...]` in blocks over the stages -> `[S, R, L, ...]` over them (`inverse`: back), by R `ppermute`s.
 
     Stage b stores layers [b·R·L, (b+1)·R·L): R groups of L layers; visit r
     of stage s is group g = r·S + s, stored on stage g // R as its group
-    g mod R. For each visit r and stored group t, one `ppermute` takes
-    those groups to the stages that run them (a partial permutation: the
-    other stages get zeros, which the sum over t drops), so every index is
-    static and each stage holds its own layers and the groups in flight,
-    never the stack (an all-gather of it: S times the stage's share of each
-    leaf, until issue 43). Autodiff's transpose is the inverse permutation.
+    g mod R. Every stage sends R groups and receives R, so the moves split
+    into R permutations of the stages (`_rounds`): in each, every stage
+    sends one group of each leaf (the slot its index picks) and puts the
+    one it receives where its index says, so a stage holds its own layers
+    and one round's groups in flight, and sends its params once (until
+    issue 43 an all-gather of each leaf's whole stack, S times the stage's
+    share; then R² partial permutations, R·L layers in flight and a count
+    of each op's bytes R times what moved). A group that stays on its
+    stage is sent to itself (XLA copies it). Which group a stage sends and
+    where it lands differ by stage: selects on the stage's index, never a
+    dynamic slice, whose transpose would be a zero buffer of the stage's
+    share per round. Autodiff's transpose is the inverse permutations.
     """
-    stages, repeats, layers = self.stages, self.repeats, self.layers
     named = {name for entry in rest if entry is not None
              for name in ((entry,) if isinstance(entry, str) else entry)}
+    rounds = _rounds(self.stages, self.repeats)
 
     def move(block):
       if inverse:
         block = block[0]  # [R, L, ...], by visit.
       else:
-        block = block.reshape((repeats, layers) + block.shape[1:])  # By group.
-      moved: list[list[jax.Array]] = [[] for _ in range(repeats)]
-      for visit in range(repeats):
-        for group in range(repeats):
-          pairs = [((visit * stages + s) // repeats, s) for s in range(stages)
-                   if (visit * stages + s) % repeats == group]
-          if inverse:
-            pairs = [(s, b) for b, s in pairs]
-            to, part = group, block[visit]
-          else:
-            to, part = visit, block[group]
-          if pairs:
-            moved[to].append(jax.lax.ppermute(part, self.axis, pairs))
-      out = jnp.stack([sum(parts[1:], parts[0]) for parts in moved])
+        block = block.reshape((self.repeats, self.layers) + block.shape[1:])
+      stage = jax.lax.axis_index(self.axis)
+
+      def pick(which, cases):  # Case which[stage]: a select, as is its transpose.
+        return jax.lax.select_n(jnp.asarray(which)[stage], *cases)
+
+      # Round k: each stage sends its slot `sends[k]`, which lands in the
+      # receiver's slot `lands[k]` (indexed by stage).
+      sends = [visit if inverse else stored for _, stored, visit in rounds]
+      lands = [stored if inverse else visit for _, stored, visit in rounds]
+      slots = jax.lax.split(block, (1,) * self.repeats)  # Transpose: concat.
+      received = [
+          jax.lax.ppermute(pick(sent, slots), self.axis,
+                           [(t, b) for b, t in pairs] if inverse else pairs)
+          for sent, (pairs, _, _) in zip(sends, rounds)]
+      out = jnp.concatenate([
+          pick([[land[s] for land in lands].index(slot)
+                for s in range(self.stages)], received)
+          for slot in range(self.repeats)])
       if inverse:
         return out.reshape((-1,) + out.shape[2:])
       return out[None]
@@ -181,9 +193,45 @@ class Layout:
     return a.reshape((-1,) + a.shape[3:])
 
 
-def _summable(a: jax.Array) -> bool:
-  """Whether adding zeros to `a` is exact (not a PRNG key's type)."""
-  return jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_
+@caches.memoize()
+def _rounds(stages: int, repeats: int
+            ) -> tuple[tuple[tuple[tuple[int, int], ...], tuple[int, ...],
+                             tuple[int, ...]], ...]:
+  """Circular's moves from stored blocks to visits, as R permutations of the stages.
+
+  Group g = r·S + s (visit r of stage s) is stored on stage g // R as its
+  group g mod R. Each stage stores R groups and runs R, so the groups are
+  the edges of an R-regular bipartite multigraph from storing to running
+  stages, which splits into R perfect matchings (König): found here one
+  at a time by augmenting paths. Each round is `(pairs, stored, visit)`:
+  the `(from, to)` stage pairs, each stage's slot of the group it sends
+  (`stored[from]`), and the visit it receives (`visit[to]`).
+  """
+  left = {g: (g // repeats, g % stages) for g in range(stages * repeats)}
+  rounds = []
+  while left:
+    match: dict[int, int] = {}  # Running stage -> group.
+
+    def augment(source: int, seen: set[int]) -> bool:
+      for g, (b, s) in left.items():
+        if b == source and s not in seen:
+          seen.add(s)
+          if s not in match or augment(left[match[s]][0], seen):
+            match[s] = g
+            return True
+      return False
+
+    for source in range(stages):
+      found = augment(source, set())
+      assert found, (stages, repeats)  # An R-regular graph has a matching.
+    pairs = tuple((g // repeats, s) for s, g in sorted(match.items()))
+    stored, visit = [0] * stages, [0] * stages
+    for s, g in match.items():
+      stored[g // repeats] = g % repeats
+      visit[s] = g // stages
+      del left[g]
+    rounds.append((pairs, tuple(stored), tuple(visit)))
+  return tuple(rounds)
 
 
 def whole_batch_ys(body: Callable[..., Any], carry: PyTree,

@@ -18,11 +18,11 @@ import numpy as np
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
-from haiku_bridge._src import hlo_flops
-from haiku_bridge._src import loop as loop_lib
-from haiku_bridge._src import remat_plan
-from haiku_bridge._src import remat_schedule
-from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.remat import hlo_flops
+from haiku_bridge._src.remat import loop as loop_lib
+from haiku_bridge._src.remat import plan as remat_plan
+from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat import scheduled_scan
 from testing import remat_models
 from testing import test_utils
 

@@ -11,8 +11,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from haiku_bridge._src import remat_schedule
-from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat import scheduled_scan
 from testing import test_utils
 
 WIDTH = 4

@@ -9,14 +9,15 @@ It owns what the backward pass keeps:
 * `remat=True`: `jax.checkpoint` on the step (with `remat_policy`), as
   `hk.remat` of the step does: one carry per step.
 * `remat="nested"` / `"binomial"`: `scheduled_scan.scan` with a schedule of
-  `remat_schedule.py`, about 2√N carries for N steps (or fewer, binomial),
+  `schedule.py`, about 2√N carries for N steps (or fewer, binomial),
   one more forward pass.
 * `remat="auto"` with `memory_budget=`: one of those (with
   `remat_policy=`, `remat=True` under it too), the one that recomputes the
   least FLOPs among those whose training-step bytes fit the budget
   (predicted, then checked compiled) and that recompute at most
-  `max_recompute` forward passes (`remat_plan.py`), planned on the step's
-  shapes when the loop is traced.
+  `max_recompute` forward passes (`plan.py`), planned on the step's
+  shapes when the loop is traced, in one place: `resolved`, which every
+  loop of the bridge passes, and which plans nothing at init.
 
 Values the step closes over (a time scan's shared weights) are constants
 of the loop: in every mode their gradient is one buffer, summed over the
@@ -34,19 +35,21 @@ the leading axis of `xs`), each worded by the scan (`StepWords`,
 import dataclasses
 from typing import Any, Callable, NamedTuple, Optional
 
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
+from haiku_bridge._src import guards
 from haiku_bridge._src import modes
-from haiku_bridge._src import remat_plan
-from haiku_bridge._src import remat_schedule
-from haiku_bridge._src import scheduled_scan
+from haiku_bridge._src.remat import plan as remat_plan
+from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
 
-# `remat=` values that keep fewer carries than steps (remat_schedule.py).
+# `remat=` values that keep fewer carries than steps (schedule.py).
 REMAT_SCHEDULES = modes.REMAT_SCHEDULES
 REMAT_MODES = (False, True) + REMAT_SCHEDULES
 
@@ -59,7 +62,7 @@ class Loop:
 
   Build it with `from_options`, which checks the options.
 
-  >>> from haiku_bridge._src import loop
+  >>> from haiku_bridge._src.remat import loop
   >>> def step(h, w):
   ...   return jnp.tanh(h @ w), jnp.sum(h)
   >>> ws = jax.random.normal(jax.random.PRNGKey(0), [9, 4, 4]) / 2
@@ -96,36 +99,12 @@ class Loop:
   slots: Optional[int] = None
   max_recompute: float = remat_plan.MAX_RECOMPUTE
 
-  def unplanned(self) -> "Loop":
-    """This loop where no backward pass follows (Haiku's init): never planned.
-
-    Every remat computes the same values, and a plan is for the backward
-    pass, so `remat="auto"` runs the plain loop without measuring anything.
-    """
-    if self.remat != modes.REMAT_AUTO:
-      return self
-    return dataclasses.replace(self, remat=False, policy=None,
-                               memory_budget=None,
-                               max_recompute=remat_plan.MAX_RECOMPUTE)
-
-  def planned(self, body: Body, carry: PyTree, xs: PyTree,
-              length: int) -> "Loop":
-    """The loop `remat="auto"` runs for these shapes: `remat_plan.loop_plan`'s (logged)."""
-    if length == 0:
-      return Loop(unroll=self.unroll)
-    assert self.memory_budget is not None, "from_options requires it"
-    choice = remat_plan.loop_plan(body, carry, xs, length, self.memory_budget,
-                                  self.policy, self.max_recompute).choice
-    return Loop(choice.remat, None if choice.policy is None else self.policy,
-                choice.groups, self.unroll,
-                slots=choice.slots if choice.remat == "binomial" else None)
-
   def __call__(self, body: Body, carry: PyTree, xs: PyTree, length: int,
                reverse: bool = False) -> tuple[PyTree, PyTree]:
     """`jax.lax.scan(body, carry, xs, length, reverse)`: `(carry, ys)`."""
     if self.remat == modes.REMAT_AUTO:
-      return self.planned(body, carry, xs, length)(body, carry, xs, length,
-                                                   reverse)
+      return resolved(self, body, carry, xs, length)(body, carry, xs, length,
+                                                     reverse)
     if self.remat in REMAT_SCHEDULES and length > 0:
       return scheduled_scan.scan(
           body, carry, xs, length=length,
@@ -143,6 +122,39 @@ class Loop:
       body = jax.checkpoint(body, policy=self.policy)
     return jax.lax.scan(body, carry, xs, length=length, unroll=self.unroll,
                         reverse=reverse)
+
+
+def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
+             *, whole_pipelined_stack: bool = False) -> Loop:
+  """The loop that runs on these shapes: the one place `remat="auto"` is planned.
+
+  Any other `remat` runs as it is. `remat="auto"` is planned here, for the
+  shapes the loop runs on (`remat_plan.loop_plan`, which logs the plan),
+  except where no plan is for it, and there it runs plain, unplanned (every
+  remat computes the same values, and a plan is for the backward pass):
+
+  * at Haiku's init (`hk.transform(f).init`), which runs no backward pass;
+  * with `whole_pipelined_stack`: the loop runs all the layers of a
+    pipelined stack at once (its init, or a bridge running the layer only
+    to find its params), and `memory_budget` is per stage, not for this loop
+    (each stage's plan is made here too, for one visit: `pipeline/stages.py`);
+  * with no steps.
+  """
+  if loop.remat != modes.REMAT_AUTO:
+    return loop
+  if whole_pipelined_stack or (guards.inside_transform() and
+                               hk.running_init()):
+    return dataclasses.replace(loop, remat=False, policy=None,
+                               memory_budget=None,
+                               max_recompute=remat_plan.MAX_RECOMPUTE)
+  if length == 0:
+    return Loop(unroll=loop.unroll)
+  assert loop.memory_budget is not None, "from_options requires it"
+  choice = remat_plan.loop_plan(body, carry, xs, length, loop.memory_budget,
+                                loop.policy, loop.max_recompute).choice
+  return Loop(choice.remat, None if choice.policy is None else loop.policy,
+              choice.groups, loop.unroll,
+              slots=choice.slots if choice.remat == "binomial" else None)
 
 
 def from_options(*, remat: Any = False, remat_policy: Any = None,

@@ -1,7 +1,7 @@
 """Whether a function computes each row of its batch from that row alone, read off two traces of it.
 
 A pipeline's stages may run a layer on each data device's rows of a
-microbatch by hand (`pipeline_stages`), which gives the same result as the
+microbatch by hand (`stages`), which gives the same result as the
 whole microbatch only where the layer is row-wise: every row of every
 output that has rows is computed from the same row of the inputs that have
 rows, and nothing depends on how many rows there are. `row_dims` checks

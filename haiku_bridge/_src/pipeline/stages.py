@@ -1,7 +1,7 @@
 """The stage program: what each stage of a pipeline runs inside its `shard_map`, and running it.
 
-`run` runs a layer scan as a pipeline from its `pipeline_plan.Plan`: the
-stack and the batch laid out for the stages (`pipeline_layout`), a
+`run` runs a layer scan as a pipeline from its `staging.Staging`: the
+stack and the batch laid out for the stages (`layout`), a
 `jax.shard_map` manual over the stage axis (and over the batch's axes where
 the layer is row-wise, `_rows_apart`; the mesh's other axes Auto inside it),
 and in it `_StageProgram`, which runs every step of the timetable: the
@@ -21,23 +21,23 @@ from jax.sharding import PartitionSpec
 import numpy as np
 
 from haiku_bridge._src import errors
-from haiku_bridge._src import loop as loop_lib
 from haiku_bridge._src import modes
-from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import pipeline_layout
-from haiku_bridge._src import pipeline_plan
-from haiku_bridge._src import row_wise
+from haiku_bridge._src import remat as remat_lib
+from haiku_bridge._src.pipeline import layout as layout_lib
+from haiku_bridge._src.pipeline import row_wise
+from haiku_bridge._src.pipeline import schedule
+from haiku_bridge._src.pipeline import staging as staging_lib
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
 
-def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
-        per_layer: PyTree, *, loop: loop_lib.Loop,
+def run(staging: staging_lib.Staging, body: Callable[..., Any], carry: PyTree,
+        per_layer: PyTree, *, loop: remat_lib.Loop,
         reverse: bool = False) -> tuple[PyTree, PyTree]:
   """`layer_scan`'s loop as a pipeline: `(carry, (ys, state))`, as its scan returns them.
 
   Args:
-    plan: the pipeline, checked and laid out (`pipeline_plan.plan`).
+    staging: the pipeline, checked and laid out (`staging.staging_for`).
     body: `body(carry, (params, state, key, x)) -> (carry, (y, state))`, one
       layer.
     carry: the first layer's input; axis 0 of every leaf is the batch.
@@ -52,7 +52,7 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
     carry, the `y`s as `[num_layers, batch, ...]`, the state after every
     microbatch.
   """
-  layout, batch = plan.layout, plan.batch
+  layout, batch = staging.layout, staging.batch
   stages, axis = layout.stages, layout.axis
   if reverse:
     per_layer = jax.tree.map(lambda a: jnp.flip(a, 0), per_layer)
@@ -61,7 +61,7 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
   micro = jax.tree.map(batch.split, carry)
   if loop.remat == modes.REMAT_AUTO:
     loop = stage_loop(loop, body, micro, staged, layout.layers)
-  program = _StageProgram(body, loop, layout, plan.timetable,
+  program = _StageProgram(body, loop, layout, staging.timetable,
                           batch.microbatches)
   if stages == 1:
     # One stage passes nothing on: the timetable runs as a loop, in place,
@@ -119,7 +119,7 @@ def run(plan: pipeline_plan.Plan, body: Callable[..., Any], carry: PyTree,
           layer is None or not _loops_from_a_constant(layer[0].jaxpr))
       out, ys, new_state = run_stages(program, [], check_vma)
   ys = batch.join_ys(jax.tree.map(layout.ys_to_layers, ys),
-                     lambda: pipeline_layout.whole_batch_ys(body, carry, per_layer))
+                     lambda: layout_lib.whole_batch_ys(body, carry, per_layer))
   new_state = jax.tree.map(layout.to_layers, new_state, state)
   if reverse:
     ys, new_state = jax.tree.map(lambda a: jnp.flip(a, 0), (ys, new_state))
@@ -172,8 +172,8 @@ def _run_on_stages(program: "_StageProgram", staged: PyTree, micro: PyTree,
                                       closed_over, apart.axes))
 
 
-def stage_loop(loop: loop_lib.Loop, body: Callable[..., Any], micro: PyTree,
-               staged: PyTree, layers: int) -> loop_lib.Loop:
+def stage_loop(loop: remat_lib.Loop, body: Callable[..., Any],
+               micro: PyTree, staged: PyTree, layers: int) -> remat_lib.Loop:
   """The loop every stage runs for `remat="auto"`: planned once, for one visit.
 
   `memory_budget` is per stage: the training-step temporaries of one
@@ -189,7 +189,7 @@ def stage_loop(loop: loop_lib.Loop, body: Callable[..., Any], micro: PyTree,
   # would be refused.
   carry = _parts(micro, 1)  # One microbatch.
   visit = _parts(staged, 2)  # One visit's layers.
-  return loop.planned(body, carry, visit, layers)
+  return remat_lib.resolved(loop, body, carry, visit, layers)
 
 
 def _parts(tree: PyTree, axes: int) -> PyTree:
@@ -463,9 +463,9 @@ def _closure_converted(layer: Optional[tuple[Any, Any]]
 class _StageProgram:
   """What each stage runs (inside the `shard_map`): every step of the timetable."""
   body: Callable[..., Any]
-  loop: loop_lib.Loop
-  layout: pipeline_layout.Layout
-  timetable: pipeline_lib.Timetable
+  loop: remat_lib.Loop
+  layout: layout_lib.Layout
+  timetable: schedule.Timetable
   microbatches: int
   # Run with jax's check of varying types off (`jax.shard_map`'s
   # `check_vma=False`), where the transpose of a `psum` is a `psum`.
@@ -563,7 +563,7 @@ class _StageProgram:
                                                        state)
 
 
-def _kept_by(loop: loop_lib.Loop) -> Callable[..., bool]:
+def _kept_by(loop: remat_lib.Loop) -> Callable[..., bool]:
   """The `jax.checkpoint` policy that keeps what `loop` keeps of a visit.
 
   Inside `jax.checkpoint`, the outer policy decides for the loop's own

@@ -1,4 +1,4 @@
-"""Pipeline parallelism for a layer scan: its layers as stages over a mesh axis, its batch in microbatches.
+"""The public config of pipeline parallelism for a layer scan (`Pipeline`): its layers as stages over a mesh axis, its batch in microbatches.
 
 `layer_scan(..., pipeline=Pipeline(axis="stage", microbatches=M))` hands its
 scan here at apply (init runs the plain scan, so the params are the plain
@@ -23,8 +23,8 @@ visit through the stack's own loop (`loop.Loop`, with its remat):
   is a visit, 1/R of a GPipe step, and the bubble is (S-1)/(R·M+S-1) for
   M ≥ S.
 
-`timetable(...)` is what both run from: which stage runs which visit of
-which microbatch at each step.
+`schedule.timetable(...)` is what both run from: which stage runs which
+visit of which microbatch at each step.
 
 Semantics of what goes per microbatch:
 
@@ -47,23 +47,19 @@ where its result goes (`typed_sharding.py`): a layer axis stored over the
 stages stays there (GPipe), a batch split over `data` stays split in each
 microbatch where the microbatch is large enough, and is whole on every
 device where it is not. jax 0.7 and 0.8 cannot lower the stages' `shard_map`
-on a mesh with Explicit axes: `pipeline_plan.plan` refuses it there, naming
-the fix. Nor does a `shard_map` close over an array typed by Explicit axes
-(an outer param, `jax.device_put` on the mesh): a layer that does runs in
-the stages as a jaxpr traced once, those arrays passed in.
+on a mesh with Explicit axes: `staging.staging_for` refuses it there,
+naming the fix. Nor does a `shard_map` close over an array typed by
+Explicit axes (an outer param, `jax.device_put` on the mesh): a layer that
+does runs in the stages as a jaxpr traced once, those arrays passed in.
 
-This file is the public face: the config and its timetable. The rest, a
-file a job: `pipeline_plan.py` checks a pipeline against the mesh, the
-stack and the batch and lays it out, once (`plan`); `pipeline_layout.py`
-moves the stack and the batch between the scan's layout and the stages';
-`pipeline_stages.py` is the program each stage runs, and runs it.
+This file is the public face: the config. The rest of the package, a file
+a job, is entered through `__init__.py`, which names them.
 """
 
 import dataclasses
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import jax
-import numpy as np
 
 from haiku_bridge._src import errors
 from haiku_bridge._src import modes
@@ -165,65 +161,3 @@ def check_pipeline(pipeline: Any) -> Optional[Pipeline]:
         "pipeline", pipeline, "None or an hkb.Pipeline, e.g. "
         "hkb.Pipeline(\"stage\", microbatches=4)"))
   return pipeline
-
-
-class Timetable(NamedTuple):
-  """At each step, each stage runs one visit of a microbatch, or idles.
-
-  A microbatch visits the stages 0, 1, ..., S-1 in turn, `repeats` times
-  (passes). Visits are numbered in periods of P = max(M, S) steps, visit
-  `k = r·P + m` being pass r of microbatch m, and stage s runs visit k at
-  step k + s. So pass r + 1 of a microbatch reaches stage 0 no earlier than
-  pass r leaves stage S - 1. An idle slot (k < 0, r ≥ repeats, m ≥ M) still
-  computes, on a real microbatch, and its result is masked out: it is the
-  bubble.
-
-  Attributes:
-    active: `[steps, stages]` bool, whether the stage runs a visit.
-    repeat: `[steps, stages]`, the pass of that visit (clipped where idle).
-    microbatch: `[steps, stages]`, its microbatch (clipped where idle).
-    period: P, the steps between two passes of a microbatch at one stage.
-  """
-  active: np.ndarray
-  repeat: np.ndarray
-  microbatch: np.ndarray
-  period: int
-
-  @property
-  def num_steps(self) -> int:
-    return self.active.shape[0]
-
-  @property
-  def bubble(self) -> float:
-    """Idle stage-steps over all stage-steps."""
-    return float(1 - self.active.mean())
-
-  def step_of(self, stage: Any, repeat: Any, microbatch: Any) -> Any:
-    """The step at which `stage` runs pass `repeat` of `microbatch` (ints or arrays)."""
-    return repeat * self.period + microbatch + stage
-
-
-def timetable(num_stages: int, microbatches: int, repeats: int = 1) -> Timetable:
-  """The timetable of `num_stages` stages, `microbatches` microbatches, `repeats` passes.
-
-  >>> from haiku_bridge._src import pipeline
-  >>> gpipe = pipeline.timetable(4, 8)
-  >>> gpipe.num_steps, round(gpipe.bubble, 4), round(3 / (8 + 3), 4)
-  (11, 0.2727, 0.2727)
-  >>> circular = pipeline.timetable(4, 8, repeats=2)
-  >>> circular.num_steps, round(circular.bubble, 4), round(3 / (2 * 8 + 3), 4)
-  (19, 0.1579, 0.1579)
-  >>> circular.active.astype(int)[:10].T  # Stage 0 starts pass 1 at step 8.
-  array([[1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
-         [0, 1, 1, 1, 1, 1, 1, 1, 1, 1],
-         [0, 0, 1, 1, 1, 1, 1, 1, 1, 1],
-         [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]])
-  """
-  period = max(microbatches, num_stages)
-  steps = (repeats - 1) * period + microbatches + num_stages - 1
-  visit = np.arange(steps)[:, None] - np.arange(num_stages)[None, :]
-  repeat, micro = np.divmod(np.maximum(visit, 0), period)
-  active = (visit >= 0) & (repeat < repeats) & (micro < microbatches)
-  return Timetable(active, np.minimum(repeat, repeats - 1),
-                   np.minimum(micro, microbatches - 1), period)
-

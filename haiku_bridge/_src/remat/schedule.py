@@ -147,7 +147,7 @@ def binomial(num_steps: int, slots: int) -> Schedule:
   costs r·1000 − C(10 + r, 11) advances, the forward sweep's 999 included:
 
   >>> import math
-  >>> from haiku_bridge._src import remat_schedule
+  >>> from haiku_bridge._src.remat import schedule as remat_schedule
   >>> schedule = remat_schedule.binomial(1000, slots=10)
   >>> remat_schedule.simulate(schedule)  # Raises if a step got a wrong carry.
   >>> schedule.num_slots, schedule.recomputed_steps
@@ -181,7 +181,7 @@ def fewest_binomial_slots(num_steps: int, max_recomputed: int) -> int:
   the answer is found by bisection. What `remat="binomial"` keeps for 1024
   steps (at most one more forward pass), where `nested(1024)` keeps 62:
 
-  >>> from haiku_bridge._src import remat_schedule
+  >>> from haiku_bridge._src.remat import schedule as remat_schedule
   >>> remat_schedule.fewest_binomial_slots(1024, max_recomputed=1023)
   43
   >>> [remat_schedule.binomial_cost(1024, slots) for slots in (43, 42)]

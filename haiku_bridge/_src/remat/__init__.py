@@ -1,0 +1,49 @@
+"""What the backward pass of the bridge's loops keeps: the remat machinery, entered here.
+
+The rest of the library reaches the machinery through this module only; its
+rooms meet each other by name:
+
+* `loop.py`: the loop under the layer scan, the time scans and each
+  pipeline stage (`Loop`), its options checked (`from_options`), and the
+  checks every scan makes of its body and its steps.
+* `schedule.py`: the schedules of `remat="nested"` / `"binomial"` (which
+  carries the backward pass keeps), as checkable data; `scheduled_scan.py`
+  runs `jax.lax.scan` backwards by one.
+* `plan.py`: `remat="auto"`, the plan that fits a memory budget
+  (`hkb.remat_plan`, `RematPlan`); `hlo_flops.py` counts a compiled
+  program's FLOPs, every loop by its trip count, for it.
+
+When a plan is made is decided in one place, `resolved`: every loop of the
+bridge (the scans', each pipeline stage's) passes it.
+"""
+
+# The names the rest of the library uses, and nothing else.
+from haiku_bridge._src.remat.loop import check_step_output
+from haiku_bridge._src.remat.loop import CheckedBody
+from haiku_bridge._src.remat.loop import from_options
+from haiku_bridge._src.remat.loop import Loop
+from haiku_bridge._src.remat.loop import num_steps
+from haiku_bridge._src.remat.loop import resolved
+from haiku_bridge._src.remat.loop import StepAxis
+from haiku_bridge._src.remat.loop import StepWords
+from haiku_bridge._src.remat.plan import plannable
+from haiku_bridge._src.remat.plan import Planned
+from haiku_bridge._src.remat.plan import remat_plan
+from haiku_bridge._src.remat.plan import RematCandidate
+from haiku_bridge._src.remat.plan import RematPlan
+
+__all__ = [
+    "CheckedBody",
+    "Loop",
+    "Planned",
+    "RematCandidate",
+    "RematPlan",
+    "StepAxis",
+    "StepWords",
+    "check_step_output",
+    "from_options",
+    "num_steps",
+    "plannable",
+    "remat_plan",
+    "resolved",
+]
