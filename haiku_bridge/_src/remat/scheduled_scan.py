@@ -229,6 +229,23 @@ def _slot_layout(schedule: remat_schedule.Schedule) -> _SlotLayout:
                      int(table[:, 2].sum()))
 
 
+def _forward_writes(layout: _SlotLayout) -> np.ndarray:
+  """The slot the forward sweep writes the carry entering each step to.
+
+  A carry the schedule keeps goes to its slot; one it does not keep goes to
+  the register's slot, as scratch. The forward sweep writes in step order,
+  so the register's slot ends holding the carry entering the last step,
+  which is where `_slot_layout` has the backward sweep find it when no slot
+  keeps that carry; when one does, the backward sweep writes the register's
+  slot before it reads it. So the kept slots hold what they held when only
+  kept carries were written, and no buffer grows.
+  """
+  register = layout.num_slots - 1
+  stores = layout.forward_stores
+  return np.where(stores == remat_schedule.NOWHERE, register,
+                  stores).astype(np.int32)
+
+
 def _traced_for_forward_mode() -> bool:
   """Whether JAX traces a custom_vjp's forward rule for a JVP (forward mode).
 
@@ -287,16 +304,14 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
     def body(state, inputs):
       c, slots = state
       x, store = inputs
-      # A carry no slot keeps leaves slot 0 as it was (written back): a
-      # lax.cond around the write would copy the whole buffer.
-      keep = store != remat_schedule.NOWHERE
-      index = jnp.maximum(store, 0)
-      slots = [_put(b, jnp.where(keep, v, _get(b, index)), index)
-               for b, v in zip(slots, c)]
+      # Every carry is written, one no slot keeps into the register's slot
+      # (`_forward_writes`): no select and no read per step, which XLA
+      # compiles faster than writing an unkept slot back unchanged.
+      slots = [_put(b, v, store) for b, v in zip(slots, c)]
       new_c, y = step(consts, c, x)
       return (new_c, slots), y
 
-    stores = layout.forward_stores
+    stores = _forward_writes(layout)
     (carry, slots), ys = lax.scan(
         body, (carry, slots), (xs, stores[::-1] if reverse else stores),
         length=length, reverse=reverse, unroll=unroll)

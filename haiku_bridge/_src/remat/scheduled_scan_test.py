@@ -1,5 +1,6 @@
 """Tests for scheduled_scan: against jax.lax.scan, plain and with jax.checkpoint."""
 
+import collections
 import functools
 import re
 
@@ -258,6 +259,32 @@ class ConstantsTest(absltest.TestCase):
     self.assertEqual(int32_constant_bytes(compiled.as_text()),
                      schedule.table_bytes)
     self.assertLess(schedule.table_bytes, 44 * length)
+
+
+class ForwardSweepTest(absltest.TestCase):
+
+  def test_writes_each_carry_without_reading_or_selecting_a_slot(self):
+    # The forward sweep writes every carry, the unkept ones to the register's
+    # slot: no per-step read of a slot and no select between a carry and a
+    # slot, which XLA compiles slower (issue 42). Only scalar index
+    # arithmetic selects.
+    schedule = remat_schedule.binomial(8, 2)
+    self.assertIn(remat_schedule.NOWHERE, schedule.forward_stores)
+    f = lambda xs: jnp.sum(scheduled_scan.scan(
+        lambda h, x: (jnp.tanh(h * x), None), jnp.ones([4]), xs, length=8,
+        schedule=schedule)[0])
+    forward = jax.make_jaxpr(lambda xs: jax.vjp(f, xs)[0])(jnp.ones([8, 4]))
+    shapes = collections.Counter()
+
+    def visit(jaxpr):
+      for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("select_n", "dynamic_slice"):
+          shapes[eqn.primitive.name, eqn.outvars[0].aval.shape] += 1
+        for sub in test_utils.jaxprs_in_params(eqn.params):
+          visit(sub)
+
+    visit(forward.jaxpr)
+    self.assertEqual([k for k in shapes if k[1] != ()], [], shapes)
 
 
 class MemoryTest(absltest.TestCase):
