@@ -202,7 +202,9 @@ class _SlotLayout(NamedTuple):
   result to `written`.
   """
   num_slots: int
-  forward_stores: np.ndarray  # [steps]: slot for the carry entering t, or -1.
+  # [steps]: the slot the forward sweep writes the carry entering t to:
+  # the schedule's, else the register's (scratch).
+  forward_writes: np.ndarray
   # [actions, 5]: kind, first step, steps, slot read, slot written (a
   # BACKPROP writes the carry it read back where it read it).
   actions: np.ndarray
@@ -211,11 +213,16 @@ class _SlotLayout(NamedTuple):
 
 def _slot_layout(schedule: remat_schedule.Schedule) -> _SlotLayout:
   register = schedule.num_slots
-  stores = list(schedule.forward_stores)
-  last = schedule.num_steps - 1
-  # The forward sweep leaves the carry entering the last step in the register.
-  holder = stores[last] if stores[last] != remat_schedule.NOWHERE else register
-  stores[last] = holder
+  # The forward sweep writes every carry, one the schedule does not keep to
+  # the register's slot: no select and no read per step, which XLA compiles
+  # faster than writing an unkept slot back unchanged. Written in step
+  # order, the register's slot ends holding the carry entering the last
+  # step unless a slot keeps it; where one does, the backward sweep writes
+  # the register's slot before it reads it. So the kept slots hold what the
+  # schedule keeps there, and no buffer grows.
+  stores = [register if s == remat_schedule.NOWHERE else s
+            for s in schedule.forward_stores]
+  holder = stores[schedule.num_steps - 1]
   actions = []
   for a in schedule.actions:
     load = holder if a.load == remat_schedule.REGISTER else a.load
@@ -227,23 +234,6 @@ def _slot_layout(schedule: remat_schedule.Schedule) -> _SlotLayout:
   table = np.asarray(actions, np.int32).reshape(-1, 5)
   return _SlotLayout(register + 1, np.asarray(stores, np.int32), table,
                      int(table[:, 2].sum()))
-
-
-def _forward_writes(layout: _SlotLayout) -> np.ndarray:
-  """The slot the forward sweep writes the carry entering each step to.
-
-  A carry the schedule keeps goes to its slot; one it does not keep goes to
-  the register's slot, as scratch. The forward sweep writes in step order,
-  so the register's slot ends holding the carry entering the last step,
-  which is where `_slot_layout` has the backward sweep find it when no slot
-  keeps that carry; when one does, the backward sweep writes the register's
-  slot before it reads it. So the kept slots hold what they held when only
-  kept carries were written, and no buffer grows.
-  """
-  register = layout.num_slots - 1
-  stores = layout.forward_stores
-  return np.where(stores == remat_schedule.NOWHERE, register,
-                  stores).astype(np.int32)
 
 
 def _traced_for_forward_mode() -> bool:
@@ -304,14 +294,12 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
     def body(state, inputs):
       c, slots = state
       x, store = inputs
-      # Every carry is written, one no slot keeps into the register's slot
-      # (`_forward_writes`): no select and no read per step, which XLA
-      # compiles faster than writing an unkept slot back unchanged.
+      # Every carry is written (`_slot_layout`): no select, no read.
       slots = [_put(b, v, store) for b, v in zip(slots, c)]
       new_c, y = step(consts, c, x)
       return (new_c, slots), y
 
-    stores = _forward_writes(layout)
+    stores = layout.forward_writes
     (carry, slots), ys = lax.scan(
         body, (carry, slots), (xs, stores[::-1] if reverse else stores),
         length=length, reverse=reverse, unroll=unroll)
