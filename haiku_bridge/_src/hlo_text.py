@@ -104,9 +104,9 @@ def walk(program: Program) -> Iterator[Site]:
     for ins in program.computations[name]:
       shapes[ins.name] = ins.shape
       yield Site(ins, shapes, loops, in_branch)
-      if ins.opcode in _CALLS:
-        yield from visit(called(ins.attributes, _CALLS[ins.opcode]), loops,
-                         in_branch)
+      callee = runs(ins)
+      if callee is not None:
+        yield from visit(callee, loops, in_branch)
       elif ins.opcode == "while":
         inner = loops + (trip_count(ins.attributes) or 1,)
         yield from visit(called(ins.attributes, "condition"), inner,
@@ -203,6 +203,12 @@ def called(attributes: str, key: str) -> str:
   match = re.search(key + r"=%([^\s,]+)", attributes)
   assert match, f"no {key}= in {attributes[:200]}"
   return match.group(1)
+
+
+def runs(ins: Instruction) -> Optional[str]:
+  """The computation `ins` runs once per execution of its own, if it is a fusion, call or async start."""
+  key = _CALLS.get(ins.opcode)
+  return None if key is None else called(ins.attributes, key)
 
 
 def branches(attributes: str) -> Iterator[str]:

@@ -86,9 +86,6 @@ _FREE = frozenset("""
     reverse gather tuple get-tuple-element sort get-dimension-size
     set-dimension-size
 """.split())
-# Instructions that run a computation: its instructions are the caller's
-# values (an asynchronous start's result, which its `...-done` gives, too).
-_CALLS = frozenset(["fusion", "call", "async-start", "fusion-start"])
 # Instructions whose value is their first operand's: a copy, the end of an
 # asynchronous copy or computation.
 _SAME_VALUE = frozenset(["copy", "copy-start", "copy-done", "fusion-done",
@@ -283,15 +280,12 @@ class _Counter:
     """The FLOPs `ins` adds to its computation's (0 for a value counted already), and its value."""
     op = ins.opcode
     operands = tuple(numbers[o] for o in ins.operands)
-    if op in _CALLS:
-      # A fusion names its computation `calls=`, a call `to_apply=`: its
-      # instructions are values of the caller's, its result is its ROOT's.
-      key = "to_apply" if op == "call" else "calls"
-      flops, root = self._computation(hlo_text.called(ins.attributes, key),
-                                      executions, values, operands)
-      # (An asynchronous start's value is its computation's result, which
-      # its `...-done` gives.)
-      return flops, root
+    callee = hlo_text.runs(ins)
+    if callee is not None:
+      # A fusion's, call's or async start's computation: its instructions
+      # are values of the caller's, its result is its ROOT's (an
+      # asynchronous start's, which its `...-done` gives).
+      return self._computation(callee, executions, values, operands)
     if op in _SAME_VALUE or (op in ("bitcast", "reshape") and _type(
         ins.shape) == _type(shapes[ins.operands[0]]) and (
             op == "reshape" or _in_memory(ins.shape) == _in_memory(
