@@ -24,23 +24,29 @@ The model, at the loop's own length T:
     binomial with s slots:  a + c·s + k   (nested: s = its slots)
 
 where k is its tables' constants (a row per action, about 2·T - s of
-them: `Schedule.table_bytes`; the larger of the two measured). a and c come from compiling the binomial
-schedule with one slot and with the most a candidate keeps (half the
-steps: `_most_slots`), so that the least plan's bytes are compiled and
-every other schedule's lie between two compiles, and a slot's cost is
-measured, never assumed (XLA:CPU keeps a bfloat16 carry's slots at
-twice its bytes). Four compiles (five with a policy), all at T, so that
-what XLA does only for long loops (or short ones: unrolling, double
-buffering) is in every figure; with XLA's cheaper code generation
-(`_compile_options`), which leaves buffers as they are, each program
-lowered while the last compiles in a thread, as many compiling at once as
-there are cores (`_measure_all`).
+them: `Schedule.table_bytes`; one slot's, the most). a and c come from
+two compiled schedules: one slot's, compiled with remat=False and
+remat=True (so the least plan's bytes are compiled), and a second one
+(`_sloped`): the schedule the budget chooses on the line through one
+slot's bytes with the carry's bytes per slot, which is then also the
+choice's check; where it lies off that line (XLA keeps a slot at other
+than the carry's bytes, as XLA:CPU a bfloat16 carry's at twice), or where
+the budget chooses no schedule of several slots, the most slots a
+candidate keeps (half the steps: `_most_slots`), so that a slot's cost is
+measured, never assumed. So a budget that a schedule fits costs four
+compiles (five with a policy), where the carry's bytes are a slot's;
+all at T, so that what XLA does only for long loops (or short ones:
+unrolling, double buffering) is in every figure; with XLA's cheaper code
+generation (`_compile_options`), which leaves buffers as they are, the
+first three lowered each while the last compiles in a thread, as many
+compiling at once as there are cores (`_measure_all`).
 
 Predictions steer; the compiled program decides. The choice, unless it
 was one of the programs measured, is compiled too, and when it is over the
 budget the next candidate is chosen, the compiled bytes replacing that
 plan's prediction only (at most `_CHECKS` compiles; then the first compiled plan that
-fits, or an error).
+fits, or an error). Compiled for their bytes only, those and the line's
+second point are not read for FLOPs.
 
 Recomputed FLOPs come from the same compiles, counted with every loop by
 its trip count (`hlo_flops.py`): r, one step's recomputation under
@@ -499,7 +505,8 @@ def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   candidate is chosen, the compiled bytes replacing that plan's prediction.
   """
   step, consts = _trace(f, init, xs, length)
-  c = coefficients(step, consts, length, policy)
+  c = _sloped(coefficients(step, consts, length, policy), step, consts,
+              memory_budget, max_recompute, policy)
   for _ in range(_CHECKS):
     chosen = choose(c, length, memory_budget, max_recompute)
     if key(chosen.choice) in dict(c.measured):
@@ -663,10 +670,17 @@ def _candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   # more with as many slots.
   for groups in sorted({2, max(1, math.isqrt(length)), length // 4} - {0, 1}):
     if groups < length:
-      nested = remat_schedule.nested(length, groups)
-      out.append(_recomputing(c, "nested", nested.num_slots, groups, length,
-                              nested.recomputed_steps))
+      slots, recomputed_steps = _nested(length, groups)
+      out.append(_recomputing(c, "nested", slots, groups, length,
+                              recomputed_steps))
   return out
+
+
+@caches.memoize(maxsize=256)
+def _nested(length: int, groups: int) -> tuple[int, int]:
+  """The slots and recomputed steps of "nested" with `groups` groups (its schedule built once)."""
+  nested = remat_schedule.nested(length, groups)
+  return nested.num_slots, nested.recomputed_steps
 
 
 class _Traced(NamedTuple):
@@ -727,22 +741,23 @@ _COEFFICIENTS = caches.Cache("remat_plan.coefficients")
 # Across processes: the coefficients and the plans compiled, as JSON, under
 # caches.directory() (`hkb.clear_caches()` deletes them).
 _ON_DISK = caches.OnDisk("remat_plans")
-# The bytes of a plan compiled to check a choice, by the coefficients' key and
-# the plan's.
+# The figures of a plan compiled for a budget (its choice's check, its line's
+# second point), by the coefficients' key and the plan's.
 _COMPILED = caches.Cache("remat_plan.compiled")
 # Bumped when what a file holds changes meaning.
-_FORMAT = 2
+_FORMAT = 3
 
 
 def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
                  policy: Optional[Callable[..., bool]] = None
                  ) -> Coefficients:
-  """The model's coefficients for `step` over `length` steps, measured by 4 compiles (5 with a policy).
+  """The model's coefficients for `step` over `length` steps, measured by 3 compiles (4 with a policy).
 
   Each compiles the loop's gradient at `length` steps, with XLA's cheaper
-  code generation (`_COMPILE_OPTIONS`): remat=False, remat=True, and the
-  binomial schedule with one slot and with `_most_slots`. Cached in this process and
-  on disk, keyed on everything the figures depend on.
+  code generation (`_compile_options`): remat=False, remat=True, and the
+  binomial schedule with one slot; a slot is taken at the carry's bytes
+  until a budget's `_sloped` compiles a second schedule. Cached in this
+  process and on disk, keyed on everything the figures depend on.
   """
   memo = _memo_key(step, consts, length, policy)
   found = _COEFFICIENTS.get(memo)
@@ -765,19 +780,26 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
     return Coefficients(length, plain.bytes, None, None, (0.0, 0.0), 0.0,
                         0.0, None, (((False, None, None, None),
                                      plain.bytes),))
-  # The fewest and the most slots a plan keeps (`_most_slots`), each a
-  # schedule of O(T) actions: a slot's bytes and the tables' are measured,
-  # never assumed (XLA may widen a bfloat16 carry, or keep a copy), and every
-  # schedule's prediction lies between two compiles, the least exact.
-  slot_counts = sorted({1, _most_slots(length)}) if length > 1 else []
-  schedules = [remat_schedule.binomial(length, s) for s in slot_counts]
+  # The least plan, binomial with one slot (a schedule of O(T) actions),
+  # compiled beside remat=False and remat=True: the line a + c·s starts
+  # there, and a slot's bytes are first taken as the carry's, until
+  # `_sloped` compiles a second schedule.
+  one_slot = [remat_schedule.binomial(length, 1)] if length > 1 else []
   plain, per_step, *rest = _measure_all(
       step, consts, length, [(None, None), (True, None)] +
       ([] if policy is None else [(True, policy)]) +
-      [(s, None) for s in schedules])
+      [(s, None) for s in one_slot])
 
   def recomputed(k: _Measured) -> float:
-    # XLA may find nothing to recompute; never a gain.
+    # XLA may find nothing to recompute; never a gain. Fewer FLOPs than
+    # remat=False's is no plan's doing: said, then counted as none.
+    if k.flops < plain.flops:
+      LOG.warning(
+          "remat=\"auto\": remat=True%s over %d steps compiled to %d FLOPs, "
+          "fewer than remat=False's %d (counted as recomputing nothing; the "
+          "FLOP count of this %s program may be off: please report it).",
+          "" if k is per_step else ", under the policy,", length, k.flops,
+          plain.flops, jax.default_backend())
     return max(0.0, (k.flops - plain.flops) / length)
 
   r = recomputed(per_step)
@@ -790,56 +812,116 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
     with_policy = (policy_name(policy), k.bytes, recomputed(k))
     measured.append(((True, None, None, with_policy[0]), k.bytes))
   scheduled, constants, advance = None, (0.0, 0.0), r
-  if schedules:
-    points = []
-    for slots, schedule, k in zip(slot_counts, schedules, rest):
-      points.append((slots, k))
-      measured.append((("binomial", slots, None, None), k.bytes))
-      if k.advance_flops is not None:
-        advance = float(k.advance_flops)
-    (s1, k1), (s2, k2) = points[0], points[-1]
-    per_slot = ((k2.temporaries - k1.temporaries) / (s2 - s1) if s2 != s1
-                else float(_nbytes(step.carry)))
-    scheduled = (k1.temporaries - per_slot * s1, per_slot)
+  if one_slot:
+    k = rest[0]
+    measured.append((("binomial", 1, None, None), k.bytes))
+    if k.advance_flops is not None:
+      advance = float(k.advance_flops)
+    guess = float(_nbytes(step.carry))
+    scheduled = (k.temporaries - guess, guess)
     # A schedule's tables: a row per action, about 2·T - s of them
-    # (`Schedule.table_bytes`), where XLA may fold a column: the larger
-    # of the two measured.
-    constants = (float(max(k1.constants, k2.constants)), 0.0)
+    # (`Schedule.table_bytes`), the most with one slot: its tables' bytes
+    # bound every schedule's.
+    constants = (float(k.constants), 0.0)
   return Coefficients(length, plain.bytes, per_step.bytes, scheduled,
                       constants, r, advance, with_policy, tuple(measured))
 
 
 # Plans compiled to check a choice, at most: then the last choice stands.
 _CHECKS = 4
+# How far (a fraction of its bytes) a schedule compiled for the budget may
+# lie from the line of one slot and the carry's bytes per slot, and still
+# be taken as on it (`_sloped`).
+_ON_THE_LINE = 0.01
+
+
+def _sloped(c: Coefficients, step: _Traced, consts, memory_budget: int,
+            max_recompute: float, policy) -> Coefficients:
+  """`c` with its schedules' line through two compiled schedules.
+
+  The first is one slot's (`coefficients`). The second is the schedule
+  the budget chooses on the line of one slot's bytes and the carry's bytes
+  per slot, compiled: it is then the choice's check too. Where it lies on
+  that line (within `_ON_THE_LINE`), the line runs through it; where it
+  does not (XLA keeps a slot at other than the carry's bytes, as a
+  bfloat16 carry's at twice, or compiles that count of slots off the line,
+  as near T), or where the budget chooses no schedule of several slots,
+  through the most slots a candidate keeps (`_most_slots`), so that every
+  schedule's prediction lies between two compiles and one count's miss
+  moves no other's.
+  """
+  if c.scheduled is None:
+    return c
+  a, guess = c.scheduled
+  most = _most_slots(c.length)
+  slots = most
+  try:
+    first = choose(c, c.length, memory_budget, max_recompute).choice
+    if first.remat == "binomial" and first.slots not in (None, 1):
+      slots = first.slots
+  except ValueError:  # Nothing fits on that line: `plan` says so.
+    pass
+  if slots == 1:
+    return c
+  one = a + guess  # One slot's temporaries, compiled.
+  got = _compiled(c, step, consts, ("binomial", slots, None, None), policy)
+  c = c._replace(measured=c.measured + ((("binomial", slots, None, None),
+                                         got.bytes),))
+  if slots != most and abs(got.temporaries - (a + guess * slots)) > (
+      _ON_THE_LINE * got.temporaries):
+    slots = most
+    got = _compiled(c, step, consts, ("binomial", most, None, None), policy)
+    c = c._replace(measured=c.measured + ((("binomial", most, None, None),
+                                           got.bytes),))
+  per_slot = (got.temporaries - one) / (slots - 1)
+  return c._replace(scheduled=(one - per_slot, per_slot))
 
 
 def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
              policy) -> Coefficients:
-  """`c` with `choice` compiled: its bytes replace its prediction, no other's.
+  """`c` with `choice` compiled: its bytes replace its prediction, no other's."""
+  got = _compiled(c, step, consts, key(choice), policy)
+  return c._replace(measured=c.measured + ((key(choice), got.bytes),))
 
-  For this budget's choice only: what one budget's checks found never
-  changes another budget's plan (the compiled bytes are kept, in memory
-  and on disk, as a measurement is).
+
+class _Figures(NamedTuple):
+  """A plan compiled for a budget: its bytes (temporaries + constants), and its temporaries."""
+  bytes: int
+  temporaries: int
+
+
+def _compiled(c: Coefficients, step: _Traced, consts, plan: Key,
+              policy) -> _Figures:
+  """A plan's figures, compiled at `c.length` steps (the loop's gradient, as it is measured).
+
+  For one budget's choice (or its line's second point): what one budget's
+  compiles found replaces only that plan's prediction, and is kept, in
+  memory and on disk, as a measurement is, by the coefficients' key and
+  the plan's.
   """
-  memo = (_memo_key(step, consts, c.length, policy), key(choice))
+  memo = (_memo_key(step, consts, c.length, policy), plan)
   disk = _disk_key(step, consts, c.length, policy)
   disk = None if disk is None else hashlib.sha256(
-      repr((disk, key(choice))).encode()).hexdigest()
+      repr((disk, plan)).encode()).hexdigest()
   got = _COMPILED.get(memo)
   if got is None:
-    got = (_ON_DISK.get(disk) or {}).get("bytes")
+    try:
+      got = _Figures(**(_ON_DISK.get(disk) or {}))
+    except TypeError:  # Nothing there, or something else.
+      got = None
   if got is None:
+    remat, slots, groups, name = plan
     schedule: Any = True  # remat=True: measured with the coefficients.
-    if choice.remat == "binomial":
-      assert choice.slots is not None, "a binomial candidate has slots"
-      schedule = remat_schedule.binomial(c.length, choice.slots)
-    elif choice.remat == "nested":
-      schedule = remat_schedule.nested(c.length, choice.groups)
-    got = _measure(step, consts, c.length, schedule,
-                   policy if choice.policy is not None else None).bytes
-    _ON_DISK.put(disk, {"bytes": got})
+    if remat == "binomial":
+      schedule = remat_schedule.binomial(c.length, slots)
+    elif remat == "nested":
+      schedule = remat_schedule.nested(c.length, groups)
+    k = _measure(step, consts, c.length, schedule,
+                 policy if name is not None else None, flops=False)
+    got = _Figures(k.bytes, k.temporaries)
+    _ON_DISK.put(disk, got._asdict())
   _COMPILED.put(memo, got)
-  return c._replace(measured=c.measured + ((key(choice), got),))
+  return got
 
 
 def policy_name(policy: Callable[..., bool]) -> str:
@@ -965,17 +1047,18 @@ class _Measured(NamedTuple):
   advance_flops: Optional[int]  # With a schedule.
 
 
-def _measure(step: _Traced, consts, length: int, remat,
-             policy=None) -> _Measured:
+def _measure(step: _Traced, consts, length: int, remat, policy=None, *,
+             flops: bool = True) -> _Measured:
   """Compiled bytes and FLOPs of the VJP of `length` steps, run as `remat` says.
 
-  One program of `_measure_all`.
+  One program of `_measure_all`; `flops=False`: bytes only (FLOPs 0).
   """
-  return _measure_all(step, consts, length, [(remat, policy)])[0]
+  return _measure_all(step, consts, length, [(remat, policy)], flops=flops)[0]
 
 
 def _measure_all(step: _Traced, consts, length: int,
-                 plans: list[tuple[Any, Any]]) -> list[_Measured]:
+                 plans: list[tuple[Any, Any]], *,
+                 flops: bool = True) -> list[_Measured]:
   """`_measure` of each `(remat, policy)`, the programs compiled concurrently.
 
   Each program is traced and lowered here, one after another (Python,
@@ -988,7 +1071,7 @@ def _measure_all(step: _Traced, consts, length: int,
   names the public call as one here would.
   """
   def measured(lowered, remat) -> _Measured:
-    return _read(_compile(lowered), remat)
+    return _read(_compile(lowered), remat, flops)
 
   threads = min(len(plans), _compile_threads())
   if threads <= 1:
@@ -1056,21 +1139,25 @@ def _compile(lowered):
   return lowered.compile(_compile_options())
 
 
-def _read(compiled, remat) -> _Measured:
+def _read(compiled, remat, flops: bool = True) -> _Measured:
   """A compiled measurement's figures.
 
   The FLOPs count every loop by its trip count (only `remat=True`'s and
   `None`'s are used); a schedule's conditional, which its backward sweep
   runs once per action (more often than any in the step), gives an
-  advance's FLOPs: its cheaper branch.
+  advance's FLOPs: its cheaper branch. With `flops=False` (a plan compiled
+  for its bytes only) nothing is counted: FLOPs 0, no advance.
   """
   analysis, text = compiled.memory_analysis(), compiled.as_text()
   if analysis is None or text is None:
     raise ValueError(errors.message(
         f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
         f"which the {jax.default_backend()} backend does not give."))
-  count = hlo_flops.count(text)
   constants = hlo_flops.constant_bytes(text)
+  if not flops:
+    return _Measured(analysis.temp_size_in_bytes + constants,
+                     analysis.temp_size_in_bytes, constants, 0, None)
+  count = hlo_flops.count(text)
   schedule = max(count.conditionals, key=lambda c: c.executions,
                  default=None)
   return _Measured(analysis.temp_size_in_bytes + constants,
