@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import gc
 import math
 import os
 import threading
@@ -645,6 +646,50 @@ class BudgetTest(parameterized.TestCase):
     self.assertEqual(
         next(k for k in made.candidates if k.remat is True).recomputed_flops,
         0)
+
+  def test_planning_runs_no_cyclic_collection(self):
+    # Planning's objects are freed by reference counting: the collector
+    # would find nothing, at the cost of full collections. Off while a plan
+    # is made (here started by every 100 allocations), then as it was.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([64, 4, 16])
+    measuring, collections = [False], []
+    real = remat_plan.coefficients
+
+    def counted(phase, info):
+      del info
+      if phase == "start" and measuring[0]:
+        collections[-1] += 1
+
+    def coefficients(*args):
+      measuring[0] = True
+      try:
+        return real(*args)
+      finally:
+        measuring[0] = False
+
+    def plan():
+      collections.append(0)
+      remat_plan.plan(_step, init, xs, 64, 1 << 30)
+      return gc.isenabled()
+
+    gc_was = gc.isenabled(), gc.get_threshold()
+    gc.callbacks.append(counted)
+    try:
+      with caches.disabled(), \
+          mock.patch.object(remat_plan, "coefficients", coefficients):
+        gc.enable()
+        gc.set_threshold(100)
+        enabled = plan()
+        gc.disable()
+        disabled = not plan()
+    finally:
+      gc.callbacks.remove(counted)
+      gc.set_threshold(*gc_was[1])
+      if gc_was[0]:
+        gc.enable()
+    self.assertEqual(collections, [0, 0])
+    self.assertTrue(enabled)  # As the caller left it.
+    self.assertTrue(disabled)
 
   def test_a_schedule_keeps_at_most_half_the_steps(self):
     # A limitation, documented (docs/remat.md, `_most_slots`): a budget
