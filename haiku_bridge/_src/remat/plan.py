@@ -37,9 +37,11 @@ measured, never assumed. So a budget that a schedule fits costs four
 compiles (five with a policy), where the carry's bytes are a slot's;
 all at T, so that what XLA does only for long loops (or short ones:
 unrolling, double buffering) is in every figure; with XLA's cheaper code
-generation (`_compile_options`), which leaves buffers as they are, the
-first three lowered each while the last compiles in a thread, as many
-compiling at once as there are cores (`_measure_all`).
+generation (`_compile_options`), which leaves buffers as they are, each
+program lowered while the last compiles in a thread, as many compiling at
+once as there are cores (`_Compiles`): one slot's first, so that the
+budget's second schedule lowers as soon as its figures are in, while
+remat=False's and remat=True's compile.
 
 Predictions steer; the compiled program decides. The choice, unless it
 was one of the programs measured, is compiled too, and when it is over the
@@ -534,13 +536,23 @@ def _no_cyclic_gc() -> Iterator[None]:
 def _plan(f, init, xs, length: int, memory_budget: int, policy,
           max_recompute: float) -> RematPlan:
   step, consts = _trace(f, init, xs, length)
-  c = _sloped(coefficients(step, consts, length, policy), step, consts,
-              memory_budget, max_recompute, policy)
+  here: dict[Key, _Figures] = {}  # The plans this call compiled.
+
+  def second(one: _Measured) -> None:
+    # Lowered and compiled while the other measurements compile.
+    slots = _second_point(length, memory_budget, one.temporaries,
+                          one.constants, _slot_guess(step))
+    if slots is not None:
+      _compiled(step, consts, length, ("binomial", slots, None, None),
+                policy, here)
+
+  c = _sloped(coefficients(step, consts, length, policy, second), step,
+              consts, memory_budget, policy, here)
   for _ in range(_CHECKS):
     chosen = choose(c, length, memory_budget, max_recompute)
     if key(chosen.choice) in dict(c.measured):
       return chosen
-    c = _checked(c, step, consts, chosen.choice, policy)
+    c = _checked(c, step, consts, chosen.choice, policy, here)
   # Still unchecked: the first that was compiled, fits and is affordable.
   chosen = choose(c, length, memory_budget, max_recompute)
   measured = dict(c.measured)
@@ -778,7 +790,8 @@ _FORMAT = 3
 
 
 def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
-                 policy: Optional[Callable[..., bool]] = None
+                 policy: Optional[Callable[..., bool]] = None,
+                 then: Optional[Callable[["_Measured"], None]] = None
                  ) -> Coefficients:
   """The model's coefficients for `step` over `length` steps, measured by 3 compiles (4 with a policy).
 
@@ -786,7 +799,10 @@ def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
   code generation (`_compile_options`): remat=False, remat=True, and the
   binomial schedule with one slot; a slot is taken at the carry's bytes
   until a budget's `_sloped` compiles a second schedule. Cached in this
-  process and on disk, keyed on everything the figures depend on.
+  process and on disk, keyed on everything the figures depend on. Where
+  they are measured, `then` is called with one slot's figures as soon as
+  they are in, while the others compile (`_plan` compiles the budget's
+  second schedule there).
   """
   memo = _memo_key(step, consts, length, policy)
   found = _COEFFICIENTS.get(memo)
@@ -795,13 +811,14 @@ def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
   disk = _disk_key(step, consts, length, policy)
   found = _from_json(_ON_DISK.get(disk))
   if found is None:
-    found = _coefficients(step, consts, length, policy)
+    found = _coefficients(step, consts, length, policy, then)
     _ON_DISK.put(disk, _to_json(found))
   _COEFFICIENTS.put(memo, found)
   return found
 
 
-def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
+def _coefficients(step: _Traced, consts, length: int, policy,
+                  then=None) -> Coefficients:
   if not _differentiable(step):
     # Nothing reaches a float output from a float input: no backward pass
     # keeps anything, and every plan is the plain loop.
@@ -811,13 +828,18 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
                                      plain.bytes),))
   # The least plan, binomial with one slot (a schedule of O(T) actions),
   # compiled beside remat=False and remat=True: the line a + c·s starts
-  # there, and a slot's bytes are first taken as the carry's, until
-  # `_sloped` compiles a second schedule.
+  # there, and a slot's bytes are first taken as the carry's, until a
+  # second schedule is compiled (`_sloped`).
   one_slot = [remat_schedule.binomial(length, 1)] if length > 1 else []
-  plain, per_step, *rest = _measure_all(
-      step, consts, length, [(None, None), (True, None)] +
-      ([] if policy is None else [(True, policy)]) +
-      [(s, None) for s in one_slot])
+  with _Compiles(step, consts, length, _compile_threads()) as compiles:
+    # One slot's first, so that `then` can start while the rest compile.
+    schedules = [compiles.submit(s) for s in one_slot]
+    others = [compiles.submit(remat, p) for remat, p in
+              [(None, None), (True, None)] +
+              ([] if policy is None else [(True, policy)])]
+    if then is not None and schedules:
+      then(schedules[0].result())
+    plain, per_step, *rest = [f.result() for f in others + schedules]
 
   def recomputed(k: _Measured) -> float:
     # XLA may find nothing to recompute; never a gain. Fewer FLOPs than
@@ -846,7 +868,7 @@ def _coefficients(step: _Traced, consts, length: int, policy) -> Coefficients:
     measured.append((("binomial", 1, None, None), k.bytes))
     if k.advance_flops is not None:
       advance = float(k.advance_flops)
-    guess = float(_nbytes(step.carry))
+    guess = _slot_guess(step)
     scheduled = (k.temporaries - guess, guess)
     # A schedule's tables: a row per action, about 2·T - s of them
     # (`Schedule.table_bytes`), the most with one slot: its tables' bytes
@@ -865,51 +887,68 @@ _ON_THE_LINE = 0.01
 
 
 def _sloped(c: Coefficients, step: _Traced, consts, memory_budget: int,
-            max_recompute: float, policy) -> Coefficients:
+            policy, here: dict[Key, "_Figures"]) -> Coefficients:
   """`c` with its schedules' line through two compiled schedules.
 
-  The first is one slot's (`coefficients`). The second is the schedule
-  the budget chooses on the line of one slot's bytes and the carry's bytes
-  per slot, compiled: it is then the choice's check too. Where it lies on
-  that line (within `_ON_THE_LINE`), the line runs through it; where it
-  does not (XLA keeps a slot at other than the carry's bytes, as a
+  The first is one slot's (`coefficients`). The second is the most slots
+  the budget holds on the line of one slot's bytes and the carry's bytes
+  per slot (`_second_point`), compiled: where a schedule is chosen, it is
+  then the choice's check too. Where it lies off that line (within
+  `_ON_THE_LINE`: XLA keeps a slot at other than the carry's bytes, as a
   bfloat16 carry's at twice, or compiles that count of slots off the line,
-  as near T), or where the budget chooses no schedule of several slots,
-  through the most slots a candidate keeps (`_most_slots`), so that every
-  schedule's prediction lies between two compiles and one count's miss
-  moves no other's.
+  as near T), or where the budget holds fewer than two slots, the line
+  runs through the most slots a candidate keeps (`_most_slots`) instead,
+  so that every schedule's prediction lies between two compiles and one
+  count's miss moves no other's.
   """
   if c.scheduled is None:
     return c
   a, guess = c.scheduled
-  most = _most_slots(c.length)
-  slots = most
-  try:
-    first = choose(c, c.length, memory_budget, max_recompute).choice
-    if first.remat == "binomial" and first.slots not in (None, 1):
-      slots = first.slots
-  except ValueError:  # Nothing fits on that line: `plan` says so.
-    pass
-  if slots == 1:
-    return c
   one = a + guess  # One slot's temporaries, compiled.
-  got = _compiled(c, step, consts, ("binomial", slots, None, None), policy)
+  most = _most_slots(c.length)
+  slots = _second_point(c.length, memory_budget, one, c.constants[0], guess)
+  if slots is None:
+    return c
+  got = _compiled(step, consts, c.length, ("binomial", slots, None, None),
+                  policy, here)
   c = c._replace(measured=c.measured + ((("binomial", slots, None, None),
                                          got.bytes),))
   if slots != most and abs(got.temporaries - (a + guess * slots)) > (
       _ON_THE_LINE * got.temporaries):
     slots = most
-    got = _compiled(c, step, consts, ("binomial", most, None, None), policy)
+    got = _compiled(step, consts, c.length, ("binomial", most, None, None),
+                    policy, here)
     c = c._replace(measured=c.measured + ((("binomial", most, None, None),
                                            got.bytes),))
   per_slot = (got.temporaries - one) / (slots - 1)
   return c._replace(scheduled=(one - per_slot, per_slot))
 
 
+def _second_point(length: int, memory_budget: int, one: float,
+                  constants: float, guess: float) -> Optional[int]:
+  """The second schedule `_sloped` compiles: the most slots `memory_budget` holds on the first line.
+
+  That line: one slot's temporaries `one`, `guess` bytes more per slot,
+  one slot's tables' `constants` (the most). At most `_most_slots`; where
+  the budget holds fewer than two, `_most_slots`; None for a loop of fewer
+  than four steps (one slot is the most a schedule keeps).
+  """
+  most = _most_slots(length)
+  if most < 2:
+    return None
+  fits = int((memory_budget - constants - one) // max(guess, 1.0)) + 1
+  return min(most, fits) if fits >= 2 else most
+
+
+def _slot_guess(step: _Traced) -> float:
+  """A slot's bytes before a second schedule is compiled: the carry's."""
+  return float(_nbytes(step.carry))
+
+
 def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
-             policy) -> Coefficients:
+             policy, here: dict[Key, "_Figures"]) -> Coefficients:
   """`c` with `choice` compiled: its bytes replace its prediction, no other's."""
-  got = _compiled(c, step, consts, key(choice), policy)
+  got = _compiled(step, consts, c.length, key(choice), policy, here)
   return c._replace(measured=c.measured + ((key(choice), got.bytes),))
 
 
@@ -919,17 +958,20 @@ class _Figures(NamedTuple):
   temporaries: int
 
 
-def _compiled(c: Coefficients, step: _Traced, consts, plan: Key,
-              policy) -> _Figures:
-  """A plan's figures, compiled at `c.length` steps (the loop's gradient, as it is measured).
+def _compiled(step: _Traced, consts, length: int, plan: Key, policy,
+              here: dict[Key, _Figures]) -> _Figures:
+  """A plan's figures, compiled at `length` steps (the loop's gradient, as it is measured).
 
   For one budget's choice (or its line's second point): what one budget's
   compiles found replaces only that plan's prediction, and is kept, in
   memory and on disk, as a measurement is, by the coefficients' key and
-  the plan's.
+  the plan's; and in `here`, the plans one call of `plan` compiled, with
+  caches on or off.
   """
-  memo = (_memo_key(step, consts, c.length, policy), plan)
-  disk = _disk_key(step, consts, c.length, policy)
+  if plan in here:
+    return here[plan]
+  memo = (_memo_key(step, consts, length, policy), plan)
+  disk = _disk_key(step, consts, length, policy)
   disk = None if disk is None else hashlib.sha256(
       repr((disk, plan)).encode()).hexdigest()
   got = _COMPILED.get(memo)
@@ -942,14 +984,15 @@ def _compiled(c: Coefficients, step: _Traced, consts, plan: Key,
     remat, slots, groups, name = plan
     schedule: Any = True  # remat=True: measured with the coefficients.
     if remat == "binomial":
-      schedule = remat_schedule.binomial(c.length, slots)
+      schedule = remat_schedule.binomial(length, slots)
     elif remat == "nested":
-      schedule = remat_schedule.nested(c.length, groups)
-    k = _measure(step, consts, c.length, schedule,
+      schedule = remat_schedule.nested(length, groups)
+    k = _measure(step, consts, length, schedule,
                  policy if name is not None else None, flops=False)
     got = _Figures(k.bytes, k.temporaries)
     _ON_DISK.put(disk, got._asdict())
   _COMPILED.put(memo, got)
+  here[plan] = got
   return got
 
 
@@ -1059,7 +1102,7 @@ def _compile_options() -> dict[str, Any]:
   against a compile with XLA's defaults); and the code generated in one
   piece, not split for LLVM threads, which at that level costs more CPU
   time (about a third of a compile) than it saves (the measurements
-  compile side by side instead: `_measure_all`). Elsewhere, the defaults.
+  compile side by side instead: `_Compiles`). Elsewhere, the defaults.
   """
   if jax.default_backend() == "cpu":
     return {"xla_backend_optimization_level": 0,
@@ -1080,38 +1123,52 @@ def _measure(step: _Traced, consts, length: int, remat, policy=None, *,
              flops: bool = True) -> _Measured:
   """Compiled bytes and FLOPs of the VJP of `length` steps, run as `remat` says.
 
-  One program of `_measure_all`; `flops=False`: bytes only (FLOPs 0).
+  One program, compiled here (`_Compiles` compiles several side by side);
+  `flops=False`: bytes only (FLOPs 0).
   """
-  return _measure_all(step, consts, length, [(remat, policy)], flops=flops)[0]
+  return _measured(_lower(step, consts, length, remat, policy), remat, flops)
 
 
-def _measure_all(step: _Traced, consts, length: int,
-                 plans: list[tuple[Any, Any]], *,
-                 flops: bool = True) -> list[_Measured]:
-  """`_measure` of each `(remat, policy)`, the programs compiled concurrently.
+class _Compiles:
+  """Measuring programs, lowered here and compiled in `threads` threads.
 
-  Each program is traced and lowered here, one after another (Python,
-  under the GIL), and compiled and read in a thread (XLA compiles without
-  the GIL): the next program lowers while the last compiles, and the
-  compiles run side by side on as many cores as there are
+  Each program is traced and lowered by `submit`, one after another
+  (Python, under the GIL), and compiled and read in a thread (XLA compiles
+  without the GIL): the next program lowers while the last compiles, and
+  the compiles run side by side on as many cores as there are
   (`_compile_threads`). Each figure is its own program's, so the figures
-  are those of compiling them one by one (plan_test checks it).
-  Each thread runs in the caller's context (`contextvars`): an error there
-  names the public call as one here would.
+  are those of compiling them one by one (plan_test checks it). Each
+  thread runs in the caller's context (`contextvars`): an error there
+  names the public call as one here would. With one thread, `submit`
+  compiles before it returns.
   """
-  def measured(lowered, remat) -> _Measured:
-    return _read(_compile(lowered), remat, flops)
 
-  threads = min(len(plans), _compile_threads())
-  if threads <= 1:
-    return [measured(_lower(step, consts, length, remat, policy), remat)
-            for remat, policy in plans]
-  with concurrent.futures.ThreadPoolExecutor(
-      threads, thread_name_prefix="remat_plan") as pool:
-    futures = [pool.submit(contextvars.copy_context().run, measured,
-                           _lower(step, consts, length, remat, policy), remat)
-               for remat, policy in plans]
-    return [f.result() for f in futures]
+  def __init__(self, step: _Traced, consts, length: int, threads: int):
+    self._args = step, consts, length
+    self._pool = (concurrent.futures.ThreadPoolExecutor(
+        threads, thread_name_prefix="remat_plan") if threads > 1 else None)
+
+  def __enter__(self) -> "_Compiles":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._pool is not None:
+      self._pool.shutdown(wait=True)
+
+  def submit(self, remat, policy=None, *, flops: bool = True
+             ) -> "concurrent.futures.Future[_Measured]":
+    """The figures of the program `remat` (under `policy`) runs, to come."""
+    lowered = _lower(*self._args, remat, policy)
+    if self._pool is not None:
+      return self._pool.submit(contextvars.copy_context().run, _measured,
+                               lowered, remat, flops)
+    done: concurrent.futures.Future[_Measured] = concurrent.futures.Future()
+    done.set_result(_measured(lowered, remat, flops))
+    return done
+
+
+def _measured(lowered, remat, flops: bool) -> _Measured:
+  return _read(_compile(lowered), remat, flops)
 
 
 def _compile_threads() -> int:

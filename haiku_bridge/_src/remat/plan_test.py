@@ -606,11 +606,29 @@ class BudgetTest(parameterized.TestCase):
       loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
       per_step = next(k for k in loose.candidates if k.remat is True)
       budget = (per_step.temporaries + loose.least_budget) // 2
-      with measuring_compiles() as compiles:
+      # One slot's program first: the budget's schedule is lowered as soon
+      # as its figures are in, while remat=False's and True's compile.
+      lowered, real_lower = [], remat_plan._lower
+      real_coefficients = remat_plan.coefficients
+
+      def lower(step, consts, length, remat, policy=None):
+        lowered.append(getattr(remat, "num_slots", remat))
+        return real_lower(step, consts, length, remat, policy)
+
+      def coefficients(*args):
+        got = real_coefficients(*args)
+        lowered.append("measured")
+        return got
+
+      with measuring_compiles() as compiles, \
+          mock.patch.object(remat_plan, "_lower", lower), \
+          mock.patch.object(remat_plan, "coefficients", coefficients):
         made = hkb.remat_plan(_step, init, xs, memory_budget=budget)
       self.assertEqual(len(compiles), 4)
       self.assertEqual(made.choice.remat, "binomial")
       self.assertGreater(made.choice.slots, 1)
+      self.assertEqual(lowered, [1, None, True, made.choice.slots,
+                                 "measured"])
       # Its bytes are the compiler's: the loop runs within the budget.
       self.assertLessEqual(
           compiled_bytes(jax.grad(scan_loss(_step, init, "auto",
