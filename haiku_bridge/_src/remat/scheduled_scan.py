@@ -310,7 +310,8 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
   def backward(residuals, cotangents):
     consts, xs, slots, perturbed = residuals
     ct_carry, ct_ys = cotangents
-    ct_carry = [jnp.zeros_like(s[0]) if isinstance(ct, SymbolicZero) else ct
+    ct_carry = [lax.full(s.shape[1:], 0, s.dtype)
+                if isinstance(ct, SymbolicZero) else ct
                 for ct, s in zip(ct_carry, slots)]
     ct_ys = [None if isinstance(ct, SymbolicZero) else ct for ct in ct_ys]
     diff_consts = [i for i, p in enumerate(perturbed.consts) if p]
@@ -341,8 +342,8 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
           _get(column, row) for column in table]
       t = first + done
       last = done + 1 == steps
-      register = layout.num_slots - 1
-      c = [_get(s, jnp.where(done == 0, load, register)) for s in slots]
+      register = np.int32(layout.num_slots - 1)
+      c = [_get(s, lax.select(done == 0, load, register)) for s in slots]
       i = layer(t)
       x = lambda: [_get(v, i) for v in xs]  # Read in each branch.
 
@@ -354,8 +355,7 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
       def back(ct_c, ct_xs, ct_consts):
         ct_y = [None if ct is None else _get(ct, i) for ct in ct_ys]
         d_consts, d_carry, d_x = backprop(c, x(), ct_c, ct_y)
-        ct_xs = [lax.dynamic_update_index_in_dim(buf, d, i, 0)
-                 for buf, d in zip(ct_xs, d_x)]
+        ct_xs = [_put(buf, d, i) for buf, d in zip(ct_xs, d_x)]
         ct_consts = [a + d for a, d in zip(ct_consts, d_consts)]
         return c, d_carry, ct_xs, ct_consts
 
@@ -363,10 +363,10 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
           kind == remat_schedule.BACKPROP, back, advance, ct_c, ct_xs,
           ct_consts)
       # A BACKPROP writes the carry it read back where it read it.
-      slots = [_put(s, v, jnp.where(last, target, register))
+      slots = [_put(s, v, lax.select(last, target, register))
                for s, v in zip(slots, new_c)]
       return (slots, ct_c, ct_xs, ct_consts, row + last,
-              jnp.where(last, 0, done + 1)), None
+              lax.select(last, np.int32(0), done + 1)), None
 
     table = [jnp.asarray(column) for column in layout.actions.T]
     state = (slots, [ct_carry[i] for i in diff_carry],
@@ -391,17 +391,23 @@ def _is_float(aval) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
+# The helpers below bind lax's primitives: `lax.dynamic_index_in_dim`,
+# `jnp.where` and their kin are `jax.jit`s, which a fresh process traces once
+# per shape and lowers as functions of their own; and every index here is in
+# range, so none needs the code that wraps negative ones.
+
+
 def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
-  return jnp.broadcast_to(jnp.zeros_like(carry)[None],
-                          (num_slots,) + jnp.shape(carry))
+  return lax.full((num_slots,) + carry.shape, 0, carry.dtype)
 
 
 def _get(stacked: jax.Array, index) -> jax.Array:
-  return lax.dynamic_index_in_dim(stacked, index, keepdims=False)
+  return lax.squeeze(lax.dynamic_slice_in_dim(stacked, index, 1), (0,))
 
 
 def _put(slots: jax.Array, value: jax.Array, slot) -> jax.Array:
-  return lax.dynamic_update_index_in_dim(slots, value, slot, 0)
+  return lax.dynamic_update_slice_in_dim(
+      slots, lax.expand_dims(value, (0,)), slot, 0)
 
 
 def _with(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
