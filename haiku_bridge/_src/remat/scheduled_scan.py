@@ -274,9 +274,6 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
   """`run(consts, carry, xs) -> (carry, ys)`, a `jax.custom_vjp` over flat lists."""
   length = schedule.num_steps
   layout = _slot_layout(schedule)
-  # Steps are numbered in the order the forward sweep runs them; the layer
-  # (index into xs and ys) of step t.
-  layer = (lambda t: length - 1 - t) if reverse else (lambda t: t)
 
   @jax.custom_vjp
   def run(consts, carry, xs):
@@ -340,11 +337,18 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
       # not one per step, and is read here, as the loop runs.
       kind, first, steps, load, target = [
           _get(column, row) for column in table]
-      t = first + done
-      last = done + 1 == steps
+      # The int32 bookkeeping in lax: jnp's operators promote types and
+      # dispatch through a jit per call: a fifth of the Python calls that
+      # tracing this body outside the cond made.
+      t = lax.add(first, done)
+      next_done = lax.add(done, np.int32(1))
+      last = lax.eq(next_done, steps)
       register = np.int32(layout.num_slots - 1)
-      c = [_get(s, lax.select(done == 0, load, register)) for s in slots]
-      i = layer(t)
+      c = [_get(s, lax.select(lax.eq(done, np.int32(0)), load, register))
+           for s in slots]
+      # Steps are numbered in the order the forward sweep runs them; the
+      # layer (index into xs and ys) of step t.
+      i = lax.sub(np.int32(length - 1), t) if reverse else t
       x = lambda: [_get(v, i) for v in xs]  # Read in each branch.
 
       # The cotangent buffers go through the cond, so that the BACKPROP
@@ -360,13 +364,14 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
         return c, d_carry, ct_xs, ct_consts
 
       new_c, ct_c, ct_xs, ct_consts = lax.cond(
-          kind == remat_schedule.BACKPROP, back, advance, ct_c, ct_xs,
-          ct_consts)
+          lax.eq(kind, np.int32(remat_schedule.BACKPROP)), back, advance,
+          ct_c, ct_xs, ct_consts)
       # A BACKPROP writes the carry it read back where it read it.
       slots = [_put(s, v, lax.select(last, target, register))
                for s, v in zip(slots, new_c)]
-      return (slots, ct_c, ct_xs, ct_consts, row + last,
-              lax.select(last, np.int32(0), done + 1)), None
+      return (slots, ct_c, ct_xs, ct_consts,
+              lax.add(row, lax.convert_element_type(last, np.int32)),
+              lax.select(last, np.int32(0), next_done)), None
 
     table = [jnp.asarray(column) for column in layout.actions.T]
     state = (slots, [ct_carry[i] for i in diff_carry],
