@@ -398,8 +398,7 @@ def _is_float(aval) -> bool:
 
 # The helpers below bind lax's primitives: `lax.dynamic_index_in_dim`,
 # `jnp.where` and their kin are `jax.jit`s, which a fresh process traces once
-# per shape and lowers as functions of their own; and every index here is in
-# range, so none needs the code that wraps negative ones.
+# per shape and lowers as functions of their own.
 
 
 def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
@@ -407,12 +406,27 @@ def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
 
 
 def _get(stacked: jax.Array, index) -> jax.Array:
-  return lax.squeeze(lax.dynamic_slice_in_dim(stacked, index, 1), (0,))
+  return lax.squeeze(lax.dynamic_slice_in_dim(
+      stacked, _wrapped(index, stacked.shape[0]), 1,
+      allow_negative_indices=False), (0,))
 
 
 def _put(slots: jax.Array, value: jax.Array, slot) -> jax.Array:
   return lax.dynamic_update_slice_in_dim(
-      slots, lax.expand_dims(value, (0,)), slot, 0)
+      slots, lax.expand_dims(value, (0,)), _wrapped(slot, slots.shape[0]), 0,
+      allow_negative_indices=False)
+
+
+def _wrapped(index: jax.Array, size: int) -> jax.Array:
+  """`index`, or `index + size` where negative: `lax.dynamic_slice`'s wrap.
+
+  Written in lax, as `lax.dynamic_slice` traces it with jnp's operators. No
+  index here is negative, but the program keeps the wrap, so that it
+  compiles to what it did before: the same temporaries, to the byte.
+  """
+  index = lax.convert_element_type(index, np.int32)
+  return lax.select(lax.lt(index, np.int32(0)),
+                    lax.add(index, np.int32(size)), index)
 
 
 def _with(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:
