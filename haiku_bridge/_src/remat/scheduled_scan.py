@@ -274,9 +274,6 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
   """`run(consts, carry, xs) -> (carry, ys)`, a `jax.custom_vjp` over flat lists."""
   length = schedule.num_steps
   layout = _slot_layout(schedule)
-  # Steps are numbered in the order the forward sweep runs them; the layer
-  # (index into xs and ys) of step t.
-  layer = (lambda t: length - 1 - t) if reverse else (lambda t: t)
 
   @jax.custom_vjp
   def run(consts, carry, xs):
@@ -310,7 +307,8 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
   def backward(residuals, cotangents):
     consts, xs, slots, perturbed = residuals
     ct_carry, ct_ys = cotangents
-    ct_carry = [jnp.zeros_like(s[0]) if isinstance(ct, SymbolicZero) else ct
+    ct_carry = [lax.full(s.shape[1:], 0, s.dtype)
+                if isinstance(ct, SymbolicZero) else ct
                 for ct, s in zip(ct_carry, slots)]
     ct_ys = [None if isinstance(ct, SymbolicZero) else ct for ct in ct_ys]
     diff_consts = [i for i, p in enumerate(perturbed.consts) if p]
@@ -339,11 +337,18 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
       # not one per step, and is read here, as the loop runs.
       kind, first, steps, load, target = [
           _get(column, row) for column in table]
-      t = first + done
-      last = done + 1 == steps
-      register = layout.num_slots - 1
-      c = [_get(s, jnp.where(done == 0, load, register)) for s in slots]
-      i = layer(t)
+      # The int32 bookkeeping in lax: jnp's operators promote types and
+      # dispatch through a jit per call: a fifth of the Python calls that
+      # tracing this body outside the cond made.
+      t = lax.add(first, done)
+      next_done = lax.add(done, np.int32(1))
+      last = lax.eq(next_done, steps)
+      register = np.int32(layout.num_slots - 1)
+      c = [_get(s, lax.select(lax.eq(done, np.int32(0)), load, register))
+           for s in slots]
+      # Steps are numbered in the order the forward sweep runs them; the
+      # layer (index into xs and ys) of step t.
+      i = lax.sub(np.int32(length - 1), t) if reverse else t
       x = lambda: [_get(v, i) for v in xs]  # Read in each branch.
 
       # The cotangent buffers go through the cond, so that the BACKPROP
@@ -354,19 +359,19 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
       def back(ct_c, ct_xs, ct_consts):
         ct_y = [None if ct is None else _get(ct, i) for ct in ct_ys]
         d_consts, d_carry, d_x = backprop(c, x(), ct_c, ct_y)
-        ct_xs = [lax.dynamic_update_index_in_dim(buf, d, i, 0)
-                 for buf, d in zip(ct_xs, d_x)]
+        ct_xs = [_put(buf, d, i) for buf, d in zip(ct_xs, d_x)]
         ct_consts = [a + d for a, d in zip(ct_consts, d_consts)]
         return c, d_carry, ct_xs, ct_consts
 
       new_c, ct_c, ct_xs, ct_consts = lax.cond(
-          kind == remat_schedule.BACKPROP, back, advance, ct_c, ct_xs,
-          ct_consts)
+          lax.eq(kind, np.int32(remat_schedule.BACKPROP)), back, advance,
+          ct_c, ct_xs, ct_consts)
       # A BACKPROP writes the carry it read back where it read it.
-      slots = [_put(s, v, jnp.where(last, target, register))
+      slots = [_put(s, v, lax.select(last, target, register))
                for s, v in zip(slots, new_c)]
-      return (slots, ct_c, ct_xs, ct_consts, row + last,
-              jnp.where(last, 0, done + 1)), None
+      return (slots, ct_c, ct_xs, ct_consts,
+              lax.add(row, lax.convert_element_type(last, np.int32)),
+              lax.select(last, np.int32(0), next_done)), None
 
     table = [jnp.asarray(column) for column in layout.actions.T]
     state = (slots, [ct_carry[i] for i in diff_carry],
@@ -391,17 +396,37 @@ def _is_float(aval) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
+# The helpers below bind lax's primitives: `lax.dynamic_index_in_dim`,
+# `jnp.where` and their kin are `jax.jit`s, which a fresh process traces once
+# per shape and lowers as functions of their own.
+
+
 def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
-  return jnp.broadcast_to(jnp.zeros_like(carry)[None],
-                          (num_slots,) + jnp.shape(carry))
+  return lax.full((num_slots,) + carry.shape, 0, carry.dtype)
 
 
 def _get(stacked: jax.Array, index) -> jax.Array:
-  return lax.dynamic_index_in_dim(stacked, index, keepdims=False)
+  return lax.squeeze(lax.dynamic_slice_in_dim(
+      stacked, _wrapped(index, stacked.shape[0]), 1,
+      allow_negative_indices=False), (0,))
 
 
 def _put(slots: jax.Array, value: jax.Array, slot) -> jax.Array:
-  return lax.dynamic_update_index_in_dim(slots, value, slot, 0)
+  return lax.dynamic_update_slice_in_dim(
+      slots, lax.expand_dims(value, (0,)), _wrapped(slot, slots.shape[0]), 0,
+      allow_negative_indices=False)
+
+
+def _wrapped(index: jax.Array, size: int) -> jax.Array:
+  """`index`, or `index + size` where negative: `lax.dynamic_slice`'s wrap.
+
+  Written in lax, as `lax.dynamic_slice` traces it with jnp's operators. No
+  index here is negative, but the program keeps the wrap, so that it
+  compiles to what it did before: the same temporaries, to the byte.
+  """
+  index = lax.convert_element_type(index, np.int32)
+  return lax.select(lax.lt(index, np.int32(0)),
+                    lax.add(index, np.int32(size)), index)
 
 
 def _with(values: list[Any], indices: list[int], new: list[Any]) -> list[Any]:

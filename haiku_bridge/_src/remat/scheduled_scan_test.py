@@ -287,6 +287,32 @@ class ForwardSweepTest(absltest.TestCase):
     self.assertEqual([k for k in shapes if k[1] != ()], [], shapes)
 
 
+class TracingTest(absltest.TestCase):
+
+  def test_traces_and_lowers_no_function_of_its_own(self):
+    # Its slot and table reads bind lax's primitives. `lax.dynamic_index_in_dim`,
+    # `jnp.where` and their kin are `jax.jit`s, which a fresh process traces
+    # once per shape and lowers as functions of their own (issue 42): the
+    # backward pass holds no call that jax.checkpoint's does not, and lowers
+    # to no more functions.
+    length = 8
+    carry, xs = inputs(length)
+
+    def program(scan):
+      grad = jax.grad(loss(scan, length=length), argnums=(0, 1),
+                      allow_int=True)
+      calls = test_utils.primitive_counts(grad, carry, xs)
+      functions = jax.jit(grad).lower(carry, xs).as_text().count("func.func")
+      return calls["jit"] + calls["pjit"], functions
+
+    jits, functions = program(checkpointed)
+    for schedule in (remat_schedule.nested(length),
+                     remat_schedule.binomial(length, 2)):
+      ours = program(scheduled(schedule))
+      self.assertEqual(ours[0], jits, schedule.num_slots)
+      self.assertLessEqual(ours[1], functions, schedule.num_slots)
+
+
 class MemoryTest(absltest.TestCase):
   """Compiled temporaries of a grad step, against jax.checkpoint's."""
 
