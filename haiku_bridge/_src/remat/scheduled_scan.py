@@ -307,8 +307,7 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
   def backward(residuals, cotangents):
     consts, xs, slots, perturbed = residuals
     ct_carry, ct_ys = cotangents
-    ct_carry = [lax.full(s.shape[1:], 0, s.dtype)
-                if isinstance(ct, SymbolicZero) else ct
+    ct_carry = [jnp.zeros_like(s[0]) if isinstance(ct, SymbolicZero) else ct
                 for ct, s in zip(ct_carry, slots)]
     ct_ys = [None if isinstance(ct, SymbolicZero) else ct for ct in ct_ys]
     diff_consts = [i for i, p in enumerate(perturbed.consts) if p]
@@ -402,7 +401,10 @@ def _is_float(aval) -> bool:
 
 
 def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
-  return lax.full((num_slots,) + carry.shape, 0, carry.dtype)
+  # jnp's zeros_like, which keeps the carry's sharding (an Explicit mesh
+  # types it; lax.full would not).
+  return jnp.broadcast_to(jnp.zeros_like(carry)[None],
+                          (num_slots,) + jnp.shape(carry))
 
 
 def _get(stacked: jax.Array, index) -> jax.Array:
