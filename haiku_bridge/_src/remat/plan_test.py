@@ -788,7 +788,12 @@ class VisibleTest(parameterized.TestCase):
         self.assertIs(loose.choice.remat, False)
         budget = loose.least_budget
         tight, _ = planned(budget)
-        self.assertIn(tight.choice.remat, ("binomial", "nested"))
+        # The least: a schedule of one slot (137,532 bytes of temporaries
+        # for dynamic_unroll), but for dynamic_unroll under jaxlib 0.11's
+        # XLA remat=True, at 136,400 (197,776 under 0.10.2).
+        least = (True,) if name == "dynamic_unroll" and versions.release(
+            jaxlib.__version__) >= (0, 11) else ("binomial", "nested")
+        self.assertIn(tight.choice.remat, least)
         # Checked compiled: the choice holds the budget (the least
         # candidate's figure may move either way once compiled).
         self.assertLessEqual(tight.choice.temporaries, budget)
