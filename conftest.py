@@ -14,12 +14,14 @@ one per `pytest -n` worker) imports them all. Four things follow:
   that `.bazelrc` gives every Bazel test are set here too, unless the
   environment names its own.
 - jax's caches keep every program the process compiled, and with it
-  XLA:CPU's code: about three memory maps per compiled kernel. A whole-suite
-  run reached Linux's limit of maps per process (`vm.max_map_count`,
-  65,530), where XLA's next compile fails to allocate and the process dies
-  (jaxlib 0.11.2: "LLVM compilation error: Cannot allocate memory", then a
-  segfault in `backend_compile_and_load`). jax's caches are cleared after
-  each file's last test, as a Bazel test's process ends with its file.
+  XLA:CPU's code: about three memory maps per compiled kernel (jaxlib
+  0.11.2: `scan_test.py` ends with 19,507 maps, `pipeline_grid_test.py`
+  9,601, `time_scan_test.py` 7,350). A whole-suite process reaches Linux's
+  limit of maps per process (`vm.max_map_count`, 65,530), where XLA's next
+  compile fails to allocate: jaxlib 0.11.2 segfaults in
+  `backend_compile_and_load` ("LLVM compilation error: Cannot allocate
+  memory"), 0.10.2 hangs. jax's caches are cleared after each file's last
+  test, as a Bazel test's process ends with its file.
 """
 
 import os
