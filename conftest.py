@@ -20,8 +20,9 @@ one per `pytest -n` worker) imports them all. Four things follow:
   limit of maps per process (`vm.max_map_count`, 65,530), where XLA's next
   compile fails to allocate: jaxlib 0.11.2 segfaults in
   `backend_compile_and_load` ("LLVM compilation error: Cannot allocate
-  memory"), 0.10.2 hangs. jax's caches are cleared after each file's last
-  test, as a Bazel test's process ends with its file.
+  memory"); 0.10.2's had not returned after 300 s. jax's caches are
+  cleared after each file's last test, as a Bazel test's process ends with
+  its file.
 """
 
 import os
