@@ -1,7 +1,7 @@
 """Lets pytest run the absltest files (`*_test.py`) that Bazel runs.
 
 Under Bazel each test file is its own process; under pytest one process (or
-one per `pytest -n` worker) imports them all. Three things follow:
+one per `pytest -n` worker) imports them all. Four things follow:
 
 - absltest reads its flags (e.g. --test_tmpdir, used by `create_tempdir`)
   after `absltest.main()` has parsed them; pytest never calls it, so every
@@ -13,6 +13,16 @@ one per `pytest -n` worker) imports them all. Three things follow:
 - The XLA compilation cache and the XLA flags (`testing/xla_flags.py`)
   that `.bazelrc` gives every Bazel test are set here too, unless the
   environment names its own.
+- jax's caches keep every program the process compiled, and with it
+  XLA:CPU's code: about three memory maps per compiled kernel (jaxlib
+  0.11.2: `scan_test.py` ends with 19,507 maps, `pipeline_grid_test.py`
+  9,601, `time_scan_test.py` 7,350). A whole-suite process reaches Linux's
+  limit of maps per process (`vm.max_map_count`, 65,530), where XLA's next
+  compile fails to allocate: jaxlib 0.11.2 segfaults in
+  `backend_compile_and_load` ("LLVM compilation error: Cannot allocate
+  memory"); 0.10.2's had not returned after 300 s. jax's caches are
+  cleared after each file's last test, as a Bazel test's process ends with
+  its file.
 """
 
 import os
@@ -36,6 +46,8 @@ from testing import devices  # pylint: disable=g-import-not-at-top
 # each such file calls the same function itself.
 devices.use_cpu_devices(8)
 
+import jax  # pylint: disable=g-import-not-at-top
+
 _register_flag = flags.FlagValues.__setitem__
 
 
@@ -46,6 +58,11 @@ def _register_or_replace(flag_values, name, flag):
 
 
 flags.FlagValues.__setitem__ = _register_or_replace
+
+
+def pytest_runtest_teardown(item, nextitem):
+  if nextitem is None or nextitem.path != item.path:
+    jax.clear_caches()
 
 
 def pytest_configure(config):

@@ -135,7 +135,9 @@ def _groups(attributes: str) -> tuple[tuple[int, ...], ...]:
   (`replica_groups=[4,2]<=[2,4]T(1,0)`: the ids of an iota of `[2,4]`,
   transposed, as `[groups, size]`), or over named axes of a mesh of the
   devices (`replica_groups=mesh['a'=4,'b'=2], device_ids=([2,4]T(1,0))
-  {'a'}`: a group for each index of the other axes).
+  {'a'}`: a group for each index of the other axes; jaxlib 0.11's XLA leaves out
+  `device_ids=` where they are the mesh's in order: `mesh['a'=4,'b'=2]
+  {'a'}`).
   """
   listed = re.search(
       r"(?:replica_groups|source_target_pairs)=\{(\{[^=]*?\})\}", attributes)
@@ -147,13 +149,15 @@ def _groups(attributes: str) -> tuple[tuple[int, ...], ...]:
   if iota:
     size = _ints(iota.group(1))[-1]
     return _as_groups(_iota(iota.group(2)).reshape(-1, size))
-  named = re.search(r"replica_groups=mesh\[([^\]]*)\], device_ids=\("
-                    r"(\[[0-9,]+\](?:T\([0-9,]+\))?)\) "
+  named = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\("
+                    r"(\[[0-9,]+\](?:T\([0-9,]+\))?)\))? "
                     r"\{([^}]*)\}", attributes)
   if named:
     axes = re.findall(r"'([^']+)'=([0-9]+)", named.group(1))
     names = [name for name, _ in axes]
-    ids = _iota(named.group(2)).reshape([int(n) for _, n in axes])
+    sizes = [int(n) for _, n in axes]
+    ids = (_iota(named.group(2)) if named.group(2) else
+           np.arange(int(np.prod(sizes)))).reshape(sizes)
     over = [names.index(a) for a in re.findall(r"'([^']+)'", named.group(3))]
     others = [i for i in range(len(names)) if i not in over]
     size = int(np.prod([ids.shape[i] for i in over]))

@@ -87,6 +87,37 @@ ENTRY %main (x: f32[8,16], h: bf16[4,6]) -> f32[8,16] {
     self.assertEqual(loops["all-reduce"], (3,))
     self.assertEqual(loops["all-gather"], ())
 
+  def test_named_axes_without_device_ids(self):
+    # As jaxlib 0.11's XLA writes a pipelined step's reductions: the mesh's
+    # axes named without `device_ids=` (the mesh's devices in order), and
+    # the loss's sum combined with the gradient's leaves in one tuple
+    # all-reduce. Read as all devices, both ran over every axis.
+    text = """HloModule m
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (l: f32[], w: f32[4,16], x: f32[4,2,16]) -> (f32[], f32[4,16], f32[4,2,16]) {
+  %l = f32[] parameter(0)
+  %w = f32[4,16]{1,0} parameter(1)
+  %x = f32[4,2,16]{2,1,0} parameter(2)
+  %s = f32[4,2,16]{2,1,0} all-reduce(%x), channel_id=1, replica_groups=mesh['stage'=2,'data'=4] {'stage'}, use_global_device_ids=true, to_apply=%add
+  %d = (f32[], f32[4,16]{1,0}) all-reduce(%l, %w), channel_id=2, replica_groups=mesh['stage'=2,'data'=4] {'data'}, use_global_device_ids=true, to_apply=%add
+  %dl = f32[] get-tuple-element(%d), index=0
+  %dw = f32[4,16]{1,0} get-tuple-element(%d), index=1
+  ROOT %o = (f32[], f32[4,16]{1,0}, f32[4,2,16]{2,1,0}) tuple(%dl, %dw, %s)
+}
+"""
+    over_stage, over_data = hlo_collectives.collectives(text)
+    self.assertEqual(over_stage.groups, ((0, 4), (1, 5), (2, 6), (3, 7)))
+    self.assertEqual(hlo_collectives.mesh_axes(over_stage, MESH), ("stage",))
+    self.assertEqual(over_stage.bytes, 4 * 2 * 16 * 4)
+    self.assertEqual(over_data.groups, ((0, 1, 2, 3), (4, 5, 6, 7)))
+    self.assertEqual(hlo_collectives.mesh_axes(over_data, MESH), ("data",))
+    self.assertEqual(over_data.bytes, 4 + 4 * 16 * 4)  # Both operands.
+
   def test_a_compiled_reduction_in_a_scan(self):
     # jax's own program: a sum over "data" in a scan of 5 steps, and one
     # after it; per device, the shapes are one device's.

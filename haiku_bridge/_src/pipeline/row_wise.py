@@ -208,7 +208,7 @@ def _check(eqn: Any, twin: Any, ins: list[Optional[int]],
   elif name in _CALLS:
     _walk_closed(params[_CALLS[name]], twin.params[_CALLS[name]], parts)
   elif name == "scan":
-    xs = ins[params["num_consts"] + params["num_carry"]:]
+    xs = ins[sum(scan_counts(params)):]
     if 0 in xs or params["length"] != twin.params["length"]:
       raise _NotRowWise()
     _walk_closed(params["jaxpr"], twin.params["jaxpr"], parts)
@@ -222,6 +222,18 @@ def _check(eqn: Any, twin: Any, ins: list[Optional[int]],
       _walk_closed(branch, other, parts)
   else:
     raise _NotRowWise()
+
+
+def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
+  """`(consts, carry)`: how many of a `scan` equation's inputs are each (its xs follow).
+
+  jax 0.11 writes them as `ft_in`, the flat tree of the inputs' three
+  groups, where earlier releases have `num_consts` and `num_carry`.
+  """
+  if "ft_in" in params:
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts.vals)), len(list(carry.vals))
+  return params["num_consts"], params["num_carry"]
 
 
 def _walk_closed(local: Any, whole: Any, parts: int) -> None:

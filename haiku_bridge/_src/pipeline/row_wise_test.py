@@ -119,5 +119,19 @@ class RowDimsTest(parameterized.TestCase):
         layer, (shapes(X, ROWS),), (shapes(X, ROWS // PARTS),), PARTS))
 
 
+class ScanCountsTest(absltest.TestCase):
+
+  def test_consts_and_carry_of_a_traced_scan(self):
+    # Two closed-over arrays, a carry of three and xs of two, as the scan's
+    # inputs are ordered: (consts, carry, xs), in every jax release.
+    def f(c, d, carry, xs):
+      def body(h, x):
+        a, b, n = h
+        return (a * c + x[0], b * d, n + 1), a + x[1]
+      return lax.scan(body, carry, xs)
+    eqn, = jax.make_jaxpr(f)(1., 2., (0., 0., 0), (jnp.ones(3), jnp.ones(3))).eqns
+    self.assertEqual(row_wise.scan_counts(eqn.params), (2, 3))
+    self.assertLen(eqn.invars, 2 + 3 + 2)
+
 if __name__ == "__main__":
   absltest.main()

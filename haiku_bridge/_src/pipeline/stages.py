@@ -397,7 +397,7 @@ def _loop_parts(eqn: Any) -> Optional[tuple[range, Any, list[int]]]:
   """A loop equation's carry inputs, its body, and which inputs its body takes (None: not a loop)."""
   params = eqn.params
   if eqn.primitive.name == "scan":
-    consts, carry = params["num_consts"], params["num_carry"]
+    consts, carry = row_wise.scan_counts(params)
     return (range(consts, consts + carry), params["jaxpr"].jaxpr,
             list(range(len(eqn.invars))))
   if eqn.primitive.name == "while":

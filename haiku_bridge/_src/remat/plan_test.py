@@ -14,11 +14,13 @@ from absl.testing import parameterized
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
+from haiku_bridge._src import versions
 from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import plan as remat_plan
@@ -711,9 +713,12 @@ class BudgetTest(parameterized.TestCase):
 
   def test_a_schedule_keeps_at_most_half_the_steps(self):
     # A limitation, documented (docs/remat.md, `_most_slots`): a budget
-    # between the bytes of T/2 slots and remat=True's gets T/2 slots, the
-    # most a candidate keeps, although more would fit and recompute less.
-    # A wide carry, whose slots outweigh the schedule's tables.
+    # between the bytes of T/2 slots and the least of remat=False's and
+    # True's gets T/2 slots, the most a candidate keeps, although more
+    # would fit and recompute less. A wide carry, whose slots outweigh the
+    # schedule's tables. (Without remat, jaxlib 0.11's XLA keeps one array
+    # per step, 1,081,960 bytes of temporaries, under True's 1,114,480;
+    # 0.10.2's two, 2,130,544, over True's 1,098,352.)
     def step(h, x):
       h = jnp.tanh(0.5 * h + x)
       return h, jnp.sum(h)
@@ -730,8 +735,8 @@ class BudgetTest(parameterized.TestCase):
     loose = hkb.remat_plan(step, init, xs, memory_budget=1 << 30)
     self.assertEqual(max(k.slots for k in loose.candidates
                          if k.remat == "binomial"), 32)
-    budget = next(k for k in loose.candidates
-                  if k.remat is True).temporaries - 1
+    budget = min(k.temporaries for k in loose.candidates
+                 if k.remat in (False, True) and k.policy is None) - 1
     made = hkb.remat_plan(step, init, xs, memory_budget=budget)
     self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 32))
     self.assertLessEqual(compiled_bytes(schedule_loss(32), xs), budget)
@@ -817,8 +822,9 @@ class BudgetTest(parameterized.TestCase):
     with mock.patch.object(remat_plan, "_trace", trace), caches.disabled():
       cost(model, params, x, 32, remat="auto", memory_budget=1 << 40)
     step, consts = traced[-1]
-    defaults = {"xla_backend_optimization_level": 2,
-                "xla_cpu_use_fusion_emitters": True}
+    defaults = {"xla_backend_optimization_level": 2}
+    if versions.release(jaxlib.__version__) < (0, 11):  # 0.11 has no other.
+      defaults["xla_cpu_use_fusion_emitters"] = True
     for remat in (None, True, remat_schedule.binomial(32, 4)):
       cheap = remat_plan._measure(step, consts, 32, remat)
       with mock.patch.object(remat_plan, "_compile_options",
@@ -897,7 +903,12 @@ class VisibleTest(parameterized.TestCase):
         self.assertIs(loose.choice.remat, False)
         budget = loose.least_budget
         tight, _ = planned(budget)
-        self.assertIn(tight.choice.remat, ("binomial", "nested"))
+        # The least: a schedule of one slot (137,532 bytes of temporaries
+        # for dynamic_unroll), but for dynamic_unroll under jaxlib 0.11's
+        # XLA remat=True, at 136,400 (197,776 under 0.10.2).
+        least = (True,) if name == "dynamic_unroll" and versions.release(
+            jaxlib.__version__) >= (0, 11) else ("binomial", "nested")
+        self.assertIn(tight.choice.remat, least)
         # Checked compiled: the choice holds the budget (the least
         # candidate's figure may move either way once compiled).
         self.assertLessEqual(tight.choice.temporaries, budget)
