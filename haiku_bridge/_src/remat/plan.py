@@ -110,6 +110,7 @@ from haiku_bridge._src import guards
 from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src import hlo_text
 from haiku_bridge._src import modes
+from haiku_bridge._src import versions
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src.pytree import PyTree
@@ -1103,12 +1104,16 @@ def _compile_options() -> dict[str, Any]:
   piece, not split for LLVM threads, which at that level costs more CPU
   time (about a third of a compile) than it saves (the measurements
   compile side by side instead: `_Compiles`). Elsewhere, the defaults.
+  jaxlib 0.11's XLA:CPU has no older emitters (nor the option: a compile
+  given it fails), so there only the other two.
   """
-  if jax.default_backend() == "cpu":
-    return {"xla_backend_optimization_level": 0,
-            "xla_cpu_use_fusion_emitters": False,
-            "xla_cpu_parallel_codegen_split_count": 1}
-  return {}
+  if jax.default_backend() != "cpu":
+    return {}
+  options: dict[str, Any] = {"xla_backend_optimization_level": 0,
+                             "xla_cpu_parallel_codegen_split_count": 1}
+  if versions.release(jaxlib.__version__) < (0, 11):
+    options["xla_cpu_use_fusion_emitters"] = False
+  return options
 
 
 class _Measured(NamedTuple):
