@@ -731,6 +731,8 @@ class _Traced(NamedTuple):
   num_consts: int
   carry: tuple[jax.ShapeDtypeStruct, ...]
   x: tuple[jax.ShapeDtypeStruct, ...]  # One step's slice.
+  # The jaxpr as printed, once: the caches' keys (`_memo_key`, `_disk_key`).
+  text: str
 
 
 def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
@@ -756,7 +758,8 @@ def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
   # trace reaches the compiles below.
   jaxpr = jax_core.ClosedJaxpr(
       _consts_as_inputs(closed.jaxpr), ())
-  return _Traced(jaxpr, len(consts), carry_avals, x_avals), consts
+  return _Traced(jaxpr, len(consts), carry_avals, x_avals,
+                 str(jaxpr)), consts
 
 
 def _varying_types_unchecked() -> ContextManager[Any]:
@@ -1008,7 +1011,7 @@ def policy_name(policy: Callable[..., bool]) -> str:
 
 
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
-  return (str(step.jaxpr), consts, step.carry, step.x, policy, length,
+  return (step.text, consts, step.carry, step.x, policy, length,
           jax.default_backend())
 
 
@@ -1028,7 +1031,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   if name is None:
     return None
   device = jax.devices()[0]
-  jaxpr = re.sub(r" at 0x[0-9a-f]+", "", str(step.jaxpr))
+  jaxpr = re.sub(r" at 0x[0-9a-f]+", "", step.text)
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
                name, length, jax.default_backend(), device.device_kind,
@@ -1111,9 +1114,14 @@ def _compile_options() -> dict[str, Any]:
     return {}
   options: dict[str, Any] = {"xla_backend_optimization_level": 0,
                              "xla_cpu_parallel_codegen_split_count": 1}
-  if versions.release(jaxlib.__version__) < (0, 11):
+  if OLDER_FUSION_EMITTERS:
     options["xla_cpu_use_fusion_emitters"] = False
   return options
+
+
+# Whether XLA:CPU has its older fusion emitters, and the option that picks
+# them: before jaxlib 0.11.
+OLDER_FUSION_EMITTERS = versions.release(jaxlib.__version__) < (0, 11)
 
 
 class _Measured(NamedTuple):

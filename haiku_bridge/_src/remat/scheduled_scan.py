@@ -395,16 +395,16 @@ def _is_float(aval) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
-# The helpers below bind lax's primitives: `lax.dynamic_index_in_dim`,
-# `jnp.where` and their kin are `jax.jit`s, which a fresh process traces once
-# per shape and lowers as functions of their own.
-
-
 def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
   # jnp's zeros_like, which keeps the carry's sharding (an Explicit mesh
   # types it; lax.full would not).
   return jnp.broadcast_to(jnp.zeros_like(carry)[None],
                           (num_slots,) + jnp.shape(carry))
+
+
+# The helpers below bind lax's primitives: `lax.dynamic_index_in_dim`,
+# `jnp.where` and their kin are `jax.jit`s, which a fresh process traces once
+# per shape and lowers as functions of their own.
 
 
 def _get(stacked: jax.Array, index) -> jax.Array:
