@@ -16,6 +16,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 _HEADER = re.compile(r"^(ENTRY )?%(\S+) .*\{$")
 _SHAPE = re.compile(r"^[a-z][a-z0-9]*\[([0-9,]*)\]")
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_BRACKET = re.compile(r"[()\[\]{}]")
 # Instructions that run another computation once per execution of their own.
 # (`fusion-start`: XLA:GPU's asynchronous fusion, its result read by a
 # `fusion-done`.)
@@ -137,15 +138,20 @@ def instruction(line: str) -> Instruction:
 
 
 def _closing(text: str, start: int) -> int:
-  """The index of the bracket closing the one at `start`."""
+  """The index of the bracket closing the one at `start`.
+
+  The brackets found by a regular expression, not character by character:
+  a constant's literal (a remat schedule's table) runs to many thousand
+  characters with few brackets.
+  """
   depth = 0
-  for i in range(start, len(text)):
-    if text[i] in "([{":
+  for bracket in _BRACKET.finditer(text, start):
+    if bracket.group() in "([{":
       depth += 1
-    elif text[i] in ")]}":
+    else:
       depth -= 1
       if not depth:
-        return i
+        return bracket.start()
   raise AssertionError(f"Unbalanced brackets in XLA's HLO: {text[:200]}")
 
 

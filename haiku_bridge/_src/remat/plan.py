@@ -733,6 +733,12 @@ class _Traced(NamedTuple):
   x: tuple[jax.ShapeDtypeStruct, ...]  # One step's slice.
   # The jaxpr as printed, once: the caches' keys (`_memo_key`, `_disk_key`).
   text: str
+  # The jaxpr as one `jax.jit`, a schedule's step in `_lower`: bound as one
+  # equation at each of the step's places (the sweeps, an advance, the
+  # backward step), as `scheduled_scan` binds the loop's own step, it is
+  # traced and differentiated once for every schedule measured, and
+  # lowered once per program. XLA inlines it.
+  call: Callable[..., Any]
 
 
 def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
@@ -758,8 +764,8 @@ def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
   # trace reaches the compiles below.
   jaxpr = jax_core.ClosedJaxpr(
       _consts_as_inputs(closed.jaxpr), ())
-  return _Traced(jaxpr, len(consts), carry_avals, x_avals,
-                 str(jaxpr)), consts
+  return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
+                 jax.jit(jax_core.jaxpr_as_fun(jaxpr))), consts
 
 
 def _varying_types_unchecked() -> ContextManager[Any]:
@@ -837,12 +843,15 @@ def _coefficients(step: _Traced, consts, length: int, policy,
   one_slot = [remat_schedule.binomial(length, 1)] if length > 1 else []
   with _Compiles(step, consts, length, _compile_threads()) as compiles:
     # One slot's first, so that `then` can start while the rest compile.
-    schedules = [compiles.submit(s) for s in one_slot]
+    # Its bytes, which `then` needs, come before its FLOPs are counted.
+    bytes_in: concurrent.futures.Future[_Measured] = (
+        concurrent.futures.Future())
+    schedules = [compiles.submit(s, early=bytes_in) for s in one_slot]
     others = [compiles.submit(remat, p) for remat, p in
               [(None, None), (True, None)] +
               ([] if policy is None else [(True, policy)])]
     if then is not None and schedules:
-      then(schedules[0].result())
+      then(bytes_in.result())
     plain, per_step, *rest = [f.result() for f in others + schedules]
 
   def recomputed(k: _Measured) -> float:
@@ -1168,20 +1177,34 @@ class _Compiles:
     if self._pool is not None:
       self._pool.shutdown(wait=True)
 
-  def submit(self, remat, policy=None, *, flops: bool = True
+  def submit(self, remat, policy=None, *, flops: bool = True,
+             early: Optional["concurrent.futures.Future[_Measured]"] = None
              ) -> "concurrent.futures.Future[_Measured]":
-    """The figures of the program `remat` (under `policy`) runs, to come."""
+    """The figures of the program `remat` (under `policy`) runs, to come.
+
+    `early`, where given, gets the program's bytes (FLOPs 0) as soon as it
+    is compiled, before its FLOPs are counted.
+    """
     lowered = _lower(*self._args, remat, policy)
     if self._pool is not None:
       return self._pool.submit(contextvars.copy_context().run, _measured,
-                               lowered, remat, flops)
+                               lowered, remat, flops, early)
     done: concurrent.futures.Future[_Measured] = concurrent.futures.Future()
-    done.set_result(_measured(lowered, remat, flops))
+    done.set_result(_measured(lowered, remat, flops, early))
     return done
 
 
-def _measured(lowered, remat, flops: bool) -> _Measured:
-  return _read(_compile(lowered), remat, flops)
+def _measured(lowered, remat, flops: bool, early=None) -> _Measured:
+  if early is None:
+    return _read(_compile(lowered), remat, flops)
+  try:
+    compiled = _compile(lowered)
+    figures = _read(compiled, remat, flops=False)
+  except BaseException as e:
+    early.set_exception(e)  # Whoever waits for the bytes gets the error.
+    raise
+  early.set_result(figures)
+  return _counted(figures, compiled.as_text(), remat) if flops else figures
 
 
 def _compile_threads() -> int:
@@ -1196,8 +1219,16 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
   a `remat_schedule.Schedule`. A loop with nothing to differentiate is
   compiled forward only.
   """
+  # A schedule's program runs the step as one jit, as `scheduled_scan` runs
+  # the loop's own; remat=False's and True's as the loop's scan and
+  # `jax.checkpoint` run it, equation by equation (a jit would change their
+  # programs: a policy's `saveable` sees no equation inside it, and jaxlib
+  # 0.11's XLA keeps a checkpointed jit's carries otherwise).
+  call = (jax_core.jaxpr_as_fun(step.jaxpr) if remat is None or remat is True
+          else step.call)
+
   def body(consts, carry, x):
-    out = jax_core.jaxpr_as_fun(step.jaxpr)(*consts, *carry, *x)
+    out = call(*consts, *carry, *x)
     return out[:len(step.carry)], out[len(step.carry):]
 
   def run(consts, carry, xs):
@@ -1253,16 +1284,20 @@ def _read(compiled, remat, flops: bool = True) -> _Measured:
         f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
         f"which the {jax.default_backend()} backend does not give."))
   constants = hlo_flops.constant_bytes(text)
-  if not flops:
-    return _Measured(analysis.temp_size_in_bytes + constants,
-                     analysis.temp_size_in_bytes, constants, 0, None)
+  figures = _Measured(analysis.temp_size_in_bytes + constants,
+                      analysis.temp_size_in_bytes, constants, 0, None)
+  return _counted(figures, text, remat) if flops else figures
+
+
+def _counted(figures: _Measured, text: str, remat) -> _Measured:
+  """`figures` with the FLOPs of the compiled program `text` (`_read`)."""
   count = hlo_flops.count(text)
   schedule = max(count.conditionals, key=lambda c: c.executions,
                  default=None)
-  return _Measured(analysis.temp_size_in_bytes + constants,
-                   analysis.temp_size_in_bytes, constants, count.flops,
-                   None if remat in (None, True) or schedule is None
-                   else min(schedule.branches))
+  return figures._replace(
+      flops=count.flops,
+      advance_flops=(None if remat in (None, True) or schedule is None
+                     else min(schedule.branches)))
 
 
 def _differentiable(step: _Traced) -> bool:

@@ -13,6 +13,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import haiku as hk
 import jax
+from jax.extend import core as jax_core
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
@@ -657,6 +658,72 @@ class BudgetTest(parameterized.TestCase):
                                         memory_budget=budget).choice,
                          made.choice)
       self.assertGreater(len(off), 4)
+
+  def test_the_budgets_schedule_lowers_while_one_slot_is_counted(self):
+    # One slot's bytes, which place the budget's schedule, are read before
+    # its FLOPs are counted (a Python walk of the program): the schedule
+    # is lowered meanwhile. Here no count may finish before it is lowered.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([256, 4, 16])
+    lowered = threading.Event()
+    real_lower, real_count = remat_plan._lower, hlo_flops.count
+
+    def lower(step, consts, length, remat, policy=None):
+      if getattr(remat, "num_slots", 1) > 1:
+        lowered.set()
+      return real_lower(step, consts, length, remat, policy)
+
+    def count(text):
+      if not lowered.wait(timeout=20):
+        raise AssertionError("a FLOP count held up the budget's schedule")
+      return real_count(text)
+
+    with caches.disabled():
+      loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
+      per_step = next(k for k in loose.candidates if k.remat is True)
+      budget = (per_step.temporaries + loose.least_budget) // 2
+      with mock.patch.object(remat_plan, "_lower", lower), \
+          mock.patch.object(hlo_flops, "count", count):
+        made = hkb.remat_plan(_step, init, xs, memory_budget=budget)
+    self.assertEqual(made.choice.remat, "binomial")
+    self.assertGreater(made.choice.slots, 1)
+
+  def test_a_schedules_step_is_traced_once_for_every_measurement(self):
+    # A schedule's measuring program binds the step as one jit (as
+    # `scheduled_scan` runs the loop's own), which jax traces and
+    # differentiates once, then finds in its caches: a second schedule
+    # traces none of the step's equations, where they were bound anew at
+    # each of its places (the sweeps, an advance, the backward step).
+    # remat=False's and True's run it equation by equation, as the loops'
+    # scan and jax.checkpoint do. Each program compiles to the same bytes
+    # and FLOPs either way.
+    length = 64
+    init, xs = jnp.zeros([4, 16]), jnp.ones([length, 4, 16])
+    plans = [None, True, remat_schedule.binomial(length, 1),
+             remat_schedule.binomial(length, 3)]
+    real_bind = jax.lax.tanh_p.bind
+
+    def traced(step):
+      """The step's tanh bound while each program is measured, and the figures."""
+      bound, figures = [], []
+
+      def bind(*args, **params):
+        bound[-1] += 1
+        return real_bind(*args, **params)
+
+      with mock.patch.object(jax.lax.tanh_p, "bind", bind):
+        for p in plans:
+          bound.append(0)
+          figures.append(remat_plan._measure(step, consts, length, p))
+      return bound, figures
+
+    step, consts = remat_plan._trace(_step, init, xs, length)
+    once, jitted = traced(step)
+    inline, by_equation = traced(step._replace(
+        call=jax_core.jaxpr_as_fun(step.jaxpr)))
+    self.assertEqual(once[:2], inline[:2])
+    self.assertLess(once[2], inline[2], (once, inline))
+    self.assertEqual(once[3], 0, once)
+    self.assertEqual(jitted, by_equation)
 
   def test_fewer_flops_than_no_remat_is_said(self):
     # A recomputation that compiles to fewer FLOPs than none is a miscount

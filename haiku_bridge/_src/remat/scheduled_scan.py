@@ -19,7 +19,8 @@ gradients is gathered anywhere, so where the parameters dominate memory it
 needs no more than `jax.checkpoint` does.
 
 `f` is traced once, to a jaxpr, when `scan` is called, and every pass runs
-that jaxpr: what `f` sees when traced (Haiku's custom getters, its frame) is
+that jaxpr, as one `jax.jit` (differentiated once, lowered once, inlined by
+XLA): what `f` sees when traced (Haiku's custom getters, its frame) is
 what each recomputation does, whenever the backward pass is traced. Values
 `f` closes over become inputs of the `jax.custom_vjp`; their cotangents are
 summed over the steps. Reverse over reverse is defined, and so is forward
@@ -175,9 +176,16 @@ class _Step:
     self.carry_is_float = [_is_float(v.aval) for v in jaxpr.outvars[:num_carry]]
     self.y_is_float = [_is_float(v.aval) for v in jaxpr.outvars[num_carry:]]
 
+    # One `jax.jit` of the jaxpr (its consts as its first inputs): each of
+    # the step's places in the program (the primal scan, the forward sweep,
+    # an advance, the backward step) binds it as one equation, traced,
+    # differentiated and lowered once; XLA inlines it.
+    self._call = jax.jit(jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(
+        jaxpr.replace(constvars=[], invars=jaxpr.constvars + jaxpr.invars),
+        ())))
+
   def __call__(self, consts, carry, x):
-    out = jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(self.jaxpr, consts))(
-        *carry, *x)
+    out = self._call(*consts, *carry, *x)
     return out[:self.num_carry], out[self.num_carry:]
 
 
