@@ -1157,18 +1157,18 @@ class _Compiles:
   Each program is traced and lowered by `submit`, one after another
   (Python, under the GIL), and compiled and read in a thread (XLA compiles
   without the GIL): the next program lowers while the last compiles, and
-  the compiles run side by side on as many cores as there are
+  the compiles run side by side on the cores the lowering leaves
   (`_compile_threads`). Each figure is its own program's, so the figures
   are those of compiling them one by one (plan_test checks it). Each
   thread runs in the caller's context (`contextvars`): an error there
-  names the public call as one here would. With one thread, `submit`
+  names the public call as one here would. With no thread, `submit`
   compiles before it returns.
   """
 
   def __init__(self, step: _Traced, consts, length: int, threads: int):
     self._args = step, consts, length
     self._pool = (concurrent.futures.ThreadPoolExecutor(
-        threads, thread_name_prefix="remat_plan") if threads > 1 else None)
+        threads, thread_name_prefix="remat_plan") if threads else None)
 
   def __enter__(self) -> "_Compiles":
     return self
@@ -1208,8 +1208,12 @@ def _measured(lowered, remat, flops: bool, early=None) -> _Measured:
 
 
 def _compile_threads() -> int:
-  """Threads that compile measurements at once: one per core, two at least (to lower while one compiles)."""
-  return max(2, os.cpu_count() or 1)
+  """Threads that compile measurements at once: a core each but the one the caller lowers on, one at least.
+
+  (One per core was 2.4% slower cold on the planning benchmark's
+  transformer, 2 cores: the lowering, under the GIL, shared its core.)
+  """
+  return max(1, (os.cpu_count() or 1) - 1)
 
 
 def _lower(step: _Traced, consts, length: int, remat, policy=None):

@@ -357,7 +357,7 @@ class AutoTest(parameterized.TestCase):
     with caches.disabled():
       with measuring_compiles() as threads:
         together = hkb.remat_plan(_step, init, xs, memory_budget=60_000)
-      with mock.patch.object(remat_plan, "_compile_threads", lambda: 1), \
+      with mock.patch.object(remat_plan, "_compile_threads", lambda: 0), \
           measuring_compiles() as alone:
         one_by_one = hkb.remat_plan(_step, init, xs, memory_budget=60_000)
     self.assertEqual(together, one_by_one)
@@ -367,6 +367,10 @@ class AutoTest(parameterized.TestCase):
     self.assertGreaterEqual(sum(t != main for t in threads), 3)
     self.assertEqual(alone, [main] * len(alone))
     self.assertEqual(len(alone), len(threads))
+    # A compiling thread per core but the caller's, which lowers.
+    for cores, compiling in ((1, 1), (2, 1), (8, 7), (None, 1)):
+      with mock.patch.object(remat_plan.os, "cpu_count", lambda: cores):
+        self.assertEqual(remat_plan._compile_threads(), compiling, cores)
 
   def test_an_error_in_a_compiling_thread_names_the_call(self):
     def refused(lowered):
