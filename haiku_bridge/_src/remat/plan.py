@@ -763,7 +763,7 @@ def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
   # The consts become the jaxpr's first inputs: no tracer of the caller's
   # trace reaches the compiles below.
   jaxpr = jax_core.ClosedJaxpr(
-      _consts_as_inputs(closed.jaxpr), ())
+      scheduled_scan.consts_as_inputs(closed.jaxpr), ())
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
                  jax.jit(jax_core.jaxpr_as_fun(jaxpr))), consts
 
@@ -782,10 +782,6 @@ def _varying_types_unchecked() -> ContextManager[Any]:
   """
   check = getattr(jax_config, "_check_vma", None)
   return contextlib.nullcontext() if check is None else check(False)
-
-
-def _consts_as_inputs(jaxpr):
-  return jaxpr.replace(constvars=[], invars=jaxpr.constvars + jaxpr.invars)
 
 
 _COEFFICIENTS = caches.Cache("remat_plan.coefficients")

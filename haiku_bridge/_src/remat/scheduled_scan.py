@@ -181,12 +181,16 @@ class _Step:
     # an advance, the backward step) binds it as one equation, traced,
     # differentiated and lowered once; XLA inlines it.
     self._call = jax.jit(jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(
-        jaxpr.replace(constvars=[], invars=jaxpr.constvars + jaxpr.invars),
-        ())))
+        consts_as_inputs(jaxpr), ())))
 
   def __call__(self, consts, carry, x):
     out = self._call(*consts, *carry, *x)
     return out[:self.num_carry], out[self.num_carry:]
+
+
+def consts_as_inputs(jaxpr: jax_core.Jaxpr) -> jax_core.Jaxpr:
+  """`jaxpr` with its consts as its first inputs (a function of no closed-over value)."""
+  return jaxpr.replace(constvars=[], invars=jaxpr.constvars + jaxpr.invars)
 
 
 @jax.tree_util.register_static
