@@ -838,17 +838,15 @@ def _coefficients(step: _Traced, consts, length: int, policy,
   # second schedule is compiled (`_sloped`).
   one_slot = [remat_schedule.binomial(length, 1)] if length > 1 else []
   with _Compiles(step, consts, length, _compile_threads()) as compiles:
-    # One slot's first, so that `then` can start while the rest compile.
-    # Its bytes, which `then` needs, come before its FLOPs are counted.
-    bytes_in: concurrent.futures.Future[_Measured] = (
-        concurrent.futures.Future())
-    schedules = [compiles.submit(s, early=bytes_in) for s in one_slot]
+    # One slot's first, so that `then` can start while the rest compile:
+    # it needs that program's bytes only.
+    schedules = [compiles.submit(s) for s in one_slot]
     others = [compiles.submit(remat, p) for remat, p in
               [(None, None), (True, None)] +
               ([] if policy is None else [(True, policy)])]
     if then is not None and schedules:
-      then(bytes_in.result())
-    plain, per_step, *rest = [f.result() for f in others + schedules]
+      then(schedules[0].bytes())
+    plain, per_step, *rest = [m.result() for m in others + schedules]
 
   def recomputed(k: _Measured) -> float:
     # XLA may find nothing to recompute; never a gain. Fewer FLOPs than
@@ -1144,16 +1142,17 @@ def _measure(step: _Traced, consts, length: int, remat, policy=None, *,
   One program, compiled here (`_Compiles` compiles several side by side);
   `flops=False`: bytes only (FLOPs 0).
   """
-  return _measured(_lower(step, consts, length, remat, policy), remat, flops)
+  return _read(_compile(_lower(step, consts, length, remat, policy)), remat,
+               flops)
 
 
 class _Compiles:
   """Measuring programs, lowered here and compiled in `threads` threads.
 
   Each program is traced and lowered by `submit`, one after another
-  (Python, under the GIL), and compiled and read in a thread (XLA compiles
-  without the GIL): the next program lowers while the last compiles, and
-  the compiles run side by side on the cores the lowering leaves
+  (Python, under the GIL), and compiled in a thread (XLA compiles without
+  the GIL): the next program lowers while the last compiles, and the
+  compiles run side by side on the cores the lowering leaves
   (`_compile_threads`). Each figure is its own program's, so the figures
   are those of compiling them one by one (plan_test checks it). Each
   thread runs in the caller's context (`contextvars`): an error there
@@ -1173,34 +1172,46 @@ class _Compiles:
     if self._pool is not None:
       self._pool.shutdown(wait=True)
 
-  def submit(self, remat, policy=None, *, flops: bool = True,
-             early: Optional["concurrent.futures.Future[_Measured]"] = None
-             ) -> "concurrent.futures.Future[_Measured]":
-    """The figures of the program `remat` (under `policy`) runs, to come.
-
-    `early`, where given, gets the program's bytes (FLOPs 0) as soon as it
-    is compiled, before its FLOPs are counted.
-    """
+  def submit(self, remat, policy=None) -> "_Measurement":
+    """The figures of the program `remat` (under `policy`) runs, to come."""
     lowered = _lower(*self._args, remat, policy)
     if self._pool is not None:
-      return self._pool.submit(contextvars.copy_context().run, _measured,
-                               lowered, remat, flops, early)
-    done: concurrent.futures.Future[_Measured] = concurrent.futures.Future()
-    done.set_result(_measured(lowered, remat, flops, early))
-    return done
+      return _Measurement(self._pool.submit(
+          contextvars.copy_context().run, _bytes_of, lowered, remat), remat)
+    done: concurrent.futures.Future[tuple[_Measured, Any]] = (
+        concurrent.futures.Future())
+    done.set_result(_bytes_of(lowered, remat))
+    return _Measurement(done, remat)
 
 
-def _measured(lowered, remat, flops: bool, early=None) -> _Measured:
-  if early is None:
-    return _read(_compile(lowered), remat, flops)
-  try:
-    compiled = _compile(lowered)
-    figures = _read(compiled, remat, flops=False)
-  except BaseException as e:
-    early.set_exception(e)  # Whoever waits for the bytes gets the error.
-    raise
-  early.set_result(figures)
-  return _counted(figures, compiled.as_text(), remat) if flops else figures
+def _bytes_of(lowered, remat) -> tuple[_Measured, Any]:
+  """A measuring program compiled and its bytes read: a compiling thread's work."""
+  compiled = _compile(lowered)
+  return _read(compiled, remat, flops=False), compiled
+
+
+class _Measurement:
+  """A measuring program's figures to come (`_Compiles.submit`).
+
+  Its bytes as soon as it is compiled; its FLOPs counted by the thread
+  that asks for them (`result`). A count walks the program in Python,
+  under the GIL: in a compiling thread it held up the lowering on the
+  caller's thread and the compiles queued behind it (one slot's count
+  took 30-60 ms there, cold, on the planning benchmark's conv stack).
+  """
+
+  def __init__(self, job: "concurrent.futures.Future[tuple[_Measured, Any]]",
+               remat):
+    self._job, self._remat = job, remat
+
+  def bytes(self) -> _Measured:
+    """The program's bytes (FLOPs 0, no advance)."""
+    return self._job.result()[0]
+
+  def result(self) -> _Measured:
+    """Bytes and FLOPs (an error of the compiling thread is raised here)."""
+    figures, compiled = self._job.result()
+    return _counted(figures, compiled.as_text(), self._remat)
 
 
 def _compile_threads() -> int:

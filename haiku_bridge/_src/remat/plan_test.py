@@ -354,8 +354,16 @@ class AutoTest(parameterized.TestCase):
     # The measuring programs compile side by side, off the caller's thread,
     # and each figure is the one compiling it alone gives; so the plans.
     init, xs = jnp.zeros([4, 16]), jnp.ones([128, 4, 16])
+    counted = []  # The threads that count FLOPs.
+    real_count = hlo_flops.count
+
+    def count(text):
+      counted.append(threading.current_thread().name)
+      return real_count(text)
+
     with caches.disabled():
-      with measuring_compiles() as threads:
+      with measuring_compiles() as threads, \
+          mock.patch.object(hlo_flops, "count", count):
         together = hkb.remat_plan(_step, init, xs, memory_budget=60_000)
       with mock.patch.object(remat_plan, "_compile_threads", lambda: 0), \
           measuring_compiles() as alone:
@@ -367,6 +375,10 @@ class AutoTest(parameterized.TestCase):
     self.assertGreaterEqual(sum(t != main for t in threads), 3)
     self.assertEqual(alone, [main] * len(alone))
     self.assertEqual(len(alone), len(threads))
+    # FLOPs are counted (in Python, under the GIL) by the caller, once the
+    # programs it waits for are compiled: not in a compiling thread, where
+    # a count held up the lowering and the compiles queued behind it.
+    self.assertEqual(counted, [main] * 3)
     # A compiling thread per core but the caller's, which lowers.
     for cores, compiling in ((1, 1), (2, 1), (8, 7), (None, 1)):
       with mock.patch.object(remat_plan.os, "cpu_count", lambda: cores):
@@ -732,13 +744,13 @@ class BudgetTest(parameterized.TestCase):
   def test_fewer_flops_than_no_remat_is_said(self):
     # A recomputation that compiles to fewer FLOPs than none is a miscount
     # (or a backend's surprise): logged with the figures, counted as none.
-    real = remat_plan._read
+    real = remat_plan._counted
 
-    def fewer(compiled, remat, flops=True):
-      got = real(compiled, remat, flops)
+    def fewer(figures, text, remat):
+      got = real(figures, text, remat)
       return got._replace(flops=1) if remat is True else got
 
-    with caches.disabled(), mock.patch.object(remat_plan, "_read", fewer), \
+    with caches.disabled(), mock.patch.object(remat_plan, "_counted", fewer), \
         self.assertLogs("haiku_bridge.remat", "WARNING") as logs:
       made = hkb.remat_plan(_step, jnp.zeros([4, 16]), jnp.ones([64, 4, 16]),
                             memory_budget=1 << 30)
