@@ -1177,17 +1177,16 @@ class _Compiles:
     lowered = _lower(*self._args, remat, policy)
     if self._pool is not None:
       return _Measurement(self._pool.submit(
-          contextvars.copy_context().run, _bytes_of, lowered, remat), remat)
-    done: concurrent.futures.Future[tuple[_Measured, Any]] = (
+          contextvars.copy_context().run, _bytes_of, lowered), remat)
+    done: concurrent.futures.Future[tuple[_Measured, str]] = (
         concurrent.futures.Future())
-    done.set_result(_bytes_of(lowered, remat))
+    done.set_result(_bytes_of(lowered))
     return _Measurement(done, remat)
 
 
-def _bytes_of(lowered, remat) -> tuple[_Measured, Any]:
-  """A measuring program compiled and its bytes read: a compiling thread's work."""
-  compiled = _compile(lowered)
-  return _read(compiled, remat, flops=False), compiled
+def _bytes_of(lowered) -> tuple[_Measured, str]:
+  """A measuring program compiled, its bytes and its HLO text: a compiling thread's work."""
+  return _bytes_read(_compile(lowered))
 
 
 class _Measurement:
@@ -1200,7 +1199,7 @@ class _Measurement:
   took 30-60 ms there, cold, on the planning benchmark's conv stack).
   """
 
-  def __init__(self, job: "concurrent.futures.Future[tuple[_Measured, Any]]",
+  def __init__(self, job: "concurrent.futures.Future[tuple[_Measured, str]]",
                remat):
     self._job, self._remat = job, remat
 
@@ -1210,8 +1209,7 @@ class _Measurement:
 
   def result(self) -> _Measured:
     """Bytes and FLOPs (an error of the compiling thread is raised here)."""
-    figures, compiled = self._job.result()
-    return _counted(figures, compiled.as_text(), self._remat)
+    return _counted(*self._job.result(), self._remat)
 
 
 def _compile_threads() -> int:
@@ -1289,15 +1287,20 @@ def _read(compiled, remat, flops: bool = True) -> _Measured:
   advance's FLOPs: its cheaper branch. With `flops=False` (a plan compiled
   for its bytes only) nothing is counted: FLOPs 0, no advance.
   """
+  figures, text = _bytes_read(compiled)
+  return _counted(figures, text, remat) if flops else figures
+
+
+def _bytes_read(compiled) -> tuple[_Measured, str]:
+  """A compiled measurement's bytes (FLOPs 0, no advance), and its HLO text."""
   analysis, text = compiled.memory_analysis(), compiled.as_text()
   if analysis is None or text is None:
     raise ValueError(errors.message(
         f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
         f"which the {jax.default_backend()} backend does not give."))
   constants = hlo_flops.constant_bytes(text)
-  figures = _Measured(analysis.temp_size_in_bytes + constants,
-                      analysis.temp_size_in_bytes, constants, 0, None)
-  return _counted(figures, text, remat) if flops else figures
+  return _Measured(analysis.temp_size_in_bytes + constants,
+                   analysis.temp_size_in_bytes, constants, 0, None), text
 
 
 def _counted(figures: _Measured, text: str, remat) -> _Measured:
