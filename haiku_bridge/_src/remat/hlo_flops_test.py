@@ -1,8 +1,11 @@
 """Tests for hlo_flops: rolled loops against XLA's own count of the same program unrolled."""
 
+import re
+
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from haiku_bridge._src.remat import hlo_flops
 
@@ -438,6 +441,36 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     for name, f, x, k in convolutions():
       self.assertAlmostEqual(ours(f, x, k, device=CPU).flops /
                              xla(f, x, k, device=CPU), 1, delta=0.02, msg=name)
+
+  def test_constant_bytes_are_the_arrays_not_the_scalars(self):
+    table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
+    text = compiled(lambda i, x: jnp.asarray(table)[i] * x + 1.5, 3,
+                    2.0).as_text()
+    scalars = [line for line in text.splitlines()
+               if re.search(r"= [fs]32\[\] constant\(", line)]
+    self.assertNotEmpty(scalars)  # In the code, not in the program's data.
+    self.assertEqual(hlo_flops.constant_bytes(text), table.nbytes)
+
+  def test_batch_groups_count_as_xla_counts_them(self):
+    # XLA:CPU rewrites a convolution's batch groups before the program we
+    # read, so this one is written out, as another backend may leave it;
+    # the ground truth is XLA's count of the same convolution from jax.
+    def conv(x, k):
+      return jax.lax.conv_general_dilated(
+          x, k, (1, 1), "VALID", batch_group_count=2,
+          dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    x, k = jnp.ones([4, 10, 10, 8]), jnp.ones([3, 3, 8, 6])
+    text = "\n".join([
+        "HloModule m", "",
+        "ENTRY %main (x: f32[4,10,10,8], k: f32[3,3,8,6]) -> f32[2,8,8,6] {",
+        "  %x = f32[4,10,10,8]{3,2,1,0} parameter(0)",
+        "  %k = f32[3,3,8,6]{3,2,1,0} parameter(1)",
+        "  ROOT %c = f32[2,8,8,6]{3,2,1,0} convolution(%x, %k), "
+        "window={size=3x3}, dim_labels=b01f_01io->b01f, batch_group_count=2",
+        "}"])
+    self.assertEqual(hlo_flops.count(text).flops,
+                     jax.jit(conv).lower(x, k).cost_analysis()["flops"])
 
   @absltest.skipUnless(jax.default_backend() == "gpu",
                        "XLA:GPU writes convolutions as cuDNN custom-calls")

@@ -86,6 +86,7 @@ INFO on the `haiku_bridge.remat` logger.
 import concurrent.futures
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import gc
 import hashlib
@@ -1007,11 +1008,31 @@ def _compiled(step: _Traced, consts, length: int, plan: Key, policy,
 def policy_name(policy: Callable[..., bool]) -> str:
   """How a `RematCandidate` names a policy: a function's name, else its repr.
 
+  A policy object's sets of names are written sorted: Python orders a
+  set's strings by their hashes, which differ from process to process
+  (`save_only_these_names("a", "b")`), and the name keys its figures on
+  disk.
+
   >>> from haiku_bridge._src.remat import plan as remat_plan
   >>> remat_plan.policy_name(jax.checkpoint_policies.nothing_saveable)
   'nothing_saveable'
   """
-  return getattr(policy, "__name__", None) or repr(policy)
+  name = getattr(policy, "__name__", None)
+  if name:
+    return name
+  if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
+    fields = ", ".join(f"{f.name}={_sorted_repr(getattr(policy, f.name))}"
+                       for f in dataclasses.fields(policy) if f.repr)
+    return f"{type(policy).__name__}({fields})"
+  return repr(policy)
+
+
+def _sorted_repr(value: Any) -> str:
+  """`repr(value)`, a set's (or frozenset's) members in sorted order."""
+  if isinstance(value, (set, frozenset)):
+    members = ", ".join(sorted(map(repr, value)))
+    return f"{type(value).__name__}({{{members}}})" if value else repr(value)
+  return repr(value)
 
 
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
@@ -1060,9 +1081,9 @@ def _stable_name(policy) -> Optional[str]:
   """A policy's name that means the same in every process; None if it has none.
 
   jax's named policies, and policy objects whose repr shows their fields
-  (`DotsSaveable(only_if_no_batch_dims=False)`); not a closure
-  (`save_only_these_names`'s) or a function of the user's, whose name
-  does not say what it does.
+  (`DotsSaveable(only_if_no_batch_dims=False)`, jax 0.10's
+  `save_only_these_names`); not a closure (that policy's before) or a
+  function of the user's, whose name does not say what it does.
   """
   if policy is None:
     return ""
@@ -1070,7 +1091,7 @@ def _stable_name(policy) -> Optional[str]:
   if name is not None:
     return name if getattr(jax.checkpoint_policies, name,
                            None) is policy else None
-  text = repr(policy)
+  text = policy_name(policy)
   if type(policy).__repr__ is object.__repr__ or " at 0x" in text:
     return None
   return text

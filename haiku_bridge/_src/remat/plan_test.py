@@ -192,12 +192,19 @@ def _plans_made_here() -> list[remat_plan.RematPlan]:
       return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=15_000,
                               max_recompute=math.inf)
 
-  pure = hkb.remat_plan(_step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
-                        memory_budget=100_000,
-                        remat_policy=jax.checkpoint_policies.dots_saveable)
+  pure = [hkb.remat_plan(_step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
+                         memory_budget=100_000, remat_policy=policy)
+          for policy in (jax.checkpoint_policies.dots_saveable,
+                         _NAMED_POLICY)]
   with remat_models.plans_made() as made:
     value_and_grads(*stack(with_getter))
-  return [pure] + made
+  return pure + made
+
+
+# A policy object holding a set of names (which Python orders by their
+# hashes, another order in each process unless PYTHONHASHSEED fixes it).
+_NAMED_POLICY = jax.checkpoint_policies.save_only_these_names(
+    *"abcdefghij")
 
 
 def _print_plans() -> None:
@@ -332,13 +339,14 @@ class AutoTest(parameterized.TestCase):
     directory = self.create_tempdir().full_path
     env = {"HAIKU_BRIDGE_CACHE_DIR": directory, "HAIKU_BRIDGE_CACHES": "1"}
     runs = []
-    for _ in range(2):
-      child = test_utils.run_in_fresh_process(__file__, "_print_plans",
-                                              env=env)
+    # Two orders of a set's strings (`_NAMED_POLICY`): one plan on disk.
+    for seed in ("1", "2"):
+      child = test_utils.run_in_fresh_process(
+          __file__, "_print_plans", env={**env, "PYTHONHASHSEED": seed})
       self.assertEqual(child.returncode, 0, child.stderr[-3000:])
       runs.append(child.stdout.strip().splitlines()[-2:])
     (cold_compiles, cold), (warm_compiles, warm) = runs
-    self.assertGreaterEqual(int(cold_compiles), 2 * 4 + 1)
+    self.assertGreaterEqual(int(cold_compiles), 3 * 4 + 1)
     self.assertEqual(int(warm_compiles), 0)
     self.assertEqual(cold, here)
     self.assertEqual(warm, here)
@@ -421,6 +429,77 @@ class AutoTest(parameterized.TestCase):
     self.assertNotIn(plain_plans[-1].choice.remat, (False, True))
     self.assert_equal_values(got, plain)
 
+  def test_a_policy_has_its_own_figures_in_memory_and_on_disk(self):
+    # One step planned without a policy, with one, and without again: in
+    # one process (the memory caches), then in a "new" one (memory emptied,
+    # the files kept). Each plan is the one made with nothing cached.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([256, 4, 16])
+    policy = jax.checkpoint_policies.dots_saveable
+
+    def plans():
+      return [hkb.remat_plan(_step, init, xs, memory_budget=100_000,
+                             remat_policy=p) for p in (None, policy, None)]
+
+    with caches.disabled():
+      cold = plans()
+    with mock.patch.dict(os.environ, {
+        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}), \
+        mock.patch.object(caches, "_enabled", True):
+      caches.clear_caches()
+      try:
+        in_memory = plans()
+        remat_plan._COEFFICIENTS.clear()
+        remat_plan._COMPILED.clear()
+        from_disk = plans()
+      finally:
+        caches.clear_caches()
+    self.assertEqual([any(c.policy for c in p.candidates) for p in cold],
+                     [False, True, False])
+    self.assertEqual(in_memory, cold)
+    self.assertEqual(from_disk, cold)
+
+  def test_the_disk_key_covers_what_the_figures_depend_on(self):
+    # The figures read back in another process are those measured for the
+    # same step, shapes, policy, length, flags and dtypes: a change in any
+    # of them is another file.
+    def trace(f=_step, batch=4, length=256):
+      return remat_plan._trace(f, jnp.zeros([batch, 16]),
+                               jnp.ones([length, batch, 16]), length)
+
+    def key(traced, length=256, policy=None):
+      return remat_plan._disk_key(*traced, length, policy)
+
+    def closing_over(shape):
+      w = jnp.ones(shape)
+      return lambda h, x: (jnp.tanh(h @ w[:16, :16] + x), jnp.sum(h))
+
+    traced = trace()
+    same = key(traced)
+    self.assertEqual(key(trace()), same)
+    changed = {
+        "length": key(trace(length=128), 128),
+        "carry's shape": key(trace(batch=2)),
+        "step": key(trace(lambda h, x: (jnp.sin(h) + x, jnp.sum(h)))),
+        "policy": key(traced, policy=jax.checkpoint_policies.dots_saveable),
+    }
+    with mock.patch.dict(os.environ, {
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=x"}):
+      changed["XLA_FLAGS"] = key(traced)
+    with jax.enable_x64(True):
+      changed["x64"] = key(traced)
+    with mock.patch.object(remat_plan, "_compile_options",
+                           lambda: {"xla_backend_optimization_level": 1}):
+      changed["compile options"] = key(traced)
+    for what, other in changed.items():
+      self.assertNotIn(other, (same, None), what)
+    self.assertLen(set(changed.values()), len(changed))
+    # What a step closes over, by its shape.
+    self.assertNotEqual(key(trace(closing_over([16, 16]))),
+                        key(trace(closing_over([17, 16]))))
+    # A policy with no stable name (a function of the user's) is kept in
+    # memory only.
+    self.assertIsNone(key(traced, policy=lambda *_, **__: True))
+
   def test_a_policy_is_a_candidate_measured_and_chosen_where_it_fits(self):
     # A residual MLP: the policy keeps each layer's dot outputs, not its
     # activations; it recomputes the elementwise ops only.
@@ -466,6 +545,15 @@ class AutoTest(parameterized.TestCase):
     reference, _ = model()
     self.assert_equal_values(value_and_grads(auto, x),
                              value_and_grads(reference, x))
+
+    # Where remat=True fits and the policy does not, remat=True runs as it
+    # was measured: without the policy.
+    budget = (per_step.temporaries + saving.temporaries) // 2
+    with remat_models.plans_made() as made:
+      got = cost(model, params, x, 16, remat="auto", remat_policy=policy,
+                 memory_budget=budget)
+    self.assertEqual(made[-1].choice, per_step)
+    self.assertEqual(got, compiled[True, None])
 
   def test_budget_below_the_smallest_names_it(self):
     def step(h, x):
@@ -624,6 +712,74 @@ class BudgetTest(parameterized.TestCase):
              if k.remat == "binomial"}
     self.assertEqual({s: after[s] for s in (2, 3, 4, 7)},
                      {s: by_slots[s].temporaries for s in (2, 3, 4, 7)})
+
+  def _plan_with(self, measure, init, xs, budget):
+    """`hkb.remat_plan` with `_measure` replaced, nothing cached before or kept after."""
+    with mock.patch.dict(os.environ, {
+        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
+      caches.clear_caches()
+      try:
+        with mock.patch.object(remat_plan, "_measure", measure):
+          return hkb.remat_plan(_step, init, xs, memory_budget=budget,
+                                max_recompute=math.inf)
+      finally:
+        caches.clear_caches()
+
+  def test_a_second_schedule_off_the_line_moves_no_other_prediction(self):
+    # The budget's schedule (6 slots) compiles 4 carries over the line of
+    # one slot and a carry per slot: the line is then drawn through the
+    # most slots instead, so every count not compiled keeps the prediction
+    # it has with no miss, and 6 slots its compiled bytes.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([64, 4, 16])
+    loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
+    by_slots = {k.slots: k for k in loose.candidates if k.remat == "binomial"}
+    budget = by_slots[6].temporaries
+    miss = 4 * 4 * 16 * 4  # Four carries' bytes.
+    real = remat_plan._measure
+    compiled = []
+
+    def off_at_six(step, consts, length, remat, policy=None, **options):
+      got = real(step, consts, length, remat, policy, **options)
+      if getattr(remat, "num_slots", None) == 6:
+        got = got._replace(bytes=got.bytes + miss,
+                           temporaries=got.temporaries + miss)
+        compiled.append(got.bytes)
+      return got
+
+    made = self._plan_with(off_at_six, init, xs, budget)
+    after = {k.slots: k.temporaries for k in made.candidates
+             if k.remat == "binomial"}
+    others = [s for s in after if s not in (5, 6, 62)]  # 5: the choice.
+    self.assertEqual({s: after[s] for s in others},
+                     {s: by_slots[s].temporaries for s in others})
+    self.assertEqual([after[6]], compiled)
+    self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 5))
+
+  def test_a_schedule_over_the_budget_gives_way_to_one_slot_fewer(self):
+    # Past 16 slots the candidates are about 20% apart; where the count the
+    # budget holds compiles over it, the next choice is that count less
+    # one, not the next candidate down.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([256, 4, 16])
+    loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
+    by_slots = {k.slots: k for k in loose.candidates if k.remat == "binomial"}
+    listed = sorted(s for s in by_slots if 30 <= s <= 50)
+    low, high = listed[0], listed[1]
+    self.assertGreater(high - low, 2)
+    carry = 4 * 16 * 4
+    holds = high - 1  # The count the budget holds, on the line.
+    budget = by_slots[low].temporaries + (holds - low) * carry
+    real = remat_plan._measure
+
+    def over_at_holds(step, consts, length, remat, policy=None, **options):
+      got = real(step, consts, length, remat, policy, **options)
+      if getattr(remat, "num_slots", None) == holds:
+        return got._replace(bytes=got.bytes + budget // 2)
+      return got
+
+    made = self._plan_with(over_at_holds, init, xs, budget)
+    self.assertEqual((made.choice.remat, made.choice.slots),
+                     ("binomial", holds - 1))
+    self.assertLessEqual(made.choice.temporaries, budget)
 
   def test_a_budget_for_a_schedule_compiles_it_once(self):
     # Four programs: remat=False, remat=True and one slot measured, then the

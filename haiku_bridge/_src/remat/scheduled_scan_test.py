@@ -106,6 +106,21 @@ class ScheduledScanTest(parameterized.TestCase):
         value_and_grads(scan, carry, xs, length=7, unroll=3),
         value_and_grads(checkpointed, carry, xs, length=7),
         rtol=1e-6, atol=1e-6)
+    # Both sweeps run unrolled, as the forward pass does.
+    grad = jax.grad(loss(scan, length=7, unroll=3), argnums=(0, 1),
+                    allow_int=True)
+    unrolls = []
+
+    def visit(jaxpr):
+      for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+          unrolls.append(eqn.params["unroll"])
+        for sub in test_utils.jaxprs_in_params(eqn.params):
+          visit(sub)
+
+    visit(jax.make_jaxpr(grad)(carry, xs).jaxpr)
+    self.assertGreaterEqual(len(unrolls), 2)  # The forward and backward sweeps.
+    self.assertEqual(set(unrolls), {3})
 
   def test_closed_over_values_get_their_summed_cotangents(self):
     carry, xs = inputs(6)
