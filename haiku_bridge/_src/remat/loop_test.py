@@ -118,6 +118,29 @@ class ResolvedTest(absltest.TestCase):
       self.assertEqual(asked, [STEPS])
       self.assertEqual(resolved, loop.Loop("binomial", unroll=2, slots=3))
 
+  def test_the_loop_runs_each_choice_as_planned(self):
+    # Whatever the plan chose, the loop runs that: its slots, its groups,
+    # the policy only where the choice runs under it.
+    policy = jax.checkpoint_policies.dots_saveable
+    auto = loop.Loop(remat="auto", policy=policy, memory_budget=1 << 20,
+                     unroll=2)
+    candidate = lambda remat, slots=None, groups=None, policy=None: (
+        remat_plan.RematCandidate(remat, slots, groups, 0, 0, 0, policy))
+    for choice, runs in (
+        (candidate("binomial", slots=3),
+         loop.Loop("binomial", unroll=2, slots=3)),
+        (candidate("nested", slots=5, groups=4),
+         loop.Loop("nested", groups=4, unroll=2)),
+        (candidate(True, policy=remat_plan.policy_name(policy)),
+         loop.Loop(True, policy, unroll=2)),
+        (candidate(True), loop.Loop(True, unroll=2)),
+        (candidate(False), loop.Loop(False, unroll=2))):
+      with mock.patch.object(remat_plan, "loop_plan",
+                             lambda *_, choice=choice: mock.Mock(
+                                 choice=choice)):
+        self.assertEqual(loop.resolved(auto, step(W), H, XS, STEPS), runs,
+                         choice)
+
   def test_plain_at_init_for_a_whole_pipelined_stack_and_without_steps(self):
     for run in (lambda: self.in_transform(init=True),
                 lambda: self.resolved(whole_pipelined_stack=True)):
@@ -195,6 +218,13 @@ class OptionsTest(parameterized.TestCase):
         loop.schedule("binomial", 100, None),
         loop.remat_schedule.binomial(
             100, loop.remat_schedule.fewest_binomial_slots(100, 99)))
+    # Built and counted: within T - 1 recomputed steps, and one slot fewer
+    # is not (9 and 65 steps: one slot fewer recomputes exactly T).
+    for length in (9, 65, 100):
+      got = loop.schedule("binomial", length, None)
+      fewer = loop.remat_schedule.binomial(length, got.num_slots - 1)
+      self.assertLessEqual(got.recomputed_steps, length - 1, length)
+      self.assertGreater(fewer.recomputed_steps, length - 1, length)
 
 if __name__ == "__main__":
   absltest.main()

@@ -681,38 +681,6 @@ class BudgetTest(parameterized.TestCase):
     self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE))
     self.assertIn(made[-1].choice.remat, ("binomial", "nested"))
 
-  def test_a_miss_at_one_slot_count_moves_only_that_plan(self):
-    # XLA compiles one count of slots over the line (as near T): the plan
-    # passes over that count to the next fewer slots, the others'
-    # predictions untouched, rather than ruling out every schedule.
-    init, xs = jnp.zeros([4, 16]), jnp.ones([64, 4, 16])
-    loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
-    by_slots = {k.slots: k for k in loose.candidates if k.remat == "binomial"}
-    budget = by_slots[6].temporaries
-    real = remat_plan._measure
-
-    def over_at_six(step, consts, length, remat, policy=None, **options):
-      got = real(step, consts, length, remat, policy, **options)
-      if getattr(remat, "num_slots", None) == 6:
-        return got._replace(bytes=got.bytes + budget // 2)
-      return got
-
-    with mock.patch.dict(os.environ, {
-        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
-      caches.clear_caches()
-      try:
-        with mock.patch.object(remat_plan, "_measure", over_at_six):
-          made = hkb.remat_plan(_step, init, xs, memory_budget=budget,
-                                max_recompute=math.inf)
-      finally:
-        caches.clear_caches()
-    self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 5))
-    # The counts not compiled keep their predictions.
-    after = {k.slots: k.temporaries for k in made.candidates
-             if k.remat == "binomial"}
-    self.assertEqual({s: after[s] for s in (2, 3, 4, 7)},
-                     {s: by_slots[s].temporaries for s in (2, 3, 4, 7)})
-
   def _plan_with(self, measure, init, xs, budget):
     """`hkb.remat_plan` with `_measure` replaced, nothing cached before or kept after."""
     with mock.patch.dict(os.environ, {
@@ -725,14 +693,41 @@ class BudgetTest(parameterized.TestCase):
       finally:
         caches.clear_caches()
 
+  def _loose(self, length):
+    """`_step`'s inputs for `length` steps, and its schedules' plans by slots (no budget)."""
+    init, xs = jnp.zeros([4, 16]), jnp.ones([length, 4, 16])
+    loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
+    return init, xs, {k.slots: k for k in loose.candidates
+                      if k.remat == "binomial"}
+
+  def test_a_miss_at_one_slot_count_moves_only_that_plan(self):
+    # XLA compiles one count of slots over the line (as near T): the plan
+    # passes over that count to the next fewer slots, the others'
+    # predictions untouched, rather than ruling out every schedule.
+    init, xs, by_slots = self._loose(64)
+    budget = by_slots[6].temporaries
+    real = remat_plan._measure
+
+    def over_at_six(step, consts, length, remat, policy=None, **options):
+      got = real(step, consts, length, remat, policy, **options)
+      if getattr(remat, "num_slots", None) == 6:
+        return got._replace(bytes=got.bytes + budget // 2)
+      return got
+
+    made = self._plan_with(over_at_six, init, xs, budget)
+    self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 5))
+    # The counts not compiled keep their predictions.
+    after = {k.slots: k.temporaries for k in made.candidates
+             if k.remat == "binomial"}
+    self.assertEqual({s: after[s] for s in (2, 3, 4, 7)},
+                     {s: by_slots[s].temporaries for s in (2, 3, 4, 7)})
+
   def test_a_second_schedule_off_the_line_moves_no_other_prediction(self):
     # The budget's schedule (6 slots) compiles 4 carries over the line of
     # one slot and a carry per slot: the line is then drawn through the
     # most slots instead, so every count not compiled keeps the prediction
     # it has with no miss, and 6 slots its compiled bytes.
-    init, xs = jnp.zeros([4, 16]), jnp.ones([64, 4, 16])
-    loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
-    by_slots = {k.slots: k for k in loose.candidates if k.remat == "binomial"}
+    init, xs, by_slots = self._loose(64)
     budget = by_slots[6].temporaries
     miss = 4 * 4 * 16 * 4  # Four carries' bytes.
     real = remat_plan._measure
@@ -755,13 +750,34 @@ class BudgetTest(parameterized.TestCase):
     self.assertEqual([after[6]], compiled)
     self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 5))
 
+  def test_after_its_checks_a_plan_takes_a_compiled_one_that_fits(self):
+    # Every schedule but one slot's compiles over its prediction: each
+    # check finds its choice over the budget, and after the last one the
+    # plan is one slot's, compiled within the budget, not an error.
+    init, xs, by_slots = self._loose(64)
+    budget = by_slots[6].temporaries
+    real = remat_plan._measure
+    checked = []
+
+    def over_but_one_slot(step, consts, length, remat, policy=None,
+                          **options):
+      got = real(step, consts, length, remat, policy, **options)
+      slots = getattr(remat, "num_slots", 1)
+      if slots > 1:
+        checked.append(slots)
+        return got._replace(bytes=got.bytes + budget)
+      return got
+
+    made = self._plan_with(over_but_one_slot, init, xs, budget)
+    self.assertGreater(len(checked), remat_plan._CHECKS)
+    self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 1))
+    self.assertLessEqual(made.choice.temporaries, budget)
+
   def test_a_schedule_over_the_budget_gives_way_to_one_slot_fewer(self):
     # Past 16 slots the candidates are about 20% apart; where the count the
     # budget holds compiles over it, the next choice is that count less
     # one, not the next candidate down.
-    init, xs = jnp.zeros([4, 16]), jnp.ones([256, 4, 16])
-    loose = hkb.remat_plan(_step, init, xs, memory_budget=1 << 30)
-    by_slots = {k.slots: k for k in loose.candidates if k.remat == "binomial"}
+    init, xs, by_slots = self._loose(256)
     listed = sorted(s for s in by_slots if 30 <= s <= 50)
     low, high = listed[0], listed[1]
     self.assertGreater(high - low, 2)
@@ -1283,6 +1299,14 @@ class RecomputeBoundTest(absltest.TestCase):
                                 f"{plain.temporaries} bytes"):
       hkb.remat_plan(step, h, xs, memory_budget=plain.temporaries - 1,
                      max_recompute=0)
+    # max_recompute=1: remat=True's one pass is within it, where it fits.
+    per_step = hkb.remat_plan(step, h, xs, memory_budget=1 << 30).candidates[1]
+    self.assertIs(per_step.remat, True)
+    self.assertEqual(per_step.recomputed_steps, self.LENGTH)
+    self.assertLess(per_step.temporaries, plain.temporaries)
+    self.assertEqual(hkb.remat_plan(step, h, xs, max_recompute=1,
+                                    memory_budget=per_step.temporaries
+                                    ).choice, per_step)
 
 
 if __name__ == "__main__":
