@@ -107,7 +107,8 @@ class ShardingRules:
       is a `PartitionSpec`; a tuple or list is turned into one.
     stacked: the layer stacks whose parameters carry a leading layer axis, as
       patterns of a path prefix: a parameter gets one layer axis for each
-      prefix of its path (at a `/`) that ends with a match of one of them. So
+      prefix of its path (at a `/`) that ends with a match of one of them
+      (where several match one prefix, the first one's mesh axes). So
       `"encoder"` covers `net/encoder/mlp/w`, `"net/encoder"` covers the same
       and not `other/encoder/...`, and `"__layer_stack_no_per_layer"` (the
       default name of `layer_scan` and `hk.layer_stack`) covers every unnamed

@@ -181,6 +181,16 @@ class ShardingRulesTest(parameterized.TestCase):
     self.assertEqual(rules.spec_for("net/other/w1", (8, 8)), P("model"))
     self.assertEqual(rules.spec_for("net/other/w2", (8, 8)), P("data"))
 
+  def test_a_stack_two_patterns_match_has_one_layer_axis_the_firsts(self):
+    # One layer axis per prefix of the path, however many patterns match it;
+    # its mesh axes are the first matching pattern's, as rules' first wins.
+    for stacked, layer in (({"blocks": "data", "net/blocks": None}, "data"),
+                           ({"net/blocks": None, "blocks": "data"}, None)):
+      rules = sharding.ShardingRules([(r"w$", P(None, "model"))],
+                                     stacked=stacked)
+      self.assertEqual(rules.spec_for("net/blocks/linear/w", (4, 8, 16)),
+                       P(layer, None, "model"))
+
   def test_pairs_and_tuples_are_accepted(self):
     params = {"a": {"w": jnp.zeros([4, 8])}}
     specs = sharding.param_specs(params, [(r"w$", (None, "model"))])
