@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -875,6 +876,74 @@ class LayoutCacheTest(layout_cache.LayoutCacheCases):
 
 def child_configured_apply(path: str) -> None:
   layout_cache.child_apply(path, configured_net, tuple(CONFIGURED), X)
+
+
+class _TwoHeads(nn.Module):
+  """Each method makes its own params (Linen builds submodules lazily)."""
+
+  def setup(self):
+    self.narrow, self.wide = nn.Dense(3), nn.Dense(5)
+
+  def __call__(self, x):
+    return self.narrow(x)
+
+  def widened(self, x):
+    return self.wide(x)
+
+
+class _Counted(nn.Module):
+  """A counter only where a `noise` rng is given: the layout follows the rngs."""
+
+  @nn.compact
+  def __call__(self, x):
+    if self.has_rng("noise"):
+      seen = self.variable("counts", "seen", lambda: jnp.zeros((), jnp.int32))
+      seen.value += 1
+    return nn.Dense(3)(x)
+
+
+_DENSE, _TWO_HEADS, _COUNTED = nn.Dense(3), _TwoHeads(), _Counted()
+
+
+class LinenLayoutKeyTest(absltest.TestCase):
+  """One Linen module's calls that differ in arguments, method, rng streams or rngs keep their own layouts."""
+
+  def test_each_call_runs_as_with_no_cache(self):
+    x4, x5 = X, jnp.ones([6, 5])
+    calls = {
+        "width 4": lambda x: hkb.from_flax(_DENSE)(x),
+        "width 5": lambda x: hkb.from_flax(_DENSE)(x),
+        "__call__": lambda x: hkb.from_flax(_TWO_HEADS)(x),
+        "widened": lambda x: hkb.from_flax(_TWO_HEADS, method="widened")(x),
+        "a noise stream": lambda x: hkb.from_flax(
+            _COUNTED, rng_streams=("noise",))(x),
+        "no stream": lambda x: hkb.from_flax(_COUNTED, rng_streams=())(x),
+        "noise per call": lambda x: hkb.from_flax(_COUNTED, rng_streams=())(
+            x, rngs={"noise": hk.next_rng_key()}),
+    }
+    inputs = {name: x5 if name == "width 5" else x4 for name in calls}
+    nets = {name: hk.transform_with_state(f) for name, f in calls.items()}
+    rng = jax.random.PRNGKey(3)
+
+    def run(name, params, state):
+      return nets[name].apply(params, state, rng, inputs[name])
+
+    with caches.disabled():
+      cold = {name: run(name, *net.init(rng, inputs[name]))
+              for name, net in nets.items()}
+    with mock.patch.object(caches, "_enabled", True):
+      caches.clear_caches()
+      initialized = {name: net.init(rng, inputs[name])
+                     for name, net in nets.items()}
+      warm = {name: run(name, *initialized[name]) for name in nets}
+    # The counter's state where a noise rng is given, and only there.
+    self.assertEqual({name: "seen" in str(cold[name][1])
+                      for name in ("a noise stream", "no stream",
+                                   "noise per call")},
+                     {"a noise stream": True, "no stream": False,
+                      "noise per call": True})
+    for name in calls:
+      chex.assert_trees_all_equal(warm[name], cold[name])
 
 
 # ---------------------------------------------------------------------------

@@ -123,6 +123,25 @@ class ForeignModuleTest(absltest.TestCase):
     foreign_module.abstract_layout(recipe)
     self.assertLen(calls, 2)
 
+  def test_a_layout_key_changes_with_what_the_build_depends_on(self):
+    # The abstract build draws its keys from the PRNG implementation (an
+    # NNX module's rng state is key data of its shape), makes float64
+    # arrays under x64, and is the adapter's own (`kind`).
+    code = lambda rngs: None
+    key = lambda kind="t", value=1: foreign_module.layout_key(kind, code,
+                                                              value)
+    same = key()
+    self.assertIsNotNone(same)
+    self.assertEqual(key(), same)
+    changed = {"kind": key(kind="u"), "value": key(value=2)}
+    with jax.default_prng_impl("rbg"):
+      changed["PRNG implementation"] = key()
+    with jax.enable_x64(True):
+      changed["x64"] = key()
+    for what, other in changed.items():
+      self.assertNotIn(other, (same, None), what)
+    self.assertLen(set(changed.values()), len(changed))
+
   def test_with_state(self):
     f = hk.transform(lambda: hk.get_parameter("w", [], init=jnp.zeros))
     self.assertIsInstance(foreign_module.with_state(f),
