@@ -170,6 +170,40 @@ class CustomVjpTest(parameterized.TestCase):
     self.assertEqual(test_utils.primitive_counts(loss(ours), params),
                      test_utils.primitive_counts(loss(theirs), params))
 
+  def test_rule_with_its_own_out_draws_keys_as_inline(self):
+    # `out` is not f_pure's own, and `f` is stateless but draws a key: the
+    # bridge runs `f` once more for the rng state after the block, so the
+    # key drawn after it is inline's.
+    f = lambda x: hk.dropout(hk.next_rng_key(), 0.5, hk.Linear(4)(x))
+    fwd = lambda f_pure, p, x: (f_pure(p, x) + 0.0, None)
+    block = custom_grad.custom_vjp(f, fwd, lambda _, g: (None, None))
+    body = lambda f: lambda x: (f(x), hk.dropout(hk.next_rng_key(), 0.5, X))
+    ours, inline = hk.transform(body(block)), hk.transform(body(f))
+    params = inline.init(KEY, X)
+    # Under jax.vjp, so that the block runs its fwd rule.
+    got = jax.vjp(lambda p: ours.apply(p, KEY, X), params)[0]
+    chex.assert_trees_all_close(got, inline.apply(params, KEY, X), **TOL)
+
+  def test_rule_returning_f_pures_out_runs_f_once(self):
+    # As documented: a fwd that returns f_pure's output on its primals runs
+    # `f` no more than it does; any other `out` costs one more run (for the
+    # block's new state).
+    runs = []
+
+    def f(x):
+      runs.append(None)
+      return stateful_dropout_mlp(x)
+
+    def count(fwd):
+      net = hk.transform_with_state(custom_grad.custom_vjp(f, fwd, bwd_remat))
+      params, state = net.init(KEY, X)
+      del runs[:]
+      jax.vjp(lambda p: net.apply(p, state, KEY, X), params)
+      return len(runs)
+
+    copy = lambda f_pure, p, x: (f_pure(p, x) + 0.0, (f_pure, p, x))
+    self.assertEqual(count(copy), count(fwd_remat) + 1)
+
   def test_scaled_weight_gradient(self):
     # The block's weights learn at half speed; the input cotangent stays
     # exact, so the layer before the block keeps its true gradient.
