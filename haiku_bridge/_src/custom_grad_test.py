@@ -204,6 +204,31 @@ class CustomVjpTest(parameterized.TestCase):
     copy = lambda f_pure, p, x: (f_pure(p, x) + 0.0, (f_pure, p, x))
     self.assertEqual(count(copy), count(fwd_remat) + 1)
 
+  def test_cotangents_come_back_in_the_primals_dtypes(self):
+    # As jax.grad gives them: bwd's bfloat16 cotangents of float32 params
+    # are float32 gradients.
+    to_bf16 = lambda vjp_fn, g: jax.tree.map(
+        lambda c: c.astype(jnp.bfloat16), vjp_fn(g))
+    grads = grad_of(custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, to_bf16))
+    true_grads = grad_of(mlp)
+    self.assertEqual(jax.tree.map(lambda g: g.dtype, grads),
+                     jax.tree.map(lambda g: g.dtype, true_grads))
+    chex.assert_trees_all_close(grads, true_grads, rtol=2e-2, atol=2e-2)
+
+  def test_bwd_rerunning_f_sees_the_getters_of_the_call(self):
+    # bwd runs after the block's call returned, outside the custom_getter
+    # scope around it; a rerun of `f` there reads its params as inline.
+    double = lambda next_getter, value, context: next_getter(2.0 * value)
+
+    def body(f):
+      def with_getter(x):
+        with hk.custom_getter(double):
+          return f(x)
+      return with_getter
+
+    block = custom_grad.custom_vjp(stateful_dropout_mlp, fwd_remat, bwd_remat)
+    assert_same_as_inline(self, body(block), body(stateful_dropout_mlp))
+
   def test_scaled_weight_gradient(self):
     # The block's weights learn at half speed; the input cotangent stays
     # exact, so the layer before the block keeps its true gradient.
@@ -357,6 +382,13 @@ class CustomJvpTest(parameterized.TestCase):
         for f in (hk.transform_with_state(deep(block)),
                   hk.transform_with_state(deep(stateful_dropout_mlp)))]
     chex.assert_trees_all_close(outs[0], outs[1], **TOL)
+
+  def test_integer_output_has_float0_tangents(self):
+    # jax.jvp gives an integer output a float0 tangent: the rule may too.
+    f = lambda x: (mlp(x), jnp.argmax(x, axis=-1))
+    body = lambda f: lambda x: (lambda y, i: y * i[:, None])(*f(x))
+    assert_same_as_inline(self, body(custom_grad.custom_jvp(f, true_jvp)),
+                          body(f))
 
   def test_check_grads_both_modes(self):
     block = custom_grad.custom_jvp(mlp, true_jvp)
@@ -555,6 +587,14 @@ class ErrorsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r"fwd's out at \[1\] is a str "
                                 r"'other', but f's output there is a str "
                                 r"'tag'"):
+      grad_of(lambda x: block(x)[0])
+    # An equal value of another type is another output too.
+    block = custom_grad.custom_vjp(
+        lambda x: (mlp(x), 3),
+        lambda f_pure, p, x: ((f_pure(p, x)[0], 3.0), None),
+        lambda r, g: (None, None))
+    with self.assertRaisesRegex(ValueError, r"fwd's out at \[1\] is .*3\.0.*"
+                                r"f's output there is .*3"):
       grad_of(lambda x: block(x)[0])
 
   def test_jvp_wrong_tangent(self):
