@@ -232,6 +232,36 @@ class InlineRuleTest(parameterized.TestCase):
     self.assertEqual(seen[-1], ["mlp/~/linear_0", "mlp/~/linear_1"])
     self.assertIn("outer/mlp/~/linear_0", params)
 
+  def test_init_given_as_transformed_takes_its_names(self):
+    # An inline module after the call is numbered on, at apply as at init.
+    inner = hk.transform(mlp_fn)
+    pure = lambda params, x: inner.apply(params, None, x)
+    assert_same_model(
+        self, lambda x: mlp_fn(hkb.call_pure(pure, x, init=inner)),
+        lambda x: mlp_fn(mlp_fn(x)), X)
+
+  def test_init_given_as_transformed_getters_see_each_param_once(self):
+    seen = []
+
+    def getter(next_getter, value, context):
+      seen.append(context.full_name)
+      return next_getter(value)
+
+    inner = hk.transform(mlp_fn)
+    names = []
+    # Not through `inner.apply`: Haiku's getters are in force in a nested
+    # transform too.
+    for body in (lambda x: hkb.get_relevant_parameters(inner, x), mlp_fn):
+      del seen[:]
+
+      def with_getter(x, body=body):
+        with hk.custom_getter(getter):
+          return body(x)
+
+      hk.transform(with_getter).init(KEY, X)
+      names.append(sorted(seen))
+    self.assertEqual(names[0], names[1])
+
   def test_init_may_be_fn_itself(self):
     inner = hk.transform(mlp_fn)
     assert_same_model(self, lambda x: hkb.call_pure(inner, x, init=inner),
