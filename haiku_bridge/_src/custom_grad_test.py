@@ -170,19 +170,25 @@ class CustomVjpTest(parameterized.TestCase):
     self.assertEqual(test_utils.primitive_counts(loss(ours), params),
                      test_utils.primitive_counts(loss(theirs), params))
 
-  def test_rule_with_its_own_out_draws_keys_as_inline(self):
-    # `out` is not f_pure's own, and `f` is stateless but draws a key: the
-    # bridge runs `f` once more for the rng state after the block, so the
-    # key drawn after it is inline's.
-    f = lambda x: hk.dropout(hk.next_rng_key(), 0.5, hk.Linear(4)(x))
+  @parameterized.named_parameters(
+      ("draws_a_key", KEY,
+       lambda x: hk.dropout(hk.next_rng_key(), 0.5, hk.Linear(4)(x))),
+      ("writes_state_it_never_reads", None,
+       lambda x: (hk.set_state("last", jnp.sum(x)), hk.Linear(4)(x))[1]))
+  def test_rule_with_its_own_out_runs_f_for_rng_and_state(self, rng, f):
+    # `out` is not f_pure's own, and `f` reads no state: the bridge runs `f`
+    # once more for the rng and state after the block, so the key drawn
+    # after it and the new state are inline's.
     fwd = lambda f_pure, p, x: (f_pure(p, x) + 0.0, None)
     block = custom_grad.custom_vjp(f, fwd, lambda _, g: (None, None))
-    body = lambda f: lambda x: (f(x), hk.dropout(hk.next_rng_key(), 0.5, X))
-    ours, inline = hk.transform(body(block)), hk.transform(body(f))
-    params = inline.init(KEY, X)
-    # Under jax.vjp, so that the block runs its fwd rule.
-    got = jax.vjp(lambda p: ours.apply(p, KEY, X), params)[0]
-    chex.assert_trees_all_close(got, inline.apply(params, KEY, X), **TOL)
+    body = lambda f: lambda x: (f(x), hk.maybe_next_rng_key())
+    ours, inline = (hk.transform_with_state(body(g)) for g in (block, f))
+    params, state = inline.init(KEY, X)
+    # Under jax.vjp, so that the block runs its fwd rule; on another input
+    # than init's, so that the state changes.
+    got = jax.vjp(lambda p: ours.apply(p, state, rng, 2 * X), params)[0]
+    chex.assert_trees_all_close(got, inline.apply(params, state, rng, 2 * X),
+                                **TOL)
 
   def test_rule_returning_f_pures_out_runs_f_once(self):
     # As documented: a fwd that returns f_pure's output on its primals runs
