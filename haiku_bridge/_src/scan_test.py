@@ -231,6 +231,14 @@ class UnrolledLoopTest(parameterized.TestCase):
         lambda c, x: (block(c + x["shift"]), {"norm": jnp.sum(c ** 2)}), xs,
         unroll=2, remat=remat)
 
+  def test_unroll_reaches_the_scan(self):
+    # Cost only, so seen in the jaxpr: jax.lax.scan's own `unroll`.
+    f = hk.transform(lambda x: scan.layer_scan(
+        lambda c, _: (block(c), None), x, num_layers=DEPTH, unroll=2)[0])
+    jaxpr = jax.make_jaxpr(lambda p: f.apply(p, None, X))(f.init(KEY, X))
+    self.assertEqual([e.params["unroll"] for e in jaxpr.eqns
+                      if e.primitive.name == "scan"], [2])
+
   def test_transformed_layer(self):
     layer = hk.transform(lambda c, _: (block(c), jnp.mean(c)))
     ours = hk.transform(lambda x: scan.layer_scan(layer, x,
