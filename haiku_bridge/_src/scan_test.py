@@ -629,5 +629,20 @@ class ErrorsTest(parameterized.TestCase):
       f.init(KEY, X)
 
 
+  def test_transformed_layer_with_init(self):
+    layer = hk.transform(as_carry_layer(block))
+    f = hk.transform(lambda x: scan.layer_scan(
+        layer, x, num_layers=DEPTH, init=lambda rng, c, x: {}))
+    with self.assertRaisesRegex(TypeError, "brings its own init; do not pass "
+                                "`init=` as well"):
+      f.init(KEY, X)
+
+  def test_params_for_another_depth(self):
+    f = hk.transform(lambda x, n: scan.repeat_layer(block, x, n))
+    with self.assertRaisesRegex(ValueError, r"a stack of 3 layers, but this "
+                                "call runs num_layers=4"):
+      f.apply(f.init(KEY, X, 3), None, X, 4)
+
+
 if __name__ == "__main__":
   absltest.main()
