@@ -60,6 +60,12 @@ class StackedInitTest(absltest.TestCase):
     chex.assert_trees_all_equal(ours.init(KEY, X)["stack"],
                                 theirs.init(KEY, X)[f"{STACK}/~"])
 
+  def test_keyword_arguments_reach_each_layer(self):
+    init = stacked_init.stacked_init(lambda rng, x, scale: {"v": scale * x},
+                                     DEPTH)
+    chex.assert_trees_all_equal(init(KEY, X, scale=2.0)["v"],
+                                jnp.stack([2.0 * X] * DEPTH))
+
   def test_in_axes(self):
     xs = jnp.arange(DEPTH, dtype=jnp.float32)
     init = stacked_init.stacked_init(lambda rng, x: {"v": x * jnp.ones([2])},
