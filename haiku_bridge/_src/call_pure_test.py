@@ -232,6 +232,41 @@ class InlineRuleTest(parameterized.TestCase):
     self.assertEqual(seen[-1], ["mlp/~/linear_0", "mlp/~/linear_1"])
     self.assertIn("outer/mlp/~/linear_0", params)
 
+  def test_init_given_as_transformed_takes_its_names(self):
+    # An inline module after the call is numbered on, at apply as at init.
+    inner = hk.transform(mlp_fn)
+    pure = lambda params, x: inner.apply(params, None, x)
+    assert_same_model(
+        self, lambda x: mlp_fn(hkb.call_pure(pure, x, init=inner)),
+        lambda x: mlp_fn(mlp_fn(x)), X)
+
+  def test_init_given_as_transformed_getters_see_each_param_once(self):
+    seen = []
+
+    def getter(next_getter, value, context):
+      seen.append(context.full_name)
+      return next_getter(value)
+
+    inner = hk.transform(mlp_fn)
+    names = []
+    # Not through `inner.apply`: Haiku's getters are in force in a nested
+    # transform too.
+    for body in (lambda x: hkb.get_relevant_parameters(inner, x), mlp_fn):
+      del seen[:]
+
+      def with_getter(x, body=body):
+        with hk.custom_getter(getter):
+          return body(x)
+
+      hk.transform(with_getter).init(KEY, X)
+      names.append(sorted(seen))
+    self.assertEqual(names[0], names[1])
+
+  def test_init_may_be_fn_itself(self):
+    inner = hk.transform(mlp_fn)
+    assert_same_model(self, lambda x: hkb.call_pure(inner, x, init=inner),
+                      mlp_fn, X)
+
 
 class Pair(NamedTuple):
   first: jax.Array
@@ -388,6 +423,19 @@ class KeyPathRuleTest(parameterized.TestCase):
     # `init` may be traced for shapes, but no op of it reaches the jaxpr.
     self.assertNotIn("random_bits", str(jaxpr))
     self.assertNotIn("threefry2x32", str(jaxpr))
+
+  def test_keyword_arguments_reach_fn_and_init(self):
+    scaled = lambda params, x, features, scale: dense(params, x) * scale
+    init = lambda rng, x, features, scale: init_dense(rng, x, features)
+    f = hk.transform(lambda x: hkb.call_pure(scaled, x, init=init,
+                                             features=7, scale=3.0))
+    params = f.init(KEY, X)
+    # Inline code drawing one key from Haiku's sequence for the same init.
+    expected = hk.transform(
+        lambda x: init_dense(hk.next_rng_key(), x, 7)).apply({}, KEY, X)
+    chex.assert_trees_all_equal(params["~"], expected)
+    chex.assert_trees_all_close(f.apply(params, None, X),
+                                3.0 * dense(expected, X), rtol=1e-6)
 
 
 def _random_tree(rng, depth):
@@ -860,10 +908,11 @@ class ErrorsTest(parameterized.TestCase):
       ("jax_checkpoint", lambda body, xs: jax.checkpoint(body)(xs)),
   )
   def test_init_inside_raw_jax_transform(self, wrap):
-    body = lambda x: hkb.call_pure(dense, x, init=init_dense)
-    f = hk.transform(lambda xs: wrap(body, xs))
-    with self.assertRaisesRegex(ValueError, "raw JAX transform.*hk.scan"):
-      f.init(KEY, jnp.stack([X, X]))
+    for body in (lambda x: hkb.call_pure(dense, x, init=init_dense),
+                 lambda x: hkb.call_pure(hk.transform(mlp_fn), x)):
+      f = hk.transform(lambda xs, body=body: wrap(body, xs))
+      with self.assertRaisesRegex(ValueError, "raw JAX transform.*hk.scan"):
+        f.init(KEY, jnp.stack([X, X]))
 
   def test_fn_not_callable(self):
     f = hk.transform(lambda x: hkb.call_pure(3, x, init=init_dense))
@@ -892,9 +941,11 @@ class ErrorsTest(parameterized.TestCase):
 
   def test_multi_transform(self):
     multi = hk.multi_transform(lambda: (lambda x: x, (lambda x: x,)))
-    f = hk.transform(lambda x: hkb.call_pure(multi, x))
-    with self.assertRaisesRegex(TypeError, "hk.multi_transform result"):
-      f.init(KEY, X)
+    for call in (lambda x: hkb.call_pure(multi, x),
+                 lambda x: hkb.call_pure(dense, x, init=multi),
+                 lambda x: hkb.get_relevant_parameters(multi, x)):
+      with self.assertRaisesRegex(TypeError, "hk.multi_transform result"):
+        hk.transform(call).init(KEY, X)
 
   def test_transformed_fn_and_init(self):
     inner = hk.transform(mlp_fn)

@@ -170,6 +170,71 @@ class CustomVjpTest(parameterized.TestCase):
     self.assertEqual(test_utils.primitive_counts(loss(ours), params),
                      test_utils.primitive_counts(loss(theirs), params))
 
+  @parameterized.named_parameters(
+      ("draws_a_key", KEY,
+       lambda x: hk.dropout(hk.next_rng_key(), 0.5, hk.Linear(4)(x))),
+      ("writes_state_it_never_reads", None,
+       lambda x: (hk.set_state("last", jnp.sum(x)), hk.Linear(4)(x))[1]))
+  def test_rule_with_its_own_out_runs_f_for_rng_and_state(self, rng, f):
+    # `out` is not f_pure's own, and `f` reads no state: the bridge runs `f`
+    # once more for the rng and state after the block, so the key drawn
+    # after it and the new state are inline's.
+    fwd = lambda f_pure, p, x: (f_pure(p, x) + 0.0, None)
+    block = custom_grad.custom_vjp(f, fwd, lambda _, g: (None, None))
+    body = lambda f: lambda x: (f(x), hk.maybe_next_rng_key())
+    ours, inline = (hk.transform_with_state(body(g)) for g in (block, f))
+    params, state = inline.init(KEY, X)
+    # Under jax.vjp, so that the block runs its fwd rule; on another input
+    # than init's, so that the state changes.
+    got = jax.vjp(lambda p: ours.apply(p, state, rng, 2 * X), params)[0]
+    chex.assert_trees_all_close(got, inline.apply(params, state, rng, 2 * X),
+                                **TOL)
+
+  def test_rule_returning_f_pures_out_runs_f_once(self):
+    # As documented: a fwd that returns f_pure's output on its primals runs
+    # `f` no more than it does; any other `out` costs one more run (for the
+    # block's new state).
+    runs = []
+
+    def f(x):
+      runs.append(None)
+      return stateful_dropout_mlp(x)
+
+    def count(fwd):
+      net = hk.transform_with_state(custom_grad.custom_vjp(f, fwd, bwd_remat))
+      params, state = net.init(KEY, X)
+      del runs[:]
+      jax.vjp(lambda p: net.apply(p, state, KEY, X), params)
+      return len(runs)
+
+    copy = lambda f_pure, p, x: (f_pure(p, x) + 0.0, (f_pure, p, x))
+    self.assertEqual(count(copy), count(fwd_remat) + 1)
+
+  def test_cotangents_come_back_in_the_primals_dtypes(self):
+    # As jax.grad gives them: bwd's bfloat16 cotangents of float32 params
+    # are float32 gradients.
+    to_bf16 = lambda vjp_fn, g: jax.tree.map(
+        lambda c: c.astype(jnp.bfloat16), vjp_fn(g))
+    grads = grad_of(custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, to_bf16))
+    true_grads = grad_of(mlp)
+    self.assertEqual(jax.tree.map(lambda g: g.dtype, grads),
+                     jax.tree.map(lambda g: g.dtype, true_grads))
+    chex.assert_trees_all_close(grads, true_grads, rtol=2e-2, atol=2e-2)
+
+  def test_bwd_rerunning_f_sees_the_getters_of_the_call(self):
+    # bwd runs after the block's call returned, outside the custom_getter
+    # scope around it; a rerun of `f` there reads its params as inline.
+    double = lambda next_getter, value, context: next_getter(2.0 * value)
+
+    def body(f):
+      def with_getter(x):
+        with hk.custom_getter(double):
+          return f(x)
+      return with_getter
+
+    block = custom_grad.custom_vjp(stateful_dropout_mlp, fwd_remat, bwd_remat)
+    assert_same_as_inline(self, body(block), body(stateful_dropout_mlp))
+
   def test_scaled_weight_gradient(self):
     # The block's weights learn at half speed; the input cotangent stays
     # exact, so the layer before the block keeps its true gradient.
@@ -323,6 +388,13 @@ class CustomJvpTest(parameterized.TestCase):
         for f in (hk.transform_with_state(deep(block)),
                   hk.transform_with_state(deep(stateful_dropout_mlp)))]
     chex.assert_trees_all_close(outs[0], outs[1], **TOL)
+
+  def test_integer_output_has_float0_tangents(self):
+    # jax.jvp gives an integer output a float0 tangent: the rule may too.
+    f = lambda x: (mlp(x), jnp.argmax(x, axis=-1))
+    body = lambda f: lambda x: (lambda y, i: y * i[:, None])(*f(x))
+    assert_same_as_inline(self, body(custom_grad.custom_jvp(f, true_jvp)),
+                          body(f))
 
   def test_check_grads_both_modes(self):
     block = custom_grad.custom_jvp(mlp, true_jvp)
@@ -521,6 +593,14 @@ class ErrorsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r"fwd's out at \[1\] is a str "
                                 r"'other', but f's output there is a str "
                                 r"'tag'"):
+      grad_of(lambda x: block(x)[0])
+    # An equal value of another type is another output too.
+    block = custom_grad.custom_vjp(
+        lambda x: (mlp(x), 3),
+        lambda f_pure, p, x: ((f_pure(p, x)[0], 3.0), None),
+        lambda r, g: (None, None))
+    with self.assertRaisesRegex(ValueError, r"fwd's out at \[1\] is .*3\.0.*"
+                                r"f's output there is .*3"):
       grad_of(lambda x: block(x)[0])
 
   def test_jvp_wrong_tangent(self):

@@ -57,12 +57,21 @@ def per_row(params, x):
   return jnp.stack([x[i] @ p["w"] for i, p in enumerate(params)])
 
 
-def run(init, *args):
-  """Init and apply of `call_pure(matmul, X, *args, init=init)`."""
+def run(init, *args, **kwargs):
+  """Init and apply of `call_pure(matmul, X, *args, init=init, **kwargs)`."""
   f = hk.transform(lambda x, *a: hkb.call_pure(
-      lambda p, x, *_: matmul(p, x), x, *a, init=init))
+      lambda p, x, *_, **__: matmul(p, x), x, *a, init=init, **kwargs))
   params = f.init(KEY, X, *args)
   return params, f.apply(params, None, X, *args)
+
+
+def temperature_context(temperature):
+  """The caches as `temperature` says: cleared now, kept, or off."""
+  if temperature == "off":
+    return caches.disabled()
+  if temperature == "cold":
+    hkb.clear_caches()
+  return contextlib.nullcontext()
 
 
 def run_child(test, function, path):
@@ -77,20 +86,54 @@ TEMPERATURES = (("cold", "cold"), ("warm", "warm"), ("off", "off"))
 
 class StructureTest(parameterized.TestCase):
 
-  def _apply(self, temperature, init, *args):
-    if temperature == "off":
-      with caches.disabled():
-        return run(init, *args)
-    if temperature == "cold":
-      hkb.clear_caches()
-    return run(init, *args)
+  def _apply(self, temperature, init, *args, **kwargs):
+    with temperature_context(temperature):
+      return run(init, *args, **kwargs)
 
   @parameterized.named_parameters(*TEMPERATURES)
-  def test_size_in_a_numpy_scalar(self, temperature):
-    for n in (np.int64(4), np.int64(5), np.int32(4)):
-      params, out = self._apply(temperature, init_sized_by, n)
-      np.testing.assert_allclose(out, X @ params["~"]["w"], rtol=1e-6)
-      self.assertEqual(out.shape, (2, int(n)))
+  def test_size_in_an_argument(self, temperature):
+    # A NumPy scalar is static (as inline code sees it); a keyword's value is
+    # part of the signature too; a NumPy array's is read from its value, so
+    # that structure is never kept.
+    for wrap in (np.int64, np.int32, lambda n: {"n": n}, np.array):
+      for n in (4, 5, 4):
+        size = wrap(n)
+        args, kwargs = ((), size) if isinstance(size, dict) else ((size,), {})
+        params, out = self._apply(temperature, init_sized_by, *args, **kwargs)
+        np.testing.assert_allclose(out, X @ params["~"]["w"], rtol=1e-6)
+        self.assertEqual(out.shape, (2, n))
+
+  @parameterized.named_parameters(*TEMPERATURES)
+  def test_a_structure_that_follows_the_key(self, temperature):
+    # The key's spec is part of the signature: an init whose params follow
+    # it is shaped afresh for a key of another implementation.
+    init = lambda rng, x: {"w": jnp.zeros([x.shape[-1], jnp.size(rng)])}
+    f = hk.transform(lambda x: hkb.call_pure(matmul, x, init=init))
+    saved = jax.config.jax_default_prng_impl
+    try:
+      for impl in ("threefry2x32", "rbg", "threefry2x32"):
+        jax.config.update("jax_default_prng_impl", impl)
+        key = jax.random.PRNGKey(0)
+        params = f.init(key, X)
+        with temperature_context(temperature):
+          out = f.apply(params, key, X)
+        self.assertEqual(out.shape, (2, key.size))
+    finally:
+      jax.config.update("jax_default_prng_impl", saved)
+
+  @parameterized.named_parameters(*TEMPERATURES)
+  def test_a_structure_that_follows_x64(self, temperature):
+    # Whether x64 is on is part of the signature: an init whose params follow
+    # the default float's width is shaped afresh when it changes.
+    init = lambda rng, x: {"w": jnp.zeros([x.shape[-1],
+                                           jnp.asarray(1.0).dtype.itemsize])}
+    f = hk.transform(lambda x: hkb.call_pure(matmul, x, init=init))
+    for x64 in (False, True, False):
+      with jax.enable_x64(x64):
+        params = f.init(KEY, X)
+        with temperature_context(temperature):
+          out = f.apply(params, None, X)
+        self.assertEqual(out.shape, (2, 8 if x64 else 4))
 
   @parameterized.named_parameters(*TEMPERATURES)
   def test_numpy_integer_and_bool_scalars_as_inline(self, temperature):
@@ -115,13 +158,7 @@ class StructureTest(parameterized.TestCase):
     for n, bias in ((np.int64(7), np.bool_(True)), (np.int32(5), np.True_),
                     (np.int64(7), np.bool_(False)), (7, True)):
       params = theirs.init(KEY, X, n, bias)
-      if temperature == "off":
-        context = caches.disabled()
-      else:
-        context = contextlib.nullcontext()
-        if temperature == "cold":
-          hkb.clear_caches()
-      with context:
+      with temperature_context(temperature):
         self.assertEqual(test_utils.param_shapes(ours.init(KEY, X, n, bias)),
                          test_utils.param_shapes(params))
         np.testing.assert_allclose(ours.apply(params, None, X, n, bias),

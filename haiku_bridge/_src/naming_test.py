@@ -65,6 +65,26 @@ class KeyPathTest(parameterized.TestCase):
       with naming.module_scope("layers_0", "['layers'][0]"):
         pass
 
+  @hk.testing.transform_and_run
+  def test_module_scope_of_a_method_scope_is_never_numbered(self):
+    # Ground truth: Haiku's own method scope, entered twice in one call.
+    class Module(hk.Module):
+
+      def encode(self):
+        return hk.Linear(1).module_name.rpartition("/")[0]
+
+      def __call__(self):
+        haiku = [self.encode(), self.encode()]
+        ours = []
+        for _ in range(2):
+          with naming.module_scope("~encode", "['~encode']['w']"):
+            ours.append(hk.experimental.current_name())
+        return haiku, ours
+
+    haiku, ours = Module()()
+    self.assertEqual(haiku, ["module/~encode"] * 2)
+    self.assertEqual(ours, haiku)
+
   def test_invalid_component(self):
     with self.assertRaisesRegex(ValueError, r"\['a-b'\]\['w'\].*'a-b'"):
       naming.key_path_components({"a-b": {"w": 1}})

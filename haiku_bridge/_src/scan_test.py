@@ -231,6 +231,14 @@ class UnrolledLoopTest(parameterized.TestCase):
         lambda c, x: (block(c + x["shift"]), {"norm": jnp.sum(c ** 2)}), xs,
         unroll=2, remat=remat)
 
+  def test_unroll_reaches_the_scan(self):
+    # Cost only, so seen in the jaxpr: jax.lax.scan's own `unroll`.
+    f = hk.transform(lambda x: scan.layer_scan(
+        lambda c, _: (block(c), None), x, num_layers=DEPTH, unroll=2)[0])
+    jaxpr = jax.make_jaxpr(lambda p: f.apply(p, None, X))(f.init(KEY, X))
+    self.assertEqual([e.params["unroll"] for e in jaxpr.eqns
+                      if e.primitive.name == "scan"], [2])
+
   def test_transformed_layer(self):
     layer = hk.transform(lambda c, _: (block(c), jnp.mean(c)))
     ours = hk.transform(lambda x: scan.layer_scan(layer, x,
@@ -619,6 +627,21 @@ class ErrorsTest(parameterized.TestCase):
     f = hk.transform(lambda x: scan.layer_scan(as_carry_layer(block), x))
     with self.assertRaisesRegex(ValueError, "needs `num_layers=`"):
       f.init(KEY, X)
+
+
+  def test_transformed_layer_with_init(self):
+    layer = hk.transform(as_carry_layer(block))
+    f = hk.transform(lambda x: scan.layer_scan(
+        layer, x, num_layers=DEPTH, init=lambda rng, c, x: {}))
+    with self.assertRaisesRegex(TypeError, "brings its own init; do not pass "
+                                "`init=` as well"):
+      f.init(KEY, X)
+
+  def test_params_for_another_depth(self):
+    f = hk.transform(lambda x, n: scan.repeat_layer(block, x, n))
+    with self.assertRaisesRegex(ValueError, r"a stack of 3 layers, but this "
+                                "call runs num_layers=4"):
+      f.apply(f.init(KEY, X, 3), None, X, 4)
 
 
 if __name__ == "__main__":

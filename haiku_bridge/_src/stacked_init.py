@@ -1,13 +1,16 @@
 """`stacked_init`: the init of one layer, made the init of a stack of them.
 
-Each layer gets its own key, drawn as `hk.layer_stack` draws them
-(`layer_keys`), so a stack initialised here has the values a Haiku layer
-stack of the same layer would have.
+Each layer's init gets the key that the same layer's init gets in
+`hk.layer_stack`: the first one drawn from that layer's rng sequence, whose
+key is drawn as `hk.layer_stack` draws them (`layer_keys`). So a stack
+initialised here has the values a Haiku layer stack of the same layer would
+have (and `repeat_layer` with the same `init`).
 """
 
 import dataclasses
 from typing import Any, Optional, Sequence
 
+import haiku as hk
 import jax
 import numpy as np
 
@@ -98,7 +101,12 @@ class _StackedInit:
     with errors.entry("stacked_init"):
       self._check_args(axes, args)
     keys = layer_keys(rng, self.num_layers)
-    one_layer = lambda key, *a: self.init(key, *a, **kwargs)
+
+    def one_layer(key, *a):
+      # A Haiku layer's init draws the first key of its rng sequence.
+      key = None if key is None else hk.PRNGSequence(key).next()
+      return self.init(key, *a, **kwargs)
+
     return jax.vmap(one_layer, in_axes=(None if keys is None else 0,) + axes,
                     axis_size=self.num_layers)(keys, *args)
 

@@ -44,6 +44,28 @@ class StackedInitTest(absltest.TestCase):
         f.apply(params, None, X),
         g.apply({f"{STACK}/~": params["stack"]}, None, X), rtol=1e-6)
 
+  def test_values_of_a_haiku_layer_stack(self):
+    # Ground truth: hk.layer_stack of the same layer written in Haiku, its
+    # weights drawn from the layer's own rng sequence at init.
+    def haiku_layer(x):
+      w = hk.get_parameter("w", [4, 4], init=lambda *_: init_dense(
+          hk.next_rng_key(), x)["w"])
+      b = hk.get_parameter("b", [4], init=jnp.zeros)
+      return dense({"w": w, "b": b}, x)
+
+    theirs = hk.transform(lambda x: hk.layer_stack(DEPTH)(haiku_layer)(x))
+    ours = hk.transform(lambda x: hkb.call_pure(
+        lambda p, x: x, x, init=stacked_init.stacked_init(init_dense, DEPTH),
+        name="stack"))
+    chex.assert_trees_all_equal(ours.init(KEY, X)["stack"],
+                                theirs.init(KEY, X)[f"{STACK}/~"])
+
+  def test_keyword_arguments_reach_each_layer(self):
+    init = stacked_init.stacked_init(lambda rng, x, scale: {"v": scale * x},
+                                     DEPTH)
+    chex.assert_trees_all_equal(init(KEY, X, scale=2.0)["v"],
+                                jnp.stack([2.0 * X] * DEPTH))
+
   def test_in_axes(self):
     xs = jnp.arange(DEPTH, dtype=jnp.float32)
     init = stacked_init.stacked_init(lambda rng, x: {"v": x * jnp.ones([2])},

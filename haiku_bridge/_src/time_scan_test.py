@@ -430,6 +430,14 @@ def stateful_step(linear):
   return f
 
 
+def kept_at_init(out):
+  """`out`, kept in the state at init, so that init's outputs are compared."""
+  for i, leaf in enumerate(jax.tree.leaves(out)):
+    hk.get_state(f"out_at_init_{i}", leaf.shape, leaf.dtype,
+                 init=lambda *_, leaf=leaf: leaf)
+  return out
+
+
 class ScanTest(parameterized.TestCase):
   """hkb.scan against hk.scan: state, rng, xs and ys, lengths, params made at init."""
 
@@ -473,7 +481,8 @@ class ScanTest(parameterized.TestCase):
 
     def body(scan, xs, reverse):
       step = stateful_step(hk.Linear(HIDDEN))
-      return scan(step, jnp.zeros([BATCH, HIDDEN]), xs, reverse=reverse)
+      return kept_at_init(scan(step, jnp.zeros([BATCH, HIDDEN]), xs,
+                               reverse=reverse))
 
     self._assert_matches_haiku(body, xs, reverse=reverse)
 
@@ -527,15 +536,18 @@ class ScanTest(parameterized.TestCase):
       return scan(lambda h, x: (h, hk.Linear(2)(x)), jnp.ones([BATCH]), xs)
 
     xs = jnp.ones([0, BATCH, FEATURES])
-    for transform_ in (hk.transform(lambda xs: body(hk.scan, xs)),
-                       hk.transform(lambda xs: body(
-                           lambda *a: hkb.scan(*a, remat=mode), xs))):
-      params = transform_.init(KEY, xs)
+    states = []
+    for scan in (hk.scan, lambda *a: hkb.scan(*a, remat=mode)):
+      transform_ = hk.transform_with_state(
+          lambda xs, scan=scan: kept_at_init(body(scan, xs)))
+      params, state = transform_.init(KEY, xs)
+      states.append(state)  # Init's outputs.
       self.assertEqual(jax.tree.map(jnp.shape, params),
                        {"linear": {"w": (FEATURES, 2), "b": (2,)}})
-      h, ys = transform_.apply(params, None, xs)
+      (h, ys), _ = transform_.apply(params, state, None, xs)
       chex.assert_trees_all_equal((h, ys.shape),
                                   (jnp.ones([BATCH]), (0, BATCH, 2)))
+    chex.assert_trees_all_equal(states[1], states[0])
 
   def test_length_without_xs(self):
     def body(scan, xs):
