@@ -51,7 +51,12 @@ def by_bundle(leaves: Sequence[Leaf]) -> dict[str, list[int]]:
 
 
 def canonical(value: Any) -> jax.Array:
-  """`value` as Haiku would store it: a JAX array of a canonical dtype."""
+  """`value` as the bridge stores it: a JAX array of JAX's dtype for it.
+
+  (`jnp.asarray`: without x64 a float64 NumPy array becomes float32, as any
+  JAX operation on it would make it. Haiku itself keeps what an initializer
+  returns as it is, a NumPy array included.)
+  """
   return jnp.asarray(value)
 
 
