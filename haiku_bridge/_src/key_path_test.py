@@ -109,17 +109,13 @@ class StructureTest(parameterized.TestCase):
     # it is shaped afresh for a key of another implementation.
     init = lambda rng, x: {"w": jnp.zeros([x.shape[-1], jnp.size(rng)])}
     f = hk.transform(lambda x: hkb.call_pure(matmul, x, init=init))
-    saved = jax.config.jax_default_prng_impl
-    try:
-      for impl in ("threefry2x32", "rbg", "threefry2x32"):
-        jax.config.update("jax_default_prng_impl", impl)
+    for impl in ("threefry2x32", "rbg", "threefry2x32"):
+      with jax.default_prng_impl(impl):
         key = jax.random.PRNGKey(0)
         params = f.init(key, X)
         with temperature_context(temperature):
           out = f.apply(params, key, X)
         self.assertEqual(out.shape, (2, key.size))
-    finally:
-      jax.config.update("jax_default_prng_impl", saved)
 
   @parameterized.named_parameters(*TEMPERATURES)
   def test_a_structure_that_follows_x64(self, temperature):
