@@ -51,5 +51,6 @@ class NameMappingTest(absltest.TestCase):
     chex.assert_trees_all_equal(out, {"layer_0_norm": {"scale": w},
                                       "enc/lin": {"w": jnp.stack([w, w + 1])}})
 
+
 if __name__ == "__main__":
   absltest.main()
