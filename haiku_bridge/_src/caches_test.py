@@ -23,6 +23,12 @@ class SwitchTest(absltest.TestCase):
     self.assertTrue(caches.enabled())
     self.assertIsNone(cache.get("j"))
 
+  @mock.patch.object(caches, "_enabled", False)  # As HAIKU_BRIDGE_CACHES=0.
+  def test_disabled_restores_off(self):
+    with caches.disabled():
+      pass
+    self.assertFalse(caches.enabled())
+
   def test_environment_variable(self):
     code = ("from haiku_bridge._src import caches; "
             "print(caches.enabled())")
@@ -57,6 +63,8 @@ class OnDiskTest(absltest.TestCase):
       with open(os.path.join(root, "on_disk_test", "bad.json"), "w") as f:
         f.write("{")
       self.assertIsNone(store.get("bad"))
+      store.put("not_json", object())  # Not JSON: kept nowhere, no error.
+      self.assertIsNone(store.get("not_json"))
     with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": ""}):
       self.assertIsNone(caches.directory())  # Set and empty: nowhere.
       store.put("k", 1)
@@ -112,12 +120,26 @@ class ClearCachesTest(absltest.TestCase):
     self.assertLen(calls, 4)
     self.assertEqual(double.cache_info().currsize, 0)
 
+  @mock.patch.object(caches, "_enabled", True)  # The suite runs caches off too.
   def test_lru_bound(self):
     cache = caches.Cache("small", max_entries=2)
-    for key in "abc":
+    for key in "ab":
       cache.put(key, key)
-    self.assertIsNone(cache.get("a"))
-    self.assertEqual(cache.get("c"), "c")
+    self.assertLen(cache, 2)  # Full, nothing dropped yet.
+    self.assertEqual(cache.get("a"), "a")  # Now the most recently used.
+    cache.put("c", "c")
+    self.assertIsNone(cache.get("b"))  # The least recently used goes.
+    self.assertEqual([cache.get("a"), cache.get("c")], ["a", "c"])
+
+  def test_unhashable_key_is_a_miss(self):
+    cache = caches.Cache("unhashable")
+    calls = []
+    compute = lambda: calls.append(1) or 7
+    key = ("k", [1])  # A tuple holding a list.
+    self.assertIsNone(cache.get(key))
+    self.assertEqual(cache.get_or_compute(key, compute), 7)
+    self.assertEqual(cache.get_or_compute(key, compute), 7)
+    self.assertLen(calls, 2)
 
   def test_none_key_is_never_stored(self):
     cache = caches.Cache("none")

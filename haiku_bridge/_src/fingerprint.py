@@ -19,6 +19,7 @@ False
 import dataclasses
 import functools
 import os
+import reprlib
 import sys
 import sysconfig
 import types
@@ -157,8 +158,20 @@ def _freeze_class(cls: type, depth: int) -> Hashable:
       if (name.startswith("__") and name.endswith("__") and
           not isinstance(value, types.FunctionType)):
         continue  # Python's own entries: the class keys them.
+      if _made_by_dataclasses(value):
+        continue  # A dataclass's `__repr__`: its fields key it.
       members.append((klass.__qualname__, name, value))
   return (cls, _freeze(tuple(members), depth))
+
+
+# Where `@dataclass` writes the code of the methods it wraps (`__repr__`,
+# whose closure holds a set, unkeyable: every dataclass was).
+_DATACLASS_FILES = frozenset(m.__file__ for m in (dataclasses, reprlib))
+
+
+def _made_by_dataclasses(value: Any) -> bool:
+  code = getattr(value, "__code__", None)
+  return code is not None and code.co_filename in _DATACLASS_FILES
 
 
 _INSTALL_ROOTS = tuple(sorted({

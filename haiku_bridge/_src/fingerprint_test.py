@@ -1,5 +1,6 @@
 """Tests for fingerprint: a key holds everything a function's result depends on."""
 
+import dataclasses
 import functools
 import types
 
@@ -44,6 +45,13 @@ class SignatureTest(absltest.TestCase):
                      fingerprint.signature(jnp.ones([2])))
     self.assertEqual(fingerprint.signature(spec), fingerprint.signature(jnp.ones([2])))
 
+  def test_prng_implementations_differ(self):
+    # Typed keys of two implementations: same shape, other bits.
+    self.assertNotEqual(fingerprint.signature(jax.random.key(0)),
+                        fingerprint.signature(jax.random.key(0, impl="rbg")))
+    self.assertEqual(fingerprint.signature(jax.random.key(0)),
+                     fingerprint.signature(jax.random.key(1)))
+
   def test_unhashable_gives_none(self):
     self.assertIsNone(fingerprint.signature([{1, 2}]))
     self.assertIsNone(fingerprint.function_key(lambda: None, [{1}]))
@@ -63,6 +71,25 @@ def calls_a_helper():
   return reads_a_global() + 1
 
 
+def reads_a_global_in_a_nested_function():
+  return (lambda: SIZE)()
+
+
+@dataclasses.dataclass
+class Scale:
+  factor: int
+
+  def __call__(self, x):
+    return x * self.factor
+
+
+class Sized:
+
+  @property
+  def size(self):
+    return SIZE
+
+
 class FingerprintTest(absltest.TestCase):
 
   def test_globals_read_directly_and_through_helpers(self):
@@ -78,6 +105,59 @@ class FingerprintTest(absltest.TestCase):
     self.assertEqual(before,
                      [fingerprint.fingerprint(f) for f in (reads_a_global,
                                                       calls_a_helper)])
+
+  def test_a_global_read_by_nested_code(self):
+    global SIZE
+    f = reads_a_global_in_a_nested_function
+    before = fingerprint.fingerprint(f)
+    try:
+      SIZE = 4
+      self.assertEqual(f(), 4)
+      self.assertNotEqual(fingerprint.fingerprint(f), before)
+    finally:
+      SIZE = 3
+
+  def test_a_property_by_what_it_reads(self):
+    global SIZE
+    before = fingerprint.fingerprint(Sized)
+    try:
+      SIZE = 4
+      self.assertEqual(Sized().size, 4)
+      self.assertNotEqual(fingerprint.fingerprint(Sized), before)
+    finally:
+      SIZE = 3
+    self.assertEqual(fingerprint.fingerprint(Sized), before)
+
+  def test_functions_that_behave_differently_differ(self):
+    # Each pair: same code, other results; each function made afresh twice
+    # keys the same (a cache hit).
+    def keyword_default(width):
+      def f(x, *, n=width):
+        return x * n
+      return f
+
+    def closes_over(c):
+      return lambda: isinstance(c, list)
+
+    pairs = {
+        "keyword-only default": lambda v: keyword_default(v),
+        "partial's keyword": lambda v: functools.partial(
+            lambda x, n: x * n, n=v),
+        "bound method's object": lambda v: Scale(v).__call__,
+        "dataclass field": lambda v: Scale(v),
+        "array in a closure": lambda v: (
+            lambda a: lambda x: x * a)(np.array([1, v])),
+        "list or tuple": lambda v: closes_over([1] if v == 2 else (1,)),
+    }
+    for name, make in pairs.items():
+      with self.subTest(name):
+        f2, f3 = make(2), make(3)
+        args = () if name == "list or tuple" else (np.ones(2),)
+        self.assertFalse(np.array_equal(f2(*args), f3(*args)))
+        self.assertNotEqual(fingerprint.fingerprint(f2),
+                            fingerprint.fingerprint(f3))
+        self.assertEqual(fingerprint.fingerprint(f2),
+                         fingerprint.fingerprint(make(2)))
 
   def test_closure_cells_and_defaults(self):
     sizes = [1]
@@ -144,6 +224,22 @@ class FingerprintTest(absltest.TestCase):
     # pylint: disable=protected-access
     self.assertIs(fingerprint._freeze_class(np.ndarray, 3), np.ndarray)
     self.assertIsNot(fingerprint._freeze_class(FingerprintTest, 3), FingerprintTest)
+
+  def test_a_dataclass_config_is_keyed_by_its_fields(self):
+    # Until now every dataclass was unkeyable (its `__repr__`'s closure holds
+    # a set): a function reading a config dataclass was never cached.
+    global CONFIG
+    f = lambda x: x * CONFIG.factor
+    try:
+      CONFIG = Scale(2)
+      key = fingerprint.function_key(f, 1)
+      self.assertIsNotNone(key)
+      CONFIG = Scale(3)
+      self.assertNotEqual(fingerprint.function_key(f, 1), key)
+      CONFIG = Scale(2)  # Made afresh, equal fields: the same key.
+      self.assertEqual(fingerprint.function_key(f, 1), key)
+    finally:
+      del CONFIG
 
   def test_large_or_traced_values_cannot_be_keyed(self):
     big = np.zeros([4096])

@@ -118,6 +118,49 @@ ENTRY %main (l: f32[], w: f32[4,16], x: f32[4,2,16]) -> (f32[], f32[4,16], f32[4
     self.assertEqual(hlo_collectives.mesh_axes(over_data, MESH), ("data",))
     self.assertEqual(over_data.bytes, 4 + 4 * 16 * 4)  # Both operands.
 
+  def test_iota_groups_an_async_start_and_a_branch(self):
+    # XLA's iota groups, `[groups, size]<=[dims]T(perm)`: the ids of an iota
+    # of `dims`, transposed by `perm`, in rows of `size`. A reduce-scatter
+    # run by an `async-start` counts once, its operand's bytes; one in a
+    # conditional's branch is marked so.
+    text = """HloModule m
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%scatter (y: f32[8,16]) -> f32[2,16] {
+  %y = f32[8,16]{1,0} parameter(0)
+  ROOT %rs = f32[2,16]{1,0} reduce-scatter(%y), channel_id=1, replica_groups=[2,4]<=[4,2]T(1,0), dimensions={0}, to_apply=%add
+}
+
+%yes (u: f32[8,16]) -> f32[8,16] {
+  %u = f32[8,16]{1,0} parameter(0)
+  ROOT %ar = f32[8,16]{1,0} all-reduce(%u), channel_id=2, replica_groups=[4,2]<=[8], to_apply=%add
+}
+
+%no (v: f32[8,16]) -> f32[8,16] {
+  ROOT %v = f32[8,16]{1,0} parameter(0)
+}
+
+ENTRY %main (x: f32[8,16], q: pred[]) -> (f32[2,16], f32[8,16]) {
+  %x = f32[8,16]{1,0} parameter(0)
+  %q = pred[] parameter(1)
+  %st = ((f32[8,16]{1,0}), f32[2,16]{1,0}) async-start(%x), calls=%scatter
+  %sd = f32[2,16]{1,0} async-done(%st)
+  %c = f32[8,16]{1,0} conditional(%q, %x, %x), true_computation=%yes, false_computation=%no
+  ROOT %o = (f32[2,16]{1,0}, f32[8,16]{1,0}) tuple(%sd, %c)
+}
+"""
+    scatter, reduce = hlo_collectives.collectives(text)
+    self.assertEqual(scatter.kind, "reduce-scatter")
+    self.assertEqual(scatter.groups, ((0, 2, 4, 6), (1, 3, 5, 7)))
+    self.assertEqual(scatter.bytes, 8 * 16 * 4)
+    self.assertFalse(scatter.in_branch)
+    self.assertEqual(reduce.groups, ((0, 1), (2, 3), (4, 5), (6, 7)))
+    self.assertTrue(reduce.in_branch)
+
   def test_a_compiled_reduction_in_a_scan(self):
     # jax's own program: a sum over "data" in a scan of 5 steps, and one
     # after it; per device, the shapes are one device's.

@@ -122,6 +122,25 @@ class StateTest(absltest.TestCase):
     chex.assert_trees_all_equal(ours.apply({}, state, None, 2.),
                                 theirs.apply({}, state, None, 2.))
 
+  def test_create_then_current_value_as_inline_set_state(self):
+    # Init sets the state after creating it: what init returns and what the
+    # call sees then are inline `hk.get_state` + `hk.set_state`'s.
+    leaf = storage.Leaf("['n']", "~", "n")
+    seen = {}
+
+    def bridged():
+      (n,) = storage.STATE.create([leaf], [jnp.zeros([2])], [jnp.ones([2])])
+      seen["bridged"] = (n, hk.get_state("n"))
+
+    def inline():
+      hk.get_state("n", [2], init=jnp.zeros)
+      hk.set_state("n", jnp.ones([2]))
+      seen["inline"] = (jnp.ones([2]), hk.get_state("n"))
+
+    chex.assert_trees_all_equal(hk.transform_with_state(bridged).init(KEY),
+                                hk.transform_with_state(inline).init(KEY))
+    chex.assert_trees_all_equal(seen["bridged"], seen["inline"])
+
   def test_unchanged_state_is_not_written(self):
     leaf = storage.Leaf("['n']", "~", "n")
     writes = []

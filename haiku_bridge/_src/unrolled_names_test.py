@@ -42,6 +42,15 @@ class NameMappingTest(absltest.TestCase):
       unrolled_names.stack_params({"layer_0/lin": {"w": jnp.ones([1])}},
                                   stack="enc", num_layers=2)
 
+  def test_a_bundle_that_only_starts_like_a_layer_is_kept(self):
+    # `layer_0_norm` is not layer 0 of `layer_{i}`: it stays as it is.
+    w = jnp.arange(2.)
+    params = {"layer_0/lin": {"w": w}, "layer_1/lin": {"w": w + 1},
+              "layer_0_norm": {"scale": w}}
+    out = unrolled_names.stack_params(params, stack="enc", num_layers=2)
+    chex.assert_trees_all_equal(out, {"layer_0_norm": {"scale": w},
+                                      "enc/lin": {"w": jnp.stack([w, w + 1])}})
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -518,6 +518,14 @@ class MicrobatchSemanticsTest(EightDevicesTest):
           r"shape \(\) for the whole batch and \(\) for a microbatch: its "
           r"axis 0 is not the batch\..*microbatches=1"):
         jax.jit(f(hkb.Pipeline("stage", 2)).apply)(params, None, self.X)
+      # Not a scalar, yet not per example: a sum over the batch's rows.
+      per_feature = hk.transform(lambda x: hkb.layer_scan(
+          lambda c, _: (block(c), {"rows": jnp.sum(c, axis=0)}), x,
+          num_layers=LAYERS, pipeline=hkb.Pipeline("stage", 2))[1])
+      with self.assertRaisesRegex(
+          ValueError, r"the layer's y at \['rows'\] has shape \(4,\) for the "
+          r"whole batch and \(4,\) for a microbatch"):
+        jax.eval_shape(per_feature.apply, params, None, self.X)
       got = jax.jit(f(hkb.Pipeline("stage", 1)).apply)(params, None, self.X)
     assert_close(self, got, f(None).apply(params, None, self.X))
 
