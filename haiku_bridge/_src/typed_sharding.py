@@ -84,13 +84,9 @@ def reshard(a: jax.Array, entries: Sequence[MeshAxes]) -> jax.Array:
   return _reshard(a, PartitionSpec(*entries))
 
 
-def without(a: jax.Array, axes: tuple[str, ...],
-            dims: Optional[Sequence[int]] = None) -> jax.Array:
-  """`a` with `axes` taken out of its type's split (of `dims`, default all)."""
-  entries = spec(a)
-  dims = range(a.ndim) if dims is None else dims
-  return reshard(a, tuple(entry_without(e, axes) if i in dims else e
-                          for i, e in enumerate(entries)))
+def without(a: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """`a` with `axes` taken out of its type's split, on every dimension."""
+  return reshard(a, tuple(entry_without(e, axes) for e in spec(a)))
 
 
 def gradient_replicated_where_unplaced(a: jax.Array) -> jax.Array:
