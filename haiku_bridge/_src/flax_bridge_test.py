@@ -524,6 +524,59 @@ class DenseParamsRng(nn.Module):
     return nn.Dense(3)(x), self.make_rng("params")
 
 
+class LinenStreams(nn.Module):
+  """Draws from streams `a` and `b`: keeps init's keys, returns apply's."""
+
+  @nn.compact
+  def __call__(self):
+    for stream in ("a", "b"):
+      self.variable("keys", stream, functools.partial(self.make_rng, stream))
+    return self.make_rng("a"), self.make_rng("b")
+
+
+class NnxStreams(nnx.Module):
+  """Holds two rng streams of its own and draws a key from each."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.rngs = nnx.Rngs(a=rngs(), b=rngs())
+
+  def __call__(self):
+    return self.rngs.a(), self.rngs.b()
+
+
+class StreamsTest(absltest.TestCase):
+  """Each stream its own key from Haiku's rng, a key the call gives kept."""
+
+  def test_linen_streams_as_linen_apply(self):
+    module = LinenStreams()
+    f = hk.transform_with_state(lambda **kwargs: hkb.from_flax(
+        module, name="m", rng_streams=("a", "b"))(**kwargs))
+    params, state = f.init(jax.random.PRNGKey(0))
+    self.assertFalse(np.array_equal(state["m"]["a"], state["m"]["b"]))
+    rng, own = jax.random.PRNGKey(3), jax.random.PRNGKey(9)
+    key = next(hk.PRNGSequence(rng))
+    # Stream i is fed fold_in(hk.next_rng_key(), i); a call's rngs= win.
+    fed = {"a": jax.random.fold_in(key, 0), "b": jax.random.fold_in(key, 1)}
+    for given in ({}, {"b": own}):
+      got, _ = f.apply(params, state, rng, rngs=given)
+      native = module.apply({"keys": state["m"]}, rngs={**fed, **given})
+      chex.assert_trees_all_equal(got, native)
+
+  def test_nnx_streams_as_native(self):
+    f = hk.transform(lambda: hkb.from_flax(NnxStreams)())
+    params = f.init(jax.random.PRNGKey(0))
+    rng = jax.random.PRNGKey(3)
+    got = f.apply(params, rng)
+    self.assertFalse(np.array_equal(*(jax.random.key_data(k) for k in got)))
+    m = NnxStreams(rngs=nnx.Rngs(0))
+    key = next(hk.PRNGSequence(rng))
+    for i, stream in enumerate((m.rngs.a, m.rngs.b)):  # As the adapter's
+      stream.key[...] = jax.random.wrap_key_data(jax.random.fold_in(key, i))
+      stream.count[...] = jnp.zeros((), jnp.uint32)
+    chex.assert_trees_all_equal(*(tuple(jax.random.key_data(k) for k in keys)
+                                  for keys in (got, m())))
+
+
 class IssueRowsTest(parameterized.TestCase):
 
   @parameterized.parameters(False, True)
@@ -998,6 +1051,13 @@ class ToNnxTest(parameterized.TestCase):
     params, state = HAIKU.init(nnx.Rngs(params=3).params(), X)
     chex.assert_trees_all_equal(model.haiku_params(), params)
     chex.assert_trees_all_equal(model.haiku_state(), state)
+
+  def test_apply_rng_from_the_named_stream(self):
+    f = hk.transform(lambda x: x + jax.random.normal(hk.next_rng_key(),
+                                                      x.shape))
+    model = hkb.to_nnx(f, X, rngs=nnx.Rngs(0, noise=5), rng_stream="noise")
+    key = nnx.Rngs(0, noise=5).noise()  # The key the model will draw.
+    np.testing.assert_array_equal(model(X), f.apply({}, key, X))
 
   def test_stateless_transform(self):
     f = hk.transform(lambda x: hk.Linear(2)(x))
