@@ -577,6 +577,15 @@ class StreamsTest(absltest.TestCase):
                                   for keys in (got, m())))
 
 
+class BridgeDraws(nnx.bridge.Module):
+  """An nnx.bridge.Module: a param, and a key from its `default` stream."""
+
+  @nnx.bridge.compact
+  def __call__(self, x):
+    w = self.param("w", nnx.initializers.ones, (x.shape[-1],))
+    return x * w, self.make_rng()
+
+
 class IssueRowsTest(parameterized.TestCase):
 
   @parameterized.parameters(False, True)
@@ -666,6 +675,20 @@ class IssueRowsTest(parameterized.TestCase):
     native_out, native_drawn = module.apply(variables, X, rngs=key)
     np.testing.assert_array_equal(out, native_out)
     np.testing.assert_array_equal(drawn, native_drawn)
+
+  def test_a_bare_key_as_rngs_of_a_bridge_module_as_its_apply(self):
+    module, key = BridgeDraws(), jax.random.PRNGKey(42)
+    f = hk.transform(lambda x: hkb.from_flax(module)(x, rngs=key))
+    params = f.init(None, X)
+    native_params = module.init(key, X)["params"]
+    self.assertEqual(jax.tree.map(jnp.shape, params),
+                     {"bridge_draws": jax.tree.map(jnp.shape, native_params)})
+    out, drawn = f.apply(params, None, X)
+    native_out, native_drawn = module.apply(
+        {"params": params["bridge_draws"]}, X, rngs=key)
+    np.testing.assert_array_equal(out, native_out)
+    np.testing.assert_array_equal(jax.random.key_data(drawn),
+                                  jax.random.key_data(native_drawn))
 
   def test_params_key_under_init_without_rng_as_lift(self):
     key = jax.random.PRNGKey(42)
