@@ -544,6 +544,20 @@ class NnxStreams(nnx.Module):
     return self.rngs.a(), self.rngs.b()
 
 
+class StackedDrops(nnx.Module):
+  """Three dropout layers built by nnx.vmap: one stream, keys of shape [3]."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    @nnx.split_rngs(splits=3)
+    @nnx.vmap
+    def make(rngs):
+      return nnx.Dropout(0.5, rngs=rngs)
+    self.drops = make(rngs)
+
+  def __call__(self, x):
+    return nnx.vmap(lambda drop, x: drop(x), in_axes=(0, None))(self.drops, x)
+
+
 class StreamsTest(absltest.TestCase):
   """Each stream its own key from Haiku's rng, a key the call gives kept."""
 
@@ -561,6 +575,18 @@ class StreamsTest(absltest.TestCase):
       got, _ = f.apply(params, state, rng, rngs=given)
       native = module.apply({"keys": state["m"]}, rngs={**fed, **given})
       chex.assert_trees_all_equal(got, native)
+
+  def test_a_stack_of_streams_as_native(self):
+    f = hk.transform(lambda x: hkb.from_flax(StackedDrops)(x))
+    rng = jax.random.PRNGKey(3)
+    masks = f.apply(f.init(jax.random.PRNGKey(0), X), rng, X)
+    self.assertFalse(np.array_equal(masks[0], masks[1]))  # A key per layer.
+    m = StackedDrops(rngs=nnx.Rngs(0))
+    key = jax.random.wrap_key_data(
+        jax.random.fold_in(next(hk.PRNGSequence(rng)), 0))
+    m.drops.rngs.key[...] = jax.random.split(key, 3)
+    m.drops.rngs.count[...] = jnp.zeros([3], jnp.uint32)
+    np.testing.assert_array_equal(masks, m(X))
 
   def test_nnx_streams_as_native(self):
     f = hk.transform(lambda: hkb.from_flax(NnxStreams)())
@@ -759,12 +785,14 @@ class MethodTest(parameterized.TestCase):
                                rtol=1e-6)
 
   def test_unknown_method_names_the_module_and_its_methods(self):
-    f = hk.transform(lambda t: hkb.from_flax(functools.partial(
-        nnx.Embed, 10, 4))(t, method="atend"))
-    with self.assertRaisesRegex(
-        AttributeError, r"hkb.from_flax\(Embed\): `method='atend'` is not a "
-        r"method of Embed \(its methods: .*attend.*\)"):
-      f.init(jax.random.PRNGKey(0), jnp.array([1]))
+    # A name it lacks, or one of its attributes that is no method.
+    for name in ("atend", "features"):
+      f = hk.transform(lambda t, name=name: hkb.from_flax(functools.partial(
+          nnx.Embed, 10, 4))(t, method=name))
+      with self.assertRaisesRegex(
+          AttributeError, rf"hkb.from_flax\(Embed\): `method='{name}'` is not "
+          r"a method of Embed \(its methods: .*attend.*\)"):
+        f.init(jax.random.PRNGKey(0), jnp.array([1]))
 
 
 # ---------------------------------------------------------------------------
@@ -880,6 +908,33 @@ class StoragePathTest(parameterized.TestCase):
                                          name="proj"))
     self.assertEqual(run(adapter), theirs)
     self.assertLen(theirs, 2)
+
+  def test_setters_see_only_the_state_the_call_changes_as_inline(self):
+    def set_at_apply(net):
+      seen = []
+
+      def setter(next_setter, value, context):
+        seen.append(context.full_name)
+        return next_setter(value)
+
+      def f(x):
+        with hk.custom_setter(setter):
+          return net(x)
+      f = hk.transform_with_state(f)
+      params, state = f.init(jax.random.PRNGKey(0), X)
+      seen.clear()
+      f.apply(params, state, None, X)
+      return sorted(seen)
+
+    block = lambda: hkb.from_flax(functools.partial(Block, 4, 3))
+    # Inline Haiku's BatchNorm sets its state in training alone.
+    inline = lambda train: lambda x: hk.BatchNorm(True, True, 0.9)(
+        x, train or hk.running_init())
+    self.assertEqual(set_at_apply(inline(False)), [])
+    self.assertNotEqual(set_at_apply(inline(True)), [])
+    self.assertEqual(set_at_apply(lambda x: block().eval()(x)), [])
+    self.assertEqual(set_at_apply(lambda x: block()(x)),
+                     ["block/bn/mean", "block/bn/var"])
 
   def test_module_names_allocated_as_inline(self):
     def names(first, second):
