@@ -139,11 +139,16 @@ class ForeignModuleTest(absltest.TestCase):
     self.assertEqual(abstract_builds, [])  # Init's layout, remembered.
 
   def test_given_params_are_checked_against_keyword_inputs(self):
+    # By name and shape, against what f.init makes of hk.Linear(2) on [1, 4].
     f = hk.transform_with_state(lambda x: hk.Linear(2)(x))
     params = {"linear": {"w": jnp.zeros([3, 2]), "b": jnp.zeros([2])}}
     with self.assertRaisesRegex(ValueError, r"'linear/w' has shape \[3, 2\], "
                                 r"but f needs \[4, 2\] for these inputs"):
       foreign_module.check_given(f, params, None, (), {"x": jnp.ones([1, 4])})
+    other = {"linear": {"w": jnp.zeros([4, 2])}, "head": {"w": jnp.zeros([2])}}
+    with self.assertRaisesRegex(ValueError, r"they lack \['linear/b'\] and "
+                                r"have \['head/w'\] besides"):
+      foreign_module.check_given(f, other, None, (), {"x": jnp.ones([1, 4])})
 
   def test_a_layout_key_changes_with_what_the_build_depends_on(self):
     # The abstract build draws its keys from the PRNG implementation (an
