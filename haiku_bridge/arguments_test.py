@@ -1179,11 +1179,14 @@ class From_flaxTest(_AdapterCases):
         init(lambda bad=bad: hkb.from_flax(nnx_linear, intermediates=bad)(X))
 
   def test_wrong_type_method(self):
-    # On entry, as `name=` (was: at the first call); and per call.
-    with refused(self, TypeError, "from_flax", "method"):
-      hk.transform(lambda: hkb.from_flax(nnx_linear, method=3)).init(KEY)
-    with refused(self, TypeError, "from_flax(Linear)", "method"):
-      init(lambda: hkb.from_flax(nnx_linear)(X, method=3))
+    # On entry, as `name=` (was: at the first call); and per call. An
+    # empty name is no method (it would run `__call__` unnoticed).
+    for bad in (3, ""):
+      with refused(self, TypeError, "from_flax", "method"):
+        hk.transform(lambda bad=bad: hkb.from_flax(
+            nnx_linear, method=bad)).init(KEY)
+      with refused(self, TypeError, "from_flax(Linear)", "method"):
+        init(lambda bad=bad: hkb.from_flax(nnx_linear)(X, method=bad))
 
   def test_wrong_type_linen_call_rngs(self):
     import flax.linen as nn  # pylint: disable=import-outside-toplevel

@@ -170,6 +170,23 @@ class NativeTest(parameterized.TestCase):
         x, inference=True))
     np.testing.assert_array_equal(f.apply({}, None, X), X)
 
+  def test_key_and_inference_through_keyword_arguments_as_native(self):
+    # A model taking `**kwargs` takes `key` and `inference` too; a key the
+    # call gives is used as it is.
+    class Noisy(eqx.Module):
+
+      def __call__(self, x, **kwargs):
+        noise = jax.random.normal(kwargs["key"], x.shape)
+        return x if kwargs.get("inference") else x + noise
+
+    model, rng, own = Noisy(), jax.random.PRNGKey(2), jax.random.PRNGKey(5)
+    run = lambda **kwargs: hk.transform(lambda x: hkb.from_equinox(model)(
+        x, **kwargs)).apply({}, rng, X)
+    haiku_key = next(hk.PRNGSequence(rng))
+    np.testing.assert_array_equal(run(), model(X, key=haiku_key))
+    np.testing.assert_array_equal(run(key=own), model(X, key=own))
+    np.testing.assert_array_equal(run(inference=True), X)
+
   def test_apply_without_init_in_process(self):
     m, s = eqx.nn.make_with_state(Net)(key=jax.random.PRNGKey(1))
     caches.clear_caches()
@@ -313,6 +330,22 @@ class ErrorsTest(absltest.TestCase):
     with self.assertRaisesRegex(
         TypeError, r"hkb.from_equinox\(Forgets\): the model has state.*must "
         r"return `\(out, state\)`; it returned an array float32\[6, 4\]"):
+      f.init(jax.random.PRNGKey(0), X)
+
+  def test_state_of_another_structure_is_refused(self):
+    class Restructures(eqx.Module):
+      index: eqx.nn.StateIndex
+
+      def __init__(self, key):
+        self.index = eqx.nn.StateIndex(jnp.zeros(()))
+
+      def __call__(self, x, state):
+        return x, eqx.nn.State(eqx.nn.StateIndex(jnp.zeros(())))
+
+    f = hk.transform_with_state(lambda x: hkb.from_equinox(Restructures)(x))
+    with self.assertRaisesRegex(
+        ValueError, r"hkb.from_equinox\(Restructures\): the model returned a "
+        r"state of another structure than it was given .*state.set"):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_wrong_param_shape_is_worded_as_call_pure(self):

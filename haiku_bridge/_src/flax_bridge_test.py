@@ -524,6 +524,96 @@ class DenseParamsRng(nn.Module):
     return nn.Dense(3)(x), self.make_rng("params")
 
 
+class LinenStreams(nn.Module):
+  """Draws from streams `a` and `b`: keeps init's keys, returns apply's."""
+
+  @nn.compact
+  def __call__(self):
+    for stream in ("a", "b"):
+      self.variable("keys", stream, functools.partial(self.make_rng, stream))
+    return self.make_rng("a"), self.make_rng("b")
+
+
+class NnxStreams(nnx.Module):
+  """Holds two rng streams of its own and draws a key from each."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.rngs = nnx.Rngs(a=rngs(), b=rngs())
+
+  def __call__(self):
+    return self.rngs.a(), self.rngs.b()
+
+
+class StackedDrops(nnx.Module):
+  """Three dropout layers built by nnx.vmap: one stream, keys of shape [3]."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    @nnx.split_rngs(splits=3)
+    @nnx.vmap
+    def make(rngs):
+      return nnx.Dropout(0.5, rngs=rngs)
+    self.drops = make(rngs)
+
+  def __call__(self, x):
+    return nnx.vmap(lambda drop, x: drop(x), in_axes=(0, None))(self.drops, x)
+
+
+class StreamsTest(absltest.TestCase):
+  """Each stream its own key from Haiku's rng, a key the call gives kept."""
+
+  def test_linen_streams_as_linen_apply(self):
+    module = LinenStreams()
+    f = hk.transform_with_state(lambda **kwargs: hkb.from_flax(
+        module, name="m", rng_streams=("a", "b"))(**kwargs))
+    params, state = f.init(jax.random.PRNGKey(0))
+    self.assertFalse(np.array_equal(state["m"]["a"], state["m"]["b"]))
+    rng, own = jax.random.PRNGKey(3), jax.random.PRNGKey(9)
+    key = next(hk.PRNGSequence(rng))
+    # Stream i is fed fold_in(hk.next_rng_key(), i); a call's rngs= win.
+    fed = {"a": jax.random.fold_in(key, 0), "b": jax.random.fold_in(key, 1)}
+    for given in ({}, {"b": own}):
+      got, _ = f.apply(params, state, rng, rngs=given)
+      native = module.apply({"keys": state["m"]}, rngs={**fed, **given})
+      chex.assert_trees_all_equal(got, native)
+
+  def test_a_stack_of_streams_as_native(self):
+    f = hk.transform(lambda x: hkb.from_flax(StackedDrops)(x))
+    rng = jax.random.PRNGKey(3)
+    masks = f.apply(f.init(jax.random.PRNGKey(0), X), rng, X)
+    self.assertFalse(np.array_equal(masks[0], masks[1]))  # A key per layer.
+    m = StackedDrops(rngs=nnx.Rngs(0))
+    key = jax.random.wrap_key_data(
+        jax.random.fold_in(next(hk.PRNGSequence(rng)), 0))
+    m.drops.rngs.key[...] = jax.random.split(key, 3)
+    m.drops.rngs.count[...] = jnp.zeros([3], jnp.uint32)
+    np.testing.assert_array_equal(masks, m(X))
+
+  def test_nnx_streams_as_native(self):
+    f = hk.transform(lambda: hkb.from_flax(NnxStreams)())
+    params = f.init(jax.random.PRNGKey(0))
+    rng = jax.random.PRNGKey(3)
+    got = f.apply(params, rng)
+    self.assertFalse(np.array_equal(*(jax.random.key_data(k) for k in got)))
+    m = NnxStreams(rngs=nnx.Rngs(0))
+    key = next(hk.PRNGSequence(rng))
+    for i, stream in enumerate((m.rngs.a, m.rngs.b)):  # As the adapter's
+      stream.key[...] = jax.random.wrap_key_data(jax.random.fold_in(key, i))
+      stream.count[...] = jnp.zeros((), jnp.uint32)
+    native = m()
+    self.assertEqual([k.dtype for k in got], [k.dtype for k in native])
+    chex.assert_trees_all_equal(*(tuple(jax.random.key_data(k) for k in keys)
+                                  for keys in (got, native)))
+
+
+class BridgeDraws(nnx.bridge.Module):
+  """An nnx.bridge.Module: a param, and a key from its `default` stream."""
+
+  @nnx.bridge.compact
+  def __call__(self, x):
+    w = self.param("w", nnx.initializers.ones, (x.shape[-1],))
+    return x * w, self.make_rng()
+
+
 class IssueRowsTest(parameterized.TestCase):
 
   @parameterized.parameters(False, True)
@@ -614,6 +704,20 @@ class IssueRowsTest(parameterized.TestCase):
     np.testing.assert_array_equal(out, native_out)
     np.testing.assert_array_equal(drawn, native_drawn)
 
+  def test_a_bare_key_as_rngs_of_a_bridge_module_as_its_apply(self):
+    module, key = BridgeDraws(), jax.random.PRNGKey(42)
+    f = hk.transform(lambda x: hkb.from_flax(module)(x, rngs=key))
+    params = f.init(None, X)
+    native_params = module.init(key, X)["params"]
+    self.assertEqual(jax.tree.map(jnp.shape, params),
+                     {"bridge_draws": jax.tree.map(jnp.shape, native_params)})
+    out, drawn = f.apply(params, None, X)
+    native_out, native_drawn = module.apply(
+        {"params": params["bridge_draws"]}, X, rngs=key)
+    np.testing.assert_array_equal(out, native_out)
+    np.testing.assert_array_equal(jax.random.key_data(drawn),
+                                  jax.random.key_data(native_drawn))
+
   def test_params_key_under_init_without_rng_as_lift(self):
     key = jax.random.PRNGKey(42)
     ours = hk.transform(lambda x: hkb.from_flax(DenseParamsRng(), name="m")(
@@ -683,12 +787,14 @@ class MethodTest(parameterized.TestCase):
                                rtol=1e-6)
 
   def test_unknown_method_names_the_module_and_its_methods(self):
-    f = hk.transform(lambda t: hkb.from_flax(functools.partial(
-        nnx.Embed, 10, 4))(t, method="atend"))
-    with self.assertRaisesRegex(
-        AttributeError, r"hkb.from_flax\(Embed\): `method='atend'` is not a "
-        r"method of Embed \(its methods: .*attend.*\)"):
-      f.init(jax.random.PRNGKey(0), jnp.array([1]))
+    # A name it lacks, or one of its attributes that is no method.
+    for name in ("atend", "features"):
+      f = hk.transform(lambda t, name=name: hkb.from_flax(functools.partial(
+          nnx.Embed, 10, 4))(t, method=name))
+      with self.assertRaisesRegex(
+          AttributeError, rf"hkb.from_flax\(Embed\): `method='{name}'` is not "
+          r"a method of Embed \(its methods: .*attend.*\)"):
+        f.init(jax.random.PRNGKey(0), jnp.array([1]))
 
 
 # ---------------------------------------------------------------------------
@@ -804,6 +910,33 @@ class StoragePathTest(parameterized.TestCase):
                                          name="proj"))
     self.assertEqual(run(adapter), theirs)
     self.assertLen(theirs, 2)
+
+  def test_setters_see_only_the_state_the_call_changes_as_inline(self):
+    def set_at_apply(net):
+      seen = []
+
+      def setter(next_setter, value, context):
+        seen.append(context.full_name)
+        return next_setter(value)
+
+      def f(x):
+        with hk.custom_setter(setter):
+          return net(x)
+      f = hk.transform_with_state(f)
+      params, state = f.init(jax.random.PRNGKey(0), X)
+      seen.clear()
+      f.apply(params, state, None, X)
+      return sorted(seen)
+
+    block = lambda: hkb.from_flax(functools.partial(Block, 4, 3))
+    # Inline Haiku's BatchNorm sets its state in training alone.
+    inline = lambda train: lambda x: hk.BatchNorm(True, True, 0.9)(
+        x, train or hk.running_init())
+    self.assertEqual(set_at_apply(inline(False)), [])
+    self.assertNotEqual(set_at_apply(inline(True)), [])
+    self.assertEqual(set_at_apply(lambda x: block().eval()(x)), [])
+    self.assertEqual(set_at_apply(lambda x: block()(x)),
+                     ["block/bn/mean", "block/bn/var"])
 
   def test_module_names_allocated_as_inline(self):
     def names(first, second):
@@ -998,6 +1131,13 @@ class ToNnxTest(parameterized.TestCase):
     params, state = HAIKU.init(nnx.Rngs(params=3).params(), X)
     chex.assert_trees_all_equal(model.haiku_params(), params)
     chex.assert_trees_all_equal(model.haiku_state(), state)
+
+  def test_apply_rng_from_the_named_stream(self):
+    f = hk.transform(lambda x: x + jax.random.normal(hk.next_rng_key(),
+                                                      x.shape))
+    model = hkb.to_nnx(f, X, rngs=nnx.Rngs(0, noise=5), rng_stream="noise")
+    key = nnx.Rngs(0, noise=5).noise()  # The key the model will draw.
+    np.testing.assert_array_equal(model(X), f.apply({}, key, X))
 
   def test_stateless_transform(self):
     f = hk.transform(lambda x: hk.Linear(2)(x))

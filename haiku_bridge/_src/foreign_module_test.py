@@ -123,6 +123,33 @@ class ForeignModuleTest(absltest.TestCase):
     foreign_module.abstract_layout(recipe)
     self.assertLen(calls, 2)
 
+  def test_apply_after_init_in_process_builds_nothing_again(self):
+    abstract_builds = []
+
+    def construct_abstract():
+      abstract_builds.append(1)
+      return "built"
+
+    recipe = foreign_module.Recipe(lambda key: "built", construct_abstract,
+                                   lambda built: (built.upper(), [built]),
+                                   foreign_module.layout_key("t", object()))
+    f = hk.transform(lambda: foreign_module.built(None, recipe))
+    f.init(jax.random.PRNGKey(0))
+    self.assertEqual(f.apply({}, None), ("BUILT", None))
+    self.assertEqual(abstract_builds, [])  # Init's layout, remembered.
+
+  def test_given_params_are_checked_against_keyword_inputs(self):
+    # By name and shape, against what f.init makes of hk.Linear(2) on [1, 4].
+    f = hk.transform_with_state(lambda x: hk.Linear(2)(x))
+    params = {"linear": {"w": jnp.zeros([3, 2]), "b": jnp.zeros([2])}}
+    with self.assertRaisesRegex(ValueError, r"'linear/w' has shape \[3, 2\], "
+                                r"but f needs \[4, 2\] for these inputs"):
+      foreign_module.check_given(f, params, None, (), {"x": jnp.ones([1, 4])})
+    other = {"linear": {"w": jnp.zeros([4, 2])}, "head": {"w": jnp.zeros([2])}}
+    with self.assertRaisesRegex(ValueError, r"they lack \['linear/b'\] and "
+                                r"have \['head/w'\] besides"):
+      foreign_module.check_given(f, other, None, (), {"x": jnp.ones([1, 4])})
+
   def test_a_layout_key_changes_with_what_the_build_depends_on(self):
     # The abstract build draws its keys from the PRNG implementation (an
     # NNX module's rng state is key data of its shape), makes float64
@@ -167,6 +194,18 @@ class ForeignModuleTest(absltest.TestCase):
       for rng in (jax.random.PRNGKey(1), None):
         np.testing.assert_array_equal(ours.apply(params, {}, rng, x)[0],
                                       expected)
+
+  def test_with_state_of_an_apply_without_named_parameters(self):
+    # An apply whose parameters have no names (`*args`) gets the rng, as
+    # hk.transform's apply does.
+    f = hk.transform(lambda x: x + jax.random.normal(hk.next_rng_key(),
+                                                      x.shape))
+    unnamed = hk.Transformed(f.init, lambda *args: f.apply(*args))
+    rng, x = jax.random.PRNGKey(1), jnp.ones([2])
+    np.testing.assert_array_equal(
+        foreign_module.with_state(unnamed).apply({}, {}, rng, x)[0],
+        f.apply({}, rng, x))
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -245,6 +245,39 @@ class LinenTest(parameterized.TestCase):
                      P("model", None))
     self.assertEqual(params["block/up"]["bias"].sharding.spec, P())
 
+  def test_a_box_with_its_own_rules_as_linen(self):
+    # Linen unboxes a param by the rules its box carries, before the
+    # current ones (`logical_axis_rules=` here).
+    own = (("embed", "data"), ("mlp", None))
+    module = nn.Dense(32, kernel_init=nn.with_logical_partitioning(
+        nn.initializers.lecun_normal(), ("embed", "mlp"), rules=own))
+    f = hk.transform(lambda x: hkb.from_flax(module, name="up")(x))
+    m = mesh()
+    params = created(f, hkb.ShardingRules.from_foreign(
+        f.init, KEY, X, logical_axis_rules=LOGICAL), m)
+    box = jax.eval_shape(module.init, KEY, X)["params"]["kernel"]
+    native = nn.logical_to_mesh_sharding(box.get_partition_spec(), m, own)
+    self.assertTrue(params["up"]["kernel"].sharding.is_equivalent_to(
+        native, 2), msg=params["up"]["kernel"].sharding.spec)
+
+  def test_a_short_spec_and_a_name_inside_another(self):
+    # A spec may name fewer axes than the param has (the rest are not
+    # split), and a rule names one param: `proj/kernel`, not `out_proj/...`.
+    module = nn.Dense(16, kernel_init=nn.with_partitioning(
+        nn.initializers.lecun_normal(), ("model",)))
+
+    def f(x):
+      h = hkb.from_flax(module, name="proj")(x)
+      return hkb.from_flax(nn.Dense(16), name="out_proj")(h)
+
+    f = hk.transform(f)
+    m = mesh()
+    params = created(f, hkb.ShardingRules.from_foreign(f.init, KEY, X), m)
+    box = jax.eval_shape(module.init, KEY, X)["params"]["kernel"]
+    self.assertTrue(params["proj"]["kernel"].sharding.is_equivalent_to(
+        box.get_sharding(m), 2), msg=params["proj"]["kernel"].sharding.spec)
+    self.assertTrue(params["out_proj"]["kernel"].sharding.is_fully_replicated)
+
   def test_user_rules_cover_the_rest(self):
     def f(x):
       h = hkb.from_flax(LinenBlock(), name="block")(x)
