@@ -190,6 +190,26 @@ class CustomVjpTest(parameterized.TestCase):
     chex.assert_trees_all_close(got, inline.apply(params, state, rng, 2 * X),
                                 **TOL)
 
+  def test_rule_running_f_on_other_params_takes_state_of_the_block_params(
+      self):
+    # A fwd whose `out` is f_pure's on perturbed params (weight noise):
+    # that run is not the block's; its new state is inline `f`'s on the
+    # block's own params, which the bridge runs once more for it.
+    def f(x):
+      y = hk.Linear(4)(x)
+      hk.set_state("total", jnp.sum(y))
+      return y
+
+    fwd = lambda f_pure, p, x: (f_pure(jax.tree.map(lambda w: 2 * w, p), x),
+                                None)
+    block = custom_grad.custom_vjp(f, fwd, lambda _, g: (None, None))
+    ours, inline = (hk.transform_with_state(g) for g in (block, f))
+    params, state = inline.init(KEY, X)
+    _, new_state = jax.vjp(lambda p: ours.apply(p, state, None, X), params)[0]
+    chex.assert_trees_all_close(new_state,
+                                inline.apply(params, state, None, X)[1],
+                                **TOL)
+
   def test_rule_returning_f_pures_out_runs_f_once(self):
     # As documented: a fwd that returns f_pure's output on its primals runs
     # `f` no more than it does; any other `out` costs one more run (for the
@@ -575,6 +595,14 @@ class ErrorsTest(parameterized.TestCase):
     block = custom_grad.custom_vjp(mlp, lambda f_pure, p, x: f_pure(p, x),
                                    true_bwd)
     with self.assertRaisesRegex(TypeError, r"fwd must return a pair"):
+      grad_of(block)
+
+  def test_jvp_not_a_pair(self):
+    block = custom_grad.custom_jvp(
+        mlp, lambda f_pure, primals, tangents: jax.jvp(f_pure, primals,
+                                                       tangents)[1])
+    with self.assertRaisesRegex(TypeError, r"^hkb.custom_jvp: jvp must return "
+                                r"a pair \(out, out_dot\); got "):
       grad_of(block)
 
   def test_fwd_wrong_output(self):

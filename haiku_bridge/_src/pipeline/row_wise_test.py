@@ -76,6 +76,12 @@ MIXING = {
     "rows_times_rows": lambda x: jnp.einsum("bij,cij->bc", x, x)[:, :, None],
     "reshape_rows_inner": lambda x: jnp.swapaxes(x, 0, 1).reshape(
         3 * x.shape[0], 4)[:x.shape[0] * 3].reshape(x.shape),
+    "batch_size_in_a_constant": lambda x: x * jnp.asarray(
+        np.full([4], 1 / x.shape[0], np.float32)),
+    "op_branch_on_batch_size": lambda x: jnp.sin(x) if len(x) == ROWS else x,
+    "op_chosen_by_batch_size": lambda x: (jnp.sin if len(x) == ROWS else
+                                          jnp.cos)(x),
+    "concatenate_rows": lambda x: jnp.concatenate([x, x]),
 }
 
 
