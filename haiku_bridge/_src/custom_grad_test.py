@@ -273,6 +273,17 @@ class CustomVjpTest(parameterized.TestCase):
       chex.assert_trees_all_close(
           got[name], jax.tree.map(lambda w, s=scale: s * w, want[name]), **TOL)
 
+  def test_each_argument_gets_its_own_cotangent(self):
+    # Two differentiable arguments of one shape, the true rule: each
+    # argument's gradient is jax.grad's of the same function inline.
+    f = lambda x, y: mlp(x) * jnp.sin(y)
+    block = custom_grad.custom_vjp(f, custom_grad.vjp_fwd, true_bwd)
+    grads = [jax.grad(lambda p, x, y, g=g: jnp.sum(g.apply(p, None, x, y)),
+                      argnums=(1, 2)) for g in map(hk.transform, (block, f))]
+    params = hk.transform(f).init(KEY, X, X)
+    chex.assert_trees_all_close(grads[0](params, X, 2 * X),
+                                grads[1](params, X, 2 * X), **TOL)
+
   def test_nondiff_argnums_stay_python_values(self):
     def f(x, flag, power):
       # Python control flow: fails if either is traced.
@@ -531,6 +542,15 @@ class StaticOutputTest(parameterized.TestCase):
     jax.grad(lambda p: jnp.sum(f.apply(p, state, KEY, X)[0]))(params)
     self.assertEqual(seen, [((3, 4), None, None, {"size": None})])
 
+  def test_vjp_fn_takes_a_cotangent_with_the_static_values(self):
+    # vjp_fwd's closure takes a cotangent shaped like `out` with anything at
+    # its static leaves, the static values themselves too.
+    f = lambda x: (mlp(x), "tag", 3)
+    bwd = lambda vjp_fn, g: vjp_fn((g[0], "tag", 3))
+    block = custom_grad.custom_vjp(f, custom_grad.vjp_fwd, bwd)
+    chex.assert_trees_all_close(grad_of(lambda x: block(x)[0]),
+                                grad_of(lambda x: f(x)[0]), **TOL)
+
   def test_forward_mode_through_the_jvp_block(self):
     block = custom_grad.custom_jvp(tagged, tagged_jvp)
     fs = [hk.transform_with_state(lambda x, f=f: f(x)[0])
@@ -580,6 +600,18 @@ class ErrorsTest(parameterized.TestCase):
                                 r"float32\[3, 4\]"):
       grad_of(block)
 
+  def test_bwd_array_for_a_subtree_of_params(self):
+    def bwd(vjp_fn, g):
+      params_ct, x_ct = vjp_fn(g)
+      return {**params_ct, "mlp/~/linear_1": jnp.zeros([4])}, x_ct
+
+    block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
+    with self.assertRaisesRegex(ValueError, r"^hkb.custom_vjp: bwd's cotangent "
+                                r"for params has an array at "
+                                r"\['mlp/~/linear_1'\], where params has a "
+                                r"subtree PyTreeDef\(\{'b': \*, 'w': \*\}\)"):
+      grad_of(block)
+
   def test_bwd_none_means_zero(self):
     def bwd(vjp_fn, g):
       params_ct, _ = vjp_fn(g)
@@ -612,6 +644,24 @@ class ErrorsTest(parameterized.TestCase):
                                 r"float32\[4\], but f's output there is "
                                 r"float32\[3, 4\]"):
       grad_of(block)
+
+  def test_fwd_output_not_an_array(self):
+    block = custom_grad.custom_vjp(mlp, lambda f_pure, p, x: ("out", None),
+                                   true_bwd)
+    with self.assertRaisesRegex(ValueError, r"^hkb.custom_vjp: fwd's out at "
+                                r"<root> is a str 'out', but f's output there "
+                                r"is float32\[3, 4\]"):
+      grad_of(block)
+
+  def test_jvp_wrong_output(self):
+    def jvp(f_pure, primals, tangents):
+      out, out_dot = jax.jvp(f_pure, primals, tangents)
+      return out[0], out_dot
+
+    with self.assertRaisesRegex(ValueError, r"^hkb.custom_jvp: jvp's out at "
+                                r"<root> is float32\[4\], but f's output "
+                                r"there is float32\[3, 4\]"):
+      grad_of(custom_grad.custom_jvp(mlp, jvp))
 
   def test_fwd_another_static_output(self):
     block = custom_grad.custom_vjp(
@@ -648,6 +698,14 @@ class ErrorsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError,
                                 "piece 'a' at <root> is float32\\[4\\].*shaped "
                                 "like the whole output cotangent"):
+      grad_of(block)
+
+  def test_split_returns_no_piece(self):
+    bwd = custom_grad.route_cotangents(lambda g: {}, lambda cts: cts)
+    block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
+    with self.assertRaisesRegex(TypeError, r"^hkb.route_cotangents: split must "
+                                r"return a non-empty dict \{name: piece\}; "
+                                r"got a dict\."):
       grad_of(block)
 
   def test_keyword_arguments(self):
