@@ -82,6 +82,12 @@ MIXING = {
     "op_chosen_by_batch_size": lambda x: (jnp.sin if len(x) == ROWS else
                                           jnp.cos)(x),
     "concatenate_rows": lambda x: jnp.concatenate([x, x]),
+    "batch_size_plus_one_rows": lambda x: jnp.zeros((len(x) + 1, 3, 4)),
+    "flip_chosen_by_batch_size": lambda x: x @ jnp.flip(
+        W, 0 if len(x) == ROWS else 1),
+    "dynamic_slice_of_rows": lambda x: x + lax.dynamic_slice_in_dim(x, 0, 1),
+    "scan_over_rows_from_zeros": lambda x: lax.scan(
+        lambda c, r: (c + r, c + r), jnp.zeros(x.shape[1:]), x)[1],
 }
 
 
