@@ -229,6 +229,10 @@ class CustomVjpTest(parameterized.TestCase):
 
     copy = lambda f_pure, p, x: (f_pure(p, x) + 0.0, (f_pure, p, x))
     self.assertEqual(count(copy), count(fwd_remat) + 1)
+    # vjp_fwd's out is f_pure's own too, and it hands the run's new state
+    # over: no run more. (Each count also holds the block's shape-only
+    # probe of `f`, which adds nothing to the computation.)
+    self.assertEqual(count(custom_grad.vjp_fwd), count(fwd_remat))
 
   def test_cotangents_come_back_in_the_primals_dtypes(self):
     # As jax.grad gives them: bwd's bfloat16 cotangents of float32 params
