@@ -86,6 +86,11 @@ MIXING = {
     "flip_chosen_by_batch_size": lambda x: x @ jnp.flip(
         W, 0 if len(x) == ROWS else 1),
     "dynamic_slice_of_rows": lambda x: x + lax.dynamic_slice_in_dim(x, 0, 1),
+    "batch_mean_in_a_cond": lambda x: lax.cond(
+        jnp.isfinite(W[0, 0]), lambda y: y - y.mean(0), lambda y: -y, x),
+    "batch_mean_in_a_while": lambda x: lax.while_loop(
+        lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] - c[1].mean(0)),
+        (0, x))[1],
     "scan_over_rows_from_zeros": lambda x: lax.scan(
         lambda c, r: (c + r, c + r), jnp.zeros(x.shape[1:]), x)[1],
 }
