@@ -190,6 +190,26 @@ class CustomVjpTest(parameterized.TestCase):
     chex.assert_trees_all_close(got, inline.apply(params, state, rng, 2 * X),
                                 **TOL)
 
+  def test_rule_running_f_on_other_params_takes_state_of_the_block_params(
+      self):
+    # A fwd whose `out` is f_pure's on perturbed params (weight noise):
+    # that run is not the block's; its new state is inline `f`'s on the
+    # block's own params, which the bridge runs once more for it.
+    def f(x):
+      y = hk.Linear(4)(x)
+      hk.set_state("total", jnp.sum(y))
+      return y
+
+    fwd = lambda f_pure, p, x: (f_pure(jax.tree.map(lambda w: 2 * w, p), x),
+                                None)
+    block = custom_grad.custom_vjp(f, fwd, lambda _, g: (None, None))
+    ours, inline = (hk.transform_with_state(g) for g in (block, f))
+    params, state = inline.init(KEY, X)
+    _, new_state = jax.vjp(lambda p: ours.apply(p, state, None, X), params)[0]
+    chex.assert_trees_all_close(new_state,
+                                inline.apply(params, state, None, X)[1],
+                                **TOL)
+
   def test_rule_returning_f_pures_out_runs_f_once(self):
     # As documented: a fwd that returns f_pure's output on its primals runs
     # `f` no more than it does; any other `out` costs one more run (for the
@@ -209,6 +229,10 @@ class CustomVjpTest(parameterized.TestCase):
 
     copy = lambda f_pure, p, x: (f_pure(p, x) + 0.0, (f_pure, p, x))
     self.assertEqual(count(copy), count(fwd_remat) + 1)
+    # vjp_fwd's out is f_pure's own too, and it hands the run's new state
+    # over: no run more. (Each count also holds the block's shape-only
+    # probe of `f`, which adds nothing to the computation.)
+    self.assertEqual(count(custom_grad.vjp_fwd), count(fwd_remat))
 
   def test_cotangents_come_back_in_the_primals_dtypes(self):
     # As jax.grad gives them: bwd's bfloat16 cotangents of float32 params
@@ -252,6 +276,17 @@ class CustomVjpTest(parameterized.TestCase):
       scale = 0.5 if "/mlp/" in name else 1.0
       chex.assert_trees_all_close(
           got[name], jax.tree.map(lambda w, s=scale: s * w, want[name]), **TOL)
+
+  def test_each_argument_gets_its_own_cotangent(self):
+    # Two differentiable arguments of one shape, the true rule: each
+    # argument's gradient is jax.grad's of the same function inline.
+    f = lambda x, y: mlp(x) * jnp.sin(y)
+    block = custom_grad.custom_vjp(f, custom_grad.vjp_fwd, true_bwd)
+    grads = [jax.grad(lambda p, x, y, g=g: jnp.sum(g.apply(p, None, x, y)),
+                      argnums=(1, 2)) for g in map(hk.transform, (block, f))]
+    params = hk.transform(f).init(KEY, X, X)
+    chex.assert_trees_all_close(grads[0](params, X, 2 * X),
+                                grads[1](params, X, 2 * X), **TOL)
 
   def test_nondiff_argnums_stay_python_values(self):
     def f(x, flag, power):
@@ -511,6 +546,15 @@ class StaticOutputTest(parameterized.TestCase):
     jax.grad(lambda p: jnp.sum(f.apply(p, state, KEY, X)[0]))(params)
     self.assertEqual(seen, [((3, 4), None, None, {"size": None})])
 
+  def test_vjp_fn_takes_a_cotangent_with_the_static_values(self):
+    # vjp_fwd's closure takes a cotangent shaped like `out` with anything at
+    # its static leaves, the static values themselves too.
+    f = lambda x: (mlp(x), "tag", 3)
+    bwd = lambda vjp_fn, g: vjp_fn((g[0], "tag", 3))
+    block = custom_grad.custom_vjp(f, custom_grad.vjp_fwd, bwd)
+    chex.assert_trees_all_close(grad_of(lambda x: block(x)[0]),
+                                grad_of(lambda x: f(x)[0]), **TOL)
+
   def test_forward_mode_through_the_jvp_block(self):
     block = custom_grad.custom_jvp(tagged, tagged_jvp)
     fs = [hk.transform_with_state(lambda x, f=f: f(x)[0])
@@ -560,6 +604,18 @@ class ErrorsTest(parameterized.TestCase):
                                 r"float32\[3, 4\]"):
       grad_of(block)
 
+  def test_bwd_array_for_a_subtree_of_params(self):
+    def bwd(vjp_fn, g):
+      params_ct, x_ct = vjp_fn(g)
+      return {**params_ct, "mlp/~/linear_1": jnp.zeros([4])}, x_ct
+
+    block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
+    with self.assertRaisesRegex(ValueError, r"^hkb.custom_vjp: bwd's cotangent "
+                                r"for params has an array at "
+                                r"\['mlp/~/linear_1'\], where params has a "
+                                r"subtree PyTreeDef\(\{'b': \*, 'w': \*\}\)"):
+      grad_of(block)
+
   def test_bwd_none_means_zero(self):
     def bwd(vjp_fn, g):
       params_ct, _ = vjp_fn(g)
@@ -577,6 +633,14 @@ class ErrorsTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, r"fwd must return a pair"):
       grad_of(block)
 
+  def test_jvp_not_a_pair(self):
+    block = custom_grad.custom_jvp(
+        mlp, lambda f_pure, primals, tangents: jax.jvp(f_pure, primals,
+                                                       tangents)[1])
+    with self.assertRaisesRegex(TypeError, r"^hkb.custom_jvp: jvp must return "
+                                r"a pair \(out, out_dot\); got "):
+      grad_of(block)
+
   def test_fwd_wrong_output(self):
     block = custom_grad.custom_vjp(
         mlp, lambda f_pure, p, x: (f_pure(p, x)[0], None), true_bwd)
@@ -584,6 +648,24 @@ class ErrorsTest(parameterized.TestCase):
                                 r"float32\[4\], but f's output there is "
                                 r"float32\[3, 4\]"):
       grad_of(block)
+
+  def test_fwd_output_not_an_array(self):
+    block = custom_grad.custom_vjp(mlp, lambda f_pure, p, x: ("out", None),
+                                   true_bwd)
+    with self.assertRaisesRegex(ValueError, r"^hkb.custom_vjp: fwd's out at "
+                                r"<root> is a str 'out', but f's output there "
+                                r"is float32\[3, 4\]"):
+      grad_of(block)
+
+  def test_jvp_wrong_output(self):
+    def jvp(f_pure, primals, tangents):
+      out, out_dot = jax.jvp(f_pure, primals, tangents)
+      return out[0], out_dot
+
+    with self.assertRaisesRegex(ValueError, r"^hkb.custom_jvp: jvp's out at "
+                                r"<root> is float32\[4\], but f's output "
+                                r"there is float32\[3, 4\]"):
+      grad_of(custom_grad.custom_jvp(mlp, jvp))
 
   def test_fwd_another_static_output(self):
     block = custom_grad.custom_vjp(
@@ -620,6 +702,14 @@ class ErrorsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError,
                                 "piece 'a' at <root> is float32\\[4\\].*shaped "
                                 "like the whole output cotangent"):
+      grad_of(block)
+
+  def test_split_returns_no_piece(self):
+    bwd = custom_grad.route_cotangents(lambda g: {}, lambda cts: cts)
+    block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
+    with self.assertRaisesRegex(TypeError, r"^hkb.route_cotangents: split must "
+                                r"return a non-empty dict \{name: piece\}; "
+                                r"got a dict\."):
       grad_of(block)
 
   def test_keyword_arguments(self):

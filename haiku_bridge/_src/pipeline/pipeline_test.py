@@ -286,6 +286,30 @@ class TimetableTest(parameterized.TestCase):
                                                     microbatches).bubble)
 
 
+class StagingTest(EightDevicesTest):
+  """The documented defaults of `Pipeline`, as the staging lays them out."""
+
+  def _staging(self, pipeline, num_layers=16):
+    with jax.set_mesh(make_mesh(4)):
+      return pipeline_lib.staging_for(pipeline, jnp.ones([8, 4]), num_layers,
+                                      require_mesh=True)
+
+  def _assert_same(self, a, b):
+    self.assertEqual((a.layout, a.batch), (b.layout, b.batch))
+    chex.assert_trees_all_equal(a.timetable, b.timetable)
+
+  def test_circular_repeats_default_to_one_layer_per_stage_per_pass(self):
+    # "default: N/S": 16 layers on 4 stages pass the stages 4 times.
+    default = self._staging(hkb.Pipeline("stage", 2, "circular"))
+    self._assert_same(default,
+                      self._staging(hkb.Pipeline("stage", 2, "circular", 4)))
+    self.assertEqual(default.layout.layers, 1)
+
+  def test_gpipe_takes_repeats_none_or_one(self):
+    self._assert_same(self._staging(hkb.Pipeline("stage", 2, repeats=1)),
+                      self._staging(hkb.Pipeline("stage", 2)))
+
+
 class TrainingEqualsOneDeviceTest(EightDevicesTest):
   """A transformer trained a few SGD steps: loss, gradients and params of one device.
 

@@ -76,6 +76,23 @@ MIXING = {
     "rows_times_rows": lambda x: jnp.einsum("bij,cij->bc", x, x)[:, :, None],
     "reshape_rows_inner": lambda x: jnp.swapaxes(x, 0, 1).reshape(
         3 * x.shape[0], 4)[:x.shape[0] * 3].reshape(x.shape),
+    "batch_size_in_a_constant": lambda x: x * jnp.asarray(
+        np.full([4], 1 / x.shape[0], np.float32)),
+    "op_branch_on_batch_size": lambda x: jnp.sin(x) if len(x) == ROWS else x,
+    "op_chosen_by_batch_size": lambda x: (jnp.sin if len(x) == ROWS else
+                                          jnp.cos)(x),
+    "concatenate_rows": lambda x: jnp.concatenate([x, x]),
+    "batch_size_plus_one_rows": lambda x: jnp.zeros((len(x) + 1, 3, 4)),
+    "flip_chosen_by_batch_size": lambda x: x @ jnp.flip(
+        W, 0 if len(x) == ROWS else 1),
+    "dynamic_slice_of_rows": lambda x: x + lax.dynamic_slice_in_dim(x, 0, 1),
+    "batch_mean_in_a_cond": lambda x: lax.cond(
+        jnp.isfinite(W[0, 0]), lambda y: y - y.mean(0), lambda y: -y, x),
+    "batch_mean_in_a_while": lambda x: lax.while_loop(
+        lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] - c[1].mean(0)),
+        (0, x))[1],
+    "scan_over_rows_from_zeros": lambda x: lax.scan(
+        lambda c, r: (c + r, c + r), jnp.zeros(x.shape[1:]), x)[1],
 }
 
 
