@@ -89,9 +89,11 @@ def custom_vjp(
       the inner's names), with state and rng bound; `args` are the block's
       arguments as given, non-differentiable ones included. `hkb.vjp_fwd`
       stores a `jax.vjp` closure as the residuals. A `fwd` that returns
-      `f_pure(params, *args)`'s output runs `f` once, as inline code does;
-      for any other `out` the bridge runs `f` once more for the block's new
-      state.
+      `f_pure(params, *args)`'s output runs `f` once in the program, as
+      inline code does; for any other `out` the bridge runs `f` once more
+      for the block's new state. (The bridge also traces `f` once for its
+      output's shapes, which puts nothing in the program: a Python side
+      effect of `f` happens once more than inline.)
     bwd: `bwd(residuals, out_cotangent) -> (params_ct, *args_cts)`, where
       `out_cotangent` is shaped like `out`, None at its non-array leaves: one
       cotangent for `params` and one per differentiable argument (positions
