@@ -93,7 +93,7 @@ def custom_vjp(
       inline code does; for any other `out` the bridge runs `f` once more
       for the block's new state. (The bridge also traces `f` once for its
       output's shapes, which puts nothing in the program: a Python side
-      effect of `f` happens once more than inline.)
+      effect of `f` may happen once more than inline.)
     bwd: `bwd(residuals, out_cotangent) -> (params_ct, *args_cts)`, where
       `out_cotangent` is shaped like `out`, None at its non-array leaves: one
       cotangent for `params` and one per differentiable argument (positions
