@@ -394,6 +394,80 @@ class ShardingRulesTest(parameterized.TestCase):
       sharding.param_specs({"w": jnp.zeros([8, 8])},
                            [(r"w", P("model", "model"))], mesh=self.mesh)
 
+  def test_unmatched_param_keeps_each_split_layer_axis(self):
+    # Nested stacks, only the inner one split: an unmatched parameter keeps
+    # that split in its own place (one entry per stack, outermost first).
+    rules = sharding.ShardingRules([], stacked={"outer": None,
+                                                "inner": "data"})
+    spec = rules.spec_for("outer/inner/lin/b", (3, 2, 8), self.mesh)
+    self.assertEqual(spec, P(None, "data"))
+    # jax splits the inner layer axis so: each device holds 1 of 2 layers.
+    array = jax.device_put(jnp.zeros([3, 2, 8]),
+                           NamedSharding(self.mesh, spec))
+    self.assertEqual(array.addressable_shards[0].data.shape, (3, 1, 8))
+
+  def test_stack_pattern_alternatives_each_end_at_a_boundary(self):
+    rules = sharding.ShardingRules([], stacked=["encoder|decoder"])
+    for path in ("net/encoder/lin/w", "net/decoder/lin/w",
+                 "net/decoder_1/lin/w"):
+      self.assertEqual(rules.place(path, (3, 4)).layer_axes, 1, path)
+    for path in ("net/mydecoder/lin/w", "net/encoders/lin/w",
+                 "net/lin/decoder"):
+      self.assertEqual(rules.place(path, (3, 4)).layer_axes, 0, path)
+
+  def test_unconstrained_entries_pass_the_mesh_check(self):
+    # P.UNCONSTRAINED leaves a dimension to the partitioner (for
+    # with_sharding_constraint); it names no mesh axis.
+    spec = P(P.UNCONSTRAINED, "model")
+    self.assertEqual(sharding.param_specs({"w": jnp.zeros([8, 8])},
+                                          [(r"w$", spec)], mesh=self.mesh),
+                     {"w": spec})
+
+  def test_tuple_entry_divides_by_the_product_of_its_axes(self):
+    # ("data", "model") splits a dimension 2 * 4 = 8 ways, as jax counts.
+    spec = P(("data", "model"))
+    for size, divides in ((16, True), (4, False)):
+      named = NamedSharding(self.mesh, spec)
+      if divides:
+        jax.device_put(jnp.zeros([size]), named)
+        sharding.param_specs({"w": jnp.zeros([size])}, [(r"w$", spec)],
+                             mesh=self.mesh)
+        continue
+      with self.assertRaisesRegex(Exception, "8 times"):
+        jax.device_put(jnp.zeros([size]), named)
+      with self.assertRaisesRegex(
+          ValueError, r"splits dimension 0 \(size 4\) into 8 parts"):
+        sharding.param_specs({"w": jnp.zeros([size])}, [(r"w$", spec)],
+                             mesh=self.mesh)
+
+  def test_indivisible_layer_axis_says_layers_and_stack(self):
+    rules = sharding.ShardingRules([], stacked={"blocks": "data"})
+    with self.assertRaisesRegex(Exception, "2 times"):  # jax refuses too.
+      jax.device_put(jnp.zeros([3, 8]),
+                     NamedSharding(self.mesh, P("data")))
+    with self.assertRaisesRegex(
+        ValueError, r"`stacked=` \('blocks' -> 'data'\) splits the layer axis "
+        r"of parameter 'blocks/lin/b' \(shape \(3, 8\)\): 3 layers do not "
+        r"split over mesh axes \('data',\)"):
+      rules.place("blocks/lin/b", (3, 8), self.mesh)
+
+  def test_report_table_names_each_rule_and_lines_up(self):
+    params = {"a": {"w": jnp.zeros([4, 8]), "bias": jnp.zeros([8])},
+              "long/name": {"w": jnp.zeros([8])}}
+    rules = [(r"a/w$", P(None, "model")), (r"long/name/w$", P("data")),
+             (r"^a/bias$", P())]
+    lines = str(sharding.explain_shardings(params, rules)).splitlines()
+    rows = {line.split()[0]: line for line in lines}
+    self.assertTrue(rows["a/w"].endswith("  0: a/w$"), rows["a/w"])
+    self.assertTrue(rows["long/name/w"].endswith("  1: long/name/w$"))
+    self.assertTrue(rows["a/bias"].endswith("  2: ^a/bias$"))
+    # Each column starts where its header does.
+    for header in ("shape", "spec", "rule"):
+      column = lines[0].index(header)
+      for line in lines[1:]:
+        self.assertNotEqual(line[column], " ", (header, line))
+        self.assertEqual(line[column - 2:column], "  ", (header, line))
+
   def test_bad_rules(self):
     with self.assertRaisesRegex(ValueError, r"rule 1 is not a valid regex"):
       sharding.ShardingRules([(r"w$", P()), (r"(w", P())])
