@@ -468,6 +468,23 @@ class ShardingRulesTest(parameterized.TestCase):
         self.assertNotEqual(line[column], " ", (header, line))
         self.assertEqual(line[column - 2:column], "  ", (header, line))
 
+  def test_stacked_axes_list_is_copied(self):
+    # A list of mesh axes is read once: changing it later changes nothing.
+    axes = ["data"]
+    rules = sharding.ShardingRules([], stacked={"blocks": axes})
+    axes.append("model")
+    self.assertEqual(rules.spec_for("blocks/lin/b", (2, 8), self.mesh),
+                     P("data"))
+    self.assertEqual(rules.stacked, {"blocks": ("data",)})
+
+  def test_zero_sized_parameter_is_placed(self):
+    # jax places an empty array by a spec like any other.
+    params = {"lin": {"w": jnp.zeros([0, 8])}}
+    shardings = sharding.param_shardings(params, self.mesh,
+                                         [(r"w$", P(None, "model"))])
+    placed = jax.device_put(params, shardings)
+    self.assertEqual(placed["lin"]["w"].sharding.spec, P(None, "model"))
+
   def test_bad_rules(self):
     with self.assertRaisesRegex(ValueError, r"rule 1 is not a valid regex"):
       sharding.ShardingRules([(r"w$", P()), (r"(w", P())])
@@ -838,6 +855,33 @@ def per_device_bytes(params):
   device = jax.devices()[0]
   return sum(shard.data.nbytes for leaf in jax.tree.leaves(params)
              for shard in leaf.addressable_shards if shard.device == device)
+
+
+@needs_jax_0_7("Explicit mesh axes (jax.set_mesh, jax.sharding.reshard)")
+class GatherOverTest(parameterized.TestCase):
+
+  def test_gathers_over_every_axis_named(self):
+    x = jnp.arange(64.).reshape(8, 8)
+    for axes, kept in ((("data", "model"), P()), (("model",), P("data")),
+                       ("data", P(None, "model"))):
+      with jax.set_mesh(make_mesh((2, 4), ("data", "model"),
+                                  AxisType.Explicit)):
+        split = jax.device_put(x, P("data", "model"))
+        gathered = sharding.gather_over(split, axes)
+        expected = jax.sharding.reshard(split, kept)  # jax's own gather.
+      self.assertEqual(gathered.sharding, expected.sharding, axes)
+      np.testing.assert_array_equal(gathered, x)
+
+  @parameterized.parameters(AxisType.Explicit, AxisType.Auto)
+  def test_array_made_outside_the_mesh_checked_against_the_mesh_in_force(
+      self, axis_type):
+    x = jnp.ones([8])  # No mesh in its type.
+    with jax.set_mesh(make_mesh((2, 4), ("data", "model"), axis_type)):
+      self.assertEqual(jax.typeof(x).sharding.mesh.axis_names, ())
+      np.testing.assert_array_equal(sharding.gather_over(x, "data"), x)
+      with self.assertRaisesRegex(ValueError,
+                                  r"mesh axis 'modle', which the mesh lacks"):
+        sharding.gather_over(x, "modle")
 
 
 @needs_jax_0_7("Explicit mesh axes (jax.set_mesh, out_sharding)")
