@@ -5,6 +5,8 @@ reads of it is gone: simulated below by taking a name or a field away.
 """
 
 import collections
+import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -152,6 +154,46 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(hk.transform(f).apply({"~": {"w": jnp.ones([])}}, None),
                      (1., 2., 1., 2.))
 
+  def test_interceptors_as_keeps_their_order(self):
+    # Two getters that do not commute: restored, they compose as Haiku
+    # composed them inline.
+    plus_one = lambda nxt, v, ctx: nxt(v + 1)
+    double = lambda nxt, v, ctx: nxt(2 * v)
+    get = lambda: hk.get_parameter("w", [], init=jnp.ones)
+
+    def f():
+      with hk.custom_getter(plus_one), hk.custom_getter(double):
+        inline = get()
+        saved = haiku_internals.interceptors()
+      with haiku_internals.interceptors_as(saved):
+        restored = get()
+      return inline, restored
+
+    inline, restored = hk.transform(f).apply({"~": {"w": jnp.ones([])}}, None)
+    self.assertEqual(restored, inline)
+
+  def test_suspending_getters_only_keeps_creators_and_setters(self):
+    double = lambda nxt, shape, dtype, init, ctx: nxt(
+        shape, dtype, lambda s, d: 2 * init(s, d))
+
+    def f(suspend):
+      with hk.custom_creator(double, state=True), \
+           hk.custom_setter(lambda nxt, value, ctx: nxt(value + 1)), \
+           hk.custom_getter(lambda nxt, value, ctx: nxt(value + 10)):
+        with (haiku_internals.interceptors_suspended(getters_only=True)
+              if suspend else contextlib.nullcontext()):
+          hk.get_parameter("w", [], init=jnp.ones)
+          hk.get_state("n", [], init=jnp.ones)
+          hk.set_state("m", 1.)
+
+    # As Haiku runs the same code inline: getters do not change what is
+    # stored, so init stores the same with or without them.
+    ours, inline = (jax.tree.map(float, hk.transform_with_state(
+        functools.partial(f, suspend)).init(jax.random.PRNGKey(0)))
+                    for suspend in (True, False))
+    self.assertEqual(ours, inline)
+    self.assertEqual(ours, ({"~": {"w": 2.}}, {"~": {"n": 2., "m": 2.}}))
+
   def test_interceptors_include_method_interceptors(self):
     calls = []
 
@@ -249,6 +291,22 @@ class HaikuInternalsTest(absltest.TestCase):
 
     hk.transform(f).apply({}, None, jnp.ones([]))
     self.assertEqual(seen, [True, False])
+
+  def test_same_transform_under_pushed_trace_levels(self):
+    # hk.vmap and frame_from push a JAX trace level: still the same run.
+    seen = []
+
+    def f(x):
+      outer = haiku_internals.frame()
+      probe = lambda a: seen.append(haiku_internals.same_transform(
+          haiku_internals.frame(), outer)) or a
+      hk.vmap(probe, split_rng=False)(x)
+      with haiku_internals.frame_from(haiku_internals.call_point(), params={},
+                                      state={}, rng=None, init=False):
+        probe(x)
+
+    hk.transform(f).apply({}, None, jnp.ones([2]))
+    self.assertEqual(seen, [True, True])
 
   def test_lifting(self):
     inner = hk.transform(lambda x: hk.Linear(1)(x))
