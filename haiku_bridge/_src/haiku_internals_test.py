@@ -107,6 +107,75 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(first_call, (True, False))
     self.assertEqual(second_call, (True, False))
 
+  def test_claim_is_per_frame_under_haiku_wrappers(self):
+    # hk.vmap traces its body in a new frame with a copy of the used names:
+    # a claim there is new once, as Haiku's own names are.
+    seen = []
+
+    class M(hk.Module):
+
+      def __call__(self, x):
+        seen.append(haiku_internals.claim_name("x"))
+        hk.vmap(lambda a: seen.extend([haiku_internals.claim_name("x"),
+                                       haiku_internals.claim_name("x")]) or a,
+                split_rng=False)(x)
+
+    hk.transform(lambda x: M()(x)).apply({}, None, jnp.ones([2]))
+    self.assertEqual(seen, [True, True, False])
+
+  def test_naming_effect_and_take_names_as_inline(self):
+    # A run at a point the caller has moved past: take_names never lowers a
+    # counter the caller moved on, it takes the explicit names the run used
+    # (`own` is then `own_1`, as inline), and the effect holds only what the
+    # run took: module names, no claims.
+    def names(bridged):
+      hk.Linear(1, name="conv")
+      point = haiku_internals.call_point()
+      taken = [hk.Linear(1).module_name, hk.Linear(1).module_name]
+      if not bridged:  # Inline at the point: what the run below does.
+        taken += [hk.Linear(1).module_name, hk.Linear(1, name="own").module_name]
+        return taken, hk.Linear(1).module_name, hk.Linear(
+            1, name="own").module_name, None
+      with haiku_internals.frame_from(point, params={}, state={}, rng=None,
+                                      init=True) as frame:
+        taken += [hk.Linear(1).module_name, hk.Linear(1, name="own").module_name]
+        haiku_internals.claim_name("x")
+      effect = haiku_internals.naming_effect(point, frame)
+      haiku_internals.take_names(effect)
+      return taken, hk.Linear(1).module_name, hk.Linear(
+          1, name="own").module_name, effect
+
+    f = lambda bridged: hk.transform(lambda: names(bridged)).apply({}, None)
+    taken, after, own, effect = f(True)
+    inline_taken, inline_after, inline_own, _ = f(False)
+    self.assertEqual(taken[:2], inline_taken[:2])
+    self.assertEqual(taken[2:], ["linear", "own"])  # The point's next names.
+    self.assertEqual((after, own), ("linear_2", "own_1"))
+    self.assertEqual((inline_after, inline_own), ("linear_3", "own_1"))
+    self.assertEqual(dict(effect.counters), {"linear": 1, "own": 1})
+    self.assertEqual(effect.used, frozenset({"linear", "own"}))
+
+  def test_frame_from_and_loop_step_are_haikus_own_level(self):
+    # Under a raw JAX transform (jax.eval_shape, lax.scan) the code inside
+    # runs as inside Haiku's own wrappers: not a raw transform to it.
+    seen = []
+
+    def f(x):
+      def run(_):
+        with haiku_internals.frame_from(haiku_internals.call_point(), params={},
+                                        state={}, rng=None, init=False):
+          seen.append(haiku_internals.inside_raw_jax_transform())
+      jax.eval_shape(run, x)
+
+      def body(carry, _):
+        with haiku_internals.loop_step(carry):
+          seen.append(haiku_internals.inside_raw_jax_transform())
+          return haiku_internals.loop_state(), None
+      jax.lax.scan(body, haiku_internals.loop_state(), None, length=2)
+
+    hk.transform_with_state(f).apply({}, {}, None, jnp.ones([]))
+    self.assertEqual(seen, [False, False])
+
   def test_stored_names_and_frame_contents(self):
     seen = []
 
@@ -439,6 +508,12 @@ class ChangedHaikuTest(absltest.TestCase):
     with mock.patch.object(_base, "Frame", frame):
       self.assertEqual(haiku_internals.changed_reads(),
                        ["its Frame has no field 'jax_trace_stack'"])
+
+  def test_state_pair_fields_changed(self):
+    pair = collections.namedtuple("StatePair", ["initial", "value"])
+    with mock.patch.object(_base, "StatePair", pair):
+      self.assertEqual(haiku_internals.changed_reads(), [
+          "StatePair's fields are not ('initial', 'current')"])
 
   def test_evolve_changed_and_layer_stack_renamed(self):
     frame = collections.namedtuple("Frame", _base.Frame._fields)
