@@ -335,6 +335,27 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(jax.tree.map(float, haiku_internals.frame_state(frame)),
                      {"~": {"n": 3., "m": 4.}})
 
+  def test_frame_from_outside_a_transform_updates_lifted_state(self):
+    # hk.lift_with_state's updater needs a transform's context; run later,
+    # outside one, the frame gives it one and it writes as inline apply.
+    point = []
+    hk.transform(lambda: point.append(haiku_internals.call_point())).apply(
+        {}, None)
+    inner = hk.transform_with_state(lambda: hk.set_state(
+        "n", hk.get_state("n", [], init=jnp.zeros) + 1))
+
+    def g():
+      init, updater = hk.lift_with_state(inner.init, name="inner")
+      updater.update(inner.apply(*init(None), None)[1])
+
+    state = {"inner/~": {"n": jnp.zeros([])}}
+    with haiku_internals.frame_from(point[0], params={}, state=state,
+                                    rng=None, init=False) as frame:
+      g()
+    inline = hk.transform_with_state(g).apply({}, state, None)[1]
+    self.assertEqual(jax.tree.map(float, haiku_internals.frame_state(frame)),
+                     jax.tree.map(float, inline))
+
   def test_write_state_keeps_the_initial_value(self):
     seen = []
 
