@@ -196,6 +196,17 @@ class HaikuInternalsTest(absltest.TestCase):
                      {"~": {"w": [1., 1.]}})
     self.assertEqual(jax.tree.map(float, state), {"~": {"s": 0., "t": 2.}})
 
+  def test_frame_params_drop_empty_bundles(self):
+    # Haiku keeps a bundle passed empty (hk.get_params() lists it); the
+    # bridge's view of stored params holds only bundles that hold some.
+    seen = []
+    hk.transform(lambda: seen.append((
+        haiku_internals.frame_params(haiku_internals.frame()),
+        hk.get_params()))).apply({"m": {}, "n": {"w": jnp.ones([])}}, None)
+    (ours, haikus), = seen
+    self.assertEqual(list(haikus), ["m", "n"])
+    self.assertEqual(list(ours), ["n"])
+
   def test_creation_frame_id(self):
     def f():
       module = hk.Linear(1)
