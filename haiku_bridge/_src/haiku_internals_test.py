@@ -139,9 +139,13 @@ class HaikuInternalsTest(absltest.TestCase):
       with haiku_internals.frame_from(point, params={}, state={}, rng=None,
                                       init=True) as frame:
         taken += [hk.Linear(1).module_name, hk.Linear(1, name="own").module_name]
+        hk.Linear(1, name="numbered_3")
         haiku_internals.claim_name("x")
       effect = haiku_internals.naming_effect(point, frame)
       haiku_internals.take_names(effect)
+      # Haiku refuses an explicitly numbered name given twice in a scope.
+      with self.assertRaisesRegex(ValueError, "'numbered_3' is not unique"):
+        hk.Linear(1, name="numbered_3")
       return taken, hk.Linear(1).module_name, hk.Linear(
           1, name="own").module_name, effect
 
@@ -152,8 +156,9 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(taken[2:], ["linear", "own"])  # The point's next names.
     self.assertEqual((after, own), ("linear_2", "own_1"))
     self.assertEqual((inline_after, inline_own), ("linear_3", "own_1"))
-    self.assertEqual(dict(effect.counters), {"linear": 1, "own": 1})
-    self.assertEqual(effect.used, frozenset({"linear", "own"}))
+    self.assertEqual(dict(effect.counters),
+                     {"linear": 1, "own": 1, "numbered": 4})
+    self.assertEqual(effect.used, frozenset({"linear", "own", "numbered_3"}))
 
   def test_frame_from_and_loop_step_are_haikus_own_level(self):
     # Under a raw JAX transform (jax.eval_shape, lax.scan) the code inside

@@ -479,6 +479,9 @@ class ShardingRulesTest(parameterized.TestCase):
 
   def test_zero_sized_parameter_is_placed(self):
     # jax places an empty array by a spec like any other.
+    rules = sharding.ShardingRules([(r"w$", P(None, "model"))])
+    self.assertEqual(rules.spec_for("lin/w", (0, 8), self.mesh),
+                     P(None, "model"))
     params = {"lin": {"w": jnp.zeros([0, 8])}}
     shardings = sharding.param_shardings(params, self.mesh,
                                          [(r"w$", P(None, "model"))])
