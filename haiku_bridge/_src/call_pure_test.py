@@ -262,6 +262,28 @@ class InlineRuleTest(parameterized.TestCase):
       names.append(sorted(seen))
     self.assertEqual(names[0], names[1])
 
+  def test_nested_getters_stay_nested_around_a_bridged_call(self):
+    # Was: at apply the bridge put the getters back inside out, so the rest
+    # of the scope composed them in reverse and leaving it failed Haiku's
+    # own assertion.
+    plus_one = lambda nxt, v, ctx: nxt(v + 1)
+    double = lambda nxt, v, ctx: nxt(2 * v)
+    inner = hk.transform(mlp_fn)
+
+    def model(bridge, x):
+      with hk.custom_getter(plus_one), hk.custom_getter(double):
+        y = (hkb.call_pure(lambda p, x: dense(p["mlp/~/linear_0"], x), x,
+                           init=inner) if bridge else mlp_fn(x))
+        return y, hk.get_parameter("w", [], init=jnp.ones)
+
+    read = []
+    for bridge in (True, False):
+      f = hk.transform(lambda x, bridge=bridge: model(bridge, x))
+      params = f.init(KEY, X)
+      read.append(float(f.apply(params, None, X)[1]))
+    self.assertEqual(read[0], read[1])  # As inline Haiku composes them.
+    self.assertEqual(read[1], 2. * (1. + 1.))  # `plus_one` reads first.
+
   def test_init_may_be_fn_itself(self):
     inner = hk.transform(mlp_fn)
     assert_same_model(self, lambda x: hkb.call_pure(inner, x, init=inner),

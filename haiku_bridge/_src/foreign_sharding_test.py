@@ -89,6 +89,20 @@ class NnxTest(absltest.TestCase):
                      P("model", None))  # `mlp` -> `model` by its own rules.
     self.assertEqual(params["block/norm"]["scale"].sharding.spec, P())
 
+  def test_declared_partitioning_outranks_the_rules_given(self):
+    # `rules=` covers the params Flax declares nothing for; a rule that also
+    # matches a declared kernel does not override what NNX itself gives it.
+    m = mesh()
+    f = hk.transform(lambda x: hkb.from_flax(NnxBlock, name="block")(x))
+    rules = hkb.ShardingRules.from_foreign(
+        f.init, KEY, X, rules=[(r"kernel$", P("data")), (r"scale$", P("model"))])
+    params = created(f, rules, m)
+    with jax.set_mesh(m):
+      native = NnxBlock(rngs=nnx.Rngs(0))
+    assert_same_sharding(self, params["block/up"]["kernel"],
+                         native.up.kernel[...], "up")
+    self.assertEqual(params["block/norm"]["scale"].sharding.spec, P("model"))
+
   def test_init_traced_before_is_traced_again(self):
     f = hk.transform(lambda x: hkb.from_flax(NnxBlock, name="block")(x))
     jax.eval_shape(f.init, KEY, X)  # jax.eval_shape caches its traces.

@@ -237,7 +237,16 @@ Interceptors = tuple[tuple[Any, ...], ...]
 
 def interceptors() -> Interceptors:
   """The custom creators, getters, setters and method interceptors in force."""
-  return tuple(tuple(stack) for stack in _ALL)
+  return tuple(_entries(stack) for stack in _ALL)
+
+
+def _entries(stack) -> tuple[Any, ...]:
+  """A stack's entries in the order they were pushed, outermost first.
+
+  Haiku's stacks iterate innermost first; pushing them back in that order
+  would turn nested interceptors inside out.
+  """
+  return tuple(stack)[::-1]
 
 
 @contextlib.contextmanager
@@ -263,7 +272,7 @@ def interceptors_suspended(getters_only: bool = False) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _replaced(stacks, entries) -> Iterator[None]:
-  saved = [tuple(stack) for stack in stacks]
+  saved = [_entries(stack) for stack in stacks]
   _fill(stacks, entries)
   try:
     yield

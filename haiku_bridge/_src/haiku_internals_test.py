@@ -5,6 +5,8 @@ reads of it is gone: simulated below by taking a name or a field away.
 """
 
 import collections
+import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -105,6 +107,80 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(first_call, (True, False))
     self.assertEqual(second_call, (True, False))
 
+  def test_claim_is_per_frame_under_haiku_wrappers(self):
+    # hk.vmap traces its body in a new frame with a copy of the used names:
+    # a claim there is new once, as Haiku's own names are.
+    seen = []
+
+    class M(hk.Module):
+
+      def __call__(self, x):
+        seen.append(haiku_internals.claim_name("x"))
+        hk.vmap(lambda a: seen.extend([haiku_internals.claim_name("x"),
+                                       haiku_internals.claim_name("x")]) or a,
+                split_rng=False)(x)
+
+    hk.transform(lambda x: M()(x)).apply({}, None, jnp.ones([2]))
+    self.assertEqual(seen, [True, True, False])
+
+  def test_naming_effect_and_take_names_as_inline(self):
+    # A run at a point the caller has moved past: take_names never lowers a
+    # counter the caller moved on, it takes the explicit names the run used
+    # (`own` is then `own_1`, as inline), and the effect holds only what the
+    # run took: module names, no claims.
+    def names(bridged):
+      hk.Linear(1, name="conv")
+      point = haiku_internals.call_point()
+      taken = [hk.Linear(1).module_name, hk.Linear(1).module_name]
+      if not bridged:  # Inline at the point: what the run below does.
+        taken += [hk.Linear(1).module_name, hk.Linear(1, name="own").module_name]
+        return taken, hk.Linear(1).module_name, hk.Linear(
+            1, name="own").module_name, None
+      with haiku_internals.frame_from(point, params={}, state={}, rng=None,
+                                      init=True) as frame:
+        taken += [hk.Linear(1).module_name, hk.Linear(1, name="own").module_name]
+        hk.Linear(1, name="numbered_3")
+        haiku_internals.claim_name("x")
+      effect = haiku_internals.naming_effect(point, frame)
+      haiku_internals.take_names(effect)
+      # Haiku refuses an explicitly numbered name given twice in a scope.
+      with self.assertRaisesRegex(ValueError, "'numbered_3' is not unique"):
+        hk.Linear(1, name="numbered_3")
+      return taken, hk.Linear(1).module_name, hk.Linear(
+          1, name="own").module_name, effect
+
+    f = lambda bridged: hk.transform(lambda: names(bridged)).apply({}, None)
+    taken, after, own, effect = f(True)
+    inline_taken, inline_after, inline_own, _ = f(False)
+    self.assertEqual(taken[:2], inline_taken[:2])
+    self.assertEqual(taken[2:], ["linear", "own"])  # The point's next names.
+    self.assertEqual((after, own), ("linear_2", "own_1"))
+    self.assertEqual((inline_after, inline_own), ("linear_3", "own_1"))
+    self.assertEqual(dict(effect.counters),
+                     {"linear": 1, "own": 1, "numbered": 4})
+    self.assertEqual(effect.used, frozenset({"linear", "own", "numbered_3"}))
+
+  def test_frame_from_and_loop_step_are_haikus_own_level(self):
+    # Under a raw JAX transform (jax.eval_shape, lax.scan) the code inside
+    # runs as inside Haiku's own wrappers: not a raw transform to it.
+    seen = []
+
+    def f(x):
+      def run(_):
+        with haiku_internals.frame_from(haiku_internals.call_point(), params={},
+                                        state={}, rng=None, init=False):
+          seen.append(haiku_internals.inside_raw_jax_transform())
+      jax.eval_shape(run, x)
+
+      def body(carry, _):
+        with haiku_internals.loop_step(carry):
+          seen.append(haiku_internals.inside_raw_jax_transform())
+          return haiku_internals.loop_state(), None
+      jax.lax.scan(body, haiku_internals.loop_state(), None, length=2)
+
+    hk.transform_with_state(f).apply({}, {}, None, jnp.ones([]))
+    self.assertEqual(seen, [False, False])
+
   def test_stored_names_and_frame_contents(self):
     seen = []
 
@@ -124,6 +200,17 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(jax.tree.map(lambda a: a.tolist(), params),
                      {"~": {"w": [1., 1.]}})
     self.assertEqual(jax.tree.map(float, state), {"~": {"s": 0., "t": 2.}})
+
+  def test_frame_params_drop_empty_bundles(self):
+    # Haiku keeps a bundle passed empty (hk.get_params() lists it); the
+    # bridge's view of stored params holds only bundles that hold some.
+    seen = []
+    hk.transform(lambda: seen.append((
+        haiku_internals.frame_params(haiku_internals.frame()),
+        hk.get_params()))).apply({"m": {}, "n": {"w": jnp.ones([])}}, None)
+    (ours, haikus), = seen
+    self.assertEqual(list(haikus), ["m", "n"])
+    self.assertEqual(list(ours), ["n"])
 
   def test_creation_frame_id(self):
     def f():
@@ -151,6 +238,46 @@ class HaikuInternalsTest(absltest.TestCase):
 
     self.assertEqual(hk.transform(f).apply({"~": {"w": jnp.ones([])}}, None),
                      (1., 2., 1., 2.))
+
+  def test_interceptors_as_keeps_their_order(self):
+    # Two getters that do not commute: restored, they compose as Haiku
+    # composed them inline.
+    plus_one = lambda nxt, v, ctx: nxt(v + 1)
+    double = lambda nxt, v, ctx: nxt(2 * v)
+    get = lambda: hk.get_parameter("w", [], init=jnp.ones)
+
+    def f():
+      with hk.custom_getter(plus_one), hk.custom_getter(double):
+        inline = get()
+        saved = haiku_internals.interceptors()
+      with haiku_internals.interceptors_as(saved):
+        restored = get()
+      return inline, restored
+
+    inline, restored = hk.transform(f).apply({"~": {"w": jnp.ones([])}}, None)
+    self.assertEqual(restored, inline)
+
+  def test_suspending_getters_only_keeps_creators_and_setters(self):
+    double = lambda nxt, shape, dtype, init, ctx: nxt(
+        shape, dtype, lambda s, d: 2 * init(s, d))
+
+    def f(suspend):
+      with hk.custom_creator(double, state=True), \
+           hk.custom_setter(lambda nxt, value, ctx: nxt(value + 1)), \
+           hk.custom_getter(lambda nxt, value, ctx: nxt(value + 10)):
+        with (haiku_internals.interceptors_suspended(getters_only=True)
+              if suspend else contextlib.nullcontext()):
+          hk.get_parameter("w", [], init=jnp.ones)
+          hk.get_state("n", [], init=jnp.ones)
+          hk.set_state("m", 1.)
+
+    # As Haiku runs the same code inline: getters do not change what is
+    # stored, so init stores the same with or without them.
+    ours, inline = (jax.tree.map(float, hk.transform_with_state(
+        functools.partial(f, suspend)).init(jax.random.PRNGKey(0)))
+                    for suspend in (True, False))
+    self.assertEqual(ours, inline)
+    self.assertEqual(ours, ({"~": {"w": 2.}}, {"~": {"n": 2., "m": 2.}}))
 
   def test_interceptors_include_method_interceptors(self):
     calls = []
@@ -224,6 +351,27 @@ class HaikuInternalsTest(absltest.TestCase):
     self.assertEqual(jax.tree.map(float, haiku_internals.frame_state(frame)),
                      {"~": {"n": 3., "m": 4.}})
 
+  def test_frame_from_outside_a_transform_updates_lifted_state(self):
+    # hk.lift_with_state's updater needs a transform's context; run later,
+    # outside one, the frame gives it one and it writes as inline apply.
+    point = []
+    hk.transform(lambda: point.append(haiku_internals.call_point())).apply(
+        {}, None)
+    inner = hk.transform_with_state(lambda: hk.set_state(
+        "n", hk.get_state("n", [], init=jnp.zeros) + 1))
+
+    def g():
+      init, updater = hk.lift_with_state(inner.init, name="inner")
+      updater.update(inner.apply(*init(None), None)[1])
+
+    state = {"inner/~": {"n": jnp.zeros([])}}
+    with haiku_internals.frame_from(point[0], params={}, state=state,
+                                    rng=None, init=False) as frame:
+      g()
+    inline = hk.transform_with_state(g).apply({}, state, None)[1]
+    self.assertEqual(jax.tree.map(float, haiku_internals.frame_state(frame)),
+                     jax.tree.map(float, inline))
+
   def test_write_state_keeps_the_initial_value(self):
     seen = []
 
@@ -249,6 +397,22 @@ class HaikuInternalsTest(absltest.TestCase):
 
     hk.transform(f).apply({}, None, jnp.ones([]))
     self.assertEqual(seen, [True, False])
+
+  def test_same_transform_under_pushed_trace_levels(self):
+    # hk.vmap and frame_from push a JAX trace level: still the same run.
+    seen = []
+
+    def f(x):
+      outer = haiku_internals.frame()
+      probe = lambda a: seen.append(haiku_internals.same_transform(
+          haiku_internals.frame(), outer)) or a
+      hk.vmap(probe, split_rng=False)(x)
+      with haiku_internals.frame_from(haiku_internals.call_point(), params={},
+                                      state={}, rng=None, init=False):
+        probe(x)
+
+    hk.transform(f).apply({}, None, jnp.ones([2]))
+    self.assertEqual(seen, [True, True])
 
   def test_lifting(self):
     inner = hk.transform(lambda x: hk.Linear(1)(x))
@@ -330,12 +494,16 @@ class HaikuInternalsTest(absltest.TestCase):
     ours, theirs = (hk.transform_with_state(by_hand),
                     hk.transform_with_state(haikus))
     key = jax.random.PRNGKey(0)
-    params, state = theirs.init(key, xs)
-    jax.tree.map(np.testing.assert_array_equal, ours.init(key, xs),
-                 (params, state))
-    jax.tree.map(np.testing.assert_array_equal,
-                 ours.apply(params, state, key, xs),
-                 theirs.apply(params, state, key, xs))
+    # Haiku splits keys in blocks of `rng_reserve_size`; the carry must keep
+    # its structure whatever part of a block a step draws.
+    for reserve in (1, 4):
+      with hk.config.context(rng_reserve_size=reserve):
+        params, state = theirs.init(key, xs)
+        jax.tree.map(np.testing.assert_array_equal, ours.init(key, xs),
+                     (params, state))
+        jax.tree.map(np.testing.assert_array_equal,
+                     ours.apply(params, state, key, xs),
+                     theirs.apply(params, state, key, xs))
 
   def test_loop_step_lists_new_params(self):
     def f():
@@ -381,6 +549,12 @@ class ChangedHaikuTest(absltest.TestCase):
     with mock.patch.object(_base, "Frame", frame):
       self.assertEqual(haiku_internals.changed_reads(),
                        ["its Frame has no field 'jax_trace_stack'"])
+
+  def test_state_pair_fields_changed(self):
+    pair = collections.namedtuple("StatePair", ["initial", "value"])
+    with mock.patch.object(_base, "StatePair", pair):
+      self.assertEqual(haiku_internals.changed_reads(), [
+          "StatePair's fields are not ('initial', 'current')"])
 
   def test_evolve_changed_and_layer_stack_renamed(self):
     frame = collections.namedtuple("Frame", _base.Frame._fields)

@@ -394,6 +394,100 @@ class ShardingRulesTest(parameterized.TestCase):
       sharding.param_specs({"w": jnp.zeros([8, 8])},
                            [(r"w", P("model", "model"))], mesh=self.mesh)
 
+  def test_unmatched_param_keeps_each_split_layer_axis(self):
+    # Nested stacks, only the inner one split: an unmatched parameter keeps
+    # that split in its own place (one entry per stack, outermost first).
+    rules = sharding.ShardingRules([], stacked={"outer": None,
+                                                "inner": "data"})
+    spec = rules.spec_for("outer/inner/lin/b", (3, 2, 8), self.mesh)
+    self.assertEqual(spec, P(None, "data"))
+    # jax splits the inner layer axis so: each device holds 1 of 2 layers.
+    array = jax.device_put(jnp.zeros([3, 2, 8]),
+                           NamedSharding(self.mesh, spec))
+    self.assertEqual(array.addressable_shards[0].data.shape, (3, 1, 8))
+
+  def test_stack_pattern_alternatives_each_end_at_a_boundary(self):
+    rules = sharding.ShardingRules([], stacked=["encoder|decoder"])
+    for path in ("net/encoder/lin/w", "net/decoder/lin/w",
+                 "net/decoder_1/lin/w"):
+      self.assertEqual(rules.place(path, (3, 4)).layer_axes, 1, path)
+    for path in ("net/mydecoder/lin/w", "net/encoders/lin/w",
+                 "net/lin/decoder"):
+      self.assertEqual(rules.place(path, (3, 4)).layer_axes, 0, path)
+
+  def test_unconstrained_entries_pass_the_mesh_check(self):
+    # P.UNCONSTRAINED leaves a dimension to the partitioner (for
+    # with_sharding_constraint); it names no mesh axis.
+    spec = P(P.UNCONSTRAINED, "model")
+    self.assertEqual(sharding.param_specs({"w": jnp.zeros([8, 8])},
+                                          [(r"w$", spec)], mesh=self.mesh),
+                     {"w": spec})
+
+  def test_tuple_entry_divides_by_the_product_of_its_axes(self):
+    # ("data", "model") splits a dimension 2 * 4 = 8 ways, as jax counts.
+    spec = P(("data", "model"))
+    for size, divides in ((16, True), (4, False)):
+      named = NamedSharding(self.mesh, spec)
+      if divides:
+        jax.device_put(jnp.zeros([size]), named)
+        sharding.param_specs({"w": jnp.zeros([size])}, [(r"w$", spec)],
+                             mesh=self.mesh)
+        continue
+      with self.assertRaisesRegex(Exception, "8 times"):
+        jax.device_put(jnp.zeros([size]), named)
+      with self.assertRaisesRegex(
+          ValueError, r"splits dimension 0 \(size 4\) into 8 parts"):
+        sharding.param_specs({"w": jnp.zeros([size])}, [(r"w$", spec)],
+                             mesh=self.mesh)
+
+  def test_indivisible_layer_axis_says_layers_and_stack(self):
+    rules = sharding.ShardingRules([], stacked={"blocks": "data"})
+    with self.assertRaisesRegex(Exception, "2 times"):  # jax refuses too.
+      jax.device_put(jnp.zeros([3, 8]),
+                     NamedSharding(self.mesh, P("data")))
+    with self.assertRaisesRegex(
+        ValueError, r"`stacked=` \('blocks' -> 'data'\) splits the layer axis "
+        r"of parameter 'blocks/lin/b' \(shape \(3, 8\)\): 3 layers do not "
+        r"split over mesh axes \('data',\)"):
+      rules.place("blocks/lin/b", (3, 8), self.mesh)
+
+  def test_report_table_names_each_rule_and_lines_up(self):
+    params = {"a": {"w": jnp.zeros([4, 8]), "bias": jnp.zeros([8])},
+              "long/name": {"w": jnp.zeros([8])}}
+    rules = [(r"a/w$", P(None, "model")), (r"long/name/w$", P("data")),
+             (r"^a/bias$", P())]
+    lines = str(sharding.explain_shardings(params, rules)).splitlines()
+    rows = {line.split()[0]: line for line in lines}
+    self.assertTrue(rows["a/w"].endswith("  0: a/w$"), rows["a/w"])
+    self.assertTrue(rows["long/name/w"].endswith("  1: long/name/w$"))
+    self.assertTrue(rows["a/bias"].endswith("  2: ^a/bias$"))
+    # Each column starts where its header does.
+    for header in ("shape", "spec", "rule"):
+      column = lines[0].index(header)
+      for line in lines[1:]:
+        self.assertNotEqual(line[column], " ", (header, line))
+        self.assertEqual(line[column - 2:column], "  ", (header, line))
+
+  def test_stacked_axes_list_is_copied(self):
+    # A list of mesh axes is read once: changing it later changes nothing.
+    axes = ["data"]
+    rules = sharding.ShardingRules([], stacked={"blocks": axes})
+    axes.append("model")
+    self.assertEqual(rules.spec_for("blocks/lin/b", (2, 8), self.mesh),
+                     P("data"))
+    self.assertEqual(rules.stacked, {"blocks": ("data",)})
+
+  def test_zero_sized_parameter_is_placed(self):
+    # jax places an empty array by a spec like any other.
+    rules = sharding.ShardingRules([(r"w$", P(None, "model"))])
+    self.assertEqual(rules.spec_for("lin/w", (0, 8), self.mesh),
+                     P(None, "model"))
+    params = {"lin": {"w": jnp.zeros([0, 8])}}
+    shardings = sharding.param_shardings(params, self.mesh,
+                                         [(r"w$", P(None, "model"))])
+    placed = jax.device_put(params, shardings)
+    self.assertEqual(placed["lin"]["w"].sharding.spec, P(None, "model"))
+
   def test_bad_rules(self):
     with self.assertRaisesRegex(ValueError, r"rule 1 is not a valid regex"):
       sharding.ShardingRules([(r"w$", P()), (r"(w", P())])
@@ -764,6 +858,33 @@ def per_device_bytes(params):
   device = jax.devices()[0]
   return sum(shard.data.nbytes for leaf in jax.tree.leaves(params)
              for shard in leaf.addressable_shards if shard.device == device)
+
+
+@needs_jax_0_7("Explicit mesh axes (jax.set_mesh, jax.sharding.reshard)")
+class GatherOverTest(parameterized.TestCase):
+
+  def test_gathers_over_every_axis_named(self):
+    x = jnp.arange(64.).reshape(8, 8)
+    for axes, kept in ((("data", "model"), P()), (("model",), P("data")),
+                       ("data", P(None, "model"))):
+      with jax.set_mesh(make_mesh((2, 4), ("data", "model"),
+                                  AxisType.Explicit)):
+        split = jax.device_put(x, P("data", "model"))
+        gathered = sharding.gather_over(split, axes)
+        expected = jax.sharding.reshard(split, kept)  # jax's own gather.
+      self.assertEqual(gathered.sharding, expected.sharding, axes)
+      np.testing.assert_array_equal(gathered, x)
+
+  @parameterized.parameters(AxisType.Explicit, AxisType.Auto)
+  def test_array_made_outside_the_mesh_checked_against_the_mesh_in_force(
+      self, axis_type):
+    x = jnp.ones([8])  # No mesh in its type.
+    with jax.set_mesh(make_mesh((2, 4), ("data", "model"), axis_type)):
+      self.assertEqual(jax.typeof(x).sharding.mesh.axis_names, ())
+      np.testing.assert_array_equal(sharding.gather_over(x, "data"), x)
+      with self.assertRaisesRegex(ValueError,
+                                  r"mesh axis 'modle', which the mesh lacks"):
+        sharding.gather_over(x, "modle")
 
 
 @needs_jax_0_7("Explicit mesh axes (jax.set_mesh, out_sharding)")
