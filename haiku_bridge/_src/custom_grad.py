@@ -794,9 +794,10 @@ def _check_cotangent(name, ct, spec, wants):
 
 def _check_pieces(pieces, out_ct) -> None:
   if not isinstance(pieces, Mapping) or not pieces:
+    got = ("an empty dict" if isinstance(pieces, Mapping)
+           else errors.describe(pieces))
     raise TypeError(errors.message(
-        "split must return a non-empty dict {name: piece}; got "
-        f"{errors.describe(pieces)}."))
+        f"split must return a non-empty dict {{name: piece}}; got {got}."))
   arrays, output = _Output.of(out_ct)
   for name, piece in pieces.items():
     _check_like(f"piece {name!r}", piece, output, pytree.specs(arrays),

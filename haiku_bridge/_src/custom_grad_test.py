@@ -709,7 +709,7 @@ class ErrorsTest(parameterized.TestCase):
     block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
     with self.assertRaisesRegex(TypeError, r"^hkb.route_cotangents: split must "
                                 r"return a non-empty dict \{name: piece\}; "
-                                r"got a dict\."):
+                                r"got an empty dict\."):
       grad_of(block)
 
   def test_keyword_arguments(self):
