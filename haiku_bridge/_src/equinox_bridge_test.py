@@ -283,6 +283,15 @@ class TransformsTest(absltest.TestCase):
                                 jax.grad(loss(plain))(params), rtol=1e-6)
 
 
+class _OneStateIndex(eqx.Module):
+  """A model holding one state entry; the tests give it a `__call__`."""
+  index: eqx.nn.StateIndex
+
+  def __init__(self, key):
+    del key
+    self.index = eqx.nn.StateIndex(jnp.zeros(()))
+
+
 class ErrorsTest(absltest.TestCase):
 
   def test_constructor_without_sizes(self):
@@ -317,12 +326,7 @@ class ErrorsTest(absltest.TestCase):
       f.init(None, X)
 
   def test_stateful_model_must_return_state(self):
-    class Forgets(eqx.Module):
-      index: eqx.nn.StateIndex
-
-      def __init__(self, key):
-        self.index = eqx.nn.StateIndex(jnp.zeros(()))
-
+    class Forgets(_OneStateIndex):
       def __call__(self, x, state):
         return x
 
@@ -333,12 +337,7 @@ class ErrorsTest(absltest.TestCase):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_state_of_another_structure_is_refused(self):
-    class Restructures(eqx.Module):
-      index: eqx.nn.StateIndex
-
-      def __init__(self, key):
-        self.index = eqx.nn.StateIndex(jnp.zeros(()))
-
+    class Restructures(_OneStateIndex):
       def __call__(self, x, state):
         return x, eqx.nn.State(eqx.nn.StateIndex(jnp.zeros(())))
 
