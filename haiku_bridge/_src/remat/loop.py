@@ -151,7 +151,8 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
     return Loop(unroll=loop.unroll)
   assert loop.memory_budget is not None, "from_options requires it"
   choice = remat_plan.loop_plan(body, carry, xs, length, loop.memory_budget,
-                                loop.policy, loop.max_recompute).choice
+                                loop.policy, loop.max_recompute,
+                                loop.unroll).choice
   return Loop(choice.remat, None if choice.policy is None else loop.policy,
               choice.groups, loop.unroll,
               slots=choice.slots if choice.remat == "binomial" else None)

@@ -7,6 +7,7 @@ import math
 import os
 import threading
 from typing import Iterator
+import unittest
 from unittest import mock
 
 from absl.testing import absltest
@@ -1047,6 +1048,53 @@ class BudgetTest(parameterized.TestCase):
     self.assertLessEqual(compiled_bytes(jax.value_and_grad(auto), xs),
                          budget * (1 + STEP_TOLERANCE))
 
+  def assert_each_step_within(self, loss, budgets, *args):
+    """`jax.value_and_grad(loss)(*args, remat="auto", memory_budget=b)` compiled within each b."""
+    for budget in budgets:
+      auto = jax.value_and_grad(functools.partial(
+          loss, remat="auto", memory_budget=budget, max_recompute=math.inf),
+                                argnums=tuple(range(len(args))))
+      self.assertLessEqual(compiled_bytes(auto, *args),
+                           budget * (1 + STEP_TOLERANCE), budget)
+
+  def test_a_step_returning_its_loss_within_the_budget(self):
+    # A training step returns the loss's value with the gradients. With it,
+    # XLA:CPU keeps one more copy of the ys at some sizes (here 9 KB of
+    # them, 48 steps: the step compiled to 1.43× a budget measured on the
+    # gradient alone, at every plan).
+    def step(w):
+      def f(h, x):
+        h = jnp.tanh(jnp.concatenate([x, h], -1) @ w)
+        return h, h
+      return f
+
+    def loss(w, xs, **options):
+      carry, ys = hkb.scan(step(w), init, xs, **options)
+      return jnp.sum(jnp.square(carry)) + jnp.sum(jnp.square(ys))
+
+    w, init = jax.random.normal(KEY, [21, 16]) / 4, jnp.zeros([3, 16])
+    xs = jnp.ones([48, 3, 5])
+    plan = hkb.remat_plan(step(w), init, xs, memory_budget=1 << 30)
+    self.assert_each_step_within(
+        loss, (plan.least_budget, plan.choice.temporaries), w, xs)
+
+  def test_an_unrolled_loop_is_planned_unrolled(self):
+    # `unroll=2` keeps other buffers than the rolled loop: a schedule of one
+    # slot measured rolled compiled to 2.0× its prediction unrolled.
+    def step(w):
+      return lambda h, x: (jnp.tanh(h @ w + x), None)
+
+    def loss(w, xs, **options):
+      carry, _ = hkb.scan(step(w), init, xs, unroll=2, **options)
+      return jnp.sum(jnp.square(carry))
+
+    w, init = jax.random.normal(KEY, [16, 16]) / 4, jnp.zeros([4, 16])
+    xs = jnp.ones([16, 4, 16])
+    plan = hkb.remat_plan(hkb.scan, step(w), init, xs, unroll=2,
+                          memory_budget=1 << 30)
+    self.assert_each_step_within(
+        loss, (plan.least_budget, plan.choice.temporaries), w, xs)
+
   def test_a_loop_with_nothing_to_differentiate_plans_nothing(self):
     def step(count, x):
       return count + x, count * 2
@@ -1160,6 +1208,90 @@ def _loop_models():
     # carries it saves.
     yield model.__name__, hk.transform_with_state(net), jnp.ones([length, 32,
                                                                   8])
+
+
+class KnownGapsTest(absltest.TestCase):
+  """Promises of issue 42 that `remat="auto"` does not keep yet, each on a model the grid lacks."""
+
+  @unittest.expectedFailure
+  def test_layer_state_is_predicted_as_a_training_step_keeps_it(self):
+    # Known gap: a layer's Haiku state (hk.get_state/set_state) reaches the
+    # plan as per-layer outputs, which its measuring loss differentiates;
+    # a training step does not (the state is aux). Every plan is predicted
+    # over what it compiles to: one slot's 5,436 bytes against 3,948
+    # (1.38×), and budgets between are refused.
+    def block(h):
+      m = hk.get_state("m", [16], jnp.float32, init=jnp.zeros)
+      hk.set_state("m", 0.9 * m + 0.1 * jnp.mean(h, 0))
+      return jnp.tanh(hk.Linear(16)(h) + m)
+
+    def net(**remat):
+      return hk.transform_with_state(
+          lambda x: hkb.repeat_layer(block, x, 16, **remat))
+
+    x = jnp.ones([4, 16])
+    params, state = net().init(KEY, x)
+
+    def step(**remat):
+      loss = lambda p, s, x: jnp.sum(jnp.square(
+          net(**remat).apply(p, s, None, x)[0]))
+      return jax.value_and_grad(loss)
+
+    with remat_models.plans_made() as made:
+      jax.eval_shape(step(remat="auto", memory_budget=1 << 30), params,
+                     state, x)
+    budget = made[-1].least_budget
+    got = compiled_bytes(step(remat="auto", memory_budget=budget,
+                              max_recompute=math.inf), params, state, x)
+    self.assertLess(abs(budget / got - 1), 0.10, (budget, got))
+
+  @unittest.expectedFailure
+  def test_a_loop_inside_vmap_within_the_budget(self):
+    # Known gap: inside jax.vmap the loop sees one example's shapes and is
+    # planned per example; the vmapped program (16 examples) compiled to
+    # 35× the budget (remat=False's 20×, remat=True's 31× one example's).
+    w = jax.random.normal(KEY, [32, 32]) / 6
+
+    def per_example(w, xs, **options):
+      step = lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h ** 2))
+      return jnp.sum(hkb.scan(step, jnp.zeros([32]), xs, **options)[1])
+
+    xs = jnp.ones([16, 128, 32]) * 0.1
+    plan = hkb.remat_plan(
+        lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h ** 2)),
+        jnp.zeros([32]), xs[0], memory_budget=1 << 30)
+    budget = int(plan.least_budget * 1.5)
+    batched = jax.vmap(functools.partial(
+        per_example, remat="auto", memory_budget=budget,
+        max_recompute=math.inf), (None, 0))
+    step = jax.value_and_grad(lambda w, xs: jnp.sum(batched(w, xs)))
+    self.assertLessEqual(compiled_bytes(step, w, xs),
+                         budget * (1 + STEP_TOLERANCE))
+
+  @unittest.expectedFailure
+  def test_a_conditional_in_the_step_counts_its_recomputation(self):
+    # Known gap: `hlo_flops` counts a conditional by its cheapest branch,
+    # and the plan takes the most-run conditional for a schedule's advance.
+    # A step whose work sits in a `lax.cond` (always its dear branch here)
+    # is planned as recomputing 259 FLOPs a step, not the 66,048 the same
+    # step recomputes without the cond.
+    w = jax.random.normal(KEY, [64, 64]) / 8
+
+    def step(cond):
+      def f(h, x):
+        dear = lambda h: jnp.tanh(h @ w @ w + x)
+        h = (jax.lax.cond(jnp.sum(x) > 0, dear, lambda h: h * 0.5, h)
+             if cond else dear(h))
+        return h, jnp.sum(h)
+      return f
+
+    def per_step(cond):
+      plan = hkb.remat_plan(step(cond), jnp.zeros([4, 64]),
+                            jnp.ones([64, 4, 64]), memory_budget=1 << 30)
+      return next(k for k in plan.candidates
+                  if k.remat is True and k.policy is None).recomputed_flops
+
+    self.assertGreater(per_step(True), 0.9 * per_step(False))
 
 
 class VisibleTest(parameterized.TestCase):
