@@ -90,6 +90,9 @@ class Loop:
       of the step (README, "Choosing remat").
     max_recompute: with `remat="auto"`, the most forward passes of the
       loop a plan may recompute.
+    batch_major: with `remat="auto"`, whether the caller swaps the loop's
+      inputs and outputs between batch-major and time-major around it
+      (`hkb.dynamic_unroll(time_major=False)`): the plan counts those copies.
   """
   remat: modes.RematMode = False
   policy: Optional[Callable[..., bool]] = None
@@ -98,6 +101,7 @@ class Loop:
   memory_budget: Optional[int] = None
   slots: Optional[int] = None
   max_recompute: float = remat_plan.MAX_RECOMPUTE
+  batch_major: bool = False
 
   def __call__(self, body: Body, carry: PyTree, xs: PyTree, length: int,
                reverse: bool = False) -> tuple[PyTree, PyTree]:
@@ -152,7 +156,7 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
   assert loop.memory_budget is not None, "from_options requires it"
   choice = remat_plan.loop_plan(body, carry, xs, length, loop.memory_budget,
                                 loop.policy, loop.max_recompute,
-                                loop.unroll).choice
+                                loop.unroll, loop.batch_major).choice
   return Loop(choice.remat, None if choice.policy is None else loop.policy,
               choice.groups, loop.unroll,
               slots=choice.slots if choice.remat == "binomial" else None)

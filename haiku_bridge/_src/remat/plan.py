@@ -459,7 +459,8 @@ def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
               memory_budget: int,
               policy: Optional[Callable[..., bool]] = None,
               max_recompute: float = MAX_RECOMPUTE,
-              unroll: int | bool = 1) -> RematPlan:
+              unroll: int | bool = 1,
+              batch_major: bool = False) -> RematPlan:
   """The plan a loop's `remat="auto"` runs (`loop.resolved`), logged.
 
   Every plan a loop makes passes here: it is logged at INFO on the
@@ -470,7 +471,7 @@ def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   token = _WANTED.set(False)
   try:
     made = plan(f, init, xs, length, memory_budget, policy, max_recompute,
-                unroll)
+                unroll, batch_major)
   finally:
     _WANTED.reset(token)
   LOG.info("%s", made)
@@ -505,7 +506,7 @@ def check_max_recompute(max_recompute: Any) -> float:
 def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
          memory_budget: int, policy: Optional[Callable[..., bool]] = None,
          max_recompute: float = MAX_RECOMPUTE,
-         unroll: int | bool = 1) -> RematPlan:
+         unroll: int | bool = 1, batch_major: bool = False) -> RematPlan:
   """`remat_plan` of checked arguments (the loop's `remat="auto"`).
 
   The prediction steers, the compiled program decides: the choice is
@@ -514,11 +515,14 @@ def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   candidate is chosen, the compiled bytes replacing that plan's prediction.
   Every program is measured with the loop's `unroll` (`jax.lax.scan`'s):
   an unrolled loop keeps other buffers (a residual stack of 16 layers,
-  unroll=2: 5.4× the bytes of one slot's schedule rolled).
+  unroll=2: 5.4× the bytes of one slot's schedule rolled); with
+  `batch_major`, with the copies of the inputs and outputs its caller makes
+  (`hkb.dynamic_unroll(time_major=False)`: a batch-major GRU over 512 steps
+  compiled to 2.1× one slot's schedule without them).
   """
   with _no_cyclic_gc():
     return _plan(f, init, xs, length, memory_budget, policy, max_recompute,
-                 unroll)
+                 unroll, batch_major)
 
 
 @contextlib.contextmanager
@@ -544,8 +548,9 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def _plan(f, init, xs, length: int, memory_budget: int, policy,
-          max_recompute: float, unroll: int | bool = 1) -> RematPlan:
-  step, consts = _trace(f, init, xs, length, unroll)
+          max_recompute: float, unroll: int | bool = 1,
+          batch_major: bool = False) -> RematPlan:
+  step, consts = _trace(f, init, xs, length, unroll, batch_major)
   here: dict[Key, _Figures] = {}  # The plans this call compiled.
 
   def second(one: _Measured) -> None:
@@ -751,10 +756,14 @@ class _Traced(NamedTuple):
   call: Callable[..., Any]
   # `jax.lax.scan`'s unroll, as the loop runs: every measuring program's.
   unroll: int | bool = 1
+  # Whether the loop's caller swaps its inputs and outputs between
+  # batch-major and time-major around it (`hkb.dynamic_unroll` with
+  # `time_major=False`): copies of the inputs and outputs, measured too.
+  batch_major: bool = False
 
 
-def _trace(f, init, xs, length, unroll: int | bool = 1
-           ) -> tuple[_Traced, tuple[Any, ...]]:
+def _trace(f, init, xs, length, unroll: int | bool = 1,
+           batch_major: bool = False) -> tuple[_Traced, tuple[Any, ...]]:
   """`f` traced once on one step's shapes; what it closes over, abstracted."""
   carry, carry_tree = jax.tree.flatten(init)
   x_leaves, x_tree = jax.tree.flatten(xs)
@@ -778,7 +787,8 @@ def _trace(f, init, xs, length, unroll: int | bool = 1
   jaxpr = jax_core.ClosedJaxpr(
       scheduled_scan.consts_as_inputs(closed.jaxpr), ())
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
-                 jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll), consts
+                 jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
+                 batch_major), consts
 
 
 def _varying_types_unchecked() -> ContextManager[Any]:
@@ -1048,7 +1058,7 @@ def _sorted_repr(value: Any) -> str:
 
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, step.carry, step.x, policy, length,
-          step.unroll, jax.default_backend())
+          step.unroll, step.batch_major, jax.default_backend())
 
 
 # What the figures depend on besides the step: the code that measures them.
@@ -1071,7 +1081,8 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   jaxpr = re.sub(r" at 0x[0-9a-f]+", "", step.text)
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
-               name, length, step.unroll, jax.default_backend(),
+               name, length, step.unroll, step.batch_major,
+               jax.default_backend(),
                device.device_kind,
                getattr(device.client, "platform_version", ""),
                jax.__version__, jaxlib.__version__, _version(),
@@ -1275,7 +1286,7 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     out = call(*consts, *carry, *x)
     return out[:len(step.carry)], out[len(step.carry):]
 
-  def run(consts, carry, xs):
+  def scan(consts, carry, xs):
     f = lambda c, x: body(consts, c, x)
     if remat is None:
       return jax.lax.scan(f, carry, xs, length=length, unroll=step.unroll)
@@ -1284,6 +1295,14 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
                           length=length, unroll=step.unroll)
     return scheduled_scan.scan(f, carry, xs, length=length, schedule=remat,
                                unroll=step.unroll)
+
+  def run(consts, carry, xs):
+    if not step.batch_major:
+      return scan(consts, carry, xs)
+    # The loop's own copies: its inputs made time-major, its outputs made
+    # batch-major again (`hkb.dynamic_unroll(time_major=False)`).
+    carry, ys = scan(consts, carry, _swap_batch_time(xs))
+    return carry, _swap_batch_time(ys)
 
   def train(consts, carry, xs):
     # A loss of the outputs, as a training step has one: the ys are made
@@ -1308,10 +1327,16 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     return (value, grads[:first] + grads[end:],
             sum(jnp.sum(g.astype(jnp.float32)) for g in grads[first:end]))
 
-  stacked = [jax.ShapeDtypeStruct((length,) + x.shape, x.dtype)
-             for x in step.x]
+  stacked = [jax.ShapeDtypeStruct(
+      (x.shape[0], length) + x.shape[1:] if step.batch_major and x.shape
+      else (length,) + x.shape, x.dtype) for x in step.x]
   return jax.jit(train if _differentiable(step) else run).lower(
       list(consts), list(step.carry), stacked)
+
+
+def _swap_batch_time(leaves: list[Any]) -> list[Any]:
+  """Each array of more than one axis with its first two swapped."""
+  return [jnp.swapaxes(a, 0, 1) if jnp.ndim(a) > 1 else a for a in leaves]
 
 
 def _compile(lowered):

@@ -1095,6 +1095,28 @@ class BudgetTest(parameterized.TestCase):
     self.assert_each_step_within(
         loss, (plan.least_budget, plan.choice.temporaries), w, xs)
 
+  def test_a_batch_major_unroll_counts_its_own_copies(self):
+    # `time_major=False` swaps the inputs to time-major (and the outputs
+    # back) around the loop: copies of the loop's own making, without which
+    # this GRU compiled to 2.25× its least budget.
+    def net(plan=False, **remat):
+      def f(xs):
+        core = hk.GRU(16)
+        unroll = (core, xs, core.initial_state(4))
+        options = dict(time_major=False, readout=lambda y: jnp.sum(y ** 2))
+        if plan:
+          return hkb.remat_plan(hkb.dynamic_unroll, *unroll,
+                                memory_budget=1 << 30, **options)
+        return jnp.sum(hkb.dynamic_unroll(*unroll, **options, **remat)[0])
+      return hk.transform(f)
+
+    xs = jax.random.normal(KEY, [4, 64, 16])
+    params = net().init(KEY, xs)
+    plan = net(plan=True).apply(params, None, xs)
+    loss = lambda p, xs, **remat: net(**remat).apply(p, None, xs)
+    self.assert_each_step_within(
+        loss, (plan.least_budget, plan.choice.temporaries), params, xs)
+
   def test_a_loop_with_nothing_to_differentiate_plans_nothing(self):
     def step(count, x):
       return count + x, count * 2
