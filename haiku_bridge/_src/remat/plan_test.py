@@ -463,9 +463,9 @@ class AutoTest(parameterized.TestCase):
     # The figures read back in another process are those measured for the
     # same step, shapes, policy, length, flags and dtypes: a change in any
     # of them is another file.
-    def trace(f=_step, batch=4, length=256):
+    def trace(f=_step, batch=4, length=256, **loop):
       return remat_plan._trace(f, jnp.zeros([batch, 16]),
-                               jnp.ones([length, batch, 16]), length)
+                               jnp.ones([length, batch, 16]), length, **loop)
 
     def key(traced, length=256, policy=None):
       return remat_plan._disk_key(*traced, length, policy)
@@ -482,6 +482,8 @@ class AutoTest(parameterized.TestCase):
         "carry's shape": key(trace(batch=2)),
         "step": key(trace(lambda h, x: (jnp.sin(h) + x, jnp.sum(h)))),
         "policy": key(traced, policy=jax.checkpoint_policies.dots_saveable),
+        "unroll": key(trace(unroll=2)),
+        "batch-major copies": key(trace(batch_major=True)),
     }
     with mock.patch.dict(os.environ, {
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=x"}):
@@ -1090,8 +1092,12 @@ class BudgetTest(parameterized.TestCase):
 
     w, init = jax.random.normal(KEY, [16, 16]) / 4, jnp.zeros([4, 16])
     xs = jnp.ones([16, 4, 16])
+    rolled = hkb.remat_plan(hkb.scan, step(w), init, xs,
+                            memory_budget=1 << 30)
     plan = hkb.remat_plan(hkb.scan, step(w), init, xs, unroll=2,
                           memory_budget=1 << 30)
+    # Measured apart, in one process (the caches keyed on the unroll).
+    self.assertLess(rolled.least_budget, plan.least_budget)
     self.assert_each_step_within(
         loss, (plan.least_budget, plan.choice.temporaries), w, xs)
 
@@ -1099,11 +1105,12 @@ class BudgetTest(parameterized.TestCase):
     # `time_major=False` swaps the inputs to time-major (and the outputs
     # back) around the loop: copies of the loop's own making, without which
     # this GRU compiled to 2.25× its least budget.
-    def net(plan=False, **remat):
+    def net(plan=False, time_major=False, **remat):
       def f(xs):
         core = hk.GRU(16)
         unroll = (core, xs, core.initial_state(4))
-        options = dict(time_major=False, readout=lambda y: jnp.sum(y ** 2))
+        options = dict(time_major=time_major,
+                       readout=lambda y: jnp.sum(y ** 2))
         if plan:
           return hkb.remat_plan(hkb.dynamic_unroll, *unroll,
                                 memory_budget=1 << 30, **options)
@@ -1112,7 +1119,11 @@ class BudgetTest(parameterized.TestCase):
 
     xs = jax.random.normal(KEY, [4, 64, 16])
     params = net().init(KEY, xs)
+    time_major = net(plan=True, time_major=True).apply(
+        params, None, jnp.swapaxes(xs, 0, 1))
     plan = net(plan=True).apply(params, None, xs)
+    # Measured apart, in one process (the caches keyed on the copies).
+    self.assertLess(time_major.least_budget, plan.least_budget)
     loss = lambda p, xs, **remat: net(**remat).apply(p, None, xs)
     self.assert_each_step_within(
         loss, (plan.least_budget, plan.choice.temporaries), params, xs)
