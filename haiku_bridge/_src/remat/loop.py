@@ -93,6 +93,8 @@ class Loop:
     batch_major: with `remat="auto"`, whether the caller swaps the loop's
       inputs and outputs between batch-major and time-major around it
       (`hkb.dynamic_unroll(time_major=False)`): the plan counts those copies.
+    planned: whether `remat` is the plan of `remat="auto"` (`resolved`), as
+      the loop's messages say.
   """
   remat: modes.RematMode = False
   policy: Optional[Callable[..., bool]] = None
@@ -102,6 +104,7 @@ class Loop:
   slots: Optional[int] = None
   max_recompute: float = remat_plan.MAX_RECOMPUTE
   batch_major: bool = False
+  planned: bool = False
 
   def __call__(self, body: Body, carry: PyTree, xs: PyTree, length: int,
                reverse: bool = False) -> tuple[PyTree, PyTree]:
@@ -116,7 +119,9 @@ class Loop:
                             self.slots),
           unroll=self.unroll, reverse=reverse,
           forward_mode_error=errors.message(
-              f"`remat=\"{self.remat}\"` runs its own backward pass (a "
+              (f"`remat=\"auto\"` (its plan here: \"{self.remat}\")"
+               if self.planned else f"`remat=\"{self.remat}\"`") +
+              " runs its own backward pass (a "
               "jax.custom_vjp), which forward-mode autodiff reaches here "
               "through a jax.jit (as in jax.jacfwd(jax.jit(f))), where the "
               "scan cannot see it to run the plain loop instead. Put the "
@@ -159,7 +164,8 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
                                 loop.unroll, loop.batch_major).choice
   return Loop(choice.remat, None if choice.policy is None else loop.policy,
               choice.groups, loop.unroll,
-              slots=choice.slots if choice.remat == "binomial" else None)
+              slots=choice.slots if choice.remat == "binomial" else None,
+              planned=True)
 
 
 def from_options(*, remat: Any = False, remat_policy: Any = None,
