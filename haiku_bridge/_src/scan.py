@@ -246,7 +246,8 @@ def _run_loop(body, carry, scanned, num_layers: int, options: _Options,
         require_mesh=not (hk.running_init() or inline.probing()))
   if staging is not None and not hk.running_init():
     carry, (ys, state) = pipeline_lib.run(
-        staging, body, carry, scanned, loop=options.loop, reverse=reverse)
+        staging, body, carry, scanned, loop=options.loop, reverse=reverse,
+        planned_body=planned)
   else:
     # With a pipeline, init (or a bridge finding the params) runs the whole
     # stack in one loop, which the per-stage budget is not for.
