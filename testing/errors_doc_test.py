@@ -140,6 +140,17 @@ def another_depth():
   stack(4).apply(stack(3).init(KEY, X4), None, X4)
 
 
+def jacfwd_through_jit_planned():
+  """`jacfwd_through_jit`, the schedule planned by `remat="auto"` at the least budget."""
+  w = jnp.eye(64) / 2
+  step = lambda c, x: (jnp.tanh(c @ w + x), None)
+  h, xs = jnp.zeros([8, 64]), jnp.ones([16, 8, 64])
+  least = hkb.remat_plan(step, h, xs, memory_budget=2**30).least_budget
+  jax.jacfwd(jax.jit(lambda s: jnp.sum(hkb.scan(
+      step, h, s * xs, remat="auto", memory_budget=least,
+      max_recompute=float("inf"))[0])))(1.0)
+
+
 def jacfwd_through_jit():
   def net(xs):
     linear = hk.Linear(4)
@@ -427,6 +438,8 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
                                                 readout_inputs=jnp.ones([3, 2]))),
     (SECTION_TIME, "`jax.jacfwd(jax.jit(f))` through a schedule"):
         jacfwd_through_jit,
+    (SECTION_TIME, "`jax.jacfwd(jax.jit(f))` through a schedule `remat=\"auto\"` chose"):
+        jacfwd_through_jit_planned,
     # Sharding rules.
     (SECTION_SHARDING, "a rule that is not a pair"):
         lambda: hkb.ShardingRules(["/w$"]),

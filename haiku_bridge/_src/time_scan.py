@@ -19,6 +19,7 @@ dropout draws the same keys. Outside a transform, `dynamic_unroll` runs
 both with the schedule.
 """
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Optional, TypeVar, cast
@@ -239,6 +240,8 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     if not time_major:
       _check_batch_major(input_sequence)
       input_sequence = _swap_batch_time(input_sequence)
+      # `remat="auto"` counts the copies made here and below.
+      loop = dataclasses.replace(loop, batch_major=True)
       if with_readout_inputs:
         _check_batch_major(readout_inputs, "readout_inputs")
         readout_inputs = _swap_batch_time(readout_inputs)

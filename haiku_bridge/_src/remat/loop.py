@@ -90,6 +90,11 @@ class Loop:
       of the step (README, "Choosing remat").
     max_recompute: with `remat="auto"`, the most forward passes of the
       loop a plan may recompute.
+    batch_major: with `remat="auto"`, whether the caller swaps the loop's
+      inputs and outputs between batch-major and time-major around it
+      (`hkb.dynamic_unroll(time_major=False)`): the plan counts those copies.
+    planned: whether `remat` is the plan of `remat="auto"` (`resolved`), as
+      the loop's messages say.
   """
   remat: modes.RematMode = False
   policy: Optional[Callable[..., bool]] = None
@@ -98,6 +103,8 @@ class Loop:
   memory_budget: Optional[int] = None
   slots: Optional[int] = None
   max_recompute: float = remat_plan.MAX_RECOMPUTE
+  batch_major: bool = False
+  planned: bool = False
 
   def __call__(self, body: Body, carry: PyTree, xs: PyTree, length: int,
                reverse: bool = False) -> tuple[PyTree, PyTree]:
@@ -112,7 +119,9 @@ class Loop:
                             self.slots),
           unroll=self.unroll, reverse=reverse,
           forward_mode_error=errors.message(
-              f"`remat=\"{self.remat}\"` runs its own backward pass (a "
+              (f"`remat=\"auto\"` (its plan here: \"{self.remat}\")"
+               if self.planned else f"`remat=\"{self.remat}\"`") +
+              " runs its own backward pass (a "
               "jax.custom_vjp), which forward-mode autodiff reaches here "
               "through a jax.jit (as in jax.jacfwd(jax.jit(f))), where the "
               "scan cannot see it to run the plain loop instead. Put the "
@@ -125,7 +134,8 @@ class Loop:
 
 
 def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
-             *, whole_pipelined_stack: bool = False) -> Loop:
+             *, whole_pipelined_stack: bool = False,
+             planned_body: Optional[Body] = None) -> Loop:
   """The loop that runs on these shapes: the one place `remat="auto"` is planned.
 
   Any other `remat` runs as it is. `remat="auto"` is planned here, for the
@@ -139,6 +149,10 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
     to find its params), and `memory_budget` is per stage, not for this loop
     (each stage's plan is made here too, for one visit: `pipeline/stages.py`);
   * with no steps.
+
+  `planned_body`, where given, is what the plan measures instead of `body`:
+  the same step with what a training step does not differentiate (a layer
+  scan's Haiku state) under `jax.lax.stop_gradient`.
   """
   if loop.remat != modes.REMAT_AUTO:
     return loop
@@ -150,11 +164,14 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
   if length == 0:
     return Loop(unroll=loop.unroll)
   assert loop.memory_budget is not None, "from_options requires it"
-  choice = remat_plan.loop_plan(body, carry, xs, length, loop.memory_budget,
-                                loop.policy, loop.max_recompute).choice
+  choice = remat_plan.loop_plan(planned_body or body, carry, xs, length,
+                                loop.memory_budget,
+                                loop.policy, loop.max_recompute,
+                                loop.unroll, loop.batch_major).choice
   return Loop(choice.remat, None if choice.policy is None else loop.policy,
               choice.groups, loop.unroll,
-              slots=choice.slots if choice.remat == "binomial" else None)
+              slots=choice.slots if choice.remat == "binomial" else None,
+              planned=True)
 
 
 def from_options(*, remat: Any = False, remat_policy: Any = None,

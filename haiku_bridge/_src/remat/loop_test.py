@@ -1,5 +1,6 @@
 """Tests for the loop under the scans: jax.lax.scan's values and gradients in every remat mode."""
 
+import dataclasses
 import functools
 from unittest import mock
 
@@ -116,7 +117,8 @@ class ResolvedTest(absltest.TestCase):
     for run in (self.resolved, lambda: self.in_transform(init=False)):
       resolved, asked = self.resolve(run)
       self.assertEqual(asked, [STEPS])
-      self.assertEqual(resolved, loop.Loop("binomial", unroll=2, slots=3))
+      self.assertEqual(resolved, loop.Loop("binomial", unroll=2, slots=3,
+                                           planned=True))
 
   def test_the_loop_runs_each_choice_as_planned(self):
     # Whatever the plan chose, the loop runs that: its slots, its groups,
@@ -138,8 +140,8 @@ class ResolvedTest(absltest.TestCase):
       with mock.patch.object(remat_plan, "loop_plan",
                              lambda *_, choice=choice: mock.Mock(
                                  choice=choice)):
-        self.assertEqual(loop.resolved(auto, step(W), H, XS, STEPS), runs,
-                         choice)
+        self.assertEqual(loop.resolved(auto, step(W), H, XS, STEPS),
+                         dataclasses.replace(runs, planned=True), choice)
 
   def test_plain_at_init_for_a_whole_pipelined_stack_and_without_steps(self):
     for run in (lambda: self.in_transform(init=True),

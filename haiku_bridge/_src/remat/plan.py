@@ -11,8 +11,8 @@ the loop needs and the FLOPs it recomputes, chooses, and checks the choice
 compiled.
 
 What the budget counts (README, "Choosing remat"): the loop's part of a
-training step, compiled as `_measure` builds it (the gradient of a loss of
-the loop's outputs with respect to what it closes over and its per-step
+training step, compiled as `_measure` builds it (the value and gradient of
+a loss of the loop's outputs with respect to what it closes over and its per-step
 inputs, at the loop's own length T): XLA's temporaries (what the backward
 pass keeps, the outputs and their cotangents, the carry's cotangent, the
 working memory) and the constants compiled into the program (a schedule's
@@ -67,6 +67,7 @@ those that recompute at most `max_recompute` forward passes of the loop
 The measurements are cached in memory and on disk (`caches.OnDisk`, under
 `caches.directory()`; `hkb.clear_caches()` deletes them), keyed on the
 step's jaxpr (its text: every shape, dtype and operation), the policy, T,
+the loop's `unroll` (every program is measured unrolled as the loop runs),
 the backend and device, the jax, jaxlib and haiku_bridge versions, the
 measuring code, XLA's flags; the choice follows from them and the budget,
 so it is the same for the same shapes, policy and budget, in any process.
@@ -457,7 +458,9 @@ def _plan_of_loop(loop: Callable[..., Any], args: tuple[Any, ...],
 def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
               memory_budget: int,
               policy: Optional[Callable[..., bool]] = None,
-              max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
+              max_recompute: float = MAX_RECOMPUTE,
+              unroll: int | bool = 1,
+              batch_major: bool = False) -> RematPlan:
   """The plan a loop's `remat="auto"` runs (`loop.resolved`), logged.
 
   Every plan a loop makes passes here: it is logged at INFO on the
@@ -467,7 +470,8 @@ def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   # A loop inside this one's step plans for itself, unasked.
   token = _WANTED.set(False)
   try:
-    made = plan(f, init, xs, length, memory_budget, policy, max_recompute)
+    made = plan(f, init, xs, length, memory_budget, policy, max_recompute,
+                unroll, batch_major)
   finally:
     _WANTED.reset(token)
   LOG.info("%s", made)
@@ -501,16 +505,24 @@ def check_max_recompute(max_recompute: Any) -> float:
 
 def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
          memory_budget: int, policy: Optional[Callable[..., bool]] = None,
-         max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
+         max_recompute: float = MAX_RECOMPUTE,
+         unroll: int | bool = 1, batch_major: bool = False) -> RematPlan:
   """`remat_plan` of checked arguments (the loop's `remat="auto"`).
 
   The prediction steers, the compiled program decides: the choice is
   compiled at `length` steps (the loop's gradient, as it is measured) and,
   when its temporaries and constants are over the budget, the next
   candidate is chosen, the compiled bytes replacing that plan's prediction.
+  Every program is measured with the loop's `unroll` (`jax.lax.scan`'s):
+  an unrolled loop keeps other buffers (a residual stack of 16 layers,
+  unroll=2: 5.4× the bytes of one slot's schedule rolled); with
+  `batch_major`, with the copies of the inputs and outputs its caller makes
+  (`hkb.dynamic_unroll(time_major=False)`: a batch-major GRU over 512 steps
+  compiled to 2.1× one slot's schedule without them).
   """
   with _no_cyclic_gc():
-    return _plan(f, init, xs, length, memory_budget, policy, max_recompute)
+    return _plan(f, init, xs, length, memory_budget, policy, max_recompute,
+                 unroll, batch_major)
 
 
 @contextlib.contextmanager
@@ -536,8 +548,9 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def _plan(f, init, xs, length: int, memory_budget: int, policy,
-          max_recompute: float) -> RematPlan:
-  step, consts = _trace(f, init, xs, length)
+          max_recompute: float, unroll: int | bool = 1,
+          batch_major: bool = False) -> RematPlan:
+  step, consts = _trace(f, init, xs, length, unroll, batch_major)
   here: dict[Key, _Figures] = {}  # The plans this call compiled.
 
   def second(one: _Measured) -> None:
@@ -741,9 +754,16 @@ class _Traced(NamedTuple):
   # traced and differentiated once for every schedule measured, and
   # lowered once per program. XLA inlines it.
   call: Callable[..., Any]
+  # `jax.lax.scan`'s unroll, as the loop runs: every measuring program's.
+  unroll: int | bool = 1
+  # Whether the loop's caller swaps its inputs and outputs between
+  # batch-major and time-major around it (`hkb.dynamic_unroll` with
+  # `time_major=False`): copies of the inputs and outputs, measured too.
+  batch_major: bool = False
 
 
-def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
+def _trace(f, init, xs, length, unroll: int | bool = 1,
+           batch_major: bool = False) -> tuple[_Traced, tuple[Any, ...]]:
   """`f` traced once on one step's shapes; what it closes over, abstracted."""
   carry, carry_tree = jax.tree.flatten(init)
   x_leaves, x_tree = jax.tree.flatten(xs)
@@ -767,7 +787,8 @@ def _trace(f, init, xs, length) -> tuple[_Traced, tuple[Any, ...]]:
   jaxpr = jax_core.ClosedJaxpr(
       scheduled_scan.consts_as_inputs(closed.jaxpr), ())
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
-                 jax.jit(jax_core.jaxpr_as_fun(jaxpr))), consts
+                 jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
+                 batch_major), consts
 
 
 def _varying_types_unchecked() -> ContextManager[Any]:
@@ -1037,7 +1058,7 @@ def _sorted_repr(value: Any) -> str:
 
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, step.carry, step.x, policy, length,
-          jax.default_backend())
+          step.unroll, step.batch_major, jax.default_backend())
 
 
 # What the figures depend on besides the step: the code that measures them.
@@ -1049,8 +1070,9 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
 
   Everything the figures depend on: the step's jaxpr (every shape, dtype
   and operation; function addresses left out), what it takes, the policy,
-  the length, the backend and device, the jax, jaxlib and haiku_bridge
-  versions and the measuring code, XLA's flags, the compile options.
+  the length, the unroll, the backend and device, the jax, jaxlib and
+  haiku_bridge versions and the measuring code, XLA's flags, the compile
+  options.
   """
   name = _stable_name(policy)
   if name is None:
@@ -1059,7 +1081,9 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   jaxpr = re.sub(r" at 0x[0-9a-f]+", "", step.text)
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
-               name, length, jax.default_backend(), device.device_kind,
+               name, length, step.unroll, step.batch_major,
+               jax.default_backend(),
+               device.device_kind,
                getattr(device.client, "platform_version", ""),
                jax.__version__, jaxlib.__version__, _version(),
                _code_digest(), os.environ.get("XLA_FLAGS", ""),
@@ -1262,14 +1286,23 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     out = call(*consts, *carry, *x)
     return out[:len(step.carry)], out[len(step.carry):]
 
-  def run(consts, carry, xs):
+  def scan(consts, carry, xs):
     f = lambda c, x: body(consts, c, x)
     if remat is None:
-      return jax.lax.scan(f, carry, xs, length=length)
+      return jax.lax.scan(f, carry, xs, length=length, unroll=step.unroll)
     if remat is True:
       return jax.lax.scan(jax.checkpoint(f, policy=policy), carry, xs,
-                          length=length)
-    return scheduled_scan.scan(f, carry, xs, length=length, schedule=remat)
+                          length=length, unroll=step.unroll)
+    return scheduled_scan.scan(f, carry, xs, length=length, schedule=remat,
+                               unroll=step.unroll)
+
+  def run(consts, carry, xs):
+    if not step.batch_major:
+      return scan(consts, carry, xs)
+    # The loop's own copies: its inputs made time-major, its outputs made
+    # batch-major again (`hkb.dynamic_unroll(time_major=False)`).
+    carry, ys = scan(consts, carry, _swap_batch_time(xs))
+    return carry, _swap_batch_time(ys)
 
   def train(consts, carry, xs):
     # A loss of the outputs, as a training step has one: the ys are made
@@ -1279,20 +1312,31 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
       out = _on_floats(run, (consts, carry, xs))(*floats)
       return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
     floats = _floats((consts, carry, xs))
-    grads = jax.grad(loss, argnums=tuple(range(len(floats))))(*floats)
+    # The loss's value is an output too, as a training step (value_and_grad)
+    # returns it: with it, XLA:CPU keeps one more copy of the outputs at
+    # some sizes (ys of about 2.5-16 KB: 1.43× a GRU's temporaries at 48
+    # steps), which a gradient alone does not.
+    value, grads = jax.value_and_grad(
+        loss, argnums=tuple(range(len(floats))))(*floats)
     # The gradients of the weights (consts, xs) are the step's outputs, as
     # a training step returns them; the carry's feeds what came before the
     # loop (or nothing), so it is a temporary, as there.
     in_carry = [_is_float(c) for c in jax.tree.leaves(carry)]
     first = len(_floats(consts))
     end = first + sum(in_carry)
-    return (grads[:first] + grads[end:],
+    return (value, grads[:first] + grads[end:],
             sum(jnp.sum(g.astype(jnp.float32)) for g in grads[first:end]))
 
-  stacked = [jax.ShapeDtypeStruct((length,) + x.shape, x.dtype)
-             for x in step.x]
+  stacked = [jax.ShapeDtypeStruct(
+      (x.shape[0], length) + x.shape[1:] if step.batch_major and x.shape
+      else (length,) + x.shape, x.dtype) for x in step.x]
   return jax.jit(train if _differentiable(step) else run).lower(
       list(consts), list(step.carry), stacked)
+
+
+def _swap_batch_time(leaves: list[Any]) -> list[Any]:
+  """Each array of more than one axis with its first two swapped."""
+  return [jnp.swapaxes(a, 0, 1) if jnp.ndim(a) > 1 else a for a in leaves]
 
 
 def _compile(lowered):
