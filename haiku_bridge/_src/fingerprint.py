@@ -89,8 +89,9 @@ def fingerprint(fn: Any) -> Hashable:
   made afresh at each call, with the same code and values, has the same
   fingerprint. Code and classes of Python and of installed packages are
   keyed by identity: they do not change while the process runs.
-  A value that is not hashable by value (a list, a dict) is keyed by its
-  contents; one that cannot be keyed at all makes `function_key` give None.
+  A value that is not hashable by value (a list, a dict, a set) is keyed
+  by its contents; one that cannot be keyed at all makes `function_key`
+  give None.
   Beyond four levels, and for objects that hash by identity, a value is
   keyed by identity: code that changes what such an object holds between
   calls (an attribute of a config object read by a helper of a helper) needs
@@ -105,6 +106,10 @@ def _freeze(x: Any, depth: int) -> Hashable:
     return (type(x), x) if not isinstance(x, types.ModuleType) else x
   if isinstance(x, (tuple, list)):
     return (type(x), tuple(_freeze(v, depth) for v in x))
+  if isinstance(x, (set, frozenset)):
+    # By contents, in no order (a set of names iterates in an order each
+    # process draws): a frozenset of its elements' keys.
+    return (type(x), frozenset(_freeze(v, depth) for v in x))
   if isinstance(x, dict):
     try:
       items = sorted(x.items(), key=lambda kv: repr(kv[0]))

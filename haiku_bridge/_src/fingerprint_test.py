@@ -241,6 +241,22 @@ class FingerprintTest(absltest.TestCase):
     finally:
       del CONFIG
 
+  def test_a_set_is_keyed_by_its_contents(self):
+    # As a list or a dict is; it was unkeyable (no key: never cached).
+    names = {"w", "b"}
+    f = lambda: sorted(names)
+    key = fingerprint.function_key(f)
+    self.assertIsNotNone(key)
+    names = {"b", "w"}  # Made afresh, another order: the same key.
+    self.assertEqual(fingerprint.function_key(f), key)
+    names.add("scale")
+    self.assertNotEqual(fingerprint.function_key(f), key)
+    names = frozenset({"w", "b"})
+    self.assertIsNotNone(fingerprint.function_key(f))
+    self.assertNotEqual(fingerprint.function_key(f), key)
+    names = {"w", (1, 2)}  # Elements of any hashable kind.
+    self.assertIsNotNone(fingerprint.function_key(f))
+
   def test_large_or_traced_values_cannot_be_keyed(self):
     big = np.zeros([4096])
     self.assertIsNone(fingerprint.function_key(lambda: big))

@@ -12,6 +12,7 @@ from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import chex
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -254,6 +255,48 @@ class ApplyTraceTest(parameterized.TestCase):
     expected = ["net/layer_0/w", "net/layer_1/w"] if getter else []
     self.assertEqual(init_names, expected)
     self.assertEqual(seen, expected * 2 + expected[:1])
+
+  @parameterized.named_parameters(("plain", False), ("identity_getter", True))
+  def test_an_init_reading_a_set_is_shaped_once_and_again_when_it_changes(
+      self, getter):
+    # A set of names in `init`'s closure keys its structure by its contents
+    # (it was unkeyable: shaped afresh at every trace).
+    names = {"b", "a"}
+
+    def init(rng, x):
+      return {n: jax.random.normal(jax.random.fold_in(rng, i), [x.shape[-1]])
+              for i, n in enumerate(sorted(names))}
+
+    def apply(params, x):
+      return sum(x @ params[n] for n in sorted(names))
+
+    def net(x):
+      with (hk.custom_getter(lambda next_getter, value, context:
+                             next_getter(value))
+            if getter else contextlib.nullcontext()):
+        return hkb.call_pure(apply, x, init=init, name="net")
+
+    f = hk.transform(net)
+    for more in ((), ("c",)):
+      names.update(more)
+      params = f.init(KEY, X)
+      with caches.disabled():
+        expected = f.init(KEY, X)
+      chex.assert_trees_all_equal(params, expected)
+      hkb.clear_caches()
+      pytree.default_key_spec()  # Shaped once per process: not counted.
+      counts = [self._eval_shapes_in_trace(f.apply, params, None, X)
+                for _ in range(2)]
+      self.assertEqual(counts, [1, 0 if caches.enabled() else 1])
+      np.testing.assert_allclose(
+          f.apply(params, None, X),
+          sum(X @ w for w in jax.tree.leaves(expected)), rtol=1e-6)
+    # The names changed after a warm trace: shaped again, not taken from
+    # the cache (a key by the set's identity would read two params of three).
+    names.discard("a")
+    params = f.init(KEY, X)
+    self.assertEqual(self._eval_shapes_in_trace(f.apply, params, None, X), 1)
+    self.assertLen(jax.tree.leaves(params), 2)
 
   def test_a_warm_retrace_names_no_leaf_again(self):
     # The key-path names are kept with the structure; the module names are

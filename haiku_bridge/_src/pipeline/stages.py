@@ -33,7 +33,9 @@ from haiku_bridge._src.pytree import PyTree
 
 def run(staging: staging_lib.Staging, body: Callable[..., Any], carry: PyTree,
         per_layer: PyTree, *, loop: remat_lib.Loop,
-        reverse: bool = False) -> tuple[PyTree, PyTree]:
+        reverse: bool = False,
+        planned_body: Optional[Callable[..., Any]] = None
+        ) -> tuple[PyTree, PyTree]:
   """`layer_scan`'s loop as a pipeline: `(carry, (ys, state))`, as its scan returns them.
 
   Args:
@@ -46,6 +48,8 @@ def run(staging: staging_lib.Staging, body: Callable[..., Any], carry: PyTree,
     loop: the stack's loop (`loop.Loop`, its remat), which each stage runs
       over the layers of one visit.
     reverse: run the layers last to first.
+    planned_body: what `remat="auto"` plans on, if not `body`
+      (`remat_lib.resolved`).
 
   Returns:
     `(carry, (ys, state))`, as the plain scan returns them: the last layer's
@@ -60,7 +64,8 @@ def run(staging: staging_lib.Staging, body: Callable[..., Any], carry: PyTree,
   staged = jax.tree.map(layout.to_stages, per_layer)
   micro = jax.tree.map(batch.split, carry)
   if loop.remat == modes.REMAT_AUTO:
-    loop = stage_loop(loop, body, micro, staged, layout.layers)
+    loop = stage_loop(loop, planned_body or body, micro, staged,
+                      layout.layers)
   program = _StageProgram(body, loop, layout, staging.timetable,
                           batch.microbatches)
   if stages == 1:

@@ -134,7 +134,8 @@ class Loop:
 
 
 def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
-             *, whole_pipelined_stack: bool = False) -> Loop:
+             *, whole_pipelined_stack: bool = False,
+             planned_body: Optional[Body] = None) -> Loop:
   """The loop that runs on these shapes: the one place `remat="auto"` is planned.
 
   Any other `remat` runs as it is. `remat="auto"` is planned here, for the
@@ -148,6 +149,10 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
     to find its params), and `memory_budget` is per stage, not for this loop
     (each stage's plan is made here too, for one visit: `pipeline/stages.py`);
   * with no steps.
+
+  `planned_body`, where given, is what the plan measures instead of `body`:
+  the same step with what a training step does not differentiate (a layer
+  scan's Haiku state) under `jax.lax.stop_gradient`.
   """
   if loop.remat != modes.REMAT_AUTO:
     return loop
@@ -159,7 +164,8 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
   if length == 0:
     return Loop(unroll=loop.unroll)
   assert loop.memory_budget is not None, "from_options requires it"
-  choice = remat_plan.loop_plan(body, carry, xs, length, loop.memory_budget,
+  choice = remat_plan.loop_plan(planned_body or body, carry, xs, length,
+                                loop.memory_budget,
                                 loop.policy, loop.max_recompute,
                                 loop.unroll, loop.batch_major).choice
   return Loop(choice.remat, None if choice.policy is None else loop.policy,

@@ -33,6 +33,7 @@ from testing import remat_models
 from testing import test_utils
 
 KEY = jax.random.PRNGKey(0)
+WIDE = 128  # A layer wide enough that its state outweighs XLA's small buffers.
 # Small widths: the grid compiles a few dozen training steps.
 MODELS = remat_models.models(lstm_lengths=(256, 1024, 4096),
                              mlp_depths=(16, 64), transformer_depths=(16, 64),
@@ -1129,6 +1130,39 @@ class BudgetTest(parameterized.TestCase):
     self.assert_each_step_within(
         loss, (plan.least_budget, plan.choice.temporaries), params, xs)
 
+  def test_layer_state_is_planned_as_a_training_step_keeps_it(self):
+    # A layer's Haiku state (hk.get_state/set_state, BatchNorm's averages)
+    # is aux in a training step, not differentiated; planned as outputs
+    # with cotangents, this stack's plans were predicted over what they
+    # compile to (1.155× at the least, 1.06× at remat=True).
+    def block(h):
+      m = hk.get_state("m", h.shape[1:], jnp.float32, init=jnp.zeros)
+      hk.set_state("m", 0.9 * m + 0.1 * jnp.mean(h, 0))
+      return jnp.tanh(hk.Linear(WIDE)(h) + m)
+
+    def net(**remat):
+      return hk.transform_with_state(
+          lambda x: hkb.repeat_layer(block, x, 16, **remat))
+
+    x = jnp.ones([64, WIDE])
+    params, state = net().init(KEY, x)
+    loss = lambda p, s, x, **remat: jnp.sum(jnp.square(
+        net(**remat).apply(p, s, None, x)[0]))
+    with remat_models.plans_made() as made:
+      jax.eval_shape(functools.partial(loss, remat="auto",
+                                       memory_budget=1 << 30),
+                     params, state, x)
+    by_kind = {k.remat: k.temporaries for k in made[-1].candidates
+               if k.slots in (None, 1)}
+    for budget in (by_kind[True], by_kind["binomial"]):
+      with remat_models.plans_made() as made:
+        got = compiled_bytes(jax.value_and_grad(functools.partial(
+            loss, remat="auto", memory_budget=budget,
+            max_recompute=math.inf)), params, state, x)
+      predicted = made[-1].choice.temporaries
+      self.assertLess(abs(predicted / got - 1), 0.10,
+                      (budget, made[-1].choice, got))
+
   def test_a_loop_with_nothing_to_differentiate_plans_nothing(self):
     def step(count, x):
       return count + x, count * 2
@@ -1346,38 +1380,6 @@ class VmapTest(parameterized.TestCase):
 
 class KnownGapsTest(absltest.TestCase):
   """Promises of issue 42 that `remat="auto"` does not keep yet, each on a model the grid lacks."""
-
-  @unittest.expectedFailure
-  def test_layer_state_is_predicted_as_a_training_step_keeps_it(self):
-    # Known gap: a layer's Haiku state (hk.get_state/set_state) reaches the
-    # plan as per-layer outputs, which its measuring loss differentiates;
-    # a training step does not (the state is aux). Every plan is predicted
-    # over what it compiles to: one slot's 5,436 bytes against 3,948
-    # (1.38×), and budgets between are refused.
-    def block(h):
-      m = hk.get_state("m", [16], jnp.float32, init=jnp.zeros)
-      hk.set_state("m", 0.9 * m + 0.1 * jnp.mean(h, 0))
-      return jnp.tanh(hk.Linear(16)(h) + m)
-
-    def net(**remat):
-      return hk.transform_with_state(
-          lambda x: hkb.repeat_layer(block, x, 16, **remat))
-
-    x = jnp.ones([4, 16])
-    params, state = net().init(KEY, x)
-
-    def step(**remat):
-      loss = lambda p, s, x: jnp.sum(jnp.square(
-          net(**remat).apply(p, s, None, x)[0]))
-      return jax.value_and_grad(loss)
-
-    with remat_models.plans_made() as made:
-      jax.eval_shape(step(remat="auto", memory_budget=1 << 30), params,
-                     state, x)
-    budget = made[-1].least_budget
-    got = compiled_bytes(step(remat="auto", memory_budget=budget,
-                              max_recompute=math.inf), params, state, x)
-    self.assertLess(abs(budget / got - 1), 0.10, (budget, got))
 
   @unittest.expectedFailure
   def test_a_conditional_in_the_step_counts_its_recomputation(self):
