@@ -96,11 +96,13 @@ import math
 import os
 import re
 import sys
-from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Optional, TypeVar
+from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Optional, Sequence, TypeVar
 
 import haiku as hk
 import jax
 from jax._src import config as jax_config  # pylint: disable=g-bad-import-order
+from jax._src.interpreters import batching as jax_batching  # pylint: disable=g-bad-import-order
+from jax.interpreters import ad as jax_ad
 from jax.extend import core as jax_core
 import jax.numpy as jnp
 import jaxlib
@@ -760,6 +762,13 @@ class _Traced(NamedTuple):
   # batch-major and time-major around it (`hkb.dynamic_unroll` with
   # `time_major=False`): copies of the inputs and outputs, measured too.
   batch_major: bool = False
+  # The `jax.vmap`s the loop runs under, innermost first (`_vmaps`): each
+  # one's size, whether the gradient is taken outside it (of the batch's
+  # loss) or inside (one per example), and the batch dimension of every
+  # const, carry and xs leaf there (None: not batched by it). The loop's
+  # program is theirs: every measuring program runs under them, on the
+  # batch's shapes.
+  vmaps: tuple[tuple[Any, ...], ...] = ()
 
 
 def _trace(f, init, xs, length, unroll: int | bool = 1,
@@ -788,7 +797,72 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
       scheduled_scan.consts_as_inputs(closed.jaxpr), ())
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
                  jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
-                 batch_major), consts
+                 batch_major, _vmaps(closed.consts, carry, x_leaves)), consts
+
+
+def _vmaps(*groups: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
+  """The `jax.vmap`s around the values of `groups`, innermost first: `(size, of_the_batch, dims of each group)`.
+
+  Inside `jax.vmap` a value is one example's, and the loop's program is the
+  batch's: each value of the batch is a `BatchTracer` of that vmap's trace,
+  its `batch_dim` where the batch lies in the value it wraps (the next
+  vmap's tracer out, or the batch's array). A vmap's place among the traces
+  is its depth in their nesting; `of_the_batch`: whether the gradient is
+  taken around it (`jax.grad` of a loss of `jax.vmap`, or no gradient
+  seen: taken later, of what the loop is inside), rather than inside it
+  (`jax.vmap(jax.grad(...))`, a gradient per example). Read from JAX's own
+  tracers (jax._src, as jax 0.10 and 0.11 keep them).
+  """
+  chains = [[_batch_dims(v) for v in group] for group in groups]
+  traces = {id(t): t for group in chains for chain in group for t in chain}
+  innermost_first = sorted(traces.values(), key=_depth, reverse=True)
+  differentiated = _differentiation_depth()
+  return tuple(
+      (int(t.axis_data.size),
+       differentiated is None or _depth(t) > differentiated) + tuple(
+           tuple(chain.get(t) for chain in group) for group in chains)
+      for t in innermost_first)
+
+
+def _differentiation_depth() -> Optional[int]:
+  """The depth of the innermost autodiff trace this call runs in; None where none is seen."""
+  trace = scheduled_scan.current_trace(())
+  while trace is not None:
+    if (isinstance(trace, jax_ad.JVPTrace) or
+        type(trace).__name__ == "LinearizeTrace"):
+      return _depth(trace)
+    trace = getattr(trace, "parent_trace", None)
+  return None
+
+
+def _batch_dims(value: Any) -> dict[Any, Optional[int]]:
+  """The vmap traces batching `value`, each with the dimension it batches."""
+  dims: dict[Any, Optional[int]] = {}
+  while isinstance(value, jax_batching.BatchTracer):
+    dim = value.batch_dim
+    dims[value._trace] = (  # pylint: disable=protected-access
+        None if dim is None else int(dim))
+    value = value.val
+  return dims
+
+
+def _depth(trace: Any) -> int:
+  depth = 0
+  while getattr(trace, "parent_trace", None) is not None:
+    trace, depth = trace.parent_trace, depth + 1
+  return depth
+
+
+def _batched(step: _Traced, shapes: tuple[list[Any], ...]
+             ) -> tuple[list[Any], ...]:
+  """`shapes` (consts, carry, xs of one example) with the batch's dimensions of `step.vmaps`."""
+  for size, _, *dims in step.vmaps:
+    shapes = tuple(
+        [s if d is None else jax.ShapeDtypeStruct(
+            s.shape[:d] + (size,) + s.shape[d:], s.dtype)
+         for s, d in zip(group, group_dims)]
+        for group, group_dims in zip(shapes, dims))
+  return shapes
 
 
 def _varying_types_unchecked() -> ContextManager[Any]:
@@ -971,8 +1045,9 @@ def _second_point(length: int, memory_budget: int, one: float,
 
 
 def _slot_guess(step: _Traced) -> float:
-  """A slot's bytes before a second schedule is compiled: the carry's."""
-  return float(_nbytes(step.carry))
+  """A slot's bytes before a second schedule is compiled: the carry's (the batch's, under `jax.vmap`)."""
+  _, carry, _ = _batched(step, ([], list(step.carry), []))
+  return float(_nbytes(carry))
 
 
 def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
@@ -1058,7 +1133,7 @@ def _sorted_repr(value: Any) -> str:
 
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, step.carry, step.x, policy, length,
-          step.unroll, step.batch_major, jax.default_backend())
+          step.unroll, step.batch_major, step.vmaps, jax.default_backend())
 
 
 # What the figures depend on besides the step: the code that measures them.
@@ -1070,7 +1145,8 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
 
   Everything the figures depend on: the step's jaxpr (every shape, dtype
   and operation; function addresses left out), what it takes, the policy,
-  the length, the unroll, the backend and device, the jax, jaxlib and
+  the length, the unroll, the vmaps around the loop, the backend and
+  device, the jax, jaxlib and
   haiku_bridge versions and the measuring code, XLA's flags, the compile
   options.
   """
@@ -1081,7 +1157,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   jaxpr = re.sub(r" at 0x[0-9a-f]+", "", step.text)
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
-               name, length, step.unroll, step.batch_major,
+               name, length, step.unroll, step.batch_major, step.vmaps,
                jax.default_backend(),
                device.device_kind,
                getattr(device.client, "platform_version", ""),
@@ -1304,12 +1380,24 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     carry, ys = scan(consts, carry, _swap_batch_time(xs))
     return carry, _swap_batch_time(ys)
 
+  def vmapped(program, vmaps):
+    for size, _, *dims in vmaps:  # Innermost first.
+      program = jax.vmap(program, in_axes=tuple(list(d) for d in dims),
+                         axis_size=size)
+    return program
+
+  # The loop's vmaps (`_vmaps`): those the gradient is taken around run the
+  # loop, the others the training step.
+  of_the_batch = [v for v in step.vmaps if v[1]]
+  per_example = [v for v in step.vmaps if not v[1]]
+
   def train(consts, carry, xs):
     # A loss of the outputs, as a training step has one: the ys are made
     # and kept for it, and their cotangent made from them (a loss in the
     # step returns small ys, and this costs little).
     def loss(*floats):
-      out = _on_floats(run, (consts, carry, xs))(*floats)
+      out = _on_floats(vmapped(run, of_the_batch), (consts, carry, xs))(
+          *floats)
       return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
     floats = _floats((consts, carry, xs))
     # The loss's value is an output too, as a training step (value_and_grad)
@@ -1330,8 +1418,10 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
   stacked = [jax.ShapeDtypeStruct(
       (x.shape[0], length) + x.shape[1:] if step.batch_major and x.shape
       else (length,) + x.shape, x.dtype) for x in step.x]
-  return jax.jit(train if _differentiable(step) else run).lower(
-      list(consts), list(step.carry), stacked)
+  program = (vmapped(train, per_example) if _differentiable(step)
+             else vmapped(run, step.vmaps))
+  return jax.jit(program).lower(
+      *_batched(step, (list(consts), list(step.carry), stacked)))
 
 
 def _swap_batch_time(leaves: list[Any]) -> list[Any]:

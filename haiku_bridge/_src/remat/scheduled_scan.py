@@ -60,7 +60,7 @@ from haiku_bridge._src.pytree import PyTree
 _mapped_aval = (getattr(jax_core, "mapped_aval", None)
                 or getattr(jax.core, "mapped_aval"))
 # The trace the code runs under (jax.extend.core from jax 0.9; jax.core before).
-_current_trace = (getattr(jax_core, "find_top_trace", None)
+current_trace = (getattr(jax_core, "find_top_trace", None)
                   or getattr(jax.core, "find_top_trace"))
 
 
@@ -155,7 +155,7 @@ def _in_forward_mode() -> bool:
   whether they are for a VJP from jax 0.9; before, `jax.linearize` is taken
   for reverse mode, and JAX refuses it (`LINEARIZE_IS_FORWARD_MODE`).
   """
-  trace = _current_trace(())
+  trace = current_trace(())
   while trace is not None:
     if isinstance(trace, ad.JVPTrace):
       return type(getattr(trace, "parent_trace", None)).__name__ != "JaxprTrace"
