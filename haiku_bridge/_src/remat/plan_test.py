@@ -1,5 +1,11 @@
 """Tests for `remat="auto"`: predictions against compiled memory, the choice against the manual plans."""
 
+import jax
+from testing import devices
+
+devices.use_cpu_devices(8)  # Before anything starts jax's backend.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib
 import functools
 import gc
@@ -14,10 +20,11 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import chex
 import haiku as hk
-import jax
 from jax.extend import core as jax_core
 import jax.numpy as jnp
 import jaxlib
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import haiku_bridge as hkb
@@ -1405,6 +1412,37 @@ class KnownGapsTest(absltest.TestCase):
                   if k.remat is True and k.policy is None).recomputed_flops
 
     self.assertGreater(per_step(True), 0.9 * per_step(False))
+
+  @unittest.expectedFailure
+  def test_a_data_parallel_step_is_planned_per_device(self):
+    # Known gap: a loop in a `jax.jit` step whose batch is sharded over a
+    # mesh is planned on the shapes it is traced with, the whole batch's,
+    # compiled unsharded on one device; `memory_analysis()` of the sharded
+    # step is one device's. 16 tanh layers of 128, batch 64 over 8 devices
+    # (Auto or Explicit axes alike): remat=False predicted 1,770,176 bytes,
+    # compiled 333,120 a device (0.19); the least plan 296,740 against
+    # 154,020. A budget of one device's memory buys recomputation it does
+    # not need. Inside `jax.shard_map` the loop sees one device's shapes and
+    # is planned within 1% (notes: wild2's s1.py, s3.py).
+    if jax.device_count() < 8:
+      self.skipTest(f"needs 8 devices, jax has {jax.device_count()}.")
+    net = hk.transform(lambda x: hkb.repeat_layer(
+        lambda h: h + jnp.tanh(hk.Linear(WIDE)(h)), x, 16, remat="auto",
+        memory_budget=1 << 40))
+    x = jax.random.normal(KEY, [64, WIDE])
+    params = net.init(KEY, x)
+    mesh = jax.make_mesh((8,), ("data",))
+    with jax.set_mesh(mesh):
+      step = jax.jit(jax.value_and_grad(
+          lambda p, x: jnp.sum(net.apply(p, None, x) ** 2)))
+      with remat_models.plans_made() as made:
+        compiled = step.lower(
+            jax.device_put(params, NamedSharding(mesh, P())),
+            jax.device_put(x, NamedSharding(mesh, P("data")))).compile()
+    (plan,) = made
+    self.assertIs(plan.choice.remat, False)
+    per_device = compiled.memory_analysis().temp_size_in_bytes
+    self.assertLess(abs(per_device / plan.choice.temporaries - 1), 0.1)
 
 
 class VisibleTest(parameterized.TestCase):
