@@ -1457,9 +1457,14 @@ class KnownGapsTest(absltest.TestCase):
     # training step compiles to 1,835,712 (1.166x): one buffer of w's (and
     # the carry's) 262,144 bytes more than the measuring program keeps.
     # remat=False and True are within 1,000 bytes; with `w` of shape
-    # [1, 256] the schedule is too (1,574,592 against 1,576,228); with `m0`
-    # a differentiated argument it is 1,573,568 (notes: wild2's p3d.py,
-    # p3e.py).
+    # [1, 256] the schedule is too (1,574,592 against 1,576,228). The
+    # measuring program differentiates the xs (as a layer scan's params);
+    # here they are data, and with them differentiated the step compiles to
+    # 1,574,536 (notes: wild2's p3d.py, p3e.py, p3f.py). Measuring data xs
+    # undifferentiated, read from the gradient's tracers, predicts 1,836,316
+    # (wild2's data_xs_prototype.diff), but `hkb.remat_plan` called outside
+    # the gradient cannot tell data from weights, and its plan would differ
+    # from the loop's.
     w = jax.random.normal(KEY, [256, 256]) / 2
     xs = jax.random.normal(KEY, [16, 256])
 
