@@ -858,14 +858,16 @@ def _perturbed(*groups: Sequence[Any]) -> Optional[bool]:
   A value the gradient is taken of is a tracer of that autodiff trace
   (under `jax.vmap`, inside the vmap's tracers; outside a vmap the
   gradient is taken in, around them) with a tangent that is not zero;
-  data (a batch of inputs, a constant) is not. Read from JAX's own
-  tracers (jax._src, as jax 0.10 and 0.11 keep them).
+  data (a batch of inputs, a constant) is not. A shape standing in for a
+  value (a pipeline's stages plan on one microbatch's shapes) says
+  nothing: None. Read from JAX's own tracers (jax._src, as jax 0.10 and
+  0.11 keep them).
   """
   trace = _differentiation()
   if trace is None:
     return None
 
-  def perturbed(value):
+  def perturbed(value) -> Optional[bool]:
     while True:
       if isinstance(value, (jax_ad.JVPTracer, jax_ad.LinearizeTracer)):
         if value._trace is trace:  # pylint: disable=protected-access
@@ -874,8 +876,9 @@ def _perturbed(*groups: Sequence[Any]) -> Optional[bool]:
       elif isinstance(value, jax_batching.BatchTracer):
         value = value.val
       else:
-        return False
-  return any(perturbed(v) for group in groups for v in group)
+        return None if isinstance(value, jax.ShapeDtypeStruct) else False
+  seen = [perturbed(v) for group in groups for v in group]
+  return True if True in seen else None if None in seen else False
 
 
 def _batch_dims(value: Any) -> dict[Any, Optional[int]]:
