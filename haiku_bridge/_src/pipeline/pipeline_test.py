@@ -496,10 +496,12 @@ class MicrobatchSemanticsTest(EightDevicesTest):
     # Dropout drew: the plain stack's full-batch masks are others.
     self.assertFalse(np.allclose(got, plain.apply(params, rng, self.X)))
 
-  @parameterized.parameters(False, "binomial")
-  def test_xs_per_layer_and_ys_as_the_plain_stack(self, remat):
+  @parameterized.parameters(("gpipe", False), ("gpipe", "binomial"),
+                            ("circular", False))
+  def test_xs_per_layer_and_ys_as_the_plain_stack(self, schedule, remat):
     # Ground truth: the plain stack on the whole batch. Its ys are
     # `[num_layers, batch]`, and so are the pipeline's (issue 26, row 9).
+    # Circular: each pass reads its own layers' xs (2 passes of 4 stages).
     m = 4
     xs = {"shift": jax.random.normal(KEY, [LAYERS, 4])}
 
@@ -510,7 +512,7 @@ class MicrobatchSemanticsTest(EightDevicesTest):
       return hk.transform(lambda x, xs: hkb.layer_scan(
           layer, x, xs, name="blocks", remat=remat, pipeline=pipeline))
 
-    plain, pipelined = f(None), f(hkb.Pipeline("stage", m))
+    plain, pipelined = f(None), f(hkb.Pipeline("stage", m, schedule))
     params = plain.init(KEY, self.X, xs)
 
     def loss_of(f):
@@ -525,6 +527,31 @@ class MicrobatchSemanticsTest(EightDevicesTest):
       got = jax.jit(loss_of(pipelined))(params)
     self.assertEqual(got[0][1]["norm"].shape, (LAYERS, len(self.X)))
     assert_close(self, got, expected)
+
+  def test_reverse_state_and_ys_in_the_stacks_order(self):
+    # Ground truth: the plain reversed stack on microbatch 0, 1, ... in turn,
+    # each with the state the one before left. Its ys and state are in the
+    # stack's order (layer i at index i), not the order the layers ran in.
+    m, layers = 2, 4
+
+    def f(pipeline):
+      return hk.transform_with_state(lambda x: hkb.layer_scan(
+          lambda c, _: (batch_norm_block(c), jnp.sum(c ** 2, axis=-1)), x,
+          num_layers=layers, name="blocks", reverse=True, pipeline=pipeline))
+
+    plain = f(None)
+    params, state = plain.init(KEY, self.X)
+    outs, ys, new_state = [], [], state
+    for part in by_rows(self.X, m):
+      (out, y), new_state = plain.apply(params, new_state, None, part)
+      outs.append(out)
+      ys.append(y)
+    expected = ((from_rows(outs), jnp.stack(ys, axis=2).reshape(layers, -1)),
+                new_state)
+    with jax.set_mesh(make_mesh(2)):
+      got = jax.jit(f(hkb.Pipeline("stage", m)).apply)(params, state, None,
+                                                       self.X)
+    assert_close(self, got, expected, rtol=1e-5, atol=1e-5)
 
   def test_ys_that_reduce_over_the_batch(self):
     # The plain stack's y of the whole batch is not any function of the
