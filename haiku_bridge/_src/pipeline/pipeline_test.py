@@ -946,6 +946,13 @@ class DropInTest(EightDevicesTest):
     self._assert_plain(stack_of(block), make_mesh(1, axis_type=axis_type),
                        pipeline=hkb.Pipeline("stage", 2), batch=P("data"))
 
+  def test_one_stage_circular_batch_as_given_explicit_axes(self):
+    # 5: one stage keeps each microbatch between passes in a buffer typed by
+    # the mesh; the batch (and the params) jit got from one device are not.
+    self._assert_plain(stack_of(block),
+                       make_mesh(1, axis_type=AxisType.Explicit),
+                       pipeline=hkb.Pipeline("stage", 2, "circular", 2))
+
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_bfloat16_carry(self, axis_type):
     # 6: the last stage's output reaches the others summed in float32.
