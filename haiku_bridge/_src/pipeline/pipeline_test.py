@@ -940,6 +940,19 @@ class DropInTest(EightDevicesTest):
                        pipeline=hkb.Pipeline("stage", 1, "circular"),
                        batch=P("data"))
 
+  def test_ys_with_rows_on_another_axis_one_microbatch(self):
+    # With one microbatch a y may hold the rows on any axis (here axis 1,
+    # `c.T`): each device runs the stages on its own rows only where every
+    # y has them first (stages._rows_apart).
+    def f(pipeline):
+      def loss(x):
+        _, ys = hkb.layer_scan(lambda c, _: (block(c), c.T), x,
+                               num_layers=LAYERS, pipeline=pipeline)
+        weights = jnp.linspace(0.5, 2.0, ys.size).reshape(ys.shape)
+        return jnp.mean(ys * weights)
+      return hk.transform(loss)
+    self._assert_plain(f, make_mesh(2), pipeline=hkb.Pipeline("stage", 1))
+
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_one_stage(self, axis_type):
     # 5: a one-stage axis is a pipeline of microbatches.
