@@ -878,6 +878,8 @@ class DropInTest(EightDevicesTest):
           jnp.stack([h, -h]))[0]
 
     from_zeros, from_h = scan_from(jnp.zeros_like), scan_from(lambda h: h)
+    while_scaled = lambda h, w, k: jax.lax.while_loop(
+        lambda c: jnp.sum(c) < 8, lambda c: c + k * (1 + jnp.tanh(c @ w)), h)
     layers = {
         "a scan from zeros": (from_zeros, True),
         "a scan from the input": (from_h, False),
@@ -888,6 +890,22 @@ class DropInTest(EightDevicesTest):
         "in a checkpoint": (jax.checkpoint(from_zeros), True),
         "in a cond's branch": (lambda h, w: jax.lax.cond(
             jnp.sum(h) > 0, from_h, from_zeros, h, w), True),
+        # Nothing of the loop varies: its carry cannot become varying. (These
+        # False ones run in the stages with jax's check of varying types on.)
+        "a loop of constants alone": (lambda h, w: h * jax.lax.fori_loop(
+            0, 3, lambda i, c: jnp.tanh(c * 2), jnp.ones([4])), False),
+        "a scan from a value of the input": (scan_from(lambda h: 2 * h),
+                                             False),
+        "a while from the input, its body scaled by a constant": (
+            lambda h, w: while_scaled(h, w, jnp.ones([]) * 2), False),
+        # Its jaxprs take other inputs than the equation (each its own
+        # consts): any loop in them counts, conservatively.
+        "in a custom_linear_solve": (lambda h, w: jax.lax.custom_linear_solve(
+            lambda v: while_scaled(v, w, 1.0), h,
+            lambda matvec, b: b @ w + jnp.sum(2 * h)), True),
+        "in a cond on a constant, from the input": (
+            lambda h, w: jax.lax.cond(jnp.ones([]) > 0, from_h, from_h, h,
+                                      w), False),
     }
     for name, (layer, expected) in layers.items():
       jaxpr = jax.make_jaxpr(layer)(h, w).jaxpr
