@@ -251,6 +251,11 @@ class TimetableTest(parameterized.TestCase):
   def test_every_visit_once_after_the_one_before(self, stages, microbatches,
                                                  repeats):
     t = pipeline_lib.timetable(stages, microbatches, repeats)
+    # Idle slots too name a real pass and microbatch (clipped): the stages
+    # index the state and the microbatches with them.
+    self.assertTrue(np.all((0 <= t.repeat) & (t.repeat < repeats)))
+    self.assertTrue(np.all((0 <= t.microbatch)
+                           & (t.microbatch < microbatches)))
     when = {}
     for step, stage in zip(*np.nonzero(t.active)):
       visit = (stage, t.repeat[step, stage], t.microbatch[step, stage])
