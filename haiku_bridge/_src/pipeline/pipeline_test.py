@@ -118,6 +118,10 @@ def batch_norm_block(h):
   return block(hk.BatchNorm(True, True, 0.9)(h, is_training=True))
 
 
+def batch_norm_after_block(h):
+  return hk.BatchNorm(False, False, 0.9)(block(h), is_training=True)
+
+
 def dense(params, h):
   return h + jnp.tanh(h @ params["w"] + params["b"])
 
@@ -434,19 +438,22 @@ class MicrobatchSemanticsTest(EightDevicesTest):
 
   @parameterized.parameters(("gpipe", None, False, False),
                             ("circular", 2, True, False),
-                            ("gpipe", None, False, True))
+                            ("gpipe", None, False, True),
+                            ("gpipe", None, False, True, True))
   def test_state_goes_through_the_microbatches_in_order(
-      self, schedule, repeats, remat, batch_over_data):
+      self, schedule, repeats, remat, batch_over_data, stored=False):
     # Ground truth: the plain stack applied to microbatch 0, 1, ... in turn,
     # each with the state the one before left. With the batch over `data`
     # (Explicit axes), each microbatch's statistics are still the whole
     # microbatch's: a layer that mixes rows runs with `data` Auto in the
-    # stages, not on each device's rows (issue 43).
+    # stages, not on each device's rows (issue 43). `stored`: the params
+    # stored over the stages, the state as init made it (typed apart), in a
+    # layer with more leaves of state (6) than of params (5).
     m = 4
     pipe = hkb.Pipeline("stage", m, schedule, repeats)
-    plain = stack(batch_norm_block, state=True, remat=remat)
-    pipelined = stack(batch_norm_block, state=True, remat=remat,
-                      pipeline=pipe)
+    layer = batch_norm_after_block if stored else batch_norm_block
+    plain = stack(layer, state=True, remat=remat)
+    pipelined = stack(layer, state=True, remat=remat, pipeline=pipe)
     params, state = plain.init(KEY, self.X)
 
     def sequential(params):
@@ -462,6 +469,9 @@ class MicrobatchSemanticsTest(EightDevicesTest):
                                    else AxisType.Auto))
     with jax.set_mesh(mesh):
       x = jax.device_put(self.X, P("data")) if batch_over_data else self.X
+      if stored:
+        params = jax.device_put(params, hkb.param_shardings(params, mesh,
+                                                            stage_rules()))
       (got_loss, got_state), got_grads = jax.jit(jax.value_and_grad(
           lambda p: pipelined.apply(p, state, None, x), has_aux=True))(
               params)
