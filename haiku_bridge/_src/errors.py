@@ -126,7 +126,11 @@ def describe(x: Any) -> str:
 
 
 def _a(noun: str) -> str:
-  return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+  # A "u" that reads "you" takes "a": a uint8, a UserDict; "un-" takes "an".
+  start = noun[:3].lower()
+  vowel = start[:1] in ("a", "e", "i", "o") or (
+      start[:2] == "un" and start != "uni")
+  return f"{'an' if vowel else 'a'} {noun}"
 
 
 def got(x: Any) -> str:

@@ -110,6 +110,25 @@ class ErrorsTest(absltest.TestCase):
     self.assertEqual(errors.got(object()), "an object")
     self.assertEqual(errors.got(np.int32(1)), "an int32 1")
     self.assertEqual(errors.got([1]), "a list of length 1")
+    # By sound: "u" reads "you" in a uint8, not in an Unset.
+    self.assertEqual(errors.got(np.uint8(3)), "a uint8 3")
+    self.assertEqual(errors.got(type("Unset", (), {})()), "an Unset")
+    self.assertEqual(errors.got(type("Union", (), {})()), "a Union")
+
+  def test_named_says_the_error_again_naming_the_call(self):
+    with errors.entry("call_pure"):
+      renamed = errors.named(KeyError("k"), "the function raised")
+      self.assertIsInstance(renamed, KeyError)
+      self.assertEqual(renamed.args, ("hkb.call_pure: the function raised",))
+      # Already named by the bridge: the same error, unchanged.
+      named = ValueError("hkb.scan: bad")
+      self.assertIs(errors.named(named, "again"), named)
+      self.assertEqual(str(named), "hkb.scan: bad")
+      # A type that cannot be made from one message: the same error, the
+      # message added as a note.
+      odd = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+      self.assertIs(errors.named(odd, "the function raised"), odd)
+      self.assertEqual(odd.__notes__, ["hkb.call_pure: the function raised"])
 
   def test_got_shows_small_values(self):
     self.assertEqual(errors.got(None), "None")
@@ -151,8 +170,10 @@ class ErrorsTest(absltest.TestCase):
   def test_check_int_sequence(self):
     self.assertEqual(errors.check_int_sequence("a", [np.int32(1), 0], "ints"),
                      (1, 0))
-    for bad, error in ((1, TypeError), ("01", TypeError), ([True], TypeError),
-                       ([1.0], TypeError), ([-1], ValueError)):
+    # Bytes iterate as ints, yet are no sequence of axes.
+    for bad, error in ((1, TypeError), ("01", TypeError), (b"\x00", TypeError),
+                       ([True], TypeError), ([1.0], TypeError),
+                       ([-1], ValueError)):
       with self.assertRaisesRegex(error, "`a` must be ints"):
         errors.check_int_sequence("a", bad, "ints")
 

@@ -16,6 +16,9 @@ class HkNamespaceTest(absltest.TestCase):
     self.assertIs(hk.get_relevant_parameters,
                   haiku_bridge.get_relevant_parameters)
     self.assertIn("call_pure", dir(hk))
+    # Its own name, where it is found: not the installed `haiku` it reads through to.
+    self.assertEqual(hk.__name__, "haiku_bridge.hk")
+    self.assertIs(getattr(haiku_bridge, hk.__name__.rpartition(".")[2]), hk)
 
   def test_installed_haiku_is_untouched(self):
     self.assertFalse(hasattr(haiku, "call_pure"))

@@ -57,6 +57,8 @@ class VersionsTest(absltest.TestCase):
       versions.warn_if_untested({"jax": "0.11.0", "dm-haiku": "0.0.17"})
     self.assertLen(caught, 1)
     self.assertIs(caught[0].category, versions.UntestedVersionWarning)
+    # Said where warn_if_untested was called (on import: haiku_bridge's __init__), not inside it.
+    self.assertEqual(caught[0].filename, __file__)
     text = str(caught[0].message)
     self.assertIn("jax 0.6.0 to 0.10.2 and dm-haiku 0.0.14 to 0.0.17", text)
     self.assertIn("this is jax 0.11.0,", text)

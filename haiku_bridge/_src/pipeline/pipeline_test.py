@@ -118,6 +118,10 @@ def batch_norm_block(h):
   return block(hk.BatchNorm(True, True, 0.9)(h, is_training=True))
 
 
+def batch_norm_after_block(h):
+  return hk.BatchNorm(False, False, 0.9)(block(h), is_training=True)
+
+
 def dense(params, h):
   return h + jnp.tanh(h @ params["w"] + params["b"])
 
@@ -251,6 +255,11 @@ class TimetableTest(parameterized.TestCase):
   def test_every_visit_once_after_the_one_before(self, stages, microbatches,
                                                  repeats):
     t = pipeline_lib.timetable(stages, microbatches, repeats)
+    # Idle slots too name a real pass and microbatch (clipped): the stages
+    # index the state and the microbatches with them.
+    self.assertTrue(np.all((0 <= t.repeat) & (t.repeat < repeats)))
+    self.assertTrue(np.all((0 <= t.microbatch)
+                           & (t.microbatch < microbatches)))
     when = {}
     for step, stage in zip(*np.nonzero(t.active)):
       visit = (stage, t.repeat[step, stage], t.microbatch[step, stage])
@@ -429,19 +438,22 @@ class MicrobatchSemanticsTest(EightDevicesTest):
 
   @parameterized.parameters(("gpipe", None, False, False),
                             ("circular", 2, True, False),
-                            ("gpipe", None, False, True))
+                            ("gpipe", None, False, True),
+                            ("gpipe", None, False, True, True))
   def test_state_goes_through_the_microbatches_in_order(
-      self, schedule, repeats, remat, batch_over_data):
+      self, schedule, repeats, remat, batch_over_data, stored=False):
     # Ground truth: the plain stack applied to microbatch 0, 1, ... in turn,
     # each with the state the one before left. With the batch over `data`
     # (Explicit axes), each microbatch's statistics are still the whole
     # microbatch's: a layer that mixes rows runs with `data` Auto in the
-    # stages, not on each device's rows (issue 43).
+    # stages, not on each device's rows (issue 43). `stored`: the params
+    # stored over the stages, the state as init made it (typed apart), in a
+    # layer with more leaves of state (6) than of params (5).
     m = 4
     pipe = hkb.Pipeline("stage", m, schedule, repeats)
-    plain = stack(batch_norm_block, state=True, remat=remat)
-    pipelined = stack(batch_norm_block, state=True, remat=remat,
-                      pipeline=pipe)
+    layer = batch_norm_after_block if stored else batch_norm_block
+    plain = stack(layer, state=True, remat=remat)
+    pipelined = stack(layer, state=True, remat=remat, pipeline=pipe)
     params, state = plain.init(KEY, self.X)
 
     def sequential(params):
@@ -457,6 +469,9 @@ class MicrobatchSemanticsTest(EightDevicesTest):
                                    else AxisType.Auto))
     with jax.set_mesh(mesh):
       x = jax.device_put(self.X, P("data")) if batch_over_data else self.X
+      if stored:
+        params = jax.device_put(params, hkb.param_shardings(params, mesh,
+                                                            stage_rules()))
       (got_loss, got_state), got_grads = jax.jit(jax.value_and_grad(
           lambda p: pipelined.apply(p, state, None, x), has_aux=True))(
               params)
@@ -496,10 +511,12 @@ class MicrobatchSemanticsTest(EightDevicesTest):
     # Dropout drew: the plain stack's full-batch masks are others.
     self.assertFalse(np.allclose(got, plain.apply(params, rng, self.X)))
 
-  @parameterized.parameters(False, "binomial")
-  def test_xs_per_layer_and_ys_as_the_plain_stack(self, remat):
+  @parameterized.parameters(("gpipe", False), ("gpipe", "binomial"),
+                            ("circular", False))
+  def test_xs_per_layer_and_ys_as_the_plain_stack(self, schedule, remat):
     # Ground truth: the plain stack on the whole batch. Its ys are
     # `[num_layers, batch]`, and so are the pipeline's (issue 26, row 9).
+    # Circular: each pass reads its own layers' xs (2 passes of 4 stages).
     m = 4
     xs = {"shift": jax.random.normal(KEY, [LAYERS, 4])}
 
@@ -510,7 +527,7 @@ class MicrobatchSemanticsTest(EightDevicesTest):
       return hk.transform(lambda x, xs: hkb.layer_scan(
           layer, x, xs, name="blocks", remat=remat, pipeline=pipeline))
 
-    plain, pipelined = f(None), f(hkb.Pipeline("stage", m))
+    plain, pipelined = f(None), f(hkb.Pipeline("stage", m, schedule))
     params = plain.init(KEY, self.X, xs)
 
     def loss_of(f):
@@ -525,6 +542,31 @@ class MicrobatchSemanticsTest(EightDevicesTest):
       got = jax.jit(loss_of(pipelined))(params)
     self.assertEqual(got[0][1]["norm"].shape, (LAYERS, len(self.X)))
     assert_close(self, got, expected)
+
+  def test_reverse_state_and_ys_in_the_stacks_order(self):
+    # Ground truth: the plain reversed stack on microbatch 0, 1, ... in turn,
+    # each with the state the one before left. Its ys and state are in the
+    # stack's order (layer i at index i), not the order the layers ran in.
+    m, layers = 2, 4
+
+    def f(pipeline):
+      return hk.transform_with_state(lambda x: hkb.layer_scan(
+          lambda c, _: (batch_norm_block(c), jnp.sum(c ** 2, axis=-1)), x,
+          num_layers=layers, name="blocks", reverse=True, pipeline=pipeline))
+
+    plain = f(None)
+    params, state = plain.init(KEY, self.X)
+    outs, ys, new_state = [], [], state
+    for part in by_rows(self.X, m):
+      (out, y), new_state = plain.apply(params, new_state, None, part)
+      outs.append(out)
+      ys.append(y)
+    expected = ((from_rows(outs), jnp.stack(ys, axis=2).reshape(layers, -1)),
+                new_state)
+    with jax.set_mesh(make_mesh(2)):
+      got = jax.jit(f(hkb.Pipeline("stage", m)).apply)(params, state, None,
+                                                       self.X)
+    assert_close(self, got, expected, rtol=1e-5, atol=1e-5)
 
   def test_ys_that_reduce_over_the_batch(self):
     # The plain stack's y of the whole batch is not any function of the
@@ -885,6 +927,8 @@ class DropInTest(EightDevicesTest):
           jnp.stack([h, -h]))[0]
 
     from_zeros, from_h = scan_from(jnp.zeros_like), scan_from(lambda h: h)
+    while_scaled = lambda h, w, k: jax.lax.while_loop(
+        lambda c: jnp.sum(c) < 8, lambda c: c + k * (1 + jnp.tanh(c @ w)), h)
     layers = {
         "a scan from zeros": (from_zeros, True),
         "a scan from the input": (from_h, False),
@@ -895,6 +939,22 @@ class DropInTest(EightDevicesTest):
         "in a checkpoint": (jax.checkpoint(from_zeros), True),
         "in a cond's branch": (lambda h, w: jax.lax.cond(
             jnp.sum(h) > 0, from_h, from_zeros, h, w), True),
+        # Nothing of the loop varies: its carry cannot become varying. (These
+        # False ones run in the stages with jax's check of varying types on.)
+        "a loop of constants alone": (lambda h, w: h * jax.lax.fori_loop(
+            0, 3, lambda i, c: jnp.tanh(c * 2), jnp.ones([4])), False),
+        "a scan from a value of the input": (scan_from(lambda h: 2 * h),
+                                             False),
+        "a while from the input, its body scaled by a constant": (
+            lambda h, w: while_scaled(h, w, jnp.ones([]) * 2), False),
+        # Its jaxprs take other inputs than the equation (each its own
+        # consts): any loop in them counts, conservatively.
+        "in a custom_linear_solve": (lambda h, w: jax.lax.custom_linear_solve(
+            lambda v: while_scaled(v, w, 1.0), h,
+            lambda matvec, b: b @ w + jnp.sum(2 * h)), True),
+        "in a cond on a constant, from the input": (
+            lambda h, w: jax.lax.cond(jnp.ones([]) > 0, from_h, from_h, h,
+                                      w), False),
     }
     for name, (layer, expected) in layers.items():
       jaxpr = jax.make_jaxpr(layer)(h, w).jaxpr
@@ -947,11 +1007,31 @@ class DropInTest(EightDevicesTest):
                        pipeline=hkb.Pipeline("stage", 1, "circular"),
                        batch=P("data"))
 
+  def test_ys_with_rows_on_another_axis_one_microbatch(self):
+    # With one microbatch a y may hold the rows on any axis (here axis 1,
+    # `c.T`): each device runs the stages on its own rows only where every
+    # y has them first (stages._rows_apart).
+    def f(pipeline):
+      def loss(x):
+        _, ys = hkb.layer_scan(lambda c, _: (block(c), c.T), x,
+                               num_layers=LAYERS, pipeline=pipeline)
+        weights = jnp.linspace(0.5, 2.0, ys.size).reshape(ys.shape)
+        return jnp.mean(ys * weights)
+      return hk.transform(loss)
+    self._assert_plain(f, make_mesh(2), pipeline=hkb.Pipeline("stage", 1))
+
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_one_stage(self, axis_type):
     # 5: a one-stage axis is a pipeline of microbatches.
     self._assert_plain(stack_of(block), make_mesh(1, axis_type=axis_type),
                        pipeline=hkb.Pipeline("stage", 2), batch=P("data"))
+
+  def test_one_stage_circular_batch_as_given_explicit_axes(self):
+    # 5: one stage keeps each microbatch between passes in a buffer typed by
+    # the mesh; the batch (and the params) jit got from one device are not.
+    self._assert_plain(stack_of(block),
+                       make_mesh(1, axis_type=AxisType.Explicit),
+                       pipeline=hkb.Pipeline("stage", 2, "circular", 2))
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_bfloat16_carry(self, axis_type):

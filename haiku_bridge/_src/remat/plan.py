@@ -103,7 +103,7 @@ import haiku as hk
 import jax
 from jax._src import config as jax_config  # pylint: disable=g-bad-import-order
 from jax._src.interpreters import batching as jax_batching  # pylint: disable=g-bad-import-order
-from jax.interpreters import ad as jax_ad
+from jax._src.interpreters import ad as jax_ad  # pylint: disable=g-bad-import-order
 from jax.extend import core as jax_core
 import jax.numpy as jnp
 import jaxlib
@@ -770,6 +770,11 @@ class _Traced(NamedTuple):
   # program is theirs: every measuring program runs under them, on the
   # batch's shapes.
   vmaps: tuple[tuple[Any, ...], ...] = ()
+  # Whether a gradient may be taken of the loop: False where one is seen
+  # around it that is taken of nothing it reads (`_perturbed`): data, or
+  # weights under `jax.lax.stop_gradient`. Then nothing is kept for a
+  # backward pass, and the loop is measured forward only.
+  differentiated: bool = True
 
 
 def _trace(f, init, xs, length, unroll: int | bool = 1,
@@ -798,7 +803,9 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
       scheduled_scan.consts_as_inputs(closed.jaxpr), ())
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
                  jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
-                 batch_major, _vmaps(closed.consts, carry, x_leaves)), consts
+                 batch_major, _vmaps(closed.consts, carry, x_leaves),
+                 _perturbed(closed.consts, carry, x_leaves) is not False
+                 ), consts
 
 
 def _vmaps(*groups: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
@@ -827,13 +834,52 @@ def _vmaps(*groups: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
 
 def _differentiation_depth() -> Optional[int]:
   """The depth of the innermost autodiff trace this call runs in; None where none is seen."""
+  trace = _differentiation()
+  return None if trace is None else _depth(trace)
+
+
+def _differentiation() -> Any:
+  """The innermost autodiff trace this call runs in (`jax.grad`'s, `jax.jvp`'s), through vmaps; None where none is seen.
+
+  A trace that stages code to differentiate later (`jax.jit`, a scan's
+  body) hides what is around it: its values are its own tracers, whatever
+  the gradient outside it is taken of.
+  """
   trace = scheduled_scan.current_trace(())
-  while trace is not None:
-    if (isinstance(trace, jax_ad.JVPTrace) or
-        type(trace).__name__ == "LinearizeTrace"):
-      return _depth(trace)
-    trace = getattr(trace, "parent_trace", None)
+  while isinstance(trace, jax_batching.BatchTrace):
+    trace = trace.parent_trace
+  if isinstance(trace, (jax_ad.JVPTrace, jax_ad.LinearizeTrace)):
+    return trace
   return None
+
+
+def _perturbed(*groups: Sequence[Any]) -> Optional[bool]:
+  """Whether the innermost gradient around this call is taken of any value of `groups`; None where none is seen.
+
+  A value the gradient is taken of is a tracer of that autodiff trace
+  (under `jax.vmap`, inside the vmap's tracers; outside a vmap the
+  gradient is taken in, around them) with a tangent that is not zero;
+  data (a batch of inputs, a constant) is not. A shape standing in for a
+  value (a pipeline's stages plan on one microbatch's shapes) says
+  nothing: None. Read from JAX's own tracers (jax._src, as jax 0.10 and
+  0.11 keep them).
+  """
+  trace = _differentiation()
+  if trace is None:
+    return None
+
+  def perturbed(value) -> Optional[bool]:
+    while True:
+      if isinstance(value, (jax_ad.JVPTracer, jax_ad.LinearizeTracer)):
+        if value._trace is trace:  # pylint: disable=protected-access
+          return not isinstance(value.tangent, jax_ad.Zero)
+        value = value.primal
+      elif isinstance(value, jax_batching.BatchTracer):
+        value = value.val
+      else:
+        return None if isinstance(value, jax.ShapeDtypeStruct) else False
+  seen = [perturbed(v) for group in groups for v in group]
+  return True if True in seen else None if None in seen else False
 
 
 def _batch_dims(value: Any) -> dict[Any, Optional[int]]:
@@ -1134,8 +1180,8 @@ def _sorted_repr(value: Any) -> str:
 
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, step.carry, step.x, policy, length,
-          step.unroll, step.batch_major, step.vmaps, _mesh_context(),
-          jax.default_backend())
+          step.unroll, step.batch_major, step.vmaps, step.differentiated,
+          _mesh_context(), jax.default_backend())
 
 
 def _mesh_context() -> tuple[tuple[str, int, str], ...]:
@@ -1162,8 +1208,9 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
 
   Everything the figures depend on: the step's jaxpr (every shape, dtype
   and operation; function addresses left out), what it takes, the policy,
-  the length, the unroll, the vmaps around the loop, the mesh it is
-  planned under, the backend and device, the jax, jaxlib and
+  the length, the unroll, the vmaps around the loop, whether a gradient
+  is taken of it, the mesh it is planned under, the backend and
+  device, the jax, jaxlib and
   haiku_bridge versions and the measuring code, XLA's flags, the compile
   options.
   """
@@ -1175,7 +1222,8 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
                name, length, step.unroll, step.batch_major, step.vmaps,
-               _mesh_context(), jax.default_backend(),
+               step.differentiated, _mesh_context(),
+               jax.default_backend(),
                device.device_kind,
                getattr(device.client, "platform_version", ""),
                jax.__version__, jaxlib.__version__, _version(),
@@ -1488,8 +1536,9 @@ def _counted(figures: _Measured, text: str, remat) -> _Measured:
 
 
 def _differentiable(step: _Traced) -> bool:
-  """Whether a float output may depend on a float input: a gradient to take."""
-  return (any(_is_float(a) for a in step.jaxpr.in_avals) and
+  """Whether a float output may depend on a float input, and a gradient may be taken of the loop: a gradient to take."""
+  return (step.differentiated and
+          any(_is_float(a) for a in step.jaxpr.in_avals) and
           any(_is_float(a) for a in step.jaxpr.out_avals))
 
 

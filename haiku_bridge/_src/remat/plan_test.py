@@ -1466,6 +1466,59 @@ class ShardMapTest(parameterized.TestCase):
     self.assertEqual(under_mesh(), cold_under)  # Warm, outside's.
 
 
+class DifferentiatedTest(absltest.TestCase):
+  """A loop the gradient around it is taken of nothing of keeps nothing for a backward pass."""
+
+  def test_a_loop_of_data_under_a_gradient_plans_no_backward_pass(self):
+    # The step closes over stop_gradient(w) and scans data: the gradient
+    # around the loop is taken of nothing it reads, so the step keeps
+    # nothing for a backward pass. Measured as if differentiated, its plain
+    # loop was predicted at 531,728 bytes and a budget of 4 KiB refused
+    # (least 20,656), where the whole step compiles to 2,664.
+    w = jax.random.normal(KEY, [32, 32]) / 6
+    xs = jnp.ones([256, 4, 32]) * 0.1
+
+    def loss(w, xs, **remat):
+      frozen = jax.lax.stop_gradient(w)
+      step = lambda h, x: (jnp.tanh(h @ frozen + x), jnp.sum(h ** 2))
+      features = hkb.scan(step, jnp.zeros([4, 32]), xs, **remat)[1]
+      return jnp.sum(features) + jnp.sum(w ** 2)
+
+    step = lambda **remat: jax.value_and_grad(
+        functools.partial(loss, **remat))
+    budget = 4096
+    # The same loop planned as a training step of its own first (no
+    # gradient seen around it): its plan is not this one's.
+    alone = hkb.remat_plan(
+        lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h ** 2)),
+        jnp.zeros([4, 32]), xs, memory_budget=1 << 30)
+    self.assertGreater(alone.least_budget, 5 * budget)
+    with remat_models.plans_made() as made:
+      got = compiled_bytes(step(remat="auto", memory_budget=budget), w, xs)
+    self.assertEqual([(k.remat, k.slots) for k in made[-1].candidates],
+                     [(False, None)])
+    self.assertLessEqual(got, budget)
+    chex.assert_trees_all_close(
+        jax.jit(step(remat="auto", memory_budget=budget))(w, xs),
+        jax.jit(step(remat=False))(w, xs), rtol=1e-6)
+
+  def test_a_jit_between_the_gradient_and_the_loop_plans_a_backward_pass(self):
+    # jax.grad(jax.jit(f)): inside the jit the loop's values are the jit's
+    # tracers, whatever the gradient outside is taken of; it is taken of
+    # the weights here, and the plan measures the backward pass.
+    w = jax.random.normal(KEY, [32, 32]) / 6
+    xs = jnp.ones([64, 4, 32]) * 0.1
+
+    def loss(w, xs):
+      step = lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h ** 2))
+      return jnp.sum(hkb.scan(step, jnp.zeros([4, 32]), xs, remat="auto",
+                              memory_budget=1 << 30)[1])
+
+    with remat_models.plans_made() as made:
+      jax.value_and_grad(jax.jit(loss))(w, xs)
+    self.assertIn(True, [k.remat for k in made[-1].candidates])
+
+
 class KnownGapsTest(absltest.TestCase):
   """Promises of issue 42 that `remat="auto"` does not keep yet, each on a model the grid lacks."""
 
