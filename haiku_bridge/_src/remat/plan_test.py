@@ -1667,9 +1667,11 @@ class VisibleTest(parameterized.TestCase):
         tight, _ = planned(budget)
         # The least: a schedule of one slot (137,532 bytes of temporaries
         # for dynamic_unroll), but for dynamic_unroll under jaxlib 0.11's
-        # XLA remat=True, at 136,400 (197,776 under 0.10.2).
-        least = (True,) if name == "dynamic_unroll" and versions.release(
-            jaxlib.__version__) >= (0, 11) else ("binomial", "nested")
+        # XLA remat=False or True, 100 bytes apart (0.2521 and 0.2522 MiB
+        # with the loss's value measured; 197,776 for True under 0.10.2).
+        least = (False, True) if name == "dynamic_unroll" and (
+            versions.release(jaxlib.__version__) >= (0, 11)) else (
+                "binomial", "nested")
         self.assertIn(tight.choice.remat, least)
         # Checked compiled: the choice holds the budget (the least
         # candidate's figure may move either way once compiled).
