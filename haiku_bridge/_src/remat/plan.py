@@ -824,18 +824,12 @@ def _vmaps(*groups: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
   chains = [[_batch_dims(v) for v in group] for group in groups]
   traces = {id(t): t for group in chains for chain in group for t in chain}
   innermost_first = sorted(traces.values(), key=_depth, reverse=True)
-  differentiated = _differentiation_depth()
+  gradient = _differentiation()
   return tuple(
       (int(t.axis_data.size),
-       differentiated is None or _depth(t) > differentiated) + tuple(
+       gradient is None or _depth(t) > _depth(gradient)) + tuple(
            tuple(chain.get(t) for chain in group) for group in chains)
       for t in innermost_first)
-
-
-def _differentiation_depth() -> Optional[int]:
-  """The depth of the innermost autodiff trace this call runs in; None where none is seen."""
-  trace = _differentiation()
-  return None if trace is None else _depth(trace)
 
 
 def _differentiation() -> Any:
@@ -1209,10 +1203,9 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   Everything the figures depend on: the step's jaxpr (every shape, dtype
   and operation; function addresses left out), what it takes, the policy,
   the length, the unroll, the vmaps around the loop, whether a gradient
-  is taken of it, the mesh it is planned under, the backend and
-  device, the jax, jaxlib and
-  haiku_bridge versions and the measuring code, XLA's flags, the compile
-  options.
+  is taken of it, the mesh it is planned under, the backend and device,
+  the jax, jaxlib and haiku_bridge versions and the measuring code, XLA's
+  flags, the compile options.
   """
   name = _stable_name(policy)
   if name is None:
