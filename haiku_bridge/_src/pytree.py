@@ -104,3 +104,13 @@ def default_key_spec() -> jax.ShapeDtypeStruct:
 def key_spec_of(impl: str) -> jax.ShapeDtypeStruct:
   del impl  # The key: jax.random reads the config itself.
   return jax.eval_shape(lambda: jax.random.PRNGKey(0))
+
+
+def swap_batch_time(tree: PyTree) -> PyTree:
+  """`[T, B, ...]` leaves as `[B, T, ...]` (and back); a leaf of one value per step stays `[T]`.
+
+  What `hkb.dynamic_unroll(time_major=False)` does to its inputs and
+  outputs, and what `remat="auto"` measures it doing.
+  """
+  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1) if np.ndim(a) > 1
+                      else a, tree)

@@ -33,6 +33,7 @@ from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import haiku_internals
 from haiku_bridge._src import modes
+from haiku_bridge._src import pytree
 from haiku_bridge._src import remat as remat_lib
 from haiku_bridge._src.pytree import PyTree
 
@@ -239,12 +240,12 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
     with_readout_inputs = readout_inputs is not None
     if not time_major:
       _check_batch_major(input_sequence)
-      input_sequence = _swap_batch_time(input_sequence)
+      input_sequence = pytree.swap_batch_time(input_sequence)
       # `remat="auto"` counts the copies made here and below.
       loop = dataclasses.replace(loop, batch_major=True)
       if with_readout_inputs:
         _check_batch_major(readout_inputs, "readout_inputs")
-        readout_inputs = _swap_batch_time(readout_inputs)
+        readout_inputs = pytree.swap_batch_time(readout_inputs)
     length = remat_lib.num_steps(None, input_sequence, _TIME_INPUTS,
                                  "input_sequence")
     if with_readout_inputs:
@@ -281,9 +282,9 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
                       (outputs, input_sequence[1] if with_readout_inputs
                        else None), length, False, loop)[1]
     if not time_major:
-      outputs = _swap_batch_time(outputs)
+      outputs = pytree.swap_batch_time(outputs)
       if return_all_states:
-        states = _swap_batch_time(states)
+        states = pytree.swap_batch_time(states)
     return outputs, states
 
 
@@ -378,7 +379,3 @@ def _check_batch_major(input_sequence: PyTree,
           "batch axis and a time axis, [B, T, ...]."))
 
 
-def _swap_batch_time(tree: PyTree) -> PyTree:
-  """`[T, B, ...]` leaves as `[B, T, ...]`; a leaf of one value per step stays `[T]`."""
-  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1) if np.ndim(a) > 1
-                      else a, tree)

@@ -115,6 +115,7 @@ from haiku_bridge._src import guards
 from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src import hlo_text
 from haiku_bridge._src import modes
+from haiku_bridge._src import pytree
 from haiku_bridge._src import versions
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
@@ -1435,8 +1436,8 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
       return scan(consts, carry, xs)
     # The loop's own copies: its inputs made time-major, its outputs made
     # batch-major again (`hkb.dynamic_unroll(time_major=False)`).
-    carry, ys = scan(consts, carry, _swap_batch_time(xs))
-    return carry, _swap_batch_time(ys)
+    carry, ys = scan(consts, carry, pytree.swap_batch_time(xs))
+    return carry, pytree.swap_batch_time(ys)
 
   def vmapped(program, vmaps):
     for size, _, *dims in vmaps:  # Innermost first.
@@ -1480,11 +1481,6 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
              else vmapped(run, step.vmaps))
   return jax.jit(program).lower(
       *_batched(step, (list(consts), list(step.carry), stacked)))
-
-
-def _swap_batch_time(leaves: list[Any]) -> list[Any]:
-  """Each array of more than one axis with its first two swapped."""
-  return [jnp.swapaxes(a, 0, 1) if jnp.ndim(a) > 1 else a for a in leaves]
 
 
 def _compile(lowered):
