@@ -11,6 +11,7 @@ import functools
 import gc
 import math
 import os
+import tempfile
 import threading
 from typing import Iterator
 import unittest
@@ -38,6 +39,14 @@ from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
 from testing import remat_models
 from testing import test_utils
+
+# This file's test processes run side by side (Bazel's shards, pytest's
+# workers), and its tests count what a plan compiles after clearing the
+# caches: each process plans in a directory of its own, so that no plan
+# another wrote is read there (a shard once found one: 0 compiles), unless
+# it is given one (a fresh process of `test_plans_persist_across_processes`).
+os.environ.setdefault("HAIKU_BRIDGE_CACHE_DIR",
+                      tempfile.mkdtemp(prefix="plan_test_"))
 
 KEY = jax.random.PRNGKey(0)
 WIDE = 128  # A layer wide enough that its state outweighs XLA's small buffers.
