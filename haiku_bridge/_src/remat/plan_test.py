@@ -1363,9 +1363,11 @@ class VmapTest(parameterized.TestCase):
       return jax.value_and_grad(lambda ws, xs: jnp.sum(batched(ws, xs)))
     self._check(step, ws, xs, data=xs)
 
-  def test_a_haiku_stack_under_hk_vmap(self):
+  @parameterized.named_parameters(("plain", False), ("identity_getter", True))
+  def test_a_haiku_stack_under_hk_vmap(self, getter):
     # The Haiku form: a layer stack of one example, mapped by `hk.vmap`
-    # over 16, its params shared (not batched).
+    # over 16, its params shared (not batched); with and without an
+    # identity custom getter around it.
     def block(h):
       return h + jnp.tanh(hk.Linear(32)(h))
 
@@ -1374,9 +1376,14 @@ class VmapTest(parameterized.TestCase):
         KEY, x[0])
 
     def step(**remat):
-      net = hk.transform(lambda x: jnp.sum(hk.vmap(
-          lambda x: hkb.repeat_layer(block, x, 24, **remat),
-          split_rng=False)(x) ** 2))
+      def f(x):
+        with (hk.custom_getter(lambda next_getter, value, context:
+                               next_getter(value))
+              if getter else contextlib.nullcontext()):
+          return jnp.sum(hk.vmap(
+              lambda x: hkb.repeat_layer(block, x, 24, **remat),
+              split_rng=False)(x) ** 2)
+      net = hk.transform(f)
       return jax.value_and_grad(lambda p, x: net.apply(p, None, x))
     self._check(step, params, x)
 
