@@ -377,5 +377,3 @@ def _check_batch_major(input_sequence: PyTree,
           f"{name}{jax.tree_util.keystr(path)} is "
           f"{errors.got(leaf)}; with time_major=False every leaf needs a "
           "batch axis and a time axis, [B, T, ...]."))
-
-

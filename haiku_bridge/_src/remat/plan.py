@@ -795,6 +795,7 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
   carry_avals = tuple(struct(c) for c in carry)
   x_avals = tuple(jax.ShapeDtypeStruct(np.shape(x)[1:], jax.typeof(x).dtype)
                   for x in x_leaves)
+  gradient = _differentiation()  # Around the loop, not its step's trace.
   with _varying_types_unchecked():
     closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
   consts = tuple(struct(c) for c in closed.consts)
@@ -804,12 +805,14 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
       scheduled_scan.consts_as_inputs(closed.jaxpr), ())
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
                  jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
-                 batch_major, _vmaps(closed.consts, carry, x_leaves),
-                 _perturbed(closed.consts, carry, x_leaves) is not False
+                 batch_major, _vmaps(gradient, closed.consts, carry, x_leaves),
+                 _perturbed(gradient, closed.consts, carry, x_leaves)
+                 is not False
                  ), consts
 
 
-def _vmaps(*groups: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
+def _vmaps(gradient: Any, *groups: Sequence[Any]
+           ) -> tuple[tuple[Any, ...], ...]:
   """The `jax.vmap`s around the values of `groups`, innermost first: `(size, of_the_batch, dims of each group)`.
 
   Inside `jax.vmap` a value is one example's, and the loop's program is the
@@ -819,13 +822,13 @@ def _vmaps(*groups: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
   is its depth in their nesting; `of_the_batch`: whether the gradient is
   taken around it (`jax.grad` of a loss of `jax.vmap`, or no gradient
   seen: taken later, of what the loop is inside), rather than inside it
-  (`jax.vmap(jax.grad(...))`, a gradient per example). Read from JAX's own
-  tracers (jax._src, as jax 0.10 and 0.11 keep them).
+  (`jax.vmap(jax.grad(...))`, a gradient per example); `gradient`: the
+  innermost autodiff trace around the loop (`_differentiation`). Read from
+  JAX's own tracers (jax._src, as jax 0.10 and 0.11 keep them).
   """
   chains = [[_batch_dims(v) for v in group] for group in groups]
   traces = {id(t): t for group in chains for chain in group for t in chain}
   innermost_first = sorted(traces.values(), key=_depth, reverse=True)
-  gradient = _differentiation()
   return tuple(
       (int(t.axis_data.size),
        gradient is None or _depth(t) > _depth(gradient)) + tuple(
@@ -848,8 +851,8 @@ def _differentiation() -> Any:
   return None
 
 
-def _perturbed(*groups: Sequence[Any]) -> Optional[bool]:
-  """Whether the innermost gradient around this call is taken of any value of `groups`; None where none is seen.
+def _perturbed(gradient: Any, *groups: Sequence[Any]) -> Optional[bool]:
+  """Whether `gradient` (the innermost around the loop, `_differentiation`) is taken of any value of `groups`; None where none is seen.
 
   A value the gradient is taken of is a tracer of that autodiff trace
   (under `jax.vmap`, inside the vmap's tracers; outside a vmap the
@@ -859,14 +862,13 @@ def _perturbed(*groups: Sequence[Any]) -> Optional[bool]:
   nothing: None. Read from JAX's own tracers (jax._src, as jax 0.10 and
   0.11 keep them).
   """
-  trace = _differentiation()
-  if trace is None:
+  if gradient is None:
     return None
 
   def perturbed(value) -> Optional[bool]:
     while True:
       if isinstance(value, (jax_ad.JVPTracer, jax_ad.LinearizeTracer)):
-        if value._trace is trace:  # pylint: disable=protected-access
+        if value._trace is gradient:  # pylint: disable=protected-access
           return not isinstance(value.tangent, jax_ad.Zero)
         value = value.primal
       elif isinstance(value, jax_batching.BatchTracer):

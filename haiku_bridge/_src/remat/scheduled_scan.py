@@ -61,7 +61,7 @@ _mapped_aval = (getattr(jax_core, "mapped_aval", None)
                 or getattr(jax.core, "mapped_aval"))
 # The trace the code runs under (jax.extend.core from jax 0.9; jax.core before).
 current_trace = (getattr(jax_core, "find_top_trace", None)
-                  or getattr(jax.core, "find_top_trace"))
+                 or getattr(jax.core, "find_top_trace"))
 
 
 def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
