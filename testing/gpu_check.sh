@@ -8,7 +8,9 @@
 # CUDA build (README, Install). Three parts, each writing under OUT_DIR:
 #
 # 1. tests.log, junit.xml: the test files that hold on an accelerator (GPU_TESTS below: the
-#    files that need no 8-device mesh), with pytest. A GPU's reductions are not a CPU's: where a
+#    files that need no 8-device mesh), with pytest: in GPU_CHECK_WORKERS processes on a GPU,
+#    in one on a TPU (which one process holds at a time; give it GPU_CHECK_TEST_S=1800 or
+#    so: the remat files alone took over 230 s there). A GPU's reductions are not a CPU's: where a
 #    test compares values computed two ways it states its tolerance per backend
 #    (testing/backend_tolerance.py): bit-exact stays bit-exact on the CPU, and on an
 #    accelerator the bound is explicit and small.
@@ -69,15 +71,20 @@ GPU_TESTS=(
 # so two compiles of one program may print different HLO (seen on an H200: its
 # test_step_optimised_hlo_equals_inline failed in one run and passed in the next).
 
-"${PYTHON}" - <<'EOF' | tee "${OUT}/environment.txt"
+BACKEND_FILE="${OUT}/backend" "${PYTHON}" - <<'EOF' | tee "${OUT}/environment.txt"
 import jax, jaxlib
 print("date:", __import__("datetime").datetime.now(__import__("datetime").timezone.utc).isoformat(timespec="minutes"))
 print("backend:", jax.default_backend(), "devices:", [d.device_kind for d in jax.devices()])
+open(__import__("os").environ["BACKEND_FILE"], "w").write(jax.default_backend())
 print("jax", jax.__version__, "jaxlib", jaxlib.__version__)
 EOF
 
 pytest_args=(-q -rfE -p no:cacheprovider --junitxml="${OUT}/junit.xml")
-if "${PYTHON}" -c "import xdist" 2>/dev/null; then pytest_args+=(-n "${WORKERS}"); fi
+# A TPU is held by one process at a time: there the tests run in one.
+if [[ "$(cat "${OUT}/backend" 2>/dev/null)" != tpu ]] &&
+    "${PYTHON}" -c "import xdist" 2>/dev/null; then
+  pytest_args+=(-n "${WORKERS}")
+fi
 if "${PYTHON}" -c "import pytest_timeout" 2>/dev/null; then pytest_args+=(--timeout=240); fi
 tests_status=0
 if runs tests; then

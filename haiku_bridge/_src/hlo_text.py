@@ -4,8 +4,9 @@ The one reader of HLO text that the measures built on it share: FLOPs
 (`hlo_flops`) and the bytes collectives move (`hlo_collectives`). `parse`
 gives each computation's instructions (name, result type, opcode, operands,
 attributes); `walk` visits every instruction the entry computation reaches,
-with the trip counts of the while loops around it (`known_trip_count` in a
-while's backend_config, which jax's scans always have).
+with the trip counts of the while loops around it (`loop_trips`: XLA's
+`known_trip_count` where it wrote one, as XLA:CPU and XLA:GPU do on jax's
+scans, else read off the loop's counter, as XLA:TPU leaves it).
 """
 
 import json
@@ -41,6 +42,8 @@ class Program(NamedTuple):
   computations: dict[str, list[Instruction]]
   entry: str
   roots: dict[str, str] = {}
+  # Every instruction of the module by name (XLA's names are the module's own).
+  instructions: dict[str, Instruction] = {}
 
 
 class Site(NamedTuple):
@@ -87,7 +90,9 @@ def parse(text: str) -> Program:
       if line.lstrip().startswith("ROOT "):
         roots[name] = current[-1].name
   assert entry is not None, "XLA's HLO text names an ENTRY computation"
-  return Program(computations, entry, roots)
+  return Program(computations, entry, roots,
+                 {ins.name: ins for body in computations.values()
+                  for ins in body})
 
 
 def walk(program: Program) -> Iterator[Site]:
@@ -109,7 +114,7 @@ def walk(program: Program) -> Iterator[Site]:
       if callee is not None:
         yield from visit(callee, loops, in_branch)
       elif ins.opcode == "while":
-        inner = loops + (trip_count(ins.attributes) or 1,)
+        inner = loops + (loop_trips(program, ins) or 1,)
         yield from visit(called(ins.attributes, "condition"), inner,
                          in_branch)
         yield from visit(called(ins.attributes, "body"), inner, in_branch)
@@ -244,3 +249,124 @@ def trip_count(attributes: str) -> Optional[int]:
   config = backend_config(attributes) or {}
   n = config.get("known_trip_count", {}).get("n")
   return None if n is None else int(n)
+
+
+def loop_trips(program: Program, loop: Instruction) -> Optional[int]:
+  """How many times a while loop runs its body (None where the HLO does not say).
+
+  XLA's `known_trip_count` where it wrote one; else the loop's own counter,
+  as XLA:TPU's compiled loops leave it: an element of the loop's tuple that
+  starts at a constant (the while's operand), that the body steps by a
+  constant and that the condition compares with a constant.
+
+  >>> from haiku_bridge._src import hlo_text
+  >>> program = hlo_text.parse('''
+  ... %cond (p: (s32[], f32[4])) -> pred[] {
+  ...   %p = (s32[], f32[4]) parameter(0)
+  ...   %i = s32[] get-tuple-element(%p), index=0
+  ...   %n = s32[] constant(6)
+  ...   ROOT %lt = pred[] compare(%i, %n), direction=LT
+  ... }
+  ... %body (q: (s32[], f32[4])) -> (s32[], f32[4]) {
+  ...   %q = (s32[], f32[4]) parameter(0)
+  ...   %j = s32[] get-tuple-element(%q), index=0
+  ...   %two = s32[] constant(2)
+  ...   %next = s32[] add(%j, %two)
+  ...   %x = f32[4] get-tuple-element(%q), index=1
+  ...   ROOT %t = (s32[], f32[4]) tuple(%next, %x)
+  ... }
+  ... ENTRY %main (x: f32[4]) -> (s32[], f32[4]) {
+  ...   %x0 = f32[4] parameter(0)
+  ...   %zero = s32[] constant(0)
+  ...   %init = (s32[], f32[4]) tuple(%zero, %x0)
+  ...   ROOT %w = (s32[], f32[4]) while(%init), condition=%cond, body=%body
+  ... }''')
+  >>> hlo_text.loop_trips(program, program.instructions["w"])
+  3
+  """
+  known = trip_count(loop.attributes)
+  if known is not None or not program.instructions:
+    return known
+  cond = called(loop.attributes, "condition")
+  body = called(loop.attributes, "body")
+  compare = program.instructions.get(program.roots.get(cond, ""))
+  direction = compare and re.search(r"direction=(\w+)", compare.attributes)
+  if not direction or compare.opcode != "compare":
+    return None
+  a, b = compare.operands
+  direction = direction.group(1)
+  index, limit = _counter(program, a), _constant(program, b)
+  if index is None or limit is None:  # `limit OP counter`.
+    index, limit = _counter(program, b), _constant(program, a)
+    direction = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE"}.get(
+        direction, direction)
+  if index is None or limit is None:
+    return None
+  step = _step(program, program.roots.get(body, ""), index)
+  start = _element(program, loop.operands[0], index)
+  start = None if start is None else _constant(program, start)
+  if step is None or start is None or not step:
+    return None
+  distance = limit - start
+  if direction in ("LE", "GE"):
+    distance += 1 if step > 0 else -1
+  if direction in ("LT", "LE") and step > 0 or (
+      direction in ("GT", "GE") and step < 0):
+    return max(0, -(-distance // step))
+  if direction == "NE" and distance % step == 0 and distance // step >= 0:
+    return distance // step
+  return None
+
+
+def _source(program: Program, name: str) -> Instruction:
+  """The instruction whose value `name` is, through copies and bitcasts."""
+  ins = program.instructions[name]
+  while ins.opcode in ("copy", "bitcast") and ins.operands:
+    ins = program.instructions[ins.operands[0]]
+  return ins
+
+
+def _constant(program: Program, name: str) -> Optional[int]:
+  """The value of an integer scalar constant (None for anything else)."""
+  ins = _source(program, name)
+  if ins.opcode != "constant" or dims(ins.shape) or not re.fullmatch(
+      r"-?[0-9]+", ins.operand_text.strip()):
+    return None
+  return int(ins.operand_text)
+
+
+def _counter(program: Program, name: str) -> Optional[int]:
+  """`k` where `name` is element k of its computation's tuple parameter."""
+  ins = _source(program, name)
+  if (ins.opcode != "get-tuple-element" or
+      _source(program, ins.operands[0]).opcode != "parameter"):
+    return None
+  return int(re.search(r"index=([0-9]+)", ins.attributes).group(1))
+
+
+def _element(program: Program, name: str, index: int) -> Optional[str]:
+  """The name of element `index` of the tuple that `name` builds."""
+  ins = _source(program, name)
+  if ins.opcode != "tuple" or index >= len(ins.operands):
+    return None
+  return ins.operands[index]
+
+
+def _step(program: Program, root: str, index: int) -> Optional[int]:
+  """What a loop's body adds to its counter, element `index` of its tuple."""
+  if root not in program.instructions:
+    return None
+  nxt = _element(program, root, index)
+  if nxt is None:
+    return None
+  ins = _source(program, nxt)
+  if ins.opcode not in ("add", "subtract") or len(ins.operands) != 2:
+    return None
+  a, b = ins.operands
+  sign = -1 if ins.opcode == "subtract" else 1
+  if _counter(program, a) == index and _constant(program, b) is not None:
+    return sign * _constant(program, b)
+  if (ins.opcode == "add" and _counter(program, b) == index and
+      _constant(program, a) is not None):
+    return _constant(program, a)
+  return None

@@ -1,5 +1,8 @@
 """Tests for hlo_text: bytes as XLA counts them, and where the walk goes."""
 
+import re
+from typing import Any, Callable, Optional
+
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
@@ -80,6 +83,132 @@ ENTRY %main (p: f32[4], q: pred[]) -> f32[4] {
         "b": ((1,), False), "s": ((), False), "a": ((), False),
         "n": ((), False), "d": ((), False), "r": ((), False),
         "z": ((), True), "y": ((), True)})
+
+
+def _loops() -> dict[str, tuple[Callable[..., Any], tuple[jax.Array, ...]]]:
+  """Programs of while loops: each `(f, args)`."""
+  w = jnp.linspace(-1, 1, 64).reshape(8, 8)
+  xs = jnp.ones([6, 2, 8])
+
+  def step(h, x):
+    h = jnp.tanh(h @ w + x)
+    return h, jnp.sum(h)
+
+  def loss(h, xs):
+    h, ys = jax.lax.scan(step, h, xs)
+    return jnp.sum(h) + jnp.sum(ys)
+
+  def nested(h, xs):
+    inner = lambda h, xs: jax.lax.scan(step, h, xs)
+    h, ys = jax.lax.scan(inner, h, xs.reshape(3, 2, 2, 8))
+    return jnp.sum(h) + jnp.sum(ys)
+
+  h = jnp.zeros([2, 8])
+  return {
+      "scan": (lambda h, xs: jax.lax.scan(step, h, xs), (h, xs)),
+      "reversed scan": (lambda h, xs: jax.lax.scan(step, h, xs, reverse=True),
+                        (h, xs)),
+      "gradient": (jax.grad(loss, argnums=(0, 1)), (h, xs)),
+      "nested gradient": (jax.grad(nested, argnums=(0, 1)), (h, xs)),
+      "fori_loop from 3 to 11": (lambda h: jax.lax.fori_loop(
+          3, 11, lambda i, h: jnp.tanh(h @ w + i), h), (h,)),
+      "fori_loop of 2 scans": (lambda h, xs: jax.lax.fori_loop(
+          0, 2, lambda i, h: jax.lax.scan(step, h, xs)[0], h), (h, xs)),
+  }
+
+
+class LoopTripsTest(absltest.TestCase):
+
+  def test_the_counter_gives_xlas_known_trip_count(self):
+    # XLA:CPU writes each while's trip count on it; with every backend
+    # config removed (as XLA:TPU's compiled HLO has none), the count read off
+    # the loop's counter is XLA's.
+    for name, (f, args) in _loops().items():
+      with self.subTest(name):
+        text = jax.jit(f).lower(*args).compile().as_text()
+        program = hlo_text.parse(text)
+        loops = [i for i in program.instructions.values()
+                 if i.opcode == "while"]
+        self.assertNotEmpty(loops)
+        known = {i.name: hlo_text.trip_count(i.attributes) for i in loops}
+        self.assertNotIn(None, known.values())
+        bare = hlo_text.parse(_WITHOUT_CONFIG.sub("", text))
+        self.assertEqual(
+            {i.name: hlo_text.trip_count(i.attributes) for i in bare
+             .instructions.values() if i.opcode == "while"},
+            dict.fromkeys(known))
+        self.assertEqual({n: hlo_text.loop_trips(bare, bare.instructions[n])
+                          for n in known}, known)
+
+  def test_each_comparison_and_step(self):
+    # A counter from `start`, stepped by `step`, compared with `limit` by
+    # `direction` (the counter first, or the limit first).
+    for start, step, direction, limit, counter_first, trips in (
+        (0, 1, "LT", 8, True, 8), (0, 3, "LT", 8, True, 3),
+        (0, 3, "LE", 9, True, 4), (2, 1, "LT", 2, True, 0),
+        (10, -1, "GT", 0, True, 10), (10, -3, "GE", 1, True, 4),
+        (0, 2, "NE", 8, True, 4), (0, 3, "NE", 8, True, None),
+        (0, 1, "GT", 8, False, 8), (5, -1, "LT", 0, False, 5),
+        (0, -1, "LT", 8, True, None), (0, 0, "LT", 8, True, None)):
+      with self.subTest(start=start, step=step, direction=direction,
+                        limit=limit, counter_first=counter_first):
+        operands = "%i, %n" if counter_first else "%n, %i"
+        program = hlo_text.parse(_COUNTED.format(
+            start=start, step=step, direction=direction, limit=limit,
+            operands=operands))
+        self.assertEqual(
+            hlo_text.loop_trips(program, program.instructions["w"]), trips)
+
+  def test_a_counter_that_starts_at_a_parameter_is_unknown(self):
+    self.assertIsNone(_trips_of_counted(
+        "%zero = s32[] constant(0)", "%zero = s32[] parameter(1)"))
+
+  def test_xlas_known_trip_count_comes_first(self):
+    self.assertEqual(_trips_of_counted(
+        "body=%body",
+        'body=%body, backend_config={"known_trip_count":{"n":"5"}}'), 5)
+
+
+def _trips_of_counted(old: str, new: str) -> Optional[int]:
+  """`loop_trips` of `_COUNTED`'s loop of 8 steps, with `old` replaced by `new`."""
+  program = hlo_text.parse(_COUNTED.format(
+      start=0, step=1, direction="LT", limit=8,
+      operands="%i, %n").replace(old, new))
+  return hlo_text.loop_trips(program, program.instructions["w"])
+
+
+# An HLO text's backend configs (each ends its line or comes before another attribute).
+_WITHOUT_CONFIG = re.compile(r", backend_config=\{.*?\}(?=$|, [a-z_]+=)", re.M)
+
+# A loop as XLA:TPU compiles one: the counter copied before it is stepped,
+# its start a copy of a constant, no backend config on the while.
+_COUNTED = """HloModule m
+%cond (c: (s32[], f32[4])) -> pred[] {{
+  %n = s32[]{{:T(128)}} constant({limit})
+  %c = (s32[]{{:T(128)}}, f32[4]{{0}}) parameter(0)
+  %i = s32[]{{:T(128)}} get-tuple-element(%c), index=0
+  ROOT %cmp = pred[]{{:T(512)}} compare({operands}), direction={direction}
+}}
+
+%body (b: (s32[], f32[4])) -> (s32[], f32[4]) {{
+  %one..sunk = s32[]{{:T(128)}} constant({step})
+  %b = (s32[]{{:T(128)}}, f32[4]{{0}}) parameter(0)
+  %j = s32[]{{:T(128)}} get-tuple-element(%b), index=0
+  %copy = s32[]{{:T(128)S(6)}} copy(%j)
+  %next = s32[]{{:T(128)}} add(%copy, %one..sunk)
+  %x = f32[4]{{0}} get-tuple-element(%b), index=1
+  %y = f32[4]{{0}} negate(%x)
+  ROOT %t = (s32[]{{:T(128)}}, f32[4]{{0}}) tuple(%next, %y)
+}}
+
+ENTRY %main (p: f32[4]) -> (s32[], f32[4]) {{
+  %zero = s32[] constant({start})
+  %p = f32[4]{{0}} parameter(0)
+  %start = s32[]{{:T(128)}} copy(%zero)
+  %init = (s32[]{{:T(128)}}, f32[4]{{0}}) tuple(%start, %p)
+  ROOT %w = (s32[]{{:T(128)}}, f32[4]{{0}}) while(%init), condition=%cond, body=%body
+}}
+"""
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
+from haiku_bridge._src.remat import hlo_flops
 from testing import transformer
 from testing.benchmarks.lib import time_scan_bench as tsb
 
@@ -153,7 +154,8 @@ def time_scan(small: bool, repeats: int) -> dict[str, Any]:
     step, args = tsb.step_and_inputs(length, form, variant, cfg)
     compiled = step.lower(*args).compile()
     analysis = compiled.memory_analysis()
-    temp[name] = None if analysis is None else analysis.temp_size_in_bytes
+    temp[name] = None if analysis is None else hlo_flops.temporaries(
+        analysis, jax.default_backend())
     steps[name] = (compiled, args)
   samples = _interleaved(steps, repeats)
   ro, eqx = "readout= + binomial", "loss in the step, Equinox checkpointed"

@@ -3,8 +3,9 @@
 `compiled.cost_analysis()["flops"]` counts a while loop's body once: a
 scan's gradient reports the same FLOPs at 256 steps as at 4096. `count`
 reads the optimised HLO (`compiled.as_text()`) instead and multiplies each
-loop's body by the trip count XLA wrote on it (`known_trip_count` in the
-while's backend_config; jax's scans always have one). The rule, per
+loop's body by its trip count (`hlo_text.loop_trips`: the
+`known_trip_count` XLA:CPU and XLA:GPU write on jax's scans, else the
+loop's counter read off its HLO, as XLA:TPU leaves it). The rule, per
 instruction, with `n` the elements of its result:
 
 - `dot`: 2·n·(the product of the left operand's contracting dimensions).
@@ -25,7 +26,8 @@ instruction, with `n` the elements of its result:
   `convBackwardFilter`: the output is the second operand, the kernel the
   first result). Where XLA:GPU pads the input itself (a `pad` before the
   call, for a padding cuDNN cannot take), the zeros are the call's input
-  and count, as the GPU multiplies them. Any other `custom-call` (a LAPACK
+  and count, as the GPU multiplies them. XLA:TPU's `AllocateBuffer` (a
+  buffer a loop then writes): 0. Any other `custom-call` (a LAPACK
   routine): 0, and named in `Count.opaque_custom_calls`.
 - data movement (copy, broadcast, slices, reshapes, transposes, gathers,
   tuples, parameters, constants, iota, and the like), `sort`, `rng`,
@@ -39,7 +41,8 @@ instruction, with `n` the elements of its result:
   fusion, whose `fusion-done` gives its result): the called computation's
   FLOPs.
 - `while`: trip count × (body + condition) + one more condition. A loop
-  with no known trip count is counted once and named in
+  whose trip count neither XLA wrote nor its counter tells is counted
+  once and named in
   `Count.unknown_trip_counts`.
 - `conditional`: which branch runs is known only at run time, so `flops`
   counts the cheapest branch, and `Count.conditionals` lists each
@@ -73,7 +76,7 @@ unrolled, on CPU, whose fusions copy little (`hlo_flops_test.py` does).
 
 import math
 import re
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -235,6 +238,7 @@ class _Counter:
   """Walks computations from the entry, multiplying by the loops around each."""
 
   def __init__(self, program: hlo_text.Program):
+    self._program = program
     self._computations = program.computations
     self._roots = program.roots
     self._conditionals: list[Conditional] = []
@@ -311,7 +315,7 @@ class _Counter:
     """The FLOPs of a loop, conditional or library call (each a value of its own)."""
     op = ins.opcode
     if op == "while":
-      trips = hlo_text.trip_count(ins.attributes)
+      trips = hlo_text.loop_trips(self._program, ins)
       if trips is None:
         self._unknown += 1
         trips = 1
@@ -391,6 +395,8 @@ class _Counter:
     if contracting is None:
       target = re.search(r'custom_call_target="([^"]*)"', ins.attributes)
       name = target.group(1) if target else "?"
+      if name in _NO_ARITHMETIC:
+        return 0
       roles = _CUDNN_CONVOLUTIONS.get(name)
       if roles is None:
         self._opaque[name] = None
@@ -408,6 +414,10 @@ class _Counter:
     return 2 * hlo_text.elements(result) * math.prod(
         lhs[int(d)] for d in contracting)
 
+
+# Custom calls that compute nothing: XLA:TPU's allocation of a loop's
+# output buffer before the loop writes it.
+_NO_ARITHMETIC = frozenset({"AllocateBuffer"})
 
 # cuDNN's convolutions (XLA:GPU's custom-call targets): where each keeps
 # the forward convolution's input, kernel and output (an operand's index, or
@@ -458,6 +468,45 @@ def _convolution(attributes: str, lhs: tuple[int, ...],
           out[out_labels.index("f")] *
           (lhs[lhs_labels.index("b")] // group("batch_group_count")) *
           positions)
+
+
+class MemoryAnalysis(Protocol):
+  """The fields of `compiled.memory_analysis()` that `temporaries` reads."""
+  temp_size_in_bytes: int
+  peak_memory_in_bytes: int
+  argument_size_in_bytes: int
+  output_size_in_bytes: int
+  alias_size_in_bytes: int
+
+
+def temporaries(analysis: MemoryAnalysis, platform: str) -> int:
+  """The bytes of temporaries a compiled program holds, as `memory_budget` counts them.
+
+  XLA:CPU and XLA:GPU report them: `temp_size_in_bytes`. XLA:TPU reports
+  instead the peak of every buffer the program holds at once, its arguments
+  and outputs among them, and leaves `temp_size_in_bytes` at 0 for most
+  programs (jax 0.10.2 on a TPU v5e: `jnp.sum(((x @ x) @ x) @ x)` of a 4 MiB
+  `x` reports temp 0 and a peak of 12,583,424 bytes: the argument, the two
+  4 MiB products and the 512-byte output). There the temporaries are that
+  peak less the arguments and outputs (an output that aliases an argument
+  is one buffer in the peak), plus what `temp_size_in_bytes` does report:
+  nonzero only in programs with a remat schedule's conditional, and there
+  above the peak itself, so it is not part of it (added, on the safe side).
+
+  >>> from haiku_bridge._src.remat import hlo_flops
+  >>> x = jnp.ones([256, 256])  # 256 KiB.
+  >>> grad = jax.grad(lambda x: jnp.sum(jnp.tanh(x @ x)))
+  >>> compiled = jax.jit(grad).lower(x).compile()
+  >>> held = hlo_flops.temporaries(compiled.memory_analysis(),
+  ...                              jax.default_backend())
+  >>> held >= x.nbytes  # The forward's tanh(x @ x), at least.
+  True
+  """
+  if platform != "tpu":
+    return analysis.temp_size_in_bytes
+  held = (analysis.peak_memory_in_bytes - analysis.argument_size_in_bytes -
+          analysis.output_size_in_bytes + analysis.alias_size_in_bytes)
+  return analysis.temp_size_in_bytes + max(0, held)
 
 
 def constant_bytes(text: str) -> int:

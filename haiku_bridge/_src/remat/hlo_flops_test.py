@@ -1,6 +1,7 @@
 """Tests for hlo_flops: rolled loops against XLA's own count of the same program unrolled."""
 
 import re
+from typing import NamedTuple
 
 from absl.testing import absltest
 import jax
@@ -55,6 +56,15 @@ def convolutions():
     yield name, conv, x, k
     yield name + " gradients", jax.grad(
         lambda x, k, conv=conv: jnp.sum(conv(x, k) ** 2), (0, 1)), x, k
+
+
+class _Analysis(NamedTuple):
+  """The fields of a `compiled.memory_analysis()` that `temporaries` reads."""
+  temp_size_in_bytes: int
+  peak_memory_in_bytes: int
+  argument_size_in_bytes: int
+  output_size_in_bytes: int
+  alias_size_in_bytes: int
 
 
 def gradient(body, unroll=1):
@@ -447,9 +457,38 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     text = compiled(lambda i, x: jnp.asarray(table)[i] * x + 1.5, 3,
                     2.0).as_text()
     scalars = [line for line in text.splitlines()
-               if re.search(r"= [fs]32\[\] constant\(", line)]
+               if re.search(r"= [fs]32\[\](\{[^}]*\})? constant\(", line)]
     self.assertNotEmpty(scalars)  # In the code, not in the program's data.
     self.assertEqual(hlo_flops.constant_bytes(text), table.nbytes)
+
+  def test_a_tpus_temporaries_are_its_peak_less_arguments_and_outputs(self):
+    # `memory_analysis()` as XLA:TPU reported it (jax 0.10.2, one TPU v5e,
+    # 2026-12-05), for programs of x: f32[1024,1024] (4 MiB) whose
+    # temporaries their arithmetic tells: the products of a chain of
+    # matmuls, two of them live at once (the one read and the one written);
+    # none where XLA:TPU fuses exp and cos into the matmul.
+    mib4 = 4 << 20
+    for name, analysis, want in (
+        ("x * 2", _Analysis(0, 8388608, mib4, mib4, 0), 0),
+        ("((x @ x) @ x) @ x", _Analysis(0, 16777216, mib4, mib4, 0),
+         2 * mib4),
+        ("jnp.sum(((x @ x) @ x) @ x)", _Analysis(0, 12583424, mib4, 512, 0),
+         2 * mib4),
+        ("jnp.sum(jnp.exp(x) @ jnp.cos(x))",
+         _Analysis(0, 4194816, mib4, 512, 0), 0),
+        # An output that aliases its argument (donated) is one buffer: a
+        # donated step holding one 4 MiB temporary besides.
+        ("donated step", _Analysis(0, 2 * mib4, mib4, mib4, mib4), mib4),
+        # A remat schedule's step (an LSTM, 256 steps, binomial): the
+        # temporaries XLA:TPU reports besides lie above its peak, and count.
+        ("binomial LSTM step", _Analysis(1036800, 358400, 53760, 22016, 0),
+         1036800 + 358400 - 53760 - 22016)):
+      with self.subTest(name):
+        self.assertEqual(hlo_flops.temporaries(analysis, "tpu"), want)
+    # Elsewhere, XLA's temporaries as it reports them.
+    for platform in ("cpu", "gpu"):
+      self.assertEqual(hlo_flops.temporaries(
+          _Analysis(1234, 10 ** 9, 5, 6, 0), platform), 1234)
 
   def test_batch_groups_count_as_xla_counts_them(self):
     # XLA:CPU rewrites a convolution's batch groups before the program we
@@ -469,8 +508,8 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
         "  ROOT %c = f32[2,8,8,6]{3,2,1,0} convolution(%x, %k), "
         "window={size=3x3}, dim_labels=b01f_01io->b01f, batch_group_count=2",
         "}"])
-    self.assertEqual(hlo_flops.count(text).flops,
-                     jax.jit(conv).lower(x, k).cost_analysis()["flops"])
+    self.assertEqual(hlo_flops.count(text).flops, jax.jit(conv).lower(
+        *jax.device_put((x, k), CPU)).cost_analysis()["flops"])
 
   @absltest.skipUnless(jax.default_backend() == "gpu",
                        "XLA:GPU writes convolutions as cuDNN custom-calls")

@@ -1511,8 +1511,9 @@ def _bytes_read(compiled) -> tuple[_Measured, str]:
         f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
         f"which the {jax.default_backend()} backend does not give."))
   constants = hlo_flops.constant_bytes(text)
-  return _Measured(analysis.temp_size_in_bytes + constants,
-                   analysis.temp_size_in_bytes, constants, 0, None), text
+  temporaries = hlo_flops.temporaries(analysis, jax.default_backend())
+  return _Measured(temporaries + constants, temporaries, constants, 0,
+                   None), text
 
 
 def _counted(figures: _Measured, text: str, remat) -> _Measured:
