@@ -290,11 +290,13 @@ def loop_trips(program: Program, loop: Instruction) -> Optional[int]:
   cond = called(loop.attributes, "condition")
   body = called(loop.attributes, "body")
   compare = program.instructions.get(program.roots.get(cond, ""))
-  direction = compare and re.search(r"direction=(\w+)", compare.attributes)
-  if not direction or compare.opcode != "compare":
+  if compare is None or compare.opcode != "compare":
     return None
+  found = re.search(r"direction=(\w+)", compare.attributes)
+  if found is None:
+    return None
+  direction = found.group(1)
   a, b = compare.operands
-  direction = direction.group(1)
   index, limit = _counter(program, a), _constant(program, b)
   if index is None or limit is None:  # `limit OP counter`.
     index, limit = _counter(program, b), _constant(program, a)
@@ -303,8 +305,8 @@ def loop_trips(program: Program, loop: Instruction) -> Optional[int]:
   if index is None or limit is None:
     return None
   step = _step(program, program.roots.get(body, ""), index)
-  start = _element(program, loop.operands[0], index)
-  start = None if start is None else _constant(program, start)
+  first = _element(program, loop.operands[0], index)
+  start = None if first is None else _constant(program, first)
   if step is None or start is None or not step:
     return None
   distance = limit - start
@@ -341,7 +343,8 @@ def _counter(program: Program, name: str) -> Optional[int]:
   if (ins.opcode != "get-tuple-element" or
       _source(program, ins.operands[0]).opcode != "parameter"):
     return None
-  return int(re.search(r"index=([0-9]+)", ins.attributes).group(1))
+  index = re.search(r"index=([0-9]+)", ins.attributes)
+  return None if index is None else int(index.group(1))
 
 
 def _element(program: Program, name: str, index: int) -> Optional[str]:
@@ -364,9 +367,10 @@ def _step(program: Program, root: str, index: int) -> Optional[int]:
     return None
   a, b = ins.operands
   sign = -1 if ins.opcode == "subtract" else 1
-  if _counter(program, a) == index and _constant(program, b) is not None:
-    return sign * _constant(program, b)
-  if (ins.opcode == "add" and _counter(program, b) == index and
-      _constant(program, a) is not None):
-    return _constant(program, a)
+  by = _constant(program, b)
+  if _counter(program, a) == index and by is not None:
+    return sign * by
+  by = _constant(program, a)
+  if ins.opcode == "add" and _counter(program, b) == index and by is not None:
+    return by
   return None

@@ -788,17 +788,27 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
     new_carry, y = f(carry_tree.unflatten(carry_leaves), x_tree.unflatten(x))
     return jax.tree.leaves(new_carry), jax.tree.leaves(y)
 
-  def struct(a):
-    a = jax.typeof(a)
-    return jax.ShapeDtypeStruct(a.shape, a.dtype)
-
-  carry_avals = tuple(struct(c) for c in carry)
-  x_avals = tuple(jax.ShapeDtypeStruct(np.shape(x)[1:], jax.typeof(x).dtype)
-                  for x in x_leaves)
   gradient = _differentiation()  # Around the loop, not its step's trace.
+  # A step sharded over Explicit mesh axes is measured as it runs: one
+  # device's share (`_explicit_mesh`).
+  mesh = None if _vmaps(gradient, carry, x_leaves) else _explicit_mesh(
+      carry, x_leaves)
+
+  def struct(shape, dtype, spec):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None
+                                else jax.sharding.NamedSharding(
+                                    mesh, jax.sharding.PartitionSpec(*spec)))
+
+  def leaf(a, sliced=False):
+    a, spec = jax.typeof(a), _spec(a, mesh)
+    return (struct(a.shape[1:], a.dtype, spec[1:]) if sliced
+            else struct(a.shape, a.dtype, spec))
+
+  carry_avals = tuple(leaf(c) for c in carry)
+  x_avals = tuple(leaf(x, sliced=True) for x in x_leaves)
   with _varying_types_unchecked():
     closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
-  consts = tuple(struct(c) for c in closed.consts)
+  consts = tuple(leaf(c) for c in closed.consts)
   # The consts become the jaxpr's first inputs: no tracer of the caller's
   # trace reaches the compiles below.
   jaxpr = jax_core.ClosedJaxpr(
@@ -809,6 +819,37 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
                  _perturbed(gradient, closed.consts, carry, x_leaves)
                  is not False
                  ), consts
+
+
+def _spec(value, mesh) -> tuple[Any, ...]:
+  """`value`'s `PartitionSpec` over `mesh`, an entry per dimension (None: not sharded; all None off `mesh`)."""
+  aval = jax.typeof(value)
+  sharding = getattr(aval, "sharding", None)
+  spec = (tuple(getattr(sharding, "spec", ())) if mesh is not None and
+          getattr(sharding, "mesh", None) == mesh else ())
+  return spec + (None,) * (aval.ndim - len(spec))
+
+
+def _explicit_mesh(carry: Sequence[Any], xs: Sequence[Any]) -> Any:
+  """The mesh of Explicit axes the loop's values are sharded over; None where none is.
+
+  In a `jax.jit` step under `jax.set_mesh` of Explicit axes, a value's type
+  holds its sharding (`x: f32[64@data, 128]`), and the step's
+  `memory_analysis()` is one device's: measured with the same shardings,
+  the planning programs are one device's too. Under Auto axes the loop
+  cannot see how the step is sharded (`KnownGapsTest`); nor is a time axis
+  sharded over devices (a step's slice has no spec of its own) planned so.
+  """
+  get = getattr(jax.sharding, "get_abstract_mesh", None)
+  mesh = get() if get is not None else None
+  if mesh is None or getattr(mesh, "empty", True) or not all(
+      "Explicit" in str(kind) for kind in mesh.axis_types):
+    return None
+  if any(jax.typeof(x).ndim == 0 or _spec(x, mesh)[0] is not None
+         for x in xs):
+    return None
+  sharded = any(any(_spec(v, mesh)) for v in list(carry) + list(xs))
+  return mesh if sharded else None
 
 
 def _vmaps(gradient: Any, *groups: Sequence[Any]
@@ -1476,9 +1517,17 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     return (value, grads[:first] + grads[end:],
             sum(jnp.sum(g.astype(jnp.float32)) for g in grads[first:end]))
 
-  stacked = [jax.ShapeDtypeStruct(
-      (x.shape[0], length) + x.shape[1:] if step.batch_major and x.shape
-      else (length,) + x.shape, x.dtype) for x in step.x]
+  def stack(x):
+    """A step's slice `x` stacked `length` times, on its time axis."""
+    at = 1 if step.batch_major and x.shape else 0
+    sharding = x.sharding and jax.sharding.NamedSharding(
+        x.sharding.mesh, jax.sharding.PartitionSpec(
+            *_spec(x, x.sharding.mesh)[:at], None,
+            *_spec(x, x.sharding.mesh)[at:]))
+    return jax.ShapeDtypeStruct(x.shape[:at] + (length,) + x.shape[at:],
+                                x.dtype, sharding=sharding)
+
+  stacked = [stack(x) for x in step.x]
   program = (vmapped(train, per_example) if _differentiable(step)
              else vmapped(run, step.vmaps))
   return jax.jit(program).lower(
