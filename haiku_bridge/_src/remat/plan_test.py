@@ -1456,6 +1456,18 @@ class ShardMapTest(parameterized.TestCase):
                           self.XS[:, :8], memory_budget=budget,
                           max_recompute=math.inf)
 
+  def assert_held(self, train, args, expected, budget):
+    """`train(remat="auto", ...)` at `budget`: remat=False's values, its plan and compiled step within the budget (the plan and one device's temporaries)."""
+    auto = train(remat="auto", memory_budget=budget, max_recompute=math.inf)
+    with remat_models.plans_made() as made:
+      got = auto(*args)
+      compiled = auto.lower(*args).compile()
+    chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
+    kept = compiled.memory_analysis().temp_size_in_bytes
+    self.assertLess(abs(kept / made[-1].choice.temporaries - 1), 0.1)
+    self.assertLessEqual(kept, budget * 1.05)
+    return made[-1], kept
+
   @parameterized.parameters(jax.sharding.AxisType.Auto,
                             jax.sharding.AxisType.Explicit)
   def test_planned_per_device_within_the_budget(self, axis_type):
@@ -1478,16 +1490,8 @@ class ShardMapTest(parameterized.TestCase):
               jax.device_put(self.XS, NamedSharding(mesh, P(None, "data"))))
       expected = train(remat=False)(*args)
       for budget in (1 << 40, least):
-        auto = train(remat="auto", memory_budget=budget,
-                     max_recompute=math.inf)
-        with remat_models.plans_made() as made:
-          got = auto(*args)
-          compiled = auto.lower(*args).compile()
-        chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
-        self.assertEqual(made[-1], self.one_device(budget))
-        kept = compiled.memory_analysis().temp_size_in_bytes
-        self.assertLess(abs(kept / made[-1].choice.temporaries - 1), 0.1)
-        self.assertLessEqual(kept, budget * 1.05)
+        plan, _ = self.assert_held(train, args, expected, budget)
+        self.assertEqual(plan, self.one_device(budget))
 
   @parameterized.parameters("repeat_layer", "repeat_layer, custom getter",
                             "scan")
@@ -1536,22 +1540,10 @@ class ShardMapTest(parameterized.TestCase):
               jax.device_put(x, NamedSharding(mesh, spec)))
       expected = train(remat=False)(*args)
       plain = train(remat=False).lower(*args).compile().memory_analysis()
-      budget = 1 << 40
-      for _ in range(2):  # The loosest budget, then the least.
-        auto = train(remat="auto", memory_budget=budget,
-                     max_recompute=math.inf)
-        with remat_models.plans_made() as made:
-          got = auto(*args)
-          compiled = auto.lower(*args).compile()
-        chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
-        plan = made[-1]
-        kept = compiled.memory_analysis().temp_size_in_bytes
-        self.assertLess(abs(kept / plan.choice.temporaries - 1), 0.1)
-        self.assertLessEqual(kept, budget * 1.05)
-        if budget == 1 << 40:
-          self.assertIs(plan.choice.remat, False)
-          self.assertEqual(kept, plain.temp_size_in_bytes)
-        budget = plan.least_budget
+      loose, kept = self.assert_held(train, args, expected, 1 << 40)
+      self.assertIs(loose.choice.remat, False)
+      self.assertEqual(kept, plain.temp_size_in_bytes)
+      self.assert_held(train, args, expected, loose.least_budget)
 
   def test_a_plan_is_keyed_on_the_mesh_it_is_made_under(self):
     # XLA compiles the measuring programs to other temporaries under a mesh
