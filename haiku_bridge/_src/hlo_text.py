@@ -289,26 +289,31 @@ def loop_trips(program: Program, loop: Instruction) -> Optional[int]:
     return known
   cond = called(loop.attributes, "condition")
   body = called(loop.attributes, "body")
-  compare = program.instructions.get(program.roots.get(cond, ""))
-  if compare is None or compare.opcode != "compare":
+  compare = _value(program, program.roots.get(cond, ""))
+  if compare is None or compare[0] != "compare":
     return None
-  found = re.search(r"direction=(\w+)", compare.attributes)
-  if found is None:
-    return None
-  direction = found.group(1)
-  a, b = compare.operands
-  index, limit = _counter(program, a), _constant(program, b)
-  if index is None or limit is None:  # `limit OP counter`.
-    index, limit = _counter(program, b), _constant(program, a)
+  _, direction, a, b = compare
+  if a[0] != "element" or b[0] != "constant":  # `limit OP counter`.
+    a, b = b, a
     direction = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE"}.get(
         direction, direction)
-  if index is None or limit is None:
+  if a[0] != "element" or b[0] != "constant":
     return None
-  step = _step(program, program.roots.get(body, ""), index)
-  first = _element(program, loop.operands[0], index)
-  start = None if first is None else _constant(program, first)
-  if step is None or start is None or not step:
+  index, limit = a[1], b[1]
+  root = program.instructions.get(program.roots.get(body, ""))
+  start = _element(program, loop.operands[0], index)
+  if (root is None or root.opcode != "tuple" or index >= len(root.operands)
+      or start is None or start[0] != "constant"):
     return None
+  stepped = _value(program, root.operands[index])
+  if stepped is None or stepped[0] not in ("add", "subtract"):
+    return None
+  op, x, y = stepped
+  if op == "add" and y == ("element", index):
+    x, y = y, x
+  if x != ("element", index) or y[0] != "constant" or not y[1]:
+    return None
+  step, start = (-y[1] if op == "subtract" else y[1]), start[1]
   distance = limit - start
   if direction in ("LE", "GE"):
     distance += 1 if step > 0 else -1
@@ -320,57 +325,56 @@ def loop_trips(program: Program, loop: Instruction) -> Optional[int]:
   return None
 
 
-def _source(program: Program, name: str) -> Instruction:
-  """The instruction whose value `name` is, through copies and bitcasts."""
-  ins = program.instructions[name]
-  while ins.opcode in ("copy", "bitcast") and ins.operands:
-    ins = program.instructions[ins.operands[0]]
-  return ins
+def _value(program: Program, name: str, args: tuple[Any, ...] = ()
+           ) -> Optional[tuple[Any, ...]]:
+  """What `name` computes, as far as a loop's counter needs it (None beyond).
 
-
-def _constant(program: Program, name: str) -> Optional[int]:
-  """The value of an integer scalar constant (None for anything else)."""
-  ins = _source(program, name)
-  if ins.opcode != "constant" or dims(ins.shape) or not re.fullmatch(
-      r"-?[0-9]+", ins.operand_text.strip()):
+  `("constant", n)` for an integer scalar, `("element", k)` for element k
+  of the loop's tuple (its computation's parameter), `(op, x, y)` for an
+  add or subtract, `("compare", direction, x, y)`; through copies,
+  bitcasts and the fusions and calls XLA wraps them in (`args`: a fused
+  computation's operands, each `(name, args)` where it is computed).
+  """
+  ins = program.instructions.get(name)
+  if ins is None:
     return None
-  return int(ins.operand_text)
-
-
-def _counter(program: Program, name: str) -> Optional[int]:
-  """`k` where `name` is element k of its computation's tuple parameter."""
-  ins = _source(program, name)
-  if (ins.opcode != "get-tuple-element" or
-      _source(program, ins.operands[0]).opcode != "parameter"):
-    return None
-  index = re.search(r"index=([0-9]+)", ins.attributes)
-  return None if index is None else int(index.group(1))
-
-
-def _element(program: Program, name: str, index: int) -> Optional[str]:
-  """The name of element `index` of the tuple that `name` builds."""
-  ins = _source(program, name)
-  if ins.opcode != "tuple" or index >= len(ins.operands):
-    return None
-  return ins.operands[index]
-
-
-def _step(program: Program, root: str, index: int) -> Optional[int]:
-  """What a loop's body adds to its counter, element `index` of its tuple."""
-  if root not in program.instructions:
-    return None
-  nxt = _element(program, root, index)
-  if nxt is None:
-    return None
-  ins = _source(program, nxt)
-  if ins.opcode not in ("add", "subtract") or len(ins.operands) != 2:
-    return None
-  a, b = ins.operands
-  sign = -1 if ins.opcode == "subtract" else 1
-  by = _constant(program, b)
-  if _counter(program, a) == index and by is not None:
-    return sign * by
-  by = _constant(program, a)
-  if ins.opcode == "add" and _counter(program, b) == index and by is not None:
-    return by
+  op = ins.opcode
+  if op in ("copy", "bitcast") and ins.operands:
+    return _value(program, ins.operands[0], args)
+  if op == "parameter":
+    if not args:
+      return ("parameter",)
+    number = int(ins.operand_text)
+    return _value(program, *args[number]) if number < len(args) else None
+  if op == "constant":
+    literal = ins.operand_text.strip()
+    return (("constant", int(literal)) if not dims(ins.shape) and
+            re.fullmatch(r"-?[0-9]+", literal) else None)
+  if op == "get-tuple-element":
+    index = re.search(r"index=([0-9]+)", ins.attributes)
+    return (("element", int(index.group(1))) if index and _value(
+        program, ins.operands[0], args) == ("parameter",) else None)
+  if op in ("add", "subtract") and len(ins.operands) == 2:
+    x, y = (_value(program, o, args) for o in ins.operands)
+    return None if x is None or y is None else (op, x, y)
+  if op == "compare" and len(ins.operands) == 2:
+    direction = re.search(r"direction=(\w+)", ins.attributes)
+    x, y = (_value(program, o, args) for o in ins.operands)
+    return (None if direction is None or x is None or y is None
+            else ("compare", direction.group(1), x, y))
+  callee = runs(ins)
+  if callee is not None and op in ("fusion", "call"):
+    return _value(program, program.roots.get(callee, ""),
+                  tuple((o, args) for o in ins.operands))
   return None
+
+
+def _element(program: Program, name: str, index: int
+             ) -> Optional[tuple[Any, ...]]:
+  """What element `index` of the tuple that `name` builds computes (`_value`)."""
+  ins = program.instructions.get(name)
+  while ins is not None and ins.opcode in ("copy", "bitcast"):
+    ins = program.instructions.get(ins.operands[0])
+  if ins is None or ins.opcode != "tuple" or index >= len(ins.operands):
+    return None
+  return _value(program, ins.operands[index])

@@ -159,6 +159,13 @@ class LoopTripsTest(absltest.TestCase):
         self.assertEqual(
             hlo_text.loop_trips(program, program.instructions["w"]), trips)
 
+  def test_a_counter_stepped_and_compared_inside_fusions(self):
+    # As jaxlib 0.11's XLA:CPU wraps them (without its known_trip_count):
+    # the add in a fusion of its own, the compare in the condition's.
+    program = hlo_text.parse(_FUSED_COUNTER)
+    self.assertEqual(hlo_text.loop_trips(program, program.instructions["w"]),
+                     6)
+
   def test_a_counter_that_starts_at_a_parameter_is_unknown(self):
     self.assertIsNone(_trips_of_counted(
         "%zero = s32[] constant(0)", "%zero = s32[] parameter(1)"))
@@ -179,6 +186,44 @@ def _trips_of_counted(old: str, new: str) -> Optional[int]:
 
 # An HLO text's backend configs (each ends its line or comes before another attribute).
 _WITHOUT_CONFIG = re.compile(r", backend_config=\{.*?\}(?=$|, [a-z_]+=)", re.M)
+
+_FUSED_COUNTER = """HloModule m
+%lt_computation (p0: s32[], p1: s32[]) -> pred[] {
+  %p0 = s32[] parameter(0)
+  %p1 = s32[] parameter(1)
+  ROOT %lt = pred[] compare(%p0, %p1), direction=LT
+}
+
+%cond (c: (s32[], f32[4])) -> pred[] {
+  %c = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(6)
+  ROOT %wrapped_lt = pred[] fusion(%i, %n), kind=kLoop, calls=%lt_computation
+}
+
+%add_computation (q0: s32[], q1: s32[]) -> s32[] {
+  %q0 = s32[] parameter(0)
+  %q1 = s32[] parameter(1)
+  ROOT %add = s32[] add(%q0, %q1)
+}
+
+%body (b: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %b = (s32[], f32[4]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%b), index=0
+  %one = s32[] constant(1)
+  %wrapped_add = s32[] fusion(%j, %one), kind=kLoop, calls=%add_computation
+  %x = f32[4]{0} get-tuple-element(%b), index=1
+  %y = f32[4]{0} negate(%x)
+  ROOT %t = (s32[], f32[4]{0}) tuple(%wrapped_add, %y)
+}
+
+ENTRY %main (p: f32[4]) -> (s32[], f32[4]) {
+  %zero = s32[] constant(0)
+  %p = f32[4]{0} parameter(0)
+  %init = (s32[], f32[4]{0}) tuple(%zero, %p)
+  ROOT %w = (s32[], f32[4]{0}) while(%init), condition=%cond, body=%body
+}
+"""
 
 # A loop as XLA:TPU compiles one: the counter copied before it is stepped,
 # its start a copy of a constant, no backend config on the while.

@@ -837,16 +837,15 @@ def _explicit_mesh(carry: Sequence[Any], xs: Sequence[Any]) -> Any:
   holds its sharding (`x: f32[64@data, 128]`), and the step's
   `memory_analysis()` is one device's: measured with the same shardings,
   the planning programs are one device's too. Under Auto axes the loop
-  cannot see how the step is sharded (`KnownGapsTest`); nor is a time axis
-  sharded over devices (a step's slice has no spec of its own) planned so.
+  cannot see how the step is sharded (`KnownGapsTest`), and xs sharded on
+  their time axis are planned unsharded (a step's slice has no spec there).
   """
   get = getattr(jax.sharding, "get_abstract_mesh", None)
   mesh = get() if get is not None else None
   if mesh is None or getattr(mesh, "empty", True) or not all(
       "Explicit" in str(kind) for kind in mesh.axis_types):
     return None
-  if any(jax.typeof(x).ndim == 0 or _spec(x, mesh)[0] is not None
-         for x in xs):
+  if any(_spec(x, mesh)[:1] != (None,) for x in xs):
     return None
   sharded = any(any(_spec(v, mesh)) for v in list(carry) + list(xs))
   return mesh if sharded else None
