@@ -1519,10 +1519,10 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
   def stack(x):
     """A step's slice `x` stacked `length` times, on its time axis."""
     at = 1 if step.batch_major and x.shape else 0
+    spec = _spec(x, x.sharding.mesh) if x.sharding else ()
     sharding = x.sharding and jax.sharding.NamedSharding(
-        x.sharding.mesh, jax.sharding.PartitionSpec(
-            *_spec(x, x.sharding.mesh)[:at], None,
-            *_spec(x, x.sharding.mesh)[at:]))
+        x.sharding.mesh, jax.sharding.PartitionSpec(*spec[:at], None,
+                                                    *spec[at:]))
     return jax.ShapeDtypeStruct(x.shape[:at] + (length,) + x.shape[at:],
                                 x.dtype, sharding=sharding)
 

@@ -1494,7 +1494,7 @@ class ShardMapTest(parameterized.TestCase):
         self.assertEqual(plan, self.one_device(budget))
 
   @parameterized.parameters("repeat_layer", "repeat_layer, custom getter",
-                            "scan")
+                            "scan", "dynamic_unroll, batch-major")
   def test_a_jit_step_sharded_over_explicit_axes_is_planned_per_device(
       self, form):
     # A data-parallel training step in `jax.jit` (no shard_map), the batch
@@ -1519,6 +1519,21 @@ class ShardMapTest(parameterized.TestCase):
         return hk.transform(net)
       x = jax.random.normal(KEY, [64, WIDE])
       params = make(remat=False).init(KEY, x)
+      spec = P("data")
+      loss = lambda net: lambda p, x: jnp.sum(net.apply(p, None, x) ** 2)
+    elif form.startswith("dynamic_unroll"):
+      def make(**remat):
+        def net(xs):
+          core = hk.VanillaRNN(32)
+          # The state sharded as the batch is (a scan's carry keeps its type).
+          state = jax.sharding.reshard(core.initial_state(64), P("data"))
+          ys, _ = hkb.dynamic_unroll(core, xs, state, time_major=False,
+                                     **remat)
+          return ys
+        return hk.transform(net)
+      x = jax.random.normal(KEY, [64, 32, 16])  # Batch-major: [B, T, F].
+      with jax.set_mesh(mesh):  # Where the state's sharding is named.
+        params = make(remat=False).init(KEY, x)
       spec = P("data")
       loss = lambda net: lambda p, x: jnp.sum(net.apply(p, None, x) ** 2)
     else:
