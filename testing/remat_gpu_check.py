@@ -97,9 +97,7 @@ def compiled_cost(length: int, f, *args) -> Compiled:
   except ValueError as e:  # A loop hlo_flops cannot count: the FLOP rows fail.
     print(f"     ({e})", file=sys.stderr)
     flops = math.nan
-  return Compiled(hlo_flops.temporaries(compiled.memory_analysis(),
-                                       jax.default_backend()) +
-                  hlo_flops.constant_bytes(text), flops)
+  return Compiled(hlo_flops.held(compiled, text).bytes, flops)
 
 
 def _row(name: str, what: str, predicted: int, compiled: int,

@@ -75,10 +75,9 @@ def step_cost(model, params, x, length: int, **remat) -> StepCost:
   net, _ = model(**remat)
   step = jax.value_and_grad(lambda p, x: net.apply(p, None, x))
   compiled = jax.jit(step).lower(params, x).compile()
-  return StepCost(hlo_flops.temporaries(compiled.memory_analysis(),
-                                        jax.default_backend()),
-                  step_flops(compiled.as_text(), length),
-                  hlo_flops.constant_bytes(compiled.as_text()))
+  text = compiled.as_text()
+  held = hlo_flops.held(compiled, text)
+  return StepCost(held.temporaries, step_flops(text, length), held.constants)
 
 
 def step_flops(text: str, length: int) -> int:

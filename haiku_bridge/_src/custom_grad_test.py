@@ -17,6 +17,7 @@ import numpy as np
 from haiku_bridge._src import call_pure
 from haiku_bridge._src import custom_grad
 from haiku_bridge._src import scan
+from testing import backend_tolerance
 from testing import test_utils
 
 Outer = test_utils.Outer
@@ -436,7 +437,7 @@ class CustomJvpTest(parameterized.TestCase):
     f = hk.transform(deep(block))
     params = f.init(KEY, X)
     jtu.check_grads(lambda p, x: f.apply(p, None, x), (params, X), order=2,
-                    modes=["fwd", "rev"], atol=1e-2, rtol=1e-2)
+                    modes=["fwd", "rev"], **backend_tolerance.numerical())
 
   def test_straight_through_matches_stop_gradient_reference(self):
     def quantized(x):

@@ -16,7 +16,8 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 _HEADER = re.compile(r"^(ENTRY )?%(\S+) .*\{$")
 _SHAPE = re.compile(r"^[a-z][a-z0-9]*\[([0-9,]*)\]")
-_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
+# An array type, and its layout where printed: `f32[4,16]{1,0:T(8,128)}`.
+_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\](?:\{([0-9,]*)(?::([^}]*))?\})?")
 _BRACKET = re.compile(r"[()\[\]{}]")
 # Instructions that run another computation once per execution of their own.
 # (`fusion-start`: XLA:GPU's asynchronous fusion, its result read by a
@@ -180,7 +181,7 @@ _BITS = {"pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8,
 
 
 class Array(NamedTuple):
-  """One array of a type: its dimensions and its bytes."""
+  """One array of a type: its dimensions and its bytes (as its layout holds them)."""
   dims: tuple[int, ...]
   bytes: int
 
@@ -188,19 +189,45 @@ class Array(NamedTuple):
 def arrays(shape: str) -> list[Array]:
   """The arrays of a type, a tuple's in order (tokens: none).
 
+  An array's bytes are those its layout holds: where the layout tiles it
+  (XLA:TPU's `{1,0:T(8,128)}`), its minor dimensions are padded to the
+  first tile's, as XLA allocates them; XLA:CPU and XLA:GPU print no tiles.
+
   >>> from haiku_bridge._src import hlo_text
   >>> [a.bytes for a in hlo_text.arrays("(f32[4,16]{1,0}, bf16[8]{0}, token[])")]
   [256, 16]
+  >>> [a.bytes for a in hlo_text.arrays("f32[4,16]{1,0:T(8,128)}")]  # 8 × 128.
+  [4096]
   """
   found = []
-  for dtype, sizes in _ARRAY.findall(shape):
+  for dtype, sizes, minor_to_major, tiling in _ARRAY.findall(shape):
     if dtype == "token":
       continue
     bits = _BITS.get(dtype, 8 if dtype.startswith("f8") else None)
     assert bits is not None, f"an element type of XLA's HLO: {dtype}"
     array_dims = tuple(int(d) for d in sizes.split(",") if d)
-    found.append(Array(array_dims, math.prod(array_dims) * bits // 8))
+    held = _tiled(array_dims, minor_to_major, tiling)
+    found.append(Array(array_dims, math.prod(held) * bits // 8))
   return found
+
+
+def _tiled(array_dims: tuple[int, ...], minor_to_major: str,
+           tiling: str) -> tuple[int, ...]:
+  """The dimensions an array's layout holds, major to minor: its first tile's pads the minor ones.
+
+  (A layout's further tiles, `(2,1)` packing bfloat16 pairs, divide the
+  first's and pad nothing more; measured on XLA:TPU, `hlo_text_test`.)
+  """
+  tile = re.search(r"T\(([0-9,]*)\)", tiling)
+  if tile is None:
+    return array_dims
+  order = [int(d) for d in minor_to_major.split(",") if d]
+  held = [array_dims[d] for d in reversed(order)] if order else []
+  sizes = [int(t) for t in tile.group(1).split(",") if t]
+  held = [1] * (len(sizes) - len(held)) + held  # A scalar's tile holds it.
+  for i, t in enumerate(sizes, start=len(held) - len(sizes)):
+    held[i] = -(-held[i] // t) * t
+  return tuple(held)
 
 
 def int_list(attributes: str, key: str) -> tuple[int, ...]:

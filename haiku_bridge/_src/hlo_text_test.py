@@ -28,6 +28,40 @@ class ArraysTest(absltest.TestCase):
         self.assertEqual(sum(a.bytes for a in hlo_text.arrays(root.shape)),
                          compiled.memory_analysis().output_size_in_bytes)
 
+  def test_a_tiled_layouts_bytes_are_xla_tpus(self):
+    # Array types as XLA:TPU compiled them (a TPU v5e, jax 0.10.2, 2026-12-05:
+    # `x.astype(dtype)`'s output, its `output_size_in_bytes` beside it; all
+    # 110 measured agree). The layout's first tile pads the minor dimensions
+    # (in the layout's order); a tile's packing, `(2,1)`, pads nothing more.
+    measured = [
+        ("pred[64]{0:T(512)(128)(4,1)}", 512),
+        ("s4[64]{0:T(1024)(128)(8,1)E(4)}", 512),
+        ("bf16[64]{0:T(256)(128)(2,1)}", 512),
+        ("f32[64]{0:T(128)}", 512),
+        ("c64[64]{0:T(128)}", 1024),
+        ("f32[130]{0:T(256)}", 1024),
+        ("s4[5,16]{1,0:T(8,128)(8,1)E(4)}", 512),
+        ("bf16[5,16]{1,0:T(8,128)(2,1)}", 2048),
+        ("f32[5,16]{1,0:T(8,128)}", 4096),
+        ("f32[3,7]{1,0:T(4,128)}", 2048),
+        ("f32[16,5]{0,1:T(8,128)}", 4096),
+        ("u8[2,3,7]{2,1,0:T(4,128)(4,1)}", 1024),
+        ("bf16[2,3,7]{2,0,1:T(2,128)(2,1)}", 1536),
+        ("f32[2,3,7]{2,0,1:T(2,128)}", 3072),
+        ("f32[256,4,8]{0,2,1:T(8,128)}", 32768),
+        ("pred[256,4,8]{0,2,1:T(8,128)(4,1)}", 8192),
+        ("f32[1,1,1,3]{3,2,1,0:T(1,128)}", 512),
+        ("c64[1,1,1,3]{3,2,1,0:T(1,128)}", 1024),
+    ]
+    for shape, held in measured:
+      with self.subTest(shape):
+        (array,) = hlo_text.arrays(shape)
+        self.assertEqual(array.bytes, held)
+        self.assertEqual(array.dims, hlo_text.dims(shape))
+    # A scalar's tile holds it; a tuple's arrays each as their layouts say.
+    self.assertEqual([a.bytes for a in hlo_text.arrays(
+        "(s32[]{:T(128)}, f32[4,16]{1,0}, bf16[8]{0})")], [512, 256, 16])
+
   def test_a_tuple_has_no_elements(self):
     self.assertEqual(hlo_text.elements("(f32[2,3]{1,0}, s32[2]{0})"), 0)
     self.assertEqual(hlo_text.elements("f32[2,3]{1,0}"), 6)

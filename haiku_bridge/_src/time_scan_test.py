@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import haiku_bridge as hkb
+from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src.remat import loop
 from haiku_bridge._src import time_scan
 from testing import backend_tolerance
@@ -416,7 +417,7 @@ def compiled_temporaries(test, f, *args):
   analysis = jax.jit(f).lower(*args).compile().memory_analysis()
   if analysis is None:
     test.skipTest("this backend has no memory_analysis")
-  return analysis.temp_size_in_bytes
+  return hlo_flops.temporaries(analysis, jax.default_backend())
 
 
 def stateful_step(linear):

@@ -78,8 +78,10 @@ import math
 import re
 from typing import Any, NamedTuple, Optional, Protocol, Sequence
 
+import jax
 import numpy as np
 
+from haiku_bridge._src import errors
 from haiku_bridge._src import hlo_text
 
 # Instructions that move or name data and compute nothing.
@@ -507,6 +509,38 @@ def temporaries(analysis: MemoryAnalysis, platform: str) -> int:
   held = (analysis.peak_memory_in_bytes - analysis.argument_size_in_bytes -
           analysis.output_size_in_bytes + analysis.alias_size_in_bytes)
   return analysis.temp_size_in_bytes + max(0, held)
+
+
+class Held(NamedTuple):
+  """What `memory_budget` counts of a compiled program: its temporaries and its array constants (bytes)."""
+  temporaries: int
+  constants: int
+
+  @property
+  def bytes(self) -> int:
+    return self.temporaries + self.constants
+
+
+def held(compiled: Any, text: Optional[str] = None) -> Held:
+  """A compiled program's bytes as `memory_budget` counts them (`temporaries`, `constant_bytes`).
+
+  `compiled`: a `jax.stages.Compiled` of this process's default backend;
+  `text`: its `as_text()`, where the caller has it already.
+
+  >>> from haiku_bridge._src.remat import hlo_flops
+  >>> table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
+  >>> compiled = jax.jit(lambda i: jnp.asarray(table)[i]).lower(3).compile()
+  >>> hlo_flops.held(compiled).constants  # The table, compiled in.
+  4000
+  """
+  analysis = compiled.memory_analysis()
+  text = compiled.as_text() if text is None else text
+  if analysis is None or text is None:
+    raise ValueError(errors.message(
+        f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
+        f"which the {jax.default_backend()} backend does not give."))
+  return Held(temporaries(analysis, jax.default_backend()),
+              constant_bytes(text))
 
 
 def constant_bytes(text: str) -> int:

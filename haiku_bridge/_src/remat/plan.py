@@ -1553,14 +1553,9 @@ def _read(compiled, remat, flops: bool = True) -> _Measured:
 
 def _bytes_read(compiled) -> tuple[_Measured, str]:
   """A compiled measurement's bytes (FLOPs 0, no advance), and its HLO text."""
-  analysis, text = compiled.memory_analysis(), compiled.as_text()
-  if analysis is None or text is None:
-    raise ValueError(errors.message(
-        f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
-        f"which the {jax.default_backend()} backend does not give."))
-  constants = hlo_flops.constant_bytes(text)
-  temporaries = hlo_flops.temporaries(analysis, jax.default_backend())
-  return _Measured(temporaries + constants, temporaries, constants, 0,
+  text = compiled.as_text()
+  held = hlo_flops.held(compiled, text)
+  return _Measured(held.bytes, held.temporaries, held.constants, 0,
                    None), text
 
 

@@ -12,6 +12,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
 from testing import test_utils
@@ -379,7 +380,7 @@ class MemoryTest(absltest.TestCase):
     analysis = step_fn.lower(carry, xs).compile().memory_analysis()
     if analysis is None:
       self.skipTest("no memory_analysis on this backend")
-    return analysis.temp_size_in_bytes
+    return hlo_flops.temporaries(analysis, jax.default_backend())
 
   def test_fewer_carries_and_no_copy_of_the_params(self):
     # Activation-dominated (256 tokens): fewer carries, less memory. Param-
