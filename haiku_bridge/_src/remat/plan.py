@@ -790,9 +790,10 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
 
   gradient = _differentiation()  # Around the loop, not its step's trace.
   # A step sharded over Explicit mesh axes is measured as it runs: one
-  # device's share (`_explicit_mesh`).
-  mesh = None if _vmaps(gradient, carry, x_leaves) else _explicit_mesh(
-      carry, x_leaves)
+  # device's share (`_explicit_mesh`); not under a vmap (its `_vmaps` are
+  # read once the step is traced, with what it closes over).
+  batched = any(_batch_dims(v) for v in list(carry) + list(x_leaves))
+  mesh = None if batched else _explicit_mesh(carry, x_leaves)
 
   def struct(shape, dtype, spec):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None
