@@ -104,6 +104,7 @@ import jax
 from jax._src import config as jax_config  # pylint: disable=g-bad-import-order
 from jax._src.interpreters import batching as jax_batching  # pylint: disable=g-bad-import-order
 from jax._src.interpreters import ad as jax_ad  # pylint: disable=g-bad-import-order
+from jax._src.interpreters import partial_eval as jax_pe  # pylint: disable=g-bad-import-order
 from jax.extend import core as jax_core
 import jax.numpy as jnp
 import jaxlib
@@ -299,8 +300,12 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
   A Haiku layer, core or step: pass its loop (`hkb.layer_scan`,
   `hkb.repeat_layer`, `hkb.scan` or `hkb.dynamic_unroll`) and the loop's
   arguments, where the loop would run (at apply, inside the transform, with
-  the model's params): the plan is the one the loop makes with
-  `remat="auto"` there, by the same path, and the loop does not run:
+  the model's params, under the training step's gradient): the plan is the
+  one the loop makes with `remat="auto"` there, by the same path, and the
+  loop does not run. The gradient tells the plan which inputs are data
+  (here the `xs`, which get no cotangent); outside any gradient every float
+  input that reaches an output is measured differentiated, as in a
+  training step of the loop's own, and the plan may differ from the loop's:
 
   >>> def net(xs, plan=False):
   ...   lstm = hk.LSTM(32)
@@ -314,8 +319,12 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
   >>> net = hk.transform(net)
   >>> xs = jnp.ones([1024, 4, 8])
   >>> params = net.init(jax.random.PRNGKey(0), xs)
-  >>> plan = net.apply(params, None, xs, plan=True)
-  >>> plan.length, plan.choice.remat
+  >>> plans = []  # Kept from under the gradient.
+  >>> def loss(params):
+  ...   plans.append(net.apply(params, None, xs, plan=True))
+  ...   return 0.0
+  >>> _ = jax.eval_shape(jax.grad(loss), params)
+  >>> plans[0].length, plans[0].choice.remat
   (1024, 'binomial')
 
   Args:
@@ -771,11 +780,17 @@ class _Traced(NamedTuple):
   # program is theirs: every measuring program runs under them, on the
   # batch's shapes.
   vmaps: tuple[tuple[Any, ...], ...] = ()
-  # Whether a gradient may be taken of the loop: False where one is seen
-  # around it that is taken of nothing it reads (`_perturbed`): data, or
-  # weights under `jax.lax.stop_gradient`. Then nothing is kept for a
-  # backward pass, and the loop is measured forward only.
-  differentiated: bool = True
+  # Of each input of `jaxpr` (consts, carry, x), whether the measuring
+  # programs differentiate it, as the user's step does: a float input
+  # that reaches an output other than through `jax.lax.stop_gradient`
+  # (`_reaching`; a layer scan's Haiku state does not), and that the
+  # gradient around the loop is taken of (`_wrt`): not data (a batch of
+  # inputs, weights under `jax.lax.stop_gradient` outside the step). Where
+  # no gradient is seen around the loop (`hkb.remat_plan` called outside
+  # one), every input that reaches an output, as in a training step of the
+  # loop's own. Where none is, nothing is kept for a backward pass, and the
+  # loop is measured forward only.
+  wrt: tuple[bool, ...] = ()
 
 
 def _trace(f, init, xs, length, unroll: int | bool = 1,
@@ -814,12 +829,34 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
   # trace reaches the compiles below.
   jaxpr = jax_core.ClosedJaxpr(
       scheduled_scan.consts_as_inputs(closed.jaxpr), ())
+  taken = _wrt(gradient, list(closed.consts) + carry + x_leaves)
+  wrt = tuple(r and (taken is None or t) for r, t in zip(
+      _reaching(jaxpr), taken or jaxpr.in_avals))
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
                  jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
                  batch_major, _vmaps(gradient, closed.consts, carry, x_leaves),
-                 _perturbed(gradient, closed.consts, carry, x_leaves)
-                 is not False
-                 ), consts
+                 wrt), consts
+
+
+def _reaching(jaxpr: jax_core.ClosedJaxpr) -> list[bool]:
+  """Of each input of `jaxpr`, whether it is a float an output's derivative depends on: one that reaches an output other than through `jax.lax.stop_gradient`.
+
+  Read from the step's JVP, pruned of what no output's tangent uses (jax's
+  own `jvp_jaxpr` and `dce_jaxpr`, jax._src as jax 0.10 and 0.11 keep
+  them; jax 0.11's takes the open jaxpr): a float input whose tangent is
+  left unused gets only zeros for a cotangent.
+  """
+  floats = [_is_float(a) for a in jaxpr.in_avals]
+  jvp: Any
+  if versions.release(jax.__version__) >= (0, 11):
+    jvp, out_tangents = jax_ad.jvp_jaxpr(jaxpr.jaxpr, floats, False)
+  else:
+    jvp, out_tangents = jax_ad.jvp_jaxpr(jaxpr, floats, False)
+    jvp = jvp.jaxpr
+  _, used = jax_pe.dce_jaxpr(
+      jvp, [False] * len(jaxpr.out_avals) + [True] * sum(out_tangents))
+  tangents = iter(used[len(floats):])
+  return [f and next(tangents) for f in floats]
 
 
 def _spec(value, mesh) -> tuple[Any, ...]:
@@ -892,21 +929,21 @@ def _differentiation() -> Any:
   return None
 
 
-def _perturbed(gradient: Any, *groups: Sequence[Any]) -> Optional[bool]:
-  """Whether `gradient` (the innermost around the loop, `_differentiation`) is taken of any value of `groups`; None where none is seen.
+def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
+  """Of each of `values`, whether `gradient` (the innermost around the loop, `_differentiation`) is taken of it; None where no gradient is seen.
 
   A value the gradient is taken of is a tracer of that autodiff trace
   (under `jax.vmap`, inside the vmap's tracers; outside a vmap the
   gradient is taken in, around them) with a tangent that is not zero;
   data (a batch of inputs, a constant) is not. A shape standing in for a
   value (a pipeline's stages plan on one microbatch's shapes) says
-  nothing: None. Read from JAX's own tracers (jax._src, as jax 0.10 and
-  0.11 keep them).
+  nothing, and is taken as differentiated. Read from JAX's own tracers
+  (jax._src, as jax 0.10 and 0.11 keep them).
   """
   if gradient is None:
     return None
 
-  def perturbed(value) -> Optional[bool]:
+  def taken(value) -> bool:
     while True:
       if isinstance(value, (jax_ad.JVPTracer, jax_ad.LinearizeTracer)):
         if value._trace is gradient:  # pylint: disable=protected-access
@@ -915,9 +952,8 @@ def _perturbed(gradient: Any, *groups: Sequence[Any]) -> Optional[bool]:
       elif isinstance(value, jax_batching.BatchTracer):
         value = value.val
       else:
-        return None if isinstance(value, jax.ShapeDtypeStruct) else False
-  seen = [perturbed(v) for group in groups for v in group]
-  return True if True in seen else None if None in seen else False
+        return isinstance(value, jax.ShapeDtypeStruct)
+  return tuple(taken(v) for v in values)
 
 
 def _batch_dims(value: Any) -> dict[Any, Optional[int]]:
@@ -1218,7 +1254,7 @@ def _sorted_repr(value: Any) -> str:
 
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, step.carry, step.x, policy, length,
-          step.unroll, step.batch_major, step.vmaps, step.differentiated,
+          step.unroll, step.batch_major, step.vmaps, step.wrt,
           _mesh_context(), jax.default_backend())
 
 
@@ -1246,8 +1282,8 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
 
   Everything the figures depend on: the step's jaxpr (every shape, dtype
   and operation; function addresses left out), what it takes, the policy,
-  the length, the unroll, the vmaps around the loop, whether a gradient
-  is taken of it, the mesh it is planned under, the backend and device,
+  the length, the unroll, the vmaps around the loop, which of its inputs
+  a gradient is taken of, the mesh it is planned under, the backend and device,
   the jax, jaxlib and haiku_bridge versions and the measuring code, XLA's
   flags, the compile options.
   """
@@ -1259,7 +1295,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
                name, length, step.unroll, step.batch_major, step.vmaps,
-               step.differentiated, _mesh_context(),
+               step.wrt, _mesh_context(),
                jax.default_backend(),
                device.device_kind,
                getattr(device.client, "platform_version", ""),
@@ -1497,23 +1533,23 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     # A loss of the outputs, as a training step has one: the ys are made
     # and kept for it, and their cotangent made from them (a loss in the
     # step returns small ys, and this costs little).
-    def loss(*floats):
-      out = _on_floats(vmapped(run, of_the_batch), (consts, carry, xs))(
-          *floats)
+    args, taken = (consts, carry, xs), step.wrt
+
+    def loss(*leaves):
+      out = _on_leaves(vmapped(run, of_the_batch), args, taken)(*leaves)
       return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
-    floats = _floats((consts, carry, xs))
+    leaves = [a for a, t in zip(jax.tree.leaves(args), taken) if t]
     # The loss's value is an output too, as a training step (value_and_grad)
     # returns it: with it, XLA:CPU keeps one more copy of the outputs at
     # some sizes (ys of about 2.5-16 KB: 1.43× a GRU's temporaries at 48
     # steps), which a gradient alone does not.
     value, grads = jax.value_and_grad(
-        loss, argnums=tuple(range(len(floats))))(*floats)
+        loss, argnums=tuple(range(len(leaves))))(*leaves)
     # The gradients of the weights (consts, xs) are the step's outputs, as
     # a training step returns them; the carry's feeds what came before the
     # loop (or nothing), so it is a temporary, as there.
-    in_carry = [_is_float(c) for c in jax.tree.leaves(carry)]
-    first = len(_floats(consts))
-    end = first + sum(in_carry)
+    first = sum(taken[:len(consts)])
+    end = first + sum(taken[len(consts):len(consts) + len(carry)])
     return (value, grads[:first] + grads[end:],
             sum(jnp.sum(g.astype(jnp.float32)) for g in grads[first:end]))
 
@@ -1572,9 +1608,8 @@ def _counted(figures: _Measured, text: str, remat) -> _Measured:
 
 
 def _differentiable(step: _Traced) -> bool:
-  """Whether a float output may depend on a float input, and a gradient may be taken of the loop: a gradient to take."""
-  return (step.differentiated and
-          any(_is_float(a) for a in step.jaxpr.in_avals) and
+  """Whether the measuring programs differentiate an input (`_Traced.wrt`) and a float output: a gradient to take."""
+  return (any(step.wrt) and
           any(_is_float(a) for a in step.jaxpr.out_avals))
 
 
@@ -1591,13 +1626,12 @@ def _floats(tree):
   return [leaf for leaf in jax.tree.leaves(tree) if _is_float(leaf)]
 
 
-def _on_floats(fn, args):
-  """`fn(*args)` as a function of the float leaves of `args` only."""
+def _on_leaves(fn, args, taken: Sequence[bool]):
+  """`fn(*args)`'s float leaves, as a function of the leaves of `args` that `taken` marks only."""
   leaves, tree = jax.tree.flatten(args)
 
-  def g(*floats):
-    it = iter(floats)
-    full = [next(it) if _is_float(leaf) else leaf for leaf in leaves]
+  def g(*chosen):
+    it = iter(chosen)
+    full = [next(it) if t else leaf for leaf, t in zip(leaves, taken)]
     return _floats(fn(*tree.unflatten(full)))
   return g
-
