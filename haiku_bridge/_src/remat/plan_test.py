@@ -119,11 +119,13 @@ class OnCpuAndGpuTest(absltest.TestCase):
     @on_cpu_and_gpu("a reason")
     def test(self):
       ran.append(jax.default_backend())
-    test(self)
+    for backend in ("cpu", "gpu"):
+      with mock.patch.object(jax, "default_backend", lambda b=backend: b):
+        test(self)
     with mock.patch.object(jax, "default_backend", lambda: "tpu"), \
         self.assertRaisesRegex(unittest.SkipTest, "on a TPU: a reason"):
       test(self)
-    self.assertEqual(ran, ["cpu"])
+    self.assertEqual(ran, ["cpu", "gpu"])
 
 
 class PredictionTest(parameterized.TestCase):
