@@ -54,15 +54,23 @@ def plans_made() -> Iterator[list[hkb.RematPlan]]:
 
 
 class StepCost(NamedTuple):
-  """A compiled training step's temporaries, FLOPs (`hlo_flops`) and constants (bytes)."""
-  temporaries: int
+  """A compiled training step's bytes as `memory_budget` counts them (`hlo_flops.held`) and its FLOPs (`hlo_flops`)."""
+  held: hlo_flops.Held
   flops: int
-  constants: int = 0
+
+  @property
+  def temporaries(self) -> int:
+    return self.held.temporaries
+
+  @property
+  def constants(self) -> int:
+    """A schedule's tables, compiled in."""
+    return self.held.constants
 
   @property
   def bytes(self) -> int:
-    """What `memory_budget` counts: temporaries and constants (a schedule's tables)."""
-    return self.temporaries + self.constants
+    """What `memory_budget` counts: temporaries and constants."""
+    return self.held.bytes
 
 
 def step_cost(model, params, x, length: int, **remat) -> StepCost:
@@ -76,8 +84,7 @@ def step_cost(model, params, x, length: int, **remat) -> StepCost:
   step = jax.value_and_grad(lambda p, x: net.apply(p, None, x))
   compiled = jax.jit(step).lower(params, x).compile()
   text = compiled.as_text()
-  held = hlo_flops.held(compiled, text)
-  return StepCost(held.temporaries, step_flops(text, length), held.constants)
+  return StepCost(hlo_flops.held(compiled, text), step_flops(text, length))
 
 
 def step_flops(text: str, length: int) -> int:
