@@ -45,7 +45,8 @@ instruction, with `n` the elements of its result:
   once and named in
   `Count.unknown_trip_counts`.
 - `conditional`: which branch runs is known only at run time, so `flops`
-  counts the cheapest branch, and `Count.conditionals` lists each
+  counts the cheapest branch (with `count(..., dearest=True)`, the
+  dearest: a bound from above), and `Count.conditionals` lists each
   conditional's executions (the trip counts around it multiplied) with
   every branch's FLOPs, for a caller that knows how often each runs (a
   conditional inside another's branch counts in that branch, unlisted).
@@ -76,7 +77,7 @@ unrolled, on CPU, whose fusions copy little (`hlo_flops_test.py` does).
 
 import math
 import re
-from typing import Any, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -136,7 +137,7 @@ class Count(NamedTuple):
 
   Attributes:
     flops: every loop by its trip count, every conditional by its cheapest
-      branch.
+      branch (by its dearest with `count(..., dearest=True)`).
     conditionals: every conditional outside another's branches, by its
       executions and branches.
     unknown_trip_counts: the while loops counted once, for want of a trip count.
@@ -149,8 +150,11 @@ class Count(NamedTuple):
   opaque_custom_calls: tuple[str, ...] = ()
 
 
-def count(text: str) -> Count:
+def count(text: str, dearest: bool = False) -> Count:
   """The FLOPs of the optimised HLO `text` (`compiled.as_text()`).
+
+  `dearest`: each conditional counted by its dearest branch, not its
+  cheapest (in `flops`, and in the branches of another conditional).
 
   >>> from haiku_bridge._src.remat import hlo_flops
   >>> f = lambda a, b: a @ b
@@ -159,7 +163,7 @@ def count(text: str) -> Count:
   256
   """
   program = hlo_text.parse(text)
-  return _Counter(program).run(program.entry)
+  return _Counter(program, max if dearest else min).run(program.entry)
 
 
 def _type(shape: str) -> str:
@@ -239,8 +243,10 @@ class _Values:
 class _Counter:
   """Walks computations from the entry, multiplying by the loops around each."""
 
-  def __init__(self, program: hlo_text.Program):
+  def __init__(self, program: hlo_text.Program,
+               branch: Callable[[tuple[int, ...]], int] = min):
     self._program = program
+    self._branch = branch  # Which branch a conditional's FLOPs are.
     self._computations = program.computations
     self._roots = program.roots
     self._conditionals: list[Conditional] = []
@@ -332,7 +338,7 @@ class _Counter:
           ins.attributes))
       if executions:
         self._conditionals.append(Conditional(executions, branches))
-      return min(branches)
+      return self._branch(branches)
     if op == "custom-call":
       return self._custom_call(ins, shapes)
     return 0

@@ -565,6 +565,25 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     self.assertLess(min(conditional.branches), dot / 10)
     self.assertLess(count.flops, dot)
 
+  def test_dearest_counts_each_conditional_by_its_dearest_branch(self):
+    # A cond in a cond's branch: counted in that branch, by its dearest too.
+    def f(h, xs):
+      def body(h, x):
+        inner = lambda: jax.lax.cond(jnp.sum(x) > 1, lambda: h @ W,
+                                     lambda: h * 2.0)
+        h = jax.lax.cond(jnp.sum(x) > 0, inner, lambda: h + 1.0)
+        return h, None
+      return jax.lax.scan(body, h, xs)[0]
+    text = jax.jit(f).lower(H, XS).compile().as_text()
+    cheapest = hlo_flops.count(text)
+    dearest = hlo_flops.count(text, dearest=True)
+    dot = 2 * 4 * 32 * 32
+    (conditional,) = dearest.conditionals
+    self.assertGreaterEqual(max(conditional.branches), dot)
+    self.assertGreaterEqual(dearest.flops, 8 * dot)
+    self.assertLess(dearest.flops, 8 * dot * 1.1)
+    self.assertLess(cheapest.flops, 8 * dot / 10)
+
 
 if __name__ == "__main__":
   absltest.main()

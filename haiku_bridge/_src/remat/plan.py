@@ -1579,9 +1579,11 @@ def _read(compiled, remat, flops: bool = True) -> _Measured:
   """A compiled measurement's figures.
 
   The FLOPs count every loop by its trip count (only `remat=True`'s and
-  `None`'s are used); a schedule's conditional, which its backward sweep
-  runs once per action (more often than any in the step), gives an
-  advance's FLOPs: its cheaper branch. With `flops=False` (a plan compiled
+  `None`'s are used), and a conditional of the step (`jax.lax.cond`) by
+  its dearest branch, which the run may take at every step: what a plan
+  recomputes, bounded from above; a schedule's conditional, which its
+  backward sweep runs once per action (more often than any in the step),
+  gives an advance's FLOPs: its cheaper branch. With `flops=False` (a plan compiled
   for its bytes only) nothing is counted: FLOPs 0, no advance.
   """
   figures, text = _bytes_read(compiled)
@@ -1598,7 +1600,7 @@ def _bytes_read(compiled) -> tuple[_Measured, str]:
 
 def _counted(figures: _Measured, text: str, remat) -> _Measured:
   """`figures` with the FLOPs of the compiled program `text` (`_read`)."""
-  count = hlo_flops.count(text)
+  count = hlo_flops.count(text, dearest=True)
   schedule = max(count.conditionals, key=lambda c: c.executions,
                  default=None)
   return figures._replace(
