@@ -15,6 +15,7 @@ from haiku_bridge._src.modes import RematMode
 from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.pipeline import Pipeline
 from haiku_bridge._src.remat import remat_plan
+from haiku_bridge._src.remat import remat_plans
 from haiku_bridge._src.remat import RematCandidate
 from haiku_bridge._src.remat import RematPlan
 from haiku_bridge._src.scan import layer_scan
@@ -62,6 +63,7 @@ __all__ = (
     "param_shardings",
     "param_specs",
     "remat_plan",
+    "remat_plans",
     "repeat_layer",
     "route_cotangents",
     "scan",

@@ -95,6 +95,7 @@ COVERAGE = {
     "remat_plan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
     # remat_plan: a scan's arguments, by keyword after f, init and xs, or a loop's (checked by the
     # loop); no names to look up.
+    "remat_plans": set(),  # Takes no arguments.
     "route_cotangents": {"wrong_type", "wrong_arity", "shape_or_depth"},
     "scan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
     "dynamic_unroll": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},

@@ -29,6 +29,7 @@ from haiku_bridge._src.remat.loop import StepWords
 from haiku_bridge._src.remat.plan import plannable
 from haiku_bridge._src.remat.plan import Planned
 from haiku_bridge._src.remat.plan import remat_plan
+from haiku_bridge._src.remat.plan import remat_plans
 from haiku_bridge._src.remat.plan import RematCandidate
 from haiku_bridge._src.remat.plan import RematPlan
 
@@ -45,5 +46,6 @@ __all__ = [
     "num_steps",
     "plannable",
     "remat_plan",
+    "remat_plans",
     "resolved",
 ]

@@ -439,6 +439,40 @@ class Planned(Exception):
 _WANTED = contextvars.ContextVar("remat_plan.wanted", default=False)
 # Where each plan a loop makes is logged, at INFO.
 LOG = logging.getLogger("haiku_bridge.remat")
+# The lists of the `remat_plans()` blocks this runs in, outermost first.
+_RECORDING: contextvars.ContextVar[tuple[list[RematPlan], ...]] = (
+    contextvars.ContextVar("remat_plan.recording", default=()))
+
+
+@contextlib.contextmanager
+def remat_plans() -> Iterator[list[RematPlan]]:
+  """The plans `remat="auto"` makes while the block runs: a list, each loop's plan added as the loop is traced.
+
+  Trace your training step in the block, as it runs (`jax.eval_shape`
+  runs nothing), and the list holds the exact plan each loop makes there,
+  under your gradient, which tells the plans what is data:
+
+  >>> def loss(w, xs):
+  ...   step = lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h ** 2))
+  ...   _, ys = hkb.scan(step, jnp.zeros([4, 16]), xs, remat="auto",
+  ...                    memory_budget=100_000)
+  ...   return jnp.sum(ys)
+  >>> w, xs = jnp.eye(16), jnp.ones([512, 4, 16])
+  >>> with hkb.remat_plans() as plans:
+  ...   _ = jax.eval_shape(jax.grad(loss), w, xs)
+  >>> [(p.length, p.choice.remat) for p in plans]
+  [(512, 'binomial')]
+
+  A loop plans when it is traced: a step JAX has traced before (a
+  `jax.jit` function called again with the same shapes) plans nothing. A
+  `remat_plans()` block inside another adds to both lists.
+  """
+  plans: list[RematPlan] = []
+  token = _RECORDING.set(_RECORDING.get() + (plans,))
+  try:
+    yield plans
+  finally:
+    _RECORDING.reset(token)
 
 
 def _plan_of_loop(loop: Callable[..., Any], args: tuple[Any, ...],
@@ -488,6 +522,8 @@ def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   finally:
     _WANTED.reset(token)
   LOG.info("%s", made)
+  for plans in _RECORDING.get():
+    plans.append(made)
   if _WANTED.get():
     raise Planned(made)
   return made

@@ -1867,6 +1867,40 @@ class VisibleTest(parameterized.TestCase):
             ValueError, f"the least any needs is {budget} bytes"):
           planned(budget - 1)
 
+  def test_remat_plans_collects_each_loops_plan_as_remat_plan_makes_it(self):
+    # Two loops in one training step (a layer stack, then a time scan over
+    # its output), traced under the gradient of the params only: the
+    # plans collected are those `hkb.remat_plan` makes of each loop there,
+    # in order; nested blocks both collect; none after the block.
+    def block(h):
+      return h + jnp.tanh(hk.Linear(16)(h))
+
+    def net(x, plan=None):
+      loops = (functools.partial(hkb.repeat_layer, block, x, 8),
+               lambda h: functools.partial(
+                   hkb.scan, lambda c, y: (jnp.tanh(c + y), jnp.sum(c)),
+                   jnp.zeros([16]), h))
+      if plan == 0:
+        return hkb.remat_plan(loops[0], memory_budget=1 << 30)
+      h = loops[0](remat="auto", memory_budget=1 << 30)
+      if plan == 1:
+        return hkb.remat_plan(loops[1](h), memory_budget=1 << 30)
+      return jnp.sum(loops[1](h)(remat="auto", memory_budget=1 << 30)[1])
+
+    net = hk.transform(net)
+    x = jax.random.normal(KEY, [32, 16])
+    params = net.init(KEY, x)
+    expected = [plan_under_gradient(
+        lambda p, i=i: net.apply(p, None, x, plan=i), params)
+                for i in (0, 1)]
+    with hkb.remat_plans() as outer:
+      with hkb.remat_plans() as inner:
+        jax.eval_shape(jax.grad(lambda p: net.apply(p, None, x)), params)
+      jax.eval_shape(jax.grad(lambda p: net.apply(p, None, x)), params)
+    jax.eval_shape(jax.grad(lambda p: net.apply(p, None, x)), params)
+    self.assertEqual(inner, expected)
+    self.assertEqual(outer, expected * 2)
+
   def test_a_loop_logs_its_plan_at_info(self):
     net = hk.transform(lambda x: hkb.repeat_layer(
         lambda h: jnp.tanh(hk.Linear(8)(h)), x, 12, remat="auto",
