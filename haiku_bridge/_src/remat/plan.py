@@ -865,34 +865,37 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
   # trace reaches the compiles below.
   jaxpr = jax_core.ClosedJaxpr(
       scheduled_scan.consts_as_inputs(closed.jaxpr), ())
-  taken = _wrt(gradient, list(closed.consts) + carry + x_leaves)
-  wrt = tuple(r and (taken is None or t) for r, t in zip(
-      _reaching(jaxpr), taken or jaxpr.in_avals))
+  taken = (_wrt(gradient, list(closed.consts) + carry + x_leaves) or
+           (True,) * len(jaxpr.in_avals))
+  wrt = _reaching(jaxpr, [_is_float(a) and t
+                          for a, t in zip(jaxpr.in_avals, taken)])
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
                  jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
                  batch_major, _vmaps(gradient, closed.consts, carry, x_leaves),
                  wrt), consts
 
 
-def _reaching(jaxpr: jax_core.ClosedJaxpr) -> list[bool]:
-  """Of each input of `jaxpr`, whether it is a float an output's derivative depends on: one that reaches an output other than through `jax.lax.stop_gradient`.
+def _reaching(jaxpr: jax_core.ClosedJaxpr, taken: Sequence[bool]
+              ) -> tuple[bool, ...]:
+  """Of each input of `jaxpr`, whether `taken` marks it (a float the gradient is taken of) and an output's derivative depends on it: it reaches an output other than through `jax.lax.stop_gradient`.
 
-  Read from the step's JVP, pruned of what no output's tangent uses (jax's
-  own `jvp_jaxpr` and `dce_jaxpr`, jax._src as jax 0.10 and 0.11 keep
-  them; jax 0.11's takes the open jaxpr): a float input whose tangent is
-  left unused gets only zeros for a cotangent.
+  Read from the step's JVP in the inputs `taken` marks (the others, data,
+  get none, as in the user's step: a `jax.pure_callback` of data is not
+  differentiated), pruned of what no output's tangent uses (jax's own
+  `jvp_jaxpr` and `dce_jaxpr`, jax._src as jax 0.10 and 0.11 keep them;
+  jax 0.11's takes the open jaxpr): an input whose tangent is left unused
+  gets only zeros for a cotangent.
   """
-  floats = [_is_float(a) for a in jaxpr.in_avals]
   jvp: Any
   if versions.release(jax.__version__) >= (0, 11):
-    jvp, out_tangents = jax_ad.jvp_jaxpr(jaxpr.jaxpr, floats, False)
+    jvp, out_tangents = jax_ad.jvp_jaxpr(jaxpr.jaxpr, taken, False)
   else:
-    jvp, out_tangents = jax_ad.jvp_jaxpr(jaxpr, floats, False)
+    jvp, out_tangents = jax_ad.jvp_jaxpr(jaxpr, taken, False)
     jvp = jvp.jaxpr
   _, used = jax_pe.dce_jaxpr(
       jvp, [False] * len(jaxpr.out_avals) + [True] * sum(out_tangents))
-  tangents = iter(used[len(floats):])
-  return [f and next(tangents) for f in floats]
+  tangents = iter(used[len(taken):])
+  return tuple(bool(t and next(tangents)) for t in taken)
 
 
 def _spec(value, mesh) -> tuple[Any, ...]:

@@ -1730,6 +1730,28 @@ class DifferentiatedTest(absltest.TestCase):
       jax.value_and_grad(jax.jit(loss))(w, xs)
     self.assertIn(True, [k.remat for k in made[-1].candidates])
 
+  def test_a_callback_of_data_in_the_step_is_not_differentiated(self):
+    # `jax.pure_callback` has no derivative: the user's step runs it on
+    # the data xs, never differentiated; measured with the xs
+    # differentiated, planning failed ("Pure callbacks do not support
+    # JVP"), as it did while finding what the step differentiates.
+    w = jax.random.normal(KEY, [16, 16]) / 4
+    xs = jnp.ones([32, 4, 16])
+
+    def loss(w, xs, **remat):
+      def step(h, x):
+        x = jax.pure_callback(lambda a: np.asarray(a) * 2,
+                              jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        h = jnp.tanh(h @ w + x)
+        return h, jnp.sum(h ** 2)
+      return jnp.sum(hkb.scan(step, jnp.zeros([4, 16]), xs, **remat)[1])
+
+    auto = functools.partial(loss, remat="auto", memory_budget=1 << 30)
+    chex.assert_trees_all_close(
+        jax.jit(jax.value_and_grad(auto))(w, xs),
+        jax.jit(jax.value_and_grad(functools.partial(loss, remat=False)))(
+            w, xs), rtol=1e-6)
+
   def test_data_xs_get_no_cotangent_in_the_measurements(self):
     # A step `m = tanh(m * w + x)` over a 256x256 carry, `w` (closed over)
     # the carry's size, 16 steps of data xs. Measured with the xs
