@@ -572,6 +572,14 @@ class AutoTest(parameterized.TestCase):
         "unroll": key(trace(unroll=2)),
         "batch-major copies": key(trace(batch_major=True)),
     }
+    traced_under = []
+
+    def loss(h):  # A gradient of the carry only: the xs are data.
+      traced_under.append(remat_plan._trace(_step, h, jnp.ones([256, 4, 16]),
+                                            256))
+      return 0.0
+    jax.eval_shape(jax.grad(loss), jnp.zeros([4, 16]))
+    changed["what is differentiated"] = key(traced_under[0])
     with mock.patch.dict(os.environ, {
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=x"}):
       changed["XLA_FLAGS"] = key(traced)
