@@ -14,11 +14,14 @@ The memory relations are tests (`haiku_bridge/_src/remat/plan_test.py`).
     bazel run //testing/benchmarks:remat_auto_benchmark              # full run
     bazel run //testing/benchmarks:remat_auto_benchmark -- --quick   # smoke run
     bazel run //testing/benchmarks:remat_auto_benchmark -- --planning_only
+    bazel run //testing/benchmarks:remat_auto_benchmark -- --planning_only \
+        --planning_models=gru_char_T2048_h256_batch8  # One model's.
 
 The planning table times each model's first compiled step in fresh
 processes (JAX's compilation cache off): with `remat=True`, with
 `remat="auto"` planning cold, and in a second process reading the plan
-from disk.
+from disk. This process touches no backend while they run, so on a TPU,
+which one process holds at a time, they may.
 
 or, without Bazel, from the repository root:
 
@@ -29,6 +32,7 @@ or, without Bazel, from the repository root:
 import dataclasses
 import sys
 import time
+from typing import Sequence
 
 from absl import app
 from absl import flags
@@ -38,17 +42,21 @@ from testing.benchmarks.lib import remat_auto_bench
 
 
 def report(cfg: remat_auto_bench.Config, command: str, plot: str = "",
-           planning_only: bool = False) -> str:
+           planning_only: bool = False,
+           planning_models: Sequence[str] = ()) -> str:
   """Runs the benchmark; returns the run's description and its tables."""
   start = time.perf_counter()
+  # Planning first: its figures come from fresh processes, which on a TPU
+  # can hold the chip only while this one does not.
+  planning = remat_auto_bench.planning_markdown(
+      remat_auto_bench.planning(cfg, planning_models))
   tables = ""
   if not planning_only:
     results = remat_auto_bench.bench(cfg)
     print("remat auto: results " + repr(results), file=sys.stderr,
           flush=True)
     tables = remat_auto_bench.markdown(results) + "\n"
-  tables += remat_auto_bench.planning_markdown(
-      remat_auto_bench.planning(cfg))
+  tables += planning
   if plot and not planning_only:
     with open(plot, "w") as f:
       f.write(remat_auto_bench.pareto_svg(results))
@@ -65,7 +73,7 @@ def main(argv: list[str]) -> None:
     cfg = dataclasses.replace(cfg,
                               planning_repeats=flags.FLAGS.planning_repeats)
   print(report(cfg, " ".join(["python3"] + sys.argv), flags.FLAGS.plot,
-               flags.FLAGS.planning_only))
+               flags.FLAGS.planning_only, flags.FLAGS.planning_models))
 
 
 if __name__ == "__main__":
@@ -78,4 +86,6 @@ if __name__ == "__main__":
                     "in fresh processes).")
   flags.DEFINE_integer("planning_repeats", 0, "Fresh processes per planning "
                        "figure (the least is kept); 0: the mode's.")
+  flags.DEFINE_list("planning_models", [], "The planning models to time "
+                    "(names as in the table); empty: all.")
   app.run(main)

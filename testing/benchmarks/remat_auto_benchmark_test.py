@@ -9,11 +9,14 @@ import contextlib
 import io
 import os
 import tempfile
+from unittest import mock
 from xml.etree import ElementTree
 
 from absl.testing import absltest
+from jax._src import xla_bridge
 
 from haiku_bridge._src.remat import plan as remat_plan
+from testing import test_utils
 from testing.benchmarks import remat_auto_benchmark
 from testing.benchmarks.lib import remat_auto_bench
 
@@ -67,6 +70,22 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
     for model in remat_auto_bench.planning_models("quick"):
       self.assertIn(f"| {model} | ", planning)
 
+  def test_planning_holds_no_backend_so_its_children_may_hold_a_tpu(self):
+    # On a TPU one process at a time may hold the chip: with a key made on
+    # import, every child failed ("Unable to initialize backend 'tpu'").
+    child = test_utils.run_in_fresh_process(__file__, "plan_with_no_backend")
+    self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+
+  def test_planning_times_the_models_named(self):
+    with children_faked():
+      full = remat_auto_bench.FULL
+      named = ["conv_depth_32_c64_w256_batch8", "gru_char_T2048_h256_batch8"]
+      self.assertEqual([r.name for r in remat_auto_bench.planning(full)],
+                       list(remat_auto_bench.planning_models("full")))
+      self.assertEqual(
+          [r.name for r in remat_auto_bench.planning(full, named)],
+          [n for n in remat_auto_bench.planning_models("full") if n in named])
+
   def test_progress_goes_to_stderr(self):
     self.assertIn("remat auto: ", self.progress)
 
@@ -76,6 +95,24 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
         c(False, None, None, 100, 0, 0), c(True, None, None, 40, 8, 80),
         c("nested", 4, 2, 50, 12, 120), c("binomial", 2, None, 30, 20, 200)])
     self.assertEqual([k.temporaries for k in front], [100, 40, 30])
+
+
+@contextlib.contextmanager
+def children_faked():
+  """`remat_auto_bench.planning`'s fresh processes replaced by made-up figures (its progress dropped)."""
+  figures = {"seconds": 1.0, "cpu_seconds": 1.0, "plan": "binomial, 1 slots",
+             "budget": 1024}
+  with mock.patch.object(remat_auto_bench, "_in_fresh_process",
+                         return_value=figures), contextlib.redirect_stderr(
+                             io.StringIO()):
+    yield
+
+
+def plan_with_no_backend() -> None:
+  """In a fresh process: the benchmark imported and its planning run, children faked, start no backend."""
+  with children_faked():
+    remat_auto_bench.planning(remat_auto_bench.QUICK)
+  assert not xla_bridge._backends, xla_bridge._backends  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

@@ -715,7 +715,9 @@ def _over_budget(length: int, memory_budget: int, least: int) -> ValueError:
   return ValueError(errors.message(
       f"no remat plan for {length} steps fits memory_budget="
       f"{memory_budget} bytes: the least any needs is {least} bytes "
-      "(predicted). Raise the budget, or shorten the scan."))
+      "(predicted). Raise the budget, or shorten the scan. The budget "
+      "counts the step's per-step outputs and their cotangents, read by "
+      "the loss or not: where it reads only the final carry, return none."))
 
 
 def _bytes(c: Coefficients, plan: Key, predicted: float) -> int:

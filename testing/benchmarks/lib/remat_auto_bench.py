@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 from unittest import mock
 
 import jax
@@ -34,7 +34,9 @@ from haiku_bridge._src.remat import plan as remat_plan
 from testing import remat_models
 from testing.benchmarks.lib import svg
 
-KEY = jax.random.PRNGKey(0)
+# The init key's seed (a key made on import would start a backend: `planning`
+# must not, so that its fresh processes may hold a TPU).
+SEED = 0
 # The manual plans compiled beside the predictions: (remat, remat_groups).
 MANUAL = ((False, None), (True, None), ("nested", None), ("binomial", None),
           ("nested", 2))
@@ -120,7 +122,7 @@ def _predicted(c, length: int, remat, groups) -> remat_plan.RematCandidate:
 
 def bench_model(name: str, model) -> ModelResult:
   net, x = model()
-  params = net.init(KEY, x)
+  params = net.init(jax.random.PRNGKey(SEED), x)
   length = (x.shape[0] if name.startswith("lstm") else
             int(jax.tree.leaves(params)[0].shape[0]))
   with _coefficients_seen() as seen:
@@ -181,7 +183,7 @@ class Planning:
 def _step(name: str, mode: str, **remat):
   """The model's params and input, and its jitted training step."""
   net, x = planning_models(mode)[name](**remat)
-  params = net.init(KEY, x)  # Init plans nothing.
+  params = net.init(jax.random.PRNGKey(SEED), x)  # Init plans nothing.
   return params, x, jax.jit(jax.value_and_grad(
       lambda p, x: net.apply(p, None, x)))
 
@@ -226,11 +228,17 @@ def _in_fresh_process(name: str, mode: str, remat: str, budget: int,
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def planning(cfg: Config) -> list[Planning]:
-  """Each planning model's first step: remat=True, auto cold, auto in a second process."""
+def planning(cfg: Config, only: Sequence[str] = ()) -> list[Planning]:
+  """Each planning model's first step (those named in `only`, if any): remat=True, auto cold, auto in a second process."""
   out = []
   for name in planning_models(cfg.mode):
-    budget = _middle_budget(name, cfg.mode)
+    if only and name not in only:
+      continue
+    # Every figure from a child: on a TPU only one process at a time may
+    # hold the chip, so this one never touches a backend.
+    with tempfile.TemporaryDirectory() as directory:
+      budget = _in_fresh_process(name, cfg.mode, "budget", 0,
+                                 directory)["budget"]
     times: dict[str, list[tuple[float, float]]] = {
         "true": [], "cold": [], "warm": []}
     plan = ""
@@ -437,6 +445,10 @@ def pareto_svg(results: list[ModelResult]) -> str:
 
 
 if __name__ == "__main__":
-  # The child of `planning`: MODEL MODE REMAT BUDGET, one JSON line out.
-  print(json.dumps(first_step(sys.argv[1], sys.argv[2], sys.argv[3],
-                              int(sys.argv[4]))))
+  # The child of `planning`: MODEL MODE REMAT BUDGET, one JSON line out;
+  # REMAT "budget": the model's middle budget.
+  if sys.argv[3] == "budget":
+    print(json.dumps({"budget": _middle_budget(sys.argv[1], sys.argv[2])}))
+  else:
+    print(json.dumps(first_step(sys.argv[1], sys.argv[2], sys.argv[3],
+                                int(sys.argv[4]))))
