@@ -847,6 +847,8 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
   # read once the step is traced, with what it closes over).
   batched = any(_batch_dims(v) for v in list(carry) + list(x_leaves))
   mesh = None if batched else _explicit_mesh(carry, x_leaves)
+  if mesh is None:
+    _say_auto_axes()
 
   def struct(shape, dtype, spec):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None
@@ -1297,6 +1299,33 @@ def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, step.carry, step.x, policy, length,
           step.unroll, step.batch_major, step.vmaps, step.wrt,
           _mesh_context(), jax.default_backend())
+
+
+# The Auto axes `_say_auto_axes` has warned of, in this process.
+_AUTO_AXES_SAID: set[tuple[tuple[str, int], ...]] = set()
+
+
+def _say_auto_axes() -> None:
+  """Warns, once a process for each mesh, that a loop under Auto axes is planned on the shapes it sees.
+
+  There a `jax.jit` step may shard the loop's values (a data-parallel
+  batch) without their types saying so: the plan is then the whole
+  batch's, on one device, and a budget of one device's memory recomputes
+  more than it needs (`KnownGapsTest`).
+  """
+  axes = tuple((name, size) for name, size, kind in _mesh_context()
+               if "Auto" in kind and size > 1)
+  if not axes or axes in _AUTO_AXES_SAID:
+    return
+  _AUTO_AXES_SAID.add(axes)
+  LOG.warning(
+      "remat=\"auto\": a loop traced under mesh axes of type Auto (%s) is "
+      "planned on the shapes it sees, as one device holding them would run "
+      "it: the loop cannot see how your step shards its values there, and "
+      "where it does (a batch over those axes), a budget of one device's "
+      "memory recomputes more than it needs. Under Explicit axes "
+      "(jax.make_mesh's default) or inside jax.shard_map the plan is one "
+      "device's.", ", ".join(f"{name}: {size}" for name, size in axes))
 
 
 def _mesh_context() -> tuple[tuple[str, int, str], ...]:

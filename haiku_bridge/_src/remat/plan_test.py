@@ -1888,6 +1888,36 @@ class KnownGapsTest(absltest.TestCase):
     self.assertLess(abs(per_device / plan.choice.temporaries - 1), 0.1)
 
 
+  def test_a_loop_under_auto_axes_says_it_is_planned_on_the_shapes_it_sees(self):
+    # The gap above, said where it may happen: once a process for each mesh
+    # of Auto axes over more than one device; not over Explicit axes.
+    if jax.device_count() < 2:
+      self.skipTest(f"needs 2 devices, jax has {jax.device_count()}.")
+    w = jax.random.normal(KEY, [16, 16]) / 4
+    xs = jnp.ones([8, 4, 16])
+
+    def loss(w, xs):
+      step = lambda h, x: (jnp.tanh(h @ w + x), None)
+      h, _ = hkb.scan(step, jnp.zeros([4, 16]), xs, remat="auto",
+                      memory_budget=1 << 30)
+      return jnp.sum(h ** 2)
+
+    def trace(kind, axis):
+      mesh = jax.make_mesh((2,), (axis,), axis_types=(kind,))
+      with jax.set_mesh(mesh):
+        jax.eval_shape(jax.grad(loss), w, xs)
+
+    auto = jax.sharding.AxisType.Auto
+    with self.assertLogs(remat_plan.LOG, "WARNING") as said:
+      trace(auto, "said_once")
+    (message,) = said.output
+    self.assertIn("mesh axes of type Auto (said_once: 2)", message)
+    self.assertIn("inside jax.shard_map the plan is one device's", message)
+    with self.assertNoLogs(remat_plan.LOG, "WARNING"):
+      trace(auto, "said_once")
+      trace(jax.sharding.AxisType.Explicit, "explicit")
+
+
 class VisibleTest(parameterized.TestCase):
   """The plan of a Haiku loop, before it runs; the plan each loop logs; the table."""
 
