@@ -362,12 +362,10 @@ def _value(program: Program, name: str, args: tuple[Any, ...] = ()
   bitcasts and the fusions and calls XLA wraps them in (`args`: a fused
   computation's operands, each `(name, args)` where it is computed).
   """
-  ins = program.instructions.get(name)
+  ins = _source(program, name)
   if ins is None:
     return None
   op = ins.opcode
-  if op in ("copy", "bitcast") and ins.operands:
-    return _value(program, ins.operands[0], args)
   if op == "parameter":
     if not args:
       return ("parameter",)
@@ -396,12 +394,18 @@ def _value(program: Program, name: str, args: tuple[Any, ...] = ()
   return None
 
 
+def _source(program: Program, name: str) -> Optional[Instruction]:
+  """The instruction `name` copies or bitcasts, through any number of them (`name`'s own if neither)."""
+  ins = program.instructions.get(name)
+  while ins is not None and ins.opcode in ("copy", "bitcast") and ins.operands:
+    ins = program.instructions.get(ins.operands[0])
+  return ins
+
+
 def _element(program: Program, name: str, index: int
              ) -> Optional[tuple[Any, ...]]:
   """What element `index` of the tuple that `name` builds computes (`_value`)."""
-  ins = program.instructions.get(name)
-  while ins is not None and ins.opcode in ("copy", "bitcast"):
-    ins = program.instructions.get(ins.operands[0])
+  ins = _source(program, name)
   if ins is None or ins.opcode != "tuple" or index >= len(ins.operands):
     return None
   return _value(program, ins.operands[index])
