@@ -842,6 +842,8 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
     return jax.tree.leaves(new_carry), jax.tree.leaves(y)
 
   gradient = _differentiation()  # Around the loop, not its step's trace.
+  if gradient is None:
+    _say_outer_loop()
   # A step sharded over Explicit mesh axes is measured as it runs: one
   # device's share (`_explicit_mesh`); not under a vmap (its `_vmaps` are
   # read once the step is traced, with what it closes over).
@@ -970,6 +972,51 @@ def _differentiation() -> Any:
   if isinstance(trace, (jax_ad.JVPTrace, jax_ad.LinearizeTrace)):
     return trace
   return None
+
+
+# What stages the body of a loop of JAX's (`DebugInfo.traced_for`): a loop
+# traced there runs once an iteration; and what keeps nothing of it (a
+# checkpoint recomputes its inside in the backward pass).
+_LOOP_BODIES = ("scan", "fori_loop", "while_body")
+_CHECKPOINTS = ("checkpoint / remat", "remat")
+# The outer loops' bodies `_say_outer_loop` has warned of, in this process.
+_OUTER_LOOPS_SAID: set[str] = set()
+
+
+def _say_outer_loop() -> None:
+  """Warns, once a process for each outer loop, that the loop runs inside a JAX loop the gradient is taken around.
+
+  That loop (`jax.lax.scan`, `fori_loop`, `while_loop`, traced for its
+  body before it is differentiated) keeps each of its iterations'
+  residuals for its backward pass, this loop's among them: the step holds
+  up to its length times this plan's bytes (4 sequences of a tanh RNN
+  over 64 steps: 5.5× the budget at the middle plan, 7.0× at the least;
+  `KnownGapsTest`). A checkpoint between (`jax.checkpoint` of the outer
+  body) keeps one iteration's at a time, and a gradient inside the outer
+  body (accumulated per microbatch) is this loop's own: neither is said.
+  """
+  trace = scheduled_scan.current_trace(())
+  body = None
+  while trace is not None:
+    if isinstance(trace, (jax_ad.JVPTrace, jax_ad.LinearizeTrace)):
+      break
+    info = getattr(getattr(trace, "frame", None), "debug_info", None)
+    traced_for = getattr(info, "traced_for", "")
+    if traced_for in _CHECKPOINTS:
+      return
+    if body is None and traced_for in _LOOP_BODIES:
+      body = f"{traced_for} of {getattr(info, 'func_src_info', None) or '?'}"
+    trace = getattr(trace, "parent_trace", None)
+  if trace is None or body is None or body in _OUTER_LOOPS_SAID:
+    return
+  _OUTER_LOOPS_SAID.add(body)
+  LOG.warning(
+      "remat=\"auto\": this loop runs inside a loop of JAX's (the %s) that "
+      "a gradient is taken around: that loop keeps every iteration's "
+      "residuals of this one for its backward pass, up to its length times "
+      "this plan's memory_budget. Checkpoint its body (jax.checkpoint) to "
+      "keep one iteration's at a time, or take the gradient inside it.",
+      body)
 
 
 def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
