@@ -129,6 +129,8 @@ class Loop:
               "which every autodiff mode differentiates."))
     if self.remat:
       body = jax.checkpoint(body, policy=self.policy)
+    else:  # A loop with "auto" inside knows whose body it runs in.
+      body = remat_plan.in_body(body, self.planned)
     return jax.lax.scan(body, carry, xs, length=length, unroll=self.unroll,
                         reverse=reverse)
 

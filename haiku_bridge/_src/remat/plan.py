@@ -981,6 +981,28 @@ _LOOP_BODIES = ("scan", "fori_loop", "while_body")
 _CHECKPOINTS = ("checkpoint / remat", "remat")
 # The outer loops' bodies `_say_outer_loop` has warned of, in this process.
 _OUTER_LOOPS_SAID: set[str] = set()
+# The bodies of haiku_bridge's plain loops being traced, innermost last:
+# each one's trace and whether `remat="auto"` planned its loop (`in_body`).
+_LOOP_BODIES_HERE: contextvars.ContextVar[tuple[tuple[Any, bool], ...]] = (
+    contextvars.ContextVar("haiku_bridge_loop_bodies", default=()))
+
+
+def in_body(body: Callable[..., Any], planned: bool) -> Callable[..., Any]:
+  """`body` as a haiku_bridge loop's plain `jax.lax.scan` traces it: a loop inside knows whose body it runs in.
+
+  `planned`: whether `remat="auto"` chose the plain loop, whose plan then
+  measured what the loops inside keep (`_say_outer_loop` says nothing).
+  """
+  @functools.wraps(body)
+  def traced(carry, x):
+    here = _LOOP_BODIES_HERE.get()
+    token = _LOOP_BODIES_HERE.set(
+        here + ((scheduled_scan.current_trace(()), planned),))
+    try:
+      return body(carry, x)
+    finally:
+      _LOOP_BODIES_HERE.reset(token)
+  return traced
 
 
 def _say_outer_loop() -> None:
@@ -995,6 +1017,7 @@ def _say_outer_loop() -> None:
   body) keeps one iteration's at a time, and a gradient inside the outer
   body (accumulated per microbatch) is this loop's own: neither is said.
   """
+  ours = {id(t): planned for t, planned in _LOOP_BODIES_HERE.get()}
   trace = scheduled_scan.current_trace(())
   body = None
   while trace is not None:
@@ -1004,19 +1027,29 @@ def _say_outer_loop() -> None:
     traced_for = getattr(info, "traced_for", "")
     if traced_for in _CHECKPOINTS:
       return
-    if body is None and traced_for in _LOOP_BODIES:
+    if body is None and id(trace) in ours:
+      if ours[id(trace)]:  # An "auto" loop's plan counted this one.
+        return
+      body = "haiku_bridge"
+    elif body is None and traced_for in _LOOP_BODIES:
       body = f"{traced_for} of {getattr(info, 'func_src_info', None) or '?'}"
     trace = getattr(trace, "parent_trace", None)
   if trace is None or body is None or body in _OUTER_LOOPS_SAID:
     return
   _OUTER_LOOPS_SAID.add(body)
+  outer, remedy = (
+      ("a haiku_bridge loop with remat=False (hkb.scan, layer_scan, "
+       "repeat_layer, dynamic_unroll)",
+       "Give that loop remat=True, a schedule, or \"auto\", whose plan "
+       "counts this loop inside it") if body == "haiku_bridge" else
+      (f"a loop of JAX's (the {body})",
+       "Checkpoint its body (jax.checkpoint) to keep one iteration's at a "
+       "time, or take the gradient inside it"))
   LOG.warning(
-      "remat=\"auto\": this loop runs inside a loop of JAX's (the %s) that "
-      "a gradient is taken around: that loop keeps every iteration's "
-      "residuals of this one for its backward pass, up to its length times "
-      "this plan's memory_budget. Checkpoint its body (jax.checkpoint) to "
-      "keep one iteration's at a time, or take the gradient inside it.",
-      body)
+      "remat=\"auto\": this loop runs inside %s that a gradient is taken "
+      "around: that loop keeps every iteration's residuals of this one for "
+      "its backward pass, up to its length times this plan's "
+      "memory_budget. %s.", outer, remedy)
 
 
 def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:

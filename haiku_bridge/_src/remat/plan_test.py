@@ -1985,6 +1985,48 @@ class KnownGapsTest(absltest.TestCase):
       jax.grad(jax.jit(lambda w: inner(w, xs[0])))(w)
 
 
+  def test_a_loop_inside_a_plain_haiku_bridge_loop_is_said_unless_planned(self):
+    # An RNN stack: 6 layers (`hkb.repeat_layer`), each a time scan of 64
+    # steps with "auto". With the stack's remat=False its scan keeps every
+    # layer's residuals of the time scan (the step compiled to 1,077,552
+    # bytes, the time scan's plan 198,896); with "auto" the stack's plan
+    # measures its step, the time scans inside included, and holds it
+    # (binomial, 2 slots: 554,012 bytes predicted and compiled at a budget of
+    # 600,000): nothing is said, where its plan is the plain loop too.
+    xs = jax.random.normal(KEY, [64, 8, 32])
+
+    def stack(outer, budget):
+      def layer(h):
+        core = hk.VanillaRNN(32)
+        out, _ = hkb.dynamic_unroll(core, h, core.initial_state(8),
+                                    remat="auto", memory_budget=200_000)
+        return h + out
+      return hk.transform(lambda xs: jnp.sum(hkb.repeat_layer(
+          layer, xs, 6, remat=outer,
+          **({} if budget is None else dict(memory_budget=budget))) ** 2))
+
+    params = stack(False, None).init(KEY, xs)
+
+    def step(outer, budget=None):
+      net = stack(outer, budget)
+      with remat_models.plans_made() as made:
+        compiled = jax.jit(jax.value_and_grad(
+            lambda p, xs: net.apply(p, None, xs))).lower(params, xs).compile()
+      return made, hlo_flops.held(compiled).bytes
+
+    remat_plan._OUTER_LOOPS_SAID.discard("haiku_bridge")  # pylint: disable=protected-access
+    with self.assertNoLogs(remat_plan.LOG, "WARNING"):
+      made, _ = step("auto", 1 << 40)
+      self.assertIs(made[1].choice.remat, False)  # The stack's.
+      made, kept = step("auto", 600_000)
+    self.assertEqual(made[1].choice.remat, "binomial")
+    self.assertLessEqual(kept, 600_000)
+    with self.assertLogs(remat_plan.LOG, "WARNING") as said:
+      _, kept = step(False)
+    self.assertIn("inside a haiku_bridge loop with remat=False", said.output[0])
+    self.assertGreater(kept, 5 * 200_000)
+
+
 class VisibleTest(parameterized.TestCase):
   """The plan of a Haiku loop, before it runs; the plan each loop logs; the table."""
 
