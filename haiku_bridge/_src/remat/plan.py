@@ -844,6 +844,8 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
   gradient = _differentiation()  # Around the loop, not its step's trace.
   if gradient is None:
     _say_outer_loop()
+  else:
+    _say_second_order(gradient)
   # A step sharded over Explicit mesh axes is measured as it runs: one
   # device's share (`_explicit_mesh`); not under a vmap (its `_vmaps` are
   # read once the step is traced, with what it closes over).
@@ -1050,6 +1052,36 @@ def _say_outer_loop() -> None:
       "around: that loop keeps every iteration's residuals of this one for "
       "its backward pass, up to its length times this plan's "
       "memory_budget. %s.", outer, remedy)
+
+
+# Whether `_say_second_order` has warned, in this process.
+_SECOND_ORDER_SAID: list[bool] = []
+
+
+def _say_second_order(gradient: Any) -> None:
+  """Warns, once a process, where a reverse-mode derivative is taken around `gradient` (a gradient of a gradient).
+
+  The plan is of one backward pass; differentiated again, the loop's
+  backward pass keeps for the outer one what a schedule recomputes (a tanh
+  RNN over 64 steps under `jax.grad` of a loss of `jax.grad`: binomial
+  1,679,960 bytes, nested 1,531,248, remat=False 804,528, remat=True
+  414,152, where its first-order plans hold 24,892 to 203,968; `KnownGapsTest`).
+  A forward-mode derivative around it (a Hessian-vector product by
+  `jax.jvp` of `jax.grad`, `jax.hessian`) keeps no more than twice: not said.
+  """
+  trace = getattr(gradient, "parent_trace", None)
+  while trace is not None and not isinstance(trace, jax_ad.LinearizeTrace):
+    trace = getattr(trace, "parent_trace", None)
+  if trace is None or _SECOND_ORDER_SAID:
+    return
+  _SECOND_ORDER_SAID.append(True)
+  LOG.warning(
+      "remat=\"auto\": this loop's backward pass is differentiated again "
+      "in reverse mode (a gradient of a gradient). Its plan is of one "
+      "backward pass; under a second, the outer one keeps what a schedule "
+      "recomputes, far over memory_budget (a tanh RNN over 64 steps: "
+      "binomial 1.68 MB, remat=True 0.41 MB, where its first-order plan "
+      "held 25 KB). Use remat=True for this loop.")
 
 
 def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
