@@ -981,8 +981,17 @@ def _differentiation() -> Any:
 # checkpoint recomputes its inside in the backward pass).
 _LOOP_BODIES = ("scan", "fori_loop", "while_body")
 _CHECKPOINTS = ("checkpoint / remat", "remat")
-# The outer loops' bodies `_say_outer_loop` has warned of, in this process.
-_OUTER_LOOPS_SAID: set[str] = set()
+# What each warning `_warn_once` gave was of, in this process.
+_SAID: set[Any] = set()
+
+
+def _warn_once(about: Any, message: str, *args: Any) -> None:
+  """`LOG.warning(message, *args)`, once a process for each `about`."""
+  if about in _SAID:
+    return
+  _SAID.add(about)
+  LOG.warning(message, *args)
+
 # The bodies of haiku_bridge's plain loops being traced, innermost last:
 # each one's trace and whether `remat="auto"` planned its loop (`in_body`).
 _LOOP_BODIES_HERE: contextvars.ContextVar[tuple[tuple[Any, bool], ...]] = (
@@ -1036,9 +1045,8 @@ def _say_outer_loop() -> None:
     elif body is None and traced_for in _LOOP_BODIES:
       body = f"{traced_for} of {getattr(info, 'func_src_info', None) or '?'}"
     trace = getattr(trace, "parent_trace", None)
-  if trace is None or body is None or body in _OUTER_LOOPS_SAID:
+  if trace is None or body is None:
     return
-  _OUTER_LOOPS_SAID.add(body)
   outer, remedy = (
       ("a haiku_bridge loop with remat=False (hkb.scan, layer_scan, "
        "repeat_layer, dynamic_unroll)",
@@ -1047,15 +1055,12 @@ def _say_outer_loop() -> None:
       (f"a loop of JAX's (the {body})",
        "Checkpoint its body (jax.checkpoint) to keep one iteration's at a "
        "time, or take the gradient inside it"))
-  LOG.warning(
+  _warn_once(
+      ("outer loop", body),
       "remat=\"auto\": this loop runs inside %s that a gradient is taken "
       "around: that loop keeps every iteration's residuals of this one for "
       "its backward pass, up to its length times this plan's "
       "memory_budget. %s.", outer, remedy)
-
-
-# Whether `_say_second_order` has warned, in this process.
-_SECOND_ORDER_SAID: list[bool] = []
 
 
 def _say_second_order(gradient: Any) -> None:
@@ -1072,16 +1077,15 @@ def _say_second_order(gradient: Any) -> None:
   trace = getattr(gradient, "parent_trace", None)
   while trace is not None and not isinstance(trace, jax_ad.LinearizeTrace):
     trace = getattr(trace, "parent_trace", None)
-  if trace is None or _SECOND_ORDER_SAID:
-    return
-  _SECOND_ORDER_SAID.append(True)
-  LOG.warning(
-      "remat=\"auto\": this loop's backward pass is differentiated again "
-      "in reverse mode (a gradient of a gradient). Its plan is of one "
-      "backward pass; under a second, the outer one keeps what a schedule "
-      "recomputes, far over memory_budget (a tanh RNN over 64 steps: "
-      "binomial 1.68 MB, remat=True 0.41 MB, where its first-order plan "
-      "held 25 KB). Use remat=True for this loop.")
+  if trace is not None:
+    _warn_once(
+        "second order",
+        "remat=\"auto\": this loop's backward pass is differentiated again "
+        "in reverse mode (a gradient of a gradient). Its plan is of one "
+        "backward pass; under a second, the outer one keeps what a schedule "
+        "recomputes, far over memory_budget (a tanh RNN over 64 steps: "
+        "binomial 1.68 MB, remat=True 0.41 MB, where its first-order plan "
+        "held 25 KB). Use remat=True for this loop.")
 
 
 def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
@@ -1413,10 +1417,6 @@ def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
           _mesh_context(), jax.default_backend())
 
 
-# The Auto axes `_say_auto_axes` has warned of, in this process.
-_AUTO_AXES_SAID: set[tuple[tuple[str, int], ...]] = set()
-
-
 def _say_auto_axes() -> None:
   """Warns, once a process for each mesh, that a loop under Auto axes is planned on the shapes it sees.
 
@@ -1427,10 +1427,10 @@ def _say_auto_axes() -> None:
   """
   axes = tuple((name, size) for name, size, kind in _mesh_context()
                if "Auto" in kind and size > 1)
-  if not axes or axes in _AUTO_AXES_SAID:
+  if not axes:
     return
-  _AUTO_AXES_SAID.add(axes)
-  LOG.warning(
+  _warn_once(
+      ("Auto axes", axes),
       "remat=\"auto\": a loop traced under mesh axes of type Auto (%s) is "
       "planned on the shapes it sees, as one device holding them would run "
       "it: the loop cannot see how your step shards its values there, and "

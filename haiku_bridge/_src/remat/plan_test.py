@@ -2014,7 +2014,7 @@ class KnownGapsTest(absltest.TestCase):
             lambda p, xs: net.apply(p, None, xs))).lower(params, xs).compile()
       return made, hlo_flops.held(compiled).bytes
 
-    remat_plan._OUTER_LOOPS_SAID.discard("haiku_bridge")  # pylint: disable=protected-access
+    remat_plan._SAID.discard(("outer loop", "haiku_bridge"))  # pylint: disable=protected-access
     with self.assertNoLogs(remat_plan.LOG, "WARNING"):
       made, _ = step("auto", 1 << 40)
       self.assertIs(made[1].choice.remat, False)  # The stack's.
@@ -2043,7 +2043,7 @@ class KnownGapsTest(absltest.TestCase):
                       memory_budget=1 << 30)
       return jnp.sum(h ** 2)
 
-    del remat_plan._SECOND_ORDER_SAID[:]  # pylint: disable=protected-access
+    remat_plan._SAID.discard("second order")  # pylint: disable=protected-access
     with self.assertNoLogs(remat_plan.LOG, "WARNING"):
       jax.eval_shape(lambda w: jax.jvp(jax.grad(loss), (w,), (w,)), w)
       jax.eval_shape(jax.grad(loss), w)
