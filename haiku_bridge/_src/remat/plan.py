@@ -968,12 +968,21 @@ def _differentiation() -> Any:
   body) hides what is around it: its values are its own tracers, whatever
   the gradient outside it is taken of.
   """
-  trace = scheduled_scan.current_trace(())
-  while isinstance(trace, jax_batching.BatchTrace):
-    trace = trace.parent_trace
-  if isinstance(trace, (jax_ad.JVPTrace, jax_ad.LinearizeTrace)):
-    return trace
+  for trace in _outward(scheduled_scan.current_trace(())):
+    if not isinstance(trace, jax_batching.BatchTrace):
+      return trace if isinstance(trace, _AUTODIFF) else None
   return None
+
+
+# The traces of JAX's derivatives (`jax.grad`'s, `jax.jvp`'s).
+_AUTODIFF = (jax_ad.JVPTrace, jax_ad.LinearizeTrace)
+
+
+def _outward(trace: Any) -> Iterator[Any]:
+  """`trace`, then each trace it runs in (its `parent_trace`), innermost first."""
+  while trace is not None:
+    yield trace
+    trace = getattr(trace, "parent_trace", None)
 
 
 # What stages the body of a loop of JAX's (`DebugInfo.traced_for`): a loop
@@ -1029,10 +1038,9 @@ def _say_outer_loop() -> None:
   body (accumulated per microbatch) is this loop's own: neither is said.
   """
   ours = {id(t): planned for t, planned in _LOOP_BODIES_HERE.get()}
-  trace = scheduled_scan.current_trace(())
   body = None
-  while trace is not None:
-    if isinstance(trace, (jax_ad.JVPTrace, jax_ad.LinearizeTrace)):
+  for trace in _outward(scheduled_scan.current_trace(())):
+    if isinstance(trace, _AUTODIFF):
       break
     info = getattr(getattr(trace, "frame", None), "debug_info", None)
     traced_for = getattr(info, "traced_for", "")
@@ -1044,8 +1052,9 @@ def _say_outer_loop() -> None:
       body = "haiku_bridge"
     elif body is None and traced_for in _LOOP_BODIES:
       body = f"{traced_for} of {getattr(info, 'func_src_info', None) or '?'}"
-    trace = getattr(trace, "parent_trace", None)
-  if trace is None or body is None:
+  else:
+    return  # No gradient around the loop.
+  if body is None:
     return
   outer, remedy = (
       ("a haiku_bridge loop with remat=False (hkb.scan, layer_scan, "
@@ -1074,10 +1083,8 @@ def _say_second_order(gradient: Any) -> None:
   A forward-mode derivative around it (a Hessian-vector product by
   `jax.jvp` of `jax.grad`, `jax.hessian`) keeps no more than twice: not said.
   """
-  trace = getattr(gradient, "parent_trace", None)
-  while trace is not None and not isinstance(trace, jax_ad.LinearizeTrace):
-    trace = getattr(trace, "parent_trace", None)
-  if trace is not None:
+  if any(isinstance(t, jax_ad.LinearizeTrace)
+         for t in _outward(getattr(gradient, "parent_trace", None))):
     _warn_once(
         "second order",
         "remat=\"auto\": this loop's backward pass is differentiated again "
@@ -1127,10 +1134,8 @@ def _batch_dims(value: Any) -> dict[Any, Optional[int]]:
 
 
 def _depth(trace: Any) -> int:
-  depth = 0
-  while getattr(trace, "parent_trace", None) is not None:
-    trace, depth = trace.parent_trace, depth + 1
-  return depth
+  """How many traces `trace` runs in."""
+  return sum(1 for _ in _outward(trace)) - 1
 
 
 def _batched(step: _Traced, shapes: tuple[list[Any], ...]
