@@ -85,6 +85,10 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
       self.assertEqual(
           [r.name for r in remat_auto_bench.planning(full, named)],
           [n for n in remat_auto_bench.planning_models("full") if n in named])
+      with self.assertRaisesRegex(
+          ValueError, r"no planning model named \['gru'\] in full mode; "
+          "the models: transformer_24_blocks"):
+        remat_auto_bench.planning(full, ["gru"])
 
   def test_progress_goes_to_stderr(self):
     self.assertIn("remat auto: ", self.progress)

@@ -230,6 +230,11 @@ def _in_fresh_process(name: str, mode: str, remat: str, budget: int,
 
 def planning(cfg: Config, only: Sequence[str] = ()) -> list[Planning]:
   """Each planning model's first step (those named in `only`, if any): remat=True, auto cold, auto in a second process."""
+  unknown = sorted(set(only) - set(planning_models(cfg.mode)))
+  if unknown:
+    raise ValueError(f"planning_models: no planning model named {unknown} "
+                     f"in {cfg.mode} mode; the models: "
+                     f"{', '.join(planning_models(cfg.mode))}.")
   out = []
   for name in planning_models(cfg.mode):
     if only and name not in only:
