@@ -30,11 +30,14 @@ remat=True (so the least plan's bytes are compiled), and a second one
 (`_sloped`): the schedule the budget chooses on the line through one
 slot's bytes with the carry's bytes per slot, which is then also the
 choice's check; where it lies off that line (XLA keeps a slot at other
-than the carry's bytes, as XLA:CPU a bfloat16 carry's at twice), or where
-the budget chooses no schedule of several slots, the most slots a
-candidate keeps (T - 2: `_most_slots`), so that a slot's cost is
-measured, never assumed. So a budget that a schedule fits costs four
-compiles (five with a policy), where the carry's bytes are a slot's;
+than the carry's bytes, as XLA:CPU a bfloat16 carry's at twice and
+XLA:TPU a carry padded to its tiles), or where the budget chooses no
+schedule of several slots, the most slots a candidate keeps (T - 2:
+`_most_slots`), so that a slot's cost is measured, never assumed, and
+beside it the count the budget holds on the line through the two
+schedules compiled, the likely choice (`_reaimed`). So a budget that a
+schedule fits costs four compiles (five with a policy), where the carry's
+bytes are a slot's, six where they are not, three in turn;
 all at T, so that what XLA does only for long loops (or short ones:
 unrolling, double buffering) is in every figure; with XLA's cheaper code
 generation (`_compile_options`), which leaves buffers as they are, each
@@ -1284,11 +1287,14 @@ def _sloped(c: Coefficients, step: _Traced, consts, memory_budget: int,
   per slot (`_second_point`), compiled: where a schedule is chosen, it is
   then the choice's check too. Where it lies off that line (within
   `_ON_THE_LINE`: XLA keeps a slot at other than the carry's bytes, as a
-  bfloat16 carry's at twice, or compiles that count of slots off the line,
-  as near T), or where the budget holds fewer than two slots, the line
-  runs through the most slots a candidate keeps (`_most_slots`) instead,
-  so that every schedule's prediction lies between two compiles and one
-  count's miss moves no other's.
+  bfloat16 carry's at twice or XLA:TPU a carry's padded to its tiles, or
+  compiles that count of slots off the line, as near T), or where the
+  budget holds fewer than two slots, the line runs through the most slots
+  a candidate keeps (`_most_slots`) instead, so that every schedule's
+  prediction lies between two compiles and one count's miss moves no
+  other's; and, compiled beside it, the most slots the budget holds on the
+  line through the two schedules compiled (`_reaimed`), the likely choice,
+  so that it needs no check after.
   """
   if c.scheduled is None:
     return c
@@ -1304,11 +1310,16 @@ def _sloped(c: Coefficients, step: _Traced, consts, memory_budget: int,
                                          got.bytes),))
   if slots != most and abs(got.temporaries - (a + guess * slots)) > (
       _ON_THE_LINE * got.temporaries):
+    aimed = _reaimed(c.length, memory_budget, one, c.constants[0],
+                     (slots, got.temporaries))
+    plans = [("binomial", s, None, None) for s in dict.fromkeys(
+        [aimed, most]) if s not in (1, slots)]
+    figures = _compiled_all(step, consts, c.length, plans, policy, here)
+    c = c._replace(measured=c.measured + tuple(
+        (plan, f.bytes) for plan, f in zip(plans, figures)))
     slots = most
     got = _compiled(step, consts, c.length, ("binomial", most, None, None),
                     policy, here)
-    c = c._replace(measured=c.measured + ((("binomial", most, None, None),
-                                           got.bytes),))
   per_slot = (got.temporaries - one) / (slots - 1)
   return c._replace(scheduled=(one - per_slot, per_slot))
 
@@ -1327,6 +1338,24 @@ def _second_point(length: int, memory_budget: int, one: float,
     return None
   fits = int((memory_budget - constants - one) // max(guess, 1.0)) + 1
   return min(most, fits) if fits >= 2 else most
+
+
+def _reaimed(length: int, memory_budget: int, one: float, constants: float,
+             second: tuple[int, float]) -> int:
+  """The most slots `memory_budget` holds on the line through one slot's temporaries `one` and the `second` schedule's (slots, temporaries).
+
+  Where a slot's bytes are not the carry's, the second schedule, placed on
+  the carry's line, is not the count the budget holds: this one, placed
+  on the line of a slot's bytes as compiled, is (to within the line's
+  curve).
+
+  >>> from haiku_bridge._src.remat import plan as remat_plan
+  >>> remat_plan._reaimed(64, 1000, 100, 0, (11, 400.0))  # 30 bytes a slot.
+  31
+  """
+  slots, temporaries = second
+  per_slot = (temporaries - one) / (slots - 1)
+  return _second_point(length, memory_budget, one, constants, per_slot) or 1
 
 
 def _slot_guess(step: _Traced) -> float:
@@ -1358,32 +1387,58 @@ def _compiled(step: _Traced, consts, length: int, plan: Key, policy,
   the plan's; and in `here`, the plans one call of `plan` compiled, with
   caches on or off.
   """
-  if plan in here:
-    return here[plan]
-  memo = (_memo_key(step, consts, length, policy), plan)
+  return _compiled_all(step, consts, length, [plan], policy, here)[0]
+
+
+def _compiled_all(step: _Traced, consts, length: int, plans: Sequence[Key],
+                  policy, here: dict[Key, _Figures]) -> list[_Figures]:
+  """`_compiled` of each of `plans`: those not kept are compiled side by side (`_Compiles`), one alone."""
+  memo = _memo_key(step, consts, length, policy)
   disk = _disk_key(step, consts, length, policy)
-  disk = None if disk is None else hashlib.sha256(
-      repr((disk, plan)).encode()).hexdigest()
-  got = _COMPILED.get(memo)
-  if got is None:
-    try:
-      got = _Figures(**(_ON_DISK.get(disk) or {}))
-    except TypeError:  # Nothing there, or something else.
-      got = None
-  if got is None:
+
+  def on_disk(plan: Key) -> Optional[str]:
+    return None if disk is None else hashlib.sha256(
+        repr((disk, plan)).encode()).hexdigest()
+
+  def kept(plan: Key) -> Optional[_Figures]:
+    got = here.get(plan) or _COMPILED.get((memo, plan))
+    if got is None:
+      try:
+        got = _Figures(**(_ON_DISK.get(on_disk(plan)) or {}))
+      except TypeError:  # Nothing there, or something else.
+        got = None
+    return got
+
+  def run(plan: Key) -> tuple[Any, Any]:
+    """What `_measure` takes for `plan`: its schedule (or True) and policy."""
     remat, slots, groups, name = plan
     schedule: Any = True  # remat=True: measured with the coefficients.
     if remat == "binomial":
       schedule = remat_schedule.binomial(length, slots)
     elif remat == "nested":
       schedule = remat_schedule.nested(length, groups)
-    k = _measure(step, consts, length, schedule,
-                 policy if name is not None else None, flops=False)
-    got = _Figures(k.bytes, k.temporaries)
-    _ON_DISK.put(disk, got._asdict())
-  _COMPILED.put(memo, got)
-  here[plan] = got
-  return got
+    return schedule, policy if name is not None else None
+
+  found: dict[Key, _Figures] = {}
+  for plan in plans:
+    got = kept(plan)
+    if got is not None:
+      found[plan] = got
+  missing = [plan for plan in plans if plan not in found]
+  if len(missing) <= 1:
+    measured = [_measure(step, consts, length, *run(plan), flops=False)
+                for plan in missing]
+  else:
+    with _Compiles(step, consts, length, _compile_threads()) as compiles:
+      jobs = [compiles.submit(*run(plan)) for plan in missing]
+      measured = [job.bytes() for job in jobs]
+  for plan, k in zip(missing, measured):
+    found[plan] = _Figures(k.bytes, k.temporaries)
+    _ON_DISK.put(on_disk(plan), found[plan]._asdict())
+  for plan in plans:
+    _COMPILED.put((memo, plan), found[plan])
+    here[plan] = found[plan]
+  return [found[plan] for plan in plans]
 
 
 def policy_name(policy: Callable[..., bool]) -> str:
