@@ -151,6 +151,14 @@ def jacfwd_through_jit_planned():
       max_recompute=float("inf"))[0])))(1.0)
 
 
+def meta_gradient_over_budget() -> None:
+  def loss(w):
+    h, _ = hkb.scan(lambda h, x: (jnp.tanh(h @ w + x), None), jnp.zeros([2, 4]),
+                    jnp.ones([8, 2, 4]), remat="auto", memory_budget=100)
+    return jnp.sum(h)
+  jax.eval_shape(jax.grad(lambda w: jnp.sum(jax.grad(loss)(w))), jnp.eye(4))
+
+
 def jacfwd_through_jit():
   def net(xs):
     linear = hk.Linear(4)
@@ -342,6 +350,8 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
                                             remat="auto", memory_budget=1e6)),
     ROW_BUDGET: lambda: tanh_scan_plan(memory_budget=100),
+    (SECTION_SCAN, "a budget below `remat=True`'s under a gradient of a gradient (`jax.grad` of "
+                   "a loss of `jax.grad`, `remat=\"auto\"`)"): meta_gradient_over_budget,
     (SECTION_SCAN, "`hkb.remat_plan` of a function with other arguments than a scan's"):
         lambda: hkb.remat_plan(lambda h, x: (h, None), X4, jnp.ones([8, 2, 4]), X4,
                                memory_budget=10**6),

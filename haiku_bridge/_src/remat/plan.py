@@ -615,6 +615,23 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
 
   c = _sloped(coefficients(step, consts, length, policy, second), step,
               consts, memory_budget, policy, here)
+  try:
+    return _checked_choice(c, step, consts, memory_budget, policy,
+                           max_recompute, here)
+  except ValueError as e:
+    if not step.second_order:
+      raise
+    raise ValueError(
+        f"{e} Under a gradient of a gradient (reverse mode over the loop's "
+        "gradient) the plans are remat=False, remat=True and the policy: "
+        "a schedule keeps more than remat=False there.") from None
+
+
+def _checked_choice(c: Coefficients, step: "_Traced", consts,
+                    memory_budget: int, policy, max_recompute: float,
+                    here: dict[Key, "_Figures"]) -> RematPlan:
+  """The plan `c` chooses for `memory_budget`, compiled to check it (`plan`)."""
+  length = c.length
   for _ in range(_CHECKS):
     chosen = choose(c, length, memory_budget, max_recompute)
     if key(chosen.choice) in dict(c.measured):
@@ -832,6 +849,10 @@ class _Traced(NamedTuple):
   # loop's own. Where none is, nothing is kept for a backward pass, and the
   # loop is measured forward only.
   wrt: tuple[bool, ...] = ()
+  # Whether the loop's backward pass is differentiated again in reverse
+  # mode (a gradient of a gradient: `_reverse_over_reverse`): the measuring
+  # programs are then second-order too, and no schedule is a candidate.
+  second_order: bool = False
 
 
 def _trace(f, init, xs, length, unroll: int | bool = 1,
@@ -847,8 +868,6 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
   gradient = _differentiation()  # Around the loop, not its step's trace.
   if gradient is None:
     _say_outer_loop()
-  else:
-    _say_second_order(gradient)
   # A step sharded over Explicit mesh axes is measured as it runs: one
   # device's share (`_explicit_mesh`); not under a vmap (its `_vmaps` are
   # read once the step is traced, with what it closes over).
@@ -883,7 +902,7 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
                  jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
                  batch_major, _vmaps(gradient, closed.consts, carry, x_leaves),
-                 wrt), consts
+                 wrt, _reverse_over_reverse(gradient)), consts
 
 
 def _reaching(jaxpr: jax_core.ClosedJaxpr, taken: Sequence[bool]
@@ -1075,27 +1094,22 @@ def _say_outer_loop() -> None:
       "memory_budget. %s.", outer, remedy)
 
 
-def _say_second_order(gradient: Any) -> None:
-  """Warns, once a process, where a reverse-mode derivative is taken around `gradient` (a gradient of a gradient).
+def _reverse_over_reverse(gradient: Any) -> bool:
+  """Whether a reverse-mode derivative is taken around `gradient` (the innermost around the loop): a gradient of a gradient.
 
-  The plan is of one backward pass; differentiated again, the loop's
-  backward pass keeps for the outer one what a schedule recomputes (a tanh
-  RNN over 64 steps under `jax.grad` of a loss of `jax.grad`: binomial
-  1,679,960 bytes, nested 1,531,248, remat=False 804,528, remat=True
-  414,152, where its first-order plans hold 24,892 to 203,968; `KnownGapsTest`).
-  A forward-mode derivative around it (a Hessian-vector product by
-  `jax.jvp` of `jax.grad`, `jax.hessian`) keeps no more than twice: not said.
+  Then the loop's backward pass is differentiated again, and keeps for the
+  outer one what a schedule recomputes (a tanh RNN over 64 steps under
+  `jax.grad` of a loss of `jax.grad`: binomial 1,679,960 bytes, nested
+  1,531,248, remat=False 804,528, remat=True 414,152, where its
+  first-order plans hold 24,892 to 203,968): the plan measures that
+  program, and chooses between remat=False, remat=True and the policy. A
+  forward-mode derivative around it (a Hessian-vector product by
+  `jax.jvp` of `jax.grad`, `jax.hessian`) keeps no more than twice a
+  first-order step: planned as one.
   """
-  if any(isinstance(t, jax_ad.LinearizeTrace)
-         for t in _outward(getattr(gradient, "parent_trace", None))):
-    _warn_once(
-        "second order",
-        "remat=\"auto\": this loop's backward pass is differentiated again "
-        "in reverse mode (a gradient of a gradient). Its plan is of one "
-        "backward pass; under a second, the outer one keeps what a schedule "
-        "recomputes, far over memory_budget (a tanh RNN over 64 steps: "
-        "binomial 1.68 MB, remat=True 0.41 MB, where its first-order plan "
-        "held 25 KB). Use remat=True for this loop.")
+  return gradient is not None and any(
+      isinstance(t, jax_ad.LinearizeTrace)
+      for t in _outward(getattr(gradient, "parent_trace", None)))
 
 
 def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
@@ -1221,7 +1235,10 @@ def _coefficients(step: _Traced, consts, length: int, policy,
   # compiled beside remat=False and remat=True: the line a + c·s starts
   # there, and a slot's bytes are first taken as the carry's, until a
   # second schedule is compiled (`_sloped`).
-  one_slot = [remat_schedule.binomial(length, 1)] if length > 1 else []
+  # A gradient of a gradient keeps what a schedule recomputes: none is
+  # measured, nor a candidate.
+  one_slot = ([remat_schedule.binomial(length, 1)]
+              if length > 1 and not step.second_order else [])
   with _Compiles(step, consts, length, _compile_threads()) as compiles:
     # One slot's first, so that `then` can start while the rest compile:
     # it needs that program's bytes only.
@@ -1474,7 +1491,7 @@ def _sorted_repr(value: Any) -> str:
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, step.carry, step.x, policy, length,
           step.unroll, step.batch_major, step.vmaps, step.wrt,
-          _mesh_context(), jax.default_backend())
+          step.second_order, _mesh_context(), jax.default_backend())
 
 
 def _say_auto_axes() -> None:
@@ -1537,7 +1554,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
                name, length, step.unroll, step.batch_major, step.vmaps,
-               step.wrt, _mesh_context(),
+               step.wrt, step.second_order, _mesh_context(),
                jax.default_backend(),
                device.device_kind,
                getattr(device.client, "platform_version", ""),
@@ -1781,12 +1798,21 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
       out = _on_leaves(vmapped(run, of_the_batch), args, taken)(*leaves)
       return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
     leaves = [a for a, t in zip(jax.tree.leaves(args), taken) if t]
+    argnums = tuple(range(len(leaves)))
     # The loss's value is an output too, as a training step (value_and_grad)
     # returns it: with it, XLA:CPU keeps one more copy of the outputs at
     # some sizes (ys of about 2.5-16 KB: 1.43× a GRU's temporaries at 48
     # steps), which a gradient alone does not.
-    value, grads = jax.value_and_grad(
-        loss, argnums=tuple(range(len(leaves))))(*leaves)
+    if step.second_order:
+      # A loss of the gradient, differentiated: the loop's backward pass is
+      # differentiated again, as in a meta-gradient.
+      def of_the_gradient(*leaves):
+        value, grads = jax.value_and_grad(loss, argnums=argnums)(*leaves)
+        return value + sum(jnp.sum(g.astype(jnp.float32)) for g in grads)
+      value, grads = jax.value_and_grad(of_the_gradient,
+                                        argnums=argnums)(*leaves)
+    else:
+      value, grads = jax.value_and_grad(loss, argnums=argnums)(*leaves)
     # The gradients of the weights (consts, xs) are the step's outputs, as
     # a training step returns them; the carry's feeds what came before the
     # loop (or nothing), so it is a temporary, as there.
