@@ -619,7 +619,7 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
     return _checked_choice(c, step, consts, memory_budget, policy,
                            max_recompute, here)
   except ValueError as e:
-    if not step.second_order:
+    if "reverse" not in dict(step.outer):
       raise
     raise ValueError(
         f"{e} Under a gradient of a gradient (reverse mode over the loop's "
@@ -849,10 +849,11 @@ class _Traced(NamedTuple):
   # loop's own. Where none is, nothing is kept for a backward pass, and the
   # loop is measured forward only.
   wrt: tuple[bool, ...] = ()
-  # Whether the loop's backward pass is differentiated again in reverse
-  # mode (a gradient of a gradient: `_reverse_over_reverse`): the measuring
-  # programs are then second-order too, and no schedule is a candidate.
-  second_order: bool = False
+  # The derivatives taken of the loop's gradient, innermost first
+  # (`_outer_derivatives`): "reverse" (a gradient of the gradient, a
+  # meta-gradient), "forward" (a Hessian-vector product). The measuring
+  # programs take them too; under a reverse one no schedule is a candidate.
+  outer: tuple[tuple[str, int], ...] = ()
 
 
 def _trace(f, init, xs, length, unroll: int | bool = 1,
@@ -902,7 +903,9 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
                  jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
                  batch_major, _vmaps(gradient, closed.consts, carry, x_leaves),
-                 wrt, _reverse_over_reverse(gradient)), consts
+                 wrt, _outer_derivatives(gradient, [
+                     t for v in list(closed.consts) + carry + x_leaves
+                     for t in _batch_dims(v)])), consts
 
 
 def _reaching(jaxpr: jax_core.ClosedJaxpr, taken: Sequence[bool]
@@ -1094,22 +1097,75 @@ def _say_outer_loop() -> None:
       "memory_budget. %s.", outer, remedy)
 
 
-def _reverse_over_reverse(gradient: Any) -> bool:
-  """Whether a reverse-mode derivative is taken around `gradient` (the innermost around the loop): a gradient of a gradient.
+def _outer_derivatives(gradient: Any, batching: Sequence[Any]
+                       ) -> tuple[tuple[str, int], ...]:
+  """The derivatives taken around `gradient` (the innermost around the loop), innermost first: ("reverse" or "forward", how many at once).
 
-  Then the loop's backward pass is differentiated again, and keeps for the
-  outer one what a schedule recomputes (a tanh RNN over 64 steps under
-  `jax.grad` of a loss of `jax.grad`: binomial 1,679,960 bytes, nested
-  1,531,248, remat=False 804,528, remat=True 414,152, where its
-  first-order plans hold 24,892 to 203,968): the plan measures that
-  program, and chooses between remat=False, remat=True and the policy. A
-  forward-mode derivative around it (a Hessian-vector product by
-  `jax.jvp` of `jax.grad`, `jax.hessian`) keeps no more than twice a
-  first-order step: planned as one.
+  The loop's program is differentiated again by each. Under a reverse one
+  (`jax.grad` of a loss of `jax.grad`, a meta-gradient), its backward pass
+  keeps for the outer one what a schedule recomputes (a tanh RNN over 64
+  steps: binomial 1,679,960 bytes, nested 1,531,248, remat=False 804,528,
+  remat=True 414,152, where its first-order plans hold 24,892 to 203,968);
+  under a forward one (`jax.jvp` of `jax.grad`, a Hessian-vector product),
+  every buffer with its tangent: about twice each plan's bytes (the same
+  RNN's binomial of 29 slots 86,696 bytes, 41,384 at first order). A vmap
+  around a derivative that batches none of the loop's values (`batching`:
+  the vmaps that do) batches its tangents or cotangents: `jax.hessian`
+  (`jax.jacfwd` of `jax.grad`) takes as many JVPs at once as the params
+  have elements. The measuring programs take the same derivatives
+  (`_derived`).
   """
-  return gradient is not None and any(
-      isinstance(t, jax_ad.LinearizeTrace)
-      for t in _outward(getattr(gradient, "parent_trace", None)))
+  if gradient is None:
+    return ()
+  batched = {id(t) for t in batching}
+  out: list[list[Any]] = []
+  for t in _outward(getattr(gradient, "parent_trace", None)):
+    if isinstance(t, _AUTODIFF):
+      out.append(["reverse" if isinstance(t, jax_ad.LinearizeTrace)
+                  else "forward", 1])
+    elif (out and isinstance(t, jax_batching.BatchTrace) and
+          id(t) not in batched):
+      out[-1][1] *= int(t.axis_data.size)
+  return tuple((kind, at_once) for kind, at_once in out)
+
+
+def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
+             argnums: tuple[int, ...]) -> Callable[..., Any]:
+  """`derivative` (leaves -> value, gradients) differentiated again as `kind` says, `at_once` times under one vmap.
+
+  "reverse": the gradient of its value plus its gradients' sums (a loss of
+  the gradient); "forward": its JVP along the leaves themselves, each
+  output beside its tangent (both outputs, as a Hessian-vector product
+  returns a gradient and its product). `at_once` derivatives are taken
+  as `jax.vmap` takes them: one primal pass, the tangents (cotangents)
+  batched, by a batched scale of them.
+  """
+  if kind == "reverse":
+    def reverse(scale, *leaves):
+      return jax.value_and_grad(
+          lambda scale, *leaves: scale * _total(derivative(*leaves)),
+          argnums=tuple(a + 1 for a in argnums))(scale, *leaves)
+  else:
+    def forward(scale, *leaves):
+      (value, grads), (d_value, d_grads) = jax.jvp(
+          derivative, leaves, tuple((scale * l).astype(l.dtype) for l in leaves))
+      return (value, d_value), [(g, d) for g, d in zip(grads, d_grads)]
+  one = reverse if kind == "reverse" else forward
+  if at_once == 1:
+    return functools.partial(one, 1.0)
+
+  def batched(*leaves):
+    out_axes = 0 if kind == "reverse" else (
+        (None, 0), [(None, 0)] * len(leaves))
+    return jax.vmap(lambda scale: one(scale, *leaves),
+                    out_axes=out_axes)(jnp.ones([at_once], jnp.float32))
+  return batched
+
+
+def _total(tree: PyTree) -> jax.Array:
+  """The sum of every element of `tree`'s leaves, in float32."""
+  return sum((jnp.sum(leaf.astype(jnp.float32))
+              for leaf in jax.tree.leaves(tree)), jnp.zeros([], jnp.float32))
 
 
 def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
@@ -1238,7 +1294,7 @@ def _coefficients(step: _Traced, consts, length: int, policy,
   # A gradient of a gradient keeps what a schedule recomputes: none is
   # measured, nor a candidate.
   one_slot = ([remat_schedule.binomial(length, 1)]
-              if length > 1 and not step.second_order else [])
+              if length > 1 and "reverse" not in dict(step.outer) else [])
   with _Compiles(step, consts, length, _compile_threads()) as compiles:
     # One slot's first, so that `then` can start while the rest compile:
     # it needs that program's bytes only.
@@ -1376,9 +1432,10 @@ def _reaimed(length: int, memory_budget: int, one: float, constants: float,
 
 
 def _slot_guess(step: _Traced) -> float:
-  """A slot's bytes before a second schedule is compiled: the carry's (the batch's, under `jax.vmap`)."""
+  """A slot's bytes before a second schedule is compiled: the carry's (the batch's, under `jax.vmap`), with its tangent under each forward derivative."""
   _, carry, _ = _batched(step, ([], list(step.carry), []))
-  return float(_nbytes(carry))
+  return float(_nbytes(carry)) * math.prod(
+      1 + at_once for kind, at_once in step.outer if kind == "forward")
 
 
 def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
@@ -1491,7 +1548,7 @@ def _sorted_repr(value: Any) -> str:
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, step.carry, step.x, policy, length,
           step.unroll, step.batch_major, step.vmaps, step.wrt,
-          step.second_order, _mesh_context(), jax.default_backend())
+          step.outer, _mesh_context(), jax.default_backend())
 
 
 def _say_auto_axes() -> None:
@@ -1554,7 +1611,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
                name, length, step.unroll, step.batch_major, step.vmaps,
-               step.wrt, step.second_order, _mesh_context(),
+               step.wrt, step.outer, _mesh_context(),
                jax.default_backend(),
                device.device_kind,
                getattr(device.client, "platform_version", ""),
@@ -1803,23 +1860,17 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     # returns it: with it, XLA:CPU keeps one more copy of the outputs at
     # some sizes (ys of about 2.5-16 KB: 1.43× a GRU's temporaries at 48
     # steps), which a gradient alone does not.
-    if step.second_order:
-      # A loss of the gradient, differentiated: the loop's backward pass is
-      # differentiated again, as in a meta-gradient.
-      def of_the_gradient(*leaves):
-        value, grads = jax.value_and_grad(loss, argnums=argnums)(*leaves)
-        return value + sum(jnp.sum(g.astype(jnp.float32)) for g in grads)
-      value, grads = jax.value_and_grad(of_the_gradient,
-                                        argnums=argnums)(*leaves)
-    else:
-      value, grads = jax.value_and_grad(loss, argnums=argnums)(*leaves)
+    derivative = jax.value_and_grad(loss, argnums=argnums)
+    for kind, at_once in step.outer:  # Each derivative of it, outward.
+      derivative = _derived(derivative, kind, at_once, argnums)
+    value, grads = derivative(*leaves)
     # The gradients of the weights (consts, xs) are the step's outputs, as
     # a training step returns them; the carry's feeds what came before the
     # loop (or nothing), so it is a temporary, as there.
     first = sum(taken[:len(consts)])
     end = first + sum(taken[len(consts):len(consts) + len(carry)])
-    return (value, grads[:first] + grads[end:],
-            sum(jnp.sum(g.astype(jnp.float32)) for g in grads[first:end]))
+    return (value, list(grads[:first]) + list(grads[end:]),
+            _total(grads[first:end]))
 
   def stack(x):
     """A step's slice `x` stacked `length` times, on its time axis."""
