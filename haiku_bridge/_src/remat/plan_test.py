@@ -1738,6 +1738,20 @@ class ShardMapTest(parameterized.TestCase):
     self.assertEqual(under_mesh(), cold_under)  # Warm, outside's.
 
 
+def _rnn_weight_and_xs() -> tuple[jax.Array, jax.Array]:
+  """A 32x32 weight and 64 steps of a batch of 8: `_rnn_loss`'s arguments."""
+  return (jax.random.normal(KEY, [32, 32]) / 6,
+          jax.random.normal(KEY, [64, 8, 32]))
+
+
+def _rnn_loss(w, xs, **remat):
+  """A tanh RNN of `w`'s width over `xs`, a batch of a quarter of it, `remat` its scan's options."""
+  h, _ = hkb.scan(lambda h, x: (jnp.tanh(h @ w + x), None),
+                  jnp.zeros([w.shape[0] // 4, w.shape[0]]),
+                  xs[:, :w.shape[0] // 4, :w.shape[0]], **remat)
+  return jnp.sum(h ** 2)
+
+
 class DifferentiatedTest(absltest.TestCase):
   """A loop the gradient around it is taken of nothing of keeps nothing for a backward pass."""
 
@@ -1878,13 +1892,8 @@ class DifferentiatedTest(absltest.TestCase):
     # remat=True, where the plan of one backward pass predicted 24,892 to
     # 203,968 (86-4,083× over the budget). The plan measures the
     # second-order program, with no schedule among its candidates.
-    w = jax.random.normal(KEY, [32, 32]) / 6
-    xs = jax.random.normal(KEY, [64, 8, 32])
-
-    def loss(w, xs, **remat):
-      h, _ = hkb.scan(lambda h, x: (jnp.tanh(h @ w + x), None),
-                      jnp.zeros([8, 32]), xs, **remat)
-      return jnp.sum(h ** 2)
+    w, xs = _rnn_weight_and_xs()
+    loss = _rnn_loss
 
     def meta(**remat):  # A loss of the gradient, differentiated.
       return jax.grad(lambda w, xs: jnp.sum(jax.grad(
@@ -1938,14 +1947,8 @@ class DifferentiatedTest(absltest.TestCase):
     # jacrev) takes one JVP per element of the params at once, under a
     # vmap of the tangents alone: 33× the plan of one backward pass. The
     # plan measures the program with those derivatives.
-    w = jax.random.normal(KEY, [32, 32]) / 6
-    xs = jax.random.normal(KEY, [64, 8, 32])
-
-    def loss(w, xs, **remat):
-      h, _ = hkb.scan(lambda h, x: (jnp.tanh(h @ w + x), None),
-                      jnp.zeros([w.shape[0] // 4, w.shape[0]]),
-                      xs[:, :w.shape[0] // 4, :w.shape[0]], **remat)
-      return jnp.sum(h ** 2)
+    w, xs = _rnn_weight_and_xs()
+    loss = _rnn_loss
 
     def hvp(**remat):
       return lambda w, xs: jax.jvp(
