@@ -97,6 +97,7 @@ import gc
 import hashlib
 import logging
 import math
+import operator
 import os
 import re
 import sys
@@ -619,7 +620,7 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
     return _checked_choice(c, step, consts, memory_budget, policy,
                            max_recompute, here)
   except ValueError as e:
-    if "reverse" not in dict(step.outer):
+    if not _reverse_again(step):
       raise
     raise ValueError(
         f"{e} Under a gradient of a gradient (reverse mode over the loop's "
@@ -849,11 +850,14 @@ class _Traced(NamedTuple):
   # loop's own. Where none is, nothing is kept for a backward pass, and the
   # loop is measured forward only.
   wrt: tuple[bool, ...] = ()
-  # The derivatives taken of the loop's gradient, innermost first
-  # (`_outer_derivatives`): "reverse" (a gradient of the gradient, a
-  # meta-gradient), "forward" (a Hessian-vector product). The measuring
-  # programs take them too; under a reverse one no schedule is a candidate.
-  outer: tuple[tuple[str, int], ...] = ()
+  # The derivatives the loop runs under, innermost first, each with how
+  # many are taken at once under a vmap (`_derivatives`): its gradient
+  # ("reverse"; a Jacobian's rows by `jax.jacrev` at once), then any of
+  # that: "reverse" (a gradient of the gradient, a meta-gradient),
+  # "forward" (a Hessian-vector product; `jax.hessian`'s columns at once).
+  # The measuring programs take them too; under a second reverse one no
+  # schedule is a candidate.
+  derivatives: tuple[tuple[str, int], ...] = (("reverse", 1),)
 
 
 def _trace(f, init, xs, length, unroll: int | bool = 1,
@@ -903,7 +907,7 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
   return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
                  jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
                  batch_major, _vmaps(gradient, closed.consts, carry, x_leaves),
-                 wrt, _outer_derivatives(gradient, [
+                 wrt, _derivatives(gradient, [
                      t for v in list(closed.consts) + carry + x_leaves
                      for t in _batch_dims(v)])), consts
 
@@ -1097,11 +1101,16 @@ def _say_outer_loop() -> None:
       "memory_budget. %s.", outer, remedy)
 
 
-def _outer_derivatives(gradient: Any, batching: Sequence[Any]
-                       ) -> tuple[tuple[str, int], ...]:
-  """The derivatives taken around `gradient` (the innermost around the loop), innermost first: ("reverse" or "forward", how many at once).
+def _derivatives(gradient: Any, batching: Sequence[Any]
+                 ) -> tuple[tuple[str, int], ...]:
+  """The derivatives the loop runs under, innermost first: ("reverse" or "forward", how many at once).
 
-  The loop's program is differentiated again by each. Under a reverse one
+  The first is `gradient` (the innermost around the loop), measured as a
+  reverse one (a forward one alone keeps less); a vmap around it that
+  batches none of the loop's values batches its cotangents: `jax.jacrev`
+  of per-example losses takes one gradient per example at once, a tanh
+  RNN's compiling to 2.1-4.7× the budget of one. Then the derivatives
+  taken of it; the loop's program is differentiated again by each. Under a reverse one
   (`jax.grad` of a loss of `jax.grad`, a meta-gradient), its backward pass
   keeps for the outer one what a schedule recomputes (a tanh RNN over 64
   steps: binomial 1,679,960 bytes, nested 1,531,248, remat=False 804,528,
@@ -1115,44 +1124,51 @@ def _outer_derivatives(gradient: Any, batching: Sequence[Any]
   have elements. The measuring programs take the same derivatives
   (`_derived`).
   """
+  out: list[list[Any]] = [["reverse", 1]]
   if gradient is None:
-    return ()
+    return (("reverse", 1),)
   batched = {id(t) for t in batching}
-  out: list[list[Any]] = []
   for t in _outward(getattr(gradient, "parent_trace", None)):
     if isinstance(t, _AUTODIFF):
       out.append(["reverse" if isinstance(t, jax_ad.LinearizeTrace)
                   else "forward", 1])
-    elif (out and isinstance(t, jax_batching.BatchTrace) and
+    elif (isinstance(t, jax_batching.BatchTrace) and
           id(t) not in batched):
       out[-1][1] *= int(t.axis_data.size)
   return tuple((kind, at_once) for kind, at_once in out)
 
 
+def _reverse_again(step: "_Traced") -> bool:
+  """Whether the loop's gradient is differentiated again in reverse mode (a gradient of a gradient)."""
+  return "reverse" in dict(step.derivatives[1:])
+
+
 def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
              argnums: tuple[int, ...]) -> Callable[..., Any]:
-  """`derivative` (leaves -> value, gradients) differentiated again as `kind` says, `at_once` times under one vmap.
+  """`derivative` (leaves -> a loss, or a value and gradients) differentiated as `kind` says, `at_once` times under one vmap: leaves -> a value and gradients.
 
-  "reverse": the gradient of its value plus its gradients' sums (a loss of
-  the gradient); "forward": its JVP along the leaves themselves, each
+  "reverse": the value and gradient of its outputs' sum (the loss; a loss
+  of the gradient); "forward": its JVP along the leaves themselves, each
   output beside its tangent (both outputs, as a Hessian-vector product
-  returns a gradient and its product). `at_once` derivatives are taken
-  as `jax.vmap` takes them: one primal pass, the tangents (cotangents)
-  batched, by a batched scale of them.
+  returns a gradient and its product). `at_once` derivatives are taken as
+  `jax.vmap` takes a Jacobian's: one primal pass, the cotangents (or
+  tangents) batched, by a batched scale of them.
   """
-  if kind == "reverse":
-    def reverse(scale, *leaves):
-      return jax.value_and_grad(
-          lambda scale, *leaves: scale * _total(derivative(*leaves)),
-          argnums=tuple(a + 1 for a in argnums))(scale, *leaves)
-  else:
-    def forward(scale, *leaves):
-      (value, grads), (d_value, d_grads) = jax.jvp(
-          derivative, leaves, tuple((scale * l).astype(l.dtype) for l in leaves))
-      return (value, d_value), [(g, d) for g, d in zip(grads, d_grads)]
+  def reverse(scale, *leaves):
+    return jax.value_and_grad(
+        lambda *leaves: _total(derivative(*leaves), scale),
+        argnums=argnums)(*leaves)
+
+  def forward(scale, *leaves):
+    tangents = tuple(leaves if scale is None else
+                     ((scale * l).astype(l.dtype) for l in leaves))
+    (value, grads), (d_value, d_grads) = jax.jvp(derivative, leaves,
+                                                 tangents)
+    return (value, d_value), [(g, d) for g, d in zip(grads, d_grads)]
+
   one = reverse if kind == "reverse" else forward
   if at_once == 1:
-    return functools.partial(one, 1.0)
+    return functools.partial(one, None)
 
   def batched(*leaves):
     out_axes = 0 if kind == "reverse" else (
@@ -1162,10 +1178,14 @@ def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
   return batched
 
 
-def _total(tree: PyTree) -> jax.Array:
-  """The sum of every element of `tree`'s leaves, in float32."""
-  return sum((jnp.sum(leaf.astype(jnp.float32))
-              for leaf in jax.tree.leaves(tree)), jnp.zeros([], jnp.float32))
+def _total(tree: PyTree, scale: Optional[jax.Array] = None) -> jax.Array:
+  """The sum of every element of `tree`'s leaves in float32 (a float32 scalar as it is), times `scale`."""
+  parts = [leaf if leaf.ndim == 0 and leaf.dtype == jnp.float32
+           else jnp.sum(leaf.astype(jnp.float32))
+           for leaf in jax.tree.leaves(tree)]
+  total = (functools.reduce(operator.add, parts) if parts
+           else jnp.zeros([], jnp.float32))
+  return total if scale is None else scale * total
 
 
 def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
@@ -1294,7 +1314,7 @@ def _coefficients(step: _Traced, consts, length: int, policy,
   # A gradient of a gradient keeps what a schedule recomputes: none is
   # measured, nor a candidate.
   one_slot = ([remat_schedule.binomial(length, 1)]
-              if length > 1 and "reverse" not in dict(step.outer) else [])
+              if length > 1 and not _reverse_again(step) else [])
   with _Compiles(step, consts, length, _compile_threads()) as compiles:
     # One slot's first, so that `then` can start while the rest compile:
     # it needs that program's bytes only.
@@ -1435,7 +1455,7 @@ def _slot_guess(step: _Traced) -> float:
   """A slot's bytes before a second schedule is compiled: the carry's (the batch's, under `jax.vmap`), with its tangent under each forward derivative."""
   _, carry, _ = _batched(step, ([], list(step.carry), []))
   return float(_nbytes(carry)) * math.prod(
-      1 + at_once for kind, at_once in step.outer if kind == "forward")
+      1 + at_once for kind, at_once in step.derivatives if kind == "forward")
 
 
 def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
@@ -1548,7 +1568,7 @@ def _sorted_repr(value: Any) -> str:
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, step.carry, step.x, policy, length,
           step.unroll, step.batch_major, step.vmaps, step.wrt,
-          step.outer, _mesh_context(), jax.default_backend())
+          step.derivatives, _mesh_context(), jax.default_backend())
 
 
 def _say_auto_axes() -> None:
@@ -1611,7 +1631,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
                name, length, step.unroll, step.batch_major, step.vmaps,
-               step.wrt, step.outer, _mesh_context(),
+               step.wrt, step.derivatives, _mesh_context(),
                jax.default_backend(),
                device.device_kind,
                getattr(device.client, "platform_version", ""),
@@ -1860,8 +1880,8 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     # returns it: with it, XLA:CPU keeps one more copy of the outputs at
     # some sizes (ys of about 2.5-16 KB: 1.43× a GRU's temporaries at 48
     # steps), which a gradient alone does not.
-    derivative = jax.value_and_grad(loss, argnums=argnums)
-    for kind, at_once in step.outer:  # Each derivative of it, outward.
+    derivative = loss
+    for kind, at_once in step.derivatives:  # Each, outward.
       derivative = _derived(derivative, kind, at_once, argnums)
     value, grads = derivative(*leaves)
     # The gradients of the weights (consts, xs) are the step's outputs, as
