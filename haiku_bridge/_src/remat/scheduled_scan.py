@@ -157,14 +157,28 @@ def _in_forward_mode() -> bool:
   """
   trace = current_trace(())
   while trace is not None:
-    if isinstance(trace, ad.JVPTrace):
-      return type(getattr(trace, "parent_trace", None)).__name__ != "JaxprTrace"
-    if type(trace).__name__ == "LinearizeTrace":
-      return getattr(trace, "is_vjp", True) is False
+    kind = derivative_kind(trace)
+    if kind is not None:
+      return kind == "forward"
     if type(trace).__name__ != "BatchTrace":
       return False
     trace = getattr(trace, "parent_trace", None)
   return False
+
+
+def derivative_kind(trace: Any) -> Optional[str]:
+  """"forward" or "reverse", the mode of the derivative `trace` takes; None for a trace that takes none.
+
+  A JVP trace is forward mode, but over a partial-evaluation trace (reverse
+  mode before direct linearization); a linearize trace is reverse mode,
+  but where it is not for a VJP (`jax.linearize`, from jax 0.9).
+  """
+  if isinstance(trace, ad.JVPTrace):
+    return ("reverse" if type(getattr(trace, "parent_trace", None)).__name__
+            == "JaxprTrace" else "forward")
+  if type(trace).__name__ == "LinearizeTrace":
+    return "forward" if getattr(trace, "is_vjp", True) is False else "reverse"
+  return None
 
 
 class _Step:
