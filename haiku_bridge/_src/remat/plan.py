@@ -620,7 +620,7 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
     return _checked_choice(c, step, consts, memory_budget, policy,
                            max_recompute, here)
   except ValueError as e:
-    if not _reverse_again(step):
+    if not _no_schedules(step):
       raise
     raise ValueError(
         f"{e} Differentiated again in reverse mode (a gradient of a "
@@ -856,8 +856,8 @@ class _Traced(NamedTuple):
   # ("reverse"; a Jacobian's rows by `jax.jacrev` at once), then any of
   # that: "reverse" (a gradient of the gradient, a meta-gradient),
   # "forward" (a Hessian-vector product; `jax.hessian`'s columns at once).
-  # The measuring programs take them too; under a second reverse one no
-  # schedule is a candidate.
+  # The measuring programs take them too (`_no_schedules`: where none is
+  # a candidate).
   derivatives: tuple[tuple[str, int], ...] = (("reverse", 1),)
 
 
@@ -1106,29 +1106,25 @@ def _derivatives(gradient: Any, batching: Sequence[Any]
                  ) -> tuple[tuple[str, int], ...]:
   """The derivatives the loop runs under, innermost first: ("reverse" or "forward", how many at once).
 
-  The first is `gradient` (the innermost around the loop; where none is
-  seen, a training step's gradient, reverse). Forward alone (`jax.jvp`,
-  `jax.jacfwd` of a loss), the loop keeps nothing for a backward pass (a
-  tanh RNN's every plan compiled to 4,136 bytes, where a gradient's plan
-  predicted 13,724 to 203,968), and under a gradient of it, what its
-  tangents need (remat=True 150,724, where a gradient of a gradient keeps
-  415,176). A vmap around it that
-  batches none of the loop's values batches its cotangents: `jax.jacrev`
-  of per-example losses takes one gradient per example at once, a tanh
-  RNN's compiling to 2.1-4.7× the budget of one. Then the derivatives
-  taken of it; the loop's program is differentiated again by each. Under a reverse one
-  (`jax.grad` of a loss of `jax.grad`, a meta-gradient), its backward pass
-  keeps for the outer one what a schedule recomputes (a tanh RNN over 64
-  steps: binomial 1,679,960 bytes, nested 1,531,248, remat=False 804,528,
-  remat=True 414,152, where its first-order plans hold 24,892 to 203,968);
-  under a forward one (`jax.jvp` of `jax.grad`, a Hessian-vector product),
-  every buffer with its tangent: about twice each plan's bytes (the same
-  RNN's binomial of 29 slots 86,696 bytes, 41,384 at first order). A vmap
-  around a derivative that batches none of the loop's values (`batching`:
-  the vmaps that do) batches its tangents or cotangents: `jax.hessian`
-  (`jax.jacfwd` of `jax.grad`) takes as many JVPs at once as the params
-  have elements. The measuring programs take the same derivatives
-  (`_derived`).
+  The first is `gradient`, the innermost around the loop (where none is
+  seen, a training step's: reverse); then each taken of it, outward. The
+  measuring programs take the same (`_derived`). What each changes, on a
+  tanh RNN over 64 steps whose first-order plans hold 24,892 to 203,968
+  bytes:
+  - the loop's derivative forward (`jax.jvp`, `jax.jacfwd` of a loss):
+    nothing kept for a backward pass, 4,136 bytes with every plan; under
+    a gradient of it, what its tangents need (remat=True 150,724);
+  - a reverse one of it (`jax.grad` of a loss of `jax.grad`, a
+    meta-gradient): the loop's backward pass keeps for the outer one what
+    a schedule recomputes (binomial 1,679,960, nested 1,531,248,
+    remat=False 804,528, remat=True 414,152);
+  - a forward one of it (`jax.jvp` of `jax.grad`, a Hessian-vector
+    product): every buffer with its tangent, about twice each plan's
+    (binomial of 29 slots: 86,696 against 41,384);
+  - a vmap around one of them that batches none of the loop's values
+    (`batching`: the vmaps that do) batches its tangents or cotangents,
+    "at once": `jax.hessian` takes a JVP per element of the params, 8
+    weightings of a loss their gradients (2.1-4.7× the budget of one).
   """
   if gradient is None:
     return (("reverse", 1),)
@@ -1144,15 +1140,16 @@ def _derivatives(gradient: Any, batching: Sequence[Any]
   return tuple((kind, at_once) for kind, at_once in out)
 
 
-def _reverse_again(step: "_Traced") -> bool:
-  """Whether the loop's derivative is differentiated again in reverse mode (a gradient of a gradient), or is forward (the loop's schedules run as remat=True there): then no schedule is a candidate."""
+def _no_schedules(step: "_Traced") -> bool:
+  """Whether no schedule is a candidate: where the loop's derivative is forward (a schedule runs as remat=True there) or differentiated again in reverse mode (a gradient of a gradient: a schedule keeps more than remat=False)."""
   return (step.derivatives[0][0] == "forward" or
           "reverse" in dict(step.derivatives[1:]))
 
 
 def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
-             argnums: tuple[int, ...]) -> Callable[..., Any]:
-  """`derivative` (leaves -> a loss, or a value and gradients) differentiated as `kind` says, `at_once` times under one vmap: leaves -> a value and gradients.
+             argnums: tuple[int, ...], of_the_loss: bool
+             ) -> Callable[..., Any]:
+  """`derivative` (leaves -> the loss where `of_the_loss`, else a value and gradients) differentiated as `kind` says, `at_once` times under one vmap: leaves -> a value and gradients.
 
   "reverse": the value and gradient of its outputs' sum (the loss; a loss
   of the gradient); "forward": its JVP along the leaves themselves, each
@@ -1170,7 +1167,7 @@ def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
     tangents = tuple(leaves if scale is None else
                      ((scale * l).astype(l.dtype) for l in leaves))
     out, d_out = jax.jvp(derivative, leaves, tangents)
-    if not isinstance(out, tuple):  # The loss: no gradients.
+    if of_the_loss:  # No gradients.
       return (out, d_out), []
     (value, grads), (d_value, d_grads) = out, d_out
     return (value, d_value), [(g, d) for g, d in zip(grads, d_grads)]
@@ -1180,7 +1177,7 @@ def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
     return functools.partial(one, None)
 
   def batched(*leaves):
-    grads = len(jax.eval_shape(one, 1.0, *leaves)[1])
+    grads = 0 if of_the_loss else len(leaves)
     out_axes = 0 if kind == "reverse" else ((None, 0), [(None, 0)] * grads)
     return jax.vmap(lambda scale: one(scale, *leaves),
                     out_axes=out_axes)(jnp.ones([at_once], jnp.float32))
@@ -1320,10 +1317,8 @@ def _coefficients(step: _Traced, consts, length: int, policy,
   # compiled beside remat=False and remat=True: the line a + c·s starts
   # there, and a slot's bytes are first taken as the carry's, until a
   # second schedule is compiled (`_sloped`).
-  # A gradient of a gradient keeps what a schedule recomputes: none is
-  # measured, nor a candidate.
   one_slot = ([remat_schedule.binomial(length, 1)]
-              if length > 1 and not _reverse_again(step) else [])
+              if length > 1 and not _no_schedules(step) else [])
   with _Compiles(step, consts, length, _compile_threads()) as compiles:
     # One slot's first, so that `then` can start while the rest compile:
     # it needs that program's bytes only.
@@ -1890,8 +1885,8 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     # some sizes (ys of about 2.5-16 KB: 1.43× a GRU's temporaries at 48
     # steps), which a gradient alone does not.
     derivative = loss
-    for kind, at_once in step.derivatives:  # Each, outward.
-      derivative = _derived(derivative, kind, at_once, argnums)
+    for i, (kind, at_once) in enumerate(step.derivatives):  # Outward.
+      derivative = _derived(derivative, kind, at_once, argnums, i == 0)
     value, grads = derivative(*leaves)
     # The gradients of the weights (consts, xs) are the step's outputs, as
     # a training step returns them; the carry's feeds what came before the
