@@ -187,11 +187,17 @@ class RematPlan(NamedTuple):
     choice: the candidate with the least recomputed FLOPs whose predicted
       temporaries fit the budget (the fewest recomputed steps, then the
       least memory, among those).
+    derivatives: the derivatives the plan is for, innermost first, as the
+      loop saw them around it, each `(mode, at_once)`: the loop's own
+      (`"reverse"`, a gradient; `"forward"`, a JVP), then each taken of
+      it (a gradient of a gradient, a Hessian-vector product), with how
+      many are taken at once under a `jax.vmap` (`jax.hessian`'s JVPs).
   """
   length: int
   memory_budget: int
   candidates: tuple[RematCandidate, ...]
   choice: RematCandidate
+  derivatives: tuple[tuple[str, int], ...] = (("reverse", 1),)
 
   @property
   def least_budget(self) -> int:
@@ -238,7 +244,24 @@ class RematPlan(NamedTuple):
             f"{_mib(self.least_budget)} MiB), "
             f"{self.choice.recomputed_steps} steps and "
             f"{_readable(self.choice.recomputed_flops / 1e9)} GFLOP "
-            f"recomputed.\n{self.table()}")
+            f"recomputed{_planned_for(self.derivatives)}.\n{self.table()}")
+
+
+def _planned_for(derivatives: tuple[tuple[str, int], ...]) -> str:
+  """What `RematPlan.__str__` says of the derivatives a plan is for, other than one gradient.
+
+  >>> from haiku_bridge._src.remat import plan as remat_plan
+  >>> remat_plan._planned_for((("reverse", 1), ("forward", 64)))
+  ', for 64 JVPs at once of a gradient'
+  >>> remat_plan._planned_for((("reverse", 1),))
+  ''
+  """
+  if derivatives == (("reverse", 1),):
+    return ""
+  words = {"reverse": ("a gradient", "gradients"), "forward": ("a JVP", "JVPs")}
+  return ", for " + " of ".join(
+      words[mode][0] if at_once == 1 else f"{at_once} {words[mode][1]} at once"
+      for mode, at_once in reversed(derivatives))
 
 
 def _readable(x: float) -> str:
@@ -618,7 +641,8 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
               consts, memory_budget, policy, here)
   try:
     return _checked_choice(c, step, consts, memory_budget, policy,
-                           max_recompute, here)
+                           max_recompute, here)._replace(
+                               derivatives=step.derivatives)
   except ValueError as e:
     if not _no_schedules(step):
       raise

@@ -1920,6 +1920,8 @@ class DifferentiatedTest(absltest.TestCase):
       loose = plan_where_run(meta(remat="auto", memory_budget=1 << 30),
                              w, xs)
       self.assertEqual({k.remat for k in loose.candidates}, {False, True})
+      self.assertIn("recomputed, for a gradient of a gradient.\n",
+                    str(loose))
       for k in loose.candidates:  # Each as the second-order step compiles.
         self.assertLess(abs(k.temporaries / plain[k.remat] - 1), 0.02, k)
       for budget, remat in ((1 << 30, False),
@@ -1995,13 +1997,16 @@ class DifferentiatedTest(absltest.TestCase):
     def grad_of_jvp(**remat):
       return jax.grad(jvp(**remat))
 
-    for name, program in (("jvp", jvp), ("grad of jvp", grad_of_jvp)):
+    for name, program, said in (("jvp", jvp, "a JVP"),
+                                ("grad of jvp", grad_of_jvp,
+                                 "a gradient of a JVP")):
       with self.subTest(name), caches.disabled():
         plain = {r: compiled_bytes(program(remat=r), w, xs)
                  for r in (False, True)}
         loose = plan_where_run(program(remat="auto", memory_budget=1 << 30),
                                w, xs)
         self.assertEqual({k.remat for k in loose.candidates}, {False, True})
+        self.assertIn(f", for {said}.\n", str(loose))
         for k in loose.candidates:
           self.assertLess(abs(k.temporaries / plain[k.remat] - 1), 0.02, k)
         budget = loose.least_budget
@@ -2040,11 +2045,14 @@ class DifferentiatedTest(absltest.TestCase):
       return lambda w, xs: jax.vmap(lambda s: jax.grad(
           lambda w: s * loss(w, xs, **remat))(w))(jnp.arange(1.0, 9.0))
 
-    for name, program, w in (("hvp", hvp, w), ("hessian", hessian, w[:8, :8]),
-                             ("weighted", weighted, w)):
+    for name, program, w, said in (
+        ("hvp", hvp, w, "a JVP of a gradient"),
+        ("hessian", hessian, w[:8, :8], "64 JVPs at once of a gradient"),
+        ("weighted", weighted, w, "8 gradients at once")):
       with self.subTest(name), caches.disabled():
         loose = plan_where_run(program(remat="auto", memory_budget=1 << 30,
                                        max_recompute=math.inf), w, xs)
+        self.assertIn(f", for {said}.\n", str(loose))
         self.assertIn("binomial", {k.remat for k in loose.candidates})
         plain = compiled_bytes(program(remat=False), w, xs)
         self.assertLess(abs(loose.choice.temporaries / plain - 1), 0.02)
