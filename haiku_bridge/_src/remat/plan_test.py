@@ -580,6 +580,10 @@ class AutoTest(parameterized.TestCase):
       return 0.0
     jax.eval_shape(jax.grad(loss), jnp.zeros([4, 16]))
     changed["what is differentiated"] = key(traced_under[0])
+    # The same, differentiated again (a gradient of that gradient).
+    jax.eval_shape(jax.grad(lambda h: jnp.sum(jax.grad(
+        lambda h: loss(h) + jnp.sum(h))(h))), jnp.zeros([4, 16]))
+    changed["the derivatives"] = key(traced_under[1])
     with mock.patch.dict(os.environ, {
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=x"}):
       changed["XLA_FLAGS"] = key(traced)
@@ -1935,20 +1939,25 @@ class DifferentiatedTest(absltest.TestCase):
         jax.eval_shape(meta(remat="auto", memory_budget=plain[True] // 2),
                        w, xs)
     # Kept apart from the first-order plan of the same loop: the caches
-    # are keyed on the order, in memory and on disk.
+    # are keyed on the derivatives, in memory and on disk (memory emptied,
+    # the files kept: a new process).
     with mock.patch.dict(os.environ, {
-        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
+        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}), \
+        mock.patch.object(caches, "_enabled", True):
       caches.clear_caches()
       try:
         first = plan_where_run(jax.grad(functools.partial(
             loss, remat="auto", memory_budget=1 << 30)), w, xs)
         second = plan_where_run(meta(remat="auto", memory_budget=1 << 30),
                                 w, xs)
-        caches.clear_caches()  # The disk's only.
-        from_disk = plan_where_run(
-            meta(remat="auto", memory_budget=1 << 30), w, xs)
+        remat_plan._COEFFICIENTS.clear()
+        remat_plan._COMPILED.clear()
+        with measuring_compiles() as compiles:
+          from_disk = plan_where_run(
+              meta(remat="auto", memory_budget=1 << 30), w, xs)
       finally:
         caches.clear_caches()
+    self.assertEqual(compiles, [])  # Read from disk.
     self.assertIn("binomial", {k.remat for k in first.candidates})
     self.assertEqual(second, loose)
     self.assertEqual(from_disk, loose)
