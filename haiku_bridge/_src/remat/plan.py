@@ -895,7 +895,8 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
     new_carry, y = f(carry_tree.unflatten(carry_leaves), x_tree.unflatten(x))
     return jax.tree.leaves(new_carry), jax.tree.leaves(y)
 
-  gradient = _differentiation()  # Around the loop, not its step's trace.
+  # Around the loop, not its step's trace.
+  gradient = scheduled_scan.innermost_derivative()
   if gradient is None:
     _say_outer_loop()
   # A step sharded over Explicit mesh axes is measured as it runs: one
@@ -1002,7 +1003,7 @@ def _vmaps(gradient: Any, *groups: Sequence[Any]
   taken around it (`jax.grad` of a loss of `jax.vmap`, or no gradient
   seen: taken later, of what the loop is inside), rather than inside it
   (`jax.vmap(jax.grad(...))`, a gradient per example); `gradient`: the
-  innermost autodiff trace around the loop (`_differentiation`). Read from
+  innermost autodiff trace around the loop (`scheduled_scan.innermost_derivative`). Read from
   JAX's own tracers (jax._src, as jax 0.10 and 0.11 keep them).
   """
   chains = [[_batch_dims(v) for v in group] for group in groups]
@@ -1013,30 +1014,6 @@ def _vmaps(gradient: Any, *groups: Sequence[Any]
        gradient is None or _depth(t) > _depth(gradient)) + tuple(
            tuple(chain.get(t) for chain in group) for group in chains)
       for t in innermost_first)
-
-
-def _differentiation() -> Any:
-  """The innermost autodiff trace this call runs in (`jax.grad`'s, `jax.jvp`'s), through vmaps; None where none is seen.
-
-  A trace that stages code to differentiate later (`jax.jit`, a scan's
-  body) hides what is around it: its values are its own tracers, whatever
-  the gradient outside it is taken of.
-  """
-  for trace in _outward(scheduled_scan.current_trace(())):
-    if not isinstance(trace, jax_batching.BatchTrace):
-      return trace if isinstance(trace, _AUTODIFF) else None
-  return None
-
-
-# The traces of JAX's derivatives (`jax.grad`'s, `jax.jvp`'s).
-_AUTODIFF = (jax_ad.JVPTrace, jax_ad.LinearizeTrace)
-
-
-def _outward(trace: Any) -> Iterator[Any]:
-  """`trace`, then each trace it runs in (its `parent_trace`), innermost first."""
-  while trace is not None:
-    yield trace
-    trace = getattr(trace, "parent_trace", None)
 
 
 # What stages the body of a loop of JAX's (`DebugInfo.traced_for`): a loop
@@ -1093,8 +1070,8 @@ def _say_outer_loop() -> None:
   """
   ours = {id(t): planned for t, planned in _LOOP_BODIES_HERE.get()}
   body = None
-  for trace in _outward(scheduled_scan.current_trace(())):
-    if isinstance(trace, _AUTODIFF):
+  for trace in scheduled_scan.outward(scheduled_scan.current_trace(())):
+    if scheduled_scan.derivative_kind(trace) is not None:
       break
     info = getattr(getattr(trace, "frame", None), "debug_info", None)
     traced_for = getattr(info, "traced_for", "")
@@ -1154,7 +1131,7 @@ def _derivatives(gradient: Any, batching: Sequence[Any]
     return (("reverse", 1),)
   out: list[list[Any]] = [[scheduled_scan.derivative_kind(gradient), 1]]
   batched = {id(t) for t in batching}
-  for t in _outward(getattr(gradient, "parent_trace", None)):
+  for t in scheduled_scan.outward(getattr(gradient, "parent_trace", None)):
     kind = scheduled_scan.derivative_kind(t)
     if kind is not None:
       out.append([kind, 1])
@@ -1219,7 +1196,7 @@ def _total(tree: PyTree, scale: Optional[jax.Array] = None) -> jax.Array:
 
 
 def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
-  """Of each of `values`, whether `gradient` (the innermost around the loop, `_differentiation`) is taken of it; None where no gradient is seen.
+  """Of each of `values`, whether `gradient` (the innermost around the loop, `scheduled_scan.innermost_derivative`) is taken of it; None where no gradient is seen.
 
   A value the gradient is taken of is a tracer of that autodiff trace
   (under `jax.vmap`, inside the vmap's tracers; outside a vmap the
@@ -1258,7 +1235,7 @@ def _batch_dims(value: Any) -> dict[Any, Optional[int]]:
 
 def _depth(trace: Any) -> int:
   """How many traces `trace` runs in."""
-  return sum(1 for _ in _outward(trace)) - 1
+  return sum(1 for _ in scheduled_scan.outward(trace)) - 1
 
 
 def _batched(step: _Traced, shapes: tuple[list[Any], ...]

@@ -42,7 +42,7 @@ for that JVP, as it does the first time.
 import dataclasses
 import sys
 import types
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -155,15 +155,29 @@ def _in_forward_mode() -> bool:
   whether they are for a VJP from jax 0.9; before, `jax.linearize` is taken
   for reverse mode, and JAX refuses it (`LINEARIZE_IS_FORWARD_MODE`).
   """
-  trace = current_trace(())
-  while trace is not None:
-    kind = derivative_kind(trace)
-    if kind is not None:
-      return kind == "forward"
+  return derivative_kind(innermost_derivative()) == "forward"
+
+
+def innermost_derivative() -> Any:
+  """The innermost trace taking a derivative around this call (`derivative_kind`), through vmaps; None where none is seen.
+
+  A trace that stages code to differentiate later (`jax.jit`, a scan's
+  body) hides what is around it: its values are its own tracers, whatever
+  the derivative outside it is taken of.
+  """
+  for trace in outward(current_trace(())):
+    if derivative_kind(trace) is not None:
+      return trace
     if type(trace).__name__ != "BatchTrace":
-      return False
+      return None
+  return None
+
+
+def outward(trace: Any) -> Iterator[Any]:
+  """`trace`, then each trace it runs in (its `parent_trace`), innermost first."""
+  while trace is not None:
+    yield trace
     trace = getattr(trace, "parent_trace", None)
-  return False
 
 
 def derivative_kind(trace: Any) -> Optional[str]:
