@@ -237,6 +237,11 @@ def _step(h, x):
   return h, jnp.sum(h ** 2)
 
 
+def _identity_getter(next_getter, value, context):
+  del context
+  return next_getter(value)
+
+
 def _deterministic_plan() -> remat_plan.RematPlan:
   """A plan made from nothing cached, with a policy: measured, then chosen."""
   with caches.disabled():
@@ -246,13 +251,9 @@ def _deterministic_plan() -> remat_plan.RematPlan:
 
 
 def _plans_made_here() -> list[remat_plan.RematPlan]:
-  """The plans of a pure step (with a policy), of a Haiku stack (with an identity getter), of a loop under `jax.vmap` and of one sharded over Explicit axes."""
-  def getter(next_getter, value, context):
-    del context
-    return next_getter(value)
-
+  """The plans of a pure step (with a policy), of a Haiku stack (with an identity getter), of a loop under `jax.vmap`, of one sharded over Explicit axes, and of a Haiku scan (through the getter) under a meta-gradient and a Hessian-vector product."""
   def with_getter(f, x):
-    with hk.custom_getter(getter):
+    with hk.custom_getter(_identity_getter):
       return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=15_000,
                               max_recompute=math.inf)
 
@@ -280,6 +281,12 @@ def _plans_made_here() -> list[remat_plan.RematPlan]:
           jax.device_put(jnp.zeros([8, 16]), NamedSharding(mesh, P("data"))),
           jax.device_put(jnp.ones([64, 8, 16]),
                          NamedSharding(mesh, P(None, "data"))))
+    # Derivatives of the gradient: each its own measurements.
+    _, net, x = next(m for m in _loop_models() if m[0] == "scan")
+    params, state = net.init(KEY, x, 1 << 40)
+    forms = _derivative_forms(net, state, getter=True)
+    for form in ("meta-gradient", "hvp"):
+      jax.eval_shape(forms[form](1 << 40), params, x)
   return pure + made
 
 
@@ -492,16 +499,12 @@ class AutoTest(parameterized.TestCase):
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_identity_custom_getter_changes_nothing(self):
-    def getter(next_getter, value, context):
-      del context
-      return next_getter(value)
-
     def run(f, x):
       return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=budget,
                               max_recompute=math.inf)
 
     def with_getter(f, x):
-      with hk.custom_getter(getter):
+      with hk.custom_getter(_identity_getter):
         return run(f, x)
 
     with remat_models.plans_made() as made:
@@ -1450,10 +1453,11 @@ class BudgetTest(parameterized.TestCase):
 def _loop_models():
   """Each loop of the bridge over a small Haiku step: `(name, net, x)`.
 
-  `net(x, budget, plan=False)` runs a loss of the loop with `remat="auto"`,
-  or with `plan`, returns `hkb.remat_plan` of the same loop and arguments.
-  Each step counts its runs in Haiku state ("n"), which a loop that ran
-  would change.
+  `net(x, budget, plan=False, getter=False)` runs a loss of the loop with
+  `remat="auto"`, or with `plan`, returns `hkb.remat_plan` of the same loop
+  and arguments; with `getter`, under an identity `hk.custom_getter`. Each
+  step counts its runs in Haiku state ("n"), which a loop that ran would
+  change.
   """
   def counted(h):
     hk.set_state("n", hk.get_state("n", [], jnp.int32, init=jnp.zeros) + 1)
@@ -1482,7 +1486,10 @@ def _loop_models():
 
   for model, length in ((scan, 64), (dynamic_unroll, 64), (layer_scan, 12),
                         (repeat_layer, 12)):
-    def net(x, budget, plan=False, model=model):
+    def net(x, budget, plan=False, getter=False, model=model):
+      if getter:
+        with hk.custom_getter(_identity_getter):
+          return net(x, budget, plan)
       # Any recomputation: the least budget's plan is a schedule of one slot.
       if plan:
         return model(lambda loop, *a, **k: hkb.remat_plan(
@@ -1565,8 +1572,7 @@ class VmapTest(parameterized.TestCase):
 
     def step(**remat):
       def f(x):
-        with (hk.custom_getter(lambda next_getter, value, context:
-                               next_getter(value))
+        with (hk.custom_getter(_identity_getter)
               if getter else contextlib.nullcontext()):
           return jnp.sum(hk.vmap(
               lambda x: hkb.repeat_layer(block, x, 24, **remat),
@@ -1672,8 +1678,7 @@ class ShardMapTest(parameterized.TestCase):
         def net(x):
           with contextlib.ExitStack() as stack:
             if form.endswith("custom getter"):
-              stack.enter_context(hk.custom_getter(
-                  lambda next_getter, value, context: next_getter(value)))
+              stack.enter_context(hk.custom_getter(_identity_getter))
             return hkb.repeat_layer(
                 lambda h: h + jnp.tanh(hk.Linear(WIDE)(h)), x, 16, **remat)
         return hk.transform(net)
@@ -1756,9 +1761,11 @@ def _rnn_loss(w, xs, **remat):
   return jnp.sum(h ** 2)
 
 
-def _derivative_forms(net, state) -> dict[str, Callable[[int], Any]]:
+def _derivative_forms(net, state,
+                      getter=False) -> dict[str, Callable[[int], Any]]:
   """A `_loop_models` net's loss of the params differentiated three ways, by budget: `program(budget)(params, x)`."""
-  loss = lambda budget: lambda p, x: net.apply(p, state, None, x, budget)[0]
+  loss = lambda budget: lambda p, x: net.apply(
+      p, state, None, x, budget, getter=getter)[0]
   total = lambda tree: sum(jnp.sum(leaf) for leaf in jax.tree.leaves(tree))
   return {
       "meta-gradient": lambda budget: jax.grad(
@@ -1969,15 +1976,19 @@ class DifferentiatedTest(absltest.TestCase):
     # Hessian-vector product (forward over reverse) and a JVP (forward),
     # with respect to the params, the data an argument: at the budget
     # between the least plan and remat=True's, the whole step within it,
-    # the values the loose plan's. (A batch-major dynamic_unroll under a
-    # JVP alone: `KnownGapsTest`.)
+    # the values the loose plan's; under an identity custom getter, the
+    # same plan. (A batch-major dynamic_unroll under a JVP alone:
+    # `KnownGapsTest`.)
     for name, net, x in _loop_models():
       params, state = net.init(KEY, x, 1 << 40)
+      through_getter = _derivative_forms(net, state, getter=True)
       for form, program in _derivative_forms(net, state).items():
         if (name, form) == ("dynamic_unroll", "jvp"):
           continue
         with self.subTest(f"{name} {form}"), caches.disabled():
           loose = plan_where_run(program(1 << 40), params, x)
+          self.assertEqual(
+              plan_where_run(through_getter[form](1 << 40), params, x), loose)
           per_step = next(k for k in loose.candidates if k.remat is True)
           budget = (per_step.temporaries + loose.least_budget) // 2
           self.assertLessEqual(compiled_bytes(program(budget), params, x),
