@@ -1876,16 +1876,13 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
     # step returns small ys, and this costs little).
     args, taken = (consts, carry, xs), step.wrt
 
-    def squares(*args):
-      # Each example's, inside the vmaps: summed outside them, the outputs
-      # would be moved to the vmaps' axis first, a copy the loop does not
-      # make (a per-example loss under `hk.vmap` makes none).
-      return sum(jnp.sum(jnp.square(o.astype(jnp.float32)))
-                 for o in _floats(run(*args)))
-
     def loss(*leaves):
-      return jnp.sum(
-          _on_leaves(vmapped(squares, of_the_batch), args, taken)(*leaves)[0])
+      # Of the batch's outputs, outside the vmaps, where a loss of the
+      # outputs a vmap returns takes them: moved to the vmap's axis first,
+      # a copy a loss taken inside the vmap, per example, does not make
+      # (which the plan cannot see): that one is over-predicted by it.
+      out = _on_leaves(vmapped(run, of_the_batch), args, taken)(*leaves)
+      return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
     leaves = [a for a, t in zip(jax.tree.leaves(args), taken) if t]
     argnums = tuple(range(len(leaves)))
     # The loss's value is an output too, as a training step (value_and_grad)
