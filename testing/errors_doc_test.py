@@ -124,7 +124,8 @@ SECTION_ADAPTERS = "Flax and Equinox adapters"
 SECTION_INSTALL = "Installation"
 # The rows that hold a fact of the install (the module docstring).
 ROW_BUDGET = (SECTION_SCAN,
-              "a budget below what any plan needs (`remat=\"auto\"`, `hkb.remat_plan`)")
+              "a budget below what any plan needs (`remat=\"auto\"`, `hkb.remat_plan`; where the "
+              "loop sees no derivative around it, raised when its outputs are differentiated)")
 ROW_CLOSED_OVER = (SECTION_PIPELINE,
                    "a layer passing a closed-over array into its own scan, Explicit axes")
 
@@ -365,7 +366,8 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
         lambda: hkb.remat_plan(hkb.scan, lambda h, x: (h, None), X4, jnp.ones([0, 2, 4]),
                                memory_budget=10**6),
     (SECTION_SCAN, "a budget that only plans recomputing more than `max_recompute` fit "
-                   "(`remat=\"auto\"`, `hkb.remat_plan`)"):
+                   "(`remat=\"auto\"`, `hkb.remat_plan`; where the loop sees no derivative "
+                   "around it, raised when its outputs are differentiated)"):
         lambda: hkb.remat_plan(lambda h, x: (jnp.tanh(h + x), jnp.sum(h ** 2)),
                                jnp.zeros([2, 16]), jnp.ones([16, 2, 16]), memory_budget=2450),
     (SECTION_SCAN, "`max_recompute` without `remat=\"auto\"`"):

@@ -809,7 +809,8 @@ class RematAutoTest(EightDevicesTest):
     with jax.set_mesh(make_mesh(2)), self.assertRaisesRegex(
         ValueError, f"hkb.repeat_layer: no remat plan for {per_visit} steps "
         f"fits memory_budget=100 bytes: the least any needs is {smallest} "):
-      jax.eval_shape(pipelined.apply, params, None, self.X)
+      jax.eval_shape(jax.grad(lambda p, x: jnp.sum(pipelined.apply(
+          p, None, x)), argnums=(0, 1)), params, self.X)
 
 
 class DropInTest(EightDevicesTest):

@@ -33,6 +33,7 @@ the leading axis of `xs`), each worded by the scan (`StepWords`,
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import haiku as hk
@@ -95,6 +96,9 @@ class Loop:
       (`hkb.dynamic_unroll(time_major=False)`): the plan counts those copies.
     planned: whether `remat` is the plan of `remat="auto"` (`resolved`), as
       the loop's messages say.
+    refused: where `remat="auto"` found no plan for the budget and saw no
+      derivative around the loop (`resolved`), the refusal, raised if the
+      loop's outputs are differentiated; its forward is the plain loop's.
   """
   remat: modes.RematMode = False
   policy: Optional[Callable[..., bool]] = None
@@ -105,6 +109,7 @@ class Loop:
   max_recompute: float = remat_plan.MAX_RECOMPUTE
   batch_major: bool = False
   planned: bool = False
+  refused: Optional[str] = None
 
   def __call__(self, body: Body, carry: PyTree, xs: PyTree, length: int,
                reverse: bool = False) -> tuple[PyTree, PyTree]:
@@ -131,8 +136,26 @@ class Loop:
       body = jax.checkpoint(body, policy=self.policy)
     else:  # A loop with "auto" inside knows whose body it runs in.
       body = remat_plan.in_body(body, self.planned)
-    return jax.lax.scan(body, carry, xs, length=length, unroll=self.unroll,
-                        reverse=reverse)
+    out = jax.lax.scan(body, carry, xs, length=length, unroll=self.unroll,
+                       reverse=reverse)
+    if self.refused is None:
+      return out
+    return jax.tree.map(
+        lambda v: (_refused_if_differentiated(self.refused, v)
+                   if jnp.issubdtype(v.dtype, jnp.inexact) else v), out)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _refused_if_differentiated(refusal: str, value: jax.Array) -> jax.Array:
+  """`value`; differentiated with a tangent other than zero, raises `refusal`."""
+  del refusal
+  return value
+
+
+@_refused_if_differentiated.defjvp
+def _refused_if_differentiated_jvp(refusal, primals, tangents):
+  del primals, tangents  # Called only where a tangent is not zero.
+  raise remat_plan.refusal(refusal)
 
 
 def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
@@ -152,6 +175,13 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
     (each stage's plan is made here too, for one visit: `pipeline/stages.py`);
   * with no steps.
 
+  Where no plan fits the budget, the loop refuses it (ValueError), unless
+  it sees no derivative around it (`remat_plan.deferrable`): there it may
+  be inference, which keeps nothing for a backward pass, or a gradient
+  taken outside a `jax.jit` or `jax.checkpoint` around the loop, which it
+  cannot see; it runs plain, and the refusal is raised where its outputs
+  are differentiated.
+
   `planned_body`, where given, is what the plan measures instead of `body`:
   the same step with what a training step does not differentiate (a layer
   scan's Haiku state) under `jax.lax.stop_gradient`.
@@ -166,10 +196,22 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
   if length == 0:
     return Loop(unroll=loop.unroll)
   assert loop.memory_budget is not None, "from_options requires it"
-  choice = remat_plan.loop_plan(planned_body or body, carry, xs, length,
-                                loop.memory_budget,
-                                loop.policy, loop.max_recompute,
-                                loop.unroll, loop.batch_major).choice
+  try:
+    choice = remat_plan.loop_plan(planned_body or body, carry, xs, length,
+                                  loop.memory_budget,
+                                  loop.policy, loop.max_recompute,
+                                  loop.unroll, loop.batch_major).choice
+  except ValueError as error:
+    # No derivative seen around the loop: inference (which keeps nothing
+    # for a backward pass, and computes the same values with any plan), or
+    # a gradient taken outside a jax.jit or jax.checkpoint around it. The
+    # refusal stands for that gradient alone.
+    if not (remat_plan.is_refusal(error) and remat_plan.deferrable()):
+      raise
+    remat_plan.LOG.info(
+        "remat=\"auto\": no derivative is seen around this loop, which runs "
+        "plain; differentiated, it raises: %s", error)
+    return Loop(unroll=loop.unroll, refused=str(error))
   return Loop(choice.remat, None if choice.policy is None else loop.policy,
               choice.groups, loop.unroll,
               slots=choice.slots if choice.remat == "binomial" else None,

@@ -450,6 +450,24 @@ def _loop_of(f: Any) -> Optional[Callable[..., Any]]:
   return f if f in _LOOPS else None
 
 
+def refusal(message: str) -> ValueError:
+  """The error where no plan fits `memory_budget` (or none that fits recomputes within `max_recompute`): a ValueError that `loop.resolved` may defer to a differentiation (`is_refusal`, `deferrable`)."""
+  error = ValueError(message)
+  error.remat_refusal = True  # type: ignore[attr-defined]
+  return error
+
+
+def is_refusal(error: BaseException) -> bool:
+  """Whether `error` is a loop's refusal of its budget (`refusal`)."""
+  return getattr(error, "remat_refusal", False)
+
+
+def deferrable() -> bool:
+  """Whether a loop planned now may defer its refusal (`refusal`) to a differentiation: no derivative is seen around it, and no `remat_plan` call asks for its plan."""
+  return (not _WANTED.get() and
+          scheduled_scan.innermost_derivative() is None)
+
+
 class Planned(Exception):
   """Carries a loop's plan out of the loop, before it runs, to `remat_plan(loop, ...)`.
 
@@ -646,7 +664,7 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
   except ValueError as e:
     if not _no_schedules(step):
       raise
-    raise ValueError(
+    raise refusal(
         f"{e} Differentiated again in reverse mode (a gradient of a "
         "gradient), or forward, the plans are remat=False, remat=True and "
         "the policy: a schedule keeps more than remat=False there, or runs "
@@ -730,7 +748,7 @@ def _raise_over_recompute(c: Coefficients, candidates: list[RematCandidate],
     within.append(_binomial(c, length, remat_schedule.fewest_binomial_slots(
         length, spare)))
   least = min(k.temporaries for k in within)  # remat=False is always within.
-  raise ValueError(errors.message(
+  raise refusal(errors.message(
       f"every remat plan for {length} steps that fits memory_budget="
       f"{memory_budget} bytes recomputes at least {fewest} steps, "
       f"{fewest / length:.1f} forward passes of the loop (remat=True "
@@ -758,7 +776,7 @@ def _most_slots(length: int) -> int:
 
 
 def _over_budget(length: int, memory_budget: int, least: int) -> ValueError:
-  return ValueError(errors.message(
+  return refusal(errors.message(
       f"no remat plan for {length} steps fits memory_budget="
       f"{memory_budget} bytes: the least any needs is {least} bytes "
       "(predicted). Raise the budget, or shorten the scan. The budget "

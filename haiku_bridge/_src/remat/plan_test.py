@@ -11,6 +11,7 @@ import functools
 import gc
 import math
 import os
+import re
 import tempfile
 import threading
 from typing import Any, Callable, Iterator
@@ -685,10 +686,58 @@ class AutoTest(parameterized.TestCase):
         ValueError, f"hkb.remat_plan: no remat plan for 64 steps fits "
         f"memory_budget=100 bytes: the least any needs is {smallest} "):
       hkb.remat_plan(step, h, xs, memory_budget=100)
-    # Outside a transform, hkb.scan runs the same 64 steps.
+    # Outside a transform, hkb.scan runs the same 64 steps, differentiated
+    # in both its carry and its xs, as the plan is made.
     with self.assertRaisesRegex(ValueError, f"hkb.scan: no remat plan .* "
                                 f"the least any needs is {smallest} "):
-      hkb.scan(step, h, xs, remat="auto", memory_budget=100)
+      jax.eval_shape(jax.grad(lambda h, xs: jnp.sum(hkb.scan(
+          step, h, xs, remat="auto", memory_budget=100)[0]), argnums=(0, 1)),
+                     h, xs)
+
+  def test_a_refusal_waits_for_a_differentiation_where_none_is_seen(self):
+    # Where the loop sees no derivative around it, it may be inference,
+    # which keeps nothing for a backward pass (a budget tuned for training
+    # refused an eval step of a larger batch), or a gradient it cannot see
+    # (outside a jax.jit or jax.checkpoint around it): it runs plain, and
+    # the refusal is raised where its outputs are differentiated.
+    w = jax.random.normal(KEY, [32, 32]) / 6
+    xs = jnp.ones([64, 8, 32]) * 0.1
+
+    def loss(w, xs, **remat):
+      step = lambda h, x: (jnp.tanh(h @ w + x), h)
+      return jnp.sum(hkb.scan(step, jnp.zeros([8, 32]), xs, **remat)[1] ** 2)
+
+    refused = functools.partial(loss, remat="auto", memory_budget=4096)
+    with self.assertRaisesRegex(ValueError, "^hkb.scan: no remat plan for 64 "
+                                "steps fits memory_budget=4096 bytes") as seen:
+      jax.eval_shape(jax.grad(refused), w, xs)
+    chex.assert_trees_all_close(jax.jit(refused)(w, xs),
+                                jax.jit(loss)(w, xs))
+    self.assertEqual(jax.vmap(refused, (None, 0))(w, xs[None]).shape, (1,))
+    for name, differentiated in (
+        ("grad of a jit", jax.grad(jax.jit(refused))),
+        ("grad of a checkpoint", jax.grad(jax.checkpoint(refused))),
+        ("jacfwd of a jit", jax.jacfwd(jax.jit(refused)))):
+      with self.subTest(name), self.assertRaises(ValueError) as deferred:
+        jax.eval_shape(differentiated, w, xs)
+      # The same words, but the least budget of a loop whose data are
+      # measured differentiated (it sees no gradient to say otherwise).
+      self.assertEqual(
+          re.sub(r"\d+ bytes \(predicted\)", "", str(deferred.exception)),
+          re.sub(r"\d+ bytes \(predicted\)", "", str(seen.exception)))
+    # A loop no tangent reaches (its weights under stop_gradient) is not
+    # differentiated: nothing to refuse.
+    self.assertEqual(jax.grad(lambda s: s * jax.jit(refused)(
+        jax.lax.stop_gradient(w), xs))(1.0).shape, ())
+    # A Haiku model's eval step, a batch 8 times its training batch.
+    net = hk.transform(lambda xs: hkb.dynamic_unroll(
+        hk.GRU(32), xs, jnp.zeros([xs.shape[1], 32]), remat="auto",
+        memory_budget=200_000)[0])
+    params = net.init(KEY, xs)
+    jax.eval_shape(jax.grad(lambda p: jnp.sum(net.apply(p, None, xs))),
+                   params)  # The training step fits.
+    self.assertEqual(jax.jit(net.apply)(params, None, jnp.ones(
+        [64, 64, 32])).shape, (64, 64, 32))
 
   @parameterized.parameters(
       (dict(remat="auto"), ValueError, "needs `memory_budget=`"),
@@ -2550,12 +2599,15 @@ class RecomputeBoundTest(absltest.TestCase):
     step, h, xs = self._step_and_inputs()
     smallest = min(c.temporaries for c in hkb.remat_plan(
         step, h, xs, memory_budget=1 << 30).candidates)
+    # Differentiated in its carry and its xs, as `hkb.remat_plan` plans.
+    def grad(**options):
+      return jax.eval_shape(jax.grad(lambda h, xs: jnp.sum(hkb.scan(
+          step, h, xs, remat="auto", **options)[0]), argnums=(0, 1)), h, xs)
     with self.assertRaisesRegex(ValueError, "hkb.scan: every remat plan for "
                                 "32 steps that fits .* over max_recompute=3"):
-      hkb.scan(step, h, xs, remat="auto", memory_budget=smallest)
+      grad(memory_budget=smallest)
     with remat_models.plans_made() as made:
-      hkb.scan(step, h, xs, remat="auto", memory_budget=smallest,
-               max_recompute=math.inf)
+      grad(memory_budget=smallest, max_recompute=math.inf)
     self.assertEqual((made[-1].choice.remat, made[-1].choice.slots),
                      ("binomial", 1))
     # max_recompute=0: nothing recomputed, so no remat or the error.
