@@ -811,6 +811,12 @@ class RematAutoTest(EightDevicesTest):
         f"fits memory_budget=100 bytes: the least any needs is {smallest} "):
       jax.eval_shape(jax.grad(lambda p, x: jnp.sum(pipelined.apply(
           p, None, x)), argnums=(0, 1)), params, self.X)
+    # Not differentiated (inference), the stages run plain.
+    plain = stack(dense, init=init_dense, pipeline=hkb.Pipeline("stage", 2))
+    with jax.set_mesh(make_mesh(2)):
+      self.assertEqual(
+          jax.eval_shape(pipelined.apply, params, None, self.X),
+          jax.eval_shape(plain.apply, params, None, self.X))
 
 
 class DropInTest(EightDevicesTest):
