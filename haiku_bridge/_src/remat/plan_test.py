@@ -2084,6 +2084,66 @@ class DifferentiatedTest(absltest.TestCase):
                        jax.jit(program(budget))(params, x),
                        jax.jit(program(1 << 40))(params, x))
 
+  def test_every_loop_defers_its_refusal_to_a_differentiation(self):
+    # The grid of the deferred refusal: each loop of the bridge over a
+    # Haiku step, at a budget no plan fits, with and without an identity
+    # custom getter: a gradient it sees refuses at once, in its own name;
+    # its eval step under jax.jit runs as the plain loop does (the same
+    # loss and Haiku state); a gradient it cannot see (outside the jit)
+    # refuses in the same words when it reaches the loop.
+    for name, net, x in _loop_models():
+      params, state = net.init(KEY, x, 1 << 40)
+      for getter in (False, True):
+        def loss(p, budget, getter=getter):
+          return net.apply(p, state, None, x, budget, getter=getter)
+        words = f"^hkb.{name}: no remat plan for {x.shape[0]} steps fits "
+        with self.subTest(f"{name} getter={getter}"), caches.disabled():
+          with self.assertRaisesRegex(ValueError, words):
+            jax.eval_shape(jax.grad(lambda p: loss(p, 1)[0]), params)
+          chex.assert_trees_all_close(
+              jax.jit(lambda p: loss(p, 1))(params),
+              jax.jit(lambda p: loss(p, 1 << 40))(params))
+          with self.assertRaisesRegex(ValueError, words):
+            jax.eval_shape(jax.grad(jax.jit(lambda p: loss(p, 1)[0])),
+                           params)
+
+  def test_a_refusal_inside_a_custom_vjp_block(self):
+    # A loop inside `hkb.custom_vjp`, at a budget no plan fits: its eval
+    # step runs plain; with `hkb.vjp_fwd` its fwd differentiates the loop
+    # (keeping jax.vjp's residuals), which the loop sees and refuses; a
+    # backward pass of the user's own that never differentiates the loop
+    # (here: the weights' cotangents are zero) runs, as nothing of the
+    # plan's would.
+    def core(xs):
+      return hkb.dynamic_unroll(hk.GRU(16), xs, jnp.zeros([4, 16]),
+                                remat="auto", memory_budget=1)[0]
+
+    def zero_bwd(params, g):
+      del g
+      return jax.tree.map(jnp.zeros_like, params), None
+    inline = hk.transform(lambda xs: jnp.sum(hkb.dynamic_unroll(
+        hk.GRU(16), xs, jnp.zeros([4, 16]))[0] ** 2))
+    xs = jnp.ones([32, 4, 16]) * 0.1
+    params = inline.init(KEY, xs)
+    for name, fwd, bwd in (
+        ("vjp_fwd", hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g)),
+        ("own backward", lambda f_pure, p, xs: (f_pure(p, xs), p), zero_bwd)):
+      net = hk.transform(lambda xs: jnp.sum(
+          hkb.custom_vjp(core, fwd, bwd)(xs) ** 2))
+      with self.subTest(name), caches.disabled():
+        self.assertEqual(net.init(KEY, xs).keys(), params.keys())
+        chex.assert_trees_all_close(jax.jit(net.apply)(params, None, xs),
+                                    jax.jit(inline.apply)(params, None, xs))
+        gradient = jax.grad(lambda p: net.apply(p, None, xs))
+        if name == "vjp_fwd":
+          with self.assertRaisesRegex(
+              ValueError, "^hkb.dynamic_unroll: no remat plan for 32 steps"):
+            jax.eval_shape(gradient, params)
+        else:
+          self.assertEqual(
+              jax.tree.map(jnp.any, gradient(params)),
+              jax.tree.map(lambda _: False, params))
+
   @on_cpu_and_gpu(CPU_SIZED)
   def test_a_forward_derivative_of_the_loop_is_planned_as_it_runs(self):
     # `jax.jvp` of a loss through the loop keeps nothing for a backward
