@@ -729,15 +729,25 @@ class AutoTest(parameterized.TestCase):
     # differentiated: nothing to refuse.
     self.assertEqual(jax.grad(lambda s: s * jax.jit(refused)(
         jax.lax.stop_gradient(w), xs))(1.0).shape, ())
-    # A Haiku model's eval step, a batch 8 times its training batch.
-    net = hk.transform(lambda xs: hkb.dynamic_unroll(
-        hk.GRU(32), xs, jnp.zeros([xs.shape[1], 32]), remat="auto",
-        memory_budget=200_000)[0])
-    params = net.init(KEY, xs)
-    jax.eval_shape(jax.grad(lambda p: jnp.sum(net.apply(p, None, xs))),
-                   params)  # The training step fits.
-    self.assertEqual(jax.jit(net.apply)(params, None, jnp.ones(
-        [64, 64, 32])).shape, (64, 64, 32))
+    # A Haiku model's eval step, a batch 8 times its training batch, at a
+    # budget that fits the training step's least plan and not the eval
+    # batch's (on XLA:CPU, the least plans: 137,604 and 1,076,612 bytes).
+    def gru(budget):
+      return hk.transform(lambda xs: hkb.dynamic_unroll(
+          hk.GRU(32), xs, jnp.zeros([xs.shape[1], 32]), remat="auto",
+          memory_budget=budget, max_recompute=math.inf)[0])
+    params = gru(1).init(KEY, xs)
+    train = lambda net, xs: jax.grad(
+        lambda p: jnp.sum(net.apply(p, None, xs)))
+    least = plan_where_run(train(gru(1 << 40), xs), params).least_budget
+    big = jnp.ones([64, 64, 32])
+    self.assertGreater(
+        plan_where_run(train(gru(1 << 40), big), params).least_budget,
+        2 * least)
+    net = gru(2 * least)
+    jax.eval_shape(train(net, xs), params)  # The training step fits.
+    self.assertEqual(jax.jit(net.apply)(params, None, big).shape,
+                     (64, 64, 32))
 
   @parameterized.parameters(
       (dict(remat="auto"), ValueError, "needs `memory_budget=`"),
@@ -2244,6 +2254,8 @@ class DifferentiatedTest(absltest.TestCase):
 class KnownGapsTest(absltest.TestCase):
   """Promises of issue 42 that `remat="auto"` does not keep yet, each on a model the grid lacks."""
 
+  @on_cpu_and_gpu("a gap of XLA:CPU's: on a TPU v5e the step compiled to "
+                  "1.000 of the budget (RESULTS.md, 'The TPU again')")
   @unittest.expectedFailure
   def test_a_batch_major_unroll_under_a_jvp_alone_keeps_its_budget(self):
     # Known gap: `hkb.dynamic_unroll(time_major=False)` under `jax.jvp` of
@@ -2451,6 +2463,7 @@ class KnownGapsTest(absltest.TestCase):
       jax.grad(jax.jit(lambda w: inner(w, xs[0])))(w)
 
 
+  @on_cpu_and_gpu(CPU_SIZED)
   def test_a_loop_inside_a_plain_haiku_bridge_loop_is_said_unless_planned(self):
     # An RNN stack: 6 layers (`hkb.repeat_layer`), each a time scan of 64
     # steps with "auto". With the stack's remat=False its scan keeps every
