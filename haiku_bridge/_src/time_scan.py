@@ -120,7 +120,8 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
       step may take, held by the compiled loop: its temporaries (what its
       backward pass keeps, its outputs and their cotangents, the carry's
       cotangent, its working memory) and the constants it compiles in (a
-      schedule's tables); not the params or their gradients, nor the rest
+      schedule's tables, arrays the step closes over); not the params or
+      their gradients, nor the rest
       of the step (README, "Choosing remat").
     max_recompute: with `remat="auto"`, the most forward passes of the loop
       a plan may run again in the backward pass (`remat=True` runs 1;

@@ -901,6 +901,16 @@ class _Traced(NamedTuple):
   # The measuring programs take them too (`_no_schedules`: where none is
   # a candidate).
   derivatives: tuple[tuple[str, int], ...] = (("reverse", 1),)
+  # Of each const, its value where it is no tracer (an array the step closes
+  # over, as a numpy mask or table) and the loop is staged: a `jax.jit`
+  # around the loop compiles it into the program as a constant, and XLA
+  # copies it into each loop that reads it (the forward sweep, and a
+  # backward pass that recomputes), so the measuring programs close over it
+  # too (`_compiled_constants`); None for a traced value, which they take
+  # as an argument, as the loop takes params. Which are known is part of
+  # the caches' keys (`_compiled_in`), their values not: the bytes depend
+  # on the shapes alone.
+  known: tuple[Any, ...] = ()
 
 
 def _trace(f, init, xs, length, unroll: int | bool = 1,
@@ -953,7 +963,20 @@ def _trace(f, init, xs, length, unroll: int | bool = 1,
                  batch_major, _vmaps(gradient, closed.consts, carry, x_leaves),
                  wrt, _derivatives(gradient, [
                      t for v in list(closed.consts) + carry + x_leaves
-                     for t in _batch_dims(v)])), consts
+                     for t in _batch_dims(v)]),
+                 _compiled_constants(closed.consts)), consts
+
+
+def _compiled_constants(consts: Sequence[Any]) -> tuple[Any, ...]:
+  """`_Traced.known`: each const that is no tracer where the loop is staged (in a `jax.jit`, `jax.eval_shape`), else None.
+
+  Staged, JAX compiles such an array into the program as a constant; run
+  eagerly, the loop's consts are its operands, as traced values are.
+  """
+  staged = any(type(t).__name__ == "DynamicJaxprTrace" for t in
+               scheduled_scan.outward(scheduled_scan.current_trace(())))
+  return tuple(c if staged and not isinstance(c, jax.core.Tracer) else None
+               for c in consts)
 
 
 def _reaching(jaxpr: jax_core.ClosedJaxpr, taken: Sequence[bool]
@@ -1589,9 +1612,14 @@ def _sorted_repr(value: Any) -> str:
 
 
 def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
-  return (step.text, consts, step.carry, step.x, policy, length,
-          step.unroll, step.batch_major, step.vmaps, step.wrt,
+  return (step.text, consts, _compiled_in(step), step.carry, step.x, policy,
+          length, step.unroll, step.batch_major, step.vmaps, step.wrt,
           step.derivatives, _mesh_context(), jax.default_backend())
+
+
+def _compiled_in(step: _Traced) -> tuple[bool, ...]:
+  """Of each const, whether the programs compile it in (`_Traced.known`): a key's part, where the value is not."""
+  return tuple(v is not None for v in step.known)
 
 
 def _say_auto_axes() -> None:
@@ -1640,7 +1668,8 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   """The coefficients' key across processes; None where a policy has no stable name.
 
   Everything the figures depend on: the step's jaxpr (every shape, dtype
-  and operation; function addresses left out), what it takes, the policy,
+  and operation; function addresses left out), what it takes (and which
+  of the arrays it closes over are compiled in as constants), the policy,
   the length, the unroll, the vmaps around the loop, which of its inputs
   a gradient is taken of, the mesh it is planned under, the backend and device,
   the jax, jaxlib and haiku_bridge versions and the measuring code, XLA's
@@ -1652,6 +1681,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
   device = jax.devices()[0]
   jaxpr = re.sub(r" at 0x[0-9a-f]+", "", step.text)
   text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
+               _compiled_in(step),
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
                name, length, step.unroll, step.batch_major, step.vmaps,
                step.wrt, step.derivatives, _mesh_context(),
@@ -1932,8 +1962,17 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
   stacked = [stack(x) for x in step.x]
   program = (vmapped(train, per_example) if _differentiable(step)
              else vmapped(run, step.vmaps))
-  return jax.jit(program).lower(
-      *_batched(step, (list(consts), list(step.carry), stacked)))
+  consts, carry, xs = _batched(step, (list(consts), list(step.carry),
+                                      stacked))
+  known = step.known or (None,) * len(consts)
+
+  def closing_over_known(traced, carry, xs):
+    # The consts that are no tracer compiled in, as the user's program has
+    # them (`_Traced.known`); the rest arguments.
+    it = iter(traced)
+    return program([next(it) if v is None else v for v in known], carry, xs)
+  return jax.jit(closing_over_known).lower(
+      [c for c, v in zip(consts, known) if v is None], carry, xs)
 
 
 def _compile(lowered):

@@ -252,7 +252,7 @@ def _deterministic_plan() -> remat_plan.RematPlan:
 
 
 def _plans_made_here() -> list[remat_plan.RematPlan]:
-  """The plans of a pure step (with a policy), of a Haiku stack (with an identity getter), of a loop under `jax.vmap`, of one sharded over Explicit axes, and of a Haiku scan (through the getter) under a meta-gradient and a Hessian-vector product."""
+  """The plans of a pure step (with a policy), of a Haiku stack (with an identity getter), of a loop under `jax.vmap`, of one sharded over Explicit axes, of a Haiku scan (through the getter) under a meta-gradient and a Hessian-vector product, and of a step closing over an array."""
   def with_getter(f, x):
     with hk.custom_getter(_identity_getter):
       return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=15_000,
@@ -288,6 +288,11 @@ def _plans_made_here() -> list[remat_plan.RematPlan]:
     forms = _derivative_forms(net, state, getter=True)
     for form in ("meta-gradient", "hvp"):
       jax.eval_shape(forms[form](1 << 40), params, x)
+    # An array the step closes over, compiled in (`BudgetTest`).
+    table = jnp.arange(16 * 16, dtype=jnp.float32).reshape(16, 16) / 256
+    jax.eval_shape(jax.grad(lambda h, xs: jnp.sum(hkb.scan(
+        lambda h, x: _step(h @ table, x), h, xs, remat="auto",
+        memory_budget=1 << 40)[1])), jnp.zeros([4, 16]), jnp.ones([64, 4, 16]))
   return pure + made
 
 
@@ -1453,6 +1458,59 @@ class BudgetTest(parameterized.TestCase):
     self.assert_equal_values(
         hkb.scan(step, init, xs, remat="auto", memory_budget=1 << 30),
         jax.lax.scan(step, init, xs))
+
+  def test_an_array_the_step_closes_over_is_compiled_in_as_the_step_has_it(self):
+    # A numpy table the step closes over (an embedding, a mask) is a
+    # constant of the jitted training step, which XLA copies into each loop
+    # that reads it: the forward sweep, and a backward pass that recomputes.
+    # Measured as an argument, as params are, the plan missed those copies:
+    # a tanh RNN over token embeddings of a 32 KiB table, with a fori_loop
+    # in the step: remat=True predicted at 46,784 bytes, compiled 112,056;
+    # the least plan's step 4.45x its budget. The same table passed in
+    # (traced) is an argument in both, and planned apart.
+    table = jax.random.normal(KEY, [256, 32]) * 0.1  # Not traced here.
+    w = jax.random.normal(jax.random.PRNGKey(1), [32, 32]) / 6
+    tokens = jax.random.randint(KEY, [64, 4], 0, 256)
+
+    def loss(w, tokens, table=table, **remat):
+      def step(h, t):
+        h = jax.lax.fori_loop(0, 2, lambda _, h: jnp.tanh(h @ w), h + table[t])
+        return h, jnp.sum(h)
+      h, ys = hkb.scan(step, jnp.zeros([4, 32]), tokens, **remat)
+      return jnp.sum(ys ** 2) + jnp.sum(h ** 2)
+
+    for name, f, args in (
+        ("closed over", loss, (w, tokens)),
+        ("passed in", lambda w, tokens, table, **r: loss(w, tokens, table, **r),
+         (w, tokens, table))):
+      step = lambda **remat: jax.value_and_grad(functools.partial(f, **remat))
+      with self.subTest(name):
+        plan = plan_where_run(step(remat="auto", memory_budget=1 << 40,
+                                   max_recompute=math.inf), *args)
+        for candidate in plan.candidates:
+          if candidate.remat in (False, True):
+            got = compiled_bytes(step(remat=candidate.remat), *args)
+            self.assertLess(abs(candidate.temporaries / got - 1), 0.02,
+                            (candidate, got))
+        # The least plan, a schedule of one slot, as the loop runs it.
+        with remat_models.plans_made() as made:
+          got = compiled_bytes(step(remat="auto", memory_budget=(
+              plan.least_budget), max_recompute=math.inf), *args)
+        self.assertEqual(made[-1].choice.slots, 1)
+        self.assertLessEqual(got, plan.least_budget * (1 + STEP_TOLERANCE))
+    # Run eagerly (no jit around it), the loop's consts are its operands:
+    # `hkb.remat_plan` called so measures the table as an argument, as
+    # under a jit where it is traced, not as one closing over it.
+    def plan(w, table):
+      step = lambda h, t: (jnp.tanh(h @ w + table[t]), jnp.sum(h))
+      return hkb.remat_plan(step, jnp.zeros([4, 32]), tokens,
+                            memory_budget=1 << 40)
+    made = []
+    jax.eval_shape(lambda w, table: made.append(plan(w, table)), w, table)
+    jax.eval_shape(lambda w: made.append(plan(w, table)), w)
+    traced, closed_over = made
+    self.assertEqual(plan(w, table), traced)
+    self.assertGreater(closed_over.least_budget, traced.least_budget)
 
   def test_a_bfloat16_carry_within_the_budget(self):
     # XLA:CPU keeps a bfloat16 carry's slots at twice its bytes: measured,
