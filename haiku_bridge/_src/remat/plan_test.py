@@ -2391,6 +2391,34 @@ class KnownGapsTest(absltest.TestCase):
     kept = hlo_flops.held(compiled).temporaries
     self.assertLess(abs(kept / choice.temporaries - 1), 0.1)
 
+  @on_cpu_and_gpu(TOY_BYTES)
+  @unittest.expectedFailure
+  def test_a_loss_linear_in_the_final_carry_keeps_the_least_budget(self):
+    # Known gap: the plan measures a loss of the squares of the loop's
+    # outputs; where the loss is linear in the final carry (`jnp.sum(h)`),
+    # its cotangent is a constant, and XLA:CPU's one-slot schedule then
+    # keeps one carry more. A tanh RNN over 64 steps, batch 8, width 32:
+    # the least plan (binomial, 1 slot) predicted 14,052 bytes, compiled
+    # 15,068 (1.072); at the middle budget 0.993. A loss in the step
+    # (`jnp.sum(ys)` of `ys = jnp.sum(h ** 2)`) is exact: 14,056 and 14,048.
+    w = jax.random.normal(KEY, [32, 32]) / 6
+    xs = jax.random.normal(KEY, [64, 8, 32]) * 0.1
+
+    def loss(w, xs, **remat):
+      step = lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h))
+      h, ys = hkb.scan(step, jnp.zeros([8, 32]), xs, **remat)
+      return jnp.sum(ys) + jnp.sum(h)
+
+    step = lambda **remat: jax.value_and_grad(
+        functools.partial(loss, **remat))
+    with caches.disabled():
+      least = plan_where_run(step(remat="auto", memory_budget=1 << 40,
+                                  max_recompute=math.inf), w, xs).least_budget
+      self.assertLessEqual(
+          compiled_bytes(step(remat="auto", memory_budget=least,
+                              max_recompute=math.inf), w, xs),
+          least * (1 + STEP_TOLERANCE))
+
   @unittest.expectedFailure
   def test_a_data_parallel_step_over_auto_axes_is_planned_per_device(self):
     # Known gap: a loop in a `jax.jit` step whose batch is sharded over
