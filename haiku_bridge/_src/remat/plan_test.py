@@ -1459,6 +1459,7 @@ class BudgetTest(parameterized.TestCase):
         hkb.scan(step, init, xs, remat="auto", memory_budget=1 << 30),
         jax.lax.scan(step, init, xs))
 
+  @on_cpu_and_gpu(TOY_BYTES)
   def test_an_array_the_step_closes_over_is_compiled_in_as_the_step_has_it(self):
     # A numpy table the step closes over (an embedding, a mask) is a
     # constant of the jitted training step, which XLA copies into each loop
