@@ -16,7 +16,8 @@ a loss of the loop's outputs with respect to what it closes over and its per-ste
 inputs, at the loop's own length T): XLA's temporaries (what the backward
 pass keeps, the outputs and their cotangents, the carry's cotangent, the
 working memory) and the constants compiled into the program (a schedule's
-tables). Not the params or their gradients, nor the rest of the step.
+tables, arrays the step closes over). Not the params or their gradients,
+nor the rest of the step.
 
 The model, at the loop's own length T:
 
@@ -366,7 +367,8 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
       held by the compiled loop: its temporaries (what its backward pass
       keeps, its outputs and their cotangents, the carry's cotangent, its
       working memory) and the constants it compiles in (a schedule's
-      tables); not the params or their gradients, nor the rest of the step.
+      tables, arrays the step closes over); not the params or their
+      gradients, nor the rest of the step.
     remat_policy: a `jax.checkpoint_policies` policy: per-step remat under
       it is a candidate too (as `remat="auto", remat_policy=` weighs it).
     max_recompute: the most forward passes of the loop the backward pass
