@@ -445,7 +445,13 @@ class AutoTest(parameterized.TestCase):
       runs.append(child.stdout.strip().splitlines()[-2:])
     (cold_compiles, cold), (warm_compiles, warm) = runs
     self.assertGreaterEqual(int(cold_compiles), 3 * 4 + 1)
-    self.assertEqual(int(warm_compiles), 0)
+    if remat_plan._stable_name(_NAMED_POLICY) is None:
+      # jax 0.12's `save_only_these_names` is a closure again, whose name
+      # means nothing across processes: its plan is measured in each, the
+      # others read from disk.
+      self.assertBetween(int(warm_compiles), 1, int(cold_compiles) // 2)
+    else:
+      self.assertEqual(int(warm_compiles), 0)
     self.assertEqual(cold, here)
     self.assertEqual(warm, here)
     # Where they are, and what clears them.
@@ -1493,11 +1499,12 @@ class BudgetTest(parameterized.TestCase):
             got = compiled_bytes(step(remat=candidate.remat), *args)
             self.assertLess(abs(candidate.temporaries / got - 1), 0.02,
                             (candidate, got))
-        # The least plan, a schedule of one slot, as the loop runs it.
-        with remat_models.plans_made() as made:
-          got = compiled_bytes(step(remat="auto", memory_budget=(
-              plan.least_budget), max_recompute=math.inf), *args)
-        self.assertEqual(made[-1].choice.slots, 1)
+        # The least plan, as the loop runs it: a schedule of one slot on
+        # jaxlib 0.10.2; `remat=True` on 0.12, where a schedule's copies of
+        # the table (its forward sweep, its advance, its backward loop)
+        # outweigh the carries it saves.
+        got = compiled_bytes(step(remat="auto", memory_budget=(
+            plan.least_budget), max_recompute=math.inf), *args)
         self.assertLessEqual(got, plan.least_budget * (1 + STEP_TOLERANCE))
     # Run eagerly (no jit around it), the loop's consts are its operands:
     # `hkb.remat_plan` called so measures the table as an argument, as
