@@ -146,7 +146,10 @@ def jacfwd_through_jit_planned():
   w = jnp.eye(64) / 2
   step = lambda c, x: (jnp.tanh(c @ w + x), None)
   h, xs = jnp.zeros([8, 64]), jnp.ones([16, 8, 64])
-  least = hkb.remat_plan(step, h, xs, memory_budget=2**30).least_budget
+  # Planned as the jitted loop is: `w`, closed over, compiled in.
+  plans = []
+  jax.eval_shape(lambda: plans.append(hkb.remat_plan(step, h, xs, memory_budget=2**30)))
+  least = plans[0].least_budget
   jax.jacfwd(jax.jit(lambda s: jnp.sum(hkb.scan(
       step, h, s * xs, remat="auto", memory_budget=least,
       max_recompute=float("inf"))[0])))(1.0)
