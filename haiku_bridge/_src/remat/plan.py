@@ -1966,15 +1966,16 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
              else vmapped(run, step.vmaps))
   consts, carry, xs = _batched(step, (list(consts), list(step.carry),
                                       stacked))
-  known = step.known or (None,) * len(consts)
 
   def closing_over_known(traced, carry, xs):
     # The consts that are no tracer compiled in, as the user's program has
     # them (`_Traced.known`); the rest arguments.
     it = iter(traced)
-    return program([next(it) if v is None else v for v in known], carry, xs)
+    return program([next(it) if v is None else v for v in step.known],
+                   carry, xs)
   return jax.jit(closing_over_known).lower(
-      [c for c, v in zip(consts, known) if v is None], carry, xs)
+      [c for c, v in zip(consts, step.known, strict=True) if v is None],
+      carry, xs)
 
 
 def _compile(lowered):
