@@ -238,6 +238,14 @@ def _step(h, x):
   return h, jnp.sum(h ** 2)
 
 
+def _under_identity_getter(f):
+  """`f`, run under an identity `hk.custom_getter`."""
+  def run(*args, **kwargs):
+    with hk.custom_getter(_identity_getter):
+      return f(*args, **kwargs)
+  return run
+
+
 def _identity_getter(next_getter, value, context):
   del context
   return next_getter(value)
@@ -1464,6 +1472,48 @@ class BudgetTest(parameterized.TestCase):
     self.assert_equal_values(
         hkb.scan(step, init, xs, remat="auto", memory_budget=1 << 30),
         jax.lax.scan(step, init, xs))
+
+  @on_cpu_and_gpu(TOY_BYTES)
+  def test_every_loop_counts_an_array_its_step_closes_over(self):
+    # The grid of the above: each loop of the bridge over a Haiku step that
+    # reads a table (64 KiB) by an index of its carry, at its least
+    # plan's budget, with and without an identity custom getter: the whole
+    # compiled step within it.
+    table = jnp.asarray(np.linspace(-1, 1, 64 * 256, dtype=np.float32)
+                        .reshape(64, 256))  # Not traced here.
+
+    def step(h, x, lin=None):
+      # A time scan's steps share one module, a layer scan's make their own.
+      i = jnp.argmax(h[0, :4])  # An index only the run knows.
+      return jnp.tanh((lin or hk.Linear(8))(h) + x + table[i, :8]), None
+
+    def time_scan(loop):
+      def run(x, o):
+        lin = hk.Linear(8)
+        return loop(lambda h, x: step(h, x, lin), x, o)
+      return run
+
+    loops = {
+        "scan": time_scan(lambda f, x, o: hkb.scan(f, x[0], x, **o)[0]),
+        "dynamic_unroll": time_scan(lambda f, x, o: hkb.dynamic_unroll(
+            lambda x, h: (h, f(h, x)[0]), x, x[0], **o)[1]),
+        "layer_scan": lambda x, o: hkb.layer_scan(step, x[0], x, **o)[0],
+        "repeat_layer": lambda x, o: hkb.repeat_layer(
+            lambda h: step(h, 0.0)[0], x[0], 12, **o)}
+    x = jnp.ones([12, 32, 8]) * 0.1
+    for name, loop in loops.items():
+      net = hk.transform(lambda x, budget, getter, loop=loop: jnp.sum(
+          (_under_identity_getter(loop) if getter else loop)(x, dict(
+              remat="auto", memory_budget=budget,
+              max_recompute=math.inf)) ** 2))
+      params = net.init(KEY, x, 1 << 40, False)
+      for getter in (False, True):
+        train = lambda budget, getter=getter: jax.value_and_grad(
+            lambda p: net.apply(p, None, x, budget, getter))
+        with self.subTest(f"{name} getter={getter}"):
+          least = plan_where_run(train(1 << 40), params).least_budget
+          self.assertLessEqual(compiled_bytes(train(least), params),
+                               least * (1 + STEP_TOLERANCE))
 
   @on_cpu_and_gpu(TOY_BYTES)
   def test_an_array_the_step_closes_over_is_compiled_in_as_the_step_has_it(self):
