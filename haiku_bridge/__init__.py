@@ -14,10 +14,13 @@ from haiku_bridge._src.modes import RematMode
 # The Flax and Equinox adapters load on first use (see _src/optional.py).
 from haiku_bridge._src.optional import module_getattr as __getattr__
 from haiku_bridge._src.pipeline import Pipeline
+from haiku_bridge._src.remat import budgeted_jit
+from haiku_bridge._src.remat import BudgetedStep
 from haiku_bridge._src.remat import remat_plan
 from haiku_bridge._src.remat import remat_plans
 from haiku_bridge._src.remat import RematCandidate
 from haiku_bridge._src.remat import RematPlan
+from haiku_bridge._src.remat import StepPlan
 from haiku_bridge._src.scan import layer_scan
 from haiku_bridge._src.scan import repeat_layer
 from haiku_bridge._src.stacked_init import stacked_init
@@ -39,6 +42,7 @@ _versions.warn_if_untested()  # Once, on import: a jax or dm-haiku newer than th
 __version__ = "0.1.0"
 
 __all__ = (
+    "BudgetedStep",
     "Pipeline",
     "PipelineSchedule",
     "RematCandidate",
@@ -46,8 +50,10 @@ __all__ = (
     "RematPlan",
     "ShardingReport",
     "ShardingRules",
+    "StepPlan",
     "UnsupportedHaikuError",
     "UntestedVersionWarning",
+    "budgeted_jit",
     "call_pure",
     "clear_caches",
     "custom_jvp",

@@ -63,6 +63,10 @@ CLASSES = ("wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argum
 
 # Which classes of bad input each public name can be given; a class left out says why.
 COVERAGE = {
+    "BudgetedStep": set(),  # What `budgeted_jit` returns; users do not build one.
+    "StepPlan": set(),  # A record `BudgetedStep.plan` returns (a named tuple).
+    "budgeted_jit": {"wrong_type", "unknown_name"},
+    # budgeted_jit: one function, its options by keyword (a swap shows as wrong_type).
     "Pipeline": {"wrong_type", "shape_or_depth", "unknown_name"},
     "PipelineSchedule": set(),  # A type (of `Pipeline(schedule=)`), not a function.
     "RematMode": set(),  # A type (of `remat=`), not a function.
@@ -207,6 +211,33 @@ class CoverageTest(absltest.TestCase):
 # scan.py: layer_scan, repeat_layer; stacked_init.py; unrolled_names.py: unstack_params,
 # stack_params.
 # ---------------------------------------------------------------------------
+
+
+class Budgeted_jitTest(TestCase):
+  """`budgeted_jit(step, *, memory_budget=None, max_recompute=None, **jit_kwargs)`."""
+
+  def test_wrong_type(self):
+    step = lambda x: x
+    for kwargs, argument in ((dict(step=None), "step"),
+                             (dict(step=12e9), "step"),
+                             (dict(step=step, memory_budget="1GB"), "memory_budget"),
+                             (dict(step=step, memory_budget=1e9), "memory_budget"),
+                             (dict(step=step, max_recompute="3"), "max_recompute")):
+      with refused(self, TypeError, "budgeted_jit", argument):
+        hkb.budgeted_jit(**kwargs)
+    for kwargs, argument in ((dict(memory_budget=0), "memory_budget"),
+                             (dict(max_recompute=-1), "max_recompute")):
+      with refused(self, ValueError, "budgeted_jit", argument):
+        hkb.budgeted_jit(step, **kwargs)
+
+  def test_unknown_name_a_misspelt_option(self):
+    for typo, near in (("memory_budgets", "memory_budget"),
+                       ("donate_argnum", "donate_argnums")):
+      with self.assertRaisesRegex(
+          TypeError, rf"^hkb.budgeted_jit: got an unexpected keyword argument "
+          rf"'{typo}' \(did you mean '{near}'\?\); its arguments are step, "
+          r"memory_budget, max_recompute, in_shardings, "):
+        hkb.budgeted_jit(lambda x: x, **{typo: 0})
 
 
 class Unstack_paramsTest(TestCase):

@@ -118,6 +118,7 @@ SECTION_CALL = "`call_pure` and `get_relevant_parameters`"
 SECTION_CUSTOM = "`custom_vjp` and `custom_jvp`"
 SECTION_SCAN = "`layer_scan` and `repeat_layer`"
 SECTION_TIME = "`scan` and `dynamic_unroll`"
+SECTION_BUDGETED = "`budgeted_jit`"
 SECTION_SHARDING = "Sharding rules"
 SECTION_PIPELINE = "Pipelines"
 SECTION_ADAPTERS = "Flax and Equinox adapters"
@@ -346,8 +347,19 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     (SECTION_SCAN, "`remat_groups` without a schedule"):
         lambda: init(lambda: hkb.layer_scan(lambda c, x: (c, None), X4, num_layers=3,
                                             remat=True, remat_groups=2)),
-    (SECTION_SCAN, "`remat=\"auto\"` without `memory_budget`"):
-        lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, remat="auto")),
+    (SECTION_SCAN, "`remat=\"auto\"` without `memory_budget`, differentiated outside "
+                   "`hkb.budgeted_jit` (at init and in inference it runs plain)"):
+        lambda: unbudgeted_gradient(),
+    (SECTION_BUDGETED, "no `memory_budget` where the backend does not say how much memory its "
+                       "device has (the CPU)"):
+        lambda: hkb.budgeted_jit(jax.grad(lambda w: jnp.sum(w ** 2)))(X4),
+    (SECTION_BUDGETED, "`memory_budget` not a positive int"):
+        lambda: hkb.budgeted_jit(jax.grad(lambda w: jnp.sum(w ** 2)), memory_budget="1GB"),
+    (SECTION_BUDGETED, "a step no plan fits (its bytes at the least plan, compiled, are named "
+                       "first)"): lambda: budgeted_layers(memory_budget=100),
+    (SECTION_BUDGETED, "a step over its budget with no `remat=\"auto\"` loop to plan"):
+        lambda: hkb.budgeted_jit(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w))),
+                                 memory_budget=100)(jnp.ones([4, 4]), X4),
     (SECTION_SCAN, "`memory_budget` without `remat=\"auto\"`"):
         lambda: init(lambda: hkb.repeat_layer(lambda x: x, X4, 3, memory_budget=10**6)),
     (SECTION_SCAN, "`memory_budget` not a positive int"):
@@ -570,6 +582,23 @@ def closed_over_array_into_a_scan() -> None:
   params = f.init(KEY, X4)
   with jax.set_mesh(jax.make_mesh((2, 4), ("stage", "rest"))):
     f.apply(jax.device_put(params, P()), None, X4)
+
+
+def layers_loss():
+  """A loss of three layers under `repeat_layer(remat="auto")` with no budget of its own."""
+  return hk.transform(lambda x: jnp.sum(hkb.repeat_layer(
+      lambda x: jnp.tanh(hk.Linear(4)(x)), x, 3, remat="auto")))
+
+
+def unbudgeted_gradient() -> Any:
+  f = layers_loss()
+  return jax.grad(f.apply)(f.init(KEY, X4), None, X4)
+
+
+def budgeted_layers(memory_budget: int) -> Any:
+  f = layers_loss()
+  return hkb.budgeted_jit(jax.grad(f.apply), memory_budget=memory_budget)(
+      f.init(KEY, X4), None, X4)
 
 
 def tanh_scan_plan(memory_budget: int) -> Any:

@@ -205,7 +205,7 @@ def clear_caches() -> None:
 
   Only ever needed to measure a cold start or to free memory: a cache never
   changes a result. The plans' files are under `$HAIKU_BRIDGE_CACHE_DIR`
-  (default `~/.cache/haiku_bridge`; README, "Choosing remat").
+  (default `~/.cache/haiku_bridge`; README, "Choosing remat for one loop").
 
   >>> hkb.clear_caches()
   """

@@ -141,7 +141,8 @@ def layer_scan(
       cotangent, its working memory) and the constants it compiles in (a
       schedule's tables, arrays the step closes over); not the params or
       their gradients, nor the rest
-      of the step (README, "Choosing remat"); with `pipeline=`, per stage: those of one
+      of the step (README, "Choosing remat for one loop"); None: the budget of the
+      whole step, inside `hkb.budgeted_jit`; with `pipeline=`, per stage: those of one
       visit's loop on one microbatch.
     max_recompute: with `remat="auto"`, the most forward passes of the loop
       a plan may run again in the backward pass (`remat=True` runs 1;

@@ -122,7 +122,8 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
       cotangent, its working memory) and the constants it compiles in (a
       schedule's tables, arrays the step closes over); not the params or
       their gradients, nor the rest
-      of the step (README, "Choosing remat").
+      of the step (README, "Choosing remat for one loop"); None: the budget of the
+      whole step, inside `hkb.budgeted_jit`.
     max_recompute: with `remat="auto"`, the most forward passes of the loop
       a plan may run again in the backward pass (`remat=True` runs 1;
       default 3; `math.inf` allows any). Where every plan that fits the

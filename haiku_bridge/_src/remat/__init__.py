@@ -9,6 +9,9 @@ rooms meet each other by name:
 * `schedule.py`: the schedules of `remat="nested"` / `"binomial"` (which
   carries the backward pass keeps), as checkable data; `scheduled_scan.py`
   runs `jax.lax.scan` backwards by one.
+* `step_budget.py`: `hkb.budgeted_jit`, one budget for a whole training
+  step, which plans every `remat="auto"` loop without a budget of its own
+  by compiling the step.
 * `plan.py`: `remat="auto"`, the plan that fits a memory budget
   (`hkb.remat_plan`, `RematPlan`); `hlo_flops.py` counts a compiled
   program's FLOPs, every loop by its trip count, for it.
@@ -32,15 +35,21 @@ from haiku_bridge._src.remat.plan import remat_plan
 from haiku_bridge._src.remat.plan import remat_plans
 from haiku_bridge._src.remat.plan import RematCandidate
 from haiku_bridge._src.remat.plan import RematPlan
+from haiku_bridge._src.remat.step_budget import budgeted_jit
+from haiku_bridge._src.remat.step_budget import BudgetedStep
+from haiku_bridge._src.remat.step_budget import StepPlan
 
 __all__ = [
+    "BudgetedStep",
     "CheckedBody",
     "Loop",
     "Planned",
     "RematCandidate",
     "RematPlan",
     "StepAxis",
+    "StepPlan",
     "StepWords",
+    "budgeted_jit",
     "check_step_output",
     "from_options",
     "num_steps",

@@ -48,6 +48,7 @@ from haiku_bridge._src import modes
 from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
+from haiku_bridge._src.remat import step_budget
 from haiku_bridge._src.pytree import PyTree
 
 # `remat=` values that keep fewer carries than steps (schedule.py).
@@ -89,7 +90,8 @@ class Loop:
       cotangent, its working memory) and the constants it compiles in (a
       schedule's tables, arrays the step closes over); not the params or
       their gradients, nor the rest
-      of the step (README, "Choosing remat").
+      of the step (README, "Choosing remat for one loop"); None: the budget of the
+      whole step, inside `hkb.budgeted_jit`.
     max_recompute: with `remat="auto"`, the most forward passes of the
       loop a plan may recompute.
     batch_major: with `remat="auto"`, whether the caller swaps the loop's
@@ -196,7 +198,13 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
                                max_recompute=remat_plan.MAX_RECOMPUTE)
   if length == 0:
     return Loop(unroll=loop.unroll)
-  assert loop.memory_budget is not None, "from_options requires it"
+  if loop.memory_budget is None:
+    if not step_budget.active():
+      return _unbudgeted(loop)
+    step = step_budget.loop_plan(length, carry, loop.policy is not None,
+                                 loop.max_recompute)
+    return Loop(step.remat, loop.policy if step.policy else None, None,
+                loop.unroll, slots=step.slots, planned=True)
   try:
     choice = remat_plan.loop_plan(planned_body or body, carry, xs, length,
                                   loop.memory_budget,
@@ -219,6 +227,18 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
               planned=True)
 
 
+def _unbudgeted(loop: Loop) -> Loop:
+  """`remat="auto"` with no budget, outside `budgeted_jit`: plain, refusing a differentiation."""
+  refusal = remat_plan.refusal(errors.message(
+      "`remat=\"auto\"` needs `memory_budget=`, the bytes the loop's "
+      "training-step temporaries may take (hkb.remat_plan shows what each "
+      "plan needs), or the training step jitted with hkb.budgeted_jit, "
+      "whose budget for the whole step plans it."))
+  if not remat_plan.deferrable():
+    raise refusal
+  return Loop(unroll=loop.unroll, refused=str(refusal))
+
+
 def from_options(*, remat: Any = False, remat_policy: Any = None,
                  remat_groups: Any = None, unroll: Any = 1,
                  memory_budget: Any = None, max_recompute: Any = None) -> Loop:
@@ -229,12 +249,8 @@ def from_options(*, remat: Any = False, remat_policy: Any = None,
   """
   remat = _remat_mode(remat, remat_policy, remat_groups)
   if remat == modes.REMAT_AUTO:
-    if memory_budget is None:
-      raise ValueError(errors.message(
-          "`remat=\"auto\"` needs `memory_budget=`, the bytes the loop's "
-          "training-step temporaries may take (hkb.remat_plan shows what "
-          "each plan needs)."))
-    memory_budget = remat_plan.check_budget(memory_budget)
+    if memory_budget is not None:
+      memory_budget = remat_plan.check_budget(memory_budget)
     max_recompute = remat_plan.check_max_recompute(max_recompute)
   else:
     for name, value in (("memory_budget", memory_budget),

@@ -10,7 +10,7 @@ sits. `plan` predicts, for every candidate, the bytes a training step of
 the loop needs and the FLOPs it recomputes, chooses, and checks the choice
 compiled.
 
-What the budget counts (README, "Choosing remat"): the loop's part of a
+What the budget counts (README, "Choosing remat for one loop"): the loop's part of a
 training step, compiled as `_measure` builds it (the value and gradient of
 a loss of the loop's outputs with respect to what it closes over and its per-step
 inputs, at the loop's own length T): XLA's temporaries (what the backward
@@ -1549,6 +1549,9 @@ def _compiled_all(step: _Traced, consts, length: int, plans: Sequence[Key],
         got = _Figures(**(_ON_DISK.get(on_disk(plan)) or {}))
       except TypeError:  # Nothing there, or something else.
         got = None
+      if got is not None and not all(
+          type(v) is int for v in got):  # pylint: disable=unidiomatic-typecheck
+        got = None  # A file of the right shape, not of numbers.
     return got
 
   def run(plan: Key) -> tuple[Any, Any]:
@@ -1743,12 +1746,32 @@ def _from_json(value: Optional[dict[str, Any]]) -> Optional[Coefficients]:
   try:
     value = {k: v for k, v in value.items() if k != "format"}
     tuples = ("scheduled", "constants", "policy")
-    return Coefficients(**{
+    found = Coefficients(**{
         **value, **{k: None if value[k] is None else tuple(value[k])
                     for k in tuples},
-        "measured": tuple((tuple(k), int(v)) for k, v in value["measured"])})
+        "measured": tuple((tuple(k), v) for k, v in value["measured"])})
   except (KeyError, TypeError, ValueError):
     return None
+  return found if _well_typed(found) else None
+
+
+def _well_typed(c: Coefficients) -> bool:
+  """Whether every figure of `c` is a number where one is (a file's strings are not)."""
+  def numbers(*values, whole=False):
+    return all(isinstance(v, int if whole else (int, float)) and
+               not isinstance(v, bool) for v in values)
+
+  return (numbers(c.length, c.plain, whole=True) and
+          (c.per_step is None or numbers(c.per_step, whole=True)) and
+          (c.scheduled is None or (len(c.scheduled) == 2 and
+                                   numbers(*c.scheduled))) and
+          len(c.constants) == 2 and numbers(*c.constants) and
+          numbers(c.step_flops, c.advance_flops) and
+          (c.policy is None or (len(c.policy) == 3 and
+                                isinstance(c.policy[0], str) and
+                                numbers(c.policy[1], whole=True) and
+                                numbers(c.policy[2]))) and
+          all(numbers(v, whole=True) for _, v in c.measured))
 
 
 def _compile_options() -> dict[str, Any]:

@@ -1,0 +1,641 @@
+"""`hkb.budgeted_jit`: a whole training step jitted to fit a memory budget, the compiled step deciding.
+
+A loop's own `memory_budget=` (`plan.py`) holds the loop's part of a step,
+predicted from programs of the loop alone; what surrounds the loop (a
+`jax.vmap` over an ensemble of params, a second loop, the optimizer's
+update, the arguments themselves) is not in it. `budgeted_jit` budgets the
+step a device runs: every bridged loop inside with `remat="auto"` and no
+`memory_budget=` of its own takes its plan from one search over the whole
+step, and the figure that decides is the compiled step's own
+(`step_bytes`): a plan is taken only once its step, compiled as it will
+run, is within the budget.
+
+The search walks one ladder of rungs for all those loops at once, ordered
+by the recomputation they allow (`Rung`): every loop plain (`remat=False`),
+under its `remat_policy` (loops with one), `remat=True`, then binomial
+schedules keeping fewer carries, each loop the fewest slots whose schedule
+recomputes at most `extra` forward passes more than `remat=True` (a loop
+never past its own `max_recompute`, the step never past the call's).
+Memory falls down the ladder; the step takes the first rung that fits:
+plain is compiled first, then `remat=True` (and the policy's rung, where
+`remat=True` fits), then the last rung (the least memory), then rungs
+between chosen on the line through the compiled figures, by the carries
+the loops keep (`_Search`). Each try compiles the step as it runs, and the
+chosen rung's compile is the one the step runs (jax's cache holds it): a
+step whose plain form fits costs one compile, one that needs `remat=True`
+two, one on a schedule three to seven. A compile that runs out of device
+memory (RESOURCE_EXHAUSTED, as XLA:TPU's compiler raises, fast, for a
+program over its HBM) is a rung over any budget, never an error.
+
+The choice is kept on disk (`caches.OnDisk`), keyed on the step lowered
+plain (its StableHLO: every shape, dtype and operation), the budget and the
+limits, the jit options, the backend, device and versions and this code: a
+second process lowers once (twice where the plan is not plain), compiles
+the chosen rung once, and checks it against the budget before it runs.
+"""
+
+import dataclasses
+import contextlib
+import contextvars
+import fractions
+import hashlib
+import inspect
+import itertools
+import math
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, Iterator, NamedTuple, Optional
+
+import jax
+import jaxlib
+import numpy as np
+
+from haiku_bridge._src import caches
+from haiku_bridge._src import errors
+from haiku_bridge._src import modes
+from haiku_bridge._src import versions
+from haiku_bridge._src.remat import plan as remat_plan
+from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.pytree import PyTree
+
+_API = "budgeted_jit"
+_FALSE, _POLICY, _TRUE, _SCHEDULE = range(4)
+# Compiles of the step beyond remat=True's and the least rung's, on the
+# schedules' side of the ladder.
+_MORE_TRIES = 4
+
+
+class Rung(NamedTuple):
+  """A step on the search's ladder: what every `remat="auto"` loop runs there.
+
+  `kind`: 0 plain, 1 under its `remat_policy` (plain without one), 2
+  `remat=True`, 3 a binomial schedule recomputing at most `extra` forward
+  passes more than `remat=True` (`extra` > 0, a fraction).
+  """
+  kind: int
+  extra: fractions.Fraction = fractions.Fraction(0)
+
+  def describe(self) -> str:
+    if self.kind == _SCHEDULE:
+      return ("remat=\"binomial\", at most "
+              f"{1 + float(self.extra):.3g} forward passes recomputed")
+    return ("remat=False", "remat=True under remat_policy", "remat=True")[
+        self.kind]
+
+
+class StepLoop(NamedTuple):
+  """What one `remat="auto"` loop of a budgeted step runs (a row of `StepPlan`).
+
+  Attributes:
+    length: its steps (layers, time steps).
+    remat: `False`, `True` or `"binomial"`.
+    slots: the carries a schedule keeps (None without one).
+    policy: whether `remat=True` runs under the loop's `remat_policy`.
+  """
+  length: int
+  remat: modes.RematMode
+  slots: Optional[int] = None
+  policy: bool = False
+
+
+class StepTry(NamedTuple):
+  """One compile of the step: the rung, its bytes (None: out of device memory), its seconds (lowering and compiling)."""
+  rung: str
+  bytes: Optional[int]
+  seconds: float
+
+  def __str__(self) -> str:
+    return (f"{self.rung}: " + ("out of device memory" if self.bytes is None
+                                else f"{self.bytes:,} bytes") +
+            f" ({self.seconds:.1f} s)")
+
+
+class StepPlan(NamedTuple):
+  """The plan `hkb.budgeted_jit` makes for a step: its loops' plans and the compiled step's bytes.
+
+  Attributes:
+    memory_budget: the budget, bytes of one device.
+    bytes: the chosen step's bytes, compiled (`step_bytes`): within the
+      budget.
+    loops: each `remat="auto"` loop the step runs (`StepLoop`), in the
+      order they were traced (a loop traced twice, as under `jax.checkpoint`,
+      twice).
+    tries: every compile the plan took, in order (`StepTry`): the search's,
+      or where the plan was kept on disk, the chosen step's alone.
+    kept: whether the plan was kept on disk by an earlier search (for the
+      same step, budget and versions), then compiled once and checked.
+  """
+  memory_budget: int
+  bytes: int
+  loops: tuple[StepLoop, ...]
+  tries: tuple[StepTry, ...]
+  kept: bool = False
+
+  def __str__(self) -> str:
+    rows = [f"{self.bytes:,} bytes of memory_budget={self.memory_budget:,}" +
+            (", kept on disk" if self.kept else "")]
+    rows += [f"  loop of {loop.length} steps: " + _describe_loop(loop)
+             for loop in self.loops]
+    rows += [f"  compiled {t}" for t in self.tries]
+    return "\n".join(rows)
+
+
+def _describe_loop(loop: StepLoop) -> str:
+  if loop.remat == "binomial":
+    return f"remat=\"binomial\", {loop.slots} slots"
+  return f"remat={loop.remat}" + (" under remat_policy" if loop.policy else "")
+
+
+class _Seen(NamedTuple):
+  """A loop as the search's trace saw it."""
+  length: int
+  policy: bool
+  max_recompute: float
+  carry_bytes: int
+
+
+@dataclasses.dataclass
+class _Trace:
+  """What one trace of the step at a rung records."""
+  rung: Rung
+  loops: list[_Seen] = dataclasses.field(default_factory=list)
+
+
+# The rung a step is traced at, with its search's identity: a jit-cache key
+# (jax.make_user_context), so that a function the step jits inside is traced
+# again at each rung, never its trace at another rung reused.
+_RUNG = jax.make_user_context(None)
+_TRACE: contextvars.ContextVar[Optional[_Trace]] = contextvars.ContextVar(
+    "haiku_bridge_step_budget_trace", default=None)
+_SEARCHES = itertools.count()
+
+
+def active() -> bool:
+  """Whether a step of `budgeted_jit` is being traced (its loops join its budget)."""
+  return _TRACE.get() is not None
+
+
+def loop_plan(length: int, carry: PyTree, policy: bool,
+              max_recompute: float) -> StepLoop:
+  """What a `remat="auto"` loop with no budget of its own runs at the traced rung.
+
+  Raises ValueError where no step of `budgeted_jit` is being traced.
+  """
+  trace = _TRACE.get()
+  if trace is None:
+    raise ValueError(errors.message(
+        "`remat=\"auto\"` without `memory_budget=` takes its plan from the "
+        "training step's budget, but this loop runs outside "
+        "hkb.budgeted_jit: jit the step with hkb.budgeted_jit(step, "
+        "memory_budget=...), or give the loop its own memory_budget="))
+  carry_bytes = sum(int(np.prod(np.shape(leaf))) * np.dtype(leaf.dtype).itemsize
+                    for leaf in jax.tree.leaves(carry))
+  trace.loops.append(_Seen(length, policy, max_recompute, carry_bytes))
+  return _at(trace.rung, length, policy, max_recompute)
+
+
+def _at(rung: Rung, length: int, policy: bool,
+        max_recompute: float) -> StepLoop:
+  """The plan of a loop at `rung`, within its own `max_recompute`."""
+  if rung.kind == _FALSE or max_recompute < 1 and not (
+      rung.kind >= _POLICY and policy):
+    return StepLoop(length, False)
+  if rung.kind == _POLICY or max_recompute < 1:
+    return StepLoop(length, policy, policy=policy)
+  extra = min(rung.extra, fractions.Fraction(max_recompute) - 1)
+  if rung.kind == _TRUE or extra <= 0 or length < 3:
+    return StepLoop(length, True)
+  slots = remat_schedule.fewest_binomial_slots(length, math.floor(extra * length))
+  if slots > length - 2:
+    return StepLoop(length, True)
+  return StepLoop(length, "binomial", slots)
+
+
+def _ladder(loops: list[_Seen], max_recompute: float) -> list[Rung]:
+  """Every rung that changes some loop's plan, in order of recomputation."""
+  rungs = [Rung(_FALSE)]
+  if any(loop.policy for loop in loops):
+    rungs.append(Rung(_POLICY))
+  rungs.append(Rung(_TRUE))
+  extras = set()
+  for loop in set(loops):
+    most = min(max_recompute, loop.max_recompute) - 1
+    for slots in range(loop.length - 2, 0, -1):
+      extra = fractions.Fraction(
+          remat_schedule.binomial_cost(loop.length, slots), loop.length)
+      if extra > most:
+        break
+      extras.add(extra)
+  return rungs + [Rung(_SCHEDULE, extra) for extra in sorted(extras) if extra]
+
+
+def _kept(rung: Rung, loops: list[_Seen]) -> int:
+  """Bytes of the carries the loops keep for the backward pass at `rung` (the line's abscissa)."""
+  kept = 0
+  for loop in loops:
+    plan = _at(rung, loop.length, loop.policy, loop.max_recompute)
+    kept += loop.carry_bytes * (plan.slots if plan.slots is not None else
+                                loop.length)
+  return kept
+
+
+def step_bytes(analysis: Any, platform: str) -> int:
+  """The bytes a compiled step holds on one device: what `budgeted_jit` checks.
+
+  Its arguments, its outputs (less those that reuse a donated argument's
+  buffer), its temporaries and its code, as XLA's memory analysis gives
+  them. XLA:TPU also gives the peak of the buffers live at once, the
+  arguments and outputs among them, and at small sizes reports temporaries
+  only in part: there the larger of the two, each buffer counted once.
+
+  >>> from haiku_bridge._src.remat import step_budget
+  >>> x = jnp.ones([256, 256])  # 256 KiB.
+  >>> compiled = jax.jit(lambda x: jnp.tanh(x @ x)).lower(x).compile()
+  >>> step_budget.step_bytes(compiled.memory_analysis(),
+  ...                        jax.default_backend()) >= 2 * x.nbytes
+  True
+  """
+  total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes -
+           analysis.alias_size_in_bytes + analysis.temp_size_in_bytes +
+           analysis.generated_code_size_in_bytes)
+  if platform == "tpu":
+    total = max(total, getattr(analysis, "peak_memory_in_bytes", 0) +
+                analysis.generated_code_size_in_bytes)
+  return int(total)
+
+
+def device_memory() -> Optional[int]:
+  """The bytes the default device has for XLA (`memory_stats()["bytes_limit"]`); None where it does not say (the CPU)."""
+  stats = jax.devices()[0].memory_stats()
+  limit = (stats or {}).get("bytes_limit")
+  return int(limit) if limit else None
+
+
+def out_of_memory(error: Exception) -> bool:
+  """Whether a compile failed for want of device memory (XLA's RESOURCE_EXHAUSTED)."""
+  return "RESOURCE_EXHAUSTED" in str(error)
+
+
+class _Compiled(NamedTuple):
+  bytes: Optional[int]  # None: out of device memory.
+  compiled: Any
+  seconds: float  # Lowering and compiling.
+
+
+def _compile(lowered: Any) -> Any:
+  """`lowered.compile()`: one seam, where a test runs a device out of memory."""
+  return lowered.compile()
+
+
+def _compiled(lowered: Any, lowering: float) -> _Compiled:
+  """`lowered` (in `lowering` seconds) compiled, its bytes read; out of device memory, no bytes."""
+  start = time.perf_counter()
+  try:
+    compiled = _compile(lowered)
+  except Exception as error:  # pylint: disable=broad-except
+    if not out_of_memory(error):
+      raise
+    return _Compiled(None, None, lowering + time.perf_counter() - start)
+  return _Compiled(step_bytes(compiled.memory_analysis(),
+                              jax.default_backend()), compiled,
+                   lowering + time.perf_counter() - start)
+
+
+class BudgetedStep:
+  """A step jitted to fit a memory budget: `hkb.budgeted_jit`'s result, used like `jax.jit(step)`."""
+
+  def __init__(self, step: Callable[..., Any], memory_budget: Optional[int],
+               max_recompute: float, jit_kwargs: dict[str, Any]) -> None:
+    self._step = step
+    self._budget = memory_budget
+    self._max_recompute = max_recompute
+    self._jit_kwargs = jit_kwargs
+    self._jitted = jax.jit(step, **jit_kwargs)
+    self._statics = _static_positions(step, jit_kwargs)
+    self._plans: dict[Any, tuple[int, Rung, StepPlan]] = {}
+    self.__wrapped__ = step
+    for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
+      if hasattr(step, attribute):
+        setattr(self, attribute, getattr(step, attribute))
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    search, rung, _ = self._planned(args, kwargs)
+    with _RUNG((search, rung)), _tracing(rung):
+      return self._jitted(*args, **kwargs)
+
+  def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+    """The step lowered with its plan, as `jax.jit(step).lower`."""
+    search, rung, _ = self._planned(args, kwargs)
+    with _RUNG((search, rung)), _tracing(rung):
+      return self._jitted.lower(*args, **kwargs)
+
+  def plan(self, *args: Any, **kwargs: Any) -> StepPlan:
+    """The `StepPlan` for these arguments, made (compiled) if not yet."""
+    return self._planned(args, kwargs)[2]
+
+  def _budget_bytes(self) -> int:
+    if self._budget is not None:
+      return self._budget
+    limit = device_memory()
+    if limit is None:
+      raise ValueError(errors.message(
+          f"the {jax.default_backend()} backend does not say how much memory "
+          "its device has (jax.devices()[0].memory_stats()), so the step "
+          "has no default budget: pass memory_budget=, in bytes."))
+    return limit
+
+  def _planned(self, args, kwargs) -> tuple[int, Rung, StepPlan]:
+    key = _signature(args, kwargs, self._statics)
+    found = self._plans.get(key)
+    if found is None:
+      with errors.entry(_API):
+        found = self._plans[key] = self._search(args, kwargs)
+    return found
+
+  def _lowered(self, search: int, rung: Rung, args, kwargs,
+               trace: Optional[_Trace] = None) -> tuple[Any, float]:
+    """The step lowered at `rung`, and the seconds it took."""
+    start = time.perf_counter()
+    with _RUNG((search, rung)), _tracing(rung, trace):
+      lowered = self._jitted.lower(*args, **kwargs)
+    return lowered, time.perf_counter() - start
+
+  def _compiled(self, search: int, rung: Rung, args, kwargs) -> _Compiled:
+    done = _compiled(*self._lowered(search, rung, args, kwargs))
+    remat_plan.LOG.info("hkb.%s: compiled %s", _API,
+                        StepTry(rung.describe(), done.bytes, done.seconds))
+    return done
+
+  def _search(self, args, kwargs) -> tuple[int, Rung, StepPlan]:
+    budget = self._budget_bytes()
+    search = next(_SEARCHES)
+    trace = _Trace(Rung(_FALSE))
+    plain, lowering = self._lowered(search, trace.rung, args, kwargs, trace)
+    disk_key = self._disk_key(plain, budget)
+    kept = _from_disk(_ON_DISK.get(disk_key), trace.loops)
+    if kept is not None:  # The step compiled once, and checked.
+      done = (_compiled(plain, lowering) if kept == trace.rung else
+              self._compiled(search, kept, args, kwargs))
+      if done.bytes is not None and done.bytes <= budget:
+        made = self._plan_of(budget, done.bytes, kept, trace.loops, (
+            StepTry(kept.describe(), done.bytes, done.seconds),), kept=True)
+        remat_plan.LOG.info("hkb.%s: %s", _API, made)
+        return search, kept, made
+    found = _Search(budget, self._max_recompute,
+                    _ladder(trace.loops, self._max_recompute), trace.loops,
+                    lambda rung: self._compiled(search, rung, args, kwargs))
+    found.tried[trace.rung] = _compiled(plain, lowering)
+    remat_plan.LOG.info("hkb.%s: compiled %s", _API, found.tries()[0])
+    rung = found.run()
+    if rung is None:
+      raise ValueError(errors.message(found.refusal(self._budget is None)))
+    _ON_DISK.put(disk_key, [rung.kind, rung.extra.numerator,
+                            rung.extra.denominator])
+    made = self._plan_of(budget, found.tried[rung].bytes, rung, trace.loops,
+                         found.tries())
+    remat_plan.LOG.info("hkb.%s: %s", _API, made)
+    return search, rung, made
+
+  def _plan_of(self, budget: int, compiled_bytes: Optional[int], rung: Rung,
+               loops: list[_Seen], tries: tuple[StepTry, ...],
+               kept: bool = False) -> StepPlan:
+    assert compiled_bytes is not None
+    return StepPlan(budget, compiled_bytes, tuple(
+        _at(rung, loop.length, loop.policy, loop.max_recompute)
+        for loop in loops), tries, kept)
+
+  def _disk_key(self, lowered: Any, budget: int) -> Optional[str]:
+    device = jax.devices()[0]
+    options = re.sub(r" at 0x[0-9a-f]+", "",
+                     repr(sorted(self._jit_kwargs.items())))
+    text = repr((_FORMAT, lowered.as_text(), budget, self._max_recompute,
+                 options, jax.default_backend(), device.device_kind,
+                 getattr(device.client, "platform_version", ""),
+                 jax.__version__, jaxlib.__version__, versions.installed(),
+                 _code_digest(), os.environ.get("XLA_FLAGS", "")))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class _Search:
+  """The first rung of `ladder` whose compiled step fits `budget`."""
+
+  def __init__(self, budget: int, max_recompute: float, ladder: list[Rung],
+               loops: list[_Seen], compile_at: Callable[[Rung], _Compiled]):
+    self.budget = budget
+    self.max_recompute = max_recompute
+    self.ladder = ladder
+    self.loops = loops
+    self.compile_at = compile_at
+    self.tried: dict[Rung, _Compiled] = {}
+
+  def fits(self, rung: Rung) -> bool:
+    if rung not in self.tried:
+      self.tried[rung] = self.compile_at(rung)
+    found = self.tried[rung].bytes
+    return found is not None and found <= self.budget
+
+  def least(self) -> Rung:
+    """The rung of the least memory: the last (with no loop to plan, the step as it is)."""
+    return self.ladder[-1] if self.loops else self.ladder[0]
+
+  def run(self) -> Optional[Rung]:
+    if self.fits(self.ladder[0]):  # Plain, or no loop to plan.
+      return self.ladder[0]
+    if not self.loops:
+      return None
+    true = self.ladder.index(Rung(_TRUE))
+    if self.fits(self.ladder[true]):
+      return next(r for r in self.ladder[1:true + 1] if self.fits(r))
+    schedules = self.ladder[true + 1:]
+    if not schedules or not self.fits(schedules[-1]):
+      return None
+    over, fits = true, len(self.ladder) - 1  # Indices into the ladder.
+    for _ in range(_MORE_TRIES):
+      between = self._aim(over, fits)
+      if between is None:
+        break
+      if self.fits(self.ladder[between]):
+        fits = between
+      else:
+        over = between
+    return self.ladder[fits]
+
+  def _aim(self, over: int, fits: int) -> Optional[int]:
+    """The rung between two compiled ones the line through them says fits first."""
+    if fits - over < 2:
+      return None
+    x_over, x_fits = (_kept(self.ladder[i], self.loops) for i in (over, fits))
+    b_over = self.tried[self.ladder[over]].bytes
+    b_fits = self.tried[self.ladder[fits]].bytes
+    assert b_fits is not None
+    if b_over is None or x_over == x_fits:
+      return (over + fits) // 2  # No line: halve.
+    for i in range(over + 1, fits):
+      predicted = b_fits + (b_over - b_fits) * (
+          (_kept(self.ladder[i], self.loops) - x_fits) / (x_over - x_fits))
+      if predicted <= self.budget:
+        return i
+    return None  # The line says none between fits: the one that does.
+
+  def tries(self) -> tuple[StepTry, ...]:
+    return tuple(StepTry(rung.describe(), done.bytes, done.seconds)
+                 for rung, done in self.tried.items())
+
+  def refusal(self, default_budget: bool) -> str:
+    least = self.least()
+    found = self.tried[least].bytes
+    budget = (f"memory_budget={self.budget:,} bytes" +
+              (" (the device's memory)" if default_budget else ""))
+    if found is None:
+      held = ("runs out of device memory compiling (RESOURCE_EXHAUSTED) "
+              "even at its least")
+    else:
+      held = f"holds {found:,} bytes at its least"
+      done = self.tried[least].compiled.memory_analysis()
+      held += (f" (arguments {done.argument_size_in_bytes:,}, outputs "
+               f"{done.output_size_in_bytes:,}, of which donated "
+               f"{done.alias_size_in_bytes:,}, temporaries "
+               f"{done.temp_size_in_bytes:,}, code "
+               f"{done.generated_code_size_in_bytes:,})")
+    if self.loops:
+      where = f", with every remat=\"auto\" loop at {least.describe()}"
+      remedy = ("allow more recomputation (max_recompute=, now "
+                f"{self.max_recompute:g})")
+    else:
+      where = (", and it runs no loop with remat=\"auto\" to trade "
+               "recomputation for memory")
+      remedy = ("give its loops (hkb.scan, hkb.dynamic_unroll, "
+                "hkb.layer_scan, hkb.repeat_layer) remat=\"auto\"")
+    remedies = ([] if found is None else
+                [f"pass memory_budget={found:,} or more"]) + [
+                    remedy, "make the step hold less (a smaller batch, "
+                    "donate_argnums= for the params and optimizer state)"]
+    advice = ", or ".join(remedies)
+    return (f"the step does not fit {budget}: it {held}{where}. "
+            f"{advice[0].upper()}{advice[1:]}.")
+
+
+@contextlib.contextmanager
+def _tracing(rung: Rung, trace: Optional[_Trace] = None) -> Iterator[None]:
+  token = _TRACE.set(trace if trace is not None else _Trace(rung))
+  try:
+    yield
+  finally:
+    _TRACE.reset(token)
+
+
+def _static_positions(step: Callable[..., Any],
+                      jit_kwargs: dict[str, Any]) -> tuple[frozenset, frozenset]:
+  """The positions and names jit takes as static, as `_signature` needs them."""
+  def as_set(value, kind):
+    if value is None:
+      return frozenset()
+    return frozenset((value,) if isinstance(value, kind) else value)
+  del step
+  return (as_set(jit_kwargs.get("static_argnums"), int),
+          as_set(jit_kwargs.get("static_argnames"), str))
+
+
+def _signature(args, kwargs, statics) -> Any:
+  """What a call's plan depends on: each array's type and sharding, each static value."""
+  numbers, names = statics
+
+  def of(value):
+    leaves, tree = jax.tree.flatten(value)
+    return tree, tuple((jax.typeof(leaf),
+                        getattr(leaf, "sharding", None)
+                        if isinstance(leaf, jax.Array) else None)
+                       for leaf in leaves)
+
+  return (tuple(("static", a) if i in numbers or i - len(args) in numbers
+                else of(a) for i, a in enumerate(args)),
+          tuple(sorted((k, ("static", v) if k in names else of(v))
+                       for k, v in kwargs.items())))
+
+
+_FORMAT = 1
+_ON_DISK = caches.OnDisk("step_budgets")
+
+
+def _from_disk(value: Any, loops: list[_Seen]) -> Optional[Rung]:
+  """A kept rung, if `value` is one this step's ladder holds; else None (a miss)."""
+  if not (isinstance(value, list) and len(value) == 3 and
+          all(type(v) is int for v in value) and value[2] > 0):  # pylint: disable=unidiomatic-typecheck
+    return None
+  rung = Rung(value[0], fractions.Fraction(value[1], value[2]))
+  return rung if rung in _ladder(loops, math.inf) else None
+
+
+def _jit_options() -> list[str]:
+  """The keywords `jax.jit` takes besides the function."""
+  return [name for name in inspect.signature(jax.jit).parameters
+          if name != "fun"]
+
+
+@caches.memoize(maxsize=1)
+def _code_digest() -> str:
+  code = hashlib.sha256()
+  for module in (sys.modules[__name__], remat_schedule):
+    with open(str(module.__file__), "rb") as f:
+      code.update(f.read())
+  return code.hexdigest()
+
+
+def budgeted_jit(step: Callable[..., Any], *,
+                 memory_budget: Optional[int] = None,
+                 max_recompute: Optional[float] = None,
+                 **jit_kwargs: Any) -> BudgetedStep:
+  """`jax.jit(step)`, with every `remat="auto"` loop inside planned so the compiled step fits `memory_budget`.
+
+  The budget is the whole step's, on one device: its arguments (params,
+  optimizer state, batch), outputs and temporaries, as the compiled step
+  holds them (`step_bytes`), by default the device's memory where the
+  backend reports it (`memory_stats()["bytes_limit"]`; other arrays you
+  keep on the device are not subtracted). Every bridged loop the step runs
+  with `remat="auto"` and no `memory_budget=` of its own (`hkb.scan`,
+  `hkb.dynamic_unroll`, `hkb.layer_scan`, `hkb.repeat_layer`, a pipeline's
+  stages) takes its plan from one search, which compiles the step until a
+  plan fits with the least recomputation (README, "A budget for the whole
+  step"); a loop with its own `memory_budget=` plans itself, and the step
+  around it is still checked. Before the step first runs for a signature
+  of arguments, its compiled bytes are checked against the budget; a step
+  no plan fits is refused (ValueError) with what it holds at its least.
+
+  Args:
+    step: the training step (params, optimizer state, batch → anything), as
+      for `jax.jit`.
+    memory_budget: bytes one device may hold for the step; None: the
+      device's memory, where the backend says it (not on the CPU).
+    max_recompute: the most forward passes of a loop a plan may recompute
+      (`remat=True` recomputes 1; a loop's own `max_recompute=` bounds that
+      loop further); None: 3.
+    **jit_kwargs: passed to `jax.jit` (`donate_argnums`, `static_argnums`,
+      `in_shardings`, ...).
+
+  Returns:
+    The step, called like `jax.jit(step)`; `.lower(...)` gives the step
+    lowered with its plan, `.plan(...)` the `StepPlan`.
+
+  >>> def net(xs):
+  ...   linear = hk.Linear(16)
+  ...   core = lambda h, x: (jnp.tanh(h + linear(x)),) * 2
+  ...   h, ys = hkb.scan(core, jnp.zeros([4, 16]), xs, remat="auto")
+  ...   return jnp.sum(ys ** 2)
+  >>> f = hk.without_apply_rng(hk.transform(net))
+  >>> xs = jnp.ones([32, 4, 16])
+  >>> params = f.init(jax.random.PRNGKey(0), xs)
+  >>> step = hkb.budgeted_jit(jax.grad(f.apply), memory_budget=60_000)
+  >>> grads = step(params, xs)
+  >>> step.plan(params, xs).bytes <= 60_000
+  True
+  """
+  with errors.entry(_API):
+    errors.check_keywords(jit_kwargs, ["step", "memory_budget",
+                                       "max_recompute", *_jit_options()])
+    errors.check_callable("step", step, "the training step, a function")
+    if memory_budget is not None:
+      memory_budget = remat_plan.check_budget(memory_budget)
+    max_recompute = remat_plan.check_max_recompute(max_recompute)
+  return BudgetedStep(step, memory_budget, max_recompute, jit_kwargs)

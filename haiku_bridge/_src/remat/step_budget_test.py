@@ -1,0 +1,506 @@
+"""`hkb.budgeted_jit` against the same steps written with remat=False / True, compiled as users jit them."""
+
+import contextlib
+import functools
+import json
+import os
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import haiku_bridge as hkb
+from haiku_bridge._src import caches
+from haiku_bridge._src.remat import step_budget
+from testing import test_utils
+
+T, B, W = 24, 4, 16  # Steps, batch, width: small, so that each compile is.
+LAYERS = 19  # The issue's layer stack that escaped a per-loop budget 9x.
+KEY = jax.random.PRNGKey(0)
+FORMS = ("scan", "dynamic_unroll", "repeat_layer", "two_loops", "three_loops",
+         "vmap_ensemble")
+
+
+def _identity_getter(next_getter, value, context):
+  del context
+  return next_getter(value)
+
+
+def _net(form: str, remat, getter: bool = False):
+  """A Haiku loss whose loops (each `remat`) are what the step budget plans."""
+  def scan(h, xs, name):
+    linear = hk.Linear(W, name=name)
+    core = lambda h, x: (jnp.tanh(linear(h) + x),) * 2
+    return hkb.scan(core, h, xs, remat=remat)
+
+  def body(xs):
+    h = jnp.zeros([B, W])
+    if form == "dynamic_unroll":
+      ys, _ = hkb.dynamic_unroll(hk.VanillaRNN(W), xs, h, remat=remat)
+    elif form == "repeat_layer":
+      ys = hkb.repeat_layer(lambda h: jnp.tanh(hk.Linear(W)(h)), xs[0],
+                            LAYERS, remat=remat)
+    else:
+      loops = {"two_loops": 2, "three_loops": 3}.get(form, 1)
+      for i in range(loops):
+        h, ys = scan(h, xs, f"core_{i}")
+        xs = ys
+    return jnp.sum(ys ** 2)
+
+  def net(xs):
+    with (hk.custom_getter(_identity_getter) if getter
+          else contextlib.nullcontext()):
+      return body(xs)
+
+  return hk.without_apply_rng(hk.transform(net))
+
+
+def _step(form: str, remat, getter: bool = False):
+  """`(step, args)`: the gradient step of `form`, its loops run as `remat`."""
+  f = _net(form, remat, getter)
+  xs = jax.random.normal(jax.random.PRNGKey(1), [T, B, W])
+  if form == "vmap_ensemble":
+    # Three members' params, the data shared: a loop sees one member's.
+    params = jax.vmap(lambda k: f.init(k, xs))(jax.random.split(KEY, 3))
+    return jax.vmap(jax.grad(f.apply), in_axes=(0, None)), (params, xs)
+  return jax.grad(f.apply), (f.init(KEY, xs), xs)
+
+
+def _bytes(step, *args) -> int:
+  """`step_bytes` of `jax.jit(step)(*args)` as a user compiles it."""
+  compiled = jax.jit(step).lower(*args).compile()
+  return step_budget.step_bytes(compiled.memory_analysis(),
+                                jax.default_backend())
+
+
+def _compiled_bytes(budgeted, *args) -> int:
+  """`step_bytes` of the budgeted step's own lowering, compiled apart from its plan."""
+  compiled = budgeted.lower(*args).compile()
+  return step_budget.step_bytes(compiled.memory_analysis(),
+                                jax.default_backend())
+
+
+@contextlib.contextmanager
+def counted_compiles():
+  """The compiles `budgeted_jit`'s search makes while the block runs."""
+  made = []
+  real = step_budget._compile
+
+  def counted(lowered):
+    made.append(lowered)
+    return real(lowered)
+
+  with mock.patch.object(step_budget, "_compile", counted):
+    yield made
+
+
+class _CacheDirectory(parameterized.TestCase):
+  """Each test with its own (empty) directory of plans on disk."""
+
+  def setUp(self):
+    super().setUp()
+    directory = self.create_tempdir().full_path
+    patch = mock.patch.dict(os.environ,
+                            {"HAIKU_BRIDGE_CACHE_DIR": directory})
+    patch.start()
+    self.addCleanup(patch.stop)
+    self.directory = directory
+
+
+class BudgetTest(_CacheDirectory):
+
+  def assert_values(self, ours, theirs):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(
+        a, b, rtol=2e-5, atol=2e-6), ours, theirs)
+
+  @parameterized.parameters(*FORMS)
+  def test_the_step_takes_the_least_recomputation_that_fits(self, form):
+    plain, args = _step(form, False)
+    remat, _ = _step(form, True)
+    auto, _ = _step(form, "auto")
+    plain_bytes, true_bytes = _bytes(plain, *args), _bytes(remat, *args)
+    self.assertLess(true_bytes, plain_bytes)
+    reference = jax.jit(plain)(*args)
+    # At no budget below it can the step be planned: the refusal names
+    # the least, which the call then accepts.
+    with self.assertRaisesRegex(ValueError, r"Pass memory_budget=([0-9,]+)"):
+      hkb.budgeted_jit(auto, memory_budget=1)(*args)
+    try:
+      hkb.budgeted_jit(auto, memory_budget=1)(*args)
+    except ValueError as error:
+      least = int(str(error).split("Pass memory_budget=")[1].split(" ")[0]
+                  .replace(",", ""))
+    self.assertLess(least, true_bytes)
+    for budget, want in ((plain_bytes, False), (plain_bytes - 1, True),
+                         (true_bytes, True), ((least + true_bytes) // 2, None),
+                         (least, None)):
+      step = hkb.budgeted_jit(auto, memory_budget=budget)
+      with self.subTest(budget=budget):
+        self.assert_values(step(*args), reference)
+        plan = step.plan(*args)
+        self.assertLessEqual(plan.bytes, budget)
+        # The step as it runs, compiled apart: the plan's own figure.
+        self.assertEqual(_compiled_bytes(step, *args), plan.bytes)
+        self.assertTrue(plan.loops)
+        if want is None:
+          self.assertTrue(all(loop.remat == "binomial" for loop in plan.loops))
+        else:
+          self.assertEqual({loop.remat for loop in plan.loops}, {want})
+          # Exactly the step a user writes with that remat.
+          self.assertEqual(plan.bytes, plain_bytes if want is False
+                           else true_bytes)
+
+  @parameterized.parameters(*FORMS)
+  def test_an_identity_getter_changes_no_plan(self, form):
+    plain, args = _step(form, False)
+    budget = _bytes(_step(form, True)[0], *args) - 1
+    plans, values = [], []
+    for getter in (False, True):
+      auto, getter_args = _step(form, "auto", getter)
+      jax.tree.map(np.testing.assert_array_equal, getter_args, args)
+      step = hkb.budgeted_jit(auto, memory_budget=budget)
+      values.append(step(*args))
+      plans.append(step.plan(*args))
+    self.assertEqual(plans[0].loops, plans[1].loops)
+    self.assertEqual(plans[0].bytes, plans[1].bytes)
+    self.assert_values(values[1], values[0])
+    self.assert_values(values[0], jax.jit(plain)(*args))
+
+
+class SearchTest(_CacheDirectory):
+
+  def test_compiles_made_and_kept(self):
+    plain, args = _step("scan", False)
+    auto, _ = _step("scan", "auto")
+    wider = (args[0], jnp.concatenate([args[1]] * 2, axis=0))
+    plain_bytes = _bytes(plain, *wider)
+    # Plain fits: its compile is the one that runs.
+    step = hkb.budgeted_jit(auto, memory_budget=plain_bytes)
+    with counted_compiles() as made:
+      step(*args)
+      step(*args)
+      step.plan(*args)
+      step.lower(*args)
+    self.assertLen(made, 1)
+    self.assertEqual([t.rung for t in step.plan(*args).tries],
+                     ["remat=False"])
+    # Another signature is planned anew.
+    with counted_compiles() as made:
+      step(*wider)
+    self.assertLen(made, 1)
+    self.assertEqual(step.plan(*wider).loops[0].length, 2 * T)
+
+  def test_a_compile_out_of_device_memory_is_a_plan_over_the_budget(self):
+    plain, args = _step("scan", False)
+    auto, _ = _step("scan", "auto")
+    plain_bytes = _bytes(plain, *args)
+    true_bytes = _bytes(_step("scan", True)[0], *args)
+    device = (plain_bytes + true_bytes) // 2  # remat=False does not fit.
+    real = step_budget._compile
+
+    def on_the_device(lowered):
+      compiled = real(lowered)
+      if step_budget.step_bytes(compiled.memory_analysis(), "cpu") > device:
+        raise jax.errors.JaxRuntimeError(
+            "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
+            "memory in memory space hbm.")
+      return compiled
+
+    with mock.patch.object(step_budget, "_compile", on_the_device), \
+        mock.patch.object(step_budget, "device_memory", lambda: 10**9):
+      step = hkb.budgeted_jit(auto)  # The device's memory.
+      step(*args)
+      plan = step.plan(*args)
+      self.assertEqual(plan.memory_budget, 10**9)
+      self.assertEqual([(t.rung, t.bytes) for t in plan.tries],
+                       [("remat=False", None), ("remat=True", true_bytes)])
+      self.assertEqual({loop.remat for loop in plan.loops}, {True})
+      # Nothing fits the device: refused, in its words.
+      with mock.patch.object(step_budget, "device_memory", lambda: 1000):
+        device = 1000
+        with self.assertRaisesRegex(
+            ValueError, r"hkb.budgeted_jit: the step does not fit "
+            r"memory_budget=1,000 bytes \(the device's memory\): it runs out "
+            r"of device memory compiling \(RESOURCE_EXHAUSTED\) even at its "
+            r"least, with every remat=\"auto\" loop at remat=\"binomial\""):
+          hkb.budgeted_jit(auto)(*args)
+
+  def test_another_compile_error_is_raised(self):
+    auto, args = _step("scan", "auto")
+
+    def broken(lowered):
+      del lowered
+      raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    with mock.patch.object(step_budget, "_compile", broken), \
+        self.assertRaisesRegex(jax.errors.JaxRuntimeError, "INTERNAL"):
+      hkb.budgeted_jit(auto, memory_budget=10**9)(*args)
+
+  def test_the_cpu_has_no_default_budget(self):
+    auto, args = _step("scan", "auto")
+    if step_budget.device_memory() is not None:
+      self.skipTest("the backend reports its memory")
+    with self.assertRaisesRegex(
+        ValueError, "hkb.budgeted_jit: the cpu backend does not say how much "
+        "memory its device has"):
+      hkb.budgeted_jit(auto)(*args)
+
+  def test_max_recompute_bounds_the_plans(self):
+    auto, args = _step("scan", "auto")
+    true_bytes = _bytes(_step("scan", True)[0], *args)
+    # remat=True recomputes one pass: no schedule within it.
+    with self.assertRaisesRegex(
+        ValueError, f"at its least .*at remat=True. Pass "
+        f"memory_budget={true_bytes:,} or more, or allow more recomputation "
+        r"\(max_recompute=, now 1\)"):
+      hkb.budgeted_jit(auto, memory_budget=true_bytes - 1,
+                       max_recompute=1)(*args)
+    # A loop's own max_recompute bounds that loop further.
+    def net(xs):
+      linear = hk.Linear(W)
+      return jnp.sum(hkb.scan(
+          lambda h, x: (jnp.tanh(linear(h) + x),) * 2, jnp.zeros([B, W]), xs,
+          remat="auto", max_recompute=1)[1] ** 2)
+    own = hk.without_apply_rng(hk.transform(net))
+    with self.assertRaisesRegex(ValueError, "at its least"):
+      hkb.budgeted_jit(jax.grad(own.apply), memory_budget=true_bytes - 1)(
+          own.init(KEY, args[1]), args[1])
+
+  def test_a_step_with_no_loop_to_plan(self):
+    f = hk.without_apply_rng(hk.transform(
+        lambda x: jnp.sum(jnp.tanh(hk.Linear(W)(x)) ** 2)))
+    x = jnp.ones([B, W])
+    params = f.init(KEY, x)
+    step = jax.grad(f.apply)
+    need = _bytes(step, params, x)
+    budgeted = hkb.budgeted_jit(step, memory_budget=need)
+    self.assert_trees(budgeted(params, x), jax.jit(step)(params, x))
+    self.assertEqual(budgeted.plan(params, x).loops, ())
+    self.assertEqual(budgeted.plan(params, x).bytes, need)
+    with self.assertRaisesRegex(
+        ValueError, f"the step does not fit memory_budget={need - 1:,} bytes:"
+        f" it holds {need:,} bytes at its least .* it runs no loop with "
+        "remat=\"auto\""):
+      hkb.budgeted_jit(step, memory_budget=need - 1)(params, x)
+
+  def assert_trees(self, ours, theirs):
+    jax.tree.map(np.testing.assert_allclose, ours, theirs)
+
+  def test_a_loop_with_its_own_budget_plans_itself_inside(self):
+    f = hk.without_apply_rng(hk.transform(lambda xs: jnp.sum(hkb.scan(
+        lambda h, x: (jnp.tanh(h + x),) * 2, jnp.zeros([B, W]), xs,
+        remat="auto", memory_budget=10**9)[1] ** 2)))
+    xs = jnp.ones([T, B, W])
+    step = hkb.budgeted_jit(jax.grad(lambda xs: f.apply({}, xs)),
+                            memory_budget=10**9)
+    step(xs)
+    self.assertEqual(step.plan(xs).loops, ())  # Not the step's to plan.
+    self.assertLessEqual(step.plan(xs).bytes, 10**9)
+
+  def test_donated_and_static_arguments_as_jax_jit_takes_them(self):
+    auto, (params, xs) = _step("scan", "auto")
+    plain, _ = _step("scan", False)
+
+    def sgd(params, xs, scale):
+      return jax.tree.map(lambda p, g: p - scale * g, params, auto(params, xs))
+
+    kept = hkb.budgeted_jit(sgd, memory_budget=10**9, static_argnums=2)
+    donated = hkb.budgeted_jit(sgd, memory_budget=10**9, donate_argnums=0,
+                               static_argnames="scale")
+    want = jax.tree.map(lambda p, g: p - 0.5 * g, params,
+                        jax.jit(plain)(params, xs))
+    self.assert_trees(kept(params, xs, 0.5), want)
+    copy = jax.tree.map(jnp.copy, params)
+    self.assert_trees(donated(copy, xs, scale=0.5), want)
+    # Each the step a user jits with those options (on the CPU, XLA keeps
+    # a donated buffer's update in a temporary: no fewer bytes).
+    for step, call, options in (
+        (kept, ((params, xs, 0.5), {}), {"static_argnums": 2}),
+        (donated, ((params, xs), {"scale": 0.5}),
+         {"donate_argnums": 0, "static_argnames": "scale"})):
+      plain_sgd = functools.partial(_sgd_of, plain)
+      compiled = jax.jit(plain_sgd, **options).lower(
+          *call[0], **call[1]).compile()
+      self.assertEqual(step.plan(*call[0], **call[1]).bytes,
+                       step_budget.step_bytes(compiled.memory_analysis(),
+                                              jax.default_backend()))
+      self.assertEqual(
+          step.lower(*call[0], **call[1]).compile().memory_analysis()
+          .alias_size_in_bytes, compiled.memory_analysis().alias_size_in_bytes)
+    self.assertGreater(donated.lower(params, xs, scale=0.5).compile()
+                       .memory_analysis().alias_size_in_bytes, 0)
+
+  def test_a_remat_policy_is_a_rung_between(self):
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+    def net(remat, **policy_option):
+      return hk.without_apply_rng(hk.transform(lambda xs: jnp.sum(hkb.scan(
+          _PolicyCore(), jnp.zeros([B, W]), xs, remat=remat,
+          **policy_option)[1] ** 2)))
+
+    xs = jax.random.normal(jax.random.PRNGKey(1), [T, B, W])
+    params = net(False).init(KEY, xs)
+    sizes = {name: _bytes(jax.grad(net(remat, **options).apply), params, xs)
+             for name, remat, options in (
+                 ("plain", False, {}), ("policy", True, {"remat_policy": policy}),
+                 ("true", True, {}))}
+    self.assertLess(sizes["true"], sizes["policy"])
+    self.assertLess(sizes["policy"], sizes["plain"])
+    step = hkb.budgeted_jit(jax.grad(net("auto", remat_policy=policy).apply),
+                            memory_budget=sizes["policy"])
+    plan = step.plan(params, xs)
+    self.assertEqual(plan.loops, (step_budget.StepLoop(T, True, policy=True),))
+    self.assertEqual(plan.bytes, sizes["policy"])
+
+
+def _sgd_of(grad, params, xs, scale):
+  return jax.tree.map(lambda p, g: p - scale * g, params, grad(params, xs))
+
+
+class LadderTest(_CacheDirectory):
+
+  @parameterized.parameters("scan", "two_loops")
+  def test_the_search_finds_the_first_plan_that_fits(self, form):
+    # Every rung compiled, against the search's few compiles.
+    auto, args = _step(form, "auto")
+    every = step_budget.BudgetedStep(auto, None, 3.0, {})
+    trace = step_budget._Trace(step_budget.Rung(step_budget._TRUE))
+    every._lowered(-1, trace.rung, args, {}, trace)
+    ladder = step_budget._ladder(trace.loops, 3.0)
+    sizes = [every._compiled(-1, rung, args, {}).bytes for rung in ladder]
+    self.assertGreater(len(ladder), 8)
+    for budget in sorted(set(sizes))[::3]:
+      first = next(i for i, b in enumerate(sizes) if b <= budget)
+      want = tuple(step_budget._at(ladder[first], loop.length, loop.policy,
+                                   loop.max_recompute) for loop in trace.loops)
+      with self.subTest(budget=budget), counted_compiles() as made:
+        plan = hkb.budgeted_jit(auto, memory_budget=budget).plan(*args)
+        self.assertEqual(plan.loops, want)
+        self.assertEqual(plan.bytes, sizes[first])
+        self.assertLessEqual(len(made), 3 + step_budget._MORE_TRIES)
+
+
+class StepBytesTest(absltest.TestCase):
+
+  def test_each_buffer_once(self):
+    auto, (params, xs) = _step("scan", "auto")
+    step = hkb.budgeted_jit(
+        lambda params, xs: jax.tree.map(lambda p, g: p - g, params,
+                                        auto(params, xs)),
+        memory_budget=10**9, donate_argnums=0)
+    analysis = step.lower(params, xs).compile().memory_analysis()
+    self.assertGreater(analysis.alias_size_in_bytes, 0)
+    self.assertEqual(step.plan(params, xs).bytes,
+                     analysis.argument_size_in_bytes +
+                     analysis.output_size_in_bytes -
+                     analysis.alias_size_in_bytes +
+                     analysis.temp_size_in_bytes +
+                     analysis.generated_code_size_in_bytes)
+
+  def test_a_tpu_peak_is_not_added_to_the_buffers_it_holds(self):
+    # XLA:TPU at users' sizes: the peak holds the arguments, outputs and
+    # temporaries it reports (the issue's seq-1024 step: temporaries 7.40
+    # GB, the peak less arguments and outputs 7.32 GB, the same buffers).
+    fields = dict(argument_size_in_bytes=1_220, output_size_in_bytes=1_200,
+                  alias_size_in_bytes=1_100, temp_size_in_bytes=7_400,
+                  generated_code_size_in_bytes=10)
+    analysis = mock.Mock(peak_memory_in_bytes=8_640, **fields)
+    self.assertEqual(step_budget.step_bytes(analysis, "tpu"), 8_730)
+    # At toy sizes the temporaries are partly missing: the peak says more.
+    analysis = mock.Mock(peak_memory_in_bytes=20_000, **fields)
+    self.assertEqual(step_budget.step_bytes(analysis, "tpu"), 20_010)
+    self.assertEqual(step_budget.step_bytes(analysis, "cpu"), 8_730)
+
+
+class _PolicyCore(hk.Module):
+  """A step whose matrix product a policy can keep: tanh(h @ w + x)."""
+
+  def __call__(self, h, x):
+    w = hk.get_parameter("w", [W, 4 * W], init=hk.initializers.RandomNormal(0.3))
+    v = hk.get_parameter("v", [4 * W, W], init=hk.initializers.RandomNormal(0.3))
+    h = jnp.tanh(jnp.sin(jnp.cos(h @ w)) @ v + x)
+    return h, h
+
+
+class OutsideTest(parameterized.TestCase):
+
+  def test_an_unbudgeted_loop_runs_plain_and_refuses_a_gradient(self):
+    auto, (params, xs) = _step("repeat_layer", "auto")
+    f, plain = _net("repeat_layer", "auto"), _net("repeat_layer", False)
+    self.assertEqual(jax.tree.map(jnp.shape, params),
+                     jax.tree.map(jnp.shape, plain.init(KEY, xs)))
+    jax.tree.map(np.testing.assert_array_equal, params, plain.init(KEY, xs))
+    # Inference computes what the plain loop does.
+    np.testing.assert_allclose(jax.jit(f.apply)(params, xs),
+                               plain.apply(params, xs), rtol=1e-6)
+    for differentiated in (auto, jax.grad(jax.jit(f.apply))):
+      with self.assertRaisesRegex(
+          ValueError, "hkb.repeat_layer: `remat=\"auto\"` needs "
+          "`memory_budget=`.* or the training step jitted with "
+          "hkb.budgeted_jit"):
+        differentiated(params, xs)
+
+
+class DiskTest(_CacheDirectory):
+
+  def test_plans_persist_across_processes_and_a_bad_file_is_a_miss(self):
+    env = {"HAIKU_BRIDGE_CACHE_DIR": self.directory,
+           "HAIKU_BRIDGE_CACHES": "1"}
+    budget = str(_bytes(_step("two_loops", True)[0],
+                        *_step("two_loops", True)[1]) - 1)
+    runs = []
+    for getter, the_budget in (("0", budget), ("0", budget), ("1", budget),
+                               ("0", str(int(budget) - 1))):
+      child = test_utils.run_in_fresh_process(
+          __file__, "_print_plan", getter, the_budget, env=env)
+      self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+      runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    cold, warm, getter, other_budget = runs
+    self.assertGreaterEqual(cold["compiles"], 3)
+    self.assertEqual((len(cold["tries"]), cold["kept"]),
+                     (cold["compiles"], False))
+    # The next process compiles the chosen step once; so with an identity
+    # getter (the same program); another budget is planned anew.
+    self.assertEqual((warm["compiles"], len(warm["tries"]), warm["kept"]),
+                     (1, 1, True))
+    self.assertEqual((getter["compiles"], getter["kept"]), (1, True))
+    self.assertFalse(other_budget["kept"])
+    for run in (warm, getter):
+      self.assertEqual((run["loops"], run["bytes"]),
+                       (cold["loops"], cold["bytes"]))
+    # A file of the right shape with a string for a number is a miss; one
+    # naming a plan over the budget (remat=False) is checked compiled and
+    # passed over.
+    folder = os.path.join(self.directory, "step_budgets")
+    for kept in ([3, "1", 2], [0, 0, 1]):
+      for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "w") as f:
+          json.dump(kept, f)
+      child = test_utils.run_in_fresh_process(
+          __file__, "_print_plan", "0", budget, env=env)
+      self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+      again = json.loads(child.stdout.strip().splitlines()[-1])
+      self.assertEqual((again["loops"], again["bytes"], again["kept"]),
+                       (cold["loops"], cold["bytes"], False))
+    # Cleared with the other caches.
+    with mock.patch.object(caches, "_enabled", True):
+      hkb.clear_caches()
+    self.assertFalse(os.path.exists(folder))
+
+
+def _print_plan(getter: str, budget: str) -> None:
+  """In a fresh process: the plan of the two-loop step, and the compiles made."""
+  auto, args = _step("two_loops", "auto", getter == "1")
+  with counted_compiles() as made:
+    plan = hkb.budgeted_jit(auto, memory_budget=int(budget)).plan(*args)
+  print(json.dumps({"compiles": len(made), "tries": plan.tries,
+                    "loops": plan.loops, "bytes": plan.bytes,
+                    "kept": plan.kept}))
+
+
+if __name__ == "__main__":
+  absltest.main()
