@@ -34,6 +34,7 @@ the leading axis of `xs`), each worded by the scan (`StepWords`,
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, NamedTuple, Optional
 
 import haiku as hk
@@ -251,7 +252,9 @@ def from_options(*, remat: Any = False, remat_policy: Any = None,
   if remat == modes.REMAT_AUTO:
     if memory_budget is not None:
       memory_budget = remat_plan.check_budget(memory_budget)
-    max_recompute = remat_plan.check_max_recompute(max_recompute)
+    # With no budget of its own, the step's bound (budgeted_jit's) applies.
+    max_recompute = (math.inf if memory_budget is None and max_recompute is None
+                     else remat_plan.check_max_recompute(max_recompute))
   else:
     for name, value in (("memory_budget", memory_budget),
                         ("max_recompute", max_recompute)):

@@ -204,7 +204,8 @@ def _at(rung: Rung, length: int, policy: bool,
     return StepLoop(length, False)
   if rung.kind == _POLICY or max_recompute < 1:
     return StepLoop(length, policy, policy=policy)
-  extra = min(rung.extra, fractions.Fraction(max_recompute) - 1)
+  extra = (rung.extra if max_recompute == math.inf else
+           min(rung.extra, fractions.Fraction(max_recompute) - 1))
   if rung.kind == _TRUE or extra <= 0 or length < 3:
     return StepLoop(length, True)
   slots = remat_schedule.fewest_binomial_slots(length, math.floor(extra * length))
@@ -390,13 +391,25 @@ class BudgetedStep:
     remat_plan.LOG.info("hkb.%s: compiled %s", _API, found.tries()[0])
     rung = found.run()
     if rung is None:
-      raise ValueError(errors.message(found.refusal(self._budget is None)))
+      raise ValueError(errors.message(found.refusal(self._budget is None) +
+                                      self._unbounded(found, trace.loops)))
     _ON_DISK.put(disk_key, [rung.kind, rung.extra.numerator,
                             rung.extra.denominator])
     made = self._plan_of(budget, found.tried[rung].bytes, rung, trace.loops,
                          found.tries())
     remat_plan.LOG.info("hkb.%s: %s", _API, made)
     return search, rung, made
+
+  def _unbounded(self, found: "_Search", loops: list[_Seen]) -> str:
+    """What the step holds at its least with no bound on recomputation, where the call has one."""
+    least = _ladder(loops, math.inf)[-1]
+    if not loops or least == found.least():
+      return ""
+    done = found.tried.get(least) or found.compile_at(least)
+    held = ("runs out of device memory" if done.bytes is None else
+            f"holds {done.bytes:,} bytes")
+    return (f" With max_recompute=math.inf, at its least "
+            f"({least.describe()}), it {held}.")
 
   def _plan_of(self, budget: int, compiled_bytes: Optional[int], rung: Rung,
                loops: list[_Seen], tries: tuple[StepTry, ...],

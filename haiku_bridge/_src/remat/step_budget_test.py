@@ -3,11 +3,14 @@
 import contextlib
 import functools
 import json
+import math
 import os
+import re
 from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import equinox as eqx
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -22,7 +25,8 @@ T, B, W = 24, 4, 16  # Steps, batch, width: small, so that each compile is.
 LAYERS = 19  # The issue's layer stack that escaped a per-loop budget 9x.
 KEY = jax.random.PRNGKey(0)
 FORMS = ("scan", "dynamic_unroll", "repeat_layer", "two_loops", "three_loops",
-         "vmap_ensemble")
+         "vmap_ensemble", "grad_accumulation", "jacrev", "loss_of_the_carry",
+         "equinox_cell")
 
 
 def _identity_getter(next_getter, value, context):
@@ -39,6 +43,14 @@ def _net(form: str, remat, getter: bool = False):
 
   def body(xs):
     h = jnp.zeros([B, W])
+    if form == "loss_of_the_carry":  # ys unread, a loss linear in the carry.
+      h, _ = scan(h, xs, "core")
+      return jnp.sum(h)
+    if form == "equinox_cell":  # An Equinox GRUCell, one example at a time.
+      cell = hk.vmap(hkb.from_equinox(
+          lambda key: eqx.nn.GRUCell(W, W, key=key)), split_rng=False)
+      ys = hkb.scan(lambda h, x: (cell(x, h),) * 2, h, xs, remat=remat)[1]
+      return jnp.sum(ys ** 2)
     if form == "dynamic_unroll":
       ys, _ = hkb.dynamic_unroll(hk.VanillaRNN(W), xs, h, remat=remat)
     elif form == "repeat_layer":
@@ -63,11 +75,24 @@ def _step(form: str, remat, getter: bool = False):
   """`(step, args)`: the gradient step of `form`, its loops run as `remat`."""
   f = _net(form, remat, getter)
   xs = jax.random.normal(jax.random.PRNGKey(1), [T, B, W])
+  params = f.init(KEY, xs)
   if form == "vmap_ensemble":
     # Three members' params, the data shared: a loop sees one member's.
     params = jax.vmap(lambda k: f.init(k, xs))(jax.random.split(KEY, 3))
     return jax.vmap(jax.grad(f.apply), in_axes=(0, None)), (params, xs)
-  return jax.grad(f.apply), (f.init(KEY, xs), xs)
+  if form == "grad_accumulation":  # The loop inside a JAX loop.
+    def accumulated(params, xs):
+      def add(i, total):
+        g = jax.grad(f.apply)(params, xs * (i + 1.0))
+        return jax.tree.map(jnp.add, total, g)
+      zeros = jax.tree.map(jnp.zeros_like, params)
+      return jax.lax.fori_loop(0, 2, add, zeros)
+    return accumulated, (params, xs)
+  if form == "jacrev":  # One loss per example, each differentiated.
+    per_example = lambda params, xs: jax.vmap(
+        lambda x: f.apply(params, x[:, None]), in_axes=1)(xs)
+    return jax.jacrev(per_example), (params, xs)
+  return jax.grad(f.apply), (params, xs)
 
 
 def _bytes(step, *args) -> int:
@@ -259,6 +284,25 @@ class SearchTest(_CacheDirectory):
         r"\(max_recompute=, now 1\)"):
       hkb.budgeted_jit(auto, memory_budget=true_bytes - 1,
                        max_recompute=1)(*args)
+    # The refusal says what no bound would take, and that bound takes it.
+    try:
+      hkb.budgeted_jit(auto, memory_budget=1)(*args)
+    except ValueError as error:
+      message = str(error)
+    self.assertRegex(message, r"Pass memory_budget=[0-9,]+ or more, or allow "
+                     r"more recomputation \(max_recompute=, now 3\).* With "
+                     r"max_recompute=math.inf, at its least \(remat=\"binomial"
+                     r"\", at most [0-9.]+ forward passes recomputed\), it "
+                     r"holds ([0-9,]+) bytes.$")
+    unbounded = int(re.search(r"it holds ([0-9,]+) bytes.$", message)[1]
+                    .replace(",", ""))
+    least = int(re.search(r"Pass memory_budget=([0-9,]+)", message)[1]
+                .replace(",", ""))
+    self.assertLess(unbounded, least)
+    plan = hkb.budgeted_jit(auto, memory_budget=unbounded,
+                            max_recompute=math.inf).plan(*args)
+    self.assertEqual(plan.bytes, unbounded)
+    self.assertEqual(plan.loops[0].slots, 1)
     # A loop's own max_recompute bounds that loop further.
     def net(xs):
       linear = hk.Linear(W)
