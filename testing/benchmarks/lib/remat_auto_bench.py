@@ -28,9 +28,11 @@ from unittest import mock
 
 import jax
 
+import haiku_bridge as hkb
 from haiku_bridge._src import caches
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import plan as remat_plan
+from haiku_bridge._src.remat import step_budget
 from testing import remat_models
 from testing.benchmarks.lib import svg
 
@@ -178,14 +180,42 @@ class Planning:
   per_step_cpu: float = 0.0
   cold_cpu: float = 0.0
   warm_cpu: float = 0.0
+  # `hkb.budgeted_jit` at the middle of the whole step's bytes (between
+  # remat=True's and the least rung's): cold, and a second process.
+  step_budget: int = 0
+  step_plan: str = ""
+  step_cold: float = 0.0
+  step_warm: float = 0.0
+  step_cold_cpu: float = 0.0
+  step_warm_cpu: float = 0.0
 
 
 def _step(name: str, mode: str, **remat):
   """The model's params and input, and its jitted training step."""
+  params, x, step = _training_step(name, mode, **remat)
+  return params, x, jax.jit(step)
+
+
+def _training_step(name: str, mode: str, **remat):
+  """The model's params and input, and its training step (`value_and_grad`)."""
   net, x = planning_models(mode)[name](**remat)
   params = net.init(jax.random.PRNGKey(SEED), x)  # Init plans nothing.
-  return params, x, jax.jit(jax.value_and_grad(
-      lambda p, x: net.apply(p, None, x)))
+  return params, x, jax.value_and_grad(lambda p, x: net.apply(p, None, x))
+
+
+def _middle_step_budget(name: str, mode: str) -> int:
+  """Halfway between the whole step's bytes with remat=True and at `budgeted_jit`'s least rung."""
+  params, x, step = _step(name, mode, remat=True)
+  per_step = step_budget.step_bytes(
+      step.lower(params, x).compile().memory_analysis(), jax.default_backend())
+  params, x, step = _training_step(name, mode, remat="auto")
+  every = step_budget.BudgetedStep(step, None, remat_plan.MAX_RECOMPUTE, {})
+  trace = step_budget._Trace(step_budget.Rung(step_budget._FALSE))  # pylint: disable=protected-access
+  every._lowered(-1, trace.rung, (params, x), {}, trace)  # pylint: disable=protected-access
+  least = step_budget._ladder(trace.loops, remat_plan.MAX_RECOMPUTE)[-1]  # pylint: disable=protected-access
+  least_bytes = every._compiled(-1, least, (params, x), {}).bytes  # pylint: disable=protected-access
+  assert least_bytes is not None
+  return (per_step + least_bytes) // 2
 
 
 def _middle_budget(name: str, mode: str) -> int:
@@ -201,14 +231,24 @@ def _middle_budget(name: str, mode: str) -> int:
 def first_step(name: str, mode: str, remat: str, budget: int) -> dict[str, Any]:
   """In a fresh process: seconds (wall and CPU) to trace and compile the step, plan included; the plan."""
   jax.config.update("jax_enable_compilation_cache", False)
-  options = (dict(remat=True) if remat == "true" else
-             dict(remat="auto", memory_budget=budget))
-  params, x, step = _step(name, mode, **options)
+  if remat == "step":  # The whole step's budget.
+    params, x, step = _training_step(name, mode, remat="auto")
+    step = hkb.budgeted_jit(step, memory_budget=budget)
+  else:
+    options = (dict(remat=True) if remat == "true" else
+               dict(remat="auto", memory_budget=budget))
+    params, x, step = _step(name, mode, **options)
   with remat_models.plans_made() as made:
     start, cpu = time.perf_counter(), time.process_time()
     step.lower(params, x).compile()
     seconds = time.perf_counter() - start
     cpu = time.process_time() - cpu
+  if remat == "step":
+    plan = step.plan(params, x)
+    name = ", ".join(sorted({str(loop.remat) + (
+        f", {loop.slots} slots" if loop.slots else "") for loop in plan.loops}))
+    return {"seconds": seconds, "cpu_seconds": cpu, "plan": name,
+            "kept": plan.kept, "compiles": len(plan.tries)}
   return {"seconds": seconds, "cpu_seconds": cpu,
           "plan": _plan_name(made[-1].choice) if made else ""}
 
@@ -244,21 +284,28 @@ def planning(cfg: Config, only: Sequence[str] = ()) -> list[Planning]:
     with tempfile.TemporaryDirectory() as directory:
       budget = _in_fresh_process(name, cfg.mode, "budget", 0,
                                  directory)["budget"]
+      whole = _in_fresh_process(name, cfg.mode, "step_budget", 0,
+                                directory)["budget"]
     times: dict[str, list[tuple[float, float]]] = {
-        "true": [], "cold": [], "warm": []}
-    plan = ""
+        "true": [], "cold": [], "warm": [], "step_cold": [], "step_warm": []}
+    plans = {"auto": "", "step": ""}
     for _ in range(cfg.planning_repeats):
       with tempfile.TemporaryDirectory() as directory:
-        for run in ("true", "cold", "warm"):
-          got = _in_fresh_process(name, cfg.mode,
-                                  "true" if run == "true" else "auto",
-                                  budget, directory)
+        for run in times:
+          kind = ("true" if run == "true" else
+                  "step" if run.startswith("step") else "auto")
+          got = _in_fresh_process(name, cfg.mode, kind,
+                                  whole if kind == "step" else budget,
+                                  directory)
           times[run].append((got["seconds"], got["cpu_seconds"]))
-          plan = got["plan"] or plan
+          plans[kind] = got["plan"] or plans.get(kind, "")
     wall = {run: min(t for t, _ in got) for run, got in times.items()}
     cpu = {run: min(c for _, c in got) for run, got in times.items()}
-    out.append(Planning(name, budget, plan, wall["true"], wall["cold"],
-                        wall["warm"], cpu["true"], cpu["cold"], cpu["warm"]))
+    out.append(Planning(name, budget, plans["auto"], wall["true"],
+                        wall["cold"], wall["warm"], cpu["true"], cpu["cold"],
+                        cpu["warm"], whole, plans["step"], wall["step_cold"],
+                        wall["step_warm"], cpu["step_cold"],
+                        cpu["step_warm"]))
     print(f"remat auto: planning {out[-1]}", file=sys.stderr, flush=True)
   return out
 
@@ -284,6 +331,21 @@ def planning_markdown(results: list[Planning]) -> str:
                f"| {r.warm:.2f} | {r.warm / r.per_step:.2f} | "
                f"{r.cold_cpu / r.per_step_cpu:.2f} | "
                f"{r.warm_cpu / r.per_step_cpu:.2f} |")
+  out += ["", "The same models under `hkb.budgeted_jit` (every loop "
+          "`remat=\"auto\"` with no budget of its own), the whole step's "
+          "budget halfway between its bytes with `remat=True` and at the "
+          "least rung (a schedule: the search's dearest case), against the "
+          "same `remat=True` first step:", "",
+          "| model | step budget (KiB) | plan | cold (s) | cold / True | "
+          "second process (s) | second / True | cold / True, CPU | "
+          "second / True, CPU |",
+          "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+  for r in results:
+    out.append(f"| {r.name} | {_kib(r.step_budget)} | {r.step_plan} | "
+               f"{r.step_cold:.2f} | {r.step_cold / r.per_step:.2f} | "
+               f"{r.step_warm:.2f} | {r.step_warm / r.per_step:.2f} | "
+               f"{r.step_cold_cpu / r.per_step_cpu:.2f} | "
+               f"{r.step_warm_cpu / r.per_step_cpu:.2f} |")
   return "\n".join(out) + "\n"
 
 
@@ -454,6 +516,9 @@ if __name__ == "__main__":
   # REMAT "budget": the model's middle budget.
   if sys.argv[3] == "budget":
     print(json.dumps({"budget": _middle_budget(sys.argv[1], sys.argv[2])}))
+  elif sys.argv[3] == "step_budget":
+    print(json.dumps({"budget": _middle_step_budget(sys.argv[1],
+                                                    sys.argv[2])}))
   else:
     print(json.dumps(first_step(sys.argv[1], sys.argv[2], sys.argv[3],
                                 int(sys.argv[4]))))
