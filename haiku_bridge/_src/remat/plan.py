@@ -686,11 +686,18 @@ def _checked_choice(c: Coefficients, step: "_Traced", consts,
   # Still unchecked: the first that was compiled, fits and is affordable.
   chosen = choose(c, length, memory_budget, max_recompute)
   measured = dict(c.measured)
-  for k in chosen.candidates:
-    if (key(k) in measured and k.temporaries <= memory_budget and
-        k.recomputed_steps <= max_recompute * length):
+  compiled = [k for k in chosen.candidates if key(k) in measured]
+  within = [k for k in compiled
+            if k.recomputed_steps <= max_recompute * length]
+  for k in within:
+    if k.temporaries <= memory_budget:
       return chosen._replace(choice=k)
-  raise _over_budget(length, memory_budget, min(measured.values()))
+  # Every compiled plan within the bound is over the budget: the least of
+  # those is what the call takes (never a plan that fits but recomputes
+  # more than the bound, which the call would refuse again).
+  raise _over_budget(length, memory_budget,
+                     min(k.temporaries for k in within),
+                     min(k.temporaries for k in compiled))
 
 
 def key(k: RematCandidate) -> Key:
@@ -728,6 +735,7 @@ def choose(c: Coefficients, length: int, memory_budget: int,
   fitting = [k for k in candidates if k.temporaries <= memory_budget]
   if not fitting:
     raise _over_budget(length, memory_budget,
+                       _least_within(c, candidates, length, max_recompute),
                        min(k.temporaries for k in candidates))
   affordable = [k for k in fitting
                 if k.recomputed_steps <= max_recompute * length]
@@ -742,14 +750,7 @@ def _raise_over_recompute(c: Coefficients, candidates: list[RematCandidate],
                           memory_budget: int, max_recompute: float) -> None:
   """The error where every plan that fits recomputes over `max_recompute`."""
   fewest = min(k.recomputed_steps for k in fitting)
-  within = [k for k in candidates
-            if k.recomputed_steps <= max_recompute * length]
-  spare = int(max_recompute * length) - length  # A schedule's advances.
-  if spare >= 0:
-    # The fewest slots within the bound: a schedule's least memory there.
-    within.append(_binomial(c, length, remat_schedule.fewest_binomial_slots(
-        length, spare)))
-  least = min(k.temporaries for k in within)  # remat=False is always within.
+  least = _least_within(c, candidates, length, max_recompute)
   raise refusal(errors.message(
       f"every remat plan for {length} steps that fits memory_budget="
       f"{memory_budget} bytes recomputes at least {fewest} steps, "
@@ -758,6 +759,19 @@ def _raise_over_recompute(c: Coefficients, candidates: list[RematCandidate],
       f"budget within it is {least} bytes (predicted): raise memory_budget "
       f"to that, or pass max_recompute={math.ceil(fewest / length)} to "
       "accept the recomputation."))
+
+
+def _least_within(c: Coefficients, candidates: list[RematCandidate],
+                  length: int, max_recompute: float) -> int:
+  """The least bytes of a plan recomputing at most `max_recompute` forward passes: the least budget a call with that bound takes."""
+  within = [k for k in candidates
+            if k.recomputed_steps <= max_recompute * length]
+  spare = max_recompute * length - length  # A schedule's advances.
+  if c.scheduled is not None and spare >= 0:
+    # The fewest slots within the bound: a schedule's least memory there.
+    within.append(_binomial(c, length, remat_schedule.fewest_binomial_slots(
+        length, int(min(spare, length * length)))))
+  return min(k.temporaries for k in within)  # remat=False is always within.
 
 
 # The counts of slots below the most the slots alone allow that `choose`
@@ -777,11 +791,15 @@ def _most_slots(length: int) -> int:
   return max(1, length - 2)
 
 
-def _over_budget(length: int, memory_budget: int, least: int) -> ValueError:
+def _over_budget(length: int, memory_budget: int, least: int,
+                 unbounded: int) -> ValueError:
+  """The refusal of a budget below `least`, the least within `max_recompute` (`unbounded`: with none)."""
+  beyond = (f", {unbounded} with max_recompute=math.inf" if unbounded < least
+            else "")
   return refusal(errors.message(
       f"no remat plan for {length} steps fits memory_budget="
       f"{memory_budget} bytes: the least any needs is {least} bytes "
-      "(predicted). Raise the budget, or shorten the scan. The budget "
+      f"(predicted){beyond}. Raise the budget, or shorten the scan. The budget "
       "counts the step's per-step outputs and their cotangents, read by "
       "the loss or not: where it reads only the final carry, return none."))
 

@@ -732,11 +732,23 @@ class AutoTest(parameterized.TestCase):
 
     h, xs = jnp.zeros([4, 16]), jnp.ones([64, 4, 16])
     plan = hkb.remat_plan(step, h, xs, memory_budget=1 << 30)
-    smallest = min(c.temporaries for c in plan.candidates)
+    # The least within the default bound (3 forward passes), which the
+    # call then takes; and the least of any, which max_recompute=math.inf
+    # takes (one slot: about 32 passes).
+    smallest = min(c.temporaries for c in plan.candidates
+                   if c.recomputed_steps <= 3 * 64)
+    unbounded = min(c.temporaries for c in plan.candidates)
+    self.assertLess(unbounded, smallest)
     with self.assertRaisesRegex(
         ValueError, f"hkb.remat_plan: no remat plan for 64 steps fits "
-        f"memory_budget=100 bytes: the least any needs is {smallest} "):
+        f"memory_budget=100 bytes: the least any needs is {smallest} bytes "
+        rf"\(predicted\), {unbounded} with max_recompute=math.inf\. "):
       hkb.remat_plan(step, h, xs, memory_budget=100)
+    self.assertLessEqual(hkb.remat_plan(
+        step, h, xs, memory_budget=smallest).choice.temporaries, smallest)
+    self.assertLessEqual(hkb.remat_plan(
+        step, h, xs, memory_budget=unbounded,
+        max_recompute=math.inf).choice.temporaries, unbounded)
     # Outside a transform, hkb.scan runs the same 64 steps, differentiated
     # in both its carry and its xs, as the plan is made.
     with self.assertRaisesRegex(ValueError, f"hkb.scan: no remat plan .* "
@@ -744,6 +756,35 @@ class AutoTest(parameterized.TestCase):
       jax.eval_shape(jax.grad(lambda h, xs: jnp.sum(hkb.scan(
           step, h, xs, remat="auto", memory_budget=100)[0]), argnums=(0, 1)),
                      h, xs)
+
+  def test_a_refusal_never_names_a_least_below_its_budget(self):
+    # Budgets between the least of any plan (one slot, over the default
+    # bound) and remat=True's: each is taken, or refused naming a least
+    # above it, which the call then takes; with the checks cut short too.
+    def step(h, x):
+      return jnp.tanh(h + x), None
+
+    h, xs = jnp.zeros([4, 16]), jnp.ones([64, 4, 16])
+    plan = hkb.remat_plan(step, h, xs, memory_budget=1 << 30)
+    per_step = next(c for c in plan.candidates if c.remat is True)
+    unbounded = min(c.temporaries for c in plan.candidates)
+    for checks in (0, remat_plan._CHECKS):
+      for budget in np.linspace(unbounded, per_step.temporaries, 7).astype(int):
+        with self.subTest(checks=checks, budget=int(budget)), \
+            caches.disabled(), \
+            mock.patch.object(remat_plan, "_CHECKS", checks):
+          try:
+            got = hkb.remat_plan(step, h, xs, memory_budget=int(budget))
+          except ValueError as error:
+            named = re.search(r"(?:least any needs is|least budget within "
+                              r"it is) ([0-9]+) bytes", str(error))
+            self.assertIsNotNone(named, str(error))
+            least = int(named[1])
+            self.assertGreater(least, budget, str(error))
+            got = hkb.remat_plan(step, h, xs, memory_budget=least)
+            budget = least
+          self.assertLessEqual(got.choice.temporaries, budget)
+          self.assertLessEqual(got.choice.recomputed_steps, 3 * 64)
 
   def test_a_refusal_waits_for_a_differentiation_where_none_is_seen(self):
     # Where the loop sees no derivative around it, it may be inference,
