@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 import tempfile
 import threading
 from typing import Any, Callable, Iterator
@@ -483,24 +484,48 @@ class AutoTest(parameterized.TestCase):
               not isinstance(value, bool) else value)
 
     directory = self.create_tempdir().full_path
+    folder = os.path.join(directory, "remat_plans")
+    kept = os.path.join(self.create_tempdir().full_path, "kept")
     init, xs = jnp.zeros([4, 16]), jnp.ones([128, 4, 16])
+
+    def again():
+      """The plan made anew in this process, its files on disk as they are."""
+      shutil.copytree(folder, kept, dirs_exist_ok=True)
+      hkb.clear_caches()  # Memory and disk; the files are put back.
+      shutil.copytree(kept, folder)
+      shutil.rmtree(kept)
+      with measuring_compiles() as compiles:
+        made = hkb.remat_plan(_step, init, xs, memory_budget=60_000)
+      return made, compiles
+
     with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}), \
         mock.patch.object(caches, "_enabled", True):
       hkb.clear_caches()
       first = hkb.remat_plan(_step, init, xs, memory_budget=60_000)
-      folder = os.path.join(directory, "remat_plans")
       self.assertNotEqual(os.listdir(folder), [])
+      self.assertEqual(again(), (first, []))  # The files serve it.
       for name in os.listdir(folder):
         with open(os.path.join(folder, name)) as f:
           value = json.load(f)
         with open(os.path.join(folder, name), "w") as f:
           json.dump(strings(value), f)
-      with mock.patch.object(caches.OnDisk, "clear", lambda self: None):
-        hkb.clear_caches()  # This process's memory only: the files stay.
-      with measuring_compiles() as compiles:
-        again = hkb.remat_plan(_step, init, xs, memory_budget=60_000)
-    self.assertEqual(again, first)
+      made, compiles = again()
+    self.assertEqual(made, first)
     self.assertNotEqual(compiles, [])
+    # Read field by field: each number given as a string is refused.
+    good = remat_plan.Coefficients(
+        length=8, plain=100, per_step=60, scheduled=(40.0, 4.0),
+        constants=(8.0, 0.0), step_flops=2.0, advance_flops=3.0,
+        policy=("dots", 50, 1.0), measured=(((False, None, None, None), 100),))
+    value = remat_plan._to_json(good)
+    self.assertEqual(remat_plan._from_json(value), good)
+    for field in ("length", "plain", "per_step", "step_flops",
+                  "advance_flops"):
+      self.assertIsNone(remat_plan._from_json({**value, field: "8"}), field)
+    for field, bad in (("scheduled", ["40", 4.0]), ("constants", [8.0, "0"]),
+                       ("policy", ["dots", "50", 1.0]),
+                       ("measured", [[[False, None, None, None], "100"]])):
+      self.assertIsNone(remat_plan._from_json({**value, field: bad}), field)
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_measurements_compile_in_threads_as_one_by_one(self):
@@ -758,9 +783,10 @@ class AutoTest(parameterized.TestCase):
                      h, xs)
 
   def test_a_refusal_never_names_a_least_below_its_budget(self):
-    # Budgets between the least of any plan (one slot, over the default
-    # bound) and remat=True's: each is taken, or refused naming a least
-    # above it, which the call then takes; with the checks cut short too.
+    # Budgets below the least of any plan (one slot, over the default
+    # bound) and up to remat=True's: each is taken, or refused naming a
+    # least above it, which the call then takes; with the checks cut short
+    # too.
     def step(h, x):
       return jnp.tanh(h + x), None
 
@@ -769,7 +795,8 @@ class AutoTest(parameterized.TestCase):
     per_step = next(c for c in plan.candidates if c.remat is True)
     unbounded = min(c.temporaries for c in plan.candidates)
     for checks in (0, remat_plan._CHECKS):
-      for budget in np.linspace(unbounded, per_step.temporaries, 7).astype(int):
+      for budget in [100, unbounded - 1, *np.linspace(
+          unbounded, per_step.temporaries, 7).astype(int)]:
         with self.subTest(checks=checks, budget=int(budget)), \
             caches.disabled(), \
             mock.patch.object(remat_plan, "_CHECKS", checks):
