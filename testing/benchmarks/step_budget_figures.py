@@ -65,7 +65,7 @@ SIZES = (
 # Plain (remat=False) steps of growing batch, each compiled and, where it
 # compiles, run: the figure against what the device takes.
 SWEEP = (dict(vocab=1024, d_model=1024, heads=8, layers=24, seq=1024),
-         (4, 5, 6, 7))
+         (4, 5, 6, 7, 8))
 SMALL_SWEEP = (dict(vocab=64, d_model=32, heads=2, layers=6, seq=32), (2, 4))
 SMALL_SIZES = (
     ("small", dict(vocab=64, d_model=32, heads=2, layers=6, seq=32, batch=2),
