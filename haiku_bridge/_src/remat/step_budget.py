@@ -179,17 +179,9 @@ def active() -> bool:
 
 def loop_plan(length: int, carry: PyTree, policy: bool,
               max_recompute: float) -> StepLoop:
-  """What a `remat="auto"` loop with no budget of its own runs at the traced rung.
-
-  Raises ValueError where no step of `budgeted_jit` is being traced.
-  """
+  """What a `remat="auto"` loop with no budget of its own runs at the traced rung (`active()`)."""
   trace = _TRACE.get()
-  if trace is None:
-    raise ValueError(errors.message(
-        "`remat=\"auto\"` without `memory_budget=` takes its plan from the "
-        "training step's budget, but this loop runs outside "
-        "hkb.budgeted_jit: jit the step with hkb.budgeted_jit(step, "
-        "memory_budget=...), or give the loop its own memory_budget="))
+  assert trace is not None, "loop.resolved asks only while a step is traced"
   carry_bytes = sum(int(np.prod(np.shape(leaf))) * np.dtype(leaf.dtype).itemsize
                     for leaf in jax.tree.leaves(carry))
   trace.loops.append(_Seen(length, policy, max_recompute, carry_bytes))
@@ -199,8 +191,8 @@ def loop_plan(length: int, carry: PyTree, policy: bool,
 def _at(rung: Rung, length: int, policy: bool,
         max_recompute: float) -> StepLoop:
   """The plan of a loop at `rung`, within its own `max_recompute`."""
-  if rung.kind == _FALSE or max_recompute < 1 and not (
-      rung.kind >= _POLICY and policy):
+  if rung.kind == _FALSE or (max_recompute < 1 and not (
+      rung.kind >= _POLICY and policy)):
     return StepLoop(length, False)
   if rung.kind == _POLICY or max_recompute < 1:
     return StepLoop(length, policy, policy=policy)
@@ -232,7 +224,7 @@ def _ladder(loops: list[_Seen], max_recompute: float) -> list[Rung]:
   return rungs + [Rung(_SCHEDULE, extra) for extra in sorted(extras) if extra]
 
 
-def _kept(rung: Rung, loops: list[_Seen]) -> int:
+def _carries_kept(rung: Rung, loops: list[_Seen]) -> int:
   """Bytes of the carries the loops keep for the backward pass at `rung` (the line's abscissa)."""
   kept = 0
   for loop in loops:
@@ -314,7 +306,7 @@ class BudgetedStep:
     self._max_recompute = max_recompute
     self._jit_kwargs = jit_kwargs
     self._jitted = jax.jit(step, **jit_kwargs)
-    self._statics = _static_positions(step, jit_kwargs)
+    self._statics = _static_positions(jit_kwargs)
     self._plans: dict[Any, tuple[int, Rung, StepPlan]] = {}
     self.__wrapped__ = step
     for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
@@ -479,7 +471,8 @@ class _Search:
     """The rung between two compiled ones the line through them says fits first."""
     if fits - over < 2:
       return None
-    x_over, x_fits = (_kept(self.ladder[i], self.loops) for i in (over, fits))
+    x_over, x_fits = (_carries_kept(self.ladder[i], self.loops)
+                      for i in (over, fits))
     b_over = self.tried[self.ladder[over]].bytes
     b_fits = self.tried[self.ladder[fits]].bytes
     assert b_fits is not None
@@ -487,7 +480,8 @@ class _Search:
       return (over + fits) // 2  # No line: halve.
     for i in range(over + 1, fits):
       predicted = b_fits + (b_over - b_fits) * (
-          (_kept(self.ladder[i], self.loops) - x_fits) / (x_over - x_fits))
+          (_carries_kept(self.ladder[i], self.loops) - x_fits) /
+          (x_over - x_fits))
       if predicted <= self.budget:
         return i
     return None  # The line says none between fits: the one that does.
@@ -539,14 +533,14 @@ def _tracing(rung: Rung, trace: Optional[_Trace] = None) -> Iterator[None]:
     _TRACE.reset(token)
 
 
-def _static_positions(step: Callable[..., Any],
-                      jit_kwargs: dict[str, Any]) -> tuple[frozenset, frozenset]:
+def _static_positions(jit_kwargs: dict[str, Any]
+                      ) -> tuple[frozenset, frozenset]:
   """The positions and names jit takes as static, as `_signature` needs them."""
   def as_set(value, kind):
     if value is None:
       return frozenset()
     return frozenset((value,) if isinstance(value, kind) else value)
-  del step
+
   return (as_set(jit_kwargs.get("static_argnums"), int),
           as_set(jit_kwargs.get("static_argnames"), str))
 
