@@ -41,7 +41,7 @@ schedule fits costs four compiles (five with a policy), where the carry's
 bytes are a slot's, six where they are not, three in turn;
 all at T, so that what XLA does only for long loops (or short ones:
 unrolling, double buffering) is in every figure; with XLA's cheaper code
-generation (`_compile_options`), which leaves buffers as they are, each
+generation (`measuring_options`), which leaves buffers as they are, each
 program lowered while the last compiles in a thread, as many compiling at
 once as there are cores (`_Compiles`): one slot's first, so that the
 budget's second schedule lowers as soon as its figures are in, while
@@ -1345,7 +1345,7 @@ def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
   """The model's coefficients for `step` over `length` steps, measured by 3 compiles (4 with a policy).
 
   Each compiles the loop's gradient at `length` steps, with XLA's cheaper
-  code generation (`_compile_options`): remat=False, remat=True, and the
+  code generation (`measuring_options`): remat=False, remat=True, and the
   binomial schedule with one slot; a slot is taken at the carry's bytes
   until a budget's `_sloped` compiles a second schedule. Cached in this
   process and on disk, keyed on everything the figures depend on. Where
@@ -1713,7 +1713,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
                getattr(device.client, "platform_version", ""),
                jax.__version__, jaxlib.__version__, _version(),
                _code_digest(), os.environ.get("XLA_FLAGS", ""),
-               sorted(_compile_options().items()),
+               sorted(measuring_options().items()),
                str(jax.dtypes.canonicalize_dtype(np.int64))))  # x64 or not.
   return hashlib.sha256(text.encode()).hexdigest()
 
@@ -1792,7 +1792,7 @@ def _well_typed(c: Coefficients) -> bool:
           all(numbers(v, whole=True) for _, v in c.measured))
 
 
-def _compile_options() -> dict[str, Any]:
+def measuring_options() -> dict[str, Any]:
   """XLA options for the measuring compiles: cheaper code, the same buffers.
 
   On CPU, LLVM without optimisation and XLA's older fusion emitters:
@@ -2020,8 +2020,8 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
 
 
 def _compile(lowered):
-  """A measurement's program compiled, with `_compile_options`: every measuring compile passes here."""
-  return lowered.compile(_compile_options())
+  """A measurement's program compiled, with `measuring_options`: every measuring compile passes here."""
+  return lowered.compile(measuring_options())
 
 
 def _read(compiled, remat, flops: bool = True) -> _Measured:

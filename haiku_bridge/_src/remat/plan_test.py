@@ -682,7 +682,7 @@ class AutoTest(parameterized.TestCase):
           jax.device_put(jnp.ones([256, 8, 16]),
                          NamedSharding(explicit, P(None, "data"))), 256))
     self.assertNotEqual(changed["sharding"], replicated)
-    with mock.patch.object(remat_plan, "_compile_options",
+    with mock.patch.object(remat_plan, "measuring_options",
                            lambda: {"xla_backend_optimization_level": 1}):
       changed["compile options"] = key(traced)
     for what, other in changed.items():
@@ -1710,7 +1710,7 @@ class BudgetTest(parameterized.TestCase):
       defaults["xla_cpu_use_fusion_emitters"] = True
     for remat in (None, True, remat_schedule.binomial(32, 4)):
       cheap = remat_plan._measure(step, consts, 32, remat)
-      with mock.patch.object(remat_plan, "_compile_options",
+      with mock.patch.object(remat_plan, "measuring_options",
                              lambda: defaults):
         self.assertEqual(remat_plan._measure(step, consts, 32, remat),
                          cheap)

@@ -23,7 +23,10 @@ between chosen on the line through the compiled figures, by the carries
 the loops keep (`_Search`). Each try compiles the step as it runs, and the
 chosen rung's compile is the one the step runs (jax's cache holds it): a
 step whose plain form fits costs one compile, one that needs `remat=True`
-two, one on a schedule three to seven. A compile that runs out of device
+two, one on a schedule three to seven. On the CPU the tries compile with
+XLA's cheaper code generation, which keeps the buffers
+(`remat_plan.measuring_options`), and the choice once more as it runs,
+whose figure is the one checked. A compile that runs out of device
 memory (RESOURCE_EXHAUSTED, as XLA:TPU's compiler raises, fast, for a
 program over its HBM) is a rung over any budget, never an error.
 
@@ -101,15 +104,21 @@ class StepLoop(NamedTuple):
 
 
 class StepTry(NamedTuple):
-  """One compile of the step: the rung, its bytes (None: out of device memory), its seconds (lowering and compiling)."""
+  """One compile of the step: the rung, its bytes (None: out of device memory), its seconds (lowering and compiling).
+
+  `measuring`: compiled with XLA's cheaper code generation, which keeps
+  the buffers (on the CPU: `remat_plan.measuring_options`), for its bytes
+  only; the chosen rung is then compiled as it runs, and checked.
+  """
   rung: str
   bytes: Optional[int]
   seconds: float
+  measuring: bool = False
 
   def __str__(self) -> str:
     return (f"{self.rung}: " + ("out of device memory" if self.bytes is None
                                 else f"{self.bytes:,} bytes") +
-            f" ({self.seconds:.1f} s)")
+            f" ({self.seconds:.1f} s{', measuring' if self.measuring else ''})")
 
 
 class StepPlan(NamedTuple):
@@ -275,25 +284,30 @@ class _Compiled(NamedTuple):
   bytes: Optional[int]  # None: out of device memory.
   compiled: Any
   seconds: float  # Lowering and compiling.
+  lowered: Any
+  measuring: bool  # With `remat_plan.measuring_options`: bytes only.
 
 
-def _compile(lowered: Any) -> Any:
-  """`lowered.compile()`: one seam, where a test runs a device out of memory."""
-  return lowered.compile()
+def _compile(lowered: Any, options: dict[str, Any]) -> Any:
+  """`lowered.compile(options)`: one seam, where a test runs a device out of memory."""
+  return lowered.compile(options) if options else lowered.compile()
 
 
-def _compiled(lowered: Any, lowering: float) -> _Compiled:
-  """`lowered` (in `lowering` seconds) compiled, its bytes read; out of device memory, no bytes."""
+def _compiled(lowered: Any, lowering: float,
+              options: dict[str, Any]) -> _Compiled:
+  """`lowered` (in `lowering` seconds) compiled with `options`, its bytes read; out of device memory, no bytes."""
   start = time.perf_counter()
   try:
-    compiled = _compile(lowered)
+    compiled = _compile(lowered, options)
   except Exception as error:  # pylint: disable=broad-except
     if not out_of_memory(error):
       raise
-    return _Compiled(None, None, lowering + time.perf_counter() - start)
-  return _Compiled(step_bytes(compiled.memory_analysis(),
-                              jax.default_backend()), compiled,
-                   lowering + time.perf_counter() - start)
+    compiled = None
+  return _Compiled(
+      None if compiled is None else step_bytes(compiled.memory_analysis(),
+                                               jax.default_backend()),
+      compiled, lowering + time.perf_counter() - start, lowered,
+      bool(options))
 
 
 class BudgetedStep:
@@ -355,11 +369,17 @@ class BudgetedStep:
       lowered = self._jitted.lower(*args, **kwargs)
     return lowered, time.perf_counter() - start
 
-  def _compiled(self, search: int, rung: Rung, args, kwargs) -> _Compiled:
-    done = _compiled(*self._lowered(search, rung, args, kwargs))
-    remat_plan.LOG.info("hkb.%s: compiled %s", _API,
-                        StepTry(rung.describe(), done.bytes, done.seconds))
-    return done
+  def _measuring(self) -> dict[str, Any]:
+    """The options a try compiles with for its bytes (none where the step's jit sets its own)."""
+    if "compiler_options" in self._jit_kwargs:
+      return {}
+    return remat_plan.measuring_options()
+
+  def _compiled(self, search: int, rung: Rung, args, kwargs,
+                options: Optional[dict[str, Any]] = None) -> _Compiled:
+    """The step at `rung` compiled (by default, with `_measuring()`'s options)."""
+    return _compiled(*self._lowered(search, rung, args, kwargs),
+                     self._measuring() if options is None else options)
 
   def _search(self, args, kwargs) -> tuple[int, Rung, StepPlan]:
     budget = self._budget_bytes()
@@ -368,27 +388,36 @@ class BudgetedStep:
     plain, lowering = self._lowered(search, trace.rung, args, kwargs, trace)
     disk_key = self._disk_key(plain, budget)
     kept = _from_disk(_ON_DISK.get(disk_key), trace.loops)
-    if kept is not None:  # The step compiled once, and checked.
-      done = (_compiled(plain, lowering) if kept == trace.rung else
-              self._compiled(search, kept, args, kwargs))
+    if kept is not None:  # The step compiled once, as it runs, and checked.
+      done = (_compiled(plain, lowering, {}) if kept == trace.rung else
+              self._compiled(search, kept, args, kwargs, {}))
+      _log_try(kept, done)
       if done.bytes is not None and done.bytes <= budget:
         made = self._plan_of(budget, done.bytes, kept, trace.loops, (
-            StepTry(kept.describe(), done.bytes, done.seconds),), kept=True)
+            _try(kept, done),), kept=True)
         remat_plan.LOG.info("hkb.%s: %s", _API, made)
         return search, kept, made
     found = _Search(budget, self._max_recompute,
                     _ladder(trace.loops, self._max_recompute), trace.loops,
                     lambda rung: self._compiled(search, rung, args, kwargs))
-    found.tried[trace.rung] = _compiled(plain, lowering)
-    remat_plan.LOG.info("hkb.%s: compiled %s", _API, found.tries()[0])
-    rung = found.run()
-    if rung is None:
-      raise ValueError(errors.message(found.refusal(self._budget is None) +
-                                      self._unbounded(found, trace.loops)))
+    found.record(trace.rung, _compiled(plain, lowering, self._measuring()))
+    while True:
+      rung = found.run()
+      if rung is None:
+        raise ValueError(errors.message(
+            found.refusal(self._budget is None) +
+            self._unbounded(found, trace.loops)))
+      if not found.tried[rung].measuring:
+        break
+      # The choice compiled as it runs (what the step's calls then use),
+      # and checked: its figure, not the measuring compile's, decides.
+      found.record(rung, _compiled(found.tried[rung].lowered, 0.0, {}))
+      if found.fits(rung):
+        break
     _ON_DISK.put(disk_key, [rung.kind, rung.extra.numerator,
                             rung.extra.denominator])
     made = self._plan_of(budget, found.tried[rung].bytes, rung, trace.loops,
-                         found.tries())
+                         tuple(found.made))
     remat_plan.LOG.info("hkb.%s: %s", _API, made)
     return search, rung, made
 
@@ -433,11 +462,18 @@ class _Search:
     self.ladder = ladder
     self.loops = loops
     self.compile_at = compile_at
-    self.tried: dict[Rung, _Compiled] = {}
+    self.tried: dict[Rung, _Compiled] = {}  # The last compile of each rung.
+    self.made: list[StepTry] = []  # Every compile, in order.
+
+  def record(self, rung: Rung, done: _Compiled) -> None:
+    """`done`, a compile of the step at `rung`: kept, and logged."""
+    self.tried[rung] = done
+    self.made.append(_try(rung, done))
+    _log_try(rung, done)
 
   def fits(self, rung: Rung) -> bool:
     if rung not in self.tried:
-      self.tried[rung] = self.compile_at(rung)
+      self.record(rung, self.compile_at(rung))
     found = self.tried[rung].bytes
     return found is not None and found <= self.budget
 
@@ -486,10 +522,6 @@ class _Search:
         return i
     return None  # The line says none between fits: the one that does.
 
-  def tries(self) -> tuple[StepTry, ...]:
-    return tuple(StepTry(rung.describe(), done.bytes, done.seconds)
-                 for rung, done in self.tried.items())
-
   def refusal(self, default_budget: bool) -> str:
     least = self.least()
     found = self.tried[least].bytes
@@ -522,6 +554,14 @@ class _Search:
     advice = ", or ".join(remedies)
     return (f"the step does not fit {budget}: it {held}{where}. "
             f"{advice[0].upper()}{advice[1:]}.")
+
+
+def _try(rung: Rung, done: _Compiled) -> StepTry:
+  return StepTry(rung.describe(), done.bytes, done.seconds, done.measuring)
+
+
+def _log_try(rung: Rung, done: _Compiled) -> None:
+  remat_plan.LOG.info("hkb.%s: compiled %s", _API, _try(rung, done))
 
 
 @contextlib.contextmanager

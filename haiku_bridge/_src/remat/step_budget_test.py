@@ -18,12 +18,16 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
+from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import step_budget
 from testing import test_utils
 
 T, B, W = 24, 4, 16  # Steps, batch, width: small, so that each compile is.
 LAYERS = 19  # The layer stack that escaped a per-loop budget 9x.
 KEY = jax.random.PRNGKey(0)
+# Whether the search's tries compile with XLA's cheaper code generation
+# (the CPU), then the choice once more as it runs.
+MEASURING = bool(remat_plan.measuring_options())
 FORMS = ("scan", "dynamic_unroll", "repeat_layer", "two_loops", "three_loops",
          "vmap_ensemble", "grad_accumulation", "jacrev", "loss_of_the_carry",
          "equinox_cell")
@@ -115,9 +119,9 @@ def counted_compiles():
   made = []
   real = step_budget._compile
 
-  def counted(lowered):
+  def counted(lowered, options):
     made.append(lowered)
-    return real(lowered)
+    return real(lowered, options)
 
   with mock.patch.object(step_budget, "_compile", counted):
     yield made
@@ -203,20 +207,21 @@ class SearchTest(_CacheDirectory):
     auto, _ = _step("scan", "auto")
     wider = (args[0], jnp.concatenate([args[1]] * 2, axis=0))
     plain_bytes = _bytes(plain, *wider)
-    # Plain fits: its compile is the one that runs.
+    # Plain fits: its compile (as it runs) is the one that runs.
     step = hkb.budgeted_jit(auto, memory_budget=plain_bytes)
     with counted_compiles() as made:
       step(*args)
       step(*args)
       step.plan(*args)
       step.lower(*args)
-    self.assertLen(made, 1)
-    self.assertEqual([t.rung for t in step.plan(*args).tries],
-                     ["remat=False"])
+    self.assertLen(made, 1 + MEASURING)
+    self.assertEqual(
+        [(t.rung, t.measuring) for t in step.plan(*args).tries],
+        [("remat=False", True)] * MEASURING + [("remat=False", False)])
     # Another signature is planned anew.
     with counted_compiles() as made:
       step(*wider)
-    self.assertLen(made, 1)
+    self.assertLen(made, 1 + MEASURING)
     self.assertEqual(step.plan(*wider).loops[0].length, 2 * T)
 
   def test_a_compile_out_of_device_memory_is_a_plan_over_the_budget(self):
@@ -227,8 +232,8 @@ class SearchTest(_CacheDirectory):
     device = (plain_bytes + true_bytes) // 2  # remat=False does not fit.
     real = step_budget._compile
 
-    def on_the_device(lowered):
-      compiled = real(lowered)
+    def on_the_device(lowered, options):
+      compiled = real(lowered, options)
       if step_budget.step_bytes(compiled.memory_analysis(), "cpu") > device:
         raise jax.errors.JaxRuntimeError(
             "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
@@ -241,8 +246,11 @@ class SearchTest(_CacheDirectory):
       step(*args)
       plan = step.plan(*args)
       self.assertEqual(plan.memory_budget, 10**9)
-      self.assertEqual([(t.rung, t.bytes) for t in plan.tries],
-                       [("remat=False", None), ("remat=True", true_bytes)])
+      self.assertEqual(
+          [(t.rung, t.bytes, t.measuring) for t in plan.tries],
+          [("remat=False", None, MEASURING),
+           ("remat=True", true_bytes, MEASURING)] +
+          [("remat=True", true_bytes, False)] * MEASURING)
       self.assertEqual({loop.remat for loop in plan.loops}, {True})
       # Nothing fits the device: refused, in its words.
       with mock.patch.object(step_budget, "device_memory", lambda: 1000):
@@ -257,8 +265,8 @@ class SearchTest(_CacheDirectory):
   def test_another_compile_error_is_raised(self):
     auto, args = _step("scan", "auto")
 
-    def broken(lowered):
-      del lowered
+    def broken(lowered, options):
+      del lowered, options
       raise jax.errors.JaxRuntimeError("INTERNAL: something else")
 
     with mock.patch.object(step_budget, "_compile", broken), \
@@ -425,7 +433,7 @@ class LadderTest(_CacheDirectory):
         plan = hkb.budgeted_jit(auto, memory_budget=budget).plan(*args)
         self.assertEqual(plan.loops, want)
         self.assertEqual(plan.bytes, sizes[first])
-        self.assertLessEqual(len(made), 3 + step_budget._MORE_TRIES)
+        self.assertLessEqual(len(made), 3 + step_budget._MORE_TRIES + MEASURING)
 
 
 class StepBytesTest(absltest.TestCase):
