@@ -315,7 +315,6 @@ class BudgetedStep:
 
   def __init__(self, step: Callable[..., Any], memory_budget: Optional[int],
                max_recompute: float, jit_kwargs: dict[str, Any]) -> None:
-    self._step = step
     self._budget = memory_budget
     self._max_recompute = max_recompute
     self._jit_kwargs = jit_kwargs
@@ -586,7 +585,7 @@ def _static_positions(jit_kwargs: dict[str, Any]
 
 
 def _signature(args, kwargs, statics) -> Any:
-  """What a call's plan depends on: each array's type and sharding, each static value."""
+  """What a call's plan depends on: each array's type and sharding, each static value, the mesh and the settings jit traces under."""
   numbers, names = statics
 
   def of(value):
@@ -599,7 +598,9 @@ def _signature(args, kwargs, statics) -> Any:
   return (tuple(("static", a) if i in numbers or i - len(args) in numbers
                 else of(a) for i, a in enumerate(args)),
           tuple(sorted((k, ("static", v) if k in names else of(v))
-                       for k, v in kwargs.items())))
+                       for k, v in kwargs.items())),
+          jax.sharding.get_abstract_mesh(), jax.config.jax_enable_x64,
+          jax.config.jax_default_matmul_precision)
 
 
 _FORMAT = 1

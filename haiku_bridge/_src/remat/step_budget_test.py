@@ -224,6 +224,17 @@ class SearchTest(_CacheDirectory):
     self.assertLen(made, 1 + MEASURING)
     self.assertEqual(step.plan(*wider).loops[0].length, 2 * T)
 
+  def test_a_mesh_or_a_setting_jit_traces_under_is_planned_apart(self):
+    auto, args = _step("scan", "auto")
+    step = hkb.budgeted_jit(auto, memory_budget=10**9)
+    with counted_compiles() as made:
+      step(*args)
+      with jax.default_matmul_precision("highest"):
+        step(*args)
+      with jax.set_mesh(jax.make_mesh((1,), ("data",))):
+        step(*args)
+    self.assertLen(made, 3 * (1 + MEASURING))
+
   def test_a_compile_out_of_device_memory_is_a_plan_over_the_budget(self):
     plain, args = _step("scan", False)
     auto, _ = _step("scan", "auto")
