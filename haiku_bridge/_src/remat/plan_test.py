@@ -2538,9 +2538,11 @@ class KnownGapsTest(absltest.TestCase):
                          memory_budget=budget, max_recompute=math.inf)
       return jnp.sum(last ** 2)
 
-    least = hkb.remat_plan(step(w), jnp.zeros([b, h]), xs,
-                           memory_budget=1 << 40,
-                           max_recompute=math.inf).least_budget
+    # The least where the loop runs (`w` closed over, compiled in as the
+    # jitted step has it): the budget is taken, and the gap is in the
+    # figures below, not a refusal before them.
+    least = plan_where_run(jax.value_and_grad(
+        lambda w, xs: loss(w, xs, 1 << 40)), w, xs).least_budget
     with remat_models.plans_made() as made:
       compiled = jax.jit(jax.value_and_grad(loss), static_argnums=2).lower(
           w, xs, least).compile()
@@ -2751,6 +2753,19 @@ class KnownGapsTest(absltest.TestCase):
 
 class VisibleTest(parameterized.TestCase):
   """The plan of a Haiku loop, before it runs; the plan each loop logs; the table."""
+
+  def test_least_budget_and_the_table_read_every_candidate(self):
+    # The last candidate (the most recomputed) is not the least memory, and
+    # one fits the budget to the byte: neither is over it.
+    c = hkb.RematCandidate
+    per_step = c(True, None, None, 1 << 19, 8, 100)
+    plan = hkb.RematPlan(8, 3 << 20, (
+        c(False, None, None, 4 << 20, 0, 0), per_step,
+        c("binomial", 2, None, 3 << 20, 20, 900)), per_step)
+    self.assertEqual(plan.least_budget, 1 << 19)
+    marks = [row.rsplit("|", 2)[1].strip()
+             for row in plan.table().splitlines()[2:]]
+    self.assertEqual(marks, ["over the budget", "**chosen**", ""])
 
   @on_cpu_and_gpu(TOY_BYTES)
   def test_remat_plan_of_each_loop_is_the_plan_the_loop_logs_and_runs(self):
