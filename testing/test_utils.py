@@ -6,7 +6,8 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
+from unittest import mock
 
 import haiku as hk
 import jax
@@ -111,6 +112,21 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 getattr(module, sys.argv[3])(*sys.argv[4:])
 """
+
+
+def environment_patches() -> list[tuple[str, ContextManager[Any]]]:
+  """Patches that each make this process look like another install: jax's version, the backend, the device, XLA's flags.
+
+  A cache kept across processes (a plan on disk) must key on each: a test
+  asks that its key changes under every one.
+  """
+  device = jax.devices()[0]
+  other = mock.Mock(device_kind=device.device_kind + " other",
+                    client=device.client)
+  return [("jax", mock.patch.object(jax, "__version__", "0.0.1")),
+          ("backend", mock.patch.object(jax, "default_backend", lambda: "gpu")),
+          ("device", mock.patch.object(jax, "devices", lambda: [other])),
+          ("XLA flags", mock.patch.dict(os.environ, {"XLA_FLAGS": "--x"}))]
 
 
 def _fresh_process_command(path: str, function: str, *args: str

@@ -472,6 +472,23 @@ class AutoTest(parameterized.TestCase):
       hkb.clear_caches()
     self.assertFalse(os.path.exists(os.path.join(directory, "remat_plans")))
 
+  def test_the_disk_key_changes_with_everything_the_figures_depend_on(self):
+    # A file measured by another jax, jaxlib, haiku_bridge, backend, device
+    # or measuring code (or XLA flags) is never read: each is in the key.
+    init, xs = jnp.zeros([4, 16]), jnp.ones([32, 4, 16])
+    step, consts = remat_plan._trace(_step, init, xs, 32)
+    key = lambda: remat_plan._disk_key(step, consts, 32, None)
+    here = key()
+    self.assertEqual(key(), here)
+    for name, patch in test_utils.environment_patches() + [
+        ("jaxlib", mock.patch.object(jaxlib, "__version__", "0.0.1")),
+        ("haiku_bridge", mock.patch.object(remat_plan, "_version",
+                                           lambda: "0.0.1")),
+        ("measuring code", mock.patch.object(remat_plan, "_code_digest",
+                                             lambda: "0" * 64))]:
+      with self.subTest(name), patch:
+        self.assertNotEqual(key(), here)
+
   def test_a_plan_file_of_strings_is_a_miss(self):
     # A file of the right shape whose numbers are strings (hand-edited, or
     # written by another tool) is measured again, not a TypeError mid-step.

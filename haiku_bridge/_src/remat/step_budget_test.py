@@ -599,6 +599,31 @@ class DiskTest(_CacheDirectory):
     self.assertFalse(os.path.exists(folder))
 
 
+class DiskKeyTest(absltest.TestCase):
+
+  def test_the_key_changes_with_everything_the_choice_depends_on(self):
+    auto, args = _step("scan", "auto")
+    lowered = jax.jit(_step("scan", False)[0]).lower(*args)
+    step = lambda **options: step_budget.BudgetedStep(
+        auto, 10**6, options.pop("max_recompute", 3.0), options)
+    here = step()._disk_key(lowered, 10**6)
+    self.assertEqual(step()._disk_key(lowered, 10**6), here)
+    self.assertNotEqual(step()._disk_key(lowered, 10**6 + 1), here)
+    self.assertNotEqual(step(max_recompute=4.0)._disk_key(lowered, 10**6),
+                        here)
+    self.assertNotEqual(step(donate_argnums=0)._disk_key(lowered, 10**6),
+                        here)
+    other = jax.jit(_step("scan", True)[0]).lower(*args)
+    self.assertNotEqual(step()._disk_key(other, 10**6), here)
+    for name, patch in test_utils.environment_patches() + [
+        ("installed", mock.patch.object(
+            step_budget.versions, "installed", lambda: {"dm-haiku": "0"})),
+        ("code", mock.patch.object(step_budget, "_code_digest",
+                                   lambda: "0" * 64))]:
+      with self.subTest(name), patch:
+        self.assertNotEqual(step()._disk_key(lowered, 10**6), here)
+
+
 def _print_plan(getter: str, budget: str) -> None:
   """In a fresh process: the plan of the two-loop step, and the compiles made."""
   auto, args = _step("two_loops", "auto", getter == "1")
