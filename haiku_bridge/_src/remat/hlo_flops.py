@@ -534,10 +534,14 @@ def held(compiled: Any, text: Optional[str] = None) -> Held:
   `text`: its `as_text()`, where the caller has it already.
 
   >>> from haiku_bridge._src.remat import hlo_flops
-  >>> table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
+  >>> table = np.random.default_rng(0).integers(0, 9, 200).astype(np.int32)
   >>> compiled = jax.jit(lambda i: jnp.asarray(table)[i]).lower(3).compile()
   >>> hlo_flops.held(compiled).constants  # The table, compiled in.
-  4000
+  800
+
+  (jax 0.12 compiles in a closed-over array of at most
+  `jax_embedded_constants_max_bytes`, 1,024 by default, and passes a larger
+  one as an argument, which this does not count.)
   """
   analysis = compiled.memory_analysis()
   text = compiled.as_text() if text is None else text
@@ -556,10 +560,10 @@ def constant_bytes(text: str) -> int:
   compiled into it (scalars, which live in the code, are left out).
 
   >>> from haiku_bridge._src.remat import hlo_flops
-  >>> table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
+  >>> table = np.random.default_rng(0).integers(0, 9, 200).astype(np.int32)
   >>> f = jax.jit(lambda i: jnp.asarray(table)[i])
   >>> hlo_flops.constant_bytes(f.lower(3).compile().as_text())
-  4000
+  800
   """
   # Only the lines that may hold a constant are read (no whole parse: a
   # plan's read of a compiled program's bytes stops here).

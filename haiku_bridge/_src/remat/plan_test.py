@@ -2131,7 +2131,7 @@ class DifferentiatedTest(absltest.TestCase):
     alone = hkb.remat_plan(
         lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h ** 2)),
         jnp.zeros([4, 32]), xs, memory_budget=1 << 30)
-    self.assertGreater(alone.least_budget, 5 * budget)
+    self.assertGreater(alone.least_budget, budget)
     with remat_models.plans_made() as made:
       got = compiled_bytes(step(remat="auto", memory_budget=budget), w, xs)
     self.assertEqual([(k.remat, k.slots) for k in made[-1].candidates],

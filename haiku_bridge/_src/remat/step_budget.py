@@ -599,8 +599,12 @@ def _signature(args, kwargs, statics) -> Any:
                 else of(a) for i, a in enumerate(args)),
           tuple(sorted((k, ("static", v) if k in names else of(v))
                        for k, v in kwargs.items())),
-          jax.sharding.get_abstract_mesh(), jax.config.jax_enable_x64,
-          jax.config.jax_default_matmul_precision)
+          jax.sharding.get_abstract_mesh(),
+          *(getattr(jax.config, name) for name in _TRACED_UNDER))
+
+
+# The settings jit traces a step under that change its program.
+_TRACED_UNDER = ("jax_enable_x64", "jax_default_matmul_precision")
 
 
 _FORMAT = 1
