@@ -18,6 +18,7 @@ from unittest import mock
 from absl.testing import absltest
 from absl.testing import parameterized
 import equinox as eqx
+from flax import nnx
 import haiku as hk
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -37,7 +38,7 @@ KEY = jax.random.PRNGKey(0)
 MEASURING = bool(remat_plan.measuring_options())
 FORMS = ("scan", "dynamic_unroll", "repeat_layer", "two_loops", "three_loops",
          "vmap_ensemble", "grad_accumulation", "jacrev", "loss_of_the_carry",
-         "equinox_cell")
+         "equinox_cell", "nnx_linear")
 
 
 def _identity_getter(next_getter, value, context):
@@ -61,6 +62,11 @@ def _net(form: str, remat, getter: bool = False):
       cell = hk.vmap(hkb.from_equinox(
           lambda key: eqx.nn.GRUCell(W, W, key=key)), split_rng=False)
       ys = hkb.scan(lambda h, x: (cell(x, h),) * 2, h, xs, remat=remat)[1]
+      return jnp.sum(ys ** 2)
+    if form == "nnx_linear":  # A Flax NNX Linear in each step.
+      linear = hkb.from_flax(functools.partial(nnx.Linear, W, W), name="proj")
+      ys = hkb.scan(lambda h, x: (jnp.tanh(linear(h) + x),) * 2, h, xs,
+                    remat=remat)[1]
       return jnp.sum(ys ** 2)
     if form == "dynamic_unroll":
       ys, _ = hkb.dynamic_unroll(hk.VanillaRNN(W), xs, h, remat=remat)
