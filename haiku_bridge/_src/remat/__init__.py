@@ -4,8 +4,8 @@ The rest of the library reaches the machinery through this module only; its
 rooms meet each other by name:
 
 * `loop.py`: the loop under the layer scan, the time scans and each
-  pipeline stage (`Loop`), its options checked (`from_options`), and the
-  checks every scan makes of its body and its steps.
+  pipeline stage (`Loop`), its options checked (`from_options`).
+* `step_checks.py`: the checks every scan makes of its body and its steps.
 * `schedule.py`: the schedules of `remat="nested"` / `"binomial"` (which
   carries the backward pass keeps), as checkable data; `scheduled_scan.py`
   runs `jax.lax.scan` backwards by one.
@@ -21,14 +21,9 @@ bridge (the scans', each pipeline stage's) passes it.
 """
 
 # The names the rest of the library uses, and nothing else.
-from haiku_bridge._src.remat.loop import check_step_output
-from haiku_bridge._src.remat.loop import CheckedBody
 from haiku_bridge._src.remat.loop import from_options
 from haiku_bridge._src.remat.loop import Loop
-from haiku_bridge._src.remat.loop import num_steps
 from haiku_bridge._src.remat.loop import resolved
-from haiku_bridge._src.remat.loop import StepAxis
-from haiku_bridge._src.remat.loop import StepWords
 from haiku_bridge._src.remat.plan import plannable
 from haiku_bridge._src.remat.plan import Planned
 from haiku_bridge._src.remat.plan import remat_plan
@@ -38,6 +33,11 @@ from haiku_bridge._src.remat.plan import RematPlan
 from haiku_bridge._src.remat.step_budget import budgeted_jit
 from haiku_bridge._src.remat.step_budget import BudgetedStep
 from haiku_bridge._src.remat.step_budget import StepPlan
+from haiku_bridge._src.remat.step_checks import check_step_output
+from haiku_bridge._src.remat.step_checks import CheckedBody
+from haiku_bridge._src.remat.step_checks import num_steps
+from haiku_bridge._src.remat.step_checks import StepAxis
+from haiku_bridge._src.remat.step_checks import StepWords
 
 __all__ = [
     "BudgetedStep",
