@@ -528,20 +528,16 @@ class Held(NamedTuple):
 
 
 def held(compiled: Any, text: Optional[str] = None) -> Held:
-  """A compiled program's bytes as `memory_budget` counts them (`temporaries`, `constant_bytes`).
+  """A compiled program's bytes as `memory_budget` counts them (`temporaries`; constants: `constant_bytes` and `lifted_bytes`).
 
   `compiled`: a `jax.stages.Compiled` of this process's default backend;
   `text`: its `as_text()`, where the caller has it already.
 
   >>> from haiku_bridge._src.remat import hlo_flops
-  >>> table = np.random.default_rng(0).integers(0, 9, 200).astype(np.int32)
+  >>> table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
   >>> compiled = jax.jit(lambda i: jnp.asarray(table)[i]).lower(3).compile()
-  >>> hlo_flops.held(compiled).constants  # The table, compiled in.
-  800
-
-  (jax 0.12 compiles in a closed-over array of at most
-  `jax_embedded_constants_max_bytes`, 1,024 by default, and passes a larger
-  one as an argument, which this does not count.)
+  >>> hlo_flops.held(compiled).constants  # The table the program closes over.
+  4000
   """
   analysis = compiled.memory_analysis()
   text = compiled.as_text() if text is None else text
@@ -550,7 +546,28 @@ def held(compiled: Any, text: Optional[str] = None) -> Held:
         f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
         f"which the {jax.default_backend()} backend does not give."))
   return Held(temporaries(analysis, jax.default_backend()),
-              constant_bytes(text))
+              constant_bytes(text) + lifted_bytes(compiled, analysis))
+
+
+def lifted_bytes(compiled: Any, analysis: Any) -> int:
+  """Bytes of the arrays a program closes over that jax passes it as arguments: its arguments less those it declares.
+
+  jax 0.12 compiles a closed-over array into the program only up to
+  `jax_embedded_constants_max_bytes` (1,024 by default) and passes a larger
+  one as an argument of its own (`constant_bytes` then sees none of it);
+  jax 0.10 compiles every one in (none lifted).
+
+  >>> from haiku_bridge._src.remat import hlo_flops
+  >>> table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
+  >>> compiled = jax.jit(lambda i: jnp.asarray(table)[i]).lower(3).compile()
+  >>> lifted = hlo_flops.lifted_bytes(compiled, compiled.memory_analysis())
+  >>> lifted in (0, table.nbytes)  # jax 0.10: 0, in the text; 0.12: 4000.
+  True
+  """
+  # `dtype.itemsize`: a typed PRNG key's too (its bits, as XLA holds them).
+  declared = sum(int(np.prod(a.shape)) * a.dtype.itemsize
+                 for a in jax.tree.leaves(compiled.args_info))
+  return max(0, analysis.argument_size_in_bytes - declared)
 
 
 def constant_bytes(text: str) -> int:

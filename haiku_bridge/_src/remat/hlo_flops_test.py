@@ -464,6 +464,15 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     self.assertNotEmpty(scalars)  # In the code, not in the program's data.
     self.assertEqual(hlo_flops.constant_bytes(text), table.nbytes)
 
+  def test_a_closed_over_array_counts_once_compiled_in_or_passed_as_an_argument(self):
+    # 1,000 int32s: compiled in by jax 0.10, an argument of its own on jax
+    # 0.12 (over its jax_embedded_constants_max_bytes); held either way,
+    # once, and none of the step's own arguments.
+    table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
+    got = hlo_flops.held(compiled(lambda i, x: jnp.asarray(table)[i] * x, 3,
+                                  jnp.ones([64])))
+    self.assertEqual(got.constants, table.nbytes)
+
   def test_a_tpus_temporaries_are_its_peak_less_arguments_and_outputs(self):
     # `memory_analysis()` as XLA:TPU reported it (jax 0.10.2, one TPU v5e,
     # 2026-12-05), for programs of x: f32[1024,1024] (4 MiB) whose
