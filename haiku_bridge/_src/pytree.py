@@ -21,6 +21,17 @@ def specs(tree: PyTree) -> PyTree:
   return jax.tree.map(spec, tree)
 
 
+def nbytes(tree: PyTree) -> int:
+  """Bytes of the arrays (or avals, specs, `args_info`) of `tree`; a typed PRNG key's are its key data's.
+
+  >>> from haiku_bridge._src import pytree
+  >>> pytree.nbytes({"w": jnp.ones([2, 3]), "key": jax.random.key(0)})
+  32
+  """
+  return sum(int(np.prod(a.shape)) * a.dtype.itemsize
+             for a in jax.tree.leaves(tree))
+
+
 def key_spec(rng_state: Any) -> jax.ShapeDtypeStruct:
   """A key like those an rng sequence in state `rng_state` draws.
 

@@ -84,6 +84,7 @@ import numpy as np
 
 from haiku_bridge._src import errors
 from haiku_bridge._src import hlo_text
+from haiku_bridge._src import pytree
 
 # Instructions that move or name data and compute nothing.
 _FREE = frozenset("""
@@ -564,9 +565,7 @@ def lifted_bytes(compiled: Any, analysis: Any) -> int:
   >>> lifted in (0, table.nbytes)  # jax 0.10: 0, in the text; 0.12: 4000.
   True
   """
-  # `dtype.itemsize`: a typed PRNG key's too (its bits, as XLA holds them).
-  declared = sum(int(np.prod(a.shape)) * a.dtype.itemsize
-                 for a in jax.tree.leaves(compiled.args_info))
+  declared = pytree.nbytes(compiled.args_info)
   return max(0, analysis.argument_size_in_bytes - declared)
 
 

@@ -1520,7 +1520,7 @@ def _reaimed(length: int, memory_budget: int, one: float, constants: float,
 def _slot_guess(step: _Traced) -> float:
   """A slot's bytes before a second schedule is compiled: the carry's (the batch's, under `jax.vmap`), with its tangent under each forward derivative."""
   _, carry, _ = _batched(step, ([], list(step.carry), []))
-  return float(_nbytes(carry)) * math.prod(
+  return float(pytree.nbytes(carry)) * math.prod(
       1 + at_once for kind, at_once in step.derivatives if kind == "forward")
 
 
@@ -2062,11 +2062,6 @@ def _differentiable(step: _Traced) -> bool:
   """Whether the measuring programs differentiate an input (`_Traced.wrt`) and a float output: a gradient to take."""
   return (any(step.wrt) and
           any(_is_float(a) for a in step.jaxpr.out_avals))
-
-
-def _nbytes(avals) -> int:
-  """Bytes of arrays of these avals (a PRNG key's are its key data's)."""
-  return sum(math.prod(a.shape) * a.dtype.itemsize for a in avals)
 
 
 def _is_float(a) -> bool:

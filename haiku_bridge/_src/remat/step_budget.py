@@ -53,7 +53,6 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import jax
 import jaxlib
-import numpy as np
 
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
@@ -61,6 +60,7 @@ from haiku_bridge._src import modes
 from haiku_bridge._src import versions
 from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src import pytree
 from haiku_bridge._src.pytree import PyTree
 
 _API = "budgeted_jit"
@@ -191,9 +191,8 @@ def loop_plan(length: int, carry: PyTree, policy: bool,
   """What a `remat="auto"` loop with no budget of its own runs at the traced rung (`active()`)."""
   trace = _TRACE.get()
   assert trace is not None, "loop.resolved asks only while a step is traced"
-  carry_bytes = sum(int(np.prod(np.shape(leaf))) * np.dtype(leaf.dtype).itemsize
-                    for leaf in jax.tree.leaves(carry))
-  trace.loops.append(_Seen(length, policy, max_recompute, carry_bytes))
+  trace.loops.append(_Seen(length, policy, max_recompute,
+                          pytree.nbytes(carry)))
   return _at(trace.rung, length, policy, max_recompute)
 
 

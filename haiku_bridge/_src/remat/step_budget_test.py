@@ -247,6 +247,23 @@ class SearchTest(_CacheDirectory):
     self.assertLen(made, 1 + MEASURING)
     self.assertEqual(step.plan(*wider).loops[0].length, 2 * T)
 
+  def test_a_typed_key_in_the_carry(self):
+    # Its bytes are its key data's (np.dtype of a key type raised before).
+    def loss(w, xs, remat="auto"):
+      def step(carry, x):
+        key, h = carry
+        key, sub = jax.random.split(key)
+        h = jnp.tanh(h @ w + x + 0.01 * jax.random.normal(sub, h.shape))
+        return (key, h), h
+      return jnp.sum(hkb.scan(step, (jax.random.key(0), jnp.zeros([B, W])),
+                              xs, remat=remat)[1] ** 2)
+
+    w, xs = jnp.eye(W) * 0.5, jnp.ones([T, B, W])
+    step = hkb.budgeted_jit(jax.grad(loss), memory_budget=10**9)
+    np.testing.assert_allclose(step(w, xs), jax.jit(jax.grad(
+        functools.partial(loss, remat=False)))(w, xs), rtol=1e-6)
+    self.assertEqual(step.plan(w, xs).loops, (step_budget.StepLoop(T, False),))
+
   def test_a_mesh_or_a_setting_jit_traces_under_is_planned_apart(self):
     auto, args = _step("scan", "auto")
     step = hkb.budgeted_jit(auto, memory_budget=10**9)
