@@ -160,6 +160,23 @@ def _readable_field_types(app, what, name, obj, options, lines):
       lines[i] = _readable_types(app, line)
 
 
+def _prose_not_type(app, what, name, obj, options, lines):
+  """autodoc-process-docstring, after napoleon: a property's opening words are not a type.
+
+  Google style lets a property's or an attribute's docstring open with its type (`int: How
+  many.`), and napoleon takes whatever precedes the first line's first colon for one: "Rules that
+  matched no parameter: often a typo in a pattern." became a "Type: Rules that matched no
+  parameter" field (sphinx-doc/sphinx#9273). Here types are annotations, which autodoc shows
+  beside the name, and a docstring never opens with one: the words go back in front of the text.
+  """
+  del app, name, obj, options  # Unused.
+  if what in ("property", "attribute", "data") and len(lines) >= 3 and lines[0]:
+    if lines[-1].startswith(":type: ") and not lines[-2]:
+      words = lines.pop()[len(":type: "):]
+      lines.pop()
+      lines[0] = f"{words}: {lines[0]}"
+
+
 def _front_page(app, exception):
   """build-finished: index.html at the top leads to docs/index.html."""
   if exception is None and app.builder.format == "html":
@@ -171,6 +188,7 @@ def _front_page(app, exception):
 
 def setup(app):
   app.connect("autodoc-process-docstring", _plurals_of_code)
+  app.connect("autodoc-process-docstring", _prose_not_type, priority=550)  # napoleon's is 500.
   app.connect("autodoc-process-docstring", _readable_field_types, priority=600)
   app.connect("autodoc-process-signature", _readable_signature_types)
   app.connect("build-finished", _front_page)

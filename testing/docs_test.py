@@ -9,7 +9,9 @@ that lists a field twice (its `Attributes:` as Variables, and again as construct
 The built HTML is read as a reader sees it: every page takes the stylesheet that wraps long code
 lines (docs/_static/haiku_bridge.css) instead of cutting them off at the right, the types of
 parameters and fields read as written (`RematMode`, not the `~typing.Literal`s it stands for, and
-no `haiku_bridge._src.` path), and no two sidebar entries share a title.
+no `haiku_bridge._src.` path), no entry has a "Type:" field (a property's type is its annotation,
+shown beside its name; napoleon would read a docstring's opening "words: text" as one), and no two
+sidebar entries share a title.
 
 The docstrings' examples are not run here: haiku_bridge/doctest_test.py runs every `>>>` example
 of every public name and method (the docstrings the API pages show) and of every module, and
@@ -72,6 +74,18 @@ def sidebar_titles(page: str) -> list[str]:
   sidebar = page[page.index('<div class="sphinxsidebar"'):]
   return [text_of(title) for title in
           re.findall(r'<li class="toctree-l1[^"]*"><a [^>]*>(.*?)</a>', sidebar, re.DOTALL)]
+
+
+def type_fields(page: str) -> list[str]:
+  """The entries of the HTML `page` (their ids) whose description has a "Type:" field."""
+  found, entry = [], None
+  for match in re.finditer(r'<dt class="sig sig-object py" id="([^"]+)"|'
+                           r'<dt class="field-\w+">Type<span class="colon">', page):
+    if match[1]:
+      entry = match[1]
+    else:
+      found.append(entry)
+  return found
 
 
 def repeated(titles: list[str]) -> list[str]:
@@ -140,6 +154,28 @@ class DocsTest(absltest.TestCase):
     self.assertIn("remat (RematMode)", pages["time_scan.html"])
     self.assertIn("schedule (PipelineSchedule)", pages["pipelines_and_sharding.html"])
     self.assertIn("rules (ShardingRules)", pages["pipelines_and_sharding.html"])
+
+  def test_no_entry_has_a_type_field(self):
+    pages = {}
+    for path in glob.glob(os.path.join(self.out, "docs", "api", "*.html")):
+      with open(path) as f:
+        pages[os.path.basename(path)] = f.read()
+      self.assertEqual(type_fields(pages[os.path.basename(path)]), [], path)
+    # The properties whose opening words napoleon took for a type read as their docstrings do.
+    text = text_of(pages["layer_scan.html"])
+    self.assertIn("least_budget: int¶ The least memory_budget any candidate fits: its predicted "
+                  "temporaries, bytes.", text)
+    self.assertIn("unused_rules: list[Rule]¶ Rules that matched no parameter: often a typo",
+                  text_of(pages["pipelines_and_sharding.html"]))
+
+  def test_type_fields_finds_a_type_field(self):
+    page = ('<dl class="py class"><dt class="sig sig-object py" id="hkb.A">A</dt><dd>'
+            '<dl class="py property"><dt class="sig sig-object py" id="hkb.A.p">p</dt><dd><p>x</p>'
+            '<dl class="field-list simple"><dt class="field-odd">Type<span class="colon">:</span>'
+            '</dt><dd class="field-odd"><p>Words</p></dd></dl></dd></dl>'
+            '<dt class="sig sig-object py" id="hkb.A.q">q</dt><dd><dl class="field-list simple">'
+            '<dt class="field-odd">Types<span class="colon">:</span></dt></dl></dd></dd></dl>')
+    self.assertEqual(type_fields(page), ["hkb.A.p"])
 
   def test_sidebar_titles_are_distinct(self):
     with open(os.path.join(self.out, "docs", "api", "core.html")) as f:
