@@ -37,7 +37,9 @@ from haiku_bridge._src.unrolled_names import unstack_params
 from haiku_bridge._src.versions import UntestedVersionWarning
 from haiku_bridge._src import versions as _versions
 
-_versions.warn_if_untested()  # Once, on import: a jax or dm-haiku newer than the tested set.
+# Once, on import: a jax or dm-haiku newer than the tested set. Said at the line that imports
+# haiku_bridge (Python skips importlib's frames in between), not here.
+_versions.warn_if_untested(stacklevel=2)
 
 __version__ = "0.1.0"
 

@@ -29,10 +29,11 @@ class UntestedVersionWarning(UserWarning):
   """The installed jax or dm-haiku is newer than haiku_bridge was tested with.
 
   Issued once, when haiku_bridge is imported: the release should work, but the tests have not
-  run on it. As the warning comes from the import itself, a filter set up before the import
-  matches it by its message, which starts with "haiku_bridge is tested with", e.g.
-  `warnings.filterwarnings("ignore", message="haiku_bridge is tested with")`; after the import,
-  warnings recorded around it can be told apart by this class.
+  run on it. It is said at the line that first imports haiku_bridge (yours, or that of the
+  package that imports it), not inside haiku_bridge. As it comes from the import itself, a filter
+  set up before the import matches it by its message, which starts with "haiku_bridge is tested
+  with", e.g. `warnings.filterwarnings("ignore", message="haiku_bridge is tested with")`; after
+  the import, warnings recorded around it can be told apart by this class.
 
   >>> issubclass(hkb.UntestedVersionWarning, UserWarning)
   True
@@ -61,12 +62,17 @@ def tested_range() -> str:
   return " and ".join(f"{name} {low} to {high}" for name, (low, high) in TESTED.items())
 
 
-def warn_if_untested(versions: Optional[Mapping[str, str]] = None) -> None:
-  """Warns (`UntestedVersionWarning`) if jax or dm-haiku is newer than the tested set."""
+def warn_if_untested(versions: Optional[Mapping[str, str]] = None, *, stacklevel: int = 1
+                     ) -> None:
+  """Warns (`UntestedVersionWarning`) if jax or dm-haiku is newer than the tested set.
+
+  Said where the caller says (`stacklevel`, as `warnings.warn` counts it from the caller: 1 the
+  caller, 2 the code that called it); haiku_bridge's `__init__` passes 2, the user's import.
+  """
   newer = untested(installed() if versions is None else versions)
   if newer:
     warnings.warn(
         f"haiku_bridge is tested with {tested_range()}; this is {' and '.join(newer)}, which "
         "should work but is untested. If something fails, install a tested release (e.g. "
         f"pip install \"jax<={TESTED['jax'][1]}\" \"dm-haiku<={TESTED['dm-haiku'][1]}\") and "
-        "report it.", UntestedVersionWarning, stacklevel=2)
+        "report it.", UntestedVersionWarning, stacklevel=stacklevel + 1)
