@@ -128,8 +128,11 @@ class RematScheduleMemoryTest(parameterized.TestCase):
 
   @parameterized.parameters("nested", "binomial")
   def test_activations_dominate(self, remat):
-    # 4096 tokens: ≈2√64 carries instead of 64; the issue's goal is 0.40×.
-    self.assertLessEqual(self._ratio(remat, 64, 4096), 0.40)
+    # 4096 tokens: ≈2√64 carries instead of 64. Measured 0.305× ("nested")
+    # and 0.232× ("binomial") on jax 0.10.2 and 0.12.1, at width 64 as at the
+    # benchmark's 256; a step that keeps more carries (0.438× was reported
+    # for "nested" in issue 61) fails here.
+    self.assertLessEqual(self._ratio(remat, 64, 4096), 0.39)
 
   @parameterized.parameters("nested", "binomial")
   def test_parameters_dominate(self, remat):
