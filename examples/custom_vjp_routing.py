@@ -51,6 +51,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# As a module (`python -m examples.custom_vjp_routing`, the tests, Bazel's library) or as a file
+# (`python examples/custom_vjp_routing.py`: the file's folder is first on sys.path).
+if __package__:
+  from examples import jax_logging
+else:
+  import jax_logging  # pylint: disable=g-import-not-at-top
+
 Params = Any
 Batch = tuple[jax.Array, jax.Array]
 BlockFn = Callable[[Params, jax.Array], jax.Array]
@@ -263,6 +270,7 @@ def _max_abs_diff(a: Params, b: Params) -> float:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   num_steps, log_every = 300, 50
   print(f"Training Net with the routed gradient ({num_steps} steps of SGD):")
   losses = train(num_steps)

@@ -5,6 +5,8 @@ extra (`testing/installed_package.py`), and each example file runs there in one 
 own, with the command its docstring gives plus the smallest flags the example offers: by the
 file's path, from an empty directory outside the checkout, with no PYTHONPATH. So haiku_bridge is
 the installed one and a sibling module (`processes.py`) is found beside the file, as for a user.
+Each prints what it found and logs no INFO line: jax's, of the backends it could not start
+("Unable to initialize backend 'tpu': ... libtpu.so"), are left out (`jax_logging.py`).
 The fresh environment sees this interpreter's packages (the build is offline), so what the
 examples import is checked against what the package declares instead: each library an example
 imports must be a dependency of haiku_bridge or of its `examples` extra.
@@ -41,7 +43,9 @@ SMALL_FLAGS = {
     "transformer_stack": ["--depths=1", "--loop_max_depth=1"],
 }
 # Modules of examples/ that are not examples: run by none, imported by some.
-_HELPERS = ("__init__", "processes")
+_HELPERS = ("__init__", "jax_logging", "processes")
+# A line absl logs at INFO: `I1206 23:49:01.259494 139742137801600 xla_bridge.py:849] Unable ...`.
+_INFO_LINE = re.compile(r"^I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] .*$", re.MULTILINE)
 
 
 def source(name: str) -> str:
@@ -125,7 +129,7 @@ class ExamplesRunTest(parameterized.TestCase):
     self.assertContainsSubset({"optax", "equinox", "flax", "absl-py"}, provided)
     distributions = importlib.metadata.packages_distributions()
     undeclared = {}
-    for name in example_names() + ["processes"]:
+    for name in example_names() + ["jax_logging", "processes"]:
       for library in imported_libraries(source(name)):
         if not {normalized(d) for d in distributions.get(library, [library])} & provided:
           undeclared.setdefault(library, []).append(name)
@@ -142,6 +146,16 @@ class ExamplesRunTest(parameterized.TestCase):
                                 cwd=workdir, env=env)
     self.assertEqual(ran.returncode, 0,
                      f"python examples/{name}.py {' '.join(args)} failed:\n{ran.stderr[-3000:]}")
+    self.assertEqual(_INFO_LINE.findall(ran.stderr), [], f"python examples/{name}.py logs INFO")
+
+  def test_info_line_finds_absl_info_lines(self):
+    stderr = ("I1206 23:49:01.259494 139742137801600 xla_bridge.py:849] Unable to initialize "
+              "backend 'tpu': INTERNAL: Failed to open libtpu.so\n"
+              "W1206 23:49:01.259494 139742137801600 x.py:1] a warning\n"
+              "example.py:3: UntestedVersionWarning: haiku_bridge is tested with ...\n")
+    found = _INFO_LINE.findall(stderr)
+    self.assertLen(found, 1)
+    self.assertIn("xla_bridge.py:849] Unable to initialize backend 'tpu'", found[0])
 
 
 if __name__ == "__main__":

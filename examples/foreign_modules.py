@@ -35,6 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+# As a module (`python -m examples.foreign_modules`, the tests, Bazel's library) or as a file
+# (`python examples/foreign_modules.py`: the file's folder is first on sys.path).
+if __package__:
+  from examples import jax_logging
+else:
+  import jax_logging  # pylint: disable=g-import-not-at-top
+
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 200, "Training steps.")
 
 WIDTH = 16
@@ -126,6 +133,7 @@ def native_nnx_block(params, state) -> NnxBlock:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   params, state, losses = train(_NUM_STEPS.value)
   print(f"Training with optax.adam: loss {losses[0]:.4f} at step 0, "
         f"{losses[-1]:.4f} at step {len(losses) - 1}.")

@@ -35,6 +35,13 @@ from jax.example_libraries import stax
 import jax.numpy as jnp
 import numpy as np
 
+# As a module (`python -m examples.foreign_stax`, the tests, Bazel's library) or as a file
+# (`python examples/foreign_stax.py`: the file's folder is first on sys.path).
+if __package__:
+  from examples import jax_logging
+else:
+  import jax_logging  # pylint: disable=g-import-not-at-top
+
 Params = Any
 
 # A foreign network: stax's (init_fun, apply_fun) pair, knowing nothing of Haiku.
@@ -116,6 +123,7 @@ def save_and_restore(params: Params) -> Params:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   params, losses = train(num_steps=100)
   print(f"Loss: {losses[0]:.3f} at step 0, {losses[-1]:.3f} at step "
         f"{len(losses) - 1}.")

@@ -41,6 +41,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+# As a module (`python -m examples.long_sequence_lstm`, the tests, Bazel's library) or as a file
+# (`python examples/long_sequence_lstm.py`: the file's folder is first on sys.path).
+if __package__:
+  from examples import jax_logging
+else:
+  import jax_logging  # pylint: disable=g-import-not-at-top
+
 _LENGTH = flags.DEFINE_integer("length", 2048, "Characters per sequence (T).")
 _BATCH = flags.DEFINE_integer("batch", 8, "Sequences per step.")
 _HIDDEN = flags.DEFINE_integer("hidden", 128, "LSTM width.")
@@ -153,6 +160,7 @@ def train(hidden: int, remat: str, chars: jax.Array,
 
 def main(argv: list[str]) -> None:
   del argv  # Flags only.
+  jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   length, batch, hidden = _LENGTH.value, _BATCH.value, _HIDDEN.value
   chars = jnp.asarray(text(length, batch))
   print(f"Character LSTM (hidden {hidden}) on {batch} sequences of {length} "

@@ -35,6 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+# As a module (`python -m examples.migration_to_nnx`, the tests, Bazel's library) or as a file
+# (`python examples/migration_to_nnx.py`: the file's folder is first on sys.path).
+if __package__:
+  from examples import jax_logging
+else:
+  import jax_logging  # pylint: disable=g-import-not-at-top
+
 _HAIKU_STEPS = flags.DEFINE_integer("haiku_steps", 50, "Steps in Haiku.")
 _NNX_STEPS = flags.DEFINE_integer("nnx_steps", 50, "Steps in NNX.")
 
@@ -142,6 +149,7 @@ def train_nnx(model: nnx.Module, num_steps: int) -> list[float]:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   print("Loss: mean squared error on the training data, dropout off.")
   initial = haiku_loss(*HAIKU.init(jax.random.PRNGKey(0), data()[0]))
   params, state, _ = train_haiku(_HAIKU_STEPS.value)

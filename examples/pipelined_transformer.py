@@ -55,8 +55,10 @@ import optax
 # file (`python examples/pipelined_transformer.py`: the file's folder is first on sys.path,
 # and "examples" may name dm-haiku's own examples, which its wheel installs).
 if __package__:
+  from examples import jax_logging
   from examples import processes
 else:
+  import jax_logging  # pylint: disable=g-import-not-at-top
   import processes  # pylint: disable=g-import-not-at-top
 
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 40, "SGD steps to run.")
@@ -171,6 +173,7 @@ def train(num_steps: int, pipeline: hkb.Pipeline | None, seed: int = 0,
 
 def main(argv):
   del argv  # Unused.
+  jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   processes.start(NUM_DEVICES)
   pipeline = hkb.Pipeline("stage", _MICROBATCHES.value, _SCHEDULE.value)
   print(f"process {jax.process_index()} of {jax.process_count()}: "

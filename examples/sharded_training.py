@@ -70,8 +70,10 @@ import numpy as np
 # file (`python examples/sharded_training.py`: the file's folder is first on sys.path,
 # and "examples" may name dm-haiku's own examples, which its wheel installs).
 if __package__:
+  from examples import jax_logging
   from examples import processes
 else:
+  import jax_logging  # pylint: disable=g-import-not-at-top
   import processes  # pylint: disable=g-import-not-at-top
 
 
@@ -305,6 +307,7 @@ def train(num_steps: int, seed: int = 0, log_every: int = 0,
 
 def main(argv):
   del argv  # Unused.
+  jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   processes.start(NUM_DEVICES)
   axis_type = {"auto": AxisType.Auto,
                "explicit": AxisType.Explicit}[_AXIS_TYPE.value]

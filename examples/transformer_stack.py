@@ -33,6 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# As a module (`python -m examples.transformer_stack`, the tests, Bazel's library) or as a file
+# (`python examples/transformer_stack.py`: the file's folder is first on sys.path).
+if __package__:
+  from examples import jax_logging
+else:
+  import jax_logging  # pylint: disable=g-import-not-at-top
+
 _DEPTHS = flags.DEFINE_list("depths", ["2", "8", "32", "128"],
                             "Stack depths to compile and time.")
 _LOOP_MAX_DEPTH = flags.DEFINE_integer(
@@ -131,6 +138,7 @@ def compile_table(depths: Sequence[int], loop_max_depth: int
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   depths = [int(d) for d in _DEPTHS.value]
   print(f"Scan and loop agree at depth {depths[0]}: max |grad difference| "
         f"{check_same_model(depths[0]):.1e}")
