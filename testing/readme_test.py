@@ -4,7 +4,10 @@ Every snippet runs alone, in a new Python process, from an empty directory: it m
 uses and set up what it needs (the sharding snippets give JAX 8 CPU devices in their first lines).
 The process finds `haiku_bridge` where this test does, as an installed package would be found.
 The README's first screen is checked too: its install section and quickstart come first, and the
-two commands that run the main example and every test follow before the features.
+two commands that run the main example and every test follow before the features. The quickstart
+prints what it computed, the output the README shows below it; the contents list after it names
+every section (`##`) and subsection (`###`) of the README, in order, each linked to its heading's
+anchor as GitHub makes it.
 """
 
 import glob
@@ -27,6 +30,33 @@ _TIMEOUT_S = 240
 
 def python_snippets(text: str) -> list[str]:
   return re.findall(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+
+
+def headings(text: str) -> list[tuple[int, str]]:
+  """`(level, title)` of each `##` and `###` heading of the Markdown `text`, outside code blocks."""
+  prose = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+  return [(len(hashes), title) for hashes, title in
+          re.findall(r"^(###?) (.+)$", prose, re.MULTILINE)]
+
+
+def contents(text: str) -> list[tuple[int, str, str]]:
+  """`(level, title, anchor)` of each entry of the `## Contents` list: level 2, or 3 indented."""
+  section = re.search(r"^## Contents\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)
+  return [(2 + len(indent) // 2, title, anchor) for indent, title, anchor in
+          re.findall(r"^( *)- \[(.+)\]\(#(.+)\)$", section[1] if section else "", re.MULTILINE)]
+
+
+def anchor(title: str) -> str:
+  """The anchor GitHub (and the docs site, docs/conf.py) gives a heading: `call_pure-with-a-...`."""
+  return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+def quickstart_and_output(text: str) -> tuple[str, str]:
+  """The quickstart's code, and the output the README shows after it (its first text block)."""
+  section = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)[1]
+  code = re.search(r"^```python\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+  output = re.search(r"^```text\n(.*?)^```", section[code.end():], re.MULTILINE | re.DOTALL)
+  return code[1], output[1] if output else ""
 
 
 def all_snippets() -> list[tuple[str, int, str]]:
@@ -74,6 +104,30 @@ class ReadmeTest(parameterized.TestCase):
     for command in ("bash testing/setup.sh && bazel run //examples:custom_vjp_routing",
                     "bash testing/setup.sh && bazel test //..."):
       self.assertIn(f"\n{command}\n", before_features)
+
+  def test_contents_lists_every_section(self):
+    with open(os.path.join(_ROOT, "README.md")) as f:
+      readme = f.read()
+    sections = [(level, title) for level, title in headings(readme) if title != "Contents"]
+    self.assertContainsSubset([(2, "Features"), (3, "Sharding"), (3, "Pipelines")], sections)
+    self.assertEqual([(level, title, anchor(title)) for level, title in sections],
+                     contents(readme))
+
+  def test_contents_and_anchor_read_a_list(self):
+    text = ("## Contents\n\n- [A](#a)\n  - [`b_c` d: e](#b_c-d-e)\n\n## A\n\n```python\n"
+            "## not a heading\n```\n\n### `b_c` d: e\n")
+    self.assertEqual(contents(text), [(2, "A", "a"), (3, "`b_c` d: e", "b_c-d-e")])
+    self.assertEqual(headings(text), [(2, "Contents"), (2, "A"), (3, "`b_c` d: e")])
+    self.assertEqual(anchor("Haiku functions: inline, or as explicit params"),
+                     "haiku-functions-inline-or-as-explicit-params")
+
+  def test_quickstart_prints_what_the_readme_shows(self):
+    with open(os.path.join(_ROOT, "README.md")) as f:
+      code, output = quickstart_and_output(f.read())
+    self.assertIn("params:", output)
+    result = run_alone(code)
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertEqual(result.stdout, output)
 
   def test_a_snippet_runs_alone(self):
     # Guards the runner: a name from another snippet is not defined.
