@@ -6,10 +6,11 @@ exactly (a row that starts with `... ` documents the end of a message). A row wi
 or a function without a row, fails the test, so the doc cannot drift from the code.
 
 The doc shows what the pinned environment (requirements.txt) raises, and there the comparison is
-exact. Two rows hold a fact of the install: the jax version a message names, and the temporaries
-the remat plan (`_src/remat/plan.py`) predicts from XLA's compiles. On another jax, those parts of the row are this
-install's (the version it runs, the least temporaries of `hkb.remat_plan`'s own candidates) and
-the rest must be the doc's word for word.
+exact. Three rows hold facts of the install: the jax version a message names and the error jax
+raised, and the temporaries the remat plan (`_src/remat/plan.py`) predicts from XLA's compiles. On
+another jax, those parts of the row are this install's (the version it runs, the least temporaries
+of `hkb.remat_plan`'s own candidates, the parts `INSTALL_SLOTS` takes from the raised text) and the
+rest must be the doc's word for word.
 """
 
 import jax
@@ -129,6 +130,16 @@ ROW_BUDGET = (SECTION_SCAN,
               "loop sees no derivative around it, raised when its outputs are differentiated)")
 ROW_CLOSED_OVER = (SECTION_PIPELINE,
                    "a layer passing a closed-over array into its own scan, Explicit axes")
+ROW_MAX_RECOMPUTE = (SECTION_SCAN,
+                     "a budget that only plans recomputing more than `max_recompute` fit "
+                     "(`remat=\"auto\"`, `hkb.remat_plan`; where the loop sees no derivative "
+                     "around it, raised when its outputs are differentiated)")
+# Parts of a row that another jax words its own way, as patterns whose group is that part: the
+# error jax raises inside (TypeError on the pinned jax, ValueError on 0.12) and a predicted figure.
+INSTALL_SLOTS = {
+    ROW_CLOSED_OVER: r"its own\): (\w+)\.",
+    ROW_MAX_RECOMPUTE: r"The least budget within it is (\d+) bytes \(predicted\)",
+}
 
 
 def newer_haiku_without(name: str) -> None:
@@ -380,9 +391,7 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     (SECTION_SCAN, "`hkb.remat_plan` of a loop of no steps"):
         lambda: hkb.remat_plan(hkb.scan, lambda h, x: (h, None), X4, jnp.ones([0, 2, 4]),
                                memory_budget=10**6),
-    (SECTION_SCAN, "a budget that only plans recomputing more than `max_recompute` fit "
-                   "(`remat=\"auto\"`, `hkb.remat_plan`; where the loop sees no derivative "
-                   "around it, raised when its outputs are differentiated)"):
+    ROW_MAX_RECOMPUTE:
         lambda: hkb.remat_plan(lambda h, x: (jnp.tanh(h + x), jnp.sum(h ** 2)),
                                jnp.zeros([2, 16]), jnp.ones([16, 2, 16]), memory_budget=2450),
     (SECTION_SCAN, "`max_recompute` without `remat=\"auto\"`"):
@@ -612,8 +621,16 @@ def pinned_jax() -> str:
     return re.search(r"^jax==(\S+)$", f.read(), re.MULTILINE)[1]
 
 
-def on_this_install(row: tuple[str, str], documented: str) -> str:
-  """`documented`, with the facts of the pinned install in it replaced by this install's."""
+def on_this_install(row: tuple[str, str], documented: str, got: str) -> str:
+  """`documented`, with the facts of the pinned install in it replaced by this install's.
+
+  The version a row names and `ROW_BUDGET`'s least temporaries are computed here; the parts of
+  `INSTALL_SLOTS` are taken from `got`, the raised text, where its pattern finds them in both.
+  """
+  slot = INSTALL_SLOTS.get(row)
+  theirs = re.search(slot, got) if slot else None
+  if theirs:
+    documented = re.sub(slot, lambda ours: ours[0].replace(ours[1], theirs[1]), documented)
   if row == ROW_CLOSED_OVER:
     return documented.replace(f"jax {pinned_jax()} ", f"jax {jax.__version__} ")
   if row == ROW_BUDGET:
@@ -636,6 +653,8 @@ class ErrorsDocTest(parameterized.TestCase):
     rows = doc_rows()
     self.assertIn(f"jax {pinned_jax()} cannot close over", rows[ROW_CLOSED_OVER])
     self.assertRegex(rows[ROW_BUDGET], r"the least any needs is \d+ bytes")
+    for row, slot in INSTALL_SLOTS.items():
+      self.assertRegex(rows[row], slot)
 
   def test_every_row_has_a_raiser_and_every_raiser_a_row(self):
     rows = set(doc_rows())
@@ -655,7 +674,7 @@ class ErrorsDocTest(parameterized.TestCase):
     got = raised(RAISERS[(section, when)])
     hkb.clear_caches()
     if jax.__version__ != pinned_jax():
-      documented = on_this_install((section, when), documented)
+      documented = on_this_install((section, when), documented, got)
     if documented.startswith("... "):
       self.assertEndsWith(got, documented[len("... "):])
     else:
