@@ -39,6 +39,20 @@ STACK = scan.NO_PER_LAYER_NAME
 KEY = jax.random.PRNGKey(0)
 IN, WIDTH, HIDDEN, DEPTH, BATCH = 8, 16, 32, 3, 16
 TOL = dict(rtol=1e-5, atol=1e-5)
+# A gradient summed over 8 devices adds its terms in another order than one device does: the
+# difference scales with the leaf's magnitude, not the entry's. Measured on jax 0.12.1 (XLA:CPU):
+# 1.8e-5 on a stacked weight's gradient entry of 0.29, 2.3e-4 on an embedding's of 0.32 whose
+# leaf reaches 39; within 1e-5 on jax 0.10.2.
+SUM_ORDER_RTOL = 3e-5
+
+
+def assert_sums_close(got, want, rtol=TOL["rtol"], atol=TOL["atol"]) -> None:
+  """`got` within `rtol`/`atol` of `want`, `atol` at least `SUM_ORDER_RTOL` of each leaf's largest."""
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+    w = np.asarray(w)
+    np.testing.assert_allclose(
+        g, w, rtol=rtol, atol=max(atol, SUM_ORDER_RTOL * float(np.max(np.abs(w), initial=0))),
+        err_msg=jax.tree_util.keystr(path))
 
 
 def setUpModule():
@@ -571,7 +585,7 @@ class JitShardedTest(parameterized.TestCase):
     self.assertEqual(out.sharding.spec, P("data"))
     np.testing.assert_allclose(loss, ref_loss, **TOL)
     chex.assert_trees_all_close(out, ref_out, **TOL)
-    chex.assert_trees_all_close(grads, ref_grads, **TOL)
+    assert_sums_close(grads, ref_grads)
 
 
 # ---------------------------------------------------------------------------
@@ -913,8 +927,8 @@ class ExplicitMeshTest(parameterized.TestCase):
     chex.assert_trees_all_close(params, ref_params, **TOL)
     np.testing.assert_allclose(loss, ref_loss, **TOL)
     chex.assert_trees_all_close(out, ref_out, **TOL)
-    # Gradients up to ~10, summed in another order over 8 devices.
-    chex.assert_trees_all_close(grads, ref_grads, rtol=1e-4, atol=1e-4)
+    # Gradients up to ~40, summed in another order over 8 devices.
+    assert_sums_close(grads, ref_grads, rtol=1e-4, atol=1e-4)
 
   def test_a_matmul_over_a_split_dimension_must_name_its_output(self):
     # The price of Explicit axes: `hk.Linear` as the row-split layer is
