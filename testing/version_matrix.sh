@@ -37,10 +37,11 @@ readonly PAIRS=(
   0.0.17/0.10.2
 )
 
-# Past the tested set (above): jax 0.11.2, which GPU images ship, and 0.12.0.1, the newest.
+# Past the tested set (above): jax 0.11.2, which GPU images ship, and the newest, which CI's
+# newest-jax leg (//testing:newest_jax_test, testing/requirements-newest.txt) runs a core subset on.
 readonly NEWER_PAIRS=(
   0.0.17/0.11.2
-  0.0.17/0.12.0.1
+  0.0.17/0.12.1
 )
 
 # The oldest jax whose wheels need Python >= 3.12: its pairs run on HB_PYTHON312.

@@ -115,6 +115,13 @@ class VersionsTest(absltest.TestCase):
     install = re.search(r"^## Install\n(.*?)^## ", read("README.md"), re.MULTILINE | re.DOTALL)[1]
     self.assertIn("](docs/install.md)", install)
 
+  def test_the_newest_leg_pins_the_newest_pair(self):
+    # CI's newest-jax leg (//testing:newest_jax_test) runs the last pair past the tested set.
+    pins = dict(re.findall(r"^(dm-haiku|jax|jaxlib)==(\S+)$",
+                           read("testing/requirements-newest.txt"), re.MULTILINE))
+    self.assertEqual((pins["dm-haiku"], pins["jax"]), matrix_pairs("NEWER_PAIRS")[-1])
+    self.assertEqual(pins["jaxlib"], pins["jax"])
+
   def test_bazel_pins_a_tested_pair(self):
     pins = dict(re.findall(r"^(dm-haiku|jax)==(\S+)$", read("requirements.txt"), re.MULTILINE))
     self.assertIn((pins["dm-haiku"], pins["jax"]), self.pairs)
