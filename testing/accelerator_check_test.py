@@ -1,29 +1,49 @@
-"""testing/gpu_check.sh names test files that exist and that Bazel runs too."""
+"""testing/accelerator_check.sh names test files that exist and that Bazel runs too, and its shards cover them."""
 
 import os
 import re
+import subprocess
 
 from absl.testing import absltest
 
 # Under Bazel the script is a runfiles link to the checkout's file: the listed
 # tests and BUILD files are read beside it, in the checkout.
 SCRIPT = os.path.realpath(os.path.join(os.path.dirname(__file__),
-                                       "gpu_check.sh"))
+                                       "accelerator_check.sh"))
 ROOT = os.path.dirname(os.path.dirname(SCRIPT))
 
 
-def gpu_tests() -> list[str]:
+def _script() -> str:
   with open(SCRIPT) as f:
-    text = f.read()
-  block = re.search(r"^GPU_TESTS=\((.*?)^\)", text, re.M | re.S)
-  assert block, "GPU_TESTS=( ... ) not found in testing/gpu_check.sh"
-  return block[1].split()
+    return f.read()
 
 
-class GpuCheckTest(absltest.TestCase):
+def _array(name: str) -> list[str]:
+  """The words of the script's `name=( ... )`, comments left out."""
+  block = re.search(rf"^{name}=\((.*?)^\)", _script(), re.M | re.S)
+  assert block, f"{name}=( ... ) not found in testing/accelerator_check.sh"
+  return " ".join(re.sub(r"#.*", "", line)
+                  for line in block[1].splitlines()).split()
+
+
+def accelerator_tests() -> list[str]:
+  return _array("ACCELERATOR_TESTS")
+
+
+def shard(spec: str) -> list[str]:
+  """The files the script's `shard_files` picks for ACCELERATOR_CHECK_SHARD=`spec`."""
+  function = re.search(r"^shard_files\(\) \{.*?^\}", _script(), re.M | re.S)
+  assert function, "shard_files() not found in testing/accelerator_check.sh"
+  files = " ".join(accelerator_tests())
+  code = f"ACCELERATOR_TESTS=({files})\nSHARD={spec}\n{function[0]}\nshard_files"
+  return subprocess.run(["bash", "-c", code], capture_output=True, text=True,
+                        check=True).stdout.split()
+
+
+class AcceleratorCheckTest(absltest.TestCase):
 
   def test_every_listed_file_is_a_bazel_test(self):
-    files = gpu_tests()
+    files = accelerator_tests()
     self.assertGreater(len(files), 10)
     for path in files:
       self.assertTrue(os.path.isfile(os.path.join(ROOT, path)), path)
@@ -31,6 +51,25 @@ class GpuCheckTest(absltest.TestCase):
       with open(os.path.join(ROOT, folder, "BUILD")) as f:
         build = f.read()
       self.assertIn(f'name = "{name[:-len(".py")]}"', build, path)
+
+  def test_every_test_left_out_on_a_tpu_exists(self):
+    deselected = _array("TPU_DESELECTED")
+    self.assertNotEmpty(deselected)
+    for node in deselected:
+      path, cls, method = node.split("::")
+      self.assertIn(path, accelerator_tests())
+      with open(os.path.join(ROOT, path)) as f:
+        source = f.read()
+      test_class = re.search(rf"^class {cls}\(.*?(?=^class |\Z)", source, re.M | re.S)
+      self.assertIsNotNone(test_class, node)
+      self.assertIn(f"def {method}(self", test_class[0], node)
+
+  def test_shards_cover_the_list_once(self):
+    files = accelerator_tests()
+    self.assertEqual(shard("1/1"), files)
+    shards = [shard(f"{i}/4") for i in range(1, 5)]
+    self.assertEqual(sorted(sum(shards, [])), sorted(files))
+    self.assertEqual(shards[1][:2], files[1:9:4][:2])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ initialisers differ in the last bit, float32 matmuls run in TF32 by default
 on Ampere and newer, and its reductions associate differently, so a
 recomputed forward (a remat schedule) lands a few rounding steps away. There
 the bound is explicit and small, each beside the largest difference measured
-on an H200 with jax 0.11.2 (`bash testing/gpu_check.sh`, 2026-12-04):
+on an H200 with jax 0.11.2 (`bash testing/accelerator_check.sh`, 2026-12-04):
 
 - `assert_same`: bit-exact on the CPU; elsewhere within 1e-6 (measured: 4.3e-7
   relative, one float32 ulp, between a jitted and an op-by-op init).
@@ -21,9 +21,15 @@ on an H200 with jax 0.11.2 (`bash testing/gpu_check.sh`, 2026-12-04):
 - `numerical()` (`jax.test_util.check_grads` of order 2, finite differences
   of float32): CPU atol/rtol 1e-2; elsewhere 5e-2 (measured on a TPU v5e, jax
   0.10.2, 2026-12-05: 2.6e-2 relative, a custom_jvp MLP's VJP of its JVP).
+- `fresh_process(cpu)` (a fresh process's values against this process's):
+  `cpu` on the CPU; elsewhere `values()`. Beside a TPU the fresh process runs
+  on the CPU (`testing/test_utils.py`), so two backends' arithmetic meet
+  (measured on a TPU v5e, jax 0.10.2, 2026-12-07: 1.4e-4 relative and 2.1e-5
+  absolute at most, a Flax module's outputs in the `LayoutCacheTest` of
+  `testing/layout_cache.py`, the TPU at "highest").
 
 On a TPU the tests run with `JAX_DEFAULT_MATMUL_PRECISION=highest`
-(`testing/gpu_check.sh` sets it): at XLA:TPU's default a float32 matmul runs
+(`testing/accelerator_check.sh` sets it): at XLA:TPU's default a float32 matmul runs
 in bfloat16 passes, and a test comparing two computations of the same
 values, or a finite difference with its derivative, then fails by far more
 than any bound here (measured there at the default: 16 of 18 such tests
@@ -64,6 +70,11 @@ def second_order() -> dict[str, float]:
 def numerical() -> dict[str, float]:
   """`atol`/`rtol` for `jax.test_util.check_grads` of order 2 (finite differences of float32)."""
   return _by_backend(dict(atol=1e-2, rtol=1e-2), dict(atol=5e-2, rtol=5e-2))
+
+
+def fresh_process(cpu: dict[str, float]) -> dict[str, float]:
+  """`rtol`/`atol` for a fresh process's values against this process's: `cpu` on the CPU."""
+  return _by_backend(cpu, values())
 
 
 def assert_same(got: Any, want: Any) -> None:

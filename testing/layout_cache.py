@@ -21,6 +21,7 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
+from testing import backend_tolerance
 from testing import test_utils
 
 CONFIG = {"width": 4}  # Read by the test files' constructors; the cases change it.
@@ -110,4 +111,5 @@ class LayoutCacheCases(parameterized.TestCase):
       got = [np.array(line.split(), np.float32) for line in child.stdout.strip().splitlines()]
       self.assertLen(got, len(expected))
       for g, e in zip(got, expected):
-        np.testing.assert_allclose(g, np.asarray(e).ravel(), rtol=1e-5, err_msg=str(env))
+        np.testing.assert_allclose(g, np.asarray(e).ravel(), err_msg=str(env),
+                                   **backend_tolerance.fresh_process(dict(rtol=1e-5)))

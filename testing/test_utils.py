@@ -136,7 +136,15 @@ def _fresh_process_command(path: str, function: str, *args: str
 
 
 def _fresh_process_env(env: dict[str, str] | None) -> dict[str, str]:
-  return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(env or {}))
+  """This process's environment for a child, with `env` added last.
+
+  One process at a time can open a TPU ("libtpu multi-process lockfile"):
+  beside a parent that holds one, the child runs on the CPU.
+  """
+  child = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+  if jax.default_backend() == "tpu":
+    child["JAX_PLATFORMS"] = "cpu"
+  return {**child, **(env or {})}
 
 
 def run_in_fresh_process(path: str, function: str, *args: str,
@@ -148,8 +156,9 @@ def run_in_fresh_process(path: str, function: str, *args: str,
   new process has this one's `sys.path` and its number of CPU devices, so it
   runs the same programs: XLA:CPU may order a reduction differently with
   another count (jax 0.7.2, measured: a ResNet's batch-norm statistic moved
-  by 1.3e-5 between 8 devices and 1). Its stdout and stderr are captured.
-  `env` adds to (or replaces in) this process's environment, e.g.
+  by 1.3e-5 between 8 devices and 1). Beside a TPU this process holds, it
+  runs on the CPU (`JAX_PLATFORMS=cpu`). Its stdout and stderr are
+  captured. `env` adds to (or replaces in) this process's environment, e.g.
   `{"HAIKU_BRIDGE_CACHES": "0"}`.
   """
   return subprocess.run(_fresh_process_command(path, function, *args),

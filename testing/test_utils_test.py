@@ -1,10 +1,11 @@
-"""Tests for the shared test helpers: primitive counts see nested jaxprs on every jax; one fresh process serves many calls."""
+"""Tests for the shared test helpers: primitive counts see nested jaxprs on every jax; one fresh process serves many calls; beside a TPU a fresh process runs on the CPU."""
 
 import os
 import types
 from unittest import mock
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import jax
 import jax.extend.core as jax_core
 import jax.numpy as jnp
@@ -19,6 +20,16 @@ def _record(path, value):
     raise ValueError("asked to raise")
   with open(path, "a") as f:
     f.write(f"{os.getpid()} {value}\n")
+
+
+def _print_platforms(path=None):
+  """Run in a fresh process: the JAX_PLATFORMS it was given, and the backend it runs on (to `path`, if given)."""
+  line = f"{os.environ.get('JAX_PLATFORMS')!r} {jax.default_backend()}"
+  if path is None:
+    print(line)
+  else:
+    with open(path, "w") as f:
+      f.write(line)
 
 
 def nested(x):
@@ -57,6 +68,33 @@ class FreshProcessTest(absltest.TestCase):
     self.assertEqual(values, ("first", "second"))
     self.assertLen(set(pids), 1)
     self.assertNotEqual(pids[0], str(os.getpid()))
+
+
+class FreshProcessPlatformTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      # The parent holds a TPU: the child cannot open it, and runs on the CPU.
+      ("beside_a_tpu", "tpu", {}, "'cpu' cpu"),
+      # The caller's env decides over that.
+      ("beside_a_tpu_the_caller_decides", "tpu", {"JAX_PLATFORMS": ""}, "'' cpu"),
+      # Elsewhere the child gets this process's environment as it is.
+      ("beside_a_cpu", "cpu", {}, "None cpu"))
+  def test_the_platforms_a_child_gets(self, backend, env, printed):
+    with mock.patch.dict(os.environ), \
+        mock.patch.object(jax, "default_backend", lambda: backend):
+      os.environ.pop("JAX_PLATFORMS", None)
+      child = test_utils.run_in_fresh_process(__file__, "_print_platforms",
+                                              env=env)
+      server = test_utils.FreshProcess(__file__, "_print_platforms", env=env)
+    self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+    self.assertEqual(child.stdout.strip(), printed)
+    path = os.path.join(self.create_tempdir().full_path, "platforms.txt")
+    try:
+      self.assertIsNone(server.call(path))
+    finally:
+      server.close()
+    with open(path) as f:
+      self.assertEqual(f.read(), printed)
 
 
 if __name__ == "__main__":

@@ -1220,7 +1220,9 @@ class StructureTest(absltest.TestCase):
         "print('ok')\n")
     root = os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
+    # The checkout first, PYTHONPATH kept after it: dm-haiku may be found there alone.
+    path = [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, "-c", code], env=env,
                             capture_output=True, text=True, check=False)
     self.assertEqual(result.returncode, 0, result.stderr)

@@ -1,8 +1,9 @@
-"""The figures `testing/gpu_check.sh` records on an accelerator: the bridge at parity, the time scan's memory.
+"""The figures `testing/accelerator_check.sh` records on an accelerator: the bridge at parity, the time scan's memory.
 
-    python -m testing.benchmarks.gpu_figures --out=/tmp/gpu   # any backend; --small on a CPU
+    python -m testing.benchmarks.accelerator_figures --out=/tmp/acc   # any backend; --small on a CPU
 
-Two measurements, each of compiled programs run side by side in one process:
+Two measurements, each of compiled programs run side by side in one process,
+each line printed as it is measured:
 
 * **Bridge parity**: the training step (value and grad of a next-token loss)
   of a pre-norm transformer LM (`testing/transformer.block`), written five
@@ -11,17 +12,20 @@ Two measurements, each of compiled programs run side by side in one process:
   under `hkb.custom_vjp(block, hkb.vjp_fwd, identity bwd)`, `hk.layer_stack`,
   and `hkb.repeat_layer`. Step time in ms (median of interleaved
   repetitions) and ratios: the bridged forms to inline, `repeat_layer` to
-  `hk.layer_stack`. Full size: d 1024, 8 layers, seq 1024, batch 8, params
-  and activations bfloat16 (the loss in float32).
+  `hk.layer_stack`. Full size: d 1024, seq 1024, batch 8, params and
+  activations bfloat16 (the loss in float32), 8 layers or as many as half
+  the device's memory holds (`lm_size`).
 * **Time scan memory and time**: the char LSTM of
   `testing/benchmarks/lib/time_scan_bench.py` (full size: H 1024, B 32,
-  T 2048), `readout=` with `remat="binomial"` against the usual form's
-  per-step remat (`hk.dynamic_unroll(hk.remat(core))`) and against
-  Equinox's checkpointed scan of the same step: compiled temporaries
-  (`memory_analysis`) and step time.
+  T 2048 or the longest power of two half the device's memory holds),
+  `readout=` with `remat="binomial"` against the usual form's per-step remat
+  (`hk.dynamic_unroll(hk.remat(core))`) and against Equinox's checkpointed
+  scan of the same step: compiled temporaries (`memory_analysis`) and step
+  time.
 
-Writes `figures.json` and `figures.md` under `--out`, with the date, the
-device, jax and jaxlib versions, and prints the Markdown.
+Writes `figures.json` and `figures.md` under `--out` after each measurement
+(a run stopped at a time limit keeps what it measured), with the date, the
+device, its memory, jax and jaxlib versions, and prints the Markdown.
 """
 
 import datetime
@@ -43,9 +47,68 @@ from haiku_bridge._src.remat import hlo_flops
 from testing import transformer
 from testing.benchmarks.lib import time_scan_bench as tsb
 
-_OUT = flags.DEFINE_string("out", "/tmp/haiku_bridge_gpu", "Output folder.")
+_OUT = flags.DEFINE_string("out", "/tmp/haiku_bridge_accelerator",
+                           "Output folder.")
 _SMALL = flags.DEFINE_bool("small", False, "Small shapes (a CPU check).")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per form.")
+
+# The largest sizes, those of the H200's figures (RESULTS.md, "On a GPU"); a
+# device with less memory gets fewer layers and a shorter sequence.
+MAX_LAYERS = 8
+MAX_LENGTH = 2048
+
+
+def say(line: str) -> None:
+  """Prints a line at once: a run watched live, or stopped at a limit, shows what was measured."""
+  print(line, flush=True)
+
+
+def device_bytes() -> int | None:
+  """The memory of the first device, where its backend reports it (`bytes_limit`)."""
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except Exception:  # pylint: disable=broad-except  # Backends without it raise.
+    return None
+  return (stats or {}).get("bytes_limit")
+
+
+def lm_size(small: bool, memory: int | None) -> dict[str, int]:
+  """The transformer LM's shapes: `MAX_LAYERS` layers, or as many as half of `memory` holds.
+
+  A layer's bytes in the training step (bfloat16), on the high side: the
+  attention logits and probabilities the backward pass keeps (2 × batch ×
+  heads × seq²), 16 activations of batch × seq × d (the layer norms' inputs,
+  q, k, v, the attention's output, the MLP's 4d hidden before and after its
+  nonlinearity), and its 12 d² params three times (params, gradients, an
+  update's temporary).
+  """
+  if small:
+    return dict(vocab=64, d_model=32, heads=2, layers=2, seq=16, batch=2)
+  size = dict(vocab=1024, d_model=1024, heads=8, layers=MAX_LAYERS, seq=1024,
+              batch=8)
+  if memory:
+    b, h, s, d = size["batch"], size["heads"], size["seq"], size["d_model"]
+    per_layer = 2 * (2 * b * h * s * s + 16 * b * s * d + 36 * d * d)
+    size["layers"] = max(1, min(MAX_LAYERS, memory // 2 // per_layer))
+  return size
+
+
+def lstm_length(small: bool, memory: int | None, hidden: int, batch: int,
+                vocab: int) -> int:
+  """The char LSTM's steps: `MAX_LENGTH`, or the longest power of two half of `memory` holds.
+
+  The usual form's step holds per time step four float32 arrays of
+  batch × (hidden + vocab) (the outputs and their cotangent, the logits and
+  their softmax): 1.6 GiB at `MAX_LENGTH` (1603 MiB on the H200).
+  """
+  if small:
+    return 64
+  length = MAX_LENGTH
+  if memory:
+    while length > 64 and 16 * length * batch * (hidden + vocab) > memory // 2:
+      length //= 2
+  return length
+
 
 LM_FORMS = ("inline", "hkb.call_pure(hk.transform)", "hkb.custom_vjp per block",
             "hk.layer_stack", "hkb.repeat_layer")
@@ -97,10 +160,13 @@ def _time(step: Callable[..., Any], args: tuple[Any, ...]) -> float:
 
 def _interleaved(steps: dict[str, tuple[Any, tuple[Any, ...]]],
                  repeats: int) -> dict[str, list[float]]:
+  """Step times of every entry, one of each per repetition, each repetition printed."""
   samples = {k: [] for k in steps}
-  for _ in range(repeats):
+  for rep in range(repeats):
     for k, (step, args) in steps.items():
       samples[k].append(_time(step, args))
+    say(f"  repetition {rep + 1}/{repeats}: " + ", ".join(
+        f"{k} {v[-1] * 1e3:.2f} ms" for k, v in samples.items()))
   return samples
 
 
@@ -110,11 +176,18 @@ def _ratios(samples: dict[str, list[float]], num: str, den: str) -> dict[str, fl
   return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
-def bridge_parity(small: bool, repeats: int) -> dict[str, Any]:
+def _compiled(name: str, step: Any, args: tuple[Any, ...]) -> Any:
+  """`step` compiled for `args`, its compile time printed."""
+  start = time.perf_counter()
+  compiled = step.lower(*args).compile()
+  say(f"  compiled {name} in {time.perf_counter() - start:.1f} s")
+  return compiled
+
+
+def bridge_parity(small: bool, repeats: int, memory: int | None) -> dict[str, Any]:
   """Step times of the transformer LM in every form of `LM_FORMS`, ratios to inline."""
-  size = (dict(vocab=64, d_model=32, heads=2, layers=2, seq=16, batch=2)
-          if small else
-          dict(vocab=1024, d_model=1024, heads=8, layers=8, seq=1024, batch=8))
+  size = lm_size(small, memory)
+  say(f"Transformer LM training step, {size}, bfloat16:")
   dtype = jnp.bfloat16
   tokens = jax.random.randint(jax.random.PRNGKey(1),
                               [size["batch"], size["seq"] + 1], 0, size["vocab"])
@@ -125,9 +198,10 @@ def bridge_parity(small: bool, repeats: int) -> dict[str, Any]:
     params = jax.tree.map(lambda p: p.astype(dtype),
                           jax.jit(f.init)(jax.random.PRNGKey(0), tokens))
     step = jax.jit(jax.value_and_grad(lambda p, t, f=f: f.apply(p, None, t)))
-    steps[form] = (step.lower(params, tokens).compile(), (params, tokens))
+    steps[form] = (_compiled(form, step, (params, tokens)), (params, tokens))
   # Every form computes the same loss (recorded: a broken form is no figure).
   losses = {k: float(s(*a)[0]) for k, (s, a) in steps.items()}
+  say(f"  losses: {losses}")
   samples = _interleaved(steps, repeats)
   out = {"size": size, "dtype": "bfloat16", "losses": losses,
          "step_ms": {k: statistics.median(v) * 1e3 for k, v in samples.items()},
@@ -137,14 +211,15 @@ def bridge_parity(small: bool, repeats: int) -> dict[str, Any]:
   return out
 
 
-def time_scan(small: bool, repeats: int) -> dict[str, Any]:
+def time_scan(small: bool, repeats: int, memory: int | None) -> dict[str, Any]:
   """The char LSTM: temporaries and step times of `readout=` + binomial and its peers."""
+  hidden, batch, vocab = (16, 2, 16) if small else (1024, 32, 256)
+  length = lstm_length(small, memory, hidden, batch, vocab)
   cfg = tsb.TimeScanConfig(
-      mode="gpu", lengths=(64,) if small else (2048,),
-      hidden=16 if small else 1024, batch=2 if small else 32,
-      vocab=16 if small else 256, warmup=1, step_repeats=repeats,
-      step_block_s=0.2)
-  length = cfg.lengths[0]
+      mode="accelerator", lengths=(length,), hidden=hidden, batch=batch,
+      vocab=vocab, warmup=1, step_repeats=repeats, step_block_s=0.2)
+  say(f"Char LSTM training step, hidden {hidden}, batch {batch}, "
+      f"vocab {vocab}, length {length}:")
   keys = {"usual form, per-step remat": (tsb.AFTER, tsb.BASELINE),
           "readout= + binomial": (tsb.READOUT, tsb.BINOMIAL),
           "loss in the step, binomial": (tsb.IN_STEP, tsb.BINOMIAL),
@@ -152,10 +227,12 @@ def time_scan(small: bool, repeats: int) -> dict[str, Any]:
   steps, temp = {}, {}
   for name, (form, variant) in keys.items():
     step, args = tsb.step_and_inputs(length, form, variant, cfg)
-    compiled = step.lower(*args).compile()
+    compiled = _compiled(name, step, args)
     analysis = compiled.memory_analysis()
     temp[name] = None if analysis is None else hlo_flops.temporaries(
         analysis, jax.default_backend())
+    say(f"  {name}: temporaries "
+        + ("n/a" if temp[name] is None else f"{temp[name] / 2**20:.2f} MiB"))
     steps[name] = (compiled, args)
   samples = _interleaved(steps, repeats)
   ro, eqx = "readout= + binomial", "loss in the step, Equinox checkpointed"
@@ -171,57 +248,69 @@ def time_scan(small: bool, repeats: int) -> dict[str, Any]:
           "readout_time_over_equinox": _ratios(samples, ro, eqx)}
 
 
-def environment() -> dict[str, str]:
+def environment() -> dict[str, Any]:
   device = jax.devices()[0]
   return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
               timespec="minutes"),
           "backend": jax.default_backend(),
           "device": getattr(device, "device_kind", str(device)),
+          "device_bytes": device_bytes(),
           "jax": jax.__version__, "jaxlib": jax.lib.__version__,
           "dm-haiku": hk.__version__, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
 
 
+def _times(value: float | None) -> str:
+  return "n/a" if value is None else f"{value:.3f}×"
+
+
 def markdown(figures: dict[str, Any]) -> str:
-  env, lm, ts = figures["environment"], figures["bridge_parity"], figures["time_scan"]
-  lines = [f"{env['date']}, {env['device']} ({env['backend']}), jax {env['jax']}, "
-           f"jaxlib {env['jaxlib']}, dm-haiku {env['dm-haiku']}.", "",
-           f"Transformer LM training step, {lm['size']}, {lm['dtype']}:", "",
-           "| form | step (ms) | ratio (median [min–max]) |", "| --- | ---: | --- |"]
-  names = {"hkb.call_pure(hk.transform)": "hkb.call_pure(hk.transform)",
-           "hkb.custom_vjp per block": "hkb.custom_vjp per block"}
-  for form in LM_FORMS:
-    r = lm["ratios"].get(names.get(form, ""), None)
-    if form == "hkb.repeat_layer":
-      r = lm["ratios"]["hkb.repeat_layer / hk.layer_stack"]
-    ratio = "" if r is None else (
-        f"{r['median']:.3f} [{r['min']:.3f}–{r['max']:.3f}]"
-        + (" of hk.layer_stack" if form == "hkb.repeat_layer" else " of inline"))
-    lines.append(f"| {form} | {lm['step_ms'][form]:.2f} | {ratio} |")
-  lines += ["", f"Char LSTM training step, {ts['config']}:", "",
-            "| variant | temporaries (MiB) | step (ms) |", "| --- | ---: | ---: |"]
-  for k, b in ts["temp_bytes"].items():
-    mib = "n/a" if b is None else f"{b / 2**20:.2f}"
-    lines.append(f"| {k} | {mib} | {ts['step_ms'][k]:.2f} |")
-  t = ts["readout_time_over_equinox"]
-  lines += ["", f"readout= + binomial: {ts['readout_temp_over_per_step_remat']} × "
-            f"per-step remat's temporaries, {ts['readout_temp_over_equinox']} × "
-            f"Equinox's, at {t['median']:.3f} [{t['min']:.3f}–{t['max']:.3f}] × "
-            "its step time."]
+  """The figures as Markdown tables (those measured: a run may stop between them)."""
+  env = figures["environment"]
+  memory = ("" if not env["device_bytes"] else
+            f", {env['device_bytes'] / 2**30:.1f} GiB")
+  lines = [f"{env['date']}, {env['device']} ({env['backend']}{memory}), "
+           f"jax {env['jax']}, jaxlib {env['jaxlib']}, dm-haiku {env['dm-haiku']}."]
+  lm = figures.get("bridge_parity")
+  if lm:
+    lines += ["", f"Transformer LM training step, {lm['size']}, {lm['dtype']}:", "",
+              "| form | step (ms) | ratio (median [min–max]) |", "| --- | ---: | --- |"]
+    for form in LM_FORMS:
+      r, of = lm["ratios"].get(form), " of inline"
+      if form == "hkb.repeat_layer":
+        r, of = lm["ratios"]["hkb.repeat_layer / hk.layer_stack"], " of hk.layer_stack"
+      ratio = "" if r is None else (
+          f"{r['median']:.3f} [{r['min']:.3f}–{r['max']:.3f}]{of}")
+      lines.append(f"| {form} | {lm['step_ms'][form]:.2f} | {ratio} |")
+  ts = figures.get("time_scan")
+  if ts:
+    lines += ["", f"Char LSTM training step, {ts['config']}:", "",
+              "| variant | temporaries (MiB) | step (ms) |", "| --- | ---: | ---: |"]
+    for k, b in ts["temp_bytes"].items():
+      mib = "n/a" if b is None else f"{b / 2**20:.2f}"
+      lines.append(f"| {k} | {mib} | {ts['step_ms'][k]:.2f} |")
+    t = ts["readout_time_over_equinox"]
+    lines += ["", f"readout= + binomial: {_times(ts['readout_temp_over_per_step_remat'])} "
+              f"per-step remat's temporaries, {_times(ts['readout_temp_over_equinox'])} "
+              f"Equinox's, at {t['median']:.3f} [{t['min']:.3f}–{t['max']:.3f}]× "
+              "its step time."]
   return "\n".join(lines)
 
 
 def main(argv):
   del argv
-  figures = {"environment": environment(),
-             "bridge_parity": bridge_parity(_SMALL.value, _REPEATS.value),
-             "time_scan": time_scan(_SMALL.value, _REPEATS.value)}
   os.makedirs(_OUT.value, exist_ok=True)
-  with open(os.path.join(_OUT.value, "figures.json"), "w") as f:
-    json.dump(figures, f, indent=1)
-  text = markdown(figures)
-  with open(os.path.join(_OUT.value, "figures.md"), "w") as f:
-    f.write(text + "\n")
-  print(text)
+  figures = {"environment": environment()}
+  memory = figures["environment"]["device_bytes"]
+  say(f"{figures['environment']}")
+  for name, measure in (("bridge_parity", bridge_parity),
+                        ("time_scan", time_scan)):
+    figures[name] = measure(_SMALL.value, _REPEATS.value, memory)
+    text = markdown(figures)
+    with open(os.path.join(_OUT.value, "figures.json"), "w") as f:
+      json.dump(figures, f, indent=1)
+    with open(os.path.join(_OUT.value, "figures.md"), "w") as f:
+      f.write(text + "\n")
+  say(text)
 
 
 if __name__ == "__main__":

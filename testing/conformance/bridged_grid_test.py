@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import haiku_bridge as hkb
+from testing import backend_tolerance
 from testing import test_utils
 
 KEY = jax.random.PRNGKey(0)
@@ -359,7 +360,8 @@ class GridTest(parameterized.TestCase):
       actual = dict(results)
     self.assertEqual(sorted(actual), sorted(expected))
     for key, value in expected.items():
-      np.testing.assert_allclose(actual[key], value, err_msg=key, **TOL)
+      np.testing.assert_allclose(actual[key], value, err_msg=key,
+                                 **backend_tolerance.fresh_process(TOL))
 
 
 def _flat(tree, prefix: str) -> dict[str, np.ndarray]:
