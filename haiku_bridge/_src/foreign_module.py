@@ -260,7 +260,7 @@ def layout_key(kind: str, code: Any, *values: Any) -> Optional[Hashable]:
   """
   return fingerprint.function_key(
       (kind, code), values, pytree.default_key_spec(),
-      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
+      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined, unused-ignore]
 
 
 class ForeignModule(hk.Module):

@@ -141,7 +141,7 @@ def _structure(init, args, kwargs) -> _Layout:
   key_spec = pytree.key_spec(hk.maybe_get_rng_sequence_state())
   cache_key = fingerprint.function_key(
       init, key_spec, args, kwargs,
-      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined]
+      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined, unused-ignore]
   cached = _STRUCTURE.get(cache_key)
   if cached is not None:
     return cached

@@ -108,7 +108,7 @@ def default_key_spec() -> jax.ShapeDtypeStruct:
   for rbg.
   """
   return key_spec_of(
-      jax.config.jax_default_prng_impl)  # type: ignore[attr-defined]
+      jax.config.jax_default_prng_impl)  # type: ignore[attr-defined, unused-ignore]
 
 
 @functools.lru_cache(maxsize=None)
