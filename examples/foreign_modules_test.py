@@ -29,8 +29,8 @@ class ForeignModulesTest(absltest.TestCase):
     block = example.native_nnx_block(params, state)
     block.eval()
     head = example.EQX_HEAD(key=jax.random.PRNGKey(0))
-    where = lambda m: [l for layer in m.layers
-                       for l in (layer.weight, layer.bias)]
+    where = lambda m: [leaf for layer in m.layers
+                       for leaf in (layer.weight, layer.bias)]
     head = eqx.tree_at(where, head, [
         params[f"net/mlp/layers_{i}"][n] for i in range(3)
         for n in ("weight", "bias")])

@@ -8,7 +8,6 @@ devices. Leave it out where tests may not open ports:
 `bazel test //... --test_tag_filters=-multiprocess`.
 """
 
-import jax
 
 from testing import devices
 

@@ -146,10 +146,10 @@ def main(argv: list[str]) -> None:
   print("\nTrace+compile of one training step (jax.jit(jax.grad(loss))):")
   print(f"  {'depth':>5s}  {'scan s':>7s} {'loop s':>7s}  {'scan eqns':>9s} "
         f"{'loop eqns':>9s}  {'scan temp B':>11s} {'loop temp B':>11s}")
-  for depth, s, l in zip(depths, table["scan"], table["loop"]):
-    loop = (f"{l['seconds']:7.2f}", f"{l['eqns']:9d}",
-            f"{l['temp_bytes']:11.0f}") if l else ("-".rjust(7), "-".rjust(9),
-                                                   "-".rjust(11))
+  for depth, s, unrolled in zip(depths, table["scan"], table["loop"]):
+    loop = (f"{unrolled['seconds']:7.2f}", f"{unrolled['eqns']:9d}",
+            f"{unrolled['temp_bytes']:11.0f}") if unrolled else ("-".rjust(7), "-".rjust(9),
+                                                                 "-".rjust(11))
     print(f"  {depth:5d}  {s['seconds']:7.2f} {loop[0]}  {s['eqns']:9d} "
           f"{loop[1]}  {s['temp_bytes']:11.0f} {loop[2]}")
   first, last = table["scan"][0], table["scan"][-1]

@@ -11,8 +11,9 @@ from haiku_bridge._src.errors import UnsupportedHaikuError
 from haiku_bridge._src.hk_namespace import hk
 from haiku_bridge._src.modes import PipelineSchedule
 from haiku_bridge._src.modes import RematMode
-# The Flax and Equinox adapters load on first use (see _src/optional.py).
-from haiku_bridge._src.optional import module_getattr as __getattr__
+# The Flax and Equinox adapters load on first use (see _src/optional.py): the module's
+# `__getattr__` (PEP 562), which Python calls, not a name of `__all__`.
+from haiku_bridge._src.optional import module_getattr as __getattr__  # noqa: F401
 from haiku_bridge._src.pipeline import Pipeline
 from haiku_bridge._src.remat import budgeted_jit
 from haiku_bridge._src.remat import BudgetedStep

@@ -1180,8 +1180,8 @@ class _AdapterCases(TestCase):
   def setUp(self):
     super().setUp()
     try:
-      import equinox  # pylint: disable=unused-import,import-outside-toplevel
-      from flax import nnx  # pylint: disable=unused-import,import-outside-toplevel
+      import equinox  # noqa: F401  # pylint: disable=unused-import,import-outside-toplevel
+      from flax import nnx  # noqa: F401  # pylint: disable=unused-import,import-outside-toplevel
     except ImportError:
       self.skipTest("needs flax and equinox")
 

@@ -231,8 +231,8 @@ def stateful_params_without_state():
 
 def adapters_installed() -> bool:
   try:
-    import equinox  # pylint: disable=g-import-not-at-top,import-outside-toplevel,unused-import
-    import flax  # pylint: disable=g-import-not-at-top,import-outside-toplevel,unused-import
+    import equinox  # noqa: F401  # pylint: disable=g-import-not-at-top,import-outside-toplevel,unused-import
+    import flax  # noqa: F401  # pylint: disable=g-import-not-at-top,import-outside-toplevel,unused-import
   except ImportError:
     return False
   return True

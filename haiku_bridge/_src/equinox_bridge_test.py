@@ -49,7 +49,7 @@ class Net(eqx.Module):
 
 def net_params(m: Net, scope: str = "net") -> hk.Params:
   """`m`'s weights under the Haiku names the adapter documents, written out."""
-  linear = lambda l: {"weight": l.weight, "bias": l.bias}
+  linear = lambda lin: {"weight": lin.weight, "bias": lin.bias}
   return {f"{scope}/lin": linear(m.lin),
           f"{scope}/bn": {"weight": m.bn.weight, "bias": m.bn.bias},
           f"{scope}/layers_0": linear(m.layers[0]),
@@ -400,7 +400,7 @@ def native_configured(kind: str, params: hk.Params, x: jax.Array):
   (weights,) = params.values()
   linear = eqx.nn.Linear(4, weights["bias"].shape[0],
                          key=jax.random.PRNGKey(0))
-  linear = eqx.tree_at(lambda l: (l.weight, l.bias), linear,
+  linear = eqx.tree_at(lambda lin: (lin.weight, lin.bias), linear,
                        (weights["weight"], weights["bias"]))
   return linear(x)
 

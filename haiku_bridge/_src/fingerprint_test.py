@@ -229,7 +229,8 @@ class FingerprintTest(absltest.TestCase):
     # Until now every dataclass was unkeyable (its `__repr__`'s closure holds
     # a set): a function reading a config dataclass was never cached.
     global CONFIG
-    f = lambda x: x * CONFIG.factor
+    # CONFIG: a module global, set below and deleted after (pyflakes sees no definition).
+    f = lambda x: x * CONFIG.factor  # noqa: F821
     try:
       CONFIG = Scale(2)
       key = fingerprint.function_key(f, 1)

@@ -54,7 +54,7 @@ class Block(nnx.Module):
 
 def block_params(m: Block, scope: str = "block") -> hk.Params:
   """`m`'s weights under the Haiku names the adapter documents, written out."""
-  linear = lambda l: {"kernel": l.kernel[...], "bias": l.bias[...]}
+  linear = lambda lin: {"kernel": lin.kernel[...], "bias": lin.bias[...]}
   return {f"{scope}/linear1": linear(m.linear1),
           f"{scope}/bn": {"scale": m.bn.scale[...], "bias": m.bn.bias[...]},
           f"{scope}/layers_0": linear(m.layers[0]),

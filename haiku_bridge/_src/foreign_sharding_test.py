@@ -21,7 +21,6 @@ import haiku as hk
 import haiku_bridge as hkb
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 

@@ -31,7 +31,7 @@ class HkNamespaceTest(absltest.TestCase):
 
   def test_unknown_name(self):
     with self.assertRaises(AttributeError):
-      hk.no_such_thing  # pylint: disable=pointless-statement
+      _ = hk.no_such_thing
 
   def test_usable_as_haiku(self):
     def f(x):

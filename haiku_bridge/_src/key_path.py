@@ -15,7 +15,6 @@ from typing import Any, NamedTuple, Optional
 
 import haiku as hk
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src import caches

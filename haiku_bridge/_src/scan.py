@@ -23,9 +23,7 @@ from typing import (Any, Callable, Mapping, NamedTuple, Optional, TypedDict,
 
 import haiku as hk
 import jax
-import numpy as np
 
-from haiku_bridge._src import caches
 from haiku_bridge._src import call_pure as call_pure_lib
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards

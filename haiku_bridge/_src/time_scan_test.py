@@ -728,11 +728,11 @@ class CompositionTest(parameterized.TestCase):
           stack(layer(unroll_fn), seq))))
 
     seq = jax.random.normal(KEY, [16, BATCH, HIDDEN])
-    theirs = net(lambda l, x: hk.layer_stack(3)(hk.remat(l))(x),
+    theirs = net(lambda layer, x: hk.layer_stack(3)(hk.remat(layer))(x),
                  hk.dynamic_unroll)
     params = theirs.init(KEY, seq)
     ours = net(
-        lambda l, x: hkb.repeat_layer(l, x, 3, remat="nested"),
+        lambda layer, x: hkb.repeat_layer(layer, x, 3, remat="nested"),
         lambda *a: hkb.dynamic_unroll(*a, remat="binomial"))
     chex.assert_trees_all_equal(ours.init(KEY, seq), params)
     got, expected = jax.jit(lambda p: [jax.value_and_grad(f.apply)(

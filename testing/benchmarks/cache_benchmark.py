@@ -49,7 +49,7 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterator, NamedTuple
 from unittest import mock
 
 from absl import app
@@ -62,7 +62,6 @@ import jax.numpy as jnp
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
 from haiku_bridge._src.remat import loop
-from haiku_bridge._src import scan
 from testing.benchmarks import bridged_trace
 from testing.benchmarks import foreign_adapters
 from testing.benchmarks.lib import environment

@@ -49,7 +49,7 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
       for budget in remat_auto_bench.BUDGETS:
         self.assertIn(f"| {model} | {budget} |", picks)
         self.assertIn(f"| {model} | auto ({budget}): ", compiled)
-      for remat, groups in remat_auto_bench.MANUAL:
+      for remat, _ in remat_auto_bench.MANUAL:
         self.assertIn(f"| {model} | {remat}", compiled)
 
   def test_plot_marks_every_candidate_and_each_pick(self):

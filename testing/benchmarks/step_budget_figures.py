@@ -27,7 +27,6 @@ Writes `<phase>.json` under `--out` and prints each figure as it is made.
 """
 
 import datetime
-import functools
 import json
 import os
 import statistics

@@ -13,7 +13,7 @@ are listed with their reasons; a case neither ported nor listed fails
 
 import contextlib
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 import warnings
 
 from absl.testing import absltest

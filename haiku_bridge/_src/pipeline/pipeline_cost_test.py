@@ -25,7 +25,6 @@ import haiku as hk
 from jax.sharding import AxisType
 
 import haiku_bridge as hkb
-from haiku_bridge._src import hlo_collectives
 from testing import pipeline_cost
 
 LAYERS = pipeline_cost.LAYERS
