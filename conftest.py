@@ -29,8 +29,7 @@ import os
 
 from absl import flags
 
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      "/tmp/haiku_bridge_xla_cache")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/haiku_bridge_xla_cache")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 

@@ -15,9 +15,11 @@ class BuildPyWithoutTests(build_py.build_py):
   """`build_py` that leaves out the modules named `*_test`."""
 
   def find_package_modules(self, package, package_dir):
-    return [(pkg, module, path) for pkg, module, path
-            in super().find_package_modules(package, package_dir)
-            if not module.endswith("_test")]
+    return [
+      (pkg, module, path)
+      for pkg, module, path in super().find_package_modules(package, package_dir)
+      if not module.endswith("_test")
+    ]
 
 
 setuptools.setup(cmdclass={"build_py": BuildPyWithoutTests})

@@ -33,9 +33,9 @@ copyright = "haiku_bridge authors"  # pylint: disable=redefined-builtin
 version = release = haiku_bridge.__version__
 
 extensions = [
-    "myst_parser",
-    "sphinx.ext.autodoc",
-    "sphinx.ext.napoleon",
+  "myst_parser",
+  "sphinx.ext.autodoc",
+  "sphinx.ext.napoleon",
 ]
 
 # The source directory is the repository root, so that the Markdown's links
@@ -44,11 +44,11 @@ extensions = [
 root_doc = "docs/index"
 source_suffix = {".md": "markdown"}
 include_patterns = [
-    "README.md",
-    "CHANGELOG.md",
-    "CONTRIBUTING.md",
-    "docs/**.md",
-    "testing/benchmarks/results/*.md",
+  "README.md",
+  "CHANGELOG.md",
+  "CONTRIBUTING.md",
+  "docs/**.md",
+  "testing/benchmarks/results/*.md",
 ]
 exclude_patterns = ["bazel-*", "docs/_build", ".*"]
 
@@ -108,8 +108,7 @@ def _plurals_of_code(app, what, name, obj, options, lines):
 # is annotated with one, instead of the `Literal`s it stands for (`RematMode`, not
 # `bool | Literal['nested', 'binomial'] | ~typing.Literal['auto']`). autodoc_type_aliases cannot
 # do this: it applies only to annotations written as strings.
-_ALIASES = {"RematMode": haiku_bridge.RematMode,
-            "PipelineSchedule": haiku_bridge.PipelineSchedule}
+_ALIASES = {"RematMode": haiku_bridge.RematMode, "PipelineSchedule": haiku_bridge.PipelineSchedule}
 
 
 def _alias_spellings(short_literals: bool) -> list[tuple[str, str]]:
@@ -172,7 +171,7 @@ def _prose_not_type(app, what, name, obj, options, lines):
   del app, name, obj, options  # Unused.
   if what in ("property", "attribute", "data") and len(lines) >= 3 and lines[0]:
     if lines[-1].startswith(":type: ") and not lines[-2]:
-      words = lines.pop()[len(":type: "):]
+      words = lines.pop()[len(":type: ") :]
       lines.pop()
       lines[0] = f"{words}: {lines[0]}"
 
@@ -181,9 +180,11 @@ def _front_page(app, exception):
   """build-finished: index.html at the top leads to docs/index.html."""
   if exception is None and app.builder.format == "html":
     with open(os.path.join(app.outdir, "index.html"), "w") as f:
-      f.write('<!DOCTYPE html>\n<meta http-equiv="refresh" '
-              'content="0; url=docs/index.html">\n'
-              '<a href="docs/index.html">haiku_bridge</a>\n')
+      f.write(
+        '<!DOCTYPE html>\n<meta http-equiv="refresh" '
+        'content="0; url=docs/index.html">\n'
+        '<a href="docs/index.html">haiku_bridge</a>\n'
+      )
 
 
 def setup(app):

@@ -120,8 +120,10 @@ def _routed_mlp_bwd(mlp_vjp, dy):
   # One vmapped backward pass gives every piece's cotangents, stacked.
   dparams, dx = jax.vmap(mlp_vjp)(pieces)
   index = {name: i for i, name in enumerate(PIECES)}
-  routed = {layer: jax.tree.map(lambda d, i=index[ROUTE[layer]]: d[i], grads)
-            for layer, grads in dparams.items()}
+  routed = {
+    layer: jax.tree.map(lambda d, i=index[ROUTE[layer]]: d[i], grads)
+    for layer, grads in dparams.items()
+  }
   # Cotangents are linear in `dy`: summing over the pieces gives the true
   # input cotangent, so the layers before the block see the exact gradient.
   return routed, dx.sum(axis=0)
@@ -140,16 +142,17 @@ def reference_mlp(params: Params, x: jax.Array) -> jax.Array:
   y = 0.0
   for mask, piece in zip(_piece_masks(), PIECES):
     params_for_piece = {
-        layer: (p if ROUTE[layer] == piece else jax.lax.stop_gradient(p))
-        for layer, p in params.items()}
+      layer: (p if ROUTE[layer] == piece else jax.lax.stop_gradient(p))
+      for layer, p in params.items()
+    }
     y = y + mask * plain_mlp(params_for_piece, x)
   return y
 
 
 BLOCKS: dict[str, BlockFn] = {
-    "routed": routed_mlp,
-    "plain": plain_mlp,
-    "reference": reference_mlp,
+  "routed": routed_mlp,
+  "plain": plain_mlp,
+  "reference": reference_mlp,
 }
 
 
@@ -171,7 +174,6 @@ class RoutedBlock(hk.Module):
 
 
 class Encoder(hk.Module):
-
   def __init__(self, block_fn: BlockFn, name: str | None = None):
     super().__init__(name=name)
     self._block_fn = block_fn
@@ -184,7 +186,6 @@ class Encoder(hk.Module):
 
 
 class Net(hk.Module):
-
   def __init__(self, block_fn: BlockFn, name: str | None = None):
     super().__init__(name=name)
     self._block_fn = block_fn
@@ -259,13 +260,11 @@ def gradient_report(seed: int = 0) -> dict[str, Params]:
   """
   params = init_params(seed)
   batch = next(batches(seed))
-  return {block: jax.jit(jax.grad(make_loss(block).apply))(params, None, batch)
-          for block in BLOCKS}
+  return {block: jax.jit(jax.grad(make_loss(block).apply))(params, None, batch) for block in BLOCKS}
 
 
 def _max_abs_diff(a: Params, b: Params) -> float:
-  return max(float(jnp.max(jnp.abs(x - y)))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def main(argv: list[str]) -> None:
@@ -277,20 +276,17 @@ def main(argv: list[str]) -> None:
   print(f"  step    0        loss {losses[0]:.4f}")
   # Window means: single-batch losses are noisy.
   for start in range(0, num_steps, log_every):
-    window = losses[start:start + log_every]
-    print(f"  steps {start:3d}-{start + len(window) - 1:3d}  mean loss "
-          f"{np.mean(window):.4f}")
+    window = losses[start : start + log_every]
+    print(f"  steps {start:3d}-{start + len(window) - 1:3d}  mean loss {np.mean(window):.4f}")
 
   grads = gradient_report()
   print("\nGradient at init: max |difference| per module")
   print(f"  {'module':34s} {'routed-plain':>12s} {'routed-ref':>11s}  rule")
   for module in sorted(grads["routed"]):
     vs_plain = _max_abs_diff(grads["routed"][module], grads["plain"][module])
-    vs_ref = _max_abs_diff(grads["routed"][module],
-                           grads["reference"][module])
+    vs_ref = _max_abs_diff(grads["routed"][module], grads["reference"][module])
     layer = module.rsplit("/", 1)[-1]
-    rule = f"learns from piece {ROUTE[layer]!r}" if is_routed(
-        module) else "exact gradient"
+    rule = f"learns from piece {ROUTE[layer]!r}" if is_routed(module) else "exact gradient"
     print(f"  {module:34s} {vs_plain:12.2e} {vs_ref:11.2e}  {rule}")
     # The rule: routed weights lose the other piece's error; every other
     # weight keeps its exact gradient; the reference agrees everywhere.
@@ -299,8 +295,10 @@ def main(argv: list[str]) -> None:
       assert vs_plain > 1e-4, module
     else:
       np.testing.assert_allclose(vs_plain, 0.0, atol=1e-5)
-  print("\nRouted gradient == stop_gradient reference everywhere; it differs "
-        "from the plain gradient\nexactly on the routed block weights.")
+  print(
+    "\nRouted gradient == stop_gradient reference everywhere; it differs "
+    "from the plain gradient\nexactly on the routed block weights."
+  )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ class InlineBlock(hk.Module):
 
 
 class CustomVjpRoutingTest(absltest.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
@@ -36,8 +35,7 @@ class CustomVjpRoutingTest(absltest.TestCase):
     self.assertLess(np.mean(losses[-10:]), 0.5 * losses[0])
 
   def test_routed_gradient_equals_stop_gradient_reference(self):
-    chex.assert_trees_all_close(self.grads["routed"], self.grads["reference"],
-                                atol=1e-5, rtol=1e-5)
+    chex.assert_trees_all_close(self.grads["routed"], self.grads["reference"], atol=1e-5, rtol=1e-5)
 
   def test_routed_gradient_differs_from_plain_on_routed_weights_only(self):
     routed, plain = self.grads["routed"], self.grads["plain"]
@@ -49,18 +47,16 @@ class CustomVjpRoutingTest(absltest.TestCase):
         if example.is_routed(module):
           for name in routed[module]:
             self.assertFalse(
-                np.allclose(routed[module][name], plain[module][name],
-                            atol=1e-4),
-                msg=f"{module}/{name}: routing changed nothing")
+              np.allclose(routed[module][name], plain[module][name], atol=1e-4),
+              msg=f"{module}/{name}: routing changed nothing",
+            )
         else:
-          chex.assert_trees_all_close(routed[module], plain[module],
-                                      atol=1e-5, rtol=1e-5)
+          chex.assert_trees_all_close(routed[module], plain[module], atol=1e-5, rtol=1e-5)
 
   def test_params_are_those_of_the_inline_network(self):
     bridged = example.init_params(seed=0)
     with mock.patch.object(example, "RoutedBlock", InlineBlock):
-      inline = example.make_loss("plain").init(jax.random.PRNGKey(0),
-                                               next(example.batches()))
+      inline = example.make_loss("plain").init(jax.random.PRNGKey(0), next(example.batches()))
     # Same names, shapes and initial values: a checkpoint of the inline
     # network loads into the bridged one.
     chex.assert_trees_all_close(bridged, inline)

@@ -33,14 +33,14 @@ from testing import xla_flags
 _EXAMPLES = os.path.join(installed_package.ROOT, "examples")
 # The smallest run each example offers (its flags for fewer steps, layers or a shorter sequence).
 SMALL_FLAGS = {
-    "custom_vjp_routing": [],
-    "foreign_modules": ["--num_steps=3"],
-    "foreign_stax": [],
-    "long_sequence_lstm": ["--length=64", "--hidden=8", "--batch=2", "--steps=3"],
-    "migration_to_nnx": ["--haiku_steps=3", "--nnx_steps=3"],
-    "pipelined_transformer": ["--num_steps=2"],
-    "sharded_training": ["--num_steps=2"],
-    "transformer_stack": ["--depths=1", "--loop_max_depth=1"],
+  "custom_vjp_routing": [],
+  "foreign_modules": ["--num_steps=3"],
+  "foreign_stax": [],
+  "long_sequence_lstm": ["--length=64", "--hidden=8", "--batch=2", "--steps=3"],
+  "migration_to_nnx": ["--haiku_steps=3", "--nnx_steps=3"],
+  "pipelined_transformer": ["--num_steps=2"],
+  "sharded_training": ["--num_steps=2"],
+  "transformer_stack": ["--depths=1", "--loop_max_depth=1"],
 }
 # Modules of examples/ that are not examples: run by none, imported by some.
 _HELPERS = ("__init__", "jax_logging", "processes")
@@ -54,8 +54,9 @@ def source(name: str) -> str:
 
 
 def example_names() -> list[str]:
-  names = [os.path.basename(path)[:-len(".py")]
-           for path in glob.glob(os.path.join(_EXAMPLES, "*.py"))]
+  names = [
+    os.path.basename(path)[: -len(".py")] for path in glob.glob(os.path.join(_EXAMPLES, "*.py"))
+  ]
   return sorted(n for n in names if not n.endswith("_test") and n not in _HELPERS)
 
 
@@ -94,7 +95,6 @@ def declared(metadata: email.message.Message, extra: str) -> set[str]:
 
 
 class ExamplesRunTest(parameterized.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
@@ -124,7 +124,8 @@ class ExamplesRunTest(parameterized.TestCase):
   def test_the_package_declares_what_the_examples_import(self):
     with zipfile.ZipFile(self.wheel) as z:
       metadata = email.parser.Parser().parsestr(
-          z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+        z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+      )
     provided = declared(metadata, "examples")
     self.assertContainsSubset({"optax", "equinox", "flax", "absl-py"}, provided)
     distributions = importlib.metadata.packages_distributions()
@@ -142,17 +143,21 @@ class ExamplesRunTest(parameterized.TestCase):
     workdir = tempfile.mkdtemp(dir=self.tmp)
     # The tests' compile flags (cheaper code generation, the same programs).
     env = dict(installed_package.clean_env(), XLA_FLAGS=xla_flags.flags())
-    ran = installed_package.run([self.python, os.path.join(_EXAMPLES, f"{name}.py"), *args],
-                                cwd=workdir, env=env)
-    self.assertEqual(ran.returncode, 0,
-                     f"python examples/{name}.py {' '.join(args)} failed:\n{ran.stderr[-3000:]}")
+    ran = installed_package.run(
+      [self.python, os.path.join(_EXAMPLES, f"{name}.py"), *args], cwd=workdir, env=env
+    )
+    self.assertEqual(
+      ran.returncode, 0, f"python examples/{name}.py {' '.join(args)} failed:\n{ran.stderr[-3000:]}"
+    )
     self.assertEqual(_INFO_LINE.findall(ran.stderr), [], f"python examples/{name}.py logs INFO")
 
   def test_info_line_finds_absl_info_lines(self):
-    stderr = ("I1206 23:49:01.259494 139742137801600 xla_bridge.py:849] Unable to initialize "
-              "backend 'tpu': INTERNAL: Failed to open libtpu.so\n"
-              "W1206 23:49:01.259494 139742137801600 x.py:1] a warning\n"
-              "example.py:3: UntestedVersionWarning: haiku_bridge is tested with ...\n")
+    stderr = (
+      "I1206 23:49:01.259494 139742137801600 xla_bridge.py:849] Unable to initialize "
+      "backend 'tpu': INTERNAL: Failed to open libtpu.so\n"
+      "W1206 23:49:01.259494 139742137801600 x.py:1] a warning\n"
+      "example.py:3: UntestedVersionWarning: haiku_bridge is tested with ...\n"
+    )
     found = _INFO_LINE.findall(stderr)
     self.assertLen(found, 1)
     self.assertIn("xla_bridge.py:849] Unable to initialize backend 'tpu'", found[0])

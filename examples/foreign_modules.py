@@ -70,7 +70,6 @@ def forward(x: jax.Array, is_training: bool) -> jax.Array:
 
 
 class Net(hk.Module):
-
   def __call__(self, x: jax.Array, is_training: bool) -> jax.Array:
     return _net(x, is_training)
 
@@ -106,8 +105,7 @@ def train(num_steps: int, seed: int = 0) -> tuple[Any, Any, list[float]]:
 
   @jax.jit
   def step(params, state, opt_state, rng):
-    (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, state, rng, x, y)
+    (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, rng, x, y)
     updates, opt_state = optimizer.update(grads, opt_state)
     return optax.apply_updates(params, updates), state, opt_state, loss
 
@@ -135,8 +133,10 @@ def main(argv: list[str]) -> None:
   del argv  # Unused.
   jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   params, state, losses = train(_NUM_STEPS.value)
-  print(f"Training with optax.adam: loss {losses[0]:.4f} at step 0, "
-        f"{losses[-1]:.4f} at step {len(losses) - 1}.")
+  print(
+    f"Training with optax.adam: loss {losses[0]:.4f} at step 0, "
+    f"{losses[-1]:.4f} at step {len(losses) - 1}."
+  )
   print("Parameters (Haiku names) and state:")
   for module in sorted(params):
     for name, value in sorted(params[module].items()):
@@ -146,11 +146,12 @@ def main(argv: list[str]) -> None:
       print(f"  state  {module + '/' + name:32s} {tuple(value.shape)}")
 
   # The trained NNX block, run natively in NNX, gives what Haiku computes.
-  probe = hk.transform_with_state(lambda h: hkb.from_flax(
-      functools.partial(NnxBlock, WIDTH), name="nnx_block").eval()(h))
+  probe = hk.transform_with_state(
+    lambda h: hkb.from_flax(functools.partial(NnxBlock, WIDTH), name="nnx_block").eval()(h)
+  )
   h = jax.random.normal(jax.random.PRNGKey(3), [16, WIDTH])
-  sub = {k[len("net/"):]: v for k, v in params.items() if "nnx_block" in k}
-  sub_state = {k[len("net/"):]: v for k, v in state.items()}
+  sub = {k[len("net/") :]: v for k, v in params.items() if "nnx_block" in k}
+  sub_state = {k[len("net/") :]: v for k, v in state.items()}
   ours, _ = probe.apply(sub, sub_state, None, h)
   native = native_nnx_block(params, state)
   native.eval()

@@ -48,18 +48,21 @@ Params = Any
 HEAD_INIT, HEAD_APPLY = stax.serial(stax.Dense(32), stax.Relu, stax.Dense(3))
 
 
-def stax_layer(init_fun: Callable[..., Any], apply_fun: Callable[..., Any],
-               x: jax.Array, name: str) -> jax.Array:
+def stax_layer(
+  init_fun: Callable[..., Any], apply_fun: Callable[..., Any], x: jax.Array, name: str
+) -> jax.Array:
   """Runs a stax `(init_fun, apply_fun)` pair inside a Haiku transform."""
   # stax's init takes an input *shape* and returns (output_shape, params);
   # call_pure's init takes the inputs and returns the params.
-  return hkb.call_pure(lambda params, x: apply_fun(params, x), x,
-                       init=lambda rng, x: init_fun(rng, x.shape)[1],
-                       name=name)
+  return hkb.call_pure(
+    lambda params, x: apply_fun(params, x),
+    x,
+    init=lambda rng, x: init_fun(rng, x.shape)[1],
+    name=name,
+  )
 
 
 class Net(hk.Module):
-
   def __call__(self, x: jax.Array) -> jax.Array:
     h = jax.nn.relu(hk.Linear(16, name="encoder")(x))
     return stax_layer(HEAD_INIT, HEAD_APPLY, h, name="head")
@@ -81,12 +84,10 @@ def data(seed: int = 0) -> tuple[jax.Array, jax.Array]:
 
 def loss(params: Params, x: jax.Array, labels: jax.Array) -> jax.Array:
   logits = NET.apply(params, x)
-  return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits),
-                                       labels[:, None], axis=-1))
+  return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1))
 
 
-def train(num_steps: int, learning_rate: float = 0.3) -> tuple[Params,
-                                                               list[float]]:
+def train(num_steps: int, learning_rate: float = 0.3) -> tuple[Params, list[float]]:
   x, labels = data()
   params = NET.init(jax.random.PRNGKey(0), x)
   step = jax.jit(jax.value_and_grad(loss))
@@ -100,9 +101,14 @@ def train(num_steps: int, learning_rate: float = 0.3) -> tuple[Params,
 
 def save(params: Params, path: str) -> None:
   """Saves Haiku params by full name: `module/param` -> array."""
-  np.savez(path, **{f"{module}/{name}": np.asarray(value)
-                    for module, entries in params.items()
-                    for name, value in entries.items()})
+  np.savez(
+    path,
+    **{
+      f"{module}/{name}": np.asarray(value)
+      for module, entries in params.items()
+      for name, value in entries.items()
+    },
+  )
 
 
 def restore(path: str) -> Params:
@@ -125,8 +131,7 @@ def main(argv: list[str]) -> None:
   del argv  # Unused.
   jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   params, losses = train(num_steps=100)
-  print(f"Loss: {losses[0]:.3f} at step 0, {losses[-1]:.3f} at step "
-        f"{len(losses) - 1}.")
+  print(f"Loss: {losses[0]:.3f} at step 0, {losses[-1]:.3f} at step {len(losses) - 1}.")
   print("Parameters by name:")
   for module in sorted(params):
     for name, value in sorted(params[module].items()):

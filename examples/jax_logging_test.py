@@ -13,7 +13,6 @@ _PROBES = logging.getLogger("jax._src.xla_bridge")
 
 
 class JaxLoggingTest(absltest.TestCase):
-
   def setUp(self):
     super().setUp()
     jax = logging.getLogger("jax")

@@ -52,17 +52,18 @@ _LENGTH = flags.DEFINE_integer("length", 2048, "Characters per sequence (T).")
 _BATCH = flags.DEFINE_integer("batch", 8, "Sequences per step.")
 _HIDDEN = flags.DEFINE_integer("hidden", 128, "LSTM width.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Training steps.")
-_REMAT = flags.DEFINE_enum("remat", "binomial", ["nested", "binomial"],
-                           "The schedule to train with.")
+_REMAT = flags.DEFINE_enum(
+  "remat", "binomial", ["nested", "binomial"], "The schedule to train with."
+)
 
 VOCAB = 16
 
 # How each way of unrolling is called: the per-step remat is the baseline.
 WAYS = {
-    "hk.dynamic_unroll": None,
-    "hk.dynamic_unroll + hk.remat (baseline)": True,
-    'hkb.dynamic_unroll(remat="nested")': "nested",
-    'hkb.dynamic_unroll(remat="binomial")': "binomial",
+  "hk.dynamic_unroll": None,
+  "hk.dynamic_unroll + hk.remat (baseline)": True,
+  'hkb.dynamic_unroll(remat="nested")': "nested",
+  'hkb.dynamic_unroll(remat="binomial")': "binomial",
 }
 
 
@@ -101,10 +102,10 @@ class CharCore(hk.RNNCore):
 
 def model(hidden: int, remat: Any) -> hk.Transformed:
   """The mean next-character loss; `remat`: a `WAYS` value."""
+
   def loss(chars: jax.Array) -> jax.Array:
     core = CharCore(hidden)
-    inputs, state = (chars[:-1], chars[1:]), core.initial_state(
-        chars.shape[1])
+    inputs, state = (chars[:-1], chars[1:]), core.initial_state(chars.shape[1])
     if remat is None:
       losses, _ = hk.dynamic_unroll(core, inputs, state)
     elif remat is True:
@@ -112,6 +113,7 @@ def model(hidden: int, remat: Any) -> hk.Transformed:
     else:
       losses, _ = hkb.dynamic_unroll(core, inputs, state, remat=remat)
     return jnp.mean(losses)
+
   return hk.transform(loss)
 
 
@@ -121,8 +123,7 @@ def temporaries(hidden: int, chars: jax.Array) -> dict[str, int | None]:
   for name, remat in WAYS.items():
     net = model(hidden, remat)
     params = jax.jit(net.init)(jax.random.PRNGKey(0), chars)
-    analysis = jax.jit(jax.grad(net.apply)).lower(
-        params, None, chars).compile().memory_analysis()
+    analysis = jax.jit(jax.grad(net.apply)).lower(params, None, chars).compile().memory_analysis()
     out[name] = None if analysis is None else analysis.temp_size_in_bytes
   return out
 
@@ -131,14 +132,11 @@ def gradient_difference(hidden: int, remat: str, chars: jax.Array) -> float:
   """Largest |difference| between the schedule's gradient and hk.dynamic_unroll's."""
   ours, theirs = model(hidden, remat), model(hidden, None)
   params = theirs.init(jax.random.PRNGKey(0), chars)
-  grads = [jax.jit(jax.grad(f.apply))(params, None, chars)
-           for f in (ours, theirs)]
-  return max(float(jnp.max(jnp.abs(a - b)))
-             for a, b in zip(*map(jax.tree.leaves, grads)))
+  grads = [jax.jit(jax.grad(f.apply))(params, None, chars) for f in (ours, theirs)]
+  return max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(*map(jax.tree.leaves, grads)))
 
 
-def train(hidden: int, remat: str, chars: jax.Array,
-          steps: int) -> list[float]:
+def train(hidden: int, remat: str, chars: jax.Array, steps: int) -> list[float]:
   """Adam on the one batch of long sequences; the loss at each step."""
   net = model(hidden, remat)
   params = net.init(jax.random.PRNGKey(0), chars)
@@ -163,8 +161,10 @@ def main(argv: list[str]) -> None:
   jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   length, batch, hidden = _LENGTH.value, _BATCH.value, _HIDDEN.value
   chars = jnp.asarray(text(length, batch))
-  print(f"Character LSTM (hidden {hidden}) on {batch} sequences of {length} "
-        "characters.\n\nGrad-step temporaries:")
+  print(
+    f"Character LSTM (hidden {hidden}) on {batch} sequences of {length} "
+    "characters.\n\nGrad-step temporaries:"
+  )
   memory = temporaries(hidden, chars)
   baseline = memory["hk.dynamic_unroll + hk.remat (baseline)"]
   for name, n in memory.items():
@@ -175,12 +175,12 @@ def main(argv: list[str]) -> None:
       print(f"  {name:42s} {n / 2**20:9.2f} MiB{ratio}")
 
   diff = gradient_difference(hidden, _REMAT.value, chars)
-  print(f"\nremat={_REMAT.value!r}: gradient against hk.dynamic_unroll's, "
-        f"max |difference| {diff:.2e}")
+  print(
+    f"\nremat={_REMAT.value!r}: gradient against hk.dynamic_unroll's, max |difference| {diff:.2e}"
+  )
   np.testing.assert_allclose(diff, 0.0, atol=1e-5)
 
-  print(f"\nTraining with remat={_REMAT.value!r} ({_STEPS.value} steps of "
-        "Adam):")
+  print(f"\nTraining with remat={_REMAT.value!r} ({_STEPS.value} steps of Adam):")
   losses = train(hidden, _REMAT.value, chars, _STEPS.value)
   for i, loss in enumerate(losses):
     print(f"  step {i:3d}  loss {loss:.4f}")

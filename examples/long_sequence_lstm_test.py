@@ -8,7 +8,6 @@ from examples import long_sequence_lstm
 
 
 class LongSequenceLstmTest(absltest.TestCase):
-
   def test_text_is_fixed_and_in_the_alphabet(self):
     chars = long_sequence_lstm.text(50, 3)
     self.assertEqual(chars.shape, (51, 3))
@@ -24,8 +23,7 @@ class LongSequenceLstmTest(absltest.TestCase):
     self.assertLess(baseline, plain)
     self.assertLess(nested, baseline / 2)
     self.assertLessEqual(binomial, nested)
-    self.assertLess(
-        long_sequence_lstm.gradient_difference(16, "nested", chars), 1e-5)
+    self.assertLess(long_sequence_lstm.gradient_difference(16, "nested", chars), 1e-5)
 
 
 if __name__ == "__main__":

@@ -74,14 +74,14 @@ def train_haiku(num_steps: int) -> tuple[Any, Any, list[float]]:
     def loss(p):
       pred, s = HAIKU.apply(p, state, rng, x)
       return jnp.mean((pred - y) ** 2), s
+
     (value, state), grads = jax.value_and_grad(loss, has_aux=True)(params)
     updates, opt_state = optimizer.update(grads, opt_state)
     return optax.apply_updates(params, updates), state, opt_state, value
 
   rngs, losses = hk.PRNGSequence(1), []
   for _ in range(num_steps):
-    params, state, opt_state, value = step(params, state, opt_state,
-                                           next(rngs))
+    params, state, opt_state, value = step(params, state, opt_state, next(rngs))
     losses.append(float(value))
   return params, state, losses
 
@@ -97,8 +97,7 @@ def eval_loss(predict) -> float:
 
 
 def haiku_loss(params, state) -> float:
-  return eval_loss(lambda x: HAIKU.apply(params, state, None, x,
-                                         is_training=False)[0])
+  return eval_loss(lambda x: HAIKU.apply(params, state, None, x, is_training=False)[0])
 
 
 def nnx_loss(model: nnx.Module) -> float:
@@ -107,10 +106,15 @@ def nnx_loss(model: nnx.Module) -> float:
 
 def save(path: str, params, state) -> None:
   """A Haiku checkpoint: `params/<module>/<name>`, `state/<module>/<name>`."""
-  np.savez(path, **{f"{kind}/{module}/{name}": np.asarray(value)
-                    for kind, tree in (("params", params), ("state", state))
-                    for module, entries in tree.items()
-                    for name, value in entries.items()})
+  np.savez(
+    path,
+    **{
+      f"{kind}/{module}/{name}": np.asarray(value)
+      for kind, tree in (("params", params), ("state", state))
+      for module, entries in tree.items()
+      for name, value in entries.items()
+    },
+  )
 
 
 def load(path: str) -> tuple[dict, dict]:
@@ -129,8 +133,7 @@ def migrate(params, state) -> nnx.Module:
     path = os.path.join(tmp, "haiku.npz")
     save(path, params, state)
     params, state = load(path)
-  return hkb.to_nnx(HAIKU, params=params, state=state,
-                    rngs=nnx.Rngs(dropout=0))
+  return hkb.to_nnx(HAIKU, params=params, state=state, rngs=nnx.Rngs(dropout=0))
 
 
 def train_nnx(model: nnx.Module, num_steps: int) -> list[float]:
@@ -153,26 +156,29 @@ def main(argv: list[str]) -> None:
   print("Loss: mean squared error on the training data, dropout off.")
   initial = haiku_loss(*HAIKU.init(jax.random.PRNGKey(0), data()[0]))
   params, state, _ = train_haiku(_HAIKU_STEPS.value)
-  print(f"Haiku: loss {initial:.4f} at init, {haiku_loss(params, state):.4f} "
-        f"after {_HAIKU_STEPS.value} steps.")
+  print(
+    f"Haiku: loss {initial:.4f} at init, {haiku_loss(params, state):.4f} "
+    f"after {_HAIKU_STEPS.value} steps."
+  )
   model = migrate(params, state)
-  print("NNX module params (Haiku's names):",
-        sorted(nnx.to_pure_dict(nnx.state(model, nnx.Param))["params"]))
+  print(
+    "NNX module params (Haiku's names):",
+    sorted(nnx.to_pure_dict(nnx.state(model, nnx.Param))["params"]),
+  )
 
   x, _ = data(seed=1, n=16)
   haiku_out, _ = HAIKU.apply(params, state, None, x, is_training=False)
-  np.testing.assert_allclose(model(x, is_training=False), haiku_out,
-                             rtol=1e-6)
+  np.testing.assert_allclose(model(x, is_training=False), haiku_out, rtol=1e-6)
   print("Same outputs in NNX as in Haiku.")
 
   migrated = nnx_loss(model)
   train_nnx(model, _NNX_STEPS.value)
-  print(f"NNX: loss {migrated:.4f} after migration, {nnx_loss(model):.4f} "
-        f"after {_NNX_STEPS.value} more steps.")
-  back_out, _ = HAIKU.apply(model.haiku_params(), model.haiku_state(), None,
-                            x, is_training=False)
-  np.testing.assert_allclose(model(x, is_training=False), back_out,
-                             rtol=1e-6)
+  print(
+    f"NNX: loss {migrated:.4f} after migration, {nnx_loss(model):.4f} "
+    f"after {_NNX_STEPS.value} more steps."
+  )
+  back_out, _ = HAIKU.apply(model.haiku_params(), model.haiku_state(), None, x, is_training=False)
+  np.testing.assert_allclose(model(x, is_training=False), back_out, rtol=1e-6)
   print("Exported back to Haiku's params dict: same outputs.")
 
 

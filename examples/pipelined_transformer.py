@@ -62,10 +62,8 @@ else:
   import processes  # pylint: disable=g-import-not-at-top
 
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 40, "SGD steps to run.")
-_SCHEDULE = flags.DEFINE_enum("schedule", "gpipe", ["gpipe", "circular"],
-                              "The pipeline schedule.")
-_MICROBATCHES = flags.DEFINE_integer("microbatches", 4,
-                                     "Microbatches per batch.")
+_SCHEDULE = flags.DEFINE_enum("schedule", "gpipe", ["gpipe", "circular"], "The pipeline schedule.")
+_MICROBATCHES = flags.DEFINE_integer("microbatches", 4, "Microbatches per batch.")
 
 Params = Any
 
@@ -88,8 +86,8 @@ def block(h: jax.Array) -> jax.Array:
   x = hk.LayerNorm(-1, True, True, name="ln_1")(h)
   causal = jnp.tril(jnp.ones([1, 1, SEQ, SEQ], bool))
   h = h + hk.MultiHeadAttention(
-      HEADS, D_MODEL // HEADS, w_init=hk.initializers.VarianceScaling(),
-      name="attention")(x, x, x, mask=causal)
+    HEADS, D_MODEL // HEADS, w_init=hk.initializers.VarianceScaling(), name="attention"
+  )(x, x, x, mask=causal)
   x = hk.LayerNorm(-1, True, True, name="ln_2")(h)
   return h + hk.nets.MLP([4 * D_MODEL, D_MODEL], name="mlp")(x)
 
@@ -99,14 +97,10 @@ def make_loss(pipeline: hkb.Pipeline | None) -> hk.Transformed:
 
   def loss(tokens: jax.Array) -> jax.Array:
     # A one-hot matmul embeds: a plain product, whatever splits the batch.
-    h = hk.Linear(D_MODEL, with_bias=False, name="embed")(
-        jax.nn.one_hot(tokens, VOCAB))
-    h = h + hk.get_parameter("position", [SEQ, D_MODEL],
-                             init=hk.initializers.TruncatedNormal(0.02))
-    h = hkb.repeat_layer(block, h, NUM_LAYERS, name="blocks",
-                         pipeline=pipeline)
-    logits = hk.Linear(VOCAB, name="readout")(
-        hk.LayerNorm(-1, True, True, name="ln_f")(h))
+    h = hk.Linear(D_MODEL, with_bias=False, name="embed")(jax.nn.one_hot(tokens, VOCAB))
+    h = h + hk.get_parameter("position", [SEQ, D_MODEL], init=hk.initializers.TruncatedNormal(0.02))
+    h = hkb.repeat_layer(block, h, NUM_LAYERS, name="blocks", pipeline=pipeline)
+    logits = hk.Linear(VOCAB, name="readout")(hk.LayerNorm(-1, True, True, name="ln_f")(h))
     targets = jax.nn.one_hot(tokens[:, 1:], VOCAB)
     log_p = jax.nn.log_softmax(logits[:, :-1])
     return -jnp.mean(jnp.sum(log_p * targets, axis=-1))
@@ -133,8 +127,9 @@ def make_mesh() -> Mesh:
   return jax.make_mesh(tuple(MESH_SHAPE.values()), tuple(MESH_SHAPE))
 
 
-def train(num_steps: int, pipeline: hkb.Pipeline | None, seed: int = 0,
-          log_every: int = 0) -> tuple[np.ndarray, Params]:
+def train(
+  num_steps: int, pipeline: hkb.Pipeline | None, seed: int = 0, log_every: int = 0
+) -> tuple[np.ndarray, Params]:
   """Trains for `num_steps` under the mesh; returns the losses and params."""
   loss_fn = make_loss(pipeline)
   # Not Adam: the key bias gets a zero gradient (softmax ignores it), whose
@@ -155,16 +150,16 @@ def train(num_steps: int, pipeline: hkb.Pipeline | None, seed: int = 0,
     # every device: a scan over a layer axis split over "stage" would need
     # its layers gathered at each step.
     shardings = hkb.param_shardings(
-        jax.eval_shape(loss_fn.init, jax.random.PRNGKey(seed), tokens), mesh,
-        RULES if pipeline is not None else hkb.ShardingRules([]))
+      jax.eval_shape(loss_fn.init, jax.random.PRNGKey(seed), tokens),
+      mesh,
+      RULES if pipeline is not None else hkb.ShardingRules([]),
+    )
     # Created on their devices: each stage's blocks on that stage only.
-    params = jax.jit(loss_fn.init, out_shardings=shardings)(
-        jax.random.PRNGKey(seed), tokens)
+    params = jax.jit(loss_fn.init, out_shardings=shardings)(jax.random.PRNGKey(seed), tokens)
     opt_state = optimizer.init(params)
     losses = []
     for i, tokens in zip(range(num_steps), batches(seed + 1)):
-      params, opt_state, loss = step(params, opt_state,
-                                     processes.global_batch(tokens, data))
+      params, opt_state, loss = step(params, opt_state, processes.global_batch(tokens, data))
       losses.append(float(loss))  # Replicated: every process has it.
       if log_every and (i % log_every == 0 or i == num_steps - 1):
         print(f"step {i:4d}  loss {losses[-1]:.4f}")
@@ -176,16 +171,20 @@ def main(argv):
   jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   processes.start(NUM_DEVICES)
   pipeline = hkb.Pipeline("stage", _MICROBATCHES.value, _SCHEDULE.value)
-  print(f"process {jax.process_index()} of {jax.process_count()}: "
-        f"{jax.local_device_count()} of {jax.device_count()} devices; mesh "
-        f"{MESH_SHAPE}; {NUM_LAYERS} blocks as {MESH_SHAPE['stage']} stages, "
-        f"{_SCHEDULE.value} schedule, {_MICROBATCHES.value} microbatches")
+  print(
+    f"process {jax.process_index()} of {jax.process_count()}: "
+    f"{jax.local_device_count()} of {jax.device_count()} devices; mesh "
+    f"{MESH_SHAPE}; {NUM_LAYERS} blocks as {MESH_SHAPE['stage']} stages, "
+    f"{_SCHEDULE.value} schedule, {_MICROBATCHES.value} microbatches"
+  )
   losses, params = train(_NUM_STEPS.value, pipeline, log_every=10)
   print(f"\nloss {losses[0]:.4f} -> {losses[-1]:.4f}")
   w = params["blocks/mlp/~/linear_0"]["w"]
-  print(f"blocks/mlp/~/linear_0/w {w.shape}: {w.sharding.spec}, this "
-        f"process holds {len(w.addressable_shards)} shards of "
-        f"{w.addressable_shards[0].data.shape}")
+  print(
+    f"blocks/mlp/~/linear_0/w {w.shape}: {w.sharding.spec}, this "
+    f"process holds {len(w.addressable_shards)} shards of "
+    f"{w.addressable_shards[0].data.shape}"
+  )
   processes.save_results(losses, params)
 
 

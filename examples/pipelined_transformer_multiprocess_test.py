@@ -8,7 +8,6 @@ devices. Leave it out where tests may not open ports:
 `bazel test //... --test_tag_filters=-multiprocess`.
 """
 
-
 from testing import devices
 
 # Eight CPU devices for the one-process reference, before anything starts
@@ -31,17 +30,25 @@ TIMEOUT_S = 240  # Both processes, start to finish; ~40 s on 2 busy cores.
 
 
 class MultiProcessPipelineTest(absltest.TestCase):
-
   def test_two_processes_train_as_one(self):
     tmp = self.create_tempdir().full_path
     results = os.path.join(tmp, "results.npz")
     port = multiprocess.free_port()
     processes = multiprocess.Processes(
-        "examples.pipelined_transformer",
-        [[f"--num_processes={NUM_PROCESSES}", f"--process_id={i}",
+      "examples.pipelined_transformer",
+      [
+        [
+          f"--num_processes={NUM_PROCESSES}",
+          f"--process_id={i}",
           f"--coordinator_address=localhost:{port}",
-          f"--num_steps={NUM_STEPS}", "--schedule=circular",
-          f"--results={results}"] for i in range(NUM_PROCESSES)], tmp)
+          f"--num_steps={NUM_STEPS}",
+          "--schedule=circular",
+          f"--results={results}",
+        ]
+        for i in range(NUM_PROCESSES)
+      ],
+      tmp,
+    )
     try:
       codes = processes.wait(TIMEOUT_S)
       self.assertEqual(codes, [0] * NUM_PROCESSES, processes.report())
@@ -54,8 +61,7 @@ class MultiProcessPipelineTest(absltest.TestCase):
     finally:
       processes.close()
 
-    losses, params = example.train(
-        NUM_STEPS, hkb.Pipeline("stage", 4, "circular"))
+    losses, params = example.train(NUM_STEPS, hkb.Pipeline("stage", 4, "circular"))
     multiprocess.assert_same_training(multi, losses, params)
 
 

@@ -16,14 +16,20 @@ import numpy as np
 
 
 NUM_PROCESSES = flags.DEFINE_integer(
-    "num_processes", 1, "Processes (jax.distributed); 1: no jax.distributed.")
+  "num_processes", 1, "Processes (jax.distributed); 1: no jax.distributed."
+)
 PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index.")
 COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", "localhost:12355",
-    "host:port of process 0, for jax.distributed.initialize.")
+  "coordinator_address",
+  "localhost:12355",
+  "host:port of process 0, for jax.distributed.initialize.",
+)
 RESULTS = flags.DEFINE_string(
-    "results", None, "If set, process 0 writes the losses and the trained "
-    "params (gathered from all processes) to this .npz file.")
+  "results",
+  None,
+  "If set, process 0 writes the losses and the trained "
+  "params (gathered from all processes) to this .npz file.",
+)
 
 
 def start(total_devices: int) -> None:
@@ -56,20 +62,20 @@ def require_devices(total: int) -> None:
   """Raises unless jax has `total` devices, over all processes."""
   if jax.device_count() != total:
     raise RuntimeError(
-        f"This example needs {total} devices; jax has {jax.device_count()} "
-        f"({jax.process_count()} process(es)). On a CPU, call "
-        f"processes.use_cpu_devices({total}, num_processes) before jax starts "
-        "(as `main` does), or run N processes with --num_processes=N.")
+      f"This example needs {total} devices; jax has {jax.device_count()} "
+      f"({jax.process_count()} process(es)). On a CPU, call "
+      f"processes.use_cpu_devices({total}, num_processes) before jax starts "
+      "(as `main` does), or run N processes with --num_processes=N."
+    )
 
 
-def start_processes(num_processes: int, process_id: int,
-                    coordinator_address: str) -> None:
+def start_processes(num_processes: int, process_id: int, coordinator_address: str) -> None:
   """Joins `jax.distributed`: this process is one of `num_processes`."""
   # CPU collectives go over gloo.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes,
-                             process_id=process_id)
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+  )
 
 
 def global_batch(batch: Any, sharding: NamedSharding) -> Any:
@@ -78,26 +84,30 @@ def global_batch(batch: Any, sharding: NamedSharding) -> Any:
   Every process draws the same batch here; in a real input pipeline each
   process reads only its own rows, `local_rows` of them.
   """
+
   def one(x):
     rows = local_rows(sharding, x.shape)
-    return jax.make_array_from_process_local_data(
-        sharding, np.asarray(x[rows]), x.shape)
+    return jax.make_array_from_process_local_data(sharding, np.asarray(x[rows]), x.shape)
 
   return jax.tree.map(one, batch)
 
 
 def local_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> slice:
   """The rows of a batch that this process's devices hold."""
-  starts, stops = zip(*[
-      (index[0].start or 0, shape[0] if index[0].stop is None else
-       index[0].stop)
-      for index in sharding.addressable_devices_indices_map(shape).values()])
+  starts, stops = zip(
+    *[
+      (index[0].start or 0, shape[0] if index[0].stop is None else index[0].stop)
+      for index in sharding.addressable_devices_indices_map(shape).values()
+    ]
+  )
   return slice(min(starts), max(stops))
 
 
 def gathered(params: Any) -> dict[str, np.ndarray]:
   """`{"bundle/name": array}`, each param whole, in every process."""
   whole = multihost_utils.process_allgather(params, tiled=True)
-  return {f"{bundle}/{name}": np.asarray(value)
-          for bundle, entries in whole.items()
-          for name, value in entries.items()}
+  return {
+    f"{bundle}/{name}": np.asarray(value)
+    for bundle, entries in whole.items()
+    for name, value in entries.items()
+  }

@@ -79,8 +79,11 @@ else:
 
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 100, "SGD steps to run.")
 _AXIS_TYPE = flags.DEFINE_enum(
-    "axis_type", "auto", ["auto", "explicit"],
-    "Mesh axis type: shardings as hints to XLA, or part of the types.")
+  "axis_type",
+  "auto",
+  ["auto", "explicit"],
+  "Mesh axis type: shardings as hints to XLA, or part of the types.",
+)
 
 Params = Any
 Batch = tuple[jax.Array, jax.Array]
@@ -99,15 +102,16 @@ NUM_DEVICES = 8
 # stack's weights (`blocks/...`, with a leading layer axis) are written per
 # layer. What no rule names (the embedding, the readout, `b2`) is replicated.
 RULES = hkb.ShardingRules(
-    [
-        (r"custom_mlp/w1$", P(None, "model")),  # Column split...
-        (r"custom_mlp/b1$", P("model")),
-        (r"custom_mlp/w2$", P("model", None)),  # ...then row split.
-        (r"blocks/up/w$", P(None, "model")),
-        (r"blocks/up/b$", P("model")),
-        (r"blocks/down/w$", P("model", None)),
-    ],
-    stacked=["blocks"])
+  [
+    (r"custom_mlp/w1$", P(None, "model")),  # Column split...
+    (r"custom_mlp/b1$", P("model")),
+    (r"custom_mlp/w2$", P("model", None)),  # ...then row split.
+    (r"blocks/up/w$", P(None, "model")),
+    (r"blocks/up/b$", P("model")),
+    (r"blocks/down/w$", P("model", None)),
+  ],
+  stacked=["blocks"],
+)
 
 # ---------------------------------------------------------------------------
 # The custom-VJP block: a pure function of explicit weights.
@@ -118,10 +122,10 @@ def init_mlp_block(rng: jax.Array, x: jax.Array) -> Params:
   k1, k2 = jax.random.split(rng)
   width = x.shape[-1]
   return {
-      "w1": jax.random.normal(k1, [width, HIDDEN]) / np.sqrt(width),
-      "b1": jnp.zeros([HIDDEN]),
-      "w2": jax.random.normal(k2, [HIDDEN, width]) / np.sqrt(HIDDEN),
-      "b2": jnp.zeros([width]),
+    "w1": jax.random.normal(k1, [width, HIDDEN]) / np.sqrt(width),
+    "b1": jnp.zeros([HIDDEN]),
+    "w2": jax.random.normal(k2, [HIDDEN, width]) / np.sqrt(HIDDEN),
+    "b2": jnp.zeros([width]),
   }
 
 
@@ -131,9 +135,12 @@ def plain_mlp_block(params: Params, x: jax.Array) -> jax.Array:
   return x + matmul(h, params["w2"], like=x) + params["b2"]
 
 
-def matmul(a: jax.Array, b: jax.Array, like: jax.Array,
-           contract: tuple[tuple[int, ...], tuple[int, ...]] = ((-1,), (0,))
-           ) -> jax.Array:
+def matmul(
+  a: jax.Array,
+  b: jax.Array,
+  like: jax.Array,
+  contract: tuple[tuple[int, ...], tuple[int, ...]] = ((-1,), (0,)),
+) -> jax.Array:
   """`a` times `b`, sharded as `like` (for Explicit axes; else no-op).
 
   Under Explicit mesh axes, a product over a dimension split over a mesh
@@ -142,9 +149,11 @@ def matmul(a: jax.Array, b: jax.Array, like: jax.Array,
   plain product.
   """
   return jax.lax.dot_general(
-      a, b, ((tuple(d % a.ndim for d in contract[0]),
-              tuple(d % b.ndim for d in contract[1])), ((), ())),
-      out_sharding=jax.typeof(like).sharding)
+    a,
+    b,
+    ((tuple(d % a.ndim for d in contract[0]), tuple(d % b.ndim for d in contract[1])), ((), ())),
+    out_sharding=jax.typeof(like).sharding,
+  )
 
 
 @jax.custom_vjp
@@ -166,13 +175,12 @@ def _mlp_block_bwd(residuals, g):
   batch_dims = tuple(range(x.ndim - 1))
   over_batch = (batch_dims, batch_dims)
   grads = {
-      "w1": matmul(x, d_pre, like=params["w1"], contract=over_batch),
-      "b1": d_pre.sum(batch_dims),
-      "w2": matmul(h, g, like=params["w2"], contract=over_batch),
-      "b2": g.sum(batch_dims),
+    "w1": matmul(x, d_pre, like=params["w1"], contract=over_batch),
+    "b1": d_pre.sum(batch_dims),
+    "w2": matmul(h, g, like=params["w2"], contract=over_batch),
+    "b2": g.sum(batch_dims),
   }
-  return grads, g + matmul(d_pre, params["w1"], like=x,
-                           contract=((-1,), (1,)))
+  return grads, g + matmul(d_pre, params["w1"], like=x, contract=((-1,), (1,)))
 
 
 mlp_block.defvjp(_mlp_block_fwd, _mlp_block_bwd)
@@ -189,15 +197,15 @@ class RowSplitLinear(hk.Module):
   its output's sharding (its input's batch sharding, via `matmul`).
   """
 
-  def __init__(self, output_size: int, w_scale: float,
-               name: Optional[str] = None):
+  def __init__(self, output_size: int, w_scale: float, name: Optional[str] = None):
     super().__init__(name=name)
     self._output_size = output_size
     self._w_scale = w_scale
 
   def __call__(self, x: jax.Array, like: jax.Array) -> jax.Array:
-    w = hk.get_parameter("w", [x.shape[-1], self._output_size],
-                         init=hk.initializers.VarianceScaling(self._w_scale))
+    w = hk.get_parameter(
+      "w", [x.shape[-1], self._output_size], init=hk.initializers.VarianceScaling(self._w_scale)
+    )
     b = hk.get_parameter("b", [self._output_size], init=jnp.zeros)
     return matmul(x, w, like=like) + b
 
@@ -234,6 +242,7 @@ def make_loss(block=mlp_block, head=CLIPPED_READOUT) -> hk.Transformed:
   def loss(batch: Batch) -> jax.Array:
     x, y = batch
     return jnp.mean((network(x, block, head) - y) ** 2)
+
   return hk.transform(loss)
 
 
@@ -257,8 +266,9 @@ def batches(seed: int = 0) -> Iterator[Batch]:
 def make_mesh(axis_type: AxisType = AxisType.Auto) -> Mesh:
   """The (data, model) mesh over all devices, of all processes."""
   processes.require_devices(NUM_DEVICES)
-  return jax.make_mesh(tuple(MESH_SHAPE.values()), tuple(MESH_SHAPE),
-                       axis_types=(axis_type,) * len(MESH_SHAPE))
+  return jax.make_mesh(
+    tuple(MESH_SHAPE.values()), tuple(MESH_SHAPE), axis_types=(axis_type,) * len(MESH_SHAPE)
+  )
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -268,8 +278,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def init_params(mesh: Mesh, seed: int = 0) -> tuple[Params, Params]:
   """Params created already sharded; returns `(params, shardings)`."""
   key, batch = jax.random.PRNGKey(seed), next(batches(seed))
-  shardings = hkb.param_shardings(jax.eval_shape(LOSS.init, key, batch),
-                                  mesh, RULES)
+  shardings = hkb.param_shardings(jax.eval_shape(LOSS.init, key, batch), mesh, RULES)
   params = jax.jit(LOSS.init, out_shardings=shardings)(key, batch)
   return params, shardings
 
@@ -283,13 +292,17 @@ def make_train_step(mesh: Mesh, shardings: Params):
     return params, loss
 
   data = batch_sharding(mesh)
-  return jax.jit(step, in_shardings=(shardings, (data, data)),
-                 out_shardings=(shardings, NamedSharding(mesh, P())),
-                 donate_argnums=0)
+  return jax.jit(
+    step,
+    in_shardings=(shardings, (data, data)),
+    out_shardings=(shardings, NamedSharding(mesh, P())),
+    donate_argnums=0,
+  )
 
 
-def train(num_steps: int, seed: int = 0, log_every: int = 0,
-          axis_type: AxisType = AxisType.Auto) -> tuple[np.ndarray, Params]:
+def train(
+  num_steps: int, seed: int = 0, log_every: int = 0, axis_type: AxisType = AxisType.Auto
+) -> tuple[np.ndarray, Params]:
   """Trains for `num_steps`; returns the losses and the final params."""
   mesh = make_mesh(axis_type)
   with jax.set_mesh(mesh):
@@ -297,8 +310,7 @@ def train(num_steps: int, seed: int = 0, log_every: int = 0,
     step = make_train_step(mesh, shardings)
     losses = []
     for i, batch in zip(range(num_steps), batches(seed + 1)):
-      params, loss = step(params, processes.global_batch(
-          batch, batch_sharding(mesh)))
+      params, loss = step(params, processes.global_batch(batch, batch_sharding(mesh)))
       losses.append(float(loss))  # Replicated: every process has it.
       if log_every and (i % log_every == 0 or i == num_steps - 1):
         print(f"step {i:4d}  loss {losses[-1]:.5f}")
@@ -309,12 +321,13 @@ def main(argv):
   del argv  # Unused.
   jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   processes.start(NUM_DEVICES)
-  axis_type = {"auto": AxisType.Auto,
-               "explicit": AxisType.Explicit}[_AXIS_TYPE.value]
+  axis_type = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}[_AXIS_TYPE.value]
   mesh = make_mesh(axis_type)
-  print(f"process {jax.process_index()} of {jax.process_count()}: "
-        f"{jax.local_device_count()} of {jax.device_count()} devices; mesh "
-        f"{dict(mesh.shape)}, {_AXIS_TYPE.value} axes")
+  print(
+    f"process {jax.process_index()} of {jax.process_count()}: "
+    f"{jax.local_device_count()} of {jax.device_count()} devices; mesh "
+    f"{dict(mesh.shape)}, {_AXIS_TYPE.value} axes"
+  )
   losses, params = train(_NUM_STEPS.value, log_every=10, axis_type=axis_type)
   print(f"\nloss {losses[0]:.5f} -> {losses[-1]:.5f}\n")
   print(hkb.explain_shardings(params, RULES, mesh=mesh))
@@ -322,8 +335,10 @@ def main(argv):
   for bundle, entries in params.items():
     for name, value in entries.items():
       shapes = {tuple(s.data.shape) for s in value.addressable_shards}
-      print(f"  {bundle + '/' + name:16s} {str(value.sharding.spec):22s} "
-            f"{len(value.addressable_shards)} shards of {shapes.pop()}")
+      print(
+        f"  {bundle + '/' + name:16s} {str(value.sharding.spec):22s} "
+        f"{len(value.addressable_shards)} shards of {shapes.pop()}"
+      )
   processes.save_results(losses, params)
 
 

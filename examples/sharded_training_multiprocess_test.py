@@ -46,46 +46,58 @@ AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 def setUpModule():
   if jax.device_count() < 8:
     raise unittest.SkipTest(
-        f"needs 8 devices for the one-process reference, jax has "
-        f"{jax.device_count()} {jax.default_backend()} devices.")
+      f"needs 8 devices for the one-process reference, jax has "
+      f"{jax.device_count()} {jax.default_backend()} devices."
+    )
 
 
 class MultiProcessTrainingTest(parameterized.TestCase):
-
-  @parameterized.named_parameters(("auto_axes", "auto"),
-                                  ("explicit_axes", "explicit"))
+  @parameterized.named_parameters(("auto_axes", "auto"), ("explicit_axes", "explicit"))
   def test_two_processes_train_as_one(self, axis_type):
     tmp = self.create_tempdir().full_path
     results = os.path.join(tmp, "results.npz")
     port = multiprocess.free_port()
     processes = multiprocess.Processes(
-        "examples.sharded_training",
-        [[f"--num_processes={NUM_PROCESSES}", f"--process_id={i}",
+      "examples.sharded_training",
+      [
+        [
+          f"--num_processes={NUM_PROCESSES}",
+          f"--process_id={i}",
           f"--coordinator_address=localhost:{port}",
-          f"--num_steps={NUM_STEPS}", f"--axis_type={axis_type}",
-          f"--results={results}"] for i in range(NUM_PROCESSES)], tmp)
+          f"--num_steps={NUM_STEPS}",
+          f"--axis_type={axis_type}",
+          f"--results={results}",
+        ]
+        for i in range(NUM_PROCESSES)
+      ],
+      tmp,
+    )
     try:
       codes = processes.wait(TIMEOUT_S)
       self.assertEqual(
-          codes, [0] * NUM_PROCESSES,
-          f"the {NUM_PROCESSES} processes did not all end well within "
-          f"{TIMEOUT_S} s (-9: killed at the deadline, or because the other "
-          f"failed):\n{processes.report()}")
+        codes,
+        [0] * NUM_PROCESSES,
+        f"the {NUM_PROCESSES} processes did not all end well within "
+        f"{TIMEOUT_S} s (-9: killed at the deadline, or because the other "
+        f"failed):\n{processes.report()}",
+      )
       for i in range(NUM_PROCESSES):
         out, _ = processes.output(i)
         self.assertIn(f"process {i} of {NUM_PROCESSES}: 4 of 8 devices", out)
         # Each process holds its own 4 devices' shards of each param, e.g.
         # a quarter of the hidden units of the stack's first weight.
-        self.assertRegex(out, r"blocks/up/w +P\(None, None, 'model'\) +4 "
-                         r"shards of \(3, 32, 32\)")
+        self.assertRegex(
+          out,
+          r"blocks/up/w +P\(None, None, 'model'\) +4 "
+          r"shards of \(3, 32, 32\)",
+        )
         self.assertLen(re.findall(r" 4 shards of ", out), 12, out)
       multi = dict(np.load(results))
     finally:
       processes.close()
 
     # Ground truth: the same training in one process on 8 devices.
-    losses, params = example.train(NUM_STEPS,
-                                   axis_type=AXIS_TYPES[axis_type])
+    losses, params = example.train(NUM_STEPS, axis_type=AXIS_TYPES[axis_type])
     multiprocess.assert_same_training(multi, losses, params)
 
 

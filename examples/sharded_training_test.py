@@ -27,20 +27,19 @@ from examples import sharded_training as example
 # What the example's rules say, written out: per-layer specs of the stack get
 # a leading `None` for the layer axis; what no rule names is replicated.
 EXPECTED_SPECS = {
-    "embed": {"w": P(), "b": P()},
-    "custom_mlp": {"w1": P(None, "model"), "b1": P("model"),
-                   "w2": P("model", None), "b2": P()},
-    "blocks/up": {"w": P(None, None, "model"), "b": P(None, "model")},
-    "blocks/down": {"w": P(None, "model", None), "b": P()},
-    "readout": {"w": P(), "b": P()},
+  "embed": {"w": P(), "b": P()},
+  "custom_mlp": {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None), "b2": P()},
+  "blocks/up": {"w": P(None, None, "model"), "b": P(None, "model")},
+  "blocks/down": {"w": P(None, "model", None), "b": P()},
+  "readout": {"w": P(), "b": P()},
 }
 
 
 def setUpModule():
   if jax.device_count() < 8:
     raise unittest.SkipTest(
-        f"needs 8 devices, jax has {jax.device_count()} "
-        f"{jax.default_backend()} devices.")
+      f"needs 8 devices, jax has {jax.device_count()} {jax.default_backend()} devices."
+    )
 
 
 def specs(params):
@@ -48,7 +47,6 @@ def specs(params):
 
 
 class ShardedTrainingTest(parameterized.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
@@ -68,28 +66,26 @@ class ShardedTrainingTest(parameterized.TestCase):
   def test_init_creates_params_sharded(self):
     params, shardings = example.init_params(self.mesh)
     self.assertEqual(specs(params), EXPECTED_SPECS)
-    self.assertEqual(
-        shardings["custom_mlp"]["w1"],
-        NamedSharding(self.mesh, P(None, "model")))
+    self.assertEqual(shardings["custom_mlp"]["w1"], NamedSharding(self.mesh, P(None, "model")))
     # A replicated weight is whole on each device; a split one is a quarter.
-    self.assertEqual(params["embed"]["w"].addressable_shards[0].data.shape,
-                     (example.IN_FEATURES, example.WIDTH))
     self.assertEqual(
-        params["blocks/up"]["w"].addressable_shards[0].data.shape,
-        (example.NUM_LAYERS, example.WIDTH, example.HIDDEN // 4))
+      params["embed"]["w"].addressable_shards[0].data.shape, (example.IN_FEATURES, example.WIDTH)
+    )
+    self.assertEqual(
+      params["blocks/up"]["w"].addressable_shards[0].data.shape,
+      (example.NUM_LAYERS, example.WIDTH, example.HIDDEN // 4),
+    )
 
   def test_unmatched_params_are_reported(self):
-    report = hkb.explain_shardings(self.params, example.RULES,
-                                                mesh=self.mesh)
-    self.assertEqual(sorted(report.unmatched), [
-        "blocks/down/b", "custom_mlp/b2", "embed/b", "embed/w", "readout/b",
-        "readout/w"
-    ])
+    report = hkb.explain_shardings(self.params, example.RULES, mesh=self.mesh)
+    self.assertEqual(
+      sorted(report.unmatched),
+      ["blocks/down/b", "custom_mlp/b2", "embed/b", "embed/w", "readout/b", "readout/w"],
+    )
     self.assertEqual(report.unused_rules, [])
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
-  def test_sharded_custom_vjps_gradient_equals_one_device_autodiff(
-      self, axis_type):
+  def test_sharded_custom_vjps_gradient_equals_one_device_autodiff(self, axis_type):
     # Ground truth: the plain block and readout (autodiff gradient; the
     # readout's clipping does not bite on this batch), unsharded.
     mesh = example.make_mesh(axis_type)
@@ -98,18 +94,17 @@ class ShardedTrainingTest(parameterized.TestCase):
     batch = next(example.batches(3))
     plain = example.make_loss(example.plain_mlp_block, example.readout)
     ref_loss, ref_grads = jax.jit(jax.value_and_grad(plain.apply))(
-        jax.device_get(params), None, batch)
-    predict = hk.transform(lambda x: example.network(
-        x, example.plain_mlp_block, example.readout))
+      jax.device_get(params), None, batch
+    )
+    predict = hk.transform(lambda x: example.network(x, example.plain_mlp_block, example.readout))
     x, y = batch
     out = predict.apply(jax.device_get(params), None, x)
     self.assertLess(np.max(np.abs(2 * (out - y) / y.size)), 1.0)  # d loss/out
 
     with jax.set_mesh(mesh):
       loss, grads = jax.jit(
-          jax.value_and_grad(example.LOSS.apply),
-          out_shardings=(None, shardings))(
-              params, None, processes.global_batch(batch, example.batch_sharding(mesh)))
+        jax.value_and_grad(example.LOSS.apply), out_shardings=(None, shardings)
+      )(params, None, processes.global_batch(batch, example.batch_sharding(mesh)))
     self.assertEqual(specs(grads), EXPECTED_SPECS)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-4, atol=1e-5)

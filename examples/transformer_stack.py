@@ -40,12 +40,13 @@ if __package__:
 else:
   import jax_logging  # pylint: disable=g-import-not-at-top
 
-_DEPTHS = flags.DEFINE_list("depths", ["2", "8", "32", "128"],
-                            "Stack depths to compile and time.")
+_DEPTHS = flags.DEFINE_list("depths", ["2", "8", "32", "128"], "Stack depths to compile and time.")
 _LOOP_MAX_DEPTH = flags.DEFINE_integer(
-    "loop_max_depth", 8,
-    "Compile the Python-loop version only up to this depth (its compile time "
-    "grows with depth: minutes at 32 on two cores).")
+  "loop_max_depth",
+  8,
+  "Compile the Python-loop version only up to this depth (its compile time "
+  "grows with depth: minutes at 32 on two cores).",
+)
 
 MODEL_SIZE = 32
 NUM_HEADS = 4
@@ -56,15 +57,13 @@ STACK = "transformer/blocks"
 
 def block(h: jax.Array) -> jax.Array:
   """One pre-LayerNorm transformer block: self-attention, then an MLP."""
-  ln = lambda name: hk.LayerNorm(-1, create_scale=True, create_offset=True,
-                                 name=name)
+  ln = lambda name: hk.LayerNorm(-1, create_scale=True, create_offset=True, name=name)
   x = ln("ln_attn")(h)
   h = h + hk.MultiHeadAttention(
-      NUM_HEADS, MODEL_SIZE // NUM_HEADS,
-      w_init=hk.initializers.VarianceScaling(1.0), name="attn")(x, x, x)
+    NUM_HEADS, MODEL_SIZE // NUM_HEADS, w_init=hk.initializers.VarianceScaling(1.0), name="attn"
+  )(x, x, x)
   x = ln("ln_mlp")(h)
-  return h + hk.nets.MLP([4 * MODEL_SIZE, MODEL_SIZE], activation=jax.nn.gelu,
-                         name="mlp")(x)
+  return h + hk.nets.MLP([4 * MODEL_SIZE, MODEL_SIZE], activation=jax.nn.gelu, name="mlp")(x)
 
 
 def make_model(depth: int, scanned: bool) -> hk.Transformed:
@@ -91,8 +90,9 @@ def tokens() -> jax.Array:
 
 
 def scan_params_for_loop(params, depth: int):
-  return hkb.unstack_params(params, stack=STACK, num_layers=depth,
-                            layer_scope="transformer/blocks_loop/layer_{i}")
+  return hkb.unstack_params(
+    params, stack=STACK, num_layers=depth, layer_scope="transformer/blocks_loop/layer_{i}"
+  )
 
 
 def check_same_model(depth: int) -> float:
@@ -108,8 +108,9 @@ def check_same_model(depth: int) -> float:
   l_loop, g_loop = jax.value_and_grad(loop.apply)(loop_params, None, tokens())
   np.testing.assert_allclose(l_scan, l_loop, rtol=1e-5)
   g_scan = scan_params_for_loop(g_scan, depth)
-  return max(float(jnp.max(jnp.abs(g_scan[k][n] - g_loop[k][n])))
-             for k in g_loop for n in g_loop[k])
+  return max(
+    float(jnp.max(jnp.abs(g_scan[k][n] - g_loop[k][n]))) for k in g_loop for n in g_loop[k]
+  )
 
 
 def compile_stats(depth: int, scanned: bool) -> dict[str, float]:
@@ -122,40 +123,54 @@ def compile_stats(depth: int, scanned: bool) -> dict[str, float]:
   compiled = lowered.compile()
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
-  eqns = len(jax.make_jaxpr(jax.grad(model.apply))(params, None,
-                                                   tokens()).eqns)
-  return {"seconds": seconds, "eqns": eqns,
-          "temp_bytes": getattr(memory, "temp_size_in_bytes", float("nan"))}
+  eqns = len(jax.make_jaxpr(jax.grad(model.apply))(params, None, tokens()).eqns)
+  return {
+    "seconds": seconds,
+    "eqns": eqns,
+    "temp_bytes": getattr(memory, "temp_size_in_bytes", float("nan")),
+  }
 
 
-def compile_table(depths: Sequence[int], loop_max_depth: int
-                  ) -> dict[str, list[dict[str, float] | None]]:
+def compile_table(
+  depths: Sequence[int], loop_max_depth: int
+) -> dict[str, list[dict[str, float] | None]]:
   """Compile stats per depth; the loop's are None above `loop_max_depth`."""
-  return {"scan": [compile_stats(d, True) for d in depths],
-          "loop": [compile_stats(d, False) if d <= loop_max_depth else None
-                   for d in depths]}
+  return {
+    "scan": [compile_stats(d, True) for d in depths],
+    "loop": [compile_stats(d, False) if d <= loop_max_depth else None for d in depths],
+  }
 
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   jax_logging.quiet()  # jax's INFO lines (the backends it could not start) left out.
   depths = [int(d) for d in _DEPTHS.value]
-  print(f"Scan and loop agree at depth {depths[0]}: max |grad difference| "
-        f"{check_same_model(depths[0]):.1e}")
+  print(
+    f"Scan and loop agree at depth {depths[0]}: max |grad difference| "
+    f"{check_same_model(depths[0]):.1e}"
+  )
   table = compile_table(depths, _LOOP_MAX_DEPTH.value)
   print("\nTrace+compile of one training step (jax.jit(jax.grad(loss))):")
-  print(f"  {'depth':>5s}  {'scan s':>7s} {'loop s':>7s}  {'scan eqns':>9s} "
-        f"{'loop eqns':>9s}  {'scan temp B':>11s} {'loop temp B':>11s}")
+  print(
+    f"  {'depth':>5s}  {'scan s':>7s} {'loop s':>7s}  {'scan eqns':>9s} "
+    f"{'loop eqns':>9s}  {'scan temp B':>11s} {'loop temp B':>11s}"
+  )
   for depth, s, unrolled in zip(depths, table["scan"], table["loop"]):
-    loop = (f"{unrolled['seconds']:7.2f}", f"{unrolled['eqns']:9d}",
-            f"{unrolled['temp_bytes']:11.0f}") if unrolled else ("-".rjust(7), "-".rjust(9),
-                                                                 "-".rjust(11))
-    print(f"  {depth:5d}  {s['seconds']:7.2f} {loop[0]}  {s['eqns']:9d} "
-          f"{loop[1]}  {s['temp_bytes']:11.0f} {loop[2]}")
+    loop = (
+      (f"{unrolled['seconds']:7.2f}", f"{unrolled['eqns']:9d}", f"{unrolled['temp_bytes']:11.0f}")
+      if unrolled
+      else ("-".rjust(7), "-".rjust(9), "-".rjust(11))
+    )
+    print(
+      f"  {depth:5d}  {s['seconds']:7.2f} {loop[0]}  {s['eqns']:9d} "
+      f"{loop[1]}  {s['temp_bytes']:11.0f} {loop[2]}"
+    )
   first, last = table["scan"][0], table["scan"][-1]
-  print(f"\nScan: depth {depths[-1]} compiles in {last['seconds']:.2f}s, "
-        f"{last['seconds'] / first['seconds']:.2f}x depth {depths[0]}; its "
-        f"jaxpr has {last['eqns']} equations at every depth.")
+  print(
+    f"\nScan: depth {depths[-1]} compiles in {last['seconds']:.2f}s, "
+    f"{last['seconds'] / first['seconds']:.2f}x depth {depths[0]}; its "
+    f"jaxpr has {last['eqns']} equations at every depth."
+  )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ from examples import transformer_stack
 
 
 class TransformerStackTest(absltest.TestCase):
-
   def test_scan_and_loop_are_the_same_model(self):
     self.assertLess(transformer_stack.check_same_model(depth=3), 1e-5)
 

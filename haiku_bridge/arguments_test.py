@@ -56,79 +56,80 @@ SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True,
 
 # Pipelines need jax.shard_map and jax.set_mesh (jax 0.7 on): errors_doc_test.
 NEEDS_SHARD_MAP = absltest.skipUnless(
-    pipeline_lib.jax_has_pipelines(),
-    "pipelines need jax.shard_map and jax.set_mesh")
+  pipeline_lib.jax_has_pipelines(), "pipelines need jax.shard_map and jax.set_mesh"
+)
 
 CLASSES = ("wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argument_order")
 
 # Which classes of bad input each public name can be given; a class left out says why.
 COVERAGE = {
-    "BudgetedStep": set(),  # What `budgeted_jit` returns; users do not build one.
-    "StepPlan": set(),  # A record `BudgetedStep.plan` returns (a named tuple).
-    "budgeted_jit": {"wrong_type", "unknown_name"},
-    # budgeted_jit: one function, its options by keyword (a swap shows as wrong_type).
-    "Pipeline": {"wrong_type", "shape_or_depth", "unknown_name"},
-    "PipelineSchedule": set(),  # A type (of `Pipeline(schedule=)`), not a function.
-    "RematMode": set(),  # A type (of `remat=`), not a function.
-    # RematPlan / RematCandidate: records `remat_plan` returns (named tuples), not functions.
-    "RematCandidate": set(),
-    "RematPlan": set(),
-    "UnsupportedHaikuError": set(),  # An exception class that import raises, takes no input.
-    "UntestedVersionWarning": set(),  # A warning class that import issues, takes no input.
-    # Pipeline: keyword fields of distinct types; a swap shows as wrong_type.
-    "ShardingRules": {"wrong_type", "wrong_arity", "unknown_name", "shape_or_depth"},
-    # argument_order: rules and stacked= are distinct types, caught as wrong_type.
-    "ShardingReport": set(),  # What `explain_shardings` returns; users do not build one.
-    "call_pure": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
-                  "argument_order"},
-    "clear_caches": set(),  # Takes no arguments.
-    "custom_jvp": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
-    "custom_vjp": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
-    # unknown_name: neither takes names.
-    "explain_shardings": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
-    "gather_over": {"wrong_type", "unknown_name"},
-    # gather_over: one tree and its axes; nothing to count or to swap with another type.
-    "get_relevant_parameters": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name"},
-    "hk": set(),  # A namespace, not a function.
-    "layer_scan": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
-                   "argument_order"},
-    "param_shardings": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
-    "param_specs": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
-    "repeat_layer": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name",
-                     "argument_order"},
-    "remat_plan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
-    # remat_plan: a scan's arguments, by keyword after f, init and xs, or a loop's (checked by the
-    # loop); no names to look up.
-    "remat_plans": set(),  # Takes no arguments.
-    "route_cotangents": {"wrong_type", "wrong_arity", "shape_or_depth"},
-    "scan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
-    "dynamic_unroll": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
-    # scan / dynamic_unroll: Haiku's arguments and keyword options, no names to look up.
-    # route_cotangents: split and combine are both functions; a swap shows as wrong_arity.
-    "stack_params": {"wrong_type", "shape_or_depth", "unknown_name", "argument_order"},
-    "stacked_init": {"wrong_type", "wrong_arity", "shape_or_depth"},
-    "unstack_params": {"wrong_type", "shape_or_depth", "unknown_name", "argument_order"},
-    # stack_params / unstack_params / stacked_init: keyword arguments; their counts are checked
-    # as shapes and depths.
-    "vjp_fwd": {"wrong_type", "argument_order"},
-    # The adapters (skipped without flax and equinox). from_flax / from_equinox: names are
-    # free (a method name is checked at the call, against the module); to_nnx / to_equinox:
-    # keyword arguments of distinct types.
-    "from_flax": {"wrong_type", "argument_order"},
-    "from_equinox": {"wrong_type"},
-    "to_nnx": {"wrong_type", "wrong_arity", "shape_or_depth"},
-    "to_equinox": {"wrong_type", "wrong_arity", "shape_or_depth"},
+  "BudgetedStep": set(),  # What `budgeted_jit` returns; users do not build one.
+  "StepPlan": set(),  # A record `BudgetedStep.plan` returns (a named tuple).
+  "budgeted_jit": {"wrong_type", "unknown_name"},
+  # budgeted_jit: one function, its options by keyword (a swap shows as wrong_type).
+  "Pipeline": {"wrong_type", "shape_or_depth", "unknown_name"},
+  "PipelineSchedule": set(),  # A type (of `Pipeline(schedule=)`), not a function.
+  "RematMode": set(),  # A type (of `remat=`), not a function.
+  # RematPlan / RematCandidate: records `remat_plan` returns (named tuples), not functions.
+  "RematCandidate": set(),
+  "RematPlan": set(),
+  "UnsupportedHaikuError": set(),  # An exception class that import raises, takes no input.
+  "UntestedVersionWarning": set(),  # A warning class that import issues, takes no input.
+  # Pipeline: keyword fields of distinct types; a swap shows as wrong_type.
+  "ShardingRules": {"wrong_type", "wrong_arity", "unknown_name", "shape_or_depth"},
+  # argument_order: rules and stacked= are distinct types, caught as wrong_type.
+  "ShardingReport": set(),  # What `explain_shardings` returns; users do not build one.
+  "call_pure": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argument_order"},
+  "clear_caches": set(),  # Takes no arguments.
+  "custom_jvp": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+  "custom_vjp": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+  # unknown_name: neither takes names.
+  "explain_shardings": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
+  "gather_over": {"wrong_type", "unknown_name"},
+  # gather_over: one tree and its axes; nothing to count or to swap with another type.
+  "get_relevant_parameters": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name"},
+  "hk": set(),  # A namespace, not a function.
+  "layer_scan": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argument_order"},
+  "param_shardings": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
+  "param_specs": {"wrong_type", "unknown_name", "shape_or_depth", "argument_order"},
+  "repeat_layer": {"wrong_type", "wrong_arity", "shape_or_depth", "unknown_name", "argument_order"},
+  "remat_plan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+  # remat_plan: a scan's arguments, by keyword after f, init and xs, or a loop's (checked by the
+  # loop); no names to look up.
+  "remat_plans": set(),  # Takes no arguments.
+  "route_cotangents": {"wrong_type", "wrong_arity", "shape_or_depth"},
+  "scan": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+  "dynamic_unroll": {"wrong_type", "wrong_arity", "shape_or_depth", "argument_order"},
+  # scan / dynamic_unroll: Haiku's arguments and keyword options, no names to look up.
+  # route_cotangents: split and combine are both functions; a swap shows as wrong_arity.
+  "stack_params": {"wrong_type", "shape_or_depth", "unknown_name", "argument_order"},
+  "stacked_init": {"wrong_type", "wrong_arity", "shape_or_depth"},
+  "unstack_params": {"wrong_type", "shape_or_depth", "unknown_name", "argument_order"},
+  # stack_params / unstack_params / stacked_init: keyword arguments; their counts are checked
+  # as shapes and depths.
+  "vjp_fwd": {"wrong_type", "argument_order"},
+  # The adapters (skipped without flax and equinox). from_flax / from_equinox: names are
+  # free (a method name is checked at the call, against the module); to_nnx / to_equinox:
+  # keyword arguments of distinct types.
+  "from_flax": {"wrong_type", "argument_order"},
+  "from_equinox": {"wrong_type"},
+  "to_nnx": {"wrong_type", "wrong_arity", "shape_or_depth"},
+  "to_equinox": {"wrong_type", "wrong_arity", "shape_or_depth"},
 }
 
 
 # `max_recompute` refused by every loop that takes remat="auto": on entry, before planning.
 MAX_RECOMPUTE_REFUSED = (
-    (dict(remat="auto", memory_budget=1 << 20, max_recompute="3"), TypeError, "max_recompute"),
-    (dict(remat="auto", memory_budget=1 << 20, max_recompute=True), TypeError, "max_recompute"),
-    (dict(remat="auto", memory_budget=1 << 20, max_recompute=-1), ValueError, "max_recompute"),
-    (dict(remat="auto", memory_budget=1 << 20, max_recompute=float("nan")), ValueError,
-     "max_recompute"),
-    (dict(remat=True, max_recompute=3), ValueError, "max_recompute"))
+  (dict(remat="auto", memory_budget=1 << 20, max_recompute="3"), TypeError, "max_recompute"),
+  (dict(remat="auto", memory_budget=1 << 20, max_recompute=True), TypeError, "max_recompute"),
+  (dict(remat="auto", memory_budget=1 << 20, max_recompute=-1), ValueError, "max_recompute"),
+  (
+    dict(remat="auto", memory_budget=1 << 20, max_recompute=float("nan")),
+    ValueError,
+    "max_recompute",
+  ),
+  (dict(remat=True, max_recompute=3), ValueError, "max_recompute"),
+)
 
 
 def refused(test, error, api, argument=None):
@@ -161,18 +162,19 @@ def stacked_params(depth=DEPTH, stack="s"):
 
 
 def loop_params(depth=DEPTH, scope="layer_{i}"):
-  return {f"{scope.format(i=i)}/linear": {"w": jnp.ones([4, 4]), "b": jnp.zeros([4])}
-          for i in range(depth)}
+  return {
+    f"{scope.format(i=i)}/linear": {"w": jnp.ones([4, 4]), "b": jnp.zeros([4])}
+    for i in range(depth)
+  }
 
 
 def explicit_mesh(shape=(2, 4), names=("data", "model"), axis_type=AxisType.Explicit):
-  devices_ = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
+  devices_ = np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape)
   return Mesh(devices_, names, axis_types=(axis_type,) * len(names))
 
 
 # Names that are not Haiku scopes with `{i}`: anything without braces.
-no_field = st.text(alphabet=string.ascii_letters + string.digits + "_/", min_size=1,
-                   max_size=20)
+no_field = st.text(alphabet=string.ascii_letters + string.digits + "_/", min_size=1, max_size=20)
 axis_names = st.text(alphabet=string.ascii_lowercase, min_size=1, max_size=8)
 
 
@@ -192,7 +194,6 @@ class TestCase(parameterized.TestCase):
 
 
 class CoverageTest(absltest.TestCase):
-
   def test_every_public_name_is_covered(self):
     self.assertEqual(set(COVERAGE), set(hkb.__all__))
 
@@ -218,25 +219,30 @@ class Budgeted_jitTest(TestCase):
 
   def test_wrong_type(self):
     step = lambda x: x
-    for kwargs, argument in ((dict(step=None), "step"),
-                             (dict(step=12e9), "step"),
-                             (dict(step=step, memory_budget="1GB"), "memory_budget"),
-                             (dict(step=step, memory_budget=1e9), "memory_budget"),
-                             (dict(step=step, max_recompute="3"), "max_recompute")):
+    for kwargs, argument in (
+      (dict(step=None), "step"),
+      (dict(step=12e9), "step"),
+      (dict(step=step, memory_budget="1GB"), "memory_budget"),
+      (dict(step=step, memory_budget=1e9), "memory_budget"),
+      (dict(step=step, max_recompute="3"), "max_recompute"),
+    ):
       with refused(self, TypeError, "budgeted_jit", argument):
         hkb.budgeted_jit(**kwargs)
-    for kwargs, argument in ((dict(memory_budget=0), "memory_budget"),
-                             (dict(max_recompute=-1), "max_recompute")):
+    for kwargs, argument in (
+      (dict(memory_budget=0), "memory_budget"),
+      (dict(max_recompute=-1), "max_recompute"),
+    ):
       with refused(self, ValueError, "budgeted_jit", argument):
         hkb.budgeted_jit(step, **kwargs)
 
   def test_unknown_name_a_misspelt_option(self):
-    for typo, near in (("memory_budgets", "memory_budget"),
-                       ("donate_argnum", "donate_argnums")):
+    for typo, near in (("memory_budgets", "memory_budget"), ("donate_argnum", "donate_argnums")):
       with self.assertRaisesRegex(
-          TypeError, rf"^hkb.budgeted_jit: got an unexpected keyword argument "
-          rf"'{typo}' \(did you mean '{near}'\?\); its arguments are step, "
-          r"memory_budget, max_recompute, in_shardings, "):
+        TypeError,
+        rf"^hkb.budgeted_jit: got an unexpected keyword argument "
+        rf"'{typo}' \(did you mean '{near}'\?\); its arguments are step, "
+        r"memory_budget, max_recompute, in_shardings, ",
+      ):
         hkb.budgeted_jit(lambda x: x, **{typo: 0})
 
 
@@ -262,7 +268,8 @@ class Unstack_paramsTest(TestCase):
   def test_unknown_name_stack(self, stack):
     hypothesis.assume(stack != "s")
     with self.assertRaisesRegex(
-        ValueError, rf"^hkb.unstack_params: no params under stack '{stack}'.*\['s/linear'\]"):
+      ValueError, rf"^hkb.unstack_params: no params under stack '{stack}'.*\['s/linear'\]"
+    ):
       self.call(stack=stack)
 
   def test_wrong_type_issue_row_params_none(self):
@@ -280,8 +287,7 @@ class Unstack_paramsTest(TestCase):
       self.call(params={"s/linear": {"w": [1.0, 2.0, 3.0]}})
 
   def test_wrong_type_num_layers(self):
-    for bad, error in ((None, TypeError), ("3", TypeError), (3.0, TypeError),
-                       (0, ValueError)):
+    for bad, error in ((None, TypeError), ("3", TypeError), (3.0, TypeError), (0, ValueError)):
       with refused(self, error, "unstack_params", "num_layers"):
         self.call(num_layers=bad)
 
@@ -289,14 +295,20 @@ class Unstack_paramsTest(TestCase):
   @SETTINGS
   def test_shape_or_depth(self, depth):
     hypothesis.assume(depth != DEPTH)
-    with self.assertRaisesRegex(ValueError, rf"^hkb.unstack_params: s/linear/[wb] has shape "
-                                rf"\({DEPTH}, .*not a leading layer axis of {depth}"):
+    with self.assertRaisesRegex(
+      ValueError,
+      rf"^hkb.unstack_params: s/linear/[wb] has shape "
+      rf"\({DEPTH}, .*not a leading layer axis of {depth}",
+    ):
       self.call(num_layers=depth)
 
   def test_shape_or_depth_scope_that_collides(self):
     params = dict(stacked_params(), **{"layer_1/linear": {"w": jnp.ones([4, 4])}})
-    with self.assertRaisesRegex(ValueError, r"^hkb.unstack_params: layer 1 .*'layer_1/linear'"
-                                r".*already have"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.unstack_params: layer 1 .*'layer_1/linear'"
+      r".*already have",
+    ):
       self.call(params=params)
 
   def test_argument_order_stack_name_as_params(self):
@@ -319,8 +331,10 @@ class Stack_paramsTest(TestCase):
   def test_unknown_name_issue_row_scope_matching_no_bundle(self):
     # Was: the params returned unchanged.
     with self.assertRaisesRegex(
-        ValueError, r"^hkb.stack_params: no bundle is a layer by layer_scope 'layers_\{i\}'.*"
-        r"'layer_0/linear'"):
+      ValueError,
+      r"^hkb.stack_params: no bundle is a layer by layer_scope 'layers_\{i\}'.*"
+      r"'layer_0/linear'",
+    ):
       self.call(layer_scope="layers_{i}")
 
   def test_wrong_type(self):
@@ -336,15 +350,21 @@ class Stack_paramsTest(TestCase):
   @hypothesis.given(depth=st.integers(1, DEPTH - 1))
   @SETTINGS
   def test_shape_or_depth_fewer_layers_than_the_loop(self, depth):
-    with self.assertRaisesRegex(ValueError, rf"^hkb.stack_params: 'layer_\d/linear' is layer "
-                                rf"\d by 'layer_{{i}}', but num_layers={depth}"):
+    with self.assertRaisesRegex(
+      ValueError,
+      rf"^hkb.stack_params: 'layer_\d/linear' is layer "
+      rf"\d by 'layer_{{i}}', but num_layers={depth}",
+    ):
       self.call(num_layers=depth)
 
   def test_shape_or_depth_layers_of_different_shapes(self):
     params = loop_params()
     params["layer_2/linear"] = {"w": jnp.ones([4, 5]), "b": jnp.zeros([4])}
-    with self.assertRaisesRegex(ValueError, r"^hkb.stack_params: s/linear/w has shape \(4, 4\) "
-                                r"in layer 0 but \(4, 5\) in layer 2"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.stack_params: s/linear/w has shape \(4, 4\) "
+      r"in layer 0 but \(4, 5\) in layer 2",
+    ):
       self.call(params=params)
 
   def test_shape_or_depth_stack_that_collides(self):
@@ -369,8 +389,10 @@ class LayerScopeTest(TestCase):
   @hypothesis.given(scope=no_field)
   @SETTINGS
   def test_any_scope_without_i(self, scope):
-    for convert, params in ((hkb.unstack_params, stacked_params()),
-                            (hkb.stack_params, loop_params())):
+    for convert, params in (
+      (hkb.unstack_params, stacked_params()),
+      (hkb.stack_params, loop_params()),
+    ):
       with refused(self, ValueError, convert.__name__, "layer_scope"):
         convert(params, stack="s", num_layers=DEPTH, layer_scope=scope)
 
@@ -380,9 +402,12 @@ class Stacked_initTest(TestCase):
 
   def test_wrong_type_issue_row_in_axes_int(self):
     # Was: `'int' object is not iterable`.
-    with self.assertRaisesRegex(TypeError, r"^hkb.stacked_init: `in_axes` must be None, or a "
-                                r"sequence with one entry per positional argument.*got an int 0\. "
-                                r"For one argument split on axis 0, write in_axes=\(0,\)\."):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.stacked_init: `in_axes` must be None, or a "
+      r"sequence with one entry per positional argument.*got an int 0\. "
+      r"For one argument split on axis 0, write in_axes=\(0,\)\.",
+    ):
       hkb.stacked_init(init_dense, DEPTH, in_axes=0)
 
   def test_wrong_type(self):
@@ -405,8 +430,11 @@ class Stacked_initTest(TestCase):
   def test_shape_or_depth_per_layer_axis(self, size):
     hypothesis.assume(size != DEPTH)
     stacked = hkb.stacked_init(lambda rng, h: {"w": h}, DEPTH, in_axes=(0,))
-    with self.assertRaisesRegex(ValueError, rf"^hkb.stacked_init: `in_axes\[0\]` is 0.*shape "
-                                rf"\({size}, 4\).*num_layers={DEPTH}"):
+    with self.assertRaisesRegex(
+      ValueError,
+      rf"^hkb.stacked_init: `in_axes\[0\]` is 0.*shape "
+      rf"\({size}, 4\).*num_layers={DEPTH}",
+    ):
       stacked(KEY, jnp.ones([size, 4]))
 
   def test_in_axes_still_slice(self):
@@ -418,8 +446,11 @@ class Layer_scanTest(TestCase):
   """`layer_scan(layer, carry, xs=None, *, num_layers, init, name, ...)`."""
 
   def test_wrong_type(self):
-    for kwargs, argument in ((dict(layer=None), "layer"), (dict(init=3), "init"),
-                             (dict(name=3), "name")):
+    for kwargs, argument in (
+      (dict(layer=None), "layer"),
+      (dict(init=3), "init"),
+      (dict(name=3), "name"),
+    ):
       args = dict(dict(layer=lambda c, x: (linear(c), None), num_layers=DEPTH), **kwargs)
       layer = args.pop("layer")
       with refused(self, TypeError, "layer_scan", argument):
@@ -430,57 +461,88 @@ class Layer_scanTest(TestCase):
       init(lambda: hkb.layer_scan(lambda p, c, x: (c, None), X, num_layers=DEPTH))
 
   def test_shape_or_depth_xs(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.layer_scan: xs\['a'\] has shape \(2, 4\).*"
-                                r"num_layers=3"):
-      init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, {"a": jnp.ones([2, 4])},
-                                  num_layers=DEPTH))
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.layer_scan: xs\['a'\] has shape \(2, 4\).*"
+      r"num_layers=3",
+    ):
+      init(
+        lambda: hkb.layer_scan(lambda c, x: (c, None), X, {"a": jnp.ones([2, 4])}, num_layers=DEPTH)
+      )
 
   def test_argument_order_num_layers_as_xs(self):
     # layer_scan(layer, carry, 12): the 12 lands in `xs`.
-    with self.assertRaisesRegex(TypeError, r"^hkb.layer_scan: xs is an int 3; .*pass "
-                                r"num_layers=3\."):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.layer_scan: xs is an int 3; .*pass "
+      r"num_layers=3\.",
+    ):
       init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, DEPTH))
 
   def test_wrong_type_options(self):
     # remat_policy, remat_groups, unroll, reverse: each named, on entry.
     layer = lambda c, x: (linear(c), None)
     for kwargs, error, argument in (
-        (dict(remat=True, remat_policy="dots"), TypeError, "remat_policy"),
-        (dict(remat="nested", remat_groups=2.0), TypeError, "remat_groups"),
-        (dict(remat="nested", remat_groups="2"), TypeError, "remat_groups"),
-        (dict(remat="nested", remat_groups=0), ValueError, "remat_groups"),
-        (dict(unroll="2"), TypeError, "unroll"), (dict(unroll=1.0), TypeError, "unroll"),
-        (dict(unroll=-1), ValueError, "unroll"), (dict(reverse=None), TypeError, "reverse"),
-        (dict(reverse=1), TypeError, "reverse")) + MAX_RECOMPUTE_REFUSED:
+      (dict(remat=True, remat_policy="dots"), TypeError, "remat_policy"),
+      (dict(remat="nested", remat_groups=2.0), TypeError, "remat_groups"),
+      (dict(remat="nested", remat_groups="2"), TypeError, "remat_groups"),
+      (dict(remat="nested", remat_groups=0), ValueError, "remat_groups"),
+      (dict(unroll="2"), TypeError, "unroll"),
+      (dict(unroll=1.0), TypeError, "unroll"),
+      (dict(unroll=-1), ValueError, "unroll"),
+      (dict(reverse=None), TypeError, "reverse"),
+      (dict(reverse=1), TypeError, "reverse"),
+    ) + MAX_RECOMPUTE_REFUSED:
       with refused(self, error, "layer_scan", argument):
         init(lambda kwargs=kwargs: hkb.layer_scan(layer, X, num_layers=DEPTH, **kwargs))
 
-  @parameterized.parameters((4, TypeError), (1.5, TypeError), (None, TypeError),
-                            (0, TypeError), ("Nested", ValueError), ("none", ValueError))
+  @parameterized.parameters(
+    (4, TypeError),
+    (1.5, TypeError),
+    (None, TypeError),
+    (0, TypeError),
+    ("Nested", ValueError),
+    ("none", ValueError),
+  )
   def test_wrong_type_issue_row_remat(self, remat, error):
     # Issue 27, row 1: an int or a float (perhaps meant as remat_groups) was taken as
     # remat=True, None as False.
-    with self.assertRaisesRegex(error, r"^hkb.layer_scan: `remat` must be False, True, "
-                                r"\"nested\", \"binomial\" or \"auto\"; .*`remat_groups=`"):
-      init(lambda: hkb.layer_scan(lambda c, x: (linear(c), None), X, num_layers=DEPTH,
-                                  remat=remat))
+    with self.assertRaisesRegex(
+      error,
+      r"^hkb.layer_scan: `remat` must be False, True, "
+      r"\"nested\", \"binomial\" or \"auto\"; .*`remat_groups=`",
+    ):
+      init(lambda: hkb.layer_scan(lambda c, x: (linear(c), None), X, num_layers=DEPTH, remat=remat))
 
   def test_valid_options_still_run(self):
     # NumPy bools and ints are the Python values they are.
-    out = hk.transform(lambda: hkb.layer_scan(
-        lambda c, x: (linear(c), None), X, num_layers=DEPTH, remat="binomial",
-        remat_groups=np.int32(2), unroll=np.int64(2), reverse=np.bool_(True)))
+    out = hk.transform(
+      lambda: hkb.layer_scan(
+        lambda c, x: (linear(c), None),
+        X,
+        num_layers=DEPTH,
+        remat="binomial",
+        remat_groups=np.int32(2),
+        unroll=np.int64(2),
+        reverse=np.bool_(True),
+      )
+    )
     params = out.init(KEY)
-    same = hk.transform(lambda: hkb.layer_scan(
-        lambda c, x: (linear(c), None), X, num_layers=DEPTH, remat=np.bool_(True),
-        reverse=True, unroll=True))
-    np.testing.assert_allclose(out.apply(params, None)[0], same.apply(params, None)[0],
-                               rtol=1e-6)
+    same = hk.transform(
+      lambda: hkb.layer_scan(
+        lambda c, x: (linear(c), None),
+        X,
+        num_layers=DEPTH,
+        remat=np.bool_(True),
+        reverse=True,
+        unroll=True,
+      )
+    )
+    np.testing.assert_allclose(out.apply(params, None)[0], same.apply(params, None)[0], rtol=1e-6)
 
   def test_wrong_type_pipeline(self):
     with refused(self, TypeError, "layer_scan", "pipeline"):
-      init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=DEPTH,
-                                  pipeline="stage"))
+      init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=DEPTH, pipeline="stage"))
 
   @NEEDS_SHARD_MAP
   @hypothesis.given(axis=axis_names)
@@ -488,10 +550,16 @@ class Layer_scanTest(TestCase):
   def test_unknown_name_pipeline_axis(self, axis):
     hypothesis.assume(axis not in ("data", "model"))
     with jax.set_mesh(explicit_mesh()):
-      with self.assertRaisesRegex(ValueError, rf"^hkb.layer_scan: `pipeline.axis` is '{axis}', "
-                                  r"but the mesh has axes \('data', 'model'\)"):
-        init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=4,
-                                    pipeline=hkb.Pipeline(axis)))
+      with self.assertRaisesRegex(
+        ValueError,
+        rf"^hkb.layer_scan: `pipeline.axis` is '{axis}', "
+        r"but the mesh has axes \('data', 'model'\)",
+      ):
+        init(
+          lambda: hkb.layer_scan(
+            lambda c, x: (c, None), X, num_layers=4, pipeline=hkb.Pipeline(axis)
+          )
+        )
 
   @NEEDS_SHARD_MAP
   @hypothesis.given(depth=st.integers(1, 12), microbatches=st.integers(1, 4))
@@ -503,8 +571,14 @@ class Layer_scanTest(TestCase):
     argument = "num_layers" if depth % 4 else "pipeline.microbatches"
     with jax.set_mesh(explicit_mesh()):
       with refused(self, ValueError, "layer_scan", argument):
-        init(lambda: hkb.layer_scan(lambda c, x: (c, None), X, num_layers=depth,
-                                    pipeline=hkb.Pipeline("model", microbatches)))
+        init(
+          lambda: hkb.layer_scan(
+            lambda c, x: (c, None),
+            X,
+            num_layers=depth,
+            pipeline=hkb.Pipeline("model", microbatches),
+          )
+        )
 
 
 class Repeat_layerTest(TestCase):
@@ -527,27 +601,35 @@ class Repeat_layerTest(TestCase):
   def test_wrong_arity_issue_row_xs(self):
     # Issue 27, row 2: `xs` was dropped, and the stack renamed
     # `__layer_stack_with_per_layer` (the checkpoint's names changed).
-    with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: takes no `xs`: .*use "
-                                r"hkb.layer_scan\(layer, carry, xs\)"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.repeat_layer: takes no `xs`: .*use "
+      r"hkb.layer_scan\(layer, carry, xs\)",
+    ):
       init(lambda: hkb.repeat_layer(linear, X, DEPTH, xs=jnp.ones([DEPTH])))
 
   def test_unknown_name_option(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: got an unexpected keyword "
-                                r"argument 'remat_group' \(did you mean 'remat_groups'\?\); "
-                                r"its arguments are layer, x, num_layers, init, name, remat, "
-                                r"remat_policy, remat_groups, unroll, reverse, pipeline, "
-                                r"memory_budget, max_recompute\.$"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.repeat_layer: got an unexpected keyword "
+      r"argument 'remat_group' \(did you mean 'remat_groups'\?\); "
+      r"its arguments are layer, x, num_layers, init, name, remat, "
+      r"remat_policy, remat_groups, unroll, reverse, pipeline, "
+      r"memory_budget, max_recompute\.$",
+    ):
       init(lambda: hkb.repeat_layer(linear, X, DEPTH, remat="nested", remat_group=2))
 
   def test_wrong_type_options_on_entry(self):
     # Checked before the layer runs or the scan starts, num_layers first.
     calls = []
     counted = lambda h: calls.append(1) or linear(h)
-    for kwargs, error, argument in ((dict(remat=4), TypeError, "remat"),
-                                    (dict(remat_groups=2), ValueError, "remat_groups"),
-                                    (dict(unroll=None), TypeError, "unroll"),
-                                    (dict(pipeline="stage"), TypeError, "pipeline"),
-                                    *MAX_RECOMPUTE_REFUSED):
+    for kwargs, error, argument in (
+      (dict(remat=4), TypeError, "remat"),
+      (dict(remat_groups=2), ValueError, "remat_groups"),
+      (dict(unroll=None), TypeError, "unroll"),
+      (dict(pipeline="stage"), TypeError, "pipeline"),
+      *MAX_RECOMPUTE_REFUSED,
+    ):
       with refused(self, error, "repeat_layer", argument):
         init(lambda kwargs=kwargs: hkb.repeat_layer(counted, X, DEPTH, **kwargs))
     with refused(self, ValueError, "repeat_layer", "num_layers"):
@@ -555,8 +637,11 @@ class Repeat_layerTest(TestCase):
     self.assertEqual(calls, [])
 
   def test_argument_order_x_and_layer_swapped(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: `layer` must be a Haiku "
-                                r"function.*got an array float32\[2, 4\]"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.repeat_layer: `layer` must be a Haiku "
+      r"function.*got an array float32\[2, 4\]",
+    ):
       init(lambda: hkb.repeat_layer(X, linear, DEPTH))
 
   def test_shape_or_depth_issue_row_params_of_another_depth(self):
@@ -564,8 +649,11 @@ class Repeat_layerTest(TestCase):
     three = hk.transform(lambda x: hkb.repeat_layer(linear, x, 3))
     four = hk.transform(lambda x: hkb.repeat_layer(linear, x, 4))
     params = three.init(KEY, X)
-    with self.assertRaisesRegex(ValueError, r"^hkb.repeat_layer: .*__layer_stack_no_per_layer/"
-                                r"linear.*\b3\b.*\b4\b"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.repeat_layer: .*__layer_stack_no_per_layer/"
+      r"linear.*\b3\b.*\b4\b",
+    ):
       four.apply(params, None, X)
 
   def test_shape_or_depth_num_layers(self):
@@ -583,21 +671,30 @@ class Repeat_layerTest(TestCase):
   def test_shape_or_depth_pipeline_circular(self):
     # 4 layers on 2 stages ("data") in 3 passes: 6 groups.
     with jax.set_mesh(explicit_mesh()):
-      with self.assertRaisesRegex(ValueError, r"^hkb.repeat_layer: `num_layers` is 4, which does "
-                                  r"not split into 2 stages × 3 passes"):
-        init(lambda: hkb.repeat_layer(linear, X, 4, pipeline=hkb.Pipeline(
-            "data", 2, "circular", repeats=3)))
+      with self.assertRaisesRegex(
+        ValueError,
+        r"^hkb.repeat_layer: `num_layers` is 4, which does "
+        r"not split into 2 stages × 3 passes",
+      ):
+        init(
+          lambda: hkb.repeat_layer(
+            linear, X, 4, pipeline=hkb.Pipeline("data", 2, "circular", repeats=3)
+          )
+        )
 
 
 class PipelineTest(TestCase):
   """`Pipeline(axis="stage", microbatches=1, schedule="gpipe", repeats=None)`."""
 
   def test_wrong_type(self):
-    for kwargs, argument in ((dict(axis=3), "axis"), (dict(axis=""), "axis"),
-                             (dict(microbatches="4"), "microbatches"),
-                             (dict(microbatches=2.0), "microbatches"),
-                             (dict(schedule=None), "schedule"),
-                             (dict(schedule="circular", repeats=1.5), "repeats")):
+    for kwargs, argument in (
+      (dict(axis=3), "axis"),
+      (dict(axis=""), "axis"),
+      (dict(microbatches="4"), "microbatches"),
+      (dict(microbatches=2.0), "microbatches"),
+      (dict(schedule=None), "schedule"),
+      (dict(schedule="circular", repeats=1.5), "repeats"),
+    ):
       with refused(self, TypeError, "Pipeline", argument):
         hkb.Pipeline(**kwargs)
 
@@ -610,16 +707,22 @@ class PipelineTest(TestCase):
   def test_shape_or_depth_repeats(self):
     with refused(self, ValueError, "Pipeline", "repeats"):
       hkb.Pipeline(schedule="circular", repeats=0)
-    with self.assertRaisesRegex(ValueError, r"^hkb.Pipeline: `repeats` must be None or 1 with "
-                                r"schedule=\"gpipe\"; got an int 2\. For several passes"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.Pipeline: `repeats` must be None or 1 with "
+      r"schedule=\"gpipe\"; got an int 2\. For several passes",
+    ):
       hkb.Pipeline(repeats=2)
 
   @hypothesis.given(schedule=axis_names)
   @SETTINGS
   def test_unknown_name_schedule(self, schedule):
     hypothesis.assume(schedule not in ("gpipe", "circular"))
-    with self.assertRaisesRegex(ValueError, rf"^hkb.Pipeline: `schedule` must be \"gpipe\" or "
-                                rf"\"circular\"; got a str '{schedule}'\."):
+    with self.assertRaisesRegex(
+      ValueError,
+      rf"^hkb.Pipeline: `schedule` must be \"gpipe\" or "
+      rf"\"circular\"; got a str '{schedule}'\.",
+    ):
       hkb.Pipeline(schedule=schedule)
 
   @NEEDS_SHARD_MAP
@@ -643,8 +746,7 @@ def step(h, x):
 def lstm_unroll(*args, **kwargs):
   """`hkb.dynamic_unroll` of an LSTM, its state made for a batch of 2."""
   core = hk.LSTM(4)
-  return hkb.dynamic_unroll(core, *args[:1], core.initial_state(2), *args[1:],
-                            **kwargs)
+  return hkb.dynamic_unroll(core, *args[:1], core.initial_state(2), *args[1:], **kwargs)
 
 
 class Remat_planTest(TestCase):
@@ -652,17 +754,23 @@ class Remat_planTest(TestCase):
   length=`, or a loop's arguments."""
 
   def test_wrong_type(self):
-    for kwargs, argument in ((dict(f=None), "f"), (dict(memory_budget="1GB"), "memory_budget"),
-                             (dict(length=3.0), "length"), (dict(max_recompute="3"),
-                                                            "max_recompute"),
-                             (dict(max_recompute=True), "max_recompute")):
+    for kwargs, argument in (
+      (dict(f=None), "f"),
+      (dict(memory_budget="1GB"), "memory_budget"),
+      (dict(length=3.0), "length"),
+      (dict(max_recompute="3"), "max_recompute"),
+      (dict(max_recompute=True), "max_recompute"),
+    ):
       args = dict(dict(f=step, init=X, xs=SEQUENCE, memory_budget=1 << 20), **kwargs)
       with refused(self, TypeError, "remat_plan", argument):
         hkb.remat_plan(**args)
 
   def test_shape_or_depth(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.remat_plan: xs\['b'\] has shape \(2, 2, 4\), "
-                                "but every leaf of xs needs a leading axis of 3 steps"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.remat_plan: xs\['b'\] has shape \(2, 2, 4\), "
+      "but every leaf of xs needs a leading axis of 3 steps",
+    ):
       hkb.remat_plan(step, X, {"a": SEQUENCE, "b": SEQUENCE[:2]}, memory_budget=1 << 20)
     with refused(self, ValueError, "remat_plan", "length"):
       hkb.remat_plan(step, X, SEQUENCE, memory_budget=1 << 20, length=0)
@@ -687,10 +795,14 @@ class ScanTest(TestCase):
   """`scan(f, init, xs, length=None, reverse=False, unroll=1, *, remat, remat_groups)`."""
 
   def test_wrong_type(self):
-    for kwargs, argument in ((dict(f=None), "f"), (dict(length=3.0), "length"),
-                             (dict(reverse=1), "reverse"), (dict(unroll="2"), "unroll"),
-                             (dict(remat=None), "remat"),
-                             (dict(remat="nested", remat_groups=2.0), "remat_groups")):
+    for kwargs, argument in (
+      (dict(f=None), "f"),
+      (dict(length=3.0), "length"),
+      (dict(reverse=1), "reverse"),
+      (dict(unroll="2"), "unroll"),
+      (dict(remat=None), "remat"),
+      (dict(remat="nested", remat_groups=2.0), "remat_groups"),
+    ):
       args = dict(dict(f=step, init=X, xs=SEQUENCE), **kwargs)
       with refused(self, TypeError, "scan", argument):
         init(lambda args=args: hkb.scan(**args))
@@ -699,31 +811,49 @@ class ScanTest(TestCase):
         init(lambda kwargs=kwargs: hkb.scan(step, X, SEQUENCE, **kwargs))
 
   def test_wrong_type_xs_leaf(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.scan: xs\['t'\] is an int 3; every leaf of "
-                                "xs must be an array with a leading time axis"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.scan: xs\['t'\] is an int 3; every leaf of "
+      "xs must be an array with a leading time axis",
+    ):
       init(lambda: hkb.scan(step, X, {"x": SEQUENCE, "t": 3}))
 
   def test_wrong_arity_step_output(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.scan: `f` must return a pair \(carry, y\); "
-                                "it returned a tuple of length 3"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.scan: `f` must return a pair \(carry, y\); "
+      "it returned a tuple of length 3",
+    ):
       init(lambda: hkb.scan(lambda h, x: (h, x, x), X, SEQUENCE))
 
   def test_shape_or_depth(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.scan: xs\['b'\] has shape \(2, 2, 4\), but "
-                                r"every leaf of xs needs a leading time axis of 3 steps"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.scan: xs\['b'\] has shape \(2, 2, 4\), but "
+      r"every leaf of xs needs a leading time axis of 3 steps",
+    ):
       init(lambda: hkb.scan(step, X, {"a": SEQUENCE, "b": SEQUENCE[:2]}))
-    with self.assertRaisesRegex(ValueError, r"^hkb.scan: xs has shape \(3, 2, 4\), but every "
-                                r"leaf of xs needs a leading time axis of 5 steps\."):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.scan: xs has shape \(3, 2, 4\), but every "
+      r"leaf of xs needs a leading time axis of 5 steps\.",
+    ):
       init(lambda: hkb.scan(step, X, SEQUENCE, length=5))
     with refused(self, ValueError, "scan", "length"):
       init(lambda: hkb.scan(step, X, None, length=-1))
-    with self.assertRaisesRegex(ValueError, r"^hkb.scan: `f` must return a carry like the one it "
-                                r"gets.*got float32\[2, 4\] and returned float32\[2, 3\]"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.scan: `f` must return a carry like the one it "
+      r"gets.*got float32\[2, 4\] and returned float32\[2, 3\]",
+    ):
       init(lambda: hkb.scan(lambda h, x: (hk.Linear(3)(h), None), X, SEQUENCE))
 
   def test_argument_order_f_and_init_swapped(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.scan: `f` must be a function .*got an array "
-                                r"float32\[2, 4\]"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.scan: `f` must be a function .*got an array "
+      r"float32\[2, 4\]",
+    ):
       init(lambda: hkb.scan(X, step, SEQUENCE))
 
 
@@ -732,10 +862,13 @@ class Dynamic_unrollTest(TestCase):
   return_all_states=False, unroll=1, *, remat, remat_groups)`."""
 
   def test_wrong_type(self):
-    for kwargs, argument in ((dict(time_major=None), "time_major"),
-                             (dict(reverse="no"), "reverse"),
-                             (dict(return_all_states=1), "return_all_states"),
-                             (dict(unroll=None), "unroll"), (dict(remat=2), "remat")):
+    for kwargs, argument in (
+      (dict(time_major=None), "time_major"),
+      (dict(reverse="no"), "reverse"),
+      (dict(return_all_states=1), "return_all_states"),
+      (dict(unroll=None), "unroll"),
+      (dict(remat=2), "remat"),
+    ):
       with refused(self, TypeError, "dynamic_unroll", argument):
         init(lambda kwargs=kwargs: lstm_unroll(SEQUENCE, **kwargs))
     for kwargs, error, argument in MAX_RECOMPUTE_REFUSED:
@@ -745,21 +878,33 @@ class Dynamic_unrollTest(TestCase):
       init(lambda: hkb.dynamic_unroll("lstm", SEQUENCE, X))
 
   def test_wrong_arity_core_output(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.dynamic_unroll: `core` must return a pair "
-                                r"\(output, state\); it returned an array float32\[2, 4\]\."):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.dynamic_unroll: `core` must return a pair "
+      r"\(output, state\); it returned an array float32\[2, 4\]\.",
+    ):
       init(lambda: hkb.dynamic_unroll(lambda x, h: x + h, SEQUENCE, X))
 
   def test_shape_or_depth(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.dynamic_unroll: input_sequence\[1\] has shape "
-                                r"\(2, 2, 4\), but every leaf of input_sequence needs a leading "
-                                r"time axis of 3 steps \(as input_sequence\[0\] has\)\."):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.dynamic_unroll: input_sequence\[1\] has shape "
+      r"\(2, 2, 4\), but every leaf of input_sequence needs a leading "
+      r"time axis of 3 steps \(as input_sequence\[0\] has\)\.",
+    ):
       init(lambda: hkb.dynamic_unroll(lambda x, h: (x[0], h), (SEQUENCE, SEQUENCE[:2]), X))
-    with self.assertRaisesRegex(ValueError, r"^hkb.dynamic_unroll: input_sequence is an array "
-                                r"float32\[4\]; with time_major=False"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.dynamic_unroll: input_sequence is an array "
+      r"float32\[4\]; with time_major=False",
+    ):
       init(lambda: lstm_unroll(jnp.ones([4]), time_major=False))
-    with self.assertRaisesRegex(ValueError, r"^hkb.dynamic_unroll: `core` must return a state "
-                                r"like the one it gets.*got float32\[2, 4\] and returned "
-                                r"float32\[2, 3\]"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.dynamic_unroll: `core` must return a state "
+      r"like the one it gets.*got float32\[2, 4\] and returned "
+      r"float32\[2, 3\]",
+    ):
       init(lambda: hkb.dynamic_unroll(lambda x, h: (x, hk.Linear(3)(h)), SEQUENCE, X))
 
   def test_argument_order_core_and_inputs_swapped(self):
@@ -783,17 +928,23 @@ def true_bwd(vjp_fn, g):
 class Custom_vjpTest(TestCase):
   """`custom_vjp(f, fwd, bwd, *, nondiff_argnums=())`, refused at construction."""
 
-  @parameterized.parameters(("fwd", (mlp, None, true_bwd)), ("bwd", (mlp, hkb.vjp_fwd, None)),
-                            ("f", (None, hkb.vjp_fwd, true_bwd)),
-                            ("fwd", (mlp, "vjp_fwd", true_bwd)))
+  @parameterized.parameters(
+    ("fwd", (mlp, None, true_bwd)),
+    ("bwd", (mlp, hkb.vjp_fwd, None)),
+    ("f", (None, hkb.vjp_fwd, true_bwd)),
+    ("fwd", (mlp, "vjp_fwd", true_bwd)),
+  )
   def test_wrong_type_issue_row_none(self, argument, args):
     # Was: accepted; the first jax.grad failed with `'NoneType' object is not callable`.
     with refused(self, TypeError, "custom_vjp", argument):
       hkb.custom_vjp(*args)
 
   def test_wrong_type_nondiff_argnums(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.custom_vjp: `nondiff_argnums` .*got an int 1\."
-                                r" Write nondiff_argnums=\(1,\)\."):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.custom_vjp: `nondiff_argnums` .*got an int 1\."
+      r" Write nondiff_argnums=\(1,\)\.",
+    ):
       hkb.custom_vjp(mlp, hkb.vjp_fwd, true_bwd, nondiff_argnums=1)
     for bad in (("1",), (1.0,), (True,)):
       with refused(self, TypeError, "custom_vjp", "nondiff_argnums"):
@@ -802,27 +953,39 @@ class Custom_vjpTest(TestCase):
       hkb.custom_vjp(mlp, hkb.vjp_fwd, true_bwd, nondiff_argnums=(-1,))
 
   def test_argument_order_fwd_and_bwd(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.custom_vjp: the arguments are `\(f, fwd, "
-                                r"bwd\)`"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.custom_vjp: the arguments are `\(f, fwd, "
+      r"bwd\)`",
+    ):
       hkb.custom_vjp(mlp, true_bwd, hkb.vjp_fwd)
-    with self.assertRaisesRegex(TypeError, r"^hkb.custom_vjp: `bwd` is hkb.route_cotangents "
-                                r"itself; call it"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.custom_vjp: `bwd` is hkb.route_cotangents "
+      r"itself; call it",
+    ):
       hkb.custom_vjp(mlp, hkb.vjp_fwd, hkb.route_cotangents)
 
   def test_wrong_arity_bwd_cotangents(self):
     net = hk.transform(lambda x: hkb.custom_vjp(mlp, hkb.vjp_fwd, lambda r, g: r(g)[:1])(x))
     params = net.init(KEY, X)
-    with self.assertRaisesRegex(ValueError, r"^hkb.custom_vjp: bwd must return \(params_ct, "
-                                r"\*args_cts\): 2 cotangents"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.custom_vjp: bwd must return \(params_ct, "
+      r"\*args_cts\): 2 cotangents",
+    ):
       jax.grad(lambda p: net.apply(p, None, X).sum())(params)
 
   def test_shape_or_depth_cotangent(self):
     bwd = lambda r, g: (r(g)[0], jnp.zeros([2, 5]))
     net = hk.transform(lambda x: hkb.custom_vjp(mlp, hkb.vjp_fwd, bwd)(x))
     params = net.init(KEY, X)
-    with self.assertRaisesRegex(ValueError, r"^hkb.custom_vjp: bwd's cotangent for args\[0\] at "
-                                r"<root> has shape \[2, 5\], but args\[0\] there is "
-                                r"float32\[2, 4\]"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.custom_vjp: bwd's cotangent for args\[0\] at "
+      r"<root> has shape \[2, 5\], but args\[0\] there is "
+      r"float32\[2, 4\]",
+    ):
       jax.grad(lambda p: net.apply(p, None, X).sum())(params)
 
   def test_shape_or_depth_issue_row_non_array_output_leaf(self):
@@ -880,8 +1043,11 @@ class Route_cotangentsTest(TestCase):
     bwd = hkb.route_cotangents(lambda g: [g], lambda cts: cts["a"])
     net = hk.transform(lambda x: hkb.custom_vjp(mlp, hkb.vjp_fwd, bwd)(x))
     params = net.init(KEY, X)
-    with self.assertRaisesRegex(TypeError, r"^hkb.route_cotangents: split must return a "
-                                r"non-empty dict"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.route_cotangents: split must return a "
+      r"non-empty dict",
+    ):
       jax.grad(lambda p: net.apply(p, None, X).sum())(params)
 
   def test_shape_or_depth_issue_row_one_prefix(self):
@@ -901,8 +1067,11 @@ class Vjp_fwdTest(TestCase):
       hkb.vjp_fwd(None, {})
 
   def test_argument_order_params_first(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.vjp_fwd: `f_pure` must be .*got a dict\. "
-                                r"Pass hkb.vjp_fwd itself"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.vjp_fwd: `f_pure` must be .*got a dict\. "
+      r"Pass hkb.vjp_fwd itself",
+    ):
       hkb.vjp_fwd({"w": X}, lambda p, x: x)
 
 
@@ -910,8 +1079,12 @@ class Vjp_fwdTest(TestCase):
 # sharding.py: ShardingRules, param_shardings, param_specs, explain_shardings, gather_over.
 # ---------------------------------------------------------------------------
 
-SHAPES = {"blocks/linear": {"w": jax.ShapeDtypeStruct((3, 8, 8), jnp.float32),
-                            "b": jax.ShapeDtypeStruct((3, 8), jnp.float32)}}
+SHAPES = {
+  "blocks/linear": {
+    "w": jax.ShapeDtypeStruct((3, 8, 8), jnp.float32),
+    "b": jax.ShapeDtypeStruct((3, 8), jnp.float32),
+  }
+}
 RULES = hkb.ShardingRules([(r"/w$", P(None, "model"))], stacked=["blocks"])
 
 
@@ -939,9 +1112,12 @@ class ShardingRulesTest(TestCase):
   def test_wrong_type_issue_row_from_foreign_init_output(self):
     # Issue 27, row 6: `'dict' object is not callable`.
     f = hk.transform(linear)
-    with self.assertRaisesRegex(TypeError, r"^hkb.ShardingRules.from_foreign: `init` must be "
-                                r"the init function \(f.init\) or the hk.Transformed, .*got a "
-                                r"dict\. It holds arrays: the params `init` returns"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.ShardingRules.from_foreign: `init` must be "
+      r"the init function \(f.init\) or the hk.Transformed, .*got a "
+      r"dict\. It holds arrays: the params `init` returns",
+    ):
       hkb.ShardingRules.from_foreign(jax.eval_shape(f.init, KEY, X), KEY, X)
     with refused(self, TypeError, "ShardingRules.from_foreign", "init"):
       hkb.ShardingRules.from_foreign(None, KEY, X)
@@ -956,14 +1132,21 @@ class ShardingRulesTest(TestCase):
     with refused(self, TypeError, "ShardingRules.from_foreign", "stacked"):
       hkb.ShardingRules.from_foreign(f.init, KEY, X, stacked=3)
     # What Flax takes: None, a name, or names, for each logical axis.
-    rules = hkb.ShardingRules.from_foreign(f, KEY, X, logical_axis_rules=[
-        ("embed", None), ("mlp", "model"), ("heads", ("data", "model"))])
+    rules = hkb.ShardingRules.from_foreign(
+      f,
+      KEY,
+      X,
+      logical_axis_rules=[("embed", None), ("mlp", "model"), ("heads", ("data", "model"))],
+    )
     self.assertEqual(rules.rules, ())
 
   @parameterized.parameters([("/w$",)], [("/w$", P(), "extra")], [P("data")])
   def test_wrong_arity_rule(self, rule):
-    with self.assertRaisesRegex(TypeError, r"^hkb.ShardingRules: rule 0 is .*not a "
-                                r"\(pattern, spec\) pair"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.ShardingRules: rule 0 is .*not a "
+      r"\(pattern, spec\) pair",
+    ):
       hkb.ShardingRules([rule])
 
   def test_unknown_name_bad_regex(self):
@@ -971,8 +1154,11 @@ class ShardingRulesTest(TestCase):
       hkb.ShardingRules([("(", P())])
 
   def test_shape_or_depth_spec_longer_than_param(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.ShardingRules.place: rule 0 .*P\(None, "
-                                r"'model'\), with 2 axes, more than its 1 dimensions"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.ShardingRules.place: rule 0 .*P\(None, "
+      r"'model'\), with 2 axes, more than its 1 dimensions",
+    ):
       hkb.ShardingRules([("w", P(None, "model"))]).place("w", (8,))
 
 
@@ -985,10 +1171,13 @@ class Param_shardingsTest(TestCase):
 
   def test_argument_order_issue_row_rules_and_mesh_swapped(self):
     # Was: `'Mesh' object is not iterable`.
-    with self.assertRaisesRegex(TypeError, r"^hkb.param_shardings: `mesh` and `rules` are "
-                                r"swapped \(got a ShardingRules for `mesh` and a Mesh for "
-                                r"`rules`\)\. The order is param_shardings\(params, mesh, "
-                                r"rules\)\."):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.param_shardings: `mesh` and `rules` are "
+      r"swapped \(got a ShardingRules for `mesh` and a Mesh for "
+      r"`rules`\)\. The order is param_shardings\(params, mesh, "
+      r"rules\)\.",
+    ):
       hkb.param_shardings(SHAPES, RULES, self.mesh)
 
   def test_argument_order_params_last(self):
@@ -1000,8 +1189,11 @@ class Param_shardingsTest(TestCase):
       hkb.param_shardings(None, self.mesh, RULES)
     with refused(self, TypeError, "param_shardings", "rules"):
       hkb.param_shardings(SHAPES, self.mesh, None)
-    with self.assertRaisesRegex(TypeError, r"^hkb.param_shardings: `params` must be a params "
-                                r"tree of arrays .*at blocks/linear/w it holds a str 'w'"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.param_shardings: `params` must be a params "
+      r"tree of arrays .*at blocks/linear/w it holds a str 'w'",
+    ):
       hkb.param_shardings({"blocks/linear": {"w": "w"}}, self.mesh, RULES)
     with self.assertRaisesRegex(TypeError, r"^hkb.param_shardings: rule 0 is"):
       hkb.param_shardings(SHAPES, self.mesh, [("/w$",)])  # Named by the call, not the class.
@@ -1009,9 +1201,12 @@ class Param_shardingsTest(TestCase):
   def test_shape_or_depth_issue_row_layers_over_data(self):
     # Was: "no rule ..." for b, rule 0 blamed for w; no word of `stacked=` or the layer count.
     rules = hkb.ShardingRules([(r"/w$", P(None, "model"))], stacked={"blocks": "data"})
-    with self.assertRaisesRegex(ValueError, r"^hkb.param_shardings: `stacked=` \('blocks' -> "
-                                r"'data'\) splits the layer axis of parameter 'blocks/linear/[bw]'"
-                                r".*3 layers do not split over mesh axes \('data',\) \(2 parts\)"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.param_shardings: `stacked=` \('blocks' -> "
+      r"'data'\) splits the layer axis of parameter 'blocks/linear/[bw]'"
+      r".*3 layers do not split over mesh axes \('data',\) \(2 parts\)",
+    ):
       hkb.param_shardings(SHAPES, self.mesh, rules)
 
   @hypothesis.given(layers=st.integers(1, 9))
@@ -1030,8 +1225,11 @@ class Param_shardingsTest(TestCase):
   @SETTINGS
   def test_unknown_name_axis_in_a_rule(self, axis):
     hypothesis.assume(axis not in ("data", "model"))
-    with self.assertRaisesRegex(ValueError, rf"^hkb.param_shardings: rule 0 .*names mesh axis "
-                                rf"'{axis}'; the mesh has axes \('data', 'model'\)"):
+    with self.assertRaisesRegex(
+      ValueError,
+      rf"^hkb.param_shardings: rule 0 .*names mesh axis "
+      rf"'{axis}'; the mesh has axes \('data', 'model'\)",
+    ):
       hkb.param_shardings(SHAPES, self.mesh, [(r"/w$", P(None, axis))])
 
 
@@ -1045,8 +1243,11 @@ class Param_specsTest(TestCase):
       hkb.param_specs(SHAPES, RULES, mesh=("data",))
 
   def test_argument_order_mesh_as_rules(self):
-    with self.assertRaisesRegex(TypeError, r"^hkb.param_specs: `rules` .*got a Mesh\. The "
-                                r"order is param_specs\(params, rules, mesh=mesh\)\."):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.param_specs: `rules` .*got a Mesh\. The "
+      r"order is param_specs\(params, rules, mesh=mesh\)\.",
+    ):
       hkb.param_specs(SHAPES, explicit_mesh())
 
   def test_unknown_name_axis(self):
@@ -1054,8 +1255,11 @@ class Param_specsTest(TestCase):
       hkb.param_specs(SHAPES, [(r"/w$", P("tensor"))], mesh=explicit_mesh())
 
   def test_shape_or_depth(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.param_specs: parameter 'blocks/linear/b' has "
-                                r"shape \(\), but it lies under 1 declared layer stack"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.param_specs: parameter 'blocks/linear/b' has "
+      r"shape \(\), but it lies under 1 declared layer stack",
+    ):
       hkb.param_specs({"blocks/linear": {"b": jnp.zeros([])}}, RULES)
 
 
@@ -1073,14 +1277,21 @@ class Explain_shardingsTest(TestCase):
       hkb.explain_shardings(RULES, SHAPES)
 
   def test_unknown_name_axis(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.explain_shardings: `stacked=` \('blocks' -> "
-                                r"'stage'\) .*mesh axis 'stage'"):
-      hkb.explain_shardings(SHAPES, hkb.ShardingRules([], stacked={"blocks": "stage"}),
-                            mesh=explicit_mesh())
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.explain_shardings: `stacked=` \('blocks' -> "
+      r"'stage'\) .*mesh axis 'stage'",
+    ):
+      hkb.explain_shardings(
+        SHAPES, hkb.ShardingRules([], stacked={"blocks": "stage"}), mesh=explicit_mesh()
+      )
 
   def test_shape_or_depth(self):
-    with self.assertRaisesRegex(ValueError, r"^hkb.explain_shardings: rule 0 .*splits dimension "
-                                r"2 \(size 8\) into 3 parts"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.explain_shardings: rule 0 .*splits dimension "
+      r"2 \(size 8\) into 3 parts",
+    ):
       hkb.explain_shardings(SHAPES, RULES, mesh=explicit_mesh((1, 3), ("data", "model")))
 
 
@@ -1096,8 +1307,11 @@ class Gather_overTest(TestCase):
     # Was: the axis ignored; the weight stayed split.
     mesh = explicit_mesh()
     w = jax.device_put(jnp.ones([8, 8]), NamedSharding(mesh, P("data", "model")))
-    with self.assertRaisesRegex(ValueError, r"^hkb.gather_over: `axes` names mesh axis 'dta', "
-                                r"which the mesh lacks; the mesh has axes \('data', 'model'\)"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.gather_over: `axes` names mesh axis 'dta', "
+      r"which the mesh lacks; the mesh has axes \('data', 'model'\)",
+    ):
       jax.jit(lambda w: hkb.gather_over(w, "dta"))(w)
 
   @hypothesis.given(axis=axis_names)
@@ -1143,8 +1357,11 @@ class Call_pureTest(TestCase):
   def test_shape_or_depth_at_apply(self):
     f = hk.transform(lambda x: hkb.call_pure(dense, x, init=init_dense, name="proj"))
     params = f.init(KEY, X)
-    with self.assertRaisesRegex(ValueError, r"^hkb.call_pure: parameter 'proj/w' .*has shape "
-                                r"\[4, 4\] in what apply was given, but this call needs \[5, 5\]"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.call_pure: parameter 'proj/w' .*has shape "
+      r"\[4, 4\] in what apply was given, but this call needs \[5, 5\]",
+    ):
       f.apply(params, None, jnp.ones([2, 5]))
 
 
@@ -1175,8 +1392,8 @@ class Get_relevant_parametersTest(TestCase):
 # The adapters (optional extras): from_flax, from_equinox, to_nnx, to_equinox.
 # ---------------------------------------------------------------------------
 
-class _AdapterCases(TestCase):
 
+class _AdapterCases(TestCase):
   def setUp(self):
     super().setUp()
     try:
@@ -1188,6 +1405,7 @@ class _AdapterCases(TestCase):
 
 def nnx_linear(rngs):
   from flax import nnx  # pylint: disable=import-outside-toplevel
+
   return nnx.Linear(4, 2, rngs=rngs)
 
 
@@ -1215,21 +1433,24 @@ class From_flaxTest(_AdapterCases):
     # empty name is no method (it would run `__call__` unnoticed).
     for bad in (3, ""):
       with refused(self, TypeError, "from_flax", "method"):
-        hk.transform(lambda bad=bad: hkb.from_flax(
-            nnx_linear, method=bad)).init(KEY)
+        hk.transform(lambda bad=bad: hkb.from_flax(nnx_linear, method=bad)).init(KEY)
       with refused(self, TypeError, "from_flax(Linear)", "method"):
         init(lambda bad=bad: hkb.from_flax(nnx_linear)(X, method=bad))
 
   def test_wrong_type_linen_call_rngs(self):
     import flax.linen as nn  # pylint: disable=import-outside-toplevel
+
     for rngs in (3, {"dropout": 3}, {1: KEY}):
       with refused(self, TypeError, "from_flax(Dense)", "rngs"):
         init(lambda rngs=rngs: hkb.from_flax(nn.Dense(2))(X, rngs=rngs))
 
   def test_argument_order_linen_streams_for_nnx(self):
     # An NNX module brings its streams: `rng_streams` (Linen's) was ignored.
-    with self.assertRaisesRegex(ValueError, r"^hkb.from_flax: `rng_streams` is \('noise',\), "
-                                r"but it names the streams of a Linen module"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.from_flax: `rng_streams` is \('noise',\), "
+      r"but it names the streams of a Linen module",
+    ):
       init(lambda: hkb.from_flax(nnx_linear, rng_streams=("noise",))(X))
 
 
@@ -1242,19 +1463,27 @@ class From_equinoxTest(_AdapterCases):
 
   def test_wrong_type_name(self):
     import equinox as eqx  # pylint: disable=import-outside-toplevel
+
     with refused(self, TypeError, "from_equinox", "name"):
       init(lambda: hkb.from_equinox(lambda key: eqx.nn.Linear(4, 2, key=key), name=3)(X))
 
   def test_wrong_type_issue_row_state(self):
     # Issue 27, row 8: `'tuple' object has no attribute 'get'` at the first call.
     import equinox as eqx  # pylint: disable=import-outside-toplevel
+
     model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(4, "batch")
-    with self.assertRaisesRegex(TypeError, r"^hkb.from_equinox: `state` must be None or the "
-                                r"model's eqx.nn.State; got a tuple of length 2\. Pass the state "
-                                r"that eqx.nn.make_with_state made"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.from_equinox: `state` must be None or the "
+      r"model's eqx.nn.State; got a tuple of length 2\. Pass the state "
+      r"that eqx.nn.make_with_state made",
+    ):
       hkb.from_equinox(model, state=(model, state))
-    with self.assertRaisesRegex(TypeError, r"^hkb.from_equinox: `state=` goes with a model "
-                                r"instance"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.from_equinox: `state=` goes with a model "
+      r"instance",
+    ):
       hkb.from_equinox(lambda key: model, state=state)
 
 
@@ -1292,8 +1521,11 @@ class _ToForeignCases:
   def test_shape_or_depth_state(self):
     f = hk.transform_with_state(lambda x: hk.BatchNorm(True, True, 0.9)(x, True))
     params, state = f.init(KEY, X)
-    with self.assertRaisesRegex(ValueError, rf"^hkb.{self.api}: f has state .*`params=` came "
-                                r"without `state=`"):
+    with self.assertRaisesRegex(
+      ValueError,
+      rf"^hkb.{self.api}: f has state .*`params=` came "
+      r"without `state=`",
+    ):
       self.convert(f, X, params=params)
     with refused(self, ValueError, self.api, "state"):
       self.convert(f, jnp.ones([2, 5]), params=f.init(KEY, jnp.ones([2, 5]))[0], state=state)
@@ -1314,6 +1546,7 @@ class To_nnxTest(_ToForeignCases, _AdapterCases):
 
   def convert(self, f, *args, **kwargs):
     from flax import nnx  # pylint: disable=import-outside-toplevel
+
     kwargs.setdefault("rngs", nnx.Rngs(0))
     return hkb.to_nnx(f, *args, **kwargs)
 
@@ -1336,6 +1569,7 @@ class To_equinoxTest(_ToForeignCases, _AdapterCases):
   def test_wrong_type_key(self):
     with refused(self, TypeError, "to_equinox", "key"):
       hkb.to_equinox(LINEAR, X, key=3)
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -70,8 +70,7 @@ def namespace() -> dict[str, object]:
 
 def missing_libraries(docstring: str) -> list[str]:
   """The optional libraries that `docstring`'s examples import and this environment lacks."""
-  imported = re.findall(r"^\s*(?:>>>|\.\.\.)\s+(?:from|import)\s+(\w+)", docstring,
-                        re.MULTILINE)
+  imported = re.findall(r"^\s*(?:>>>|\.\.\.)\s+(?:from|import)\s+(\w+)", docstring, re.MULTILINE)
   missing = []
   for library in dict.fromkeys(imported):
     if library in OPTIONAL_LIBRARIES and importlib.util.find_spec(library) is None:
@@ -109,8 +108,7 @@ def find_examples() -> list[doctest.DocTest]:
   found = {}
   for name, obj in public_objects():
     # `hkb.hk` is a module that falls through to Haiku's: its own docstring only.
-    recurse_finder = (doctest.DocTestFinder(recurse=False)
-                      if inspect.ismodule(obj) else finder)
+    recurse_finder = doctest.DocTestFinder(recurse=False) if inspect.ismodule(obj) else finder
     module = inspect.getmodule(obj)
     for test in recurse_finder.find(obj, name, module=module or False, globs={}):
       if test.examples and is_public(test.name):
@@ -140,7 +138,6 @@ EXAMPLES = find_examples()
 
 
 class DoctestTest(parameterized.TestCase):
-
   def test_examples_found(self):
     # Guards the finder: a handful of modules carry examples today.
     files = {test.filename for test in EXAMPLES}
@@ -157,8 +154,11 @@ class DoctestTest(parameterized.TestCase):
     self.assertEqual(sorted(namespace()), ["hk", "hkb", "jax", "jnp", "np"])
 
   def test_examples_with_a_mesh_say_how_many_devices(self):
-    silent = [test.name for test in EXAMPLES
-              if MAKES_MESH.search(test.docstring) and devices_needed(test.docstring) < 2]
+    silent = [
+      test.name
+      for test in EXAMPLES
+      if MAKES_MESH.search(test.docstring) and devices_needed(test.docstring) < 2
+    ]
     self.assertEqual(silent, [])
     self.assertEqual(devices_needed(">>> m = jax.make_mesh((8,), ('d',))  # Needs 8 devices."), 8)
 
@@ -166,8 +166,7 @@ class DoctestTest(parameterized.TestCase):
     self.assertEqual(missing_libraries(">>> import numpy\n>>> from haiku_bridge import x"), [])
     self.assertEqual(missing_libraries(">>> import flax_not_installed_here"), [])
 
-  @parameterized.named_parameters(
-      (method_name(test), test) for test in EXAMPLES)
+  @parameterized.named_parameters((method_name(test), test) for test in EXAMPLES)
   def test_example(self, test: doctest.DocTest):
     test.globs = namespace()
     missing = missing_libraries(test.docstring)
@@ -178,8 +177,9 @@ class DoctestTest(parameterized.TestCase):
       self.skipTest(f"{test.name} needs {needed} devices; there are {len(jax.devices())}.")
     for name, since in NEWER_JAX.items():
       if name in test.docstring and missing_jax_name(name):
-        self.skipTest(f"{test.name} uses {name}, which needs jax >= {since} (this is jax "
-                      f"{jax.__version__}).")
+        self.skipTest(
+          f"{test.name} uses {name}, which needs jax >= {since} (this is jax {jax.__version__})."
+        )
     report = []
     runner = doctest.DocTestRunner(checker=OutputChecker(), optionflags=OPTION_FLAGS)
     try:
@@ -187,8 +187,10 @@ class DoctestTest(parameterized.TestCase):
     finally:
       hkb.clear_caches()  # No example sees what an earlier one left in the caches.
     if result.failed:
-      self.fail(f"{result.failed} of {result.attempted} examples of {test.name} failed "
-                f"({test.filename}:{test.lineno}):\n{''.join(report)}")
+      self.fail(
+        f"{result.failed} of {result.attempted} examples of {test.name} failed "
+        f"({test.filename}:{test.lineno}):\n{''.join(report)}"
+      )
 
 
 if __name__ == "__main__":

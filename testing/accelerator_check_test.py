@@ -8,8 +8,7 @@ from absl.testing import absltest
 
 # Under Bazel the script is a runfiles link to the checkout's file: the listed
 # tests and BUILD files are read beside it, in the checkout.
-SCRIPT = os.path.realpath(os.path.join(os.path.dirname(__file__),
-                                       "accelerator_check.sh"))
+SCRIPT = os.path.realpath(os.path.join(os.path.dirname(__file__), "accelerator_check.sh"))
 ROOT = os.path.dirname(os.path.dirname(SCRIPT))
 
 
@@ -22,8 +21,7 @@ def _array(name: str) -> list[str]:
   """The words of the script's `name=( ... )`, comments left out."""
   block = re.search(rf"^{name}=\((.*?)^\)", _script(), re.M | re.S)
   assert block, f"{name}=( ... ) not found in testing/accelerator_check.sh"
-  return " ".join(re.sub(r"#.*", "", line)
-                  for line in block[1].splitlines()).split()
+  return " ".join(re.sub(r"#.*", "", line) for line in block[1].splitlines()).split()
 
 
 def accelerator_tests() -> list[str]:
@@ -36,12 +34,12 @@ def shard(spec: str) -> list[str]:
   assert function, "shard_files() not found in testing/accelerator_check.sh"
   files = " ".join(accelerator_tests())
   code = f"ACCELERATOR_TESTS=({files})\nSHARD={spec}\n{function[0]}\nshard_files"
-  return subprocess.run(["bash", "-c", code], capture_output=True, text=True,
-                        check=True).stdout.split()
+  return subprocess.run(
+    ["bash", "-c", code], capture_output=True, text=True, check=True
+  ).stdout.split()
 
 
 class AcceleratorCheckTest(absltest.TestCase):
-
   def test_every_listed_file_is_a_bazel_test(self):
     files = accelerator_tests()
     self.assertGreater(len(files), 10)
@@ -50,7 +48,7 @@ class AcceleratorCheckTest(absltest.TestCase):
       folder, name = os.path.split(path)
       with open(os.path.join(ROOT, folder, "BUILD")) as f:
         build = f.read()
-      self.assertIn(f'name = "{name[:-len(".py")]}"', build, path)
+      self.assertIn(f'name = "{name[: -len(".py")]}"', build, path)
 
   def test_every_test_left_out_on_a_tpu_exists(self):
     deselected = _array("TPU_DESELECTED")

@@ -18,12 +18,18 @@ from sphinx import application
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the site reads (docs/conf.py's include_patterns, and the files the pages link).
-SITE = ("README.md", "CHANGELOG.md", "CONTRIBUTING.md", "docs",
-        os.path.join("testing", "benchmarks", "results"))
+SITE = (
+  "README.md",
+  "CHANGELOG.md",
+  "CONTRIBUTING.md",
+  "docs",
+  os.path.join("testing", "benchmarks", "results"),
+)
 
 
-def build(out_dir: str, *, status: io.TextIOBase | None = None
-          ) -> tuple[application.Sphinx, list[str]]:
+def build(
+  out_dir: str, *, status: io.TextIOBase | None = None
+) -> tuple[application.Sphinx, list[str]]:
   """Builds the site into `out_dir`: the application and the warnings it gave."""
   warnings = io.StringIO()
   with tempfile.TemporaryDirectory() as copy:
@@ -39,9 +45,16 @@ def build(out_dir: str, *, status: io.TextIOBase | None = None
         else:
           shutil.copy(path, target)
     app = application.Sphinx(
-        srcdir=source, confdir=os.path.join(source, "docs"), outdir=out_dir,
-        doctreedir=os.path.join(out_dir, ".doctrees"), buildername="html",
-        status=status, warning=warnings, freshenv=True, warningiserror=True)
+      srcdir=source,
+      confdir=os.path.join(source, "docs"),
+      outdir=out_dir,
+      doctreedir=os.path.join(out_dir, ".doctrees"),
+      buildername="html",
+      status=status,
+      warning=warnings,
+      freshenv=True,
+      warningiserror=True,
+    )
     app.build()
   return app, [line for line in warnings.getvalue().splitlines() if line.strip()]
 
@@ -50,8 +63,11 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   # Under `bazel run`, the checkout is BUILD_WORKSPACE_DIRECTORY, not the runfiles.
   checkout = os.environ.get("BUILD_WORKSPACE_DIRECTORY", ROOT)
-  parser.add_argument("--out", default=os.path.join(checkout, "docs", "_build", "html"),
-                      help="where the HTML goes (default: %(default)s)")
+  parser.add_argument(
+    "--out",
+    default=os.path.join(checkout, "docs", "_build", "html"),
+    help="where the HTML goes (default: %(default)s)",
+  )
   args = parser.parse_args()
   app, warnings = build(args.out, status=sys.stdout)
   print("\n".join(warnings), file=sys.stderr)

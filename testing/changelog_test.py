@@ -28,8 +28,11 @@ def read(path: str) -> str:
 def package_version() -> str:
   """The string assigned to `__version__` in haiku_bridge/__init__.py."""
   for node in ast.parse(read("haiku_bridge/__init__.py")).body:
-    if (isinstance(node, ast.Assign) and len(node.targets) == 1
-        and getattr(node.targets[0], "id", None) == "__version__"):
+    if (
+      isinstance(node, ast.Assign)
+      and len(node.targets) == 1
+      and getattr(node.targets[0], "id", None) == "__version__"
+    ):
       return ast.literal_eval(node.value)
   raise AssertionError("haiku_bridge/__init__.py assigns no __version__")
 
@@ -38,7 +41,7 @@ def releases(text: str) -> list[tuple[str, str | None, str]]:
   """`(name, date, body)` of each `## [...]` section, in order."""
   found = list(_RELEASE.finditer(text))
   ends = [m.start() for m in found[1:]] + [len(text)]
-  return [(m["name"], m["date"], text[m.end():end]) for m, end in zip(found, ends)]
+  return [(m["name"], m["date"], text[m.end() : end]) for m, end in zip(found, ends)]
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -46,7 +49,6 @@ def version_key(version: str) -> tuple[int, ...]:
 
 
 class ChangelogTest(absltest.TestCase):
-
   def setUp(self):
     super().setUp()
     self.releases = releases(read("CHANGELOG.md"))
@@ -80,17 +82,21 @@ class ChangelogTest(absltest.TestCase):
     project = tomllib.loads(read("pyproject.toml"))
     self.assertIn("version", project["project"]["dynamic"])
     self.assertNotIn("version", project["project"])
-    self.assertEqual(project["tool"]["setuptools"]["dynamic"]["version"],
-                     {"attr": "haiku_bridge.__version__"})
+    self.assertEqual(
+      project["tool"]["setuptools"]["dynamic"]["version"], {"attr": "haiku_bridge.__version__"}
+    )
 
   def test_parser_reads_a_changelog(self):
     # Guards the parsing above on a small text of known shape.
-    text = ("# Changelog\n\n## [Unreleased]\n\n### Added\n\n- x\n\n"
-            "## [0.2.0] - 2027-01-02\n\n### Fixed\n\n- y\n\n"
-            "## [0.1.0] - 2026-12-02\n")
-    self.assertEqual([(n, d) for n, d, _ in releases(text)],
-                     [("Unreleased", None), ("0.2.0", "2027-01-02"),
-                      ("0.1.0", "2026-12-02")])
+    text = (
+      "# Changelog\n\n## [Unreleased]\n\n### Added\n\n- x\n\n"
+      "## [0.2.0] - 2027-01-02\n\n### Fixed\n\n- y\n\n"
+      "## [0.1.0] - 2026-12-02\n"
+    )
+    self.assertEqual(
+      [(n, d) for n, d, _ in releases(text)],
+      [("Unreleased", None), ("0.2.0", "2027-01-02"), ("0.1.0", "2026-12-02")],
+    )
     self.assertIn("### Fixed", releases(text)[1][2])
 
 

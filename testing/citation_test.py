@@ -23,7 +23,6 @@ def read(path: str) -> str:
 
 
 class CitationTest(absltest.TestCase):
-
   def setUp(self):
     super().setUp()
     self.cff = yaml.safe_load(read("CITATION.cff"))

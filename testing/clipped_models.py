@@ -48,8 +48,7 @@ def clipped(f: Callable[..., Any]) -> Callable[..., Any]:
 def lstm_core(one_hot: jax.Array) -> jax.Array:
   """Two LSTMs over time-major inputs `[T, B, VOCAB]`, as a DeepRNN."""
   core = hk.DeepRNN([hk.LSTM(HIDDEN), jax.nn.relu, hk.LSTM(HIDDEN)])
-  outputs, _ = hk.dynamic_unroll(core, one_hot,
-                                 core.initial_state(one_hot.shape[1]))
+  outputs, _ = hk.dynamic_unroll(core, one_hot, core.initial_state(one_hot.shape[1]))
   return outputs
 
 
@@ -78,9 +77,9 @@ def transformer_block(h: jax.Array) -> jax.Array:
   heads = 2
 
   def attend(x):
-    return hk.MultiHeadAttention(heads, h.shape[-1] // heads,
-                                 w_init=hk.initializers.VarianceScaling(),
-                                 name="attention")(x, x, x)
+    return hk.MultiHeadAttention(
+      heads, h.shape[-1] // heads, w_init=hk.initializers.VarianceScaling(), name="attention"
+    )(x, x, x)
 
   ln = lambda name: hk.LayerNorm(-1, True, True, name=name)
   h = h + hk.remat(attend)(ln("ln_1")(h))
@@ -101,8 +100,14 @@ def transformer_loss(block: Callable[[jax.Array], jax.Array]):
 # -- Training. ----------------------------------------------------------------
 
 
-def sgd_step(loss: hk.Transformed, params, batch, *, learning_rate: float,
-             clip_by_hand: Callable[[dict], dict] = lambda g: g):
+def sgd_step(
+  loss: hk.Transformed,
+  params,
+  batch,
+  *,
+  learning_rate: float,
+  clip_by_hand: Callable[[dict], dict] = lambda g: g,
+):
   """One SGD step; `clip_by_hand` edits the gradients before it."""
   grads = jax.grad(lambda p: loss.apply(p, None, batch))(params)
   grads = clip_by_hand(grads)

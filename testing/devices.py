@@ -19,7 +19,8 @@ def use_cpu_devices(count: int = DEFAULT_COUNT) -> None:
     jax.config.update("jax_num_cpu_devices", count)
   except RuntimeError as e:
     raise RuntimeError(
-        f"use_cpu_devices({count}): jax already started its backend with "
-        f"jax_num_cpu_devices={jax.config.jax_num_cpu_devices}. Call "
-        "use_cpu_devices before any jax operation: first thing after "
-        "`import jax` in the test file (or in conftest.py under pytest).") from e
+      f"use_cpu_devices({count}): jax already started its backend with "
+      f"jax_num_cpu_devices={jax.config.jax_num_cpu_devices}. Call "
+      "use_cpu_devices before any jax operation: first thing after "
+      "`import jax` in the test file (or in conftest.py under pytest)."
+    ) from e

@@ -53,14 +53,17 @@ def class_fields(doctree: nodes.Node) -> dict[str, dict[str, list[str]]]:
         owner = owner.parent
       if owner is desc:
         fields.setdefault(field[0].astext(), []).extend(
-            strong.astext() for strong in field[1].findall(nodes.strong))
+          strong.astext() for strong in field[1].findall(nodes.strong)
+        )
   return found
 
 
 def listed_twice(fields: dict[str, dict[str, list[str]]]) -> dict[str, list[str]]:
   """The classes whose entry lists a name both as a Variable and as a Parameter."""
-  twice = {name: sorted(set(f.get("Variables", ())) & set(f.get("Parameters", ())))
-           for name, f in fields.items()}
+  twice = {
+    name: sorted(set(f.get("Variables", ())) & set(f.get("Parameters", ())))
+    for name, f in fields.items()
+  }
   return {name: names for name, names in twice.items() if names}
 
 
@@ -71,16 +74,21 @@ def text_of(page: str) -> str:
 
 def sidebar_titles(page: str) -> list[str]:
   """The titles of the sidebar's top-level entries (the toctrees' pages) on the HTML `page`."""
-  sidebar = page[page.index('<div class="sphinxsidebar"'):]
-  return [text_of(title) for title in
-          re.findall(r'<li class="toctree-l1[^"]*"><a [^>]*>(.*?)</a>', sidebar, re.DOTALL)]
+  sidebar = page[page.index('<div class="sphinxsidebar"') :]
+  return [
+    text_of(title)
+    for title in re.findall(r'<li class="toctree-l1[^"]*"><a [^>]*>(.*?)</a>', sidebar, re.DOTALL)
+  ]
 
 
 def type_fields(page: str) -> list[str]:
   """The entries of the HTML `page` (their ids) whose description has a "Type:" field."""
   found, entry = [], None
-  for match in re.finditer(r'<dt class="sig sig-object py" id="([^"]+)"|'
-                           r'<dt class="field-\w+">Type<span class="colon">', page):
+  for match in re.finditer(
+    r'<dt class="sig sig-object py" id="([^"]+)"|'
+    r'<dt class="field-\w+">Type<span class="colon">',
+    page,
+  ):
     if match[1]:
       entry = match[1]
     else:
@@ -93,7 +101,6 @@ def repeated(titles: list[str]) -> list[str]:
 
 
 class DocsTest(absltest.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
@@ -103,8 +110,14 @@ class DocsTest(absltest.TestCase):
   def test_builds_without_warnings(self):
     self.assertEqual(self.warnings, [], "\n".join(self.warnings))
     self.assertEqual(self.app.statuscode, 0)
-    for page in ("index.html", "docs/index.html", "docs/api/core.html", "README.html",
-                 "docs/errors.html", "CHANGELOG.html"):
+    for page in (
+      "index.html",
+      "docs/index.html",
+      "docs/api/core.html",
+      "README.html",
+      "docs/errors.html",
+      "CHANGELOG.html",
+    ):
       self.assertTrue(os.path.exists(os.path.join(self.out, page)), page)
 
   def test_every_public_name_has_an_entry(self):
@@ -117,8 +130,9 @@ class DocsTest(absltest.TestCase):
       if page.startswith("docs/api/"):
         fields.update(class_fields(self.app.env.get_doctree(page)))
     # Guards the walk: the dataclasses of the API, their fields as Variables.
-    self.assertEqual(fields["Pipeline"]["Variables"],
-                     ["axis", "microbatches", "schedule", "repeats"])
+    self.assertEqual(
+      fields["Pipeline"]["Variables"], ["axis", "microbatches", "schedule", "repeats"]
+    )
     self.assertIn("params", fields["ShardingReport"]["Variables"])
     self.assertIn("rules", fields["ShardingRules"]["Parameters"])
     self.assertEqual(listed_twice(fields), {})
@@ -148,8 +162,9 @@ class DocsTest(absltest.TestCase):
     for path in glob.glob(os.path.join(self.out, "docs", "api", "*.html")):
       with open(path) as f:
         pages[os.path.basename(path)] = text = text_of(f.read())
-      self.assertEqual(re.findall(r".{0,40}(?:typing\.|haiku_bridge\._src\.).{0,40}", text), [],
-                       path)
+      self.assertEqual(
+        re.findall(r".{0,40}(?:typing\.|haiku_bridge\._src\.).{0,40}", text), [], path
+      )
     self.assertIn("remat (RematMode)", pages["layer_scan.html"])
     self.assertIn("remat (RematMode)", pages["time_scan.html"])
     self.assertIn("schedule (PipelineSchedule)", pages["pipelines_and_sharding.html"])
@@ -163,18 +178,25 @@ class DocsTest(absltest.TestCase):
       self.assertEqual(type_fields(pages[os.path.basename(path)]), [], path)
     # The properties whose opening words napoleon took for a type read as their docstrings do.
     text = text_of(pages["layer_scan.html"])
-    self.assertIn("least_budget: int¶ The least memory_budget any candidate fits: its predicted "
-                  "temporaries, bytes.", text)
-    self.assertIn("unused_rules: list[Rule]¶ Rules that matched no parameter: often a typo",
-                  text_of(pages["pipelines_and_sharding.html"]))
+    self.assertIn(
+      "least_budget: int¶ The least memory_budget any candidate fits: its predicted "
+      "temporaries, bytes.",
+      text,
+    )
+    self.assertIn(
+      "unused_rules: list[Rule]¶ Rules that matched no parameter: often a typo",
+      text_of(pages["pipelines_and_sharding.html"]),
+    )
 
   def test_type_fields_finds_a_type_field(self):
-    page = ('<dl class="py class"><dt class="sig sig-object py" id="hkb.A">A</dt><dd>'
-            '<dl class="py property"><dt class="sig sig-object py" id="hkb.A.p">p</dt><dd><p>x</p>'
-            '<dl class="field-list simple"><dt class="field-odd">Type<span class="colon">:</span>'
-            '</dt><dd class="field-odd"><p>Words</p></dd></dl></dd></dl>'
-            '<dt class="sig sig-object py" id="hkb.A.q">q</dt><dd><dl class="field-list simple">'
-            '<dt class="field-odd">Types<span class="colon">:</span></dt></dl></dd></dd></dl>')
+    page = (
+      '<dl class="py class"><dt class="sig sig-object py" id="hkb.A">A</dt><dd>'
+      '<dl class="py property"><dt class="sig sig-object py" id="hkb.A.p">p</dt><dd><p>x</p>'
+      '<dl class="field-list simple"><dt class="field-odd">Type<span class="colon">:</span>'
+      '</dt><dd class="field-odd"><p>Words</p></dd></dl></dd></dl>'
+      '<dt class="sig sig-object py" id="hkb.A.q">q</dt><dd><dl class="field-list simple">'
+      '<dt class="field-odd">Types<span class="colon">:</span></dt></dl></dd></dd></dl>'
+    )
     self.assertEqual(type_fields(page), ["hkb.A.p"])
 
   def test_sidebar_titles_are_distinct(self):
@@ -184,15 +206,16 @@ class DocsTest(absltest.TestCase):
     self.assertEqual(repeated(titles), [])
 
   def test_sidebar_titles_finds_a_repeated_title(self):
-    page = ('<div class="sphinxsidebar"><ul><li class="toctree-l1"><a href="a.html">Time <code>'
-            'scan</code></a></li><li class="toctree-l1 current"><a class="x" href="b.html">Time '
-            'scan</a><ul><li class="toctree-l2"><a href="#c">Time scan</a></li></ul></li></ul>')
+    page = (
+      '<div class="sphinxsidebar"><ul><li class="toctree-l1"><a href="a.html">Time <code>'
+      'scan</code></a></li><li class="toctree-l1 current"><a class="x" href="b.html">Time '
+      'scan</a><ul><li class="toctree-l2"><a href="#c">Time scan</a></li></ul></li></ul>'
+    )
     self.assertEqual(sidebar_titles(page), ["Time scan", "Time scan"])
     self.assertEqual(repeated(sidebar_titles(page) + ["Other"]), ["Time scan"])
 
   def test_listed_twice_finds_a_repeated_field(self):
-    fields = {"A": {"Variables": ["x", "y"], "Parameters": ["y", "z"]},
-              "B": {"Parameters": ["x"]}}
+    fields = {"A": {"Variables": ["x", "y"], "Parameters": ["y", "z"]}, "B": {"Parameters": ["x"]}}
     self.assertEqual(listed_twice(fields), {"A": ["y"]})
 
   def test_undocumented_finds_a_missing_entry(self):

@@ -24,8 +24,9 @@ TIMEOUT_S = 240
 
 
 def run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
-  return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-                        **kwargs)
+  return subprocess.run(
+    args, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, **kwargs
+  )
 
 
 def clean_env() -> dict[str, str]:
@@ -41,14 +42,18 @@ def copy_project(src: str) -> None:
   os.makedirs(src)
   for name in PROJECT_FILES:
     shutil.copy(os.path.join(ROOT, name), src)
-  shutil.copytree(os.path.join(ROOT, "haiku_bridge"), os.path.join(src, "haiku_bridge"),
-                  ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copytree(
+    os.path.join(ROOT, "haiku_bridge"),
+    os.path.join(src, "haiku_bridge"),
+    ignore=shutil.ignore_patterns("__pycache__"),
+  )
 
 
 def build(src: str, dist: str) -> subprocess.CompletedProcess:
   """`python -m build` of `src` into `dist`: the sdist and, from it, the wheel."""
-  return run([sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, src],
-             env=clean_env())
+  return run(
+    [sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, src], env=clean_env()
+  )
 
 
 def fresh_venv(path: str) -> tuple[str, str]:
@@ -57,8 +62,9 @@ def fresh_venv(path: str) -> tuple[str, str]:
   if created.returncode != 0:
     raise RuntimeError(f"python -m venv failed:\n{created.stderr}")
   python = os.path.join(path, "bin", "python")
-  purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                env=clean_env()).stdout.strip()
+  purelib = run(
+    [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env=clean_env()
+  ).stdout.strip()
   with open(os.path.join(purelib, "_installed_here.pth"), "w") as f:
     f.write("\n".join(site.getsitepackages() + [sysconfig.get_paths()["purelib"]]) + "\n")
   return python, purelib
@@ -69,8 +75,23 @@ def install(python: str, wheel: str, extras: tuple[str, ...]) -> tuple[int, str,
 
   Returns pip's exit status, its output, and its lines saying an extra is not provided.
   """
-  installed = run([sys.executable, "-m", "pip", "--python", python, "install", "--no-index",
-                   "--no-cache-dir", f"{wheel}[{','.join(extras)}]"], env=clean_env())
+  installed = run(
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "--python",
+      python,
+      "install",
+      "--no-index",
+      "--no-cache-dir",
+      f"{wheel}[{','.join(extras)}]",
+    ],
+    env=clean_env(),
+  )
   output = installed.stdout + installed.stderr
-  return (installed.returncode, output,
-          re.findall(r"^.*does not provide the extra.*$", output, re.MULTILINE))
+  return (
+    installed.returncode,
+    output,
+    re.findall(r"^.*does not provide the extra.*$", output, re.MULTILINE),
+  )

@@ -53,7 +53,8 @@ def child_apply(path: str, net: Net, kinds: tuple[str, ...], x: Any) -> None:
     for key in data.files:
       kind, width, bundle, name = key.split("|")
       params.setdefault((kind, int(width)), {}).setdefault(bundle, {})[name] = jnp.asarray(
-          data[key])
+        data[key]
+      )
   for kind in kinds:
     f = net(kind)
     for width in WIDTHS:
@@ -88,9 +89,12 @@ class LayoutCacheCases(parameterized.TestCase):
           if temperature == "cold":
             hkb.clear_caches()
           with configured(width):
-            np.testing.assert_allclose(f.apply(params[width], None, self.X),
-                                       self.native(kind, params[width], self.X), rtol=1e-5,
-                                       err_msg=f"{kind} at width {width}")
+            np.testing.assert_allclose(
+              f.apply(params[width], None, self.X),
+              self.native(kind, params[width], self.X),
+              rtol=1e-5,
+              err_msg=f"{kind} at width {width}",
+            )
 
   def test_a_global_the_constructor_reads_in_a_fresh_process(self):
     arrays, expected = {}, []
@@ -105,11 +109,14 @@ class LayoutCacheCases(parameterized.TestCase):
     path = os.path.join(self.create_tempdir().full_path, "params.npz")
     np.savez(path, **arrays)
     for env in ({}, {"HAIKU_BRIDGE_CACHES": "0"}):
-      child = test_utils.run_in_fresh_process(self.FILE, "child_configured_apply", path,
-                                              env=env)
+      child = test_utils.run_in_fresh_process(self.FILE, "child_configured_apply", path, env=env)
       self.assertEqual(child.returncode, 0, child.stderr[-3000:])
       got = [np.array(line.split(), np.float32) for line in child.stdout.strip().splitlines()]
       self.assertLen(got, len(expected))
       for g, e in zip(got, expected):
-        np.testing.assert_allclose(g, np.asarray(e).ravel(), err_msg=str(env),
-                                   **backend_tolerance.fresh_process(dict(rtol=1e-5)))
+        np.testing.assert_allclose(
+          g,
+          np.asarray(e).ravel(),
+          err_msg=str(env),
+          **backend_tolerance.fresh_process(dict(rtol=1e-5)),
+        )

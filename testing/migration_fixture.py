@@ -33,7 +33,7 @@ def trained_in_haiku(x: jax.Array, steps: int = 3) -> tuple[Any, Any]:
 
   def loss(p, s, rng):
     y, s = HAIKU.apply(p, s, rng, x)
-    return jnp.mean(y ** 2), s
+    return jnp.mean(y**2), s
 
   for _ in range(steps):
     grads, state = jax.grad(loss, has_aux=True)(params, state, next(rngs))

@@ -38,17 +38,18 @@ class Processes:
   All are ended if any fails or hangs.
   """
 
-  def __init__(self, module: str, args_per_process: list[list[str]],
-               logdir: str):
+  def __init__(self, module: str, args_per_process: list[list[str]], logdir: str):
     self._logs = []
     self.procs = []
     for i, args in enumerate(args_per_process):
       out = open(os.path.join(logdir, f"process_{i}.out"), "w+")
       err = open(os.path.join(logdir, f"process_{i}.err"), "w+")
       self._logs.append((out, err))
-      self.procs.append(subprocess.Popen(
-          [sys.executable, "-m", module, *args],
-          stdout=out, stderr=err, env=child_env()))
+      self.procs.append(
+        subprocess.Popen(
+          [sys.executable, "-m", module, *args], stdout=out, stderr=err, env=child_env()
+        )
+      )
 
   def wait(self, timeout_s: float) -> list[int]:
     """Exit codes, once all have ended; kills every child at the deadline
@@ -80,8 +81,9 @@ class Processes:
     parts = []
     for i, p in enumerate(self.procs):
       out, err = self.output(i)
-      parts.append(f"--- process {i}: exit code {p.returncode}\n"
-                   f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
+      parts.append(
+        f"--- process {i}: exit code {p.returncode}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+      )
     return "\n".join(parts)
 
   def close(self) -> None:
@@ -91,16 +93,16 @@ class Processes:
       err.close()
 
 
-def assert_same_training(results: dict[str, np.ndarray], losses: np.ndarray,
-                         params: Any) -> None:
+def assert_same_training(results: dict[str, np.ndarray], losses: np.ndarray, params: Any) -> None:
   """The children's `--results` (losses, whole params) against one process's."""
   results = dict(results)
-  single = {f"{bundle}/{name}": np.asarray(value)
-            for bundle, entries in jax.device_get(params).items()
-            for name, value in entries.items()}
+  single = {
+    f"{bundle}/{name}": np.asarray(value)
+    for bundle, entries in jax.device_get(params).items()
+    for name, value in entries.items()
+  }
   np.testing.assert_allclose(results.pop("losses"), losses, rtol=1e-6)
   if sorted(results) != sorted(single):
     raise AssertionError(f"params {sorted(results)} != {sorted(single)}")
   for name, value in single.items():
-    np.testing.assert_allclose(results[name], value, rtol=1e-5, atol=1e-6,
-                               err_msg=name)
+    np.testing.assert_allclose(results[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -21,12 +21,16 @@ def run_leg(python_status: int, ci: str) -> subprocess.CompletedProcess:
       f.write(f"#!/bin/sh\nexit {python_status}\n")
     os.chmod(python, 0o755)
     env = dict(os.environ, CI=ci)
-    return subprocess.run(["bash", _SCRIPT, python, "some_test.py"], env=env,
-                          capture_output=True, text=True, check=False)
+    return subprocess.run(
+      ["bash", _SCRIPT, python, "some_test.py"],
+      env=env,
+      capture_output=True,
+      text=True,
+      check=False,
+    )
 
 
 class NewestJaxLegTest(absltest.TestCase):
-
   def test_without_a_python_it_passes_with_a_notice(self):
     result = run_leg(3, ci="")
     self.assertEqual(result.returncode, 0, result.stderr)

@@ -34,14 +34,16 @@ def setting(value: Any) -> tuple[type, Any]:
 
 def pairs_of(row: Mapping[str, Any], names: Sequence[str]) -> set[tuple]:
   """The pairs of (factor, `setting`) that `row` covers."""
-  return {((a, setting(row[a])), (b, setting(row[b])))
-          for a, b in itertools.combinations(names, 2)}
+  return {((a, setting(row[a])), (b, setting(row[b]))) for a, b in itertools.combinations(names, 2)}
 
 
-def pairwise(factors: Mapping[str, Sequence[Any]],
-             required: Sequence[Mapping[str, Any]] = (),
-             allowed: Callable[[Row], bool] = lambda row: True,
-             candidates: int = 30, seed: int = 0) -> list[Row]:
+def pairwise(
+  factors: Mapping[str, Sequence[Any]],
+  required: Sequence[Mapping[str, Any]] = (),
+  allowed: Callable[[Row], bool] = lambda row: True,
+  candidates: int = 30,
+  seed: int = 0,
+) -> list[Row]:
   """Rows covering every pair of settings of `factors` (after `required`).
 
   Args:
@@ -58,8 +60,7 @@ def pairwise(factors: Mapping[str, Sequence[Any]],
   rng = random.Random(seed)
   uncovered = set()
   for a, b in itertools.combinations(names, 2):
-    uncovered |= {((a, setting(x)), (b, setting(y)))
-                  for x in factors[a] for y in factors[b]}
+    uncovered |= {((a, setting(x)), (b, setting(y))) for x in factors[a] for y in factors[b]}
   rows = []
   for row in required:
     if set(row) != set(names):
@@ -73,8 +74,10 @@ def pairwise(factors: Mapping[str, Sequence[Any]],
     while best is None or tries < candidates:
       tries += 1
       if tries > 100 * candidates:
-        raise ValueError("`allowed` refuses every row tried for the pairs "
-                         f"left: {sorted(uncovered, key=repr)[:4]}...")
+        raise ValueError(
+          "`allowed` refuses every row tried for the pairs "
+          f"left: {sorted(uncovered, key=repr)[:4]}..."
+        )
       row = _greedy_row(factors, names, uncovered, rng)
       gain = len(pairs_of(row, names) & uncovered)
       if gain > best_gain and allowed(row):
@@ -91,12 +94,11 @@ def _greedy_row(factors, names, uncovered, rng) -> Row:
   rest = [n for n in names if n not in row]
   rng.shuffle(rest)
   for name in rest:
+
     def gain(value):
-      pairs = (((n, setting(row[n])), (name, setting(value)))
-               for n in row)
-      return sum(pair in uncovered or pair[::-1] in uncovered
-                 for pair in pairs)
-    scores = [(gain(s), rng.random(), i)
-              for i, s in enumerate(factors[name])]
+      pairs = (((n, setting(row[n])), (name, setting(value))) for n in row)
+      return sum(pair in uncovered or pair[::-1] in uncovered for pair in pairs)
+
+    scores = [(gain(s), rng.random(), i) for i, s in enumerate(factors[name])]
     row[name] = factors[name][max(scores)[2]]
   return {n: row[n] for n in names}

@@ -8,14 +8,22 @@ from absl.testing import parameterized
 
 from testing import pairwise
 
-FACTORS = {"a": (0, 1, 2), "b": ("x", "y"), "c": (True, False),
-           "d": (1, 2, 3, 4), "e": ("p", "q", "r")}
+FACTORS = {
+  "a": (0, 1, 2),
+  "b": ("x", "y"),
+  "c": (True, False),
+  "d": (1, 2, 3, 4),
+  "e": ("p", "q", "r"),
+}
 
 
 def all_pairs(factors):
-  return {((a, pairwise.setting(x)), (b, pairwise.setting(y)))
-          for a, b in itertools.combinations(list(factors), 2)
-          for x in factors[a] for y in factors[b]}
+  return {
+    ((a, pairwise.setting(x)), (b, pairwise.setting(y)))
+    for a, b in itertools.combinations(list(factors), 2)
+    for x in factors[a]
+    for y in factors[b]
+  }
 
 
 def covered(rows, factors):
@@ -23,7 +31,6 @@ def covered(rows, factors):
 
 
 class PairwiseTest(parameterized.TestCase):
-
   def test_docstring(self):
     self.assertEqual(doctest.testmod(pairwise).failed, 0)
 
@@ -41,12 +48,22 @@ class PairwiseTest(parameterized.TestCase):
     rows = pairwise.pairwise(factors)
     self.assertLen(rows, 9)
     self.assertEqual(
-        sorted({(type(r["unroll"]).__name__, r["unroll"],
-                 type(r["remat"]).__name__, r["remat"]) for r in rows},
-               key=repr),
-        sorted({(type(u).__name__, u, type(m).__name__, m)
-                for u in factors["unroll"] for m in factors["remat"]},
-               key=repr))
+      sorted(
+        {
+          (type(r["unroll"]).__name__, r["unroll"], type(r["remat"]).__name__, r["remat"])
+          for r in rows
+        },
+        key=repr,
+      ),
+      sorted(
+        {
+          (type(u).__name__, u, type(m).__name__, m)
+          for u in factors["unroll"]
+          for m in factors["remat"]
+        },
+        key=repr,
+      ),
+    )
 
   def test_same_rows_every_time(self):
     self.assertEqual(pairwise.pairwise(FACTORS), pairwise.pairwise(FACTORS))
@@ -64,14 +81,14 @@ class PairwiseTest(parameterized.TestCase):
   def test_allowed_rows_only(self):
     def allowed(row):  # A triple no row may hold; every pair stays possible.
       return not (row["a"] == 0 and row["b"] == "x" and row["c"])
+
     rows = pairwise.pairwise(FACTORS, allowed=allowed)
     self.assertTrue(all(allowed(row) for row in rows))
     self.assertEqual(covered(rows, FACTORS), all_pairs(FACTORS))
 
   def test_allowed_that_refuses_a_pair(self):
     with self.assertRaisesRegex(ValueError, "refuses every row"):
-      pairwise.pairwise(FACTORS, allowed=lambda row: row["a"] != 0,
-                        candidates=2)
+      pairwise.pairwise(FACTORS, allowed=lambda row: row["a"] != 0, candidates=2)
 
 
 if __name__ == "__main__":

@@ -47,8 +47,14 @@ from haiku_bridge._src import hlo_collectives
 from haiku_bridge._src import pipeline as pipeline_lib
 
 LAYERS = 8
-ROWS = ("all-gather", "all-reduce data", "all-reduce stage",
-        "collective-permute", "reduce-scatter", "all-to-all")
+ROWS = (
+  "all-gather",
+  "all-reduce data",
+  "all-reduce stage",
+  "collective-permute",
+  "reduce-scatter",
+  "all-to-all",
+)
 PLACEMENTS = ("init", "stage")
 LOSS_BYTES = 4  # The loss's mean over "data": one float32.
 
@@ -62,6 +68,7 @@ def residual_mlp(h: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class Step:
   """A compiled step, and what it is."""
+
   compiled: Any  # jax.stages.Compiled
   mesh: dict[str, int]  # Axis sizes, in the mesh's order.
   param_bytes: int  # The stack's, whole.
@@ -75,20 +82,26 @@ class Step:
     return self.param_bytes / self.mesh["stage"]
 
 
-def compiled_step(mesh_shape: tuple[int, int], axis_type: Optional[AxisType],
-                  width: int, pipeline: hkb.Pipeline, *,
-                  placement: str = "init", batch: int = 32,
-                  layer: Callable[[jax.Array], jax.Array] = residual_mlp,
-                  **options: Any) -> Step:
+def compiled_step(
+  mesh_shape: tuple[int, int],
+  axis_type: Optional[AxisType],
+  width: int,
+  pipeline: hkb.Pipeline,
+  *,
+  placement: str = "init",
+  batch: int = 32,
+  layer: Callable[[jax.Array], jax.Array] = residual_mlp,
+  **options: Any,
+) -> Step:
   """The compiled `value_and_grad` step on a (stage, data) mesh of `mesh_shape`.
 
   `axis_type` None is `jax.make_mesh`'s default (Explicit axes); `options`
   go to `repeat_layer` (`remat=`, `remat_policy=`).
   """
+
   def loss(x):
-    h = hkb.repeat_layer(layer, x, LAYERS, name="layers", pipeline=pipeline,
-                         **options)
-    return jnp.mean(h ** 2)
+    h = hkb.repeat_layer(layer, x, LAYERS, name="layers", pipeline=pipeline, **options)
+    return jnp.mean(h**2)
 
   f = hk.transform(loss)
   x = jnp.ones([batch, width])
@@ -101,14 +114,20 @@ def compiled_step(mesh_shape: tuple[int, int], axis_type: Optional[AxisType],
   param_bytes = sum(a.nbytes for a in jax.tree.leaves(params))
   with jax.set_mesh(mesh):
     if placement == "stage":
-      params = jax.device_put(params, hkb.param_shardings(
-          params, mesh, hkb.ShardingRules([], stacked={"layers": "stage"})))
+      params = jax.device_put(
+        params,
+        hkb.param_shardings(params, mesh, hkb.ShardingRules([], stacked={"layers": "stage"})),
+      )
     else:
       assert placement == "init", placement
-    compiled = jax.jit(jax.value_and_grad(f.apply)).lower(
-        params, None, jax.device_put(x, P("data"))).compile()
-  return Step(compiled, dict(zip(names, mesh_shape)), param_bytes, pipeline,
-              placement, batch, width)
+    compiled = (
+      jax.jit(jax.value_and_grad(f.apply))
+      .lower(params, None, jax.device_put(x, P("data")))
+      .compile()
+    )
+  return Step(
+    compiled, dict(zip(names, mesh_shape)), param_bytes, pipeline, placement, batch, width
+  )
 
 
 def measured(step: Step) -> dict[str, int]:
@@ -132,16 +151,14 @@ def theory(step: Step) -> dict[str, float]:
   stage_params = step.stage_param_bytes
   # One microbatch's float32 rows on a device.
   microbatch = step.batch // m // data * step.width * 4
-  circular_stored = (step.pipeline.schedule == "circular" and
-                     step.placement == "stage")
+  circular_stored = step.pipeline.schedule == "circular" and step.placement == "stage"
   return {
-      "all-gather": stages * stage_params if step.placement == "init" else 0,
-      "all-reduce data": stage_params + LOSS_BYTES,
-      "all-reduce stage": m * microbatch,
-      "collective-permute": 2 * steps * microbatch + (
-          2 * stage_params if circular_stored else 0),
-      "reduce-scatter": 0,
-      "all-to-all": 0,
+    "all-gather": stages * stage_params if step.placement == "init" else 0,
+    "all-reduce data": stage_params + LOSS_BYTES,
+    "all-reduce stage": m * microbatch,
+    "collective-permute": 2 * steps * microbatch + (2 * stage_params if circular_stored else 0),
+    "reduce-scatter": 0,
+    "all-to-all": 0,
   }
 
 

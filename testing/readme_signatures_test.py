@@ -27,27 +27,29 @@ import haiku_bridge as hkb
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DOCS = ["README.md"] + sorted(
-    os.path.relpath(path, _ROOT) for path in glob.glob(os.path.join(_ROOT, "docs", "*.md")))
+  os.path.relpath(path, _ROOT) for path in glob.glob(os.path.join(_ROOT, "docs", "*.md"))
+)
 # Public functions whose `**kwargs` are another public function's keyword arguments.
 _FORWARDS = {"repeat_layer": "layer_scan"}
 
 
 class Call(NamedTuple):
   """A call of a public name, as the README writes it."""
+
   name: str  # As after `hkb.`: `layer_scan`, `ShardingRules.from_foreign`.
   args: list[str]  # Each argument as written.
   text: str
 
   @property
   def keywords(self) -> list[str]:
-    return [a.split("=", 1)[0].strip() for a in self.args
-            if re.match(r"^\w+\s*=", a)]
+    return [a.split("=", 1)[0].strip() for a in self.args if re.match(r"^\w+\s*=", a)]
 
   @property
   def is_listing(self) -> bool:
     """Names and defaults only (no expression), with `*`, `*args` or `**kwargs` among them."""
-    return (all(re.match(r"^(\*{0,2}\w+|\*|\w+\s*=.*)$", a) for a in self.args)
-            and any(a.startswith("*") for a in self.args))
+    return all(re.match(r"^(\*{0,2}\w+|\*|\w+\s*=.*)$", a) for a in self.args) and any(
+      a.startswith("*") for a in self.args
+    )
 
 
 def prose(markdown: str) -> str:
@@ -78,8 +80,7 @@ def public_calls(markdown: str) -> list[Call]:
   """Each inline-code call of a name of `hkb.__all__` (with `hkb.` or without)."""
   calls = []
   for span in re.findall(r"`([^`]+)`", prose(markdown)):
-    match = re.match(r"^(?:hkb\.)?(\w+(?:\.\w+)*)\((.*)\)(?:\s*->.*)?$", span.strip(),
-                     re.DOTALL)
+    match = re.match(r"^(?:hkb\.)?(\w+(?:\.\w+)*)\((.*)\)(?:\s*->.*)?$", span.strip(), re.DOTALL)
     if match and match[1].split(".")[0] in hkb.__all__ and match[1].split(".")[0] != "hk":
       calls.append(Call(match[1], split_args(match[2]), " ".join(span.split())))
   return calls
@@ -94,21 +95,25 @@ def resolve(name: str) -> Callable[..., Any]:
 
 def keyword_params(fn: Callable[..., Any]) -> set[str]:
   """The parameters a caller may pass by keyword and may leave out, or must name."""
-  return {p.name for p in inspect.signature(fn).parameters.values()
-          if p.kind == p.KEYWORD_ONLY
-          or (p.kind == p.POSITIONAL_OR_KEYWORD and p.default is not p.empty)}
+  return {
+    p.name
+    for p in inspect.signature(fn).parameters.values()
+    if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and p.default is not p.empty)
+  }
 
 
 def var_kinds(fn: Callable[..., Any]) -> set[str]:
   """`"*args"` and `"**kwargs"`, where `fn` has them (under any name)."""
   kinds = {p.kind for p in inspect.signature(fn).parameters.values()}
   return ({"*args"} if inspect.Parameter.VAR_POSITIONAL in kinds else set()) | (
-      {"**kwargs"} if inspect.Parameter.VAR_KEYWORD in kinds else set())
+    {"**kwargs"} if inspect.Parameter.VAR_KEYWORD in kinds else set()
+  )
 
 
 def listed_var_kinds(call: Call) -> set[str]:
   return ({"*args"} if any(re.match(r"^\*\w", a) for a in call.args) else set()) | (
-      {"**kwargs"} if any(a.startswith("**") for a in call.args) else set())
+    {"**kwargs"} if any(a.startswith("**") for a in call.args) else set()
+  )
 
 
 def unknown_keywords(call: Call) -> list[str]:
@@ -127,7 +132,6 @@ def left_out(call: Call) -> list[str]:
 
 
 class ReadmeSignaturesTest(absltest.TestCase):
-
   def setUp(self):
     super().setUp()
     self.calls = []
@@ -140,8 +144,17 @@ class ReadmeSignaturesTest(absltest.TestCase):
     # signatures today.
     self.assertIn(os.path.join("docs", "sharding.md"), _DOCS)
     names = {call.name for call in self.calls}
-    self.assertContainsSubset({"call_pure", "layer_scan", "repeat_layer", "custom_vjp",
-                               "from_flax", "ShardingRules.from_foreign"}, names)
+    self.assertContainsSubset(
+      {
+        "call_pure",
+        "layer_scan",
+        "repeat_layer",
+        "custom_vjp",
+        "from_flax",
+        "ShardingRules.from_foreign",
+      },
+      names,
+    )
     listings = {call.name for call in self.calls if call.is_listing}
     self.assertContainsSubset({"call_pure", "layer_scan", "repeat_layer"}, listings)
 
@@ -155,10 +168,11 @@ class ReadmeSignaturesTest(absltest.TestCase):
 
   def test_checks_catch_a_wrong_signature(self):
     [short, wrong, usage, star_usage] = public_calls(
-        "`hkb.layer_scan(layer, carry, xs=None, *, num_layers=None)` and "
-        "`hkb.repeat_layer(block, x, 4, remat=True, remat_sheme=1)` and "
-        "`hkb.from_flax(module, method='attend')` and `call_pure(hk.transform(f), *args)`, "
-        "not `hk.layer_stack(4)`.\n```python\nhkb.call_pure(fn, typo=1)\n```\n")
+      "`hkb.layer_scan(layer, carry, xs=None, *, num_layers=None)` and "
+      "`hkb.repeat_layer(block, x, 4, remat=True, remat_sheme=1)` and "
+      "`hkb.from_flax(module, method='attend')` and `call_pure(hk.transform(f), *args)`, "
+      "not `hk.layer_stack(4)`.\n```python\nhkb.call_pure(fn, typo=1)\n```\n"
+    )
     self.assertTrue(short.is_listing)
     self.assertIn("pipeline", left_out(short))
     self.assertEqual(unknown_keywords(wrong), ["remat_sheme"])

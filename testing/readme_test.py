@@ -24,7 +24,8 @@ from testing import xla_flags
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DOCS = ["README.md"] + sorted(
-    os.path.relpath(path, _ROOT) for path in glob.glob(os.path.join(_ROOT, "docs", "*.md")))
+  os.path.relpath(path, _ROOT) for path in glob.glob(os.path.join(_ROOT, "docs", "*.md"))
+)
 _TIMEOUT_S = 240
 
 
@@ -35,15 +36,20 @@ def python_snippets(text: str) -> list[str]:
 def headings(text: str) -> list[tuple[int, str]]:
   """`(level, title)` of each `##` and `###` heading of the Markdown `text`, outside code blocks."""
   prose = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
-  return [(len(hashes), title) for hashes, title in
-          re.findall(r"^(###?) (.+)$", prose, re.MULTILINE)]
+  return [
+    (len(hashes), title) for hashes, title in re.findall(r"^(###?) (.+)$", prose, re.MULTILINE)
+  ]
 
 
 def contents(text: str) -> list[tuple[int, str, str]]:
   """`(level, title, anchor)` of each entry of the `## Contents` list: level 2, or 3 indented."""
   section = re.search(r"^## Contents\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)
-  return [(2 + len(indent) // 2, title, anchor) for indent, title, anchor in
-          re.findall(r"^( *)- \[(.+)\]\(#(.+)\)$", section[1] if section else "", re.MULTILINE)]
+  return [
+    (2 + len(indent) // 2, title, anchor)
+    for indent, title, anchor in re.findall(
+      r"^( *)- \[(.+)\]\(#(.+)\)$", section[1] if section else "", re.MULTILINE
+    )
+  ]
 
 
 def anchor(title: str) -> str:
@@ -55,7 +61,7 @@ def quickstart_and_output(text: str) -> tuple[str, str]:
   """The quickstart's code, and the output the README shows after it (its first text block)."""
   section = re.search(r"^## Quickstart\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)[1]
   code = re.search(r"^```python\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
-  output = re.search(r"^```text\n(.*?)^```", section[code.end():], re.MULTILINE | re.DOTALL)
+  output = re.search(r"^```text\n(.*?)^```", section[code.end() :], re.MULTILINE | re.DOTALL)
   return code[1], output[1] if output else ""
 
 
@@ -79,16 +85,30 @@ def run_alone(code: str) -> subprocess.CompletedProcess:
     # compile flags are every test's (testing/xla_flags.py: cheaper code, the same programs), those
     # the installed XLA knows.
     env["XLA_FLAGS"] = xla_flags.flags()
-    return subprocess.run([sys.executable, path], cwd=directory, env=env, capture_output=True,
-                          text=True, timeout=_TIMEOUT_S, check=False)
+    return subprocess.run(
+      [sys.executable, path],
+      cwd=directory,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=_TIMEOUT_S,
+      check=False,
+    )
 
 
 class ReadmeTest(parameterized.TestCase):
-
   def test_docs_are_found(self):
     # Under Bazel the docs are data files; a missing one would pass silently.
-    for name in ("README.md", "docs/comparison.md", "docs/errors.md", "docs/foreign_libraries.md",
-                 "docs/install.md", "docs/naming.md", "docs/remat.md", "docs/sharding.md"):
+    for name in (
+      "README.md",
+      "docs/comparison.md",
+      "docs/errors.md",
+      "docs/foreign_libraries.md",
+      "docs/install.md",
+      "docs/naming.md",
+      "docs/remat.md",
+      "docs/sharding.md",
+    ):
       self.assertIn(name, _DOCS)
     self.assertNotEmpty([s for s in all_snippets() if s[0] == "README.md"])
 
@@ -99,10 +119,12 @@ class ReadmeTest(parameterized.TestCase):
     with open(os.path.join(_ROOT, "README.md")) as f:
       readme = f.read()
     self.assertEqual(re.findall(r"^## (.+)$", readme, re.MULTILINE)[:2], ["Install", "Quickstart"])
-    self.assertLess(readme[:readme.index("\n## Quickstart\n")].count("\n"), 30)
-    before_features = readme[:readme.index("\n## Features\n")]
-    for command in ("bash testing/setup.sh && bazel run //examples:custom_vjp_routing",
-                    "bash testing/setup.sh && bazel test //..."):
+    self.assertLess(readme[: readme.index("\n## Quickstart\n")].count("\n"), 30)
+    before_features = readme[: readme.index("\n## Features\n")]
+    for command in (
+      "bash testing/setup.sh && bazel run //examples:custom_vjp_routing",
+      "bash testing/setup.sh && bazel test //...",
+    ):
       self.assertIn(f"\n{command}\n", before_features)
 
   def test_contents_lists_every_section(self):
@@ -110,16 +132,19 @@ class ReadmeTest(parameterized.TestCase):
       readme = f.read()
     sections = [(level, title) for level, title in headings(readme) if title != "Contents"]
     self.assertContainsSubset([(2, "Features"), (3, "Sharding"), (3, "Pipelines")], sections)
-    self.assertEqual([(level, title, anchor(title)) for level, title in sections],
-                     contents(readme))
+    self.assertEqual([(level, title, anchor(title)) for level, title in sections], contents(readme))
 
   def test_contents_and_anchor_read_a_list(self):
-    text = ("## Contents\n\n- [A](#a)\n  - [`b_c` d: e](#b_c-d-e)\n\n## A\n\n```python\n"
-            "## not a heading\n```\n\n### `b_c` d: e\n")
+    text = (
+      "## Contents\n\n- [A](#a)\n  - [`b_c` d: e](#b_c-d-e)\n\n## A\n\n```python\n"
+      "## not a heading\n```\n\n### `b_c` d: e\n"
+    )
     self.assertEqual(contents(text), [(2, "A", "a"), (3, "`b_c` d: e", "b_c-d-e")])
     self.assertEqual(headings(text), [(2, "Contents"), (2, "A"), (3, "`b_c` d: e")])
-    self.assertEqual(anchor("Haiku functions: inline, or as explicit params"),
-                     "haiku-functions-inline-or-as-explicit-params")
+    self.assertEqual(
+      anchor("Haiku functions: inline, or as explicit params"),
+      "haiku-functions-inline-or-as-explicit-params",
+    )
 
   def test_quickstart_prints_what_the_readme_shows(self):
     with open(os.path.join(_ROOT, "README.md")) as f:
@@ -136,11 +161,13 @@ class ReadmeTest(parameterized.TestCase):
     self.assertIn("NameError", result.stderr)
 
   @parameterized.named_parameters(
-      (re.sub(r"\W", "_", f"{doc}_{i}"), doc, i, code) for doc, i, code in all_snippets())
+    (re.sub(r"\W", "_", f"{doc}_{i}"), doc, i, code) for doc, i, code in all_snippets()
+  )
   def test_snippet_runs_alone(self, doc, index, code):
     result = run_alone(code)
-    self.assertEqual(result.returncode, 0,
-                     f"{doc} snippet {index} failed alone:\n{result.stderr[-3000:]}")
+    self.assertEqual(
+      result.returncode, 0, f"{doc} snippet {index} failed alone:\n{result.stderr[-3000:]}"
+    )
 
 
 if __name__ == "__main__":

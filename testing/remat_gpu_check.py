@@ -78,8 +78,7 @@ def first_choices() -> Iterator[list[remat_plan.RematCandidate]]:
     return chosen
 
   real_plan = remat_plan.plan
-  with mock.patch.object(remat_plan, "choose", choose), \
-      mock.patch.object(remat_plan, "plan", plan):
+  with mock.patch.object(remat_plan, "choose", choose), mock.patch.object(remat_plan, "plan", plan):
     yield made
 
 
@@ -100,8 +99,9 @@ def compiled_cost(length: int, f, *args) -> Compiled:
   return Compiled(hlo_flops.held(compiled, text).bytes, flops)
 
 
-def _row(name: str, what: str, predicted: int, compiled: int,
-         budget: Any = None, plan: str = "") -> tuple[str, bool]:
+def _row(
+  name: str, what: str, predicted: int, compiled: int, budget: Any = None, plan: str = ""
+) -> tuple[str, bool]:
   """A line of the report, and whether it is within its bound."""
   if budget is None:
     ok = abs(predicted / compiled - 1) <= PREDICTION_TOLERANCE
@@ -109,20 +109,25 @@ def _row(name: str, what: str, predicted: int, compiled: int,
   else:
     ok = compiled <= budget * (1 + STEP_TOLERANCE)
     ratio = f"compiled/budget {compiled / budget:.3f}"
-  return (f"{'ok  ' if ok else 'FAIL'} {name:32} {what:10} {plan:30} "
-          f"predicted {predicted / 1e6:10.3f} MB  compiled "
-          f"{compiled / 1e6:10.3f} MB  {ratio}"), ok
+  return (
+    f"{'ok  ' if ok else 'FAIL'} {name:32} {what:10} {plan:30} "
+    f"predicted {predicted / 1e6:10.3f} MB  compiled "
+    f"{compiled / 1e6:10.3f} MB  {ratio}"
+  ), ok
 
 
 def _plan_name(k: remat_plan.RematCandidate) -> str:
   return f"{k.remat}" + (f", {k.slots} slots" if k.slots else "")
 
 
-def _flops_row(name: str, what: str, got: float, truth: float,
-               ok: bool, compared: str) -> tuple[str, bool]:
-  return (f"{'ok  ' if ok else 'FAIL'} {name:32} {what:10} {got / 1e6:14.3f} "
-          f"MFLOP  {compared} {truth / 1e6:14.3f} MFLOP  ratio "
-          f"{got / truth if truth else float('nan'):.3f}"), ok
+def _flops_row(
+  name: str, what: str, got: float, truth: float, ok: bool, compared: str
+) -> tuple[str, bool]:
+  return (
+    f"{'ok  ' if ok else 'FAIL'} {name:32} {what:10} {got / 1e6:14.3f} "
+    f"MFLOP  {compared} {truth / 1e6:14.3f} MFLOP  ratio "
+    f"{got / truth if truth else float('nan'):.3f}"
+  ), ok
 
 
 def check(name: str, step_of, args) -> list[tuple[str, bool]]:
@@ -131,71 +136,90 @@ def check(name: str, step_of, args) -> list[tuple[str, bool]]:
   with remat_models.plans_made() as made:
     jax.jit(step_of(remat="auto", memory_budget=1 << 50)).lower(*args)
   candidates, length = made[-1].candidates, made[-1].length
-  by_kind = {k.remat: k for k in candidates if k.slots is None and
-             k.policy is None}
-  compiled = {remat: compiled_cost(length, step_of(remat=remat), *args)
-              for remat in (False, True)}
+  by_kind = {k.remat: k for k in candidates if k.slots is None and k.policy is None}
+  compiled = {remat: compiled_cost(length, step_of(remat=remat), *args) for remat in (False, True)}
   for remat in (False, True):
-    rows.append(_row(name, f"{remat}", by_kind[remat].temporaries,
-                     compiled[remat].bytes))
+    rows.append(_row(name, f"{remat}", by_kind[remat].temporaries, compiled[remat].bytes))
   # remat=True's recomputation: predicted, and the compiled steps' FLOPs
   # True less False (what remat/plan_test checks, within 10%).
   recomputed = compiled[True].flops - compiled[False].flops
   predicted = by_kind[True].recomputed_flops
-  rows.append(_flops_row(
-      name, "True flops", predicted, recomputed,
+  rows.append(
+    _flops_row(
+      name,
+      "True flops",
+      predicted,
+      recomputed,
       recomputed > 0 and abs(predicted / recomputed - 1) <= 0.10,
-      "recomputed; compiled True - False"))
+      "recomputed; compiled True - False",
+    )
+  )
   least = min(k.temporaries for k in candidates)
-  budgets = {"middle": (by_kind[True].temporaries + least) // 2,
-             "tight": int(least * 1.01)}
+  budgets = {"middle": (by_kind[True].temporaries + least) // 2, "tight": int(least * 1.01)}
   for label, budget in budgets.items():
     # Any recomputation, as remat/plan_test: a tight budget needs a
     # schedule of few slots.
-    step = step_of(remat="auto", memory_budget=budget,
-                   max_recompute=math.inf)
+    step = step_of(remat="auto", memory_budget=budget, max_recompute=math.inf)
     with first_choices() as first, remat_models.plans_made() as made:
       got = compiled_cost(length, step, *args)
     choice = made[-1].choice
-    rows.append(_row(name, label, first[-1].temporaries, got.bytes, budget,
-                     f"{_plan_name(first[-1])} -> {_plan_name(choice)}"))
+    rows.append(
+      _row(
+        name,
+        label,
+        first[-1].temporaries,
+        got.bytes,
+        budget,
+        f"{_plan_name(first[-1])} -> {_plan_name(choice)}",
+      )
+    )
     # Any plan runs at least the plain step's arithmetic.
-    rows.append(_flops_row(name, label + " flops", got.flops,
-                           compiled[False].flops,
-                           got.flops >= 0.99 * compiled[False].flops,
-                           "step; remat=False's"))
+    rows.append(
+      _flops_row(
+        name,
+        label + " flops",
+        got.flops,
+        compiled[False].flops,
+        got.flops >= 0.99 * compiled[False].flops,
+        "step; remat=False's",
+      )
+    )
   return rows
 
 
 def rolled_loops() -> list[tuple[str, bool]]:
   """`hlo_flops` of small loops compiled here, rolled, against XLA:CPU's count of them unrolled."""
   t = hlo_flops_test
-  scan = lambda unroll: (lambda h, xs: jax.lax.scan(t.step, h, xs,
-                                                    unroll=unroll))
-  programs = {"scan": scan, "gradient": lambda u: t.gradient(t.step, u),
-              "nested": t.nested,
-              "checkpointed": lambda u: t.gradient(
-                  jax.checkpoint(t.step) if u == 1 else t.step, u)}
+  scan = lambda unroll: lambda h, xs: jax.lax.scan(t.step, h, xs, unroll=unroll)
+  programs = {
+    "scan": scan,
+    "gradient": lambda u: t.gradient(t.step, u),
+    "nested": t.nested,
+    "checkpointed": lambda u: t.gradient(jax.checkpoint(t.step) if u == 1 else t.step, u),
+  }
+
   def unrolled(name, device=None):
     """XLA's count of program `name` unrolled, on `device`."""
     flops = t.xla(programs[name](True), t.H, t.XS, device=device)
     if name == "checkpointed":  # One more forward of each step.
-      flops += len(t.XS) * t.xla(lambda h, x: t.step(h, x)[0], t.H,
-                                 t.XS[0], device=device)
+      flops += len(t.XS) * t.xla(lambda h, x: t.step(h, x)[0], t.H, t.XS[0], device=device)
     return flops
 
   rows = []
   for name, make in programs.items():
     rolled = t.ours(make(1), t.H, t.XS)
     truth, here = unrolled(name, t.CPU), unrolled(name)
-    ok = (abs(rolled.flops / truth - 1) <= 0.02 and
-          not rolled.unknown_trip_counts)
-    row, _ = _flops_row("hlo_flops " + name, "rolled", rolled.flops, truth,
-                        ok, "XLA:CPU unrolled")
-    rows.append((f"{row}  (XLA:{jax.default_backend().upper()} unrolled "
-                 f"{here / 1e6:.3f} MFLOP; unknown trip counts "
-                 f"{rolled.unknown_trip_counts}, opaque "
-                 f"{rolled.opaque_custom_calls})", ok))
+    ok = abs(rolled.flops / truth - 1) <= 0.02 and not rolled.unknown_trip_counts
+    row, _ = _flops_row("hlo_flops " + name, "rolled", rolled.flops, truth, ok, "XLA:CPU unrolled")
+    rows.append(
+      (
+        f"{row}  (XLA:{jax.default_backend().upper()} unrolled "
+        f"{here / 1e6:.3f} MFLOP; unknown trip counts "
+        f"{rolled.unknown_trip_counts}, opaque "
+        f"{rolled.opaque_custom_calls})",
+        ok,
+      )
+    )
   return rows
 
 
@@ -207,6 +231,7 @@ def haiku_step(model, **remat):
 
 def lstm_step(hidden: int, batch: int, inputs: int):
   """A plain-JAX LSTM training step: the loss in the step, grads of the weights."""
+
   def run(params, xs, **remat):
     def step(carry, x):
       h, c = carry
@@ -214,29 +239,34 @@ def lstm_step(hidden: int, batch: int, inputs: int):
       i, f, g, o = jnp.split(gates, 4, axis=-1)
       c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
       h = jax.nn.sigmoid(o) * jnp.tanh(c)
-      return (h, c), jnp.sum(h ** 2)
+      return (h, c), jnp.sum(h**2)
+
     zeros = jnp.zeros([batch, hidden])
     _, losses = hkb.scan(step, (zeros, zeros), xs, **remat)
     return jnp.sum(losses)
 
-  params = {"wx": jnp.zeros([inputs, 4 * hidden]),
-            "wh": jnp.zeros([hidden, 4 * hidden]),
-            "b": jnp.zeros([4 * hidden])}
-  return (lambda **remat: jax.value_and_grad(
-      functools.partial(run, **remat))), params
+  params = {
+    "wx": jnp.zeros([inputs, 4 * hidden]),
+    "wh": jnp.zeros([hidden, 4 * hidden]),
+    "b": jnp.zeros([4 * hidden]),
+  }
+  return (lambda **remat: jax.value_and_grad(functools.partial(run, **remat))), params
 
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--small", action="store_true",
-                      help="small shapes, for a CPU")
-  parser.add_argument("--only", default="",
-                      help="a regular expression: only the models it finds "
-                           "(e.g. 'jax_lstm|lstm_4096')")
+  parser.add_argument("--small", action="store_true", help="small shapes, for a CPU")
+  parser.add_argument(
+    "--only",
+    default="",
+    help="a regular expression: only the models it finds (e.g. 'jax_lstm|lstm_4096')",
+  )
   args = parser.parse_args()
   small, only = args.small, re.compile(args.only)
-  print(f"backend {jax.default_backend()}: {jax.devices()[0].device_kind}, "
-        f"jax {jax.__version__}", flush=True)
+  print(
+    f"backend {jax.default_backend()}: {jax.devices()[0].device_kind}, jax {jax.__version__}",
+    flush=True,
+  )
   if small:
     grid = remat_models.models((256,), (16,), (16,), (32,))
     hidden, batch, length = 64, 8, 512
@@ -264,8 +294,10 @@ def main() -> int:
     print("\n".join(r for r, _ in rows[-7:]), flush=True)
     print(f"     ({time.perf_counter() - start:.0f} s)", flush=True)
   failed = [r for r, ok in rows if not ok]
-  print(f"{len(rows) - len(failed)} of {len(rows)} within bounds"
-        + ("" if not failed else ":\n" + "\n".join(failed)))
+  print(
+    f"{len(rows) - len(failed)} of {len(rows)} within bounds"
+    + ("" if not failed else ":\n" + "\n".join(failed))
+  )
   return 1 if failed else 0
 
 

@@ -31,6 +31,7 @@ plans_made = hkb.remat_plans
 
 class StepCost(NamedTuple):
   """A compiled training step's bytes as `memory_budget` counts them (`hlo_flops.held`) and its FLOPs (`hlo_flops`)."""
+
   held: hlo_flops.Held
   flops: int
 
@@ -68,87 +69,94 @@ def step_flops(text: str, length: int) -> int:
   count = hlo_flops.count(text)
   if count.unknown_trip_counts:
     raise ValueError(f"A loop without a known trip count: {count}")
-  return count.flops + sum(length * (max(c.branches) - min(c.branches))
-                           for c in count.conditionals)
+  return count.flops + sum(length * (max(c.branches) - min(c.branches)) for c in count.conditionals)
 
 
 def lstm(length: int, loss_in_step: bool, **remat):
   """An LSTM over `length` steps, the loss after the unroll or in the step."""
+
   def f(xs):
     core = hk.LSTM(HIDDEN)
     state = core.initial_state(BATCH)
     if loss_in_step:
-      losses, _ = hkb.dynamic_unroll(core, xs, state,
-                                     readout=lambda y: jnp.sum(y ** 2),
-                                     **remat)
+      losses, _ = hkb.dynamic_unroll(core, xs, state, readout=lambda y: jnp.sum(y**2), **remat)
       return jnp.sum(losses)
     ys, _ = hkb.dynamic_unroll(core, xs, state, **remat)
-    return jnp.sum(ys ** 2)
+    return jnp.sum(ys**2)
+
   return hk.transform(f), jnp.ones([length, BATCH, INPUTS])
 
 
 def mlp(depth: int, **remat):
   """A residual MLP stack of `depth` layers."""
+
   def f(x):
     def block(h):
       return h + hk.nets.MLP([4 * WIDTH, WIDTH])(h)
+
     return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
+
   return hk.transform(f), jnp.ones([8, WIDTH])
 
 
 def transformer(depth: int, **remat):
   """A pre-norm transformer stack of `depth` blocks (attention and MLP)."""
+
   def f(x):
     block = functools.partial(transformer_lib.block, d_model=32, heads=4)
     return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
+
   return hk.transform(f), jnp.ones([2, 16, 32])
 
 
-def conv(depth: int, channels: int = CHANNELS, width: int = 32,
-         batch: int = 2, **remat):
+def conv(depth: int, channels: int = CHANNELS, width: int = 32, batch: int = 2, **remat):
   """A residual stack of `depth` Conv1D blocks (two convolutions each)."""
+
   def f(x):
     def block(h):
       y = jax.nn.relu(hk.Conv1D(channels, 3, name="conv_0")(h))
       return h + hk.Conv1D(channels, 3, name="conv_1")(y)
+
     return jnp.sum(hkb.repeat_layer(block, x, depth, **remat) ** 2)
+
   return hk.transform(f), jnp.ones([batch, width, channels])
 
 
-def language_model(depth: int, d_model: int, seq: int, batch: int,
-                   vocab: int = 256, **remat):
+def language_model(depth: int, d_model: int, seq: int, batch: int, vocab: int = 256, **remat):
   """A transformer language model: embedding, `depth` blocks, logits, cross-entropy."""
+
   def f(tokens):
-    block = functools.partial(transformer_lib.block, d_model=d_model,
-                              heads=4)
+    block = functools.partial(transformer_lib.block, d_model=d_model, heads=4)
     h = hk.Embed(vocab, d_model)(tokens)
     h = hkb.repeat_layer(block, h, depth, **remat)
     logits = hk.Linear(vocab)(h)
     return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
   return hk.transform(f), jnp.zeros([batch, seq], jnp.int32)
 
 
-def char_gru(length: int, hidden: int = 256, batch: int = 8,
-             vocab: int = 64, **remat):
+def char_gru(length: int, hidden: int = 256, batch: int = 8, vocab: int = 64, **remat):
   """A character GRU over `length` steps: embedding, GRU, logits, cross-entropy."""
+
   def f(tokens):
     core = hk.GRU(hidden)
     xs = hk.Embed(vocab, 32)(tokens)
     ys, _ = hkb.dynamic_unroll(core, xs, core.initial_state(batch), **remat)
     logits = hk.Linear(vocab)(ys)
     return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
   return hk.transform(f), jnp.zeros([length, batch], jnp.int32)
 
 
-def models(lstm_lengths, mlp_depths, transformer_depths,
-           conv_depths=()) -> dict[str, Callable[..., Any]]:
+def models(
+  lstm_lengths, mlp_depths, transformer_depths, conv_depths=()
+) -> dict[str, Callable[..., Any]]:
   """The models by name: `lstm_{T}_loss_after`, `lstm_{T}_loss_in_step`,
   `mlp_depth_{D}`, `transformer_depth_{D}` and `conv_depth_{D}`."""
   out = {}
   for t in lstm_lengths:
     for where in ("after", "in_step"):
-      out[f"lstm_{t}_loss_{where}"] = functools.partial(lstm, t,
-                                                        where == "in_step")
+      out[f"lstm_{t}_loss_{where}"] = functools.partial(lstm, t, where == "in_step")
   for d in mlp_depths:
     out[f"mlp_depth_{d}"] = functools.partial(mlp, d)
   for d in transformer_depths:

@@ -10,7 +10,6 @@ cold (new model objects after `hkb.clear_caches()`, where the library has it).
 Ground truth is inline Haiku and `hk.layer_stack`, compiled in the same test.
 """
 
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -38,18 +37,15 @@ def _compiled_step(model, params, x) -> jax.stages.Compiled:
   return jax.jit(models.grad_step(model)).lower(params, x).compile()
 
 
-COLD_AND_WARM = [dict(variant=v, cold=cold)
-                 for v in models.BRIDGED for cold in (False, True)]
+COLD_AND_WARM = [dict(variant=v, cold=cold) for v in models.BRIDGED for cold in (False, True)]
 
 
 class BridgedMlpTest(parameterized.TestCase):
-
   @parameterized.parameters(COLD_AND_WARM)
   def test_step_optimised_hlo_equals_inline(self, variant, cold):
     inline = _compiled_step(*_mlp(models.INLINE, cold=False))
     bridged = _compiled_step(*_mlp(variant, cold))
-    self.assertEqual(test_utils.canonical_hlo(bridged),
-                     test_utils.canonical_hlo(inline))
+    self.assertEqual(test_utils.canonical_hlo(bridged), test_utils.canonical_hlo(inline))
 
   @parameterized.parameters(COLD_AND_WARM)
   def test_apply_and_step_primitive_counts_equal_inline(self, variant, cold):
@@ -57,9 +53,10 @@ class BridgedMlpTest(parameterized.TestCase):
     model, params, _ = _mlp(variant, cold)
     for fn in (models.apply_without_rng, models.grad_step):
       self.assertEqual(
-          test_utils.primitive_counts(fn(model), params, x),
-          test_utils.primitive_counts(fn(inline_model), inline_params, x),
-          fn.__name__)
+        test_utils.primitive_counts(fn(model), params, x),
+        test_utils.primitive_counts(fn(inline_model), inline_params, x),
+        fn.__name__,
+      )
 
 
 def _stack(variant: str, depth: int, remat: bool):
@@ -69,14 +66,12 @@ def _stack(variant: str, depth: int, remat: bool):
 
 
 class LayerScanTest(parameterized.TestCase):
-
   @parameterized.parameters(False, True)
   def test_step_equation_count_is_independent_of_depth(self, remat):
     counts = {}
     for depth in (1, 4, 16):
       step, params, x = _stack(models.SCAN, depth, remat)
-      counts[depth] = sum(test_utils.primitive_counts(step, params, x)
-                          .values())
+      counts[depth] = sum(test_utils.primitive_counts(step, params, x).values())
     self.assertLen(set(counts.values()), 1, counts)
 
   @parameterized.parameters(False, True)
@@ -85,8 +80,7 @@ class LayerScanTest(parameterized.TestCase):
     ours = jax.jit(step).lower(params, x).compile()
     step, params, x = _stack(models.LAYER_STACK, 4, remat)
     theirs = jax.jit(step).lower(params, x).compile()
-    self.assertEqual(test_utils.canonical_hlo(ours),
-                     test_utils.canonical_hlo(theirs))
+    self.assertEqual(test_utils.canonical_hlo(ours), test_utils.canonical_hlo(theirs))
 
   def test_remat_temp_memory_at_most_layer_stack(self):
     temp = {}
@@ -99,14 +93,12 @@ class LayerScanTest(parameterized.TestCase):
     self.assertLessEqual(temp[models.SCAN], temp[models.LAYER_STACK])
 
 
-def _temp_bytes(variant: str, remat, depth: int, tokens: int,
-                width: int) -> int:
+def _temp_bytes(variant: str, remat, depth: int, tokens: int, width: int) -> int:
   """Compiled temporaries of the stack's grad step (no run: shapes only)."""
   model = models.stack_model(variant, depth, remat, width)
   x = jax.ShapeDtypeStruct((tokens, width), jnp.float32)
   params = jax.eval_shape(model.init, models.KEY, x)
-  analysis = jax.jit(models.grad_step(model)).lower(
-      params, x).compile().memory_analysis()
+  analysis = jax.jit(models.grad_step(model)).lower(params, x).compile().memory_analysis()
   if analysis is None:
     raise absltest.SkipTest("no memory_analysis on this backend")
   return analysis.temp_size_in_bytes
@@ -140,8 +132,7 @@ class RematScheduleMemoryTest(parameterized.TestCase):
     self.assertLessEqual(self._ratio(remat, 64, 64), 1.0)
 
   def test_binomial_keeps_fewer_carries_than_nested_at_depth_128(self):
-    self.assertLess(self._ratio("binomial", 128, 4096),
-                    self._ratio("nested", 128, 4096))
+    self.assertLess(self._ratio("binomial", 128, 4096), self._ratio("nested", 128, 4096))
 
 
 if __name__ == "__main__":

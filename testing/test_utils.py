@@ -42,8 +42,7 @@ def value_shapes(fn: Callable[..., Any], *args: Any) -> set[tuple[int, ...]]:
 
   def visit(jaxpr):
     for eqn in jaxpr.eqns:
-      shapes.update(tuple(v.aval.shape) for v in eqn.outvars
-                    if hasattr(v.aval, "shape"))
+      shapes.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
       for sub in jaxprs_in_params(eqn.params):
         visit(sub)
 
@@ -70,22 +69,21 @@ def canonical_hlo(compiled: jax.stages.Compiled) -> str:
   Two programs with the same canonical text run the same kernels.
   """
   lines = compiled.as_text().splitlines()
-  start = next(i for i, line in enumerate(lines)
-               if line.startswith("HloModule"))
-  body = lines[start + 1:]
+  start = next(i for i, line in enumerate(lines) if line.startswith("HloModule"))
+  body = lines[start + 1 :]
   # Skip the debug tables (file names, stack frames) before the computations.
-  first = next((i for i, line in enumerate(body)
-                if line.startswith(("%", "ENTRY"))), 0)
+  first = next((i for i, line in enumerate(body) if line.startswith(("%", "ENTRY"))), 0)
   text = "\n".join(body[first:])
   text = re.sub(r", metadata=\{[^}]*\}", "", text)
   # Parameter names in computation headers (they carry module names).
-  text = re.sub(r"^(.*?\()(.*)(\) -> .*\{)$",
-                lambda m: m[1] + re.sub(r"[\w.\-]+: ", "", m[2]) + m[3],
-                text, flags=re.M)
+  text = re.sub(
+    r"^(.*?\()(.*)(\) -> .*\{)$",
+    lambda m: m[1] + re.sub(r"[\w.\-]+: ", "", m[2]) + m[3],
+    text,
+    flags=re.M,
+  )
   names = {}
-  return re.sub(r"%([\w.\-]+)",
-                lambda m: "%" + names.setdefault(m[1], f"v{len(names)}"),
-                text)
+  return re.sub(r"%([\w.\-]+)", lambda m: "%" + names.setdefault(m[1], f"v{len(names)}"), text)
 
 
 def param_shapes(params: Any) -> Any:
@@ -121,18 +119,25 @@ def environment_patches() -> list[tuple[str, ContextManager[Any]]]:
   asks that its key changes under every one.
   """
   device = jax.devices()[0]
-  other = mock.Mock(device_kind=device.device_kind + " other",
-                    client=device.client)
-  return [("jax", mock.patch.object(jax, "__version__", "0.0.1")),
-          ("backend", mock.patch.object(jax, "default_backend", lambda: "gpu")),
-          ("device", mock.patch.object(jax, "devices", lambda: [other])),
-          ("XLA flags", mock.patch.dict(os.environ, {"XLA_FLAGS": "--x"}))]
+  other = mock.Mock(device_kind=device.device_kind + " other", client=device.client)
+  return [
+    ("jax", mock.patch.object(jax, "__version__", "0.0.1")),
+    ("backend", mock.patch.object(jax, "default_backend", lambda: "gpu")),
+    ("device", mock.patch.object(jax, "devices", lambda: [other])),
+    ("XLA flags", mock.patch.dict(os.environ, {"XLA_FLAGS": "--x"})),
+  ]
 
 
-def _fresh_process_command(path: str, function: str, *args: str
-                           ) -> list[str]:
-  return [sys.executable, "-c", _FRESH_PROCESS, str(jax.device_count("cpu")),
-          os.path.abspath(path), function, *args]
+def _fresh_process_command(path: str, function: str, *args: str) -> list[str]:
+  return [
+    sys.executable,
+    "-c",
+    _FRESH_PROCESS,
+    str(jax.device_count("cpu")),
+    os.path.abspath(path),
+    function,
+    *args,
+  ]
 
 
 def _fresh_process_env(env: dict[str, str] | None) -> dict[str, str]:
@@ -147,9 +152,9 @@ def _fresh_process_env(env: dict[str, str] | None) -> dict[str, str]:
   return {**child, **(env or {})}
 
 
-def run_in_fresh_process(path: str, function: str, *args: str,
-                         env: dict[str, str] | None = None
-                         ) -> subprocess.CompletedProcess:
+def run_in_fresh_process(
+  path: str, function: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
   """Runs `function(*args)` of the Python file `path` in a new process.
 
   The restore-a-checkpoint path: nothing this process cached is there. The
@@ -161,9 +166,13 @@ def run_in_fresh_process(path: str, function: str, *args: str,
   captured. `env` adds to (or replaces in) this process's environment, e.g.
   `{"HAIKU_BRIDGE_CACHES": "0"}`.
   """
-  return subprocess.run(_fresh_process_command(path, function, *args),
-                        env=_fresh_process_env(env), capture_output=True,
-                        text=True, check=False)
+  return subprocess.run(
+    _fresh_process_command(path, function, *args),
+    env=_fresh_process_env(env),
+    capture_output=True,
+    text=True,
+    check=False,
+  )
 
 
 class FreshProcess:
@@ -179,13 +188,16 @@ class FreshProcess:
   _PREFIX = "fresh-process: "
   _OK = _PREFIX + "ok"
 
-  def __init__(self, path: str, function: str,
-               env: dict[str, str] | None = None):
+  def __init__(self, path: str, function: str, env: dict[str, str] | None = None):
     self._stderr = tempfile.TemporaryFile(mode="w+")
     self._process = subprocess.Popen(
-        _fresh_process_command(__file__, "_serve", path, function),
-        env=_fresh_process_env(env), stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+      _fresh_process_command(__file__, "_serve", path, function),
+      env=_fresh_process_env(env),
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=self._stderr,
+      text=True,
+    )
 
   def call(self, *args: str) -> str | None:
     assert not any("\t" in a or "\n" in a for a in args), args
@@ -199,8 +211,7 @@ class FreshProcess:
     if reply == self._OK:
       return None
     self._stderr.seek(0)
-    return (reply[len(self._PREFIX):].replace("\x00", "\n") + "\n" +
-            self._stderr.read()[-3000:])
+    return reply[len(self._PREFIX) :].replace("\x00", "\n") + "\n" + self._stderr.read()[-3000:]
 
   def close(self) -> None:
     self._process.stdin.close()
@@ -213,6 +224,7 @@ def _serve(path: str, function: str) -> None:
   """The child of `FreshProcess`: calls `function` for each line of stdin."""
   import importlib.util  # pylint: disable=g-import-not-at-top
   import traceback  # pylint: disable=g-import-not-at-top
+
   spec = importlib.util.spec_from_file_location("fresh_process_served", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -222,6 +234,7 @@ def _serve(path: str, function: str) -> None:
       reply = FreshProcess._OK  # pylint: disable=protected-access
     except Exception:  # pylint: disable=broad-except
       reply = FreshProcess._PREFIX + traceback.format_exc().replace(  # pylint: disable=protected-access
-          "\n", "\x00")
+        "\n", "\x00"
+      )
     sys.stdout.write(reply + "\n")
     sys.stdout.flush()

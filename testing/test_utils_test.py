@@ -37,7 +37,6 @@ def nested(x):
 
 
 class PrimitiveCountsTest(absltest.TestCase):
-
   def test_counts_inside_nested_jaxprs(self):
     counts = test_utils.primitive_counts(nested, jnp.ones([3]))
     self.assertEqual((counts["cond"], counts["sin"], counts["cos"]), (1, 1, 1))
@@ -52,7 +51,6 @@ class PrimitiveCountsTest(absltest.TestCase):
 
 
 class FreshProcessTest(absltest.TestCase):
-
   def test_many_calls_in_one_new_process(self):
     path = os.path.join(self.create_tempdir().full_path, "calls.txt")
     child = test_utils.FreshProcess(__file__, "_record")
@@ -71,20 +69,18 @@ class FreshProcessTest(absltest.TestCase):
 
 
 class FreshProcessPlatformTest(parameterized.TestCase):
-
   @parameterized.named_parameters(
-      # The parent holds a TPU: the child cannot open it, and runs on the CPU.
-      ("beside_a_tpu", "tpu", {}, "'cpu' cpu"),
-      # The caller's env decides over that.
-      ("beside_a_tpu_the_caller_decides", "tpu", {"JAX_PLATFORMS": ""}, "'' cpu"),
-      # Elsewhere the child gets this process's environment as it is.
-      ("beside_a_cpu", "cpu", {}, "None cpu"))
+    # The parent holds a TPU: the child cannot open it, and runs on the CPU.
+    ("beside_a_tpu", "tpu", {}, "'cpu' cpu"),
+    # The caller's env decides over that.
+    ("beside_a_tpu_the_caller_decides", "tpu", {"JAX_PLATFORMS": ""}, "'' cpu"),
+    # Elsewhere the child gets this process's environment as it is.
+    ("beside_a_cpu", "cpu", {}, "None cpu"),
+  )
   def test_the_platforms_a_child_gets(self, backend, env, printed):
-    with mock.patch.dict(os.environ), \
-        mock.patch.object(jax, "default_backend", lambda: backend):
+    with mock.patch.dict(os.environ), mock.patch.object(jax, "default_backend", lambda: backend):
       os.environ.pop("JAX_PLATFORMS", None)
-      child = test_utils.run_in_fresh_process(__file__, "_print_platforms",
-                                              env=env)
+      child = test_utils.run_in_fresh_process(__file__, "_print_platforms", env=env)
       server = test_utils.FreshProcess(__file__, "_print_platforms", env=env)
     self.assertEqual(child.returncode, 0, child.stderr[-3000:])
     self.assertEqual(child.stdout.strip(), printed)

@@ -18,31 +18,41 @@ from jax.sharding import PartitionSpec as P
 import haiku_bridge as hkb
 
 RULES = hkb.ShardingRules(
-    [(r"attention/(query|key|value)/w$", P("data", "model")),
-     (r"attention/(query|key|value)/b$", P("model")),
-     (r"attention/linear/w$", P("model", "data")),
-     (r"mlp/~/linear_0/w$", P("data", "model")),
-     (r"mlp/~/linear_0/b$", P("model")),
-     (r"mlp/~/linear_1/w$", P("model", "data")),
-     (r"embed/embeddings$", P("model", "data")),
-     (r"unembed/w$", P("data", "model"))],
-    stacked=["layers"])
+  [
+    (r"attention/(query|key|value)/w$", P("data", "model")),
+    (r"attention/(query|key|value)/b$", P("model")),
+    (r"attention/linear/w$", P("model", "data")),
+    (r"mlp/~/linear_0/w$", P("data", "model")),
+    (r"mlp/~/linear_0/b$", P("model")),
+    (r"mlp/~/linear_1/w$", P("model", "data")),
+    (r"embed/embeddings$", P("model", "data")),
+    (r"unembed/w$", P("data", "model")),
+  ],
+  stacked=["layers"],
+)
 
 
 def block(h: jax.Array, *, d_model: int, heads: int) -> jax.Array:
   """One pre-norm block: self-attention, then an MLP, each residual."""
   ln = lambda name: hk.LayerNorm(-1, True, True, name=name)
   attention = hk.MultiHeadAttention(
-      heads, d_model // heads, w_init=hk.initializers.VarianceScaling(),
-      name="attention")
+    heads, d_model // heads, w_init=hk.initializers.VarianceScaling(), name="attention"
+  )
   x = ln("ln_1")(h)
   h = h + attention(x, x, x)
   return h + hk.nets.MLP([4 * d_model, d_model], name="mlp")(ln("ln_2")(h))
 
 
-def transformer(tokens: jax.Array, *, vocab: int, d_model: int, heads: int,
-                layers: int, remat: bool | str = False,
-                pipeline: Optional[hkb.Pipeline] = None) -> jax.Array:
+def transformer(
+  tokens: jax.Array,
+  *,
+  vocab: int,
+  d_model: int,
+  heads: int,
+  layers: int,
+  remat: bool | str = False,
+  pipeline: Optional[hkb.Pipeline] = None,
+) -> jax.Array:
   """Logits of a pre-norm transformer whose blocks run under `hkb.repeat_layer`.
 
   `remat` and `pipeline` are `hkb.repeat_layer`'s: what the backward pass
@@ -50,6 +60,5 @@ def transformer(tokens: jax.Array, *, vocab: int, d_model: int, heads: int,
   """
   layer = functools.partial(block, d_model=d_model, heads=heads)
   h = hk.Embed(vocab, d_model, name="embed")(tokens)
-  h = hkb.repeat_layer(layer, h, layers, name="layers", remat=remat,
-                       pipeline=pipeline)
+  h = hkb.repeat_layer(layer, h, layers, name="layers", remat=remat, pipeline=pipeline)
   return hk.Linear(vocab, name="unembed")(h)

@@ -31,7 +31,8 @@ def run_mypy(*args: str) -> tuple[str, int]:
   try:
     # No cache: nothing is written, and nothing stale is read.
     stdout, stderr, status = mypy_api.run(
-        ["--cache-dir", os.devnull, "--python-executable", sys.executable, *args])
+      ["--cache-dir", os.devnull, "--python-executable", sys.executable, *args]
+    )
   finally:
     os.chdir(cwd)
   return stdout + stderr, status
@@ -97,16 +98,17 @@ def public_callables() -> Iterator[tuple[str, Callable[..., Any]]]:
 def unannotated(fn: Callable[..., Any]) -> list[str]:
   """The parameters of `fn` (and "return") that have no annotation."""
   signature = inspect.signature(fn)
-  missing = [p.name for i, p in enumerate(signature.parameters.values())
-             if p.annotation is inspect.Parameter.empty
-             and not (i == 0 and p.name in ("self", "cls"))]
+  missing = [
+    p.name
+    for i, p in enumerate(signature.parameters.values())
+    if p.annotation is inspect.Parameter.empty and not (i == 0 and p.name in ("self", "cls"))
+  ]
   if signature.return_annotation is inspect.Signature.empty:
     missing.append("return")
   return missing
 
 
 class TypecheckTest(absltest.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
@@ -120,12 +122,17 @@ class TypecheckTest(absltest.TestCase):
 
   def test_mypy_finds_no_error(self):
     output = self.mypy_output
-    library_errors = [line for line in output.splitlines()
-                      if ": error:" in line and "user.py:" not in line]
+    library_errors = [
+      line for line in output.splitlines() if ": error:" in line and "user.py:" not in line
+    ]
     self.assertEqual(library_errors, [], f"mypy found errors:\n{output}")
     # Every module of the library was read (none of its tests), and the user's script.
-    modules = [f for _, _, files in os.walk(os.path.join(_ROOT, "haiku_bridge")) for f in files
-               if f.endswith(".py") and not f.endswith("_test.py")]
+    modules = [
+      f
+      for _, _, files in os.walk(os.path.join(_ROOT, "haiku_bridge"))
+      for f in files
+      if f.endswith(".py") and not f.endswith("_test.py")
+    ]
     self.assertGreater(len(modules), 20)
     self.assertIn(f"errors in 1 file (checked {len(modules) + 1} source files)", output)
     self.assertEqual(self.mypy_status, 1)  # The user's misspelt modes.
@@ -133,17 +140,24 @@ class TypecheckTest(absltest.TestCase):
   def test_public_api_is_annotated(self):
     found = dict(public_callables())
     # Guards the walk: functions, a class's `__init__`, methods, properties.
-    for name in ("call_pure", "from_flax", "ShardingRules.__init__",
-                 "ShardingRules.place", "ShardingRules.from_foreign",
-                 "ShardingRules.rules", "Pipeline.num_repeats"):
+    for name in (
+      "call_pure",
+      "from_flax",
+      "ShardingRules.__init__",
+      "ShardingRules.place",
+      "ShardingRules.from_foreign",
+      "ShardingRules.rules",
+      "Pipeline.num_repeats",
+    ):
       self.assertIn(name, found)
     missing = {name: unannotated(fn) for name, fn in found.items()}
     self.assertEqual({name: m for name, m in missing.items() if m}, {})
 
   def test_misspelt_modes_are_type_errors(self):
     output = self.mypy_output
-    expected = {i + 1 for i, line in enumerate(USER_SCRIPT.splitlines())
-                if line.endswith("# error")}
+    expected = {
+      i + 1 for i, line in enumerate(USER_SCRIPT.splitlines()) if line.endswith("# error")
+    }
     reported = {int(n) for n in re.findall(r"user\.py:(\d+): error:", output)}
     self.assertLen(expected, 5)
     self.assertEqual(reported, expected, output)
@@ -154,8 +168,10 @@ class TypecheckTest(absltest.TestCase):
     def partly(self, a: int, b, *args, c: str = "", **kwargs) -> int:
       del self, a, b, args, c, kwargs
       return 0
+
     def typed(x: int) -> None:
       del x
+
     self.assertEqual(unannotated(partly), ["b", "args", "kwargs"])
     self.assertEqual(unannotated(lambda x: x), ["x", "return"])
     self.assertEqual(unannotated(typed), [])

@@ -43,13 +43,13 @@ def pyproject_deps() -> dict[str, str]:
 
 def matrix_pairs(name: str = "PAIRS") -> list[tuple[str, str]]:
   """The pairs of version_matrix.sh's array `name`: PAIRS (the tested set) or NEWER_PAIRS."""
-  block = re.search(rf"^readonly {name}=\(\n(.*?)^\)", read("testing/version_matrix.sh"),
-                    re.MULTILINE | re.DOTALL)[1]
+  block = re.search(
+    rf"^readonly {name}=\(\n(.*?)^\)", read("testing/version_matrix.sh"), re.MULTILINE | re.DOTALL
+  )[1]
   return [tuple(line.strip().split("/")) for line in block.splitlines() if line.strip()]
 
 
 class VersionsTest(absltest.TestCase):
-
   def setUp(self):
     super().setUp()
     self.pairs = matrix_pairs()
@@ -75,20 +75,27 @@ class VersionsTest(absltest.TestCase):
       self.assertEqual(versions.untested({"jax": jax, "dm-haiku": haiku}), [f"jax {jax}"])
 
   def test_the_library_knows_the_tested_range(self):
-    self.assertEqual(versions.TESTED, {"jax": (self.jax[0], self.jax[-1]),
-                                       "dm-haiku": (self.haiku[0], self.haiku[-1])})
+    self.assertEqual(
+      versions.TESTED,
+      {"jax": (self.jax[0], self.jax[-1]), "dm-haiku": (self.haiku[0], self.haiku[-1])},
+    )
 
   def test_numpy_bound_is_what_jax_needs(self):
     # jax asks for numpy itself; ours may not exclude a numpy that the installed jax accepts.
-    jax_numpy = [r for r in importlib.metadata.requires("jax")
-                 if re.match(r"numpy\b", r) and "extra" not in r and "python_version" not in r]
+    jax_numpy = [
+      r
+      for r in importlib.metadata.requires("jax")
+      if re.match(r"numpy\b", r) and "extra" not in r and "python_version" not in r
+    ]
     self.assertLen(jax_numpy, 1)
     self.assertLessEqual(lower_bound(pyproject_deps()["numpy"]), lower_bound(jax_numpy[0]))
 
   def test_install_page_states_the_range_and_every_pair(self):
     page = " ".join(read(INSTALL_PAGE).split())
-    self.assertIn(f"`dm-haiku` {self.haiku[0]} to {self.haiku[-1]} and `jax` {self.jax[0]} to "
-                  f"{self.jax[-1]}", page)
+    self.assertIn(
+      f"`dm-haiku` {self.haiku[0]} to {self.haiku[-1]} and `jax` {self.jax[0]} to {self.jax[-1]}",
+      page,
+    )
     tested = re.search(r"Tested pairs: (.*?) \(`bash testing/version_matrix.sh`", page)[1]
     stated, haiku = [], None
     for v in re.findall(r"\d+\.\d+\.\d+", tested):  # Each jax goes with the dm-haiku before it.
@@ -102,14 +109,20 @@ class VersionsTest(absltest.TestCase):
     matrix = read("testing/version_matrix.sh")
     flax = re.search(r'^readonly FLAX_REQUIREMENT="(.*)"$', matrix, re.MULTILINE)[1]
     min_jax = re.search(r"^readonly FLAX_MIN_JAX=(\S+)$", matrix, re.MULTILINE)[1]
-    extras = re.search(r"^\[project.optional-dependencies\]\n(.*?)^\[", read("pyproject.toml"),
-                       re.MULTILINE | re.DOTALL)[1]
+    extras = re.search(
+      r"^\[project.optional-dependencies\]\n(.*?)^\[",
+      read("pyproject.toml"),
+      re.MULTILINE | re.DOTALL,
+    )[1]
     self.assertIn(f'flax = ["{flax}"]', extras)
     self.assertNotIn('"flax', extras.split("test = [")[1])  # `.[test]` installs on every pair.
     with_flax = [j for j in self.jax if version(j) >= version(min_jax)]
     page = " ".join(read(INSTALL_PAGE).split())
-    self.assertIn(f"`flax` (Flax ≥ {flax.split('>=')[1]}, which needs jax ≥ {min_jax}) on the "
-                  f"pairs with jax {', '.join(with_flax[:-1])} and {with_flax[-1]}", page)
+    self.assertIn(
+      f"`flax` (Flax ≥ {flax.split('>=')[1]}, which needs jax ≥ {min_jax}) on the "
+      f"pairs with jax {', '.join(with_flax[:-1])} and {with_flax[-1]}",
+      page,
+    )
 
   def test_readme_install_section_links_the_install_page(self):
     install = re.search(r"^## Install\n(.*?)^## ", read("README.md"), re.MULTILINE | re.DOTALL)[1]
@@ -117,8 +130,11 @@ class VersionsTest(absltest.TestCase):
 
   def test_the_newest_leg_pins_the_newest_pair(self):
     # CI's newest-jax leg (//testing:newest_jax_test) runs the last pair past the tested set.
-    pins = dict(re.findall(r"^(dm-haiku|jax|jaxlib)==(\S+)$",
-                           read("testing/requirements-newest.txt"), re.MULTILINE))
+    pins = dict(
+      re.findall(
+        r"^(dm-haiku|jax|jaxlib)==(\S+)$", read("testing/requirements-newest.txt"), re.MULTILINE
+      )
+    )
     self.assertEqual((pins["dm-haiku"], pins["jax"]), matrix_pairs("NEWER_PAIRS")[-1])
     self.assertEqual(pins["jaxlib"], pins["jax"])
 

@@ -61,8 +61,7 @@ _CHECKS = textwrap.dedent("""
 
 def quickstart(readme: str) -> str:
   """The Python snippet of the README's Quickstart section."""
-  return re.search(r"^## Quickstart\n.*?^```python\n(.*?)^```", readme,
-                   re.MULTILINE | re.DOTALL)[1]
+  return re.search(r"^## Quickstart\n.*?^```python\n(.*?)^```", readme, re.MULTILINE | re.DOTALL)[1]
 
 
 def package_files(root: str, tests: bool = False) -> set[str]:
@@ -70,9 +69,11 @@ def package_files(root: str, tests: bool = False) -> set[str]:
   found = set()
   for directory, subdirs, files in os.walk(os.path.join(root, "haiku_bridge")):
     subdirs[:] = [d for d in subdirs if d != "__pycache__"]
-    found |= {os.path.relpath(os.path.join(directory, f), root) for f in files
-              if (f.endswith(".py") and (tests or not f.endswith("_test.py")))
-              or f == "py.typed"}
+    found |= {
+      os.path.relpath(os.path.join(directory, f), root)
+      for f in files
+      if (f.endswith(".py") and (tests or not f.endswith("_test.py"))) or f == "py.typed"
+    }
   return found
 
 
@@ -90,12 +91,14 @@ def read(path: str) -> str:
 
 def module_names(files: set[str]) -> list[str]:
   """The importable modules among `files`, tests left out."""
-  return sorted(f[:-len(".py")].replace(os.sep, ".").removesuffix(".__init__")
-                for f in files if f.endswith(".py") and not f.endswith("_test.py"))
+  return sorted(
+    f[: -len(".py")].replace(os.sep, ".").removesuffix(".__init__")
+    for f in files
+    if f.endswith(".py") and not f.endswith("_test.py")
+  )
 
 
 class WheelTest(absltest.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
@@ -116,9 +119,11 @@ class WheelTest(absltest.TestCase):
 
   def built(self) -> tuple[str, str]:
     """The sdist and the wheel that `python -m build` made."""
-    self.assertEqual(self.build.returncode, 0,
-                     f"python -m build failed:\n{self.build.stdout[-3000:]}\n"
-                     f"{self.build.stderr[-3000:]}")
+    self.assertEqual(
+      self.build.returncode,
+      0,
+      f"python -m build failed:\n{self.build.stdout[-3000:]}\n{self.build.stderr[-3000:]}",
+    )
     files = sorted(os.listdir(self.dist))
     self.assertLen(files, 2, files)
     sdist, wheel = sorted(files, key=lambda f: f.endswith(".whl"))
@@ -138,8 +143,9 @@ class WheelTest(absltest.TestCase):
     self.assertIn("haiku_bridge/_src/scan.py", expected)
     self.assertEqual(sorted(n for n in names if n.endswith("_test.py")), [])
     self.assertEqual(in_wheel, expected)
-    self.assertContainsSubset(set(_EXTRAS) | {"docs", "test"},
-                              set(metadata.get_all("Provides-Extra")))
+    self.assertContainsSubset(
+      set(_EXTRAS) | {"docs", "test"}, set(metadata.get_all("Provides-Extra"))
+    )
 
   def test_license_is_apache_2_as_jax_ships_it(self):
     self.assertEqual(read("LICENSE"), installed_license("jax"))
@@ -149,8 +155,9 @@ class WheelTest(absltest.TestCase):
     sdist, wheel = self.built()
     with tarfile.open(sdist) as tar:
       root = tar.getnames()[0].split("/")[0]
-      in_sdist = {name: tar.extractfile(f"{root}/{name}").read().decode()
-                  for name in _LICENSE_FILES}
+      in_sdist = {
+        name: tar.extractfile(f"{root}/{name}").read().decode() for name in _LICENSE_FILES
+      }
     with zipfile.ZipFile(wheel) as z:
       dist_info = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")).split("/")[0]
       in_wheel = {name: z.read(f"{dist_info}/licenses/{name}").decode() for name in _LICENSE_FILES}
@@ -162,7 +169,8 @@ class WheelTest(absltest.TestCase):
     _, wheel = self.built()
     with zipfile.ZipFile(wheel) as z:
       metadata = email.parser.Parser().parsestr(
-          z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+        z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+      )
     self.assertEqual(metadata["License-Expression"], "Apache-2.0")
     self.assertEqual(sorted(metadata.get_all("License-File")), sorted(_LICENSE_FILES))
     self.assertEqual(metadata["Author"], "The haiku_bridge Authors")
@@ -171,14 +179,17 @@ class WheelTest(absltest.TestCase):
     for url in urls.values():
       self.assertStartsWith(url, "https://")
     classifiers = set(metadata.get_all("Classifier"))
-    self.assertContainsSubset({
+    self.assertContainsSubset(
+      {
         "Development Status :: 3 - Alpha",
         "Intended Audience :: Science/Research",
         "Programming Language :: Python :: 3.11",
         "Programming Language :: Python :: 3.12",
         "Programming Language :: Python :: 3.13",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
-    }, classifiers)
+      },
+      classifiers,
+    )
     # The licence is the SPDX expression above; a `License ::` classifier would restate it.
     self.assertEqual([c for c in classifiers if c.startswith("License ::")], [])
     self.assertIn("haiku", metadata["Keywords"].split(","))
@@ -203,20 +214,24 @@ class WheelTest(absltest.TestCase):
     modules = module_names(package_files(self.src))
     workdir = os.path.join(self.tmp, "empty")
     os.makedirs(workdir)
-    ran = installed_package.run([python, "-c", script, json.dumps(modules)], cwd=workdir,
-                                env=installed_package.clean_env())
+    ran = installed_package.run(
+      [python, "-c", script, json.dumps(modules)], cwd=workdir, env=installed_package.clean_env()
+    )
     self.assertEqual(ran.returncode, 0, f"the quickstart failed:\n{ran.stderr[-3000:]}")
     report = json.loads(ran.stdout.strip().splitlines()[-1])
 
     self.assertTrue(report["file"].startswith(purelib + os.sep), report["file"])
     self.assertEqual(report["failed"], {})
     self.assertIn("haiku_bridge._src.flax_bridge", modules)
-    self.assertEqual(report["adapters"], {
+    self.assertEqual(
+      report["adapters"],
+      {
         "from_flax": "haiku_bridge._src.flax_bridge",
         "to_nnx": "haiku_bridge._src.flax_bridge",
         "from_equinox": "haiku_bridge._src.equinox_bridge",
         "to_equinox": "haiku_bridge._src.equinox_bridge",
-    })
+      },
+    )
     version = re.match(r"haiku_bridge-([\d.]+)-", os.path.basename(wheel))[1]
     self.assertEqual((report["version"], report["metadata_version"]), (version, version))
 
@@ -227,14 +242,18 @@ class WheelTest(absltest.TestCase):
     for name in ("__init__.py", "py.typed", "_src/scan.py", "_src/scan_test.py"):
       open(os.path.join(root, "haiku_bridge", name), "w").close()
     files = package_files(root)
-    self.assertEqual(files, {"haiku_bridge/__init__.py", "haiku_bridge/py.typed",
-                             "haiku_bridge/_src/scan.py"})
-    self.assertEqual(package_files(root, tests=True),
-                     files | {"haiku_bridge/_src/scan_test.py"})
+    self.assertEqual(
+      files, {"haiku_bridge/__init__.py", "haiku_bridge/py.typed", "haiku_bridge/_src/scan.py"}
+    )
+    self.assertEqual(package_files(root, tests=True), files | {"haiku_bridge/_src/scan_test.py"})
 
   def test_module_names(self):
-    files = {"haiku_bridge/__init__.py", "haiku_bridge/py.typed", "haiku_bridge/_src/scan.py",
-             "haiku_bridge/_src/scan_test.py"}
+    files = {
+      "haiku_bridge/__init__.py",
+      "haiku_bridge/py.typed",
+      "haiku_bridge/_src/scan.py",
+      "haiku_bridge/_src/scan_test.py",
+    }
     self.assertEqual(module_names(files), ["haiku_bridge", "haiku_bridge._src.scan"])
 
 

@@ -39,8 +39,7 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
-CANDIDATES = ("--xla_cpu_use_fusion_emitters=false",
-              "--xla_backend_optimization_level=1")
+CANDIDATES = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=1")
 
 # What the probe runs: starting a backend is when XLA parses XLA_FLAGS.
 _PROBE = "import jax; jax.devices()"
@@ -49,8 +48,7 @@ _UNKNOWN = re.compile(r"Unknown flags? in XLA_FLAGS: (.*)$", re.MULTILINE)
 _TIMEOUT_S = 120
 # The packages that hold an XLA, each parsing XLA_FLAGS: jaxlib, a PJRT plugin (jax-cuda13-plugin,
 # jax-cuda13-pjrt, ...), libtpu.
-_XLA_PACKAGES = re.compile(r"jaxlib|jax[-_]\w+[-_](plugin|pjrt)|libtpu(-nightly)?",
-                           re.IGNORECASE)
+_XLA_PACKAGES = re.compile(r"jaxlib|jax[-_]\w+[-_](plugin|pjrt)|libtpu(-nightly)?", re.IGNORECASE)
 
 
 def cache_path() -> str:
@@ -61,11 +59,18 @@ def cache_path() -> str:
 
 def cache_key(candidates: Sequence[str]) -> str:
   """What the probe's answer depends on: the candidates, jax's packages, JAX_PLATFORMS."""
-  packages = sorted(f"{d.metadata['Name']}=={d.version}"
-                    for d in importlib.metadata.distributions()
-                    if _XLA_PACKAGES.fullmatch(d.metadata["Name"] or ""))
-  return json.dumps({"candidates": list(candidates), "packages": packages,
-                     "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")})
+  packages = sorted(
+    f"{d.metadata['Name']}=={d.version}"
+    for d in importlib.metadata.distributions()
+    if _XLA_PACKAGES.fullmatch(d.metadata["Name"] or "")
+  )
+  return json.dumps(
+    {
+      "candidates": list(candidates),
+      "packages": packages,
+      "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", ""),
+    }
+  )
 
 
 def probe(candidates: Sequence[str]) -> tuple[str, ...]:
@@ -73,16 +78,24 @@ def probe(candidates: Sequence[str]) -> tuple[str, ...]:
   known = list(candidates)
   while True:
     env = dict(os.environ, XLA_FLAGS=" ".join(known))
-    result = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                            text=True, timeout=_TIMEOUT_S, check=False)
+    result = subprocess.run(
+      [sys.executable, "-c", _PROBE],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=_TIMEOUT_S,
+      check=False,
+    )
     if result.returncode == 0:
       return tuple(known)
     named = _UNKNOWN.search(result.stderr)
     unknown = set(named[1].split()) & set(known) if named else set()
     if not unknown:
-      raise RuntimeError(f"testing/xla_flags.py: a process with XLA_FLAGS={env['XLA_FLAGS']!r} "
-                         f"failed for another reason than an unknown flag:\n"
-                         f"{result.stderr[-3000:]}")
+      raise RuntimeError(
+        f"testing/xla_flags.py: a process with XLA_FLAGS={env['XLA_FLAGS']!r} "
+        f"failed for another reason than an unknown flag:\n"
+        f"{result.stderr[-3000:]}"
+      )
     known = [flag for flag in known if flag not in unknown]
 
 
@@ -94,8 +107,9 @@ def _read_cache(path: str) -> dict[str, list[str]]:
     return {}
 
 
-def known_flags(candidates: Sequence[str] = CANDIDATES,
-                path: Optional[str] = None) -> tuple[str, ...]:
+def known_flags(
+  candidates: Sequence[str] = CANDIDATES, path: Optional[str] = None
+) -> tuple[str, ...]:
   """The `candidates` the installed XLA knows: cached, else probed and cached."""
   path = path or cache_path()
   key = cache_key(candidates)

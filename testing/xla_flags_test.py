@@ -72,27 +72,31 @@ def _step(fn, x, mesh=None):
     compiled = step.lower(params, None, x).compile()
   memory = compiled.memory_analysis()
   loss, grads = compiled(params, None, x)
-  return {"temp": memory.temp_size_in_bytes,
-          "output": memory.output_size_in_bytes,
-          "argument": memory.argument_size_in_bytes,
-          "values": [float(loss)] + [float(jnp.sum(g))
-                                     for g in jax.tree.leaves(grads)]}
+  return {
+    "temp": memory.temp_size_in_bytes,
+    "output": memory.output_size_in_bytes,
+    "argument": memory.argument_size_in_bytes,
+    "values": [float(loss)] + [float(jnp.sum(g)) for g in jax.tree.leaves(grads)],
+  }
 
 
 def _plan_step(h, x):
   h = jnp.tanh(h @ jnp.full([16, 16], 0.1) + x)
-  return h, jnp.sum(h ** 2)
+  return h, jnp.sum(h**2)
 
 
 def figures() -> dict[str, object]:
   """What the suite's memory tests read, for each program."""
   mesh = jax.make_mesh((4, 2), ("stage", "data"))  # Explicit axes.
-  plan = hkb.remat_plan(_plan_step, jnp.zeros([4, 16]),
-                        jnp.ones([256, 4, 16]), memory_budget=60_000)
-  return {"rnn": _step(_rnn, jnp.ones([24, 4, 8])),
-          "nested_stack": _step(_nested_stack, jnp.ones([8, 32])),
-          "pipelined_stack": _step(_pipelined_stack, jnp.ones([16, 32]), mesh),
-          "remat_plan": plan.table()}
+  plan = hkb.remat_plan(
+    _plan_step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]), memory_budget=60_000
+  )
+  return {
+    "rnn": _step(_rnn, jnp.ones([24, 4, 8])),
+    "nested_stack": _step(_nested_stack, jnp.ones([8, 32])),
+    "pipelined_stack": _step(_pipelined_stack, jnp.ones([16, 32]), mesh),
+    "remat_plan": plan.table(),
+  }
 
 
 def _print_figures() -> None:
@@ -110,13 +114,17 @@ def read(path: str) -> str:
 
 def starts(flags: str) -> subprocess.CompletedProcess:
   """A fresh process that starts jax's backend with `XLA_FLAGS=flags`."""
-  return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
-                        env=dict(os.environ, XLA_FLAGS=flags), capture_output=True,
-                        text=True, timeout=120, check=False)
+  return subprocess.run(
+    [sys.executable, "-c", "import jax; jax.devices()"],
+    env=dict(os.environ, XLA_FLAGS=flags),
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
 
 
 class KnownFlagsTest(absltest.TestCase):
-
   def setUp(self):
     super().setUp()
     self.cache = os.path.join(self.create_tempdir().full_path, "flags.json")
@@ -159,7 +167,6 @@ class KnownFlagsTest(absltest.TestCase):
 
 
 class XlaFlagsTest(absltest.TestCase):
-
   def test_bazelrc_gives_tests_the_pinned_jaxlibs_flags(self):
     line = re.search(r'^test --test_env=XLA_FLAGS="(.*)"$', read(".bazelrc"), re.MULTILINE)[1]
     self.assertEqual(line.split(), [c for c in xla_flags.CANDIDATES if c in line.split()])
@@ -169,16 +176,14 @@ class XlaFlagsTest(absltest.TestCase):
     self.assertEqual(line, xla_flags.flags())
 
   def test_this_process_compiles_with_them(self):
-    if "TEST_TARGET" not in os.environ and os.environ.get(
-        "XLA_FLAGS") != xla_flags.flags():
+    if "TEST_TARGET" not in os.environ and os.environ.get("XLA_FLAGS") != xla_flags.flags():
       # Under pytest, conftest.py keeps XLA_FLAGS the environment names.
       self.skipTest("the environment names its own XLA_FLAGS")
     self.assertEqual(os.environ.get("XLA_FLAGS"), xla_flags.flags())
 
   def test_memory_and_plans_as_with_xla_defaults(self):
     ours = figures()
-    child = test_utils.run_in_fresh_process(__file__, "_print_figures",
-                                            env={"XLA_FLAGS": ""})
+    child = test_utils.run_in_fresh_process(__file__, "_print_figures", env={"XLA_FLAGS": ""})
     self.assertEqual(child.returncode, 0, child.stderr[-3000:])
     defaults = json.loads(child.stdout.strip().splitlines()[-1])
     self.assertEqual(ours["remat_plan"], defaults["remat_plan"])
@@ -186,10 +191,10 @@ class XlaFlagsTest(absltest.TestCase):
       with self.subTest(name):
         got, expected = ours[name], defaults[name]
         self.assertEqual(
-            {k: got[k] for k in ("temp", "output", "argument")},
-            {k: expected[k] for k in ("temp", "output", "argument")})
-        np.testing.assert_allclose(got["values"], expected["values"],
-                                   rtol=1e-5, atol=1e-6)
+          {k: got[k] for k in ("temp", "output", "argument")},
+          {k: expected[k] for k in ("temp", "output", "argument")},
+        )
+        np.testing.assert_allclose(got["values"], expected["values"], rtol=1e-5, atol=1e-6)
 
 
 if __name__ == "__main__":

@@ -79,8 +79,7 @@ class Cache:
       if len(self._entries) > self._max_entries:
         self._entries.popitem(last=False)
 
-  def get_or_compute(self, key: Optional[Hashable],
-                     compute: Callable[[], Any]) -> Any:
+  def get_or_compute(self, key: Optional[Hashable], compute: Callable[[], Any]) -> Any:
     value = self.get(key)
     if value is None:
       value = compute()
@@ -118,6 +117,7 @@ def memoize(maxsize: Optional[int] = 256) -> Callable[[Callable], Callable]:
   `clear_caches()` empties it, and it keeps nothing while caches are off
   (`disabled()`, `HAIKU_BRIDGE_CACHES=0`), like every `Cache`.
   """
+
   def wrap(fn: Callable) -> Callable:
     cached = functools.lru_cache(maxsize=maxsize)(fn)
     register(cached.cache_clear)
@@ -145,8 +145,7 @@ def directory() -> Optional[str]:
   named = os.environ.get("HAIKU_BRIDGE_CACHE_DIR")
   if named is not None:
     return named or None
-  home = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-      os.path.expanduser("~"), ".cache")
+  home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return os.path.join(home, "haiku_bridge")
 
 
@@ -188,7 +187,8 @@ class OnDisk:
       text = json.dumps(value)
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with tempfile.NamedTemporaryFile(
-          "w", dir=os.path.dirname(path), suffix=".tmp", delete=False) as f:
+        "w", dir=os.path.dirname(path), suffix=".tmp", delete=False
+      ) as f:
         f.write(text)
       os.replace(f.name, path)
     except (OSError, TypeError, ValueError):  # Unwritable, or not JSON.

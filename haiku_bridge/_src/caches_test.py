@@ -12,7 +12,6 @@ from haiku_bridge._src import caches
 
 
 class SwitchTest(absltest.TestCase):
-
   def test_disabled_keeps_nothing(self):
     cache = caches.Cache("switch")
     cache.put("k", 1)
@@ -30,17 +29,15 @@ class SwitchTest(absltest.TestCase):
     self.assertFalse(caches.enabled())
 
   def test_environment_variable(self):
-    code = ("from haiku_bridge._src import caches; "
-            "print(caches.enabled())")
-    env = dict(os.environ, HAIKU_BRIDGE_CACHES="0",
-               PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                         capture_output=True, text=True).stdout
+    code = "from haiku_bridge._src import caches; print(caches.enabled())"
+    env = dict(os.environ, HAIKU_BRIDGE_CACHES="0", PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run(
+      [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+    ).stdout
     self.assertEqual(out.strip(), "False")
 
 
 class OnDiskTest(absltest.TestCase):
-
   @mock.patch.object(caches, "_enabled", True)  # The suite runs caches off too.
   def test_where_files_go_and_what_clears_them(self):
     root = self.create_tempdir().full_path
@@ -48,8 +45,7 @@ class OnDiskTest(absltest.TestCase):
     with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": root}):
       self.assertEqual(caches.directory(), root)
       store.put("k", {"a": [1, 2]})
-      self.assertEqual(os.listdir(os.path.join(root, "on_disk_test")),
-                       ["k.json"])
+      self.assertEqual(os.listdir(os.path.join(root, "on_disk_test")), ["k.json"])
       self.assertEqual(store.get("k"), {"a": [1, 2]})
       self.assertIsNone(store.get("other"))
       with caches.disabled():  # Off: nothing read, nothing written.
@@ -72,12 +68,10 @@ class OnDiskTest(absltest.TestCase):
     home = self.create_tempdir().full_path
     with mock.patch.dict(os.environ, {"XDG_CACHE_HOME": home}):
       os.environ.pop("HAIKU_BRIDGE_CACHE_DIR", None)
-      self.assertEqual(caches.directory(),
-                       os.path.join(home, "haiku_bridge"))
+      self.assertEqual(caches.directory(), os.path.join(home, "haiku_bridge"))
 
 
 class ClearCachesTest(absltest.TestCase):
-
   def test_clears_every_cache(self):
     cache = caches.Cache("test")
     cleared = []
@@ -91,11 +85,12 @@ class ClearCachesTest(absltest.TestCase):
   def test_every_memo_of_the_package_is_registered(self):
     # A `functools.lru_cache` anywhere in the package empties with the rest.
     memos = {
-        f"{name}.{attr}": value
-        for name, module in list(sys.modules.items())
-        if name.startswith("haiku_bridge._src.")
-        for attr, value in vars(module).items()
-        if callable(getattr(value, "cache_clear", None))}
+      f"{name}.{attr}": value
+      for name, module in list(sys.modules.items())
+      if name.startswith("haiku_bridge._src.")
+      for attr, value in vars(module).items()
+      if callable(getattr(value, "cache_clear", None))
+    }
     self.assertIn("haiku_bridge._src.pytree.key_spec_of", memos)
     self.assertIn("haiku_bridge._src.remat.loop.schedule", memos)
     for name, memo in memos.items():

@@ -31,11 +31,11 @@ Transformed = hk.Transformed | hk.TransformedWithState
 
 
 def call_pure(
-    fn: Callable[..., Any] | Transformed,
-    *args: Any,
-    init: InitFn | Transformed | None = None,
-    name: Optional[str] = None,
-    **kwargs: Any,
+  fn: Callable[..., Any] | Transformed,
+  *args: Any,
+  init: InitFn | Transformed | None = None,
+  name: Optional[str] = None,
+  **kwargs: Any,
 ) -> Any:
   """Calls `fn(params, *args, **kwargs)` with params owned by the transform.
 
@@ -81,34 +81,43 @@ def call_pure(
     guards.require_transform()
     _check_name(name)
     if haiku_internals.is_transformed(fn) or isinstance(
-        fn, (hk.MultiTransformed, hk.MultiTransformedWithState)):
+      fn, (hk.MultiTransformed, hk.MultiTransformedWithState)
+    ):
       if init is not None and init is not fn:
-        raise TypeError(errors.message(
-            "`fn` is an hk.Transformed, which brings its own init; do not "
-            "pass `init=` as well."))
+        raise TypeError(
+          errors.message(
+            "`fn` is an hk.Transformed, which brings its own init; do not pass `init=` as well."
+          )
+        )
       f = inline.haiku_function(fn)
       if hk.running_init():
         guards.require_haiku_trace()
       with _name_scope(name):
         return f(*args, **kwargs)
     if not callable(fn):
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           f"`fn` must be a function `fn(params, *args)` or an hk.Transformed; "
-          f"got {errors.describe(fn)} ({fn!r:.60})."))
+          f"got {errors.describe(fn)} ({fn!r:.60})."
+        )
+      )
     if init is None:
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           "needs `init=`: a function `init(rng, *args, **kwargs)` that "
-          f"returns the params pytree of {getattr(fn, '__name__', fn)!r}."))
+          f"returns the params pytree of {getattr(fn, '__name__', fn)!r}."
+        )
+      )
     with _name_scope(name):
       params = _params_for(init, args, kwargs)
   return fn(params, *args, **kwargs)
 
 
 def get_relevant_parameters(
-    init: InitFn | Transformed,
-    *args: Any,
-    name: Optional[str] = None,
-    **kwargs: Any,
+  init: InitFn | Transformed,
+  *args: Any,
+  name: Optional[str] = None,
+  **kwargs: Any,
 ) -> PyTree:
   """Returns the explicit params that `call_pure` would pass, without a call.
 
@@ -148,15 +157,13 @@ def _params_for(init, args, kwargs) -> PyTree:
   # `f.init` of an hk.transform* is bridged as the transform itself (its
   # output is Haiku's params dict, or (params, state)).
   haiku_fn = haiku_internals.original_fn(init)
-  if haiku_fn is not None or isinstance(
-      init, (hk.MultiTransformed, hk.MultiTransformedWithState)):
+  if haiku_fn is not None or isinstance(init, (hk.MultiTransformed, hk.MultiTransformedWithState)):
     return inline.of(haiku_fn or init).explicit_params(args, kwargs)
   return key_path.bind(init, args, kwargs)
 
 
 def _check_name(name: Optional[str]) -> None:
-  errors.check_str("name", name, "None or a module name (a string)",
-                   optional=True)
+  errors.check_str("name", name, "None or a module name (a string)", optional=True)
 
 
 @contextlib.contextmanager

@@ -52,11 +52,11 @@ JvpFn = Callable[[PureFn, tuple[Any, ...], tuple[Any, ...]], tuple[Any, Any]]
 
 
 def custom_vjp(
-    f: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
-    fwd: FwdFn,
-    bwd: BwdFn,
-    *,
-    nondiff_argnums: Sequence[int] = (),
+  f: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
+  fwd: FwdFn,
+  bwd: BwdFn,
+  *,
+  nondiff_argnums: Sequence[int] = (),
 ) -> Callable[..., Any]:
   """A Haiku function with a custom backward pass over its own weights.
 
@@ -110,29 +110,38 @@ def custom_vjp(
   with errors.entry("custom_vjp"):
     nondiff_argnums = _check_block_args(f, nondiff_argnums)
     if fwd is route_cotangents or bwd is vjp_fwd:
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           "the arguments are `(f, fwd, bwd)`: hkb.vjp_fwd is a `fwd`, and "
           "hkb.route_cotangents(split, combine) builds a `bwd`, e.g. "
           "hkb.custom_vjp(f, hkb.vjp_fwd, hkb.route_cotangents(split, "
-          "combine))."))
+          "combine))."
+        )
+      )
     errors.check_callable(
-        "fwd", fwd, "a function `fwd(f_pure, params, *args) -> (out, "
-        "residuals)`, e.g. hkb.vjp_fwd")
+      "fwd", fwd, "a function `fwd(f_pure, params, *args) -> (out, residuals)`, e.g. hkb.vjp_fwd"
+    )
     if bwd is route_cotangents:
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           "`bwd` is hkb.route_cotangents itself; call it to build the bwd: "
-          "hkb.route_cotangents(split, combine)."))
+          "hkb.route_cotangents(split, combine)."
+        )
+      )
     errors.check_callable(
-        "bwd", bwd, "a function `bwd(residuals, out_cotangent) -> "
-        "(params_ct, *args_cts)`, e.g. hkb.route_cotangents(split, combine)")
+      "bwd",
+      bwd,
+      "a function `bwd(residuals, out_cotangent) -> "
+      "(params_ct, *args_cts)`, e.g. hkb.route_cotangents(split, combine)",
+    )
   return _CustomVJP(f, fwd, bwd, nondiff_argnums)
 
 
 def custom_jvp(
-    f: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
-    jvp: JvpFn,
-    *,
-    nondiff_argnums: Sequence[int] = (),
+  f: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
+  jvp: JvpFn,
+  *,
+  nondiff_argnums: Sequence[int] = (),
 ) -> Callable[..., Any]:
   """A Haiku function with a custom forward-mode derivative over its weights.
 
@@ -178,8 +187,8 @@ def custom_jvp(
   with errors.entry("custom_jvp"):
     nondiff_argnums = _check_block_args(f, nondiff_argnums)
     errors.check_callable(
-        "jvp", jvp, "a function `jvp(f_pure, primals, tangents) -> (out, "
-        "out_dot)`")
+      "jvp", jvp, "a function `jvp(f_pure, primals, tangents) -> (out, out_dot)`"
+    )
   return _CustomJVP(f, jvp, nondiff_argnums)
 
 
@@ -216,13 +225,16 @@ def vjp_fwd(f_pure: PureFn, params: PyTree, *args: Any) -> tuple[Any, Any]:
   """
   with errors.entry("vjp_fwd"):
     errors.check_callable(
-        "f_pure", f_pure, "the pure function `f_pure(params, *args)` that "
-        "hkb.custom_vjp passes to `fwd`",
-        "Pass hkb.vjp_fwd itself as `fwd`; the block calls it.")
+      "f_pure",
+      f_pure,
+      "the pure function `f_pure(params, *args)` that hkb.custom_vjp passes to `fwd`",
+      "Pass hkb.vjp_fwd itself as `fwd`; the block calls it.",
+    )
   nondiff = getattr(f_pure, "nondiff_argnums", ())
   diff = [i for i in range(len(args)) if i not in nondiff]
-  with_aux = (f_pure.with_aux if isinstance(f_pure, _PureFunction) else
-              lambda p, *a: (f_pure(p, *a), None))
+  with_aux = (
+    f_pure.with_aux if isinstance(f_pure, _PureFunction) else lambda p, *a: (f_pure(p, *a), None)
+  )
 
   outputs = []
 
@@ -232,13 +244,11 @@ def vjp_fwd(f_pure: PureFn, params: PyTree, *args: Any) -> tuple[Any, Any]:
     outputs.append(output)
     return arrays, aux
 
-  arrays, vjp_fn, aux = jax.vjp(diff_only, params,
-                                *[args[i] for i in diff], has_aux=True)
+  arrays, vjp_fn, aux = jax.vjp(diff_only, params, *[args[i] for i in diff], has_aux=True)
   out = outputs[0].rebuild(arrays)
   # Takes a cotangent shaped like `out` (None, or anything, at its static
   # leaves); a pytree whose leaves are the vjp closure's, as residuals.
-  vjp_fn = jax.tree_util.Partial(
-      functools.partial(_vjp_of_output, outputs[0]), vjp_fn)
+  vjp_fn = jax.tree_util.Partial(functools.partial(_vjp_of_output, outputs[0]), vjp_fn)
   if isinstance(f_pure, _PureFunction):
     # `has_aux` returns `aux` outside jax.vjp's trace: the block's new state
     # and rng, handed to the library with the residuals.
@@ -251,8 +261,8 @@ def _vjp_of_output(output: "_Output", vjp_fn, out_ct):
 
 
 def route_cotangents(
-    split: Callable[[Any], Mapping[str, Any]],
-    combine: Callable[[dict[str, tuple[Any, ...]]], Sequence[Any]],
+  split: Callable[[Any], Mapping[str, Any]],
+  combine: Callable[[dict[str, tuple[Any, ...]]], Sequence[Any]],
 ) -> BwdFn:
   """A `bwd` for `custom_vjp` + `vjp_fwd` that routes cotangent pieces.
 
@@ -296,42 +306,47 @@ def route_cotangents(
     `fwd` whose residuals are a `jax.vjp` closure).
   """
   with errors.entry("route_cotangents"):
+    errors.check_callable("split", split, "a function `split(out_cotangent) -> {name: piece}`")
     errors.check_callable(
-        "split", split, "a function `split(out_cotangent) -> {name: "
-        "piece}`")
-    errors.check_callable(
-        "combine", combine, "a function `combine({name: (params_ct, "
-        "*args_cts)}) -> (params_ct, *args_cts)`")
+      "combine",
+      combine,
+      "a function `combine({name: (params_ct, *args_cts)}) -> (params_ct, *args_cts)`",
+    )
 
   def bwd(vjp_fn, out_ct):
     pieces = split(out_ct)
     with errors.entry("route_cotangents"):  # The backward pass: no entry open.
       _check_pieces(pieces, out_ct)
     names = list(pieces)
-    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves),
-                           *[pieces[name] for name in names])
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[pieces[name] for name in names])
     # One vmapped backward pass for all pieces, reusing the forward's
     # activations held by the closure.
     cts = jax.vmap(vjp_fn)(stacked)
-    return combine({name: jax.tree.map(lambda c, i=i: c[i], cts)
-                    for i, name in enumerate(names)})
+    return combine({name: jax.tree.map(lambda c, i=i: c[i], cts) for i, name in enumerate(names)})
 
   return bwd
 
 
 def _check_block_args(f: Any, nondiff_argnums: Any) -> tuple[int, ...]:
   """`f` and `nondiff_argnums` of `custom_vjp` / `custom_jvp`, on entry."""
-  if not (callable(f) or isinstance(f, (hk.Transformed,
-                                        hk.TransformedWithState))):
-    raise TypeError(errors.bad_argument(
-        "f", f, "a Haiku function `f(*args) -> out` or its hk.transform"))
+  if not (callable(f) or isinstance(f, (hk.Transformed, hk.TransformedWithState))):
+    raise TypeError(
+      errors.bad_argument("f", f, "a Haiku function `f(*args) -> out` or its hk.transform")
+    )
   if errors.is_int(nondiff_argnums):
-    raise TypeError(errors.bad_argument(
-        "nondiff_argnums", nondiff_argnums, "a sequence of argument "
-        "positions", f"Write nondiff_argnums=({nondiff_argnums},)."))
+    raise TypeError(
+      errors.bad_argument(
+        "nondiff_argnums",
+        nondiff_argnums,
+        "a sequence of argument positions",
+        f"Write nondiff_argnums=({nondiff_argnums},).",
+      )
+    )
   return errors.check_int_sequence(
-      "nondiff_argnums", nondiff_argnums,
-      "a sequence of argument positions (non-negative ints), e.g. (1,)")
+    "nondiff_argnums",
+    nondiff_argnums,
+    "a sequence of argument positions (non-negative ints), e.g. (1,)",
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -341,12 +356,14 @@ def _check_block_args(f: Any, nondiff_argnums: Any) -> tuple[int, ...]:
 
 class _Aux(NamedTuple):
   """What a run hands back besides its output: new state, next rng state."""
+
   state: Any
   rng_state: Any
 
 
 class _ResidualsWithAux(NamedTuple):
   """Residuals from `vjp_fwd`, carrying the run's `_Aux` to the library."""
+
   residuals: Any
   aux: _Aux
 
@@ -358,6 +375,7 @@ class _Output(NamedTuple):
   string tag, a Python number, a NumPy integer) is a static output, returned
   as it is, as inline code returns it; its cotangent or tangent is None.
   """
+
   treedef: Any  # Of the whole output.
   is_array: tuple[bool, ...]  # Per leaf.
   statics: tuple[Any, ...]  # The static leaves, in order.
@@ -367,16 +385,20 @@ class _Output(NamedTuple):
     """`out`'s array leaves, and the record to rebuild it from them."""
     leaves, treedef = jax.tree.flatten(out)
     is_array = tuple(_is_array(leaf) for leaf in leaves)
-    return ([x for x, a in zip(leaves, is_array) if a],
-            cls(treedef, is_array, tuple(x for x, a in zip(leaves, is_array)
-                                         if not a)))
+    return (
+      [x for x, a in zip(leaves, is_array) if a],
+      cls(treedef, is_array, tuple(x for x, a in zip(leaves, is_array) if not a)),
+    )
 
   def rebuild(self, arrays: Sequence[Any], static: Any = ...) -> PyTree:
     """The output from its arrays: statics in place (or `static`, e.g. None)."""
     array_iter, statics = iter(arrays), iter(self.statics)
-    return self.treedef.unflatten([
+    return self.treedef.unflatten(
+      [
         next(array_iter) if a else (next(statics) if static is ... else static)
-        for a in self.is_array])
+        for a in self.is_array
+      ]
+    )
 
   def tangent_treedef(self) -> Any:
     """The structure of a cotangent or tangent: None at each static leaf."""
@@ -392,8 +414,8 @@ class _Output(NamedTuple):
 def _is_array(x: Any) -> bool:
   """What a custom derivative differentiates: arrays (NumPy float ones too)."""
   return isinstance(x, jax.Array) or (
-      isinstance(x, (np.ndarray, np.generic)) and
-      not pytree.is_python_value(x))
+    isinstance(x, (np.ndarray, np.generic)) and not pytree.is_python_value(x)
+  )
 
 
 @jax.tree_util.register_pytree_node_class
@@ -429,11 +451,13 @@ class _PureFunction:
 
   def with_aux(self, params: PyTree, *args: Any) -> tuple[Any, _Aux]:
     """`(out, aux)` of one run."""
-    out, new_state, final_rng = self._apply(params, self._state,
-                                            self._rng_state, args, {})
+    out, new_state, final_rng = self._apply(params, self._state, self._rng_state, args, {})
     result = out, _Aux(new_state, final_rng)
-    if self.seen is None and self._primals is not None and _same_leaves(
-        (params, *args), self._primals):
+    if (
+      self.seen is None
+      and self._primals is not None
+      and _same_leaves((params, *args), self._primals)
+    ):
       self.seen = result
     return result
 
@@ -462,10 +486,13 @@ class _CustomBlock:
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     with errors.entry(self._api):
       if kwargs:
-        raise TypeError(errors.message(
+        raise TypeError(
+          errors.message(
             f"blocks take positional arguments only (got {sorted(kwargs)}): "
             "pass them by position, with Python flags in nondiff_argnums, or "
-            "bind them into `f` with functools.partial."))
+            "bind them into `f` with functools.partial."
+          )
+        )
       guards.require_transform()
       self._check_args(args)
       if hk.running_init():
@@ -482,24 +509,31 @@ class _CustomBlock:
   def _check_args(self, args) -> None:
     for i in self._diff_positions(args):
       for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
-        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, float,
-                                 int, complex)):
-          raise TypeError(errors.message(
+        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, float, int, complex)):
+          raise TypeError(
+            errors.message(
               f"argument {i} holds a {type(leaf).__name__} at "
               f"{errors.keystr(path)}, which JAX cannot differentiate. Put "
-              "its position in nondiff_argnums."))
+              "its position in nondiff_argnums."
+            )
+          )
     for i in self._nondiff:
       if i >= len(args):
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"nondiff_argnums has {i}, but the block was called with "
-            f"{len(args)} positional arguments."))
-      if any(isinstance(leaf, jax.core.Tracer)
-             for leaf in jax.tree.leaves(args[i])):
-        raise TypeError(errors.message(
+            f"{len(args)} positional arguments."
+          )
+        )
+      if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(args[i])):
+        raise TypeError(
+          errors.message(
             f"argument {i} is in nondiff_argnums but holds a traced array. "
             "nondiff_argnums are for Python values (flags, ints, callables) "
             "that stay untraced; pass arrays as ordinary arguments and give "
-            "them a None cotangent."))
+            "them a None cotangent."
+          )
+        )
 
   def _diff_positions(self, args) -> list[int]:
     return [i for i in range(len(args)) if i not in self._nondiff]
@@ -513,8 +547,9 @@ class _CustomBlock:
     outputs = []
 
     def run(params, state, rng_state, diff_args):
-      out, new_state, final_rng = call.run(params, state, rng_state,
-                                           _merge(args, diff, diff_args), {})
+      out, new_state, final_rng = call.run(
+        params, state, rng_state, _merge(args, diff, diff_args), {}
+      )
       return record(out)[0], _Aux(new_state, final_rng)
 
     def record(out):
@@ -534,18 +569,17 @@ class _CustomBlock:
       if seen is not None and _same_leaves(seen[0], rule_out):
         out, aux = seen
       elif stateless and rng_state is None:
-        return (*_out_spec(f_pure, params, full, diff),
-                f_pure.unchanged_aux())
+        return (*_out_spec(f_pure, params, full, diff), f_pure.unchanged_aux())
       else:
         out, aux = f_pure.with_aux(params, *full)
       arrays, output = _Output.of(out)
       return output, pytree.specs(arrays), aux
 
     pure = lambda state, rng_state, primals: _PureFunction(
-        call.run, state, rng_state, self._nondiff, primals)
+      call.run, state, rng_state, self._nondiff, primals
+    )
     core = self._custom(run, run_of, pure, record, call.params, args, diff)
-    arrays, aux = core(call.params, call.state, rng_state,
-                       tuple(args[i] for i in diff))
+    arrays, aux = core(call.params, call.state, rng_state, tuple(args[i] for i in diff))
     return outputs[0].rebuild(arrays), aux.state, aux.rng_state
 
   def _custom(self, run, run_of, pure, record, params, args, diff):
@@ -583,9 +617,9 @@ class _CustomVJP(_CustomBlock):
       f_pure = pure(state, rng_state, (params, *full))
       result = self._fwd(f_pure, params, *full)
       if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise TypeError(errors.message(
-            "fwd must return a pair (out, residuals); got "
-            f"{errors.describe(result)}."))
+        raise TypeError(
+          errors.message(f"fwd must return a pair (out, residuals); got {errors.describe(result)}.")
+        )
       out, residuals = result
       if isinstance(residuals, _ResidualsWithAux):
         # `vjp_fwd`: `out` is f_pure's own, and the run's new state with it.
@@ -603,8 +637,7 @@ class _CustomVJP(_CustomBlock):
         out_ct, _ = cotangents  # State and rng are not differentiated.
         # Shaped like the output, None at its static leaves.
         out_ct = outputs[-1].rebuild(out_ct, None)
-        cts = _check_bwd(self._bwd(residuals, out_ct), expected, diff,
-                         self._nondiff)
+        cts = _check_bwd(self._bwd(residuals, out_ct), expected, diff, self._nondiff)
       return cts[0], None, None, tuple(cts[1:])
 
     core.defvjp(fwd_rule, bwd_rule)
@@ -636,23 +669,22 @@ class _CustomJVP(_CustomBlock):
       f_pure = pure(state, rng_state, (params, *full))
       result = self._jvp(f_pure, (params, *full), (params_dot, *full_dots))
       if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise TypeError(errors.message(
-            "jvp must return a pair (out, out_dot); got "
-            f"{errors.describe(result)}."))
+        raise TypeError(
+          errors.message(f"jvp must return a pair (out, out_dot); got {errors.describe(result)}.")
+        )
       out, out_dot = result
       output, specs, aux = run_of(f_pure, params, full, out)
       _check_like("jvp's out", out, output, specs, "jvp")
-      _check_like("jvp's out_dot", out_dot, output, specs, "jvp",
-                  tangent=True)
-      return ((record(out)[0], aux),
-              (jax.tree.leaves(out_dot), jax.tree.map(_zero_tangent, aux)))
+      _check_like("jvp's out_dot", out_dot, output, specs, "jvp", tangent=True)
+      return ((record(out)[0], aux), (jax.tree.leaves(out_dot), jax.tree.map(_zero_tangent, aux)))
 
     core.defjvp(jvp_rule)
     return core
 
 
-def _out_spec(f_pure: _PureFunction, params, args, diff
-              ) -> tuple[_Output, list[jax.ShapeDtypeStruct]]:
+def _out_spec(
+  f_pure: _PureFunction, params, args, diff
+) -> tuple[_Output, list[jax.ShapeDtypeStruct]]:
   """The output record of `f_pure(params, *args)` and its arrays' specs."""
   outputs = []
 
@@ -677,8 +709,7 @@ def _same_leaves(a: PyTree, b: PyTree) -> bool:
   return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
-def _merge(args: Sequence[Any], positions: Sequence[int],
-           values: Sequence[Any]) -> tuple[Any, ...]:
+def _merge(args: Sequence[Any], positions: Sequence[int], values: Sequence[Any]) -> tuple[Any, ...]:
   """`args` with `args[positions[k]]` replaced by `values[k]`."""
   merged = list(args)
   for i, value in zip(positions, values):
@@ -692,8 +723,9 @@ def _zero_tangent(x):
   return np.zeros(np.shape(x), jax.dtypes.float0)
 
 
-def _check_like(what: str, tree, output: _Output, specs, rule: str,
-                tangent: bool = False, hint: str = ""):
+def _check_like(
+  what: str, tree, output: _Output, specs, rule: str, tangent: bool = False, hint: str = ""
+):
   """Checks `tree` against f's output: its structure, its arrays' shapes.
 
   A tangent (`tangent`) has None at the output's static leaves; an output
@@ -702,34 +734,46 @@ def _check_like(what: str, tree, output: _Output, specs, rule: str,
   want_def = output.tangent_treedef() if tangent else output.treedef
   got_def = jax.tree.structure(tree)
   if got_def != want_def:
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"{what} must have the structure of f's output, {want_def}; got "
-        f"{got_def}. Check what {rule} returns.{hint}"))
+        f"{got_def}. Check what {rule} returns.{hint}"
+      )
+    )
   leaves = jax.tree_util.tree_leaves_with_path(tree)
   if not tangent:
     statics = [(p, x) for (p, x), a in zip(leaves, output.is_array) if not a]
     for (path, got), want in zip(statics, output.statics):
       if type(got) is not type(want) or not _equal(got, want):
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"{what} at {errors.keystr(path)} is {errors.got(got)}, but f's "
             f"output there is {errors.got(want)}. Check what {rule} "
-            f"returns.{hint}"))
+            f"returns.{hint}"
+          )
+        )
     leaves = [leaf for leaf, a in zip(leaves, output.is_array) if a]
   for (path, got), want in zip(leaves, specs):
     if not (_is_array(got) or isinstance(got, (bool, int, float, complex))):
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"{what} at {errors.keystr(path)} is {errors.got(got)}, but f's "
           f"output there is {errors.type_str(want)}. Check what {rule} "
-          f"returns.{hint}"))
+          f"returns.{hint}"
+        )
+      )
     got = jax.ShapeDtypeStruct(np.shape(got), jnp.result_type(got))
     dtype_ok = got.dtype == want.dtype
     if tangent and not jnp.issubdtype(want.dtype, jnp.inexact):
       dtype_ok = True  # Integer outputs have float0 tangents.
     if got.shape != want.shape or not dtype_ok:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"{what} at {errors.keystr(path)} is {errors.type_str(got)}, but "
           f"f's output there is {errors.type_str(want)}. Check what {rule} "
-          f"returns.{hint}"))
+          f"returns.{hint}"
+        )
+      )
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -746,13 +790,14 @@ def _check_bwd(result, expected, diff, nondiff):
   wrapper's arguments (state, rng) that the user never sees.
   """
   n = len(expected)
-  wants = (f"(params_ct, *args_cts): {n} cotangents, one for params and one "
-           f"per differentiable argument (positions {list(diff)})")
+  wants = (
+    f"(params_ct, *args_cts): {n} cotangents, one for params and one "
+    f"per differentiable argument (positions {list(diff)})"
+  )
   if nondiff:
     wants += f"; nondiff_argnums {list(nondiff)} get none"
   if not isinstance(result, (tuple, list)) or len(result) != n:
-    raise ValueError(errors.message(f"bwd must return {wants}. Got "
-                                    f"{errors.describe(result)}."))
+    raise ValueError(errors.message(f"bwd must return {wants}. Got {errors.describe(result)}."))
   names = ["params"] + [f"args[{i}]" for i in diff]
   out = []
   for name, ct, spec in zip(names, result, expected):
@@ -767,25 +812,34 @@ def _check_cotangent(name, ct, spec, wants):
     # `ct` first, with None as a leaf: None may stand for a whole subtree.
     jax.tree.map(lambda c, s: None, ct, spec, is_leaf=is_none)
   except (ValueError, TypeError):
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"bwd's cotangent for {name} must have the structure "
         f"of {name}, {jax.tree.structure(spec)}; got "
-        f"{jax.tree.structure(ct)}. bwd must return {wants}.")) from None
+        f"{jax.tree.structure(ct)}. bwd must return {wants}."
+      )
+    ) from None
 
   def fix(path, c, s):
     where = jax.tree_util.keystr(path) or "<root>"
     if c is None:
       return None
     if not isinstance(s, jax.ShapeDtypeStruct):
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"bwd's cotangent for {name} has an array at "
-          f"{where}, where {name} has a subtree {jax.tree.structure(s)}."))
+          f"{where}, where {name} has a subtree {jax.tree.structure(s)}."
+        )
+      )
     if not jnp.issubdtype(s.dtype, jnp.inexact):
       return None  # The cotangent of an integer input is always zero.
     if np.shape(c) != s.shape:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"bwd's cotangent for {name} at {where} has shape "
-          f"{list(np.shape(c))}, but {name} there is {errors.type_str(s)}."))
+          f"{list(np.shape(c))}, but {name} there is {errors.type_str(s)}."
+        )
+      )
     # What jax.grad would give: the cotangent in the primal's dtype.
     return jnp.asarray(c, s.dtype)
 
@@ -794,13 +848,18 @@ def _check_cotangent(name, ct, spec, wants):
 
 def _check_pieces(pieces, out_ct) -> None:
   if not isinstance(pieces, Mapping) or not pieces:
-    got = ("an empty dict" if isinstance(pieces, Mapping)
-           else errors.describe(pieces))
-    raise TypeError(errors.message(
-        f"split must return a non-empty dict {{name: piece}}; got {got}."))
+    got = "an empty dict" if isinstance(pieces, Mapping) else errors.describe(pieces)
+    raise TypeError(
+      errors.message(f"split must return a non-empty dict {{name: piece}}; got {got}.")
+    )
   arrays, output = _Output.of(out_ct)
   for name, piece in pieces.items():
-    _check_like(f"piece {name!r}", piece, output, pytree.specs(arrays),
-                "split", tangent=True,
-                hint=" Each piece must be shaped like the whole output "
-                "cotangent (zero outside its part).")
+    _check_like(
+      f"piece {name!r}",
+      piece,
+      output,
+      pytree.specs(arrays),
+      "split",
+      tangent=True,
+      hint=" Each piece must be shaped like the whole output cotangent (zero outside its part).",
+    )

@@ -70,9 +70,9 @@ def bwd_remat(residuals, g):
 
 
 TRUE_RULES = (
-    ("vjp_fwd", custom_grad.vjp_fwd, true_bwd),
-    ("jax_vjp_by_hand", fwd_by_hand, true_bwd),
-    ("rerun_in_bwd", fwd_remat, bwd_remat),
+  ("vjp_fwd", custom_grad.vjp_fwd, true_bwd),
+  ("jax_vjp_by_hand", fwd_by_hand, true_bwd),
+  ("rerun_in_bwd", fwd_remat, bwd_remat),
 )
 
 
@@ -82,16 +82,17 @@ def true_jvp(f_pure, primals, tangents):
 
 def deep(body):
   """`body` two modules deep, with an inline layer before it."""
-  return lambda x: Outer(lambda x: Outer(
-      lambda x: body(hk.Linear(4, name="embed")(x)), name="encoder")(x),
-                         name="net")(x)
+  return lambda x: Outer(
+    lambda x: Outer(lambda x: body(hk.Linear(4, name="embed")(x)), name="encoder")(x), name="net"
+  )(x)
 
 
 def grads_and_state(transformed, params, state, rng=KEY, x=X, jit=False):
   """Loss, new state and params gradient of sum(out**2)."""
+
   def loss(p):
     out, new_state = transformed.apply(p, state, rng, x)
-    return jnp.sum(out ** 2), new_state
+    return jnp.sum(out**2), new_state
 
   fn = jax.value_and_grad(loss, has_aux=True)
   (value, new_state), grads = (jax.jit(fn) if jit else fn)(params)
@@ -127,27 +128,30 @@ class CustomVjpTest(parameterized.TestCase):
     block = custom_grad.custom_vjp(stateful_dropout_mlp, fwd, bwd)
     after = lambda y: hk.dropout(hk.next_rng_key(), 0.5, y)
     body = lambda f: deep(lambda x: after(f(x) * f(x)))
-    params, state = assert_same_as_inline(self, body(block),
-                                          body(stateful_dropout_mlp))
+    params, state = assert_same_as_inline(self, body(block), body(stateful_dropout_mlp))
     self.assertIn("net/encoder/stateful_block_1/layer2", params)
     bridged = hk.transform_with_state(body(block))
     _, new_state, _ = grads_and_state(bridged, params, state)
     for block_name in ("stateful_block", "stateful_block_1"):
-      self.assertEqual(
-          float(new_state[f"net/encoder/{block_name}"]["count"]), 1.0)
+      self.assertEqual(float(new_state[f"net/encoder/{block_name}"]["count"]), 1.0)
     # Dropout is really on: another key gives another output.
     out_a = bridged.apply(params, state, KEY, X)[0]
     out_b = bridged.apply(params, state, jax.random.PRNGKey(7), X)[0]
     self.assertFalse(jnp.allclose(out_a, out_b))
 
   def test_check_grads(self):
-    block = custom_grad.custom_vjp(stateful_dropout_mlp, custom_grad.vjp_fwd,
-                                   true_bwd)
+    block = custom_grad.custom_vjp(stateful_dropout_mlp, custom_grad.vjp_fwd, true_bwd)
     f = hk.transform_with_state(deep(block))
     params, state = f.init(KEY, X)
     # Jitted: check_grads evaluates it many times.
-    jtu.check_grads(jax.jit(lambda p, x: f.apply(p, state, KEY, x)[0]),
-                    (params, X), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
+    jtu.check_grads(
+      jax.jit(lambda p, x: f.apply(p, state, KEY, x)[0]),
+      (params, X),
+      order=1,
+      modes=["rev"],
+      atol=1e-2,
+      rtol=1e-2,
+    )
 
   def test_vjp_fwd_adds_no_work(self):
     # Ground truth for the cost: the same custom_vjp written by hand with
@@ -159,23 +163,24 @@ class CustomVjpTest(parameterized.TestCase):
     def by_hand(params, x):
       return inner.apply(params, None, x)
 
-    by_hand.defvjp(lambda p, x: jax.vjp(lambda p, x: inner.apply(p, None, x),
-                                        p, x),
-                   true_bwd)
-    ours = hk.transform(deep(custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd,
-                                                    true_bwd)))
-    theirs = hk.transform(deep(
-        lambda x: call_pure.call_pure(by_hand, x, init=inner)))
+    by_hand.defvjp(lambda p, x: jax.vjp(lambda p, x: inner.apply(p, None, x), p, x), true_bwd)
+    ours = hk.transform(deep(custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, true_bwd)))
+    theirs = hk.transform(deep(lambda x: call_pure.call_pure(by_hand, x, init=inner)))
     params = ours.init(KEY, X)
     loss = lambda f: jax.grad(lambda p: jnp.sum(f.apply(p, None, X)))
-    self.assertEqual(test_utils.primitive_counts(loss(ours), params),
-                     test_utils.primitive_counts(loss(theirs), params))
+    self.assertEqual(
+      test_utils.primitive_counts(loss(ours), params),
+      test_utils.primitive_counts(loss(theirs), params),
+    )
 
   @parameterized.named_parameters(
-      ("draws_a_key", KEY,
-       lambda x: hk.dropout(hk.next_rng_key(), 0.5, hk.Linear(4)(x))),
-      ("writes_state_it_never_reads", None,
-       lambda x: (hk.set_state("last", jnp.sum(x)), hk.Linear(4)(x))[1]))
+    ("draws_a_key", KEY, lambda x: hk.dropout(hk.next_rng_key(), 0.5, hk.Linear(4)(x))),
+    (
+      "writes_state_it_never_reads",
+      None,
+      lambda x: (hk.set_state("last", jnp.sum(x)), hk.Linear(4)(x))[1],
+    ),
+  )
   def test_rule_with_its_own_out_runs_f_for_rng_and_state(self, rng, f):
     # `out` is not f_pure's own, and `f` reads no state: the bridge runs `f`
     # once more for the rng and state after the block, so the key drawn
@@ -188,11 +193,9 @@ class CustomVjpTest(parameterized.TestCase):
     # Under jax.vjp, so that the block runs its fwd rule; on another input
     # than init's, so that the state changes.
     got = jax.vjp(lambda p: ours.apply(p, state, rng, 2 * X), params)[0]
-    chex.assert_trees_all_close(got, inline.apply(params, state, rng, 2 * X),
-                                **TOL)
+    chex.assert_trees_all_close(got, inline.apply(params, state, rng, 2 * X), **TOL)
 
-  def test_rule_running_f_on_other_params_takes_state_of_the_block_params(
-      self):
+  def test_rule_running_f_on_other_params_takes_state_of_the_block_params(self):
     # A fwd whose `out` is f_pure's on perturbed params (weight noise):
     # that run is not the block's; its new state is inline `f`'s on the
     # block's own params, which the bridge runs once more for it.
@@ -201,15 +204,12 @@ class CustomVjpTest(parameterized.TestCase):
       hk.set_state("total", jnp.sum(y))
       return y
 
-    fwd = lambda f_pure, p, x: (f_pure(jax.tree.map(lambda w: 2 * w, p), x),
-                                None)
+    fwd = lambda f_pure, p, x: (f_pure(jax.tree.map(lambda w: 2 * w, p), x), None)
     block = custom_grad.custom_vjp(f, fwd, lambda _, g: (None, None))
     ours, inline = (hk.transform_with_state(g) for g in (block, f))
     params, state = inline.init(KEY, X)
     _, new_state = jax.vjp(lambda p: ours.apply(p, state, None, X), params)[0]
-    chex.assert_trees_all_close(new_state,
-                                inline.apply(params, state, None, X)[1],
-                                **TOL)
+    chex.assert_trees_all_close(new_state, inline.apply(params, state, None, X)[1], **TOL)
 
   def test_rule_returning_f_pures_out_runs_f_once(self):
     # As documented: a fwd that returns f_pure's output on its primals runs
@@ -238,12 +238,12 @@ class CustomVjpTest(parameterized.TestCase):
   def test_cotangents_come_back_in_the_primals_dtypes(self):
     # As jax.grad gives them: bwd's bfloat16 cotangents of float32 params
     # are float32 gradients.
-    to_bf16 = lambda vjp_fn, g: jax.tree.map(
-        lambda c: c.astype(jnp.bfloat16), vjp_fn(g))
+    to_bf16 = lambda vjp_fn, g: jax.tree.map(lambda c: c.astype(jnp.bfloat16), vjp_fn(g))
     grads = grad_of(custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, to_bf16))
     true_grads = grad_of(mlp)
-    self.assertEqual(jax.tree.map(lambda g: g.dtype, grads),
-                     jax.tree.map(lambda g: g.dtype, true_grads))
+    self.assertEqual(
+      jax.tree.map(lambda g: g.dtype, grads), jax.tree.map(lambda g: g.dtype, true_grads)
+    )
     chex.assert_trees_all_close(grads, true_grads, rtol=2e-2, atol=2e-2)
 
   def test_bwd_rerunning_f_sees_the_getters_of_the_call(self):
@@ -255,6 +255,7 @@ class CustomVjpTest(parameterized.TestCase):
       def with_getter(x):
         with hk.custom_getter(double):
           return f(x)
+
       return with_getter
 
     block = custom_grad.custom_vjp(stateful_dropout_mlp, fwd_remat, bwd_remat)
@@ -267,8 +268,7 @@ class CustomVjpTest(parameterized.TestCase):
       params_ct, x_ct = vjp_fn(g)
       return jax.tree.map(lambda c: 0.5 * c, params_ct), x_ct
 
-    bridged = hk.transform(deep(custom_grad.custom_vjp(
-        mlp, custom_grad.vjp_fwd, half)))
+    bridged = hk.transform(deep(custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, half)))
     inline = hk.transform(deep(mlp))
     params = inline.init(KEY, X)
     loss = lambda f: jax.grad(lambda p: jnp.sum(f.apply(p, None, X) ** 2))
@@ -276,25 +276,27 @@ class CustomVjpTest(parameterized.TestCase):
     for name in want:
       scale = 0.5 if "/mlp/" in name else 1.0
       chex.assert_trees_all_close(
-          got[name], jax.tree.map(lambda w, s=scale: s * w, want[name]), **TOL)
+        got[name], jax.tree.map(lambda w, s=scale: s * w, want[name]), **TOL
+      )
 
   def test_each_argument_gets_its_own_cotangent(self):
     # Two differentiable arguments of one shape, the true rule: each
     # argument's gradient is jax.grad's of the same function inline.
     f = lambda x, y: mlp(x) * jnp.sin(y)
     block = custom_grad.custom_vjp(f, custom_grad.vjp_fwd, true_bwd)
-    grads = [jax.grad(lambda p, x, y, g=g: jnp.sum(g.apply(p, None, x, y)),
-                      argnums=(1, 2)) for g in map(hk.transform, (block, f))]
+    grads = [
+      jax.grad(lambda p, x, y, g=g: jnp.sum(g.apply(p, None, x, y)), argnums=(1, 2))
+      for g in map(hk.transform, (block, f))
+    ]
     params = hk.transform(f).init(KEY, X, X)
-    chex.assert_trees_all_close(grads[0](params, X, 2 * X),
-                                grads[1](params, X, 2 * X), **TOL)
+    chex.assert_trees_all_close(grads[0](params, X, 2 * X), grads[1](params, X, 2 * X), **TOL)
 
   def test_nondiff_argnums_stay_python_values(self):
     def f(x, flag, power):
       # Python control flow: fails if either is traced.
       assert isinstance(flag, bool) and isinstance(power, int), (flag, power)
       y = hk.Linear(4)(x)
-      return y ** power if flag else -y
+      return y**power if flag else -y
 
     seen = []
 
@@ -303,28 +305,25 @@ class CustomVjpTest(parameterized.TestCase):
       return jax.vjp(lambda p, x: f_pure(p, x, flag, power), params, x)
 
     for fwd_rule in (fwd, custom_grad.vjp_fwd):
-      block = custom_grad.custom_vjp(f, fwd_rule, true_bwd,
-                                     nondiff_argnums=(1, 2))
+      block = custom_grad.custom_vjp(f, fwd_rule, true_bwd, nondiff_argnums=(1, 2))
       for flag in (True, False):
-        assert_same_as_inline(self, deep(lambda x: block(x, flag, 3)),
-                              deep(lambda x: f(x, flag, 3)))
+        assert_same_as_inline(
+          self, deep(lambda x: block(x, flag, 3)), deep(lambda x: f(x, flag, 3))
+        )
     self.assertEqual(seen, [(True, 3), (False, 3)])
 
   def test_under_hk_vmap(self):
-    block = custom_grad.custom_vjp(stateful_dropout_mlp, custom_grad.vjp_fwd,
-                                   true_bwd)
+    block = custom_grad.custom_vjp(stateful_dropout_mlp, custom_grad.vjp_fwd, true_bwd)
     # One rng for the batch (split_rng=False): the same mask per example.
     vmapped = lambda f: lambda x: hk.vmap(f, split_rng=False)(x)
-    assert_same_as_inline(self, deep(vmapped(block)),
-                          deep(vmapped(stateful_dropout_mlp)))
+    assert_same_as_inline(self, deep(vmapped(block)), deep(vmapped(stateful_dropout_mlp)))
 
   def test_inside_layer_scan_with_remat(self):
-    block = custom_grad.custom_vjp(stateful_dropout_mlp, custom_grad.vjp_fwd,
-                                   true_bwd)
-    stack = lambda f: lambda x: scan.layer_scan(
-        lambda c, _: (c + f(c), None), x, num_layers=3, remat=True)[0]
-    assert_same_as_inline(self, deep(stack(block)),
-                          deep(stack(stateful_dropout_mlp)))
+    block = custom_grad.custom_vjp(stateful_dropout_mlp, custom_grad.vjp_fwd, true_bwd)
+    stack = lambda f: (
+      lambda x: scan.layer_scan(lambda c, _: (c + f(c), None), x, num_layers=3, remat=True)[0]
+    )
+    assert_same_as_inline(self, deep(stack(block)), deep(stack(stateful_dropout_mlp)))
 
 
 # ---------------------------------------------------------------------------
@@ -349,10 +348,12 @@ def two_layers(x):
 
 
 routed_bwd = custom_grad.route_cotangents(
-    lambda g: {piece: jnp.where(mask, g, 0.0) for piece, mask in MASKS.items()},
-    lambda cts: ({f"block/{layer}": cts[piece][0][f"block/{layer}"]
-                  for layer, piece in ROUTE.items()},
-                 cts["a"][1] + cts["b"][1]))
+  lambda g: {piece: jnp.where(mask, g, 0.0) for piece, mask in MASKS.items()},
+  lambda cts: (
+    {f"block/{layer}": cts[piece][0][f"block/{layer}"] for layer, piece in ROUTE.items()},
+    cts["a"][1] + cts["b"][1],
+  ),
+)
 routed = custom_grad.custom_vjp(two_layers, custom_grad.vjp_fwd, routed_bwd)
 
 
@@ -366,6 +367,7 @@ def reference_routed(x):
   block = TwoLayers(name="block")  # One module called twice: shared weights.
   y = 0.0
   for piece, mask in MASKS.items():
+
     def getter(next_getter, value, context, piece=piece):
       value = next_getter(value)
       layer = context.module_name.rsplit("/", 1)[-1]
@@ -377,16 +379,13 @@ def reference_routed(x):
 
 
 class RouteCotangentsTest(parameterized.TestCase):
-
   def _assert_routed(self, wrap):
     ours = hk.transform(deep(wrap(lambda x: routed(x) * routed(x))))
-    reference = hk.transform(deep(wrap(
-        lambda x: reference_routed(x) * reference_routed(x))))
+    reference = hk.transform(deep(wrap(lambda x: reference_routed(x) * reference_routed(x))))
     plain = hk.transform(deep(wrap(lambda x: two_layers(x) * two_layers(x))))
     params = ours.init(KEY, X)
     chex.assert_trees_all_equal(params, plain.init(KEY, X))
-    loss = lambda f: jax.jit(jax.grad(
-        lambda p: jnp.sum(jnp.sin(f.apply(p, None, X)))))
+    loss = lambda f: jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(f.apply(p, None, X)))))
     got = loss(ours)(params)
     chex.assert_trees_all_close(got, loss(reference)(params), **TOL)
     # The routing changed the routed weights, and only them.
@@ -402,8 +401,9 @@ class RouteCotangentsTest(parameterized.TestCase):
     self._assert_routed(lambda f: lambda x: hk.vmap(f, split_rng=False)(x))
 
   def test_inside_layer_scan(self):
-    self._assert_routed(lambda f: lambda x: scan.layer_scan(
-        lambda c, _: (jnp.tanh(f(c)), None), x, num_layers=2)[0])
+    self._assert_routed(
+      lambda f: lambda x: scan.layer_scan(lambda c, _: (jnp.tanh(f(c)), None), x, num_layers=2)[0]
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -412,32 +412,40 @@ class RouteCotangentsTest(parameterized.TestCase):
 
 
 class CustomJvpTest(parameterized.TestCase):
-
   def test_true_jvp_matches_inline(self):
     block = custom_grad.custom_jvp(stateful_dropout_mlp, true_jvp)
-    params, state = assert_same_as_inline(
-        self, deep(block), deep(stateful_dropout_mlp))
+    params, state = assert_same_as_inline(self, deep(block), deep(stateful_dropout_mlp))
     # Forward mode too, against inline.
     outs = [
-        jax.jvp(lambda p, f=f: f.apply(p, state, KEY, X)[0], (params,),
-                (jax.tree.map(jnp.ones_like, params),))
-        for f in (hk.transform_with_state(deep(block)),
-                  hk.transform_with_state(deep(stateful_dropout_mlp)))]
+      jax.jvp(
+        lambda p, f=f: f.apply(p, state, KEY, X)[0],
+        (params,),
+        (jax.tree.map(jnp.ones_like, params),),
+      )
+      for f in (
+        hk.transform_with_state(deep(block)),
+        hk.transform_with_state(deep(stateful_dropout_mlp)),
+      )
+    ]
     chex.assert_trees_all_close(outs[0], outs[1], **TOL)
 
   def test_integer_output_has_float0_tangents(self):
     # jax.jvp gives an integer output a float0 tangent: the rule may too.
     f = lambda x: (mlp(x), jnp.argmax(x, axis=-1))
     body = lambda f: lambda x: (lambda y, i: y * i[:, None])(*f(x))
-    assert_same_as_inline(self, body(custom_grad.custom_jvp(f, true_jvp)),
-                          body(f))
+    assert_same_as_inline(self, body(custom_grad.custom_jvp(f, true_jvp)), body(f))
 
   def test_check_grads_both_modes(self):
     block = custom_grad.custom_jvp(mlp, true_jvp)
     f = hk.transform(deep(block))
     params = f.init(KEY, X)
-    jtu.check_grads(lambda p, x: f.apply(p, None, x), (params, X), order=2,
-                    modes=["fwd", "rev"], **backend_tolerance.numerical())
+    jtu.check_grads(
+      lambda p, x: f.apply(p, None, x),
+      (params, X),
+      order=2,
+      modes=["fwd", "rev"],
+      **backend_tolerance.numerical(),
+    )
 
   def test_straight_through_matches_stop_gradient_reference(self):
     def quantized(x):
@@ -473,16 +481,16 @@ class CustomJvpTest(parameterized.TestCase):
       return jax.jvp(lambda p, x: f_pure(p, x, power), (params, x), (dp, dx))
 
     block = custom_grad.custom_jvp(f, jvp, nondiff_argnums=(1,))
-    assert_same_as_inline(self, deep(lambda x: block(x, 3)),
-                          deep(lambda x: f(x, 3)))
+    assert_same_as_inline(self, deep(lambda x: block(x, 3)), deep(lambda x: f(x, 3)))
 
   def test_inside_layer_scan_and_hk_vmap(self):
     block = custom_grad.custom_jvp(stateful_dropout_mlp, true_jvp)
-    wrap = lambda f: lambda x: scan.layer_scan(
-        lambda c, _: (c + hk.vmap(f, split_rng=False)(c), None), x,
-        num_layers=2)[0]
-    assert_same_as_inline(self, deep(wrap(block)),
-                          deep(wrap(stateful_dropout_mlp)))
+    wrap = lambda f: (
+      lambda x: scan.layer_scan(
+        lambda c, _: (c + hk.vmap(f, split_rng=False)(c), None), x, num_layers=2
+      )[0]
+    )
+    assert_same_as_inline(self, deep(wrap(block)), deep(wrap(stateful_dropout_mlp)))
 
 
 # ---------------------------------------------------------------------------
@@ -516,21 +524,19 @@ class StaticOutputTest(parameterized.TestCase):
   """
 
   @parameterized.named_parameters(
-      ("vjp", lambda: custom_grad.custom_vjp(tagged, custom_grad.vjp_fwd,
-                                             true_bwd)),
-      ("jvp", lambda: custom_grad.custom_jvp(tagged, tagged_jvp)))
+    ("vjp", lambda: custom_grad.custom_vjp(tagged, custom_grad.vjp_fwd, true_bwd)),
+    ("jvp", lambda: custom_grad.custom_jvp(tagged, tagged_jvp)),
+  )
   def test_static_leaves_as_inline(self, make):
     block = make()
-    assert_same_as_inline(self, deep(lambda x: block(x)[0]),
-                          deep(lambda x: tagged(x)[0]))
+    assert_same_as_inline(self, deep(lambda x: block(x)[0]), deep(lambda x: tagged(x)[0]))
     ours = hk.transform_with_state(deep(block))
     theirs = hk.transform_with_state(deep(tagged))
     params, state = theirs.init(KEY, X)
     (out, *static), _ = ours.apply(params, state, KEY, X)
     (expected, *expected_static), _ = theirs.apply(params, state, KEY, X)
     self.assertEqual(static, expected_static)
-    self.assertEqual([type(s) for s in static],
-                     [type(s) for s in expected_static])
+    self.assertEqual([type(s) for s in static], [type(s) for s in expected_static])
     self.assertIs(type(static[2]["size"]), np.int64)
     chex.assert_trees_all_close(out, expected, **TOL)
 
@@ -553,33 +559,32 @@ class StaticOutputTest(parameterized.TestCase):
     f = lambda x: (mlp(x), "tag", 3)
     bwd = lambda vjp_fn, g: vjp_fn((g[0], "tag", 3))
     block = custom_grad.custom_vjp(f, custom_grad.vjp_fwd, bwd)
-    chex.assert_trees_all_close(grad_of(lambda x: block(x)[0]),
-                                grad_of(lambda x: f(x)[0]), **TOL)
+    chex.assert_trees_all_close(grad_of(lambda x: block(x)[0]), grad_of(lambda x: f(x)[0]), **TOL)
 
   def test_forward_mode_through_the_jvp_block(self):
     block = custom_grad.custom_jvp(tagged, tagged_jvp)
-    fs = [hk.transform_with_state(lambda x, f=f: f(x)[0])
-          for f in (block, tagged)]
+    fs = [hk.transform_with_state(lambda x, f=f: f(x)[0]) for f in (block, tagged)]
     params, state = fs[1].init(KEY, X)
     tangent = jax.tree.map(jnp.ones_like, params)
-    got, want = [jax.jvp(lambda p, f=f: f.apply(p, state, KEY, X)[0],
-                         (params,), (tangent,)) for f in fs]
+    got, want = [
+      jax.jvp(lambda p, f=f: f.apply(p, state, KEY, X)[0], (params,), (tangent,)) for f in fs
+    ]
     chex.assert_trees_all_close(got, want, **TOL)
 
 
 class ErrorsTest(parameterized.TestCase):
-
   def test_bwd_wrong_length(self):
-    block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd,
-                                   lambda vjp_fn, g: vjp_fn(g)[0])
-    with self.assertRaisesRegex(ValueError,
-                                r"bwd must return \(params_ct, \*args_cts\)"):
+    block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, lambda vjp_fn, g: vjp_fn(g)[0])
+    with self.assertRaisesRegex(ValueError, r"bwd must return \(params_ct, \*args_cts\)"):
       grad_of(block)
 
   def test_bwd_counting_nondiff_args(self):
     block = custom_grad.custom_vjp(
-        lambda x, flag: mlp(x), custom_grad.vjp_fwd,
-        lambda vjp_fn, g: (*vjp_fn(g), None), nondiff_argnums=(1,))
+      lambda x, flag: mlp(x),
+      custom_grad.vjp_fwd,
+      lambda vjp_fn, g: (*vjp_fn(g), None),
+      nondiff_argnums=(1,),
+    )
     with self.assertRaisesRegex(ValueError, r"nondiff_argnums \[1\] get none"):
       grad_of(block, True)
 
@@ -589,8 +594,7 @@ class ErrorsTest(parameterized.TestCase):
       return {"w": params_ct["mlp/~/linear_0"]["w"]}, x_ct
 
     block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
-    with self.assertRaisesRegex(ValueError,
-                                "cotangent for params must have the structure"):
+    with self.assertRaisesRegex(ValueError, "cotangent for params must have the structure"):
       grad_of(block)
 
   def test_bwd_wrong_shape_names_path(self):
@@ -599,10 +603,12 @@ class ErrorsTest(parameterized.TestCase):
       return params_ct, x_ct.T
 
     block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
-    with self.assertRaisesRegex(ValueError,
-                                r"cotangent for args\[0\] at <root> has shape "
-                                r"\[4, 3\], but args\[0\] there is "
-                                r"float32\[3, 4\]"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"cotangent for args\[0\] at <root> has shape "
+      r"\[4, 3\], but args\[0\] there is "
+      r"float32\[3, 4\]",
+    ):
       grad_of(block)
 
   def test_bwd_array_for_a_subtree_of_params(self):
@@ -611,51 +617,59 @@ class ErrorsTest(parameterized.TestCase):
       return {**params_ct, "mlp/~/linear_1": jnp.zeros([4])}, x_ct
 
     block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
-    with self.assertRaisesRegex(ValueError, r"^hkb.custom_vjp: bwd's cotangent "
-                                r"for params has an array at "
-                                r"\['mlp/~/linear_1'\], where params has a "
-                                r"subtree PyTreeDef\(\{'b': \*, 'w': \*\}\)"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.custom_vjp: bwd's cotangent "
+      r"for params has an array at "
+      r"\['mlp/~/linear_1'\], where params has a "
+      r"subtree PyTreeDef\(\{'b': \*, 'w': \*\}\)",
+    ):
       grad_of(block)
 
   def test_bwd_none_means_zero(self):
     def bwd(vjp_fn, g):
       params_ct, _ = vjp_fn(g)
-      return {"mlp/~/linear_0": params_ct["mlp/~/linear_0"],
-              "mlp/~/linear_1": None}, None
+      return {"mlp/~/linear_0": params_ct["mlp/~/linear_0"], "mlp/~/linear_1": None}, None
 
     grads = grad_of(custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd))
     chex.assert_trees_all_equal(
-        grads["mlp/~/linear_1"],
-        jax.tree.map(jnp.zeros_like, grads["mlp/~/linear_1"]))
+      grads["mlp/~/linear_1"], jax.tree.map(jnp.zeros_like, grads["mlp/~/linear_1"])
+    )
 
   def test_fwd_not_a_pair(self):
-    block = custom_grad.custom_vjp(mlp, lambda f_pure, p, x: f_pure(p, x),
-                                   true_bwd)
+    block = custom_grad.custom_vjp(mlp, lambda f_pure, p, x: f_pure(p, x), true_bwd)
     with self.assertRaisesRegex(TypeError, r"fwd must return a pair"):
       grad_of(block)
 
   def test_jvp_not_a_pair(self):
     block = custom_grad.custom_jvp(
-        mlp, lambda f_pure, primals, tangents: jax.jvp(f_pure, primals,
-                                                       tangents)[1])
-    with self.assertRaisesRegex(TypeError, r"^hkb.custom_jvp: jvp must return "
-                                r"a pair \(out, out_dot\); got "):
+      mlp, lambda f_pure, primals, tangents: jax.jvp(f_pure, primals, tangents)[1]
+    )
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.custom_jvp: jvp must return "
+      r"a pair \(out, out_dot\); got ",
+    ):
       grad_of(block)
 
   def test_fwd_wrong_output(self):
-    block = custom_grad.custom_vjp(
-        mlp, lambda f_pure, p, x: (f_pure(p, x)[0], None), true_bwd)
-    with self.assertRaisesRegex(ValueError, r"fwd's out at <root> is "
-                                r"float32\[4\], but f's output there is "
-                                r"float32\[3, 4\]"):
+    block = custom_grad.custom_vjp(mlp, lambda f_pure, p, x: (f_pure(p, x)[0], None), true_bwd)
+    with self.assertRaisesRegex(
+      ValueError,
+      r"fwd's out at <root> is "
+      r"float32\[4\], but f's output there is "
+      r"float32\[3, 4\]",
+    ):
       grad_of(block)
 
   def test_fwd_output_not_an_array(self):
-    block = custom_grad.custom_vjp(mlp, lambda f_pure, p, x: ("out", None),
-                                   true_bwd)
-    with self.assertRaisesRegex(ValueError, r"^hkb.custom_vjp: fwd's out at "
-                                r"<root> is a str 'out', but f's output there "
-                                r"is float32\[3, 4\]"):
+    block = custom_grad.custom_vjp(mlp, lambda f_pure, p, x: ("out", None), true_bwd)
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.custom_vjp: fwd's out at "
+      r"<root> is a str 'out', but f's output there "
+      r"is float32\[3, 4\]",
+    ):
       grad_of(block)
 
   def test_jvp_wrong_output(self):
@@ -663,27 +677,38 @@ class ErrorsTest(parameterized.TestCase):
       out, out_dot = jax.jvp(f_pure, primals, tangents)
       return out[0], out_dot
 
-    with self.assertRaisesRegex(ValueError, r"^hkb.custom_jvp: jvp's out at "
-                                r"<root> is float32\[4\], but f's output "
-                                r"there is float32\[3, 4\]"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.custom_jvp: jvp's out at "
+      r"<root> is float32\[4\], but f's output "
+      r"there is float32\[3, 4\]",
+    ):
       grad_of(custom_grad.custom_jvp(mlp, jvp))
 
   def test_fwd_another_static_output(self):
     block = custom_grad.custom_vjp(
-        lambda x: (mlp(x), "tag"),
-        lambda f_pure, p, x: ((f_pure(p, x)[0], "other"), None),
-        lambda r, g: (None, None))
-    with self.assertRaisesRegex(ValueError, r"fwd's out at \[1\] is a str "
-                                r"'other', but f's output there is a str "
-                                r"'tag'"):
+      lambda x: (mlp(x), "tag"),
+      lambda f_pure, p, x: ((f_pure(p, x)[0], "other"), None),
+      lambda r, g: (None, None),
+    )
+    with self.assertRaisesRegex(
+      ValueError,
+      r"fwd's out at \[1\] is a str "
+      r"'other', but f's output there is a str "
+      r"'tag'",
+    ):
       grad_of(lambda x: block(x)[0])
     # An equal value of another type is another output too.
     block = custom_grad.custom_vjp(
-        lambda x: (mlp(x), 3),
-        lambda f_pure, p, x: ((f_pure(p, x)[0], 3.0), None),
-        lambda r, g: (None, None))
-    with self.assertRaisesRegex(ValueError, r"fwd's out at \[1\] is .*3\.0.*"
-                                r"f's output there is .*3"):
+      lambda x: (mlp(x), 3),
+      lambda f_pure, p, x: ((f_pure(p, x)[0], 3.0), None),
+      lambda r, g: (None, None),
+    )
+    with self.assertRaisesRegex(
+      ValueError,
+      r"fwd's out at \[1\] is .*3\.0.*"
+      r"f's output there is .*3",
+    ):
       grad_of(lambda x: block(x)[0])
 
   def test_jvp_wrong_tangent(self):
@@ -691,53 +716,59 @@ class ErrorsTest(parameterized.TestCase):
       out, out_dot = jax.jvp(f_pure, primals, tangents)
       return out, out_dot.astype(jnp.float16)
 
-    with self.assertRaisesRegex(ValueError, r"jvp's out_dot at <root> is "
-                                r"float16\[3, 4\], but f's output there is "
-                                r"float32\[3, 4\]"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"jvp's out_dot at <root> is "
+      r"float16\[3, 4\], but f's output there is "
+      r"float32\[3, 4\]",
+    ):
       grad_of(custom_grad.custom_jvp(mlp, jvp))
 
   def test_split_wrong_piece(self):
-    bwd = custom_grad.route_cotangents(lambda g: {"a": g[0]},
-                                       lambda cts: cts["a"])
+    bwd = custom_grad.route_cotangents(lambda g: {"a": g[0]}, lambda cts: cts["a"])
     block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
-    with self.assertRaisesRegex(ValueError,
-                                "piece 'a' at <root> is float32\\[4\\].*shaped "
-                                "like the whole output cotangent"):
+    with self.assertRaisesRegex(
+      ValueError, "piece 'a' at <root> is float32\\[4\\].*shaped like the whole output cotangent"
+    ):
       grad_of(block)
 
   def test_split_returns_no_piece(self):
     bwd = custom_grad.route_cotangents(lambda g: {}, lambda cts: cts)
     block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, bwd)
-    with self.assertRaisesRegex(TypeError, r"^hkb.route_cotangents: split must "
-                                r"return a non-empty dict \{name: piece\}; "
-                                r"got an empty dict\."):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.route_cotangents: split must "
+      r"return a non-empty dict \{name: piece\}; "
+      r"got an empty dict\.",
+    ):
       grad_of(block)
 
   def test_keyword_arguments(self):
-    block = custom_grad.custom_vjp(lambda x, scale=1.0: mlp(x) * scale,
-                                   custom_grad.vjp_fwd, true_bwd)
+    block = custom_grad.custom_vjp(
+      lambda x, scale=1.0: mlp(x) * scale, custom_grad.vjp_fwd, true_bwd
+    )
     with self.assertRaisesRegex(TypeError, "positional arguments only"):
       hk.transform(lambda x: block(x, scale=2.0)).init(KEY, X)
 
   def test_traced_nondiff_argument(self):
-    block = custom_grad.custom_vjp(lambda x, s: mlp(x) * s,
-                                   custom_grad.vjp_fwd, true_bwd,
-                                   nondiff_argnums=(1,))
+    block = custom_grad.custom_vjp(
+      lambda x, s: mlp(x) * s, custom_grad.vjp_fwd, true_bwd, nondiff_argnums=(1,)
+    )
     f = hk.transform(lambda x, s: block(x, s))
     with self.assertRaisesRegex(TypeError, "holds a traced array"):
       jax.jit(f.init)(KEY, X, 2.0)
 
   def test_non_array_argument_needs_nondiff(self):
     block = custom_grad.custom_vjp(
-        lambda x, act: getattr(jax.nn, act)(mlp(x)), custom_grad.vjp_fwd,
-        true_bwd)
-    with self.assertRaisesRegex(TypeError, "argument 1 holds a str at <root>"
-                                ".*Put its position in nondiff_argnums"):
+      lambda x, act: getattr(jax.nn, act)(mlp(x)), custom_grad.vjp_fwd, true_bwd
+    )
+    with self.assertRaisesRegex(
+      TypeError, "argument 1 holds a str at <root>.*Put its position in nondiff_argnums"
+    ):
       hk.transform(lambda x: block(x, "relu")).init(KEY, X)
 
   def test_nondiff_position_out_of_range(self):
-    block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, true_bwd,
-                                   nondiff_argnums=(1,))
+    block = custom_grad.custom_vjp(mlp, custom_grad.vjp_fwd, true_bwd, nondiff_argnums=(1,))
     with self.assertRaisesRegex(ValueError, "called with 1 positional"):
       hk.transform(block).init(KEY, X)
 

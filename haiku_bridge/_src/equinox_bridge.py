@@ -38,10 +38,10 @@ EquinoxConstructor = Callable[..., eqx.Module]
 
 
 def from_equinox(
-    model: eqx.Module | EquinoxConstructor,
-    *,
-    state: Optional[eqx.nn.State] = None,
-    name: Optional[str] = None,
+  model: eqx.Module | EquinoxConstructor,
+  *,
+  state: Optional[eqx.nn.State] = None,
+  name: Optional[str] = None,
 ) -> "EquinoxModule":
   """An Equinox model as a Haiku module.
 
@@ -87,31 +87,42 @@ def from_equinox(
   """
   with errors.entry("from_equinox"):
     if not isinstance(model, eqx.Module) and not callable(model):
-      raise TypeError(errors.bad_argument(
-          "model", model, "an eqx.Module or a constructor `f(key=...)` that "
-          "returns one"))
+      raise TypeError(
+        errors.bad_argument(
+          "model", model, "an eqx.Module or a constructor `f(key=...)` that returns one"
+        )
+      )
     if state is not None:
       if not isinstance(model, eqx.Module):
-        raise TypeError(errors.message(
+        raise TypeError(
+          errors.message(
             "`state=` goes with a model instance; a constructor's state "
-            "comes from eqx.nn.make_with_state at init."))
+            "comes from eqx.nn.make_with_state at init."
+          )
+        )
       if not isinstance(state, eqx.nn.State):
-        raise TypeError(errors.bad_argument(
-            "state", state, "None or the model's eqx.nn.State", "Pass the "
+        raise TypeError(
+          errors.bad_argument(
+            "state",
+            state,
+            "None or the model's eqx.nn.State",
+            "Pass the "
             "state that eqx.nn.make_with_state made with the model: `model, "
             "state = eqx.nn.make_with_state(Model)(...)`, then "
-            "hkb.from_equinox(model, state=state)."))
+            "hkb.from_equinox(model, state=state).",
+          )
+        )
     foreign_module.check_name(name)
   return EquinoxModule(model, state=state, name=name)
 
 
 def to_equinox(
-    f: hk.Transformed | hk.TransformedWithState,
-    *args: Any,
-    key: Optional[jax.Array] = None,
-    params: Optional[hk.Params] = None,
-    state: Optional[hk.State] = None,
-    **kwargs: Any,
+  f: hk.Transformed | hk.TransformedWithState,
+  *args: Any,
+  key: Optional[jax.Array] = None,
+  params: Optional[hk.Params] = None,
+  state: Optional[hk.State] = None,
+  **kwargs: Any,
 ) -> "HaikuModel":
   """A Haiku function as an `eqx.Module`, holding Haiku's params dict as it is.
 
@@ -149,14 +160,18 @@ def to_equinox(
   with errors.entry("to_equinox"):
     transformed = foreign_module.with_state(f)
     if key is not None and not pytree.is_key(key):
-      raise TypeError(errors.bad_argument(
-          "key", key, "None or a JAX random key",
-          "e.g. key=jax.random.PRNGKey(0)."))
+      raise TypeError(
+        errors.bad_argument(
+          "key", key, "None or a JAX random key", "e.g. key=jax.random.PRNGKey(0)."
+        )
+      )
     foreign_module.check_given(transformed, params, state, args, kwargs)
     if params is None and key is None:
-      raise ValueError(errors.message(
-          "needs `key=` to run f.init, or `params=` (e.g. a Haiku "
-          "checkpoint) to use as they are."))
+      raise ValueError(
+        errors.message(
+          "needs `key=` to run f.init, or `params=` (e.g. a Haiku checkpoint) to use as they are."
+        )
+      )
   if params is None:
     params, state = transformed.init(key, *args, **kwargs)
   return HaikuModel(transformed, params, state or {})
@@ -182,6 +197,7 @@ class EquinoxLayout(NamedTuple):
   `state_positions[i]` is where leaf `i` of `state` sits in the flattened
   `eqx.nn.State` (`state_treedef`).
   """
+
   static: PyTree
   params: Variables
   state: Variables
@@ -204,8 +220,9 @@ class EquinoxValues(NamedTuple):
   state: list[Any]
 
 
-def _split_equinox(built: tuple[eqx.Module, eqx.nn.State],
-                   ) -> tuple[EquinoxLayout, EquinoxValues]:
+def _split_equinox(
+  built: tuple[eqx.Module, eqx.nn.State],
+) -> tuple[EquinoxLayout, EquinoxValues]:
   model, state = built
   params, static = eqx.partition(model, _is_param, is_leaf=_is_index)
   params_kind, param_values = foreign_module.flatten(params, attributes=True)
@@ -213,13 +230,12 @@ def _split_equinox(built: tuple[eqx.Module, eqx.nn.State],
   positions = jax.tree.unflatten(state_treedef, range(len(state_leaves)))
 
   def by_index(lookup):
-    return jax.tree.map(lambda x: lookup.get(x) if _is_index(x) else None,
-                        model, is_leaf=_is_index)
+    return jax.tree.map(lambda x: lookup.get(x) if _is_index(x) else None, model, is_leaf=_is_index)
 
-  state_kind, state_values = foreign_module.flatten(by_index(state),
-                                                    attributes=True)
-  layout = EquinoxLayout(static, params_kind, state_kind, state_treedef,
-                         tuple(jax.tree.leaves(by_index(positions))))
+  state_kind, state_values = foreign_module.flatten(by_index(state), attributes=True)
+  layout = EquinoxLayout(
+    static, params_kind, state_kind, state_treedef, tuple(jax.tree.leaves(by_index(positions)))
+  )
   return layout, EquinoxValues(param_values, state_values)
 
 
@@ -229,55 +245,67 @@ def _takes(fn: Callable[..., Any], argument: str) -> bool:
   except (TypeError, ValueError):
     return False
   return argument in parameters or any(
-      p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+  )
 
 
-def _construct(constructor: EquinoxConstructor, key: jax.Array,
-               ) -> tuple[eqx.Module, eqx.nn.State]:
+def _construct(
+  constructor: EquinoxConstructor,
+  key: jax.Array,
+) -> tuple[eqx.Module, eqx.nn.State]:
   return foreign_module.constructed(
-      lambda: eqx.nn.make_with_state(constructor)(key=key), keyword="key",
-      example="`functools.partial(eqx.nn.Linear, 4, 8)` or `lambda key: "
-      "eqx.nn.Linear(4, 8, key=key)`", expected=eqx.Module,
-      expected_name="eqx.Module", module_of=lambda built: built[0])
+    lambda: eqx.nn.make_with_state(constructor)(key=key),
+    keyword="key",
+    example="`functools.partial(eqx.nn.Linear, 4, 8)` or `lambda key: "
+    "eqx.nn.Linear(4, 8, key=key)`",
+    expected=eqx.Module,
+    expected_name="eqx.Module",
+    module_of=lambda built: built[0],
+  )
 
 
 def _recipe(constructor: EquinoxConstructor) -> foreign_module.Recipe:
   return foreign_module.Recipe(
-      construct=functools.partial(_construct, constructor),
-      construct_abstract=lambda: eqx.filter_eval_shape(
-          _construct, constructor, jax.random.PRNGKey(0)),
-      split=_split_equinox,
-      cache_key=foreign_module.layout_key("equinox", constructor))
+    construct=functools.partial(_construct, constructor),
+    construct_abstract=lambda: eqx.filter_eval_shape(
+      _construct, constructor, jax.random.PRNGKey(0)
+    ),
+    split=_split_equinox,
+    cache_key=foreign_module.layout_key("equinox", constructor),
+  )
 
 
 class EquinoxModule(foreign_module.ForeignModule):
   """An Equinox model inside a Haiku transform (see `from_equinox`)."""
 
-  def __init__(self, model: eqx.Module | EquinoxConstructor, *,
-               state: Optional[eqx.nn.State] = None,
-               name: Optional[str] = None):
+  def __init__(
+    self,
+    model: eqx.Module | EquinoxConstructor,
+    *,
+    state: Optional[eqx.nn.State] = None,
+    name: Optional[str] = None,
+  ):
     self._instance = model if isinstance(model, eqx.Module) else None
     self._instance_state = state
     # Without an instance, `model` is a constructor.
-    self._recipe = (_recipe(model)  # type: ignore[arg-type]
-                    if self._instance is None else
-                    foreign_module.Recipe(None, None, _split_equinox, None))
+    self._recipe = (
+      _recipe(model)  # type: ignore[arg-type]
+      if self._instance is None
+      else foreign_module.Recipe(None, None, _split_equinox, None)
+    )
     class_name = foreign_module.class_name(model, eqx.Module)
     if class_name is None:
       with errors.entry("from_equinox"):
-        class_name = type(
-            foreign_module.abstract_layout(self._recipe).static).__name__
+        class_name = type(foreign_module.abstract_layout(self._recipe).static).__name__
     super().__init__(class_name, "from_equinox", name)
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     with errors.entry(self._api):
-      instance = (None if self._instance is None
-                  else (self._instance, self._own_state()))
+      instance = None if self._instance is None else (self._instance, self._own_state())
       layout, values = foreign_module.built(instance, self._recipe)
       params = foreign_module.params(layout.params, values and values.params)
       old_state = foreign_module.state(layout.state, values and values.state)
-      model = eqx.combine(layout.params.unflatten(params), layout.static,
-                          is_leaf=_is_index)
+      model = eqx.combine(layout.params.unflatten(params), layout.static, is_leaf=_is_index)
       if "inference" in kwargs and not _takes(model.__call__, "inference"):
         model = eqx.nn.inference_mode(model, value=kwargs.pop("inference"))
       if "key" not in kwargs and _takes(model.__call__, "key"):
@@ -286,23 +314,29 @@ class EquinoxModule(foreign_module.ForeignModule):
         if not layout.state.names:
           return model(*args, **kwargs)
         result = model(*args, layout.make_state(old_state), **kwargs)
-      if not (isinstance(result, tuple) and len(result) == 2 and
-              isinstance(result[1], eqx.nn.State)):
-        raise TypeError(errors.message(
+      if not (
+        isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], eqx.nn.State)
+      ):
+        raise TypeError(
+          errors.message(
             "the model has state, so it is called as `model(*args, state, "
             "**kwargs)` and must return `(out, state)`; it returned "
             f"{errors.describe(result)}. Return the state that "
-            "`state.set(...)` gives."))
+            "`state.set(...)` gives."
+          )
+        )
       out, new_state = result
       if jax.tree.structure(new_state) != layout.state_treedef:
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             "the model returned a state of another structure than it was "
             f"given ({jax.tree.structure(new_state)} instead of "
             f"{layout.state_treedef}). Haiku state keeps its structure from "
             "init: update each eqx.nn.StateIndex with `state.set`, keeping "
-            "its shapes and dtypes."))
-      foreign_module.write_state(layout.state, old_state,
-                                 layout.state_leaves(new_state))
+            "its shapes and dtypes."
+          )
+        )
+      foreign_module.write_state(layout.state, old_state, layout.state_leaves(new_state))
       return out
 
   def _own_state(self) -> eqx.nn.State:
@@ -311,10 +345,13 @@ class EquinoxModule(foreign_module.ForeignModule):
     try:
       return eqx.nn.State(self._instance)
     except ValueError as e:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           "the model's initial state is not in it (it was made by "
           "eqx.nn.make_with_state). Pass its state too: "
-          "hkb.from_equinox(model, state=state).")) from e
+          "hkb.from_equinox(model, state=state)."
+        )
+      ) from e
 
 
 @contextlib.contextmanager
@@ -324,10 +361,13 @@ def _explain_missing_key(kwargs: dict[str, Any]) -> Iterator[None]:
   except RuntimeError as e:
     if "key" not in kwargs or kwargs["key"] is not None:
       raise
-    raise RuntimeError(errors.message(
+    raise RuntimeError(
+      errors.message(
         f"{e} It was called with key=None: the Haiku transform has no rng "
         "here. Pass an rng to apply (f.apply(params, state, rng, ...)), or "
-        "call it with inference=True.")) from e
+        "call it with inference=True."
+      )
+    ) from e
 
 
 # ---------------------------------------------------------------------------
@@ -342,26 +382,29 @@ class HaikuModel(eqx.Module):
   state_index: Optional[eqx.nn.StateIndex]
   transformed: hk.TransformedWithState = eqx.field(static=True)
 
-  def __init__(self, transformed: hk.TransformedWithState, params: hk.Params,
-               state: hk.State):
+  def __init__(self, transformed: hk.TransformedWithState, params: hk.Params, state: hk.State):
     self.transformed = transformed
     self.params = jax.tree.map(jax.numpy.asarray, params)
-    self.state_index = (eqx.nn.StateIndex(jax.tree.map(jax.numpy.asarray, state))
-                        if jax.tree.leaves(state) else None)
+    self.state_index = (
+      eqx.nn.StateIndex(jax.tree.map(jax.numpy.asarray, state)) if jax.tree.leaves(state) else None
+    )
 
-  def __call__(self, *args: Any, key: Optional[jax.Array] = None,
-               **kwargs: Any) -> Any:
+  def __call__(self, *args: Any, key: Optional[jax.Array] = None, **kwargs: Any) -> Any:
     if self.state_index is None:
       return self.transformed.apply(self.params, {}, key, *args, **kwargs)[0]
     if not args or not isinstance(args[-1], eqx.nn.State):
       with errors.entry("to_equinox"):  # The model `to_equinox` made, called.
-        raise TypeError(errors.message(
+        raise TypeError(
+          errors.message(
             "this model has Haiku state, so it is called as "
             "`model(*args, state, key=None) -> (out, state)`, with "
-            "`state = eqx.nn.State(model)` to begin with."))
+            "`state = eqx.nn.State(model)` to begin with."
+          )
+        )
     *args, state = args  # type: ignore[assignment]  # A list from here on.
     out, new = self.transformed.apply(
-        self.params, state.get(self.state_index), key, *args, **kwargs)
+      self.params, state.get(self.state_index), key, *args, **kwargs
+    )
     return out, state.set(self.state_index, new)
 
   def haiku_state(self, state: eqx.nn.State) -> hk.State:

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 _API: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
-    "haiku_bridge_api", default=None)
+  "haiku_bridge_api", default=None
+)
 
 
 @contextlib.contextmanager
@@ -95,15 +96,17 @@ class UnsupportedHaikuError(ImportError):
   """
 
 
-def unsupported_haiku(version: str, supported: str,
-                      changed: Iterable[str]) -> UnsupportedHaikuError:
+def unsupported_haiku(
+  version: str, supported: str, changed: Iterable[str]
+) -> UnsupportedHaikuError:
   """The error of importing haiku_bridge with a dm-haiku whose internals moved."""
   return UnsupportedHaikuError(
-      f"haiku_bridge cannot run on dm-haiku {version}: this release changed Haiku internals "
-      f"that haiku_bridge reads ({'; '.join(changed)}), so the bridge could not run Haiku code "
-      f"exactly as inline. haiku_bridge supports dm-haiku {supported}: install one of those "
-      f"(pip install \"dm-haiku<={supported.split()[-1]}\"), or a haiku_bridge release that "
-      "supports this dm-haiku.")
+    f"haiku_bridge cannot run on dm-haiku {version}: this release changed Haiku internals "
+    f"that haiku_bridge reads ({'; '.join(changed)}), so the bridge could not run Haiku code "
+    f"exactly as inline. haiku_bridge supports dm-haiku {supported}: install one of those "
+    f"(pip install \"dm-haiku<={supported.split()[-1]}\"), or a haiku_bridge release that "
+    "supports this dm-haiku."
+  )
 
 
 def type_str(x: Any) -> str:
@@ -128,8 +131,7 @@ def describe(x: Any) -> str:
 def _a(noun: str) -> str:
   # A "u" that reads "you" takes "a": a uint8, a UserDict; "un-" takes "an".
   start = noun[:3].lower()
-  vowel = start[:1] in ("a", "e", "i", "o") or (
-      start[:2] == "un" and start != "uni")
+  vowel = start[:1] in ("a", "e", "i", "o") or (start[:2] == "un" and start != "uni")
   return f"{'an' if vowel else 'a'} {noun}"
 
 
@@ -148,8 +150,7 @@ def got(x: Any) -> str:
 
 def bad_argument(name: str, value: Any, wants: str, hint: str = "") -> str:
   """`hkb.<api>: `name` must be <wants>; got <value>.<hint>`."""
-  return message(f"`{name}` must be {wants}; got {got(value)}."
-                 + (f" {hint}" if hint else ""))
+  return message(f"`{name}` must be {wants}; got {got(value)}." + (f" {hint}" if hint else ""))
 
 
 def check_callable(name: str, value: Any, wants: str, hint: str = "") -> None:
@@ -158,8 +159,7 @@ def check_callable(name: str, value: Any, wants: str, hint: str = "") -> None:
     raise TypeError(bad_argument(name, value, wants, hint))
 
 
-def check_str(name: str, value: Any, wants: str, *,
-              optional: bool = False, hint: str = "") -> None:
+def check_str(name: str, value: Any, wants: str, *, optional: bool = False, hint: str = "") -> None:
   """A TypeError unless `value` is a non-empty string (or None, if optional)."""
   if optional and value is None:
     return
@@ -178,16 +178,18 @@ def check_keywords(given: Iterable[str], accepted: Sequence[str]) -> None:
   unknown = sorted(set(given) - set(accepted))
   if unknown:
     near = difflib.get_close_matches(unknown[0], accepted, n=1)
-    raise TypeError(message(
+    raise TypeError(
+      message(
         f"got an unexpected keyword argument {unknown[0]!r}"
         + (f" (did you mean {near[0]!r}?)" if near else "")
-        + f"; its arguments are {', '.join(accepted)}."))
+        + f"; its arguments are {', '.join(accepted)}."
+      )
+    )
 
 
 def is_int(x: Any) -> bool:
   """An int or NumPy integer, never a bool."""
-  return (isinstance(x, (int, np.integer)) and
-          not isinstance(x, (bool, np.bool_)))
+  return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def check_bool(name: str, value: Any) -> bool:
@@ -208,8 +210,11 @@ def check_positive_int(name: str, value: Any) -> int:
 
 def check_int_sequence(name: str, value: Any, wants: str) -> tuple[int, ...]:
   """`value` as a tuple of non-negative ints; a TypeError or ValueError else."""
-  if (isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or
-      not all(is_int(i) for i in value)):
+  if (
+    isinstance(value, (str, bytes))
+    or not isinstance(value, Iterable)
+    or not all(is_int(i) for i in value)
+  ):
     raise TypeError(bad_argument(name, value, wants))
   value = tuple(int(i) for i in value)
   if any(i < 0 for i in value):
@@ -219,10 +224,13 @@ def check_int_sequence(name: str, value: Any, wants: str) -> tuple[int, ...]:
 
 def looks_like_a_shard(shape: tuple[int, ...], full: tuple[int, ...]) -> bool:
   """Whether `shape` could be one device's block of an array of `full` shape."""
-  return (len(shape) == len(full) and shape != full and
-          all(s and f % s == 0 for s, f in zip(shape, full)))
+  return (
+    len(shape) == len(full) and shape != full and all(s and f % s == 0 for s, f in zip(shape, full))
+  )
 
 
-SHARD_HINT = (" If apply runs inside jax.shard_map, it sees per-device shards "
-              "of the params: put the shard_map inside the pure function "
-              "instead, or use jax.jit with shardings.")
+SHARD_HINT = (
+  " If apply runs inside jax.shard_map, it sees per-device shards "
+  "of the params: put the shard_map inside the pure function "
+  "instead, or use jax.jit with shardings."
+)

@@ -41,7 +41,6 @@ def library_sources() -> dict[str, str]:
 
 
 class ErrorsTest(absltest.TestCase):
-
   def test_innermost_entry_names_the_message(self):
     with errors.entry("layer_scan"):
       self.assertEqual(errors.message("x"), "hkb.layer_scan: x")
@@ -72,8 +71,10 @@ class ErrorsTest(absltest.TestCase):
     with errors.entry("scan"):
       errors.check_keywords({"remat_groups": 2}, ("a", "remat_groups"))  # Accepted: no error.
       with self.assertRaisesRegex(
-          TypeError, r"^hkb.scan: got an unexpected keyword argument 'remat_group' \(did you "
-          r"mean 'remat_groups'\?\); its arguments are a, remat_groups\.$"):
+        TypeError,
+        r"^hkb.scan: got an unexpected keyword argument 'remat_group' \(did you "
+        r"mean 'remat_groups'\?\); its arguments are a, remat_groups\.$",
+      ):
         errors.check_keywords({"zz": 3, "remat_group": 2}, ("a", "remat_groups"))
       with self.assertRaisesRegex(TypeError, r"argument 'zz'; its arguments are a\.$"):
         errors.check_keywords({"zz": 3}, ("a",))
@@ -81,29 +82,32 @@ class ErrorsTest(absltest.TestCase):
   def test_no_site_writes_its_own_prefix(self):
     sources = library_sources()
     self.assertIn(os.path.join("_src", "custom_grad.py"), sources)
-    found = {path: own_prefixes(source) for path, source in sources.items()
-             if path != os.path.join("_src", "errors.py")}
+    found = {
+      path: own_prefixes(source)
+      for path, source in sources.items()
+      if path != os.path.join("_src", "errors.py")
+    }
     self.assertEqual({path: strings for path, strings in found.items() if strings}, {})
 
   def test_own_prefixes_finds_them(self):
-    source = ('a = "hkb.to_nnx: x"\nb = f"hkb.{api}: y"\nc = (f"hkb.custom_vjp: bwd "\n  "z")\n'
-              'd = "use hkb.scan(f)"\ne = f"hkb.{errors.current()}(f)"\n')
-    self.assertEqual(own_prefixes(source),
-                     ['"hkb.to_nnx: x"', 'f"hkb.{api}: y"', 'f"hkb.custom_vjp: bwd "'])
+    source = (
+      'a = "hkb.to_nnx: x"\nb = f"hkb.{api}: y"\nc = (f"hkb.custom_vjp: bwd "\n  "z")\n'
+      'd = "use hkb.scan(f)"\ne = f"hkb.{errors.current()}(f)"\n'
+    )
+    self.assertEqual(
+      own_prefixes(source), ['"hkb.to_nnx: x"', 'f"hkb.{api}: y"', 'f"hkb.custom_vjp: bwd "']
+    )
 
   def test_formatting(self):
-    self.assertEqual(errors.type_str(jnp.zeros([4, 3], jnp.bfloat16)),
-                     "bfloat16[4, 3]")
-    self.assertEqual(errors.type_str(jax.ShapeDtypeStruct((), jnp.int32)),
-                     "int32[]")
+    self.assertEqual(errors.type_str(jnp.zeros([4, 3], jnp.bfloat16)), "bfloat16[4, 3]")
+    self.assertEqual(errors.type_str(jax.ShapeDtypeStruct((), jnp.int32)), "int32[]")
     path = jax.tree_util.tree_leaves_with_path({"w": [0]})[0][0]
     self.assertEqual(errors.keystr(path), "['w'][0]")
     self.assertEqual(errors.keystr(()), "<root>")
 
   def test_describe(self):
     self.assertEqual(errors.describe((1, 2)), "a tuple of length 2")
-    self.assertEqual(errors.describe(jnp.zeros([2], jnp.int32)),
-                     "an array int32[2]")
+    self.assertEqual(errors.describe(jnp.zeros([2], jnp.int32)), "an array int32[2]")
     self.assertEqual(errors.describe({}), "a dict")
 
   def test_got_uses_the_right_article(self):
@@ -141,15 +145,16 @@ class ErrorsTest(absltest.TestCase):
   def test_bad_argument_names_argument_value_and_what_to_pass(self):
     with errors.entry("stacked_init"):
       self.assertEqual(
-          errors.bad_argument("in_axes", 0, "a tuple", "Try (0,)."),
-          "hkb.stacked_init: `in_axes` must be a tuple; got an int 0. "
-          "Try (0,).")
+        errors.bad_argument("in_axes", 0, "a tuple", "Try (0,)."),
+        "hkb.stacked_init: `in_axes` must be a tuple; got an int 0. Try (0,).",
+      )
 
   def test_check_callable(self):
     errors.check_callable("f", len, "a function")
     with errors.entry("custom_vjp"):
       with self.assertRaisesRegex(
-          TypeError, r"^hkb.custom_vjp: `fwd` must be a function; got None\.$"):
+        TypeError, r"^hkb.custom_vjp: `fwd` must be a function; got None\.$"
+      ):
         errors.check_callable("fwd", None, "a function")
 
   def test_check_str(self):
@@ -162,18 +167,28 @@ class ErrorsTest(absltest.TestCase):
   def test_check_positive_int(self):
     self.assertEqual(errors.check_positive_int("n", np.int64(3)), 3)
     self.assertIs(type(errors.check_positive_int("n", np.int64(3))), int)
-    for bad, error in ((0, ValueError), (-2, ValueError), (True, TypeError),
-                       (2.0, TypeError), ("2", TypeError), (None, TypeError)):
+    for bad, error in (
+      (0, ValueError),
+      (-2, ValueError),
+      (True, TypeError),
+      (2.0, TypeError),
+      ("2", TypeError),
+      (None, TypeError),
+    ):
       with self.assertRaisesRegex(error, "`n` must be a positive int"):
         errors.check_positive_int("n", bad)
 
   def test_check_int_sequence(self):
-    self.assertEqual(errors.check_int_sequence("a", [np.int32(1), 0], "ints"),
-                     (1, 0))
+    self.assertEqual(errors.check_int_sequence("a", [np.int32(1), 0], "ints"), (1, 0))
     # Bytes iterate as ints, yet are no sequence of axes.
-    for bad, error in ((1, TypeError), ("01", TypeError), (b"\x00", TypeError),
-                       ([True], TypeError), ([1.0], TypeError),
-                       ([-1], ValueError)):
+    for bad, error in (
+      (1, TypeError),
+      ("01", TypeError),
+      (b"\x00", TypeError),
+      ([True], TypeError),
+      ([1.0], TypeError),
+      ([-1], ValueError),
+    ):
       with self.assertRaisesRegex(error, "`a` must be ints"):
         errors.check_int_sequence("a", bad, "ints")
 

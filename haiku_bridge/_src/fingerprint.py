@@ -35,13 +35,13 @@ from haiku_bridge._src import pytree
 def _leaf_signature(leaf: Any) -> Hashable:
   if pytree.is_python_value(leaf):
     return ("value", type(leaf), leaf)  # A size or a flag.
-  if isinstance(leaf, (jax.Array, np.ndarray, np.generic,
-                       jax.ShapeDtypeStruct)):
-    dtype = (str(leaf.dtype)
-             if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended)
-             else np.dtype(leaf.dtype).str)
-    return ("array", tuple(leaf.shape), dtype,
-            bool(getattr(leaf, "weak_type", False)))
+  if isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
+    dtype = (
+      str(leaf.dtype)
+      if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended)
+      else np.dtype(leaf.dtype).str
+    )
+    return ("array", tuple(leaf.shape), dtype, bool(getattr(leaf, "weak_type", False)))
   hash(leaf)  # Python values (ints, flags, ...) may decide shapes: keep them.
   return ("value", type(leaf), leaf)
 
@@ -101,8 +101,9 @@ def fingerprint(fn: Any) -> Hashable:
 
 
 def _freeze(x: Any, depth: int) -> Hashable:
-  if x is None or isinstance(x, (bool, int, float, complex, str, bytes,
-                                 np.generic, types.ModuleType)):
+  if x is None or isinstance(
+    x, (bool, int, float, complex, str, bytes, np.generic, types.ModuleType)
+  ):
     return (type(x), x) if not isinstance(x, types.ModuleType) else x
   if isinstance(x, (tuple, list)):
     return (type(x), tuple(_freeze(v, depth) for v in x))
@@ -115,8 +116,7 @@ def _freeze(x: Any, depth: int) -> Hashable:
       items = sorted(x.items(), key=lambda kv: repr(kv[0]))
     except TypeError:
       raise _Unkeyable from None
-    return (dict, tuple((_freeze(k, depth), _freeze(v, depth))
-                        for k, v in items))
+    return (dict, tuple((_freeze(k, depth), _freeze(v, depth)) for k, v in items))
   if isinstance(x, (np.ndarray, jax.Array)):
     if isinstance(x, jax.core.Tracer) or x.size > _MAX_ARRAY_SIZE:
       raise _Unkeyable
@@ -126,17 +126,21 @@ def _freeze(x: Any, depth: int) -> Hashable:
   if isinstance(x, types.FunctionType):
     return _freeze_function(x, depth - 1)
   if isinstance(x, functools.partial):
-    return (functools.partial, _freeze(x.func, depth - 1),
-            _freeze(x.args, depth - 1), _freeze(x.keywords, depth - 1))
+    return (
+      functools.partial,
+      _freeze(x.func, depth - 1),
+      _freeze(x.args, depth - 1),
+      _freeze(x.keywords, depth - 1),
+    )
   if isinstance(x, types.MethodType):
-    return (types.MethodType, _freeze(x.__func__, depth - 1),
-            _freeze(x.__self__, depth - 1))
+    return (types.MethodType, _freeze(x.__func__, depth - 1), _freeze(x.__self__, depth - 1))
   if isinstance(x, type):
     return _freeze_class(x, depth - 1)
   if dataclasses.is_dataclass(x):
-    return (_freeze_class(type(x), depth - 1),
-            tuple(_freeze(getattr(x, field.name), depth - 1)
-                  for field in dataclasses.fields(x)))
+    return (
+      _freeze_class(type(x), depth - 1),
+      tuple(_freeze(getattr(x, field.name), depth - 1) for field in dataclasses.fields(x)),
+    )
   return _by_identity(x)
 
 
@@ -160,8 +164,9 @@ def _freeze_class(cls: type, depth: int) -> Hashable:
         value = value.__func__
       elif isinstance(value, property):
         value = (value.fget, value.fset, value.fdel)
-      if (name.startswith("__") and name.endswith("__") and
-          not isinstance(value, types.FunctionType)):
+      if (
+        name.startswith("__") and name.endswith("__") and not isinstance(value, types.FunctionType)
+      ):
         continue  # Python's own entries: the class keys them.
       if _made_by_dataclasses(value):
         continue  # A dataclass's `__repr__`: its fields key it.
@@ -179,9 +184,15 @@ def _made_by_dataclasses(value: Any) -> bool:
   return code is not None and code.co_filename in _DATACLASS_FILES
 
 
-_INSTALL_ROOTS = tuple(sorted({
-    os.path.realpath(path) for name, path in sysconfig.get_paths().items()
-    if name in ("stdlib", "platstdlib", "purelib", "platlib")}))
+_INSTALL_ROOTS = tuple(
+  sorted(
+    {
+      os.path.realpath(path)
+      for name, path in sysconfig.get_paths().items()
+      if name in ("stdlib", "platstdlib", "purelib", "platlib")
+    }
+  )
+)
 
 
 @caches.memoize(maxsize=None)
@@ -218,15 +229,16 @@ def _freeze_function(fn: types.FunctionType, depth: int) -> Hashable:
     if isinstance(value, types.ModuleType) and not _installed(value.__name__):
       # Your module (`config.WIDTH`): the attributes the code names.
       attributes = vars(value)
-      value = (value, tuple((a, attributes[a]) for a in names
-                            if a in attributes))
+      value = (value, tuple((a, attributes[a]) for a in names if a in attributes))
     values.append(value)
   global_values = tuple(values)
-  return (fn.__code__,
-          _freeze(tuple(cells), depth),
-          _freeze(fn.__defaults__, depth),
-          _freeze(fn.__kwdefaults__, depth),
-          _freeze(global_values, depth))
+  return (
+    fn.__code__,
+    _freeze(tuple(cells), depth),
+    _freeze(fn.__defaults__, depth),
+    _freeze(fn.__kwdefaults__, depth),
+    _freeze(global_values, depth),
+  )
 
 
 _EMPTY_CELL = object()

@@ -13,50 +13,57 @@ from haiku_bridge._src import fingerprint
 
 
 class SignatureTest(absltest.TestCase):
-
   def test_full_shapes_not_ranks(self):
-    self.assertNotEqual(fingerprint.signature(jnp.ones([2, 3])),
-                        fingerprint.signature(jnp.ones([4, 3])))
+    self.assertNotEqual(
+      fingerprint.signature(jnp.ones([2, 3])), fingerprint.signature(jnp.ones([4, 3]))
+    )
 
   def test_dtype_and_weak_type(self):
-    self.assertNotEqual(fingerprint.signature(jnp.ones([2])),
-                        fingerprint.signature(jnp.ones([2], jnp.bfloat16)))
-    self.assertNotEqual(fingerprint.signature(jnp.asarray(1.0)),
-                        fingerprint.signature(jnp.float32(1.0) * jnp.ones([])))
+    self.assertNotEqual(
+      fingerprint.signature(jnp.ones([2])), fingerprint.signature(jnp.ones([2], jnp.bfloat16))
+    )
+    self.assertNotEqual(
+      fingerprint.signature(jnp.asarray(1.0)),
+      fingerprint.signature(jnp.float32(1.0) * jnp.ones([])),
+    )
 
   def test_values_of_python_arguments(self):
     self.assertNotEqual(fingerprint.signature(True), fingerprint.signature(False))
-    self.assertEqual(fingerprint.signature(jnp.ones([2]), True),
-                     fingerprint.signature(jnp.zeros([2]), True))
+    self.assertEqual(
+      fingerprint.signature(jnp.ones([2]), True), fingerprint.signature(jnp.zeros([2]), True)
+    )
 
   def test_numpy_integer_and_bool_scalars_by_value(self):
     # Python values to the bridge, as to inline code (pytree.split_arrays).
-    self.assertNotEqual(fingerprint.signature(np.int64(7)),
-                        fingerprint.signature(np.int64(8)))
-    self.assertNotEqual(fingerprint.signature(np.bool_(True)),
-                        fingerprint.signature(np.bool_(False)))
+    self.assertNotEqual(fingerprint.signature(np.int64(7)), fingerprint.signature(np.int64(8)))
+    self.assertNotEqual(
+      fingerprint.signature(np.bool_(True)), fingerprint.signature(np.bool_(False))
+    )
     self.assertNotEqual(fingerprint.signature(np.int64(7)), fingerprint.signature(7))
-    self.assertEqual(fingerprint.signature(np.float32(1.0)),
-                     fingerprint.signature(np.float32(2.0)))
+    self.assertEqual(fingerprint.signature(np.float32(1.0)), fingerprint.signature(np.float32(2.0)))
 
   def test_numpy_and_jax_arrays_and_specs_agree(self):
     spec = jax.ShapeDtypeStruct((2,), jnp.float32)
-    self.assertEqual(fingerprint.signature(np.ones([2], np.float32)),
-                     fingerprint.signature(jnp.ones([2])))
+    self.assertEqual(
+      fingerprint.signature(np.ones([2], np.float32)), fingerprint.signature(jnp.ones([2]))
+    )
     self.assertEqual(fingerprint.signature(spec), fingerprint.signature(jnp.ones([2])))
 
   def test_prng_implementations_differ(self):
     # Typed keys of two implementations: same shape, other bits.
-    self.assertNotEqual(fingerprint.signature(jax.random.key(0)),
-                        fingerprint.signature(jax.random.key(0, impl="rbg")))
-    self.assertEqual(fingerprint.signature(jax.random.key(0)),
-                     fingerprint.signature(jax.random.key(1)))
+    self.assertNotEqual(
+      fingerprint.signature(jax.random.key(0)), fingerprint.signature(jax.random.key(0, impl="rbg"))
+    )
+    self.assertEqual(
+      fingerprint.signature(jax.random.key(0)), fingerprint.signature(jax.random.key(1))
+    )
 
   def test_unhashable_gives_none(self):
     self.assertIsNone(fingerprint.signature([{1, 2}]))
     self.assertIsNone(fingerprint.function_key(lambda: None, [{1}]))
-    unhashable = type("Unhashable", (), {"__eq__": lambda a, b: True,
-                                         "__call__": lambda self: None})()
+    unhashable = type(
+      "Unhashable", (), {"__eq__": lambda a, b: True, "__call__": lambda self: None}
+    )()
     self.assertIsNone(fingerprint.function_key(unhashable, 1))
 
 
@@ -84,14 +91,12 @@ class Scale:
 
 
 class Sized:
-
   @property
   def size(self):
     return SIZE
 
 
 class FingerprintTest(absltest.TestCase):
-
   def test_globals_read_directly_and_through_helpers(self):
     global SIZE
     before = [fingerprint.fingerprint(f) for f in (reads_a_global, calls_a_helper)]
@@ -102,9 +107,7 @@ class FingerprintTest(absltest.TestCase):
       SIZE = 3
     self.assertNotEqual(before[0], after[0])
     self.assertNotEqual(before[1], after[1])
-    self.assertEqual(before,
-                     [fingerprint.fingerprint(f) for f in (reads_a_global,
-                                                      calls_a_helper)])
+    self.assertEqual(before, [fingerprint.fingerprint(f) for f in (reads_a_global, calls_a_helper)])
 
   def test_a_global_read_by_nested_code(self):
     global SIZE
@@ -134,35 +137,34 @@ class FingerprintTest(absltest.TestCase):
     def keyword_default(width):
       def f(x, *, n=width):
         return x * n
+
       return f
 
     def closes_over(c):
       return lambda: isinstance(c, list)
 
     pairs = {
-        "keyword-only default": lambda v: keyword_default(v),
-        "partial's keyword": lambda v: functools.partial(
-            lambda x, n: x * n, n=v),
-        "bound method's object": lambda v: Scale(v).__call__,
-        "dataclass field": lambda v: Scale(v),
-        "array in a closure": lambda v: (
-            lambda a: lambda x: x * a)(np.array([1, v])),
-        "list or tuple": lambda v: closes_over([1] if v == 2 else (1,)),
+      "keyword-only default": lambda v: keyword_default(v),
+      "partial's keyword": lambda v: functools.partial(lambda x, n: x * n, n=v),
+      "bound method's object": lambda v: Scale(v).__call__,
+      "dataclass field": lambda v: Scale(v),
+      "array in a closure": lambda v: (lambda a: lambda x: x * a)(np.array([1, v])),
+      "list or tuple": lambda v: closes_over([1] if v == 2 else (1,)),
     }
     for name, make in pairs.items():
       with self.subTest(name):
         f2, f3 = make(2), make(3)
         args = () if name == "list or tuple" else (np.ones(2),)
         self.assertFalse(np.array_equal(f2(*args), f3(*args)))
-        self.assertNotEqual(fingerprint.fingerprint(f2),
-                            fingerprint.fingerprint(f3))
-        self.assertEqual(fingerprint.fingerprint(f2),
-                         fingerprint.fingerprint(make(2)))
+        self.assertNotEqual(fingerprint.fingerprint(f2), fingerprint.fingerprint(f3))
+        self.assertEqual(fingerprint.fingerprint(f2), fingerprint.fingerprint(make(2)))
 
   def test_closure_cells_and_defaults(self):
     sizes = [1]
+
     def f(x=2):
       return sizes, x
+
     first = fingerprint.fingerprint(f)
     sizes.append(2)  # Mutated in place: keyed by contents.
     self.assertNotEqual(fingerprint.fingerprint(f), first)
@@ -171,10 +173,14 @@ class FingerprintTest(absltest.TestCase):
 
   def test_partials_and_dataclass_fields(self):
     g = lambda n: n
-    self.assertNotEqual(fingerprint.fingerprint(functools.partial(g, 1)),
-                        fingerprint.fingerprint(functools.partial(g, 2)))
-    self.assertEqual(fingerprint.fingerprint(functools.partial(g, 1)),
-                     fingerprint.fingerprint(functools.partial(g, 1)))
+    self.assertNotEqual(
+      fingerprint.fingerprint(functools.partial(g, 1)),
+      fingerprint.fingerprint(functools.partial(g, 2)),
+    )
+    self.assertEqual(
+      fingerprint.fingerprint(functools.partial(g, 1)),
+      fingerprint.fingerprint(functools.partial(g, 1)),
+    )
 
   def test_a_class_by_its_own_methods_and_values(self):
     global SIZE
@@ -183,16 +189,17 @@ class FingerprintTest(absltest.TestCase):
       scale = 2
 
     class Model(Base):
-
       def __init__(self):
         self.size = reads_a_global()
 
-    before = [fingerprint.fingerprint(f) for f in (Model, lambda: Model(),
-                                             functools.partial(Model))]
+    before = [
+      fingerprint.fingerprint(f) for f in (Model, lambda: Model(), functools.partial(Model))
+    ]
     try:
       SIZE = 4
-      after = [fingerprint.fingerprint(f) for f in (Model, lambda: Model(),
-                                              functools.partial(Model))]
+      after = [
+        fingerprint.fingerprint(f) for f in (Model, lambda: Model(), functools.partial(Model))
+      ]
     finally:
       SIZE = 3
     self.assertTrue(all(b != a for b, a in zip(before, after)))

@@ -51,12 +51,12 @@ _DEFAULT_STREAMS = ("dropout",)
 
 
 def from_flax(
-    module: nnx.Module | NnxConstructor | nn.Module,
-    *,
-    name: Optional[str] = None,
-    method: Optional[Method] = None,
-    rng_streams: Sequence[str] = _DEFAULT_STREAMS,
-    intermediates: Optional[str] = None,
+  module: nnx.Module | NnxConstructor | nn.Module,
+  *,
+  name: Optional[str] = None,
+  method: Optional[Method] = None,
+  rng_streams: Sequence[str] = _DEFAULT_STREAMS,
+  intermediates: Optional[str] = None,
 ) -> "NnxModule | LinenModule":
   """A Flax NNX or Linen module as a Haiku module.
 
@@ -132,60 +132,80 @@ def from_flax(
   with errors.entry("from_flax"):
     linen = isinstance(module, (nn.Module, nnx.bridge.Module))
     if not (linen or isinstance(module, nnx.Module) or callable(module)):
-      raise TypeError(errors.bad_argument(
-          "module", module, "an nnx.Module, a constructor `f(rngs=...)` "
-          "that returns one, or a Linen nn.Module"))
+      raise TypeError(
+        errors.bad_argument(
+          "module",
+          module,
+          "an nnx.Module, a constructor `f(rngs=...)` that returns one, or a Linen nn.Module",
+        )
+      )
     foreign_module.check_name(name)
     _check_method(method)
     rng_streams = _check_rng_streams(rng_streams, linen)
     errors.check_str(
-        "intermediates", intermediates, "None or a Haiku name below the "
-        "adapter (a string), e.g. \"intermediates\"", optional=True)
+      "intermediates",
+      intermediates,
+      "None or a Haiku name below the adapter (a string), e.g. \"intermediates\"",
+      optional=True,
+    )
   if linen:
     assert isinstance(module, (nn.Module, nnx.bridge.Module))
-    return LinenModule(module, method=method, rng_streams=rng_streams,
-                       intermediates=intermediates, name=name)
-  return NnxModule(module, method=method, intermediates=intermediates,
-                   name=name)
+    return LinenModule(
+      module, method=method, rng_streams=rng_streams, intermediates=intermediates, name=name
+    )
+  return NnxModule(module, method=method, intermediates=intermediates, name=name)
 
 
 def _check_method(method: Any) -> None:
   """`method=`: None, a method name, or a function taking the module first."""
-  if method is not None and not callable(method) and not (
-      isinstance(method, str) and method):
-    raise TypeError(errors.bad_argument(
-        "method", method, "None, a method name (a string such as "
-        "\"attend\"), or a function taking the module first"))
-
+  if method is not None and not callable(method) and not (isinstance(method, str) and method):
+    raise TypeError(
+      errors.bad_argument(
+        "method",
+        method,
+        "None, a method name (a string such as \"attend\"), or a function taking the module first",
+      )
+    )
 
 
 def _check_rng_streams(rng_streams: Any, linen: bool) -> tuple[str, ...]:
   """`rng_streams=`: Linen stream names; an NNX module brings its own."""
-  if (isinstance(rng_streams, (str, bytes)) or
-      not isinstance(rng_streams, Sequence) or
-      not all(isinstance(s, str) and s for s in rng_streams)):
-    raise TypeError(errors.bad_argument(
-        "rng_streams", rng_streams, "a sequence of Linen rng stream names",
+  if (
+    isinstance(rng_streams, (str, bytes))
+    or not isinstance(rng_streams, Sequence)
+    or not all(isinstance(s, str) and s for s in rng_streams)
+  ):
+    raise TypeError(
+      errors.bad_argument(
+        "rng_streams",
+        rng_streams,
+        "a sequence of Linen rng stream names",
         f"For one stream, write rng_streams=({rng_streams!r},)."
-        if isinstance(rng_streams, str) else ""))
+        if isinstance(rng_streams, str)
+        else "",
+      )
+    )
   rng_streams = tuple(rng_streams)
   if not linen and rng_streams != _DEFAULT_STREAMS:
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"`rng_streams` is {rng_streams}, but it names the streams of a "
         "Linen module: an NNX module holds its streams in the nnx.Rngs it "
         "is built with, and each is fed from Haiku's rng already. Leave "
-        "rng_streams out."))
+        "rng_streams out."
+      )
+    )
   return rng_streams
 
 
 def to_nnx(
-    f: hk.Transformed | hk.TransformedWithState,
-    *args: Any,
-    rngs: Optional[nnx.Rngs] = None,
-    params: Optional[hk.Params] = None,
-    state: Optional[hk.State] = None,
-    rng_stream: str = "dropout",
-    **kwargs: Any,
+  f: hk.Transformed | hk.TransformedWithState,
+  *args: Any,
+  rngs: Optional[nnx.Rngs] = None,
+  params: Optional[hk.Params] = None,
+  state: Optional[hk.State] = None,
+  rng_stream: str = "dropout",
+  **kwargs: Any,
 ) -> "HaikuModule":
   """A Haiku function as an `nnx.Module`, with Haiku's parameter names.
 
@@ -228,20 +248,22 @@ def to_nnx(
   with errors.entry("to_nnx"):
     transformed = foreign_module.with_state(f)
     if rngs is not None and not isinstance(rngs, nnx.Rngs):
-      raise TypeError(errors.bad_argument(
-          "rngs", rngs, "None or an nnx.Rngs", "e.g. rngs=nnx.Rngs(0)."))
-    errors.check_str("rng_stream", rng_stream,
-                     "the name of an nnx.Rngs stream (a string)")
+      raise TypeError(
+        errors.bad_argument("rngs", rngs, "None or an nnx.Rngs", "e.g. rngs=nnx.Rngs(0).")
+      )
+    errors.check_str("rng_stream", rng_stream, "the name of an nnx.Rngs stream (a string)")
     foreign_module.check_given(transformed, params, state, args, kwargs)
     if params is None and rngs is None:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           "needs `rngs=nnx.Rngs(...)` to run f.init, or `params=` (e.g. a "
-          "Haiku checkpoint) to use as they are."))
+          "Haiku checkpoint) to use as they are."
+        )
+      )
   if params is None:
     assert rngs is not None, "checked above"
     params, state = transformed.init(rngs.params(), *args, **kwargs)
-  return HaikuModule(transformed, params, state or {}, rngs=rngs,
-                     rng_stream=rng_stream)
+  return HaikuModule(transformed, params, state or {}, rngs=rngs, rng_stream=rng_stream)
 
 
 # ---------------------------------------------------------------------------
@@ -266,6 +288,7 @@ _FILTERS = (nnx.Param, nnx.RngKey, nnx.RngCount, ...)
 
 class NnxLayout(NamedTuple):
   """An NNX module taken apart: its graph and its variables, by kind."""
+
   graphdef: Any
   params: Variables
   rng_keys: Variables
@@ -276,6 +299,7 @@ class NnxLayout(NamedTuple):
 
 class NnxValues(NamedTuple):
   """The leaves of a built NNX module, by kind, and its declared partitioning."""
+
   params: list[Any]
   rng_keys: list[Any]
   rng_counts: list[Any]
@@ -287,10 +311,12 @@ def _split_nnx(module: nnx.Module) -> tuple[NnxLayout, NnxValues]:
   graphdef, *states = nnx.split(module, *_FILTERS)
   kinds, values = zip(*(foreign_module.flatten(s) for s in states))
   # mypy cannot count the arguments of a star-unpacked tuple.
-  layout = NnxLayout(graphdef, *kinds,  # type: ignore[call-arg]
-                     type(module).__name__)
-  specs = (_nnx_specs(states[0]) if foreign_sharding.active() is not None
-           else None)
+  layout = NnxLayout(
+    graphdef,
+    *kinds,  # type: ignore[call-arg]
+    type(module).__name__,
+  )
+  specs = _nnx_specs(states[0]) if foreign_sharding.active() is not None else None
   return layout, NnxValues(*values, specs)  # type: ignore[call-arg]
 
 
@@ -301,8 +327,7 @@ def _nnx_specs(params: nnx.State) -> list[Optional[PartitionSpec]]:
   rules = recorder.logical_axis_rules
   specs = []
   with _logical_axis_rules(rules):
-    for variable in jax.tree.leaves(
-        params, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+    for variable in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable)):
       declared = variable.get_metadata().get("out_sharding")
       spec = nnx.spmd.get_var_pspec(variable) if declared else None
       specs.extend([spec] * len(jax.tree.leaves(variable)))
@@ -318,31 +343,42 @@ def _logical_axis_rules(rules: Optional[Sequence[tuple[str, Any]]]):
 def _construct_nnx(constructor: NnxConstructor, key: jax.Array) -> nnx.Module:
   with nnx.use_eager_sharding(False):  # See `_running`.
     return foreign_module.constructed(
-        lambda: constructor(rngs=nnx.Rngs(key)), keyword="rngs",
-        example="`functools.partial(nnx.Linear, 4, 8)` or `lambda rngs: "
-        "nnx.Linear(4, 8, rngs=rngs)`", expected=nnx.Module,
-        expected_name="nnx.Module")
+      lambda: constructor(rngs=nnx.Rngs(key)),
+      keyword="rngs",
+      example="`functools.partial(nnx.Linear, 4, 8)` or `lambda rngs: nnx.Linear(4, 8, rngs=rngs)`",
+      expected=nnx.Module,
+      expected_name="nnx.Module",
+    )
 
 
 def _nnx_recipe(constructor: NnxConstructor) -> foreign_module.Recipe:
   return foreign_module.Recipe(
-      construct=functools.partial(_construct_nnx, constructor),
-      construct_abstract=lambda: nnx.eval_shape(
-          lambda: _construct_nnx(constructor, jax.random.PRNGKey(0))),
-      split=_split_nnx,
-      cache_key=foreign_module.layout_key("nnx", constructor))
+    construct=functools.partial(_construct_nnx, constructor),
+    construct_abstract=lambda: nnx.eval_shape(
+      lambda: _construct_nnx(constructor, jax.random.PRNGKey(0))
+    ),
+    split=_split_nnx,
+    cache_key=foreign_module.layout_key("nnx", constructor),
+  )
 
 
 class NnxModule(foreign_module.ForeignModule):
   """A Flax NNX module inside a Haiku transform (see `from_flax`)."""
 
-  def __init__(self, module: nnx.Module | NnxConstructor, *,
-               method: Optional[Method] = None,
-               intermediates: Optional[str] = None,
-               name: Optional[str] = None):
+  def __init__(
+    self,
+    module: nnx.Module | NnxConstructor,
+    *,
+    method: Optional[Method] = None,
+    intermediates: Optional[str] = None,
+    name: Optional[str] = None,
+  ):
     self._instance = module if isinstance(module, nnx.Module) else None
-    self._recipe = (_nnx_recipe(module) if self._instance is None else
-                    foreign_module.Recipe(None, None, _split_nnx, None))
+    self._recipe = (
+      _nnx_recipe(module)
+      if self._instance is None
+      else foreign_module.Recipe(None, None, _split_nnx, None)
+    )
     class_name = foreign_module.class_name(module, nnx.Module)
     if class_name is None:
       with errors.entry("from_flax"):
@@ -362,21 +398,24 @@ class NnxModule(foreign_module.ForeignModule):
     self._mode = ("eval", attributes)
     return self
 
-  def __call__(self, *args: Any, method: Optional[Method] = None,
-               **kwargs: Any) -> Any:
+  def __call__(self, *args: Any, method: Optional[Method] = None, **kwargs: Any) -> Any:
     """Calls the module's `method` (default: `from_flax`'s, or `__call__`)."""
     with _running(self._api):
       _check_method(method)
       layout, values = foreign_module.built(self._instance, self._recipe)
       params = foreign_module.params(
-          layout.params, values and values.params, values and values.param_specs)
+        layout.params, values and values.params, values and values.param_specs
+      )
       old_state = foreign_module.state(layout.state, values and values.state)
       key = hk.maybe_next_rng_key() if layout.rng_keys.names else None
       counts = [jnp.zeros(s.shape, s.dtype) for s in layout.rng_counts.specs]
       module = nnx.merge(
-          layout.graphdef, layout.params.unflatten(params),
-          layout.rng_keys.unflatten(_stream_keys(key, layout.rng_keys, values)),
-          layout.rng_counts.unflatten(counts), layout.state.unflatten(old_state))
+        layout.graphdef,
+        layout.params.unflatten(params),
+        layout.rng_keys.unflatten(_stream_keys(key, layout.rng_keys, values)),
+        layout.rng_counts.unflatten(counts),
+        layout.state.unflatten(old_state),
+      )
       if self._mode is not None:
         getattr(module, self._mode[0])(**self._mode[1])
       graphdef = nnx.graphdef(module)
@@ -388,8 +427,7 @@ class NnxModule(foreign_module.ForeignModule):
       new_graphdef, *new = nnx.split(module, *_FILTERS)
       if new_graphdef != graphdef:
         _check_nothing_sown(module, layout)
-        raise ValueError(errors.message(_static_change(graphdef, layout,
-                                                       module)))
+        raise ValueError(errors.message(_static_change(graphdef, layout, module)))
       new_params, _, new_counts, new_state = (jax.tree.leaves(s) for s in new)
       _check_params_kept(layout.params, params, new_params)
       if key is None:
@@ -397,28 +435,32 @@ class NnxModule(foreign_module.ForeignModule):
       foreign_module.write_state(layout.state, old_state, new_state)
       if sown is not None:
         # Values are sown only with `intermediates=` given.
-        foreign_module.outputs(*foreign_module.flatten(
-            sown, prefix=(self._intermediates,)))  # type: ignore[arg-type]
+        foreign_module.outputs(*foreign_module.flatten(sown, prefix=(self._intermediates,)))  # type: ignore[arg-type]
       return out
 
 
 def _check_nothing_sown(module: nnx.Module, layout: NnxLayout) -> None:
   """Raises if the call sowed values as new attributes (outside a capture)."""
   held = set(layout.state.paths)
-  sown = nnx.state(module, lambda path, value: (
-      isinstance(value, nnx.Intermediate) and
-      foreign_module.attribute_path(path) not in held))
+  sown = nnx.state(
+    module,
+    lambda path, value: (
+      isinstance(value, nnx.Intermediate) and foreign_module.attribute_path(path) not in held
+    ),
+  )
   if jax.tree.leaves(sown):
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         "the call sowed nnx.Intermediate values ("
         + ", ".join(foreign_module.flatten(sown)[0].paths)
         + "). Haiku keeps only params and state between calls: pass "
         "`intermediates=\"intermediates\"` to hkb.from_flax to get them "
-        "back as Haiku state under that name."))
+        "back as Haiku state under that name."
+      )
+    )
 
 
-def _call(module: nnx.Module, *args: Any, method: Optional[Method],
-          **kwargs: Any) -> Any:
+def _call(module: nnx.Module, *args: Any, method: Optional[Method], **kwargs: Any) -> Any:
   return _bound_method(module, method)(*args, **kwargs)
 
 
@@ -429,62 +471,91 @@ def _bound_method(module: Any, method: Optional[Method]) -> Callable[..., Any]:
   if isinstance(method, str):
     bound = getattr(module, method, None)
     if not callable(bound):
-      public = sorted(n for n, v in inspect.getmembers(type(module))
-                      if inspect.isfunction(v) and not n.startswith("_"))
-      raise AttributeError(errors.message(
+      public = sorted(
+        n
+        for n, v in inspect.getmembers(type(module))
+        if inspect.isfunction(v) and not n.startswith("_")
+      )
+      raise AttributeError(
+        errors.message(
           f"`method={method!r}` is not a method of {type(module).__name__} "
           f"(its methods: {', '.join(public)}). Pass a method name, or a "
           f"function taking the module first, e.g. "
-          f"`{type(module).__name__}.{public[0] if public else 'method'}`."))
+          f"`{type(module).__name__}.{public[0] if public else 'method'}`."
+        )
+      )
     return bound
   if callable(method):
     return functools.partial(getattr(method, "__func__", method), module)
-  raise TypeError(errors.message(
+  raise TypeError(
+    errors.message(
       f"`method=` is {errors.describe(method)}; pass a method name or a "
-      "function taking the module first."))
+      "function taking the module first."
+    )
+  )
 
 
 def _static_change(graphdef, layout: NnxLayout, module) -> str:
-  before = nnx.merge(graphdef, *(
-      jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype)
-                   if not jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key)
-                   else jax.random.key(0), v.unflatten(v.specs))
-      for v in (layout.params, layout.rng_keys, layout.rng_counts,
-                layout.state)))
+  before = nnx.merge(
+    graphdef,
+    *(
+      jax.tree.map(
+        lambda s: (
+          jnp.zeros(s.shape, s.dtype)
+          if not jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key)
+          else jax.random.key(0)
+        ),
+        v.unflatten(v.specs),
+      )
+      for v in (layout.params, layout.rng_keys, layout.rng_counts, layout.state)
+    ),
+  )
   old, new = _static_attributes(before), _static_attributes(module)
-  changes = [f"{p}: {old.get(p, '(absent)')!r} -> {new.get(p, '(absent)')!r}"
-             for p in sorted(set(old) | set(new)) if old.get(p) != new.get(p)]
+  changes = [
+    f"{p}: {old.get(p, '(absent)')!r} -> {new.get(p, '(absent)')!r}"
+    for p in sorted(set(old) | set(new))
+    if old.get(p) != new.get(p)
+  ]
   return (
-      "the module changed its structure during the call ("
-      + "; ".join(changes[:5]) + "). Haiku keeps only arrays between "
-      "calls, as params and state, so a change to a Python attribute or a "
-      "new nnx.Variable would be lost. Keep values that change in "
-      "nnx.Variables created in __init__ (e.g. nnx.BatchStat or your own "
-      "nnx.Variable subclass): they become Haiku state.")
+    "the module changed its structure during the call ("
+    + "; ".join(changes[:5])
+    + "). Haiku keeps only arrays between "
+    "calls, as params and state, so a change to a Python attribute or a "
+    "new nnx.Variable would be lost. Keep values that change in "
+    "nnx.Variables created in __init__ (e.g. nnx.BatchStat or your own "
+    "nnx.Variable subclass): they become Haiku state."
+  )
 
 
 def _check_params_kept(variables: Variables, old, new) -> None:
   for path, before, after in zip(variables.paths, old, new):
     if after is not before:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"the module assigned to its nnx.Param '{path}' during the call. "
           "Haiku params are read-only in apply: hold values that the call "
-          "updates in another nnx.Variable type (it becomes Haiku state)."))
+          "updates in another nnx.Variable type (it becomes Haiku state)."
+        )
+      )
 
 
 def _check_no_rng_drawn(variables: Variables, old, new) -> None:
   for path, before, after in zip(variables.paths, old, new):
     if after is not before:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"the module drew a key from its rng stream at "
           f"'{path.rsplit('.', 1)[0]}', but the Haiku transform has no rng "
           "here. Pass an rng to apply (f.apply(params, state, rng, ...)), or "
           "run the module in evaluation mode (`.eval()` on the adapter, or "
-          "its own `deterministic=True`)."))
+          "its own `deterministic=True`)."
+        )
+      )
 
 
-def _stream_keys(key: Optional[jax.Array], variables: Variables,
-                 values: Optional[NnxValues]) -> list[Any]:
+def _stream_keys(
+  key: Optional[jax.Array], variables: Variables, values: Optional[NnxValues]
+) -> list[Any]:
   """Keys for the module's rng streams: stream `i` gets `fold_in(key, i)`."""
   keys = []
   for i, spec in enumerate(variables.specs):
@@ -545,8 +616,7 @@ def _split_linen(variables: PyTree) -> tuple[LinenLayout, LinenValues]:
   boxed = variables.pop("params", {})
   params, param_values = foreign_module.flatten(boxed)
   state, state_values = foreign_module.flatten(variables, drop_first=True)
-  specs = (_linen_specs(boxed) if foreign_sharding.active() is not None
-           else None)
+  specs = _linen_specs(boxed) if foreign_sharding.active() is not None else None
   layout = LinenLayout(params, state, tuple(variables))
   return layout, LinenValues(param_values, state_values, specs)
 
@@ -579,58 +649,76 @@ def _as_rng_dict(rngs: Any, bare_key_stream: str) -> dict[str, Any]:
   if rngs is None:
     return {}
   if isinstance(rngs, Mapping) and all(
-      isinstance(s, str) and pytree.is_key(k) for s, k in rngs.items()):
+    isinstance(s, str) and pytree.is_key(k) for s, k in rngs.items()
+  ):
     return dict(rngs)
   if pytree.is_key(rngs):
     return {bare_key_stream: rngs}
-  raise TypeError(errors.bad_argument(
-      "rngs", rngs, "None, a JAX random key, or a dict {stream name: key}, "
-      "as Linen's apply takes them", "e.g. rngs={\"dropout\": key}."))
+  raise TypeError(
+    errors.bad_argument(
+      "rngs",
+      rngs,
+      "None, a JAX random key, or a dict {stream name: key}, as Linen's apply takes them",
+      "e.g. rngs={\"dropout\": key}.",
+    )
+  )
 
 
 class LinenModule(foreign_module.ForeignModule):
   """A Flax Linen module inside a Haiku transform (see `from_flax`)."""
 
-  def __init__(self, module: nn.Module | nnx.bridge.Module, *,
-               method: Optional[Method] = None,
-               rng_streams: Sequence[str] = ("dropout",),
-               intermediates: Optional[str] = None,
-               name: Optional[str] = None):
+  def __init__(
+    self,
+    module: nn.Module | nnx.bridge.Module,
+    *,
+    method: Optional[Method] = None,
+    rng_streams: Sequence[str] = ("dropout",),
+    intermediates: Optional[str] = None,
+    name: Optional[str] = None,
+  ):
     super().__init__(type(module).__name__, "from_flax", name)
     self._module = module
     self._method = method
     self._streams = tuple(rng_streams)
     self._intermediates = intermediates
 
-  def __call__(self, *args: Any, method: Optional[Method] = None,
-               rngs: Any = None, **kwargs: Any) -> Any:
+  def __call__(
+    self, *args: Any, method: Optional[Method] = None, rngs: Any = None, **kwargs: Any
+  ) -> Any:
     """Applies the module's `method` (default: `from_flax`'s, or `__call__`)."""
     with _running(self._api):
       if "mutable" in kwargs:
-        raise TypeError(errors.message(
+        raise TypeError(
+          errors.message(
             "`mutable=` is the adapter's: every collection but `params` is "
             "Haiku state and always mutable, and sown values are returned "
-            "with `intermediates=` (see hkb.from_flax)."))
+            "with `intermediates=` (see hkb.from_flax)."
+          )
+        )
       _check_method(method)
       method = method or self._method
-      rngs = _as_rng_dict(rngs, "default" if isinstance(
-          self._module, nnx.bridge.Module) else "params")
+      rngs = _as_rng_dict(
+        rngs, "default" if isinstance(self._module, nnx.bridge.Module) else "params"
+      )
       layout, values = self._built(args, kwargs, rngs, method)
       params = foreign_module.params(
-          layout.params, values and values.params, values and values.param_specs)
+        layout.params, values and values.params, values and values.param_specs
+      )
       old_state = foreign_module.state(layout.state, values and values.state)
-      variables = {"params": layout.params.unflatten(params),
-                   **layout.state.unflatten(old_state)}
+      variables = {"params": layout.params.unflatten(params), **layout.state.unflatten(old_state)}
       key = hk.maybe_next_rng_key() if self._streams else None
       if key is not None:
-        rngs = {**{s: jax.random.fold_in(key, i)
-                   for i, s in enumerate(self._streams)}, **rngs}
-      mutable = (True if self._intermediates is not None
-                 else list(layout.collections) or False)
+        rngs = {**{s: jax.random.fold_in(key, i) for i, s in enumerate(self._streams)}, **rngs}
+      mutable = True if self._intermediates is not None else list(layout.collections) or False
       try:
-        result = self._module.apply(variables, *args, rngs=rngs or None,
-                                    mutable=mutable,
-                                    method=method or "__call__", **kwargs)
+        result = self._module.apply(
+          variables,
+          *args,
+          rngs=rngs or None,
+          mutable=mutable,
+          method=method or "__call__",
+          **kwargs,
+        )
       except flax.errors.InvalidRngError as e:
         raise ValueError(self._rng_message(e)) from e
       if mutable is False:
@@ -638,20 +726,19 @@ class LinenModule(foreign_module.ForeignModule):
       out, updates = result
       new_state = jax.tree.leaves({c: updates[c] for c in layout.collections})
       foreign_module.write_state(layout.state, old_state, new_state)
-      sown = {c: v for c, v in updates.items()
-              if c != "params" and c not in layout.collections}
+      sown = {c: v for c, v in updates.items() if c != "params" and c not in layout.collections}
       if sown:
         # Values are sown only with `intermediates=` given.
-        foreign_module.outputs(*foreign_module.flatten(
-            sown, drop_first=True,
-            prefix=(self._intermediates,)))  # type: ignore[arg-type]
+        foreign_module.outputs(
+          *foreign_module.flatten(sown, drop_first=True, prefix=(self._intermediates,))  # type: ignore[arg-type]
+        )
       return out
 
   def _built(self, args, kwargs, rngs, method) -> foreign_module.Built:
     """The layout of `init`'s variables, with their values at init."""
     key = foreign_module.layout_key(
-        "linen", (self._module, method), self._streams, sorted(rngs), args,
-        kwargs)
+      "linen", (self._module, method), self._streams, sorted(rngs), args, kwargs
+    )
     if hk.running_init():
       guards.require_haiku_trace()
       if "params" not in rngs:
@@ -659,29 +746,35 @@ class LinenModule(foreign_module.ForeignModule):
       layout, values = _split_linen(self._init(rngs, args, kwargs, method))
       foreign_module.remember_layout(key, layout)
       return foreign_module.Built(layout, values)
-    return foreign_module.Built(foreign_module.cached_layout(
-        key, lambda: _split_linen(jax.eval_shape(
-            lambda k: self._init({"params": k, **rngs}, args, kwargs, method),
-            jax.random.PRNGKey(0)))[0]), None)
+    return foreign_module.Built(
+      foreign_module.cached_layout(
+        key,
+        lambda: _split_linen(
+          jax.eval_shape(
+            lambda k: self._init({"params": k, **rngs}, args, kwargs, method), jax.random.PRNGKey(0)
+          )
+        )[0],
+      ),
+      None,
+    )
 
   def _init(self, rngs, args, kwargs, method) -> PyTree:
     key = rngs.get("params")
     if key is not None:
-      rngs = {**{s: jax.random.fold_in(key, i + 1)
-                 for i, s in enumerate(self._streams)}, **rngs}
+      rngs = {**{s: jax.random.fold_in(key, i + 1) for i, s in enumerate(self._streams)}, **rngs}
     rngs = {s: k for s, k in rngs.items() if k is not None}
     try:
-      return self._module.init(rngs, *args, method=method or "__call__",
-                               **kwargs)
+      return self._module.init(rngs, *args, method=method or "__call__", **kwargs)
     except flax.errors.InvalidRngError as e:
       raise ValueError(self._rng_message(e)) from e
 
   def _rng_message(self, e: Exception) -> str:
     return errors.message(
-        f"{e}. Streams fed from Haiku's rng: {list(self._streams)}. Pass an "
-        "rng to init and apply (f.apply(params, state, rng, ...)) and name "
-        "every stream the module draws from in `rng_streams=` (or pass "
-        "`rngs=` to the call), or call it with `deterministic=True`.")
+      f"{e}. Streams fed from Haiku's rng: {list(self._streams)}. Pass an "
+      "rng to init and apply (f.apply(params, state, rng, ...)) and name "
+      "every stream the module draws from in `rng_streams=` (or pass "
+      "`rngs=` to the call), or call it with `deterministic=True`."
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -696,42 +789,56 @@ class HaikuState(nnx.Variable):
 class HaikuModule(nnx.Module):
   """A Haiku function as an NNX module, its parameters under Haiku's names."""
 
-  def __init__(self, transformed: hk.TransformedWithState, params: hk.Params,
-               state: hk.State, *, rngs: Optional[nnx.Rngs] = None,
-               rng_stream: str = "dropout"):
+  def __init__(
+    self,
+    transformed: hk.TransformedWithState,
+    params: hk.Params,
+    state: hk.State,
+    *,
+    rngs: Optional[nnx.Rngs] = None,
+    rng_stream: str = "dropout",
+  ):
     self.transformed = transformed
-    self.params = nnx.data({m: {n: nnx.Param(jnp.asarray(v))
-                                for n, v in entries.items()}
-                            for m, entries in params.items()})
-    self.state = nnx.data({m: {n: HaikuState(jnp.asarray(v))
-                               for n, v in entries.items()}
-                           for m, entries in state.items()})
+    self.params = nnx.data(
+      {
+        m: {n: nnx.Param(jnp.asarray(v)) for n, v in entries.items()}
+        for m, entries in params.items()
+      }
+    )
+    self.state = nnx.data(
+      {
+        m: {n: HaikuState(jnp.asarray(v)) for n, v in entries.items()}
+        for m, entries in state.items()
+      }
+    )
     self.rngs = rngs
     self.rng_stream = rng_stream
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     rng = None if self.rngs is None else self.rngs[self.rng_stream]()
     out, new_state = self.transformed.apply(
-        self.haiku_params(), self.haiku_state(), rng, *args, **kwargs)
+      self.haiku_params(), self.haiku_state(), rng, *args, **kwargs
+    )
     # Haiku annotates the state `apply` returns with an alias mypy cannot read.
     for module, entries in new_state.items():  # type: ignore[attr-defined]
       for name, value in entries.items():
         if name not in self.state.get(module, {}):
           with errors.entry("to_nnx"):  # The module `to_nnx` made, called.
-            raise ValueError(errors.message(
+            raise ValueError(
+              errors.message(
                 f"the Haiku function created state "
                 f"'{module}/{name}' in apply, which the module does not hold. "
                 "Create it at init (hk.get_state with init=) and build the "
-                "module from the state init gives."))
+                "module from the state init gives."
+              )
+            )
         self.state[module][name][...] = value
     return out
 
   def haiku_params(self) -> hk.Params:
     """The params as Haiku's dict, `{module_name: {param_name: array}}`."""
-    return {m: {n: v[...] for n, v in entries.items()}
-            for m, entries in self.params.items()}
+    return {m: {n: v[...] for n, v in entries.items()} for m, entries in self.params.items()}
 
   def haiku_state(self) -> hk.State:
     """The state as Haiku's dict, `{module_name: {state_name: array}}`."""
-    return {m: {n: v[...] for n, v in entries.items()}
-            for m, entries in self.state.items()}
+    return {m: {n: v[...] for n, v in entries.items()} for m, entries in self.state.items()}

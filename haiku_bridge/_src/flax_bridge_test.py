@@ -37,8 +37,7 @@ X = jax.random.normal(jax.random.PRNGKey(7), [6, 4])
 class Block(nnx.Module):
   """Linear, BatchNorm, dropout, a list of layers: every kind of NNX variable."""
 
-  def __init__(self, din: int, dout: int, *, rngs: nnx.Rngs,
-               dropout: float = 0.0):
+  def __init__(self, din: int, dout: int, *, rngs: nnx.Rngs, dropout: float = 0.0):
     self.linear1 = nnx.Linear(din, 8, rngs=rngs)
     self.bn = nnx.BatchNorm(8, rngs=rngs)
     self.drop = nnx.Dropout(dropout, rngs=rngs)
@@ -55,11 +54,13 @@ class Block(nnx.Module):
 def block_params(m: Block, scope: str = "block") -> hk.Params:
   """`m`'s weights under the Haiku names the adapter documents, written out."""
   linear = lambda lin: {"kernel": lin.kernel[...], "bias": lin.bias[...]}
-  return {f"{scope}/linear1": linear(m.linear1),
-          f"{scope}/bn": {"scale": m.bn.scale[...], "bias": m.bn.bias[...]},
-          f"{scope}/layers_0": linear(m.layers[0]),
-          f"{scope}/layers_1": linear(m.layers[1]),
-          f"{scope}/out": linear(m.out)}
+  return {
+    f"{scope}/linear1": linear(m.linear1),
+    f"{scope}/bn": {"scale": m.bn.scale[...], "bias": m.bn.bias[...]},
+    f"{scope}/layers_0": linear(m.layers[0]),
+    f"{scope}/layers_1": linear(m.layers[1]),
+    f"{scope}/out": linear(m.out),
+  }
 
 
 def block_state(m: Block, scope: str = "block") -> hk.State:
@@ -81,23 +82,26 @@ def adapter_net(make=lambda: functools.partial(Block, 4, 3)):
 
 
 class NnxNamesTest(parameterized.TestCase):
-
   @parameterized.parameters("constructor", "instance", "lambda")
   def test_params_and_state_named_by_attribute_path(self, kind):
-    make = {"constructor": lambda: functools.partial(Block, 4, 3),
-            "instance": lambda: Block(4, 3, rngs=nnx.Rngs(0)),
-            "lambda": lambda: lambda rngs: Block(4, 3, rngs=rngs)}[kind]
+    make = {
+      "constructor": lambda: functools.partial(Block, 4, 3),
+      "instance": lambda: Block(4, 3, rngs=nnx.Rngs(0)),
+      "lambda": lambda: lambda rngs: Block(4, 3, rngs=rngs),
+    }[kind]
     params, state = adapter_net(make).init(jax.random.PRNGKey(0), X)
-    self.assertEqual(jax.tree.map(jnp.shape, params), jax.tree.map(
-        jnp.shape, block_params(Block(4, 3, rngs=nnx.Rngs(0)))))
+    self.assertEqual(
+      jax.tree.map(jnp.shape, params),
+      jax.tree.map(jnp.shape, block_params(Block(4, 3, rngs=nnx.Rngs(0)))),
+    )
     self.assertEqual(sorted(state), ["block/bn"])
     self.assertEqual(sorted(state["block/bn"]), ["mean", "var"])
 
   def test_name_and_scope(self):
     def f(x):
       with hk.name_scope("enc"):
-        return hkb.from_flax(functools.partial(nnx.Linear, 4, 2),
-                             name="proj")(x)
+        return hkb.from_flax(functools.partial(nnx.Linear, 4, 2), name="proj")(x)
+
     params = hk.transform(f).init(jax.random.PRNGKey(0), X)
     self.assertEqual(list(params), ["enc/proj"])
     self.assertEqual(sorted(params["enc/proj"]), ["bias", "kernel"])
@@ -106,13 +110,16 @@ class NnxNamesTest(parameterized.TestCase):
     def f(x):
       block = hkb.from_flax(functools.partial(nnx.Linear, 4, 4))
       return block(block(x))
+
     params = hk.transform(f).init(jax.random.PRNGKey(0), X)
     self.assertEqual(list(params), ["linear"])
 
   def test_two_adapters_get_two_names(self):
     def f(x):
-      return (hkb.from_flax(functools.partial(nnx.Linear, 4, 4))(x) +
-              hkb.from_flax(functools.partial(nnx.Linear, 4, 4))(x))
+      return hkb.from_flax(functools.partial(nnx.Linear, 4, 4))(x) + hkb.from_flax(
+        functools.partial(nnx.Linear, 4, 4)
+      )(x)
+
     params = hk.transform(f).init(jax.random.PRNGKey(0), X)
     self.assertEqual(sorted(params), ["linear", "linear_1"])
 
@@ -120,8 +127,7 @@ class NnxNamesTest(parameterized.TestCase):
     rng = jax.random.PRNGKey(3)
     params, _ = adapter_net().init(rng, X)
     key = next(hk.PRNGSequence(rng))
-    chex.assert_trees_all_equal(params,
-                                block_params(Block(4, 3, rngs=nnx.Rngs(key))))
+    chex.assert_trees_all_equal(params, block_params(Block(4, 3, rngs=nnx.Rngs(key))))
 
   def test_instance_weights_are_the_initial_params(self):
     m = Block(4, 3, rngs=nnx.Rngs(5))
@@ -146,8 +152,7 @@ class NnxNativeTest(parameterized.TestCase):
       return block.eval() if mode == "eval" else block
 
     f = hk.transform_with_state(lambda x: make()(x))
-    loss = lambda p, s, x: (lambda o: (jnp.sum(o[0] ** 2), o[1]))(
-        f.apply(p, s, None, x))
+    loss = lambda p, s, x: (lambda o: (jnp.sum(o[0] ** 2), o[1]))(f.apply(p, s, None, x))
     grad = jax.value_and_grad(loss, has_aux=True)
     if jit:
       grad = jax.jit(grad)
@@ -158,8 +163,7 @@ class NnxNativeTest(parameterized.TestCase):
     chex.assert_trees_all_close(value, native_value, rtol=1e-5)
     chex.assert_trees_all_close(new_state, block_state(m), rtol=1e-5)
     native = with_params(m, native_grads)
-    chex.assert_trees_all_close(grads, block_params(native), rtol=1e-5,
-                                atol=1e-6)
+    chex.assert_trees_all_close(grads, block_params(native), rtol=1e-5, atol=1e-6)
     if mode == "eval":
       chex.assert_trees_all_equal(new_state, state)
 
@@ -172,8 +176,7 @@ class NnxNativeTest(parameterized.TestCase):
     # Ground truth: the module's stream key is fold_in(hk.next_rng_key(), i).
     m = Block(4, 3, rngs=nnx.Rngs(0), dropout=0.5)
     _load(m, params, state, "block")
-    stream = jax.random.wrap_key_data(
-        jax.random.fold_in(next(hk.PRNGSequence(rng)), 0))
+    stream = jax.random.wrap_key_data(jax.random.fold_in(next(hk.PRNGSequence(rng)), 0))
     m.drop.rngs.key[...] = stream
     m.drop.rngs.count[...] = jnp.zeros((), jnp.uint32)
     np.testing.assert_allclose(y, m(X), rtol=1e-5, atol=1e-6)
@@ -181,24 +184,27 @@ class NnxNativeTest(parameterized.TestCase):
     self.assertFalse(np.allclose(y, y2))
 
   def test_eval_needs_no_rng(self):
-    f = hk.transform_with_state(lambda x: hkb.from_flax(functools.partial(
-        Block, 4, 3, dropout=0.5)).eval()(x))
+    f = hk.transform_with_state(
+      lambda x: hkb.from_flax(functools.partial(Block, 4, 3, dropout=0.5)).eval()(x)
+    )
     params, state = f.init(jax.random.PRNGKey(0), X)
     y, _ = jax.jit(f.apply)(params, state, None, X)
     self.assertEqual(y.shape, (6, 3))
 
   def test_train_attributes_pass_through(self):
     # nnx's train(**attributes) sets them on every submodule that has them.
-    f = hk.transform_with_state(lambda x: hkb.from_flax(functools.partial(
-        Block, 4, 3, dropout=0.5)).train(rate=0.0)(x))
+    f = hk.transform_with_state(
+      lambda x: hkb.from_flax(functools.partial(Block, 4, 3, dropout=0.5)).train(rate=0.0)(x)
+    )
     params, state = f.init(jax.random.PRNGKey(0), X)
     y1, _ = f.apply(params, state, jax.random.PRNGKey(1), X)
     y2, _ = f.apply(params, state, jax.random.PRNGKey(2), X)
     np.testing.assert_array_equal(y1, y2)
 
   def test_call_arguments_pass_through(self):
-    f = hk.transform(lambda x: hkb.from_flax(functools.partial(
-        nnx.Dropout, 0.5))(x, deterministic=True))
+    f = hk.transform(
+      lambda x: hkb.from_flax(functools.partial(nnx.Dropout, 0.5))(x, deterministic=True)
+    )
     np.testing.assert_array_equal(f.apply({}, None, X), X)
 
   def test_apply_without_init_in_process(self):
@@ -215,18 +221,15 @@ class NnxTransformsTest(parameterized.TestCase):
 
   def test_layer_scan_of_blocks_matches_native_loop(self):
     depth = 3
-    layer = lambda h, _: (hkb.from_flax(functools.partial(Block, 4, 4))(h),
-                          None)
+    layer = lambda h, _: (hkb.from_flax(functools.partial(Block, 4, 4))(h), None)
     f = hk.transform_with_state(
-        lambda x: hkb.layer_scan(layer, x, num_layers=depth, name="stack")[0])
+      lambda x: hkb.layer_scan(layer, x, num_layers=depth, name="stack")[0]
+    )
     params, state = f.init(jax.random.PRNGKey(0), X)
-    self.assertEqual(params["stack/block/linear1"]["kernel"].shape,
-                     (depth, 4, 8))
+    self.assertEqual(params["stack/block/linear1"]["kernel"].shape, (depth, 4, 8))
     self.assertEqual(state["stack/block/bn"]["mean"].shape, (depth, 8))
-    loss = lambda p, s: (lambda o: (jnp.sum(o[0] ** 2), o[1]))(
-        f.apply(p, s, None, X))
-    (value, new_state), grads = jax.value_and_grad(loss, has_aux=True)(
-        params, state)
+    loss = lambda p, s: (lambda o: (jnp.sum(o[0] ** 2), o[1]))(f.apply(p, s, None, X))
+    (value, new_state), grads = jax.value_and_grad(loss, has_aux=True)(params, state)
 
     layers = []
     for i in range(depth):
@@ -239,19 +242,17 @@ class NnxTransformsTest(parameterized.TestCase):
       h = X
       for m in ms:
         h = m(h)
-      return jnp.sum(h ** 2)
+      return jnp.sum(h**2)
 
     native_value, native_grads = nnx.value_and_grad(native)(layers)
     chex.assert_trees_all_close(value, native_value, rtol=1e-5)
     for i, m in enumerate(layers):
       take = lambda tree: jax.tree.map(lambda a: a[i], tree)
-      chex.assert_trees_all_close(take(new_state),
-                                  block_state(m, "stack/block"), rtol=1e-5)
+      chex.assert_trees_all_close(take(new_state), block_state(m, "stack/block"), rtol=1e-5)
       g = with_params(m, native_grads[i])
       # atol: a block's out/bias feeds the next block's BatchNorm, which subtracts the batch mean,
       # so its gradient is zero but for rounding, ~1e-6 apart on jax 0.8.1 + Flax 0.12.6.
-      chex.assert_trees_all_close(take(grads), block_params(g, "stack/block"),
-                                  rtol=1e-4, atol=1e-5)
+      chex.assert_trees_all_close(take(grads), block_params(g, "stack/block"), rtol=1e-4, atol=1e-5)
 
   def test_custom_vjp_with_true_vjp_matches_plain_gradient(self):
     def body(x):
@@ -261,28 +262,27 @@ class NnxTransformsTest(parameterized.TestCase):
       return vjp(g)
 
     plain = hk.transform(lambda x: jnp.sin(body(x)))
-    custom = hk.transform(
-        lambda x: jnp.sin(hkb.custom_vjp(body, hkb.vjp_fwd, bwd)(x)))
+    custom = hk.transform(lambda x: jnp.sin(hkb.custom_vjp(body, hkb.vjp_fwd, bwd)(x)))
     params = plain.init(jax.random.PRNGKey(0), X)
-    self.assertEqual(jax.tree.structure(params),
-                     jax.tree.structure(custom.init(jax.random.PRNGKey(0), X)))
+    self.assertEqual(
+      jax.tree.structure(params), jax.tree.structure(custom.init(jax.random.PRNGKey(0), X))
+    )
     loss = lambda f: lambda p: jnp.sum(f.apply(p, None, X) ** 2)
-    chex.assert_trees_all_close(jax.grad(loss(custom))(params),
-                                jax.grad(loss(plain))(params), rtol=1e-6)
+    chex.assert_trees_all_close(
+      jax.grad(loss(custom))(params), jax.grad(loss(plain))(params), rtol=1e-6
+    )
 
   def test_hk_vmap_matches_native_vmap(self):
     m = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
-    f = hk.transform(lambda x: hk.vmap(
-        hkb.from_flax(m), split_rng=False)(x))
+    f = hk.transform(lambda x: hk.vmap(hkb.from_flax(m), split_rng=False)(x))
     params = f.init(None, X)
-    np.testing.assert_allclose(f.apply(params, None, X),
-                               jax.vmap(m)(X), rtol=1e-6)
+    np.testing.assert_allclose(f.apply(params, None, X), jax.vmap(m)(X), rtol=1e-6)
 
 
 def _load(m: Block, params: hk.Params, state: hk.State, scope: str) -> None:
-  for path, value in (list(params.items()) + list(state.items())):
+  for path, value in list(params.items()) + list(state.items()):
     node = m
-    for part in path[len(scope) + 1:].split("/"):
+    for part in path[len(scope) + 1 :].split("/"):
       match = re.fullmatch(r"layers_(\d+)", part)
       node = node.layers[int(match[1])] if match else getattr(node, part)
     for name, array in value.items():
@@ -290,17 +290,17 @@ def _load(m: Block, params: hk.Params, state: hk.State, scope: str) -> None:
 
 
 class NnxErrorsTest(absltest.TestCase):
-
   def test_constructor_without_sizes(self):
     f = hk.transform(lambda x: hkb.from_flax(nnx.Linear)(x))
     with self.assertRaisesRegex(
-        TypeError, r"from_flax\(Linear\): calling the constructor with "
-        r"`rngs=` alone failed: .*in_features.*functools.partial\(nnx.Linear"):
+      TypeError,
+      r"from_flax\(Linear\): calling the constructor with "
+      r"`rngs=` alone failed: .*in_features.*functools.partial\(nnx.Linear",
+    ):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_not_a_module(self):
-    with self.assertRaisesRegex(
-        TypeError, r"^hkb.from_flax: `module` must be .*got an int 3\."):
+    with self.assertRaisesRegex(TypeError, r"^hkb.from_flax: `module` must be .*got an int 3\."):
       hk.transform(lambda: hkb.from_flax(3)).init(None)
 
   def test_constructor_returning_something_else(self):
@@ -310,7 +310,6 @@ class NnxErrorsTest(absltest.TestCase):
 
   def test_static_attribute_changed_by_the_call(self):
     class Counter(nnx.Module):
-
       def __init__(self, *, rngs):
         self.linear = nnx.Linear(4, 2, rngs=rngs)
         self.calls = 0
@@ -321,13 +320,14 @@ class NnxErrorsTest(absltest.TestCase):
 
     f = hk.transform(lambda x: hkb.from_flax(Counter)(x))
     with self.assertRaisesRegex(
-        ValueError, r"hkb.from_flax\(Counter\): the module changed its "
-        r"structure during the call \(calls: 0 -> 1\).*nnx.Variable"):
+      ValueError,
+      r"hkb.from_flax\(Counter\): the module changed its "
+      r"structure during the call \(calls: 0 -> 1\).*nnx.Variable",
+    ):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_param_assigned_by_the_call(self):
     class Writer(nnx.Module):
-
       def __init__(self, *, rngs):
         self.w = nnx.Param(jnp.ones(4))
 
@@ -337,17 +337,21 @@ class NnxErrorsTest(absltest.TestCase):
 
     f = hk.transform(lambda x: hkb.from_flax(Writer)(x))
     with self.assertRaisesRegex(
-        ValueError, r"hkb.from_flax\(Writer\): the module assigned to its "
-        r"nnx.Param 'w'.*another nnx.Variable type"):
+      ValueError,
+      r"hkb.from_flax\(Writer\): the module assigned to its "
+      r"nnx.Param 'w'.*another nnx.Variable type",
+    ):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_dropout_without_rng(self):
     f = adapter_net(lambda: functools.partial(Block, 4, 3, dropout=0.5))
     params, state = f.init(jax.random.PRNGKey(0), X)
     with self.assertRaisesRegex(
-        ValueError, r"hkb.from_flax\(Block\): the module drew a key from its "
-        r"rng stream at 'drop.rngs', but the Haiku transform has no rng.*"
-        r"\.eval\(\)"):
+      ValueError,
+      r"hkb.from_flax\(Block\): the module drew a key from its "
+      r"rng stream at 'drop.rngs', but the Haiku transform has no rng.*"
+      r"\.eval\(\)",
+    ):
       f.apply(params, state, None, X)
 
   def test_wrong_param_shape_is_worded_as_call_pure(self):
@@ -357,27 +361,32 @@ class NnxErrorsTest(absltest.TestCase):
     with self.assertRaises(ValueError) as ours:
       f.apply(params, state, None, X)
     # Ground truth: call_pure with the same params tree, leaf and shapes.
-    pure = hk.transform(lambda x: hkb.call_pure(
-        lambda p, x: x, x, name="block",
-        init=lambda rng, x: {"out": {"kernel": jnp.zeros([8, 3])}}))
+    pure = hk.transform(
+      lambda x: hkb.call_pure(
+        lambda p, x: x, x, name="block", init=lambda rng, x: {"out": {"kernel": jnp.zeros([8, 3])}}
+      )
+    )
     with self.assertRaises(ValueError) as theirs:
       pure.apply({"block/out": {"kernel": jnp.zeros([8, 5])}}, None, X)
     self.assertEqual(
-        str(ours.exception),
-        str(theirs.exception).replace("hkb.call_pure", "hkb.from_flax(Block)")
-        .replace("['out']['kernel']", "out.kernel"))
+      str(ours.exception),
+      str(theirs.exception)
+      .replace("hkb.call_pure", "hkb.from_flax(Block)")
+      .replace("['out']['kernel']", "out.kernel"),
+    )
 
   def test_missing_state_is_worded_as_call_pure(self):
     f = adapter_net()
     params, _ = f.init(jax.random.PRNGKey(0), X)
     with self.assertRaisesRegex(
-        ValueError, r"^hkb.from_flax\(Block\): state 'block/bn/mean' \(params "
-        r"path bn.mean\) is missing at apply. It is created by init"):
+      ValueError,
+      r"^hkb.from_flax\(Block\): state 'block/bn/mean' \(params "
+      r"path bn.mean\) is missing at apply. It is created by init",
+    ):
       f.apply(params, {}, None, X)
 
   def test_two_attributes_with_one_name_as_call_pure(self):
     class Clash(nnx.Module):
-
       def __init__(self, *, rngs):
         self.layers = nnx.List([nnx.Linear(4, 4, rngs=rngs)])
         self.layers_0 = nnx.Linear(4, 4, rngs=rngs)
@@ -389,19 +398,18 @@ class NnxErrorsTest(absltest.TestCase):
     with self.assertRaises(ValueError) as ours:
       f.init(jax.random.PRNGKey(0), X)
     # Ground truth: call_pure of a tree whose two paths meet the same way.
-    tree = lambda rng, x: {"layers": [{"bias": jnp.zeros(4)}],
-                           "layers_0": {"bias": jnp.zeros(4)}}
-    pure = hk.transform(lambda x: hkb.call_pure(lambda p, x: x, x, init=tree,
-                                                name="clash"))
+    tree = lambda rng, x: {"layers": [{"bias": jnp.zeros(4)}], "layers_0": {"bias": jnp.zeros(4)}}
+    pure = hk.transform(lambda x: hkb.call_pure(lambda p, x: x, x, init=tree, name="clash"))
     with self.assertRaises(ValueError) as theirs:
       pure.init(jax.random.PRNGKey(0), X)
-    self.assertIn("both map to the Haiku parameter 'clash/layers_0/bias'",
-                  str(theirs.exception))
+    self.assertIn("both map to the Haiku parameter 'clash/layers_0/bias'", str(theirs.exception))
     self.assertEqual(
-        str(ours.exception),
-        str(theirs.exception).replace("hkb.call_pure", "hkb.from_flax(Clash)")
-        .replace("['layers'][0]['bias']", "layers[0].bias")
-        .replace("['layers_0']['bias']", "layers_0.bias"))
+      str(ours.exception),
+      str(theirs.exception)
+      .replace("hkb.call_pure", "hkb.from_flax(Clash)")
+      .replace("['layers'][0]['bias']", "layers[0].bias")
+      .replace("['layers_0']['bias']", "layers_0.bias"),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -410,7 +418,6 @@ class NnxErrorsTest(absltest.TestCase):
 
 
 class LinenBlock(nn.Module):
-
   @nn.compact
   def __call__(self, x, train: bool = True):
     h = nn.Dense(8)(x)
@@ -421,58 +428,64 @@ class LinenBlock(nn.Module):
 
 def _flat(tree: hk.Params, drop: str) -> dict:
   """Haiku dicts keyed without a prefix/infix, for comparing two naming schemes."""
-  return {(k.replace(drop, "").strip("/") or "~") + "/" + n: v
-          for k, entries in tree.items() for n, v in entries.items()}
+  return {
+    (k.replace(drop, "").strip("/") or "~") + "/" + n: v
+    for k, entries in tree.items()
+    for n, v in entries.items()
+  }
 
 
 class LinenTest(parameterized.TestCase):
-
   def test_matches_lift(self):
     """Same names (bar lift's collection level), init values, outputs, grads."""
     ours = hk.transform_with_state(
-        lambda x: hkb.from_flax(LinenBlock(), name="blk")(x, train=False))
-    lifted = hk.transform_with_state(lambda x: hk.experimental.flax.lift(
-        LinenBlock(), name="blk")(x, train=False))
+      lambda x: hkb.from_flax(LinenBlock(), name="blk")(x, train=False)
+    )
+    lifted = hk.transform_with_state(
+      lambda x: hk.experimental.flax.lift(LinenBlock(), name="blk")(x, train=False)
+    )
     rng = jax.random.PRNGKey(0)
     p1, s1 = ours.init(rng, X)
     p2, s2 = lifted.init(rng, X)
-    self.assertEqual(sorted(p1), ["blk/BatchNorm_0", "blk/Dense_0",
-                                  "blk/Dense_1"])
+    self.assertEqual(sorted(p1), ["blk/BatchNorm_0", "blk/Dense_0", "blk/Dense_1"])
     self.assertEqual(sorted(s1), ["blk/BatchNorm_0"])
     chex.assert_trees_all_equal(p1, p2)
-    chex.assert_trees_all_equal(_flat(s1, "blk"),
-                                _flat(s2, "blk/batch_stats"))
+    chex.assert_trees_all_equal(_flat(s1, "blk"), _flat(s2, "blk/batch_stats"))
     loss = lambda f, s: lambda p: jnp.sum(f.apply(p, s, None, X)[0] ** 2)
-    chex.assert_trees_all_close(jax.grad(loss(ours, s1))(p1),
-                                jax.grad(loss(lifted, s2))(p2), rtol=1e-6)
+    chex.assert_trees_all_close(
+      jax.grad(loss(ours, s1))(p1), jax.grad(loss(lifted, s2))(p2), rtol=1e-6
+    )
 
   def test_train_step_matches_linen_apply(self):
     f = hk.transform_with_state(lambda x: hkb.from_flax(LinenBlock())(x))
     params, state = f.init(jax.random.PRNGKey(0), X)
     rng = jax.random.PRNGKey(4)
     (y, new_state) = f.apply(params, state, rng, X)
-    variables = {"params": {k.split("/", 1)[1]: v for k, v in params.items()},
-                 "batch_stats": {k.split("/", 1)[1]: v
-                                 for k, v in state.items()}}
+    variables = {
+      "params": {k.split("/", 1)[1]: v for k, v in params.items()},
+      "batch_stats": {k.split("/", 1)[1]: v for k, v in state.items()},
+    }
     dropout = jax.random.fold_in(next(hk.PRNGSequence(rng)), 0)
-    native, updates = LinenBlock().apply(variables, X, rngs={
-        "dropout": dropout}, mutable=["batch_stats"])
+    native, updates = LinenBlock().apply(
+      variables, X, rngs={"dropout": dropout}, mutable=["batch_stats"]
+    )
     np.testing.assert_allclose(y, native, rtol=1e-6)
     chex.assert_trees_all_close(
-        {k.split("/", 1)[1]: v for k, v in new_state.items()},
-        updates["batch_stats"], rtol=1e-6)
+      {k.split("/", 1)[1]: v for k, v in new_state.items()}, updates["batch_stats"], rtol=1e-6
+    )
 
   def test_missing_rng_is_explained(self):
     f = hk.transform_with_state(lambda x: hkb.from_flax(LinenBlock())(x))
     params, state = f.init(jax.random.PRNGKey(0), X)
     with self.assertRaisesRegex(
-        ValueError, r"hkb.from_flax\(LinenBlock\): Dropout_0 needs PRNG for "
-        r"\"dropout\".*Pass an rng to init and apply"):
+      ValueError,
+      r"hkb.from_flax\(LinenBlock\): Dropout_0 needs PRNG for "
+      r"\"dropout\".*Pass an rng to init and apply",
+    ):
       f.apply(params, state, None, X)
 
   def test_apply_without_init_in_process(self):
-    f = hk.transform_with_state(
-        lambda x: hkb.from_flax(LinenBlock())(x, train=False))
+    f = hk.transform_with_state(lambda x: hkb.from_flax(LinenBlock())(x, train=False))
     params, state = f.init(jax.random.PRNGKey(0), X)
     caches.clear_caches()
     y, _ = jax.jit(f.apply)(params, state, None, X)
@@ -480,7 +493,6 @@ class LinenTest(parameterized.TestCase):
 
   def test_collections_clash(self):
     class TwoCollections(nn.Module):
-
       @nn.compact
       def __call__(self, x):
         self.variable("a", "v", jnp.zeros, ())
@@ -489,8 +501,10 @@ class LinenTest(parameterized.TestCase):
 
     f = hk.transform_with_state(lambda x: hkb.from_flax(TwoCollections())(x))
     with self.assertRaisesRegex(
-        ValueError, r"hkb.from_flax\(TwoCollections\): params paths a.v and b.v "
-        r"both map to the Haiku state 'two_collections/v'. Rename one"):
+      ValueError,
+      r"hkb.from_flax\(TwoCollections\): params paths a.v and b.v "
+      r"both map to the Haiku state 'two_collections/v'. Rename one",
+    ):
       f.init(jax.random.PRNGKey(0), X)
 
 
@@ -518,7 +532,6 @@ class ParamsRng(nn.Module):
 
 
 class DenseParamsRng(nn.Module):
-
   @nn.compact
   def __call__(self, x):
     return nn.Dense(3)(x), self.make_rng("params")
@@ -552,6 +565,7 @@ class StackedDrops(nnx.Module):
     @nnx.vmap
     def make(rngs):
       return nnx.Dropout(0.5, rngs=rngs)
+
     self.drops = make(rngs)
 
   def __call__(self, x):
@@ -563,8 +577,9 @@ class StreamsTest(absltest.TestCase):
 
   def test_linen_streams_as_linen_apply(self):
     module = LinenStreams()
-    f = hk.transform_with_state(lambda **kwargs: hkb.from_flax(
-        module, name="m", rng_streams=("a", "b"))(**kwargs))
+    f = hk.transform_with_state(
+      lambda **kwargs: hkb.from_flax(module, name="m", rng_streams=("a", "b"))(**kwargs)
+    )
     params, state = f.init(jax.random.PRNGKey(0))
     self.assertFalse(np.array_equal(state["m"]["a"], state["m"]["b"]))
     rng, own = jax.random.PRNGKey(3), jax.random.PRNGKey(9)
@@ -582,8 +597,7 @@ class StreamsTest(absltest.TestCase):
     masks = f.apply(f.init(jax.random.PRNGKey(0), X), rng, X)
     self.assertFalse(np.array_equal(masks[0], masks[1]))  # A key per layer.
     m = StackedDrops(rngs=nnx.Rngs(0))
-    key = jax.random.wrap_key_data(
-        jax.random.fold_in(next(hk.PRNGSequence(rng)), 0))
+    key = jax.random.wrap_key_data(jax.random.fold_in(next(hk.PRNGSequence(rng)), 0))
     m.drops.rngs.key[...] = jax.random.split(key, 3)
     m.drops.rngs.count[...] = jnp.zeros([3], jnp.uint32)
     np.testing.assert_array_equal(masks, m(X))
@@ -601,8 +615,9 @@ class StreamsTest(absltest.TestCase):
       stream.count[...] = jnp.zeros((), jnp.uint32)
     native = m()
     self.assertEqual([k.dtype for k in got], [k.dtype for k in native])
-    chex.assert_trees_all_equal(*(tuple(jax.random.key_data(k) for k in keys)
-                                  for keys in (got, native)))
+    chex.assert_trees_all_equal(
+      *(tuple(jax.random.key_data(k) for k in keys) for keys in (got, native))
+    )
 
 
 class BridgeDraws(nnx.bridge.Module):
@@ -615,7 +630,6 @@ class BridgeDraws(nnx.bridge.Module):
 
 
 class IssueRowsTest(parameterized.TestCase):
-
   @parameterized.parameters(False, True)
   def test_one_stream_twice_under_jit_gives_native_masks(self, jit):
     f = hk.transform(lambda x: hkb.from_flax(TwoDrops)(x))
@@ -625,10 +639,10 @@ class IssueRowsTest(parameterized.TestCase):
     # Native NNX, its stream keyed as the adapter documents, under nnx.jit.
     m = TwoDrops(rngs=nnx.Rngs(0))
     m.drop.rngs.key[...] = jax.random.wrap_key_data(
-        jax.random.fold_in(next(hk.PRNGSequence(rng)), 0))
+      jax.random.fold_in(next(hk.PRNGSequence(rng)), 0)
+    )
     m.drop.rngs.count[...] = jnp.zeros((), jnp.uint32)
-    native_a, native_b = (nnx.jit(lambda m, x: m(x)) if jit else
-                          (lambda m, x: m(x)))(m, X)
+    native_a, native_b = (nnx.jit(lambda m, x: m(x)) if jit else (lambda m, x: m(x)))(m, X)
     self.assertFalse(np.array_equal(native_a, native_b))
     np.testing.assert_array_equal(a, native_a)
     np.testing.assert_array_equal(b, native_b)
@@ -640,8 +654,8 @@ class IssueRowsTest(parameterized.TestCase):
       return next_creator(shape, jnp.bfloat16, init)
 
     if kind == "nnx":
-      adapter = lambda: hkb.from_flax(functools.partial(nnx.Linear, 4, 3),
-                                      name="proj")
+      adapter = lambda: hkb.from_flax(functools.partial(nnx.Linear, 4, 3), name="proj")
+
       def pure_init(rng, x):
         m = nnx.Linear(4, 3, rngs=nnx.Rngs(rng))
         return {"kernel": m.kernel[...], "bias": m.bias[...]}
@@ -653,21 +667,19 @@ class IssueRowsTest(parameterized.TestCase):
       def f(x):
         with hk.custom_creator(creator):
           return bridged(x)
+
       return hk.transform(f).init(jax.random.PRNGKey(0), X)
 
     ours = run(lambda x: adapter()(x))
-    theirs = run(lambda x: hkb.call_pure(lambda p, x: x, x, init=pure_init,
-                                         name="proj"))
+    theirs = run(lambda x: hkb.call_pure(lambda p, x: x, x, init=pure_init, name="proj"))
     inline = run(lambda x: hk.Linear(3, name="proj")(x))
-    self.assertEqual(jax.tree.map(lambda a: a.dtype, ours),
-                     jax.tree.map(lambda a: a.dtype, theirs))
+    self.assertEqual(jax.tree.map(lambda a: a.dtype, ours), jax.tree.map(lambda a: a.dtype, theirs))
     self.assertEqual(ours["proj"]["kernel"].dtype, jnp.bfloat16)
     self.assertEqual(inline["proj"]["w"].dtype, jnp.bfloat16)
     chex.assert_trees_all_equal(ours, theirs)
 
   def test_linen_put_variable_with_a_python_int_as_lift(self):
     class Cache(nn.Module):
-
       @nn.compact
       def __call__(self):
         if self.is_initializing():
@@ -676,10 +688,8 @@ class IssueRowsTest(parameterized.TestCase):
         self.put_variable("cache", "x", x + 1)
         return x
 
-    ours = hk.transform_with_state(lambda: hkb.from_flax(Cache(),
-                                                         name="c")())
-    lifted = hk.transform_with_state(
-        lambda: hk.experimental.flax.lift(Cache(), name="c")())
+    ours = hk.transform_with_state(lambda: hkb.from_flax(Cache(), name="c")())
+    lifted = hk.transform_with_state(lambda: hk.experimental.flax.lift(Cache(), name="c")())
     rng = jax.random.PRNGKey(0)  # lift's init needs one, if unused.
     (_, s1), (_, s2) = ours.init(rng), lifted.init(rng)
     chex.assert_trees_all_equal(_flat(s1, "c"), _flat(s2, "c/cache"))
@@ -695,9 +705,11 @@ class IssueRowsTest(parameterized.TestCase):
     f = hk.transform(lambda x: hkb.from_flax(module)(x, rngs=key))
     params = f.init(None, X)  # Linen's init takes a bare key as `params`.
     self.assertEqual(
-        jax.tree.map(jnp.shape, params),
-        jax.tree.map(jnp.shape, {"dense_params_rng/Dense_0": module.init(
-            key, X)["params"]["Dense_0"]}))
+      jax.tree.map(jnp.shape, params),
+      jax.tree.map(
+        jnp.shape, {"dense_params_rng/Dense_0": module.init(key, X)["params"]["Dense_0"]}
+      ),
+    )
     out, drawn = f.apply(params, None, X)
     variables = {"params": {"Dense_0": params["dense_params_rng/Dense_0"]}}
     native_out, native_drawn = module.apply(variables, X, rngs=key)
@@ -709,25 +721,25 @@ class IssueRowsTest(parameterized.TestCase):
     f = hk.transform(lambda x: hkb.from_flax(module)(x, rngs=key))
     params = f.init(None, X)
     native_params = module.init(key, X)["params"]
-    self.assertEqual(jax.tree.map(jnp.shape, params),
-                     {"bridge_draws": jax.tree.map(jnp.shape, native_params)})
+    self.assertEqual(
+      jax.tree.map(jnp.shape, params), {"bridge_draws": jax.tree.map(jnp.shape, native_params)}
+    )
     out, drawn = f.apply(params, None, X)
-    native_out, native_drawn = module.apply(
-        {"params": params["bridge_draws"]}, X, rngs=key)
+    native_out, native_drawn = module.apply({"params": params["bridge_draws"]}, X, rngs=key)
     np.testing.assert_array_equal(out, native_out)
-    np.testing.assert_array_equal(jax.random.key_data(drawn),
-                                  jax.random.key_data(native_drawn))
+    np.testing.assert_array_equal(jax.random.key_data(drawn), jax.random.key_data(native_drawn))
 
   def test_params_key_under_init_without_rng_as_lift(self):
     key = jax.random.PRNGKey(42)
-    ours = hk.transform(lambda x: hkb.from_flax(DenseParamsRng(), name="m")(
-        x, rngs={"params": key}))
-    lifted = hk.transform(lambda x: hk.experimental.flax.lift(
-        DenseParamsRng(), name="m")(x, rngs={"params": key}))
+    ours = hk.transform(
+      lambda x: hkb.from_flax(DenseParamsRng(), name="m")(x, rngs={"params": key})
+    )
+    lifted = hk.transform(
+      lambda x: hk.experimental.flax.lift(DenseParamsRng(), name="m")(x, rngs={"params": key})
+    )
     p1, p2 = ours.init(None, X), lifted.init(None, X)
     chex.assert_trees_all_equal(p1, p2)  # Linen's names under `m`: the same.
-    chex.assert_trees_all_equal(ours.apply(p1, None, X),
-                                lifted.apply(p2, None, X))
+    chex.assert_trees_all_equal(ours.apply(p1, None, X), lifted.apply(p2, None, X))
 
 
 # ---------------------------------------------------------------------------
@@ -736,12 +748,10 @@ class IssueRowsTest(parameterized.TestCase):
 
 
 class MethodTest(parameterized.TestCase):
-
   @parameterized.parameters("name", "function", "bound")
   def test_nnx_tied_embedding_calls_attend(self, how):
     embed = nnx.Embed(10, 4, rngs=nnx.Rngs(0))
-    method = {"name": "attend", "function": nnx.Embed.attend,
-              "bound": embed.attend}[how]
+    method = {"name": "attend", "function": nnx.Embed.attend, "bound": embed.attend}[how]
     tokens = jnp.array([1, 2, 7])
 
     def lm(tokens):
@@ -752,22 +762,22 @@ class MethodTest(parameterized.TestCase):
     params = f.init(jax.random.PRNGKey(0), tokens)
     self.assertEqual(list(params), ["embed"])
     embed.embedding[...] = params["embed"]["embedding"]
-    np.testing.assert_allclose(f.apply(params, None, tokens),
-                               embed.attend(embed(tokens)), rtol=1e-6)
+    np.testing.assert_allclose(
+      f.apply(params, None, tokens), embed.attend(embed(tokens)), rtol=1e-6
+    )
     grads = jax.grad(lambda p: jnp.sum(f.apply(p, None, tokens) ** 2))(params)
     native = nnx.grad(lambda m: jnp.sum(m.attend(m(tokens)) ** 2))(embed)
-    np.testing.assert_allclose(grads["embed"]["embedding"],
-                               native["embedding"][...], rtol=1e-5)
+    np.testing.assert_allclose(grads["embed"]["embedding"], native["embedding"][...], rtol=1e-5)
 
   def test_nnx_default_method(self):
-    f = hk.transform(lambda h: hkb.from_flax(functools.partial(
-        nnx.Embed, 10, 4), method="attend")(h))
+    f = hk.transform(
+      lambda h: hkb.from_flax(functools.partial(nnx.Embed, 10, 4), method="attend")(h)
+    )
     h = jax.random.normal(jax.random.PRNGKey(1), [3, 4])
     params = f.init(jax.random.PRNGKey(0), h)
     embed = nnx.Embed(10, 4, rngs=nnx.Rngs(0))
     embed.embedding[...] = params["embed"]["embedding"]
-    np.testing.assert_allclose(f.apply(params, None, h), embed.attend(h),
-                               rtol=1e-6)
+    np.testing.assert_allclose(f.apply(params, None, h), embed.attend(h), rtol=1e-6)
 
   @parameterized.parameters("attend", nn.Embed.attend)
   def test_linen_method_as_linen_apply(self, method):
@@ -781,19 +791,20 @@ class MethodTest(parameterized.TestCase):
     f = hk.transform(lm)
     params = f.init(jax.random.PRNGKey(0), tokens)
     variables = {"params": params["embed"]}
-    native = module.apply(variables, module.apply(variables, tokens),
-                          method=method)
-    np.testing.assert_allclose(f.apply(params, None, tokens), native,
-                               rtol=1e-6)
+    native = module.apply(variables, module.apply(variables, tokens), method=method)
+    np.testing.assert_allclose(f.apply(params, None, tokens), native, rtol=1e-6)
 
   def test_unknown_method_names_the_module_and_its_methods(self):
     # A name it lacks, or one of its attributes that is no method.
     for name in ("atend", "features"):
-      f = hk.transform(lambda t, name=name: hkb.from_flax(functools.partial(
-          nnx.Embed, 10, 4))(t, method=name))
+      f = hk.transform(
+        lambda t, name=name: hkb.from_flax(functools.partial(nnx.Embed, 10, 4))(t, method=name)
+      )
       with self.assertRaisesRegex(
-          AttributeError, rf"hkb.from_flax\(Embed\): `method='{name}'` is not "
-          r"a method of Embed \(its methods: .*attend.*\)"):
+        AttributeError,
+        rf"hkb.from_flax\(Embed\): `method='{name}'` is not "
+        r"a method of Embed \(its methods: .*attend.*\)",
+      ):
         f.init(jax.random.PRNGKey(0), jnp.array([1]))
 
 
@@ -803,7 +814,6 @@ class MethodTest(parameterized.TestCase):
 
 
 class SowingNnx(nnx.Module):
-
   def __init__(self, *, rngs):
     self.linear = nnx.Linear(4, 3, rngs=rngs)
 
@@ -815,7 +825,6 @@ class SowingNnx(nnx.Module):
 
 
 class SowingLinen(nn.Module):
-
   @nn.compact
   def __call__(self, x):
     h = nn.Dense(3)(x)
@@ -824,10 +833,10 @@ class SowingLinen(nn.Module):
 
 
 class IntermediatesTest(parameterized.TestCase):
-
   def test_nnx_sown_values_as_state_as_native(self):
-    f = hk.transform_with_state(lambda x: hkb.from_flax(
-        SowingNnx, intermediates="intermediates")(x))
+    f = hk.transform_with_state(
+      lambda x: hkb.from_flax(SowingNnx, intermediates="intermediates")(x)
+    )
     params, state = f.init(jax.random.PRNGKey(0), X)
     m = SowingNnx(rngs=nnx.Rngs(0))
     m.linear.kernel[...] = params["sowing_nnx/linear"]["kernel"]
@@ -836,34 +845,38 @@ class IntermediatesTest(parameterized.TestCase):
       y, state = jax.jit(f.apply)(params, state, None, x)
       native_y, sown = nnx.capture(m, nnx.Intermediate)(x)
       np.testing.assert_allclose(y, native_y, rtol=1e-6)
-      np.testing.assert_allclose(state["sowing_nnx/intermediates/linear"]["h_0"],
-                                 jax.tree.leaves(sown["linear"]["h"])[0],
-                                 rtol=1e-6)
-      np.testing.assert_allclose(state["sowing_nnx/intermediates"]["mean_0"],
-                                 jax.tree.leaves(sown["mean"])[0], rtol=1e-6)
+      np.testing.assert_allclose(
+        state["sowing_nnx/intermediates/linear"]["h_0"],
+        jax.tree.leaves(sown["linear"]["h"])[0],
+        rtol=1e-6,
+      )
+      np.testing.assert_allclose(
+        state["sowing_nnx/intermediates"]["mean_0"], jax.tree.leaves(sown["mean"])[0], rtol=1e-6
+      )
 
   def test_nnx_sown_values_without_a_route_raise(self):
     f = hk.transform(lambda x: hkb.from_flax(SowingNnx)(x))
     with self.assertRaisesRegex(
-        ValueError, r"hkb.from_flax\(SowingNnx\): the call sowed "
-        r"nnx.Intermediate values \(linear.h\[0\], mean\[0\]\).*"
-        r"intermediates=\"intermediates\""):
+      ValueError,
+      r"hkb.from_flax\(SowingNnx\): the call sowed "
+      r"nnx.Intermediate values \(linear.h\[0\], mean\[0\]\).*"
+      r"intermediates=\"intermediates\"",
+    ):
       f.init(jax.random.PRNGKey(0), X)
 
   def test_linen_sown_values_as_state_as_linen_apply(self):
     module = SowingLinen()
-    f = hk.transform_with_state(lambda x: hkb.from_flax(
-        module, intermediates="sown")(x))
+    f = hk.transform_with_state(lambda x: hkb.from_flax(module, intermediates="sown")(x))
     params, state = f.init(jax.random.PRNGKey(0), X)
     self.assertEqual(sorted(state), ["sowing_linen/sown"])
     variables = {"params": {"Dense_0": params["sowing_linen/Dense_0"]}}
     for x in (X, 2 * X):
       y, state = f.apply(params, state, None, x)
-      native_y, updates = module.apply(variables, x,
-                                       mutable=["intermediates"])
+      native_y, updates = module.apply(variables, x, mutable=["intermediates"])
       np.testing.assert_allclose(y, native_y, rtol=1e-6)
-      np.testing.assert_allclose(state["sowing_linen/sown"]["h_0"],
-                                 updates["intermediates"]["h"][0], rtol=1e-6)
+      np.testing.assert_allclose(
+        state["sowing_linen/sown"]["h_0"], updates["intermediates"]["h"][0], rtol=1e-6
+      )
 
   def test_linen_without_a_route_drops_as_linen_apply(self):
     f = hk.transform_with_state(lambda x: hkb.from_flax(SowingLinen())(x))
@@ -878,7 +891,6 @@ class IntermediatesTest(parameterized.TestCase):
 
 
 class StoragePathTest(parameterized.TestCase):
-
   @parameterized.parameters("nnx", "linen")
   def test_getters_see_each_param_once_as_call_pure(self, kind):
     seen = []
@@ -888,10 +900,8 @@ class StoragePathTest(parameterized.TestCase):
       return next_getter(value)
 
     if kind == "nnx":
-      adapter = lambda x: hkb.from_flax(functools.partial(nnx.Linear, 4, 3),
-                                        name="proj")(x)
-      pure_init = lambda rng, x: {"kernel": jnp.zeros([4, 3]),
-                                  "bias": jnp.zeros([3])}
+      adapter = lambda x: hkb.from_flax(functools.partial(nnx.Linear, 4, 3), name="proj")(x)
+      pure_init = lambda rng, x: {"kernel": jnp.zeros([4, 3]), "bias": jnp.zeros([3])}
     else:
       adapter = lambda x: hkb.from_flax(nn.Dense(3), name="proj")(x)
       pure_init = lambda rng, x: nn.Dense(3).init(rng, x)["params"]
@@ -900,14 +910,14 @@ class StoragePathTest(parameterized.TestCase):
       def f(x):
         with hk.custom_getter(getter):
           return bridged(x)
+
       f = hk.transform(f)
       params = f.init(jax.random.PRNGKey(0), X)
       seen.clear()
       f.apply(params, None, X)
       return sorted(seen)
 
-    theirs = run(lambda x: hkb.call_pure(lambda p, x: x, x, init=pure_init,
-                                         name="proj"))
+    theirs = run(lambda x: hkb.call_pure(lambda p, x: x, x, init=pure_init, name="proj"))
     self.assertEqual(run(adapter), theirs)
     self.assertLen(theirs, 2)
 
@@ -922,6 +932,7 @@ class StoragePathTest(parameterized.TestCase):
       def f(x):
         with hk.custom_setter(setter):
           return net(x)
+
       f = hk.transform_with_state(f)
       params, state = f.init(jax.random.PRNGKey(0), X)
       seen.clear()
@@ -930,18 +941,17 @@ class StoragePathTest(parameterized.TestCase):
 
     block = lambda: hkb.from_flax(functools.partial(Block, 4, 3))
     # Inline Haiku's BatchNorm sets its state in training alone.
-    inline = lambda train: lambda x: hk.BatchNorm(True, True, 0.9)(
-        x, train or hk.running_init())
+    inline = lambda train: lambda x: hk.BatchNorm(True, True, 0.9)(x, train or hk.running_init())
     self.assertEqual(set_at_apply(inline(False)), [])
     self.assertNotEqual(set_at_apply(inline(True)), [])
     self.assertEqual(set_at_apply(lambda x: block().eval()(x)), [])
-    self.assertEqual(set_at_apply(lambda x: block()(x)),
-                     ["block/bn/mean", "block/bn/var"])
+    self.assertEqual(set_at_apply(lambda x: block()(x)), ["block/bn/mean", "block/bn/var"])
 
   def test_module_names_allocated_as_inline(self):
     def names(first, second):
-      return sorted(hk.transform(lambda x: second(first(x))).init(
-          jax.random.PRNGKey(0), jnp.ones([2, 4])))
+      return sorted(
+        hk.transform(lambda x: second(first(x))).init(jax.random.PRNGKey(0), jnp.ones([2, 4]))
+      )
 
     adapter = lambda x: hkb.from_flax(functools.partial(nnx.Linear, 4, 4))(x)
     inline = lambda x: hk.Linear(4)(x)
@@ -954,8 +964,8 @@ class StoragePathTest(parameterized.TestCase):
 # The cached layout: keyed on all it depends on.
 # ---------------------------------------------------------------------------
 
-class ConfiguredBlock(nnx.Module):
 
+class ConfiguredBlock(nnx.Module):
   def __init__(self, din: int, *, rngs: nnx.Rngs):
     self.linear = nnx.Linear(din, layout_cache.CONFIG["width"], rngs=rngs)
 
@@ -964,7 +974,6 @@ class ConfiguredBlock(nnx.Module):
 
 
 class ConfiguredDense(nn.Module):
-
   @nn.compact
   def __call__(self, x):
     return nn.Dense(layout_cache.CONFIG["width"])(x)
@@ -973,10 +982,9 @@ class ConfiguredDense(nn.Module):
 # What each case passes to from_flax, one object for every call (as the
 # issue's `make`): a function, a class, a Linen module.
 CONFIGURED = {
-    "nnx_function": lambda rngs: nnx.Linear(4, layout_cache.CONFIG["width"],
-                                            rngs=rngs),
-    "nnx_class": functools.partial(ConfiguredBlock, 4),
-    "linen_class": ConfiguredDense(),
+  "nnx_function": lambda rngs: nnx.Linear(4, layout_cache.CONFIG["width"], rngs=rngs),
+  "nnx_class": functools.partial(ConfiguredBlock, 4),
+  "linen_class": ConfiguredDense(),
 }
 
 
@@ -984,6 +992,7 @@ def configured_net(kind: str, getter: bool = False) -> hk.Transformed:
   def net(x):
     with layout_cache.identity_getter(getter):
       return hkb.from_flax(CONFIGURED[kind])(x)
+
   return hk.transform(net)
 
 
@@ -992,8 +1001,7 @@ def native_configured(kind: str, params: hk.Params, x: jax.Array):
   (weights,) = params.values()
   kernel, bias = weights["kernel"], weights["bias"]
   if kind == "linen_class":
-    return ConfiguredDense().apply(
-        {"params": {"Dense_0": {"kernel": kernel, "bias": bias}}}, x)
+    return ConfiguredDense().apply({"params": {"Dense_0": {"kernel": kernel, "bias": bias}}}, x)
   linear = nnx.Linear(*kernel.shape, rngs=nnx.Rngs(0))
   linear.kernel[...], linear.bias[...] = kernel, bias
   return linear(x)
@@ -1044,15 +1052,15 @@ class LinenLayoutKeyTest(absltest.TestCase):
   def test_each_call_runs_as_with_no_cache(self):
     x4, x5 = X, jnp.ones([6, 5])
     calls = {
-        "width 4": lambda x: hkb.from_flax(_DENSE)(x),
-        "width 5": lambda x: hkb.from_flax(_DENSE)(x),
-        "__call__": lambda x: hkb.from_flax(_TWO_HEADS)(x),
-        "widened": lambda x: hkb.from_flax(_TWO_HEADS, method="widened")(x),
-        "a noise stream": lambda x: hkb.from_flax(
-            _COUNTED, rng_streams=("noise",))(x),
-        "no stream": lambda x: hkb.from_flax(_COUNTED, rng_streams=())(x),
-        "noise per call": lambda x: hkb.from_flax(_COUNTED, rng_streams=())(
-            x, rngs={"noise": hk.next_rng_key()}),
+      "width 4": lambda x: hkb.from_flax(_DENSE)(x),
+      "width 5": lambda x: hkb.from_flax(_DENSE)(x),
+      "__call__": lambda x: hkb.from_flax(_TWO_HEADS)(x),
+      "widened": lambda x: hkb.from_flax(_TWO_HEADS, method="widened")(x),
+      "a noise stream": lambda x: hkb.from_flax(_COUNTED, rng_streams=("noise",))(x),
+      "no stream": lambda x: hkb.from_flax(_COUNTED, rng_streams=())(x),
+      "noise per call": lambda x: hkb.from_flax(_COUNTED, rng_streams=())(
+        x, rngs={"noise": hk.next_rng_key()}
+      ),
     }
     inputs = {name: x5 if name == "width 5" else x4 for name in calls}
     nets = {name: hk.transform_with_state(f) for name, f in calls.items()}
@@ -1062,19 +1070,19 @@ class LinenLayoutKeyTest(absltest.TestCase):
       return nets[name].apply(params, state, rng, inputs[name])
 
     with caches.disabled():
-      cold = {name: run(name, *net.init(rng, inputs[name]))
-              for name, net in nets.items()}
+      cold = {name: run(name, *net.init(rng, inputs[name])) for name, net in nets.items()}
     with mock.patch.object(caches, "_enabled", True):
       caches.clear_caches()
-      initialized = {name: net.init(rng, inputs[name])
-                     for name, net in nets.items()}
+      initialized = {name: net.init(rng, inputs[name]) for name, net in nets.items()}
       warm = {name: run(name, *initialized[name]) for name in nets}
     # The counter's state where a noise rng is given, and only there.
-    self.assertEqual({name: "seen" in str(cold[name][1])
-                      for name in ("a noise stream", "no stream",
-                                   "noise per call")},
-                     {"a noise stream": True, "no stream": False,
-                      "noise per call": True})
+    self.assertEqual(
+      {
+        name: "seen" in str(cold[name][1])
+        for name in ("a noise stream", "no stream", "noise per call")
+      },
+      {"a noise stream": True, "no stream": False, "noise per call": True},
+    )
     for name in calls:
       chex.assert_trees_all_equal(warm[name], cold[name])
 
@@ -1088,27 +1096,24 @@ HAIKU, haiku_net = migration_fixture.HAIKU, migration_fixture.haiku_net
 
 
 class ToNnxTest(parameterized.TestCase):
-
   def test_checkpoint_loads_as_is_same_outputs_grads_state(self):
     params, state = migration_fixture.trained_in_haiku(X)
     rngs = nnx.Rngs(dropout=5)
     model = hkb.to_nnx(HAIKU, params=params, state=state, rngs=rngs)
-    self.assertEqual(jax.tree.map(jnp.shape, nnx.to_pure_dict(
-        nnx.state(model, nnx.Param))["params"]),
-                     jax.tree.map(jnp.shape, params))
+    self.assertEqual(
+      jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(model, nnx.Param))["params"]),
+      jax.tree.map(jnp.shape, params),
+    )
     key = nnx.Rngs(dropout=5).dropout()  # The key the model will draw.
 
     def haiku_loss(p):
       y, s = HAIKU.apply(p, state, key, X)
-      return jnp.mean(y ** 2), s
+      return jnp.mean(y**2), s
 
-    (value, new_state), grads = jax.value_and_grad(haiku_loss, has_aux=True)(
-        params)
-    nnx_value, nnx_grads = nnx.value_and_grad(
-        lambda m: jnp.mean(m(X) ** 2))(model)
+    (value, new_state), grads = jax.value_and_grad(haiku_loss, has_aux=True)(params)
+    nnx_value, nnx_grads = nnx.value_and_grad(lambda m: jnp.mean(m(X) ** 2))(model)
     np.testing.assert_allclose(nnx_value, value, rtol=1e-6)
-    chex.assert_trees_all_close(nnx.to_pure_dict(nnx_grads)["params"], grads,
-                                rtol=1e-5, atol=1e-7)
+    chex.assert_trees_all_close(nnx.to_pure_dict(nnx_grads)["params"], grads, rtol=1e-5, atol=1e-7)
     chex.assert_trees_all_close(model.haiku_state(), new_state, rtol=1e-6)
 
   def test_back_to_haiku_after_training_in_nnx(self):
@@ -1133,8 +1138,7 @@ class ToNnxTest(parameterized.TestCase):
     chex.assert_trees_all_equal(model.haiku_state(), state)
 
   def test_apply_rng_from_the_named_stream(self):
-    f = hk.transform(lambda x: x + jax.random.normal(hk.next_rng_key(),
-                                                      x.shape))
+    f = hk.transform(lambda x: x + jax.random.normal(hk.next_rng_key(), x.shape))
     model = hkb.to_nnx(f, X, rngs=nnx.Rngs(0, noise=5), rng_stream="noise")
     key = nnx.Rngs(0, noise=5).noise()  # The key the model will draw.
     np.testing.assert_array_equal(model(X), f.apply({}, key, X))
@@ -1150,8 +1154,7 @@ class ToNnxTest(parameterized.TestCase):
       hkb.to_nnx(HAIKU, X)
     with self.assertRaisesRegex(TypeError, r"hk.transform_with_state\(f\)"):
       hkb.to_nnx(haiku_net, X, rngs=nnx.Rngs(0))
-    grows = hk.transform_with_state(
-        lambda x: hk.set_state("n", jnp.zeros(())) or x)
+    grows = hk.transform_with_state(lambda x: hk.set_state("n", jnp.zeros(())) or x)
     model = hkb.to_nnx(grows, params={}, state={})
     with self.assertRaisesRegex(ValueError, r"created state '~/n' in apply"):
       model(X)
@@ -1163,25 +1166,24 @@ class ToNnxTest(parameterized.TestCase):
 
 
 class StructureTest(absltest.TestCase):
-
   def test_training_step_hlo_equals_native(self):
     """An NNX block through the adapter compiles to the native step's HLO."""
     m = Block(4, 3, rngs=nnx.Rngs(0))
     graphdef, native_params, rest = nnx.split(m, nnx.Param, ...)
     leaves, treedef = jax.tree.flatten(native_params)
-    f = hk.transform_with_state(lambda x: hkb.from_flax(
-        functools.partial(Block, 4, 3))(x))
+    f = hk.transform_with_state(lambda x: hkb.from_flax(functools.partial(Block, 4, 3))(x))
     params, state = f.init(jax.random.PRNGKey(0), X)
     h_leaves, h_treedef = jax.tree.flatten(params)
     # Both steps take the same flat list of weights in the same order.
-    order = [_hk_index(path, params)
-             for path, _ in jax.tree_util.tree_flatten_with_path(
-                 native_params)[0]]
+    order = [
+      _hk_index(path, params) for path, _ in jax.tree_util.tree_flatten_with_path(native_params)[0]
+    ]
 
     def native_step(ws, x):
       def loss(ws):
         p = jax.tree.unflatten(treedef, ws)
         return jnp.sum(nnx.merge(graphdef, p, rest, copy=True)(x) ** 2)
+
       return jax.grad(loss)(ws)
 
     def adapter_step(ws, x):
@@ -1191,40 +1193,40 @@ class StructureTest(absltest.TestCase):
           flat[j] = ws[i]
         p = jax.tree.unflatten(h_treedef, flat)
         return jnp.sum(f.apply(p, state, None, x)[0] ** 2)
+
       return jax.grad(loss)(ws)
 
     ws = [h_leaves[j] for j in order]
-    compiled = [jax.jit(step).lower(ws, X).compile()
-                for step in (native_step, adapter_step)]
-    self.assertEqual(test_utils.canonical_hlo(compiled[0]),
-                     test_utils.canonical_hlo(compiled[1]))
+    compiled = [jax.jit(step).lower(ws, X).compile() for step in (native_step, adapter_step)]
+    self.assertEqual(test_utils.canonical_hlo(compiled[0]), test_utils.canonical_hlo(compiled[1]))
 
   def test_import_without_flax_and_equinox(self):
     code = (
-        "import sys\n"
-        "sys.modules['flax'] = None\n"
-        "sys.modules['equinox'] = None\n"
-        "import haiku_bridge as hkb\n"
-        "from haiku_bridge import *\n"
-        "for name, extra in [('from_flax', 'flax'), ('to_nnx', 'flax'),\n"
-        "                    ('from_equinox', 'equinox'),\n"
-        "                    ('to_equinox', 'equinox')]:\n"
-        "  try:\n"
-        "    getattr(hkb, name)(None)\n"
-        "  except ImportError as e:\n"
-        "    assert f'pip install {extra} (or' in str(e), e\n"
-        "    assert f'pip install \".[{extra}]\"' in str(e), e\n"
-        "    assert f'hkb.{name}: needs' in str(e), e\n"
-        "  else:\n"
-        "    raise AssertionError(name)\n"
-        "print('ok')\n")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))))
+      "import sys\n"
+      "sys.modules['flax'] = None\n"
+      "sys.modules['equinox'] = None\n"
+      "import haiku_bridge as hkb\n"
+      "from haiku_bridge import *\n"
+      "for name, extra in [('from_flax', 'flax'), ('to_nnx', 'flax'),\n"
+      "                    ('from_equinox', 'equinox'),\n"
+      "                    ('to_equinox', 'equinox')]:\n"
+      "  try:\n"
+      "    getattr(hkb, name)(None)\n"
+      "  except ImportError as e:\n"
+      "    assert f'pip install {extra} (or' in str(e), e\n"
+      "    assert f'pip install \".[{extra}]\"' in str(e), e\n"
+      "    assert f'hkb.{name}: needs' in str(e), e\n"
+      "  else:\n"
+      "    raise AssertionError(name)\n"
+      "print('ok')\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # The checkout first, PYTHONPATH kept after it: dm-haiku may be found there alone.
     path = [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", code], env=env,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+      [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertEqual(result.stdout.strip(), "ok")
 
@@ -1232,10 +1234,10 @@ class StructureTest(absltest.TestCase):
     self.assertIs(hkb.from_flax, flax_bridge.from_flax)
     self.assertIs(hkb.to_nnx, flax_bridge.to_nnx)
 
+
 def _hk_index(path, params) -> int:
   """Index, among the Haiku params' leaves, of the NNX param at `path`."""
-  keys = [getattr(k, "key", None) for k in path
-          if not isinstance(k, jax.tree_util.GetAttrKey)]
+  keys = [getattr(k, "key", None) for k in path if not isinstance(k, jax.tree_util.GetAttrKey)]
   names = []
   for key in keys:
     if isinstance(key, int):

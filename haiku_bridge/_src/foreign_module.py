@@ -72,6 +72,7 @@ class Variables(NamedTuple):
       for messages.
     specs: per leaf, its shape and dtype.
   """
+
   treedef: Any
   names: tuple[Names, ...]
   paths: tuple[str, ...]
@@ -82,8 +83,10 @@ class Variables(NamedTuple):
 
   def leaves(self, scope: str) -> list[storage.Leaf]:
     """Where each leaf lives in Haiku when the adapter's scope is `scope`."""
-    return [storage.Leaf(path, naming.join_bundle(scope, names[:-1]), names[-1])
-            for names, path in zip(self.names, self.paths)]
+    return [
+      storage.Leaf(path, naming.join_bundle(scope, names[:-1]), names[-1])
+      for names, path in zip(self.names, self.paths)
+    ]
 
 
 def _key(entry: Any, attributes: bool) -> Optional[str | int]:
@@ -96,23 +99,28 @@ def _key(entry: Any, attributes: bool) -> Optional[str | int]:
 
 def attribute_path(keys: Sequence[str | int]) -> str:
   """Keys as Python writes an attribute path: `layers[0].kernel`."""
-  return "".join(f"[{k}]" if isinstance(k, int) else f".{k}"
-                 for k in keys).lstrip(".") or "<root>"
+  return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys).lstrip(".") or "<root>"
 
 
-def _names_and_path(path: Sequence[Any], attributes: bool, drop_first: bool,
-                    prefix: Names) -> tuple[Names, str]:
+def _names_and_path(
+  path: Sequence[Any], attributes: bool, drop_first: bool, prefix: Names
+) -> tuple[Names, str]:
   keys = [k for k in (_key(e, attributes) for e in path) if k is not None]
   named = keys[1:] if drop_first else keys
-  as_entries = tuple(jax.tree_util.SequenceKey(k) if isinstance(k, int)
-                     else jax.tree_util.DictKey(k) for k in named)
+  as_entries = tuple(
+    jax.tree_util.SequenceKey(k) if isinstance(k, int) else jax.tree_util.DictKey(k) for k in named
+  )
   return prefix + naming.path_components(as_entries), attribute_path(keys)
 
 
-def flatten(tree: PyTree, *, attributes: bool = False, drop_first: bool = False,
-            prefix: Names = (),
-            is_leaf: Optional[Callable[[Any], bool]] = None,
-            ) -> tuple[Variables, list[Any]]:
+def flatten(
+  tree: PyTree,
+  *,
+  attributes: bool = False,
+  drop_first: bool = False,
+  prefix: Names = (),
+  is_leaf: Optional[Callable[[Any], bool]] = None,
+) -> tuple[Variables, list[Any]]:
   """`tree` as a `Variables` record and its leaves.
 
   Args:
@@ -128,8 +136,7 @@ def flatten(tree: PyTree, *, attributes: bool = False, drop_first: bool = False,
   with_path, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf)
   names, paths = [], []
   for path, _ in with_path:
-    leaf_names, leaf_path = _names_and_path(path, attributes, drop_first,
-                                            prefix)
+    leaf_names, leaf_path = _names_and_path(path, attributes, drop_first, prefix)
     names.append(leaf_names)
     paths.append(leaf_path)
   leaves = [v for _, v in with_path]
@@ -142,8 +149,9 @@ def flatten(tree: PyTree, *, attributes: bool = False, drop_first: bool = False,
 # ---------------------------------------------------------------------------
 
 
-def params(variables: Variables, values: Optional[Sequence[Any]],
-           partition: Optional[Sequence[Any]] = None) -> list[Any]:
+def params(
+  variables: Variables, values: Optional[Sequence[Any]], partition: Optional[Sequence[Any]] = None
+) -> list[Any]:
   """The params, created from `values` at init, read at apply.
 
   `partition` holds each leaf's declared `PartitionSpec` (or None), which
@@ -168,11 +176,9 @@ def state(variables: Variables, values: Optional[Sequence[Any]]) -> list[Any]:
   return storage.STATE.read(leaves, [s.shape for s in variables.specs])
 
 
-def write_state(variables: Variables, old: Sequence[Any],
-                new: Sequence[Any]) -> None:
+def write_state(variables: Variables, old: Sequence[Any], new: Sequence[Any]) -> None:
   """Sets each state leaf whose value the call replaced."""
-  storage.STATE.write(variables.leaves(hk.experimental.current_name()), old,
-                      new)
+  storage.STATE.write(variables.leaves(hk.experimental.current_name()), old, new)
 
 
 def outputs(variables: Variables, values: Sequence[Any]) -> None:
@@ -192,6 +198,7 @@ def outputs(variables: Variables, values: Sequence[Any]) -> None:
 
 class Built(NamedTuple):
   """A foreign module's layout, and its values where it was really built."""
+
   layout: Any
   values: Optional[Any]  # The leaves, by kind; None where only laid out.
 
@@ -207,6 +214,7 @@ class Recipe(NamedTuple):
     split: `split(module) -> (layout, values)`.
     cache_key: what the layout depends on (the constructor), or None.
   """
+
   construct: Optional[Callable[[jax.Array], Any]]
   construct_abstract: Optional[Callable[[], Any]]
   split: Callable[[Any], tuple[Any, Any]]
@@ -234,8 +242,7 @@ def abstract_layout(recipe: Recipe) -> Any:
   """The layout of what the recipe builds, without building it (cached)."""
   construct = recipe.construct_abstract
   assert construct is not None, "an instance is laid out as it is"
-  return _LAYOUTS.get_or_compute(
-      recipe.cache_key, lambda: recipe.split(construct())[0])
+  return _LAYOUTS.get_or_compute(recipe.cache_key, lambda: recipe.split(construct())[0])
 
 
 def cached_layout(key: Optional[Hashable], compute: Callable[[], Any]) -> Any:
@@ -259,8 +266,11 @@ def layout_key(kind: str, code: Any, *values: Any) -> Optional[Hashable]:
   flag. None (nothing cached) where no key can be made.
   """
   return fingerprint.function_key(
-      (kind, code), values, pytree.default_key_spec(),
-      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined, unused-ignore]
+    (kind, code),
+    values,
+    pytree.default_key_spec(),
+    bool(jax.config.jax_enable_x64),  # type: ignore[attr-defined, unused-ignore]
+  )
 
 
 class ForeignModule(hk.Module):
@@ -273,9 +283,15 @@ class ForeignModule(hk.Module):
     self._api = f"{api}({foreign_class})"  # Messages: `hkb.from_flax(Block): `.
 
 
-def constructed(build: Callable[[], Any], *, keyword: str, example: str,
-                expected: type, expected_name: str,
-                module_of: Callable[[Any], Any] = lambda built: built) -> Any:
+def constructed(
+  build: Callable[[], Any],
+  *,
+  keyword: str,
+  example: str,
+  expected: type,
+  expected_name: str,
+  module_of: Callable[[Any], Any] = lambda built: built,
+) -> Any:
   """`build()`, a constructor called with its key alone, with clear errors.
 
   Args:
@@ -289,15 +305,18 @@ def constructed(build: Callable[[], Any], *, keyword: str, example: str,
   try:
     built_ = build()
   except TypeError as e:
-    raise TypeError(errors.message(
+    raise TypeError(
+      errors.message(
         f"calling the constructor with `{keyword}=` alone failed: {e}. The "
         "module takes its input sizes when it is constructed, so pass a "
-        f"constructor with them bound, e.g. {example}.")) from e
+        f"constructor with them bound, e.g. {example}."
+      )
+    ) from e
   module = module_of(built_)
   if not isinstance(module, expected):
-    raise TypeError(errors.message(
-        f"the constructor returned a {type(module).__name__}, not an "
-        f"{expected_name}."))
+    raise TypeError(
+      errors.message(f"the constructor returned a {type(module).__name__}, not an {expected_name}.")
+    )
   return built_
 
 
@@ -309,20 +328,25 @@ def with_state(f: Any) -> hk.TransformedWithState:
   none, as its own caller gives none.
   """
   if not isinstance(f, (hk.Transformed, hk.TransformedWithState)):
-    raise TypeError(errors.bad_argument(
-        "f", f, "the output of hk.transform or hk.transform_with_state",
-        f"Wrap the Haiku function first: hkb.{errors.current()}("
-        "hk.transform_with_state(f), ...)."))
-  with_state_ = (f if isinstance(f, hk.TransformedWithState)
-                 else hk.with_empty_state(f))
+    raise TypeError(
+      errors.bad_argument(
+        "f",
+        f,
+        "the output of hk.transform or hk.transform_with_state",
+        f"Wrap the Haiku function first: hkb.{errors.current()}(hk.transform_with_state(f), ...).",
+      )
+    )
+  with_state_ = f if isinstance(f, hk.TransformedWithState) else hk.with_empty_state(f)
   # Haiku names apply's leading parameters: (params, [state,] rng, ...).
   rng_position = 2 if isinstance(f, hk.TransformedWithState) else 1
   if _parameter_name(f.apply, rng_position) in (None, "rng"):
     return with_state_
   return hk.TransformedWithState(
-      init=with_state_.init,
-      apply=lambda params, state, rng, *args, **kwargs: with_state_.apply(
-          params, state, *args, **kwargs))
+    init=with_state_.init,
+    apply=lambda params, state, rng, *args, **kwargs: with_state_.apply(
+      params, state, *args, **kwargs
+    ),
+  )
 
 
 def _parameter_name(fn: Callable[..., Any], position: int) -> Optional[str]:
@@ -332,21 +356,25 @@ def _parameter_name(fn: Callable[..., Any], position: int) -> Optional[str]:
   except (TypeError, ValueError):
     return None
   if position >= len(parameters) or parameters[position].kind not in (
-      inspect.Parameter.POSITIONAL_ONLY,
-      inspect.Parameter.POSITIONAL_OR_KEYWORD):
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+  ):
     return None
   return parameters[position].name
 
 
 def check_name(name: Any) -> None:
   """`name=` of an adapter: None or a module name."""
-  errors.check_str("name", name, "None or a Haiku module name (a string)",
-                   optional=True)
+  errors.check_str("name", name, "None or a Haiku module name (a string)", optional=True)
 
 
-def check_given(transformed: hk.TransformedWithState, params: Any,
-                state: Any, args: Sequence[Any],
-                kwargs: dict[str, Any]) -> None:
+def check_given(
+  transformed: hk.TransformedWithState,
+  params: Any,
+  state: Any,
+  args: Sequence[Any],
+  kwargs: dict[str, Any],
+) -> None:
   """`params=` and `state=` of `to_nnx` / `to_equinox`: what `f.init` makes.
 
   Each a Haiku dict `{module: {name: array}}`; state only with params (init
@@ -356,45 +384,60 @@ def check_given(transformed: hk.TransformedWithState, params: Any,
   inputs there is nothing to compare with until the first call.
   """
   if state is not None and params is None:
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         "`state` goes with `params=`: without params, f.init runs and makes "
         "both. Pass the params too (e.g. from the same checkpoint), or "
-        "leave state out."))
+        "leave state out."
+      )
+    )
   for argument, given in (("params", params), ("state", state)):
-    if given is not None and (not isinstance(given, Mapping) or not all(
-        isinstance(entries, Mapping) for entries in given.values())):
-      raise TypeError(errors.bad_argument(
-          argument, given, f"Haiku's {argument} dict {{module: {{name: "
-          f"array}}}}, as f.init returns it (e.g. a Haiku checkpoint)"))
+    if given is not None and (
+      not isinstance(given, Mapping)
+      or not all(isinstance(entries, Mapping) for entries in given.values())
+    ):
+      raise TypeError(
+        errors.bad_argument(
+          argument,
+          given,
+          f"Haiku's {argument} dict {{module: {{name: "
+          f"array}}}}, as f.init returns it (e.g. a Haiku checkpoint)",
+        )
+      )
   if params is None or (not args and not kwargs):
     return
-  wants = jax.eval_shape(transformed.init, pytree.default_key_spec(), *args,
-                         **kwargs)
+  wants = jax.eval_shape(transformed.init, pytree.default_key_spec(), *args, **kwargs)
   _compare("params", params, wants[0])
   if state is None and wants[1]:
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"f has state ({sorted(wants[1])[:4]}), and `params=` came without "
         "`state=`. Pass the state that f.init made with the params (e.g. "
-        "from the same checkpoint)."))
+        "from the same checkpoint)."
+      )
+    )
   _compare("state", {} if state is None else state, wants[1])
 
 
-def _compare(argument: str, given: Mapping[str, Any],
-             want: Mapping[str, Any]) -> None:
+def _compare(argument: str, given: Mapping[str, Any], want: Mapping[str, Any]) -> None:
   """`given` against what f.init makes: the same names, the same shapes."""
-  given = {f"{b}/{n}": v for b, entries in given.items()
-           for n, v in entries.items()}
-  wanted = {f"{b}/{n}": v for b, entries in want.items()
-            for n, v in entries.items()}
+  given = {f"{b}/{n}": v for b, entries in given.items() for n, v in entries.items()}
+  wanted = {f"{b}/{n}": v for b, entries in want.items() for n, v in entries.items()}
   if set(given) != set(wanted):
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"`{argument}` must be the {argument} f.init makes for these inputs; "
         f"they lack {sorted(set(wanted) - set(given))[:4]} and have "
-        f"{sorted(set(given) - set(wanted))[:4]} besides."))
+        f"{sorted(set(given) - set(wanted))[:4]} besides."
+      )
+    )
   for path, spec in wanted.items():
     shape = tuple(jax.numpy.shape(given[path]))
     if shape != tuple(spec.shape):
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"`{argument}` must be the {argument} f.init makes for these "
           f"inputs; '{path}' has shape {list(shape)}, but f needs "
-          f"{list(spec.shape)} for these inputs."))
+          f"{list(spec.shape)} for these inputs."
+        )
+      )

@@ -35,6 +35,7 @@ from haiku_bridge._src import storage
 
 class Declared(NamedTuple):
   """One param's declared partitioning, as its creator saw it."""
+
   path: str  # The outer Haiku name, `bundle/name`.
   ndim: int  # Its rank in the layer that declared it.
   spec: PartitionSpec  # For that layer.
@@ -44,13 +45,13 @@ class Recorder:
   """What one `rules_from_foreign` run records."""
 
   def __init__(self, logical_axis_rules: Optional[Sequence[tuple[str, Any]]]):
-    self.logical_axis_rules = (None if logical_axis_rules is None
-                               else tuple(logical_axis_rules))
+    self.logical_axis_rules = None if logical_axis_rules is None else tuple(logical_axis_rules)
     self.declared: dict[str, Declared] = {}
 
 
 _RECORDER: contextvars.ContextVar[Optional[Recorder]] = contextvars.ContextVar(
-    "haiku_bridge_foreign_sharding", default=None)
+  "haiku_bridge_foreign_sharding", default=None
+)
 
 
 def active() -> Optional[Recorder]:
@@ -59,17 +60,15 @@ def active() -> Optional[Recorder]:
 
 
 @contextlib.contextmanager
-def recording(leaves: Sequence[storage.Leaf],
-              specs: Optional[Sequence[Optional[PartitionSpec]]]
-              ) -> Iterator[None]:
+def recording(
+  leaves: Sequence[storage.Leaf], specs: Optional[Sequence[Optional[PartitionSpec]]]
+) -> Iterator[None]:
   """Records `specs[i]` for `leaves[i]` as Haiku creates it (if recording)."""
   recorder = _RECORDER.get()
-  if recorder is None or specs is None or not any(
-      s is not None for s in specs):
+  if recorder is None or specs is None or not any(s is not None for s in specs):
     yield
     return
-  by_name = {leaf.full_name: spec for leaf, spec in zip(leaves, specs)
-             if spec is not None}
+  by_name = {leaf.full_name: spec for leaf, spec in zip(leaves, specs) if spec is not None}
 
   def creator(next_creator, shape, dtype, init, context):
     spec = by_name.get(context.full_name)
@@ -84,15 +83,18 @@ def recording(leaves: Sequence[storage.Leaf],
 
 class ForeignRules(NamedTuple):
   """Exact rules for the params that declare a spec, and the stacks to keep."""
+
   rules: tuple[tuple[str, PartitionSpec], ...]
   declared: tuple[Declared, ...]
 
 
 def rules_from_foreign(
-    init: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-    *,
-    layer_axes: Callable[[str, Sequence[int]], int],
-    logical_axis_rules: Optional[Sequence[tuple[str, Any]]] = None,
+  init: Callable[..., Any],
+  args: tuple[Any, ...],
+  kwargs: dict[str, Any],
+  *,
+  layer_axes: Callable[[str, Sequence[int]], int],
+  logical_axis_rules: Optional[Sequence[tuple[str, Any]]] = None,
 ) -> ForeignRules:
   """One exact rule per param whose foreign module declared its partitioning.
 
@@ -138,11 +140,14 @@ def rules_from_foreign(
     extra = len(shape) - declared.ndim
     given = layer_axes(declared.path, shape)
     if given not in (0, extra):
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"parameter {declared.path!r} (shape "
           f"{shape}) lies in {extra} layer stack(s), of which `stacked=` "
           f"declares {given}. Declare every stack around it in `stacked=`, or "
-          "none (its layer axes are then not split)."))
+          "none (its layer axes are then not split)."
+        )
+      )
     spec = PartitionSpec(*([None] * (extra - given)), *declared.spec)
     rules.append((f"^{re.escape(declared.path)}$", spec))
   return ForeignRules(tuple(rules), tuple(recorder.declared.values()))

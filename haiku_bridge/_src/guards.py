@@ -18,19 +18,25 @@ def inside_transform() -> bool:
 def require_transform() -> None:
   """Raises unless inside a Haiku transform."""
   if not inside_transform():
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         "must be called inside a Haiku transform (a function passed to "
         "hk.transform / hk.transform_with_state, e.g. from a module's "
         "__call__). Outside Haiku there is nothing to bridge: call the pure "
-        "function with its params directly."))
+        "function with its params directly."
+      )
+    )
 
 
 def require_haiku_trace() -> None:
   """Raises at init inside a raw JAX transform, where params cannot be made."""
   if haiku_internals.inside_raw_jax_transform():
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         "ran at init inside a raw JAX transform (the body of "
         "jax.lax.scan / jax.vmap / jax.checkpoint / jax.lax.cond, ...), where "
         "Haiku cannot create parameters. Use Haiku's wrapper instead (hk.scan, "
         "hk.vmap, hk.remat, hk.cond), or call hkb.get_relevant_parameters "
-        "outside the JAX transform and pass the params into it."))
+        "outside the JAX transform and pass the params into it."
+      )
+    )

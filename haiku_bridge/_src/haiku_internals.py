@@ -60,27 +60,49 @@ from haiku_bridge._src import versions
 
 # The private names used below, by module.
 READS = {
-    _base: ("current_frame", "Frame", "StatePair", "JaxTraceLevel", "param_creator_stack",
-            "state_creator_stack", "param_getter_stack", "state_getter_stack",
-            "state_setter_stack", "context_stack", "new_context", "frame_stack",
-            "push_jax_trace_level", "param_names"),
-    _module: ("interceptor_stack",),
-    _lift: ("LiftingModule",),
-    _stateful: ("reserve_up_to_full_rng_block", "internal_state", "temporary_internal_state",
-                "update_internal_state"),
+  _base: (
+    "current_frame",
+    "Frame",
+    "StatePair",
+    "JaxTraceLevel",
+    "param_creator_stack",
+    "state_creator_stack",
+    "param_getter_stack",
+    "state_getter_stack",
+    "state_setter_stack",
+    "context_stack",
+    "new_context",
+    "frame_stack",
+    "push_jax_trace_level",
+    "param_names",
+  ),
+  _module: ("interceptor_stack",),
+  _lift: ("LiftingModule",),
+  _stateful: (
+    "reserve_up_to_full_rng_block",
+    "internal_state",
+    "temporary_internal_state",
+    "update_internal_state",
+  ),
 }
 # The fields of Haiku's frame (a NamedTuple) and of a state entry that this file reads.
-FRAME_FIELDS = ("params", "state", "freeze_params", "module_stack", "counter_stack",
-                "used_names_stack", "jax_trace_stack", "frame_id")
+FRAME_FIELDS = (
+  "params",
+  "state",
+  "freeze_params",
+  "module_stack",
+  "counter_stack",
+  "used_names_stack",
+  "jax_trace_stack",
+  "frame_id",
+)
 STATE_PAIR_FIELDS = ("initial", "current")
 # The names hk.layer_stack gives a stack without `name=`, by whether it has
 # per-layer inputs (haiku/_src/layer_stack.py).
-LAYER_STACK_NAMES = {False: "__layer_stack_no_per_layer",
-                     True: "__layer_stack_with_per_layer"}
+LAYER_STACK_NAMES = {False: "__layer_stack_no_per_layer", True: "__layer_stack_with_per_layer"}
 
 
-def changed_reads(reads: Mapping[types.ModuleType, tuple[str, ...]] = READS
-                  ) -> list[str]:
+def changed_reads(reads: Mapping[types.ModuleType, tuple[str, ...]] = READS) -> list[str]:
   """What this file reads of Haiku that this dm-haiku no longer has, described.
 
   Only facts that can be read without running Haiku (so without starting
@@ -88,9 +110,12 @@ def changed_reads(reads: Mapping[types.ModuleType, tuple[str, ...]] = READS
   `decoupled=` and the layer stack's default names. Their behaviour is pinned
   by haiku_internals_test.py.
   """
-  changed = [f"{module.__name__}.{name} is gone"
-             for module, names in reads.items() for name in names
-             if not hasattr(module, name)]
+  changed = [
+    f"{module.__name__}.{name} is gone"
+    for module, names in reads.items()
+    for name in names
+    if not hasattr(module, name)
+  ]
   frame_type = getattr(_base, "Frame", None)
   if frame_type is not None:
     fields = getattr(frame_type, "_fields", ())
@@ -106,8 +131,11 @@ def changed_reads(reads: Mapping[types.ModuleType, tuple[str, ...]] = READS
   except (OSError, TypeError):
     source = None  # Installed without sources: nothing to read, nothing refused.
   if source is not None:
-    changed += [f"hk.layer_stack does not name a stack {name!r}"
-                for name in LAYER_STACK_NAMES.values() if f'"{name}"' not in source]
+    changed += [
+      f"hk.layer_stack does not name a stack {name!r}"
+      for name in LAYER_STACK_NAMES.values()
+      if f'"{name}"' not in source
+    ]
   return changed
 
 
@@ -144,8 +172,7 @@ def stored_state(bundle: str, name: str) -> Optional[Any]:
 def stored_names() -> set[str]:
   """`bundle/name` of every param and state stored in the current frame."""
   current = _base.current_frame()
-  names = {f"{b}/{n}" for b, entries in current.params.items()
-           for n in entries}
+  names = {f"{b}/{n}" for b, entries in current.params.items() for n in entries}
   for b, entries in (current.state or {}).items():
     names.update(f"{b}/{n}" for n in entries)
   return names
@@ -202,6 +229,7 @@ def same_transform(handle: Frame, other: Frame) -> bool:
 
 class Lifting(NamedTuple):
   """What an `hk.lift*` module registers in the transform it runs in."""
+
   prefix: str  # Its bundles are `prefix/<inner bundle>` ("" for none).
   transparent: bool  # Whether `prefix` is the scope it runs in.
   init_fn: Callable[..., Any]  # Returns (inner params, inner state).
@@ -213,11 +241,9 @@ def lifting(module: Any) -> Optional[Lifting]:
   Also None while the module is being constructed (method interceptors see
   its `__init__`).
   """
-  if not isinstance(module, _lift.LiftingModule) or not hasattr(
-      module, "prefix_name"):
+  if not isinstance(module, _lift.LiftingModule) or not hasattr(module, "prefix_name"):
     return None
-  return Lifting(module.prefix_name, module.module_name != module.prefix_name,
-                 module._init_fn)  # pylint: disable=protected-access
+  return Lifting(module.prefix_name, module.module_name != module.prefix_name, module._init_fn)  # pylint: disable=protected-access
 
 
 # -- Interceptors. ------------------------------------------------------------
@@ -228,8 +254,14 @@ _PARAM_GETTERS = _base.param_getter_stack
 _STATE_GETTERS = _base.state_getter_stack
 _STATE_SETTERS = _base.state_setter_stack
 _METHOD_INTERCEPTORS = _module.interceptor_stack  # hk.intercept_methods
-_ALL = (_PARAM_CREATORS, _STATE_CREATORS, _PARAM_GETTERS, _STATE_GETTERS,
-        _STATE_SETTERS, _METHOD_INTERCEPTORS)
+_ALL = (
+  _PARAM_CREATORS,
+  _STATE_CREATORS,
+  _PARAM_GETTERS,
+  _STATE_GETTERS,
+  _STATE_SETTERS,
+  _METHOD_INTERCEPTORS,
+)
 _GETTERS = (_PARAM_GETTERS, _STATE_GETTERS)
 
 Interceptors = tuple[tuple[Any, ...], ...]
@@ -316,6 +348,7 @@ _CLAIM_PREFIX = "haiku_bridge:"
 
 class NamingEffect(NamedTuple):
   """Module names a run took in the caller's scope: counters and used names."""
+
   counters: tuple[tuple[str, int], ...]
   used: frozenset[str]
 
@@ -328,11 +361,12 @@ def naming_effect(before: Frame, after: Frame) -> NamingEffect:
   and pop theirs. So the top entries are all a run changes.
   """
   old, new = before.counter_stack.peek(), after.counter_stack.peek()
-  counters = tuple(sorted((name, n) for name, n in new.items()
-                          if n > old.get(name, 0)))
-  used = frozenset(name for name in after.used_names_stack.peek()
-                   - before.used_names_stack.peek()
-                   if not name.startswith(_CLAIM_PREFIX))
+  counters = tuple(sorted((name, n) for name, n in new.items() if n > old.get(name, 0)))
+  used = frozenset(
+    name
+    for name in after.used_names_stack.peek() - before.used_names_stack.peek()
+    if not name.startswith(_CLAIM_PREFIX)
+  )
   return NamingEffect(counters, used)
 
 
@@ -370,12 +404,12 @@ def call_point() -> Frame:
 
 @contextlib.contextmanager
 def frame_from(
-    point: Frame,
-    *,
-    params: Mapping[str, Mapping[str, Any]],
-    state: Mapping[str, Mapping[str, Any]],
-    rng: Optional[hk.PRNGSequence],
-    init: bool,
+  point: Frame,
+  *,
+  params: Mapping[str, Mapping[str, Any]],
+  state: Mapping[str, Mapping[str, Any]],
+  rng: Optional[hk.PRNGSequence],
+  init: bool,
 ) -> Iterator[Frame]:
   """Runs the code inside in a new frame evolved from `point` (`call_point`).
 
@@ -389,15 +423,15 @@ def frame_from(
   Yields the frame: after the code ran, its `params` and `state` hold what
   the code created and wrote.
   """
-  ddict: Callable[[], collections.defaultdict[str, dict[str, Any]]] = (
-      lambda: collections.defaultdict(dict))
+  ddict: Callable[[], collections.defaultdict[str, dict[str, Any]]] = lambda: (
+    collections.defaultdict(dict)
+  )
   params_ = ddict()
   for bundle, entries in params.items():
     params_[bundle].update(entries)
   state_ = ddict()
   for bundle, entries in state.items():
-    state_[bundle].update({name: _base.StatePair(value, value)
-                           for name, value in entries.items()})
+    state_[bundle].update({name: _base.StatePair(value, value) for name, value in entries.items()})
   new = point.evolve(params_, state_, rng, decoupled=True)
   if new.freeze_params == init:
     new = new._replace(freeze_params=not init)
@@ -418,8 +452,7 @@ def frame_params(handle: Frame) -> dict[str, dict[str, Any]]:
 
 def frame_state(handle: Frame) -> dict[str, dict[str, Any]]:
   """The current state values a frame holds, in creation order."""
-  return {b: {n: pair.current for n, pair in e.items()}
-          for b, e in handle.state.items() if e}
+  return {b: {n: pair.current for n, pair in e.items()} for b, e in handle.state.items() if e}
 
 
 def write_state(new_state: Mapping[str, Mapping[str, Any]]) -> None:
@@ -433,8 +466,7 @@ def write_state(new_state: Mapping[str, Mapping[str, Any]]) -> None:
   for bundle, entries in new_state.items():
     for name, value in entries.items():
       old = state[bundle].get(name)
-      state[bundle][name] = _base.StatePair(
-          value if old is None else old.initial, value)
+      state[bundle][name] = _base.StatePair(value if old is None else old.initial, value)
 
 
 # -- Loops. -------------------------------------------------------------------
@@ -470,8 +502,7 @@ def loop_step(state: LoopState) -> Iterator[Callable[[], list[str]]]:
   with _stateful.temporary_internal_state(state):
     with _base.push_jax_trace_level():
       before = _base.param_names()
-      yield lambda: sorted(f"{bundle}/{name}" for bundle, name
-                           in _base.param_names() - before)
+      yield lambda: sorted(f"{bundle}/{name}" for bundle, name in _base.param_names() - before)
 
 
 def set_loop_state(state: LoopState) -> None:

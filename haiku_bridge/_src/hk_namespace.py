@@ -13,8 +13,8 @@ import haiku
 from haiku_bridge._src import call_pure as call_pure_lib
 
 ADDITIONS = {
-    "call_pure": call_pure_lib.call_pure,
-    "get_relevant_parameters": call_pure_lib.get_relevant_parameters,
+  "call_pure": call_pure_lib.call_pure,
+  "get_relevant_parameters": call_pure_lib.get_relevant_parameters,
 }
 
 
@@ -30,8 +30,8 @@ class _HaikuWithBridge(types.ModuleType):
 
 def make_namespace() -> types.ModuleType:
   namespace = _HaikuWithBridge(
-      "haiku_bridge.hk",
-      "Haiku's public namespace plus the bridge: `hk.call_pure`.")
+    "haiku_bridge.hk", "Haiku's public namespace plus the bridge: `hk.call_pure`."
+  )
   for name, value in ADDITIONS.items():
     setattr(namespace, name, value)
   return namespace

@@ -10,11 +10,9 @@ from haiku_bridge import hk
 
 
 class HkNamespaceTest(absltest.TestCase):
-
   def test_adds_bridge_names(self):
     self.assertIs(hk.call_pure, haiku_bridge.call_pure)
-    self.assertIs(hk.get_relevant_parameters,
-                  haiku_bridge.get_relevant_parameters)
+    self.assertIs(hk.get_relevant_parameters, haiku_bridge.get_relevant_parameters)
     self.assertIn("call_pure", dir(hk))
     # Its own name, where it is found: not the installed `haiku` it reads through to.
     self.assertEqual(hk.__name__, "haiku_bridge.hk")
@@ -35,9 +33,9 @@ class HkNamespaceTest(absltest.TestCase):
 
   def test_usable_as_haiku(self):
     def f(x):
-      return hk.call_pure(lambda p, x: x * p["scale"], x,
-                          init=lambda rng, x: {"scale": jnp.ones([])}) + (
-                              hk.Linear(2)(x))
+      return hk.call_pure(
+        lambda p, x: x * p["scale"], x, init=lambda rng, x: {"scale": jnp.ones([])}
+      ) + (hk.Linear(2)(x))
 
     params = hk.transform(f).init(jax.random.PRNGKey(0), jnp.ones([1, 2]))
     self.assertEqual(sorted(params), ["linear", "~"])

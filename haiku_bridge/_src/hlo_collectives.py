@@ -42,8 +42,7 @@ import numpy as np
 
 from haiku_bridge._src import hlo_text
 
-KINDS = ("all-gather", "all-reduce", "collective-permute", "reduce-scatter",
-         "all-to-all")
+KINDS = ("all-gather", "all-reduce", "collective-permute", "reduce-scatter", "all-to-all")
 _START = "-start"
 
 
@@ -62,6 +61,7 @@ class Collective(NamedTuple):
     in_branch: inside a `conditional`'s branch.
     shapes: the dimensions of each array `bytes` counts.
   """
+
   kind: str
   bytes: int
   executions: int
@@ -81,21 +81,26 @@ def collectives(hlo: str) -> list[Collective]:
   found = []
   for site in hlo_text.walk(hlo_text.parse(hlo)):
     ins = site.instruction
-    kind = ins.opcode[:-len(_START)] if ins.opcode.endswith(
-        _START) else ins.opcode
+    kind = ins.opcode[: -len(_START)] if ins.opcode.endswith(_START) else ins.opcode
     if kind not in KINDS:
       continue
     if kind == "all-gather":
       arrays = hlo_text.arrays(ins.shape)
       if ins.opcode.endswith(_START):  # (operands, results).
-        arrays = arrays[len(arrays) // 2:]
+        arrays = arrays[len(arrays) // 2 :]
     else:
-      arrays = [a for o in ins.operands
-                for a in hlo_text.arrays(site.shapes[o])]
-    found.append(Collective(
-        kind, sum(a.bytes for a in arrays), site.executions, site.loops,
-        _groups(ins.attributes), site.in_branch,
-        tuple(a.dims for a in arrays)))
+      arrays = [a for o in ins.operands for a in hlo_text.arrays(site.shapes[o])]
+    found.append(
+      Collective(
+        kind,
+        sum(a.bytes for a in arrays),
+        site.executions,
+        site.loops,
+        _groups(ins.attributes),
+        site.in_branch,
+        tuple(a.dims for a in arrays),
+      )
+    )
   return found
 
 
@@ -122,8 +127,7 @@ def mesh_axes(c: Collective, axis_sizes: dict[str, int]) -> tuple[str, ...]:
   varying = set()
   for group in c.groups:
     coords = np.array(np.unravel_index(np.asarray(group), shape))
-    varying |= {names[i] for i in range(len(names))
-                if len(set(coords[i])) > 1}
+    varying |= {names[i] for i in range(len(names)) if len(set(coords[i])) > 1}
   return tuple(n for n in names if n in varying)
 
 
@@ -139,25 +143,29 @@ def _groups(attributes: str) -> tuple[tuple[int, ...], ...]:
   `device_ids=` where they are the mesh's in order: `mesh['a'=4,'b'=2]
   {'a'}`).
   """
-  listed = re.search(
-      r"(?:replica_groups|source_target_pairs)=\{(\{[^=]*?\})\}", attributes)
+  listed = re.search(r"(?:replica_groups|source_target_pairs)=\{(\{[^=]*?\})\}", attributes)
   if listed:
-    return tuple(tuple(int(d) for d in g.split(",") if d)
-                 for g in re.findall(r"\{([0-9,]*)\}", listed.group(1)))
-  iota = re.search(r"replica_groups=\[([0-9,]+)\]<=(\[[0-9,]+\](?:T\([0-9,]+\))?)",
-                   attributes)
+    return tuple(
+      tuple(int(d) for d in g.split(",") if d)
+      for g in re.findall(r"\{([0-9,]*)\}", listed.group(1))
+    )
+  iota = re.search(r"replica_groups=\[([0-9,]+)\]<=(\[[0-9,]+\](?:T\([0-9,]+\))?)", attributes)
   if iota:
     size = _ints(iota.group(1))[-1]
     return _as_groups(_iota(iota.group(2)).reshape(-1, size))
-  named = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\("
-                    r"(\[[0-9,]+\](?:T\([0-9,]+\))?)\))? "
-                    r"\{([^}]*)\}", attributes)
+  named = re.search(
+    r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\("
+    r"(\[[0-9,]+\](?:T\([0-9,]+\))?)\))? "
+    r"\{([^}]*)\}",
+    attributes,
+  )
   if named:
     axes = re.findall(r"'([^']+)'=([0-9]+)", named.group(1))
     names = [name for name, _ in axes]
     sizes = [int(n) for _, n in axes]
-    ids = (_iota(named.group(2)) if named.group(2) else
-           np.arange(int(np.prod(sizes)))).reshape(sizes)
+    ids = (_iota(named.group(2)) if named.group(2) else np.arange(int(np.prod(sizes)))).reshape(
+      sizes
+    )
     over = [names.index(a) for a in re.findall(r"'([^']+)'", named.group(3))]
     others = [i for i in range(len(names)) if i not in over]
     size = int(np.prod([ids.shape[i] for i in over]))

@@ -19,15 +19,15 @@ MESH = {"stage": 2, "data": 4}
 
 def compiled(f, *args, specs):
   """`f` compiled on the MESH (Explicit axes), `args` placed by `specs`."""
-  mesh = jax.make_mesh(tuple(MESH.values()), tuple(MESH),
-                       axis_types=(AxisType.Explicit,) * len(MESH))
+  mesh = jax.make_mesh(
+    tuple(MESH.values()), tuple(MESH), axis_types=(AxisType.Explicit,) * len(MESH)
+  )
   with jax.set_mesh(mesh):
     args = [jax.device_put(a, s) for a, s in zip(args, specs)]
     return jax.jit(f).lower(*args).compile()
 
 
 class CollectivesTest(absltest.TestCase):
-
   def test_each_kind_by_hand(self):
     # Every kind, and an async pair, in one program (HLO as XLA:GPU
     # writes it), each array's bytes per device by hand.
@@ -68,21 +68,27 @@ ENTRY %main (x: f32[8,16], h: bf16[4,6]) -> f32[8,16] {
 """
     found = hlo_collectives.collectives(text)
     array = 8 * 16 * 4
-    self.assertEqual(hlo_collectives.bytes_by_kind(found), {
+    self.assertEqual(
+      hlo_collectives.bytes_by_kind(found),
+      {
         "all-gather": 16 * 6 * 2,  # The result, bfloat16.
         "all-reduce": 3 * array,  # In the loop of 3.
         "collective-permute": 3 * array,
         "reduce-scatter": array,  # The operand, not the 1/4 result.
         "all-to-all": array,
-    })
+      },
+    )
     axes = {c.kind: hlo_collectives.mesh_axes(c, MESH) for c in found}
-    self.assertEqual(axes, {
+    self.assertEqual(
+      axes,
+      {
         "all-gather": ("stage", "data"),  # Ids 0, 2, 4, 6.
         "reduce-scatter": ("data",),  # Over 'y' of [[0-3], [4-7]].
         "all-to-all": ("stage", "data"),  # All devices.
         "collective-permute": ("data",),  # 0 <-> 1.
         "all-reduce": ("data",),  # [4,2]<=[8]: {0,1}, {2,3}, ...
-    })
+      },
+    )
     loops = {c.kind: c.loops for c in found}
     self.assertEqual(loops["all-reduce"], (3,))
     self.assertEqual(loops["all-gather"], ())
@@ -167,19 +173,25 @@ ENTRY %main (x: f32[8,16], q: pred[]) -> (f32[2,16], f32[8,16]) {
     def f(xs, w):
       def step(h, x):
         return h + jnp.sum(x * w, axis=0), None
+
       h, _ = jax.lax.scan(step, jnp.zeros(w.shape[1:]), xs)
       return h, jnp.sum(xs, axis=1)
 
-    found = [c for c in hlo_collectives.collectives(compiled(
-        f, jnp.ones([5, 16, 32]), jnp.ones([16, 32]),
-        specs=(P(None, "data"), P())).as_text()) if c.kind == "all-reduce"]
+    found = [
+      c
+      for c in hlo_collectives.collectives(
+        compiled(
+          f, jnp.ones([5, 16, 32]), jnp.ones([16, 32]), specs=(P(None, "data"), P())
+        ).as_text()
+      )
+      if c.kind == "all-reduce"
+    ]
     self.assertNotEmpty(found)
     for c in found:
       self.assertEqual(hlo_collectives.mesh_axes(c, MESH), ("data",))
     # The scan's: one float32 row of 32 per step (or all 5 at once, if XLA
     # moved it out); the one after: [5, 32] per device.
-    self.assertEqual(sum(c.bytes_per_step for c in found),
-                     5 * 32 * 4 + 5 * 32 * 4)
+    self.assertEqual(sum(c.bytes_per_step for c in found), 5 * 32 * 4 + 5 * 32 * 4)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,12 @@ _BRACKET = re.compile(r"[()\[\]{}]")
 # Instructions that run another computation once per execution of their own.
 # (`fusion-start`: XLA:GPU's asynchronous fusion, its result read by a
 # `fusion-done`.)
-_CALLS = {"fusion": "calls", "call": "to_apply", "async-start": "calls",
-          "fusion-start": "calls"}
+_CALLS = {"fusion": "calls", "call": "to_apply", "async-start": "calls", "fusion-start": "calls"}
 
 
 class Instruction(NamedTuple):
   """One line of a computation: `name = shape opcode(operands), attributes`."""
+
   name: str
   shape: str  # The result type as printed: `f32[4,16]{1,0}` or a tuple.
   opcode: str
@@ -40,6 +40,7 @@ class Instruction(NamedTuple):
 
 class Program(NamedTuple):
   """The computations of an HLO module, by name, the entry's name, and each computation's ROOT instruction's name."""
+
   computations: dict[str, list[Instruction]]
   entry: str
   roots: dict[str, str] = {}
@@ -59,6 +60,7 @@ class Site(NamedTuple):
     in_branch: whether it is inside a `conditional`'s branch (which runs
       is known only at run time).
   """
+
   instruction: Instruction
   shapes: dict[str, str]
   loops: tuple[int, ...]
@@ -91,9 +93,9 @@ def parse(text: str) -> Program:
       if line.lstrip().startswith("ROOT "):
         roots[name] = current[-1].name
   assert entry is not None, "XLA's HLO text names an ENTRY computation"
-  return Program(computations, entry, roots,
-                 {ins.name: ins for body in computations.values()
-                  for ins in body})
+  return Program(
+    computations, entry, roots, {ins.name: ins for body in computations.values() for ins in body}
+  )
 
 
 def walk(program: Program) -> Iterator[Site]:
@@ -105,8 +107,8 @@ def walk(program: Program) -> Iterator[Site]:
   starts at their caller's loops; every branch of a conditional at its
   caller's loops, marked `in_branch`.
   """
-  def visit(name: str, loops: tuple[int, ...], in_branch: bool
-            ) -> Iterator[Site]:
+
+  def visit(name: str, loops: tuple[int, ...], in_branch: bool) -> Iterator[Site]:
     shapes: dict[str, str] = {}
     for ins in program.computations[name]:
       shapes[ins.name] = ins.shape
@@ -116,12 +118,12 @@ def walk(program: Program) -> Iterator[Site]:
         yield from visit(callee, loops, in_branch)
       elif ins.opcode == "while":
         inner = loops + (loop_trips(program, ins) or 1,)
-        yield from visit(called(ins.attributes, "condition"), inner,
-                         in_branch)
+        yield from visit(called(ins.attributes, "condition"), inner, in_branch)
         yield from visit(called(ins.attributes, "body"), inner, in_branch)
       elif ins.opcode == "conditional":
         for branch in branches(ins.attributes):
           yield from visit(branch, loops, True)
+
   yield from visit(program.entry, (), False)
 
 
@@ -133,14 +135,13 @@ def instruction(line: str) -> Instruction:
   name, rest = line.split(" = ", 1)
   if rest.startswith("("):
     end = _closing(rest, 0)
-    shape, rest = rest[:end + 1], rest[end + 2:]
+    shape, rest = rest[: end + 1], rest[end + 2 :]
   else:
     shape, rest = rest.split(" ", 1)
   opcode, rest = rest.split("(", 1)
   end = _closing("(" + rest, 0) - 1
   operands = tuple(re.findall(r"%([^\s,()]+)", rest[:end]))
-  return Instruction(name.lstrip("%"), shape, opcode, operands,
-                     rest[end + 1:], rest[:end])
+  return Instruction(name.lstrip("%"), shape, opcode, operands, rest[end + 1 :], rest[:end])
 
 
 def _closing(text: str, start: int) -> int:
@@ -175,13 +176,32 @@ def elements(shape: str) -> int:
 
 
 # Bytes per element of each element type XLA prints (`pred` is a byte).
-_BITS = {"pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8,
-         "s16": 16, "u16": 16, "s32": 32, "u32": 32, "s64": 64, "u64": 64,
-         "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128}
+_BITS = {
+  "pred": 8,
+  "s2": 2,
+  "u2": 2,
+  "s4": 4,
+  "u4": 4,
+  "s8": 8,
+  "u8": 8,
+  "s16": 16,
+  "u16": 16,
+  "s32": 32,
+  "u32": 32,
+  "s64": 64,
+  "u64": 64,
+  "f16": 16,
+  "bf16": 16,
+  "f32": 32,
+  "f64": 64,
+  "c64": 64,
+  "c128": 128,
+}
 
 
 class Array(NamedTuple):
   """One array of a type: its dimensions and its bytes (as its layout holds them)."""
+
   dims: tuple[int, ...]
   bytes: int
 
@@ -211,8 +231,7 @@ def arrays(shape: str) -> list[Array]:
   return found
 
 
-def _tiled(array_dims: tuple[int, ...], minor_to_major: str,
-           tiling: str) -> tuple[int, ...]:
+def _tiled(array_dims: tuple[int, ...], minor_to_major: str, tiling: str) -> tuple[int, ...]:
   """The dimensions an array's layout holds, major to minor: its first tile's pads the minor ones.
 
   (A layout's further tiles, `(2,1)` packing bfloat16 pairs, divide the
@@ -266,7 +285,7 @@ def backend_config(attributes: str) -> Optional[dict[str, Any]]:
     return None
   start += len("backend_config=")
   try:
-    return json.loads(attributes[start:_closing(attributes, start) + 1])
+    return json.loads(attributes[start : _closing(attributes, start) + 1])
   except json.JSONDecodeError:
     return None
 
@@ -322,15 +341,19 @@ def loop_trips(program: Program, loop: Instruction) -> Optional[int]:
   _, direction, a, b = compare
   if a[0] != "element" or b[0] != "constant":  # `limit OP counter`.
     a, b = b, a
-    direction = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE"}.get(
-        direction, direction)
+    direction = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE"}.get(direction, direction)
   if a[0] != "element" or b[0] != "constant":
     return None
   index, limit = a[1], b[1]
   root = program.instructions.get(program.roots.get(body, ""))
   start = _element(program, loop.operands[0], index)
-  if (root is None or root.opcode != "tuple" or index >= len(root.operands)
-      or start is None or start[0] != "constant"):
+  if (
+    root is None
+    or root.opcode != "tuple"
+    or index >= len(root.operands)
+    or start is None
+    or start[0] != "constant"
+  ):
     return None
   stepped = _value(program, root.operands[index])
   if stepped is None or stepped[0] not in ("add", "subtract"):
@@ -344,16 +367,14 @@ def loop_trips(program: Program, loop: Instruction) -> Optional[int]:
   distance = limit - start
   if direction in ("LE", "GE"):
     distance += 1 if step > 0 else -1
-  if direction in ("LT", "LE") and step > 0 or (
-      direction in ("GT", "GE") and step < 0):
+  if direction in ("LT", "LE") and step > 0 or (direction in ("GT", "GE") and step < 0):
     return max(0, -(-distance // step))
   if direction == "NE" and distance % step == 0 and distance // step >= 0:
     return distance // step
   return None
 
 
-def _value(program: Program, name: str, args: tuple[Any, ...] = ()
-           ) -> Optional[tuple[Any, ...]]:
+def _value(program: Program, name: str, args: tuple[Any, ...] = ()) -> Optional[tuple[Any, ...]]:
   """What `name` computes, as far as a loop's counter needs it (None beyond).
 
   `("constant", n)` for an integer scalar, `("element", k)` for element k
@@ -373,24 +394,30 @@ def _value(program: Program, name: str, args: tuple[Any, ...] = ()
     return _value(program, *args[number]) if number < len(args) else None
   if op == "constant":
     literal = ins.operand_text.strip()
-    return (("constant", int(literal)) if not dims(ins.shape) and
-            re.fullmatch(r"-?[0-9]+", literal) else None)
+    return (
+      ("constant", int(literal))
+      if not dims(ins.shape) and re.fullmatch(r"-?[0-9]+", literal)
+      else None
+    )
   if op == "get-tuple-element":
     index = re.search(r"index=([0-9]+)", ins.attributes)
-    return (("element", int(index.group(1))) if index and _value(
-        program, ins.operands[0], args) == ("parameter",) else None)
+    return (
+      ("element", int(index.group(1)))
+      if index and _value(program, ins.operands[0], args) == ("parameter",)
+      else None
+    )
   if op in ("add", "subtract") and len(ins.operands) == 2:
     x, y = (_value(program, o, args) for o in ins.operands)
     return None if x is None or y is None else (op, x, y)
   if op == "compare" and len(ins.operands) == 2:
     direction = re.search(r"direction=(\w+)", ins.attributes)
     x, y = (_value(program, o, args) for o in ins.operands)
-    return (None if direction is None or x is None or y is None
-            else ("compare", direction.group(1), x, y))
+    return (
+      None if direction is None or x is None or y is None else ("compare", direction.group(1), x, y)
+    )
   callee = runs(ins)
   if callee is not None and op in ("fusion", "call"):
-    return _value(program, program.roots.get(callee, ""),
-                  tuple((o, args) for o in ins.operands))
+    return _value(program, program.roots.get(callee, ""), tuple((o, args) for o in ins.operands))
   return None
 
 
@@ -402,8 +429,7 @@ def _source(program: Program, name: str) -> Optional[Instruction]:
   return ins
 
 
-def _element(program: Program, name: str, index: int
-             ) -> Optional[tuple[Any, ...]]:
+def _element(program: Program, name: str, index: int) -> Optional[tuple[Any, ...]]:
   """What element `index` of the tuple that `name` builds computes (`_value`)."""
   ins = _source(program, name)
   if ins is None or ins.opcode != "tuple" or index >= len(ins.operands):

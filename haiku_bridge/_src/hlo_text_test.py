@@ -11,22 +11,34 @@ from haiku_bridge._src import hlo_text
 
 
 class ArraysTest(absltest.TestCase):
-
   def test_bytes_are_xlas(self):
     # Each element type's bytes against the compiled program's own output
     # size (pred a byte, s4 and u4 half of one).
     x = jnp.ones([64])
-    for dtype in (jnp.bool_, jnp.int4, jnp.uint4, jnp.bfloat16, jnp.uint8,
-                  jnp.float8_e4m3fn, jnp.float32, jnp.complex64):
+    for dtype in (
+      jnp.bool_,
+      jnp.int4,
+      jnp.uint4,
+      jnp.bfloat16,
+      jnp.uint8,
+      jnp.float8_e4m3fn,
+      jnp.float32,
+      jnp.complex64,
+    ):
       with self.subTest(jnp.dtype(dtype).name):
-        compiled = jax.jit(lambda x, dtype=dtype: (
-            x > 0 if dtype == jnp.bool_ else x.astype(dtype))).lower(
-                x).compile()
+        compiled = (
+          jax.jit(lambda x, dtype=dtype: x > 0 if dtype == jnp.bool_ else x.astype(dtype))
+          .lower(x)
+          .compile()
+        )
         program = hlo_text.parse(compiled.as_text())
-        root = next(i for i in program.computations[program.entry]
-                    if i.name == program.roots[program.entry])
-        self.assertEqual(sum(a.bytes for a in hlo_text.arrays(root.shape)),
-                         compiled.memory_analysis().output_size_in_bytes)
+        root = next(
+          i for i in program.computations[program.entry] if i.name == program.roots[program.entry]
+        )
+        self.assertEqual(
+          sum(a.bytes for a in hlo_text.arrays(root.shape)),
+          compiled.memory_analysis().output_size_in_bytes,
+        )
 
   def test_a_tiled_layouts_bytes_are_xla_tpus(self):
     # Array types as XLA:TPU compiled them (a TPU v5e, jax 0.10.2, 2026-12-05:
@@ -34,24 +46,24 @@ class ArraysTest(absltest.TestCase):
     # 110 measured agree). The layout's first tile pads the minor dimensions
     # (in the layout's order); a tile's packing, `(2,1)`, pads nothing more.
     measured = [
-        ("pred[64]{0:T(512)(128)(4,1)}", 512),
-        ("s4[64]{0:T(1024)(128)(8,1)E(4)}", 512),
-        ("bf16[64]{0:T(256)(128)(2,1)}", 512),
-        ("f32[64]{0:T(128)}", 512),
-        ("c64[64]{0:T(128)}", 1024),
-        ("f32[130]{0:T(256)}", 1024),
-        ("s4[5,16]{1,0:T(8,128)(8,1)E(4)}", 512),
-        ("bf16[5,16]{1,0:T(8,128)(2,1)}", 2048),
-        ("f32[5,16]{1,0:T(8,128)}", 4096),
-        ("f32[3,7]{1,0:T(4,128)}", 2048),
-        ("f32[16,5]{0,1:T(8,128)}", 4096),
-        ("u8[2,3,7]{2,1,0:T(4,128)(4,1)}", 1024),
-        ("bf16[2,3,7]{2,0,1:T(2,128)(2,1)}", 1536),
-        ("f32[2,3,7]{2,0,1:T(2,128)}", 3072),
-        ("f32[256,4,8]{0,2,1:T(8,128)}", 32768),
-        ("pred[256,4,8]{0,2,1:T(8,128)(4,1)}", 8192),
-        ("f32[1,1,1,3]{3,2,1,0:T(1,128)}", 512),
-        ("c64[1,1,1,3]{3,2,1,0:T(1,128)}", 1024),
+      ("pred[64]{0:T(512)(128)(4,1)}", 512),
+      ("s4[64]{0:T(1024)(128)(8,1)E(4)}", 512),
+      ("bf16[64]{0:T(256)(128)(2,1)}", 512),
+      ("f32[64]{0:T(128)}", 512),
+      ("c64[64]{0:T(128)}", 1024),
+      ("f32[130]{0:T(256)}", 1024),
+      ("s4[5,16]{1,0:T(8,128)(8,1)E(4)}", 512),
+      ("bf16[5,16]{1,0:T(8,128)(2,1)}", 2048),
+      ("f32[5,16]{1,0:T(8,128)}", 4096),
+      ("f32[3,7]{1,0:T(4,128)}", 2048),
+      ("f32[16,5]{0,1:T(8,128)}", 4096),
+      ("u8[2,3,7]{2,1,0:T(4,128)(4,1)}", 1024),
+      ("bf16[2,3,7]{2,0,1:T(2,128)(2,1)}", 1536),
+      ("f32[2,3,7]{2,0,1:T(2,128)}", 3072),
+      ("f32[256,4,8]{0,2,1:T(8,128)}", 32768),
+      ("pred[256,4,8]{0,2,1:T(8,128)(4,1)}", 8192),
+      ("f32[1,1,1,3]{3,2,1,0:T(1,128)}", 512),
+      ("c64[1,1,1,3]{3,2,1,0:T(1,128)}", 1024),
     ]
     for shape, held in measured:
       with self.subTest(shape):
@@ -59,8 +71,10 @@ class ArraysTest(absltest.TestCase):
         self.assertEqual(array.bytes, held)
         self.assertEqual(array.dims, hlo_text.dims(shape))
     # A scalar's tile holds it; a tuple's arrays each as their layouts say.
-    self.assertEqual([a.bytes for a in hlo_text.arrays(
-        "(s32[]{:T(128)}, f32[4,16]{1,0}, bf16[8]{0})")], [512, 256, 16])
+    self.assertEqual(
+      [a.bytes for a in hlo_text.arrays("(s32[]{:T(128)}, f32[4,16]{1,0}, bf16[8]{0})")],
+      [512, 256, 16],
+    )
 
   def test_a_tuple_has_no_elements(self):
     self.assertEqual(hlo_text.elements("(f32[2,3]{1,0}, s32[2]{0})"), 0)
@@ -68,7 +82,6 @@ class ArraysTest(absltest.TestCase):
 
 
 class WalkTest(absltest.TestCase):
-
   def test_where_each_instruction_runs(self):
     # A loop without a known trip count (counted once), its condition and
     # body inside it, an async start's computation and a conditional's
@@ -108,15 +121,30 @@ ENTRY %main (p: f32[4], q: pred[]) -> f32[4] {
   ROOT %r = f32[4]{0} conditional(%q, %d, %d), true_computation=%yes, false_computation=%no
 }
 """
-    sites = {s.instruction.name: (s.loops, s.in_branch)
-             for s in hlo_text.walk(hlo_text.parse(text))}
-    self.assertEqual(sites, {
-        "p": ((), False), "q": ((), False), "i": ((), False),
-        "t": ((), False), "w": ((), False), "u": ((1,), False),
-        "c": ((1,), False), "v": ((1,), False),
-        "b": ((1,), False), "s": ((), False), "a": ((), False),
-        "n": ((), False), "d": ((), False), "r": ((), False),
-        "z": ((), True), "y": ((), True)})
+    sites = {
+      s.instruction.name: (s.loops, s.in_branch) for s in hlo_text.walk(hlo_text.parse(text))
+    }
+    self.assertEqual(
+      sites,
+      {
+        "p": ((), False),
+        "q": ((), False),
+        "i": ((), False),
+        "t": ((), False),
+        "w": ((), False),
+        "u": ((1,), False),
+        "c": ((1,), False),
+        "v": ((1,), False),
+        "b": ((1,), False),
+        "s": ((), False),
+        "a": ((), False),
+        "n": ((), False),
+        "d": ((), False),
+        "r": ((), False),
+        "z": ((), True),
+        "y": ((), True),
+      },
+    )
 
 
 def _loops() -> dict[str, tuple[Callable[..., Any], tuple[jax.Array, ...]]]:
@@ -139,20 +167,22 @@ def _loops() -> dict[str, tuple[Callable[..., Any], tuple[jax.Array, ...]]]:
 
   h = jnp.zeros([2, 8])
   return {
-      "scan": (lambda h, xs: jax.lax.scan(step, h, xs), (h, xs)),
-      "reversed scan": (lambda h, xs: jax.lax.scan(step, h, xs, reverse=True),
-                        (h, xs)),
-      "gradient": (jax.grad(loss, argnums=(0, 1)), (h, xs)),
-      "nested gradient": (jax.grad(nested, argnums=(0, 1)), (h, xs)),
-      "fori_loop from 3 to 11": (lambda h: jax.lax.fori_loop(
-          3, 11, lambda i, h: jnp.tanh(h @ w + i), h), (h,)),
-      "fori_loop of 2 scans": (lambda h, xs: jax.lax.fori_loop(
-          0, 2, lambda i, h: jax.lax.scan(step, h, xs)[0], h), (h, xs)),
+    "scan": (lambda h, xs: jax.lax.scan(step, h, xs), (h, xs)),
+    "reversed scan": (lambda h, xs: jax.lax.scan(step, h, xs, reverse=True), (h, xs)),
+    "gradient": (jax.grad(loss, argnums=(0, 1)), (h, xs)),
+    "nested gradient": (jax.grad(nested, argnums=(0, 1)), (h, xs)),
+    "fori_loop from 3 to 11": (
+      lambda h: jax.lax.fori_loop(3, 11, lambda i, h: jnp.tanh(h @ w + i), h),
+      (h,),
+    ),
+    "fori_loop of 2 scans": (
+      lambda h, xs: jax.lax.fori_loop(0, 2, lambda i, h: jax.lax.scan(step, h, xs)[0], h),
+      (h, xs),
+    ),
   }
 
 
 class LoopTripsTest(absltest.TestCase):
-
   def test_the_counter_gives_xlas_known_trip_count(self):
     # XLA:CPU writes each while's trip count on it; with every backend
     # config removed (as XLA:TPU's compiled HLO has none), the count read off
@@ -161,60 +191,70 @@ class LoopTripsTest(absltest.TestCase):
       with self.subTest(name):
         text = jax.jit(f).lower(*args).compile().as_text()
         program = hlo_text.parse(text)
-        loops = [i for i in program.instructions.values()
-                 if i.opcode == "while"]
+        loops = [i for i in program.instructions.values() if i.opcode == "while"]
         self.assertNotEmpty(loops)
         known = {i.name: hlo_text.trip_count(i.attributes) for i in loops}
         self.assertNotIn(None, known.values())
         bare = hlo_text.parse(_WITHOUT_CONFIG.sub("", text))
         self.assertEqual(
-            {i.name: hlo_text.trip_count(i.attributes) for i in bare
-             .instructions.values() if i.opcode == "while"},
-            dict.fromkeys(known))
-        self.assertEqual({n: hlo_text.loop_trips(bare, bare.instructions[n])
-                          for n in known}, known)
+          {
+            i.name: hlo_text.trip_count(i.attributes)
+            for i in bare.instructions.values()
+            if i.opcode == "while"
+          },
+          dict.fromkeys(known),
+        )
+        self.assertEqual({n: hlo_text.loop_trips(bare, bare.instructions[n]) for n in known}, known)
 
   def test_each_comparison_and_step(self):
     # A counter from `start`, stepped by `step`, compared with `limit` by
     # `direction` (the counter first, or the limit first).
     for start, step, direction, limit, counter_first, trips in (
-        (0, 1, "LT", 8, True, 8), (0, 3, "LT", 8, True, 3),
-        (0, 3, "LE", 9, True, 4), (2, 1, "LT", 2, True, 0),
-        (10, -1, "GT", 0, True, 10), (10, -3, "GE", 1, True, 4),
-        (0, 2, "NE", 8, True, 4), (0, 3, "NE", 8, True, None),
-        (0, 1, "GT", 8, False, 8), (5, -1, "LT", 0, False, 5),
-        (0, -1, "LT", 8, True, None), (0, 0, "LT", 8, True, None)):
-      with self.subTest(start=start, step=step, direction=direction,
-                        limit=limit, counter_first=counter_first):
+      (0, 1, "LT", 8, True, 8),
+      (0, 3, "LT", 8, True, 3),
+      (0, 3, "LE", 9, True, 4),
+      (2, 1, "LT", 2, True, 0),
+      (10, -1, "GT", 0, True, 10),
+      (10, -3, "GE", 1, True, 4),
+      (0, 2, "NE", 8, True, 4),
+      (0, 3, "NE", 8, True, None),
+      (0, 1, "GT", 8, False, 8),
+      (5, -1, "LT", 0, False, 5),
+      (0, -1, "LT", 8, True, None),
+      (0, 0, "LT", 8, True, None),
+    ):
+      with self.subTest(
+        start=start, step=step, direction=direction, limit=limit, counter_first=counter_first
+      ):
         operands = "%i, %n" if counter_first else "%n, %i"
-        program = hlo_text.parse(_COUNTED.format(
-            start=start, step=step, direction=direction, limit=limit,
-            operands=operands))
-        self.assertEqual(
-            hlo_text.loop_trips(program, program.instructions["w"]), trips)
+        program = hlo_text.parse(
+          _COUNTED.format(
+            start=start, step=step, direction=direction, limit=limit, operands=operands
+          )
+        )
+        self.assertEqual(hlo_text.loop_trips(program, program.instructions["w"]), trips)
 
   def test_a_counter_stepped_and_compared_inside_fusions(self):
     # As jaxlib 0.11's XLA:CPU wraps them (without its known_trip_count):
     # the add in a fusion of its own, the compare in the condition's.
     program = hlo_text.parse(_FUSED_COUNTER)
-    self.assertEqual(hlo_text.loop_trips(program, program.instructions["w"]),
-                     6)
+    self.assertEqual(hlo_text.loop_trips(program, program.instructions["w"]), 6)
 
   def test_a_counter_that_starts_at_a_parameter_is_unknown(self):
-    self.assertIsNone(_trips_of_counted(
-        "%zero = s32[] constant(0)", "%zero = s32[] parameter(1)"))
+    self.assertIsNone(_trips_of_counted("%zero = s32[] constant(0)", "%zero = s32[] parameter(1)"))
 
   def test_xlas_known_trip_count_comes_first(self):
-    self.assertEqual(_trips_of_counted(
-        "body=%body",
-        'body=%body, backend_config={"known_trip_count":{"n":"5"}}'), 5)
+    self.assertEqual(
+      _trips_of_counted("body=%body", 'body=%body, backend_config={"known_trip_count":{"n":"5"}}'),
+      5,
+    )
 
 
 def _trips_of_counted(old: str, new: str) -> Optional[int]:
   """`loop_trips` of `_COUNTED`'s loop of 8 steps, with `old` replaced by `new`."""
-  program = hlo_text.parse(_COUNTED.format(
-      start=0, step=1, direction="LT", limit=8,
-      operands="%i, %n").replace(old, new))
+  program = hlo_text.parse(
+    _COUNTED.format(start=0, step=1, direction="LT", limit=8, operands="%i, %n").replace(old, new)
+  )
   return hlo_text.loop_trips(program, program.instructions["w"])
 
 

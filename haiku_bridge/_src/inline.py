@@ -68,6 +68,7 @@ def _probing() -> Any:
 
 class BoundLeaf(NamedTuple):
   """One param or state leaf of `f`: its bundle inside `f` and here."""
+
   inner: str  # Its bundle in `hk.transform(f)`.
   outer: str  # Its bundle in the caller, as inline code names it.
   name: str
@@ -86,21 +87,22 @@ class Bindings(NamedTuple):
   `f`'s own name and the caller's (`BoundLeaf`), and the module names it
   takes in the caller's scope.
   """
+
   params: tuple[BoundLeaf, ...]
   state: tuple[BoundLeaf, ...]
   naming: haiku_internals.NamingEffect
 
   def stored_params(self) -> list[Any]:
     """At apply: the caller's stored params (the probe found them there)."""
-    return [haiku_internals.stored_param(leaf.outer, leaf.name)
-            for leaf in self.params]
+    return [haiku_internals.stored_param(leaf.outer, leaf.name) for leaf in self.params]
 
   def read_params(self) -> list[Any]:
     """The caller's params, read through any custom getter."""
     # A bound param always has its spec; only state may lack one.
     return storage.PARAMS.read(
-        [leaf.leaf for leaf in self.params],
-        [leaf.spec.shape for leaf in self.params])  # type: ignore[union-attr]
+      [leaf.leaf for leaf in self.params],
+      [leaf.spec.shape for leaf in self.params],  # type: ignore[union-attr]
+    )
 
   def stored_state(self) -> Nested:
     """At apply: the caller's current state values, by outer bundle.
@@ -128,10 +130,13 @@ class Bindings(NamedTuple):
       try:
         value = inner[leaf.inner][leaf.name]
       except (KeyError, TypeError):
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"the params given to the bridged function lack "
             f"'{leaf.inner}/{leaf.name}'. Pass them with the structure of the "
-            "params the block hands you (the function's own names).")) from None
+            "params the block hands you (the function's own names)."
+          )
+        ) from None
       out.setdefault(leaf.outer, {})[leaf.name] = value
     return out
 
@@ -146,6 +151,7 @@ class Call:
       getters run inside `f`, where it reads them, as inline).
     state: `{outer bundle: {name: current value}}`.
   """
+
   f: Callable[..., Any]
   bindings: Bindings
   params: Nested
@@ -153,8 +159,9 @@ class Call:
   point: haiku_internals.Frame
   interceptors: haiku_internals.Interceptors
 
-  def run(self, params: Nested, state: Nested, rng_state: Any,
-          args: Sequence[Any], kwargs: dict[str, Any]):
+  def run(
+    self, params: Nested, state: Nested, rng_state: Any, args: Sequence[Any], kwargs: dict[str, Any]
+  ):
     """`(out, new_state, final_rng_state)` of `f(*args, **kwargs)`.
 
     Runs in a frame evolved from the caller's as it was at the call, so the
@@ -162,17 +169,18 @@ class Call:
     reads and intercepts as inline code did there.
     """
     rng = None if rng_state is None else hk.PRNGSequence(rng_state)
-    with haiku_internals.interceptors_as(self.interceptors), \
-         haiku_internals.frame_from(
-             self.point, params=self.bindings.outer_params(params), state=state,
-             rng=rng, init=False) as frame:
+    with (
+      haiku_internals.interceptors_as(self.interceptors),
+      haiku_internals.frame_from(
+        self.point, params=self.bindings.outer_params(params), state=state, rng=rng, init=False
+      ) as frame,
+    ):
       out = self.f(*args, **kwargs)
       final_rng = hk.maybe_get_rng_sequence_state()
     new_state: Nested = {}
     for bundle, entries in haiku_internals.frame_state(frame).items():
       before = state.get(bundle, {})
-      changed = {name: value for name, value in entries.items()
-                 if value is not before.get(name)}
+      changed = {name: value for name, value in entries.items() if value is not before.get(name)}
       if changed:
         new_state[bundle] = changed
     return out, new_state, final_rng
@@ -198,12 +206,16 @@ class HaikuFunction:
     point = haiku_internals.call_point()
     bindings = self.bindings(point, args, kwargs)
     haiku_internals.take_names(bindings.naming)
-    return Call(self.f, bindings,
-                bindings.inner_params(bindings.stored_params()),
-                bindings.stored_state(), point, haiku_internals.interceptors())
+    return Call(
+      self.f,
+      bindings,
+      bindings.inner_params(bindings.stored_params()),
+      bindings.stored_state(),
+      point,
+      haiku_internals.interceptors(),
+    )
 
-  def explicit_params(self, args: Sequence[Any],
-                      kwargs: dict[str, Any]) -> Nested:
+  def explicit_params(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Nested:
     """`f`'s params under its own names, read through any custom getter.
 
     For `init=hk.transform(f)` and `get_relevant_parameters`: at init `f`
@@ -217,18 +229,22 @@ class HaikuFunction:
         self.f(*args, **kwargs)
     bindings = self.bindings(point, args, kwargs)
     if bindings.state:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           "`init` is a Haiku function with state "
           f"({sorted({leaf.inner for leaf in bindings.state})}); a pure "
           "function cannot update it. Pass the hk.TransformedWithState as "
           "`fn` itself (or use hkb.custom_vjp), where its state is read and "
-          "written as inline."))
+          "written as inline."
+        )
+      )
     if not hk.running_init():
       haiku_internals.take_names(bindings.naming)
     return bindings.inner_params(bindings.read_params())
 
-  def bindings(self, point: haiku_internals.Frame, args: Sequence[Any],
-               kwargs: dict[str, Any]) -> Bindings:
+  def bindings(
+    self, point: haiku_internals.Frame, args: Sequence[Any], kwargs: dict[str, Any]
+  ) -> Bindings:
     """What `f` reads and writes at apply when called at `point`.
 
     `f` runs abstractly (`jax.eval_shape`) as inline apply code at `point`:
@@ -243,16 +259,24 @@ class HaikuFunction:
     key_spec = pytree.key_spec(rng_state)
 
     def probe(arrays, rebuild, key=None):
-      recorder = _Recorder(haiku_internals.frame_params(caller),
-                           haiku_internals.frame_state(caller), point)
+      recorder = _Recorder(
+        haiku_internals.frame_params(caller), haiku_internals.frame_state(caller), point
+      )
 
       def run_as_inline(key, arrays):
         args, kwargs = rebuild(arrays)
-        with _probing(), haiku_internals.interceptors_suspended(), \
-             haiku_internals.frame_from(
-                 point, params=recorder.params, state=recorder.state,
-                 rng=hk.PRNGSequence(key), init=False) as here, \
-             recorder.recording(here):
+        with (
+          _probing(),
+          haiku_internals.interceptors_suspended(),
+          haiku_internals.frame_from(
+            point,
+            params=recorder.params,
+            state=recorder.state,
+            rng=hk.PRNGSequence(key),
+            init=False,
+          ) as here,
+          recorder.recording(here),
+        ):
           self.f(*args, **kwargs)
         recorder.finish(here)
 
@@ -269,10 +293,10 @@ class HaikuFunction:
     except pytree.CONCRETIZATION_ERRORS:
       pass
     try:
-      return probe((), lambda _: (tuple(args), kwargs),
-                   key=pytree.concrete_key(key_spec))
+      return probe((), lambda _: (tuple(args), kwargs), key=pytree.concrete_key(key_spec))
     except pytree.CONCRETIZATION_ERRORS as error:
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           f"{_describe(self.f)} needs concrete values where the bridge runs "
           "it abstractly (under jax.eval_shape) to find the parameters it "
           f"reads: {type(error).__name__}: {str(error).splitlines()[0]} "
@@ -280,7 +304,8 @@ class HaikuFunction:
           "of its array arguments and from Python values: pass a Python "
           "value that decides it (a flag, a size) as a Python value (in "
           "nondiff_argnums for a custom derivative), not as an array."
-      )) from error
+        )
+      ) from error
 
 
 def of(fn: Callable[..., Any] | Transformed) -> HaikuFunction:
@@ -291,21 +316,29 @@ def of(fn: Callable[..., Any] | Transformed) -> HaikuFunction:
 def haiku_function(fn: Any) -> Callable[..., Any]:
   """The Haiku function behind `fn` (itself, if it is not transformed)."""
   if isinstance(fn, (hk.MultiTransformed, hk.MultiTransformedWithState)):
-    raise TypeError(errors.message(
+    raise TypeError(
+      errors.message(
         "got an hk.multi_transform result, which holds several functions. "
         "Bridge one of them: pass hk.transform(that_function) (or the plain "
-        "Haiku function)."))
+        "Haiku function)."
+      )
+    )
   if haiku_internals.is_transformed(fn):
     original = haiku_internals.original_fn(fn)
     if original is None:
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           f"cannot find the Haiku function behind {fn!r}; pass the result "
-          "of hk.transform / hk.transform_with_state."))
+          "of hk.transform / hk.transform_with_state."
+        )
+      )
     return original
   if not callable(fn):
-    raise TypeError(errors.message(
-        f"expected a Haiku function or its hk.transform; got "
-        f"{errors.describe(fn)} ({fn!r:.60})."))
+    raise TypeError(
+      errors.message(
+        f"expected a Haiku function or its hk.transform; got {errors.describe(fn)} ({fn!r:.60})."
+      )
+    )
   return fn
 
 
@@ -319,8 +352,7 @@ class _Recorder:
   lift), or (state) if it writes them.
   """
 
-  def __init__(self, params: Nested, state: Nested,
-               point: haiku_internals.Frame):
+  def __init__(self, params: Nested, state: Nested, point: haiku_internals.Frame):
     self.params, self.state = params, state
     self._point = point
     self._here = None
@@ -334,10 +366,12 @@ class _Recorder:
   def recording(self, here):
     self._here = here
     self._scope = hk.experimental.current_name()
-    with hk.custom_getter(self._param_getter), \
-         hk.custom_getter(self._state_getter, params=False, state=True), \
-         hk.custom_creator(self._creator), \
-         hk.intercept_methods(self._method):
+    with (
+      hk.custom_getter(self._param_getter),
+      hk.custom_getter(self._state_getter, params=False, state=True),
+      hk.custom_creator(self._creator),
+      hk.intercept_methods(self._method),
+    ):
       yield
 
   def finish(self, here) -> None:
@@ -356,16 +390,21 @@ class _Recorder:
 
   def _refuse_outer_module(self, context) -> None:
     module = context.module
-    if module is not None and (haiku_internals.creation_frame_id(module)
-                               or 0) < haiku_internals.frame_id(self._here) \
-        and not haiku_internals.in_module_stack(self._point, module):
-      raise ValueError(errors.message(
+    if (
+      module is not None
+      and (haiku_internals.creation_frame_id(module) or 0) < haiku_internals.frame_id(self._here)
+      and not haiku_internals.in_module_stack(self._point, module)
+    ):
+      raise ValueError(
+        errors.message(
           f"the bridged Haiku function uses module {module.module_name!r}, "
           "which was created outside it, in the caller's transform. Its "
           "parameters cannot be made explicit under the inner function's "
           "names. Create the module inside the function, or call it outside "
           "and pass its output in. (hk.layer_stack and hk.transparent_lift "
-          "refuse this too.)"))
+          "refuse this too.)"
+        )
+      )
 
   def _param_getter(self, next_getter, value, context):
     self._refuse_outer_module(context)
@@ -373,11 +412,14 @@ class _Recorder:
       bundle, _, name = context.full_name.rpartition("/")
       want = context.original_shape
       if want is not None and tuple(value.shape) != tuple(want):
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"parameter '{context.full_name}' (inner path "
             f"{self._inner_path(bundle, name)}) has shape "
             f"{list(value.shape)} in what apply was given, but the inner "
-            f"function asks for {list(want)} here."))
+            f"function asks for {list(want)} here."
+          )
+        )
       self._params_read[(bundle, name)] = None
     return next_getter(value)
 
@@ -394,17 +436,19 @@ class _Recorder:
     if not self._ours():
       return next_creator(shape, dtype, init)
     bundle, _, name = context.full_name.rpartition("/")
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"parameter '{context.full_name}' (inner path "
         f"{self._inner_path(bundle, name)}) is missing at apply. It is "
         "created by init: pass apply the parameters that init returned for "
         "the same code path (a model saved before this call was added needs "
-        "re-initialising or converting)."))
+        "re-initialising or converting)."
+      )
+    )
 
   def _method(self, next_fun, args, kwargs, context):
     lifting = haiku_internals.lifting(context.module)
-    if lifting is not None and context.method_name == "__call__" and \
-        self._ours():
+    if lifting is not None and context.method_name == "__call__" and self._ours():
       for bundle in self._lifted_bundles(lifting, args, kwargs):
         for name in self.params.get(bundle, {}):
           self._params_read[(bundle, name)] = None
@@ -415,8 +459,7 @@ class _Recorder:
   def _lifted_bundles(self, lifting, args, kwargs) -> list[str]:
     """The caller's bundles an `hk.lift*` registers here."""
     prefix = f"{lifting.prefix}/" if lifting.prefix else ""
-    under = [b for b in list(self.params) + list(self.state)
-             if b.startswith(prefix)]
+    under = [b for b in list(self.params) + list(self.state) if b.startswith(prefix)]
     if not lifting.transparent:
       return under  # Its own module's name: all under it is its.
     # Its scope is the caller's: only what its init function makes.
@@ -431,8 +474,7 @@ class _Recorder:
 
   def _inner_bundle(self, bundle: str) -> str:
     """`bundle` as `f` names it in a transform of its own."""
-    return naming.own_bundle(bundle, self._scope,
-                             haiku_internals.module_counters(self._point))
+    return naming.own_bundle(bundle, self._scope, haiku_internals.module_counters(self._point))
 
   def _inner_path(self, bundle: str, name: str) -> str:
     return f"{self._inner_bundle(bundle)}/{name}"
@@ -444,25 +486,27 @@ class _Recorder:
     for bundle, name in self._params_read:
       inner = self._inner_bundle(bundle)
       if owner.setdefault(inner, bundle) != bundle:
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"parameters {owner[inner]!r} and {bundle!r} both map to "
             f"{inner!r} under the bridged function's own names. Give its "
             "modules names of their own (a module named explicitly with a "
             "number, `name=\"linear_3\"`, cannot be told from Haiku's "
-            "numbering)."))
+            "numbering)."
+          )
+        )
       value = self.params[bundle][name]
-      params.append(BoundLeaf(inner, bundle, name,
-                                jax.ShapeDtypeStruct(value.shape, value.dtype)))
+      params.append(BoundLeaf(inner, bundle, name, jax.ShapeDtypeStruct(value.shape, value.dtype)))
     state = []
     for bundle, name in {**self._state_read, **self._state_written}:
       value = self.state.get(bundle, {}).get(name)
-      spec = None if value is None else jax.ShapeDtypeStruct(
-          value.shape, value.dtype)
+      spec = None if value is None else jax.ShapeDtypeStruct(value.shape, value.dtype)
       state.append(BoundLeaf(bundle, bundle, name, spec))
     return Bindings(tuple(params), tuple(state), self._naming)
 
 
 def _describe(f: Any) -> str:
   name = getattr(f, "__qualname__", None) or getattr(f, "__name__", None)
-  return f"the bridged Haiku function {name!r}" if name else (
-      f"the bridged Haiku function {f!r:.60}")
+  return (
+    f"the bridged Haiku function {name!r}" if name else (f"the bridged Haiku function {f!r:.60}")
+  )

@@ -42,6 +42,7 @@ def widen_or_not(x):
 def twice(block):
   def f(x):
     return block(block(x))  # Widths 16, then 8: only the first has `proj`.
+
   return f
 
 
@@ -51,9 +52,8 @@ def batch_norm(x, is_training):
 
 def run_both(test, bridged, inline_fn, *args, getter, cold, state=False):
   """Init and apply of both at `args`; asserts equal params, outputs, state."""
-  wrap = lambda f: (lambda *a: _with_getter(f, getter, *a))
-  ours, theirs = (hk.transform_with_state(wrap(bridged)),
-                  hk.transform_with_state(wrap(inline_fn)))
+  wrap = lambda f: lambda *a: _with_getter(f, getter, *a)
+  ours, theirs = (hk.transform_with_state(wrap(bridged)), hk.transform_with_state(wrap(inline_fn)))
   params, st = theirs.init(KEY, *args)
   if cold:
     hkb.clear_caches()
@@ -62,8 +62,7 @@ def run_both(test, bridged, inline_fn, *args, getter, cold, state=False):
   if cold:
     hkb.clear_caches()
   out = ours.apply(params, st, KEY, *args)
-  chex.assert_trees_all_close(out, theirs.apply(params, st, KEY, *args),
-                              rtol=1e-6, atol=1e-6)
+  chex.assert_trees_all_close(out, theirs.apply(params, st, KEY, *args), rtol=1e-6, atol=1e-6)
   del state
   return ours, theirs, params, st
 
@@ -75,43 +74,51 @@ def _with_getter(f, getter, *args):
   return f(*args)
 
 
-CASES = [dict(testcase_name=f"{'cold' if cold else 'warm'}"
-              f"{'_getter' if getter else ''}", cold=cold, getter=getter)
-         for cold in (True, False) for getter in (False, True)]
+CASES = [
+  dict(
+    testcase_name=f"{'cold' if cold else 'warm'}{'_getter' if getter else ''}",
+    cold=cold,
+    getter=getter,
+  )
+  for cold in (True, False)
+  for getter in (False, True)
+]
 
 
 class ApplyReadsWhatApplyRunsTest(parameterized.TestCase):
-
   @parameterized.named_parameters(*CASES)
   def test_eval_mode_after_training(self, cold, getter):
     block = true_vjp(batch_norm, nondiff_argnums=(1,))
     x = jnp.abs(X) + 1
     ours, theirs, params, state = run_both(
-        self, lambda x, t: block(x, t), batch_norm, x, True, getter=getter,
-        cold=cold)
+      self, lambda x, t: block(x, t), batch_norm, x, True, getter=getter, cold=cold
+    )
     # Eval mode reads only the moving averages, which init's trace never
     # read: apply must run as inline code runs.
     if cold:
       hkb.clear_caches()
-    chex.assert_trees_all_close(ours.apply(params, state, None, x, False),
-                                theirs.apply(params, state, None, x, False),
-                                rtol=1e-6)
-    grad = lambda t: jax.grad(
-        lambda p: jnp.sum(t.apply(p, state, None, x, False)[0]))(params)
+    chex.assert_trees_all_close(
+      ours.apply(params, state, None, x, False),
+      theirs.apply(params, state, None, x, False),
+      rtol=1e-6,
+    )
+    grad = lambda t: jax.grad(lambda p: jnp.sum(t.apply(p, state, None, x, False)[0]))(params)
     chex.assert_trees_all_close(grad(ours), grad(theirs), rtol=1e-5)
 
   @parameterized.named_parameters(*CASES)
   def test_shape_dependent_structure_at_a_new_batch_size(self, cold, getter):
     block = true_vjp(widen_or_not)
     ours, theirs, params, state = run_both(
-        self, twice(block), twice(widen_or_not), X, getter=getter, cold=cold)
+      self, twice(block), twice(widen_or_not), X, getter=getter, cold=cold
+    )
     self.assertIn("proj", params)
     self.assertNotIn("proj_1", params)
     x = jnp.ones([5, 16])
     if cold:
       hkb.clear_caches()
-    chex.assert_trees_all_close(ours.apply(params, state, None, x),
-                                theirs.apply(params, state, None, x))
+    chex.assert_trees_all_close(
+      ours.apply(params, state, None, x), theirs.apply(params, state, None, x)
+    )
 
   @parameterized.named_parameters(*CASES)
   def test_get_relevant_parameters_of_transformed(self, cold, getter):
@@ -122,13 +129,11 @@ class ApplyReadsWhatApplyRunsTest(parameterized.TestCase):
       return transformed.apply(params, None, x)
 
     run_both(self, bridged, widen_or_not, X, getter=getter, cold=cold)
-    run_both(self, bridged, widen_or_not, jnp.ones([2, 8]), getter=getter,
-             cold=cold)
+    run_both(self, bridged, widen_or_not, jnp.ones([2, 8]), getter=getter, cold=cold)
 
   def test_bf16_inputs_with_f32_params(self):
     mlp = lambda x: hk.nets.MLP([8, 4])(x)
-    ours, theirs, params, state = run_both(self, true_vjp(mlp), mlp, X,
-                                           getter=False, cold=True)
+    ours, theirs, params, state = run_both(self, true_vjp(mlp), mlp, X, getter=False, cold=True)
     x = X.astype(jnp.bfloat16)
     hkb.clear_caches()
     out, _ = ours.apply(params, state, None, x)
@@ -182,7 +187,6 @@ def init_outputs(f, *args):
 
 
 class InitRunsAsInlineTest(parameterized.TestCase):
-
   @parameterized.parameters("twice", "hk_scan")
   def test_module_called_again_draws_no_keys(self, how):
     def net(block):
@@ -193,6 +197,7 @@ class InitRunsAsInlineTest(parameterized.TestCase):
         else:
           y = hk.scan(lambda c, _: (m(c), None), x, None, length=2)[0]
         return hk.Linear(3)(y)  # Its init key follows the block's draws.
+
       return f
 
     mlp = lambda x: hk.nets.MLP([16, 16])(x)
@@ -215,19 +220,18 @@ class InitRunsAsInlineTest(parameterized.TestCase):
       def with_getter(x):
         with hk.custom_getter(state_getter, params=False, state=True):
           return f(x)
+
       return with_getter
 
     bridged, inline_fn = net(true_vjp(counting_mlp)), net(counting_mlp)
-    chex.assert_trees_all_close(init_outputs(bridged, X),
-                                init_outputs(inline_fn, X), rtol=1e-6)
+    chex.assert_trees_all_close(init_outputs(bridged, X), init_outputs(inline_fn, X), rtol=1e-6)
     run_both(self, bridged, inline_fn, X, getter=False, cold=True)
 
 
 def stack_with_batch_norm(x, is_training):
   """hk.lift inside (through the layer scan): params found by prefix."""
   x = hk.Linear(16)(x)
-  return hkb.repeat_layer(
-      lambda h: h + batch_norm(hk.Linear(16)(h), is_training), x, 3)
+  return hkb.repeat_layer(lambda h: h + batch_norm(hk.Linear(16)(h), is_training), x, 3)
 
 
 class LiftedInsideTest(parameterized.TestCase):
@@ -241,26 +245,28 @@ class LiftedInsideTest(parameterized.TestCase):
       def f(x, is_training):
         h = hk.Linear(16)(x)
         return block(h, is_training) + hk.Linear(16)(h)  # Named after it.
+
       return f
 
     ours, theirs, params, state = run_both(
-        self, net(block), net(stack_with_batch_norm), X, True, getter=getter,
-        cold=cold)
+      self, net(block), net(stack_with_batch_norm), X, True, getter=getter, cold=cold
+    )
     self.assertIn("linear_2", params)
     for is_training in (True, False):
       if cold:
         hkb.clear_caches()
       chex.assert_trees_all_close(
-          ours.apply(params, state, KEY, X, is_training),
-          theirs.apply(params, state, KEY, X, is_training), rtol=1e-6)
+        ours.apply(params, state, KEY, X, is_training),
+        theirs.apply(params, state, KEY, X, is_training),
+        rtol=1e-6,
+      )
       grad = lambda t, flag=is_training: jax.grad(
-          lambda p: jnp.sum(t.apply(p, state, KEY, X, flag)[0]))(params)
-      chex.assert_trees_all_close(grad(ours), grad(theirs), rtol=1e-5,
-                                  atol=1e-6)
+        lambda p: jnp.sum(t.apply(p, state, KEY, X, flag)[0])
+      )(params)
+      chex.assert_trees_all_close(grad(ours), grad(theirs), rtol=1e-5, atol=1e-6)
 
 
 class NamesTest(absltest.TestCase):
-
   def test_inner_names_after_outer_modules(self):
     seen = []
 
@@ -291,8 +297,10 @@ class NamesTest(absltest.TestCase):
       return block(x)
 
     with self.assertRaisesRegex(
-        ValueError, r"hkb.custom_vjp: .*module 'inner', which was created "
-        "outside it"):
+      ValueError,
+      r"hkb.custom_vjp: .*module 'inner', which was created "
+      "outside it",
+    ):
       hk.transform(net).init(KEY, X)
 
   def test_missing_param_names_both_paths(self):
@@ -301,8 +309,10 @@ class NamesTest(absltest.TestCase):
     params = f.init(KEY, X)
     del params["outer/proj"]
     with self.assertRaisesRegex(
-        ValueError, r"hkb.custom_vjp: parameter 'outer/proj/w' \(inner path "
-        r"proj/w\) is missing at apply"):
+      ValueError,
+      r"hkb.custom_vjp: parameter 'outer/proj/w' \(inner path "
+      r"proj/w\) is missing at apply",
+    ):
       f.apply(params, None, X)
 
   def test_wrong_shape_names_both_paths(self):
@@ -311,8 +321,10 @@ class NamesTest(absltest.TestCase):
     params = f.init(KEY, X)
     params["outer/linear"]["w"] = jnp.zeros([8, 9])
     with self.assertRaisesRegex(
-        ValueError, r"hkb.custom_vjp: parameter 'outer/linear/w' \(inner "
-        r"path linear/w\) has shape \[8, 9\] .* asks for \[8, 8\]"):
+      ValueError,
+      r"hkb.custom_vjp: parameter 'outer/linear/w' \(inner "
+      r"path linear/w\) has shape \[8, 9\] .* asks for \[8, 8\]",
+    ):
       f.apply(params, None, X)
 
 
@@ -328,12 +340,10 @@ def noisy(x):
 
 
 class ArgumentsAndKeysTest(parameterized.TestCase):
-
   @parameterized.parameters(True, False, np.bool_(True), np.bool_(False))
   def test_numpy_flag_in_nondiff_argnums(self, flag):
     block = true_vjp(branchy, nondiff_argnums=(1,))
-    run_both(self, lambda x: block(x, flag), lambda x: branchy(x, flag), X,
-             getter=False, cold=True)
+    run_both(self, lambda x: block(x, flag), lambda x: branchy(x, flag), X, getter=False, cold=True)
 
   def test_a_block_needing_array_values_names_itself(self):
     def needs_values(x):
@@ -343,12 +353,14 @@ class ArgumentsAndKeysTest(parameterized.TestCase):
     f = hk.transform(lambda x: block(x))
     params = hk.transform(needs_values).init(KEY, X)
     # Eagerly, with concrete arguments, it runs as inline.
-    chex.assert_trees_all_close(f.apply(params, None, X),
-                                hk.transform(needs_values).apply(
-                                    params, None, X))
+    chex.assert_trees_all_close(
+      f.apply(params, None, X), hk.transform(needs_values).apply(params, None, X)
+    )
     with self.assertRaisesRegex(
-        TypeError, r"hkb.custom_vjp: the bridged Haiku function "
-        r"'.*needs_values' needs concrete values"):
+      TypeError,
+      r"hkb.custom_vjp: the bridged Haiku function "
+      r"'.*needs_values' needs concrete values",
+    ):
       jax.jit(f.apply)(params, None, X)
 
   def _check_keys(self, key):
@@ -356,12 +368,13 @@ class ArgumentsAndKeysTest(parameterized.TestCase):
     theirs = hk.transform(noisy)
     params = theirs.init(key, X)
     grad = lambda t: jax.grad(lambda p: jnp.sum(t.apply(p, key, X)))(params)
-    for bridge in (true_vjp, lambda f: hkb.custom_jvp(
-        f, lambda f_pure, p, t: jax.jvp(f_pure, p, t))):
+    for bridge in (
+      true_vjp,
+      lambda f: hkb.custom_jvp(f, lambda f_pure, p, t: jax.jvp(f_pure, p, t)),
+    ):
       ours = hk.transform(lambda x, b=bridge: b(noisy)(x))
       chex.assert_trees_all_equal(ours.init(key, X), params)
-      chex.assert_trees_all_close(ours.apply(params, key, X),
-                                  theirs.apply(params, key, X))
+      chex.assert_trees_all_close(ours.apply(params, key, X), theirs.apply(params, key, X))
       chex.assert_trees_all_close(grad(ours), grad(theirs), rtol=1e-5)
 
   @parameterized.parameters("rbg", "unsafe_rbg", "threefry2x32")
@@ -374,8 +387,8 @@ class ArgumentsAndKeysTest(parameterized.TestCase):
       ours = hk.transform(lambda x: true_vjp(widen_or_not)(x))
       params = ours.init(jax.random.PRNGKey(0), X)
       chex.assert_trees_all_close(
-          ours.apply(params, None, X),
-          hk.transform(widen_or_not).apply(params, None, X))
+        ours.apply(params, None, X), hk.transform(widen_or_not).apply(params, None, X)
+      )
     finally:
       jax.config.update("jax_default_prng_impl", saved)
 
@@ -384,7 +397,6 @@ class ArgumentsAndKeysTest(parameterized.TestCase):
 
 
 class HaikuFunctionTest(absltest.TestCase):
-
   def test_the_function_behind_a_transform(self):
     f = lambda x: hk.Linear(2)(x)
     self.assertIs(inline.of(hk.transform(f)).f, f)

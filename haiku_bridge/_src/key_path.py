@@ -40,6 +40,7 @@ class _Layout(NamedTuple):
   groups enter are still allocated by Haiku at each call
   (`naming.module_scope`): they depend on what the caller's scope holds.
   """
+
   treedef: Any  # jax.tree_util.PyTreeDef.
   shapes: tuple[tuple[int, ...], ...]  # Per leaf, in `jax.tree.leaves` order.
   groups: tuple[tuple[Optional[str], tuple[naming.KeyPathLeaf, ...]], ...]
@@ -47,18 +48,21 @@ class _Layout(NamedTuple):
 
 def _layout(tree: PyTree) -> _Layout:
   """`tree`'s layout; raises for a key path that is no Haiku name."""
-  groups = tuple((top, tuple(members))
-                 for top, members in naming.key_path_groups(tree).items())
-  return _Layout(jax.tree.structure(tree),
-                 tuple(tuple(x.shape) for x in jax.tree.leaves(tree)), groups)
+  groups = tuple((top, tuple(members)) for top, members in naming.key_path_groups(tree).items())
+  return _Layout(
+    jax.tree.structure(tree), tuple(tuple(x.shape) for x in jax.tree.leaves(tree)), groups
+  )
 
 
 def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
   """The params pytree `init` describes: created at init, read at apply."""
   if not callable(init):
-    raise TypeError(errors.message(
+    raise TypeError(
+      errors.message(
         f"`init` must be a function `init(rng, *args, **kwargs) -> params`; "
-        f"got {errors.describe(init)}."))
+        f"got {errors.describe(init)}."
+      )
+    )
   if hk.running_init():
     guards.require_haiku_trace()
     tree = _run_init(init, args, kwargs)
@@ -73,14 +77,14 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
     # scope its leaves are read and written in.
     with naming.module_scope(top, members[0].keypath):
       scope = hk.experimental.current_name()
-      leaves = [storage.Leaf(m.keypath, naming.join_bundle(scope, m.below),
-                             m.name) for m in members]
+      leaves = [
+        storage.Leaf(m.keypath, naming.join_bundle(scope, m.below), m.name) for m in members
+      ]
       storage.PARAMS.claim(leaves)
       if hk.running_init():
         got = storage.PARAMS.create(leaves, [flat[m.index] for m in members])
       else:
-        got = storage.PARAMS.read(leaves,
-                                  [layout.shapes[m.index] for m in members])
+        got = storage.PARAMS.read(leaves, [layout.shapes[m.index] for m in members])
     for member, value in zip(members, got):
       values[member.index] = value
   return layout.treedef.unflatten(values)
@@ -93,36 +97,49 @@ def _run_init(init, args, kwargs) -> PyTree:
     tree = init(key, *args, **kwargs)
   except Exception as error:  # pylint: disable=broad-except
     if key is None:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"`init` failed when called with rng=None ({type(error).__name__}: "
           f"{error}). The transform has no rng key to draw one from: pass a "
-          "key to init, e.g. `f.init(jax.random.PRNGKey(0), ...)`.")) from error
-    named = errors.named(error, (
+          "key to init, e.g. `f.init(jax.random.PRNGKey(0), ...)`."
+        )
+      ) from error
+    named = errors.named(
+      error,
+      (
         f"`init` raised {type(error).__name__} when called as `init(rng, "
         f"*args, **kwargs)`: {error} `init` makes the params from a key and "
         "the arguments, `fn` takes them: check that the two are not "
-        "swapped."))
+        "swapped."
+      ),
+    )
     if named is error:
       raise
     raise named from error
   created = sorted(haiku_internals.stored_names() - before)
   if created:
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"`init` created Haiku parameters or state itself ({created[:4]}); "
         "an init function returns its params, and the bridge stores them. "
         "Return the values instead of calling hk.get_parameter, or bridge a "
-        "Haiku function as its hk.transform."))
+        "Haiku function as its hk.transform."
+      )
+    )
   return tree
 
 
 def _check_array_leaves(tree: PyTree) -> None:
   for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
     if not isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           f"init returned a {type(leaf).__name__} at params path "
           f"{errors.keystr(path)} ({leaf!r:.60}); every leaf must be an "
           "array. Wrap it with jnp.asarray, or use None for an empty "
-          "subtree."))
+          "subtree."
+        )
+      )
 
 
 def _structure(init, args, kwargs) -> _Layout:
@@ -139,14 +156,17 @@ def _structure(init, args, kwargs) -> _Layout:
   """
   key_spec = pytree.key_spec(hk.maybe_get_rng_sequence_state())
   cache_key = fingerprint.function_key(
-      init, key_spec, args, kwargs,
-      bool(jax.config.jax_enable_x64))  # type: ignore[attr-defined, unused-ignore]
+    init,
+    key_spec,
+    args,
+    kwargs,
+    bool(jax.config.jax_enable_x64),  # type: ignore[attr-defined, unused-ignore]
+  )
   cached = _STRUCTURE.get(cache_key)
   if cached is not None:
     return cached
   arrays, rebuild = pytree.split_arrays((args, kwargs), numpy=True)
-  abstract = lambda key, arrays: init(key, *rebuild(arrays)[0],
-                                      **rebuild(arrays)[1])
+  abstract = lambda key, arrays: init(key, *rebuild(arrays)[0], **rebuild(arrays)[1])
   try:
     structure = jax.eval_shape(abstract, key_spec, arrays)
   except pytree.CONCRETIZATION_ERRORS:
@@ -154,13 +174,16 @@ def _structure(init, args, kwargs) -> _Layout:
     try:
       structure = jax.eval_shape(lambda: init(key, *args, **kwargs))
     except pytree.CONCRETIZATION_ERRORS as error:
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           "`init` needs concrete values to give the structure of its params, "
           "and at apply (here under a JAX transform such as jax.jit) its "
           f"arguments are abstract: {type(error).__name__}: "
           f"{str(error).splitlines()[0]} Make the structure follow from the "
           "shapes of array arguments and from Python values (pass sizes and "
-          "flags as Python ints and bools).")) from error
+          "flags as Python ints and bools)."
+        )
+      ) from error
     return _layout(structure)  # It depends on values: not kept.
   layout = _layout(structure)
   _STRUCTURE.put(cache_key, layout)

@@ -60,8 +60,9 @@ def per_row(params, x):
 
 def run(init, *args, **kwargs):
   """Init and apply of `call_pure(matmul, X, *args, init=init, **kwargs)`."""
-  f = hk.transform(lambda x, *a: hkb.call_pure(
-      lambda p, x, *_, **__: matmul(p, x), x, *a, init=init, **kwargs))
+  f = hk.transform(
+    lambda x, *a: hkb.call_pure(lambda p, x, *_, **__: matmul(p, x), x, *a, init=init, **kwargs)
+  )
   params = f.init(KEY, X, *args)
   return params, f.apply(params, None, X, *args)
 
@@ -86,7 +87,6 @@ TEMPERATURES = (("cold", "cold"), ("warm", "warm"), ("off", "off"))
 
 
 class StructureTest(parameterized.TestCase):
-
   def _apply(self, temperature, init, *args, **kwargs):
     with temperature_context(temperature):
       return run(init, *args, **kwargs)
@@ -122,8 +122,7 @@ class StructureTest(parameterized.TestCase):
   def test_a_structure_that_follows_x64(self, temperature):
     # Whether x64 is on is part of the signature: an init whose params follow
     # the default float's width is shaped afresh when it changes.
-    init = lambda rng, x: {"w": jnp.zeros([x.shape[-1],
-                                           jnp.asarray(1.0).dtype.itemsize])}
+    init = lambda rng, x: {"w": jnp.zeros([x.shape[-1], jnp.asarray(1.0).dtype.itemsize])}
     f = hk.transform(lambda x: hkb.call_pure(matmul, x, init=init))
     for x64 in (False, True, False):
       with jax.enable_x64(x64):
@@ -149,18 +148,24 @@ class StructureTest(parameterized.TestCase):
       del n, bias  # In the params' structure.
       return x @ params["w"] + params.get("b", 0.0)
 
-    ours = hk.transform(lambda x, n, bias: hkb.call_pure(
-        pure, x, n, bias, init=init, name="linear"))
+    ours = hk.transform(
+      lambda x, n, bias: hkb.call_pure(pure, x, n, bias, init=init, name="linear")
+    )
     theirs = hk.transform(inline)
-    for n, bias in ((np.int64(7), np.bool_(True)), (np.int32(5), np.True_),
-                    (np.int64(7), np.bool_(False)), (7, True)):
+    for n, bias in (
+      (np.int64(7), np.bool_(True)),
+      (np.int32(5), np.True_),
+      (np.int64(7), np.bool_(False)),
+      (7, True),
+    ):
       params = theirs.init(KEY, X, n, bias)
       with temperature_context(temperature):
-        self.assertEqual(test_utils.param_shapes(ours.init(KEY, X, n, bias)),
-                         test_utils.param_shapes(params))
-        np.testing.assert_allclose(ours.apply(params, None, X, n, bias),
-                                   theirs.apply(params, None, X, n, bias),
-                                   rtol=1e-6)
+        self.assertEqual(
+          test_utils.param_shapes(ours.init(KEY, X, n, bias)), test_utils.param_shapes(params)
+        )
+        np.testing.assert_allclose(
+          ours.apply(params, None, X, n, bias), theirs.apply(params, None, X, n, bias), rtol=1e-6
+        )
 
   @parameterized.named_parameters(*TEMPERATURES)
   def test_a_global_that_changed(self, temperature):
@@ -194,16 +199,20 @@ class StructureTest(parameterized.TestCase):
     path = os.path.join(self.create_tempdir().full_path, "w.npy")
     np.save(path, np.asarray(params["~"]["w"]))
     stdout = run_child(self, "child_numpy_seeded", path)
-    np.testing.assert_allclose(np.array(stdout.split(), np.float32),
-                               np.asarray(expected).ravel(), rtol=1e-6)
+    np.testing.assert_allclose(
+      np.array(stdout.split(), np.float32), np.asarray(expected).ravel(), rtol=1e-6
+    )
 
   def test_values_needed_under_jit_name_the_cause(self):
-    f = hk.transform(lambda x, n: hkb.call_pure(
-        lambda p, x, n: matmul(p, x), x, n, init=init_sized_by))
+    f = hk.transform(
+      lambda x, n: hkb.call_pure(lambda p, x, n: matmul(p, x), x, n, init=init_sized_by)
+    )
     params = f.init(KEY, X, 4)
     with self.assertRaisesRegex(
-        TypeError, r"hkb.call_pure: `init` needs concrete values .* under a "
-        "JAX transform"):
+      TypeError,
+      r"hkb.call_pure: `init` needs concrete values .* under a "
+      "JAX transform",
+    ):
       jax.jit(f.apply)(params, None, X, jnp.int32(4))
 
 
@@ -237,7 +246,7 @@ class ApplyTraceTest(parameterized.TestCase):
       return next_getter(value)
 
     def net(x):
-      with (hk.custom_getter(record) if getter else contextlib.nullcontext()):
+      with hk.custom_getter(record) if getter else contextlib.nullcontext():
         return hkb.call_pure(per_row, x, init=init_per_row, name="net")
 
     f = hk.transform(net)
@@ -247,33 +256,34 @@ class ApplyTraceTest(parameterized.TestCase):
     # What is counted is `init`'s shaping: the PRNG's key shape (a memo of
     # its own, also cleared, found by an `eval_shape` too) is known first.
     pytree.default_key_spec()
-    counts = [self._eval_shapes_in_trace(f.apply, params, None, X)
-              for _ in range(2)]
+    counts = [self._eval_shapes_in_trace(f.apply, params, None, X) for _ in range(2)]
     self.assertEqual(counts, [1, 0 if caches.enabled() else 1])
-    self.assertEqual(self._eval_shapes_in_trace(f.apply, params, None, X[:1]),
-                     1)
+    self.assertEqual(self._eval_shapes_in_trace(f.apply, params, None, X[:1]), 1)
     expected = ["net/layer_0/w", "net/layer_1/w"] if getter else []
     self.assertEqual(init_names, expected)
     self.assertEqual(seen, expected * 2 + expected[:1])
 
   @parameterized.named_parameters(("plain", False), ("identity_getter", True))
-  def test_an_init_reading_a_set_is_shaped_once_and_again_when_it_changes(
-      self, getter):
+  def test_an_init_reading_a_set_is_shaped_once_and_again_when_it_changes(self, getter):
     # A set of names in `init`'s closure keys its structure by its contents
     # (it was unkeyable: shaped afresh at every trace).
     names = {"b", "a"}
 
     def init(rng, x):
-      return {n: jax.random.normal(jax.random.fold_in(rng, i), [x.shape[-1]])
-              for i, n in enumerate(sorted(names))}
+      return {
+        n: jax.random.normal(jax.random.fold_in(rng, i), [x.shape[-1]])
+        for i, n in enumerate(sorted(names))
+      }
 
     def apply(params, x):
       return sum(x @ params[n] for n in sorted(names))
 
     def net(x):
-      with (hk.custom_getter(lambda next_getter, value, context:
-                             next_getter(value))
-            if getter else contextlib.nullcontext()):
+      with (
+        hk.custom_getter(lambda next_getter, value, context: next_getter(value))
+        if getter
+        else contextlib.nullcontext()
+      ):
         return hkb.call_pure(apply, x, init=init, name="net")
 
     f = hk.transform(net)
@@ -285,12 +295,11 @@ class ApplyTraceTest(parameterized.TestCase):
       chex.assert_trees_all_equal(params, expected)
       hkb.clear_caches()
       pytree.default_key_spec()  # Shaped once per process: not counted.
-      counts = [self._eval_shapes_in_trace(f.apply, params, None, X)
-                for _ in range(2)]
+      counts = [self._eval_shapes_in_trace(f.apply, params, None, X) for _ in range(2)]
       self.assertEqual(counts, [1, 0 if caches.enabled() else 1])
       np.testing.assert_allclose(
-          f.apply(params, None, X),
-          sum(X @ w for w in jax.tree.leaves(expected)), rtol=1e-6)
+        f.apply(params, None, X), sum(X @ w for w in jax.tree.leaves(expected)), rtol=1e-6
+      )
     # The names changed after a warm trace: shaped again, not taken from
     # the cache (a key by the set's identity would read two params of three).
     names.discard("a")
@@ -305,8 +314,7 @@ class ApplyTraceTest(parameterized.TestCase):
     f = hk.transform(lambda x: hkb.call_pure(per_row, x, init=init_per_row))
     params = f.init(KEY, X)
     f.apply(params, None, X)
-    with mock.patch.object(naming, "key_path_groups",
-                           wraps=naming.key_path_groups) as spy:
+    with mock.patch.object(naming, "key_path_groups", wraps=naming.key_path_groups) as spy:
       jax.jit(lambda p, x: f.apply(p, None, x)).trace(params, X)
     self.assertEqual(spy.call_count, 0 if caches.enabled() else 1)
 
@@ -317,23 +325,23 @@ class ApplyTraceTest(parameterized.TestCase):
     f = hk.transform(lambda x: hkb.call_pure(per_row, x, init=init_per_row))
     params = f.init(KEY, X)
     w = [params[f"layer_{i}"]["w"] for i in range(2)]
-    context = (caches.disabled() if temperature == "off"
-               else contextlib.nullcontext())
+    context = caches.disabled() if temperature == "off" else contextlib.nullcontext()
     with context:
       if temperature == "cold":
         hkb.clear_caches()
-      np.testing.assert_allclose(f.apply(params, None, X),
-                                 jnp.stack([X[0] @ w[0], X[1] @ w[1]]),
-                                 rtol=1e-6)
+      np.testing.assert_allclose(
+        f.apply(params, None, X), jnp.stack([X[0] @ w[0], X[1] @ w[1]]), rtol=1e-6
+      )
       if temperature == "cold":
         hkb.clear_caches()
-      np.testing.assert_allclose(f.apply(params, None, X[:1]),
-                                 (X[0] @ w[0])[None], rtol=1e-6)
+      np.testing.assert_allclose(f.apply(params, None, X[:1]), (X[0] @ w[0])[None], rtol=1e-6)
       if temperature == "cold":
         hkb.clear_caches()
       with self.assertRaisesRegex(
-          ValueError, r"parameter 'layer_2/w' \(params path \[2\]\['w'\]\) "
-          "is missing at apply"):
+        ValueError,
+        r"parameter 'layer_2/w' \(params path \[2\]\['w'\]\) "
+        "is missing at apply",
+      ):
         f.apply(params, None, jnp.ones([3, 3]))
 
   def test_a_fresh_process_shapes_init_once_and_reads_it_back(self):
@@ -344,14 +352,13 @@ class ApplyTraceTest(parameterized.TestCase):
     counts, out = run_child(self, "child_fresh_apply", path).strip().splitlines()
     self.assertEqual(counts.split(), ["1", "0" if caches.enabled() else "1"])
     np.testing.assert_allclose(
-        np.array(out.split(), np.float32),
-        np.asarray(jnp.stack([X[0] @ params["layer_0"]["w"],
-                              X[1] @ params["layer_1"]["w"]])).ravel(),
-        rtol=1e-6)
+      np.array(out.split(), np.float32),
+      np.asarray(jnp.stack([X[0] @ params["layer_0"]["w"], X[1] @ params["layer_1"]["w"]])).ravel(),
+      rtol=1e-6,
+    )
 
 
 class KeysTest(parameterized.TestCase):
-
   def _check(self, key, apply_key):
     def init(rng, x):
       return {"w": jax.random.normal(rng, [x.shape[-1], 4])}
@@ -359,8 +366,7 @@ class KeysTest(parameterized.TestCase):
     f = hk.transform(lambda x: hkb.call_pure(matmul, x, init=init))
     params = f.init(key, X)
     hkb.clear_caches()
-    np.testing.assert_allclose(f.apply(params, apply_key, X),
-                               X @ params["~"]["w"], rtol=1e-6)
+    np.testing.assert_allclose(f.apply(params, apply_key, X), X @ params["~"]["w"], rtol=1e-6)
 
   @parameterized.parameters("rbg", "unsafe_rbg", "threefry2x32")
   def test_any_prng_implementation(self, impl):
@@ -382,8 +388,7 @@ class KeysTest(parameterized.TestCase):
 
 def child_numpy_seeded(path):
   """Prints apply's output on the params saved at `path`."""
-  f = hk.transform(lambda x: hkb.call_pure(matmul, x,
-                                           init=init_seeding_numpy))
+  f = hk.transform(lambda x: hkb.call_pure(matmul, x, init=init_seeding_numpy))
   params = {"~": {"w": jnp.asarray(np.load(path))}}
   print(" ".join(map(str, np.asarray(f.apply(params, None, X)).ravel())))
 
@@ -393,8 +398,7 @@ def child_fresh_apply(path):
   each trace, then the output."""
   f = hk.transform(lambda x: hkb.call_pure(per_row, x, init=init_per_row))
   with np.load(path) as data:
-    params = {f"layer_{i}": {"w": jnp.asarray(data[f"arr_{i}"])}
-              for i in range(2)}
+    params = {f"layer_{i}": {"w": jnp.asarray(data[f"arr_{i}"])} for i in range(2)}
   # The default key's spec is shaped once per process too (`pytree`): not
   # what is counted here.
   pytree.default_key_spec()

@@ -17,19 +17,18 @@ from haiku_bridge._src import scan
 
 
 class ModesTest(absltest.TestCase):
-
   def test_public_names_are_the_aliases(self):
     self.assertIs(hkb.RematMode, modes.RematMode)
     self.assertIs(hkb.PipelineSchedule, modes.PipelineSchedule)
-    self.assertEqual(set(typing.get_args(modes.RematMode)),
-                     {bool, typing.Literal["nested", "binomial"],
-                      typing.Literal["auto"]})
+    self.assertEqual(
+      set(typing.get_args(modes.RematMode)),
+      {bool, typing.Literal["nested", "binomial"], typing.Literal["auto"]},
+    )
 
   def test_every_remat_mode_runs_and_typos_are_refused(self):
     for remat in (False, True) + modes.REMAT_SCHEDULES:
       self.assertEqual(loop.from_options(remat=remat).remat, remat)
-    self.assertEqual(loop.from_options(remat=modes.REMAT_AUTO,
-                                       memory_budget=1 << 20).remat, "auto")
+    self.assertEqual(loop.from_options(remat=modes.REMAT_AUTO, memory_budget=1 << 20).remat, "auto")
     self.assertEqual(loop.REMAT_SCHEDULES, modes.REMAT_SCHEDULES)
     for typo in ("nestd", "binomal", "Nested", "true"):
       with self.assertRaisesRegex(ValueError, r"`remat`"):

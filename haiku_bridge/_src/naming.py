@@ -72,10 +72,13 @@ def join_bundle(scope: str, components: Iterable[str]) -> str:
 def _check_component(component: str, keypath: str) -> None:
   body = component[1:] if component.startswith("~") else component
   if body and not body.isidentifier():
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"params path {keypath} gives the Haiku module name component "
         f"{component!r}, which is not a valid Python identifier. Rename that "
-        "dict key or field (Haiku module names are identifiers joined by '/')."))
+        "dict key or field (Haiku module names are identifiers joined by '/')."
+      )
+    )
 
 
 def key_path_components(tree: Any) -> list[tuple[str, tuple[str, ...]]]:
@@ -94,17 +97,21 @@ def key_path_components(tree: Any) -> list[tuple[str, tuple[str, ...]]]:
       for part in component.split("/"):
         _check_component(part, keypath)
     if "/" in components[-1]:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"params path {keypath} gives the parameter name "
           f"{components[-1]!r}, which contains '/'. Haiku names a parameter "
           "by one identifier: nest the dict instead ({'a': {'b': ...}} for "
-          "'a/b')."))
+          "'a/b')."
+        )
+      )
     out.append((keypath, components))
   return out
 
 
 class KeyPathLeaf(NamedTuple):
   """One leaf of a params pytree, by the key-path rule."""
+
   # Its position in `jax.tree.leaves` (the field hides `tuple.index`).
   index: int  # type: ignore[assignment]
   keypath: str  # For messages: `['enc']['w']`.
@@ -123,7 +130,8 @@ def key_path_groups(tree: Any) -> dict[Optional[str], list[KeyPathLeaf]]:
     modules = "/".join(components[:-1]).split("/") if components[:-1] else []
     top = modules[0] if modules else None
     groups.setdefault(top, []).append(
-        KeyPathLeaf(index, keypath, tuple(modules[1:]), components[-1]))
+      KeyPathLeaf(index, keypath, tuple(modules[1:]), components[-1])
+    )
   return groups
 
 
@@ -141,16 +149,18 @@ def module_scope(top: Optional[str], keypath: str) -> Iterator[None]:
     yield
     return
   if top.startswith("~"):
-    scope = hk.name_scope(hk.force_name(
-        join_bundle(hk.experimental.current_name(), (top,))))
+    scope = hk.name_scope(hk.force_name(join_bundle(hk.experimental.current_name(), (top,))))
   else:
     try:
       scope = hk.name_scope(top)
     except ValueError as e:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"params path {keypath} needs the module name {top!r} in this "
           f"scope, which a module already holds ({e}). Rename that key, or "
-          "pass `name=` to give the bridged call its own scope.")) from None
+          "pass `name=` to give the bridged call its own scope."
+        )
+      ) from None
   with scope:
     yield
 
@@ -191,7 +201,7 @@ def own_bundle(bundle: str, scope: str, counters: Mapping[str, int]) -> str:
   prefix = "" if scope == TOP_LEVEL else scope + "/"
   if not bundle.startswith(prefix):
     return bundle
-  top, _, rest = bundle[len(prefix):].partition("/")
+  top, _, rest = bundle[len(prefix) :].partition("/")
   base, number = split_number(top)
   k = number - counters.get(prefix + base, 0)
   if k >= 0:

@@ -13,10 +13,10 @@ from haiku_bridge._src import errors
 
 # Public name -> (module that defines it, pip extra that installs its library).
 ADAPTERS = {
-    "from_flax": ("haiku_bridge._src.flax_bridge", "flax"),
-    "to_nnx": ("haiku_bridge._src.flax_bridge", "flax"),
-    "from_equinox": ("haiku_bridge._src.equinox_bridge", "equinox"),
-    "to_equinox": ("haiku_bridge._src.equinox_bridge", "equinox"),
+  "from_flax": ("haiku_bridge._src.flax_bridge", "flax"),
+  "to_nnx": ("haiku_bridge._src.flax_bridge", "flax"),
+  "from_equinox": ("haiku_bridge._src.equinox_bridge", "equinox"),
+  "to_equinox": ("haiku_bridge._src.equinox_bridge", "equinox"),
 }
 
 
@@ -36,15 +36,17 @@ def module_getattr(name: str) -> Any:
   return _LOADED[name]
 
 
-def _needs_extra(name: str, extra: str,
-                 error: ImportError) -> Callable[..., Any]:
+def _needs_extra(name: str, extra: str, error: ImportError) -> Callable[..., Any]:
   def missing(*args, **kwargs):
     del args, kwargs  # Unused.
     with errors.entry(name):
-      raise ImportError(errors.message(
+      raise ImportError(
+        errors.message(
           f"needs the optional dependency {extra!r}, which could not "
           f"be imported ({error}). Install it with: pip install {extra} (or, "
-          f"from a checkout of haiku_bridge, pip install \".[{extra}]\")")
+          f"from a checkout of haiku_bridge, pip install \".[{extra}]\")"
+        )
       ) from error
+
   missing.__name__ = name
   return missing

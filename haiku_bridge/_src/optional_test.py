@@ -10,14 +10,15 @@ from haiku_bridge._src import optional
 
 
 class OptionalTest(absltest.TestCase):
-
   def test_a_missing_library_is_named_through_the_error_path(self):
     cause = ImportError("No module named 'flax'")
     missing = optional._needs_extra("from_flax", "flax", cause)
     self.assertEqual(missing.__name__, "from_flax")
     with self.assertRaisesRegex(
-        ImportError, r"^hkb\.from_flax: needs the optional dependency 'flax', which could not "
-        r"be imported \(No module named 'flax'\)\. Install it with: pip install flax") as raised:
+      ImportError,
+      r"^hkb\.from_flax: needs the optional dependency 'flax', which could not "
+      r"be imported \(No module named 'flax'\)\. Install it with: pip install flax",
+    ) as raised:
       missing()
     self.assertIs(raised.exception.__cause__, cause)  # The traceback shows the import's.
 
@@ -27,8 +28,11 @@ class OptionalTest(absltest.TestCase):
         loaded = importlib.import_module(module)
       except ImportError:
         continue  # The library is not installed here.
-      imported = {value.__name__.split(".")[0] for value in vars(loaded).values()
-                  if isinstance(value, types.ModuleType)}
+      imported = {
+        value.__name__.split(".")[0]
+        for value in vars(loaded).values()
+        if isinstance(value, types.ModuleType)
+      }
       self.assertIn(extra, imported, name)
 
   def test_adapters_resolve_to_their_modules(self):

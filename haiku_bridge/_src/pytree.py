@@ -28,8 +28,7 @@ def nbytes(tree: PyTree) -> int:
   >>> pytree.nbytes({"w": jnp.ones([2, 3]), "key": jax.random.key(0)})
   32
   """
-  return sum(int(np.prod(a.shape)) * a.dtype.itemsize
-             for a in jax.tree.leaves(tree))
+  return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
 def key_spec(rng_state: Any) -> jax.ShapeDtypeStruct:
@@ -47,8 +46,8 @@ def key_spec(rng_state: Any) -> jax.ShapeDtypeStruct:
 def is_key(x: Any) -> bool:
   """A JAX random key: a typed key array, or raw `uint32` key data."""
   return isinstance(x, jax.Array) and (
-      jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) or
-      x.dtype == jnp.uint32)
+    jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) or x.dtype == jnp.uint32
+  )
 
 
 def concrete_key(spec: jax.ShapeDtypeStruct) -> Any:
@@ -63,10 +62,12 @@ def concrete_key(spec: jax.ShapeDtypeStruct) -> Any:
 
 
 # What JAX raises where code needs the value of an abstract array.
-CONCRETIZATION_ERRORS = (jax.errors.ConcretizationTypeError,
-                         jax.errors.TracerArrayConversionError,
-                         jax.errors.TracerIntegerConversionError,
-                         jax.errors.TracerBoolConversionError)
+CONCRETIZATION_ERRORS = (
+  jax.errors.ConcretizationTypeError,
+  jax.errors.TracerArrayConversionError,
+  jax.errors.TracerIntegerConversionError,
+  jax.errors.TracerBoolConversionError,
+)
 
 
 def is_python_value(x: Any) -> bool:
@@ -88,15 +89,16 @@ def split_arrays(tree: PyTree, numpy: bool):
   `rebuild`'s output.
   """
   leaves, treedef = jax.tree.flatten(tree)
-  is_array = [isinstance(x, jax.Array) or (
-      numpy and isinstance(x, (np.ndarray, np.generic)) and
-      not is_python_value(x)) for x in leaves]
+  is_array = [
+    isinstance(x, jax.Array)
+    or (numpy and isinstance(x, (np.ndarray, np.generic)) and not is_python_value(x))
+    for x in leaves
+  ]
   arrays = [x for x, a in zip(leaves, is_array) if a]
 
   def rebuild(new_arrays):
     it = iter(new_arrays)
-    return treedef.unflatten([next(it) if a else x
-                              for x, a in zip(leaves, is_array)])
+    return treedef.unflatten([next(it) if a else x for x, a in zip(leaves, is_array)])
 
   return arrays, rebuild
 
@@ -107,8 +109,7 @@ def default_key_spec() -> jax.ShapeDtypeStruct:
   `jax_default_prng_impl` decides it: `uint32[2]` for threefry, `uint32[4]`
   for rbg.
   """
-  return key_spec_of(
-      jax.config.jax_default_prng_impl)  # type: ignore[attr-defined, unused-ignore]
+  return key_spec_of(jax.config.jax_default_prng_impl)  # type: ignore[attr-defined, unused-ignore]
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,5 +124,4 @@ def swap_batch_time(tree: PyTree) -> PyTree:
   What `hkb.dynamic_unroll(time_major=False)` does to its inputs and
   outputs, and what `remat="auto"` measures it doing.
   """
-  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1) if np.ndim(a) > 1
-                      else a, tree)
+  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1) if np.ndim(a) > 1 else a, tree)

@@ -18,8 +18,7 @@ loop's (`remat/loop.py`); with `pipeline=` the layers run as pipeline stages
 
 import dataclasses
 import inspect
-from typing import (Any, Callable, Mapping, NamedTuple, Optional, TypedDict,
-                    Unpack)
+from typing import Any, Callable, Mapping, NamedTuple, Optional, TypedDict, Unpack
 
 import haiku as hk
 import jax
@@ -43,21 +42,21 @@ WITH_PER_LAYER_NAME = haiku_internals.LAYER_STACK_NAMES[True]
 
 @remat_lib.plannable
 def layer_scan(
-    layer: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
-    carry: PyTree,
-    xs: PyTree = None,
-    *,
-    num_layers: Optional[int] = None,
-    init: Optional[InitFn] = None,
-    name: Optional[str] = None,
-    remat: modes.RematMode = False,
-    remat_policy: Optional[Callable[..., bool]] = None,
-    remat_groups: Optional[int] = None,
-    unroll: int | bool = 1,
-    reverse: bool = False,
-    pipeline: Optional[pipeline_lib.Pipeline] = None,
-    memory_budget: Optional[int] = None,
-    max_recompute: Optional[float] = None,
+  layer: Callable[..., Any] | hk.Transformed | hk.TransformedWithState,
+  carry: PyTree,
+  xs: PyTree = None,
+  *,
+  num_layers: Optional[int] = None,
+  init: Optional[InitFn] = None,
+  name: Optional[str] = None,
+  remat: modes.RematMode = False,
+  remat_policy: Optional[Callable[..., bool]] = None,
+  remat_groups: Optional[int] = None,
+  unroll: int | bool = 1,
+  reverse: bool = False,
+  pipeline: Optional[pipeline_lib.Pipeline] = None,
+  memory_budget: Optional[int] = None,
+  max_recompute: Optional[float] = None,
 ) -> tuple[PyTree, PyTree]:
   """Runs a stack of layers with `jax.lax.scan`, each with its own weights.
 
@@ -160,24 +159,30 @@ def layer_scan(
     guards.require_transform()
     _check_layer_args(layer, init, name, "(carry, x) -> (carry, y)")
     num_layers = remat_lib.num_steps(num_layers, xs, _LAYERS)
-    options = _check_options(remat, remat_policy, remat_groups, unroll,
-                             reverse, pipeline, memory_budget, max_recompute)
+    options = _check_options(
+      remat, remat_policy, remat_groups, unroll, reverse, pipeline, memory_budget, max_recompute
+    )
     if name is None:
       name = NO_PER_LAYER_NAME if xs is None else WITH_PER_LAYER_NAME
-    return _run(_haiku_layer(layer, init, carry, xs), carry, xs, num_layers,
-                name, options)
+    return _run(_haiku_layer(layer, init, carry, xs), carry, xs, num_layers, name, options)
 
 
 class _Options(NamedTuple):
   """`layer_scan`'s options, checked once by the public call."""
+
   loop: remat_lib.Loop
   reverse: bool
   pipeline: Optional[pipeline_lib.Pipeline]
 
 
-def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
-         num_layers: int, name: str,
-         options: _Options) -> tuple[PyTree, PyTree]:
+def _run(
+  layer: Callable[..., Any],
+  carry: PyTree,
+  xs: PyTree,
+  num_layers: int,
+  name: str,
+  options: _Options,
+) -> tuple[PyTree, PyTree]:
   """The layer scan of a Haiku `layer(carry, x)`, its arguments checked."""
   layer_init, layer_apply = _transformed_layer(layer)
 
@@ -189,15 +194,13 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
       key, next_key, apply_key = jax.random.split(key, 3)
     params, layer_state = layer_init(key, carry, x)
     # The next layer's init sees the carry this layer returns.
-    (carry, _), layer_state = layer_apply(params, layer_state, apply_key,
-                                          carry, x)
+    (carry, _), layer_state = layer_apply(params, layer_state, apply_key, carry, x)
     return (carry, next_key), (params, layer_state)
 
   def init_stack(carry, xs, key):
     return jax.lax.scan(init_one, (carry, key), xs, length=num_layers)[1]
 
-  lifted, updater = hk.lift_with_state(init_stack, allow_reuse=True,
-                                       name=name)
+  lifted, updater = hk.lift_with_state(init_stack, allow_reuse=True, name=name)
   params, state = lifted(carry, xs, hk.maybe_next_rng_key())
   _check_depth(name, params, num_layers)
   key = hk.maybe_next_rng_key()
@@ -214,14 +217,12 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
     # be planned as outputs with cotangents (a 16-layer stack keeping a
     # running mean: every plan predicted at 1.38× what it compiles to).
     params, state, key, x = scanned
-    carry, (y, state) = body(carry, (params, jax.lax.stop_gradient(state),
-                                     key, x))
+    carry, (y, state) = body(carry, (params, jax.lax.stop_gradient(state), key, x))
     return carry, (y, jax.lax.stop_gradient(state))
 
   scanned = (params, state, keys, xs)
   try:
-    carry, (ys, state) = _run_loop(body, carry, scanned, num_layers, options,
-                                   planned)
+    carry, (ys, state) = _run_loop(body, carry, scanned, num_layers, options, planned)
   except remat_lib.Planned:
     updater.ignore_update()  # hkb.remat_plan took the plan: no layer ran.
     raise
@@ -229,8 +230,7 @@ def _run(layer: Callable[..., Any], carry: PyTree, xs: PyTree,
   return carry, ys
 
 
-def _run_loop(body, carry, scanned, num_layers: int, options: _Options,
-              planned=None):
+def _run_loop(body, carry, scanned, num_layers: int, options: _Options, planned=None):
   """The layers' loop, or with `pipeline=` at apply, its pipeline stages.
 
   `planned`: the body `remat="auto"` plans on, if not `body`.
@@ -242,24 +242,31 @@ def _run_loop(body, carry, scanned, num_layers: int, options: _Options,
     # that runs this only to find the params it reads, where no mesh is
     # set (a bridged function's init): neither needs a mesh.
     staging = pipeline_lib.staging_for(
-        pipeline, carry, num_layers,
-        require_mesh=not (hk.running_init() or inline.probing()))
+      pipeline, carry, num_layers, require_mesh=not (hk.running_init() or inline.probing())
+    )
   if staging is not None and not hk.running_init():
     carry, (ys, state) = pipeline_lib.run(
-        staging, body, carry, scanned, loop=options.loop, reverse=reverse,
-        planned_body=planned)
+      staging, body, carry, scanned, loop=options.loop, reverse=reverse, planned_body=planned
+    )
   else:
     # With a pipeline, init (or a bridge finding the params) runs the whole
     # stack in one loop, which the per-stage budget is not for.
-    loop = remat_lib.resolved(options.loop, body, carry, scanned, num_layers,
-                              whole_pipelined_stack=pipeline is not None,
-                              planned_body=planned)
+    loop = remat_lib.resolved(
+      options.loop,
+      body,
+      carry,
+      scanned,
+      num_layers,
+      whole_pipelined_stack=pipeline is not None,
+      planned_body=planned,
+    )
     carry, (ys, state) = loop(body, carry, scanned, num_layers, reverse)
   return carry, (ys, state)
 
 
 class RepeatOptions(TypedDict, total=False):
   """`repeat_layer`'s `**options`, typed: those of `layer_scan` it passes on."""
+
   name: Optional[str]
   remat: modes.RematMode
   remat_policy: Optional[Callable[..., bool]]
@@ -272,9 +279,14 @@ class RepeatOptions(TypedDict, total=False):
 
 
 @remat_lib.plannable
-def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
-                 *, init: Optional[InitFn] = None,
-                 **options: Unpack[RepeatOptions]) -> PyTree:
+def repeat_layer(
+  layer: Callable[..., Any],
+  x: PyTree,
+  num_layers: int,
+  *,
+  init: Optional[InitFn] = None,
+  **options: Unpack[RepeatOptions],
+) -> PyTree:
   """`layer` applied `num_layers` times with separate weights: `layer_scan` for `x -> x` layers.
 
   >>> def net(x):
@@ -305,28 +317,35 @@ def repeat_layer(layer: Callable[..., Any], x: PyTree, num_layers: int,
     _check_layer_args(layer, init, name, "x -> x")
     f = inline.haiku_function(layer) if init is None else layer
     _check_layer_signature(f, init, (x,))
-    carry_layer = _haiku_layer(
-        _CarryLayer(f), None if init is None else _CarryInit(init), x, None)
-    return _run(carry_layer, x, None, num_layers, name or NO_PER_LAYER_NAME,
-                checked)[0]
+    carry_layer = _haiku_layer(_CarryLayer(f), None if init is None else _CarryInit(init), x, None)
+    return _run(carry_layer, x, None, num_layers, name or NO_PER_LAYER_NAME, checked)[0]
 
 
 # `layer_scan`'s options that `repeat_layer` passes on, with their defaults.
-_REPEAT_OPTIONS = {"name": None, "remat": False, "remat_policy": None,
-                   "remat_groups": None, "unroll": 1, "reverse": False,
-                   "pipeline": None, "memory_budget": None,
-                   "max_recompute": None}
+_REPEAT_OPTIONS = {
+  "name": None,
+  "remat": False,
+  "remat_policy": None,
+  "remat_groups": None,
+  "unroll": 1,
+  "reverse": False,
+  "pipeline": None,
+  "memory_budget": None,
+  "max_recompute": None,
+}
 
 
 def _check_repeat_options(options: Mapping[str, Any]) -> _Options:
   """`repeat_layer`'s `**options`: known names, each value checked."""
   if "xs" in options:
-    raise TypeError(errors.message(
+    raise TypeError(
+      errors.message(
         "takes no `xs`: its layers map x -> x, with no per-layer inputs. "
         "For per-layer inputs use hkb.layer_scan(layer, carry, xs), whose "
-        "layer is `layer(carry, x) -> (carry, y)`."))
-  errors.check_keywords(
-      options, ("layer", "x", "num_layers", "init", *_REPEAT_OPTIONS))
+        "layer is `layer(carry, x) -> (carry, y)`."
+      )
+    )
+  errors.check_keywords(options, ("layer", "x", "num_layers", "init", *_REPEAT_OPTIONS))
   given = dict(_REPEAT_OPTIONS, **options)
   del given["name"]  # Checked with the layer.
   return _check_options(**given)
@@ -340,6 +359,7 @@ def _check_repeat_options(options: Mapping[str, Any]) -> _Options:
 @dataclasses.dataclass(frozen=True)
 class _CarryLayer:
   """`x -> x` as `(carry, x) -> (carry, None)`, with or without leading params."""
+
   f: Callable[..., Any]
 
   def __call__(self, *args):
@@ -350,6 +370,7 @@ class _CarryLayer:
 @dataclasses.dataclass(frozen=True)
 class _CarryInit:
   """`init(rng, x)` as `init(rng, carry, x)`."""
+
   init: InitFn
 
   def __call__(self, rng, carry, _):
@@ -359,6 +380,7 @@ class _CarryInit:
 @dataclasses.dataclass(frozen=True)
 class _PureLayer:
   """A pure `layer(params, carry, x)` with its init, as a Haiku layer."""
+
   layer: Callable[..., Any]
   init: InitFn
 
@@ -369,40 +391,54 @@ class _PureLayer:
 
 # How the layer scan counts its layers (remat.num_steps).
 _LAYERS = remat_lib.StepAxis(
-    argument="num_layers", least=1,
-    leaf="an array of per-layer inputs, with a leading layer axis",
-    none="needs `num_layers=` when there are no `xs`.")
+  argument="num_layers",
+  least=1,
+  leaf="an array of per-layer inputs, with a leading layer axis",
+  none="needs `num_layers=` when there are no `xs`.",
+)
 
 # How the layer scan's messages name its layer (remat.check_step_output).
 _LAYER = remat_lib.StepWords(
-    body="a layer", pair="(carry, y)", carry="carry", step="layer",
-    subject="the layer", pair_hint=" Return `(new_carry, None)` for a layer "
-    "without per-layer outputs, or use hkb.repeat_layer for `x -> x` layers.",
-    carry_hint=" Return per-layer outputs as `y` in `(carry, y)`.")
+  body="a layer",
+  pair="(carry, y)",
+  carry="carry",
+  step="layer",
+  subject="the layer",
+  pair_hint=" Return `(new_carry, None)` for a layer "
+  "without per-layer outputs, or use hkb.repeat_layer for `x -> x` layers.",
+  carry_hint=" Return per-layer outputs as `y` in `(carry, y)`.",
+)
 
 
-def _check_layer_args(layer: Any, init: Any, name: Any,
-                      signature: str) -> None:
+def _check_layer_args(layer: Any, init: Any, name: Any, signature: str) -> None:
   """`layer`, `init` and `name` of `layer_scan` / `repeat_layer`."""
   if not (callable(layer) or haiku_internals.is_transformed(layer)):
-    raise TypeError(errors.bad_argument(
-        "layer", layer, f"a Haiku function `{signature}` (or its "
+    raise TypeError(
+      errors.bad_argument(
+        "layer",
+        layer,
+        f"a Haiku function `{signature}` (or its "
         "hk.transform), or with `init=`, a pure layer taking its params "
-        "first"))
+        "first",
+      )
+    )
   if init is not None:
     errors.check_callable(
-        "init", init, "None or, for a pure layer, a function `init(rng, "
-        "...)` returning one layer's params")
-  errors.check_str("name", name, "a module name (a string) or None",
-                   optional=True)
+      "init",
+      init,
+      "None or, for a pure layer, a function `init(rng, ...)` returning one layer's params",
+    )
+  errors.check_str("name", name, "a module name (a string) or None", optional=True)
 
 
 def _haiku_layer(layer, init, carry, xs) -> Callable[..., Any]:
   if init is not None:
     if haiku_internals.is_transformed(layer):
-      raise TypeError(errors.message(
-          "`layer` is an hk.Transformed, which brings its own init; do not "
-          "pass `init=` as well."))
+      raise TypeError(
+        errors.message(
+          "`layer` is an hk.Transformed, which brings its own init; do not pass `init=` as well."
+        )
+      )
     return _PureLayer(layer, init)
   f = inline.haiku_function(layer)
   _check_layer_signature(f, init, (carry, None if xs is None else xs))
@@ -424,29 +460,41 @@ def _check_layer_signature(f, init, args) -> None:
       signature.bind(None, *args)
     except TypeError:
       return
-    raise TypeError(errors.message(
+    raise TypeError(
+      errors.message(
         f"{getattr(f, '__name__', f)!r} takes {len(args) + 1} arguments, one "
         f"more than a Haiku layer's {len(args)}: a pure layer "
         "`layer(params, ...)` needs `init=`, a function `init(rng, ...)` "
-        "returning one layer's params.")) from None
+        "returning one layer's params."
+      )
+    ) from None
 
 
 def _transformed_layer(f: Callable[..., Any]) -> hk.TransformedWithState:
   # Not cached: a cache here saved nothing measurable in a re-trace
   # (testing/benchmarks/results/RESULTS.md, "Caches: what they save").
-  return hk.transform_with_state(
-      remat_lib.CheckedBody(f, _LAYER, "layer_scan"))
+  return hk.transform_with_state(remat_lib.CheckedBody(f, _LAYER, "layer_scan"))
 
 
-def _check_options(remat: Any, remat_policy: Any, remat_groups: Any,
-                   unroll: Any, reverse: Any, pipeline: Any,
-                   memory_budget: Any = None,
-                   max_recompute: Any = None) -> _Options:
+def _check_options(
+  remat: Any,
+  remat_policy: Any,
+  remat_groups: Any,
+  unroll: Any,
+  reverse: Any,
+  pipeline: Any,
+  memory_budget: Any = None,
+  max_recompute: Any = None,
+) -> _Options:
   """The scan's options, checked."""
-  loop = remat_lib.from_options(remat=remat, remat_policy=remat_policy,
-                                remat_groups=remat_groups, unroll=unroll,
-                                memory_budget=memory_budget,
-                                max_recompute=max_recompute)
+  loop = remat_lib.from_options(
+    remat=remat,
+    remat_policy=remat_policy,
+    remat_groups=remat_groups,
+    unroll=unroll,
+    memory_budget=memory_budget,
+    max_recompute=max_recompute,
+  )
   reverse = errors.check_bool("reverse", reverse)
   pipeline = pipeline_lib.check_pipeline(pipeline)
   return _Options(loop, reverse, pipeline)
@@ -458,9 +506,12 @@ def _check_depth(stack: str, params: PyTree, num_layers: int) -> None:
     for name, value in entries.items():
       depth = value.shape[0] if value.ndim else None
       if depth != num_layers:
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"parameter '{stack}/{bundle}/{name}' has shape "
             f"{list(value.shape)}, a stack of {depth} layers, but this call "
             f"runs num_layers={num_layers}. Pass the number of layers the "
             "params were made with, or convert them (hkb.unstack_params / "
-            "hkb.stack_params)."))
+            "hkb.stack_params)."
+          )
+        )

@@ -46,18 +46,20 @@ from haiku_bridge._src.typed_sharding import entry_without
 from haiku_bridge._src.typed_sharding import MeshAxes
 
 # A concrete mesh, or (jax's abstract mesh) its axis names and sizes alone.
-MESH_TYPES = (Mesh,) + ((jax.sharding.AbstractMesh,)
-                        if hasattr(jax.sharding, "AbstractMesh") else ())
+MESH_TYPES = (Mesh,) + (
+  (jax.sharding.AbstractMesh,) if hasattr(jax.sharding, "AbstractMesh") else ()
+)
+
 
 def spec_str(spec: PartitionSpec) -> str:
   """`P(None, 'model')`: a spec as jax >= 0.9.2 prints it, on every jax."""
   text = repr(spec)
-  return "P(" + text[len("PartitionSpec("):] if text.startswith(
-      "PartitionSpec(") else text
+  return "P(" + text[len("PartitionSpec(") :] if text.startswith("PartitionSpec(") else text
 
 
 class Rule(NamedTuple):
   """One rule: parameters whose path `re.search`es `pattern` get `spec`."""
+
   pattern: str
   spec: PartitionSpec
 
@@ -72,6 +74,7 @@ class ParamSharding(NamedTuple):
     rule: the index of the rule that matched it, or None (replicated).
     layer_axes: how many leading layer axes `stacked=` gave it.
   """
+
   path: str
   shape: tuple[int, ...]
   spec: PartitionSpec
@@ -125,36 +128,42 @@ class ShardingRules:
       "data"}` to spread the layers over the data axis (FSDP over layers).
   """
 
-  def __init__(self,
-               rules: Iterable[Rule | tuple[str, Any]],
-               *,
-               stacked: Iterable[str] | Mapping[str, MeshAxes] = ()) -> None:
+  def __init__(
+    self,
+    rules: Iterable[Rule | tuple[str, Any]],
+    *,
+    stacked: Iterable[str] | Mapping[str, MeshAxes] = (),
+  ) -> None:
     with errors.entry("ShardingRules", outer_wins=True):
-      if (isinstance(rules, (str, Mapping)) or
-          not isinstance(rules, Iterable) or isinstance(rules, MESH_TYPES)):
-        raise TypeError(errors.message(
+      if (
+        isinstance(rules, (str, Mapping))
+        or not isinstance(rules, Iterable)
+        or isinstance(rules, MESH_TYPES)
+      ):
+        raise TypeError(
+          errors.message(
             f"`rules` is {rules!r:.80}; pass a list of (pattern, "
-            "PartitionSpec) pairs, e.g. [(r\"mlp/w1$\", P(None, 'model'))]" +
-            (" (for a dict: list(rules.items()))."
-             if isinstance(rules, Mapping) else ".")))
+            "PartitionSpec) pairs, e.g. [(r\"mlp/w1$\", P(None, 'model'))]"
+            + (" (for a dict: list(rules.items()))." if isinstance(rules, Mapping) else ".")
+          )
+        )
       self._rules = tuple(_to_rule(i, r) for i, r in enumerate(rules))
-      self._compiled = tuple(_compile(r.pattern, f"rule {i}")
-                             for i, r in enumerate(self._rules))
+      self._compiled = tuple(_compile(r.pattern, f"rule {i}") for i, r in enumerate(self._rules))
       self._stacked = _check_stacked(stacked)
       self._stacked_compiled = tuple(
-          (_compile(rf"(?:^|/)(?:{s})(?:_[1-9][0-9]*)?$",
-                    f"stacked pattern {s!r}"), s, axes)
-          for s, axes in self._stacked.items())
+        (_compile(rf"(?:^|/)(?:{s})(?:_[1-9][0-9]*)?$", f"stacked pattern {s!r}"), s, axes)
+        for s, axes in self._stacked.items()
+      )
 
   @classmethod
   def from_foreign(
-      cls,
-      init: Any,
-      *args: Any,
-      rules: Iterable[Rule | tuple[str, Any]] = (),
-      stacked: Iterable[str] | Mapping[str, MeshAxes] = (),
-      logical_axis_rules: Optional[Sequence[tuple[str, Any]]] = None,
-      **kwargs: Any,
+    cls,
+    init: Any,
+    *args: Any,
+    rules: Iterable[Rule | tuple[str, Any]] = (),
+    stacked: Iterable[str] | Mapping[str, MeshAxes] = (),
+    logical_axis_rules: Optional[Sequence[tuple[str, Any]]] = None,
+    **kwargs: Any,
   ) -> "ShardingRules":
     """Rules from the partitioning that Flax modules inside `init` declare.
 
@@ -193,8 +202,12 @@ class ShardingRules:
       logical_axis_rules = _check_logical_axis_rules(logical_axis_rules)
       user = cls(rules, stacked=stacked)
       found = foreign_sharding.rules_from_foreign(
-          init, args, kwargs, logical_axis_rules=logical_axis_rules,
-          layer_axes=lambda path, shape: len(user._layer_stacks(path)))  # pylint: disable=protected-access
+        init,
+        args,
+        kwargs,
+        logical_axis_rules=logical_axis_rules,
+        layer_axes=lambda path, shape: len(user._layer_stacks(path)),
+      )  # pylint: disable=protected-access
       return cls(list(found.rules) + list(user.rules), stacked=user.stacked)
 
   @property
@@ -206,12 +219,10 @@ class ShardingRules:
     return dict(self._stacked)
 
   def __repr__(self) -> str:
-    rules = ", ".join(f"({r.pattern!r}, {spec_str(r.spec)})"
-                      for r in self._rules)
+    rules = ", ".join(f"({r.pattern!r}, {spec_str(r.spec)})" for r in self._rules)
     return f"ShardingRules([{rules}], stacked={self._stacked!r})"
 
-  def place(self, path: str, shape: Sequence[int],
-            mesh: Optional[Mesh] = None) -> ParamSharding:
+  def place(self, path: str, shape: Sequence[int], mesh: Optional[Mesh] = None) -> ParamSharding:
     """Where the parameter at `path` with `shape` goes; checked against `mesh`.
 
     Args:
@@ -228,45 +239,54 @@ class ShardingRules:
         into parts of unequal size.
     """
     with errors.entry("ShardingRules.place", outer_wins=True):
-      errors.check_str("path", path, "a parameter's full path, a string "
-                       "such as 'net/linear/w'")
-      if (isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable)
-          or not all(errors.is_int(d) and d >= 0 for d in shape)):
-        raise TypeError(errors.bad_argument(
-            "shape", shape, "the parameter's shape, a sequence of "
-            "non-negative ints"))
+      errors.check_str("path", path, "a parameter's full path, a string such as 'net/linear/w'")
+      if (
+        isinstance(shape, (str, bytes))
+        or not isinstance(shape, Iterable)
+        or not all(errors.is_int(d) and d >= 0 for d in shape)
+      ):
+        raise TypeError(
+          errors.bad_argument(
+            "shape", shape, "the parameter's shape, a sequence of non-negative ints"
+          )
+        )
       _check_mesh_arg(mesh, optional=True)
       return self._place(path, tuple(int(d) for d in shape), mesh)
 
-  def spec_for(self, path: str, shape: Sequence[int],
-               mesh: Optional[Mesh] = None) -> PartitionSpec:
+  def spec_for(self, path: str, shape: Sequence[int], mesh: Optional[Mesh] = None) -> PartitionSpec:
     """The `PartitionSpec` of the parameter at `path`; see `place`."""
     with errors.entry("ShardingRules.spec_for", outer_wins=True):
       return self.place(path, shape, mesh).spec
 
   # -------------------------------------------------------------------------
 
-  def _place(self, path: str, shape: tuple[int, ...],
-             mesh: Optional[Mesh]) -> ParamSharding:
+  def _place(self, path: str, shape: tuple[int, ...], mesh: Optional[Mesh]) -> ParamSharding:
     layer_specs = [axes for _, axes in self._layer_stacks(path)]
     if len(layer_specs) > len(shape):
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"parameter {path!r} has shape {shape}, but it lies "
           f"under {len(layer_specs)} declared layer stack(s) "
           f"({self._stacks_of(path)}), so it needs {len(layer_specs)} leading "
-          "layer axes. Check the patterns in `stacked=`."))
+          "layer axes. Check the patterns in `stacked=`."
+        )
+      )
     index = self._match(path)
     if index is None:
-      spec = (PartitionSpec(*layer_specs) if any(
-          a is not None for a in layer_specs) else PartitionSpec())
+      spec = (
+        PartitionSpec(*layer_specs) if any(a is not None for a in layer_specs) else PartitionSpec()
+      )
     else:
       spec = PartitionSpec(*layer_specs, *self._rules[index].spec)
     placed = ParamSharding(path, shape, spec, index, len(layer_specs))
     if len(spec) > len(shape):
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"{self._describe(index)} gives parameter {path!r} (shape {shape}) "
           f"the spec {spec_str(spec)}, with {len(spec)} axes, more than its "
-          f"{len(shape)} dimensions.{self._layer_hint(placed)}"))
+          f"{len(shape)} dimensions.{self._layer_hint(placed)}"
+        )
+      )
     if mesh is not None:
       self._check_mesh(placed, mesh)
     return placed
@@ -293,8 +313,10 @@ class ShardingRules:
 
   def _stacks_of(self, path: str) -> str:
     return ", ".join(
-        repr(prefix) for prefix in self._prefixes(path)
-        if any(p.search(prefix) for p, _, _ in self._stacked_compiled))
+      repr(prefix)
+      for prefix in self._prefixes(path)
+      if any(p.search(prefix) for p, _, _ in self._stacked_compiled)
+    )
 
   def _describe(self, index: Optional[int]) -> str:
     if index is None:
@@ -304,13 +326,17 @@ class ShardingRules:
 
   def _layer_hint(self, placed: ParamSharding) -> str:
     if placed.layer_axes:
-      return (f" The first {placed.layer_axes} entr"
-              f"{'y is' if placed.layer_axes == 1 else 'ies are'} for the "
-              f"layer axes of stack(s) {self._stacks_of(placed.path)}; write "
-              "the rule's spec for one layer.")
-    return (" Shorten the spec; if this parameter is stacked (layer_scan, "
-            "hk.layer_stack), write the spec for one layer and declare the "
-            "stack in `stacked=`.")
+      return (
+        f" The first {placed.layer_axes} entr"
+        f"{'y is' if placed.layer_axes == 1 else 'ies are'} for the "
+        f"layer axes of stack(s) {self._stacks_of(placed.path)}; write "
+        "the rule's spec for one layer."
+      )
+    return (
+      " Shorten the spec; if this parameter is stacked (layer_scan, "
+      "hk.layer_stack), write the spec for one layer and declare the "
+      "stack in `stacked=`."
+    )
 
   def _check_mesh(self, placed: ParamSharding, mesh: Mesh) -> None:
     stacks = self._layer_stacks(placed.path)
@@ -322,38 +348,51 @@ class ShardingRules:
       axes = (entry,) if isinstance(entry, str) else tuple(entry)
       # A layer axis is placed by `stacked=`, every other by a rule.
       stack = stacks[dim][0] if dim < placed.layer_axes else None
-      source = (f"`stacked=` ({stack!r} -> {entry!r})" if stack is not None
-                else self._describe(placed.rule))
+      source = (
+        f"`stacked=` ({stack!r} -> {entry!r})" if stack is not None else self._describe(placed.rule)
+      )
       for axis in axes:
         if axis not in mesh.shape:
-          raise ValueError(errors.message(
+          raise ValueError(
+            errors.message(
               f"{source} gives parameter {placed.path!r} the spec {spec}, "
               f"which names mesh axis {axis!r}; the mesh has axes "
-              f"{tuple(mesh.axis_names)}."))
+              f"{tuple(mesh.axis_names)}."
+            )
+          )
         if axis in seen:
-          raise ValueError(errors.message(
+          raise ValueError(
+            errors.message(
               f"{source} gives parameter {placed.path!r} the spec {spec}, "
               f"which splits dimensions {seen[axis]} and {dim} over the same "
               f"mesh axis {axis!r}; each mesh axis may split one dimension "
-              "only."))
+              "only."
+            )
+          )
         seen[axis] = dim
       parts = math.prod(mesh.shape[a] for a in axes)
       size = placed.shape[dim]
       if size % parts and stack is not None:
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"{source} splits the layer axis of parameter {placed.path!r} "
             f"(shape {placed.shape}): {size} layers do not split over mesh "
             f"axes {axes} ({parts} parts); {parts} does not divide {size}. "
             f"Use a number of layers that {parts} divides, or map stack "
             f"{stack!r} to other mesh axes in `stacked=` (None keeps every "
-            "layer on every device)."))
+            "layer on every device)."
+          )
+        )
       if size % parts:
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"{source} gives parameter {placed.path!r} (shape "
             f"{placed.shape}) the spec {spec}, which splits dimension {dim} "
             f"(size {size}) into {parts} parts over mesh axes {axes}; "
             f"{parts} does not divide {size}. Pick a size it divides, or "
-            "another spec for this parameter."))
+            "another spec for this parameter."
+          )
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,6 +403,7 @@ class ShardingReport:
     params: one `ParamSharding` per parameter, in `jax.tree.leaves` order.
     rules: the rules applied.
   """
+
   params: tuple[ParamSharding, ...]
   rules: ShardingRules
 
@@ -381,22 +421,18 @@ class ShardingReport:
   def __str__(self) -> str:
     rows = [("parameter", "shape", "spec", "rule")]
     for p in self.params:
-      rule = ("-" if p.rule is None else
-              f"{p.rule}: {self.rules.rules[p.rule].pattern}")
+      rule = "-" if p.rule is None else f"{p.rule}: {self.rules.rules[p.rule].pattern}"
       rows.append((p.path, str(p.shape), spec_str(p.spec), rule))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3]
-             for row in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3] for row in rows]
     for unused in self.unused_rules:
-      lines.append(f"unused rule: {unused.pattern!r} -> "
-                   f"{spec_str(unused.spec)}")
+      lines.append(f"unused rule: {unused.pattern!r} -> {spec_str(unused.spec)}")
     return "\n".join(lines)
 
 
-def explain_shardings(params: PyTree,
-                      rules: ShardingRules | Iterable[tuple[str, Any]],
-                      *,
-                      mesh: Optional[Mesh] = None) -> ShardingReport:
+def explain_shardings(
+  params: PyTree, rules: ShardingRules | Iterable[tuple[str, Any]], *, mesh: Optional[Mesh] = None
+) -> ShardingReport:
   """Each parameter with its rule and spec; unmatched params; unused rules.
 
   >>> from jax.sharding import PartitionSpec as P
@@ -424,8 +460,7 @@ def explain_shardings(params: PyTree,
     ValueError: as `ShardingRules.place`, naming the parameter and the rule.
   """
   with errors.entry("explain_shardings"):
-    _check_params_rules_mesh(params, rules, mesh, "explain_shardings",
-                             optional_mesh=True)
+    _check_params_rules_mesh(params, rules, mesh, "explain_shardings", optional_mesh=True)
     return _explain(params, rules, mesh)
 
 
@@ -434,19 +469,21 @@ def _explain(params: PyTree, rules, mesh: Optional[Mesh]) -> ShardingReport:
   placed = []
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     if not hasattr(leaf, "shape"):
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           f"`params` must be a params tree of arrays or "
           f"jax.ShapeDtypeStructs; at {_path_string(path) or '<root>'} it "
-          f"holds {errors.got(leaf)}."))
+          f"holds {errors.got(leaf)}."
+        )
+      )
     # pylint: disable-next=protected-access
     placed.append(rules._place(_path_string(path), tuple(leaf.shape), mesh))
   return ShardingReport(tuple(placed), rules)
 
 
-def param_specs(params: PyTree,
-                rules: ShardingRules | Iterable[tuple[str, Any]],
-                *,
-                mesh: Optional[Mesh] = None) -> PyTree:
+def param_specs(
+  params: PyTree, rules: ShardingRules | Iterable[tuple[str, Any]], *, mesh: Optional[Mesh] = None
+) -> PyTree:
   """The tree of `PartitionSpec`s for `params`, e.g. `shard_map`'s `in_specs`.
 
   >>> from jax.sharding import PartitionSpec as P
@@ -465,19 +502,17 @@ def param_specs(params: PyTree,
     A tree like `params` with a `PartitionSpec` for each leaf.
   """
   with errors.entry("param_specs"):
-    _check_params_rules_mesh(params, rules, mesh, "param_specs",
-                             optional_mesh=True)
+    _check_params_rules_mesh(params, rules, mesh, "param_specs", optional_mesh=True)
     report = _explain(params, rules, mesh)
-  return jax.tree.unflatten(jax.tree.structure(params),
-                            [p.spec for p in report.params])
+  return jax.tree.unflatten(jax.tree.structure(params), [p.spec for p in report.params])
 
 
 def param_shardings(
-    params: PyTree,
-    mesh: Mesh,
-    rules: ShardingRules | Iterable[tuple[str, Any]],
-    *,
-    return_unmatched: bool = False,
+  params: PyTree,
+  mesh: Mesh,
+  rules: ShardingRules | Iterable[tuple[str, Any]],
+  *,
+  return_unmatched: bool = False,
 ) -> PyTree | tuple[PyTree, list[str]]:
   """The tree of `NamedSharding`s for `params` on `mesh`, by `rules`.
 
@@ -515,8 +550,8 @@ def param_shardings(
     _check_params_rules_mesh(params, rules, mesh, "param_shardings")
     report = _explain(params, rules, mesh)
   shardings = jax.tree.unflatten(
-      jax.tree.structure(params),
-      [NamedSharding(mesh, p.spec) for p in report.params])
+    jax.tree.structure(params), [NamedSharding(mesh, p.spec) for p in report.params]
+  )
   if return_unmatched:
     return shardings, report.unmatched
   return shardings
@@ -568,12 +603,15 @@ def gather_over(tree: PyTree, axes: str | Sequence[str]) -> PyTree:
     `tree`, each array resharded without `axes` where its type names them.
   """
   with errors.entry("gather_over"):
-    if (not isinstance(axes, Iterable) or isinstance(axes, bytes) or
-        not all(isinstance(a, str) for a in axes) or
-        (isinstance(axes, str) and not axes)):
-      raise TypeError(errors.bad_argument(
-          "axes", axes, "a mesh axis name, or a sequence of them, e.g. "
-          "\"data\""))
+    if (
+      not isinstance(axes, Iterable)
+      or isinstance(axes, bytes)
+      or not all(isinstance(a, str) for a in axes)
+      or (isinstance(axes, str) and not axes)
+    ):
+      raise TypeError(
+        errors.bad_argument("axes", axes, "a mesh axis name, or a sequence of them, e.g. \"data\"")
+      )
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
 
     def gather(x):
@@ -595,9 +633,11 @@ def _check_axes_in_mesh(axes: tuple[str, ...], mesh: Any) -> None:
     names = tuple(jax.sharding.get_abstract_mesh().axis_names or ())
   unknown = [a for a in axes if a not in names]
   if names and unknown:
-    raise ValueError(errors.message(
-        f"`axes` names mesh axis {unknown[0]!r}, which the mesh lacks; the "
-        f"mesh has axes {names}."))
+    raise ValueError(
+      errors.message(
+        f"`axes` names mesh axis {unknown[0]!r}, which the mesh lacks; the mesh has axes {names}."
+      )
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -607,98 +647,143 @@ def _as_rules(rules) -> ShardingRules:
   return rules if isinstance(rules, ShardingRules) else ShardingRules(rules)
 
 
-def _check_mesh_arg(mesh: Any, *, optional: bool = False,
-                    hint: str = "") -> None:
+def _check_mesh_arg(mesh: Any, *, optional: bool = False, hint: str = "") -> None:
   if (mesh is None and optional) or isinstance(mesh, MESH_TYPES):
     return
-  raise TypeError(errors.bad_argument(
-      "mesh", mesh, "a jax.sharding.Mesh (e.g. from jax.make_mesh)" +
-      (" or None" if optional else ""), hint))
+  raise TypeError(
+    errors.bad_argument(
+      "mesh",
+      mesh,
+      "a jax.sharding.Mesh (e.g. from jax.make_mesh)" + (" or None" if optional else ""),
+      hint,
+    )
+  )
 
 
-def _check_params_rules_mesh(params: Any, rules: Any, mesh: Any, api: str,
-                             optional_mesh: bool = False) -> None:
+def _check_params_rules_mesh(
+  params: Any, rules: Any, mesh: Any, api: str, optional_mesh: bool = False
+) -> None:
   """The arguments shared by the three sharding functions, in their order."""
-  order = (f"The order is {api}(params, rules, mesh=mesh)." if optional_mesh
-           else f"The order is {api}(params, mesh, rules).")
+  order = (
+    f"The order is {api}(params, rules, mesh=mesh)."
+    if optional_mesh
+    else f"The order is {api}(params, mesh, rules)."
+  )
   if isinstance(rules, MESH_TYPES) and isinstance(mesh, ShardingRules):
-    raise TypeError(errors.message(
+    raise TypeError(
+      errors.message(
         "`mesh` and `rules` are swapped (got a ShardingRules for `mesh` and "
-        f"a Mesh for `rules`). {order}"))
+        f"a Mesh for `rules`). {order}"
+      )
+    )
   if params is None or isinstance(params, (ShardingRules, *MESH_TYPES)):
-    raise TypeError(errors.bad_argument(
-        "params", params, "a params tree (arrays or jax.ShapeDtypeStructs, "
-        "e.g. jax.eval_shape(f.init, key, x))", order))
+    raise TypeError(
+      errors.bad_argument(
+        "params",
+        params,
+        "a params tree (arrays or jax.ShapeDtypeStructs, e.g. jax.eval_shape(f.init, key, x))",
+        order,
+      )
+    )
   if isinstance(rules, MESH_TYPES) or rules is None:
-    raise TypeError(errors.bad_argument(
-        "rules", rules, "a ShardingRules, or a list of (pattern, spec) "
-        "pairs", order))
+    raise TypeError(
+      errors.bad_argument(
+        "rules", rules, "a ShardingRules, or a list of (pattern, spec) pairs", order
+      )
+    )
   _check_mesh_arg(mesh, optional=optional_mesh, hint=order)
 
 
 def _check_stacked(stacked: Any) -> dict[str, MeshAxes]:
   """`ShardingRules(stacked=...)` as `{pattern: mesh axes}`."""
   if isinstance(stacked, str):
-    raise TypeError(errors.message(
+    raise TypeError(
+      errors.message(
         f"`stacked` is the string {stacked!r}; pass a list of stack "
-        f"patterns, e.g. stacked=[{stacked!r}]."))
+        f"patterns, e.g. stacked=[{stacked!r}]."
+      )
+    )
   if not isinstance(stacked, Iterable):
-    raise TypeError(errors.bad_argument(
-        "stacked", stacked, "a list of stack patterns, or a dict {pattern: "
-        "mesh axes}"))
+    raise TypeError(
+      errors.bad_argument(
+        "stacked", stacked, "a list of stack patterns, or a dict {pattern: mesh axes}"
+      )
+    )
   if not isinstance(stacked, Mapping):
     stacked = {s: None for s in stacked}
   for pattern, axes in stacked.items():
     if not isinstance(pattern, str):
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           f"`stacked` holds the pattern {pattern!r}; each stack pattern must "
-          "be a regex string, e.g. 'blocks'."))
-    if not (axes is None or isinstance(axes, str) or
-            (isinstance(axes, (tuple, list)) and axes and
-             all(isinstance(a, str) for a in axes))):
-      raise TypeError(errors.message(
+          "be a regex string, e.g. 'blocks'."
+        )
+      )
+    if not (
+      axes is None
+      or isinstance(axes, str)
+      or (isinstance(axes, (tuple, list)) and axes and all(isinstance(a, str) for a in axes))
+    ):
+      raise TypeError(
+        errors.message(
           f"`stacked` maps {pattern!r} to {errors.got(axes)}; map each stack "
           "to the mesh axes of its layer axis: None (every device holds every "
-          "layer), an axis name such as 'data', or a tuple of names."))
-  return {p: tuple(a) if isinstance(a, list) else a
-          for p, a in stacked.items()}
-
+          "layer), an axis name such as 'data', or a tuple of names."
+        )
+      )
+  return {p: tuple(a) if isinstance(a, list) else a for p, a in stacked.items()}
 
 
 def _check_foreign_init(init: Any) -> None:
   """`from_foreign`'s `init`: a function (`f.init`) or an `hk.Transformed*`."""
   if callable(getattr(init, "init", init)):
     return
-  hint = ("It holds arrays: the params `init` returns (e.g. from "
-          "jax.eval_shape(f.init, key, x)), where the function itself "
-          "belongs. " if jax.tree.leaves(init) else "")
-  raise TypeError(errors.bad_argument(
-      "init", init, "the init function (f.init) or the hk.Transformed, "
-      "followed by its arguments", hint + "Write "
-      "hkb.ShardingRules.from_foreign(f.init, key, x)."))
+  hint = (
+    "It holds arrays: the params `init` returns (e.g. from "
+    "jax.eval_shape(f.init, key, x)), where the function itself "
+    "belongs. "
+    if jax.tree.leaves(init)
+    else ""
+  )
+  raise TypeError(
+    errors.bad_argument(
+      "init",
+      init,
+      "the init function (f.init) or the hk.Transformed, followed by its arguments",
+      hint + "Write hkb.ShardingRules.from_foreign(f.init, key, x).",
+    )
+  )
 
 
-def _check_logical_axis_rules(
-    rules: Any) -> Optional[tuple[tuple[str, Any], ...]]:
+def _check_logical_axis_rules(rules: Any) -> Optional[tuple[tuple[str, Any], ...]]:
   """`logical_axis_rules`: None or `(name, mesh axes)` pairs, as Flax's."""
   if rules is None:
     return None
-  wants = ("None or a sequence of Flax logical axis rules, (logical name, "
-           "mesh axes) pairs such as [(\"embed\", \"model\"), (\"batch\", "
-           "\"data\")]")
-  if isinstance(rules, (str, bytes, Mapping)) or not isinstance(
-      rules, Iterable):
-    raise TypeError(errors.bad_argument(
-        "logical_axis_rules", rules, wants,
-        "For a dict, pass list(rules.items())."
-        if isinstance(rules, Mapping) else ""))
+  wants = (
+    "None or a sequence of Flax logical axis rules, (logical name, "
+    "mesh axes) pairs such as [(\"embed\", \"model\"), (\"batch\", "
+    "\"data\")]"
+  )
+  if isinstance(rules, (str, bytes, Mapping)) or not isinstance(rules, Iterable):
+    raise TypeError(
+      errors.bad_argument(
+        "logical_axis_rules",
+        rules,
+        wants,
+        "For a dict, pass list(rules.items())." if isinstance(rules, Mapping) else "",
+      )
+    )
   rules = tuple(rules)
   for i, rule in enumerate(rules):
-    if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and
-            isinstance(rule[0], str) and _is_mesh_axes(rule[1])):
-      raise TypeError(errors.message(
-          f"`logical_axis_rules` must be {wants}; rule {i} is "
-          f"{rule!r:.80}."))
+    if not (
+      isinstance(rule, (tuple, list))
+      and len(rule) == 2
+      and isinstance(rule[0], str)
+      and _is_mesh_axes(rule[1])
+    ):
+      raise TypeError(
+        errors.message(f"`logical_axis_rules` must be {wants}; rule {i} is {rule!r:.80}.")
+      )
   return tuple((name, axes) for name, axes in rules)
 
 
@@ -706,30 +791,36 @@ def _is_mesh_axes(axes: Any) -> bool:
   """None, a mesh axis name, or a sequence of them (as Flax takes)."""
   if axes is None or isinstance(axes, str):
     return True
-  return (isinstance(axes, (tuple, list)) and
-          all(isinstance(a, str) for a in axes))
+  return isinstance(axes, (tuple, list)) and all(isinstance(a, str) for a in axes)
 
 
 def _to_rule(index: int, rule: Any) -> Rule:
-  if (isinstance(rule, (str, PartitionSpec)) or
-      not isinstance(rule, (tuple, list)) or len(rule) != 2):
+  if (
+    isinstance(rule, (str, PartitionSpec)) or not isinstance(rule, (tuple, list)) or len(rule) != 2
+  ):
     example = rule if isinstance(rule, str) else "pattern"
-    rule_text = (spec_str(rule) if isinstance(rule, PartitionSpec)
-                 else repr(rule))
-    raise TypeError(errors.message(
+    rule_text = spec_str(rule) if isinstance(rule, PartitionSpec) else repr(rule)
+    raise TypeError(
+      errors.message(
         f"rule {index} is {rule_text}, not a (pattern, spec) pair. Write "
         f"each rule as a pair: ({example!r}, P(None, 'model')) to split its "
-        f"parameters, ({example!r}, P()) to replicate them."))
+        f"parameters, ({example!r}, P()) to replicate them."
+      )
+    )
   pattern, spec = rule
   if not isinstance(pattern, str):
-    raise TypeError(errors.message(
-        f"rule {index} has pattern {pattern!r}; it must be a regex string."))
+    raise TypeError(
+      errors.message(f"rule {index} has pattern {pattern!r}; it must be a regex string.")
+    )
   if isinstance(spec, (tuple, list)) and not isinstance(spec, PartitionSpec):
     spec = PartitionSpec(*spec)
   if not isinstance(spec, PartitionSpec):
-    raise TypeError(errors.message(
+    raise TypeError(
+      errors.message(
         f"rule {index} ({pattern!r}) has spec {spec!r}; it must be a "
-        "jax.sharding.PartitionSpec (P() to replicate)."))
+        "jax.sharding.PartitionSpec (P() to replicate)."
+      )
+    )
   return Rule(pattern, spec)
 
 
@@ -737,8 +828,7 @@ def _compile(pattern: str, what: str) -> re.Pattern[str]:
   try:
     return re.compile(pattern)
   except re.error as e:
-    raise ValueError(errors.message(
-        f"{what} is not a valid regex: {e}.")) from None
+    raise ValueError(errors.message(f"{what} is not a valid regex: {e}.")) from None
 
 
 def _path_string(path: tuple[Any, ...]) -> str:

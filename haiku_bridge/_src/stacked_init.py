@@ -30,8 +30,9 @@ def layer_keys(rng: Optional[jax.Array], num_layers: int) -> Optional[jax.Array]
   return jax.lax.scan(step, rng, None, length=num_layers)[1]
 
 
-def stacked_init(init: InitFn, num_layers: int,
-                 in_axes: Optional[Sequence[Optional[int]]] = None) -> InitFn:
+def stacked_init(
+  init: InitFn, num_layers: int, in_axes: Optional[Sequence[Optional[int]]] = None
+) -> InitFn:
   """Stacks `num_layers` independent inits of `init` along a new leading axis.
 
   Usable as the `init` of `call_pure`, for a `jax.lax.scan` body of your own.
@@ -65,33 +66,44 @@ def stacked_init(init: InitFn, num_layers: int,
   """
   with errors.entry("stacked_init"):
     errors.check_callable(
-        "init", init, "a function `init(rng, *args, **kwargs) -> params` "
-        "for one layer")
+      "init", init, "a function `init(rng, *args, **kwargs) -> params` for one layer"
+    )
     num_layers = errors.check_positive_int("num_layers", num_layers)
     return _StackedInit(init, num_layers, _check_in_axes(in_axes))
 
 
-_IN_AXES = ("None, or a sequence with one entry per positional argument of "
-            "`init`: the axis of its per-layer values (an int), or None to "
-            "give every layer all of it")
+_IN_AXES = (
+  "None, or a sequence with one entry per positional argument of "
+  "`init`: the axis of its per-layer values (an int), or None to "
+  "give every layer all of it"
+)
 
 
 def _check_in_axes(in_axes: Any) -> Optional[tuple[Optional[int], ...]]:
   if in_axes is None:
     return None
-  if (isinstance(in_axes, (str, bytes)) or
-      not isinstance(in_axes, Sequence) or
-      not all(a is None or errors.is_int(a) for a in in_axes)):
-    raise TypeError(errors.bad_argument(
-        "in_axes", in_axes, _IN_AXES,
-        f"For one argument split on axis {in_axes!r}, write "
-        f"in_axes=({in_axes!r},)." if errors.is_int(in_axes) else ""))
+  if (
+    isinstance(in_axes, (str, bytes))
+    or not isinstance(in_axes, Sequence)
+    or not all(a is None or errors.is_int(a) for a in in_axes)
+  ):
+    raise TypeError(
+      errors.bad_argument(
+        "in_axes",
+        in_axes,
+        _IN_AXES,
+        f"For one argument split on axis {in_axes!r}, write in_axes=({in_axes!r},)."
+        if errors.is_int(in_axes)
+        else "",
+      )
+    )
   return tuple(None if a is None else int(a) for a in in_axes)
 
 
 @dataclasses.dataclass(frozen=True)
 class _StackedInit:
   """`stacked_init`'s result: equal for equal inputs, so shape caches hit."""
+
   init: InitFn
   num_layers: int
   in_axes: Optional[tuple[Optional[int], ...]]
@@ -107,17 +119,21 @@ class _StackedInit:
       key = None if key is None else hk.PRNGSequence(key).next()
       return self.init(key, *a, **kwargs)
 
-    return jax.vmap(one_layer, in_axes=(None if keys is None else 0,) + axes,
-                    axis_size=self.num_layers)(keys, *args)
+    return jax.vmap(
+      one_layer, in_axes=(None if keys is None else 0,) + axes, axis_size=self.num_layers
+    )(keys, *args)
 
   def _check_args(self, axes, args) -> None:
     """`in_axes` against the arguments the init is called with."""
     if len(axes) != len(args):
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"`in_axes` has {len(axes)} entries, {axes}, but the stacked init "
           f"was called with {len(args)} positional arguments after the rng; "
           "give one entry per argument (None to give every layer all of "
-          "it)."))
+          "it)."
+        )
+      )
     for i, (axis, arg) in enumerate(zip(axes, args)):
       if axis is None:
         continue
@@ -125,8 +141,11 @@ class _StackedInit:
         shape = np.shape(leaf)
         in_range = -len(shape) <= axis < len(shape)
         if not in_range or shape[axis] != self.num_layers:
-          raise ValueError(errors.message(
+          raise ValueError(
+            errors.message(
               f"`in_axes[{i}]` is {axis}, so argument {i} holds per-layer "
               f"values on axis {axis}; but at {errors.keystr(path)} it has "
               f"shape {shape}, where that axis should have size "
-              f"num_layers={self.num_layers}."))
+              f"num_layers={self.num_layers}."
+            )
+          )

@@ -26,6 +26,7 @@ from haiku_bridge._src import haiku_internals
 
 class Leaf(NamedTuple):
   """One explicit leaf: its path for messages, and its Haiku bundle and name."""
+
   path: str
   bundle: str
   name: str
@@ -76,43 +77,55 @@ class _Collection:
     seen: dict[str, str] = {}
     for leaf in leaves:
       if leaf.full_name in seen:
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"params paths {seen[leaf.full_name]} and {leaf.path} both map to "
-            f"the Haiku {self.kind} {leaf.full_name!r}. Rename one of them."))
+            f"the Haiku {self.kind} {leaf.full_name!r}. Rename one of them."
+          )
+        )
       seen[leaf.full_name] = leaf.path
     for leaf in leaves:
       if not haiku_internals.claim_name(f"{self.kind}:{leaf.full_name}"):
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"{self.kind} {leaf.full_name!r} (params path {leaf.path}) is "
             "already used by another bridged call in this module call. Give "
             "each call its own weights with a distinct `name=`; to share "
             "weights, call hkb.get_relevant_parameters once and pass the "
-            "params to each pure call."))
+            "params to each pure call."
+          )
+        )
 
   def _stored(self, leaf: Leaf) -> Optional[Any]:
     raise NotImplementedError
 
-  def checked_stored(self, leaves: Sequence[Leaf],
-                     shapes: Optional[Sequence[Any]] = None) -> list[Any]:
+  def checked_stored(
+    self, leaves: Sequence[Leaf], shapes: Optional[Sequence[Any]] = None
+  ) -> list[Any]:
     """The stored values at apply, each present and of the expected shape."""
     values = []
     for i, leaf in enumerate(leaves):
       value = self._stored(leaf)
       if value is None:
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"{self.kind} {leaf.full_name!r} (params path {leaf.path}) is "
             f"missing at apply. It is created by init: pass apply the "
             f"{self.kind}s that init returned for the same code path (a "
             "model saved before this call was added needs re-initialising "
-            "or converting)."))
+            "or converting)."
+          )
+        )
       if shapes is not None and tuple(np.shape(value)) != tuple(shapes[i]):
         shape, want = tuple(np.shape(value)), tuple(shapes[i])
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"{self.kind} {leaf.full_name!r} (params path {leaf.path}) has "
             f"shape {list(shape)} in what apply was given, but this call "
-            f"needs {list(want)} for these inputs." +
-            (errors.SHARD_HINT if errors.looks_like_a_shard(shape, want)
-             else "")))
+            f"needs {list(want)} for these inputs."
+            + (errors.SHARD_HINT if errors.looks_like_a_shard(shape, want) else "")
+          )
+        )
       values.append(value)
     return values
 
@@ -133,20 +146,18 @@ class ParamCollection(_Collection):
         for i in indices:
           value = canonical(values[i])
           out[i] = hk.get_parameter(
-              leaves[i].name, value.shape, value.dtype,
-              init=functools.partial(_constant, value))
+            leaves[i].name, value.shape, value.dtype, init=functools.partial(_constant, value)
+          )
     return out
 
-  def read(self, leaves: Sequence[Leaf],
-           shapes: Optional[Sequence[Any]] = None) -> list[Any]:
+  def read(self, leaves: Sequence[Leaf], shapes: Optional[Sequence[Any]] = None) -> list[Any]:
     """At apply: the stored values, through any custom getter."""
     stored = self.checked_stored(leaves, shapes)
     out: list[Any] = [None] * len(leaves)
     for bundle, indices in by_bundle(leaves).items():
       with in_bundle(bundle):
         for i in indices:
-          out[i] = hk.get_parameter(leaves[i].name, stored[i].shape,
-                                    stored[i].dtype)
+          out[i] = hk.get_parameter(leaves[i].name, stored[i].shape, stored[i].dtype)
     return out
 
 
@@ -158,23 +169,24 @@ class StateCollection(_Collection):
   def _stored(self, leaf):
     return haiku_internals.stored_state(leaf.bundle, leaf.name)
 
-  def create(self, leaves: Sequence[Leaf], initial: Sequence[Any],
-             current: Sequence[Any]) -> list[Any]:
+  def create(
+    self, leaves: Sequence[Leaf], initial: Sequence[Any], current: Sequence[Any]
+  ) -> list[Any]:
     """At init: stores the initial values, then the current ones if newer."""
     out: list[Any] = [None] * len(leaves)
     for bundle, indices in by_bundle(leaves).items():
       with in_bundle(bundle):
         for i in indices:
           value = canonical(initial[i])
-          out[i] = hk.get_state(leaves[i].name, value.shape, value.dtype,
-                                init=functools.partial(_constant, value))
+          out[i] = hk.get_state(
+            leaves[i].name, value.shape, value.dtype, init=functools.partial(_constant, value)
+          )
           if current[i] is not initial[i]:
             hk.set_state(leaves[i].name, current[i])
             out[i] = current[i]
     return out
 
-  def read(self, leaves: Sequence[Leaf],
-           shapes: Optional[Sequence[Any]] = None) -> list[Any]:
+  def read(self, leaves: Sequence[Leaf], shapes: Optional[Sequence[Any]] = None) -> list[Any]:
     """At apply: the current values, through any custom state getter."""
     self.checked_stored(leaves, shapes)
     out: list[Any] = [None] * len(leaves)
@@ -184,8 +196,7 @@ class StateCollection(_Collection):
           out[i] = hk.get_state(leaves[i].name)
     return out
 
-  def write(self, leaves: Sequence[Leaf], old: Sequence[Any],
-            new: Sequence[Any]) -> None:
+  def write(self, leaves: Sequence[Leaf], old: Sequence[Any], new: Sequence[Any]) -> None:
     """Sets each leaf whose value changed (`new[i] is not old[i]`)."""
     for bundle, indices in by_bundle(leaves).items():
       with in_bundle(bundle):

@@ -20,20 +20,24 @@ def bf16_creator(next_creator, shape, dtype, init, context):
 
 
 class ParamsTest(absltest.TestCase):
-
   def test_create_meets_creators_as_inline(self):
     value = jnp.full([2, 3], 0.5)
 
     def bridged():
       with hk.custom_creator(bf16_creator):
-        return test_utils.Outer(lambda: storage.PARAMS.create(
-            [storage.Leaf("['w']", "outer/proj", "w")], [value]))()
+        return test_utils.Outer(
+          lambda: storage.PARAMS.create([storage.Leaf("['w']", "outer/proj", "w")], [value])
+        )()
 
     def inline():
       with hk.custom_creator(bf16_creator):
-        return test_utils.Outer(lambda: [hk.Linear(
-            3, name="proj", w_init=lambda s, d: value.astype(d),
-            with_bias=False)(jnp.ones([1, 2]))])()
+        return test_utils.Outer(
+          lambda: [
+            hk.Linear(3, name="proj", w_init=lambda s, d: value.astype(d), with_bias=False)(
+              jnp.ones([1, 2])
+            )
+          ]
+        )()
 
     p_bridged = hk.transform(bridged).init(KEY)
     p_inline = hk.transform(inline).init(KEY)
@@ -60,24 +64,27 @@ class ParamsTest(absltest.TestCase):
     def f():
       with errors.entry("call_pure"):  # As the entry point that reads them opens it.
         return storage.PARAMS.read([W], [(2,)])
+
     read = hk.transform(f)
     with self.assertRaisesRegex(
-        ValueError, r"hkb.call_pure: parameter 'outer/proj/w' \(params path "
-        r"\['w'\]\) is missing at apply"):
+      ValueError,
+      r"hkb.call_pure: parameter 'outer/proj/w' \(params path "
+      r"\['w'\]\) is missing at apply",
+    ):
       read.apply({}, None)
-    with self.assertRaisesRegex(ValueError,
-                                r"has shape \[3\] .*needs \[2\] for these"):
+    with self.assertRaisesRegex(ValueError, r"has shape \[3\] .*needs \[2\] for these"):
       read.apply({"outer/proj": {"w": jnp.ones([3])}}, None)
     half = {"outer/proj": {"w": jnp.ones([2], jnp.float16)}}
     self.assertEqual(read.apply(half, None)[0].dtype, jnp.float16)
 
   def test_claims(self):
-    twins = [storage.Leaf("['a_0']", "a_0", "b"),
-             storage.Leaf("['a'][0]", "a_0", "b")]
+    twins = [storage.Leaf("['a_0']", "a_0", "b"), storage.Leaf("['a'][0]", "a_0", "b")]
     with errors.entry("get_relevant_parameters"):
       with self.assertRaisesRegex(
-          ValueError, r"hkb.get_relevant_parameters: params paths \['a_0'\] "
-          r"and \['a'\]\[0\] both map to the Haiku parameter 'a_0/b'"):
+        ValueError,
+        r"hkb.get_relevant_parameters: params paths \['a_0'\] "
+        r"and \['a'\]\[0\] both map to the Haiku parameter 'a_0/b'",
+      ):
         hk.transform(lambda: storage.PARAMS.claim(twins)).init(KEY)
 
     def twice_in_one_call():
@@ -97,14 +104,12 @@ class ParamsTest(absltest.TestCase):
 
 
 class StateTest(absltest.TestCase):
-
   def test_create_read_write_as_inline(self):
     leaf = storage.Leaf("['n']", "~", "n")
 
     def bridged(step):
       if hk.running_init():
-        (n,) = storage.STATE.create([leaf], [jnp.zeros([])],
-                                    [jnp.zeros([])])
+        (n,) = storage.STATE.create([leaf], [jnp.zeros([])], [jnp.zeros([])])
       else:
         (n,) = storage.STATE.read([leaf], [()])
       storage.STATE.write([leaf], [n], [n + step])
@@ -115,12 +120,12 @@ class StateTest(absltest.TestCase):
       hk.set_state("n", n + step)
       return n
 
-    ours, theirs = (hk.transform_with_state(bridged),
-                    hk.transform_with_state(inline))
-    chex.assert_trees_all_equal(ours.init(KEY, 1.), theirs.init(KEY, 1.))
-    _, state = theirs.init(KEY, 1.)
-    chex.assert_trees_all_equal(ours.apply({}, state, None, 2.),
-                                theirs.apply({}, state, None, 2.))
+    ours, theirs = (hk.transform_with_state(bridged), hk.transform_with_state(inline))
+    chex.assert_trees_all_equal(ours.init(KEY, 1.0), theirs.init(KEY, 1.0))
+    _, state = theirs.init(KEY, 1.0)
+    chex.assert_trees_all_equal(
+      ours.apply({}, state, None, 2.0), theirs.apply({}, state, None, 2.0)
+    )
 
   def test_create_then_current_value_as_inline_set_state(self):
     # Init sets the state after creating it: what init returns and what the
@@ -137,8 +142,9 @@ class StateTest(absltest.TestCase):
       hk.set_state("n", jnp.ones([2]))
       seen["inline"] = (jnp.ones([2]), hk.get_state("n"))
 
-    chex.assert_trees_all_equal(hk.transform_with_state(bridged).init(KEY),
-                                hk.transform_with_state(inline).init(KEY))
+    chex.assert_trees_all_equal(
+      hk.transform_with_state(bridged).init(KEY), hk.transform_with_state(inline).init(KEY)
+    )
     chex.assert_trees_all_equal(seen["bridged"], seen["inline"])
 
   def test_unchanged_state_is_not_written(self):

@@ -45,6 +45,7 @@ _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 def _known_keywords(api: str) -> Callable[[_Fn], _Fn]:
   """Refuses a keyword the public call `api` does not take, in our words."""
+
   def wrap(fn: _Fn) -> _Fn:
     names = list(inspect.signature(fn).parameters)
 
@@ -53,20 +54,28 @@ def _known_keywords(api: str) -> Callable[[_Fn], _Fn]:
       with errors.entry(api):
         errors.check_keywords(kwargs, names)
       return fn(*args, **kwargs)
+
     return cast(_Fn, checked)
+
   return wrap
 
 
 @remat_lib.plannable
 @_known_keywords("scan")
-def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
-         reverse: bool = False, unroll: int | bool = 1, *,
-         remat: modes.RematMode = False,
-         remat_groups: Optional[int] = None,
-         remat_policy: Optional[Callable[..., bool]] = None,
-         memory_budget: Optional[int] = None,
-         max_recompute: Optional[float] = None
-         ) -> tuple[PyTree, PyTree]:
+def scan(
+  f: StepFn,
+  init: PyTree,
+  xs: PyTree,
+  length: Optional[int] = None,
+  reverse: bool = False,
+  unroll: int | bool = 1,
+  *,
+  remat: modes.RematMode = False,
+  remat_groups: Optional[int] = None,
+  remat_policy: Optional[Callable[..., bool]] = None,
+  memory_budget: Optional[int] = None,
+  max_recompute: Optional[float] = None,
+) -> tuple[PyTree, PyTree]:
   """`hk.scan`, with what its backward pass keeps chosen by `remat`.
 
   `f(carry, x) -> (carry, y)` runs once per step with the same params, as
@@ -136,28 +145,31 @@ def scan(f: StepFn, init: PyTree, xs: PyTree, length: Optional[int] = None,
   """
   with errors.entry("scan"):
     errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`")
-    loop = _check_options(remat, remat_groups, remat_policy, unroll,
-                         memory_budget, max_recompute)
+    loop = _check_options(remat, remat_groups, remat_policy, unroll, memory_budget, max_recompute)
     reverse = errors.check_bool("reverse", reverse)
     length = remat_lib.num_steps(length, xs, _TIME)
-    return _scan(remat_lib.CheckedBody(f, _STEP), init, xs, length, reverse,
-                 loop)
+    return _scan(remat_lib.CheckedBody(f, _STEP), init, xs, length, reverse, loop)
 
 
 @remat_lib.plannable
 @_known_keywords("dynamic_unroll")
-def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
-                   input_sequence: PyTree, initial_state: PyTree,
-                   time_major: bool = True, reverse: bool = False,
-                   return_all_states: bool = False, unroll: int | bool = 1,
-                   *, remat: modes.RematMode = False,
-                   remat_groups: Optional[int] = None,
-                   remat_policy: Optional[Callable[..., bool]] = None,
-                   readout: Optional[Callable[..., PyTree]] = None,
-                   readout_inputs: Optional[PyTree] = None,
-                   memory_budget: Optional[int] = None,
-                   max_recompute: Optional[float] = None
-                   ) -> tuple[PyTree, PyTree]:
+def dynamic_unroll(
+  core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+  input_sequence: PyTree,
+  initial_state: PyTree,
+  time_major: bool = True,
+  reverse: bool = False,
+  return_all_states: bool = False,
+  unroll: int | bool = 1,
+  *,
+  remat: modes.RematMode = False,
+  remat_groups: Optional[int] = None,
+  remat_policy: Optional[Callable[..., bool]] = None,
+  readout: Optional[Callable[..., PyTree]] = None,
+  readout_inputs: Optional[PyTree] = None,
+  memory_budget: Optional[int] = None,
+  max_recompute: Optional[float] = None,
+) -> tuple[PyTree, PyTree]:
   """`hk.dynamic_unroll`, with what its backward pass keeps chosen by `remat`.
 
   Calls `core(input, state) -> (output, state)` on each step of
@@ -222,23 +234,27 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
   """
   with errors.entry("dynamic_unroll"):
     errors.check_callable(
-        "core", core, "an RNN core, `core(input, state) -> (output, state)`, "
-        "such as an hk.LSTM")
+      "core", core, "an RNN core, `core(input, state) -> (output, state)`, such as an hk.LSTM"
+    )
     time_major = errors.check_bool("time_major", time_major)
     reverse = errors.check_bool("reverse", reverse)
-    return_all_states = errors.check_bool("return_all_states",
-                                          return_all_states)
-    loop = _check_options(remat, remat_groups, remat_policy, unroll,
-                         memory_budget, max_recompute)
+    return_all_states = errors.check_bool("return_all_states", return_all_states)
+    loop = _check_options(remat, remat_groups, remat_policy, unroll, memory_budget, max_recompute)
     if readout is not None:
       errors.check_callable(
-          "readout", readout, "a function of each step's output (and its "
-          "slice of `readout_inputs`), such as a head and its loss")
+        "readout",
+        readout,
+        "a function of each step's output (and its "
+        "slice of `readout_inputs`), such as a head and its loss",
+      )
     elif readout_inputs is not None:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           "`readout_inputs` are the per-step inputs of `readout`: pass "
           "`readout=` too, e.g. `readout=lambda y, target: loss(head(y), "
-          "target)`."))
+          "target)`."
+        )
+      )
     with_readout_inputs = readout_inputs is not None
     if not time_major:
       _check_batch_major(input_sequence)
@@ -248,11 +264,9 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
       if with_readout_inputs:
         _check_batch_major(readout_inputs, "readout_inputs")
         readout_inputs = pytree.swap_batch_time(readout_inputs)
-    length = remat_lib.num_steps(None, input_sequence, _TIME_INPUTS,
-                                 "input_sequence")
+    length = remat_lib.num_steps(None, input_sequence, _TIME_INPUTS, "input_sequence")
     if with_readout_inputs:
-      remat_lib.num_steps(length, readout_inputs, _TIME_INPUTS,
-                          "readout_inputs")
+      remat_lib.num_steps(length, readout_inputs, _TIME_INPUTS, "readout_inputs")
       input_sequence = (input_sequence, readout_inputs)
 
     # At init the usual form's head runs after the unroll, and its params
@@ -262,27 +276,30 @@ def dynamic_unroll(core: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
 
     def read(outputs, readout_in):
       assert readout is not None, "read runs only with a readout"
-      return (readout(outputs, readout_in) if with_readout_inputs
-              else readout(outputs))
+      return readout(outputs, readout_in) if with_readout_inputs else readout(outputs)
 
     def step(state, inputs):
       readout_in = None
       if with_readout_inputs:
         inputs, readout_in = inputs
       outputs, new_state = remat_lib.check_step_output(
-          core(inputs, state), state, _CORE, carry_index=1)
+        core(inputs, state), state, _CORE, carry_index=1
+      )
       if readout is not None and not read_after:
         outputs = read(outputs, readout_in)
-      return new_state, ((outputs, new_state) if return_all_states
-                         else outputs)
+      return new_state, ((outputs, new_state) if return_all_states else outputs)
 
-    last_state, out = _scan(step, initial_state, input_sequence, length,
-                            reverse, loop)
+    last_state, out = _scan(step, initial_state, input_sequence, length, reverse, loop)
     outputs, states = out if return_all_states else (out, last_state)
     if read_after:
-      outputs = _scan(lambda _, step: (None, read(*step)), None,
-                      (outputs, input_sequence[1] if with_readout_inputs
-                       else None), length, False, loop)[1]
+      outputs = _scan(
+        lambda _, step: (None, read(*step)),
+        None,
+        (outputs, input_sequence[1] if with_readout_inputs else None),
+        length,
+        False,
+        loop,
+      )[1]
     if not time_major:
       outputs = pytree.swap_batch_time(outputs)
       if return_all_states:
@@ -297,24 +314,40 @@ def _initialising() -> bool:
 
 # How the time scans' messages name their bodies (remat.check_step_output).
 _STEP = remat_lib.StepWords(
-    body="`f`", pair="(carry, y)", carry="carry", step="step", subject="it",
-    pair_hint=" Return `(new_carry, None)` for a step without per-step "
-    "outputs.", carry_hint=" Return per-step outputs as `y` in `(carry, y)`.")
-_CORE = remat_lib.StepWords(body="`core`", pair="(output, state)",
-                            carry="state", step="step", subject="it")
+  body="`f`",
+  pair="(carry, y)",
+  carry="carry",
+  step="step",
+  subject="it",
+  pair_hint=" Return `(new_carry, None)` for a step without per-step outputs.",
+  carry_hint=" Return per-step outputs as `y` in `(carry, y)`.",
+)
+_CORE = remat_lib.StepWords(
+  body="`core`", pair="(output, state)", carry="state", step="step", subject="it"
+)
 
 
-def _check_options(remat: Any, remat_groups: Any, remat_policy: Any,
-                   unroll: Any, memory_budget: Any,
-                   max_recompute: Any) -> remat_lib.Loop:
-  return remat_lib.from_options(remat=remat, remat_groups=remat_groups,
-                                remat_policy=remat_policy, unroll=unroll,
-                                memory_budget=memory_budget,
-                                max_recompute=max_recompute)
+def _check_options(
+  remat: Any,
+  remat_groups: Any,
+  remat_policy: Any,
+  unroll: Any,
+  memory_budget: Any,
+  max_recompute: Any,
+) -> remat_lib.Loop:
+  return remat_lib.from_options(
+    remat=remat,
+    remat_groups=remat_groups,
+    remat_policy=remat_policy,
+    unroll=unroll,
+    memory_budget=memory_budget,
+    max_recompute=max_recompute,
+  )
 
 
-def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
-          loop: remat_lib.Loop) -> tuple[PyTree, PyTree]:
+def _scan(
+  f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool, loop: remat_lib.Loop
+) -> tuple[PyTree, PyTree]:
   """`scan` of checked arguments: in a transform, with Haiku state and rng."""
   if not guards.inside_transform():
     return loop(f, init, xs, length, reverse)
@@ -326,8 +359,7 @@ def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
     if length == 0:
       x = jax.tree.map(lambda a: jnp.zeros(a.shape[1:], a.dtype), xs)
       y = f(init, x)[1]
-      return init, jax.tree.map(lambda a: jnp.zeros((0,) + a.shape, a.dtype),
-                                y)
+      return init, jax.tree.map(lambda a: jnp.zeros((0,) + a.shape, a.dtype), y)
     at = -1 if reverse else 0
     init, first = f(init, jax.tree.map(lambda a: a[at], xs))
     first = jax.tree.map(lambda a: jnp.expand_dims(a, 0), first)
@@ -343,16 +375,18 @@ def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
       new = created()
       if new:
         # The loop's carry holds no params: they cannot change in a step.
-        raise AssertionError(errors.message(
+        raise AssertionError(
+          errors.message(
             f"a step created params {new}, which the first step did not. "
             "At init the first step runs alone and creates the params that "
             "every step shares, as in hk.scan: create modules outside the "
             "step (e.g. `lstm = hk.LSTM(8)` before the scan) so that each "
-            "step calls the same ones."))
+            "step calls the same ones."
+          )
+        )
       return (carry, haiku_internals.loop_state()), y
 
-  (carry, state), ys = loop(step, (init, haiku_internals.loop_state()), xs,
-                            length, reverse)
+  (carry, state), ys = loop(step, (init, haiku_internals.loop_state()), xs, length, reverse)
   haiku_internals.set_loop_state(state)
   if first is not None:
     parts = (lambda y, y0: (y, y0)) if reverse else (lambda y, y0: (y0, y))
@@ -362,20 +396,24 @@ def _scan(f: StepFn, init: PyTree, xs: PyTree, length: int, reverse: bool,
 
 # How the time scans count their steps (remat.num_steps).
 _TIME = remat_lib.StepAxis(
-    argument="length", least=0,
-    leaf="an array with a leading time axis, one entry per step",
-    none="{name} holds no arrays, so the number of steps is unknown: pass "
-    "`length=`, the number of steps.")
+  argument="length",
+  least=0,
+  leaf="an array with a leading time axis, one entry per step",
+  none="{name} holds no arrays, so the number of steps is unknown: pass "
+  "`length=`, the number of steps.",
+)
 _TIME_INPUTS = _TIME._replace(
-    none="{name} holds no arrays, so the number of steps is unknown: pass "
-    "inputs with a time axis.")
+  none="{name} holds no arrays, so the number of steps is unknown: pass inputs with a time axis."
+)
 
 
-def _check_batch_major(input_sequence: PyTree,
-                       name: str = "input_sequence") -> None:
+def _check_batch_major(input_sequence: PyTree, name: str = "input_sequence") -> None:
   for path, leaf in jax.tree_util.tree_leaves_with_path(input_sequence):
     if np.ndim(leaf) < 2:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"{name}{jax.tree_util.keystr(path)} is "
           f"{errors.got(leaf)}; with time_major=False every leaf needs a "
-          "batch axis and a time axis, [B, T, ...]."))
+          "batch axis and a time axis, [B, T, ...]."
+        )
+      )

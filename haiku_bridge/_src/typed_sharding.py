@@ -22,6 +22,7 @@ if hasattr(jax.sharding, "reshard"):
 else:  # jax 0.6
   # pylint: disable-next=g-import-not-at-top
   from jax.experimental import shard  # type: ignore[attr-defined]
+
   _reshard = shard.reshard
 
 # What one dimension of a PartitionSpec holds: no mesh axis, one, or several.
@@ -32,8 +33,7 @@ def entry_without(entry: MeshAxes, axes: tuple[str, ...]) -> MeshAxes:
   """One entry of a PartitionSpec with the mesh `axes` taken out."""
   if entry is None or entry is PartitionSpec.UNCONSTRAINED:
     return entry
-  kept = tuple(a for a in ((entry,) if isinstance(entry, str) else entry)
-               if a not in axes)
+  kept = tuple(a for a in ((entry,) if isinstance(entry, str) else entry) if a not in axes)
   if not kept:
     return None
   return kept[0] if len(kept) == 1 else kept
@@ -101,8 +101,11 @@ def gradient_replicated_where_unplaced(a: jax.Array) -> jax.Array:
   the partitioner (it may hand each stage only its layers). An array whose
   type names a mesh, and one with no gradient (keys, integers), is as it is.
   """
-  if (_named(a) is not None or jax.sharding.get_abstract_mesh().empty or
-      not jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)):
+  if (
+    _named(a) is not None
+    or jax.sharding.get_abstract_mesh().empty
+    or not jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)
+  ):
     return a
   return _tangent_replicated(a)
 
@@ -134,5 +137,4 @@ def on_mesh(tree: Any) -> Any:
   if mesh.empty or explicit not in tuple(mesh.axis_types):
     return tree
 
-  return jax.tree.map(
-      lambda a: _reshard(a, PartitionSpec()) if _named(a) is None else a, tree)
+  return jax.tree.map(lambda a: _reshard(a, PartitionSpec()) if _named(a) is None else a, tree)

@@ -20,13 +20,12 @@ def mesh(*types):
 
 
 class TypedShardingTest(absltest.TestCase):
-
   def test_entry_without(self):
-    self.assertEqual(typed_sharding.entry_without(("stage", "data"), ("stage",)),
-                     "data")  # One axis left: as jax writes it, a name.
+    self.assertEqual(
+      typed_sharding.entry_without(("stage", "data"), ("stage",)), "data"
+    )  # One axis left: as jax writes it, a name.
     self.assertIsNone(typed_sharding.entry_without("stage", ("stage",)))
-    self.assertEqual(typed_sharding.entry_without(("a", "b", "c"), ("b",)),
-                     ("a", "c"))
+    self.assertEqual(typed_sharding.entry_without(("a", "b", "c"), ("b",)), ("a", "c"))
 
   def test_spec_and_sizes_under_an_explicit_mesh(self):
     with jax.set_mesh(mesh(AxisType.Explicit, AxisType.Explicit)):

@@ -53,8 +53,11 @@ def installed() -> dict[str, str]:
 
 def untested(versions: Mapping[str, str]) -> list[str]:
   """`"jax 0.10.3"` for each of `versions` newer than the newest tested release."""
-  return [f"{name} {version}" for name, version in versions.items()
-          if release(version) > release(TESTED[name][1])]
+  return [
+    f"{name} {version}"
+    for name, version in versions.items()
+    if release(version) > release(TESTED[name][1])
+  ]
 
 
 def tested_range() -> str:
@@ -62,8 +65,7 @@ def tested_range() -> str:
   return " and ".join(f"{name} {low} to {high}" for name, (low, high) in TESTED.items())
 
 
-def warn_if_untested(versions: Optional[Mapping[str, str]] = None, *, stacklevel: int = 1
-                     ) -> None:
+def warn_if_untested(versions: Optional[Mapping[str, str]] = None, *, stacklevel: int = 1) -> None:
   """Warns (`UntestedVersionWarning`) if jax or dm-haiku is newer than the tested set.
 
   Said where the caller says (`stacklevel`, as `warnings.warn` counts it from the caller: 1 the
@@ -72,7 +74,10 @@ def warn_if_untested(versions: Optional[Mapping[str, str]] = None, *, stacklevel
   newer = untested(installed() if versions is None else versions)
   if newer:
     warnings.warn(
-        f"haiku_bridge is tested with {tested_range()}; this is {' and '.join(newer)}, which "
-        "should work but is untested. If something fails, install a tested release (e.g. "
-        f"pip install \"jax<={TESTED['jax'][1]}\" \"dm-haiku<={TESTED['dm-haiku'][1]}\") and "
-        "report it.", UntestedVersionWarning, stacklevel=stacklevel + 1)
+      f"haiku_bridge is tested with {tested_range()}; this is {' and '.join(newer)}, which "
+      "should work but is untested. If something fails, install a tested release (e.g. "
+      f"pip install \"jax<={TESTED['jax'][1]}\" \"dm-haiku<={TESTED['dm-haiku'][1]}\") and "
+      "report it.",
+      UntestedVersionWarning,
+      stacklevel=stacklevel + 1,
+    )

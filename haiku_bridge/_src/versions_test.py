@@ -41,15 +41,18 @@ def import_with(jax_version: str, haiku_version: str) -> tuple[list[dict[str, An
     with open(path, "w") as f:
       f.write(code)
     # haiku_bridge from where this test has it (a script's own folder comes first on its path).
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([_ROOT] + [p for p in sys.path if p]))
-    run = subprocess.run([sys.executable, path], cwd=_ROOT, capture_output=True, text=True,
-                         check=True, env=env)
+    env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=os.pathsep.join([_ROOT] + [p for p in sys.path if p]),
+    )
+    run = subprocess.run(
+      [sys.executable, path], cwd=_ROOT, capture_output=True, text=True, check=True, env=env
+    )
   return json.loads(run.stdout.strip().splitlines()[-1]), path
 
 
 class VersionsTest(absltest.TestCase):
-
   def test_release(self):
     self.assertEqual(versions.release("0.10.2"), (0, 10, 2))
     self.assertEqual(versions.release("0.0.17"), (0, 0, 17))
@@ -61,8 +64,9 @@ class VersionsTest(absltest.TestCase):
     low_haiku, high_haiku = versions.TESTED["dm-haiku"]
     self.assertEqual(versions.untested({"jax": high_jax, "dm-haiku": high_haiku}), [])
     self.assertEqual(versions.untested({"jax": low_jax, "dm-haiku": low_haiku}), [])
-    self.assertEqual(versions.untested({"jax": "0.10.3", "dm-haiku": "0.0.18"}),
-                     ["jax 0.10.3", "dm-haiku 0.0.18"])
+    self.assertEqual(
+      versions.untested({"jax": "0.10.3", "dm-haiku": "0.0.18"}), ["jax 0.10.3", "dm-haiku 0.0.18"]
+    )
 
   def test_warning_names_both_and_the_tested_range(self):
     # Recorded, not `assertWarns`: that reads every module's `__warningregistry__`, and without

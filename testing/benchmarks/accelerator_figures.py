@@ -47,8 +47,7 @@ from haiku_bridge._src.remat import hlo_flops
 from testing import transformer
 from testing.benchmarks.lib import time_scan_bench as tsb
 
-_OUT = flags.DEFINE_string("out", "/tmp/haiku_bridge_accelerator",
-                           "Output folder.")
+_OUT = flags.DEFINE_string("out", "/tmp/haiku_bridge_accelerator", "Output folder.")
 _SMALL = flags.DEFINE_bool("small", False, "Small shapes (a CPU check).")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per form.")
 
@@ -84,8 +83,7 @@ def lm_size(small: bool, memory: int | None) -> dict[str, int]:
   """
   if small:
     return dict(vocab=64, d_model=32, heads=2, layers=2, seq=16, batch=2)
-  size = dict(vocab=1024, d_model=1024, heads=8, layers=MAX_LAYERS, seq=1024,
-              batch=8)
+  size = dict(vocab=1024, d_model=1024, heads=8, layers=MAX_LAYERS, seq=1024, batch=8)
   if memory:
     b, h, s, d = size["batch"], size["heads"], size["seq"], size["d_model"]
     per_layer = 2 * (2 * b * h * s * s + 16 * b * s * d + 36 * d * d)
@@ -93,8 +91,7 @@ def lm_size(small: bool, memory: int | None) -> dict[str, int]:
   return size
 
 
-def lstm_length(small: bool, memory: int | None, hidden: int, batch: int,
-                vocab: int) -> int:
+def lstm_length(small: bool, memory: int | None, hidden: int, batch: int, vocab: int) -> int:
   """The char LSTM's steps: `MAX_LENGTH`, or the longest power of two half of `memory` holds.
 
   The usual form's step holds per time step four float32 arrays of
@@ -110,8 +107,13 @@ def lstm_length(small: bool, memory: int | None, hidden: int, batch: int,
   return length
 
 
-LM_FORMS = ("inline", "hkb.call_pure(hk.transform)", "hkb.custom_vjp per block",
-            "hk.layer_stack", "hkb.repeat_layer")
+LM_FORMS = (
+  "inline",
+  "hkb.call_pure(hk.transform)",
+  "hkb.custom_vjp per block",
+  "hk.layer_stack",
+  "hkb.repeat_layer",
+)
 
 
 def _lm_loss(form: str, *, vocab: int, d_model: int, heads: int, layers: int):
@@ -158,15 +160,18 @@ def _time(step: Callable[..., Any], args: tuple[Any, ...]) -> float:
   return (time.perf_counter() - start) / calls
 
 
-def _interleaved(steps: dict[str, tuple[Any, tuple[Any, ...]]],
-                 repeats: int) -> dict[str, list[float]]:
+def _interleaved(
+  steps: dict[str, tuple[Any, tuple[Any, ...]]], repeats: int
+) -> dict[str, list[float]]:
   """Step times of every entry, one of each per repetition, each repetition printed."""
   samples = {k: [] for k in steps}
   for rep in range(repeats):
     for k, (step, args) in steps.items():
       samples[k].append(_time(step, args))
-    say(f"  repetition {rep + 1}/{repeats}: " + ", ".join(
-        f"{k} {v[-1] * 1e3:.2f} ms" for k, v in samples.items()))
+    say(
+      f"  repetition {rep + 1}/{repeats}: "
+      + ", ".join(f"{k} {v[-1] * 1e3:.2f} ms" for k, v in samples.items())
+    )
   return samples
 
 
@@ -189,25 +194,30 @@ def bridge_parity(small: bool, repeats: int, memory: int | None) -> dict[str, An
   size = lm_size(small, memory)
   say(f"Transformer LM training step, {size}, bfloat16:")
   dtype = jnp.bfloat16
-  tokens = jax.random.randint(jax.random.PRNGKey(1),
-                              [size["batch"], size["seq"] + 1], 0, size["vocab"])
+  tokens = jax.random.randint(
+    jax.random.PRNGKey(1), [size["batch"], size["seq"] + 1], 0, size["vocab"]
+  )
   model = dict((k, size[k]) for k in ("vocab", "d_model", "heads", "layers"))
   steps = {}
   for form in LM_FORMS:
     f = hk.transform(_lm_loss(form, **model))
-    params = jax.tree.map(lambda p: p.astype(dtype),
-                          jax.jit(f.init)(jax.random.PRNGKey(0), tokens))
+    params = jax.tree.map(lambda p: p.astype(dtype), jax.jit(f.init)(jax.random.PRNGKey(0), tokens))
     step = jax.jit(jax.value_and_grad(lambda p, t, f=f: f.apply(p, None, t)))
     steps[form] = (_compiled(form, step, (params, tokens)), (params, tokens))
   # Every form computes the same loss (recorded: a broken form is no figure).
   losses = {k: float(s(*a)[0]) for k, (s, a) in steps.items()}
   say(f"  losses: {losses}")
   samples = _interleaved(steps, repeats)
-  out = {"size": size, "dtype": "bfloat16", "losses": losses,
-         "step_ms": {k: statistics.median(v) * 1e3 for k, v in samples.items()},
-         "ratios": {k: _ratios(samples, k, "inline") for k in LM_FORMS[1:3]}}
+  out = {
+    "size": size,
+    "dtype": "bfloat16",
+    "losses": losses,
+    "step_ms": {k: statistics.median(v) * 1e3 for k, v in samples.items()},
+    "ratios": {k: _ratios(samples, k, "inline") for k in LM_FORMS[1:3]},
+  }
   out["ratios"]["hkb.repeat_layer / hk.layer_stack"] = _ratios(
-      samples, "hkb.repeat_layer", "hk.layer_stack")
+    samples, "hkb.repeat_layer", "hk.layer_stack"
+  )
   return out
 
 
@@ -216,47 +226,60 @@ def time_scan(small: bool, repeats: int, memory: int | None) -> dict[str, Any]:
   hidden, batch, vocab = (16, 2, 16) if small else (1024, 32, 256)
   length = lstm_length(small, memory, hidden, batch, vocab)
   cfg = tsb.TimeScanConfig(
-      mode="accelerator", lengths=(length,), hidden=hidden, batch=batch,
-      vocab=vocab, warmup=1, step_repeats=repeats, step_block_s=0.2)
-  say(f"Char LSTM training step, hidden {hidden}, batch {batch}, "
-      f"vocab {vocab}, length {length}:")
-  keys = {"usual form, per-step remat": (tsb.AFTER, tsb.BASELINE),
-          "readout= + binomial": (tsb.READOUT, tsb.BINOMIAL),
-          "loss in the step, binomial": (tsb.IN_STEP, tsb.BINOMIAL),
-          "loss in the step, Equinox checkpointed": (tsb.IN_STEP, tsb.EQUINOX)}
+    mode="accelerator",
+    lengths=(length,),
+    hidden=hidden,
+    batch=batch,
+    vocab=vocab,
+    warmup=1,
+    step_repeats=repeats,
+    step_block_s=0.2,
+  )
+  say(f"Char LSTM training step, hidden {hidden}, batch {batch}, vocab {vocab}, length {length}:")
+  keys = {
+    "usual form, per-step remat": (tsb.AFTER, tsb.BASELINE),
+    "readout= + binomial": (tsb.READOUT, tsb.BINOMIAL),
+    "loss in the step, binomial": (tsb.IN_STEP, tsb.BINOMIAL),
+    "loss in the step, Equinox checkpointed": (tsb.IN_STEP, tsb.EQUINOX),
+  }
   steps, temp = {}, {}
   for name, (form, variant) in keys.items():
     step, args = tsb.step_and_inputs(length, form, variant, cfg)
     compiled = _compiled(name, step, args)
     analysis = compiled.memory_analysis()
-    temp[name] = None if analysis is None else hlo_flops.temporaries(
-        analysis, jax.default_backend())
-    say(f"  {name}: temporaries "
-        + ("n/a" if temp[name] is None else f"{temp[name] / 2**20:.2f} MiB"))
+    temp[name] = (
+      None if analysis is None else hlo_flops.temporaries(analysis, jax.default_backend())
+    )
+    say(
+      f"  {name}: temporaries " + ("n/a" if temp[name] is None else f"{temp[name] / 2**20:.2f} MiB")
+    )
     steps[name] = (compiled, args)
   samples = _interleaved(steps, repeats)
   ro, eqx = "readout= + binomial", "loss in the step, Equinox checkpointed"
-  return {"config": {"hidden": cfg.hidden, "batch": cfg.batch,
-                     "vocab": cfg.vocab, "length": length},
-          "temp_bytes": temp,
-          "step_ms": {k: statistics.median(v) * 1e3 for k, v in samples.items()},
-          "readout_temp_over_per_step_remat":
-              temp[ro] / temp["usual form, per-step remat"]
-              if temp[ro] and temp["usual form, per-step remat"] else None,
-          "readout_temp_over_equinox":
-              temp[ro] / temp[eqx] if temp[ro] and temp[eqx] else None,
-          "readout_time_over_equinox": _ratios(samples, ro, eqx)}
+  return {
+    "config": {"hidden": cfg.hidden, "batch": cfg.batch, "vocab": cfg.vocab, "length": length},
+    "temp_bytes": temp,
+    "step_ms": {k: statistics.median(v) * 1e3 for k, v in samples.items()},
+    "readout_temp_over_per_step_remat": temp[ro] / temp["usual form, per-step remat"]
+    if temp[ro] and temp["usual form, per-step remat"]
+    else None,
+    "readout_temp_over_equinox": temp[ro] / temp[eqx] if temp[ro] and temp[eqx] else None,
+    "readout_time_over_equinox": _ratios(samples, ro, eqx),
+  }
 
 
 def environment() -> dict[str, Any]:
   device = jax.devices()[0]
-  return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-              timespec="minutes"),
-          "backend": jax.default_backend(),
-          "device": getattr(device, "device_kind", str(device)),
-          "device_bytes": device_bytes(),
-          "jax": jax.__version__, "jaxlib": jax.lib.__version__,
-          "dm-haiku": hk.__version__, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
+  return {
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+    "backend": jax.default_backend(),
+    "device": getattr(device, "device_kind", str(device)),
+    "device_bytes": device_bytes(),
+    "jax": jax.__version__,
+    "jaxlib": jax.lib.__version__,
+    "dm-haiku": hk.__version__,
+    "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+  }
 
 
 def _times(value: float | None) -> str:
@@ -266,33 +289,46 @@ def _times(value: float | None) -> str:
 def markdown(figures: dict[str, Any]) -> str:
   """The figures as Markdown tables (those measured: a run may stop between them)."""
   env = figures["environment"]
-  memory = ("" if not env["device_bytes"] else
-            f", {env['device_bytes'] / 2**30:.1f} GiB")
-  lines = [f"{env['date']}, {env['device']} ({env['backend']}{memory}), "
-           f"jax {env['jax']}, jaxlib {env['jaxlib']}, dm-haiku {env['dm-haiku']}."]
+  memory = "" if not env["device_bytes"] else f", {env['device_bytes'] / 2**30:.1f} GiB"
+  lines = [
+    f"{env['date']}, {env['device']} ({env['backend']}{memory}), "
+    f"jax {env['jax']}, jaxlib {env['jaxlib']}, dm-haiku {env['dm-haiku']}."
+  ]
   lm = figures.get("bridge_parity")
   if lm:
-    lines += ["", f"Transformer LM training step, {lm['size']}, {lm['dtype']}:", "",
-              "| form | step (ms) | ratio (median [min–max]) |", "| --- | ---: | --- |"]
+    lines += [
+      "",
+      f"Transformer LM training step, {lm['size']}, {lm['dtype']}:",
+      "",
+      "| form | step (ms) | ratio (median [min–max]) |",
+      "| --- | ---: | --- |",
+    ]
     for form in LM_FORMS:
       r, of = lm["ratios"].get(form), " of inline"
       if form == "hkb.repeat_layer":
         r, of = lm["ratios"]["hkb.repeat_layer / hk.layer_stack"], " of hk.layer_stack"
-      ratio = "" if r is None else (
-          f"{r['median']:.3f} [{r['min']:.3f}–{r['max']:.3f}]{of}")
+      ratio = "" if r is None else (f"{r['median']:.3f} [{r['min']:.3f}–{r['max']:.3f}]{of}")
       lines.append(f"| {form} | {lm['step_ms'][form]:.2f} | {ratio} |")
   ts = figures.get("time_scan")
   if ts:
-    lines += ["", f"Char LSTM training step, {ts['config']}:", "",
-              "| variant | temporaries (MiB) | step (ms) |", "| --- | ---: | ---: |"]
+    lines += [
+      "",
+      f"Char LSTM training step, {ts['config']}:",
+      "",
+      "| variant | temporaries (MiB) | step (ms) |",
+      "| --- | ---: | ---: |",
+    ]
     for k, b in ts["temp_bytes"].items():
       mib = "n/a" if b is None else f"{b / 2**20:.2f}"
       lines.append(f"| {k} | {mib} | {ts['step_ms'][k]:.2f} |")
     t = ts["readout_time_over_equinox"]
-    lines += ["", f"readout= + binomial: {_times(ts['readout_temp_over_per_step_remat'])} "
-              f"per-step remat's temporaries, {_times(ts['readout_temp_over_equinox'])} "
-              f"Equinox's, at {t['median']:.3f} [{t['min']:.3f}–{t['max']:.3f}]× "
-              "its step time."]
+    lines += [
+      "",
+      f"readout= + binomial: {_times(ts['readout_temp_over_per_step_remat'])} "
+      f"per-step remat's temporaries, {_times(ts['readout_temp_over_equinox'])} "
+      f"Equinox's, at {t['median']:.3f} [{t['min']:.3f}–{t['max']:.3f}]× "
+      "its step time.",
+    ]
   return "\n".join(lines)
 
 
@@ -302,8 +338,7 @@ def main(argv):
   figures = {"environment": environment()}
   memory = figures["environment"]["device_bytes"]
   say(f"{figures['environment']}")
-  for name, measure in (("bridge_parity", bridge_parity),
-                        ("time_scan", time_scan)):
+  for name, measure in (("bridge_parity", bridge_parity), ("time_scan", time_scan)):
     figures[name] = measure(_SMALL.value, _REPEATS.value, memory)
     text = markdown(figures)
     with open(os.path.join(_OUT.value, "figures.json"), "w") as f:

@@ -50,13 +50,14 @@ from testing.benchmarks.lib import targets
 from testing.benchmarks.lib import trace_profile
 from testing.benchmarks.lib import trace_rows
 
-_QUICK = flags.DEFINE_bool(
-    "quick", False, "Smoke mode: tiny models, few repetitions.")
+_QUICK = flags.DEFINE_bool("quick", False, "Smoke mode: tiny models, few repetitions.")
 _OUT_DIR = flags.DEFINE_string(
-    "out_dir", "testing/benchmarks/results",
-    "Where to write results.json, tables.md and the plot. A relative path is "
-    "taken from the workspace root under `bazel run`, else from the current "
-    "directory.")
+  "out_dir",
+  "testing/benchmarks/results",
+  "Where to write results.json, tables.md and the plot. A relative path is "
+  "taken from the workspace root under `bazel run`, else from the current "
+  "directory.",
+)
 
 JSON_FILE = "results.json"
 TABLES_FILE = "tables.md"
@@ -71,24 +72,27 @@ def _log(message: str) -> None:
 def profiles(cfg: config.Config) -> list[trace_profile.TraceProfile]:
   """Profiles of the apply trace, every row, at the middle model size."""
   size = cfg.mlp_sizes[len(cfg.mlp_sizes) // 2]
-  in_process = [(row, v) for row in trace_rows.APPLY_ROWS
-                if row != trace_rows.FRESH_PROCESS for v in PROFILED_VARIANTS]
-  out = [trace_profile.profile_in_process(size, v, row, cfg.profile_repeats)
-         for row, v in harness.with_progress("profiles", in_process)]
+  in_process = [
+    (row, v)
+    for row in trace_rows.APPLY_ROWS
+    if row != trace_rows.FRESH_PROCESS
+    for v in PROFILED_VARIANTS
+  ]
+  out = [
+    trace_profile.profile_in_process(size, v, row, cfg.profile_repeats)
+    for row, v in harness.with_progress("profiles", in_process)
+  ]
   x = mlp_bench.example_input(size)
   with tempfile.TemporaryDirectory() as directory:
     paths = fresh_process.write_params(
-        size, {v: models.mlp_model(size, v).init(models.KEY, x)
-               for v in PROFILED_VARIANTS}, directory)
-    for v in harness.with_progress("profiles, fresh process",
-                                   PROFILED_VARIANTS):
-      out.append(fresh_process.profile(size, v, paths[v],
-                                       cfg.fresh_profile_repeats, directory))
+      size, {v: models.mlp_model(size, v).init(models.KEY, x) for v in PROFILED_VARIANTS}, directory
+    )
+    for v in harness.with_progress("profiles, fresh process", PROFILED_VARIANTS):
+      out.append(fresh_process.profile(size, v, paths[v], cfg.fresh_profile_repeats, directory))
   return out
 
 
-def run(cfg: config.Config, out_dir: str,
-        command: Optional[str] = None) -> results.Results:
+def run(cfg: config.Config, out_dir: str, command: Optional[str] = None) -> results.Results:
   """Runs every benchmark, writes the results to `out_dir`; returns them."""
   start = time.perf_counter()
   env = environment.environment()
@@ -100,11 +104,16 @@ def run(cfg: config.Config, out_dir: str,
   stack = stack_bench.bench_stack(cfg)
 
   res = results.Results(
-      cfg=cfg, command=command or " ".join(["python3"] + sys.argv),
-      date=datetime.datetime.now(datetime.timezone.utc).strftime(
-          "%Y-%m-%d %H:%M UTC"),
-      env=env, mlp=mlp, stack=stack, profiles=trace_profiles,
-      targets=targets.evaluate(mlp, stack, cfg), run_s=0.0)
+    cfg=cfg,
+    command=command or " ".join(["python3"] + sys.argv),
+    date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    env=env,
+    mlp=mlp,
+    stack=stack,
+    profiles=trace_profiles,
+    targets=targets.evaluate(mlp, stack, cfg),
+    run_s=0.0,
+  )
   os.makedirs(out_dir, exist_ok=True)
   if plot.write_plot(res, os.path.join(out_dir, PLOT_FILE)):
     res.plot_file = PLOT_FILE
@@ -128,8 +137,7 @@ def resolve_out_dir(out_dir: str) -> str:
 
 def main(argv: list[str]) -> None:
   del argv  # Flags only.
-  res = run(config.QUICK if _QUICK.value else config.FULL,
-            resolve_out_dir(_OUT_DIR.value))
+  res = run(config.QUICK if _QUICK.value else config.FULL, resolve_out_dir(_OUT_DIR.value))
   print("\n".join(tables.targets_section(res.targets)))
 
 

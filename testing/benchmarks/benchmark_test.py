@@ -29,30 +29,28 @@ from testing.benchmarks.lib import tables
 from testing.benchmarks.lib import trace_rows
 
 SECTIONS = (
-    "# haiku_bridge benchmark tables",
-    "## Run",
-    "## Targets",
-    "## 1. `call_pure` vs inline Haiku vs `hk.lift`",
-    "### Times (ms)",
-    "### Ratios to inline (wall clock)",
-    "### Fresh process: first trace and its lowering",
-    "### Bridged apply trace: excess over inline (ms)",
-    "### `call_pure(pure fn)`: first traces against their floor",
-    "### Profiles of the apply trace",
-    "## 2. Layer scan vs `hk.layer_stack` vs unrolled loop",
-    "## Plot",
+  "# haiku_bridge benchmark tables",
+  "## Run",
+  "## Targets",
+  "## 1. `call_pure` vs inline Haiku vs `hk.lift`",
+  "### Times (ms)",
+  "### Ratios to inline (wall clock)",
+  "### Fresh process: first trace and its lowering",
+  "### Bridged apply trace: excess over inline (ms)",
+  "### `call_pure(pure fn)`: first traces against their floor",
+  "### Profiles of the apply trace",
+  "## 2. Layer scan vs `hk.layer_stack` vs unrolled loop",
+  "## Plot",
 )
 
 
 class QuickBenchmarkTest(absltest.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     cls.out_dir = absltest.get_default_test_tmpdir()
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
-      cls.results = benchmark.run(config.QUICK, cls.out_dir,
-                                  command="benchmark_test --quick")
+      cls.results = benchmark.run(config.QUICK, cls.out_dir, command="benchmark_test --quick")
     cls.progress = stderr.getvalue()
     with open(os.path.join(cls.out_dir, benchmark.TABLES_FILE)) as f:
       cls.markdown = f.read()
@@ -66,9 +64,16 @@ class QuickBenchmarkTest(absltest.TestCase):
     self.assertEqual(positions, sorted(positions))
 
   def test_records_command_machine_and_versions(self):
-    for text in ("Command: `benchmark_test --quick`", "Mode: quick", "Date:",
-                 "| CPU count |", "| jax |", "| dm-haiku |",
-                 "| haiku_bridge |", "Total run time:"):
+    for text in (
+      "Command: `benchmark_test --quick`",
+      "Mode: quick",
+      "Date:",
+      "| CPU count |",
+      "| jax |",
+      "| dm-haiku |",
+      "| haiku_bridge |",
+      "Total run time:",
+    ):
       self.assertIn(text, self.markdown)
     self.assertEqual(self.json["run"]["command"], "benchmark_test --quick")
     self.assertEqual(self.json["run"]["config"]["mode"], "quick")
@@ -78,8 +83,12 @@ class QuickBenchmarkTest(absltest.TestCase):
 
   def test_every_target_is_reported(self):
     names = [t.name for t in self.results.targets]
-    fragments = ["/ inline step time", "layer_scan trace+compile",
-                 "/ hk.layer_stack step time", "remat temp memory"]
+    fragments = [
+      "/ inline step time",
+      "layer_scan trace+compile",
+      "/ hk.layer_stack step time",
+      "remat temp memory",
+    ]
     fragments += [f"apply trace time, {row}" for row in trace_rows.APPLY_ROWS]
     for fragment in fragments:
       self.assertTrue(any(fragment in n for n in names), fragment)
@@ -89,36 +98,35 @@ class QuickBenchmarkTest(absltest.TestCase):
 
   def test_json_holds_every_kept_sample(self):
     cfg = config.QUICK
-    fresh = [s for s in self.json["samples"]
-             if s.get("row") == trace_rows.FRESH_PROCESS
-             and s["phase"] == "trace"]
+    fresh = [
+      s
+      for s in self.json["samples"]
+      if s.get("row") == trace_rows.FRESH_PROCESS and s["phase"] == "trace"
+    ]
     self.assertCountEqual(
-        [s["variant"] for s in fresh],
-        models.MLP_VARIANTS + (models.INLINE_COPY,))
+      [s["variant"] for s in fresh], models.MLP_VARIANTS + (models.INLINE_COPY,)
+    )
     for sample in fresh:
       self.assertLen(sample["seconds"], cfg.fresh_process_repeats)
-    fresh_shaping = [s for s in self.json["samples"]
-                     if s.get("row") == mlp_bench.EVAL_SHAPE_FRESH
-                     and s["phase"] == "trace"]
-    self.assertEqual([s["variant"] for s in fresh_shaping],
-                     [models.BRIDGED_PURE])
+    fresh_shaping = [
+      s
+      for s in self.json["samples"]
+      if s.get("row") == mlp_bench.EVAL_SHAPE_FRESH and s["phase"] == "trace"
+    ]
+    self.assertEqual([s["variant"] for s in fresh_shaping], [models.BRIDGED_PURE])
     self.assertLen(fresh_shaping[0]["seconds"], cfg.fresh_process_repeats)
-    steps = [s for s in self.json["samples"]
-             if s["benchmark"] == "stack" and s["phase"] == "step"]
+    steps = [s for s in self.json["samples"] if s["benchmark"] == "stack" and s["phase"] == "step"]
     for sample in steps:
       self.assertLen(sample["seconds"], cfg.step_repeats)
 
   def test_profiles_every_row(self):
-    self.assertCountEqual(
-        {p.row for p in self.results.profiles}, trace_rows.APPLY_ROWS)
+    self.assertCountEqual({p.row for p in self.results.profiles}, trace_rows.APPLY_ROWS)
 
   def test_progress_goes_to_stderr(self):
     # One child per sample: each variant's first trace, and the pure
     # function's first eval_shape(init).
-    children = ((len(models.MLP_VARIANTS) + 2)
-                * config.QUICK.fresh_process_repeats)
-    self.assertIn(f"fresh process (tiny): {children}/{children}",
-                  self.progress)
+    children = (len(models.MLP_VARIANTS) + 2) * config.QUICK.fresh_process_repeats
+    self.assertIn(f"fresh process (tiny): {children}/{children}", self.progress)
     self.assertIn("layer stacks: step times:", self.progress)
 
   def test_plot_written_when_matplotlib_is_installed(self):
@@ -135,25 +143,23 @@ class QuickBenchmarkTest(absltest.TestCase):
       self.assertFalse(plot.write_plot(self.results, "/nonexistent.png"))
     self.results.plot_file, plot_file = None, self.results.plot_file
     try:
-      self.assertIn("Not drawn: matplotlib is not installed",
-                    tables.markdown(self.results))
+      self.assertIn("Not drawn: matplotlib is not installed", tables.markdown(self.results))
     finally:
       self.results.plot_file = plot_file
 
 
 class FreshProcessParamsTest(absltest.TestCase):
-
   def test_params_survive_the_npz(self):
     size = models.MlpSize("t", 4, 2, 2)
     params = models.mlp_model(size, models.BRIDGED_TRANSFORMED).init(
-        models.KEY, jnp.ones([size.batch, size.width]))
+      models.KEY, jnp.ones([size.batch, size.width])
+    )
     path = os.path.join(absltest.get_default_test_tmpdir(), "params.npz")
     fresh_process.save_params(params, path)
     restored = fresh_process.load_params(path)
     self.assertEqual(jax.tree.structure(restored), jax.tree.structure(params))
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(params)):
       self.assertTrue(jnp.array_equal(a, b))
-
 
   def test_first_eval_shape_times_one_eval_shape_of_the_pure_init(self):
     size = models.MlpSize("t", 4, 2, 2)
@@ -171,7 +177,6 @@ class FreshProcessParamsTest(absltest.TestCase):
 
 
 class RetraceRowTest(absltest.TestCase):
-
   def test_the_timed_retrace_finds_the_caches_warm(self):
     # The new-model rows clear the caches between re-trace samples; a
     # re-trace must still time what a user's second trace pays.
@@ -195,7 +200,6 @@ class RetraceRowTest(absltest.TestCase):
 
 
 class ProgressTest(absltest.TestCase):
-
   def test_reports_first_and_last_step_to_stderr(self):
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
       list(harness.with_progress("things", range(3)))

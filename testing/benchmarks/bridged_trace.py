@@ -43,16 +43,16 @@ def lstm_block(x):
 
 
 def blocks():
-  true_rule = lambda f: hkb.custom_vjp(f, hkb.vjp_fwd,
-                                       lambda vjp_fn, g: vjp_fn(g))
-  lstm_x = jax.nn.one_hot(jax.random.randint(KEY, [16, 8], 0, models.VOCAB),
-                          models.VOCAB)
+  true_rule = lambda f: hkb.custom_vjp(f, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g))
+  lstm_x = jax.nn.one_hot(jax.random.randint(KEY, [16, 8], 0, models.VOCAB), models.VOCAB)
   attn_x = jax.random.normal(KEY, [8, 16, models.HIDDEN])
   return {
-      "lstm (dynamic_unroll)": (lstm_block, true_rule(lstm_block), lstm_x),
-      "transformer block (remat attention)": (
-          models.transformer_block, true_rule(models.transformer_block),
-          attn_x),
+    "lstm (dynamic_unroll)": (lstm_block, true_rule(lstm_block), lstm_x),
+    "transformer block (remat attention)": (
+      models.transformer_block,
+      true_rule(models.transformer_block),
+      attn_x,
+    ),
   }
 
 
@@ -94,10 +94,8 @@ def equations(jaxpr) -> int:
 def main(argv):
   del argv
   n = _PAIRS.value
-  print(f"jax {jax.__version__}, dm-haiku {hk.__version__}, {n} pairs",
-        file=sys.stderr)
-  print("| block | apply trace | step trace | step time | grad-step eqns "
-        "(bridged / inline) |")
+  print(f"jax {jax.__version__}, dm-haiku {hk.__version__}, {n} pairs", file=sys.stderr)
+  print("| block | apply trace | step trace | step time | grad-step eqns (bridged / inline) |")
   print("| --- | --- | --- | --- | --- |")
   for name, (f, bridged, x) in blocks().items():
     ours, theirs = network(bridged), network(f)
@@ -105,21 +103,25 @@ def main(argv):
     # A new function object each time: JAX keeps traces per function.
     fresh = lambda f: lambda *a: f(*a)
     apply_trace = pairs(
-        lambda: jax.make_jaxpr(fresh(ours.apply))(params, None, x),
-        lambda: jax.make_jaxpr(fresh(theirs.apply))(params, None, x), n)
+      lambda: jax.make_jaxpr(fresh(ours.apply))(params, None, x),
+      lambda: jax.make_jaxpr(fresh(theirs.apply))(params, None, x),
+      n,
+    )
     grad = lambda t: jax.grad(loss_of(t))
-    step_trace = pairs(lambda: jax.make_jaxpr(grad(ours))(params, x),
-                       lambda: jax.make_jaxpr(grad(theirs))(params, x), n)
-    steps = {k: jax.jit(grad(t)) for k, t in (("ours", ours),
-                                              ("theirs", theirs))}
+    step_trace = pairs(
+      lambda: jax.make_jaxpr(grad(ours))(params, x),
+      lambda: jax.make_jaxpr(grad(theirs))(params, x),
+      n,
+    )
+    steps = {k: jax.jit(grad(t)) for k, t in (("ours", ours), ("theirs", theirs))}
     for step in steps.values():
       jax.block_until_ready(step(params, x))
     run = lambda k: lambda: jax.block_until_ready(steps[k](params, x))
     step_time = pairs(run("ours"), run("theirs"), n)
-    eqns = [equations(jax.make_jaxpr(grad(t))(params, x).jaxpr)
-            for t in (ours, theirs)]
-    print(f"| {name} | {apply_trace:.2f} | {step_trace:.2f} | "
-          f"{step_time:.2f} | {eqns[0]} / {eqns[1]} |")
+    eqns = [equations(jax.make_jaxpr(grad(t))(params, x).jaxpr) for t in (ours, theirs)]
+    print(
+      f"| {name} | {apply_trace:.2f} | {step_trace:.2f} | {step_time:.2f} | {eqns[0]} / {eqns[1]} |"
+    )
 
 
 if __name__ == "__main__":

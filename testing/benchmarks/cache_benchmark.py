@@ -76,13 +76,14 @@ ARMS = (ON, OFF)
 # The memos (`caches.memoize`) a trace of these models can hit, by the name
 # the tables give them: (module, attribute).
 LRU_CACHES = {
-    "remat schedule": (loop, "schedule"),
+  "remat schedule": (loop, "schedule"),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
   """Sizes and repetitions; `FULL` fits ~10 minutes on 2 shared cores."""
+
   mode: str
   mlp: models.MlpSize
   loop_layers: int  # Layers of the Python loop of `call_pure` layers.
@@ -98,11 +99,19 @@ class CacheConfig:
   first_step_repeats: int  # Processes per case and arm kept.
 
 
-def _time_scan_config(mode: str, length: int, hidden: int, batch: int,
-                      vocab: int) -> time_scan_bench.TimeScanConfig:
+def _time_scan_config(
+  mode: str, length: int, hidden: int, batch: int, vocab: int
+) -> time_scan_bench.TimeScanConfig:
   return time_scan_bench.TimeScanConfig(
-      mode=mode, lengths=(length,), hidden=hidden, batch=batch, vocab=vocab,
-      warmup=0, step_repeats=0, step_block_s=0.0)
+    mode=mode,
+    lengths=(length,),
+    hidden=hidden,
+    batch=batch,
+    vocab=vocab,
+    warmup=0,
+    step_repeats=0,
+    step_block_s=0.0,
+  )
 
 
 # A model and the inputs of its `init` and `apply` (after params and rng).
@@ -111,6 +120,7 @@ Model = tuple[hk.Transformed, tuple[Any, ...]]
 
 class Case(NamedTuple):
   """One benchmark model: how to build it, and which cache it may use."""
+
   name: str
   uses: str  # The cache the bridge consults for it ("none": a control).
   build: Callable[[CacheConfig], Model]
@@ -118,8 +128,8 @@ class Case(NamedTuple):
 
 def _mlp(variant: str) -> Callable[[CacheConfig], Model]:
   def build(cfg: CacheConfig) -> Model:
-    return (models.mlp_model(cfg.mlp, variant),
-            (jnp.zeros([cfg.mlp.batch, cfg.mlp.width]),))
+    return (models.mlp_model(cfg.mlp, variant), (jnp.zeros([cfg.mlp.batch, cfg.mlp.width]),))
+
   return build
 
 
@@ -130,8 +140,7 @@ def _call_pure_loop(cfg: CacheConfig) -> Model:
 
   def net(x):
     for i in range(cfg.loop_layers):
-      x = x + hkb.call_pure(models.pure_mlp, x, init=init, name=f"layer_{i}",
-                            widths=widths)
+      x = x + hkb.call_pure(models.pure_mlp, x, init=init, name=f"layer_{i}", widths=widths)
     return x
 
   return hk.transform(net), (jnp.zeros([cfg.mlp.batch, cfg.mlp.width]),)
@@ -142,25 +151,26 @@ def _custom_vjp(block: str) -> Callable[[CacheConfig], Model]:
     del cfg  # bridged_trace's sizes.
     _, bridged, x = bridged_trace.blocks()[block]
     return bridged_trace.network(bridged), (x,)
+
   return build
 
 
 def _repeat_layer(cfg: CacheConfig) -> Model:
-  return (models.stack_model(models.SCAN, cfg.stack_depth, False,
-                             cfg.stack_width),
-          (jnp.zeros([cfg.stack_batch, cfg.stack_width]),))
+  return (
+    models.stack_model(models.SCAN, cfg.stack_depth, False, cfg.stack_width),
+    (jnp.zeros([cfg.stack_batch, cfg.stack_width]),),
+  )
 
 
 def _time_scan(cfg: CacheConfig) -> Model:
   ts = cfg.time_scan
-  chars = jax.random.randint(jax.random.PRNGKey(1),
-                             [ts.lengths[0] + 1, ts.batch], 0, ts.vocab)
-  return (time_scan_bench.model(time_scan_bench.BINOMIAL, ts),
-          (chars[:-1], chars[1:]))
+  chars = jax.random.randint(jax.random.PRNGKey(1), [ts.lengths[0] + 1, ts.batch], 0, ts.vocab)
+  return (time_scan_bench.model(time_scan_bench.BINOMIAL, ts), (chars[:-1], chars[1:]))
 
 
 def _foreign(kind: str) -> Callable[[CacheConfig], Model]:
   """The adapted blocks of `foreign_adapters.py`, in a Haiku transform."""
+
   def build(cfg: CacheConfig) -> Model:
     del cfg  # foreign_adapters' sizes.
     width = foreign_adapters.WIDTH
@@ -172,9 +182,9 @@ def _foreign(kind: str) -> Callable[[CacheConfig], Model]:
       f = lambda x: hkb.from_flax(module, name="block", rng_streams=())(x)
     else:
       make = functools.partial(eqx.nn.MLP, width, width, 4 * width, 2)
-      f = lambda x: hk.vmap(hkb.from_equinox(make, name="mlp"),
-                            split_rng=False)(x)
+      f = lambda x: hk.vmap(hkb.from_equinox(make, name="mlp"), split_rng=False)(x)
     return hk.transform(f), (jnp.ones([foreign_adapters.BATCH, width]),)
+
   return build
 
 
@@ -191,36 +201,53 @@ EQUINOX = "from_equinox"
 
 _STRUCTURE = "structure of init's output"
 _LAYOUTS = "layouts of foreign modules"
-CASES = {c.name: c for c in (
+CASES = {
+  c.name: c
+  for c in (
     Case(PURE_MLP, _STRUCTURE, _mlp(models.BRIDGED_PURE)),
     Case(PURE_LOOP, _STRUCTURE, _call_pure_loop),
     Case(TRANSFORMED_MLP, "none", _mlp(models.BRIDGED_TRANSFORMED)),
     Case(VJP_LSTM, "none", _custom_vjp("lstm (dynamic_unroll)")),
-    Case(VJP_BLOCK, "none",
-         _custom_vjp("transformer block (remat attention)")),
+    Case(VJP_BLOCK, "none", _custom_vjp("transformer block (remat attention)")),
     Case(REPEAT, "none", _repeat_layer),
     Case(TIME_SCAN, "remat schedule", _time_scan),
     Case(NNX, _LAYOUTS, _foreign("nnx")),
     Case(LINEN, _LAYOUTS, _foreign("linen")),
     Case(EQUINOX, _LAYOUTS, _foreign("equinox")),
-)}
+  )
+}
 
 FULL = CacheConfig(
-    mode="full", mlp=models.MlpSize("medium", 256, 4, 64), loop_layers=16,
-    stack_depth=16, stack_width=128, stack_batch=64,
-    time_scan=_time_scan_config("full", 1024, 64, 8, 32),
-    warmup=2, retrace_repeats=21, compile_repeats=3,
-    first_step_cases=(PURE_MLP, PURE_LOOP, TRANSFORMED_MLP, REPEAT, TIME_SCAN,
-                      NNX, LINEN, EQUINOX),
-    first_step_warmup=0, first_step_repeats=4)
+  mode="full",
+  mlp=models.MlpSize("medium", 256, 4, 64),
+  loop_layers=16,
+  stack_depth=16,
+  stack_width=128,
+  stack_batch=64,
+  time_scan=_time_scan_config("full", 1024, 64, 8, 32),
+  warmup=2,
+  retrace_repeats=21,
+  compile_repeats=3,
+  first_step_cases=(PURE_MLP, PURE_LOOP, TRANSFORMED_MLP, REPEAT, TIME_SCAN, NNX, LINEN, EQUINOX),
+  first_step_warmup=0,
+  first_step_repeats=4,
+)
 
 QUICK = CacheConfig(
-    mode="quick", mlp=models.MlpSize("tiny", 16, 2, 4), loop_layers=2,
-    stack_depth=2, stack_width=16, stack_batch=4,
-    time_scan=_time_scan_config("quick", 8, 8, 2, 8),
-    warmup=1, retrace_repeats=2, compile_repeats=1,
-    first_step_cases=(PURE_MLP, EQUINOX), first_step_warmup=0,
-    first_step_repeats=1)
+  mode="quick",
+  mlp=models.MlpSize("tiny", 16, 2, 4),
+  loop_layers=2,
+  stack_depth=2,
+  stack_width=16,
+  stack_batch=4,
+  time_scan=_time_scan_config("quick", 8, 8, 2, 8),
+  warmup=1,
+  retrace_repeats=2,
+  compile_repeats=1,
+  first_step_cases=(PURE_MLP, EQUINOX),
+  first_step_warmup=0,
+  first_step_repeats=1,
+)
 
 CONFIGS = {c.mode: c for c in (FULL, QUICK)}
 
@@ -254,8 +281,7 @@ def counting_hits() -> Iterator[collections.Counter[str]]:
       hits[self.name] += 1
     return value
 
-  lru = {name: getattr(module, attr)
-         for name, (module, attr) in LRU_CACHES.items()}
+  lru = {name: getattr(module, attr) for name, (module, attr) in LRU_CACHES.items()}
   before = {name: fn.cache_info().hits for name, fn in lru.items()}
   with mock.patch.object(caches.Cache, "get", counted_get):
     yield hits
@@ -269,8 +295,10 @@ def counting_hits() -> Iterator[collections.Counter[str]]:
 
 def grad_step(transformed: hk.Transformed) -> Callable[..., Any]:
   """Gradient of a mean square of `apply(params, None, *inputs)`."""
+
   def loss(params, *inputs):
     return jnp.mean(jnp.square(transformed.apply(params, None, *inputs)))
+
   return jax.grad(loss)
 
 
@@ -281,6 +309,7 @@ def sgd_step(transformed: hk.Transformed) -> Callable[..., Any]:
   def step(params, *inputs):
     grads = grad(params, *inputs)
     return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+
   return step
 
 
@@ -288,17 +317,13 @@ def init_params(transformed: hk.Transformed, inputs: tuple[Any, ...]) -> Any:
   return jax.block_until_ready(jax.jit(transformed.init)(models.KEY, *inputs))
 
 
-def _trace_and_lower(step: Callable[..., Any], args: tuple[Any, ...]
-                     ) -> harness.Phases:
+def _trace_and_lower(step: Callable[..., Any], args: tuple[Any, ...]) -> harness.Phases:
   """Phases "trace" and "trace+lower" of a new `jax.jit(step)` (no trace-cache hit)."""
   traced = []
-  phases = harness.timed(
-      lambda: traced.append(jax.jit(lambda *a: step(*a)).trace(*args)),
-      "trace")
+  phases = harness.timed(lambda: traced.append(jax.jit(lambda *a: step(*a)).trace(*args)), "trace")
   lower = harness.timed(lambda: traced[0].lower(), "lower")
   for suffix in ("", harness.CPU):
-    phases["trace+lower" + suffix] = (phases["trace" + suffix] +
-                                      lower["lower" + suffix])
+    phases["trace+lower" + suffix] = phases["trace" + suffix] + lower["lower" + suffix]
   return phases
 
 
@@ -315,8 +340,9 @@ class Retrace(NamedTuple):
 FIRST_TRACE, RETRACE = "first trace", "re-trace"
 
 
-def _retrace_measurement(step: Callable[..., Any], args: tuple[Any, ...],
-                         name: str) -> harness.Measurement:
+def _retrace_measurement(
+  step: Callable[..., Any], args: tuple[Any, ...], name: str
+) -> harness.Measurement:
   def measure() -> harness.Phases:
     with arm(name):
       # The step was traced before: with caches on, that fills them again
@@ -324,6 +350,7 @@ def _retrace_measurement(step: Callable[..., Any], args: tuple[Any, ...],
       # traces follow the same work.
       jax.jit(lambda *a: step(*a)).trace(*args)
       return _trace_and_lower(step, args)
+
   return measure
 
 
@@ -345,15 +372,16 @@ def bench_retrace(cfg: CacheConfig, names: tuple[str, ...]) -> Retrace:
         jax.jit(lambda *b: step(*b)).trace(*a)
       hits[name] = {FIRST_TRACE: first, RETRACE: again}
       compile_s[name] = harness.Stat.of(
-          harness.trace_and_compile_time(step, *a)["compile"]
-          for _ in range(cfg.compile_repeats))
+        harness.trace_and_compile_time(step, *a)["compile"] for _ in range(cfg.compile_repeats)
+      )
     with caches_off():
       same_jaxpr[name] = str(jax.make_jaxpr(step)(*a)) == jaxpr_on
   samples = harness.interleaved(
-      "caches: re-trace, on and off",
-      [{(name, a): _retrace_measurement(steps[name], args[name], a)
-        for a in ARMS} for name in names],
-      cfg.retrace_repeats, cfg.warmup)
+    "caches: re-trace, on and off",
+    [{(name, a): _retrace_measurement(steps[name], args[name], a) for a in ARMS} for name in names],
+    cfg.retrace_repeats,
+    cfg.warmup,
+  )
   return Retrace(samples, compile_s, same_jaxpr, hits)
 
 
@@ -374,49 +402,59 @@ def first_step(cfg: CacheConfig, name: str) -> harness.Phases:
   return phases
 
 
-def _first_step_phases(transformed: hk.Transformed,
-                       inputs: tuple[Any, ...]) -> harness.Phases:
+def _first_step_phases(transformed: hk.Transformed, inputs: tuple[Any, ...]) -> harness.Phases:
   params = []
-  phases = harness.timed(
-      lambda: params.append(init_params(transformed, inputs)), "init")
+  phases = harness.timed(lambda: params.append(init_params(transformed, inputs)), "init")
   step = jax.jit(sgd_step(transformed))
   traced, compiled = [], []
-  phases.update(harness.timed(
-      lambda: traced.append(step.trace(params[0], *inputs)), "trace"))
-  phases.update(harness.timed(
-      lambda: compiled.append(traced[0].lower().compile()), "compile"))
-  phases.update(harness.timed(
-      lambda: jax.block_until_ready(compiled[0](params[0], *inputs)), "step"))
+  phases.update(harness.timed(lambda: traced.append(step.trace(params[0], *inputs)), "trace"))
+  phases.update(harness.timed(lambda: compiled.append(traced[0].lower().compile()), "compile"))
+  phases.update(
+    harness.timed(lambda: jax.block_until_ready(compiled[0](params[0], *inputs)), "step")
+  )
   for suffix in ("", harness.CPU):
-    phases[FIRST_STEP_TOTAL + suffix] = sum(
-        phases[p + suffix] for p in FIRST_STEP_PHASES)
+    phases[FIRST_STEP_TOTAL + suffix] = sum(phases[p + suffix] for p in FIRST_STEP_PHASES)
   return phases
 
 
-def run_first_step_child(cfg: CacheConfig, name: str,
-                         arm_name: str) -> harness.Phases:
+def run_first_step_child(cfg: CacheConfig, name: str, arm_name: str) -> harness.Phases:
   """Runs `first_step` in a new Python process; returns its phases."""
   env = fresh_process.child_env()
   if arm_name == OFF:
     env["HAIKU_BRIDGE_CACHES"] = "0"
   done = subprocess.run(
-      [sys.executable, "-m", "testing.benchmarks.cache_benchmark",
-       f"--first_step_case={name}", f"--first_step_caches={arm_name}",
-       f"--mode={cfg.mode}"],
-      env=env, capture_output=True, text=True, check=False)
+    [
+      sys.executable,
+      "-m",
+      "testing.benchmarks.cache_benchmark",
+      f"--first_step_case={name}",
+      f"--first_step_caches={arm_name}",
+      f"--mode={cfg.mode}",
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   if done.returncode != 0:
-    raise RuntimeError(f"first-step child for {name!r}, caches {arm_name}, "
-                       f"failed (exit {done.returncode}):\n{done.stderr}")
+    raise RuntimeError(
+      f"first-step child for {name!r}, caches {arm_name}, "
+      f"failed (exit {done.returncode}):\n{done.stderr}"
+    )
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def bench_first_step(cfg: CacheConfig) -> harness.Samples:
   """Time to first step on and off, by (case, arm), a process per sample."""
   return harness.interleaved(
-      "caches: first step, a process each",
-      [{(name, a): functools.partial(run_first_step_child, cfg, name, a)
-        for a in ARMS} for name in cfg.first_step_cases],
-      cfg.first_step_repeats, cfg.first_step_warmup)
+    "caches: first step, a process each",
+    [
+      {(name, a): functools.partial(run_first_step_child, cfg, name, a) for a in ARMS}
+      for name in cfg.first_step_cases
+    ],
+    cfg.first_step_repeats,
+    cfg.first_step_warmup,
+  )
 
 
 # -- Report. --------------------------------------------------------------------
@@ -429,8 +467,7 @@ class CacheResult(NamedTuple):
 
 
 def bench_caches(cfg: CacheConfig) -> CacheResult:
-  return CacheResult(cfg, bench_retrace(cfg, tuple(CASES)),
-                     bench_first_step(cfg))
+  return CacheResult(cfg, bench_retrace(cfg, tuple(CASES)), bench_first_step(cfg))
 
 
 def _ms(samples: harness.Samples, key: Any, phase: str) -> str:
@@ -461,61 +498,72 @@ def markdown(result: CacheResult) -> str:
   cfg, retrace = result.cfg, result.retrace
   rs, fs = retrace.samples, result.first_step
   lines = [
-      f"Models: MLP {cfg.mlp.width} wide, {cfg.mlp.depth} deep, batch "
-      f"{cfg.mlp.batch}; {cfg.loop_layers} `call_pure` layers "
-      f"{cfg.mlp.width} wide; `repeat_layer` of {cfg.stack_depth} residual "
-      f"MLP blocks {cfg.stack_width} wide, batch {cfg.stack_batch}; "
-      f"`dynamic_unroll` of `time_scan_bench`'s character LSTM, T = "
-      f"{cfg.time_scan.lengths[0]}, hidden {cfg.time_scan.hidden}, batch "
-      f"{cfg.time_scan.batch}; `bridged_trace.py`'s custom-VJP blocks and "
-      "`foreign_adapters.py`'s Flax and Equinox blocks at their sizes.", "",
-      "### Cache hits per trace of the grad step (counted)", "",
-      "| model | cache it may use | first trace (caches empty) | re-trace |",
-      "| --- | --- | --- | --- |"]
+    f"Models: MLP {cfg.mlp.width} wide, {cfg.mlp.depth} deep, batch "
+    f"{cfg.mlp.batch}; {cfg.loop_layers} `call_pure` layers "
+    f"{cfg.mlp.width} wide; `repeat_layer` of {cfg.stack_depth} residual "
+    f"MLP blocks {cfg.stack_width} wide, batch {cfg.stack_batch}; "
+    f"`dynamic_unroll` of `time_scan_bench`'s character LSTM, T = "
+    f"{cfg.time_scan.lengths[0]}, hidden {cfg.time_scan.hidden}, batch "
+    f"{cfg.time_scan.batch}; `bridged_trace.py`'s custom-VJP blocks and "
+    "`foreign_adapters.py`'s Flax and Equinox blocks at their sizes.",
+    "",
+    "### Cache hits per trace of the grad step (counted)",
+    "",
+    "| model | cache it may use | first trace (caches empty) | re-trace |",
+    "| --- | --- | --- | --- |",
+  ]
   for name, case in CASES.items():
     h = retrace.hits[name]
-    lines.append(f"| {name} | {case.uses} | {_hits(h[FIRST_TRACE])} | "
-                 f"{_hits(h[RETRACE])} |")
+    lines.append(f"| {name} | {case.uses} | {_hits(h[FIRST_TRACE])} | {_hits(h[RETRACE])} |")
   controls = _controls(result)
   lines += [
-      "", f"### Re-trace of the grad step, caches on / off "
-      f"({cfg.retrace_repeats} pairs, median [min–max])", "",
-      "Rows where no cache answers are controls: their ratios show the "
-      "method's noise on this machine"
-      + (f" ({', '.join(controls)})." if controls else "."), "",
-      "| model | on: trace ms | off: trace ms | on / off trace | on / off "
-      "trace (CPU) | saved ms (off − on) | on / off trace+lower | "
-      "compile ms (on) | same jaxpr on and off |",
-      "|" + " --- |" * 9]
+    "",
+    f"### Re-trace of the grad step, caches on / off "
+    f"({cfg.retrace_repeats} pairs, median [min–max])",
+    "",
+    "Rows where no cache answers are controls: their ratios show the "
+    "method's noise on this machine" + (f" ({', '.join(controls)})." if controls else "."),
+    "",
+    "| model | on: trace ms | off: trace ms | on / off trace | on / off "
+    "trace (CPU) | saved ms (off − on) | on / off trace+lower | "
+    "compile ms (on) | same jaxpr on and off |",
+    "|" + " --- |" * 9,
+  ]
   for name in CASES:
     lines.append(
-        f"| {name} | {_ms(rs, (name, ON), 'trace')} | "
-        f"{_ms(rs, (name, OFF), 'trace')} | "
-        f"{_ratio_cell(rs, name, 'trace')} | "
-        f"{_ratio_cell(rs, name, 'trace' + harness.CPU)} | "
-        f"{_saved_ms(rs, name, 'trace')} | "
-        f"{_ratio_cell(rs, name, 'trace+lower')} | "
-        f"{retrace.compile_s[name].median * 1e3:.0f} | "
-        f"{'yes' if retrace.same_jaxpr[name] else 'NO'} |")
+      f"| {name} | {_ms(rs, (name, ON), 'trace')} | "
+      f"{_ms(rs, (name, OFF), 'trace')} | "
+      f"{_ratio_cell(rs, name, 'trace')} | "
+      f"{_ratio_cell(rs, name, 'trace' + harness.CPU)} | "
+      f"{_saved_ms(rs, name, 'trace')} | "
+      f"{_ratio_cell(rs, name, 'trace+lower')} | "
+      f"{retrace.compile_s[name].median * 1e3:.0f} | "
+      f"{'yes' if retrace.same_jaxpr[name] else 'NO'} |"
+    )
   lines += [
-      "", f"### Time to first step, caches on / off (a new process per "
-      f"sample, {cfg.first_step_repeats} each, median [min–max])", "",
-      f"`{FIRST_STEP_TOTAL}`: `jax.jit(init)`, the trace, lower + compile "
-      "and one call of the jitted SGD step.", "",
-      "| model | cache hits (on) | on: ms | off: ms | on / off | on / off "
-      "(CPU) | saved ms (off − on) | on / off trace | on: init / trace / "
-      "compile / step ms |",
-      "|" + " --- |" * 9]
+    "",
+    f"### Time to first step, caches on / off (a new process per "
+    f"sample, {cfg.first_step_repeats} each, median [min–max])",
+    "",
+    f"`{FIRST_STEP_TOTAL}`: `jax.jit(init)`, the trace, lower + compile "
+    "and one call of the jitted SGD step.",
+    "",
+    "| model | cache hits (on) | on: ms | off: ms | on / off | on / off "
+    "(CPU) | saved ms (off − on) | on / off trace | on: init / trace / "
+    "compile / step ms |",
+    "|" + " --- |" * 9,
+  ]
   for name in cfg.first_step_cases:
     split = " / ".join(_ms(fs, (name, ON), p) for p in FIRST_STEP_PHASES)
     hits = harness.Stat.of(fs[(name, ON)][HITS]).median
     lines.append(
-        f"| {name} | {hits:.0f} | {_ms(fs, (name, ON), FIRST_STEP_TOTAL)} | "
-        f"{_ms(fs, (name, OFF), FIRST_STEP_TOTAL)} | "
-        f"{_ratio_cell(fs, name, FIRST_STEP_TOTAL)} | "
-        f"{_ratio_cell(fs, name, FIRST_STEP_TOTAL + harness.CPU)} | "
-        f"{_saved_ms(fs, name, FIRST_STEP_TOTAL)} | "
-        f"{_ratio_cell(fs, name, 'trace')} | {split} |")
+      f"| {name} | {hits:.0f} | {_ms(fs, (name, ON), FIRST_STEP_TOTAL)} | "
+      f"{_ms(fs, (name, OFF), FIRST_STEP_TOTAL)} | "
+      f"{_ratio_cell(fs, name, FIRST_STEP_TOTAL)} | "
+      f"{_ratio_cell(fs, name, FIRST_STEP_TOTAL + harness.CPU)} | "
+      f"{_saved_ms(fs, name, FIRST_STEP_TOTAL)} | "
+      f"{_ratio_cell(fs, name, 'trace')} | {split} |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -523,9 +571,16 @@ def report(cfg: CacheConfig, command: str) -> str:
   """Runs the benchmark; returns the run's description and its tables."""
   start = time.perf_counter()
   result = bench_caches(cfg)
-  return environment.run_header(
-      "Caches (`testing/benchmarks/cache_benchmark.py`)", command, cfg.mode,
-      time.perf_counter() - start) + "\n" + markdown(result)
+  return (
+    environment.run_header(
+      "Caches (`testing/benchmarks/cache_benchmark.py`)",
+      command,
+      cfg.mode,
+      time.perf_counter() - start,
+    )
+    + "\n"
+    + markdown(result)
+  )
 
 
 def main(argv: list[str]) -> None:
@@ -543,11 +598,16 @@ if __name__ == "__main__":
   # Defined here, not on import: the other benchmarks' modules define a
   # `--quick` too, and one process (pytest) may import them all.
   flags.DEFINE_bool("quick", False, "Smoke mode: tiny models, few repetitions.")
-  flags.DEFINE_enum("mode", FULL.mode, list(CONFIGS),
-                    "Sizes and repetitions (`--quick` is `--mode=quick`).")
-  flags.DEFINE_enum("first_step_case", None, list(CASES),
-                    "Internal: time this model's first step in this process "
-                    "and print the phases as JSON.")
-  flags.DEFINE_enum("first_step_caches", ON, list(ARMS),
-                    "Internal: with --first_step_case, caches on or off.")
+  flags.DEFINE_enum(
+    "mode", FULL.mode, list(CONFIGS), "Sizes and repetitions (`--quick` is `--mode=quick`)."
+  )
+  flags.DEFINE_enum(
+    "first_step_case",
+    None,
+    list(CASES),
+    "Internal: time this model's first step in this process and print the phases as JSON.",
+  )
+  flags.DEFINE_enum(
+    "first_step_caches", ON, list(ARMS), "Internal: with --first_step_case, caches on or off."
+  )
   app.run(main)

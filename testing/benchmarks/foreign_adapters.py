@@ -40,7 +40,6 @@ WIDTH, BATCH = 64, 32
 
 
 class NnxBlock(nnx.Module):
-
   def __init__(self, width: int, *, rngs: nnx.Rngs):
     self.linear1 = nnx.Linear(width, 4 * width, rngs=rngs)
     self.linear2 = nnx.Linear(4 * width, width, rngs=rngs)
@@ -50,30 +49,34 @@ class NnxBlock(nnx.Module):
     return x + self.linear2(jax.nn.gelu(self.linear1(self.norm(x))))
 
 
-def _steps(native_loss: Callable[[list[Any], Any], Any],
-           adapter_loss: Callable[[list[Any], Any], Any]):
+def _steps(
+  native_loss: Callable[[list[Any], Any], Any], adapter_loss: Callable[[list[Any], Any], Any]
+):
   grad = lambda loss: lambda ws, x: jax.grad(loss)(ws, x)
   return {"native": grad(native_loss), "adapter": grad(adapter_loss)}
 
 
 def _flax_adapter_loss(f: hk.Transformed, paths: list[tuple[str, ...]]):
   """The loss through a Flax adapter named `block`, weights in `paths` order."""
+
   def adapter(ws, x):
     p = {}
     for path, w in zip(paths, ws):
       p.setdefault("block/" + "/".join(path[:-1]), {})[path[-1]] = w
     return jnp.sum(f.apply(p, x) ** 2)
+
   return adapter
 
 
 def nnx_case():
   make = functools.partial(NnxBlock, WIDTH)
   graphdef, params, rest = nnx.split(make(rngs=nnx.Rngs(0)), nnx.Param, ...)
-  paths = [tuple(str(k.key) for k in p if hasattr(k, "key"))
-           for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  paths = [
+    tuple(str(k.key) for k in p if hasattr(k, "key"))
+    for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+  ]
   treedef = jax.tree.structure(params)
-  f = hk.without_apply_rng(hk.transform(
-      lambda x: hkb.from_flax(make, name="block")(x)))
+  f = hk.without_apply_rng(hk.transform(lambda x: hkb.from_flax(make, name="block")(x)))
   x = jnp.ones([BATCH, WIDTH])
   hk_params = f.init(jax.random.PRNGKey(0), x)
   ws = [hk_params["block/" + "/".join(p[:-1])][p[-1]] for p in paths]
@@ -101,14 +104,14 @@ def linen_case():
   params = module.init(jax.random.PRNGKey(0), x)["params"]
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   paths = [tuple(k.key for k in p) for p, _ in flat]
-  f = hk.without_apply_rng(hk.transform(
-      lambda x: hkb.from_flax(module, name="block", rng_streams=())(x)))
+  f = hk.without_apply_rng(
+    hk.transform(lambda x: hkb.from_flax(module, name="block", rng_streams=())(x))
+  )
   hk_params = f.init(jax.random.PRNGKey(0), x)
   ws = [hk_params["block/" + "/".join(p[:-1])][p[-1]] for p in paths]
 
   def native(ws, x):
-    return jnp.sum(module.apply({"params": jax.tree.unflatten(treedef, ws)},
-                                x) ** 2)
+    return jnp.sum(module.apply({"params": jax.tree.unflatten(treedef, ws)}, x) ** 2)
 
   return _steps(native, _flax_adapter_loss(f, paths)), ws, x
 
@@ -117,8 +120,9 @@ def equinox_case():
   make = functools.partial(eqx.nn.MLP, WIDTH, WIDTH, 4 * WIDTH, 2)
   params, static = eqx.partition(make(key=jax.random.PRNGKey(0)), eqx.is_array)
   treedef = jax.tree.structure(params)
-  f = hk.without_apply_rng(hk.transform(lambda x: hk.vmap(
-      hkb.from_equinox(make, name="mlp"), split_rng=False)(x)))
+  f = hk.without_apply_rng(
+    hk.transform(lambda x: hk.vmap(hkb.from_equinox(make, name="mlp"), split_rng=False)(x))
+  )
   x = jnp.ones([BATCH, WIDTH])
   hk_params = f.init(jax.random.PRNGKey(0), x)
   names = [(f"mlp/layers_{i}", n) for i in range(3) for n in ("weight", "bias")]
@@ -150,14 +154,12 @@ def trace_seconds(step, ws, x) -> tuple[float, float]:
 
 
 def _summary(ratios: list[float]) -> str:
-  return (f"{statistics.median(ratios):.2f} "
-          f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+  return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
 
 
 def report(name: str, case) -> None:
   steps, ws, x = case
-  hlo = {v: test_utils.canonical_hlo(jax.jit(s).lower(ws, x).compile())
-         for v, s in steps.items()}
+  hlo = {v: test_utils.canonical_hlo(jax.jit(s).lower(ws, x).compile()) for v, s in steps.items()}
   same = hlo["native"] == hlo["adapter"]
   wall, cpu = [], []
   for i in range(_REPEATS.value + 2):
@@ -166,15 +168,16 @@ def report(name: str, case) -> None:
     if i >= 2:  # The first two are warm-up.
       wall.append(times["adapter"][0] / times["native"][0])
       cpu.append(times["adapter"][1] / times["native"][1])
-  print(f"{name:8s} identical optimised HLO: {'yes' if same else 'NO'};  "
-        f"trace time adapter/native: wall {_summary(wall)}, thread CPU "
-        f"{_summary(cpu)} over {len(wall)} pairs")
+  print(
+    f"{name:8s} identical optimised HLO: {'yes' if same else 'NO'};  "
+    f"trace time adapter/native: wall {_summary(wall)}, thread CPU "
+    f"{_summary(cpu)} over {len(wall)} pairs"
+  )
 
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  print(f"jax {jax.__version__}, {jax.devices()[0].platform}; "
-        f"block width {WIDTH}, batch {BATCH}")
+  print(f"jax {jax.__version__}, {jax.devices()[0].platform}; block width {WIDTH}, batch {BATCH}")
   report("nnx", nnx_case())
   report("linen", linen_case())
   report("equinox", equinox_case())

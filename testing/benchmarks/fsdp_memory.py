@@ -48,29 +48,28 @@ FSDP_MEGATRON = transformer.RULES  # The rule set of docs/sharding.md.
 
 def without_data(rules: hkb.ShardingRules, stacked) -> hkb.ShardingRules:
   return hkb.ShardingRules(
-      [(pattern, P(*(None if e == "data" else e for e in spec)))
-       for pattern, spec in rules.rules], stacked=stacked)
+    [(pattern, P(*(None if e == "data" else e for e in spec))) for pattern, spec in rules.rules],
+    stacked=stacked,
+  )
 
 
 RULE_SETS = {
-    "replicated": hkb.ShardingRules([], stacked=["layers"]),
-    "megatron": without_data(FSDP_MEGATRON, ["layers"]),
-    "fsdp_megatron": FSDP_MEGATRON,
-    "fsdp_layers": without_data(FSDP_MEGATRON, {"layers": "data"}),
+  "replicated": hkb.ShardingRules([], stacked=["layers"]),
+  "megatron": without_data(FSDP_MEGATRON, ["layers"]),
+  "fsdp_megatron": FSDP_MEGATRON,
+  "fsdp_layers": without_data(FSDP_MEGATRON, {"layers": "data"}),
 }
 
 
 def loss_fn(tokens):
-  logits = transformer.transformer(tokens, vocab=VOCAB, d_model=D_MODEL,
-                                   heads=HEADS, layers=LAYERS)
+  logits = transformer.transformer(tokens, vocab=VOCAB, d_model=D_MODEL, heads=HEADS, layers=LAYERS)
   targets = jax.nn.one_hot(jnp.roll(tokens, 1, axis=1), VOCAB)
   return -jnp.mean(jax.nn.log_softmax(logits) * targets)
 
 
 def measure(name, rules, mesh, f, tokens):
   key = jax.random.PRNGKey(0)
-  shardings = hkb.param_shardings(jax.eval_shape(f.init, key, tokens), mesh,
-                                  rules)
+  shardings = hkb.param_shardings(jax.eval_shape(f.init, key, tokens), mesh, rules)
   params = jax.jit(f.init, out_shardings=shardings)(key, tokens)
   data = NamedSharding(mesh, P("data"))
 
@@ -78,13 +77,18 @@ def measure(name, rules, mesh, f, tokens):
     loss, grads = jax.value_and_grad(f.apply)(params, None, tokens)
     return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), loss
 
-  step = jax.jit(step, in_shardings=(shardings, data),
-                 out_shardings=(shardings, None), donate_argnums=0)
+  step = jax.jit(
+    step, in_shardings=(shardings, data), out_shardings=(shardings, None), donate_argnums=0
+  )
   tokens = jax.device_put(tokens, data)
   memory = step.lower(params, tokens).compile().memory_analysis()
   device = jax.devices()[0]
-  held = sum(s.data.nbytes for leaf in jax.tree.leaves(params)
-             for s in leaf.addressable_shards if s.device == device)
+  held = sum(
+    s.data.nbytes
+    for leaf in jax.tree.leaves(params)
+    for s in leaf.addressable_shards
+    if s.device == device
+  )
   params, loss = step(params, tokens)  # Compile and warm up.
   times = []
   for _ in range(STEPS):
@@ -92,31 +96,43 @@ def measure(name, rules, mesh, f, tokens):
     params, loss = step(params, tokens)
     loss.block_until_ready()
     times.append(time.perf_counter() - start)
-  return dict(name=name, held=held, args=memory.argument_size_in_bytes,
-              temp=memory.temp_size_in_bytes, ms=1e3 * np.median(times),
-              loss=float(loss))
+  return dict(
+    name=name,
+    held=held,
+    args=memory.argument_size_in_bytes,
+    temp=memory.temp_size_in_bytes,
+    ms=1e3 * np.median(times),
+    loss=float(loss),
+  )
 
 
 def main():
-  mesh = jax.make_mesh((2, 4), ("data", "model"),
-                       axis_types=(AxisType.Auto,) * 2)
+  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
   f = hk.transform(loss_fn)
   tokens = jax.random.randint(jax.random.PRNGKey(1), [BATCH, SEQ], 0, VOCAB)
-  total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
-      jax.eval_shape(f.init, jax.random.PRNGKey(0), tokens)))
-  print(f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} "
-        f"devices, mesh {dict(mesh.shape)}; transformer d={D_MODEL}, "
-        f"{LAYERS} layers, vocab {VOCAB}: {total / 2**20:.2f} MiB of params; "
-        f"batch {BATCH}x{SEQ}; median of {STEPS} SGD steps\n")
-  header = (f"{'rules':15s} {'params/device':>14s} {'of all':>7s} "
-            f"{'step args':>10s} {'step temp':>10s} {'step ms':>8s} "
-            f"{'loss':>8s}")
+  total = sum(
+    x.size * x.dtype.itemsize
+    for x in jax.tree.leaves(jax.eval_shape(f.init, jax.random.PRNGKey(0), tokens))
+  )
+  print(
+    f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} "
+    f"devices, mesh {dict(mesh.shape)}; transformer d={D_MODEL}, "
+    f"{LAYERS} layers, vocab {VOCAB}: {total / 2**20:.2f} MiB of params; "
+    f"batch {BATCH}x{SEQ}; median of {STEPS} SGD steps\n"
+  )
+  header = (
+    f"{'rules':15s} {'params/device':>14s} {'of all':>7s} "
+    f"{'step args':>10s} {'step temp':>10s} {'step ms':>8s} "
+    f"{'loss':>8s}"
+  )
   print(header)
   for name, rules in RULE_SETS.items():
     r = measure(name, rules, mesh, f, tokens)
-    print(f"{name:15s} {r['held'] / 2**20:11.3f} MiB {r['held'] / total:7.3f} "
-          f"{r['args'] / 2**20:6.2f} MiB {r['temp'] / 2**20:6.2f} MiB "
-          f"{r['ms']:8.1f} {r['loss']:8.5f}")
+    print(
+      f"{name:15s} {r['held'] / 2**20:11.3f} MiB {r['held'] / total:7.3f} "
+      f"{r['args'] / 2**20:6.2f} MiB {r['temp'] / 2**20:6.2f} MiB "
+      f"{r['ms']:8.1f} {r['loss']:8.5f}"
+    )
 
 
 if __name__ == "__main__":

@@ -72,14 +72,16 @@ from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import harness
 from testing.benchmarks.lib import svg
 
-_QUICK = flags.DEFINE_bool("quick", False,
-                           "Smoke mode: a tiny stack, one timed step.")
+_QUICK = flags.DEFINE_bool("quick", False, "Smoke mode: a tiny stack, one timed step.")
 _COST_ONLY = flags.DEFINE_bool(
-    "cost_only", False, "Only the cost table (compiled memory and "
-    "collectives of the residual MLP stack): no step is run.")
+  "cost_only",
+  False,
+  "Only the cost table (compiled memory and "
+  "collectives of the residual MLP stack): no step is run.",
+)
 _PLOT = flags.DEFINE_string(
-    "plot", "", "Where to write the cost table's temporaries against M, "
-    "an SVG; empty: no plot.")
+  "plot", "", "Where to write the cost table's temporaries against M, an SVG; empty: no plot."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +97,28 @@ class Config:
   step_block_s: float  # Each sample times calls for about this long.
 
 
-FULL = Config("full", layers=8, d_model=32, seq=16, batch=64, stages=(2, 4),
-              microbatches=("1", "S", "2S", "4S"), repeats=7,
-              step_block_s=0.3)
-QUICK = Config("quick", layers=4, d_model=16, seq=4, batch=16, stages=(2,),
-               microbatches=("2S",), repeats=1, step_block_s=0.0)
+FULL = Config(
+  "full",
+  layers=8,
+  d_model=32,
+  seq=16,
+  batch=64,
+  stages=(2, 4),
+  microbatches=("1", "S", "2S", "4S"),
+  repeats=7,
+  step_block_s=0.3,
+)
+QUICK = Config(
+  "quick",
+  layers=4,
+  d_model=16,
+  seq=4,
+  batch=16,
+  stages=(2,),
+  microbatches=("2S",),
+  repeats=1,
+  step_block_s=0.0,
+)
 HEADS = 4
 BASELINE = "data-parallel"  # The step-time samples' key of the baseline.
 
@@ -122,13 +141,11 @@ def microbatch_count(name: str, stages: int) -> int:
 
 
 def loss_fn(cfg: Config, pipeline: Optional[hkb.Pipeline]) -> hk.Transformed:
-  layer = functools.partial(transformer.block, d_model=cfg.d_model,
-                            heads=HEADS)
+  layer = functools.partial(transformer.block, d_model=cfg.d_model, heads=HEADS)
 
   def loss(h):
-    h = hkb.repeat_layer(layer, h, cfg.layers, name="layers",
-                         pipeline=pipeline)
-    return jnp.mean(h ** 2)
+    h = hkb.repeat_layer(layer, h, cfg.layers, name="layers", pipeline=pipeline)
+    return jnp.mean(h**2)
 
   return hk.transform(loss)
 
@@ -140,31 +157,33 @@ class Compiled:
   step: Callable[[], Any]  # One step, blocked on.
 
 
-def compile_step(cfg: Config, mesh_shape: dict[str, int],
-                 pipeline: Optional[hkb.Pipeline]) -> Compiled:
+def compile_step(
+  cfg: Config, mesh_shape: dict[str, int], pipeline: Optional[hkb.Pipeline]
+) -> Compiled:
   """The grad step on a mesh of `mesh_shape`, compiled, and its memory."""
-  mesh = jax.make_mesh(tuple(mesh_shape.values()), tuple(mesh_shape),
-                       axis_types=(AxisType.Auto,) * len(mesh_shape))
+  mesh = jax.make_mesh(
+    tuple(mesh_shape.values()), tuple(mesh_shape), axis_types=(AxisType.Auto,) * len(mesh_shape)
+  )
   f = loss_fn(cfg, pipeline)
-  x = jax.random.normal(jax.random.PRNGKey(1), [cfg.batch, cfg.seq,
-                                                cfg.d_model])
+  x = jax.random.normal(jax.random.PRNGKey(1), [cfg.batch, cfg.seq, cfg.d_model])
   stacked = {"layers": "stage"} if "stage" in mesh_shape else {}
   rules = hkb.ShardingRules([], stacked=stacked)
   with jax.set_mesh(mesh):
     shapes = jax.eval_shape(f.init, jax.random.PRNGKey(0), x)
     shardings = hkb.param_shardings(shapes, mesh, rules)
-    params = jax.jit(f.init, out_shardings=shardings)(jax.random.PRNGKey(0),
-                                                      x)
+    params = jax.jit(f.init, out_shardings=shardings)(jax.random.PRNGKey(0), x)
     x = jax.device_put(x, NamedSharding(mesh, P("data")))
     step = jax.jit(jax.grad(f.apply), out_shardings=shardings)
     compiled = step.lower(params, None, x).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
   device = jax.devices()[0]
-  param_bytes = sum(shard.data.nbytes for leaf in jax.tree.leaves(params)
-                    for shard in leaf.addressable_shards
-                    if shard.device == device)
-  return Compiled(param_bytes, temp,
-                  lambda: jax.block_until_ready(compiled(params, None, x)))
+  param_bytes = sum(
+    shard.data.nbytes
+    for leaf in jax.tree.leaves(params)
+    for shard in leaf.addressable_shards
+    if shard.device == device
+  )
+  return Compiled(param_bytes, temp, lambda: jax.block_until_ready(compiled(params, None, x)))
 
 
 def run(cfg: Config) -> tuple[Compiled, float, list[Row]]:
@@ -183,51 +202,63 @@ def run(cfg: Config) -> tuple[Compiled, float, list[Row]]:
         print(f"pipeline: S={stages} {schedule} M={m}", file=sys.stderr)
         key = (stages, schedule, m)
         pipes[key] = hkb.Pipeline("stage", m, schedule)
-        compiled[key] = compile_step(
-            cfg, {"stage": stages, "data": 8 // stages}, pipes[key])
+        compiled[key] = compile_step(cfg, {"stage": stages, "data": 8 // stages}, pipes[key])
   steps = {key: c.step for key, c in compiled.items()}
   steps[BASELINE] = baseline.step
   samples = harness.interleaved(
-      "pipeline: step times",
-      [{key: harness.step_timer(step, (), cfg.step_block_s)
-        for key, step in steps.items()}], cfg.repeats, warmup=1)
+    "pipeline: step times",
+    [{key: harness.step_timer(step, (), cfg.step_block_s) for key, step in steps.items()}],
+    cfg.repeats,
+    warmup=1,
+  )
   rows = []
   for (stages, schedule, m), c in compiled.items():
     timetable = pipeline_lib.timetable(
-        stages, m, pipes[(stages, schedule, m)].num_repeats(cfg.layers,
-                                                            stages))
-    rows.append(Row(
-        stages, schedule, m, c.param_bytes, c.temp_bytes, timetable.bubble,
+      stages, m, pipes[(stages, schedule, m)].num_repeats(cfg.layers, stages)
+    )
+    rows.append(
+      Row(
+        stages,
+        schedule,
+        m,
+        c.param_bytes,
+        c.temp_bytes,
+        timetable.bubble,
         (stages - 1) / (m + stages - 1),
-        *(harness.pair_ratios(samples, (stages, schedule, m), BASELINE,
-                              phase) for phase in ("step",
-                                                   "step" + harness.CPU))))
+        *(
+          harness.pair_ratios(samples, (stages, schedule, m), BASELINE, phase)
+          for phase in ("step", "step" + harness.CPU)
+        ),
+      )
+    )
   base_step = harness.Stat.of(samples[BASELINE]["step"]).median
   return baseline, base_step, rows
 
 
-def markdown(cfg: Config, baseline: Compiled, base_step: float,
-             rows: list[Row]) -> str:
+def markdown(cfg: Config, baseline: Compiled, base_step: float, rows: list[Row]) -> str:
   base_params, base_temp = baseline.param_bytes, baseline.temp_bytes
   lines = [
-      f"Stack: {cfg.layers} transformer blocks, d_model {cfg.d_model}, "
-      f"{HEADS} heads; batch {cfg.batch} × {cfg.seq} tokens; grad step. "
-      f"Baseline: data-parallel over 8 devices, no pipeline: "
-      f"{base_params} param bytes and {base_temp} temp bytes per device, "
-      f"{base_step * 1e3:.1f} ms per step (median). Circular: one layer per "
-      f"stage per pass (repeats = N/S). Step time: median [min–max] of "
-      f"{cfg.repeats} ratios paired within a repetition (process CPU time "
-      f"median).", "",
-      "| S | schedule | M | param bytes / device | × baseline | "
-      "temp bytes / device | bubble (schedule) | (S-1)/(M+S-1) | "
-      "step time / data-parallel |",
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    f"Stack: {cfg.layers} transformer blocks, d_model {cfg.d_model}, "
+    f"{HEADS} heads; batch {cfg.batch} × {cfg.seq} tokens; grad step. "
+    f"Baseline: data-parallel over 8 devices, no pipeline: "
+    f"{base_params} param bytes and {base_temp} temp bytes per device, "
+    f"{base_step * 1e3:.1f} ms per step (median). Circular: one layer per "
+    f"stage per pass (repeats = N/S). Step time: median [min–max] of "
+    f"{cfg.repeats} ratios paired within a repetition (process CPU time "
+    f"median).",
+    "",
+    "| S | schedule | M | param bytes / device | × baseline | "
+    "temp bytes / device | bubble (schedule) | (S-1)/(M+S-1) | "
+    "step time / data-parallel |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+  ]
   for r in rows:
     lines.append(
-        f"| {r.stages} | {r.schedule} | {r.microbatches} | {r.param_bytes} | "
-        f"{r.param_bytes / base_params:.3f} | {r.temp_bytes} | "
-        f"{r.bubble:.3f} | {r.gpipe_bubble:.3f} | "
-        f"{r.step_ratio.ratio()} ({r.step_cpu_ratio.median:.2f}) |")
+      f"| {r.stages} | {r.schedule} | {r.microbatches} | {r.param_bytes} | "
+      f"{r.param_bytes / base_params:.3f} | {r.temp_bytes} | "
+      f"{r.bubble:.3f} | {r.gpipe_bubble:.3f} | "
+      f"{r.step_ratio.ratio()} ({r.step_cpu_ratio.median:.2f}) |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -262,21 +293,18 @@ class CostRow:
   collective_bytes: dict[str, dict[str, tuple[int, float]]]
 
 
-def cost_row(cfg: CostConfig, stages: int, schedule: str, m: int,
-             placement: str) -> CostRow:
+def cost_row(cfg: CostConfig, stages: int, schedule: str, m: int, placement: str) -> CostRow:
   """The user's step (the loss after the stack) on both axis types."""
   pipe = hkb.Pipeline("stage", m, schedule)
   temp, moved = {}, {}
   for kind in AXIS_TYPES:
     step = pipeline_cost.compiled_step(
-        (stages, 8 // stages), kind, cfg.width, pipe, placement=placement,
-        batch=COST_BATCH)
+      (stages, 8 // stages), kind, cfg.width, pipe, placement=placement, batch=COST_BATCH
+    )
     temp[kind.name] = step.compiled.memory_analysis().temp_size_in_bytes
     measured, theory = pipeline_cost.measured(step), pipeline_cost.theory(step)
-    moved[kind.name] = {row: (measured[row], theory[row])
-                        for row in pipeline_cost.ROWS}
-  return CostRow(stages, schedule, m, placement, step.stage_param_bytes, temp,
-                 moved)
+    moved[kind.name] = {row: (measured[row], theory[row]) for row in pipeline_cost.ROWS}
+  return CostRow(stages, schedule, m, placement, step.stage_param_bytes, temp, moved)
 
 
 def cost_rows(cfg: CostConfig) -> list[CostRow]:
@@ -286,8 +314,7 @@ def cost_rows(cfg: CostConfig) -> list[CostRow]:
       for name in cfg.microbatches:
         m = microbatch_count(name, stages)
         for placement in pipeline_cost.PLACEMENTS:
-          print(f"cost: S={stages} {schedule} M={m} {placement}",
-                file=sys.stderr)
+          print(f"cost: S={stages} {schedule} M={m} {placement}", file=sys.stderr)
           rows.append(cost_row(cfg, stages, schedule, m, placement))
   return rows
 
@@ -301,33 +328,34 @@ def bytes_cell(measured: int, theory: float) -> str:
 
 def cost_markdown(cfg: CostConfig, rows: list[CostRow]) -> str:
   lines = [
-      f"Cost: {COST_LAYERS} residual MLP blocks (two Linears of width "
-      f"{cfg.width}), batch {COST_BATCH}, `jax.value_and_grad` of apply, on "
-      f"a (stage=S, data=8/S) mesh, Explicit and Auto axes, the params as "
-      f"init returns them (`init`) or stored over the stages (`stage`). "
-      f"Temporaries per device (`memory_analysis().temp_size_in_bytes`) in "
-      f"the stage's params (the bound: {COST_BOUND}). Bytes per device and "
-      f"step by collective kind (`hlo_collectives`: each op's bytes times "
-      f"the trip counts of the loops around it), measured (measured / "
-      f"theory); theory in testing/pipeline_cost.py: all-gather the "
-      f"gradient whole (S × stage params) for `init`, all-reduce over data "
-      f"the stage's gradient once (+ the loss's 4 bytes), over stage the "
-      f"stack's output (M microbatches), collective-permute 2 microbatches "
-      f"per timetable step (+ 2 × stage params for circular `stage`: the "
-      f"stage's layers to the stages that run them, and the gradient "
-      f"back).", "",
-      "| S | schedule | M | params | axes | stage params (bytes) | temp | "
-      "temp / stage params | " + " | ".join(pipeline_cost.ROWS) + " |",
-      "| --- " * (8 + len(pipeline_cost.ROWS)) + "|"]
+    f"Cost: {COST_LAYERS} residual MLP blocks (two Linears of width "
+    f"{cfg.width}), batch {COST_BATCH}, `jax.value_and_grad` of apply, on "
+    f"a (stage=S, data=8/S) mesh, Explicit and Auto axes, the params as "
+    f"init returns them (`init`) or stored over the stages (`stage`). "
+    f"Temporaries per device (`memory_analysis().temp_size_in_bytes`) in "
+    f"the stage's params (the bound: {COST_BOUND}). Bytes per device and "
+    f"step by collective kind (`hlo_collectives`: each op's bytes times "
+    f"the trip counts of the loops around it), measured (measured / "
+    f"theory); theory in testing/pipeline_cost.py: all-gather the "
+    f"gradient whole (S × stage params) for `init`, all-reduce over data "
+    f"the stage's gradient once (+ the loss's 4 bytes), over stage the "
+    f"stack's output (M microbatches), collective-permute 2 microbatches "
+    f"per timetable step (+ 2 × stage params for circular `stage`: the "
+    f"stage's layers to the stages that run them, and the gradient "
+    f"back).",
+    "",
+    "| S | schedule | M | params | axes | stage params (bytes) | temp | "
+    "temp / stage params | " + " | ".join(pipeline_cost.ROWS) + " |",
+    "| --- " * (8 + len(pipeline_cost.ROWS)) + "|",
+  ]
   for r in rows:
     for kind in (k.name for k in AXIS_TYPES):
-      cells = [bytes_cell(*r.collective_bytes[kind][row])
-               for row in pipeline_cost.ROWS]
+      cells = [bytes_cell(*r.collective_bytes[kind][row]) for row in pipeline_cost.ROWS]
       lines.append(
-          f"| {r.stages} | {r.schedule} | {r.microbatches} | {r.placement} | "
-          f"{kind} | {r.stage_param_bytes:.0f} | {r.temp_bytes[kind]} | "
-          f"{r.temp_bytes[kind] / r.stage_param_bytes:.2f} | "
-          + " | ".join(cells) + " |")
+        f"| {r.stages} | {r.schedule} | {r.microbatches} | {r.placement} | "
+        f"{kind} | {r.stage_param_bytes:.0f} | {r.temp_bytes[kind]} | "
+        f"{r.temp_bytes[kind] / r.stage_param_bytes:.2f} | " + " | ".join(cells) + " |"
+      )
   return "\n".join(lines) + "\n"
 
 
@@ -335,13 +363,13 @@ def cost_markdown(cfg: CostConfig, rows: list[CostRow]) -> str:
 # dependency). Pixels; a panel per stage count.
 _PANEL_W, _PANEL_H, _MARGIN = 320, 240, 56
 _STYLE = {  # (schedule, axis type) -> stroke, dash, marker.
-    ("gpipe", "Explicit"): ("#1f77b4", "", "circle"),
-    ("gpipe", "Auto"): ("#1f77b4", "6,3", "square"),
-    ("circular", "Explicit"): ("#2ca02c", "", "circle"),
-    ("circular", "Auto"): ("#2ca02c", "6,3", "square"),
+  ("gpipe", "Explicit"): ("#1f77b4", "", "circle"),
+  ("gpipe", "Auto"): ("#1f77b4", "6,3", "square"),
+  ("circular", "Explicit"): ("#2ca02c", "", "circle"),
+  ("circular", "Auto"): ("#2ca02c", "6,3", "square"),
 }
 _BOUND_COLOR = "#d62728"
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def memory_svg(cfg: CostConfig, rows: list[CostRow]) -> str:
@@ -356,49 +384,72 @@ def memory_svg(cfg: CostConfig, rows: list[CostRow]) -> str:
   width = len(stages) * (_PANEL_W + _MARGIN) + _MARGIN
   height = _PANEL_H + 2 * _MARGIN + 18 * len(_STYLE)
   parts = svg.open_document(
-      width, height, "Pipelined grad step: temporaries per device against "
-      f"microbatches ({COST_LAYERS} residual MLP blocks, width {cfg.width}, "
-      f"batch {COST_BATCH})")
+    width,
+    height,
+    "Pipelined grad step: temporaries per device against "
+    f"microbatches ({COST_LAYERS} residual MLP blocks, width {cfg.width}, "
+    f"batch {COST_BATCH})",
+  )
   for i, s in enumerate(stages):
     mine = [r for r in rows if r.stages == s]
     bound = COST_BOUND * mine[0].stage_param_bytes / MIB
-    highest = 1.1 * max([bound] + [t / MIB for r in mine
-                                   for t in r.temp_bytes.values()])
+    highest = 1.1 * max([bound] + [t / MIB for r in mine for t in r.temp_bytes.values()])
     step = svg.tick_step(highest)
     ms = sorted({r.microbatches for r in mine})
-    panel = svg.Panel(_MARGIN + i * (_PANEL_W + _MARGIN), _MARGIN, _PANEL_W,
-                      _PANEL_H, ms[0], ms[-1],
-                      step * math.ceil(highest / step), x_log=True)
-    parts += svg.frame(panel, f"S = {s} stages", step,
-                       [(m, str(m)) for m in ms],
-                       "microbatches M (log scale)",
-                       "temporaries per device (MiB)")
+    panel = svg.Panel(
+      _MARGIN + i * (_PANEL_W + _MARGIN),
+      _MARGIN,
+      _PANEL_W,
+      _PANEL_H,
+      ms[0],
+      ms[-1],
+      step * math.ceil(highest / step),
+      x_log=True,
+    )
+    parts += svg.frame(
+      panel,
+      f"S = {s} stages",
+      step,
+      [(m, str(m)) for m in ms],
+      "microbatches M (log scale)",
+      "temporaries per device (MiB)",
+    )
     parts += svg.hline(
-        panel, bound, _BOUND_COLOR, "bound",
-        f"S={s} bound: {COST_BOUND} × stage params = {bound:.3f} MiB",
-        f"bound {bound:.2f} MiB")
+      panel,
+      bound,
+      _BOUND_COLOR,
+      "bound",
+      f"S={s} bound: {COST_BOUND} × stage params = {bound:.3f} MiB",
+      f"bound {bound:.2f} MiB",
+    )
     for (schedule, kind), (color, dash, marker) in _STYLE.items():
-      points = [(r.microbatches, r.temp_bytes[kind] / MIB)
-                for r in sorted(mine, key=lambda r: r.microbatches)
-                if r.schedule == schedule]
+      points = [
+        (r.microbatches, r.temp_bytes[kind] / MIB)
+        for r in sorted(mine, key=lambda r: r.microbatches)
+        if r.schedule == schedule
+      ]
       if not points:
         continue
-      parts.append(svg.polyline(panel, points, color, f"{schedule} {kind}",
-                                dash))
-      parts.extend(svg.marker(marker, panel.x(m), panel.y(v), color,
-                              f"S={s} {schedule} {kind} M={m}: {v:.3f} MiB")
-                   for m, v in points)
+      parts.append(svg.polyline(panel, points, color, f"{schedule} {kind}", dash))
+      parts.extend(
+        svg.marker(
+          marker, panel.x(m), panel.y(v), color, f"S={s} {schedule} {kind} M={m}: {v:.3f} MiB"
+        )
+        for m, v in points
+      )
   parts += svg.legend(
-      _MARGIN, _MARGIN + _PANEL_H + 52,
-      [(color, dash, marker, f"{schedule}, {kind} axes")
-       for (schedule, kind), (color, dash, marker) in _STYLE.items()] +
-      [(_BOUND_COLOR, "8,4", "",
-        f"bound: {COST_BOUND} × the stage's params (docs/sharding.md)")])
+    _MARGIN,
+    _MARGIN + _PANEL_H + 52,
+    [
+      (color, dash, marker, f"{schedule}, {kind} axes")
+      for (schedule, kind), (color, dash, marker) in _STYLE.items()
+    ]
+    + [(_BOUND_COLOR, "8,4", "", f"bound: {COST_BOUND} × the stage's params (docs/sharding.md)")],
+  )
   return svg.close_document(parts)
 
 
-def report(cfg: Config, command: str, cost: CostConfig,
-           steps: bool = True, plot: str = "") -> str:
+def report(cfg: Config, command: str, cost: CostConfig, steps: bool = True, plot: str = "") -> str:
   """Runs the benchmark; returns the run's description and its tables.
 
   With `plot`, also writes `memory_svg` of the cost table there.
@@ -414,17 +465,29 @@ def report(cfg: Config, command: str, cost: CostConfig,
     with open(plot, "w") as f:
       f.write(memory_svg(cost, costs))
     tables.append(f"Plot: `{plot}`\n")
-  return environment.run_header(
-      "Pipeline (`testing/benchmarks/pipeline_benchmark.py`)", command,
-      cfg.mode, time.perf_counter() - start) + "\n" + "\n".join(tables)
+  return (
+    environment.run_header(
+      "Pipeline (`testing/benchmarks/pipeline_benchmark.py`)",
+      command,
+      cfg.mode,
+      time.perf_counter() - start,
+    )
+    + "\n"
+    + "\n".join(tables)
+  )
 
 
 def main(argv: list[str]) -> None:
   del argv  # Flags only.
-  print(report(QUICK if _QUICK.value else FULL,
-               " ".join(["python3"] + sys.argv),
-               QUICK_COST if _QUICK.value else FULL_COST,
-               steps=not _COST_ONLY.value, plot=_PLOT.value))
+  print(
+    report(
+      QUICK if _QUICK.value else FULL,
+      " ".join(["python3"] + sys.argv),
+      QUICK_COST if _QUICK.value else FULL_COST,
+      steps=not _COST_ONLY.value,
+      plot=_PLOT.value,
+    )
+  )
 
 
 if __name__ == "__main__":

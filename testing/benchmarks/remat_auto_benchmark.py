@@ -41,51 +41,66 @@ from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import remat_auto_bench
 
 
-def report(cfg: remat_auto_bench.Config, command: str, plot: str = "",
-           planning_only: bool = False,
-           planning_models: Sequence[str] = ()) -> str:
+def report(
+  cfg: remat_auto_bench.Config,
+  command: str,
+  plot: str = "",
+  planning_only: bool = False,
+  planning_models: Sequence[str] = (),
+) -> str:
   """Runs the benchmark; returns the run's description and its tables."""
   start = time.perf_counter()
   # Planning first: its figures come from fresh processes, which on a TPU
   # can hold the chip only while this one does not.
-  planning = remat_auto_bench.planning_markdown(
-      remat_auto_bench.planning(cfg, planning_models))
+  planning = remat_auto_bench.planning_markdown(remat_auto_bench.planning(cfg, planning_models))
   tables = ""
   if not planning_only:
     results = remat_auto_bench.bench(cfg)
-    print("remat auto: results " + repr(results), file=sys.stderr,
-          flush=True)
+    print("remat auto: results " + repr(results), file=sys.stderr, flush=True)
     tables = remat_auto_bench.markdown(results) + "\n"
   tables += planning
   if plot and not planning_only:
     with open(plot, "w") as f:
       f.write(remat_auto_bench.pareto_svg(results))
     tables += f"\nPlot: `{plot}`\n"
-  return environment.run_header(
-      "remat=\"auto\" (`testing/benchmarks/remat_auto_benchmark.py`)", command,
-      cfg.mode, time.perf_counter() - start) + "\n" + tables
+  return (
+    environment.run_header(
+      "remat=\"auto\" (`testing/benchmarks/remat_auto_benchmark.py`)",
+      command,
+      cfg.mode,
+      time.perf_counter() - start,
+    )
+    + "\n"
+    + tables
+  )
 
 
 def main(argv: list[str]) -> None:
   del argv  # Flags only.
   cfg = remat_auto_bench.QUICK if flags.FLAGS.quick else remat_auto_bench.FULL
   if flags.FLAGS.planning_repeats:
-    cfg = dataclasses.replace(cfg,
-                              planning_repeats=flags.FLAGS.planning_repeats)
-  print(report(cfg, " ".join(["python3"] + sys.argv), flags.FLAGS.plot,
-               flags.FLAGS.planning_only, flags.FLAGS.planning_models))
+    cfg = dataclasses.replace(cfg, planning_repeats=flags.FLAGS.planning_repeats)
+  print(
+    report(
+      cfg,
+      " ".join(["python3"] + sys.argv),
+      flags.FLAGS.plot,
+      flags.FLAGS.planning_only,
+      flags.FLAGS.planning_models,
+    )
+  )
 
 
 if __name__ == "__main__":
   # Defined here, not on import: the other benchmarks' modules define a
   # `--quick` too, and one process (pytest) may import them all.
   flags.DEFINE_bool("quick", False, "Smoke mode: tiny models.")
-  flags.DEFINE_string("plot", "", "Where to write the Pareto plot (an SVG); "
-                      "empty: no plot.")
-  flags.DEFINE_bool("planning_only", False, "Only the planning times (each "
-                    "in fresh processes).")
-  flags.DEFINE_integer("planning_repeats", 0, "Fresh processes per planning "
-                       "figure (the least is kept); 0: the mode's.")
-  flags.DEFINE_list("planning_models", [], "The planning models to time "
-                    "(names as in the table); empty: all.")
+  flags.DEFINE_string("plot", "", "Where to write the Pareto plot (an SVG); empty: no plot.")
+  flags.DEFINE_bool("planning_only", False, "Only the planning times (each in fresh processes).")
+  flags.DEFINE_integer(
+    "planning_repeats", 0, "Fresh processes per planning figure (the least is kept); 0: the mode's."
+  )
+  flags.DEFINE_list(
+    "planning_models", [], "The planning models to time (names as in the table); empty: all."
+  )
   app.run(main)

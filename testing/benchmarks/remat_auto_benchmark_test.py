@@ -24,23 +24,26 @@ _NS = {"svg": "http://www.w3.org/2000/svg"}
 
 
 class QuickRematAutoBenchmarkTest(absltest.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    plot = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")),
-                        "pareto.svg")
+    plot = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "pareto.svg")
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
       cls.report = remat_auto_benchmark.report(
-          remat_auto_bench.QUICK, "remat_auto_benchmark_test --quick", plot)
+        remat_auto_bench.QUICK, "remat_auto_benchmark_test --quick", plot
+      )
     cls.progress = stderr.getvalue()
     cls.svg = ElementTree.parse(plot).getroot()
     cls.models = list(remat_auto_bench.models(remat_auto_bench.QUICK))
 
   def test_reports_the_run(self):
-    for text in ("Command: `remat_auto_benchmark_test --quick`",
-                 "Mode: quick", "| CPU count |", "| jax |",
-                 "| haiku_bridge |"):
+    for text in (
+      "Command: `remat_auto_benchmark_test --quick`",
+      "Mode: quick",
+      "| CPU count |",
+      "| jax |",
+      "| haiku_bridge |",
+    ):
       self.assertIn(text, self.report)
 
   def test_a_row_per_model_and_budget_and_per_compiled_plan(self):
@@ -55,15 +58,15 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
   def test_plot_marks_every_candidate_and_each_pick(self):
     titles = [t.text or "" for t in self.svg.iterfind(".//svg:title", _NS)]
     for model in self.models:
-      self.assertGreater(
-          sum(t.startswith(f"{model} candidate ") for t in titles), 4)
+      self.assertGreater(sum(t.startswith(f"{model} candidate ") for t in titles), 4)
       for budget in remat_auto_bench.BUDGETS:
-        self.assertTrue(any(t.startswith(f"{model} auto {budget}: ")
-                            for t in titles), (model, budget))
-        self.assertTrue(any(t.startswith(f"{model} {budget} budget: ")
-                            for t in titles), (model, budget))
-    self.assertLen(self.svg.findall(".//svg:polyline[@class='pareto']", _NS),
-                   len(self.models))
+        self.assertTrue(
+          any(t.startswith(f"{model} auto {budget}: ") for t in titles), (model, budget)
+        )
+        self.assertTrue(
+          any(t.startswith(f"{model} {budget} budget: ") for t in titles), (model, budget)
+        )
+    self.assertLen(self.svg.findall(".//svg:polyline[@class='pareto']", _NS), len(self.models))
 
   def test_a_row_per_planning_model(self):
     _, planning = self.report.split("### What planning costs")
@@ -80,14 +83,19 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
     with children_faked():
       full = remat_auto_bench.FULL
       named = ["conv_depth_32_c64_w256_batch8", "gru_char_T2048_h256_batch8"]
-      self.assertEqual([r.name for r in remat_auto_bench.planning(full)],
-                       list(remat_auto_bench.planning_models("full")))
       self.assertEqual(
-          [r.name for r in remat_auto_bench.planning(full, named)],
-          [n for n in remat_auto_bench.planning_models("full") if n in named])
+        [r.name for r in remat_auto_bench.planning(full)],
+        list(remat_auto_bench.planning_models("full")),
+      )
+      self.assertEqual(
+        [r.name for r in remat_auto_bench.planning(full, named)],
+        [n for n in remat_auto_bench.planning_models("full") if n in named],
+      )
       with self.assertRaisesRegex(
-          ValueError, r"no planning model named \['gru'\] in full mode; "
-          "the models: transformer_24_blocks"):
+        ValueError,
+        r"no planning model named \['gru'\] in full mode; "
+        "the models: transformer_24_blocks",
+      ):
         remat_auto_bench.planning(full, ["gru"])
 
   def test_progress_goes_to_stderr(self):
@@ -95,20 +103,25 @@ class QuickRematAutoBenchmarkTest(absltest.TestCase):
 
   def test_pareto_front(self):
     c = remat_plan.RematCandidate
-    front = remat_auto_bench.pareto([
-        c(False, None, None, 100, 0, 0), c(True, None, None, 40, 8, 80),
-        c("nested", 4, 2, 50, 12, 120), c("binomial", 2, None, 30, 20, 200)])
+    front = remat_auto_bench.pareto(
+      [
+        c(False, None, None, 100, 0, 0),
+        c(True, None, None, 40, 8, 80),
+        c("nested", 4, 2, 50, 12, 120),
+        c("binomial", 2, None, 30, 20, 200),
+      ]
+    )
     self.assertEqual([k.temporaries for k in front], [100, 40, 30])
 
 
 @contextlib.contextmanager
 def children_faked():
   """`remat_auto_bench.planning`'s fresh processes replaced by made-up figures (its progress dropped)."""
-  figures = {"seconds": 1.0, "cpu_seconds": 1.0, "plan": "binomial, 1 slots",
-             "budget": 1024}
-  with mock.patch.object(remat_auto_bench, "_in_fresh_process",
-                         return_value=figures), contextlib.redirect_stderr(
-                             io.StringIO()):
+  figures = {"seconds": 1.0, "cpu_seconds": 1.0, "plan": "binomial, 1 slots", "budget": 1024}
+  with (
+    mock.patch.object(remat_auto_bench, "_in_fresh_process", return_value=figures),
+    contextlib.redirect_stderr(io.StringIO()),
+  ):
     yield
 
 

@@ -26,23 +26,32 @@ from absl import flags
 from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import remat_bench
 
-_QUICK = flags.DEFINE_bool(
-    "quick", False, "Smoke mode: tiny models, few repetitions.")
+_QUICK = flags.DEFINE_bool("quick", False, "Smoke mode: tiny models, few repetitions.")
 
 
 def report(cfg: remat_bench.RematConfig, command: str) -> str:
   """Runs the benchmark; returns the run's description and its tables."""
   start = time.perf_counter()
   result = remat_bench.bench_remat(cfg)
-  return environment.run_header(
-      "Remat schedules (`testing/benchmarks/remat_benchmark.py`)", command,
-      cfg.mode, time.perf_counter() - start) + "\n" + remat_bench.markdown(result)
+  return (
+    environment.run_header(
+      "Remat schedules (`testing/benchmarks/remat_benchmark.py`)",
+      command,
+      cfg.mode,
+      time.perf_counter() - start,
+    )
+    + "\n"
+    + remat_bench.markdown(result)
+  )
 
 
 def main(argv: list[str]) -> None:
   del argv  # Flags only.
-  print(report(remat_bench.QUICK if _QUICK.value else remat_bench.FULL,
-               " ".join(["python3"] + sys.argv)))
+  print(
+    report(
+      remat_bench.QUICK if _QUICK.value else remat_bench.FULL, " ".join(["python3"] + sys.argv)
+    )
+  )
 
 
 if __name__ == "__main__":

@@ -13,18 +13,21 @@ from testing.benchmarks.lib import remat_bench
 
 
 class QuickRematBenchmarkTest(absltest.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
-      cls.report = remat_benchmark.report(remat_bench.QUICK,
-                                          "remat_benchmark_test --quick")
+      cls.report = remat_benchmark.report(remat_bench.QUICK, "remat_benchmark_test --quick")
     cls.progress = stderr.getvalue()
 
   def test_reports_the_run(self):
-    for text in ("Command: `remat_benchmark_test --quick`", "Mode: quick",
-                 "| CPU count |", "| jax |", "| haiku_bridge |"):
+    for text in (
+      "Command: `remat_benchmark_test --quick`",
+      "Mode: quick",
+      "| CPU count |",
+      "| jax |",
+      "| haiku_bridge |",
+    ):
       self.assertIn(text, self.report)
 
   def test_every_row_and_variant_in_both_tables(self):

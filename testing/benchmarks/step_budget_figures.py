@@ -44,31 +44,40 @@ import haiku_bridge as hkb
 from haiku_bridge._src.remat import step_budget
 from testing import transformer
 
-_OUT = flags.DEFINE_string("out", "/tmp/haiku_bridge_step_budget",
-                           "Output folder.")
+_OUT = flags.DEFINE_string("out", "/tmp/haiku_bridge_step_budget", "Output folder.")
 _SMALL = flags.DEFINE_bool("small", False, "Small shapes (a CPU check).")
-_PHASE = flags.DEFINE_enum("phase", "cold", ["cold", "warm"],
-                           "cold: every form; warm: the budgeted steps "
-                           "again, their plans read from disk.")
+_PHASE = flags.DEFINE_enum(
+  "phase",
+  "cold",
+  ["cold", "warm"],
+  "cold: every form; warm: the budgeted steps again, their plans read from disk.",
+)
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per step.")
 
 _GIB = 2**30
 # (name, model and batch, budgets: None is the device's memory).
 SIZES = (
-    ("seq 2048, batch 8", dict(vocab=1024, d_model=1024, heads=8, layers=24,
-                               seq=2048, batch=8),
-     (None, int(7.73e9), int(5.6e9))),
-    ("seq 1024, batch 4", dict(vocab=1024, d_model=1024, heads=8, layers=24,
-                               seq=1024, batch=4), (None, int(11.78e9))),
+  (
+    "seq 2048, batch 8",
+    dict(vocab=1024, d_model=1024, heads=8, layers=24, seq=2048, batch=8),
+    (None, int(7.73e9), int(5.6e9)),
+  ),
+  (
+    "seq 1024, batch 4",
+    dict(vocab=1024, d_model=1024, heads=8, layers=24, seq=1024, batch=4),
+    (None, int(11.78e9)),
+  ),
 )
 # Plain (remat=False) steps of growing batch, each compiled and, where it
 # compiles, run: the figure against what the device takes.
-SWEEP = (dict(vocab=1024, d_model=1024, heads=8, layers=24, seq=1024),
-         (4, 5, 6, 7, 8))
+SWEEP = (dict(vocab=1024, d_model=1024, heads=8, layers=24, seq=1024), (4, 5, 6, 7, 8))
 SMALL_SWEEP = (dict(vocab=64, d_model=32, heads=2, layers=6, seq=32), (2, 4))
 SMALL_SIZES = (
-    ("small", dict(vocab=64, d_model=32, heads=2, layers=6, seq=32, batch=2),
-     (1_100_000, 1_500_000, 3_000_000)),
+  (
+    "small",
+    dict(vocab=64, d_model=32, heads=2, layers=6, seq=32, batch=2),
+    (1_100_000, 1_500_000, 3_000_000),
+  ),
 )
 
 
@@ -79,8 +88,7 @@ def _model(size: dict[str, int], remat: Any):
   def loss(tokens):
     logits = transformer.transformer(tokens[:, :-1], remat=remat, **model)
     labels = jax.nn.one_hot(tokens[:, 1:], size["vocab"])
-    return -jnp.mean(jnp.sum(
-        jax.nn.log_softmax(logits.astype(jnp.float32)) * labels, -1))
+    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits.astype(jnp.float32)) * labels, -1))
 
   f = hk.without_apply_rng(hk.transform(loss))
   optimizer = optax.adam(1e-3)
@@ -91,16 +99,18 @@ def _model(size: dict[str, int], remat: Any):
     return optax.apply_updates(params, updates), opt_state, value
 
   def init(tokens):
-    params = jax.tree.map(lambda p: p.astype(jnp.bfloat16),
-                          jax.jit(f.init)(jax.random.PRNGKey(0), tokens))
+    params = jax.tree.map(
+      lambda p: p.astype(jnp.bfloat16), jax.jit(f.init)(jax.random.PRNGKey(0), tokens)
+    )
     return params, optimizer.init(params)
 
   return init, step
 
 
 def _inputs(size: dict[str, int]):
-  return jax.random.randint(jax.random.PRNGKey(1),
-                            [size["batch"], size["seq"] + 1], 0, size["vocab"])
+  return jax.random.randint(
+    jax.random.PRNGKey(1), [size["batch"], size["seq"] + 1], 0, size["vocab"]
+  )
 
 
 def _time(run, state, tokens, repeats: int) -> float:
@@ -136,20 +146,23 @@ def plain(size: dict[str, int], remat: bool, repeats: int) -> dict[str, Any]:
   except Exception as error:  # pylint: disable=broad-except
     if not step_budget.out_of_memory(error):
       raise
-    _say(out, fits=False, error=str(error).splitlines()[0][:300],
-         compile_s=time.perf_counter() - start)
+    _say(
+      out, fits=False, error=str(error).splitlines()[0][:300], compile_s=time.perf_counter() - start
+    )
     return out
   analysis = compiled.memory_analysis()
-  _say(out, fits=True, compile_s=time.perf_counter() - start,
-       bytes=step_budget.step_bytes(analysis, jax.default_backend()),
-       analysis={k: getattr(analysis, k) for k in dir(analysis)
-                 if k.endswith("_in_bytes")})
+  _say(
+    out,
+    fits=True,
+    compile_s=time.perf_counter() - start,
+    bytes=step_budget.step_bytes(analysis, jax.default_backend()),
+    analysis={k: getattr(analysis, k) for k in dir(analysis) if k.endswith("_in_bytes")},
+  )
   _say(out, step_ms=_time(compiled, state, tokens, repeats))
   return out
 
 
-def budgeted(size: dict[str, int], budget: Optional[int],
-             repeats: int) -> dict[str, Any]:
+def budgeted(size: dict[str, int], budget: Optional[int], repeats: int) -> dict[str, Any]:
   """`remat="auto"` under `hkb.budgeted_jit(step, memory_budget=budget)`."""
   init, step = _model(size, "auto")
   tokens = _inputs(size)
@@ -163,34 +176,39 @@ def budgeted(size: dict[str, int], budget: Optional[int],
   except ValueError as error:
     _say(out, refused=str(error), first_s=time.perf_counter() - start)
     return out
-  _say(out, first_s=time.perf_counter() - start, bytes=plan.bytes,
-       budget=plan.memory_budget, kept=plan.kept,
-       loops=[loop._asdict() for loop in plan.loops],
-       tries=[t._asdict() for t in plan.tries])
+  _say(
+    out,
+    first_s=time.perf_counter() - start,
+    bytes=plan.bytes,
+    budget=plan.memory_budget,
+    kept=plan.kept,
+    loops=[loop._asdict() for loop in plan.loops],
+    tries=[t._asdict() for t in plan.tries],
+  )
   _say(out, step_ms=_time(run, state, tokens, repeats))
   return out
 
 
 def environment() -> dict[str, Any]:
   device = jax.devices()[0]
-  return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-              timespec="minutes"),
-          "backend": jax.default_backend(),
-          "device": getattr(device, "device_kind", str(device)),
-          "device_memory": step_budget.device_memory(),
-          "jax": jax.__version__, "jaxlib": jax.lib.__version__,
-          "dm-haiku": hk.__version__}
+  return {
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+    "backend": jax.default_backend(),
+    "device": getattr(device, "device_kind", str(device)),
+    "device_memory": step_budget.device_memory(),
+    "jax": jax.__version__,
+    "jaxlib": jax.lib.__version__,
+    "dm-haiku": hk.__version__,
+  }
 
 
 def main(argv):
   del argv
-  figures: dict[str, Any] = {"environment": environment(),
-                             "phase": _PHASE.value, "sizes": {}}
+  figures: dict[str, Any] = {"environment": environment(), "phase": _PHASE.value, "sizes": {}}
   print(json.dumps(figures["environment"]), flush=True)
-  for name, size, budgets in (SMALL_SIZES if _SMALL.value else SIZES):
+  for name, size, budgets in SMALL_SIZES if _SMALL.value else SIZES:
     print(f"# {name}: {size}", flush=True)
-    rows = figures["sizes"][name] = {"size": size, "plain": [],
-                                     "budgeted": []}
+    rows = figures["sizes"][name] = {"size": size, "plain": [], "budgeted": []}
     if _PHASE.value == "cold":
       for remat in (False, True):
         rows["plain"].append(plain(size, remat, _REPEATS.value))
@@ -200,8 +218,8 @@ def main(argv):
     model, batches = SMALL_SWEEP if _SMALL.value else SWEEP
     print(f"# remat=False by batch: {model}", flush=True)
     figures["sweep"] = [
-        dict(batch=batch, **plain(dict(model, batch=batch), False, 2))
-        for batch in batches]
+      dict(batch=batch, **plain(dict(model, batch=batch), False, 2)) for batch in batches
+    ]
   os.makedirs(_OUT.value, exist_ok=True)
   with open(os.path.join(_OUT.value, f"{_PHASE.value}.json"), "w") as f:
     json.dump(figures, f, indent=1)

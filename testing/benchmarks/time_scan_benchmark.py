@@ -32,34 +32,47 @@ from absl import flags
 from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import time_scan_bench
 
-def report(cfg: time_scan_bench.TimeScanConfig, command: str,
-           plot: str = "") -> str:
+
+def report(cfg: time_scan_bench.TimeScanConfig, command: str, plot: str = "") -> str:
   """Runs the benchmark; returns the run's description and its tables."""
   start = time.perf_counter()
   result = time_scan_bench.bench_time_scan(cfg)
-  text = environment.run_header(
-      "Time scan (`testing/benchmarks/time_scan_benchmark.py`)", command,
-      cfg.mode, time.perf_counter() - start) + "\n" + time_scan_bench.markdown(
-          result)
+  text = (
+    environment.run_header(
+      "Time scan (`testing/benchmarks/time_scan_benchmark.py`)",
+      command,
+      cfg.mode,
+      time.perf_counter() - start,
+    )
+    + "\n"
+    + time_scan_bench.markdown(result)
+  )
   if plot:
     drawn = time_scan_bench.write_plot(result, plot)
-    text += ("\nPlot: `" + plot + "`\n" if drawn else
-             "\nNo plot: matplotlib is not installed.\n")
+    text += "\nPlot: `" + plot + "`\n" if drawn else "\nNo plot: matplotlib is not installed.\n"
   return text
 
 
 def main(argv: list[str]) -> None:
   del argv  # Flags only.
   quick, plot = flags.FLAGS.quick, flags.FLAGS.plot
-  print(report(time_scan_bench.QUICK if quick else time_scan_bench.FULL,
-               " ".join(["python3"] + sys.argv), plot))
+  print(
+    report(
+      time_scan_bench.QUICK if quick else time_scan_bench.FULL,
+      " ".join(["python3"] + sys.argv),
+      plot,
+    )
+  )
 
 
 if __name__ == "__main__":
   # Defined here, not on import: the other benchmarks' modules define a
   # `--quick` too, and one process (pytest) may import them all.
-  flags.DEFINE_bool("quick", False,
-                    "Smoke mode: a tiny model, short sequences, few repetitions.")
-  flags.DEFINE_string("plot", "", "Where to write the plot of memory against T "
-                      "(a .png), if matplotlib is installed; empty: no plot.")
+  flags.DEFINE_bool("quick", False, "Smoke mode: a tiny model, short sequences, few repetitions.")
+  flags.DEFINE_string(
+    "plot",
+    "",
+    "Where to write the plot of memory against T "
+    "(a .png), if matplotlib is installed; empty: no plot.",
+  )
   app.run(main)

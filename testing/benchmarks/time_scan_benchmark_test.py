@@ -15,28 +15,31 @@ from testing.benchmarks.lib import time_scan_bench
 
 
 class QuickTimeScanBenchmarkTest(absltest.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.plot = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")),
-                            "memory.png")
+    cls.plot = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "memory.png")
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
       cls.report = time_scan_benchmark.report(
-          time_scan_bench.QUICK, "time_scan_benchmark_test --quick", cls.plot)
+        time_scan_bench.QUICK, "time_scan_benchmark_test --quick", cls.plot
+      )
     cls.progress = stderr.getvalue()
 
   def test_reports_the_run(self):
-    for text in ("Command: `time_scan_benchmark_test --quick`", "Mode: quick",
-                 "| CPU count |", "| jax |", "| haiku_bridge |"):
+    for text in (
+      "Command: `time_scan_benchmark_test --quick`",
+      "Mode: quick",
+      "| CPU count |",
+      "| jax |",
+      "| haiku_bridge |",
+    ):
       self.assertIn(text, self.report)
 
   def test_every_length_form_and_variant_in_the_tables(self):
     temp, rest = self.report.split("### Carries kept")
     for form in time_scan_bench.FORMS:
       table = temp.split(f": {form}\n")[1].split("###")[0]
-      step = rest.split(f"### Step time / {time_scan_bench.BASELINE}: "
-                        f"{form};")[1].split("###")[0]
+      step = rest.split(f"### Step time / {time_scan_bench.BASELINE}: {form};")[1].split("###")[0]
       for variant in time_scan_bench.FORM_VARIANTS[form]:
         self.assertIn(variant, table)
         if variant != time_scan_bench.BASELINE:
@@ -58,8 +61,7 @@ class QuickTimeScanBenchmarkTest(absltest.TestCase):
 
   def test_schedule_slots(self):
     # The carries the table counts: one per step, or the schedule's slots.
-    self.assertEqual(time_scan_bench.slots(time_scan_bench.BASELINE, 1024),
-                     1024)
+    self.assertEqual(time_scan_bench.slots(time_scan_bench.BASELINE, 1024), 1024)
     self.assertEqual(time_scan_bench.slots(time_scan_bench.NESTED, 1024), 62)
     self.assertEqual(time_scan_bench.slots(time_scan_bench.BINOMIAL, 1024), 43)
     self.assertEqual(time_scan_bench.slots(time_scan_bench.EQUINOX, 1024), 44)

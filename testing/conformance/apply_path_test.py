@@ -62,8 +62,9 @@ def identity_getter(next_getter, value, context):
 
 
 def true_vjp(f, nondiff_argnums=()):
-  return hkb.custom_vjp(f, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g),
-                        nondiff_argnums=nondiff_argnums)
+  return hkb.custom_vjp(
+    f, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g), nondiff_argnums=nondiff_argnums
+  )
 
 
 # .npz has no bfloat16: such arrays are saved as float32, under a key that
@@ -89,8 +90,8 @@ def haiku_dicts(arrays: dict[str, np.ndarray], prefix: str) -> dict:
     if key.startswith(prefix):
       value = jnp.asarray(value)
       if key.endswith(BF16):
-        key, value = key[:-len(BF16)], value.astype(jnp.bfloat16)
-      bundle, name = key[len(prefix) + 2:-2].split("']['")
+        key, value = key[: -len(BF16)], value.astype(jnp.bfloat16)
+      bundle, name = key[len(prefix) + 2 : -2].split("']['")
       out.setdefault(bundle, {})[name] = value
   return out
 
@@ -103,8 +104,9 @@ class Case:
   or "inline" / "layer_stack", the references). `program(f, params, state)`
   only applies `f` (never inits): it is all a fresh process runs.
   """
+
   name: str
-  kinds: dict[str, Optional[str]]   # Bridged kind: its reference kind.
+  kinds: dict[str, Optional[str]]  # Bridged kind: its reference kind.
   model: Callable[[str, bool], Callable[..., Any]]
   init_args: Callable[[], tuple[Any, ...]]
   program: Callable[[hk.TransformedWithState, Any, Any], dict[str, Any]]
@@ -133,7 +135,8 @@ class Case:
 def bn_layer(x, is_training):
   h = hk.Linear(x.shape[-1])(x)
   h = hk.BatchNorm(create_scale=True, create_offset=True, decay_rate=0.9)(
-      h, is_training=is_training)
+    h, is_training=is_training
+  )
   return x + jax.nn.relu(h)
 
 
@@ -171,8 +174,14 @@ def train_then_eval(x):
     evaluated, eval_state = f.apply(trained, new_state, None, x, False)
     # And evaluation straight from init's state (the issue's row).
     at_init, _ = f.apply(params, state, None, x, False)
-    return {"loss": value, "grads": grads, "train_state": new_state,
-            "eval": evaluated, "eval_state": eval_state, "eval_at_init": at_init}
+    return {
+      "loss": value,
+      "grads": grads,
+      "train_state": new_state,
+      "eval": evaluated,
+      "eval_state": eval_state,
+      "eval_at_init": at_init,
+    }
 
   return program
 
@@ -196,11 +205,13 @@ def resnet(x, is_training):
   models_conformance_test.
   """
   return hk.nets.ResNet(
-      blocks_per_group=(2, 1, 1, 1), num_classes=4, bottleneck=False,
-      channels_per_group=(8, 8, 16, 16),
-      use_projection=(False, True, True, True),
-      initial_conv_config={"output_channels": 8})(
-          x, is_training=is_training)
+    blocks_per_group=(2, 1, 1, 1),
+    num_classes=4,
+    bottleneck=False,
+    channels_per_group=(8, 8, 16, 16),
+    use_projection=(False, True, True, True),
+    initial_conv_config={"output_channels": 8},
+  )(x, is_training=is_training)
 
 
 RESNET = hk.transform_with_state(resnet)
@@ -215,6 +226,7 @@ def resnet_model(kind, getter):
     def apply_layer(carry):
       image, logits = carry
       return image, logits + resnet(image, is_training)
+
     return apply_layer
 
   def f(x, is_training):
@@ -266,8 +278,7 @@ def width_program(f, params, state):
   for batch in (2, 3):  # init's own batch size, and a new one.
     x = jax.random.normal(jax.random.PRNGKey(batch), [batch, 16])
     out, _ = f.apply(params, state, None, x)
-    grads = jax.grad(lambda p, x=x: jnp.sum(f.apply(p, state, None, x)[0]))(
-        params)
+    grads = jax.grad(lambda p, x=x: jnp.sum(f.apply(p, state, None, x)[0]))(params)
     results[f"out_batch{batch}"] = out
     results[f"grads_batch{batch}"] = grads
   return results
@@ -302,9 +313,7 @@ def bf16_model(kind, getter):
 def bf16_program(f, params, state):
   x = jax.random.normal(KEY, [2, 4]).astype(jnp.bfloat16)
   out, _ = f.apply(params, state, None, x)
-  grads = jax.grad(
-      lambda p: jnp.sum(f.apply(p, state, None, x)[0].astype(jnp.float32)))(
-          params)
+  grads = jax.grad(lambda p: jnp.sum(f.apply(p, state, None, x)[0].astype(jnp.float32)))(params)
   return {"out": out, "grads": grads}
 
 
@@ -322,7 +331,6 @@ def init_keyed_linear(rng, x):
 
 
 class Net(hk.Module):
-
   def __call__(self, x):
     a = hkb.call_pure(keyed_linear, x, init=init_keyed_linear)
     return a, hk.Linear(4)(x)
@@ -341,32 +349,41 @@ def keyed_program(f, params, state):
 # ---------------------------------------------------------------------------
 
 CASES = {
-    "batchnorm": Case(
-        "batchnorm",
-        {"call_pure": "inline", "custom_vjp": "inline",
-         "repeat_layer": "layer_stack"},
-        bn_model, lambda: (jax.random.normal(KEY, [4, 8]), True),
-        train_then_eval(jax.random.normal(jax.random.PRNGKey(1), [4, 8]))),
-    "resnet": Case(
-        "resnet",
-        {"call_pure": "inline", "custom_vjp": "inline",
-         "repeat_layer": "layer_stack"},
-        resnet_model, lambda: (jax.random.normal(KEY, IMAGE_SHAPE), True),
-        train_then_eval(jax.random.normal(jax.random.PRNGKey(1),
-                                          IMAGE_SHAPE))),
-    "width_dependent_block": Case(
-        "width_dependent_block", {"call_pure": "inline",
-                                  "custom_vjp": "inline"},
-        width_model, lambda: (jax.random.normal(KEY, [2, 16]),),
-        width_program),
-    "bf16_inputs": Case(
-        "bf16_inputs", {"call_pure": "inline", "custom_vjp": "inline"},
-        bf16_model,
-        lambda: (jax.random.normal(KEY, [2, 4]).astype(jnp.bfloat16),),
-        bf16_program),
-    "key_path_then_inline": Case(
-        "key_path_then_inline", {"call_pure": None}, keyed_model,
-        lambda: (jax.random.normal(KEY, [2, 4]),), keyed_program),
+  "batchnorm": Case(
+    "batchnorm",
+    {"call_pure": "inline", "custom_vjp": "inline", "repeat_layer": "layer_stack"},
+    bn_model,
+    lambda: (jax.random.normal(KEY, [4, 8]), True),
+    train_then_eval(jax.random.normal(jax.random.PRNGKey(1), [4, 8])),
+  ),
+  "resnet": Case(
+    "resnet",
+    {"call_pure": "inline", "custom_vjp": "inline", "repeat_layer": "layer_stack"},
+    resnet_model,
+    lambda: (jax.random.normal(KEY, IMAGE_SHAPE), True),
+    train_then_eval(jax.random.normal(jax.random.PRNGKey(1), IMAGE_SHAPE)),
+  ),
+  "width_dependent_block": Case(
+    "width_dependent_block",
+    {"call_pure": "inline", "custom_vjp": "inline"},
+    width_model,
+    lambda: (jax.random.normal(KEY, [2, 16]),),
+    width_program,
+  ),
+  "bf16_inputs": Case(
+    "bf16_inputs",
+    {"call_pure": "inline", "custom_vjp": "inline"},
+    bf16_model,
+    lambda: (jax.random.normal(KEY, [2, 4]).astype(jnp.bfloat16),),
+    bf16_program,
+  ),
+  "key_path_then_inline": Case(
+    "key_path_then_inline",
+    {"call_pure": None},
+    keyed_model,
+    lambda: (jax.random.normal(KEY, [2, 4]),),
+    keyed_program,
+  ),
 }
 
 TEMPERATURES = ("cold", "subprocess", "warm")
@@ -386,9 +403,13 @@ def _parameters():
     for kind in case.kinds:
       for temperature in TEMPERATURES:
         for getter in (False, True):
-          yield (f"{case.name}_{kind}_{temperature}"
-                 f"{'_getter' if getter else ''}",
-                 case.name, kind, temperature, getter)
+          yield (
+            f"{case.name}_{kind}_{temperature}{'_getter' if getter else ''}",
+            case.name,
+            kind,
+            temperature,
+            getter,
+          )
 
 
 def _child_main(case_name, kind, getter, in_path, out_path):
@@ -409,7 +430,6 @@ def _child_main(case_name, kind, getter, in_path, out_path):
 
 
 class ApplyPathTest(parameterized.TestCase):
-
   _child = None  # The fresh process of the "subprocess" cases, when started.
 
   @classmethod
@@ -426,8 +446,7 @@ class ApplyPathTest(parameterized.TestCase):
     np.savez(in_path, **flat(params, "params"), **flat(state, "state"))
     if ApplyPathTest._child is None:
       ApplyPathTest._child = test_utils.FreshProcess(__file__, "_child_main")
-    error = ApplyPathTest._child.call(case.name, kind, str(getter), in_path,
-                                      out_path)
+    error = ApplyPathTest._child.call(case.name, kind, str(getter), in_path, out_path)
     if error is not None:
       self.fail(f"apply in a fresh process failed:\n{error}")
     with np.load(out_path) as results:
@@ -452,16 +471,14 @@ class ApplyPathTest(parameterized.TestCase):
       self._check_keyed(params, state, temperature, case, kind, getter)
       return
 
-    ref_params, ref_state, expected = reference_results(case_name,
-                                                        reference_kind)
+    ref_params, ref_state, expected = reference_results(case_name, reference_kind)
     chex.assert_trees_all_equal(params, ref_params)
     chex.assert_trees_all_equal(state, ref_state)
     self.assertEqual(sorted(params), sorted(ref_params))
 
     if temperature == "subprocess":
       # A checkpoint of the reference, restored where init never ran.
-      actual = self._run_in_fresh_process(case, kind, getter, ref_params,
-                                          ref_state)
+      actual = self._run_in_fresh_process(case, kind, getter, ref_params, ref_state)
     else:
       if temperature == "cold":
         clear_caches()
@@ -476,8 +493,11 @@ class ApplyPathTest(parameterized.TestCase):
 
   def _check_keyed(self, params, state, temperature, case, kind, getter):
     # The bridged `net/linear/w` and hk.Linear's weights must be two params.
-    self.assertLen([p for p in jax.tree.leaves(params) if p.shape == (4, 4)],
-                   2, msg=jax.tree.map(jnp.shape, params))
+    self.assertLen(
+      [p for p in jax.tree.leaves(params) if p.shape == (4, 4)],
+      2,
+      msg=jax.tree.map(jnp.shape, params),
+    )
     linear = [b for b in params if "b" in params[b]]
     self.assertLen(linear, 1)
     if temperature == "subprocess":
@@ -488,11 +508,9 @@ class ApplyPathTest(parameterized.TestCase):
         clear_caches()
       runs = 2 if temperature == "warm" else 1
       for _ in range(runs):
-        a, b = case.run(case.transformed(kind, getter), params,
-                        state)["outs"]
+        a, b = case.run(case.transformed(kind, getter), params, state)["outs"]
     x = jax.random.normal(KEY, [2, 4])
-    bridged_w = [params[bundle]["w"] for bundle in params
-                 if bundle not in linear]
+    bridged_w = [params[bundle]["w"] for bundle in params if bundle not in linear]
     np.testing.assert_allclose(a, x @ bridged_w[0], **TOL)
     w, bias = params[linear[0]]["w"], params[linear[0]]["b"]
     np.testing.assert_allclose(b, x @ w + bias, **TOL)

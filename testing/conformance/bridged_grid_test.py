@@ -91,8 +91,7 @@ def while_loop(x):
   linear = hk.Linear(F)
   if hk.running_init():  # As Haiku asks: while loops cannot init.
     return linear(x)
-  return hk.while_loop(lambda c: c[0] < 3,
-                       lambda c: (c[0] + 1, jnp.tanh(linear(c[1]))), (0, x))[1]
+  return hk.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(linear(c[1]))), (0, x))[1]
 
 
 def lax_map(x):
@@ -150,8 +149,7 @@ def layer_scan(x):
   return hkb.repeat_layer(_residual, x, 2)
 
 
-_NESTED = hkb.custom_vjp(lambda a: hk.nets.MLP([F, F])(a), hkb.vjp_fwd,
-                         lambda vjp_fn, g: vjp_fn(g))
+_NESTED = hkb.custom_vjp(lambda a: hk.nets.MLP([F, F])(a), hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g))
 
 
 def nested(x):
@@ -171,8 +169,7 @@ def dropout(x):
 
 def dropout_in_scan(x):
   linear = hk.Linear(F)
-  return hk.scan(lambda c, a: (c, hk.dropout(hk.next_rng_key(), 0.5,
-                                             linear(a))), 0., x)[1]
+  return hk.scan(lambda c, a: (c, hk.dropout(hk.next_rng_key(), 0.5, linear(a))), 0.0, x)[1]
 
 
 def batch_norm(x):
@@ -180,33 +177,32 @@ def batch_norm(x):
 
 
 def batch_norm_in_remat(x):
-  return hk.remat(lambda a: hk.BatchNorm(True, True, 0.9)(
-      a, is_training=True))(hk.Linear(F)(x))
+  return hk.remat(lambda a: hk.BatchNorm(True, True, 0.9)(a, is_training=True))(hk.Linear(F)(x))
 
 
 MECHANISMS = {
-    "remat": Mechanism(remat),
-    "cond": Mechanism(cond),
-    "switch": Mechanism(switch),
-    "fori_loop": Mechanism(fori_loop),
-    # lax.while_loop has no reverse-mode derivative, inline or bridged.
-    "while_loop": Mechanism(while_loop, grad=False),
-    "map": Mechanism(lax_map),
-    "scan": Mechanism(scan),
-    "lstm_dynamic_unroll": Mechanism(lstm),
-    "gru_static_unroll": Mechanism(gru_static),
-    "deep_rnn": Mechanism(deep_rnn),
-    "vmap": Mechanism(vmap),
-    "lift": Mechanism(lift),
-    "transparent_lift": Mechanism(transparent_lift),
-    "layer_stack": Mechanism(layer_stack),
-    "layer_scan": Mechanism(layer_scan),
-    "nested_block": Mechanism(nested),
-    "running_init": Mechanism(running_init),
-    "dropout": Mechanism(dropout, rng=True),
-    "dropout_in_scan": Mechanism(dropout_in_scan, rng=True),
-    "batch_norm": Mechanism(batch_norm, stateful=True),
-    "batch_norm_in_remat": Mechanism(batch_norm_in_remat, stateful=True),
+  "remat": Mechanism(remat),
+  "cond": Mechanism(cond),
+  "switch": Mechanism(switch),
+  "fori_loop": Mechanism(fori_loop),
+  # lax.while_loop has no reverse-mode derivative, inline or bridged.
+  "while_loop": Mechanism(while_loop, grad=False),
+  "map": Mechanism(lax_map),
+  "scan": Mechanism(scan),
+  "lstm_dynamic_unroll": Mechanism(lstm),
+  "gru_static_unroll": Mechanism(gru_static),
+  "deep_rnn": Mechanism(deep_rnn),
+  "vmap": Mechanism(vmap),
+  "lift": Mechanism(lift),
+  "transparent_lift": Mechanism(transparent_lift),
+  "layer_stack": Mechanism(layer_stack),
+  "layer_scan": Mechanism(layer_scan),
+  "nested_block": Mechanism(nested),
+  "running_init": Mechanism(running_init),
+  "dropout": Mechanism(dropout, rng=True),
+  "dropout_in_scan": Mechanism(dropout_in_scan, rng=True),
+  "batch_norm": Mechanism(batch_norm, stateful=True),
+  "batch_norm_in_remat": Mechanism(batch_norm_in_remat, stateful=True),
 }
 
 
@@ -221,22 +217,19 @@ def true_jvp(f_pure, primals, tangents):
 
 def init_transform(f):
   transformed = hk.transform(f)
-  return lambda x: hkb.call_pure(lambda p, x: transformed.apply(p, None, x), x,
-                                 init=transformed)
+  return lambda x: hkb.call_pure(lambda p, x: transformed.apply(p, None, x), x, init=transformed)
 
 
 def relevant_parameters(f):
   transformed = hk.transform(f)
-  return lambda x: transformed.apply(
-      hkb.get_relevant_parameters(transformed, x), None, x)
+  return lambda x: transformed.apply(hkb.get_relevant_parameters(transformed, x), None, x)
 
 
 FORMS = {
-    "custom_vjp": lambda f: hkb.custom_vjp(f, hkb.vjp_fwd,
-                                           lambda vjp_fn, g: vjp_fn(g)),
-    "custom_jvp": lambda f: hkb.custom_jvp(f, true_jvp),
-    "init_transform": init_transform,
-    "get_relevant_parameters": relevant_parameters,
+  "custom_vjp": lambda f: hkb.custom_vjp(f, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g)),
+  "custom_jvp": lambda f: hkb.custom_jvp(f, true_jvp),
+  "init_transform": init_transform,
+  "get_relevant_parameters": relevant_parameters,
 }
 PURE_FORMS = ("init_transform", "get_relevant_parameters")
 
@@ -279,23 +272,23 @@ def cases():
       yield mechanism, form
 
 
-def program(f: hk.TransformedWithState, params, state,
-            grad: bool = True) -> dict[str, Any]:
+def program(f: hk.TransformedWithState, params, state, grad: bool = True) -> dict[str, Any]:
   """What apply is checked on: outputs, new state, gradients."""
   out, new_state = f.apply(params, state, KEY, X)
   results = {"out": out, "state": new_state}
   if grad:
+
     def loss(p, x):
       out, _ = f.apply(p, state, KEY, x)
       return jnp.sum(jnp.sin(out) * jnp.arange(F))
 
-    results["param_grads"], results["x_grad"] = jax.grad(
-        loss, argnums=(0, 1))(params, X)
+    results["param_grads"], results["x_grad"] = jax.grad(loss, argnums=(0, 1))(params, X)
   return results
 
 
-def compiled_program(f: hk.TransformedWithState, params, state,
-                     grad: bool = True) -> dict[str, Any]:
+def compiled_program(
+  f: hk.TransformedWithState, params, state, grad: bool = True
+) -> dict[str, Any]:
   """`program` as one jit, traced afresh: each call runs the bridge again."""
   return jax.jit(functools.partial(program, f, grad=grad))(params, state)
 
@@ -305,8 +298,7 @@ def inline_results(mechanism: str, getter: bool):
   """Inline's params, state and program results, once per process."""
   inline_net = network(mechanism, "inline", getter)
   params, state = inline_net.init(KEY, X)
-  return params, state, compiled_program(inline_net, params, state,
-                                         MECHANISMS[mechanism].grad)
+  return params, state, compiled_program(inline_net, params, state, MECHANISMS[mechanism].grad)
 
 
 def assert_results_close(test, got, want):
@@ -315,13 +307,19 @@ def assert_results_close(test, got, want):
 
 
 class GridTest(parameterized.TestCase):
-
   @parameterized.named_parameters(
-      (f"{mechanism}_{form}_{temperature}{'_getter' if getter else ''}",
-       mechanism, form, temperature, getter)
-      for mechanism, form in cases()
-      for temperature in ("cold", "warm") for getter in (False, True)
-      if not (getter and temperature == "warm"))
+    (
+      f"{mechanism}_{form}_{temperature}{'_getter' if getter else ''}",
+      mechanism,
+      form,
+      temperature,
+      getter,
+    )
+    for mechanism, form in cases()
+    for temperature in ("cold", "warm")
+    for getter in (False, True)
+    if not (getter and temperature == "warm")
+  )
   def test_grid(self, mechanism, form, temperature, getter):
     params, state, want = inline_results(mechanism, getter)
     ours = network(mechanism, form, getter)
@@ -334,8 +332,7 @@ class GridTest(parameterized.TestCase):
     for _ in range(2 if temperature == "warm" else 1):
       if temperature == "cold":
         hkb.clear_caches()
-      assert_results_close(self, compiled_program(ours, params, state, grad),
-                           want)
+      assert_results_close(self, compiled_program(ours, params, state, grad), want)
 
   @parameterized.parameters(*FORMS)
   def test_fresh_process(self, form):
@@ -352,21 +349,23 @@ class GridTest(parameterized.TestCase):
       expected.update(_flat(results, name))
     in_path, out_path = (os.path.join(tmp, f) for f in ("in.npz", "out.npz"))
     np.savez(in_path, **checkpoint)
-    child = test_utils.run_in_fresh_process(__file__, "run_restored", form,
-                                            in_path, out_path)
+    child = test_utils.run_in_fresh_process(__file__, "run_restored", form, in_path, out_path)
     if child.returncode:
       self.fail(f"the fresh process failed:\n{child.stderr[-4000:]}")
     with np.load(out_path) as results:
       actual = dict(results)
     self.assertEqual(sorted(actual), sorted(expected))
     for key, value in expected.items():
-      np.testing.assert_allclose(actual[key], value, err_msg=key,
-                                 **backend_tolerance.fresh_process(TOL))
+      np.testing.assert_allclose(
+        actual[key], value, err_msg=key, **backend_tolerance.fresh_process(TOL)
+      )
 
 
 def _flat(tree, prefix: str) -> dict[str, np.ndarray]:
-  return {prefix + jax.tree_util.keystr(path): np.asarray(leaf)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  return {
+    prefix + jax.tree_util.keystr(path): np.asarray(leaf)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+  }
 
 
 def run_restored(form: str, in_path: str, out_path: str) -> None:
@@ -382,12 +381,19 @@ def run_restored(form: str, in_path: str, out_path: str) -> None:
     # The structure of params and state, from an abstract init of the
     # inline network: nothing of the bridged one runs before its apply.
     shapes = jax.eval_shape(inline_net.init, KEY, X)
-    leaves = [jnp.asarray(saved[name + jax.tree_util.keystr(path)])
-              for path, _ in jax.tree_util.tree_leaves_with_path(shapes)]
+    leaves = [
+      jnp.asarray(saved[name + jax.tree_util.keystr(path)])
+      for path, _ in jax.tree_util.tree_leaves_with_path(shapes)
+    ]
     params, state = jax.tree.structure(shapes).unflatten(leaves)
-    results.update(_flat(compiled_program(
-        network(mechanism, form, False), params, state,
-        MECHANISMS[mechanism].grad), name))
+    results.update(
+      _flat(
+        compiled_program(
+          network(mechanism, form, False), params, state, MECHANISMS[mechanism].grad
+        ),
+        name,
+      )
+    )
   np.savez(out_path, **results)
 
 
@@ -446,6 +452,7 @@ class InterceptorsTest(parameterized.TestCase):
         with around():
           y = block(h)
         return hk.Linear(F)(y.astype(jnp.float32)), y.dtype
+
       return fn
 
     ours = hk.transform_with_state(net(FORMS[form](f)))
@@ -461,13 +468,11 @@ class InterceptorsTest(parameterized.TestCase):
 
   @parameterized.parameters(*FORMS)
   def test_creator_swapping_the_initializer(self, form):
-    self._compare(lambda x: hk.nets.MLP([F, F])(x), form,
-                  lambda: hk.custom_creator(orthogonal_w))
+    self._compare(lambda x: hk.nets.MLP([F, F])(x), form, lambda: hk.custom_creator(orthogonal_w))
 
   @parameterized.parameters(*FORMS)
   def test_creator_asking_bfloat16(self, form):
-    self._compare(lambda x: hk.nets.MLP([F, F])(x), form,
-                  lambda: hk.custom_creator(bf16_creator))
+    self._compare(lambda x: hk.nets.MLP([F, F])(x), form, lambda: hk.custom_creator(bf16_creator))
 
   @parameterized.parameters("custom_vjp", "custom_jvp")
   def test_getter_rounding_params_before_batch_norm(self, form):
@@ -477,9 +482,13 @@ class InterceptorsTest(parameterized.TestCase):
   @parameterized.parameters("custom_vjp", "custom_jvp")
   def test_getter_casting_to_the_original_dtype(self, form):
     # hk.Linear asks for params of its input's dtype: bf16 here.
-    self._compare(lambda x: hk.nets.MLP([F, F])(x), form,
-                  lambda: hk.custom_getter(to_original_dtype),
-                  x=X.astype(jnp.bfloat16), check_out_dtype=True)
+    self._compare(
+      lambda x: hk.nets.MLP([F, F])(x),
+      form,
+      lambda: hk.custom_getter(to_original_dtype),
+      x=X.astype(jnp.bfloat16),
+      check_out_dtype=True,
+    )
 
   @parameterized.parameters("custom_vjp", "custom_jvp")
   def test_state_getter_and_setter(self, form):
@@ -501,12 +510,15 @@ class InterceptorsTest(parameterized.TestCase):
     self._compare(counted_state_block, form, around)
 
   @parameterized.named_parameters(
-      ("custom_vjp", lambda f: hkb.custom_vjp(f, hkb.vjp_fwd,
-                                              lambda vjp_fn, g: vjp_fn(g))),
-      ("custom_vjp_own_fwd", lambda f: hkb.custom_vjp(
-          f, lambda f_pure, p, x: (f_pure(p, x), None),
-          lambda res, g: (None, None))),
-      ("custom_jvp", lambda f: hkb.custom_jvp(f, run_once_jvp)))
+    ("custom_vjp", lambda f: hkb.custom_vjp(f, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g))),
+    (
+      "custom_vjp_own_fwd",
+      lambda f: hkb.custom_vjp(
+        f, lambda f_pure, p, x: (f_pure(p, x), None), lambda res, g: (None, None)
+      ),
+    ),
+    ("custom_jvp", lambda f: hkb.custom_jvp(f, run_once_jvp)),
+  )
   def test_getter_contexts(self, bridge):
     # Rules that run `f` once, as inline code does: the bridge adds no run
     # of its own, so a getter sees each read once, with inline's context.
@@ -514,18 +526,26 @@ class InterceptorsTest(parameterized.TestCase):
 
     def recording(who):
       def getter(next_getter, value, context):
-        seen[who].append((context.full_name, context.module.module_name,
-                          tuple(context.original_shape),
-                          jnp.dtype(context.original_dtype).name,
-                          hk.running_init()))
+        seen[who].append(
+          (
+            context.full_name,
+            context.module.module_name,
+            tuple(context.original_shape),
+            jnp.dtype(context.original_dtype).name,
+            hk.running_init(),
+          )
+        )
         return next_getter(value)
+
       return getter
 
     f = lambda x: hk.nets.MLP([F, F])(x)
     for who, block in (("ours", bridge(f)), ("theirs", f)):
+
       def fn(x, block=block, who=who):
         with hk.custom_getter(recording(who)):
           return Net(block)(x)
+
       transformed = hk.transform(fn)
       params = transformed.init(KEY, X)
       jax.grad(lambda p, t=transformed: jnp.sum(t.apply(p, KEY, X)))(params)

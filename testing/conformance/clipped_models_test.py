@@ -28,17 +28,14 @@ def char_lstm():
 
 
 def transformer():
-  bridged = models.transformer_loss(
-      models.clipped(models.transformer_block))
+  bridged = models.transformer_loss(models.clipped(models.transformer_block))
   inline = models.transformer_loss(models.transformer_block)
   # The block's modules, named inline at the top level.
   return bridged, inline, ("attention", "ln_", "mlp"), 0.5
 
 
 class ClippedModelsTest(parameterized.TestCase):
-
-  @parameterized.named_parameters(("char_lstm", char_lstm),
-                                  ("transformer", transformer))
+  @parameterized.named_parameters(("char_lstm", char_lstm), ("transformer", transformer))
   def test_train_steps_equal_clipping_by_hand(self, model):
     bridged, inline, block_prefix, learning_rate = model()
     bridged, inline = hk.transform(bridged), hk.transform(inline)
@@ -50,25 +47,32 @@ class ClippedModelsTest(parameterized.TestCase):
     self.assertTrue(any(map(in_block, params)), sorted(params))
     self.assertTrue(not all(map(in_block, params)), sorted(params))
 
-    step = lambda f, **kw: jax.jit(lambda p, b: models.sgd_step(
-        f, p, b, learning_rate=learning_rate, **kw))
-    ours, reference, unclipped = (step(bridged),
-                                  step(inline, clip_by_hand=clip_by_hand),
-                                  step(inline))
+    step = lambda f, **kw: jax.jit(
+      lambda p, b: models.sgd_step(f, p, b, learning_rate=learning_rate, **kw)
+    )
+    ours, reference, unclipped = (
+      step(bridged),
+      step(inline, clip_by_hand=clip_by_hand),
+      step(inline),
+    )
     p_ours = p_ref = params
     for batch in batches:
-      np.testing.assert_allclose(bridged.apply(p_ours, None, batch),
-                                 inline.apply(p_ref, None, batch), rtol=1e-5)
+      np.testing.assert_allclose(
+        bridged.apply(p_ours, None, batch), inline.apply(p_ref, None, batch), rtol=1e-5
+      )
       p_next = reference(p_ref, batch)
       p_free = unclipped(p_ref, batch)
       p_ours, p_ref = ours(p_ours, batch), p_next
       chex.assert_trees_all_close(p_ours, p_ref, rtol=2e-5, atol=1e-6)
       # The clipping did change the block's step, and only the block's.
-      changed = {b for b in p_next
-                 if not np.allclose(p_next[b]["w"] if "w" in p_next[b] else
-                                    jax.tree.leaves(p_next[b])[0],
-                                    p_free[b]["w"] if "w" in p_free[b] else
-                                    jax.tree.leaves(p_free[b])[0])}
+      changed = {
+        b
+        for b in p_next
+        if not np.allclose(
+          p_next[b]["w"] if "w" in p_next[b] else jax.tree.leaves(p_next[b])[0],
+          p_free[b]["w"] if "w" in p_free[b] else jax.tree.leaves(p_free[b])[0],
+        )
+      }
       self.assertTrue(changed)
       self.assertTrue(all(map(in_block, changed)), changed)
 

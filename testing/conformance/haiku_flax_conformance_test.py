@@ -26,38 +26,41 @@ import haiku_bridge as hkb
 from testing.conformance import common
 
 KEY = jax.random.PRNGKey(42)
-HAIKU_FILES = ("flax/transform_flax_test.py", "flax/flax_module_test.py",
-               "flax/utils_test.py")
+HAIKU_FILES = ("flax/transform_flax_test.py", "flax/flax_module_test.py", "flax/utils_test.py")
 
 # By design: the bridge names as inline Haiku code and NNX do.
 NAMES = (
-    "names: lift puts a module's top-level variables under `<name>/~` and "
-    "each state collection under `<name>/<collection>/...`; the adapter is a "
-    "Haiku module like any other: its top-level variables are in `<name>` "
-    "itself, and a collection name is no part of a Haiku name, so one bundle "
-    "holds a submodule's params and state (`block/bn`: `scale` and `mean`), "
-    "as NNX and hk.BatchNorm have them")
+  "names: lift puts a module's top-level variables under `<name>/~` and "
+  "each state collection under `<name>/<collection>/...`; the adapter is a "
+  "Haiku module like any other: its top-level variables are in `<name>` "
+  "itself, and a collection name is no part of a Haiku name, so one bundle "
+  "holds a submodule's params and state (`block/bn`: `scale` and `mean`), "
+  "as NNX and hk.BatchNorm have them"
+)
 COLLISION = (
-    "the case's `Child` holds `s` in two collections (`flim_state`, "
-    "`flam_state`); without collection names (see NAMES) both would be "
-    "`<name>/.../s`, so the adapter refuses it, naming both, where lift keeps "
-    "them apart. The case is run through lift (Haiku's assertions) and the "
-    "adapter's error is checked")
+  "the case's `Child` holds `s` in two collections (`flim_state`, "
+  "`flam_state`); without collection names (see NAMES) both would be "
+  "`<name>/.../s`, so the adapter refuses it, naming both, where lift keeps "
+  "them apart. The case is run through lift (Haiku's assertions) and the "
+  "adapter's error is checked"
+)
 BY_DESIGN = {
-    "test_lift_toplevel": COLLISION,
-    "test_lift": COLLISION,
-    "test_lift_used_inside_module": COLLISION,
-    "test_lift_module_called_repeatedly": COLLISION,
-    "test_uses_updated_params": COLLISION,
-    "test_non_mapping_rngs": (
-        "lift refuses a bare key as `rngs=` ('should be a dictionary'); the "
-        "adapter takes it as Linen's own `init` and `apply` do (as `params`), "
-        "checked against Linen"),
-    "test_lift_multiple_uses": (
-        "values: a module called twice keeps the params its first call "
-        "created, as an inline Haiku module does; lift (allow_reuse=True) runs "
-        "init again on each call and keeps the last call's. Names, shapes and "
-        "outputs for the same params agree"),
+  "test_lift_toplevel": COLLISION,
+  "test_lift": COLLISION,
+  "test_lift_used_inside_module": COLLISION,
+  "test_lift_module_called_repeatedly": COLLISION,
+  "test_uses_updated_params": COLLISION,
+  "test_non_mapping_rngs": (
+    "lift refuses a bare key as `rngs=` ('should be a dictionary'); the "
+    "adapter takes it as Linen's own `init` and `apply` do (as `params`), "
+    "checked against Linen"
+  ),
+  "test_lift_multiple_uses": (
+    "values: a module called twice keeps the params its first call "
+    "created, as an inline Haiku module does; lift (allow_reuse=True) runs "
+    "init again on each call and keeps the last call's. Names, shapes and "
+    "outputs for the same params agree"
+  ),
 }
 
 
@@ -72,39 +75,36 @@ class Child(nn.Module):
       self.put_variable("params", "w", zero)
       self.put_variable("flim_state", "s", zero + 1)
       self.put_variable("flam_state", "s", zero + 2)
-    return tuple(self.get_variable(c, n) for c, n in (
-        ("params", "w"), ("flim_state", "s"), ("flam_state", "s")))
+    return tuple(
+      self.get_variable(c, n)
+      for c, n in (("params", "w"), ("flim_state", "s"), ("flam_state", "s"))
+    )
 
 
 class Parent(nn.Module):
-
   @nn.compact
   def __call__(self):
     return Child()()
 
 
 class Outer(nn.Module):
-
   @nn.compact
   def __call__(self):
     return Parent()()
 
 
 class Empty(nn.Module):
-
   def __call__(self):
     return None
 
 
 class ParamsRng(nn.Module):
-
   @nn.compact
   def __call__(self):
     return self.make_rng("params")
 
 
 class UsesRng(nn.Module):
-
   @nn.compact
   def __call__(self):
     self.make_rng("foo")
@@ -112,7 +112,6 @@ class UsesRng(nn.Module):
 
 
 class Counter(nn.Module):
-
   @nn.compact
   def __call__(self):
     if self.is_initializing():
@@ -137,9 +136,15 @@ def without_lift_levels(tree, name="foo"):
   out = {}
   for bundle, entries in tree.items():
     parts = bundle.split("/")
-    parts = [p for i, p in enumerate(parts) if not (
-        p == "~" or (i == 1 and parts[0] == name and p.endswith("_state")) or
-        (i == 1 and parts[0] == name and p == "state"))]
+    parts = [
+      p
+      for i, p in enumerate(parts)
+      if not (
+        p == "~"
+        or (i == 1 and parts[0] == name and p.endswith("_state"))
+        or (i == 1 and parts[0] == name and p == "state")
+      )
+    ]
     out.setdefault("/".join(parts), {}).update(entries)
   return out
 
@@ -159,8 +164,11 @@ class TransformFlaxTest(parameterized.TestCase):
 
   def test_every_haiku_case_is_covered(self):
     cases = set().union(*(common.haiku_test_cases(f) for f in HAIKU_FILES))
-    ours = [n for n in dir(TransformFlaxTest) + dir(FlaxModuleTest) +
-            dir(UtilsTest) if n.startswith("test_")]
+    ours = [
+      n
+      for n in dir(TransformFlaxTest) + dir(FlaxModuleTest) + dir(UtilsTest)
+      if n.startswith("test_")
+    ]
     missing = {c for c in cases if not any(n.startswith(c) for n in ours)}
     self.assertEmpty(missing)
 
@@ -168,7 +176,9 @@ class TransformFlaxTest(parameterized.TestCase):
     def make(wrap):
       def f():
         wrap(Empty())  # Created, never called.
+
       return f
+
     (_, p, s), _ = self.run_both(make)
     self.assertEmpty(p)
     self.assertEmpty(s)
@@ -185,37 +195,43 @@ class TransformFlaxTest(parameterized.TestCase):
     self.assertEqual(state, haiku_state)
     ours = hk.transform_with_state(make(adapted))
     with self.assertRaisesRegex(
-        ValueError, r"hkb.from_flax\(\w+\): params paths "
-        r"flam_state.*s and flim_state.*s both map to the Haiku state "
-        r"'.*s'. Rename one of them."):
+      ValueError,
+      r"hkb.from_flax\(\w+\): params paths "
+      r"flam_state.*s and flim_state.*s both map to the Haiku state "
+      r"'.*s'. Rename one of them.",
+    ):
       ours.init(KEY)
 
   def test_lift_toplevel(self):
     self._collision_case(
-        lambda wrap: lambda: wrap(Child())(),
-        {"foo/~": {"w": 0}},
-        {"foo/flim_state/~": {"s": 1}, "foo/flam_state/~": {"s": 2}})
+      lambda wrap: lambda: wrap(Child())(),
+      {"foo/~": {"w": 0}},
+      {"foo/flim_state/~": {"s": 1}, "foo/flam_state/~": {"s": 2}},
+    )
 
   def test_lift(self):
     self._collision_case(
-        lambda wrap: lambda: wrap(Outer())(),
-        {"foo/Parent_0/Child_0": {"w": 0}},
-        {"foo/flim_state/Parent_0/Child_0": {"s": 1},
-         "foo/flam_state/Parent_0/Child_0": {"s": 2}})
+      lambda wrap: lambda: wrap(Outer())(),
+      {"foo/Parent_0/Child_0": {"w": 0}},
+      {"foo/flim_state/Parent_0/Child_0": {"s": 1}, "foo/flam_state/Parent_0/Child_0": {"s": 2}},
+    )
 
   def test_lift_used_inside_module(self):
     def make(wrap):
       class OuterHk(hk.Module):
-
         def __call__(self):
           return wrap(Outer(), name="outer")()
 
       return lambda: OuterHk()()
 
     self._collision_case(
-        make, {"outer_hk/outer/Parent_0/Child_0": {"w": 0}},
-        {"outer_hk/outer/flim_state/Parent_0/Child_0": {"s": 1},
-         "outer_hk/outer/flam_state/Parent_0/Child_0": {"s": 2}})
+      make,
+      {"outer_hk/outer/Parent_0/Child_0": {"w": 0}},
+      {
+        "outer_hk/outer/flim_state/Parent_0/Child_0": {"s": 1},
+        "outer_hk/outer/flam_state/Parent_0/Child_0": {"s": 2},
+      },
+    )
 
   def test_lift_module_called_repeatedly(self):
     def make(wrap):
@@ -223,12 +239,14 @@ class TransformFlaxTest(parameterized.TestCase):
         mod = wrap(Outer())
         mod()
         return mod()
+
       return f
 
     self._collision_case(
-        make, {"foo/Parent_0/Child_0": {"w": 0}},
-        {"foo/flim_state/Parent_0/Child_0": {"s": 1},
-         "foo/flam_state/Parent_0/Child_0": {"s": 2}})
+      make,
+      {"foo/Parent_0/Child_0": {"w": 0}},
+      {"foo/flim_state/Parent_0/Child_0": {"s": 1}, "foo/flam_state/Parent_0/Child_0": {"s": 2}},
+    )
 
   def test_uses_updated_params(self):
     # lift's part of the case (the values apply is given come out as they
@@ -240,23 +258,21 @@ class TransformFlaxTest(parameterized.TestCase):
     self.assertIs(w, params["foo/~"]["w"])
     self.assertIs(flim, state["foo/flim_state/~"]["s"])
     self.assertIs(flam, state["foo/flam_state/~"]["s"])
-    self._collision_case(lambda wrap: lambda: wrap(Child())(),
-                         {"foo/~": {"w": 0}},
-                         {"foo/flim_state/~": {"s": 1},
-                          "foo/flam_state/~": {"s": 2}})
+    self._collision_case(
+      lambda wrap: lambda: wrap(Child())(),
+      {"foo/~": {"w": 0}},
+      {"foo/flim_state/~": {"s": 1}, "foo/flam_state/~": {"s": 2}},
+    )
 
     class OneCollection(nn.Module):
-
       @nn.compact
       def __call__(self):
         if self.is_initializing():
           self.put_variable("params", "w", jnp.zeros([]))
           self.put_variable("flim_state", "s", jnp.ones([]))
-        return self.get_variable("params", "w"), self.get_variable(
-            "flim_state", "s")
+        return self.get_variable("params", "w"), self.get_variable("flim_state", "s")
 
-    (ours, p, s), _ = self.run_both(lambda wrap: lambda: wrap(
-        OneCollection())())
+    (ours, p, s), _ = self.run_both(lambda wrap: lambda: wrap(OneCollection())())
     p, s = jax.tree.map(lambda x: x + 1, (p, s))
     (w, flim), _ = ours.apply(p, s, None)
     self.assertIs(w, p["foo"]["w"])  # Read as given: no initialiser re-ran.
@@ -264,8 +280,7 @@ class TransformFlaxTest(parameterized.TestCase):
 
   def test_stateful_equivalence(self):
     counter = Counter()
-    (ours, _, s1), (theirs, _, s2) = self.run_both(
-        lambda wrap: lambda: wrap(counter)())
+    (ours, _, s1), (theirs, _, s2) = self.run_both(lambda wrap: lambda: wrap(counter)())
     self.assertEqual(s2, {"foo/state/~": {"count": 0}})  # Haiku's assertion.
     variables = counter.init(KEY)
     for i in range(10):
@@ -293,14 +308,14 @@ class TransformFlaxTest(parameterized.TestCase):
         if with_params_rng:
           rngs["params"] = hk.next_rng_key()
         return wrap(UsesRng())(rngs=rngs)
+
       return f
 
     ours, theirs = hk.transform(make(adapted)), hk.transform(make(lifted))
     init_rng, apply_rng = jax.random.split(KEY)
     p1, p2 = ours.init(init_rng), theirs.init(init_rng)
     common.assert_same_tree(self, p1, without_lift_levels(p2))
-    np.testing.assert_array_equal(ours.apply(p1, apply_rng),
-                                  theirs.apply(p2, apply_rng))
+    np.testing.assert_array_equal(ours.apply(p1, apply_rng), theirs.apply(p2, apply_rng))
 
   def test_non_mapping_rngs(self):
     theirs = hk.transform(lambda: lifted(ParamsRng())(rngs=KEY))
@@ -308,35 +323,36 @@ class TransformFlaxTest(parameterized.TestCase):
       theirs.init(None)
     # By design (BY_DESIGN): as Linen takes it.
     ours = hk.transform(lambda: adapted(ParamsRng())(rngs=KEY))
-    np.testing.assert_array_equal(ours.apply(ours.init(None), None),
-                                  ParamsRng().apply({}, rngs=KEY))
+    np.testing.assert_array_equal(
+      ours.apply(ours.init(None), None), ParamsRng().apply({}, rngs=KEY)
+    )
 
   def test_lift_multiple_uses(self):
     def make(wrap):
       def f(x):
         mod = wrap(nn.Dense(1), name="mod")
         return mod(mod(x))
+
       return f
 
     x = jnp.ones([1, 1])
     ours, theirs = hk.transform(make(adapted)), hk.transform(make(lifted))
     p1, p2 = ours.init(KEY, x), theirs.init(KEY, x)
-    self.assertEqual(jax.tree.map(lambda a: (a.shape, a.dtype), p2), {
-        "mod/~": {"bias": ((1,), jnp.float32),
-                  "kernel": ((1, 1), jnp.float32)}})  # Haiku's assertion.
+    self.assertEqual(
+      jax.tree.map(lambda a: (a.shape, a.dtype), p2),
+      {"mod/~": {"bias": ((1,), jnp.float32), "kernel": ((1, 1), jnp.float32)}},
+    )  # Haiku's assertion.
     # BY_DESIGN: the values are the first call's (as inline Haiku).
-    chex.assert_trees_all_equal_shapes_and_dtypes(
-        p1, without_lift_levels(p2, "mod"))
-    np.testing.assert_array_equal(ours.apply(without_lift_levels(p2, "mod"),
-                                             None, x),
-                                  theirs.apply(p2, None, x))
+    chex.assert_trees_all_equal_shapes_and_dtypes(p1, without_lift_levels(p2, "mod"))
+    np.testing.assert_array_equal(
+      ours.apply(without_lift_levels(p2, "mod"), None, x), theirs.apply(p2, None, x)
+    )
     np.testing.assert_array_equal(  # The first key drawn, as hk.Linear's.
-        p1["mod"]["kernel"], nn.Dense(1).init(next(hk.PRNGSequence(KEY)), x)[
-            "params"]["kernel"])
+      p1["mod"]["kernel"], nn.Dense(1).init(next(hk.PRNGSequence(KEY)), x)["params"]["kernel"]
+    )
 
 
 class HaikuCounter(hk.Module):
-
   def __call__(self):
     c = hk.get_state("c", [], init=jnp.zeros)
     hk.set_state("c", c + 1)
@@ -358,8 +374,7 @@ class FlaxModuleTest(parameterized.TestCase):
 
   def test_transform(self):
     def f():
-      return (hk.get_parameter("w1", [], init=jnp.zeros),
-              hk.get_parameter("w2", [], init=jnp.ones))
+      return (hk.get_parameter("w1", [], init=jnp.zeros), hk.get_parameter("w2", [], init=jnp.ones))
 
     f = hk.transform(f)
     variables = hk.experimental.flax.Module(f).init(KEY)
@@ -372,8 +387,7 @@ class FlaxModuleTest(parameterized.TestCase):
   def _stateful(self, f, steps, mutating=True):
     module = hk.experimental.flax.Module(f)
     variables = module.init(KEY)
-    model = hkb.to_nnx(f, params=variables.get("params", {}),
-                       state=variables["state"])
+    model = hkb.to_nnx(f, params=variables.get("params", {}), state=variables["state"])
     for _ in range(steps):
       if mutating:
         theirs, variables = module.apply(variables, mutable=["state"])
@@ -381,8 +395,7 @@ class FlaxModuleTest(parameterized.TestCase):
         theirs = module.apply(variables)
       ours = model()
       chex.assert_trees_all_equal(ours, theirs)
-      chex.assert_trees_all_equal(model.haiku_state(),
-                                  dict(variables["state"]))
+      chex.assert_trees_all_equal(model.haiku_state(), dict(variables["state"]))
     return model
 
   def test_transform_with_state(self):
@@ -398,29 +411,25 @@ class FlaxModuleTest(parameterized.TestCase):
 
   def test_transform_with_state_not_mutating_state_after_ini(self):
     def f():
-      return (hk.get_state("s1", [], init=jnp.zeros),
-              hk.get_state("s2", [], init=jnp.ones))
+      return (hk.get_state("s1", [], init=jnp.zeros), hk.get_state("s2", [], init=jnp.ones))
 
     model = self._stateful(hk.transform_with_state(f), 3, mutating=False)
     self.assertEqual(model.haiku_state(), {"~": {"s1": 0, "s2": 1}})
 
   def test_stateful_module(self):
-    model = self._stateful(
-        hk.transform_with_state(lambda: HaikuCounter()()), 10)
+    model = self._stateful(hk.transform_with_state(lambda: HaikuCounter()()), 10)
     self.assertEqual(model.haiku_state(), {"haiku_counter": {"c": 10}})
 
   # Haiku's cases use ResNet50 on 224x224 inputs; ResNet18 on 32x32 runs the
   # same code paths (BatchNorm state, many modules) in CI's time.
   def _resnet(self):
-    return hk.transform_with_state(
-        lambda x: hk.nets.ResNet18(10)(x, is_training=True))
+    return hk.transform_with_state(lambda x: hk.nets.ResNet18(10)(x, is_training=True))
 
   def test_resnet_50_init_equivalence_to_flax(self):
     f, x = self._resnet(), jnp.ones([1, 32, 32, 3])
     variables = hk.experimental.flax.Module(f).init(KEY, x)
     params, state = f.init(flax_init_rng(KEY), x)  # Haiku's assertion.
-    chex.assert_trees_all_equal(flax_utils.flatten_flax_to_haiku(
-        variables["params"]), params)
+    chex.assert_trees_all_equal(flax_utils.flatten_flax_to_haiku(variables["params"]), params)
     rngs = nnx.Rngs(params=KEY)
     model = hkb.to_nnx(f, x, rngs=rngs)
     params, state = f.init(nnx.Rngs(params=KEY).params(), x)
@@ -432,15 +441,17 @@ class FlaxModuleTest(parameterized.TestCase):
     module = hk.experimental.flax.Module(f)
     variables = dict(module.init(KEY, x))
     model = hkb.to_nnx(
-        f, params=flax_utils.flatten_flax_to_haiku(variables["params"]),
-        state=flax_utils.flatten_flax_to_haiku(variables["state"]))
+      f,
+      params=flax_utils.flatten_flax_to_haiku(variables["params"]),
+      state=flax_utils.flatten_flax_to_haiku(variables["state"]),
+    )
     for _ in range(3):
       theirs, updates = module.apply(variables, x, mutable=["state"])
       variables = {**variables, **updates}
       np.testing.assert_array_equal(model(x), theirs)
       chex.assert_trees_all_equal(
-          model.haiku_state(),
-          flax_utils.flatten_flax_to_haiku(variables["state"]))
+        model.haiku_state(), flax_utils.flatten_flax_to_haiku(variables["state"])
+      )
 
 
 class Leaf(nn.Module):
@@ -460,14 +471,12 @@ class Nested(nn.Module):
 
 
 class Holder(nn.Module):
-
   @nn.compact
   def __call__(self):
     return Leaf(0.0, name="mod2")()
 
 
 class TopLevel(nn.Module):
-
   @nn.compact
   def __call__(self):
     return self.param("w", lambda _: jnp.asarray(0.0))

@@ -49,19 +49,18 @@ class Perceiver(hk.Module):
     # axes (a gather of rows would need its output sharding named).
     inputs = hk.Embed(VOCAB, D_MODEL, lookup_style="ONE_HOT")(tokens)
     inputs = inputs + hk.get_parameter(
-        "position", [SEQ, D_MODEL], init=hk.initializers.TruncatedNormal(0.02))
+      "position", [SEQ, D_MODEL], init=hk.initializers.TruncatedNormal(0.02)
+    )
     latents = hk.get_parameter(
-        "latents", [LATENTS, D_MODEL],
-        init=hk.initializers.TruncatedNormal(0.02))
+      "latents", [LATENTS, D_MODEL], init=hk.initializers.TruncatedNormal(0.02)
+    )
     # Each example's latents: the input's batch axis, split as it is.
     latents = latents + jnp.zeros_like(inputs[:, :1, :1])
-    cross = hk.MultiHeadAttention(HEADS, D_MODEL // HEADS,
-                                  w_init=hk.initializers.VarianceScaling(),
-                                  name="cross_attention")
-    h = latents + cross(hk.LayerNorm(-1, True, True)(latents),
-                        inputs, inputs)
-    h = hkb.repeat_layer(self_attention_block, h, TOWER, name="tower",
-                         pipeline=self.pipeline)
+    cross = hk.MultiHeadAttention(
+      HEADS, D_MODEL // HEADS, w_init=hk.initializers.VarianceScaling(), name="cross_attention"
+    )
+    h = latents + cross(hk.LayerNorm(-1, True, True)(latents), inputs, inputs)
+    h = hkb.repeat_layer(self_attention_block, h, TOWER, name="tower", pipeline=self.pipeline)
     h = hk.LayerNorm(-1, True, True, name="final_norm")(h)
     return hk.Linear(CLASSES, name="classifier")(jnp.mean(h, axis=1))
 
@@ -69,9 +68,9 @@ class Perceiver(hk.Module):
 def self_attention_block(h):
   """Pre-norm self-attention and MLP over the latents, as Perceiver's."""
   a = hk.LayerNorm(-1, True, True)(h)
-  h = h + hk.MultiHeadAttention(
-      HEADS, D_MODEL // HEADS,
-      w_init=hk.initializers.VarianceScaling())(a, a, a)
+  h = h + hk.MultiHeadAttention(HEADS, D_MODEL // HEADS, w_init=hk.initializers.VarianceScaling())(
+    a, a, a
+  )
   m = hk.LayerNorm(-1, True, True)(h)
   return h + hk.nets.MLP([2 * D_MODEL, D_MODEL], activation=jax.nn.gelu)(m)
 
@@ -79,20 +78,20 @@ def self_attention_block(h):
 def loss_fn(pipeline=None) -> hk.Transformed:
   def loss(tokens, labels):
     logits = Perceiver(pipeline)(tokens)
-    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits)
-                             * jax.nn.one_hot(labels, CLASSES), -1))
+    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(labels, CLASSES), -1))
+
   return hk.transform(loss)
 
 
 def batch():
-  tokens = jax.random.randint(jax.random.PRNGKey(10), [BATCH, SEQ], 0,
-                              VOCAB)
+  tokens = jax.random.randint(jax.random.PRNGKey(10), [BATCH, SEQ], 0, VOCAB)
   labels = jnp.sum(tokens, axis=1) % CLASSES  # Learnable from the tokens.
   return tokens, labels
 
 
 def train(f, params, put_batch=lambda a: a):
   """`STEPS` steps of SGD with momentum 0.9 on one batch: losses, first gradients, params."""
+
   def step(params, velocity, tokens, labels):
     loss, grads = jax.value_and_grad(f.apply)(params, None, tokens, labels)
     velocity = jax.tree.map(lambda v, g: 0.9 * v + g, velocity, grads)
@@ -114,14 +113,13 @@ def make_mesh(shape, names):
   """`jax.make_mesh`'s default mesh, or Auto axes where jax 0.9 needs them."""
   if tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 10):
     return jax.make_mesh(shape, names)
-  return jax.make_mesh(shape, names,
-                       axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+  return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
 
 
-@absltest.skipUnless(pipeline_lib.jax_has_pipelines(),
-                     "pipelines need jax.shard_map and jax.set_mesh.")
+@absltest.skipUnless(
+  pipeline_lib.jax_has_pipelines(), "pipelines need jax.shard_map and jax.set_mesh."
+)
 class PerceiverPipelineTest(parameterized.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
@@ -132,23 +130,27 @@ class PerceiverPipelineTest(parameterized.TestCase):
     cls.expected = train(plain, cls.params)  # One device.
 
   @parameterized.parameters(("gpipe", 4, 4, None), ("circular", 2, 4, 2))
-  def test_trains_as_one_device(self, schedule, stages, microbatches,
-                                repeats):
+  def test_trains_as_one_device(self, schedule, stages, microbatches, repeats):
     pipe = hkb.Pipeline("stage", microbatches, schedule, repeats)
     f = loss_fn(pipe)
     # The same params, pipelined or not.
-    jax.tree.map(np.testing.assert_array_equal,
-                 f.init(jax.random.PRNGKey(0), *batch()), self.params)
+    jax.tree.map(
+      np.testing.assert_array_equal, f.init(jax.random.PRNGKey(0), *batch()), self.params
+    )
     mesh = make_mesh((stages, 8 // stages), ("stage", "data"))
     with jax.set_mesh(mesh):
-      got = train(f, self.params,
-                  lambda a: jax.device_put(a, NamedSharding(mesh, P("data"))))
+      got = train(f, self.params, lambda a: jax.device_put(a, NamedSharding(mesh, P("data"))))
 
     def check(path, g, e):
       e = np.asarray(e)
       np.testing.assert_allclose(
-          g, e, rtol=1e-4, atol=max(1e-6, 1e-4 * float(np.max(np.abs(e)))),
-          err_msg=jax.tree_util.keystr(path))
+        g,
+        e,
+        rtol=1e-4,
+        atol=max(1e-6, 1e-4 * float(np.max(np.abs(e)))),
+        err_msg=jax.tree_util.keystr(path),
+      )
+
     jax.tree_util.tree_map_with_path(check, got, self.expected)
     # It learns: the loss on the batch falls.
     self.assertLess(got[0][-1], got[0][0])

@@ -31,7 +31,14 @@ from haiku_bridge._src.pipeline.staging import Staging
 from haiku_bridge._src.pipeline.staging import staging_for
 
 __all__ = [
-    "Pipeline", "SCHEDULES", "Staging", "Timetable", "check_pipeline",
-    "jax_has_pipelines", "jax_runs_stages_on_explicit_axes", "run",
-    "staging_for", "timetable",
+  "Pipeline",
+  "SCHEDULES",
+  "Staging",
+  "Timetable",
+  "check_pipeline",
+  "jax_has_pipelines",
+  "jax_runs_stages_on_explicit_axes",
+  "run",
+  "staging_for",
+  "timetable",
 ]

@@ -105,6 +105,7 @@ class Pipeline:
     repeats: with `"circular"`, the passes (default: N/S, one layer per
       stage per pass); with `"gpipe"`, None or 1.
   """
+
   axis: str = "stage"
   microbatches: int = 1
   schedule: modes.PipelineSchedule = "gpipe"
@@ -112,28 +113,35 @@ class Pipeline:
 
   def __post_init__(self):
     with errors.entry("Pipeline"):
-      errors.check_str("axis", self.axis, "the name of the mesh axis whose "
-                       "devices are the stages, e.g. \"stage\"")
-      object.__setattr__(self, "microbatches", errors.check_positive_int(
-          "microbatches", self.microbatches))
+      errors.check_str(
+        "axis", self.axis, "the name of the mesh axis whose devices are the stages, e.g. \"stage\""
+      )
+      object.__setattr__(
+        self, "microbatches", errors.check_positive_int("microbatches", self.microbatches)
+      )
       if self.schedule not in SCHEDULES:
         error = ValueError if isinstance(self.schedule, str) else TypeError
-        raise error(errors.bad_argument(
-            "schedule", self.schedule, "\"gpipe\" or \"circular\""))
+        raise error(errors.bad_argument("schedule", self.schedule, "\"gpipe\" or \"circular\""))
       if self.repeats is not None:
-        object.__setattr__(self, "repeats", errors.check_positive_int(
-            "repeats", self.repeats))
+        object.__setattr__(self, "repeats", errors.check_positive_int("repeats", self.repeats))
         if self.schedule == "gpipe" and self.repeats != 1:
-          raise ValueError(errors.bad_argument(
-              "repeats", self.repeats, "None or 1 with schedule=\"gpipe\"",
-              "For several passes over the stages, pass "
-              "schedule=\"circular\"."))
+          raise ValueError(
+            errors.bad_argument(
+              "repeats",
+              self.repeats,
+              "None or 1 with schedule=\"gpipe\"",
+              "For several passes over the stages, pass schedule=\"circular\".",
+            )
+          )
       # Last: a wrong argument is named first, on any jax.
       if not jax_has_pipelines():
-        raise NotImplementedError(errors.message(
+        raise NotImplementedError(
+          errors.message(
             "a pipeline runs its stages with jax.shard_map under "
             "jax.set_mesh, which jax " + jax.__version__ + " does not have. "
-            "Upgrade to jax 0.7 or newer, or train without pipeline=."))
+            "Upgrade to jax 0.7 or newer, or train without pipeline=."
+          )
+        )
 
   def num_repeats(self, num_layers: int, num_stages: int) -> int:
     """The passes over the stages for a stack of `num_layers` on `num_stages`."""
@@ -157,7 +165,11 @@ def jax_runs_stages_on_explicit_axes() -> bool:
 def check_pipeline(pipeline: Any) -> Optional[Pipeline]:
   """`layer_scan`'s `pipeline=`: None or a `Pipeline`."""
   if pipeline is not None and not isinstance(pipeline, Pipeline):
-    raise TypeError(errors.bad_argument(
-        "pipeline", pipeline, "None or an hkb.Pipeline, e.g. "
-        "hkb.Pipeline(\"stage\", microbatches=4)"))
+    raise TypeError(
+      errors.bad_argument(
+        "pipeline",
+        pipeline,
+        "None or an hkb.Pipeline, e.g. hkb.Pipeline(\"stage\", microbatches=4)",
+      )
+    )
   return pipeline

@@ -23,6 +23,7 @@ from haiku_bridge._src.pytree import PyTree
 @dataclasses.dataclass(frozen=True)
 class Batch:
   """The batch (axis 0 of every carry leaf) as microbatches: m holds rows m, m + M, ..."""
+
   microbatches: int
   axis: str  # The stages', which every microbatch is whole on.
 
@@ -47,7 +48,7 @@ class Batch:
     if self.microbatches == 1:
       return jnp.squeeze(a, axis)
     a = jnp.moveaxis(a, axis, axis + 1)
-    return a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2:])
+    return a.reshape(a.shape[:axis] + (-1,) + a.shape[axis + 2 :])
 
   def join_ys(self, ys: PyTree, whole_batch: Callable[[], PyTree]) -> PyTree:
     """`[N, M, B/M, ...]` -> `[N, B, ...]`, where a `y`'s axis 0 is the batch."""
@@ -58,17 +59,19 @@ class Batch:
     def join(path, a, whole):
       part = a.shape[2:]
       if not part or tuple(whole.shape) != (part[0] * m,) + part[1:]:
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"the layer's y at {errors.keystr(path)} has shape "
             f"{tuple(whole.shape)} for the whole batch and {part} for a "
             f"microbatch: its axis 0 is not the batch. The pipeline runs "
             f"each layer on `pipeline.microbatches`={m} microbatches, so it "
             "returns a y as the plain stack does only where axis 0 is the "
             "batch. Return a value per example and reduce after the stack "
-            "(e.g. `ys.mean(axis=1)`), or pass microbatches=1."))
+            "(e.g. `ys.mean(axis=1)`), or pass microbatches=1."
+          )
+        )
       # Typed as the whole batch's y (see `run`'s `out`).
-      return typed_sharding.reshard(self.join(a, 1),
-                                    (None,) + typed_sharding.spec(whole))
+      return typed_sharding.reshard(self.join(a, 1), (None,) + typed_sharding.spec(whole))
 
     return jax.tree_util.tree_map_with_path(join, ys, whole_batch())
 
@@ -76,6 +79,7 @@ class Batch:
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Layer n = (r·S + s)·L + j: pass r, stage s, layer j of a visit."""
+
   axis: str
   stages: int
   repeats: int
@@ -88,21 +92,18 @@ class Layout:
     """`[N, ...]` -> `[S, R, L, ...]`, axis 0 over the stages."""
     a = typed_sharding.gradient_replicated_where_unplaced(a)
     entries = typed_sharding.spec(a)
-    rest = tuple(typed_sharding.entry_without(e, (self.axis,))
-                 for e in entries[1:])
+    rest = tuple(typed_sharding.entry_without(e, (self.axis,)) for e in entries[1:])
     shape = (self.stages, self.repeats, self.layers) + a.shape[1:]
     if self.explicit and self.repeats == 1 and entries == (self.axis,) + rest:
       # A layer axis stored over the stages: each holds its GPipe block.
-      return jnp.reshape(a, shape, out_sharding=PartitionSpec(
-          self.axis, None, None, *rest))
+      return jnp.reshape(a, shape, out_sharding=PartitionSpec(self.axis, None, None, *rest))
     if self.explicit and entries[0] == self.axis:
       # Stored over the stages in blocks of layers, which circular
       # interleaves: each stage sends each of its visits' layers to the
       # stage that runs them, never the whole stack.
       return self._interleaved(a, entries[1:], inverse=False)
     a = typed_sharding.reshard(a, (None,) + rest)
-    a = jnp.swapaxes(a.reshape((self.repeats, self.stages, self.layers)
-                               + a.shape[1:]), 0, 1)
+    a = jnp.swapaxes(a.reshape((self.repeats, self.stages, self.layers) + a.shape[1:]), 0, 1)
     if self.explicit:
       a = typed_sharding.reshard(a, (self.axis, None, None) + rest)
     return a
@@ -110,10 +111,13 @@ class Layout:
   def to_layers(self, a: jax.Array, like: jax.Array) -> jax.Array:
     """The inverse of `to_stages`, split as `like`."""
     entries = typed_sharding.spec(like)
-    if (self.explicit and self.repeats == 1 and entries[:1] == (self.axis,)
-        and typed_sharding.spec(a)[3:] == entries[1:]):
-      return jnp.reshape(a, like.shape,
-                         out_sharding=PartitionSpec(*entries))
+    if (
+      self.explicit
+      and self.repeats == 1
+      and entries[:1] == (self.axis,)
+      and typed_sharding.spec(a)[3:] == entries[1:]
+    ):
+      return jnp.reshape(a, like.shape, out_sharding=PartitionSpec(*entries))
     if self.explicit and entries[:1] == (self.axis,):
       a = typed_sharding.reshard(a, (self.axis, None, None) + entries[1:])
       return self._interleaved(a, entries[1:], inverse=True)
@@ -121,9 +125,9 @@ class Layout:
     a = jnp.swapaxes(a, 0, 1).reshape(like.shape)
     return typed_sharding.reshard(a, entries)
 
-  def _interleaved(self, a: jax.Array,
-                   rest: tuple[typed_sharding.MeshAxes, ...],
-                   inverse: bool) -> jax.Array:
+  def _interleaved(
+    self, a: jax.Array, rest: tuple[typed_sharding.MeshAxes, ...], inverse: bool
+  ) -> jax.Array:
     """`[N, ...]` in blocks over the stages -> `[S, R, L, ...]` over them (`inverse`: back), by R `ppermute`s.
 
     Stage b stores layers [b·R·L, (b+1)·R·L): R groups of L layers; visit r
@@ -141,8 +145,12 @@ class Layout:
     dynamic slice, whose transpose would be a zero buffer of the stage's
     share per round. Autodiff's transpose is the inverse permutations.
     """
-    named = {name for entry in rest if entry is not None
-             for name in ((entry,) if isinstance(entry, str) else entry)}
+    named = {
+      name
+      for entry in rest
+      if entry is not None
+      for name in ((entry,) if isinstance(entry, str) else entry)
+    }
     rounds = _rounds(self.stages, self.repeats)
 
     def move(block):
@@ -161,13 +169,17 @@ class Layout:
       lands = [stored if inverse else visit for _, stored, visit in rounds]
       slots = jax.lax.split(block, (1,) * self.repeats)  # Transpose: concat.
       received = [
-          jax.lax.ppermute(pick(sent, slots), self.axis,
-                           [(t, b) for b, t in pairs] if inverse else pairs)
-          for sent, (pairs, _, _) in zip(sends, rounds)]
-      out = jnp.concatenate([
-          pick([[land[s] for land in lands].index(slot)
-                for s in range(self.stages)], received)
-          for slot in range(self.repeats)])
+        jax.lax.ppermute(
+          pick(sent, slots), self.axis, [(t, b) for b, t in pairs] if inverse else pairs
+        )
+        for sent, (pairs, _, _) in zip(sends, rounds)
+      ]
+      out = jnp.concatenate(
+        [
+          pick([[land[s] for land in lands].index(slot) for s in range(self.stages)], received)
+          for slot in range(self.repeats)
+        ]
+      )
       if inverse:
         return out.reshape((-1,) + out.shape[2:])
       return out[None]
@@ -176,9 +188,11 @@ class Layout:
     stored = PartitionSpec(self.axis, *rest)
 
     return jax.shard_map(
-        move, in_specs=staged if inverse else stored,
-        out_specs=stored if inverse else staged,
-        axis_names=frozenset({self.axis} | named))(a)
+      move,
+      in_specs=staged if inverse else stored,
+      out_specs=stored if inverse else staged,
+      axis_names=frozenset({self.axis} | named),
+    )(a)
 
   def ys_to_layers(self, a: jax.Array) -> jax.Array:
     """`[S, R, M, L, ...]` -> `[N, M, ...]`."""
@@ -188,15 +202,14 @@ class Layout:
     if any(e is not None for e in entries):
       # Merging the unsplit R, S, L axes: jax 0.10.2 cannot always tell the
       # result's split itself (one microbatch, its rows over `data`).
-      return jnp.reshape(a, (-1,) + a.shape[3:],
-                         out_sharding=PartitionSpec(None, *entries[3:]))
+      return jnp.reshape(a, (-1,) + a.shape[3:], out_sharding=PartitionSpec(None, *entries[3:]))
     return a.reshape((-1,) + a.shape[3:])
 
 
 @caches.memoize()
-def _rounds(stages: int, repeats: int
-            ) -> tuple[tuple[tuple[tuple[int, int], ...], tuple[int, ...],
-                             tuple[int, ...]], ...]:
+def _rounds(
+  stages: int, repeats: int
+) -> tuple[tuple[tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]], ...]:
   """Circular's moves from stored blocks to visits, as R permutations of the stages.
 
   Group g = r·S + s (visit r of stage s) is stored on stage g // R as its
@@ -234,12 +247,12 @@ def _rounds(stages: int, repeats: int
   return tuple(rounds)
 
 
-def whole_batch_ys(body: Callable[..., Any], carry: PyTree,
-                    per_layer: PyTree) -> PyTree:
+def whole_batch_ys(body: Callable[..., Any], carry: PyTree, per_layer: PyTree) -> PyTree:
   """The shapes of the first layer's `y` for the whole batch, as the plain scan has them."""
+
   def first_layer(carry, per_layer):
     # Abstract: the whole stack replicated costs nothing here.
-    first = jax.tree.map(
-        lambda a: typed_sharding.reshard(a, (None,) * a.ndim)[0], per_layer)
+    first = jax.tree.map(lambda a: typed_sharding.reshard(a, (None,) * a.ndim)[0], per_layer)
     return body(carry, first)[1][0]
+
   return jax.eval_shape(first_layer, carry, per_layer)

@@ -37,12 +37,11 @@ def one_leaf_block(h):
   return h + hk.Linear(h.shape[-1])(h)
 
 
-def compiled_step(mesh_shape, axis_type, width, pipeline, remat=False,
-                  layer=block, **options):
+def compiled_step(mesh_shape, axis_type, width, pipeline, remat=False, layer=block, **options):
   """The compiled `value_and_grad` step and the stack's param bytes."""
-  step = pipeline_cost.compiled_step(mesh_shape, axis_type, width, pipeline,
-                                     batch=BATCH, remat=remat, layer=layer,
-                                     **options)
+  step = pipeline_cost.compiled_step(
+    mesh_shape, axis_type, width, pipeline, batch=BATCH, remat=remat, layer=layer, **options
+  )
   return step.compiled, step.param_bytes
 
 
@@ -52,23 +51,21 @@ AXES = (("explicit", None), ("auto", AxisType.Auto))
 class MemoryTest(parameterized.TestCase):
   """Per device: the stage's params once, one gradient for them, flat in M."""
 
-  @parameterized.product(axes=AXES, schedule=("gpipe", "circular"),
-                         remat=(False, True))
+  @parameterized.product(axes=AXES, schedule=("gpipe", "circular"), remat=(False, True))
   def test_temporaries_flat_in_microbatches(self, axes, schedule, remat):
     _, axis_type = axes
     stages = 4
     temp = {}
     for m in (4, 16):
       compiled, param_bytes = compiled_step(
-          (stages, 2), axis_type, 64, hkb.Pipeline("stage", m, schedule),
-          remat)
+        (stages, 2), axis_type, 64, hkb.Pipeline("stage", m, schedule), remat
+      )
       temp[m] = compiled.memory_analysis().temp_size_in_bytes
     stage_params = param_bytes / stages
     # Before issue 34, each step of the timetable kept its own copy of the
     # stage's params for the backward pass: 22x at M=16, 2.2x M=4's.
     self.assertLessEqual(temp[16], 3 * stage_params, (temp, stage_params))
     self.assertLessEqual(temp[16], 1.25 * temp[4], temp)
-
 
   def test_circular_gathers_one_leaf_of_the_stack_at_a_time(self):
     # With params as init returns them, circular gathers each gradient
@@ -80,14 +77,14 @@ class MemoryTest(parameterized.TestCase):
     # (133432 bytes before, 164152 after).
     stages, width = 4, 64
     compiled, param_bytes = compiled_step(
-        (stages, 2), None, width, hkb.Pipeline("stage", 16, "circular"),
-        layer=one_leaf_block)
+      (stages, 2), None, width, hkb.Pipeline("stage", 16, "circular"), layer=one_leaf_block
+    )
     temp = compiled.memory_analysis().temp_size_in_bytes
     stage_params = param_bytes / stages
     gathered = LAYERS * width * width * 4  # The stack's weights, float32.
-    self.assertLessEqual(temp, max(3 * stage_params,
-                                   gathered + 1.1 * stage_params),
-                         (temp, gathered, stage_params))
+    self.assertLessEqual(
+      temp, max(3 * stage_params, gathered + 1.1 * stage_params), (temp, gathered, stage_params)
+    )
 
   def test_circular_with_params_stored_over_the_stages(self):
     # Params stored over "stage" (`stacked={"layers": "stage"}`, as
@@ -100,21 +97,28 @@ class MemoryTest(parameterized.TestCase):
     # (3.31x at S=4, M=1; 3.02x at S=2, M=1).
     width = 256
     found = {}
-    for name, stages, m in (("explicit", 4, 16), ("explicit", 4, 1),
-                            ("explicit", 2, 1), ("auto", 4, 16)):
+    for name, stages, m in (
+      ("explicit", 4, 16),
+      ("explicit", 4, 1),
+      ("explicit", 2, 1),
+      ("auto", 4, 16),
+    ):
       step = pipeline_cost.compiled_step(
-          (stages, 8 // stages), dict(AXES)[name], width,
-          hkb.Pipeline("stage", m, "circular"), placement="stage",
-          batch=BATCH)
+        (stages, 8 // stages),
+        dict(AXES)[name],
+        width,
+        hkb.Pipeline("stage", m, "circular"),
+        placement="stage",
+        batch=BATCH,
+      )
       found[name, stages, m] = (
-          step.compiled.memory_analysis().temp_size_in_bytes
-          / step.stage_param_bytes,
-          pipeline_cost.measured(step)["all-gather"])
+        step.compiled.memory_analysis().temp_size_in_bytes / step.stage_param_bytes,
+        pipeline_cost.measured(step)["all-gather"],
+      )
     for (name, stages, m), (temp, _) in found.items():
       if name == "explicit":
         self.assertLessEqual(temp, 3, (stages, m, found))
-    self.assertLessEqual(found["explicit", 4, 16][1], found["auto", 4, 16][1],
-                         found)
+    self.assertLessEqual(found["explicit", 4, 16][1], found["auto", 4, 16][1], found)
 
 
 class RematPolicyTest(parameterized.TestCase):
@@ -127,11 +131,16 @@ class RematPolicyTest(parameterized.TestCase):
     # flight: the orders of what each policy keeps.
     pipe = hkb.Pipeline("stage", 4, schedule)
     policies = jax.checkpoint_policies
-    temp = [compiled_step((2, 4), None, 16, pipe, remat=True,
-                          remat_policy=policy)[0].memory_analysis(
-                          ).temp_size_in_bytes
-            for policy in (policies.nothing_saveable, policies.dots_saveable,
-                           policies.everything_saveable)]
+    temp = [
+      compiled_step((2, 4), None, 16, pipe, remat=True, remat_policy=policy)[0]
+      .memory_analysis()
+      .temp_size_in_bytes
+      for policy in (
+        policies.nothing_saveable,
+        policies.dots_saveable,
+        policies.everything_saveable,
+      )
+    ]
     self.assertLess(temp[0], temp[1], temp)
     self.assertLess(temp[1], temp[2], temp)
 
@@ -153,9 +162,13 @@ CIRCULAR_STORED_AUTO = ("circular", "stage", "auto")
 def bytes_per_step(schedule, placement, axes):
   """`(measured, theory)` bytes per device of one step, by row of `pipeline_cost.ROWS`."""
   step = pipeline_cost.compiled_step(
-      BYTES_MESH, dict(AXES)[axes], BYTES_WIDTH,
-      hkb.Pipeline("stage", BYTES_M, schedule), placement=placement,
-      batch=BATCH)
+    BYTES_MESH,
+    dict(AXES)[axes],
+    BYTES_WIDTH,
+    hkb.Pipeline("stage", BYTES_M, schedule),
+    placement=placement,
+    batch=BATCH,
+  )
   return pipeline_cost.measured(step), pipeline_cost.theory(step)
 
 
@@ -171,9 +184,12 @@ def off_theory(cases, rows, band=BAND):
   return found
 
 
-CASES = [(schedule, placement, axes)
-         for schedule in ("gpipe", "circular")
-         for placement in pipeline_cost.PLACEMENTS for axes, _ in AXES]
+CASES = [
+  (schedule, placement, axes)
+  for schedule in ("gpipe", "circular")
+  for placement in pipeline_cost.PLACEMENTS
+  for axes, _ in AXES
+]
 
 
 class BytesPerStepTest(parameterized.TestCase):
@@ -190,8 +206,7 @@ class BytesPerStepTest(parameterized.TestCase):
   @parameterized.parameters(*CASES)
   def test_at_theory(self, schedule, placement, axes):
     if (schedule, placement, axes) == CIRCULAR_STORED_AUTO:
-      self.skipTest("Expected off theory: "
-                    "test_circular_stored_on_auto_axes_at_theory.")
+      self.skipTest("Expected off theory: test_circular_stored_on_auto_axes_at_theory.")
     rows = [row for row in pipeline_cost.ROWS if row != GRADIENT_ROW]
     self.assertEmpty(off_theory([(schedule, placement, axes)], rows))
 
@@ -201,9 +216,11 @@ class BytesPerStepTest(parameterized.TestCase):
     for schedule, placement, _ in CASES:
       if schedule == "circular" and placement == "stage":
         continue  # Auto's partitioner moves more: below.
-      self.assertEqual(bytes_per_step(schedule, placement, "explicit")[0],
-                       bytes_per_step(schedule, placement, "auto")[0],
-                       (schedule, placement))
+      self.assertEqual(
+        bytes_per_step(schedule, placement, "explicit")[0],
+        bytes_per_step(schedule, placement, "auto")[0],
+        (schedule, placement),
+      )
 
   def test_gradient_reduced_over_data_once_per_step(self):
     # Each device sums the gradient of the stage's params over its
@@ -215,14 +232,17 @@ class BytesPerStepTest(parameterized.TestCase):
 
   def test_gradient_reduced_once_at_more_microbatches(self):
     # Flat in M: at M=16 it was 17x (GPipe) and 16.25x (circular).
-    cases = [(schedule, "init", axes) for schedule in ("gpipe", "circular")
-             for axes, _ in AXES]
+    cases = [(schedule, "init", axes) for schedule in ("gpipe", "circular") for axes, _ in AXES]
     wrong = []
     for schedule, placement, axes in cases:
       step = pipeline_cost.compiled_step(
-          BYTES_MESH, dict(AXES)[axes], BYTES_WIDTH,
-          hkb.Pipeline("stage", 16, schedule), placement=placement,
-          batch=64)  # One row per data device in a microbatch.
+        BYTES_MESH,
+        dict(AXES)[axes],
+        BYTES_WIDTH,
+        hkb.Pipeline("stage", 16, schedule),
+        placement=placement,
+        batch=64,
+      )  # One row per data device in a microbatch.
       measured = pipeline_cost.measured(step)[GRADIENT_ROW]
       theory = pipeline_cost.theory(step)[GRADIENT_ROW]
       if not GRADIENT_BAND[0] * theory <= measured <= GRADIENT_BAND[1] * theory:
@@ -236,8 +256,7 @@ class BytesPerStepTest(parameterized.TestCase):
     # all-gather or all-to-all. Until issue 43 an all-gather of each leaf's
     # whole stack (S·P, twice); then R^2 partial permutations, each counted
     # on every device: 2·R·P.
-    self.assertEmpty(off_theory([("circular", "stage", "explicit")],
-                                pipeline_cost.ROWS))
+    self.assertEmpty(off_theory([("circular", "stage", "explicit")], pipeline_cost.ROWS))
 
   @unittest.expectedFailure
   def test_circular_stored_on_auto_axes_at_theory(self):

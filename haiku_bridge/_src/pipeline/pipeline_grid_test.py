@@ -53,36 +53,46 @@ LAYERS, BATCH, WIDTH, HIDDEN = 8, 8, 8, 16
 DATA = 2  # Devices over the batch; the rest of 8 / stages is "model".
 
 FACTORS = {
-    "axis_type": ("auto", "explicit"),
-    # As init returns them; the layer axis over the stages; and FSDP +
-    # tensor-parallel rules (docs/sharding.md) on top.
-    "params": ("init", "stage", "fsdp_tp"),
-    "batch": ("replicated", "data"),
-    # Carry only (`repeat_layer`), per-layer `xs`, per-example `ys`.
-    "io": ("carry", "xs", "ys"),
-    "schedule": ("gpipe", "circular"),
-    # "over": more microbatches than a data shard has rows (1 row each).
-    "microbatches": ("1", "S", "2S", "over"),
-    "dtype": ("float32", "bfloat16"),
-    "stages": (1, 2, 4),
-    # "dots": remat=True with a `remat_policy` that keeps the matmuls.
-    "remat": (False, True, "dots", "nested", "binomial"),
-    # `jax.lax.scan`'s, for the loop of each visit (and of the plain stack).
-    "unroll": (1, 2, True),
-    # The stack in a plain transform, inside `hkb.custom_vjp`, inside
-    # `call_pure(hk.transform)`; or each layer an `hkb.custom_vjp`.
-    "where": ("plain", "custom_vjp", "call_pure", "vjp_layer"),
-    # What is computed: the loss, its gradient, or the gradient of
-    # <gradient, params>: a Hessian-vector product.
-    "derivative": ("apply", "grad", "grad_of_grad"),
+  "axis_type": ("auto", "explicit"),
+  # As init returns them; the layer axis over the stages; and FSDP +
+  # tensor-parallel rules (docs/sharding.md) on top.
+  "params": ("init", "stage", "fsdp_tp"),
+  "batch": ("replicated", "data"),
+  # Carry only (`repeat_layer`), per-layer `xs`, per-example `ys`.
+  "io": ("carry", "xs", "ys"),
+  "schedule": ("gpipe", "circular"),
+  # "over": more microbatches than a data shard has rows (1 row each).
+  "microbatches": ("1", "S", "2S", "over"),
+  "dtype": ("float32", "bfloat16"),
+  "stages": (1, 2, 4),
+  # "dots": remat=True with a `remat_policy` that keeps the matmuls.
+  "remat": (False, True, "dots", "nested", "binomial"),
+  # `jax.lax.scan`'s, for the loop of each visit (and of the plain stack).
+  "unroll": (1, 2, True),
+  # The stack in a plain transform, inside `hkb.custom_vjp`, inside
+  # `call_pure(hk.transform)`; or each layer an `hkb.custom_vjp`.
+  "where": ("plain", "custom_vjp", "call_pure", "vjp_layer"),
+  # What is computed: the loss, its gradient, or the gradient of
+  # <gradient, params>: a Hessian-vector product.
+  "derivative": ("apply", "grad", "grad_of_grad"),
 }
 
 
 def _row(**settings):
-  row = dict(axis_type="explicit", params="init", batch="replicated",
-             io="carry", schedule="gpipe", microbatches="S", dtype="float32",
-             stages=4, remat=False, unroll=1, where="plain",
-             derivative="grad")
+  row = dict(
+    axis_type="explicit",
+    params="init",
+    batch="replicated",
+    io="carry",
+    schedule="gpipe",
+    microbatches="S",
+    dtype="float32",
+    stages=4,
+    remat=False,
+    unroll=1,
+    where="plain",
+    derivative="grad",
+  )
   row.update(settings)
   return row
 
@@ -90,15 +100,14 @@ def _row(**settings):
 # Issue 26's failures, each a cell of its own (the pairwise rows need not
 # hold their triples).
 ISSUE_ROWS = (
-    _row(),  # 1: Explicit axes, params as init returns them, grad.
-    _row(io="ys", microbatches="2S"),  # 2, 9: ys under Explicit axes.
-    _row(params="stage", batch="data", microbatches="over"),  # 3.
-    _row(axis_type="auto", stages=1, batch="data"),  # 5: one stage.
-    _row(axis_type="auto", dtype="bfloat16"),  # 6.
-    _row(where="custom_vjp", params="stage"),  # 7: init with no mesh.
-    _row(derivative="grad_of_grad"),
+  _row(),  # 1: Explicit axes, params as init returns them, grad.
+  _row(io="ys", microbatches="2S"),  # 2, 9: ys under Explicit axes.
+  _row(params="stage", batch="data", microbatches="over"),  # 3.
+  _row(axis_type="auto", stages=1, batch="data"),  # 5: one stage.
+  _row(axis_type="auto", dtype="bfloat16"),  # 6.
+  _row(where="custom_vjp", params="stage"),  # 7: init with no mesh.
+  _row(derivative="grad_of_grad"),
 )
-
 
 
 def jax_fails(row) -> bool:
@@ -111,8 +120,12 @@ def jax_fails(row) -> bool:
   JAX: `jax_failure_without_the_bridge`, which passes with
   `check_vma=False` and with `jnp.tanh` in place of `jax.nn.gelu`.
   """
-  return (row["where"] == "vjp_layer" and row["remat"] in ("nested", "binomial")
-          and row["derivative"] == "grad_of_grad" and row["stages"] > 1)
+  return (
+    row["where"] == "vjp_layer"
+    and row["remat"] in ("nested", "binomial")
+    and row["derivative"] == "grad_of_grad"
+    and row["stages"] > 1
+  )
 
 
 # What jax says in the cells of `jax_fails`: one residual taken for another,
@@ -122,8 +135,7 @@ JAX_FAILURE = "(?i)expected cotangent type|incompatible shapes"
 JAX_RELEASE = tuple(int(part) for part in jax.__version__.split(".")[:2])
 
 
-def jax_failure_without_the_bridge(activation=jax.nn.gelu,
-                                   check_vma: bool = True) -> None:
+def jax_failure_without_the_bridge(activation=jax.nn.gelu, check_vma: bool = True) -> None:
   """The failure of `jax_fails` in pure JAX: a layer under two custom_vjps.
 
   The inner one's residuals are its `jax.vjp` closure (as `hkb.vjp_fwd`
@@ -133,15 +145,14 @@ def jax_failure_without_the_bridge(activation=jax.nn.gelu,
   timetable) in a `jax.shard_map` over 2 stages, the carry varying over
   them; the gradient of a Hessian-vector product, traced.
   """
+
   def layer(w, h):
     return h + activation(h @ w[0]) @ w[1]
 
   inner = jax.custom_vjp(layer)
-  inner.defvjp(lambda w, h: jax.vjp(layer, w, h),
-               lambda vjp_fn, g: vjp_fn(g))
+  inner.defvjp(lambda w, h: jax.vjp(layer, w, h), lambda vjp_fn, g: vjp_fn(g))
   outer = jax.custom_vjp(layer)
-  outer.defvjp(lambda w, h: (inner(w, h), (w, h)),
-               lambda res, g: jax.vjp(layer, *res)[1](g))
+  outer.defvjp(lambda w, h: (inner(w, h), (w, h)), lambda res, g: jax.vjp(layer, *res)[1](g))
 
   def stage(w, h):
     w = jax.tree.map(lambda a: a[0], w)
@@ -151,21 +162,20 @@ def jax_failure_without_the_bridge(activation=jax.nn.gelu,
   mesh = jax.make_mesh((2,), ("stage",), axis_types=(AxisType.Auto,))
 
   def loss(w, h):
-    out = jax.shard_map(stage, mesh=mesh, in_specs=(P("stage"), P()),
-                        out_specs=P("stage"), check_vma=check_vma)(w, h)
-    return jnp.sum(out ** 2)
+    out = jax.shard_map(
+      stage, mesh=mesh, in_specs=(P("stage"), P()), out_specs=P("stage"), check_vma=check_vma
+    )(w, h)
+    return jnp.sum(out**2)
 
   def hessian_vector_product(w, h):
     grads = jax.grad(loss)(w, h)
-    return sum(jnp.vdot(g, jax.lax.stop_gradient(v))
-               for g, v in zip(grads, w))
+    return sum(jnp.vdot(g, jax.lax.stop_gradient(v)) for g, v in zip(grads, w))
 
   w = (jnp.ones([2, 4, 8]), jnp.ones([2, 8, 4]))
   jax.eval_shape(jax.grad(hessian_vector_product), w, jnp.ones([2, 4]))
 
 
-ROWS = pairwise.pairwise(FACTORS, required=ISSUE_ROWS,
-                         allowed=lambda row: not jax_fails(row))
+ROWS = pairwise.pairwise(FACTORS, required=ISSUE_ROWS, allowed=lambda row: not jax_fails(row))
 
 
 def _name(row) -> str:
@@ -180,8 +190,10 @@ def layer(h):
   """A residual MLP whose weights FSDP + tensor-parallel rules may split."""
   d = h.shape[-1]
   init = hk.initializers.RandomNormal(0.3)
-  params = {"w1": hk.get_parameter("w1", [d, HIDDEN], init=init),
-            "w2": hk.get_parameter("w2", [HIDDEN, d], init=init)}
+  params = {
+    "w1": hk.get_parameter("w1", [d, HIDDEN], init=init),
+    "w2": hk.get_parameter("w2", [HIDDEN, d], init=init),
+  }
   params = hkb.gather_over(params, "data")  # FSDP's gather, where split.
   z = jax.nn.gelu(h @ params["w1"])
   # Under Explicit axes, a matmul contracting a split axis names its output.
@@ -194,11 +206,11 @@ def model(row, pipeline=None, outputs=False) -> hk.Transformed:
   With `outputs`, `(loss, (out, ys))`: the stack's outputs beside it.
   """
   io, where = row["io"], row["where"]
-  one = (hkb.custom_vjp(layer, hkb.vjp_fwd, _identity_bwd)
-         if where == "vjp_layer" else layer)
+  one = hkb.custom_vjp(layer, hkb.vjp_fwd, _identity_bwd) if where == "vjp_layer" else layer
   remat = row["remat"]
-  options = dict(name="blocks", remat=remat != "dots" and remat,
-                 unroll=row["unroll"], pipeline=pipeline)
+  options = dict(
+    name="blocks", remat=remat != "dots" and remat, unroll=row["unroll"], pipeline=pipeline
+  )
   if remat == "dots":
     options.update(remat=True, remat_policy=DOTS)
 
@@ -206,11 +218,12 @@ def model(row, pipeline=None, outputs=False) -> hk.Transformed:
     if io == "carry":
       return hkb.repeat_layer(one, x, LAYERS, **options)
     if io == "xs":
-      return hkb.layer_scan(lambda c, s: (one(c + s), None), x, xs,
-                            **options)[0]
+      return hkb.layer_scan(lambda c, s: (one(c + s), None), x, xs, **options)[0]
+
     def with_y(c, _):
       c = one(c)
       return c, jnp.mean(c.astype(jnp.float32) ** 2, axis=-1)
+
     out, ys = hkb.layer_scan(with_y, x, num_layers=LAYERS, **options)
     return out, ys
 
@@ -231,6 +244,7 @@ def model(row, pipeline=None, outputs=False) -> hk.Transformed:
 
 def derivatives(f: hk.Transformed, derivative: str):
   """The loss of `f`, `(loss, grads)`, or a Hessian-vector product (grad of grad)."""
+
   def loss(params, x, xs):
     return f.apply(params, None, x, xs)
 
@@ -238,9 +252,10 @@ def derivatives(f: hk.Transformed, derivative: str):
     grads = jax.grad(loss)(params, x, xs)
     direction = jax.lax.stop_gradient(params)
     # Elementwise, then summed: a dot would contract split axes.
-    return sum(jnp.sum(g.astype(jnp.float32) * v.astype(jnp.float32))
-               for g, v in zip(jax.tree.leaves(grads),
-                               jax.tree.leaves(direction)))
+    return sum(
+      jnp.sum(g.astype(jnp.float32) * v.astype(jnp.float32))
+      for g, v in zip(jax.tree.leaves(grads), jax.tree.leaves(direction))
+    )
 
   if derivative == "apply":
     return loss
@@ -251,22 +266,19 @@ def derivatives(f: hk.Transformed, derivative: str):
 
 def inputs(dtype):
   x = jax.random.normal(jax.random.PRNGKey(1), [BATCH, WIDTH]).astype(dtype)
-  xs = (jax.random.normal(jax.random.PRNGKey(2), [LAYERS, WIDTH]) / 4
-        ).astype(dtype)
+  xs = (jax.random.normal(jax.random.PRNGKey(2), [LAYERS, WIDTH]) / 4).astype(dtype)
   return x, xs
 
 
 @functools.lru_cache(maxsize=None)
-def reference(io: str, where: str, dtype: str,
-              derivative: str) -> tuple[Any, Any]:
+def reference(io: str, where: str, dtype: str, derivative: str) -> tuple[Any, Any]:
   """The plain stack's init (as init returns it) and `derivatives`, on one device."""
   row = dict(io=io, where=where, remat=False, unroll=1)
   f = model(row)
   x, xs = inputs(jnp.float32)
   params = jax.tree.map(lambda p: p.astype(dtype), f.init(KEY, x, xs))
   x, xs = inputs(dtype)
-  return params, jax.device_get(jax.jit(derivatives(f, derivative))(
-      params, x, xs))
+  return params, jax.device_get(jax.jit(derivatives(f, derivative))(params, x, xs))
 
 
 def tolerance(dtype: str) -> dict[str, float]:
@@ -278,20 +290,24 @@ def tolerance(dtype: str) -> dict[str, float]:
 
 def assert_close(got, expected, rtol, atol, scaled_atol):
   """Leaf by leaf: atol at least `scaled_atol` × the leaf's largest magnitude."""
+
   def check(path, g, e):
     e = np.asarray(e, np.float32)
     scale = float(np.max(np.abs(e))) if e.size else 0.0
     np.testing.assert_allclose(
-        np.asarray(g, np.float32), e, rtol=rtol,
-        atol=max(atol, scaled_atol * scale),
-        err_msg=f"leaf {jax.tree_util.keystr(path)}")
+      np.asarray(g, np.float32),
+      e,
+      rtol=rtol,
+      atol=max(atol, scaled_atol * scale),
+      err_msg=f"leaf {jax.tree_util.keystr(path)}",
+    )
+
   jax.tree_util.tree_map_with_path(check, got, expected)
 
 
 def microbatch_count(row) -> int:
   stages = row["stages"]
-  return {"1": 1, "S": stages, "2S": 2 * stages,
-          "over": BATCH}[row["microbatches"]]
+  return {"1": 1, "S": stages, "2S": 2 * stages, "over": BATCH}[row["microbatches"]]
 
 
 def pipeline_of(row) -> hkb.Pipeline:
@@ -301,11 +317,10 @@ def pipeline_of(row) -> hkb.Pipeline:
 
 def mesh_of(row) -> jax.sharding.Mesh:
   stages = row["stages"]
-  axis_type = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}[
-      row["axis_type"]]
-  return jax.make_mesh((stages, DATA, 8 // stages // DATA),
-                       ("stage", "data", "model"),
-                       axis_types=(axis_type,) * 3)
+  axis_type = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}[row["axis_type"]]
+  return jax.make_mesh(
+    (stages, DATA, 8 // stages // DATA), ("stage", "data", "model"), axis_types=(axis_type,) * 3
+  )
 
 
 def skip_where_jax_refuses(axis_type: str) -> None:
@@ -314,20 +329,20 @@ def skip_where_jax_refuses(axis_type: str) -> None:
   Before jax 0.9, pipelines on Explicit axes are refused with the library's
   error (`pipeline_test.test_explicit_axes_before_jax_09`).
   """
-  if (axis_type == "explicit"
-      and not pipeline_lib.jax_runs_stages_on_explicit_axes()):
+  if axis_type == "explicit" and not pipeline_lib.jax_runs_stages_on_explicit_axes():
     raise absltest.SkipTest(
-        f"jax {jax.__version__} cannot run a pipeline's stages on Explicit "
-        "mesh axes; the library refuses it.")
+      f"jax {jax.__version__} cannot run a pipeline's stages on Explicit "
+      "mesh axes; the library refuses it."
+    )
 
 
 # How each param placement is written (None: as init returns them).
 RULES = {
-    "init": None,
-    "stage": hkb.ShardingRules([], stacked={"blocks": "stage"}),
-    "fsdp_tp": hkb.ShardingRules(
-        [(r"/w1$", P("data", "model")), (r"/w2$", P("model", "data"))],
-        stacked={"blocks": "stage"}),
+  "init": None,
+  "stage": hkb.ShardingRules([], stacked={"blocks": "stage"}),
+  "fsdp_tp": hkb.ShardingRules(
+    [(r"/w1$", P("data", "model")), (r"/w2$", P("model", "data"))], stacked={"blocks": "stage"}
+  ),
 }
 
 
@@ -335,8 +350,7 @@ def check_cell(row) -> None:
   """The pipelined stack of `row` against the plain one, on 8 devices."""
   skip_where_jax_refuses(row["axis_type"])
   f = model(row, pipeline_of(row))
-  params, expected = reference(row["io"], row["where"], row["dtype"],
-                               row["derivative"])
+  params, expected = reference(row["io"], row["where"], row["dtype"], row["derivative"])
   x, xs = inputs(jnp.float32)
 
   # Init needs no mesh and is the plain stack's (case 7: inside
@@ -349,8 +363,7 @@ def check_cell(row) -> None:
   x, xs = inputs(row["dtype"])
   with jax.set_mesh(mesh):
     if rules is not None:
-      params = jax.device_put(params,
-                              hkb.param_shardings(params, mesh, rules))
+      params = jax.device_put(params, hkb.param_shardings(params, mesh, rules))
     if row["batch"] == "data":
       x = jax.device_put(x, NamedSharding(mesh, P("data")))
     got = jax.jit(derivatives(f, row["derivative"]))(params, x, xs)
@@ -361,16 +374,20 @@ def check_cell(row) -> None:
 # microbatches: every combination of these factors, traced.
 # The params as init returns them and stored over the stages (issue 43):
 # GPipe keeps a layer axis stored there, circular moves it.
-LAYOUT_FACTORS = {name: FACTORS[name] for name in (
-    "axis_type", "batch", "io", "schedule", "microbatches", "stages")}
+LAYOUT_FACTORS = {
+  name: FACTORS[name] for name in ("axis_type", "batch", "io", "schedule", "microbatches", "stages")
+}
 LAYOUT_FACTORS["params"] = ("init", "stage")
-LAYOUT_ROWS = [_row(**dict(zip(LAYOUT_FACTORS, settings)))
-               for settings in itertools.product(*LAYOUT_FACTORS.values())]
+LAYOUT_ROWS = [
+  _row(**dict(zip(LAYOUT_FACTORS, settings)))
+  for settings in itertools.product(*LAYOUT_FACTORS.values())
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class Type:
   """An array's type as traced: shape, dtype, sharding spec (None: none)."""
+
   shape: tuple[int, ...]
   dtype: Any
   spec: Optional[tuple[Any, ...]]
@@ -383,6 +400,7 @@ def types(tree) -> Any:
       spec = tuple(a.sharding.spec)
       spec += (None,) * (len(a.shape) - len(spec))
     return Type(a.shape, a.dtype, spec)
+
   return jax.tree.map(of, tree)
 
 
@@ -396,11 +414,9 @@ def traced(row, pipelined: bool) -> Any:
   mesh = mesh_of(row)
   x, xs = inputs(jnp.float32)
   batch = P("data") if row["batch"] == "data" else P()
-  x = jax.ShapeDtypeStruct(x.shape, x.dtype,
-                           sharding=NamedSharding(mesh, batch))
+  x = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, batch))
   xs = jax.ShapeDtypeStruct(xs.shape, xs.dtype)
-  step = jax.value_and_grad(lambda p, x, xs: f.apply(p, None, x, xs),
-                            has_aux=True)
+  step = jax.value_and_grad(lambda p, x, xs: f.apply(p, None, x, xs), has_aux=True)
   with jax.set_mesh(mesh):
     params = placed_params(row, jax.eval_shape(f.init, KEY, x, xs))
     return types((params, jax.eval_shape(step, params, x, xs)))
@@ -412,8 +428,10 @@ def placed_params(row, params) -> Any:
   if rules is None:
     return params
   return jax.tree.map(
-      lambda p, s: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=s),
-      params, hkb.param_shardings(params, mesh_of(row), rules))
+    lambda p, s: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=s),
+    params,
+    hkb.param_shardings(params, mesh_of(row), rules),
+  )
 
 
 def plain_traced(row) -> Any:
@@ -432,10 +450,10 @@ def plain_traced(row) -> Any:
   return traced(row, pipelined=False)
 
 
-@absltest.skipUnless(pipeline_lib.jax_has_pipelines(),
-                     "pipelines need jax.shard_map and jax.set_mesh.")
+@absltest.skipUnless(
+  pipeline_lib.jax_has_pipelines(), "pipelines need jax.shard_map and jax.set_mesh."
+)
 class PipelineGridTest(parameterized.TestCase):
-
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
@@ -447,13 +465,17 @@ class PipelineGridTest(parameterized.TestCase):
     # some row that runs (`True` is not `1`: `unroll` has both).
     def same(value, setting):
       return type(value) is type(setting) and value == setting
+
     names = list(FACTORS)
     factor_pairs = list(itertools.combinations(names, 2))
     self.assertLen(factor_pairs, len(names) * (len(names) - 1) // 2)
     missing = [
-        ((a, x), (b, y)) for a, b in factor_pairs
-        for x in FACTORS[a] for y in FACTORS[b]
-        if not any(same(row[a], x) and same(row[b], y) for row in ROWS)]
+      ((a, x), (b, y))
+      for a, b in factor_pairs
+      for x in FACTORS[a]
+      for y in FACTORS[b]
+      if not any(same(row[a], x) and same(row[b], y) for row in ROWS)
+    ]
     self.assertEqual(missing, [])
     self.assertTrue(all(set(row) == set(names) for row in ROWS))
     self.assertFalse(any(jax_fails(row) for row in ROWS))
@@ -464,10 +486,8 @@ class PipelineGridTest(parameterized.TestCase):
 
   def test_layout_rows_are_the_whole_product(self):
     self.assertLen(LAYOUT_ROWS, 2 * 2 * 3 * 2 * 4 * 3 * 2)
-    settings = {tuple(row[name] for name in LAYOUT_FACTORS)
-                for row in LAYOUT_ROWS}
-    self.assertEqual(settings, set(itertools.product(
-        *LAYOUT_FACTORS.values())))
+    settings = {tuple(row[name] for name in LAYOUT_FACTORS) for row in LAYOUT_ROWS}
+    self.assertEqual(settings, set(itertools.product(*LAYOUT_FACTORS.values())))
     # None is one of jax's own failures (those need `vjp_layer`, a remat
     # schedule and grad of grad): every cell must trace.
     self.assertFalse(any(jax_fails(row) for row in LAYOUT_ROWS))
@@ -497,20 +517,27 @@ class PipelineGridTest(parameterized.TestCase):
 
   def test_jax_failure_pinned(self):
     # When jax fixes it, this fails: drop `jax_fails` from the grid.
-    row = _row(where="vjp_layer", remat="nested", derivative="grad_of_grad",
-               axis_type="auto", stages=2, microbatches="1")
+    row = _row(
+      where="vjp_layer",
+      remat="nested",
+      derivative="grad_of_grad",
+      axis_type="auto",
+      stages=2,
+      microbatches="1",
+    )
     self.assertTrue(jax_fails(row))
     with self.assertRaisesRegex((ValueError, TypeError), JAX_FAILURE):
       check_cell(row)
 
-  @absltest.skipIf(JAX_RELEASE < (0, 10),
-                   "reproduced on jax 0.10.2; not checked on older jax.")
+  @absltest.skipIf(JAX_RELEASE < (0, 10), "reproduced on jax 0.10.2; not checked on older jax.")
   def test_jax_failure_reproduced_without_the_bridge(self):
     # When jax fixes it, this fails: check `test_jax_failure_pinned`, and
     # drop `jax_fails` and this program.
     with self.assertRaisesRegex(
-        ValueError, r"Expected cotangent type float32\[2,8\]\{V:stage\} but "
-        r"got float32\[2,4\]\{V:stage\}"):
+      ValueError,
+      r"Expected cotangent type float32\[2,8\]\{V:stage\} but "
+      r"got float32\[2,4\]\{V:stage\}",
+    ):
       jax_failure_without_the_bridge()
     # As in the grid: it needs jax's check of varying types, and gelu.
     jax_failure_without_the_bridge(check_vma=False)

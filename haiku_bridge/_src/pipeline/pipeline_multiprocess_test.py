@@ -50,17 +50,24 @@ def block(h):
   return h + hk.Linear(WIDTH)(jnp.tanh(hk.Linear(WIDTH)(h)))
 
 
-LOSS = hk.transform(lambda x: jnp.mean(hkb.repeat_layer(
-    block, x, LAYERS, name="layers",
-    pipeline=hkb.Pipeline("stage", microbatches=4)) ** 2))
+LOSS = hk.transform(
+  lambda x: jnp.mean(
+    hkb.repeat_layer(
+      block, x, LAYERS, name="layers", pipeline=hkb.Pipeline("stage", microbatches=4)
+    )
+    ** 2
+  )
+)
 
 
 def make_mesh() -> Mesh:
   """(stage, data): stage s on devices 2s, 2s+1 of each process."""
   ids = np.array(jax.devices()).reshape(NUM_PROCESSES, STAGES, -1)
-  return Mesh(ids.transpose(1, 0, 2).reshape(STAGES, DATA),
-              ("stage", "data"),
-              axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  return Mesh(
+    ids.transpose(1, 0, 2).reshape(STAGES, DATA),
+    ("stage", "data"),
+    axis_types=(jax.sharding.AxisType.Explicit,) * 2,
+  )
 
 
 def batches():
@@ -81,7 +88,8 @@ def train(place_batch):
   with jax.set_mesh(mesh):
     rows = NamedSharding(mesh, P("data"))
     params = jax.jit(LOSS.init, out_shardings=NamedSharding(mesh, P()))(
-        jax.random.PRNGKey(0), jnp.zeros([BATCH, WIDTH]))
+      jax.random.PRNGKey(0), jnp.zeros([BATCH, WIDTH])
+    )
     losses, hlo = [], None
     for _, x in zip(range(STEPS), batches()):
       x = place_batch(x, rows)
@@ -94,38 +102,42 @@ def train(place_batch):
 
 def child(process_id: int, port: int, results: str) -> None:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=f"localhost:{port}",
-                             num_processes=NUM_PROCESSES,
-                             process_id=process_id)
+  jax.distributed.initialize(
+    coordinator_address=f"localhost:{port}", num_processes=NUM_PROCESSES, process_id=process_id
+  )
 
   def local_rows(x, sharding):
     index = sharding.addressable_devices_indices_map(x.shape).values()
-    mine = sorted({i for part in index
-                   for i in range(*part[0].indices(x.shape[0]))})
+    mine = sorted({i for part in index for i in range(*part[0].indices(x.shape[0]))})
     # This process's rows, as jax.make_array_from_process_local_data
     # expects them: in order, one block per local device.
-    return jax.make_array_from_process_local_data(sharding, x[mine],
-                                                  x.shape)
+    return jax.make_array_from_process_local_data(sharding, x[mine], x.shape)
 
   losses, params, hlo = train(local_rows)
   whole = multihost_utils.process_allgather(params, tiled=True)
   if process_id == 0:
-    np.savez(results, losses=losses, hlo=np.array(hlo),
-             **{f"{bundle}/{name}": np.asarray(value)
-                for bundle, entries in whole.items()
-                for name, value in entries.items()})
+    np.savez(
+      results,
+      losses=losses,
+      hlo=np.array(hlo),
+      **{
+        f"{bundle}/{name}": np.asarray(value)
+        for bundle, entries in whole.items()
+        for name, value in entries.items()
+      },
+    )
 
 
 class PipelineDataParallelProcessesTest(absltest.TestCase):
-
   def test_two_processes_train_as_one(self):
     tmp = self.create_tempdir().full_path
     results = os.path.join(tmp, "results.npz")
     port = multiprocess.free_port()
     processes = multiprocess.Processes(
-        "haiku_bridge._src.pipeline.pipeline_multiprocess_test",
-        [["--child", str(i), str(port), results]
-         for i in range(NUM_PROCESSES)], tmp)
+      "haiku_bridge._src.pipeline.pipeline_multiprocess_test",
+      [["--child", str(i), str(port), results] for i in range(NUM_PROCESSES)],
+      tmp,
+    )
     try:
       codes = processes.wait(TIMEOUT_S)
       self.assertEqual(codes, [0] * NUM_PROCESSES, processes.report())
@@ -138,9 +150,11 @@ class PipelineDataParallelProcessesTest(absltest.TestCase):
     multiprocess.assert_same_training(multi, losses, params)
     stage_params = sum(a.nbytes for a in jax.tree.leaves(params)) / STAGES
     mesh = {"stage": STAGES, "data": DATA}
-    reduced = sum(c.bytes_per_step for c in hlo_collectives.collectives(hlo)
-                  if c.kind == "all-reduce" and
-                  hlo_collectives.mesh_axes(c, mesh) == ("data",))
+    reduced = sum(
+      c.bytes_per_step
+      for c in hlo_collectives.collectives(hlo)
+      if c.kind == "all-reduce" and hlo_collectives.mesh_axes(c, mesh) == ("data",)
+    )
     # The gradient once (and the loss's mean, 4 bytes).
     self.assertBetween(reduced / stage_params, 1.0, 1.1, reduced)
 

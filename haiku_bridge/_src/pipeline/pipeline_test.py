@@ -63,17 +63,16 @@ def make_mesh(stages, data=None, model=None, axis_type=AxisType.Auto):
   sizes = {"stage": stages, "data": data or 8 // stages // (model or 1)}
   if model:
     sizes["model"] = model
-  return jax.make_mesh(tuple(sizes.values()), tuple(sizes),
-                       axis_types=(axis_type,) * len(sizes))
+  return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(axis_type,) * len(sizes))
 
 
 def skip_where_jax_refuses(stages: int, explicit: bool) -> None:
   """Skips the test where this jax cannot pipeline (refused up front)."""
-  if (stages > 1 and explicit
-      and not pipeline_lib.jax_runs_stages_on_explicit_axes()):
+  if stages > 1 and explicit and not pipeline_lib.jax_runs_stages_on_explicit_axes():
     raise absltest.SkipTest(
-        f"jax {jax.__version__} cannot run a pipeline's stages on Explicit "
-        "mesh axes; the library refuses it (test_explicit_axes_before_jax_09).")
+      f"jax {jax.__version__} cannot run a pipeline's stages on Explicit "
+      "mesh axes; the library refuses it (test_explicit_axes_before_jax_09)."
+    )
 
 
 def by_rows(x, microbatches):
@@ -96,9 +95,12 @@ def assert_close(test, got, expected, **tol):
     want = np.asarray(expected_leaf)
     scale = float(np.max(np.abs(want))) if want.size else 0.0
     np.testing.assert_allclose(
-        np.asarray(got_leaf), want, rtol=tol["rtol"],
-        atol=max(tol["atol"], tol["scaled_atol"] * scale),
-        err_msg=f"leaf {jax.tree_util.keystr(path)}")
+      np.asarray(got_leaf),
+      want,
+      rtol=tol["rtol"],
+      atol=max(tol["atol"], tol["scaled_atol"] * scale),
+      err_msg=f"leaf {jax.tree_util.keystr(path)}",
+    )
 
   jax.tree_util.tree_map_with_path(check, got, expected)
 
@@ -106,8 +108,7 @@ def assert_close(test, got, expected, **tol):
 def block(h):
   """A residual layer with a layer norm and a top-level parameter."""
   h = h + jnp.tanh(hk.Linear(h.shape[-1])(h))
-  return hk.LayerNorm(-1, True, True)(h) * hk.get_parameter(
-      "gate", [], init=jnp.ones)
+  return hk.LayerNorm(-1, True, True)(h) * hk.get_parameter("gate", [], init=jnp.ones)
 
 
 def dropout_block(h):
@@ -127,25 +128,30 @@ def dense(params, h):
 
 
 def init_dense(rng, h):
-  return {"w": jax.random.normal(rng, [h.shape[-1]] * 2) / 3,
-          "b": jnp.zeros([h.shape[-1]])}
+  return {"w": jax.random.normal(rng, [h.shape[-1]] * 2) / 3, "b": jnp.zeros([h.shape[-1]])}
 
 
 def stack(layer=block, num_layers=LAYERS, state=False, **options):
   """`mean(repeat_layer(layer, x)**2)`, transformed (with state)."""
+
   def f(x):
-    return jnp.mean(hkb.repeat_layer(layer, x, num_layers, name="blocks",
-                                     **options) ** 2)
+    return jnp.mean(hkb.repeat_layer(layer, x, num_layers, name="blocks", **options) ** 2)
+
   return hk.transform_with_state(f) if state else hk.transform(f)
 
 
 def closing_over_a_param(pipeline, **options):
   """A stack whose layers scale by a param made outside it."""
+
   def f(x):
     scale = hk.get_parameter("scale", [4], init=jnp.ones)
-    return jnp.mean(hkb.repeat_layer(
-        lambda h: block(h) * scale, x, LAYERS, name="blocks",
-        pipeline=pipeline, **options) ** 2)
+    return jnp.mean(
+      hkb.repeat_layer(
+        lambda h: block(h) * scale, x, LAYERS, name="blocks", pipeline=pipeline, **options
+      )
+      ** 2
+    )
+
   return hk.transform(f)
 
 
@@ -154,6 +160,7 @@ def scanning_over_a_closed_over_param(pipeline, as_xs=False):
 
   With `as_xs`, the param reaches each layer as its `xs` instead.
   """
+
   def f(x):
     scale = hk.get_parameter("scale", [4], init=jnp.ones)
 
@@ -162,31 +169,38 @@ def scanning_over_a_closed_over_param(pipeline, as_xs=False):
       return jax.lax.scan(step, jnp.zeros_like(h), jnp.stack([h, -h]))[0]
 
     if as_xs:
-      h, _ = hkb.layer_scan(lambda c, s: (layer(c, s), None), x,
-                            xs=jnp.broadcast_to(scale, (4, 4)), name="blocks",
-                            pipeline=pipeline)
+      h, _ = hkb.layer_scan(
+        lambda c, s: (layer(c, s), None),
+        x,
+        xs=jnp.broadcast_to(scale, (4, 4)),
+        name="blocks",
+        pipeline=pipeline,
+      )
     else:
-      h = hkb.repeat_layer(lambda h: layer(h, scale), x, 4, name="blocks",
-                           pipeline=pipeline)
-    return jnp.mean(h ** 2)
+      h = hkb.repeat_layer(lambda h: layer(h, scale), x, 4, name="blocks", pipeline=pipeline)
+    return jnp.mean(h**2)
+
   return hk.transform(f)
 
 
 def time_scan_stack(scan, **options):
   """`stack_of` a layer that runs a time scan from a constant state."""
+
   def layer(h):
     seq = jnp.stack([h, -h, 2 * h])  # [time, batch, features]
     if scan == "lax.scan":
       w = hk.get_parameter("w", [4, 4], init=hk.initializers.RandomNormal())
+
       def step(c, x):
         return jnp.tanh(c @ w + x), None
+
       out, _ = jax.lax.scan(step, jnp.zeros(h.shape), seq)
       return h + out
     core = hk.VanillaRNN(4)
-    unroll = (hk.dynamic_unroll if scan == "hk.dynamic_unroll" else
-              hkb.dynamic_unroll)
+    unroll = hk.dynamic_unroll if scan == "hk.dynamic_unroll" else hkb.dynamic_unroll
     out, _ = unroll(core, seq, core.initial_state(h.shape[0]))
     return h + out[-1]
+
   return stack_of(layer, **options)
 
 
@@ -198,10 +212,10 @@ def pipelined_grad(f, params, x, mesh, rules, rng=None):
   """`value_and_grad` of `f.apply`, jitted under `mesh`, params placed by `rules`."""
   with jax.set_mesh(mesh):
     shardings = hkb.param_shardings(params, mesh, rules)
-    grad = jax.jit(jax.value_and_grad(f.apply),
-                   out_shardings=(None, shardings))
-    return grad(jax.device_put(params, shardings), rng,
-                jax.device_put(x, NamedSharding(mesh, P("data"))))
+    grad = jax.jit(jax.value_and_grad(f.apply), out_shardings=(None, shardings))
+    return grad(
+      jax.device_put(params, shardings), rng, jax.device_put(x, NamedSharding(mesh, P("data")))
+    )
 
 
 @contextlib.contextmanager
@@ -221,16 +235,16 @@ def recorded_schedules():
 def schedule_of(f):
   """The one remat schedule the plain stack `f` runs (traced, not compiled)."""
   with recorded_schedules() as ran:
-    jax.eval_shape(f.apply, f.init(KEY, LayerKindsTest.X), None,
-                   LayerKindsTest.X)
+    jax.eval_shape(f.apply, f.init(KEY, LayerKindsTest.X), None, LayerKindsTest.X)
   (one,) = set(ran)
   return one
 
 
 # jax before 0.7 has neither: hkb.Pipeline says so (errors_doc_test).
 needs_shard_map = absltest.skipUnless(
-    pipeline_lib.jax_has_pipelines(),
-    f"pipelines need jax.shard_map and jax.set_mesh; jax {jax.__version__}.")
+  pipeline_lib.jax_has_pipelines(),
+  f"pipelines need jax.shard_map and jax.set_mesh; jax {jax.__version__}.",
+)
 
 
 @needs_shard_map
@@ -248,18 +262,16 @@ class TimetableTest(parameterized.TestCase):
   """The timetable: every visit once, in an order the data allows; the bubble."""
 
   @needs_shard_map
-  @hypothesis.given(stages=st.integers(1, 6), microbatches=st.integers(1, 9),
-                    repeats=st.integers(1, 3))
-  @hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
-                       database=None)
-  def test_every_visit_once_after_the_one_before(self, stages, microbatches,
-                                                 repeats):
+  @hypothesis.given(
+    stages=st.integers(1, 6), microbatches=st.integers(1, 9), repeats=st.integers(1, 3)
+  )
+  @hypothesis.settings(max_examples=60, deadline=None, derandomize=True, database=None)
+  def test_every_visit_once_after_the_one_before(self, stages, microbatches, repeats):
     t = pipeline_lib.timetable(stages, microbatches, repeats)
     # Idle slots too name a real pass and microbatch (clipped): the stages
     # index the state and the microbatches with them.
     self.assertTrue(np.all((0 <= t.repeat) & (t.repeat < repeats)))
-    self.assertTrue(np.all((0 <= t.microbatch)
-                           & (t.microbatch < microbatches)))
+    self.assertTrue(np.all((0 <= t.microbatch) & (t.microbatch < microbatches)))
     when = {}
     for step, stage in zip(*np.nonzero(t.active)):
       visit = (stage, t.repeat[step, stage], t.microbatch[step, stage])
@@ -269,8 +281,7 @@ class TimetableTest(parameterized.TestCase):
     for (stage, r, m), step in when.items():
       # A visit follows the microbatch's visit to the stage before it; pass r
       # + 1 at stage 0 follows pass r at the last stage.
-      before = ((stage - 1, r, m) if stage else
-                (stages - 1, r - 1, m) if r else None)
+      before = (stage - 1, r, m) if stage else (stages - 1, r - 1, m) if r else None
       if before is not None:
         self.assertGreater(step, when[before])
       # A stage holds one microbatch's result for its next stage (one step).
@@ -280,19 +291,15 @@ class TimetableTest(parameterized.TestCase):
   def test_gpipe_bubble(self, stages, microbatches):
     t = pipeline_lib.timetable(stages, microbatches)
     self.assertEqual(t.num_steps, microbatches + stages - 1)
-    self.assertAlmostEqual(t.bubble,
-                           (stages - 1) / (microbatches + stages - 1))
+    self.assertAlmostEqual(t.bubble, (stages - 1) / (microbatches + stages - 1))
 
-  @parameterized.product(stages=(2, 4), microbatches=(4, 8, 16),
-                         repeats=(2, 4))
+  @parameterized.product(stages=(2, 4), microbatches=(4, 8, 16), repeats=(2, 4))
   def test_circular_bubble(self, stages, microbatches, repeats):
     # With M >= S no pass waits: (S-1) idle steps out of R·M + S - 1, each
     # step 1/R of a GPipe step.
     t = pipeline_lib.timetable(stages, microbatches, repeats)
-    self.assertAlmostEqual(
-        t.bubble, (stages - 1) / (repeats * microbatches + stages - 1))
-    self.assertLess(t.bubble, pipeline_lib.timetable(stages,
-                                                    microbatches).bubble)
+    self.assertAlmostEqual(t.bubble, (stages - 1) / (repeats * microbatches + stages - 1))
+    self.assertLess(t.bubble, pipeline_lib.timetable(stages, microbatches).bubble)
 
 
 class StagingTest(EightDevicesTest):
@@ -300,8 +307,7 @@ class StagingTest(EightDevicesTest):
 
   def _staging(self, pipeline, num_layers=16):
     with jax.set_mesh(make_mesh(4)):
-      return pipeline_lib.staging_for(pipeline, jnp.ones([8, 4]), num_layers,
-                                      require_mesh=True)
+      return pipeline_lib.staging_for(pipeline, jnp.ones([8, 4]), num_layers, require_mesh=True)
 
   def _assert_same(self, a, b):
     self.assertEqual((a.layout, a.batch), (b.layout, b.batch))
@@ -310,13 +316,13 @@ class StagingTest(EightDevicesTest):
   def test_circular_repeats_default_to_one_layer_per_stage_per_pass(self):
     # "default: N/S": 16 layers on 4 stages pass the stages 4 times.
     default = self._staging(hkb.Pipeline("stage", 2, "circular"))
-    self._assert_same(default,
-                      self._staging(hkb.Pipeline("stage", 2, "circular", 4)))
+    self._assert_same(default, self._staging(hkb.Pipeline("stage", 2, "circular", 4)))
     self.assertEqual(default.layout.layers, 1)
 
   def test_gpipe_takes_repeats_none_or_one(self):
-    self._assert_same(self._staging(hkb.Pipeline("stage", 2, repeats=1)),
-                      self._staging(hkb.Pipeline("stage", 2)))
+    self._assert_same(
+      self._staging(hkb.Pipeline("stage", 2, repeats=1)), self._staging(hkb.Pipeline("stage", 2))
+    )
 
 
 class TrainingEqualsOneDeviceTest(EightDevicesTest):
@@ -342,18 +348,18 @@ class TrainingEqualsOneDeviceTest(EightDevicesTest):
       # "data" would need its output sharding named under Explicit axes.
       one_hot = jax.nn.one_hot(tokens, cls.VOCAB)
       h = hk.Linear(cls.D_MODEL, with_bias=False, name="embed")(one_hot)
-      layer = functools.partial(transformer.block, d_model=cls.D_MODEL,
-                                heads=cls.HEADS)
-      h = hkb.repeat_layer(layer, h, LAYERS, name="layers",
-                           pipeline=pipeline)
+      layer = functools.partial(transformer.block, d_model=cls.D_MODEL, heads=cls.HEADS)
+      h = hkb.repeat_layer(layer, h, LAYERS, name="layers", pipeline=pipeline)
       logits = hk.Linear(cls.VOCAB, name="unembed")(h)
       targets = jax.nn.one_hot(jnp.roll(tokens, -1, axis=1), cls.VOCAB)
       return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * targets, -1))
+
     return hk.transform(loss)
 
   @classmethod
   def _train(cls, f, params, shardings=None, batch=None):
     """STEPS steps of SGD with momentum: losses, first gradients, params."""
+
     # Written out (optax is an optional extra): velocity = 0.9 * velocity
     # + grad, params -= 0.05 * velocity, as optax.sgd(0.05, momentum=0.9).
     def step(params, velocity, tokens):
@@ -366,8 +372,7 @@ class TrainingEqualsOneDeviceTest(EightDevicesTest):
     velocity = jax.tree.map(jnp.zeros_like, params)
     losses, first_grads = [], None
     for i in range(cls.STEPS):
-      tokens = jax.random.randint(jax.random.PRNGKey(10 + i),
-                                  [cls.BATCH, cls.SEQ], 0, cls.VOCAB)
+      tokens = jax.random.randint(jax.random.PRNGKey(10 + i), [cls.BATCH, cls.SEQ], 0, cls.VOCAB)
       if batch is not None:
         tokens = jax.device_put(tokens, batch)
       params, velocity, loss, grads = step(params, velocity, tokens)
@@ -375,18 +380,16 @@ class TrainingEqualsOneDeviceTest(EightDevicesTest):
       first_grads = grads if first_grads is None else first_grads
     return jnp.stack(losses), first_grads, params
 
-  def _assert_trains_as_one_device(self, stages, microbatches, schedule,
-                                   axis_type=AxisType.Auto):
+  def _assert_trains_as_one_device(self, stages, microbatches, schedule, axis_type=AxisType.Auto):
     repeats = 2 if schedule == "circular" else None
-    pipelined = self._loss(
-        hkb.Pipeline("stage", microbatches, schedule, repeats))
+    pipelined = self._loss(hkb.Pipeline("stage", microbatches, schedule, repeats))
     mesh = make_mesh(stages, axis_type=axis_type)
     rules = hkb.ShardingRules([], stacked={"layers": "stage"})
     with jax.set_mesh(mesh):
       shardings = hkb.param_shardings(self.params, mesh, rules)
       losses, grads, trained = self._train(
-          pipelined, jax.device_put(self.params, shardings), shardings,
-          NamedSharding(mesh, P("data")))
+        pipelined, jax.device_put(self.params, shardings), shardings, NamedSharding(mesh, P("data"))
+      )
     assert_close(self, (losses, grads, trained), self.expected)
     # Each device holds its stage's layers: 1/S of the stack.
     w = trained["layers/mlp/~/linear_0"]["w"]
@@ -399,9 +402,9 @@ class TrainingEqualsOneDeviceTest(EightDevicesTest):
     mesh = make_mesh(4)
     with jax.set_mesh(mesh):
       shardings = hkb.param_shardings(
-          self.params, mesh, hkb.ShardingRules([], stacked={"layers": "stage"}))
-      params = jax.jit(pipelined.init, out_shardings=shardings)(KEY,
-                                                                self.tokens)
+        self.params, mesh, hkb.ShardingRules([], stacked={"layers": "stage"})
+      )
+      params = jax.jit(pipelined.init, out_shardings=shardings)(KEY, self.tokens)
     chex.assert_trees_all_equal(jax.device_get(params), self.params)
 
   @parameterized.parameters(*pipeline_lib.SCHEDULES)
@@ -409,23 +412,23 @@ class TrainingEqualsOneDeviceTest(EightDevicesTest):
     # What the exactness tests cannot see: the stack did run as a pipeline.
     pipelined = self._loss(hkb.Pipeline("stage", 4, schedule))
     with jax.set_mesh(make_mesh(4)):
-      jaxpr = str(jax.make_jaxpr(pipelined.apply)(self.params, None,
-                                                  self.tokens))
+      jaxpr = str(jax.make_jaxpr(pipelined.apply)(self.params, None, self.tokens))
     self.assertIn("shard_map", jaxpr)
     self.assertIn("ppermute", jaxpr)
-    self.assertNotIn("ppermute", str(jax.make_jaxpr(self._loss().apply)(
-        self.params, None, self.tokens)))
+    self.assertNotIn(
+      "ppermute", str(jax.make_jaxpr(self._loss().apply)(self.params, None, self.tokens))
+    )
 
-  @parameterized.product(stages=(2, 4), microbatches=("1", "S", "2S"),
-                         schedule=pipeline_lib.SCHEDULES)
+  @parameterized.product(
+    stages=(2, 4), microbatches=("1", "S", "2S"), schedule=pipeline_lib.SCHEDULES
+  )
   def test_auto_axes(self, stages, microbatches, schedule):
     m = {"1": 1, "S": stages, "2S": 2 * stages}[microbatches]
     self._assert_trains_as_one_device(stages, m, schedule)
 
   @parameterized.parameters(("gpipe", 2, 2), ("circular", 4, 8))
   def test_explicit_axes(self, schedule, stages, microbatches):
-    self._assert_trains_as_one_device(stages, microbatches, schedule,
-                                      AxisType.Explicit)
+    self._assert_trains_as_one_device(stages, microbatches, schedule, AxisType.Explicit)
 
 
 class MicrobatchSemanticsTest(EightDevicesTest):
@@ -436,12 +439,15 @@ class MicrobatchSemanticsTest(EightDevicesTest):
   # change the loss.
   WEIGHTS = jnp.linspace(0.5, 2.0, 16)
 
-  @parameterized.parameters(("gpipe", None, False, False),
-                            ("circular", 2, True, False),
-                            ("gpipe", None, False, True),
-                            ("gpipe", None, False, True, True))
+  @parameterized.parameters(
+    ("gpipe", None, False, False),
+    ("circular", 2, True, False),
+    ("gpipe", None, False, True),
+    ("gpipe", None, False, True, True),
+  )
   def test_state_goes_through_the_microbatches_in_order(
-      self, schedule, repeats, remat, batch_over_data, stored=False):
+    self, schedule, repeats, remat, batch_over_data, stored=False
+  ):
     # Ground truth: the plain stack applied to microbatch 0, 1, ... in turn,
     # each with the state the one before left. With the batch over `data`
     # (Explicit axes), each microbatch's statistics are still the whole
@@ -463,20 +469,18 @@ class MicrobatchSemanticsTest(EightDevicesTest):
         total += loss / m
       return total, s
 
-    (loss, new_state), grads = jax.jit(jax.value_and_grad(
-        sequential, has_aux=True))(params)
-    mesh = make_mesh(2, axis_type=(AxisType.Explicit if batch_over_data
-                                   else AxisType.Auto))
+    (loss, new_state), grads = jax.jit(jax.value_and_grad(sequential, has_aux=True))(params)
+    mesh = make_mesh(2, axis_type=(AxisType.Explicit if batch_over_data else AxisType.Auto))
     with jax.set_mesh(mesh):
       x = jax.device_put(self.X, P("data")) if batch_over_data else self.X
       if stored:
-        params = jax.device_put(params, hkb.param_shardings(params, mesh,
-                                                            stage_rules()))
-      (got_loss, got_state), got_grads = jax.jit(jax.value_and_grad(
-          lambda p: pipelined.apply(p, state, None, x), has_aux=True))(
-              params)
-    assert_close(self, (got_loss, got_state, got_grads),
-                 (loss, new_state, grads), rtol=1e-5, atol=1e-5)
+        params = jax.device_put(params, hkb.param_shardings(params, mesh, stage_rules()))
+      (got_loss, got_state), got_grads = jax.jit(
+        jax.value_and_grad(lambda p: pipelined.apply(p, state, None, x), has_aux=True)
+      )(params)
+    assert_close(
+      self, (got_loss, got_state, got_grads), (loss, new_state, grads), rtol=1e-5, atol=1e-5
+    )
     self.assertIn("blocks/batch_norm/~/mean_ema", got_state)
 
   def test_rng_per_layer_and_microbatch(self):
@@ -488,31 +492,30 @@ class MicrobatchSemanticsTest(EightDevicesTest):
       hk.maybe_next_rng_key()  # The stack's init key.
       keys = jax.random.split(hk.next_rng_key(), layers)
       for i in range(layers):
-        with hk.name_scope(f"layer_{i}"), hk.with_rng(
-            jax.random.fold_in(keys[i], microbatch)):
+        with hk.name_scope(f"layer_{i}"), hk.with_rng(jax.random.fold_in(keys[i], microbatch)):
           x = dropout_block(x)
       return x
 
-    plain = hk.transform(lambda x: hkb.repeat_layer(
-        dropout_block, x, layers, name="blocks"))
-    pipelined = hk.transform(lambda x: hkb.repeat_layer(
-        dropout_block, x, layers, name="blocks",
-        pipeline=hkb.Pipeline("stage", m, "circular")))
+    plain = hk.transform(lambda x: hkb.repeat_layer(dropout_block, x, layers, name="blocks"))
+    pipelined = hk.transform(
+      lambda x: hkb.repeat_layer(
+        dropout_block, x, layers, name="blocks", pipeline=hkb.Pipeline("stage", m, "circular")
+      )
+    )
     looped = hk.transform(loop)
     params = plain.init(KEY, self.X)
-    loop_params = hkb.unstack_params(params, stack="blocks",
-                                     num_layers=layers)
+    loop_params = hkb.unstack_params(params, stack="blocks", num_layers=layers)
     rng = jax.random.PRNGKey(7)
-    expected = from_rows([looped.apply(loop_params, rng, part, i)
-                          for i, part in enumerate(by_rows(self.X, m))])
+    expected = from_rows(
+      [looped.apply(loop_params, rng, part, i) for i, part in enumerate(by_rows(self.X, m))]
+    )
     with jax.set_mesh(make_mesh(2)):
       got = jax.jit(pipelined.apply)(params, rng, self.X)
     assert_close(self, got, expected)
     # Dropout drew: the plain stack's full-batch masks are others.
     self.assertFalse(np.allclose(got, plain.apply(params, rng, self.X)))
 
-  @parameterized.parameters(("gpipe", False), ("gpipe", "binomial"),
-                            ("circular", False))
+  @parameterized.parameters(("gpipe", False), ("gpipe", "binomial"), ("circular", False))
   def test_xs_per_layer_and_ys_as_the_plain_stack(self, schedule, remat):
     # Ground truth: the plain stack on the whole batch. Its ys are
     # `[num_layers, batch]`, and so are the pipeline's (issue 26, row 9).
@@ -521,11 +524,12 @@ class MicrobatchSemanticsTest(EightDevicesTest):
     xs = {"shift": jax.random.normal(KEY, [LAYERS, 4])}
 
     def layer(c, x):
-      return block(c + x["shift"]), {"norm": jnp.sum(c ** 2, axis=-1)}
+      return block(c + x["shift"]), {"norm": jnp.sum(c**2, axis=-1)}
 
     def f(pipeline):
-      return hk.transform(lambda x, xs: hkb.layer_scan(
-          layer, x, xs, name="blocks", remat=remat, pipeline=pipeline))
+      return hk.transform(
+        lambda x, xs: hkb.layer_scan(layer, x, xs, name="blocks", remat=remat, pipeline=pipeline)
+      )
 
     plain, pipelined = f(None), f(hkb.Pipeline("stage", m, schedule))
     params = plain.init(KEY, self.X, xs)
@@ -533,8 +537,8 @@ class MicrobatchSemanticsTest(EightDevicesTest):
     def loss_of(f):
       def loss(params):
         carry, ys = f.apply(params, None, self.X, xs)
-        return (jnp.mean(carry ** 2) + jnp.mean(ys["norm"] * self.WEIGHTS),
-                ys)
+        return (jnp.mean(carry**2) + jnp.mean(ys["norm"] * self.WEIGHTS), ys)
+
       return jax.value_and_grad(loss, has_aux=True)
 
     expected = jax.jit(loss_of(plain))(params)
@@ -550,9 +554,16 @@ class MicrobatchSemanticsTest(EightDevicesTest):
     m, layers = 2, 4
 
     def f(pipeline):
-      return hk.transform_with_state(lambda x: hkb.layer_scan(
-          lambda c, _: (batch_norm_block(c), jnp.sum(c ** 2, axis=-1)), x,
-          num_layers=layers, name="blocks", reverse=True, pipeline=pipeline))
+      return hk.transform_with_state(
+        lambda x: hkb.layer_scan(
+          lambda c, _: (batch_norm_block(c), jnp.sum(c**2, axis=-1)),
+          x,
+          num_layers=layers,
+          name="blocks",
+          reverse=True,
+          pipeline=pipeline,
+        )
+      )
 
     plain = f(None)
     params, state = plain.init(KEY, self.X)
@@ -561,11 +572,9 @@ class MicrobatchSemanticsTest(EightDevicesTest):
       (out, y), new_state = plain.apply(params, new_state, None, part)
       outs.append(out)
       ys.append(y)
-    expected = ((from_rows(outs), jnp.stack(ys, axis=2).reshape(layers, -1)),
-                new_state)
+    expected = ((from_rows(outs), jnp.stack(ys, axis=2).reshape(layers, -1)), new_state)
     with jax.set_mesh(make_mesh(2)):
-      got = jax.jit(f(hkb.Pipeline("stage", m)).apply)(params, state, None,
-                                                       self.X)
+      got = jax.jit(f(hkb.Pipeline("stage", m)).apply)(params, state, None, self.X)
     assert_close(self, got, expected, rtol=1e-5, atol=1e-5)
 
   def test_ys_that_reduce_over_the_batch(self):
@@ -573,24 +582,35 @@ class MicrobatchSemanticsTest(EightDevicesTest):
     # microbatches' ys in general: refused, by path. With one microbatch it
     # is the plain stack's.
     def f(pipeline):
-      return hk.transform(lambda x: hkb.layer_scan(
-          lambda c, _: (block(c), {"total": jnp.sum(c)}), x,
-          num_layers=LAYERS, pipeline=pipeline)[1])
+      return hk.transform(
+        lambda x: hkb.layer_scan(
+          lambda c, _: (block(c), {"total": jnp.sum(c)}), x, num_layers=LAYERS, pipeline=pipeline
+        )[1]
+      )
 
     params = f(None).init(KEY, self.X)
     with jax.set_mesh(make_mesh(2)):
       with self.assertRaisesRegex(
-          ValueError, r"^hkb.layer_scan: the layer's y at \['total'\] has "
-          r"shape \(\) for the whole batch and \(\) for a microbatch: its "
-          r"axis 0 is not the batch\..*microbatches=1"):
+        ValueError,
+        r"^hkb.layer_scan: the layer's y at \['total'\] has "
+        r"shape \(\) for the whole batch and \(\) for a microbatch: its "
+        r"axis 0 is not the batch\..*microbatches=1",
+      ):
         jax.jit(f(hkb.Pipeline("stage", 2)).apply)(params, None, self.X)
       # Not a scalar, yet not per example: a sum over the batch's rows.
-      per_feature = hk.transform(lambda x: hkb.layer_scan(
-          lambda c, _: (block(c), {"rows": jnp.sum(c, axis=0)}), x,
-          num_layers=LAYERS, pipeline=hkb.Pipeline("stage", 2))[1])
+      per_feature = hk.transform(
+        lambda x: hkb.layer_scan(
+          lambda c, _: (block(c), {"rows": jnp.sum(c, axis=0)}),
+          x,
+          num_layers=LAYERS,
+          pipeline=hkb.Pipeline("stage", 2),
+        )[1]
+      )
       with self.assertRaisesRegex(
-          ValueError, r"the layer's y at \['rows'\] has shape \(4,\) for the "
-          r"whole batch and \(4,\) for a microbatch"):
+        ValueError,
+        r"the layer's y at \['rows'\] has shape \(4,\) for the "
+        r"whole batch and \(4,\) for a microbatch",
+      ):
         jax.eval_shape(per_feature.apply, params, None, self.X)
       got = jax.jit(f(hkb.Pipeline("stage", 1)).apply)(params, None, self.X)
     assert_close(self, got, f(None).apply(params, None, self.X))
@@ -606,27 +626,29 @@ class LayerKindsTest(EightDevicesTest):
     params = plain.init(KEY, x)
     chex.assert_trees_all_equal(pipelined.init(KEY, x), params)
     expected = jax.jit(jax.value_and_grad(plain.apply))(params, None, x)
-    got = pipelined_grad(pipelined, params, x, make_mesh(stages),
-                         stage_rules())
+    got = pipelined_grad(pipelined, params, x, make_mesh(stages), stage_rules())
     assert_close(self, got, expected)
 
-  @parameterized.product(remat=(False, True) + loop_lib.REMAT_SCHEDULES,
-                         schedule=pipeline_lib.SCHEDULES)
+  @parameterized.product(
+    remat=(False, True) + loop_lib.REMAT_SCHEDULES, schedule=pipeline_lib.SCHEDULES
+  )
   def test_pure_layer_with_remat(self, remat, schedule):
     pipe = hkb.Pipeline("stage", 2, schedule)
     self._assert_matches_plain(
-        stack(dense, init=init_dense, remat=remat),
-        stack(dense, init=init_dense, remat=remat, pipeline=pipe))
+      stack(dense, init=init_dense, remat=remat),
+      stack(dense, init=init_dense, remat=remat, pipeline=pipe),
+    )
 
   @parameterized.parameters(
-      # 4 layers a visit in 1 group: every carry kept, none recomputed.
-      ("gpipe", 2, None, 8, "nested", 1),
-      ("gpipe", 2, None, 8, "binomial", 2),  # 4 layers a visit.
-      ("circular", 2, 2, 16, "nested", 1),  # 4 layers a visit, 2 passes.
-      ("circular", 2, 4, 8, "nested", 3),  # 1 layer a visit: fewer than groups.
+    # 4 layers a visit in 1 group: every carry kept, none recomputed.
+    ("gpipe", 2, None, 8, "nested", 1),
+    ("gpipe", 2, None, 8, "binomial", 2),  # 4 layers a visit.
+    ("circular", 2, 2, 16, "nested", 1),  # 4 layers a visit, 2 passes.
+    ("circular", 2, 4, 8, "nested", 3),  # 1 layer a visit: fewer than groups.
   )
-  def test_remat_groups_count_within_a_visit(self, schedule, stages, repeats,
-                                             layers, remat, groups):
+  def test_remat_groups_count_within_a_visit(
+    self, schedule, stages, repeats, layers, remat, groups
+  ):
     # `remat_groups` changes what the backward pass keeps, never a value:
     # the values are the plain stack's, and the schedule each stage runs over
     # a visit's layers is the one a plain stack of that many layers runs
@@ -635,35 +657,38 @@ class LayerKindsTest(EightDevicesTest):
     per_visit = layers // (stages * (repeats or 1))
     with recorded_schedules() as ran:
       self._assert_matches_plain(
-          stack(num_layers=layers, remat=remat, remat_groups=groups),
-          stack(num_layers=layers, remat=remat, remat_groups=groups,
-                pipeline=pipe), stages=stages)
+        stack(num_layers=layers, remat=remat, remat_groups=groups),
+        stack(num_layers=layers, remat=remat, remat_groups=groups, pipeline=pipe),
+        stages=stages,
+      )
     visits = [s for s in ran if s.num_steps == per_visit]
     self.assertNotEmpty(visits)
-    expected = schedule_of(stack(num_layers=per_visit, remat=remat,
-                                 remat_groups=groups))
+    expected = schedule_of(stack(num_layers=per_visit, remat=remat, remat_groups=groups))
     for got in visits:
       self.assertEqual(got, expected)
     if per_visit > 1:  # The groups count here: without them, another one.
-      self.assertNotEqual(expected, schedule_of(stack(num_layers=per_visit,
-                                                      remat=remat)))
+      self.assertNotEqual(expected, schedule_of(stack(num_layers=per_visit, remat=remat)))
 
   def test_reverse(self):
     pipe = hkb.Pipeline("stage", 4, "circular", repeats=2)
-    self._assert_matches_plain(stack(reverse=True),
-                               stack(reverse=True, pipeline=pipe), stages=4)
+    self._assert_matches_plain(stack(reverse=True), stack(reverse=True, pipeline=pipe), stages=4)
 
   def test_layer_closing_over_an_outer_param(self):
     # The gradient of `scale` sums over every layer of every stage.
-    self._assert_matches_plain(closing_over_a_param(None),
-                               closing_over_a_param(hkb.Pipeline("stage", 2)))
+    self._assert_matches_plain(
+      closing_over_a_param(None), closing_over_a_param(hkb.Pipeline("stage", 2))
+    )
 
   def test_transformed_layer(self):
     layer = hk.transform(lambda c, _: (block(c), None))
+
     def net(pipeline):
-      return hk.transform(lambda x: jnp.mean(hkb.layer_scan(
-          layer, x, num_layers=LAYERS, name="blocks",
-          pipeline=pipeline)[0] ** 2))
+      return hk.transform(
+        lambda x: jnp.mean(
+          hkb.layer_scan(layer, x, num_layers=LAYERS, name="blocks", pipeline=pipeline)[0] ** 2
+        )
+      )
+
     self._assert_matches_plain(net(None), net(hkb.Pipeline("stage", 4)))
 
 
@@ -674,16 +699,16 @@ class RematAutoTest(EightDevicesTest):
 
   def _visit_plan(self, per_visit, budget, microbatches, x=None):
     """The plan a plain stack of one visit's layers makes for one microbatch."""
-    plain = stack(dense, per_visit, init=init_dense, remat="auto",
-                  memory_budget=budget)
+    plain = stack(dense, per_visit, init=init_dense, remat="auto", memory_budget=budget)
     x = self.X if x is None else x
-    x = x[:x.shape[0] // microbatches]
+    x = x[: x.shape[0] // microbatches]
     with remat_models.plans_made() as made:
       jax.eval_shape(plain.apply, plain.init(KEY, x), None, x)
     return made[-1]
 
-  @parameterized.product(schedule=pipeline_lib.SCHEDULES,
-                         axis_type=(AxisType.Auto, AxisType.Explicit))
+  @parameterized.product(
+    schedule=pipeline_lib.SCHEDULES, axis_type=(AxisType.Auto, AxisType.Explicit)
+  )
   def test_values_and_grads_are_the_plain_stacks(self, schedule, axis_type):
     # 8 layers on 2 stages: 4 a visit (gpipe), 2 (circular, 2 passes); the
     # tightest budget any plan fits, so the stages recompute.
@@ -692,9 +717,13 @@ class RematAutoTest(EightDevicesTest):
     loose = self._visit_plan(per_visit, 1 << 40, 2)
     tight = min(c.temporaries for c in loose.candidates)
     plain = stack(dense, init=init_dense)
-    pipelined = stack(dense, init=init_dense, remat="auto",
-                      memory_budget=tight,
-                      pipeline=hkb.Pipeline("stage", 2, schedule, repeats))
+    pipelined = stack(
+      dense,
+      init=init_dense,
+      remat="auto",
+      memory_budget=tight,
+      pipeline=hkb.Pipeline("stage", 2, schedule, repeats),
+    )
     x = self.X
     params = plain.init(KEY, x)
     chex.assert_trees_all_equal(pipelined.init(KEY, x), params)
@@ -706,11 +735,8 @@ class RematAutoTest(EightDevicesTest):
       kept_by.append(loop)
       return real_kept_by(loop)
 
-    with remat_models.plans_made() as made, mock.patch.object(
-        stages_lib, "_kept_by", spy):
-      got = pipelined_grad(
-          pipelined, params, x, make_mesh(2, axis_type=axis_type),
-          stage_rules())
+    with remat_models.plans_made() as made, mock.patch.object(stages_lib, "_kept_by", spy):
+      got = pipelined_grad(pipelined, params, x, make_mesh(2, axis_type=axis_type), stage_rules())
     assert_close(self, got, expected)
     self.assertLen(made, 1)  # Once per stack, for every stage and visit.
     self.assertEqual(made[0].length, per_visit)
@@ -718,10 +744,8 @@ class RematAutoTest(EightDevicesTest):
     self.assertIsNot(choice.remat, False)
     # Circular passes run each visit under a jax.checkpoint whose policy
     # keeps what the chosen plan keeps.
-    planned = (choice.remat,
-               choice.slots if choice.remat == "binomial" else None)
-    self.assertEqual({(k.remat, k.slots) for k in kept_by},
-                     {planned} if repeats else set())
+    planned = (choice.remat, choice.slots if choice.remat == "binomial" else None)
+    self.assertEqual({(k.remat, k.slots) for k in kept_by}, {planned} if repeats else set())
 
   def test_stages_run_remat_plans_plan_for_a_visit_and_the_budget(self):
     # 16 layers on 2 stages: 8 a visit, on microbatches of 4 rows of 16
@@ -731,33 +755,39 @@ class RematAutoTest(EightDevicesTest):
     loose = self._visit_plan(per_visit, 1 << 40, 2, x)
     # The tightest: the least of the plans within the default bound on
     # recomputation (3 forward passes of a visit's layers).
-    budgets = (1 << 40, loose.choice.temporaries - 1,
-               min(c.temporaries for c in loose.candidates
-                   if c.recomputed_steps <= 3 * per_visit))
+    budgets = (
+      1 << 40,
+      loose.choice.temporaries - 1,
+      min(c.temporaries for c in loose.candidates if c.recomputed_steps <= 3 * per_visit),
+    )
     chosen, compiled = [], []
     for budget in budgets:
       expected = self._visit_plan(per_visit, budget, 2, x)
-      pipelined = stack(dense, layers, init=init_dense, remat="auto",
-                        memory_budget=budget,
-                        pipeline=hkb.Pipeline("stage", 2))
+      pipelined = stack(
+        dense,
+        layers,
+        init=init_dense,
+        remat="auto",
+        memory_budget=budget,
+        pipeline=hkb.Pipeline("stage", 2),
+      )
       params = pipelined.init(KEY, x)
-      train = lambda: jax.jit(jax.value_and_grad(pipelined.apply)).lower(
-          params, None, x)
+      train = lambda: jax.jit(jax.value_and_grad(pipelined.apply)).lower(params, None, x)
       with jax.set_mesh(make_mesh(2)):
         # The plan measured under the mesh first (its compiles run schedules
         # too), then the stages' schedules recorded.
         train()
       with remat_models.plans_made() as made, recorded_schedules() as ran:
         with jax.set_mesh(make_mesh(2)):
-          compiled.append(
-              train().compile().memory_analysis().temp_size_in_bytes)
+          compiled.append(train().compile().memory_analysis().temp_size_in_bytes)
       (got,) = made
       self.assertEqual(got, expected)
       choice = got.choice
       if choice.remat in loop_lib.REMAT_SCHEDULES:
         # The schedule the stages run over a visit is the plan's.
-        self.assertEqual(set(ran), {loop_lib.schedule(
-            choice.remat, per_visit, choice.groups, choice.slots)})
+        self.assertEqual(
+          set(ran), {loop_lib.schedule(choice.remat, per_visit, choice.groups, choice.slots)}
+        )
       else:
         self.assertEmpty(ran)
       chosen.append(choice)
@@ -765,8 +795,8 @@ class RematAutoTest(EightDevicesTest):
     self.assertEqual([c.remat for c in chosen], [False, True, "binomial"])
     self.assertLess(chosen[2].slots, per_visit)
     self.assertEqual(
-        sorted((c.temporaries for c in chosen), reverse=True),
-        [c.temporaries for c in chosen])
+      sorted((c.temporaries for c in chosen), reverse=True), [c.temporaries for c in chosen]
+    )
     # And the compiled pipeline step's temporaries fall with them.
     self.assertEqual(sorted(set(compiled), reverse=True), compiled)
 
@@ -782,41 +812,49 @@ class RematAutoTest(EightDevicesTest):
 
     per_visit = LAYERS // 2
     options = dict(state=True, remat="auto", memory_budget=1 << 40)
-    x = self.X[:self.X.shape[0] // 2]  # One microbatch of two.
+    x = self.X[: self.X.shape[0] // 2]  # One microbatch of two.
     plain = stack(running_mean_block, per_visit, **options)
-    pipelined = stack(running_mean_block, pipeline=hkb.Pipeline("stage", 2),
-                      **options)
+    pipelined = stack(running_mean_block, pipeline=hkb.Pipeline("stage", 2), **options)
     plans = []
-    for net, data, mesh in ((plain, x, None),
-                            (pipelined, self.X, make_mesh(2))):
+    for net, data, mesh in ((plain, x, None), (pipelined, self.X, make_mesh(2))):
       params, state = net.init(KEY, data)
-      with remat_models.plans_made() as made, (
-          contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):
+      with (
+        remat_models.plans_made() as made,
+        contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh),
+      ):
         # The input differentiated too: a stage's (but the first's) is.
-        jax.eval_shape(jax.grad(lambda p, s, x: net.apply(p, s, None, x)[0],
-                                argnums=(0, 2)), params, state, data)
+        jax.eval_shape(
+          jax.grad(lambda p, s, x: net.apply(p, s, None, x)[0], argnums=(0, 2)), params, state, data
+        )
       plans.extend(made)
     self.assertLen(plans, 2)
     self.assertEqual(plans[1], plans[0])
 
   def test_budget_below_every_plan_for_a_visit(self):
     per_visit = LAYERS // 2
-    smallest = min(c.temporaries for c in self._visit_plan(
-        per_visit, 1 << 40, 2).candidates)
-    pipelined = stack(dense, init=init_dense, remat="auto", memory_budget=100,
-                      pipeline=hkb.Pipeline("stage", 2))
+    smallest = min(c.temporaries for c in self._visit_plan(per_visit, 1 << 40, 2).candidates)
+    pipelined = stack(
+      dense, init=init_dense, remat="auto", memory_budget=100, pipeline=hkb.Pipeline("stage", 2)
+    )
     params = pipelined.init(KEY, self.X)  # Init runs plain: no plan.
-    with jax.set_mesh(make_mesh(2)), self.assertRaisesRegex(
-        ValueError, f"hkb.repeat_layer: no remat plan for {per_visit} steps "
-        f"fits memory_budget=100 bytes: the least any needs is {smallest} "):
-      jax.eval_shape(jax.grad(lambda p, x: jnp.sum(pipelined.apply(
-          p, None, x)), argnums=(0, 1)), params, self.X)
+    with (
+      jax.set_mesh(make_mesh(2)),
+      self.assertRaisesRegex(
+        ValueError,
+        f"hkb.repeat_layer: no remat plan for {per_visit} steps "
+        f"fits memory_budget=100 bytes: the least any needs is {smallest} ",
+      ),
+    ):
+      jax.eval_shape(
+        jax.grad(lambda p, x: jnp.sum(pipelined.apply(p, None, x)), argnums=(0, 1)), params, self.X
+      )
     # Not differentiated (inference), the stages run plain.
     plain = stack(dense, init=init_dense, pipeline=hkb.Pipeline("stage", 2))
     with jax.set_mesh(make_mesh(2)):
       self.assertEqual(
-          jax.eval_shape(pipelined.apply, params, None, self.X),
-          jax.eval_shape(plain.apply, params, None, self.X))
+        jax.eval_shape(pipelined.apply, params, None, self.X),
+        jax.eval_shape(plain.apply, params, None, self.X),
+      )
 
 
 class DropInTest(EightDevicesTest):
@@ -828,16 +866,14 @@ class DropInTest(EightDevicesTest):
 
   X = jax.random.normal(jax.random.PRNGKey(1), [8, 4])
 
-  def _assert_plain(self, f, mesh, *, pipeline, x=None, rules=None,
-                    batch=None, **tol):
+  def _assert_plain(self, f, mesh, *, pipeline, x=None, rules=None, batch=None, **tol):
     """`f(pipeline)` under `mesh` against `f(None)` on one device."""
     x = self.X if x is None else x
     params = f(None).init(KEY, x)
     expected = jax.jit(jax.value_and_grad(f(None).apply))(params, None, x)
     with jax.set_mesh(mesh):
       if rules is not None:
-        params = jax.device_put(params,
-                                hkb.param_shardings(params, mesh, rules))
+        params = jax.device_put(params, hkb.param_shardings(params, mesh, rules))
       if batch is not None:
         x = jax.device_put(x, NamedSharding(mesh, batch))
       got = jax.jit(jax.value_and_grad(f(pipeline).apply))(params, None, x)
@@ -845,14 +881,14 @@ class DropInTest(EightDevicesTest):
 
   def test_default_mesh_params_as_init_returns_them(self):
     # 1: jax.make_mesh's default axis types (Explicit from jax 0.9 on).
-    self._assert_plain(stack_of(block), jax.make_mesh((4, 2),
-                                                      ("stage", "data")),
-                       pipeline=hkb.Pipeline("stage", 4))
+    self._assert_plain(
+      stack_of(block), jax.make_mesh((4, 2), ("stage", "data")), pipeline=hkb.Pipeline("stage", 4)
+    )
 
-  @parameterized.product(axis_type=(AxisType.Auto, AxisType.Explicit),
-                         schedule=pipeline_lib.SCHEDULES)
-  def test_gradients_carry_the_plain_stacks_shardings(self, axis_type,
-                                                      schedule):
+  @parameterized.product(
+    axis_type=(AxisType.Auto, AxisType.Explicit), schedule=pipeline_lib.SCHEDULES
+  )
+  def test_gradients_carry_the_plain_stacks_shardings(self, axis_type, schedule):
     # Issue 43: the README's pipeline example, params as init returns them
     # (outside any mesh), the step under `jax.set_mesh`. The partitioner
     # placed GPipe's gradients (and the stack it was given) over "stage";
@@ -863,65 +899,80 @@ class DropInTest(EightDevicesTest):
     mesh = make_mesh(4, axis_type=axis_type)
     with jax.set_mesh(mesh):
       step = lambda g: jax.jit(jax.value_and_grad(g.apply))(params, None, x)
-      got, expected = step(f(hkb.Pipeline("stage", 4, schedule))), step(
-          f(None))
+      got, expected = step(f(hkb.Pipeline("stage", 4, schedule))), step(f(None))
     assert_close(self, got, expected)
-    for (path, g), e in zip(jax.tree_util.tree_leaves_with_path(got[1]),
-                            jax.tree.leaves(expected[1])):
+    for (path, g), e in zip(
+      jax.tree_util.tree_leaves_with_path(got[1]), jax.tree.leaves(expected[1])
+    ):
       self.assertTrue(e.sharding.is_fully_replicated, (path, e.sharding))
-      self.assertTrue(g.sharding.is_equivalent_to(e.sharding, g.ndim),
-                      (path, g.sharding, e.sharding))
+      self.assertTrue(
+        g.sharding.is_equivalent_to(e.sharding, g.ndim), (path, g.sharding, e.sharding)
+      )
 
   def test_ys_under_explicit_axes(self):
     # 2 and 9: ys come back as the plain stack's, [num_layers, batch, ...].
     def f(pipeline):
       def loss(x):
-        _, ys = hkb.layer_scan(lambda c, _: (block(c), c * 2), x,
-                               num_layers=LAYERS, pipeline=pipeline)
+        _, ys = hkb.layer_scan(
+          lambda c, _: (block(c), c * 2), x, num_layers=LAYERS, pipeline=pipeline
+        )
         # Each row weighed differently: a row out of place changes it.
         weights = jnp.linspace(0.5, 2.0, ys.size).reshape(ys.shape)
         return jnp.mean(ys * weights)
+
       return hk.transform(loss)
-    self._assert_plain(f, make_mesh(4, axis_type=AxisType.Explicit),
-                       pipeline=hkb.Pipeline("stage", 2))
+
+    self._assert_plain(
+      f, make_mesh(4, axis_type=AxisType.Explicit), pipeline=hkb.Pipeline("stage", 2)
+    )
 
   def test_more_microbatches_than_a_data_shard_has_rows(self):
     # 3: 8 rows over data=2, in 8 microbatches of one row.
-    self._assert_plain(stack_of(block), make_mesh(4,
-                                                  axis_type=AxisType.Explicit),
-                       pipeline=hkb.Pipeline("stage", 8),
-                       rules=hkb.ShardingRules([], stacked={"blocks":
-                                                            "stage"}),
-                       batch=P("data"))
+    self._assert_plain(
+      stack_of(block),
+      make_mesh(4, axis_type=AxisType.Explicit),
+      pipeline=hkb.Pipeline("stage", 8),
+      rules=hkb.ShardingRules([], stacked={"blocks": "stage"}),
+      batch=P("data"),
+    )
 
   def test_layer_closing_over_an_outer_param_explicit_axes(self):
     # 4: the closed-over param goes into each stage; its gradient sums them.
-    self._assert_plain(closing_over_a_param,
-                       make_mesh(4, axis_type=AxisType.Explicit),
-                       pipeline=hkb.Pipeline("stage", 2))
+    self._assert_plain(
+      closing_over_a_param,
+      make_mesh(4, axis_type=AxisType.Explicit),
+      pipeline=hkb.Pipeline("stage", 2),
+    )
 
-  @parameterized.product(axis_type=(AxisType.Auto, AxisType.Explicit),
-                         schedule=pipeline_lib.SCHEDULES,
-                         remat=(False, True))
-  def test_layer_closing_over_a_param_placed_on_the_mesh(self, axis_type,
-                                                          schedule, remat):
+  @parameterized.product(
+    axis_type=(AxisType.Auto, AxisType.Explicit),
+    schedule=pipeline_lib.SCHEDULES,
+    remat=(False, True),
+  )
+  def test_layer_closing_over_a_param_placed_on_the_mesh(self, axis_type, schedule, remat):
     # Issue 34: params `jax.device_put` on a mesh of Explicit axes are typed
     # by it, and jax refuses to close over such an array in a shard_map.
     self._assert_plain(
-        lambda pipeline: closing_over_a_param(pipeline, remat=remat),
-        make_mesh(2, axis_type=axis_type),
-        pipeline=hkb.Pipeline("stage", 2, schedule),
-        rules=hkb.ShardingRules([]), batch=P("data"))
+      lambda pipeline: closing_over_a_param(pipeline, remat=remat),
+      make_mesh(2, axis_type=axis_type),
+      pipeline=hkb.Pipeline("stage", 2, schedule),
+      rules=hkb.ShardingRules([]),
+      batch=P("data"),
+    )
 
-  @parameterized.product(scan=("hk.dynamic_unroll", "hkb.dynamic_unroll",
-                                "lax.scan"),
-                          axis_type=(AxisType.Auto, AxisType.Explicit))
+  @parameterized.product(
+    scan=("hk.dynamic_unroll", "hkb.dynamic_unroll", "lax.scan"),
+    axis_type=(AxisType.Auto, AxisType.Explicit),
+  )
   def test_time_scan_from_a_constant_state(self, scan, axis_type):
     # Issue 34: the scan's carry starts invariant over the stages and only
     # its body makes it varying, which jax refuses where it checks.
-    self._assert_plain(time_scan_stack(scan),
-                       make_mesh(2, axis_type=axis_type),
-                       pipeline=hkb.Pipeline("stage", 2), batch=P("data"))
+    self._assert_plain(
+      time_scan_stack(scan),
+      make_mesh(2, axis_type=axis_type),
+      pipeline=hkb.Pipeline("stage", 2),
+      batch=P("data"),
+    )
 
   def test_loops_from_a_constant_read_off_the_jaxpr(self):
     # What decides that the stages run unchecked: the layer's jaxpr, not
@@ -931,53 +982,66 @@ class DropInTest(EightDevicesTest):
 
     def scan_from(init):
       return lambda h, w: jax.lax.scan(
-          lambda c, x: (jnp.tanh(c @ w + x), None), init(h),
-          jnp.stack([h, -h]))[0]
+        lambda c, x: (jnp.tanh(c @ w + x), None), init(h), jnp.stack([h, -h])
+      )[0]
 
     from_zeros, from_h = scan_from(jnp.zeros_like), scan_from(lambda h: h)
     while_scaled = lambda h, w, k: jax.lax.while_loop(
-        lambda c: jnp.sum(c) < 8, lambda c: c + k * (1 + jnp.tanh(c @ w)), h)
+      lambda c: jnp.sum(c) < 8, lambda c: c + k * (1 + jnp.tanh(c @ w)), h
+    )
     layers = {
-        "a scan from zeros": (from_zeros, True),
-        "a scan from the input": (from_h, False),
-        "no loop": (lambda h, w: jnp.tanh(h @ w), False),
-        "a fori_loop from zeros": (lambda h, w: jax.lax.fori_loop(
-            0, 3, lambda i, c: jnp.tanh(c @ w + h), jnp.zeros_like(h)), True),
-        "in a jit": (jax.jit(from_zeros), True),
-        "in a checkpoint": (jax.checkpoint(from_zeros), True),
-        "in a cond's branch": (lambda h, w: jax.lax.cond(
-            jnp.sum(h) > 0, from_h, from_zeros, h, w), True),
-        # Nothing of the loop varies: its carry cannot become varying. (These
-        # False ones run in the stages with jax's check of varying types on.)
-        "a loop of constants alone": (lambda h, w: h * jax.lax.fori_loop(
-            0, 3, lambda i, c: jnp.tanh(c * 2), jnp.ones([4])), False),
-        "a scan from a value of the input": (scan_from(lambda h: 2 * h),
-                                             False),
-        "a while from the input, its body scaled by a constant": (
-            lambda h, w: while_scaled(h, w, jnp.ones([]) * 2), False),
-        # Its jaxprs take other inputs than the equation (each its own
-        # consts): any loop in them counts, conservatively.
-        "in a custom_linear_solve": (lambda h, w: jax.lax.custom_linear_solve(
-            lambda v: while_scaled(v, w, 1.0), h,
-            lambda matvec, b: b @ w + jnp.sum(2 * h)), True),
-        "in a cond on a constant, from the input": (
-            lambda h, w: jax.lax.cond(jnp.ones([]) > 0, from_h, from_h, h,
-                                      w), False),
+      "a scan from zeros": (from_zeros, True),
+      "a scan from the input": (from_h, False),
+      "no loop": (lambda h, w: jnp.tanh(h @ w), False),
+      "a fori_loop from zeros": (
+        lambda h, w: jax.lax.fori_loop(0, 3, lambda i, c: jnp.tanh(c @ w + h), jnp.zeros_like(h)),
+        True,
+      ),
+      "in a jit": (jax.jit(from_zeros), True),
+      "in a checkpoint": (jax.checkpoint(from_zeros), True),
+      "in a cond's branch": (
+        lambda h, w: jax.lax.cond(jnp.sum(h) > 0, from_h, from_zeros, h, w),
+        True,
+      ),
+      # Nothing of the loop varies: its carry cannot become varying. (These
+      # False ones run in the stages with jax's check of varying types on.)
+      "a loop of constants alone": (
+        lambda h, w: h * jax.lax.fori_loop(0, 3, lambda i, c: jnp.tanh(c * 2), jnp.ones([4])),
+        False,
+      ),
+      "a scan from a value of the input": (scan_from(lambda h: 2 * h), False),
+      "a while from the input, its body scaled by a constant": (
+        lambda h, w: while_scaled(h, w, jnp.ones([]) * 2),
+        False,
+      ),
+      # Its jaxprs take other inputs than the equation (each its own
+      # consts): any loop in them counts, conservatively.
+      "in a custom_linear_solve": (
+        lambda h, w: jax.lax.custom_linear_solve(
+          lambda v: while_scaled(v, w, 1.0), h, lambda matvec, b: b @ w + jnp.sum(2 * h)
+        ),
+        True,
+      ),
+      "in a cond on a constant, from the input": (
+        lambda h, w: jax.lax.cond(jnp.ones([]) > 0, from_h, from_h, h, w),
+        False,
+      ),
     }
     for name, (layer, expected) in layers.items():
       jaxpr = jax.make_jaxpr(layer)(h, w).jaxpr
-      self.assertEqual(stages_lib._loops_from_a_constant(jaxpr),
-                       expected, name)
+      self.assertEqual(stages_lib._loops_from_a_constant(jaxpr), expected, name)
 
   def test_time_scan_with_remat_in_a_circular_pipeline(self):
-    self._assert_plain(time_scan_stack("lax.scan", remat=True),
-                       make_mesh(2, axis_type=AxisType.Explicit),
-                       pipeline=hkb.Pipeline("stage", 2, "circular"),
-                       batch=P("data"))
+    self._assert_plain(
+      time_scan_stack("lax.scan", remat=True),
+      make_mesh(2, axis_type=AxisType.Explicit),
+      pipeline=hkb.Pipeline("stage", 2, "circular"),
+      batch=P("data"),
+    )
 
-  @parameterized.parameters(("auto", AxisType.Auto),
-                            ("auto", AxisType.Explicit),
-                            ("binomial", AxisType.Explicit))
+  @parameterized.parameters(
+    ("auto", AxisType.Auto), ("auto", AxisType.Explicit), ("binomial", AxisType.Explicit)
+  )
   def test_time_scan_remat_plan_in_a_stage(self, remat, axis_type):
     # Issue 42: remat="auto" on a time scan in a stage failed planning the
     # step ("dot_general requires varying manual axes to match"). Against
@@ -987,17 +1051,22 @@ class DropInTest(EightDevicesTest):
       def layer(h):
         seq = jnp.stack([h * (t + 1) / 16 for t in range(16)])
         core = hk.VanillaRNN(4)
-        options = (dict(remat=False) if pipeline is None else
-                   dict(remat=remat, memory_budget=1 << 20)
-                   if remat == "auto" else dict(remat=remat))
-        out, _ = hkb.dynamic_unroll(core, seq,
-                                    core.initial_state(h.shape[0]), **options)
+        options = (
+          dict(remat=False)
+          if pipeline is None
+          else dict(remat=remat, memory_budget=1 << 20)
+          if remat == "auto"
+          else dict(remat=remat)
+        )
+        out, _ = hkb.dynamic_unroll(core, seq, core.initial_state(h.shape[0]), **options)
         return h + out[-1]
+
       return stack(layer, pipeline=pipeline)
 
     with remat_models.plans_made() as made:
-      self._assert_plain(f, make_mesh(2, axis_type=axis_type),
-                         pipeline=hkb.Pipeline("stage", 2), batch=P("data"))
+      self._assert_plain(
+        f, make_mesh(2, axis_type=axis_type), pipeline=hkb.Pipeline("stage", 2), batch=P("data")
+      )
     self.assertEqual(bool(made), remat == "auto")
 
   def test_ys_circular_one_microbatch_explicit_axes(self):
@@ -1006,14 +1075,18 @@ class DropInTest(EightDevicesTest):
     def f(pipeline):
       def loss(x):
         out, ys = hkb.layer_scan(
-            lambda c, _: (block(c), jnp.mean(c ** 2, axis=-1)), x,
-            num_layers=LAYERS, pipeline=pipeline)
-        return jnp.mean(out ** 2) + jnp.mean(ys * jnp.arange(ys.size).reshape(
-            ys.shape))
+          lambda c, _: (block(c), jnp.mean(c**2, axis=-1)), x, num_layers=LAYERS, pipeline=pipeline
+        )
+        return jnp.mean(out**2) + jnp.mean(ys * jnp.arange(ys.size).reshape(ys.shape))
+
       return hk.transform(loss)
-    self._assert_plain(f, make_mesh(4, axis_type=AxisType.Explicit),
-                       pipeline=hkb.Pipeline("stage", 1, "circular"),
-                       batch=P("data"))
+
+    self._assert_plain(
+      f,
+      make_mesh(4, axis_type=AxisType.Explicit),
+      pipeline=hkb.Pipeline("stage", 1, "circular"),
+      batch=P("data"),
+    )
 
   def test_ys_with_rows_on_another_axis_one_microbatch(self):
     # With one microbatch a y may hold the rows on any axis (here axis 1,
@@ -1021,54 +1094,76 @@ class DropInTest(EightDevicesTest):
     # y has them first (stages._rows_apart).
     def f(pipeline):
       def loss(x):
-        _, ys = hkb.layer_scan(lambda c, _: (block(c), c.T), x,
-                               num_layers=LAYERS, pipeline=pipeline)
+        _, ys = hkb.layer_scan(
+          lambda c, _: (block(c), c.T), x, num_layers=LAYERS, pipeline=pipeline
+        )
         weights = jnp.linspace(0.5, 2.0, ys.size).reshape(ys.shape)
         return jnp.mean(ys * weights)
+
       return hk.transform(loss)
+
     self._assert_plain(f, make_mesh(2), pipeline=hkb.Pipeline("stage", 1))
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_one_stage(self, axis_type):
     # 5: a one-stage axis is a pipeline of microbatches.
-    self._assert_plain(stack_of(block), make_mesh(1, axis_type=axis_type),
-                       pipeline=hkb.Pipeline("stage", 2), batch=P("data"))
+    self._assert_plain(
+      stack_of(block),
+      make_mesh(1, axis_type=axis_type),
+      pipeline=hkb.Pipeline("stage", 2),
+      batch=P("data"),
+    )
 
   def test_one_stage_circular_batch_as_given_explicit_axes(self):
     # 5: one stage keeps each microbatch between passes in a buffer typed by
     # the mesh; the batch (and the params) jit got from one device are not.
-    self._assert_plain(stack_of(block),
-                       make_mesh(1, axis_type=AxisType.Explicit),
-                       pipeline=hkb.Pipeline("stage", 2, "circular", 2))
+    self._assert_plain(
+      stack_of(block),
+      make_mesh(1, axis_type=AxisType.Explicit),
+      pipeline=hkb.Pipeline("stage", 2, "circular", 2),
+    )
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_bfloat16_carry(self, axis_type):
     # 6: the last stage's output reaches the others summed in float32.
     def f(pipeline):
-      return hk.transform(lambda x: jnp.mean(hkb.repeat_layer(
-          lambda h: h + jnp.tanh(hk.Linear(4)(h)), x.astype(jnp.bfloat16),
-          LAYERS, name="blocks", pipeline=pipeline).astype(jnp.float32) ** 2))
-    self._assert_plain(f, make_mesh(4, axis_type=axis_type),
-                       pipeline=hkb.Pipeline("stage", 4),
-                       rtol=2e-2, atol=1e-3, scaled_atol=2e-2)
+      return hk.transform(
+        lambda x: jnp.mean(
+          hkb.repeat_layer(
+            lambda h: h + jnp.tanh(hk.Linear(4)(h)),
+            x.astype(jnp.bfloat16),
+            LAYERS,
+            name="blocks",
+            pipeline=pipeline,
+          ).astype(jnp.float32)
+          ** 2
+        )
+      )
+
+    self._assert_plain(
+      f,
+      make_mesh(4, axis_type=axis_type),
+      pipeline=hkb.Pipeline("stage", 4),
+      rtol=2e-2,
+      atol=1e-3,
+      scaled_atol=2e-2,
+    )
 
   @parameterized.parameters("custom_vjp", "custom_jvp")
   def test_inside_a_bridged_custom_derivative(self, which):
     # 7: init needs no mesh (the bridge plans with the plain scan).
     def f(pipeline):
-      stk = lambda x: hkb.repeat_layer(block, x, LAYERS, name="blocks",
-                                       pipeline=pipeline)
+      stk = lambda x: hkb.repeat_layer(block, x, LAYERS, name="blocks", pipeline=pipeline)
       if which == "custom_vjp":
-        wrapped = hkb.custom_vjp(stk, hkb.vjp_fwd,
-                                 lambda vjp_fn, g: vjp_fn(g))
+        wrapped = hkb.custom_vjp(stk, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g))
       else:
         wrapped = hkb.custom_jvp(
-            stk, lambda f_pure, primals, tangents: jax.jvp(f_pure, primals,
-                                                           tangents))
+          stk, lambda f_pure, primals, tangents: jax.jvp(f_pure, primals, tangents)
+        )
       return hk.transform(lambda x: jnp.mean(wrapped(x) ** 2))
+
     pipe = hkb.Pipeline("stage", 2)
-    chex.assert_trees_all_equal(f(pipe).init(KEY, self.X),
-                                f(None).init(KEY, self.X))
+    chex.assert_trees_all_equal(f(pipe).init(KEY, self.X), f(None).init(KEY, self.X))
     self._assert_plain(f, make_mesh(4), pipeline=pipe)
 
   def test_scalar_carry_leaf(self):
@@ -1080,16 +1175,22 @@ class DropInTest(EightDevicesTest):
           h, total = c
           h = block(h)
           return h, total + jnp.mean(h)
-        h, total = hkb.repeat_layer(layer, (x, jnp.zeros([])), LAYERS,
-                                    name="blocks", pipeline=pipeline)
-        return jnp.mean(h ** 2) + total
+
+        h, total = hkb.repeat_layer(
+          layer, (x, jnp.zeros([])), LAYERS, name="blocks", pipeline=pipeline
+        )
+        return jnp.mean(h**2) + total
+
       return hk.transform(loss)
+
     self._assert_plain(f, make_mesh(4), pipeline=hkb.Pipeline("stage", 1))
     params = f(None).init(KEY, self.X)
     with jax.set_mesh(make_mesh(4)):
       with self.assertRaisesRegex(
-          ValueError, r"^hkb.repeat_layer: the carry at \[1\] is a scalar, "
-          r"with no batch axis:.*`pipeline.microbatches`=2.*microbatches=1"):
+        ValueError,
+        r"^hkb.repeat_layer: the carry at \[1\] is a scalar, "
+        r"with no batch axis:.*`pipeline.microbatches`=2.*microbatches=1",
+      ):
         f(hkb.Pipeline("stage", 2)).apply(params, None, self.X)
 
 
@@ -1105,24 +1206,28 @@ class OtherMeshAxesTest(EightDevicesTest):
   def test_fsdp_megatron_rules_auto_axes(self, schedule):
     # docs/sharding.md's FSDP + Megatron rules, the layer axis over "stage".
     vocab, d, heads, layers = 16, 8, 2, 4
-    rules = hkb.ShardingRules(transformer.RULES.rules,
-                              stacked={"layers": "stage"})
+    rules = hkb.ShardingRules(transformer.RULES.rules, stacked={"layers": "stage"})
     pipe = hkb.Pipeline("stage", 2, schedule)
 
     def f(pipeline):
-      return hk.transform(lambda t: jnp.mean(transformer.transformer(
-          t, vocab=vocab, d_model=d, heads=heads, layers=layers,
-          pipeline=pipeline) ** 2))
+      return hk.transform(
+        lambda t: jnp.mean(
+          transformer.transformer(
+            t, vocab=vocab, d_model=d, heads=heads, layers=layers, pipeline=pipeline
+          )
+          ** 2
+        )
+      )
 
     tokens = jax.random.randint(KEY, [8, 4], 0, vocab)
     params = jax.device_get(f(None).init(KEY, tokens))
-    expected = jax.jit(jax.value_and_grad(f(None).apply))(params, None,
-                                                          tokens)
+    expected = jax.jit(jax.value_and_grad(f(None).apply))(params, None, tokens)
     mesh = make_mesh(2, 2, 2)
     got = pipelined_grad(f(pipe), params, tokens, mesh, rules)
     assert_close(self, got, expected)
-    self.assertEqual(got[1]["layers/mlp/~/linear_0"]["w"].sharding.spec,
-                     P("stage", "data", "model"))
+    self.assertEqual(
+      got[1]["layers/mlp/~/linear_0"]["w"].sharding.spec, P("stage", "data", "model")
+    )
 
   @parameterized.parameters(*pipeline_lib.SCHEDULES)
   def test_fsdp_megatron_explicit_axes(self, schedule):
@@ -1135,30 +1240,29 @@ class OtherMeshAxesTest(EightDevicesTest):
 
     def init_mlp(rng, x):
       k1, k2 = jax.random.split(rng)
-      return {"w1": jax.random.normal(k1, [x.shape[-1], 16]) * 0.3,
-              "w2": jax.random.normal(k2, [16, x.shape[-1]]) * 0.3}
+      return {
+        "w1": jax.random.normal(k1, [x.shape[-1], 16]) * 0.3,
+        "w2": jax.random.normal(k2, [16, x.shape[-1]]) * 0.3,
+      }
 
     f = functools.partial(stack, mlp, init=init_mlp, num_layers=4)
     rules = hkb.ShardingRules(
-        [(r"/w1$", P("data", "model")), (r"/w2$", P("model", "data"))],
-        stacked={"blocks": "stage"})
+      [(r"/w1$", P("data", "model")), (r"/w2$", P("model", "data"))], stacked={"blocks": "stage"}
+    )
     x = jax.random.normal(KEY, [8, 8])
     params = f().init(KEY, x)
     expected = jax.jit(jax.value_and_grad(f().apply))(params, None, x)
     mesh = make_mesh(2, 2, 2, AxisType.Explicit)
-    got = pipelined_grad(f(pipeline=hkb.Pipeline("stage", 2, schedule)),
-                         params, x, mesh, rules)
+    got = pipelined_grad(f(pipeline=hkb.Pipeline("stage", 2, schedule)), params, x, mesh, rules)
     assert_close(self, got, expected)
-    self.assertEqual(got[1]["blocks/~"]["w1"].sharding.spec,
-                     P("stage", "data", "model"))
+    self.assertEqual(got[1]["blocks/~"]["w1"].sharding.spec, P("stage", "data", "model"))
 
 
 class StoredOverStagesTest(EightDevicesTest):
   """Circular with the layer axis stored over the stages in model order."""
 
   @hypothesis.given(stages=st.integers(1, 8), repeats=st.integers(1, 6))
-  @hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
-                       database=None)
+  @hypothesis.settings(max_examples=60, deadline=None, derandomize=True, database=None)
   def test_moves_are_r_permutations_of_the_stages(self, stages, repeats):
     # Group g = r·S + s (visit r of stage s) is stored on stage g // R as
     # its slot g mod R: R rounds, in each every stage sends one group and
@@ -1179,23 +1283,21 @@ class StoredOverStagesTest(EightDevicesTest):
   def test_values_and_gradients_explicit_axes(self, stages, repeats):
     # R neither a multiple nor a divisor of S: rounds send different slots
     # from different stages.
-    f = lambda pipeline=None: stack(num_layers=stages * repeats,
-                                    pipeline=pipeline)
+    f = lambda pipeline=None: stack(num_layers=stages * repeats, pipeline=pipeline)
     x = jax.random.normal(KEY, [8, 4])
     params = f().init(KEY, x)
     expected = jax.jit(jax.value_and_grad(f().apply))(params, None, x)
     mesh = make_mesh(stages, axis_type=AxisType.Explicit)
-    got = pipelined_grad(f(hkb.Pipeline("stage", 2, "circular", repeats)),
-                         params, x, mesh, stage_rules())
+    got = pipelined_grad(
+      f(hkb.Pipeline("stage", 2, "circular", repeats)), params, x, mesh, stage_rules()
+    )
     assert_close(self, got, expected)
     # Each gradient leaf stored as its param: over the stages.
-    self.assertEqual({g.sharding.spec[0] for g in jax.tree.leaves(got[1])},
-                     {"stage"})
+    self.assertEqual({g.sharding.spec[0] for g in jax.tree.leaves(got[1])}, {"stage"})
 
 
 @needs_shard_map
 class ErrorsTest(parameterized.TestCase):
-
   X = jnp.ones([8, 4])
 
   def _apply(self, f, mesh):
@@ -1207,20 +1309,20 @@ class ErrorsTest(parameterized.TestCase):
     # jax 0.7 and 0.8 fail inside jax there: refused up front, by name.
     # On jax 0.9 on, simulated; on 0.7 and 0.8, as it is.
     f = stack(pipeline=hkb.Pipeline("stage", 2))
-    explicit = jax.make_mesh((4, 2), ("stage", "data"),
-                             axis_types=(AxisType.Explicit,) * 2)
-    with mock.patch.object(pipeline_config,
-                           "jax_runs_stages_on_explicit_axes",
-                           return_value=False):
+    explicit = jax.make_mesh((4, 2), ("stage", "data"), axis_types=(AxisType.Explicit,) * 2)
+    with mock.patch.object(pipeline_config, "jax_runs_stages_on_explicit_axes", return_value=False):
       with self.assertRaisesRegex(
-          NotImplementedError, r"^hkb.repeat_layer: the mesh's axes \('stage', "
-          r"'data'\) are Explicit, and jax .* Upgrade to jax 0.9 or newer, or "
-          r"make the mesh's axes Auto"):
+        NotImplementedError,
+        r"^hkb.repeat_layer: the mesh's axes \('stage', "
+        r"'data'\) are Explicit, and jax .* Upgrade to jax 0.9 or newer, or "
+        r"make the mesh's axes Auto",
+      ):
         self._apply(f, explicit)
       # The fix it names, Auto axes, in a training step (params on the
       # mesh); one stage (no shard_map) runs as before.
-      self._assert_trains_as_plain(lambda pipeline: stack(pipeline=pipeline),
-                                   stack(), make_mesh(4, 2), put=True)
+      self._assert_trains_as_plain(
+        lambda pipeline: stack(pipeline=pipeline), stack(), make_mesh(4, 2), put=True
+      )
       self._apply(f, make_mesh(1, 8, axis_type=AxisType.Explicit))
 
   def test_closed_over_array_passed_into_a_scan_of_the_layer(self):
@@ -1230,12 +1332,14 @@ class ErrorsTest(parameterized.TestCase):
     params = f.init(KEY, self.X)
     with jax.set_mesh(make_mesh(2, axis_type=AxisType.Explicit)):
       with self.assertRaisesRegex(
-          NotImplementedError, r"^hkb.repeat_layer: the layer closes over "
-          r"arrays made outside the stack and typed by the mesh's Explicit "
-          r"axes .*jax-ml/jax#29162.*Pass them to the layers as inputs "
-          r"\(layer_scan's `xs`.*or pass the params to jit as init returns "
-          r"them, without a jax.device_put on the mesh. \(Auto axes do not "
-          r"help"):
+        NotImplementedError,
+        r"^hkb.repeat_layer: the layer closes over "
+        r"arrays made outside the stack and typed by the mesh's Explicit "
+        r"axes .*jax-ml/jax#29162.*Pass them to the layers as inputs "
+        r"\(layer_scan's `xs`.*or pass the params to jit as init returns "
+        r"them, without a jax.device_put on the mesh. \(Auto axes do not "
+        r"help",
+      ):
         f.apply(jax.device_put(params, P()), None, self.X)
 
   # Each fix that refusal names, in a training step, against the plain
@@ -1245,15 +1349,16 @@ class ErrorsTest(parameterized.TestCase):
     # Explicit axes, params jax.device_put on the mesh.
     f = scanning_over_a_closed_over_param
     self._assert_trains_as_plain(
-        lambda pipeline: scanning_over_a_closed_over_param(pipeline,
-                                                           as_xs=True),
-        f(None), make_mesh(2, axis_type=AxisType.Explicit), put=True)
+      lambda pipeline: scanning_over_a_closed_over_param(pipeline, as_xs=True),
+      f(None),
+      make_mesh(2, axis_type=AxisType.Explicit),
+      put=True,
+    )
 
   @parameterized.parameters(AxisType.Explicit, AxisType.Auto)
   def test_fix_params_as_init_returns_them(self, axis_type):
     f = scanning_over_a_closed_over_param
-    self._assert_trains_as_plain(f, f(None), make_mesh(2,
-                                                       axis_type=axis_type))
+    self._assert_trains_as_plain(f, f(None), make_mesh(2, axis_type=axis_type))
 
   def test_auto_axes_fail_in_jax_pinned(self):
     # Why the refusal does not name Auto axes: with the params
@@ -1266,9 +1371,12 @@ class ErrorsTest(parameterized.TestCase):
     if versions.release(jax.__version__) >= (0, 11):
       self._assert_trains_as_plain(f, f(None), make_mesh(2), put=True)
       return
-    with self.assertRaisesRegex(ValueError, r"Context mesh .* should match "
-                                r"the mesh of sharding .* passed to "
-                                r"broadcast_in_dim"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"Context mesh .* should match "
+      r"the mesh of sharding .* passed to "
+      r"broadcast_in_dim",
+    ):
       self._assert_trains_as_plain(f, f(None), make_mesh(2), put=True)
 
   def _assert_trains_as_plain(self, pipelined, plain, mesh, put=False):
@@ -1278,46 +1386,56 @@ class ErrorsTest(parameterized.TestCase):
     with jax.set_mesh(mesh):
       if put:
         params = jax.device_put(params, P())
-      got = jax.jit(jax.value_and_grad(pipelined(hkb.Pipeline(
-          "stage", 2)).apply))(params, None, jax.device_put(self.X,
-                                                            P("data")))
+      got = jax.jit(jax.value_and_grad(pipelined(hkb.Pipeline("stage", 2)).apply))(
+        params, None, jax.device_put(self.X, P("data"))
+      )
     assert_close(self, got, expected)
 
   def test_layers_not_divisible_by_stages(self):
     f = stack(num_layers=6, pipeline=hkb.Pipeline("stage", 2))
     with self.assertRaisesRegex(
-        ValueError, r"^hkb.repeat_layer: `num_layers` is 6, which does not "
-        r"split into 4 stages: .*4 does not divide 6"):
+      ValueError,
+      r"^hkb.repeat_layer: `num_layers` is 6, which does not "
+      r"split into 4 stages: .*4 does not divide 6",
+    ):
       self._apply(f, make_mesh(4))
 
   def test_layers_not_divisible_by_stages_times_repeats(self):
-    f = stack(num_layers=6, pipeline=hkb.Pipeline("stage", 2, "circular",
-                                                  repeats=2))
+    f = stack(num_layers=6, pipeline=hkb.Pipeline("stage", 2, "circular", repeats=2))
     with self.assertRaisesRegex(
-        ValueError, r"^hkb.repeat_layer: `num_layers` is 6, which does not "
-        r"split into 2 stages × 2 passes \(`pipeline.repeats`\).*other "
-        r"`repeats`"):
+      ValueError,
+      r"^hkb.repeat_layer: `num_layers` is 6, which does not "
+      r"split into 2 stages × 2 passes \(`pipeline.repeats`\).*other "
+      r"`repeats`",
+    ):
       self._apply(f, make_mesh(2))
 
   def test_batch_not_divisible_by_microbatches(self):
     f = stack(pipeline=hkb.Pipeline("stage", 3))
     with self.assertRaisesRegex(
-        ValueError, r"^hkb.repeat_layer: the carry at <root> has shape \(8, 4\)"
-        r".*`pipeline.microbatches`=3.*3 does not divide 8"):
+      ValueError,
+      r"^hkb.repeat_layer: the carry at <root> has shape \(8, 4\)"
+      r".*`pipeline.microbatches`=3.*3 does not divide 8",
+    ):
       self._apply(f, make_mesh(2))
 
   def test_mesh_without_the_axis(self):
     f = stack(pipeline=hkb.Pipeline("pipe", 2))
     with self.assertRaisesRegex(
-        ValueError, r"^hkb.repeat_layer: `pipeline.axis` is 'pipe', but the mesh "
-        r"has axes \('stage', 'data'\)"):
+      ValueError,
+      r"^hkb.repeat_layer: `pipeline.axis` is 'pipe', but the mesh "
+      r"has axes \('stage', 'data'\)",
+    ):
       self._apply(f, make_mesh(2))
 
   def test_no_mesh_at_apply(self):
     f = stack(pipeline=hkb.Pipeline("stage", 2))
     params = f.init(KEY, self.X)  # Init needs none: it runs the plain scan.
-    with self.assertRaisesRegex(ValueError, r"^hkb.repeat_layer: `pipeline.axis`"
-                                r" is 'stage', but no mesh is set"):
+    with self.assertRaisesRegex(
+      ValueError,
+      r"^hkb.repeat_layer: `pipeline.axis`"
+      r" is 'stage', but no mesh is set",
+    ):
       f.apply(params, None, self.X)
 
   def test_init_under_a_mesh_checks_too(self):
@@ -1328,8 +1446,11 @@ class ErrorsTest(parameterized.TestCase):
 
   def test_pipeline_not_a_pipeline(self):
     f = stack(pipeline="stage")
-    with self.assertRaisesRegex(TypeError, r"^hkb.repeat_layer: `pipeline` "
-                                r"must be None or an hkb.Pipeline"):
+    with self.assertRaisesRegex(
+      TypeError,
+      r"^hkb.repeat_layer: `pipeline` "
+      r"must be None or an hkb.Pipeline",
+    ):
       f.init(KEY, self.X)
 
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from haiku_bridge._src.pytree import PyTree
 
-_ELEMENTWISE = frozenset("""
+_ELEMENTWISE = frozenset(
+  """
     abs acos acosh add and asin asinh atan atan2 atanh bitcast_convert_type
     cbrt ceil clamp complex conj convert_element_type copy copy_p cos cosh
     digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag
@@ -32,24 +33,34 @@ _ELEMENTWISE = frozenset("""
     reduce_precision rem round rsqrt select_n shift_left
     shift_right_arithmetic shift_right_logical sign sin sinh sqrt square
     stop_gradient sub tan tanh xor
-""".split())
-_REDUCTIONS = frozenset("""
+""".split()
+)
+_REDUCTIONS = frozenset(
+  """
     argmax argmin reduce_and reduce_max reduce_min reduce_or reduce_prod
     reduce_sum reduce_xor
-""".split())
+""".split()
+)
 _CUMULATIVE = frozenset("cumlogsumexp cummax cummin cumprod cumsum".split())
 # Primitives that apply their jaxpr to their operands, one for one.
-_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
-          "core_call": "call_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr",
-          "custom_jvp_call": "call_jaxpr"}
+_CALLS = {
+  "pjit": "jaxpr",
+  "jit": "jaxpr",
+  "closed_call": "call_jaxpr",
+  "core_call": "call_jaxpr",
+  "remat2": "jaxpr",
+  "checkpoint": "jaxpr",
+  "custom_jvp_call": "call_jaxpr",
+}
 
 
 class _NotRowWise(Exception):
   pass
 
 
-def row_dims(fn: Callable[..., Any], args: PyTree, local_args: PyTree,
-             parts: int) -> Optional[PyTree]:
+def row_dims(
+  fn: Callable[..., Any], args: PyTree, local_args: PyTree, parts: int
+) -> Optional[PyTree]:
   """The row dimension of each output of `fn`, where `fn` is row-wise; else None.
 
   Args:
@@ -84,16 +95,16 @@ def _same_consts(local: Sequence[Any], whole: Sequence[Any]) -> None:
   for a, b in zip(local, whole):
     if a is b:  # One array closed over (a tracer of the enclosing jit too).
       continue
-    if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer) or (
-        not _equal(a, b)):
+    if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer) or (not _equal(a, b)):
       raise _NotRowWise()
 
 
 def _equal(a: Any, b: Any) -> bool:
   """Whether two constants are equal, NaN to NaN."""
   a, b = np.asarray(a), np.asarray(b)
-  return a.shape == b.shape and bool(np.array_equal(
-      a, b, equal_nan=np.issubdtype(a.dtype, np.inexact)))
+  return a.shape == b.shape and bool(
+    np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.inexact))
+  )
 
 
 def _dim(local: Any, whole: Any, parts: int) -> Optional[int]:
@@ -102,12 +113,10 @@ def _dim(local: Any, whole: Any, parts: int) -> Optional[int]:
   whole_shape = getattr(whole.aval, "shape", ())
   if len(local_shape) != len(whole_shape):
     raise _NotRowWise()
-  differ = [i for i, (a, b) in enumerate(zip(local_shape, whole_shape))
-            if a != b]
+  differ = [i for i, (a, b) in enumerate(zip(local_shape, whole_shape)) if a != b]
   if not differ:
     return None
-  if len(differ) > 1 or whole_shape[differ[0]] != parts * local_shape[
-      differ[0]]:
+  if len(differ) > 1 or whole_shape[differ[0]] != parts * local_shape[differ[0]]:
     raise _NotRowWise()
   return differ[0]
 
@@ -124,20 +133,22 @@ def _walk(local: Any, whole: Any, parts: int) -> list[Optional[int]]:
     ins: list[Optional[int]] = []
     for lv, wv in zip(eqn.invars, twin.invars):
       if isinstance(lv, extend.core.Literal):
-        if not isinstance(wv, extend.core.Literal) or not _equal(lv.val,
-                                                                 wv.val):
+        if not isinstance(wv, extend.core.Literal) or not _equal(lv.val, wv.val):
           raise _NotRowWise()
         ins.append(None)
       else:
         ins.append(_dim(lv, wv, parts))
     outs = [_dim(lv, wv, parts) for lv, wv in zip(eqn.outvars, twin.outvars)]
     _check(eqn, twin, ins, outs, parts)
-  return [None if isinstance(lv, extend.core.Literal) else _dim(lv, wv, parts)
-          for lv, wv in zip(local.outvars, whole.outvars)]
+  return [
+    None if isinstance(lv, extend.core.Literal) else _dim(lv, wv, parts)
+    for lv, wv in zip(local.outvars, whole.outvars)
+  ]
 
 
-def _check(eqn: Any, twin: Any, ins: list[Optional[int]],
-           outs: list[Optional[int]], parts: int) -> None:
+def _check(
+  eqn: Any, twin: Any, ins: list[Optional[int]], outs: list[Optional[int]], parts: int
+) -> None:
   """Raises `_NotRowWise` unless `eqn` keeps rows apart."""
   name, params = eqn.primitive.name, eqn.params
   walked = name in _CALLS or name in ("scan", "while", "cond")
@@ -145,7 +156,8 @@ def _check(eqn: Any, twin: Any, ins: list[Optional[int]],
     # Touches no rows: the same computation in both traces (a jaxpr inside
     # one not walked here could hide a difference), or refused.
     if not _same_params(params, twin.params) or (
-        not walked and any(_holds_jaxpr(v) for v in params.values())):
+      not walked and any(_holds_jaxpr(v) for v in params.values())
+    ):
       raise _NotRowWise()
     if not walked:
       return
@@ -159,8 +171,7 @@ def _check(eqn: Any, twin: Any, ins: list[Optional[int]],
     (i,), (o,) = ins[:1], outs
     shape_in = eqn.invars[0].aval.shape
     shape_out = eqn.outvars[0].aval.shape
-    if i is None or o is None or (np.prod(shape_in[:i]) !=
-                                  np.prod(shape_out[:o])):
+    if i is None or o is None or (np.prod(shape_in[:i]) != np.prod(shape_out[:o])):
       raise _NotRowWise()
   elif name == "transpose":
     if list(params["permutation"]).index(ins[0]) != outs[0]:
@@ -179,25 +190,31 @@ def _check(eqn: Any, twin: Any, ins: list[Optional[int]],
     lhs, rhs = ins
     if lhs in lc or rhs in rc:
       raise _NotRowWise()
-    if lhs is not None and rhs is not None and (
-        lhs not in lb or rb[list(lb).index(lhs)] != rhs):
+    if lhs is not None and rhs is not None and (lhs not in lb or rb[list(lb).index(lhs)] != rhs):
       raise _NotRowWise()
   elif name == "slice":
     i = ins[0]
     assert i is not None  # Its output has rows only where its operand does.
     strides = params["strides"] or (1,) * len(params["start_indices"])
-    if (params["start_indices"][i] != 0 or strides[i] != 1 or
-        params["limit_indices"][i] != eqn.invars[0].aval.shape[i]):
+    if (
+      params["start_indices"][i] != 0
+      or strides[i] != 1
+      or params["limit_indices"][i] != eqn.invars[0].aval.shape[i]
+    ):
       raise _NotRowWise()
   elif name == "dynamic_slice":
     i = ins[0]
-    if (any(d is not None for d in ins[1:]) or
-        params["slice_sizes"][i] != eqn.invars[0].aval.shape[i]):
+    if (
+      any(d is not None for d in ins[1:]) or params["slice_sizes"][i] != eqn.invars[0].aval.shape[i]
+    ):
       raise _NotRowWise()
   elif name == "dynamic_update_slice":
     operand, update = eqn.invars[:2]
-    if (ins[0] != ins[1] or any(d is not None for d in ins[2:]) or
-        operand.aval.shape[ins[0]] != update.aval.shape[ins[1]]):
+    if (
+      ins[0] != ins[1]
+      or any(d is not None for d in ins[2:])
+      or operand.aval.shape[ins[0]] != update.aval.shape[ins[1]]
+    ):
       raise _NotRowWise()
   elif name == "concatenate":
     if params["dimension"] in ins:
@@ -208,7 +225,7 @@ def _check(eqn: Any, twin: Any, ins: list[Optional[int]],
   elif name in _CALLS:
     _walk_closed(params[_CALLS[name]], twin.params[_CALLS[name]], parts)
   elif name == "scan":
-    xs = ins[sum(scan_counts(params)):]
+    xs = ins[sum(scan_counts(params)) :]
     if 0 in xs or params["length"] != twin.params["length"]:
       raise _NotRowWise()
     _walk_closed(params["jaxpr"], twin.params["jaxpr"], parts)
@@ -252,8 +269,7 @@ def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if callable(x) or _holds_jaxpr(x):
       continue
     try:
-      equal = bool(np.array_equal(x, y) if isinstance(x, np.ndarray)
-                   else x == y)
+      equal = bool(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y)
     except Exception:  # pylint: disable=broad-except
       equal = x is y
     if not equal:
@@ -266,5 +282,4 @@ def _is_jaxpr(x: Any) -> bool:
 
 
 def _holds_jaxpr(x: Any) -> bool:
-  return _is_jaxpr(x) or (isinstance(x, (tuple, list)) and
-                          any(_is_jaxpr(e) for e in x))
+  return _is_jaxpr(x) or (isinstance(x, (tuple, list)) and any(_is_jaxpr(e) for e in x))

@@ -27,6 +27,7 @@ class Timetable(NamedTuple):
     microbatch: `[steps, stages]`, its microbatch (clipped where idle).
     period: P, the steps between two passes of a microbatch at one stage.
   """
+
   active: np.ndarray
   repeat: np.ndarray
   microbatch: np.ndarray
@@ -67,6 +68,6 @@ def timetable(num_stages: int, microbatches: int, repeats: int = 1) -> Timetable
   visit = np.arange(steps)[:, None] - np.arange(num_stages)[None, :]
   repeat, micro = np.divmod(np.maximum(visit, 0), period)
   active = (visit >= 0) & (repeat < repeats) & (micro < microbatches)
-  return Timetable(active, np.minimum(repeat, repeats - 1),
-                   np.minimum(micro, microbatches - 1), period)
-
+  return Timetable(
+    active, np.minimum(repeat, repeats - 1), np.minimum(micro, microbatches - 1), period
+  )

@@ -45,8 +45,11 @@ _NAMES = "__param_names__"  # The .npz entry that lists "module\tname" keys.
 def save_params(params: hk.Params, path: str) -> None:
   """Writes Haiku params to `path` (.npz), as a checkpoint would hold them."""
   entries = list(hk.data_structures.traverse(params))
-  np.savez(path, *(np.asarray(value) for _, _, value in entries),
-           **{_NAMES: np.array([f"{m}\t{n}" for m, n, _ in entries])})
+  np.savez(
+    path,
+    *(np.asarray(value) for _, _, value in entries),
+    **{_NAMES: np.array([f"{m}\t{n}" for m, n, _ in entries])},
+  )
 
 
 def load_params(path: str) -> hk.Params:
@@ -68,12 +71,21 @@ def _parse_size(text: str) -> models.MlpSize:
   return models.MlpSize(name, int(width), int(depth), int(batch))
 
 
-def _child_command(variant: str, size: models.MlpSize, params_path: str,
-                   profile_out: Optional[str],
-                   eval_shape_init: bool) -> list[str]:
-  command = [sys.executable, "-m", "testing.benchmarks.lib.fresh_process",
-             f"--variant={variant}", f"--size={_size_arg(size)}",
-             f"--params={params_path}"]
+def _child_command(
+  variant: str,
+  size: models.MlpSize,
+  params_path: str,
+  profile_out: Optional[str],
+  eval_shape_init: bool,
+) -> list[str]:
+  command = [
+    sys.executable,
+    "-m",
+    "testing.benchmarks.lib.fresh_process",
+    f"--variant={variant}",
+    f"--size={_size_arg(size)}",
+    f"--params={params_path}",
+  ]
   if profile_out:
     command.append(f"--profile_out={profile_out}")
   if eval_shape_init:
@@ -90,22 +102,31 @@ def child_env() -> dict[str, str]:
   return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
 
 
-def run_child(variant: str, size: models.MlpSize, params_path: str,
-              profile_out: Optional[str] = None,
-              eval_shape_init: bool = False) -> harness.Phases:
+def run_child(
+  variant: str,
+  size: models.MlpSize,
+  params_path: str,
+  profile_out: Optional[str] = None,
+  eval_shape_init: bool = False,
+) -> harness.Phases:
   """Runs one fresh process; returns its phase times."""
   done = subprocess.run(
-      _child_command(variant, size, params_path, profile_out,
-                     eval_shape_init),
-      env=child_env(), capture_output=True, text=True, check=False)
+    _child_command(variant, size, params_path, profile_out, eval_shape_init),
+    env=child_env(),
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   if done.returncode != 0:
-    raise RuntimeError(f"fresh-process child for {variant!r} failed "
-                       f"(exit {done.returncode}):\n{done.stderr}")
+    raise RuntimeError(
+      f"fresh-process child for {variant!r} failed (exit {done.returncode}):\n{done.stderr}"
+    )
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def write_params(size: models.MlpSize, params: dict[str, hk.Params],
-                 directory: str) -> dict[str, str]:
+def write_params(
+  size: models.MlpSize, params: dict[str, hk.Params], directory: str
+) -> dict[str, str]:
   """Saves each variant's params; returns the .npz path by variant."""
   paths = {}
   for i, (variant, variant_params) in enumerate(params.items()):
@@ -114,8 +135,9 @@ def write_params(size: models.MlpSize, params: dict[str, hk.Params],
   return paths
 
 
-def samples(size: models.MlpSize, children: dict[Hashable, dict[str, Any]],
-            repeats: int, warmup: int) -> harness.Samples:
+def samples(
+  size: models.MlpSize, children: dict[Hashable, dict[str, Any]], repeats: int, warmup: int
+) -> harness.Samples:
   """First-trace times, one subprocess per sample, side by side.
 
   Args:
@@ -129,14 +151,15 @@ def samples(size: models.MlpSize, children: dict[Hashable, dict[str, Any]],
     Samples by key, phases "trace" (and "lower" after an apply trace), each
     with its CPU time.
   """
-  group = {key: functools.partial(run_child, size=size, **kwargs)
-           for key, kwargs in children.items()}
-  return harness.interleaved(f"fresh process ({size.name})", [group],
-                             repeats, warmup)
+  group = {
+    key: functools.partial(run_child, size=size, **kwargs) for key, kwargs in children.items()
+  }
+  return harness.interleaved(f"fresh process ({size.name})", [group], repeats, warmup)
 
 
-def profile(size: models.MlpSize, variant: str, params_path: str,
-            repeats: int, directory: str) -> trace_profile.TraceProfile:
+def profile(
+  size: models.MlpSize, variant: str, params_path: str, repeats: int, directory: str
+) -> trace_profile.TraceProfile:
   """cProfile of the first trace in `repeats` fresh processes, merged."""
   files = []
   for i in range(repeats):
@@ -144,21 +167,22 @@ def profile(size: models.MlpSize, variant: str, params_path: str,
     run_child(variant, size, params_path, profile_out=out)
     files.append(out)
   stats = pstats.Stats(*files)
-  return trace_profile.summarize(stats, repeats, variant,
-                                 trace_rows.FRESH_PROCESS, size.name)
+  return trace_profile.summarize(stats, repeats, variant, trace_rows.FRESH_PROCESS, size.name)
 
 
 def first_eval_shape(variant: str, size: models.MlpSize) -> harness.Phases:
   """In the child: the first `jax.eval_shape` of the `init` `variant` shapes."""
   x = jnp.zeros([size.batch, size.width])
   fresh = models.mlp_models(size)
-  init = {models.BRIDGED_TRANSFORMED: fresh.inner_init,
-          models.BRIDGED_PURE: fresh.pure_init}[variant]
+  init = {models.BRIDGED_TRANSFORMED: fresh.inner_init, models.BRIDGED_PURE: fresh.pure_init}[
+    variant
+  ]
   return harness.timed(lambda: jax.eval_shape(init, models.KEY, x), "trace")
 
 
-def first_trace(variant: str, size: models.MlpSize, params_path: str,
-                profiler: Optional[cProfile.Profile]) -> harness.Phases:
+def first_trace(
+  variant: str, size: models.MlpSize, params_path: str, profiler: Optional[cProfile.Profile]
+) -> harness.Phases:
   """In the child: restore params, build the model, time its first trace."""
   params = load_params(params_path)
   x = jnp.zeros([size.batch, size.width])
@@ -176,15 +200,17 @@ def first_trace(variant: str, size: models.MlpSize, params_path: str,
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--variant", required=True,
-                      choices=models.MLP_VARIANTS + (models.INLINE_COPY,))
-  parser.add_argument("--size", required=True, type=_parse_size,
-                      help="name,width,depth,batch")
+  parser.add_argument(
+    "--variant", required=True, choices=models.MLP_VARIANTS + (models.INLINE_COPY,)
+  )
+  parser.add_argument("--size", required=True, type=_parse_size, help="name,width,depth,batch")
   parser.add_argument("--params", required=True, help="an .npz of params")
-  parser.add_argument("--profile_out",
-                      help="also write a cProfile of the trace here")
-  parser.add_argument("--eval_shape_init", action="store_true",
-                      help="time jax.eval_shape of the variant's init instead")
+  parser.add_argument("--profile_out", help="also write a cProfile of the trace here")
+  parser.add_argument(
+    "--eval_shape_init",
+    action="store_true",
+    help="time jax.eval_shape of the variant's init instead",
+  )
   args = parser.parse_args()
   if args.eval_shape_init:
     print(json.dumps(first_eval_shape(args.variant, args.size)))

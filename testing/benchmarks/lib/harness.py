@@ -15,8 +15,7 @@ import math
 import statistics
 import sys
 import time
-from typing import (Any, Callable, Hashable, Iterable, Iterator, NamedTuple,
-                    Optional)
+from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple, Optional
 
 import jax
 
@@ -33,6 +32,7 @@ Samples = dict[Hashable, dict[str, list[float]]]
 
 class Stat(NamedTuple):
   """Median with the range of the samples."""
+
   median: float
   lo: float
   hi: float
@@ -43,18 +43,15 @@ class Stat(NamedTuple):
     return cls(statistics.median(samples), min(samples), max(samples))
 
   def ms(self, digits: int = 2) -> str:
-    return (f"{self.median * 1e3:.{digits}f} "
-            f"[{self.lo * 1e3:.{digits}f}–{self.hi * 1e3:.{digits}f}]")
+    return f"{self.median * 1e3:.{digits}f} [{self.lo * 1e3:.{digits}f}–{self.hi * 1e3:.{digits}f}]"
 
   def ratio(self) -> str:
     return f"{self.median:.3f} [{self.lo:.3f}–{self.hi:.3f}]"
 
 
-def pair_ratios(samples: Samples, num: Hashable, den: Hashable,
-                phase: str) -> Stat:
+def pair_ratios(samples: Samples, num: Hashable, den: Hashable, phase: str) -> Stat:
   """`num / den` sample by sample (same repetition), summarised."""
-  return Stat.of(a / b for a, b in zip(samples[num][phase],
-                                       samples[den][phase], strict=True))
+  return Stat.of(a / b for a, b in zip(samples[num][phase], samples[den][phase], strict=True))
 
 
 def timed(fn: Callable[[], Any], phase: str) -> Phases:
@@ -64,8 +61,7 @@ def timed(fn: Callable[[], Any], phase: str) -> Phases:
   try:
     wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return {phase: time.perf_counter() - wall,
-            phase + CPU: time.process_time() - cpu}
+    return {phase: time.perf_counter() - wall, phase + CPU: time.process_time() - cpu}
   finally:
     if gc_was_enabled:
       gc.enable()
@@ -78,12 +74,12 @@ class Progress:
   On a terminal one line is rewritten in place; otherwise (a log file, a
   pipe) a line is printed at most every `every_s` seconds, and at the end.
   """
+
   label: str
   total: int
   every_s: float = 10.0
   done: int = dataclasses.field(init=False, default=0)
-  _start: float = dataclasses.field(init=False,
-                                    default_factory=time.perf_counter)
+  _start: float = dataclasses.field(init=False, default_factory=time.perf_counter)
   _last_print: float = dataclasses.field(init=False, default=-math.inf)
 
   def step(self) -> None:
@@ -96,17 +92,18 @@ class Progress:
     self._last_print = now
     elapsed = now - self._start
     left = elapsed / self.done * (self.total - self.done)
-    line = (f"  {self.label}: {self.done}/{self.total}, {elapsed:.0f} s"
-            + ("" if finished else f", ~{left:.0f} s left"))
+    line = f"  {self.label}: {self.done}/{self.total}, {elapsed:.0f} s" + (
+      "" if finished else f", ~{left:.0f} s left"
+    )
     if on_tty:
-      print("\r" + line.ljust(78), end="\n" if finished else "",
-            file=sys.stderr, flush=True)
+      print("\r" + line.ljust(78), end="\n" if finished else "", file=sys.stderr, flush=True)
     else:
       print(line, file=sys.stderr, flush=True)
 
 
-def interleaved(label: str, groups: list[dict[Hashable, Measurement]],
-                repeats: int, warmup: int) -> Samples:
+def interleaved(
+  label: str, groups: list[dict[Hashable, Measurement]], repeats: int, warmup: int
+) -> Samples:
   """Runs every measurement `warmup + repeats` times, variants side by side.
 
   Args:
@@ -156,17 +153,14 @@ def eval_shape_time(fn: Callable[..., Any], *args: Any) -> Phases:
 def trace_and_compile_time(fn: Callable[..., Any], *args: Any) -> Phases:
   """Phases "trace", "compile" (lower + compile) and their sum "total"."""
   traced = []
-  times = timed(lambda: traced.append(jax.jit(_fresh(fn)).trace(*args)),
-                "trace")
+  times = timed(lambda: traced.append(jax.jit(_fresh(fn)).trace(*args)), "trace")
   times.update(timed(lambda: traced[0].lower().compile(), "compile"))
   for suffix in ("", CPU):
-    times["total" + suffix] = times["trace" + suffix] + times[
-        "compile" + suffix]
+    times["total" + suffix] = times["trace" + suffix] + times["compile" + suffix]
   return times
 
 
-def step_timer(step: Callable[..., Any], args: tuple[Any, ...],
-               block_s: float) -> Measurement:
+def step_timer(step: Callable[..., Any], args: tuple[Any, ...], block_s: float) -> Measurement:
   """A measurement of the seconds per call of a compiled `step`.
 
   Each sample times enough calls to last about `block_s`, and divides.
@@ -184,10 +178,11 @@ def step_timer(step: Callable[..., Any], args: tuple[Any, ...],
   return lambda: {k: t / calls for k, t in timed(run, "step").items()}
 
 
-def compile_steps(label: str, keys: Iterable[Hashable],
-                  step_and_args: Callable[[Hashable], tuple[Any, tuple[Any, ...]]]
-                  ) -> tuple[dict[Hashable, Any], dict[Hashable, tuple[Any, ...]],
-                             dict[Hashable, Optional[int]]]:
+def compile_steps(
+  label: str,
+  keys: Iterable[Hashable],
+  step_and_args: Callable[[Hashable], tuple[Any, tuple[Any, ...]]],
+) -> tuple[dict[Hashable, Any], dict[Hashable, tuple[Any, ...]], dict[Hashable, Optional[int]]]:
   """Compiles the jitted step of each key; its temporaries, where jax reports them.
 
   Args:
@@ -210,8 +205,7 @@ def compile_steps(label: str, keys: Iterable[Hashable],
 
 def only_phases(measurement: Measurement, prefix: str) -> Measurement:
   """`measurement`, keeping the phases whose names start with `prefix`."""
-  return lambda: {k: t for k, t in measurement().items()
-                  if k.startswith(prefix)}
+  return lambda: {k: t for k, t in measurement().items() if k.startswith(prefix)}
 
 
 def median_ms(samples: Samples, key: Hashable, phase: str) -> Optional[float]:

@@ -47,21 +47,22 @@ class MlpSize(NamedTuple):
   batch: int
 
 
-def pure_mlp_init(rng: jax.Array, x: jax.Array, *,
-                  widths: tuple[int, ...]) -> list[dict[str, jax.Array]]:
+def pure_mlp_init(
+  rng: jax.Array, x: jax.Array, *, widths: tuple[int, ...]
+) -> list[dict[str, jax.Array]]:
   """Params of `pure_mlp`, drawn as `hk.Linear` draws them."""
   params, fan_in = [], x.shape[-1]
   for width in widths:
     rng, key = jax.random.split(rng)
-    w = jax.random.truncated_normal(key, -2., 2., (fan_in, width), x.dtype)
-    params.append({"w": w / math.sqrt(fan_in),
-                   "b": jnp.zeros([width], x.dtype)})
+    w = jax.random.truncated_normal(key, -2.0, 2.0, (fan_in, width), x.dtype)
+    params.append({"w": w / math.sqrt(fan_in), "b": jnp.zeros([width], x.dtype)})
     fan_in = width
   return params
 
 
-def pure_mlp(params: list[dict[str, jax.Array]], x: jax.Array, *,
-             widths: tuple[int, ...]) -> jax.Array:
+def pure_mlp(
+  params: list[dict[str, jax.Array]], x: jax.Array, *, widths: tuple[int, ...]
+) -> jax.Array:
   """`hk.nets.MLP` in plain JAX, op for op (so the jaxprs can be compared)."""
   del widths  # Only init needs them.
   for i, p in enumerate(params):
@@ -74,6 +75,7 @@ def pure_mlp(params: list[dict[str, jax.Array]], x: jax.Array, *,
 
 class MlpModels(NamedTuple):
   """One MLP, built afresh, in every variant."""
+
   transformed: dict[str, hk.Transformed]  # By variant (MLP_VARIANTS).
   inner_init: Callable[..., Any]  # call_pure(hk.transform) shapes it at apply.
   pure_init: Callable[..., Any]  # What call_pure(pure fn) shapes at apply.
@@ -93,33 +95,30 @@ def mlp_models(size: MlpSize) -> MlpModels:
     return hkb.call_pure(inner, x)
 
   def bridged_pure(x):
-    return hkb.call_pure(pure_mlp, x, init=pure_init, name="mlp",
-                         widths=widths)
+    return hkb.call_pure(pure_mlp, x, init=pure_init, name="mlp", widths=widths)
 
   def lifted(x):
     params = hk.lift(inner.init, name="lifted")(hk.maybe_next_rng_key(), x)
     return inner.apply(params, None, x)
 
   return MlpModels(
-      transformed={
-          INLINE: hk.transform(mlp),
-          BRIDGED_TRANSFORMED: hk.transform(bridged_transformed),
-          BRIDGED_PURE: hk.transform(bridged_pure),
-          LIFT: hk.transform(lifted),
-      },
-      inner_init=inner.init,
-      pure_init=pure_init,
+    transformed={
+      INLINE: hk.transform(mlp),
+      BRIDGED_TRANSFORMED: hk.transform(bridged_transformed),
+      BRIDGED_PURE: hk.transform(bridged_pure),
+      LIFT: hk.transform(lifted),
+    },
+    inner_init=inner.init,
+    pure_init=pure_init,
   )
 
 
 def mlp_model(size: MlpSize, variant: str) -> hk.Transformed:
   """A new model object of one variant; INLINE_COPY is another inline one."""
-  return mlp_models(size).transformed[
-      INLINE if variant == INLINE_COPY else variant]
+  return mlp_models(size).transformed[INLINE if variant == INLINE_COPY else variant]
 
 
-def stack_model(variant: str, depth: int, remat: bool | str,
-                width: int) -> hk.Transformed:
+def stack_model(variant: str, depth: int, remat: bool | str, width: int) -> hk.Transformed:
   """A residual MLP block repeated `depth` times, three ways.
 
   `remat` is `hkb.repeat_layer`'s; the other variants take a bool (`True`:
@@ -145,14 +144,15 @@ def stack_model(variant: str, depth: int, remat: bool | str,
         x = layer(x)
     return x
 
-  return hk.transform({SCAN: layer_scan, LAYER_STACK: layer_stack,
-                       LOOP: loop}[variant])
+  return hk.transform({SCAN: layer_scan, LAYER_STACK: layer_stack, LOOP: loop}[variant])
 
 
 def grad_step(transformed: hk.Transformed) -> Callable[..., Any]:
   """Forward + backward of a scalar loss of `apply`: what training compiles."""
+
   def loss(params, x):
     return jnp.mean(jnp.square(transformed.apply(params, None, x)))
+
   return jax.grad(loss)
 
 

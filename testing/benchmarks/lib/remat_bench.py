@@ -64,6 +64,7 @@ class TransformerSize:
 @dataclasses.dataclass(frozen=True)
 class RematConfig:
   """Rows and repetitions; `FULL` fits ~10 minutes on 2 shared cores."""
+
   mode: str
   rows: tuple[Row, ...]
   mlp_width: int
@@ -74,49 +75,48 @@ class RematConfig:
 
 
 FULL = RematConfig(
-    mode="full",
-    rows=tuple(Row(MLP, depth, tokens) for tokens in (4096, 64)
-               for depth in (16, 64, 128)) + (Row(TRANSFORMER, 64, 1024),),
-    mlp_width=256,
-    transformer=TransformerSize(vocab=512, d_model=128, heads=4, seq=128),
-    warmup=1,
-    step_repeats=5,
-    step_block_s=0.5,
+  mode="full",
+  rows=tuple(Row(MLP, depth, tokens) for tokens in (4096, 64) for depth in (16, 64, 128))
+  + (Row(TRANSFORMER, 64, 1024),),
+  mlp_width=256,
+  transformer=TransformerSize(vocab=512, d_model=128, heads=4, seq=128),
+  warmup=1,
+  step_repeats=5,
+  step_block_s=0.5,
 )
 
 QUICK = RematConfig(
-    mode="quick",
-    rows=(Row(MLP, 9, 4), Row(TRANSFORMER, 4, 16)),
-    mlp_width=8,
-    transformer=TransformerSize(vocab=16, d_model=8, heads=2, seq=4),
-    warmup=1,
-    step_repeats=2,
-    step_block_s=0.001,
+  mode="quick",
+  rows=(Row(MLP, 9, 4), Row(TRANSFORMER, 4, 16)),
+  mlp_width=8,
+  transformer=TransformerSize(vocab=16, d_model=8, heads=2, seq=4),
+  warmup=1,
+  step_repeats=2,
+  step_block_s=0.001,
 )
 
 
 def nested_shape(depth: int) -> Optional[tuple[int, int]]:
   """`(groups, group size)` for Haiku's own nesting: the divisor pair nearest √depth."""
-  size = min((k for k in range(1, depth + 1) if depth % k == 0),
-             key=lambda k: (abs(k - math.sqrt(depth)), k))
+  size = min(
+    (k for k in range(1, depth + 1) if depth % k == 0), key=lambda k: (abs(k - math.sqrt(depth)), k)
+  )
   return depth // size, size
 
 
-def _stack(variant: str, layer: Callable[..., Any], depth: int,
-           name: str) -> Callable[[Any], Any]:
+def _stack(variant: str, layer: Callable[..., Any], depth: int, name: str) -> Callable[[Any], Any]:
   """`h -> h` through `depth` layers, as `variant` runs them."""
   if variant in SCAN_REMAT:
-    return lambda h: hkb.repeat_layer(layer, h, depth, name=name,
-                                      remat=SCAN_REMAT[variant])
+    return lambda h: hkb.repeat_layer(layer, h, depth, name=name, remat=SCAN_REMAT[variant])
   if variant == BASELINE:
     return hk.layer_stack(depth, name=name)(hk.remat(layer))
   groups, size = nested_shape(depth)
-  return hk.layer_stack(groups, name=name)(hk.remat(
-      hk.layer_stack(size)(hk.remat(layer))))
+  return hk.layer_stack(groups, name=name)(hk.remat(hk.layer_stack(size)(hk.remat(layer))))
 
 
-def step_and_inputs(row: Row, variant: str, cfg: RematConfig
-                    ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def step_and_inputs(
+  row: Row, variant: str, cfg: RematConfig
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
   """The jitted grad step of `variant` at `row`, and its arguments."""
   key = jax.random.PRNGKey(1)
   if row.model == MLP:
@@ -125,14 +125,12 @@ def step_and_inputs(row: Row, variant: str, cfg: RematConfig
     def block(x):
       return x + hk.nets.MLP([width, width], name="mlp")(x)
 
-    model = hk.transform(lambda x: _stack(variant, block, row.depth,
-                                          "blocks")(x))
+    model = hk.transform(lambda x: _stack(variant, block, row.depth, "blocks")(x))
     x = jax.random.normal(key, [row.tokens, width])
     loss = lambda p, x: jnp.mean(jnp.square(model.apply(p, None, x)))
   else:
     size = cfg.transformer
-    layer = functools.partial(transformer.block, d_model=size.d_model,
-                              heads=size.heads)
+    layer = functools.partial(transformer.block, d_model=size.d_model, heads=size.heads)
 
     def net(tokens):
       h = hk.Embed(size.vocab, size.d_model, name="embed")(tokens)
@@ -140,10 +138,10 @@ def step_and_inputs(row: Row, variant: str, cfg: RematConfig
       return hk.Linear(size.vocab, name="unembed")(h)
 
     model = hk.transform(net)
-    x = jax.random.randint(key, [row.tokens // size.seq, size.seq], 0,
-                           size.vocab)
-    loss = lambda p, t: -jnp.mean(jax.nn.log_softmax(model.apply(p, None, t))
-                                  * jax.nn.one_hot(t, size.vocab))
+    x = jax.random.randint(key, [row.tokens // size.seq, size.seq], 0, size.vocab)
+    loss = lambda p, t: (
+      -jnp.mean(jax.nn.log_softmax(model.apply(p, None, t)) * jax.nn.one_hot(t, size.vocab))
+    )
   params = jax.jit(model.init)(models.KEY, x)
   return jax.jit(jax.grad(loss)), (params, x)
 
@@ -158,20 +156,24 @@ class RematResult:
 def bench_remat(cfg: RematConfig) -> RematResult:
   keys = [Key(row, v) for row in cfg.rows for v in VARIANTS]
   compiled, args, temp_bytes = harness.compile_steps(
-      "remat schedules: compiling steps", keys,
-      lambda k: step_and_inputs(k.row, k.variant, cfg))
+    "remat schedules: compiling steps", keys, lambda k: step_and_inputs(k.row, k.variant, cfg)
+  )
   step = harness.interleaved(
-      "remat schedules: step times",
-      [{k: harness.step_timer(compiled[k], args[k], cfg.step_block_s)
-        for k in keys if k.row == row} for row in cfg.rows],
-      cfg.step_repeats, cfg.warmup)
+    "remat schedules: step times",
+    [
+      {k: harness.step_timer(compiled[k], args[k], cfg.step_block_s) for k in keys if k.row == row}
+      for row in cfg.rows
+    ],
+    cfg.step_repeats,
+    cfg.warmup,
+  )
   return RematResult(cfg, temp_bytes, step)
 
 
 # What issue 20 asks of "nested" (and so of "binomial"), by row.
 TARGETS = {
-    Row(MLP, 64, 4096): {"temp": 0.40, "step": 1.35},
-    Row(MLP, 64, 64): {"temp": 1.0},
+  Row(MLP, 64, 4096): {"temp": 0.40, "step": 1.35},
+  Row(MLP, 64, 64): {"temp": 1.0},
 }
 
 
@@ -179,11 +181,9 @@ def _mib(n: Optional[int]) -> str:
   return "n/a" if n is None else f"{n / 2**20:.1f}"
 
 
-def temp_ratio(result: RematResult, row: Row,
-               variant: str) -> Optional[float]:
+def temp_ratio(result: RematResult, row: Row, variant: str) -> Optional[float]:
   """`variant`'s temporaries over the baseline's; None without memory_analysis."""
-  ours, theirs = (result.temp_bytes[Key(row, variant)],
-                  result.temp_bytes[Key(row, BASELINE)])
+  ours, theirs = (result.temp_bytes[Key(row, variant)], result.temp_bytes[Key(row, BASELINE)])
   return None if ours is None or not theirs else ours / theirs
 
 
@@ -195,43 +195,57 @@ def markdown(result: RematResult) -> str:
   """The tables: temporaries, step-time ratios (wall and CPU), targets."""
   rows = result.cfg.rows
   ratios = lambda phase: {
-      (row, v): harness.pair_ratios(result.step, Key(row, v),
-                                    Key(row, BASELINE), phase)
-      for row in rows for v in VARIANTS[1:]}
+    (row, v): harness.pair_ratios(result.step, Key(row, v), Key(row, BASELINE), phase)
+    for row in rows
+    for v in VARIANTS[1:]
+  }
   wall, cpu = ratios("step"), ratios("step" + harness.CPU)
   row_name = lambda row: f"{row.model} | {row.depth} | {row.tokens}"
   head = "| model | depth | tokens |"
-  lines = ["### Grad-step temporaries", "",
-           f"{head} {BASELINE} (MiB) | " + " | ".join(
-               f"{v} / baseline" for v in VARIANTS[1:]) + " |",
-           "|" + " --- |" * (4 + len(VARIANTS) - 1)]
+  lines = [
+    "### Grad-step temporaries",
+    "",
+    f"{head} {BASELINE} (MiB) | " + " | ".join(f"{v} / baseline" for v in VARIANTS[1:]) + " |",
+    "|" + " --- |" * (4 + len(VARIANTS) - 1),
+  ]
   for row in rows:
-    lines.append(f"| {row_name(row)} | "
-                 f"{_mib(result.temp_bytes[Key(row, BASELINE)])} | " +
-                 " | ".join(_ratio(temp_ratio(result, row, v))
-                            for v in VARIANTS[1:])
-                 + " |")
-  lines += ["", "### Step time / baseline: wall clock median [min–max] "
-            "(process CPU time median)", "",
-            f"{head} {BASELINE} (ms) | " + " | ".join(VARIANTS[1:]) + " |",
-            "|" + " --- |" * (4 + len(VARIANTS) - 1)]
+    lines.append(
+      f"| {row_name(row)} | "
+      f"{_mib(result.temp_bytes[Key(row, BASELINE)])} | "
+      + " | ".join(_ratio(temp_ratio(result, row, v)) for v in VARIANTS[1:])
+      + " |"
+    )
+  lines += [
+    "",
+    "### Step time / baseline: wall clock median [min–max] (process CPU time median)",
+    "",
+    f"{head} {BASELINE} (ms) | " + " | ".join(VARIANTS[1:]) + " |",
+    "|" + " --- |" * (4 + len(VARIANTS) - 1),
+  ]
   for row in rows:
     base = harness.Stat.of(result.step[Key(row, BASELINE)]["step"])
-    lines.append(f"| {row_name(row)} | {base.ms(1)} | " + " | ".join(
-        f"{wall[row, v].ratio()} ({cpu[row, v].median:.3f})"
-        for v in VARIANTS[1:]) + " |")
-  lines += ["", "### Targets (issue 20), for both schedules", "",
-            "| row | variant | measure | goal | measured | met |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    lines.append(
+      f"| {row_name(row)} | {base.ms(1)} | "
+      + " | ".join(f"{wall[row, v].ratio()} ({cpu[row, v].median:.3f})" for v in VARIANTS[1:])
+      + " |"
+    )
+  lines += [
+    "",
+    "### Targets (issue 20), for both schedules",
+    "",
+    "| row | variant | measure | goal | measured | met |",
+    "| --- | --- | --- | --- | --- | --- |",
+  ]
   for row, goals in TARGETS.items():
     if row not in rows:
       continue
     for variant in (NESTED, BINOMIAL):
       for measure, goal in goals.items():
-        value = (temp_ratio(result, row, variant) if measure == "temp"
-                 else wall[row, variant].median)
+        value = temp_ratio(result, row, variant) if measure == "temp" else wall[row, variant].median
         met = "n/a" if value is None else ("yes" if value <= goal else "no")
-        lines.append(f"| {row_name(row).replace(' | ', ', ')} | {variant} | "
-                     f"{measure} ratio | ≤ {goal:.2f} | {_ratio(value)} | "
-                     f"{met} |")
+        lines.append(
+          f"| {row_name(row).replace(' | ', ', ')} | {variant} | "
+          f"{measure} ratio | ≤ {goal:.2f} | {_ratio(value)} | "
+          f"{met} |"
+        )
   return "\n".join(lines) + "\n"

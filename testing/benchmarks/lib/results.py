@@ -37,9 +37,11 @@ def _key_fields(key: Any) -> dict[str, Any]:
 
 def _samples(samples: harness.Samples, **fields: Any) -> list[dict[str, Any]]:
   """One record per key and phase: the key's fields, the phase, the seconds."""
-  return [dict(fields, **_key_fields(key), phase=phase, seconds=seconds)
-          for key, phases in samples.items()
-          for phase, seconds in phases.items()]
+  return [
+    dict(fields, **_key_fields(key), phase=phase, seconds=seconds)
+    for key, phases in samples.items()
+    for phase, seconds in phases.items()
+  ]
 
 
 def _stat(stat: Optional[harness.Stat]) -> Optional[dict[str, float]]:
@@ -49,28 +51,37 @@ def _stat(stat: Optional[harness.Stat]) -> Optional[dict[str, float]]:
 def to_json(res: Results) -> dict[str, Any]:
   samples = []
   for r in res.mlp:
-    for measure, by_key in (("trace", r.trace), ("compile", r.compile),
-                            ("step", r.step)):
-      samples += _samples(by_key, benchmark="mlp", size=r.size.name,
-                          measure=measure)
-  for measure, by_key in (("trace+compile", res.stack.compile),
-                          ("step", res.stack.step)):
+    for measure, by_key in (("trace", r.trace), ("compile", r.compile), ("step", r.step)):
+      samples += _samples(by_key, benchmark="mlp", size=r.size.name, measure=measure)
+  for measure, by_key in (("trace+compile", res.stack.compile), ("step", res.stack.step)):
     samples += _samples(by_key, benchmark="stack", measure=measure)
   return {
-      "run": {"command": res.command, "date": res.date, "run_s": res.run_s,
-              "environment": res.env,
-              "config": dict(dataclasses.asdict(res.cfg), mlp_sizes=[
-                  s._asdict() for s in res.cfg.mlp_sizes])},
-      "targets": [dict(name=t.name, goal=t.goal, passed=t.passed,
-                       ratio=_stat(t.ratio), cpu_ratio=_stat(t.cpu_ratio),
-                       control=_stat(t.control), lift=_stat(t.lift))
-                  for t in res.targets],
-      "samples": samples,
-      "stack_temp_bytes": [dict(k._asdict(), bytes=b)
-                           for k, b in res.stack.temp_bytes.items()],
-      "profiles": [dict(dataclasses.asdict(p),
-                        rows=[r._asdict() for r in p.rows])
-                   for p in res.profiles],
+    "run": {
+      "command": res.command,
+      "date": res.date,
+      "run_s": res.run_s,
+      "environment": res.env,
+      "config": dict(
+        dataclasses.asdict(res.cfg), mlp_sizes=[s._asdict() for s in res.cfg.mlp_sizes]
+      ),
+    },
+    "targets": [
+      dict(
+        name=t.name,
+        goal=t.goal,
+        passed=t.passed,
+        ratio=_stat(t.ratio),
+        cpu_ratio=_stat(t.cpu_ratio),
+        control=_stat(t.control),
+        lift=_stat(t.lift),
+      )
+      for t in res.targets
+    ],
+    "samples": samples,
+    "stack_temp_bytes": [dict(k._asdict(), bytes=b) for k, b in res.stack.temp_bytes.items()],
+    "profiles": [
+      dict(dataclasses.asdict(p), rows=[r._asdict() for r in p.rows]) for p in res.profiles
+    ],
   }
 
 

@@ -35,35 +35,52 @@ def temp_bytes(compiled: jax.stages.Compiled) -> Optional[int]:
 
 
 def bench_stack(cfg: Config) -> StackResult:
-  x = jax.random.normal(jax.random.PRNGKey(1),
-                        [cfg.stack_batch, cfg.stack_width])
+  x = jax.random.normal(jax.random.PRNGKey(1), [cfg.stack_batch, cfg.stack_width])
   settings = [(d, r) for d in cfg.depths for r in (False, True)]
-  keys = [StackKey(d, r, v) for d, r in settings
-          for v in models.STACK_VARIANTS + (models.LAYER_STACK_COPY,)]
+  keys = [
+    StackKey(d, r, v)
+    for d, r in settings
+    for v in models.STACK_VARIANTS + (models.LAYER_STACK_COPY,)
+  ]
   steps, params = {}, {}
   for k in harness.with_progress("layer stacks: building models", keys):
-    variant = (models.LAYER_STACK if k.variant == models.LAYER_STACK_COPY
-               else k.variant)
+    variant = models.LAYER_STACK if k.variant == models.LAYER_STACK_COPY else k.variant
     model = models.stack_model(variant, k.depth, k.remat, cfg.stack_width)
     steps[k] = models.grad_step(model)
     params[k] = model.init(models.KEY, x)
 
   compile_samples = harness.interleaved(
-      "layer stacks: trace + compile times",
-      [{StackKey(d, r, v): functools.partial(
-          harness.trace_and_compile_time, steps[StackKey(d, r, v)],
-          params[StackKey(d, r, v)], x) for v in models.STACK_VARIANTS}
-       for d, r in settings],
-      cfg.compile_repeats, cfg.compile_warmup)
+    "layer stacks: trace + compile times",
+    [
+      {
+        StackKey(d, r, v): functools.partial(
+          harness.trace_and_compile_time, steps[StackKey(d, r, v)], params[StackKey(d, r, v)], x
+        )
+        for v in models.STACK_VARIANTS
+      }
+      for d, r in settings
+    ],
+    cfg.compile_repeats,
+    cfg.compile_warmup,
+  )
 
-  compiled = {k: jax.jit(steps[k]).lower(params[k], x).compile()
-              for k in harness.with_progress("layer stacks: compiling steps",
-                                             keys)}
+  compiled = {
+    k: jax.jit(steps[k]).lower(params[k], x).compile()
+    for k in harness.with_progress("layer stacks: compiling steps", keys)
+  }
   step = harness.interleaved(
-      "layer stacks: step times",
-      [{k: harness.step_timer(compiled[k], (params[k], x), cfg.step_block_s)
-        for k in keys if (k.depth, k.remat) == setting}
-       for setting in settings],
-      cfg.step_repeats, cfg.warmup)
-  return StackResult(compile=compile_samples, step=step,
-                     temp_bytes={k: temp_bytes(c) for k, c in compiled.items()})
+    "layer stacks: step times",
+    [
+      {
+        k: harness.step_timer(compiled[k], (params[k], x), cfg.step_block_s)
+        for k in keys
+        if (k.depth, k.remat) == setting
+      }
+      for setting in settings
+    ],
+    cfg.step_repeats,
+    cfg.warmup,
+  )
+  return StackResult(
+    compile=compile_samples, step=step, temp_bytes={k: temp_bytes(c) for k, c in compiled.items()}
+  )

@@ -24,11 +24,13 @@ STEP_GOAL = 1.02  # Bridged / inline step time (issue 4).
 # at a first trace (a new shape, model or process: its `init` is traced for
 # shapes), and within issue 4's 10% at a re-trace.
 TRACE_GOALS = {
-    models.BRIDGED_TRANSFORMED: {row: 1.05 for row in trace_rows.APPLY_ROWS},
-    models.BRIDGED_PURE: {trace_rows.RETRACE: 1.10,
-                          trace_rows.NEW_SHAPE: 1.25,
-                          trace_rows.NEW_MODEL: 1.25,
-                          trace_rows.FRESH_PROCESS: 1.25},
+  models.BRIDGED_TRANSFORMED: {row: 1.05 for row in trace_rows.APPLY_ROWS},
+  models.BRIDGED_PURE: {
+    trace_rows.RETRACE: 1.10,
+    trace_rows.NEW_SHAPE: 1.25,
+    trace_rows.NEW_MODEL: 1.25,
+    trace_rows.FRESH_PROCESS: 1.25,
+  },
 }
 FLAT_GOAL = 1.6  # Layer scan trace + compile, deep / shallow (issue 6).
 FLAT_SHALLOW, FLAT_DEEP = 4, 48
@@ -57,18 +59,25 @@ class Target:
     return self.ratio.median / self.goal - 1
 
 
-def _ratio_target(name: str, samples: harness.Samples, num: Hashable,
-                  den: Hashable, phase: str, goal: float,
-                  control: Optional[Hashable] = None,
-                  lift: Optional[Hashable] = None) -> Target:
+def _ratio_target(
+  name: str,
+  samples: harness.Samples,
+  num: Hashable,
+  den: Hashable,
+  phase: str,
+  goal: float,
+  control: Optional[Hashable] = None,
+  lift: Optional[Hashable] = None,
+) -> Target:
 
   def ratio(key, phase=phase):
     if key is None or key not in samples:
       return None
     return harness.pair_ratios(samples, key, den, phase)
 
-  return Target(name, goal, ratio(num), ratio(num, phase + harness.CPU),
-                ratio(control), ratio(lift))
+  return Target(
+    name, goal, ratio(num), ratio(num, phase + harness.CPU), ratio(control), ratio(lift)
+  )
 
 
 def flat_depths(depths: tuple[int, ...]) -> tuple[int, int]:
@@ -86,16 +95,32 @@ def mlp_targets(res: MlpResult) -> list[Target]:
   size = res.size.name
   targets = []
   for v in models.BRIDGED:
-    targets.append(_ratio_target(
-        f"{v} / inline step time ({size})", res.step, v, models.INLINE,
-        "step", STEP_GOAL, control=models.INLINE_COPY, lift=models.LIFT))
+    targets.append(
+      _ratio_target(
+        f"{v} / inline step time ({size})",
+        res.step,
+        v,
+        models.INLINE,
+        "step",
+        STEP_GOAL,
+        control=models.INLINE_COPY,
+        lift=models.LIFT,
+      )
+    )
   for row in trace_rows.APPLY_ROWS:
     for v in models.BRIDGED:
-      targets.append(_ratio_target(
-          f"{v} / inline apply trace time, {row} ({size})", res.trace,
-          TraceKey(v, row), TraceKey(models.INLINE, row), "trace",
-          TRACE_GOALS[v][row], control=TraceKey(models.INLINE_COPY, row),
-          lift=TraceKey(models.LIFT, row)))
+      targets.append(
+        _ratio_target(
+          f"{v} / inline apply trace time, {row} ({size})",
+          res.trace,
+          TraceKey(v, row),
+          TraceKey(models.INLINE, row),
+          "trace",
+          TRACE_GOALS[v][row],
+          control=TraceKey(models.INLINE_COPY, row),
+          lift=TraceKey(models.LIFT, row),
+        )
+      )
   return targets
 
 
@@ -103,30 +128,42 @@ def stack_targets(stack: StackResult, cfg: Config) -> list[Target]:
   targets = []
   shallow, deep = flat_depths(cfg.depths)
   for remat in (False, True):
-    targets.append(_ratio_target(
-        f"layer_scan trace+compile, depth {deep} / depth {shallow}"
-        f"{_remat(remat)}", stack.compile,
+    targets.append(
+      _ratio_target(
+        f"layer_scan trace+compile, depth {deep} / depth {shallow}{_remat(remat)}",
+        stack.compile,
         StackKey(deep, remat, models.SCAN),
-        StackKey(shallow, remat, models.SCAN), "total", FLAT_GOAL))
+        StackKey(shallow, remat, models.SCAN),
+        "total",
+        FLAT_GOAL,
+      )
+    )
   for remat in (False, True):
     for d in cfg.depths:
-      targets.append(_ratio_target(
+      targets.append(
+        _ratio_target(
           f"layer_scan / hk.layer_stack step time, depth {d}{_remat(remat)}",
-          stack.step, StackKey(d, remat, models.SCAN),
-          StackKey(d, remat, models.LAYER_STACK), "step", SCAN_STEP_GOAL,
-          control=StackKey(d, remat, models.LAYER_STACK_COPY)))
+          stack.step,
+          StackKey(d, remat, models.SCAN),
+          StackKey(d, remat, models.LAYER_STACK),
+          "step",
+          SCAN_STEP_GOAL,
+          control=StackKey(d, remat, models.LAYER_STACK_COPY),
+        )
+      )
   for d in cfg.depths:
     ours = stack.temp_bytes[StackKey(d, True, models.SCAN)]
     theirs = stack.temp_bytes[StackKey(d, True, models.LAYER_STACK)]
     ratio = None if ours is None or not theirs else ours / theirs
-    targets.append(Target(
+    targets.append(
+      Target(
         f"remat temp memory, layer_scan / hk.layer_stack+hk.remat, depth {d}",
-        MEMORY_GOAL, None if ratio is None else harness.Stat(ratio, ratio,
-                                                             ratio)))
+        MEMORY_GOAL,
+        None if ratio is None else harness.Stat(ratio, ratio, ratio),
+      )
+    )
   return targets
 
 
-def evaluate(mlp: list[MlpResult], stack: StackResult,
-             cfg: Config) -> list[Target]:
-  return [t for res in mlp for t in mlp_targets(res)] + stack_targets(
-      stack, cfg)
+def evaluate(mlp: list[MlpResult], stack: StackResult, cfg: Config) -> list[Target]:
+  return [t for res in mlp for t in mlp_targets(res)] + stack_targets(stack, cfg)

@@ -50,8 +50,7 @@ BINOMIAL = 'hkb.dynamic_unroll(remat="binomial")'
 EQUINOX = 'equinox.internal.scan(kind="checkpointed")'
 TWO_LEVEL = "two-level jax.checkpoint"
 FLAX = "flax.linen.remat_scan"
-VARIANTS = (BASELINE, PLAIN, CONTROL, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL,
-            FLAX)
+VARIANTS = (BASELINE, PLAIN, CONTROL, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL, FLAX)
 SCHEDULES = {NESTED: "nested", BINOMIAL: "binomial"}
 _REMAT = {CONTROL: True, **SCHEDULES}
 
@@ -63,14 +62,14 @@ FORMS = (AFTER, IN_STEP, READOUT)
 # baseline. Flax's remat_scan scans a carry alone (no per-step inputs or
 # outputs): the loss in the step only, the step's index and the loss summed
 # in the carry.
-FORM_VARIANTS = {AFTER: VARIANTS[:-1], IN_STEP: VARIANTS,
-                 READOUT: (NESTED, BINOMIAL)}
+FORM_VARIANTS = {AFTER: VARIANTS[:-1], IN_STEP: VARIANTS, READOUT: (NESTED, BINOMIAL)}
 _BASELINE_FORM = {AFTER: AFTER, IN_STEP: IN_STEP, READOUT: AFTER}
 
 
 @dataclasses.dataclass(frozen=True)
 class TimeScanConfig:
   """Lengths, model size and repetitions."""
+
   mode: str
   lengths: tuple[int, ...]
   hidden: int
@@ -81,12 +80,27 @@ class TimeScanConfig:
   step_block_s: float
 
 
-FULL = TimeScanConfig(mode="full", lengths=(256, 1024, 4096), hidden=256,
-                      batch=32, vocab=256, warmup=1, step_repeats=3,
-                      step_block_s=1.0)
+FULL = TimeScanConfig(
+  mode="full",
+  lengths=(256, 1024, 4096),
+  hidden=256,
+  batch=32,
+  vocab=256,
+  warmup=1,
+  step_repeats=3,
+  step_block_s=1.0,
+)
 
-QUICK = TimeScanConfig(mode="quick", lengths=(8,), hidden=8, batch=2,
-                       vocab=8, warmup=1, step_repeats=2, step_block_s=0.001)
+QUICK = TimeScanConfig(
+  mode="quick",
+  lengths=(8,),
+  hidden=8,
+  batch=2,
+  vocab=8,
+  warmup=1,
+  step_repeats=2,
+  step_block_s=0.001,
+)
 
 
 class Key(NamedTuple):
@@ -96,16 +110,15 @@ class Key(NamedTuple):
 
 
 def _xent(logits, targets, vocab):
-  return -jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(targets, vocab),
-                  axis=-1)
+  return -jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(targets, vocab), axis=-1)
 
 
-def model(variant: str, cfg: TimeScanConfig,
-          form: str = IN_STEP) -> hk.Transformed:
+def model(variant: str, cfg: TimeScanConfig, form: str = IN_STEP) -> hk.Transformed:
   """The mean loss over `[T, B]` characters, in `form`, unrolled as `variant` does.
 
   Every form and variant makes the same params ("embed", "lstm", "head").
   """
+
   def loss(chars, targets):
     embed = hk.Embed(cfg.vocab, cfg.hidden, name="embed")
     lstm = hk.LSTM(cfg.hidden, name="lstm")
@@ -118,23 +131,28 @@ def model(variant: str, cfg: TimeScanConfig,
         return hk.dynamic_unroll(core, xs, state)
       if variant == BASELINE:
         return hk.dynamic_unroll(hk.remat(core), xs, state)
-      return hkb.dynamic_unroll(core, xs, state, remat=_REMAT[variant],
-                                **options)
+      return hkb.dynamic_unroll(core, xs, state, remat=_REMAT[variant], **options)
 
     if form == AFTER:
       ys, _ = unroll(lstm, embed(chars))
       return jnp.mean(xent(hk.BatchApply(head)(ys), targets))
     if form == IN_STEP:
+
       def core(inputs, state):
         c, t = inputs
         h, state = lstm(embed(c), state)
         return xent(head(h), t), state
+
       losses, _ = unroll(core, (chars, targets))
     else:
-      losses, _ = unroll(lambda c, s: lstm(embed(c), s), chars,
-                         readout=lambda y, t: xent(head(y), t),
-                         readout_inputs=targets)
+      losses, _ = unroll(
+        lambda c, s: lstm(embed(c), s),
+        chars,
+        readout=lambda y, t: xent(head(y), t),
+        readout_inputs=targets,
+      )
     return jnp.mean(losses)
+
   return hk.transform(loss)
 
 
@@ -148,6 +166,7 @@ def _group_size(length: int) -> int:
 
 class _FlaxStep(nn.Module):
   """One step of `flax.linen.remat_scan`: `fn(carry) -> carry`."""
+
   fn: Callable[[Any], Any]
 
   def __call__(self, carry):
@@ -156,6 +175,7 @@ class _FlaxStep(nn.Module):
 
 def _flax_loss(step, state, chars, targets):
   """The mean of `step`'s per-step losses, scanned by Flax's remat_scan."""
+
   def fn(carry):
     s, t, total = carry
     s, losses = step(s, (chars[t], targets[t]))
@@ -168,11 +188,9 @@ def _flax_loss(step, state, chars, targets):
   return total / chars.size
 
 
-def pure_loss(form: str, variant: str,
-              cfg: TimeScanConfig) -> Callable[..., jax.Array]:
+def pure_loss(form: str, variant: str, cfg: TimeScanConfig) -> Callable[..., jax.Array]:
   """`loss(params, chars, targets)` of `model`'s params, scanned by Equinox or the recipe."""
-  lstm = hk.without_apply_rng(hk.transform(
-      lambda x, s: hk.LSTM(cfg.hidden, name="lstm")(x, s)))
+  lstm = hk.without_apply_rng(hk.transform(lambda x, s: hk.LSTM(cfg.hidden, name="lstm")(x, s)))
 
   def scan(step, carry, xs, length):
     if variant == EQUINOX:
@@ -187,13 +205,14 @@ def pure_loss(form: str, variant: str,
     embed = params["embed"]["embeddings"]
     core = {"lstm/linear": params["lstm/linear"]}
     head = lambda h: h @ params["head"]["w"] + params["head"]["b"]
-    state = hk.LSTMState(jnp.zeros([cfg.batch, cfg.hidden]),
-                         jnp.zeros([cfg.batch, cfg.hidden]))
+    state = hk.LSTMState(jnp.zeros([cfg.batch, cfg.hidden]), jnp.zeros([cfg.batch, cfg.hidden]))
     length = chars.shape[0]
     if form == AFTER:
+
       def step(s, x):
         h, s = lstm.apply(core, x, s)
         return s, h
+
       _, ys = scan(step, state, embed[chars], length)
       return jnp.mean(_xent(head(ys), targets, cfg.vocab))
 
@@ -201,22 +220,22 @@ def pure_loss(form: str, variant: str,
       c, t = inputs
       h, s = lstm.apply(core, embed[c], s)
       return s, _xent(head(h), t, cfg.vocab)
+
     if variant == FLAX:
       return _flax_loss(step, state, chars, targets)
     _, losses = scan(step, state, (chars, targets), length)
     return jnp.mean(losses)
+
   return loss
 
 
-def step_and_inputs(length: int, form: str, variant: str,
-                    cfg: TimeScanConfig
-                    ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def step_and_inputs(
+  length: int, form: str, variant: str, cfg: TimeScanConfig
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
   """The jitted grad step of `variant` in `form` for `length` steps, and its arguments."""
-  chars = jax.random.randint(jax.random.PRNGKey(1), [length + 1, cfg.batch],
-                             0, cfg.vocab)
+  chars = jax.random.randint(jax.random.PRNGKey(1), [length + 1, cfg.batch], 0, cfg.vocab)
   inputs = (chars[:-1], chars[1:])
-  params = jax.jit(model(PLAIN, cfg, AFTER).init)(jax.random.PRNGKey(0),
-                                                  *inputs)
+  params = jax.jit(model(PLAIN, cfg, AFTER).init)(jax.random.PRNGKey(0), *inputs)
   if variant in (EQUINOX, TWO_LEVEL, FLAX):
     loss = pure_loss(form, variant, cfg)
   else:
@@ -259,8 +278,9 @@ class TimeScanResult:
 
 
 def keys(cfg: TimeScanConfig) -> list[Key]:
-  return [Key(length, form, v) for length in cfg.lengths for form in FORMS
-          for v in FORM_VARIANTS[form]]
+  return [
+    Key(length, form, v) for length in cfg.lengths for form in FORMS for v in FORM_VARIANTS[form]
+  ]
 
 
 def bench_time_scan(cfg: TimeScanConfig) -> TimeScanResult:
@@ -273,11 +293,19 @@ def bench_time_scan(cfg: TimeScanConfig) -> TimeScanResult:
     analysis = compiled[key].memory_analysis()
     temp_bytes[key] = None if analysis is None else analysis.temp_size_in_bytes
   step = harness.interleaved(
-      "time scan: step times",
-      [{k: harness.step_timer(compiled[k], args[k], cfg.step_block_s)
-        for k in compiled if (k.length, k.form) == (length, form)}
-       for length in cfg.lengths for form in FORMS],
-      cfg.step_repeats, cfg.warmup)
+    "time scan: step times",
+    [
+      {
+        k: harness.step_timer(compiled[k], args[k], cfg.step_block_s)
+        for k in compiled
+        if (k.length, k.form) == (length, form)
+      }
+      for length in cfg.lengths
+      for form in FORMS
+    ],
+    cfg.step_repeats,
+    cfg.warmup,
+  )
   return TimeScanResult(cfg, temp_bytes, compile_s, step)
 
 
@@ -295,8 +323,7 @@ def step_ratio(result: TimeScanResult, key: Key, den: Key) -> harness.Stat:
   """Step time of `key` over `den`'s, sample by sample (same repetition)."""
   if key.form != den.form:  # Timed in another group: medians.
     num = harness.Stat.of(result.step[key]["step"]).median
-    return harness.Stat(num / harness.Stat.of(
-        result.step[den]["step"]).median, math.nan, math.nan)
+    return harness.Stat(num / harness.Stat.of(result.step[den]["step"]).median, math.nan, math.nan)
   return harness.pair_ratios(result.step, key, den, "step")
 
 
@@ -320,79 +347,111 @@ def _stat(stat: harness.Stat) -> str:
 def markdown(result: TimeScanResult) -> str:
   """The tables: temporaries, carries and floors, step time, compile time."""
   cfg, lengths = result.cfg, result.cfg.lengths
-  lines = [f"Model: character LM (`hk.Embed`, `hk.LSTM({cfg.hidden})`, "
-           f"softmax head over {cfg.vocab}), batch {cfg.batch}; one carry is "
-           f"{carry_bytes(cfg) / 2**10:.3g} KiB."]
+  lines = [
+    f"Model: character LM (`hk.Embed`, `hk.LSTM({cfg.hidden})`, "
+    f"softmax head over {cfg.vocab}), batch {cfg.batch}; one carry is "
+    f"{carry_bytes(cfg) / 2**10:.3g} KiB."
+  ]
   for form in FORMS:
     variants = FORM_VARIANTS[form]
-    base = (f"{BASELINE} of the loss after the unroll" if form == READOUT
-            else BASELINE)
-    lines += ["", f"### Grad-step temporaries (MiB), and / {base}: {form}",
-              "", "| T | " + " | ".join(variants) + " |",
-              "|" + " --- |" * (1 + len(variants))]
+    base = f"{BASELINE} of the loss after the unroll" if form == READOUT else BASELINE
+    lines += [
+      "",
+      f"### Grad-step temporaries (MiB), and / {base}: {form}",
+      "",
+      "| T | " + " | ".join(variants) + " |",
+      "|" + " --- |" * (1 + len(variants)),
+    ]
     for length in lengths:
-      cells = [f"{_mib(result.temp_bytes[Key(length, form, v)])} "
-               f"({_ratio(temp_ratio(result, Key(length, form, v)))})"
-               for v in variants]
+      cells = [
+        f"{_mib(result.temp_bytes[Key(length, form, v)])} "
+        f"({_ratio(temp_ratio(result, Key(length, form, v)))})"
+        for v in variants
+      ]
       lines.append(f"| {length} | " + " | ".join(cells) + " |")
   kept = (BASELINE, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL, FLAX)
-  lines += ["", "### Carries kept for the backward pass (Equinox: its "
-            "checkpoints; the recipe and Flax: groups + one group's steps), "
-            "and their "
-            "MiB; the floor of the loss after the unroll", "",
-            "| T | " + " | ".join(kept) + " | outputs + cotangent (after) |",
-            "|" + " --- |" * (2 + len(kept))]
+  lines += [
+    "",
+    "### Carries kept for the backward pass (Equinox: its "
+    "checkpoints; the recipe and Flax: groups + one group's steps), "
+    "and their "
+    "MiB; the floor of the loss after the unroll",
+    "",
+    "| T | " + " | ".join(kept) + " | outputs + cotangent (after) |",
+    "|" + " --- |" * (2 + len(kept)),
+  ]
   for length in lengths:
-    lines.append(f"| {length} | " + " | ".join(
-        f"{slots(v, length)} ({_mib(slots(v, length) * carry_bytes(cfg))})"
-        for v in kept) + f" | {_mib(after_floor_bytes(length, cfg))} |")
+    lines.append(
+      f"| {length} | "
+      + " | ".join(
+        f"{slots(v, length)} ({_mib(slots(v, length) * carry_bytes(cfg))})" for v in kept
+      )
+      + f" | {_mib(after_floor_bytes(length, cfg))} |"
+    )
   for form in FORMS:
     variants = [v for v in FORM_VARIANTS[form] if v != BASELINE]
-    lines += ["", f"### Step time / {BASELINE}: {form}; wall clock median "
-              "[min–max]", "",
-              f"| T | {BASELINE} (ms) | " + " | ".join(variants) + " |",
-              "|" + " --- |" * (2 + len(variants))]
+    lines += [
+      "",
+      f"### Step time / {BASELINE}: {form}; wall clock median [min–max]",
+      "",
+      f"| T | {BASELINE} (ms) | " + " | ".join(variants) + " |",
+      "|" + " --- |" * (2 + len(variants)),
+    ]
     for length in lengths:
       den = _baseline(Key(length, form, BASELINE))
       ms = harness.Stat.of(result.step[den]["step"]).ms(1)
-      lines.append(f"| {length} | {ms} | " + " | ".join(
-          _stat(step_ratio(result, Key(length, form, v), den))
-          for v in variants) + " |")
-  lines += ["", "### Binomial against Equinox's checkpointed scan: "
-            "temporaries and step time, ours / theirs", "",
-            "| T | form | temporaries | step time |",
-            "| --- | --- | --- | --- |"]
+      lines.append(
+        f"| {length} | {ms} | "
+        + " | ".join(_stat(step_ratio(result, Key(length, form, v), den)) for v in variants)
+        + " |"
+      )
+  lines += [
+    "",
+    "### Binomial against Equinox's checkpointed scan: temporaries and step time, ours / theirs",
+    "",
+    "| T | form | temporaries | step time |",
+    "| --- | --- | --- | --- |",
+  ]
   for length in lengths:
     for form in (AFTER, IN_STEP):
       ours, theirs = Key(length, form, BINOMIAL), Key(length, form, EQUINOX)
       a, b = result.temp_bytes[ours], result.temp_bytes[theirs]
-      lines.append(f"| {length} | {form} | "
-                   f"{_ratio(None if a is None or not b else a / b)} | "
-                   f"{_stat(step_ratio(result, ours, theirs))} |")
-  lines += ["", "### Lower + compile time (s)", "",
-            "| T | form | " + " | ".join(VARIANTS) + " |",
-            "|" + " --- |" * (2 + len(VARIANTS))]
+      lines.append(
+        f"| {length} | {form} | "
+        f"{_ratio(None if a is None or not b else a / b)} | "
+        f"{_stat(step_ratio(result, ours, theirs))} |"
+      )
+  lines += [
+    "",
+    "### Lower + compile time (s)",
+    "",
+    "| T | form | " + " | ".join(VARIANTS) + " |",
+    "|" + " --- |" * (2 + len(VARIANTS)),
+  ]
   for length in lengths:
     for form in FORMS:
-      lines.append(f"| {length} | {form} | " + " | ".join(
+      lines.append(
+        f"| {length} | {form} | "
+        + " | ".join(
           f"{result.compile_s[Key(length, form, v)]:.2f}"
-          if Key(length, form, v) in result.compile_s else "—"
-          for v in VARIANTS) + " |")
+          if Key(length, form, v) in result.compile_s
+          else "—"
+          for v in VARIANTS
+        )
+        + " |"
+      )
   return "\n".join(lines) + "\n"
 
 
 _STYLES = {
-    BASELINE: dict(color="tab:orange", marker="s", markersize=10,
-                   markerfacecolor="none"),
-    CONTROL: dict(color="tab:red", marker="x", markersize=6, linestyle="--"),
-    PLAIN: dict(color="tab:gray", marker="^", markersize=6),
-    NESTED: dict(color="tab:blue", marker="o", markersize=10,
-                 markerfacecolor="none"),
-    BINOMIAL: dict(color="tab:green", marker="o", markersize=4,
-                   linestyle="--"),
-    EQUINOX: dict(color="tab:purple", marker="D", markersize=5),
-    TWO_LEVEL: dict(color="tab:brown", marker="v", markersize=5),
-    FLAX: dict(color="tab:olive", marker="P", markersize=5),
+  BASELINE: dict(color="tab:orange", marker="s", markersize=10, markerfacecolor="none"),
+  CONTROL: dict(color="tab:red", marker="x", markersize=6, linestyle="--"),
+  PLAIN: dict(color="tab:gray", marker="^", markersize=6),
+  NESTED: dict(color="tab:blue", marker="o", markersize=10, markerfacecolor="none"),
+  BINOMIAL: dict(color="tab:green", marker="o", markersize=4, linestyle="--"),
+  EQUINOX: dict(color="tab:purple", marker="D", markersize=5),
+  TWO_LEVEL: dict(color="tab:brown", marker="v", markersize=5),
+  FLAX: dict(color="tab:olive", marker="P", markersize=5),
 }
 
 
@@ -404,23 +463,26 @@ def write_plot(result: TimeScanResult, path: str) -> bool:
     return False
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
   lengths = list(result.cfg.lengths)
   for ax, form in zip(axes, (AFTER, IN_STEP)):
     for variant in FORM_VARIANTS[form]:
-      values = [result.temp_bytes[Key(length, form, variant)]
-                for length in lengths]
+      values = [result.temp_bytes[Key(length, form, variant)] for length in lengths]
       if any(v is None for v in values):
         continue
-      ax.plot(lengths, [v / 2**20 for v in values], label=variant,
-              **_STYLES[variant])
+      ax.plot(lengths, [v / 2**20 for v in values], label=variant, **_STYLES[variant])
     if form == AFTER:
-      values = [result.temp_bytes[Key(length, READOUT, BINOMIAL)]
-                for length in lengths]
+      values = [result.temp_bytes[Key(length, READOUT, BINOMIAL)] for length in lengths]
       if all(v is not None for v in values):
-        ax.plot(lengths, [v / 2**20 for v in values],
-                label='readout=, remat="binomial"', color="black",
-                marker="*", markersize=8)
+        ax.plot(
+          lengths,
+          [v / 2**20 for v in values],
+          label='readout=, remat="binomial"',
+          color="black",
+          marker="*",
+          markersize=8,
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("T (time steps)")
@@ -428,9 +490,11 @@ def write_plot(result: TimeScanResult, path: str) -> bool:
     ax.set_title(form)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-  fig.suptitle(f"Character LM (hidden {result.cfg.hidden}, batch "
-               f"{result.cfg.batch}, vocabulary {result.cfg.vocab}): memory "
-               "against T")
+  fig.suptitle(
+    f"Character LM (hidden {result.cfg.hidden}, batch "
+    f"{result.cfg.batch}, vocabulary {result.cfg.vocab}): memory "
+    "against T"
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -32,10 +32,11 @@ class ProfileRow(NamedTuple):
 # Calls counted per trace. `bind` is JAX binding one primitive: how much
 # tracing work was done, whether kept in the jaxpr or thrown away.
 COUNTED_CALLS: dict[str, Callable[[str, str], bool]] = {
-    "primitive binds": lambda f, n: n == "bind" and f.endswith(
-        os.path.join("jax", "_src", "core.py")),
-    "jax.eval_shape": lambda f, n: n == "eval_shape" and "jax" in f,
-    "hk.get_parameter": lambda f, n: n == "get_parameter" and "haiku" in f,
+  "primitive binds": lambda f, n: (
+    n == "bind" and f.endswith(os.path.join("jax", "_src", "core.py"))
+  ),
+  "jax.eval_shape": lambda f, n: n == "eval_shape" and "jax" in f,
+  "hk.get_parameter": lambda f, n: n == "get_parameter" and "haiku" in f,
 }
 
 # Packages that self time is summed under, first match wins.
@@ -73,32 +74,41 @@ def _listed(filename: str, name: str) -> bool:
   return name == "get_parameter" and "haiku" in filename
 
 
-def summarize(stats: pstats.Stats, repeats: int, variant: str, row: str,
-              size: str, top: int = 12) -> TraceProfile:
+def summarize(
+  stats: pstats.Stats, repeats: int, variant: str, row: str, size: str, top: int = 12
+) -> TraceProfile:
   """A TraceProfile of `stats`, which hold `repeats` traces."""
   total = stats.total_tt / repeats
   by_package: dict[str, float] = {}
   rows, counts = [], {c: 0.0 for c in COUNTED_CALLS}
-  for (filename, line, name), (_, calls, tottime, cum, _) in (
-      stats.stats.items()):  # pytype: disable=attribute-error
+  for (filename, line, name), (
+    _,
+    calls,
+    tottime,
+    cum,
+    _,
+  ) in stats.stats.items():  # pytype: disable=attribute-error
     package = _package(filename)
     by_package[package] = by_package.get(package, 0.0) + tottime
     for counted, matches in COUNTED_CALLS.items():
       if matches(filename, name):
         counts[counted] += calls / repeats
     if _listed(filename, name):
-      rows.append(ProfileRow(f"{os.path.basename(filename)}:{line}({name})",
-                             calls / repeats, cum / repeats,
-                             cum / repeats / total))
+      rows.append(
+        ProfileRow(
+          f"{os.path.basename(filename)}:{line}({name})",
+          calls / repeats,
+          cum / repeats,
+          cum / repeats / total,
+        )
+      )
   rows.sort(key=lambda r: -r.cumulative_s)
   all_self = sum(by_package.values()) or 1.0
-  shares = {p: t / all_self for p, t in
-            sorted(by_package.items(), key=lambda item: -item[1])}
+  shares = {p: t / all_self for p, t in sorted(by_package.items(), key=lambda item: -item[1])}
   return TraceProfile(variant, row, size, total, shares, rows[:top], counts)
 
 
-def profile_in_process(size: models.MlpSize, variant: str, row: str,
-                       repeats: int) -> TraceProfile:
+def profile_in_process(size: models.MlpSize, variant: str, row: str, repeats: int) -> TraceProfile:
   """cProfile of `repeats` traces of `apply`, as row `row` traces it.
 
   `row` is RETRACE, NEW_SHAPE or NEW_MODEL of `trace_rows` (FRESH_PROCESS
@@ -124,6 +134,5 @@ def profile_in_process(size: models.MlpSize, variant: str, row: str,
 
 def find(profile: TraceProfile, function_name: str) -> Optional[ProfileRow]:
   """The listed row of `function_name` with the most cumulative time."""
-  rows = [r for r in profile.rows
-          if r.function.endswith(f"({function_name})")]
+  rows = [r for r in profile.rows if r.function.endswith(f"({function_name})")]
   return max(rows, key=lambda r: r.cumulative_s, default=None)
