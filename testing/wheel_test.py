@@ -8,7 +8,9 @@ setup.py leaves them out), a dependency or an extra that the package does not de
 version that disagrees with the package's fails here. So does a package without its licence: the
 LICENSE (Apache-2.0, the text jax, dm-haiku, Flax and Optax ship) and NOTICE must be in the sdist
 and the wheel, and the metadata must name the licence, the authors, the project's URLs, its
-classifiers and keywords.
+classifiers and keywords. The core metadata of both must pass what the package index and
+`twine check --strict` check (`testing/package_metadata.py`): valid fields, none UNKNOWN, and the
+README as the long description, declared Markdown.
 
 Offline, as `testing/installed_package.py` builds and installs it.
 """
@@ -27,6 +29,7 @@ import zipfile
 from absl.testing import absltest
 
 from testing import installed_package
+from testing import package_metadata
 
 _ROOT = installed_package.ROOT
 _EXTRAS = ("flax", "equinox")
@@ -193,6 +196,13 @@ class WheelTest(absltest.TestCase):
     # The licence is the SPDX expression above; a `License ::` classifier would restate it.
     self.assertEqual([c for c in classifiers if c.startswith("License ::")], [])
     self.assertIn("haiku", metadata["Keywords"].split(","))
+
+  def test_core_metadata_passes_the_index_checks(self):
+    for path in self.built():
+      with self.subTest(os.path.basename(path)):
+        self.assertEqual(
+          package_metadata.problems(package_metadata.core_metadata(path), read("README.md")), []
+        )
 
   def test_sdist_holds_no_tests_either(self):
     # setuptools lists the sdist's modules as the wheel's: the tests live in the repository.
