@@ -15,6 +15,9 @@ rooms meet each other by name:
 * `plan.py`: `remat="auto"`, the plan that fits a memory budget
   (`hkb.remat_plan`, `RematPlan`); `hlo_flops.py` counts a compiled
   program's FLOPs, every loop by its trip count, for it.
+* `tracing.py`: the loop's step as JAX traces it, and what surrounds the
+  loop (the derivatives, vmaps and mesh it runs under): the only module
+  that reads JAX's internals.
 
 When a plan is made is decided in one place, `resolved`: every loop of the
 bridge (the scans', each pipeline stage's) passes it.

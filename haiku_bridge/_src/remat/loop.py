@@ -47,6 +47,7 @@ from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src.remat import step_budget
+from haiku_bridge._src.remat import tracing
 from haiku_bridge._src.pytree import PyTree
 
 # `remat=` values that keep fewer carries than steps (schedule.py).
@@ -136,7 +137,7 @@ class Loop:
     if self.remat:
       body = jax.checkpoint(body, policy=self.policy)
     else:  # A loop with "auto" inside knows whose body it runs in.
-      body = remat_plan.in_body(body, self.planned)
+      body = tracing.in_body(body, self.planned)
     out = jax.lax.scan(body, carry, xs, length=length, unroll=self.unroll,
                        reverse=reverse)
     if self.refused is None:
@@ -215,7 +216,7 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
     # refusal stands for that gradient alone.
     if not (remat_plan.is_refusal(error) and remat_plan.deferrable()):
       raise
-    remat_plan.LOG.info(
+    tracing.LOG.info(
         "remat=\"auto\": no derivative is seen around this loop, which runs "
         "plain; differentiated, it raises: %s", error)
     return Loop(unroll=loop.unroll, refused=str(error))

@@ -96,21 +96,15 @@ import dataclasses
 import functools
 import gc
 import hashlib
-import logging
 import math
 import operator
 import os
 import re
 import sys
-from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, TypeVar
 
 import haiku as hk
 import jax
-from jax._src import config as jax_config  # pylint: disable=g-bad-import-order
-from jax._src.interpreters import batching as jax_batching  # pylint: disable=g-bad-import-order
-from jax._src.interpreters import ad as jax_ad  # pylint: disable=g-bad-import-order
-from jax._src.interpreters import partial_eval as jax_pe  # pylint: disable=g-bad-import-order
-from jax.extend import core as jax_core
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
@@ -125,6 +119,7 @@ from haiku_bridge._src import pytree
 from haiku_bridge._src import versions
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
+from haiku_bridge._src.remat import tracing
 from haiku_bridge._src.pytree import PyTree
 
 # The most forward passes of the loop a plan may recompute unless the caller
@@ -467,7 +462,7 @@ def is_refusal(error: BaseException) -> bool:
 def deferrable() -> bool:
   """Whether a loop planned now may defer its refusal (`refusal`) to a differentiation: no derivative is seen around it, and no `remat_plan` call asks for its plan."""
   return (not _WANTED.get() and
-          scheduled_scan.innermost_derivative() is None)
+          tracing.innermost_derivative() is None)
 
 
 class Planned(Exception):
@@ -484,8 +479,6 @@ class Planned(Exception):
 
 # Whether `remat_plan(loop, ...)` is waiting for the loop's plan.
 _WANTED = contextvars.ContextVar("remat_plan.wanted", default=False)
-# Where each plan a loop makes is logged, at INFO.
-LOG = logging.getLogger("haiku_bridge.remat")
 # The lists of the `remat_plans()` blocks this runs in, outermost first.
 _RECORDING: contextvars.ContextVar[tuple[list[RematPlan], ...]] = (
     contextvars.ContextVar("remat_plan.recording", default=()))
@@ -568,7 +561,7 @@ def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
                 unroll, batch_major)
   finally:
     _WANTED.reset(token)
-  LOG.info("%s", made)
+  tracing.LOG.info("%s", made)
   for plans in _RECORDING.get():
     plans.append(made)
   if _WANTED.get():
@@ -646,7 +639,7 @@ def _no_cyclic_gc() -> Iterator[None]:
 def _plan(f, init, xs, length: int, memory_budget: int, policy,
           max_recompute: float, unroll: int | bool = 1,
           batch_major: bool = False) -> RematPlan:
-  step, consts = _trace(f, init, xs, length, unroll, batch_major)
+  step, consts = tracing.trace(f, init, xs, length, unroll, batch_major)
   here: dict[Key, _Figures] = {}  # The plans this call compiled.
 
   def second(one: _Measured) -> None:
@@ -664,7 +657,7 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
                            max_recompute, here)._replace(
                                derivatives=step.derivatives)
   except ValueError as e:
-    if not _no_schedules(step):
+    if not tracing.no_schedules(step):
       raise
     raise refusal(
         f"{e} Differentiated again in reverse mode (a gradient of a "
@@ -673,7 +666,7 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
         "as remat=True.") from None
 
 
-def _checked_choice(c: Coefficients, step: "_Traced", consts,
+def _checked_choice(c: Coefficients, step: tracing.Traced, consts,
                     memory_budget: int, policy, max_recompute: float,
                     here: dict[Key, "_Figures"]) -> RematPlan:
   """The plan `c` chooses for `memory_budget`, compiled to check it (`plan`)."""
@@ -875,339 +868,6 @@ def _nested(length: int, groups: int) -> tuple[int, int]:
   return nested.num_slots, nested.recomputed_steps
 
 
-class _Traced(NamedTuple):
-  """The step as a jaxpr of (consts, carry, x), with the avals it takes."""
-  jaxpr: jax_core.ClosedJaxpr  # Consts abstracted into inputs.
-  num_consts: int
-  carry: tuple[jax.ShapeDtypeStruct, ...]
-  x: tuple[jax.ShapeDtypeStruct, ...]  # One step's slice.
-  # The jaxpr as printed, once: the caches' keys (`_memo_key`, `_disk_key`).
-  text: str
-  # The jaxpr as one `jax.jit`, a schedule's step in `_lower`: bound as one
-  # equation at each of the step's places (the sweeps, an advance, the
-  # backward step), as `scheduled_scan` binds the loop's own step, it is
-  # traced and differentiated once for every schedule measured, and
-  # lowered once per program. XLA inlines it.
-  call: Callable[..., Any]
-  # `jax.lax.scan`'s unroll, as the loop runs: every measuring program's.
-  unroll: int | bool = 1
-  # Whether the loop's caller swaps its inputs and outputs between
-  # batch-major and time-major around it (`hkb.dynamic_unroll` with
-  # `time_major=False`): copies of the inputs and outputs, measured too.
-  batch_major: bool = False
-  # The `jax.vmap`s the loop runs under, innermost first (`_vmaps`): each
-  # one's size, whether the gradient is taken outside it (of the batch's
-  # loss) or inside (one per example), and the batch dimension of every
-  # const, carry and xs leaf there (None: not batched by it). The loop's
-  # program is theirs: every measuring program runs under them, on the
-  # batch's shapes.
-  vmaps: tuple[tuple[Any, ...], ...] = ()
-  # Of each input of `jaxpr` (consts, carry, x), whether the measuring
-  # programs differentiate it, as the user's step does: a float input
-  # that reaches an output other than through `jax.lax.stop_gradient`
-  # (`_reaching`; a layer scan's Haiku state does not), and that the
-  # gradient around the loop is taken of (`_wrt`): not data (a batch of
-  # inputs, weights under `jax.lax.stop_gradient` outside the step). Where
-  # no gradient is seen around the loop (`hkb.remat_plan` called outside
-  # one), every input that reaches an output, as in a training step of the
-  # loop's own. Where none is, nothing is kept for a backward pass, and the
-  # loop is measured forward only.
-  wrt: tuple[bool, ...] = ()
-  # The derivatives the loop runs under, innermost first, each with how
-  # many are taken at once under a vmap (`_derivatives`): its gradient
-  # ("reverse"; a Jacobian's rows by `jax.jacrev` at once), then any of
-  # that: "reverse" (a gradient of the gradient, a meta-gradient),
-  # "forward" (a Hessian-vector product; `jax.hessian`'s columns at once).
-  # The measuring programs take them too (`_no_schedules`: where none is
-  # a candidate).
-  derivatives: tuple[tuple[str, int], ...] = (("reverse", 1),)
-  # Of each const, its value where it is no tracer (an array the step closes
-  # over, as a numpy mask or table) and the loop is staged: a `jax.jit`
-  # around the loop compiles it into the program as a constant, and XLA
-  # copies it into each loop that reads it (the forward sweep, and a
-  # backward pass that recomputes), so the measuring programs close over it
-  # too (`_compiled_constants`); None for a traced value, which they take
-  # as an argument, as the loop takes params. Which are known is part of
-  # the caches' keys (`_compiled_in`), their values not: the bytes depend
-  # on the shapes alone.
-  known: tuple[Any, ...] = ()
-
-
-def _trace(f, init, xs, length, unroll: int | bool = 1,
-           batch_major: bool = False) -> tuple[_Traced, tuple[Any, ...]]:
-  """`f` traced once on one step's shapes; what it closes over, abstracted."""
-  carry, carry_tree = jax.tree.flatten(init)
-  x_leaves, x_tree = jax.tree.flatten(xs)
-
-  def flat(carry_leaves, x):
-    new_carry, y = f(carry_tree.unflatten(carry_leaves), x_tree.unflatten(x))
-    return jax.tree.leaves(new_carry), jax.tree.leaves(y)
-
-  # Around the loop, not its step's trace.
-  gradient = scheduled_scan.innermost_derivative()
-  if gradient is None:
-    _say_outer_loop()
-  # A step sharded over Explicit mesh axes is measured as it runs: one
-  # device's share (`_explicit_mesh`); not under a vmap (its `_vmaps` are
-  # read once the step is traced, with what it closes over).
-  batched = any(_batch_dims(v) for v in list(carry) + list(x_leaves))
-  mesh = None if batched else _explicit_mesh(carry, x_leaves)
-  if mesh is None:
-    _say_auto_axes()
-
-  def struct(shape, dtype, spec):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None
-                                else jax.sharding.NamedSharding(
-                                    mesh, jax.sharding.PartitionSpec(*spec)))
-
-  def leaf(a, sliced=False):
-    a, spec = jax.typeof(a), _spec(a, mesh)
-    return (struct(a.shape[1:], a.dtype, spec[1:]) if sliced
-            else struct(a.shape, a.dtype, spec))
-
-  carry_avals = tuple(leaf(c) for c in carry)
-  x_avals = tuple(leaf(x, sliced=True) for x in x_leaves)
-  with _varying_types_unchecked():
-    closed = jax.make_jaxpr(flat)(list(carry_avals), list(x_avals))
-  consts = tuple(leaf(c) for c in closed.consts)
-  # The consts become the jaxpr's first inputs: no tracer of the caller's
-  # trace reaches the compiles below.
-  jaxpr = jax_core.ClosedJaxpr(
-      scheduled_scan.consts_as_inputs(closed.jaxpr), ())
-  taken = (_wrt(gradient, list(closed.consts) + carry + x_leaves) or
-           (True,) * len(jaxpr.in_avals))
-  wrt = _reaching(jaxpr, [_is_float(a) and t
-                          for a, t in zip(jaxpr.in_avals, taken)])
-  return _Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
-                 jax.jit(jax_core.jaxpr_as_fun(jaxpr)), unroll,
-                 batch_major, _vmaps(gradient, closed.consts, carry, x_leaves),
-                 wrt, _derivatives(gradient, [
-                     t for v in list(closed.consts) + carry + x_leaves
-                     for t in _batch_dims(v)]),
-                 _compiled_constants(closed.consts)), consts
-
-
-def _compiled_constants(consts: Sequence[Any]) -> tuple[Any, ...]:
-  """`_Traced.known`: each const that is no tracer where the loop is staged (in a `jax.jit`, `jax.eval_shape`), else None.
-
-  Staged, JAX compiles such an array into the program as a constant; run
-  eagerly, the loop's consts are its operands, as traced values are.
-  """
-  staged = any(type(t).__name__ == "DynamicJaxprTrace" for t in
-               scheduled_scan.outward(scheduled_scan.current_trace(())))
-  return tuple(c if staged and not isinstance(c, jax.core.Tracer) else None
-               for c in consts)
-
-
-def _reaching(jaxpr: jax_core.ClosedJaxpr, taken: Sequence[bool]
-              ) -> tuple[bool, ...]:
-  """Of each input of `jaxpr`, whether `taken` marks it (a float the gradient is taken of) and an output's derivative depends on it: it reaches an output other than through `jax.lax.stop_gradient`.
-
-  Read from the step's JVP in the inputs `taken` marks (the others, data,
-  get none, as in the user's step: a `jax.pure_callback` of data is not
-  differentiated), pruned of what no output's tangent uses (jax's own
-  `jvp_jaxpr` and `dce_jaxpr`, jax._src as jax 0.10 and 0.11 keep them;
-  jax 0.11's takes the open jaxpr): an input whose tangent is left unused
-  gets only zeros for a cotangent.
-  """
-  jvp: Any
-  if versions.release(jax.__version__) >= (0, 11):
-    jvp, out_tangents = jax_ad.jvp_jaxpr(jaxpr.jaxpr, taken, False)
-  else:
-    jvp, out_tangents = jax_ad.jvp_jaxpr(jaxpr, taken, False)
-    jvp = jvp.jaxpr
-  _, used = jax_pe.dce_jaxpr(
-      jvp, [False] * len(jaxpr.out_avals) + [True] * sum(out_tangents))
-  tangents = iter(used[len(taken):])
-  return tuple(bool(t and next(tangents)) for t in taken)
-
-
-def _spec(value, mesh) -> tuple[Any, ...]:
-  """`value`'s `PartitionSpec` over `mesh`, an entry per dimension (None: not sharded; all None off `mesh`)."""
-  aval = jax.typeof(value)
-  sharding = getattr(aval, "sharding", None)
-  spec = (tuple(getattr(sharding, "spec", ())) if mesh is not None and
-          getattr(sharding, "mesh", None) == mesh else ())
-  return spec + (None,) * (aval.ndim - len(spec))
-
-
-def _explicit_mesh(carry: Sequence[Any], xs: Sequence[Any]) -> Any:
-  """The mesh of Explicit axes the loop's values are sharded over; None where none is.
-
-  In a `jax.jit` step under `jax.set_mesh` of Explicit axes, a value's type
-  holds its sharding (`x: f32[64@data, 128]`), and the step's
-  `memory_analysis()` is one device's: measured with the same shardings,
-  the planning programs are one device's too. Under Auto axes the loop
-  cannot see how the step is sharded (`KnownGapsTest`), and xs sharded on
-  their time axis are planned unsharded (a step's slice has no spec there).
-  """
-  get = getattr(jax.sharding, "get_abstract_mesh", None)
-  mesh = get() if get is not None else None
-  if mesh is None or getattr(mesh, "empty", True) or not all(
-      "Explicit" in str(kind) for kind in mesh.axis_types):
-    return None
-  if any(_spec(x, mesh)[:1] != (None,) for x in xs):
-    return None
-  sharded = any(any(_spec(v, mesh)) for v in list(carry) + list(xs))
-  return mesh if sharded else None
-
-
-def _vmaps(gradient: Any, *groups: Sequence[Any]
-           ) -> tuple[tuple[Any, ...], ...]:
-  """The `jax.vmap`s around the values of `groups`, innermost first: `(size, of_the_batch, dims of each group)`.
-
-  Inside `jax.vmap` a value is one example's, and the loop's program is the
-  batch's: each value of the batch is a `BatchTracer` of that vmap's trace,
-  its `batch_dim` where the batch lies in the value it wraps (the next
-  vmap's tracer out, or the batch's array). A vmap's place among the traces
-  is its depth in their nesting; `of_the_batch`: whether the gradient is
-  taken around it (`jax.grad` of a loss of `jax.vmap`, or no gradient
-  seen: taken later, of what the loop is inside), rather than inside it
-  (`jax.vmap(jax.grad(...))`, a gradient per example); `gradient`: the
-  innermost autodiff trace around the loop (`scheduled_scan.innermost_derivative`). Read from
-  JAX's own tracers (jax._src, as jax 0.10 and 0.11 keep them).
-  """
-  chains = [[_batch_dims(v) for v in group] for group in groups]
-  traces = {id(t): t for group in chains for chain in group for t in chain}
-  innermost_first = sorted(traces.values(), key=_depth, reverse=True)
-  return tuple(
-      (int(t.axis_data.size),
-       gradient is None or _depth(t) > _depth(gradient)) + tuple(
-           tuple(chain.get(t) for chain in group) for group in chains)
-      for t in innermost_first)
-
-
-# What stages the body of a loop of JAX's (`DebugInfo.traced_for`): a loop
-# traced there runs once an iteration; and what keeps nothing of it (a
-# checkpoint recomputes its inside in the backward pass).
-_LOOP_BODIES = ("scan", "fori_loop", "while_body")
-_CHECKPOINTS = ("checkpoint / remat", "remat")
-# What each warning `_warn_once` gave was of, in this process.
-_SAID: set[Any] = set()
-
-
-def _warn_once(about: Any, message: str, *args: Any) -> None:
-  """`LOG.warning(message, *args)`, once a process for each `about`."""
-  if about in _SAID:
-    return
-  _SAID.add(about)
-  LOG.warning(message, *args)
-
-# The bodies of haiku_bridge's plain loops being traced, innermost last:
-# each one's trace and whether `remat="auto"` planned its loop (`in_body`).
-_LOOP_BODIES_HERE: contextvars.ContextVar[tuple[tuple[Any, bool], ...]] = (
-    contextvars.ContextVar("haiku_bridge_loop_bodies", default=()))
-
-
-def in_body(body: Callable[..., Any], planned: bool) -> Callable[..., Any]:
-  """`body` as a haiku_bridge loop's plain `jax.lax.scan` traces it: a loop inside knows whose body it runs in.
-
-  `planned`: whether `remat="auto"` chose the plain loop, whose plan then
-  measured what the loops inside keep (`_say_outer_loop` says nothing).
-  """
-  @functools.wraps(body)
-  def traced(carry, x):
-    here = _LOOP_BODIES_HERE.get()
-    token = _LOOP_BODIES_HERE.set(
-        here + ((scheduled_scan.current_trace(()), planned),))
-    try:
-      return body(carry, x)
-    finally:
-      _LOOP_BODIES_HERE.reset(token)
-  return traced
-
-
-def _say_outer_loop() -> None:
-  """Warns, once a process for each outer loop, that the loop runs inside a JAX loop the gradient is taken around.
-
-  That loop (`jax.lax.scan`, `fori_loop`, `while_loop`, traced for its
-  body before it is differentiated) keeps each of its iterations'
-  residuals for its backward pass, this loop's among them: the step holds
-  up to its length times this plan's bytes (4 sequences of a tanh RNN
-  over 64 steps: 5.5× the budget at the middle plan, 7.0× at the least;
-  `KnownGapsTest`). A checkpoint between (`jax.checkpoint` of the outer
-  body) keeps one iteration's at a time, and a gradient inside the outer
-  body (accumulated per microbatch) is this loop's own: neither is said.
-  """
-  ours = {id(t): planned for t, planned in _LOOP_BODIES_HERE.get()}
-  body = None
-  for trace in scheduled_scan.outward(scheduled_scan.current_trace(())):
-    if scheduled_scan.derivative_kind(trace) is not None:
-      break
-    info = getattr(getattr(trace, "frame", None), "debug_info", None)
-    traced_for = getattr(info, "traced_for", "")
-    if traced_for in _CHECKPOINTS:
-      return
-    if body is None and id(trace) in ours:
-      if ours[id(trace)]:  # An "auto" loop's plan counted this one.
-        return
-      body = "haiku_bridge"
-    elif body is None and traced_for in _LOOP_BODIES:
-      body = f"{traced_for} of {getattr(info, 'func_src_info', None) or '?'}"
-  else:
-    return  # No gradient around the loop.
-  if body is None:
-    return
-  outer, remedy = (
-      ("a haiku_bridge loop with remat=False (hkb.scan, layer_scan, "
-       "repeat_layer, dynamic_unroll)",
-       "Give that loop remat=True, a schedule, or \"auto\", whose plan "
-       "counts this loop inside it") if body == "haiku_bridge" else
-      (f"a loop of JAX's (the {body})",
-       "Checkpoint its body (jax.checkpoint) to keep one iteration's at a "
-       "time, or take the gradient inside it"))
-  _warn_once(
-      ("outer loop", body),
-      "remat=\"auto\": this loop runs inside %s that a gradient is taken "
-      "around: that loop keeps every iteration's residuals of this one for "
-      "its backward pass, up to its length times this plan's "
-      "memory_budget. %s.", outer, remedy)
-
-
-def _derivatives(gradient: Any, batching: Sequence[Any]
-                 ) -> tuple[tuple[str, int], ...]:
-  """The derivatives the loop runs under, innermost first: ("reverse" or "forward", how many at once).
-
-  The first is `gradient`, the innermost around the loop (where none is
-  seen, a training step's: reverse); then each taken of it, outward. The
-  measuring programs take the same (`_derived`). What each changes, on a
-  tanh RNN over 64 steps whose first-order plans hold 24,892 to 203,968
-  bytes:
-  - the loop's derivative forward (`jax.jvp`, `jax.jacfwd` of a loss):
-    nothing kept for a backward pass, 4,136 bytes with every plan; under
-    a gradient of it, what its tangents need (remat=True 150,724);
-  - a reverse one of it (`jax.grad` of a loss of `jax.grad`, a
-    meta-gradient): the loop's backward pass keeps for the outer one what
-    a schedule recomputes (binomial 1,679,960, nested 1,531,248,
-    remat=False 804,528, remat=True 414,152);
-  - a forward one of it (`jax.jvp` of `jax.grad`, a Hessian-vector
-    product): every buffer with its tangent, about twice each plan's
-    (binomial of 29 slots: 86,696 against 41,384);
-  - a vmap around one of them that batches none of the loop's values
-    (`batching`: the vmaps that do) batches its tangents or cotangents,
-    "at once": `jax.hessian` takes a JVP per element of the params, 8
-    weightings of a loss their gradients (2.1-4.7× the budget of one).
-  """
-  if gradient is None:
-    return (("reverse", 1),)
-  out: list[list[Any]] = [[scheduled_scan.derivative_kind(gradient), 1]]
-  batched = {id(t) for t in batching}
-  for t in scheduled_scan.outward(getattr(gradient, "parent_trace", None)):
-    kind = scheduled_scan.derivative_kind(t)
-    if kind is not None:
-      out.append([kind, 1])
-    elif (isinstance(t, jax_batching.BatchTrace) and
-          id(t) not in batched):
-      out[-1][1] *= int(t.axis_data.size)
-  return tuple((kind, at_once) for kind, at_once in out)
-
-
-def _no_schedules(step: "_Traced") -> bool:
-  """Whether no schedule is a candidate: where the loop's derivative is forward (a schedule runs as remat=True there) or differentiated again in reverse mode (a gradient of a gradient: a schedule keeps more than remat=False)."""
-  return (step.derivatives[0][0] == "forward" or
-          "reverse" in dict(step.derivatives[1:]))
-
-
 def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
              argnums: tuple[int, ...], of_the_loss: bool
              ) -> Callable[..., Any]:
@@ -1256,50 +916,7 @@ def _total(tree: PyTree, scale: Optional[jax.Array] = None) -> jax.Array:
   return total if scale is None else scale * total
 
 
-def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
-  """Of each of `values`, whether `gradient` (the innermost around the loop, `scheduled_scan.innermost_derivative`) is taken of it; None where no gradient is seen.
-
-  A value the gradient is taken of is a tracer of that autodiff trace
-  (under `jax.vmap`, inside the vmap's tracers; outside a vmap the
-  gradient is taken in, around them) with a tangent that is not zero;
-  data (a batch of inputs, a constant) is not. A shape standing in for a
-  value (a pipeline's stages plan on one microbatch's shapes) says
-  nothing, and is taken as differentiated. Read from JAX's own tracers
-  (jax._src, as jax 0.10 and 0.11 keep them).
-  """
-  if gradient is None:
-    return None
-
-  def taken(value) -> bool:
-    while True:
-      if isinstance(value, (jax_ad.JVPTracer, jax_ad.LinearizeTracer)):
-        if value._trace is gradient:  # pylint: disable=protected-access
-          return not isinstance(value.tangent, jax_ad.Zero)
-        value = value.primal
-      elif isinstance(value, jax_batching.BatchTracer):
-        value = value.val
-      else:
-        return isinstance(value, jax.ShapeDtypeStruct)
-  return tuple(taken(v) for v in values)
-
-
-def _batch_dims(value: Any) -> dict[Any, Optional[int]]:
-  """The vmap traces batching `value`, each with the dimension it batches."""
-  dims: dict[Any, Optional[int]] = {}
-  while isinstance(value, jax_batching.BatchTracer):
-    dim = value.batch_dim
-    dims[value._trace] = (  # pylint: disable=protected-access
-        None if dim is None else int(dim))
-    value = value.val
-  return dims
-
-
-def _depth(trace: Any) -> int:
-  """How many traces `trace` runs in."""
-  return sum(1 for _ in scheduled_scan.outward(trace)) - 1
-
-
-def _batched(step: _Traced, shapes: tuple[list[Any], ...]
+def _batched(step: tracing.Traced, shapes: tuple[list[Any], ...]
              ) -> tuple[list[Any], ...]:
   """`shapes` (consts, carry, xs of one example) with the batch's dimensions of `step.vmaps`."""
   for size, _, *dims in step.vmaps:
@@ -1309,22 +926,6 @@ def _batched(step: _Traced, shapes: tuple[list[Any], ...]
          for s, d in zip(group, group_dims)]
         for group, group_dims in zip(shapes, dims))
   return shapes
-
-
-def _varying_types_unchecked() -> ContextManager[Any]:
-  """Where jax types no value as varying over a manual mesh axis.
-
-  A loop inside `jax.shard_map` (a time scan in a pipeline's stage) is
-  planned on one device's step, compiled on its own (`_measure`). Traced in
-  the shard_map's context, the step's values would be typed as varying over
-  its manual axes, the carry cast to match (`pvary`), and those compiles
-  refuse the mix ("dot_general requires varying manual axes to match"). So
-  the step is traced as `jax.shard_map(..., check_vma=False)` traces a body,
-  by jax's own switch for it, which jax keeps internal (jax >= 0.7; before,
-  no value was typed so).
-  """
-  check = getattr(jax_config, "_check_vma", None)
-  return contextlib.nullcontext() if check is None else check(False)
 
 
 _COEFFICIENTS = caches.Cache("remat_plan.coefficients")
@@ -1338,7 +939,7 @@ _COMPILED = caches.Cache("remat_plan.compiled")
 _FORMAT = 3
 
 
-def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
+def coefficients(step: tracing.Traced, consts: tuple[Any, ...], length: int,
                  policy: Optional[Callable[..., bool]] = None,
                  then: Optional[Callable[["_Measured"], None]] = None
                  ) -> Coefficients:
@@ -1366,9 +967,9 @@ def coefficients(step: _Traced, consts: tuple[Any, ...], length: int,
   return found
 
 
-def _coefficients(step: _Traced, consts, length: int, policy,
+def _coefficients(step: tracing.Traced, consts, length: int, policy,
                   then=None) -> Coefficients:
-  if not _differentiable(step):
+  if not tracing.differentiable(step):
     # Nothing reaches a float output from a float input: no backward pass
     # keeps anything, and every plan is the plain loop.
     plain = _measure(step, consts, length, None)
@@ -1380,7 +981,7 @@ def _coefficients(step: _Traced, consts, length: int, policy,
   # there, and a slot's bytes are first taken as the carry's, until a
   # second schedule is compiled (`_sloped`).
   one_slot = ([remat_schedule.binomial(length, 1)]
-              if length > 1 and not _no_schedules(step) else [])
+              if length > 1 and not tracing.no_schedules(step) else [])
   with _Compiles(step, consts, length, _compile_threads()) as compiles:
     # One slot's first, so that `then` can start while the rest compile:
     # it needs that program's bytes only.
@@ -1396,7 +997,7 @@ def _coefficients(step: _Traced, consts, length: int, policy,
     # XLA may find nothing to recompute; never a gain. Fewer FLOPs than
     # remat=False's is no plan's doing: said, then counted as none.
     if k.flops < plain.flops:
-      LOG.warning(
+      tracing.LOG.warning(
           "remat=\"auto\": remat=True%s over %d steps compiled to %d FLOPs, "
           "fewer than remat=False's %d (counted as recomputing nothing; the "
           "FLOP count of this %s program may be off: please report it).",
@@ -1437,7 +1038,7 @@ _CHECKS = 4
 _ON_THE_LINE = 0.01
 
 
-def _sloped(c: Coefficients, step: _Traced, consts, memory_budget: int,
+def _sloped(c: Coefficients, step: tracing.Traced, consts, memory_budget: int,
             policy, here: dict[Key, "_Figures"]) -> Coefficients:
   """`c` with its schedules' line through two compiled schedules.
 
@@ -1517,14 +1118,14 @@ def _reaimed(length: int, memory_budget: int, one: float, constants: float,
   return _second_point(length, memory_budget, one, constants, per_slot) or 1
 
 
-def _slot_guess(step: _Traced) -> float:
+def _slot_guess(step: tracing.Traced) -> float:
   """A slot's bytes before a second schedule is compiled: the carry's (the batch's, under `jax.vmap`), with its tangent under each forward derivative."""
   _, carry, _ = _batched(step, ([], list(step.carry), []))
   return float(pytree.nbytes(carry)) * math.prod(
       1 + at_once for kind, at_once in step.derivatives if kind == "forward")
 
 
-def _checked(c: Coefficients, step: _Traced, consts, choice: RematCandidate,
+def _checked(c: Coefficients, step: tracing.Traced, consts, choice: RematCandidate,
              policy, here: dict[Key, "_Figures"]) -> Coefficients:
   """`c` with `choice` compiled: its bytes replace its prediction, no other's."""
   got = _compiled(step, consts, c.length, key(choice), policy, here)
@@ -1537,7 +1138,7 @@ class _Figures(NamedTuple):
   temporaries: int
 
 
-def _compiled(step: _Traced, consts, length: int, plan: Key, policy,
+def _compiled(step: tracing.Traced, consts, length: int, plan: Key, policy,
               here: dict[Key, _Figures]) -> _Figures:
   """A plan's figures, compiled at `length` steps (the loop's gradient, as it is measured).
 
@@ -1550,7 +1151,7 @@ def _compiled(step: _Traced, consts, length: int, plan: Key, policy,
   return _compiled_all(step, consts, length, [plan], policy, here)[0]
 
 
-def _compiled_all(step: _Traced, consts, length: int, plans: Sequence[Key],
+def _compiled_all(step: tracing.Traced, consts, length: int, plans: Sequence[Key],
                   policy, here: dict[Key, _Figures]) -> list[_Figures]:
   """`_compiled` of each of `plans`: those not kept are compiled side by side (`_Compiles`), one alone."""
   memo = _memo_key(step, consts, length, policy)
@@ -1634,60 +1235,22 @@ def _sorted_repr(value: Any) -> str:
   return repr(value)
 
 
-def _memo_key(step: _Traced, consts, length: int, policy) -> Key:
+def _memo_key(step: tracing.Traced, consts, length: int, policy) -> Key:
   return (step.text, consts, _compiled_in(step), step.carry, step.x, policy,
           length, step.unroll, step.batch_major, step.vmaps, step.wrt,
-          step.derivatives, _mesh_context(), jax.default_backend())
+          step.derivatives, tracing.mesh_context(), jax.default_backend())
 
 
-def _compiled_in(step: _Traced) -> tuple[bool, ...]:
-  """Of each const, whether the programs compile it in (`_Traced.known`): a key's part, where the value is not."""
+def _compiled_in(step: tracing.Traced) -> tuple[bool, ...]:
+  """Of each const, whether the programs compile it in (`tracing.Traced.known`): a key's part, where the value is not."""
   return tuple(v is not None for v in step.known)
-
-
-def _say_auto_axes() -> None:
-  """Warns, once a process for each mesh, that a loop under Auto axes is planned on the shapes it sees.
-
-  There a `jax.jit` step may shard the loop's values (a data-parallel
-  batch) without their types saying so: the plan is then the whole
-  batch's, on one device, and a budget of one device's memory recomputes
-  more than it needs (`KnownGapsTest`).
-  """
-  axes = tuple((name, size) for name, size, kind in _mesh_context()
-               if "Auto" in kind and size > 1)
-  if not axes:
-    return
-  _warn_once(
-      ("Auto axes", axes),
-      "remat=\"auto\": a loop traced under mesh axes of type Auto (%s) is "
-      "planned on the shapes it sees, as one device holding them would run "
-      "it: the loop cannot see how your step shards its values there, and "
-      "where it does (a batch over those axes), a budget of one device's "
-      "memory recomputes more than it needs. Under Explicit axes "
-      "(jax.make_mesh's default) or inside jax.shard_map the plan is one "
-      "device's.", ", ".join(f"{name}: {size}" for name, size in axes))
-
-
-def _mesh_context() -> tuple[tuple[str, int, str], ...]:
-  """The mesh the measuring programs compile under (`jax.set_mesh`, a `shard_map`'s): each axis's name, size and type; () where none.
-
-  XLA compiles the same program to other temporaries under a mesh (remat=False
-  of a tanh RNN over 128 steps of 8 rows: 788,616 bytes outside one, 668,872
-  under 8 devices, Auto or Explicit), so the figures are keyed on it.
-  """
-  get = getattr(jax.sharding, "get_abstract_mesh", None)
-  mesh = get() if get is not None else None
-  if mesh is None or getattr(mesh, "empty", True):
-    return ()
-  return tuple((str(name), int(size), str(kind)) for name, size, kind in zip(
-      mesh.axis_names, mesh.axis_sizes, mesh.axis_types))
 
 
 # What the figures depend on besides the step: the code that measures them.
 _MEASURING_CODE = (remat_schedule, scheduled_scan, hlo_flops, hlo_text)
 
 
-def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
+def _disk_key(step: tracing.Traced, consts, length: int, policy) -> Optional[str]:
   """The coefficients' key across processes; None where a policy has no stable name.
 
   Everything the figures depend on: the step's jaxpr (every shape, dtype
@@ -1707,7 +1270,7 @@ def _disk_key(step: _Traced, consts, length: int, policy) -> Optional[str]:
                _compiled_in(step),
                [(c.shape, str(c.dtype)) for c in step.carry + step.x],
                name, length, step.unroll, step.batch_major, step.vmaps,
-               step.wrt, step.derivatives, _mesh_context(),
+               step.wrt, step.derivatives, tracing.mesh_context(),
                jax.default_backend(),
                device.device_kind,
                getattr(device.client, "platform_version", ""),
@@ -1827,7 +1390,7 @@ class _Measured(NamedTuple):
   advance_flops: Optional[int]  # With a schedule.
 
 
-def _measure(step: _Traced, consts, length: int, remat, policy=None, *,
+def _measure(step: tracing.Traced, consts, length: int, remat, policy=None, *,
              flops: bool = True) -> _Measured:
   """Compiled bytes and FLOPs of the VJP of `length` steps, run as `remat` says.
 
@@ -1852,7 +1415,7 @@ class _Compiles:
   compiles before it returns.
   """
 
-  def __init__(self, step: _Traced, consts, length: int, threads: int):
+  def __init__(self, step: tracing.Traced, consts, length: int, threads: int):
     self._args = step, consts, length
     self._pool = (concurrent.futures.ThreadPoolExecutor(
         threads, thread_name_prefix="remat_plan") if threads else None)
@@ -1913,7 +1476,7 @@ def _compile_threads() -> int:
   return max(1, (os.cpu_count() or 1) - 1)
 
 
-def _lower(step: _Traced, consts, length: int, remat, policy=None):
+def _lower(step: tracing.Traced, consts, length: int, remat, policy=None):
   """The program `_measure` compiles, lowered: the VJP of `length` steps run as `remat` says.
 
   `remat`: None (plain scan), True (checkpointed step, under `policy`), or
@@ -1925,7 +1488,7 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
   # `jax.checkpoint` run it, equation by equation (a jit would change their
   # programs: a policy's `saveable` sees no equation inside it, and jaxlib
   # 0.11's XLA keeps a checkpointed jit's carries otherwise).
-  call = (jax_core.jaxpr_as_fun(step.jaxpr) if remat is None or remat is True
+  call = (tracing.as_function(step.jaxpr) if remat is None or remat is True
           else step.call)
 
   def body(consts, carry, x):
@@ -1956,7 +1519,7 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
                          axis_size=size)
     return program
 
-  # The loop's vmaps (`_vmaps`): those the gradient is taken around run the
+  # The loop's vmaps (`Traced.vmaps`): those the gradient is taken around run the
   # loop, the others the training step.
   of_the_batch = [v for v in step.vmaps if v[1]]
   per_example = [v for v in step.vmaps if not v[1]]
@@ -1995,7 +1558,7 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
   def stack(x):
     """A step's slice `x` stacked `length` times, on its time axis."""
     at = 1 if step.batch_major and x.shape else 0
-    spec = _spec(x, x.sharding.mesh) if x.sharding else ()
+    spec = tracing.spec_over(x, x.sharding.mesh) if x.sharding else ()
     sharding = x.sharding and jax.sharding.NamedSharding(
         x.sharding.mesh, jax.sharding.PartitionSpec(*spec[:at], None,
                                                     *spec[at:]))
@@ -2003,14 +1566,14 @@ def _lower(step: _Traced, consts, length: int, remat, policy=None):
                                 x.dtype, sharding=sharding)
 
   stacked = [stack(x) for x in step.x]
-  program = (vmapped(train, per_example) if _differentiable(step)
+  program = (vmapped(train, per_example) if tracing.differentiable(step)
              else vmapped(run, step.vmaps))
   consts, carry, xs = _batched(step, (list(consts), list(step.carry),
                                       stacked))
 
   def closing_over_known(traced, carry, xs):
     # The consts that are no tracer compiled in, as the user's program has
-    # them (`_Traced.known`); the rest arguments.
+    # them (`tracing.Traced.known`); the rest arguments.
     it = iter(traced)
     return program([next(it) if v is None else v for v in step.known],
                    carry, xs)
@@ -2058,18 +1621,8 @@ def _counted(figures: _Measured, text: str, remat) -> _Measured:
                      else min(schedule.branches)))
 
 
-def _differentiable(step: _Traced) -> bool:
-  """Whether the measuring programs differentiate an input (`_Traced.wrt`) and a float output: a gradient to take."""
-  return (any(step.wrt) and
-          any(_is_float(a) for a in step.jaxpr.out_avals))
-
-
-def _is_float(a) -> bool:
-  return jnp.issubdtype(a.dtype, jnp.inexact)
-
-
 def _floats(tree):
-  return [leaf for leaf in jax.tree.leaves(tree) if _is_float(leaf)]
+  return [leaf for leaf in jax.tree.leaves(tree) if tracing.is_float(leaf)]
 
 
 def _on_leaves(fn, args, taken: Sequence[bool]):

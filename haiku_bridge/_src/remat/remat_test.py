@@ -1,4 +1,4 @@
-"""The remat package is entered through its `__init__.py` only: no module outside imports one inside."""
+"""The remat package is entered through its `__init__.py` only: no module outside imports one inside; inside, only `tracing.py` reads JAX's internals."""
 
 import ast
 import os
@@ -33,6 +33,29 @@ def modules_inside(source: str) -> set[str]:
   return found
 
 
+# JAX's internals: what its public API (`jax`, `jax.numpy`, `jax.lax`, ...) does not promise to keep.
+_JAX_INTERNALS = ("jax._src", "jax.core", "jax.extend", "jax.interpreters")
+
+
+def jax_internals(source: str) -> set[str]:
+  """The modules of JAX's internals `source` imports or reads (`from jax._src import config`, `jax.core.Tracer`)."""
+  found = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names = [node.module]
+    elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+          and node.value.id == "jax"):
+      names = [f"jax.{node.attr}"]
+    else:
+      continue
+    found.update(
+        internal for name in names for internal in _JAX_INTERNALS
+        if name == internal or name.startswith(internal + "."))
+  return found
+
+
 class EntryPointTest(absltest.TestCase):
 
   def test_the_library_imports_only_the_entry_point(self):
@@ -62,6 +85,32 @@ class EntryPointTest(absltest.TestCase):
                        "from haiku_bridge._src import remat\n"
                        "from haiku_bridge._src.remat import Loop\n"),
         {"plan", "loop", "schedule"})
+
+
+class JaxInternalsTest(absltest.TestCase):
+
+  def test_only_tracing_reads_jax_internals(self):
+    readers = {}
+    for module in sorted(_INSIDE):
+      if module.endswith("_test"):
+        continue
+      with open(os.path.join(_PACKAGE, f"{module}.py")) as f:
+        internals = jax_internals(f.read())
+      if internals:
+        readers[module] = internals
+    self.assertEqual(list(readers), ["tracing"])
+    self.assertIn("jax._src", readers["tracing"])  # Guards the walk.
+
+  def test_the_check_sees_each_kind_of_read(self):
+    self.assertEqual(
+        jax_internals("from jax._src import config\n"
+                      "import jax.extend.core\n"
+                      "from jax.interpreters import ad\n"
+                      "t = jax.core.Tracer\n"
+                      "import jax.numpy as jnp\n"
+                      "from jax import lax\n"
+                      "jax.tree.map(f, x)\n"),
+        {"jax._src", "jax.extend", "jax.interpreters", "jax.core"})
 
 
 if __name__ == "__main__":

@@ -40,28 +40,17 @@ for that JVP, as it does the first time.
 """
 
 import dataclasses
-import sys
-import types
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
-from jax.extend import core as jax_core
-from jax.interpreters import ad
 import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat import tracing
 from haiku_bridge._src.pytree import PyTree
-
-# The aval of one step's slice of a scanned array. In jax.extend.core from jax
-# 0.9 on; only in jax.core before (jax 0.6-0.8), and no longer there in 0.10.
-_mapped_aval = (getattr(jax_core, "mapped_aval", None)
-                or getattr(jax.core, "mapped_aval"))
-# The trace the code runs under (jax.extend.core from jax 0.9; jax.core before).
-current_trace = (getattr(jax_core, "find_top_trace", None)
-                 or getattr(jax.core, "find_top_trace"))
 
 
 def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
@@ -127,7 +116,7 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
 
   closed = jax.make_jaxpr(flat_step)(
       [jax.typeof(c) for c in carry],
-      [_mapped_aval(length, 0, jax.typeof(x)) for x in x_leaves])
+      [tracing.mapped_aval(length, 0, jax.typeof(x)) for x in x_leaves])
   step = _Step(closed.jaxpr, len(carry))
   run = _checkpointed_scan(step, schedule, reverse, unroll,
                            forward_mode_error)
@@ -155,70 +144,29 @@ def _in_forward_mode() -> bool:
   whether they are for a VJP from jax 0.9; before, `jax.linearize` is taken
   for reverse mode, and JAX refuses it (`LINEARIZE_IS_FORWARD_MODE`).
   """
-  return derivative_kind(innermost_derivative()) == "forward"
-
-
-def innermost_derivative() -> Any:
-  """The innermost trace taking a derivative around this call (`derivative_kind`), through vmaps; None where none is seen.
-
-  A trace that stages code to differentiate later (`jax.jit`, a scan's
-  body) hides what is around it: its values are its own tracers, whatever
-  the derivative outside it is taken of.
-  """
-  for trace in outward(current_trace(())):
-    if derivative_kind(trace) is not None:
-      return trace
-    if type(trace).__name__ != "BatchTrace":
-      return None
-  return None
-
-
-def outward(trace: Any) -> Iterator[Any]:
-  """`trace`, then each trace it runs in (its `parent_trace`), innermost first."""
-  while trace is not None:
-    yield trace
-    trace = getattr(trace, "parent_trace", None)
-
-
-def derivative_kind(trace: Any) -> Optional[str]:
-  """"forward" or "reverse", the mode of the derivative `trace` takes; None for a trace that takes none.
-
-  A JVP trace is forward mode, but over a partial-evaluation trace (reverse
-  mode before direct linearization); a linearize trace is reverse mode,
-  but where it is not for a VJP (`jax.linearize`, from jax 0.9).
-  """
-  if isinstance(trace, ad.JVPTrace):
-    return ("reverse" if type(getattr(trace, "parent_trace", None)).__name__
-            == "JaxprTrace" else "forward")
-  if type(trace).__name__ == "LinearizeTrace":
-    return "forward" if getattr(trace, "is_vjp", True) is False else "reverse"
-  return None
+  return tracing.derivative_kind(tracing.innermost_derivative()) == "forward"
 
 
 class _Step:
   """The traced step as a function of (consts, carry, x), all flat lists."""
 
-  def __init__(self, jaxpr: jax_core.Jaxpr, num_carry: int):
+  def __init__(self, jaxpr: tracing.Jaxpr, num_carry: int):
     self.jaxpr = jaxpr
     self.num_carry = num_carry
-    self.carry_is_float = [_is_float(v.aval) for v in jaxpr.outvars[:num_carry]]
-    self.y_is_float = [_is_float(v.aval) for v in jaxpr.outvars[num_carry:]]
+    self.carry_is_float = [tracing.is_float(v.aval)
+                           for v in jaxpr.outvars[:num_carry]]
+    self.y_is_float = [tracing.is_float(v.aval)
+                       for v in jaxpr.outvars[num_carry:]]
 
     # One `jax.jit` of the jaxpr (its consts as its first inputs): each of
     # the step's places in the program (the primal scan, the forward sweep,
     # an advance, the backward step) binds it as one equation, traced,
     # differentiated and lowered once; XLA inlines it.
-    self._call = jax.jit(jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(
-        consts_as_inputs(jaxpr), ())))
+    self._call = jax.jit(tracing.as_function(tracing.consts_as_inputs(jaxpr)))
 
   def __call__(self, consts, carry, x):
     out = self._call(*consts, *carry, *x)
     return out[:self.num_carry], out[self.num_carry:]
-
-
-def consts_as_inputs(jaxpr: jax_core.Jaxpr) -> jax_core.Jaxpr:
-  """`jaxpr` with its consts as its first inputs (a function of no closed-over value)."""
-  return jaxpr.replace(constvars=[], invars=jaxpr.constvars + jaxpr.invars)
 
 
 @jax.tree_util.register_static
@@ -276,37 +224,6 @@ def _slot_layout(schedule: remat_schedule.Schedule) -> _SlotLayout:
                      int(table[:, 2].sum()))
 
 
-def _traced_for_forward_mode() -> bool:
-  """Whether JAX traces a custom_vjp's forward rule for a JVP (forward mode).
-
-  A JVP trace's `process_custom_vjp_call` runs the forward rule and then
-  refuses to go on; a linearize trace (reverse mode), or a JVP trace over a
-  partial-evaluation trace (reverse mode before direct linearization), runs
-  it for a VJP. The rule is traced under the parent trace, so only the
-  callers' frames say which. A JVP trace is reverse mode too where a
-  linearize or partial-evaluation trace called it: `jax.checkpoint` (and
-  `hk.remat`) linearizes its body through a JVP (`jax.grad(jax.checkpoint(f))`).
-  When unsure this says no, and forward mode gets JAX's own error.
-  """
-  frame: Optional[types.FrameType]
-  frame = sys._getframe(1)  # pylint: disable=protected-access
-  while frame is not None and frame.f_code.co_name != "process_custom_vjp_call":
-    frame = frame.f_back
-  if frame is None:
-    return False
-  trace = frame.f_locals.get("self")
-  if not isinstance(trace, ad.JVPTrace):
-    return False
-  if type(getattr(trace, "parent_trace", None)).__name__ == "JaxprTrace":
-    return False
-  while frame is not None:
-    caller = type(frame.f_locals.get("self")).__name__
-    if caller in ("LinearizeTrace", "JaxprTrace"):
-      return False
-    frame = frame.f_back
-  return True
-
-
 def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
                        reverse: bool, unroll: int | bool,
                        forward_mode_error: Optional[str] = None
@@ -321,7 +238,7 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
                     reverse=reverse, unroll=unroll)
 
   def forward(consts, carry, xs):
-    if forward_mode_error is not None and _traced_for_forward_mode():
+    if forward_mode_error is not None and tracing.traced_for_forward_mode():
       raise TypeError(forward_mode_error)
     consts, perturbed_consts = _values(consts)
     carry, _ = _values(carry)
@@ -429,10 +346,6 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
 
 def _values(primals):
   return ([p.value for p in primals], [p.perturbed for p in primals])
-
-
-def _is_float(aval) -> bool:
-  return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
 def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:

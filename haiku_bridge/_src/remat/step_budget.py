@@ -60,6 +60,7 @@ from haiku_bridge._src import modes
 from haiku_bridge._src import versions
 from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat import tracing
 from haiku_bridge._src import pytree
 from haiku_bridge._src.pytree import PyTree
 
@@ -393,7 +394,7 @@ class BudgetedStep:
       if done.bytes is not None and done.bytes <= budget:
         made = self._plan_of(budget, done.bytes, kept, trace.loops, (
             _try(kept, done),), kept=True)
-        remat_plan.LOG.info("hkb.%s: %s", _API, made)
+        tracing.LOG.info("hkb.%s: %s", _API, made)
         return search, kept, made
     found = _Search(budget, self._max_recompute,
                     _ladder(trace.loops, self._max_recompute), trace.loops,
@@ -416,7 +417,7 @@ class BudgetedStep:
                             rung.extra.denominator])
     made = self._plan_of(budget, found.tried[rung].bytes, rung, trace.loops,
                          tuple(found.made))
-    remat_plan.LOG.info("hkb.%s: %s", _API, made)
+    tracing.LOG.info("hkb.%s: %s", _API, made)
     return search, rung, made
 
   def _unbounded(self, found: "_Search", loops: list[_Seen]) -> str:
@@ -571,7 +572,7 @@ def _try(rung: Rung, done: _Compiled) -> StepTry:
 
 
 def _log_try(rung: Rung, done: _Compiled) -> None:
-  remat_plan.LOG.info("hkb.%s: compiled %s", _API, _try(rung, done))
+  tracing.LOG.info("hkb.%s: compiled %s", _API, _try(rung, done))
 
 
 @contextlib.contextmanager
