@@ -1,7 +1,7 @@
 """Sphinx configuration of haiku_bridge's documentation site.
 
 The site is the repository's Markdown as it is (the README, the guides of
-docs/, the changelog, CONTRIBUTING and the benchmark results, through MyST)
+docs/, the changelog, CONTRIBUTING, RELEASING and the benchmark results, through MyST)
 and the API reference of docs/api/, whose entries autodoc takes from the
 docstrings; docs/index.md is the front page. Build it from the repository
 root:
@@ -47,6 +47,7 @@ include_patterns = [
   "README.md",
   "CHANGELOG.md",
   "CONTRIBUTING.md",
+  "RELEASING.md",
   "docs/**.md",
   "testing/benchmarks/results/*.md",
 ]
