@@ -22,6 +22,7 @@ SITE = (
   "README.md",
   "CHANGELOG.md",
   "CONTRIBUTING.md",
+  "RELEASING.md",
   "docs",
   os.path.join("testing", "benchmarks", "results"),
 )
