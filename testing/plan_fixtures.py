@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 import haiku_bridge as hkb
 from haiku_bridge._src.remat import hlo_flops
-from haiku_bridge._src.remat import plan as remat_plan
+from haiku_bridge._src.remat import measure
 
 # What the tests that hold on XLA:CPU and XLA:GPU only are sized on: on a TPU they skip
 # (`on_cpu_and_gpu`), and `testing/accelerator_check.sh` reports what fails there. The TPU's bytes
@@ -71,13 +71,13 @@ def on_cpu_and_gpu(reason: str) -> Callable[[Callable[..., Any]], Callable[..., 
 def measuring_compiles() -> Iterator[list[str]]:
   """The compiles `remat="auto"` measures while the block runs: each one's thread name."""
   threads: list[str] = []  # list.append is atomic: compiles run in threads.
-  real = remat_plan._compile  # pylint: disable=protected-access
+  real = measure._compile  # pylint: disable=protected-access
 
   def counted(lowered):
     threads.append(threading.current_thread().name)
     return real(lowered)
 
-  with mock.patch.object(remat_plan, "_compile", counted):
+  with mock.patch.object(measure, "_compile", counted):
     yield threads
 
 

@@ -18,6 +18,8 @@ rooms meet each other by name:
 * `tracing.py`: the loop's step as JAX traces it, and what surrounds the
   loop (the derivatives, vmaps and mesh it runs under): the only module
   that reads JAX's internals.
+* `measure.py`: what a plan costs: the measuring programs compiled (side
+  by side) and read, and the model that predicts every candidate from them.
 
 When a plan is made is decided in one place, `resolved`: every loop of the
 bridge (the scans', each pipeline stage's) passes it.

@@ -14,6 +14,7 @@ import numpy as np
 
 from haiku_bridge._src import errors
 from haiku_bridge._src.remat import loop
+from haiku_bridge._src.remat import measure
 from haiku_bridge._src.remat import plan as remat_plan
 from testing import test_utils
 
@@ -133,7 +134,7 @@ class ResolvedTest(absltest.TestCase):
          loop.Loop("binomial", unroll=2, slots=3)),
         (candidate("nested", slots=5, groups=4),
          loop.Loop("nested", groups=4, unroll=2)),
-        (candidate(True, policy=remat_plan.policy_name(policy)),
+        (candidate(True, policy=measure.policy_name(policy)),
          loop.Loop(True, policy, unroll=2)),
         (candidate(True), loop.Loop(True, unroll=2)),
         (candidate(False), loop.Loop(False, unroll=2))):

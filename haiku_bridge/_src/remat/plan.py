@@ -11,7 +11,7 @@ the loop needs and the FLOPs it recomputes, chooses, and checks the choice
 compiled.
 
 What the budget counts (README, "Choosing remat for one loop"): the loop's part of a
-training step, compiled as `_measure` builds it (the value and gradient of
+training step, compiled as `measure.py` builds it (the value and gradient of
 a loss of the loop's outputs with respect to what it closes over and its per-step
 inputs, at the loop's own length T): XLA's temporaries (what the backward
 pass keeps, the outputs and their cotangents, the carry's cotangent, the
@@ -34,7 +34,7 @@ choice's check; where it lies off that line (XLA keeps a slot at other
 than the carry's bytes, as XLA:CPU a bfloat16 carry's at twice and
 XLA:TPU a carry padded to its tiles), or where the budget chooses no
 schedule of several slots, the most slots a candidate keeps (T - 2:
-`_most_slots`), so that a slot's cost is measured, never assumed, and
+`measure.most_slots`), so that a slot's cost is measured, never assumed, and
 beside it the count the budget holds on the line through the two
 schedules compiled, the likely choice (`_reaimed`). So a budget that a
 schedule fits costs four compiles (five with a policy), where the carry's
@@ -43,7 +43,7 @@ all at T, so that what XLA does only for long loops (or short ones:
 unrolling, double buffering) is in every figure; with XLA's cheaper code
 generation (`measuring_options`), which leaves buffers as they are, each
 program lowered while the last compiles in a thread, as many compiling at
-once as there are cores (`_Compiles`): one slot's first, so that the
+once as there are cores (`measure.py`): one slot's first, so that the
 budget's second schedule lowers as soon as its figures are in, while
 remat=False's and remat=True's compile.
 
@@ -55,15 +55,7 @@ fits, or an error). Compiled for their bytes only, those and the line's
 second point are not read for FLOPs.
 
 Recomputed FLOPs come from the same compiles, counted with every loop by
-its trip count (`hlo_flops.py`): r, one step's recomputation under
-`jax.checkpoint` (what its backward pass needs), is the FLOPs of
-`remat=True` less those of `remat=False`, over T, and likewise under the
-policy; f, one advance of a schedule (a whole step's forward, for the
-carry), is the cheaper branch of the schedule's conditional in its
-compile. `remat=True` recomputes T·r, the policy its own part of each
-step, a schedule T·r and f for each step it advances to rebuild carries
-(`remat_schedule.binomial_cost`, `Schedule.recomputed_steps`); `False`
-none. The choice is the candidate with the least recomputed FLOPs whose
+its trip count (`measure.py`). The choice is the candidate with the least recomputed FLOPs whose
 bytes fit (then the fewest recomputed steps, then the least memory), among
 those that recompute at most `max_recompute` forward passes of the loop
 (`MAX_RECOMPUTE`, 3, by default: see `choose`).
@@ -72,7 +64,7 @@ The measurements are cached in memory and on disk (`caches.OnDisk`, under
 `caches.directory()`; `hkb.clear_caches()` deletes them), keyed on the
 step's jaxpr (its text: every shape, dtype and operation), the policy, T,
 the loop's `unroll` (every program is measured unrolled as the loop runs),
-the mesh it is planned under (`_mesh_context`), the backend and device,
+the mesh it is planned under (`tracing.mesh_context`), the backend and device,
 the jax, jaxlib and haiku_bridge versions, the
 measuring code, XLA's flags; the choice follows from them and the budget,
 so it is the same for the same shapes, policy and budget, in any process.
@@ -89,15 +81,12 @@ not run); every plan a loop makes passes `loop_plan`, which logs it at
 INFO on the `haiku_bridge.remat` logger.
 """
 
-import concurrent.futures
 import contextlib
 import contextvars
-import dataclasses
 import functools
 import gc
 import hashlib
 import math
-import operator
 import os
 import re
 import sys
@@ -105,7 +94,6 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Type
 
 import haiku as hk
 import jax
-import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
@@ -113,14 +101,14 @@ from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src.remat import hlo_flops
+from haiku_bridge._src.remat import measure
 from haiku_bridge._src import hlo_text
-from haiku_bridge._src import modes
-from haiku_bridge._src import pytree
-from haiku_bridge._src import versions
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src.remat import tracing
 from haiku_bridge._src.pytree import PyTree
+# The public names defined with their job, imported from here (`remat/__init__.py`).
+from haiku_bridge._src.remat.measure import RematCandidate
 
 # The most forward passes of the loop a plan may recompute unless the caller
 # allows more (`max_recompute=`): remat=True's one and two more. A training
@@ -130,42 +118,6 @@ from haiku_bridge._src.pytree import PyTree
 # where one pass fewer takes 179); with fewer, the recomputation grows
 # fast (one slot: about T/2 passes).
 MAX_RECOMPUTE = 3.0
-
-
-class RematCandidate(NamedTuple):
-  """One way to run a loop, with its predicted cost: a row of `RematPlan`.
-
-  Attributes:
-    remat: `False`, `True`, `"nested"` or `"binomial"`, as `remat=` takes it.
-    slots: the carries a schedule keeps (None without one).
-    groups: `remat_groups` of `"nested"` (None otherwise).
-    temporaries: bytes of a training step of the loop that the budget
-      counts (XLA's temporaries and the constants compiled in): compiled
-      where the plan compiled it, else predicted.
-    recomputed_steps: the steps whose forward the backward pass runs
-      again (in whole or, under a policy, in part): T for `remat=True`, T
-      and the advances that rebuild carries for a schedule.
-    recomputed_flops: predicted FLOPs of that recomputation.
-    policy: with `remat=True`, the `remat_policy` it runs under, by
-      `policy_name` (None: no policy).
-  """
-  remat: modes.RematMode
-  slots: Optional[int]
-  groups: Optional[int]
-  temporaries: int
-  recomputed_steps: int
-  recomputed_flops: int
-  policy: Optional[str] = None
-
-  def describe(self) -> str:
-    """The candidate as one phrase: `remat="binomial", 12 slots`."""
-    remat = (f'remat="{self.remat}"' if isinstance(self.remat, str)
-             else f"remat={self.remat}")
-    return remat + "".join(
-        f", {text}" for value, text in (
-            (self.slots, f"{self.slots} slots"),
-            (self.groups, f"remat_groups={self.groups}"),
-            (self.policy, f"remat_policy={self.policy}")) if value is not None)
 
 
 class RematPlan(NamedTuple):
@@ -268,27 +220,6 @@ def _readable(x: float) -> str:
 
 def _mib(num_bytes: float) -> str:
   return _readable(num_bytes / 2**20)
-
-
-Key = tuple[Any, ...]  # A plan's identity: (remat, slots, groups, policy).
-
-
-class Coefficients(NamedTuple):
-  """What the model predicts from, measured at the loop's own length (module docstring).
-
-  Bytes are a compiled program's temporaries plus the constants it holds.
-  """
-  length: int  # T, the steps every figure is measured at.
-  plain: int  # remat=False, compiled.
-  per_step: Optional[int]  # remat=True, compiled; None: nothing to differentiate.
-  scheduled: Optional[tuple[float, float]]  # A schedule with s slots: a + c·s temporaries.
-  constants: tuple[float, float]  # A schedule's tables: (k, 0), bytes.
-  step_flops: float  # r: one step's recomputation under jax.checkpoint.
-  advance_flops: float  # f: one advance of a schedule.
-  # With a policy: its name, its bytes and one step's recomputation under it.
-  policy: Optional[tuple[str, int, float]] = None
-  # The plans compiled at T, by `key`: their bytes, which override a prediction.
-  measured: tuple[tuple[Key, int], ...] = ()
 
 
 def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
@@ -640,12 +571,12 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
           max_recompute: float, unroll: int | bool = 1,
           batch_major: bool = False) -> RematPlan:
   step, consts = tracing.trace(f, init, xs, length, unroll, batch_major)
-  here: dict[Key, _Figures] = {}  # The plans this call compiled.
+  here: dict[measure.Key, measure.Figures] = {}  # The plans this call compiled.
 
-  def second(one: _Measured) -> None:
+  def second(one: measure.Measured) -> None:
     # Lowered and compiled while the other measurements compile.
     slots = _second_point(length, memory_budget, one.temporaries,
-                          one.constants, _slot_guess(step))
+                          one.constants, measure.slot_guess(step))
     if slots is not None:
       _compiled(step, consts, length, ("binomial", slots, None, None),
                 policy, here)
@@ -666,20 +597,20 @@ def _plan(f, init, xs, length: int, memory_budget: int, policy,
         "as remat=True.") from None
 
 
-def _checked_choice(c: Coefficients, step: tracing.Traced, consts,
+def _checked_choice(c: measure.Coefficients, step: tracing.Traced, consts,
                     memory_budget: int, policy, max_recompute: float,
-                    here: dict[Key, "_Figures"]) -> RematPlan:
+                    here: dict[measure.Key, measure.Figures]) -> RematPlan:
   """The plan `c` chooses for `memory_budget`, compiled to check it (`plan`)."""
   length = c.length
   for _ in range(_CHECKS):
     chosen = choose(c, length, memory_budget, max_recompute)
-    if key(chosen.choice) in dict(c.measured):
+    if measure.key(chosen.choice) in dict(c.measured):
       return chosen
     c = _checked(c, step, consts, chosen.choice, policy, here)
   # Still unchecked: the first that was compiled, fits and is affordable.
   chosen = choose(c, length, memory_budget, max_recompute)
   measured = dict(c.measured)
-  compiled = [k for k in chosen.candidates if key(k) in measured]
+  compiled = [k for k in chosen.candidates if measure.key(k) in measured]
   within = [k for k in compiled
             if k.recomputed_steps <= max_recompute * length]
   for k in within:
@@ -693,12 +624,7 @@ def _checked_choice(c: Coefficients, step: tracing.Traced, consts,
                      min(k.temporaries for k in compiled))
 
 
-def key(k: RematCandidate) -> Key:
-  """A candidate's plan, without its costs: (remat, slots, groups, policy)."""
-  return (k.remat, k.slots, k.groups, k.policy)
-
-
-def choose(c: Coefficients, length: int, memory_budget: int,
+def choose(c: measure.Coefficients, length: int, memory_budget: int,
            max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
   """The plan the coefficients predict for `length` steps and the budget.
 
@@ -706,7 +632,7 @@ def choose(c: Coefficients, length: int, memory_budget: int,
   loop: where every plan that fits the budget does, the error says what the
   budget costs and the least budget within `max_recompute`.
   """
-  candidates = _candidates(c, length)
+  candidates = measure.candidates(c, length)
   # Binomial with the most slots the budget holds: the fewest recomputed
   # steps of any schedule that fits. Each slot costs the same, and the
   # tables shrink as slots are added: from the most the slots alone
@@ -714,11 +640,11 @@ def choose(c: Coefficients, length: int, memory_budget: int,
   if c.scheduled is not None:
     a, per_slot = c.scheduled
     k0, k1 = c.constants
-    most = min(_most_slots(length),
+    most = min(measure.most_slots(length),
                int((memory_budget - a - k0 - k1 * length) //
                    max(per_slot, 1.0)))
     for slots in range(most, max(0, most - _SLOT_SEARCH), -1):
-      fits = _binomial(c, length, slots)
+      fits = measure.binomial(c, length, slots)
       if fits.temporaries <= memory_budget:
         if fits not in candidates:
           candidates.append(fits)
@@ -738,7 +664,7 @@ def choose(c: Coefficients, length: int, memory_budget: int,
   return RematPlan(length, memory_budget, tuple(candidates), affordable[0])
 
 
-def _raise_over_recompute(c: Coefficients, candidates: list[RematCandidate],
+def _raise_over_recompute(c: measure.Coefficients, candidates: list[RematCandidate],
                           fitting: list[RematCandidate], length: int,
                           memory_budget: int, max_recompute: float) -> None:
   """The error where every plan that fits recomputes over `max_recompute`."""
@@ -754,7 +680,7 @@ def _raise_over_recompute(c: Coefficients, candidates: list[RematCandidate],
       "accept the recomputation."))
 
 
-def _least_within(c: Coefficients, candidates: list[RematCandidate],
+def _least_within(c: measure.Coefficients, candidates: list[RematCandidate],
                   length: int, max_recompute: float) -> int:
   """The least bytes of a plan recomputing at most `max_recompute` forward passes: the least budget a call with that bound takes."""
   within = [k for k in candidates
@@ -762,7 +688,7 @@ def _least_within(c: Coefficients, candidates: list[RematCandidate],
   spare = max_recompute * length - length  # A schedule's advances.
   if c.scheduled is not None and spare >= 0:
     # The fewest slots within the bound: a schedule's least memory there.
-    within.append(_binomial(c, length, remat_schedule.fewest_binomial_slots(
+    within.append(measure.binomial(c, length, remat_schedule.fewest_binomial_slots(
         length, int(min(spare, length * length)))))
   return min(k.temporaries for k in within)  # remat=False is always within.
 
@@ -770,18 +696,6 @@ def _least_within(c: Coefficients, candidates: list[RematCandidate],
 # The counts of slots below the most the slots alone allow that `choose`
 # tries, at most.
 _SLOT_SEARCH = 64
-
-
-def _most_slots(length: int) -> int:
-  """The most slots a schedule keeps among the candidates: all the carries but two.
-
-  Up to T - 2 slots, XLA's temporaries grow by a slot's bytes, to the byte
-  (measured: the planning benchmark's Conv1D stack, 24-block transformer
-  and GRU over 2048 steps, 1 to T - 2 slots). At T - 1 the schedule keeps
-  every carry and compiles off that line (1.76×, 1.33× and 1.017× its
-  prediction there), over `remat=True`'s bytes, which recompute no more.
-  """
-  return max(1, length - 2)
 
 
 def _over_budget(length: int, memory_budget: int, least: int,
@@ -797,137 +711,6 @@ def _over_budget(length: int, memory_budget: int, least: int,
       "the loss or not: where it reads only the final carry, return none."))
 
 
-def _bytes(c: Coefficients, plan: Key, predicted: float) -> int:
-  """A plan's bytes: compiled where it was, else predicted."""
-  return dict(c.measured).get(plan, int(round(predicted)))
-
-
-def _scheduled(c: Coefficients, length: int, slots: int, plan: Key,
-               recomputed_steps: int) -> int:
-  """A schedule's bytes: its slots' temporaries, and its tables' constants."""
-  assert c.scheduled is not None, "a loop with schedules measured them"
-  a, per_slot = c.scheduled
-  k0, k1 = c.constants
-  return _bytes(c, plan, a + per_slot * slots + k0 + k1 * recomputed_steps)
-
-
-def _recomputing(c: Coefficients, remat, slots, groups, length: int,
-                 advances: int, temporaries: Optional[int] = None
-                 ) -> RematCandidate:
-  """A candidate that recomputes each step where it backpropagates it, and advances."""
-  if temporaries is None:
-    temporaries = _scheduled(c, length, slots, (remat, slots, groups, None),
-                             length + advances)
-  return RematCandidate(remat, slots, groups, temporaries, length + advances,
-                   int(round(length * c.step_flops +
-                             advances * c.advance_flops)))
-
-
-def _binomial(c: Coefficients, length: int, slots: int) -> RematCandidate:
-  # Each step is run again once where it is backpropagated (as
-  # jax.checkpoint does), besides the schedule's advances.
-  return _recomputing(c, "binomial", slots, None, length,
-                      remat_schedule.binomial_cost(length, slots))
-
-
-def _candidates(c: Coefficients, length: int) -> list[RematCandidate]:
-  """No remat, remat=True, a few groupings of "nested", binomial by slots."""
-  out = [RematCandidate(False, None, None, _bytes(c, (False, None, None, None),
-                                             c.plain), 0, 0)]
-  if c.per_step is None:  # Nothing to differentiate: nothing to keep.
-    return out
-  out.append(_recomputing(c, True, None, None, length, 0,
-                          _bytes(c, (True, None, None, None), c.per_step)))
-  if c.policy is not None:
-    name, temporaries, flops = c.policy
-    out.append(RematCandidate(True, None, None,
-                         _bytes(c, (True, None, None, name), temporaries),
-                         length, int(round(length * flops)), name))
-  if c.scheduled is None:  # One step: no schedule keeps fewer carries.
-    return out
-  # Every count of slots up to 16, then about 20% apart: the budget's own
-  # count is added by `choose`.
-  slots = 1
-  while slots <= _most_slots(length):
-    out.append(_binomial(c, length, slots))
-    slots = slots + 1 if slots < 16 else int(slots * 1.2)
-  # A few groupings of "nested", for the record: binomial recomputes no
-  # more with as many slots.
-  for groups in sorted({2, max(1, math.isqrt(length)), length // 4} - {0, 1}):
-    if groups < length:
-      slots, recomputed_steps = _nested(length, groups)
-      out.append(_recomputing(c, "nested", slots, groups, length,
-                              recomputed_steps))
-  return out
-
-
-@caches.memoize(maxsize=256)
-def _nested(length: int, groups: int) -> tuple[int, int]:
-  """The slots and recomputed steps of "nested" with `groups` groups (its schedule built once)."""
-  nested = remat_schedule.nested(length, groups)
-  return nested.num_slots, nested.recomputed_steps
-
-
-def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
-             argnums: tuple[int, ...], of_the_loss: bool
-             ) -> Callable[..., Any]:
-  """`derivative` (leaves -> the loss where `of_the_loss`, else a value and gradients) differentiated as `kind` says, `at_once` times under one vmap: leaves -> a value and gradients.
-
-  "reverse": the value and gradient of its outputs' sum (the loss; a loss
-  of the gradient); "forward": its JVP along the leaves themselves, each
-  output beside its tangent (both outputs, as a Hessian-vector product
-  returns a gradient and its product). `at_once` derivatives are taken as
-  `jax.vmap` takes a Jacobian's: one primal pass, the cotangents (or
-  tangents) batched, by a batched scale of them.
-  """
-  def reverse(scale, *leaves):
-    return jax.value_and_grad(
-        lambda *leaves: _total(derivative(*leaves), scale),
-        argnums=argnums)(*leaves)
-
-  def forward(scale, *leaves):
-    tangents = tuple(leaves if scale is None else
-                     ((scale * l).astype(l.dtype) for l in leaves))
-    out, d_out = jax.jvp(derivative, leaves, tangents)
-    if of_the_loss:  # No gradients.
-      return (out, d_out), []
-    (value, grads), (d_value, d_grads) = out, d_out
-    return (value, d_value), [(g, d) for g, d in zip(grads, d_grads)]
-
-  one = reverse if kind == "reverse" else forward
-  if at_once == 1:
-    return functools.partial(one, None)
-
-  def batched(*leaves):
-    grads = 0 if of_the_loss else len(leaves)
-    out_axes = 0 if kind == "reverse" else ((None, 0), [(None, 0)] * grads)
-    return jax.vmap(lambda scale: one(scale, *leaves),
-                    out_axes=out_axes)(jnp.ones([at_once], jnp.float32))
-  return batched
-
-
-def _total(tree: PyTree, scale: Optional[jax.Array] = None) -> jax.Array:
-  """The sum of every element of `tree`'s leaves in float32 (a float32 scalar as it is), times `scale`."""
-  parts = [leaf if leaf.ndim == 0 and leaf.dtype == jnp.float32
-           else jnp.sum(leaf.astype(jnp.float32))
-           for leaf in jax.tree.leaves(tree)]
-  total = (functools.reduce(operator.add, parts) if parts
-           else jnp.zeros([], jnp.float32))
-  return total if scale is None else scale * total
-
-
-def _batched(step: tracing.Traced, shapes: tuple[list[Any], ...]
-             ) -> tuple[list[Any], ...]:
-  """`shapes` (consts, carry, xs of one example) with the batch's dimensions of `step.vmaps`."""
-  for size, _, *dims in step.vmaps:
-    shapes = tuple(
-        [s if d is None else jax.ShapeDtypeStruct(
-            s.shape[:d] + (size,) + s.shape[d:], s.dtype)
-         for s, d in zip(group, group_dims)]
-        for group, group_dims in zip(shapes, dims))
-  return shapes
-
-
 _COEFFICIENTS = caches.Cache("remat_plan.coefficients")
 # Across processes: the coefficients and the plans compiled, as JSON, under
 # caches.directory() (`hkb.clear_caches()` deletes them).
@@ -941,8 +724,8 @@ _FORMAT = 3
 
 def coefficients(step: tracing.Traced, consts: tuple[Any, ...], length: int,
                  policy: Optional[Callable[..., bool]] = None,
-                 then: Optional[Callable[["_Measured"], None]] = None
-                 ) -> Coefficients:
+                 then: Optional[Callable[[measure.Measured], None]] = None
+                 ) -> measure.Coefficients:
   """The model's coefficients for `step` over `length` steps, measured by 3 compiles (4 with a policy).
 
   Each compiles the loop's gradient at `length` steps, with XLA's cheaper
@@ -961,73 +744,10 @@ def coefficients(step: tracing.Traced, consts: tuple[Any, ...], length: int,
   disk = _disk_key(step, consts, length, policy)
   found = _from_json(_ON_DISK.get(disk))
   if found is None:
-    found = _coefficients(step, consts, length, policy, then)
+    found = measure.coefficients(step, consts, length, policy, then)
     _ON_DISK.put(disk, _to_json(found))
   _COEFFICIENTS.put(memo, found)
   return found
-
-
-def _coefficients(step: tracing.Traced, consts, length: int, policy,
-                  then=None) -> Coefficients:
-  if not tracing.differentiable(step):
-    # Nothing reaches a float output from a float input: no backward pass
-    # keeps anything, and every plan is the plain loop.
-    plain = _measure(step, consts, length, None)
-    return Coefficients(length, plain.bytes, None, None, (0.0, 0.0), 0.0,
-                        0.0, None, (((False, None, None, None),
-                                     plain.bytes),))
-  # The least plan, binomial with one slot (a schedule of O(T) actions),
-  # compiled beside remat=False and remat=True: the line a + c·s starts
-  # there, and a slot's bytes are first taken as the carry's, until a
-  # second schedule is compiled (`_sloped`).
-  one_slot = ([remat_schedule.binomial(length, 1)]
-              if length > 1 and not tracing.no_schedules(step) else [])
-  with _Compiles(step, consts, length, _compile_threads()) as compiles:
-    # One slot's first, so that `then` can start while the rest compile:
-    # it needs that program's bytes only.
-    schedules = [compiles.submit(s) for s in one_slot]
-    others = [compiles.submit(remat, p) for remat, p in
-              [(None, None), (True, None)] +
-              ([] if policy is None else [(True, policy)])]
-    if then is not None and schedules:
-      then(schedules[0].bytes())
-    plain, per_step, *rest = [m.result() for m in others + schedules]
-
-  def recomputed(k: _Measured) -> float:
-    # XLA may find nothing to recompute; never a gain. Fewer FLOPs than
-    # remat=False's is no plan's doing: said, then counted as none.
-    if k.flops < plain.flops:
-      tracing.LOG.warning(
-          "remat=\"auto\": remat=True%s over %d steps compiled to %d FLOPs, "
-          "fewer than remat=False's %d (counted as recomputing nothing; the "
-          "FLOP count of this %s program may be off: please report it).",
-          "" if k is per_step else ", under the policy,", length, k.flops,
-          plain.flops, jax.default_backend())
-    return max(0.0, (k.flops - plain.flops) / length)
-
-  r = recomputed(per_step)
-  measured: list[tuple[Key, int]] = [
-      ((False, None, None, None), plain.bytes),
-      ((True, None, None, None), per_step.bytes)]
-  with_policy = None
-  if policy is not None:
-    k = rest.pop(0)
-    with_policy = (policy_name(policy), k.bytes, recomputed(k))
-    measured.append(((True, None, None, with_policy[0]), k.bytes))
-  scheduled, constants, advance = None, (0.0, 0.0), r
-  if one_slot:
-    k = rest[0]
-    measured.append((("binomial", 1, None, None), k.bytes))
-    if k.advance_flops is not None:
-      advance = float(k.advance_flops)
-    guess = _slot_guess(step)
-    scheduled = (k.temporaries - guess, guess)
-    # A schedule's tables: a row per action, about 2·T - s of them
-    # (`Schedule.table_bytes`), the most with one slot: its tables' bytes
-    # bound every schedule's.
-    constants = (float(k.constants), 0.0)
-  return Coefficients(length, plain.bytes, per_step.bytes, scheduled,
-                      constants, r, advance, with_policy, tuple(measured))
 
 
 # Plans compiled to check a choice, at most: then the last choice stands.
@@ -1038,8 +758,8 @@ _CHECKS = 4
 _ON_THE_LINE = 0.01
 
 
-def _sloped(c: Coefficients, step: tracing.Traced, consts, memory_budget: int,
-            policy, here: dict[Key, "_Figures"]) -> Coefficients:
+def _sloped(c: measure.Coefficients, step: tracing.Traced, consts, memory_budget: int,
+            policy, here: dict[measure.Key, measure.Figures]) -> measure.Coefficients:
   """`c` with its schedules' line through two compiled schedules.
 
   The first is one slot's (`coefficients`). The second is the most slots
@@ -1060,7 +780,7 @@ def _sloped(c: Coefficients, step: tracing.Traced, consts, memory_budget: int,
     return c
   a, guess = c.scheduled
   one = a + guess  # One slot's temporaries, compiled.
-  most = _most_slots(c.length)
+  most = measure.most_slots(c.length)
   slots = _second_point(c.length, memory_budget, one, c.constants[0], guess)
   if slots is None:
     return c
@@ -1093,7 +813,7 @@ def _second_point(length: int, memory_budget: int, one: float,
   the budget holds fewer than two, `_most_slots`; None for a loop of fewer
   than four steps (one slot is the most a schedule keeps).
   """
-  most = _most_slots(length)
+  most = measure.most_slots(length)
   if most < 2:
     return None
   fits = int((memory_budget - constants - one) // max(guess, 1.0)) + 1
@@ -1118,28 +838,15 @@ def _reaimed(length: int, memory_budget: int, one: float, constants: float,
   return _second_point(length, memory_budget, one, constants, per_slot) or 1
 
 
-def _slot_guess(step: tracing.Traced) -> float:
-  """A slot's bytes before a second schedule is compiled: the carry's (the batch's, under `jax.vmap`), with its tangent under each forward derivative."""
-  _, carry, _ = _batched(step, ([], list(step.carry), []))
-  return float(pytree.nbytes(carry)) * math.prod(
-      1 + at_once for kind, at_once in step.derivatives if kind == "forward")
-
-
-def _checked(c: Coefficients, step: tracing.Traced, consts, choice: RematCandidate,
-             policy, here: dict[Key, "_Figures"]) -> Coefficients:
+def _checked(c: measure.Coefficients, step: tracing.Traced, consts, choice: RematCandidate,
+             policy, here: dict[measure.Key, measure.Figures]) -> measure.Coefficients:
   """`c` with `choice` compiled: its bytes replace its prediction, no other's."""
-  got = _compiled(step, consts, c.length, key(choice), policy, here)
-  return c._replace(measured=c.measured + ((key(choice), got.bytes),))
+  got = _compiled(step, consts, c.length, measure.key(choice), policy, here)
+  return c._replace(measured=c.measured + ((measure.key(choice), got.bytes),))
 
 
-class _Figures(NamedTuple):
-  """A plan compiled for a budget: its bytes (temporaries + constants), and its temporaries."""
-  bytes: int
-  temporaries: int
-
-
-def _compiled(step: tracing.Traced, consts, length: int, plan: Key, policy,
-              here: dict[Key, _Figures]) -> _Figures:
+def _compiled(step: tracing.Traced, consts, length: int, plan: measure.Key, policy,
+              here: dict[measure.Key, measure.Figures]) -> measure.Figures:
   """A plan's figures, compiled at `length` steps (the loop's gradient, as it is measured).
 
   For one budget's choice (or its line's second point): what one budget's
@@ -1151,21 +858,21 @@ def _compiled(step: tracing.Traced, consts, length: int, plan: Key, policy,
   return _compiled_all(step, consts, length, [plan], policy, here)[0]
 
 
-def _compiled_all(step: tracing.Traced, consts, length: int, plans: Sequence[Key],
-                  policy, here: dict[Key, _Figures]) -> list[_Figures]:
-  """`_compiled` of each of `plans`: those not kept are compiled side by side (`_Compiles`), one alone."""
+def _compiled_all(step: tracing.Traced, consts, length: int, plans: Sequence[measure.Key],
+                  policy, here: dict[measure.Key, measure.Figures]) -> list[measure.Figures]:
+  """`_compiled` of each of `plans`: those not kept are compiled (`measure.compile_plans`)."""
   memo = _memo_key(step, consts, length, policy)
   disk = _disk_key(step, consts, length, policy)
 
-  def on_disk(plan: Key) -> Optional[str]:
+  def on_disk(plan: measure.Key) -> Optional[str]:
     return None if disk is None else hashlib.sha256(
         repr((disk, plan)).encode()).hexdigest()
 
-  def kept(plan: Key) -> Optional[_Figures]:
+  def kept(plan: measure.Key) -> Optional[measure.Figures]:
     got = here.get(plan) or _COMPILED.get((memo, plan))
     if got is None:
       try:
-        got = _Figures(**(_ON_DISK.get(on_disk(plan)) or {}))
+        got = measure.Figures(**(_ON_DISK.get(on_disk(plan)) or {}))
       except TypeError:  # Nothing there, or something else.
         got = None
       if got is not None and not all(
@@ -1173,69 +880,23 @@ def _compiled_all(step: tracing.Traced, consts, length: int, plans: Sequence[Key
         got = None  # A file of the right shape, not of numbers.
     return got
 
-  def run(plan: Key) -> tuple[Any, Any]:
-    """What `_measure` takes for `plan`: its schedule (or True) and policy."""
-    remat, slots, groups, name = plan
-    schedule: Any = True  # remat=True: measured with the coefficients.
-    if remat == "binomial":
-      schedule = remat_schedule.binomial(length, slots)
-    elif remat == "nested":
-      schedule = remat_schedule.nested(length, groups)
-    return schedule, policy if name is not None else None
-
-  found: dict[Key, _Figures] = {}
+  found: dict[measure.Key, measure.Figures] = {}
   for plan in plans:
     got = kept(plan)
     if got is not None:
       found[plan] = got
   missing = [plan for plan in plans if plan not in found]
-  if len(missing) <= 1:
-    measured = [_measure(step, consts, length, *run(plan), flops=False)
-                for plan in missing]
-  else:
-    with _Compiles(step, consts, length, _compile_threads()) as compiles:
-      jobs = [compiles.submit(*run(plan)) for plan in missing]
-      measured = [job.bytes() for job in jobs]
-  for plan, k in zip(missing, measured):
-    found[plan] = _Figures(k.bytes, k.temporaries)
-    _ON_DISK.put(on_disk(plan), found[plan]._asdict())
+  for plan, got in zip(missing, measure.compile_plans(step, consts, length,
+                                                       missing, policy)):
+    found[plan] = got
+    _ON_DISK.put(on_disk(plan), got._asdict())
   for plan in plans:
     _COMPILED.put((memo, plan), found[plan])
     here[plan] = found[plan]
   return [found[plan] for plan in plans]
 
 
-def policy_name(policy: Callable[..., bool]) -> str:
-  """How a `RematCandidate` names a policy: a function's name, else its repr.
-
-  A policy object's sets of names are written sorted: Python orders a
-  set's strings by their hashes, which differ from process to process
-  (`save_only_these_names("a", "b")`), and the name keys its figures on
-  disk.
-
-  >>> from haiku_bridge._src.remat import plan as remat_plan
-  >>> remat_plan.policy_name(jax.checkpoint_policies.nothing_saveable)
-  'nothing_saveable'
-  """
-  name = getattr(policy, "__name__", None)
-  if name:
-    return name
-  if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
-    fields = ", ".join(f"{f.name}={_sorted_repr(getattr(policy, f.name))}"
-                       for f in dataclasses.fields(policy) if f.repr)
-    return f"{type(policy).__name__}({fields})"
-  return repr(policy)
-
-
-def _sorted_repr(value: Any) -> str:
-  """`repr(value)`, a set's (or frozenset's) members in sorted order."""
-  if isinstance(value, (set, frozenset)):
-    members = ", ".join(sorted(map(repr, value)))
-    return f"{type(value).__name__}({{{members}}})" if value else repr(value)
-  return repr(value)
-
-
-def _memo_key(step: tracing.Traced, consts, length: int, policy) -> Key:
+def _memo_key(step: tracing.Traced, consts, length: int, policy) -> measure.Key:
   return (step.text, consts, _compiled_in(step), step.carry, step.x, policy,
           length, step.unroll, step.batch_major, step.vmaps, step.wrt,
           step.derivatives, tracing.mesh_context(), jax.default_backend())
@@ -1247,7 +908,8 @@ def _compiled_in(step: tracing.Traced) -> tuple[bool, ...]:
 
 
 # What the figures depend on besides the step: the code that measures them.
-_MEASURING_CODE = (remat_schedule, scheduled_scan, hlo_flops, hlo_text)
+_MEASURING_CODE = (remat_schedule, scheduled_scan, hlo_flops, hlo_text,
+                   tracing, measure)
 
 
 def _disk_key(step: tracing.Traced, consts, length: int, policy) -> Optional[str]:
@@ -1276,7 +938,7 @@ def _disk_key(step: tracing.Traced, consts, length: int, policy) -> Optional[str
                getattr(device.client, "platform_version", ""),
                jax.__version__, jaxlib.__version__, _version(),
                _code_digest(), os.environ.get("XLA_FLAGS", ""),
-               sorted(measuring_options().items()),
+               sorted(measure.measuring_options().items()),
                str(jax.dtypes.canonicalize_dtype(np.int64))))  # x64 or not.
   return hashlib.sha256(text.encode()).hexdigest()
 
@@ -1304,7 +966,7 @@ def _stable_name(policy) -> Optional[str]:
   if name is not None:
     return name if getattr(jax.checkpoint_policies, name,
                            None) is policy else None
-  text = policy_name(policy)
+  text = measure.policy_name(policy)
   if type(policy).__repr__ is object.__repr__ or " at 0x" in text:
     return None
   return text
@@ -1315,19 +977,19 @@ def _version() -> str:
   return getattr(sys.modules.get("haiku_bridge"), "__version__", "")
 
 
-def _to_json(c: Coefficients) -> dict[str, Any]:
+def _to_json(c: measure.Coefficients) -> dict[str, Any]:
   return {"format": _FORMAT, **c._asdict(),
           "measured": [[list(k), v] for k, v in c.measured]}
 
 
-def _from_json(value: Optional[dict[str, Any]]) -> Optional[Coefficients]:
+def _from_json(value: Optional[dict[str, Any]]) -> Optional[measure.Coefficients]:
   """The coefficients a file held; None if it holds anything else."""
   if not value or value.get("format") != _FORMAT:
     return None
   try:
     value = {k: v for k, v in value.items() if k != "format"}
     tuples = ("scheduled", "constants", "policy")
-    found = Coefficients(**{
+    found = measure.Coefficients(**{
         **value, **{k: None if value[k] is None else tuple(value[k])
                     for k in tuples},
         "measured": tuple((tuple(k), v) for k, v in value["measured"])})
@@ -1336,7 +998,7 @@ def _from_json(value: Optional[dict[str, Any]]) -> Optional[Coefficients]:
   return found if _well_typed(found) else None
 
 
-def _well_typed(c: Coefficients) -> bool:
+def _well_typed(c: measure.Coefficients) -> bool:
   """Whether every figure of `c` is a number where one is (a file's strings are not)."""
   def numbers(*values, whole=False):
     return all(isinstance(v, int if whole else (int, float)) and
@@ -1353,284 +1015,3 @@ def _well_typed(c: Coefficients) -> bool:
                                 numbers(c.policy[1], whole=True) and
                                 numbers(c.policy[2]))) and
           all(numbers(v, whole=True) for _, v in c.measured))
-
-
-def measuring_options() -> dict[str, Any]:
-  """XLA options for the measuring compiles: cheaper code, the same buffers.
-
-  On CPU, LLVM without optimisation and XLA's older fusion emitters:
-  compiles about 10× faster, and neither changes the buffer assignment
-  that the memory analysis reads (plan_test checks the figures
-  against a compile with XLA's defaults); and the code generated in one
-  piece, not split for LLVM threads, which at that level costs more CPU
-  time (about a third of a compile) than it saves (the measurements
-  compile side by side instead: `_Compiles`). Elsewhere, the defaults.
-  jaxlib 0.11's XLA:CPU has no older emitters (nor the option: a compile
-  given it fails), so there only the other two.
-  """
-  if jax.default_backend() != "cpu":
-    return {}
-  options: dict[str, Any] = {"xla_backend_optimization_level": 0,
-                             "xla_cpu_parallel_codegen_split_count": 1}
-  if OLDER_FUSION_EMITTERS:
-    options["xla_cpu_use_fusion_emitters"] = False
-  return options
-
-
-# Whether XLA:CPU has its older fusion emitters, and the option that picks
-# them: before jaxlib 0.11.
-OLDER_FUSION_EMITTERS = versions.release(jaxlib.__version__) < (0, 11)
-
-
-class _Measured(NamedTuple):
-  bytes: int  # temporaries + constants.
-  temporaries: int
-  constants: int  # Bytes of the program's array constants (a schedule's tables).
-  flops: int
-  advance_flops: Optional[int]  # With a schedule.
-
-
-def _measure(step: tracing.Traced, consts, length: int, remat, policy=None, *,
-             flops: bool = True) -> _Measured:
-  """Compiled bytes and FLOPs of the VJP of `length` steps, run as `remat` says.
-
-  One program, compiled here (`_Compiles` compiles several side by side);
-  `flops=False`: bytes only (FLOPs 0).
-  """
-  return _read(_compile(_lower(step, consts, length, remat, policy)), remat,
-               flops)
-
-
-class _Compiles:
-  """Measuring programs, lowered here and compiled in `threads` threads.
-
-  Each program is traced and lowered by `submit`, one after another
-  (Python, under the GIL), and compiled in a thread (XLA compiles without
-  the GIL): the next program lowers while the last compiles, and the
-  compiles run side by side on the cores the lowering leaves
-  (`_compile_threads`). Each figure is its own program's, so the figures
-  are those of compiling them one by one (plan_test checks it). Each
-  thread runs in the caller's context (`contextvars`): an error there
-  names the public call as one here would. With no thread, `submit`
-  compiles before it returns.
-  """
-
-  def __init__(self, step: tracing.Traced, consts, length: int, threads: int):
-    self._args = step, consts, length
-    self._pool = (concurrent.futures.ThreadPoolExecutor(
-        threads, thread_name_prefix="remat_plan") if threads else None)
-
-  def __enter__(self) -> "_Compiles":
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    if self._pool is not None:
-      self._pool.shutdown(wait=True)
-
-  def submit(self, remat, policy=None) -> "_Measurement":
-    """The figures of the program `remat` (under `policy`) runs, to come."""
-    lowered = _lower(*self._args, remat, policy)
-    if self._pool is not None:
-      return _Measurement(self._pool.submit(
-          contextvars.copy_context().run, _bytes_of, lowered), remat)
-    done: concurrent.futures.Future[tuple[_Measured, str]] = (
-        concurrent.futures.Future())
-    done.set_result(_bytes_of(lowered))
-    return _Measurement(done, remat)
-
-
-def _bytes_of(lowered) -> tuple[_Measured, str]:
-  """A measuring program compiled, its bytes and its HLO text: a compiling thread's work."""
-  return _bytes_read(_compile(lowered))
-
-
-class _Measurement:
-  """A measuring program's figures to come (`_Compiles.submit`).
-
-  Its bytes as soon as it is compiled; its FLOPs counted by the thread
-  that asks for them (`result`). A count walks the program in Python,
-  under the GIL: in a compiling thread it held up the lowering on the
-  caller's thread and the compiles queued behind it (one slot's count
-  took 30-60 ms there, cold, on the planning benchmark's conv stack).
-  """
-
-  def __init__(self, job: "concurrent.futures.Future[tuple[_Measured, str]]",
-               remat):
-    self._job, self._remat = job, remat
-
-  def bytes(self) -> _Measured:
-    """The program's bytes (FLOPs 0, no advance)."""
-    return self._job.result()[0]
-
-  def result(self) -> _Measured:
-    """Bytes and FLOPs (an error of the compiling thread is raised here)."""
-    return _counted(*self._job.result(), self._remat)
-
-
-def _compile_threads() -> int:
-  """Threads that compile measurements at once: a core each but the one the caller lowers on, one at least.
-
-  (One per core was 2.4% slower cold on the planning benchmark's
-  transformer, 2 cores: the lowering, under the GIL, shared its core.)
-  """
-  return max(1, (os.cpu_count() or 1) - 1)
-
-
-def _lower(step: tracing.Traced, consts, length: int, remat, policy=None):
-  """The program `_measure` compiles, lowered: the VJP of `length` steps run as `remat` says.
-
-  `remat`: None (plain scan), True (checkpointed step, under `policy`), or
-  a `remat_schedule.Schedule`. A loop with nothing to differentiate is
-  compiled forward only.
-  """
-  # A schedule's program runs the step as one jit, as `scheduled_scan` runs
-  # the loop's own; remat=False's and True's as the loop's scan and
-  # `jax.checkpoint` run it, equation by equation (a jit would change their
-  # programs: a policy's `saveable` sees no equation inside it, and jaxlib
-  # 0.11's XLA keeps a checkpointed jit's carries otherwise).
-  call = (tracing.as_function(step.jaxpr) if remat is None or remat is True
-          else step.call)
-
-  def body(consts, carry, x):
-    out = call(*consts, *carry, *x)
-    return out[:len(step.carry)], out[len(step.carry):]
-
-  def scan(consts, carry, xs):
-    f = lambda c, x: body(consts, c, x)
-    if remat is None:
-      return jax.lax.scan(f, carry, xs, length=length, unroll=step.unroll)
-    if remat is True:
-      return jax.lax.scan(jax.checkpoint(f, policy=policy), carry, xs,
-                          length=length, unroll=step.unroll)
-    return scheduled_scan.scan(f, carry, xs, length=length, schedule=remat,
-                               unroll=step.unroll)
-
-  def run(consts, carry, xs):
-    if not step.batch_major:
-      return scan(consts, carry, xs)
-    # The loop's own copies: its inputs made time-major, its outputs made
-    # batch-major again (`hkb.dynamic_unroll(time_major=False)`).
-    carry, ys = scan(consts, carry, pytree.swap_batch_time(xs))
-    return carry, pytree.swap_batch_time(ys)
-
-  def vmapped(program, vmaps):
-    for size, _, *dims in vmaps:  # Innermost first.
-      program = jax.vmap(program, in_axes=tuple(list(d) for d in dims),
-                         axis_size=size)
-    return program
-
-  # The loop's vmaps (`Traced.vmaps`): those the gradient is taken around run the
-  # loop, the others the training step.
-  of_the_batch = [v for v in step.vmaps if v[1]]
-  per_example = [v for v in step.vmaps if not v[1]]
-
-  def train(consts, carry, xs):
-    # A loss of the outputs, as a training step has one: the ys are made
-    # and kept for it, and their cotangent made from them (a loss in the
-    # step returns small ys, and this costs little).
-    args, taken = (consts, carry, xs), step.wrt
-
-    def loss(*leaves):
-      # Of the batch's outputs, outside the vmaps, where a loss of the
-      # outputs a vmap returns takes them: moved to the vmap's axis first,
-      # a copy a loss taken inside the vmap, per example, does not make
-      # (which the plan cannot see): that one is over-predicted by it.
-      out = _on_leaves(vmapped(run, of_the_batch), args, taken)(*leaves)
-      return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
-    leaves = [a for a, t in zip(jax.tree.leaves(args), taken) if t]
-    argnums = tuple(range(len(leaves)))
-    # The loss's value is an output too, as a training step (value_and_grad)
-    # returns it: with it, XLA:CPU keeps one more copy of the outputs at
-    # some sizes (ys of about 2.5-16 KB: 1.43× a GRU's temporaries at 48
-    # steps), which a gradient alone does not.
-    derivative = loss
-    for i, (kind, at_once) in enumerate(step.derivatives):  # Outward.
-      derivative = _derived(derivative, kind, at_once, argnums, i == 0)
-    value, grads = derivative(*leaves)
-    # The gradients of the weights (consts, xs) are the step's outputs, as
-    # a training step returns them; the carry's feeds what came before the
-    # loop (or nothing), so it is a temporary, as there.
-    first = sum(taken[:len(consts)])
-    end = first + sum(taken[len(consts):len(consts) + len(carry)])
-    return (value, list(grads[:first]) + list(grads[end:]),
-            _total(grads[first:end]))
-
-  def stack(x):
-    """A step's slice `x` stacked `length` times, on its time axis."""
-    at = 1 if step.batch_major and x.shape else 0
-    spec = tracing.spec_over(x, x.sharding.mesh) if x.sharding else ()
-    sharding = x.sharding and jax.sharding.NamedSharding(
-        x.sharding.mesh, jax.sharding.PartitionSpec(*spec[:at], None,
-                                                    *spec[at:]))
-    return jax.ShapeDtypeStruct(x.shape[:at] + (length,) + x.shape[at:],
-                                x.dtype, sharding=sharding)
-
-  stacked = [stack(x) for x in step.x]
-  program = (vmapped(train, per_example) if tracing.differentiable(step)
-             else vmapped(run, step.vmaps))
-  consts, carry, xs = _batched(step, (list(consts), list(step.carry),
-                                      stacked))
-
-  def closing_over_known(traced, carry, xs):
-    # The consts that are no tracer compiled in, as the user's program has
-    # them (`tracing.Traced.known`); the rest arguments.
-    it = iter(traced)
-    return program([next(it) if v is None else v for v in step.known],
-                   carry, xs)
-  return jax.jit(closing_over_known).lower(
-      [c for c, v in zip(consts, step.known, strict=True) if v is None],
-      carry, xs)
-
-
-def _compile(lowered):
-  """A measurement's program compiled, with `measuring_options`: every measuring compile passes here."""
-  return lowered.compile(measuring_options())
-
-
-def _read(compiled, remat, flops: bool = True) -> _Measured:
-  """A compiled measurement's figures.
-
-  The FLOPs count every loop by its trip count (only `remat=True`'s and
-  `None`'s are used), and a conditional of the step (`jax.lax.cond`) by
-  its dearest branch, which the run may take at every step: what a plan
-  recomputes, bounded from above; a schedule's conditional, which its
-  backward sweep runs once per action (more often than any in the step),
-  gives an advance's FLOPs: its cheaper branch. With `flops=False` (a plan compiled
-  for its bytes only) nothing is counted: FLOPs 0, no advance.
-  """
-  figures, text = _bytes_read(compiled)
-  return _counted(figures, text, remat) if flops else figures
-
-
-def _bytes_read(compiled) -> tuple[_Measured, str]:
-  """A compiled measurement's bytes (FLOPs 0, no advance), and its HLO text."""
-  text = compiled.as_text()
-  held = hlo_flops.held(compiled, text)
-  return _Measured(held.bytes, held.temporaries, held.constants, 0,
-                   None), text
-
-
-def _counted(figures: _Measured, text: str, remat) -> _Measured:
-  """`figures` with the FLOPs of the compiled program `text` (`_read`)."""
-  count = hlo_flops.count(text, dearest=True)
-  schedule = max(count.conditionals, key=lambda c: c.executions,
-                 default=None)
-  return figures._replace(
-      flops=count.flops,
-      advance_flops=(None if remat in (None, True) or schedule is None
-                     else min(schedule.branches)))
-
-
-def _floats(tree):
-  return [leaf for leaf in jax.tree.leaves(tree) if tracing.is_float(leaf)]
-
-
-def _on_leaves(fn, args, taken: Sequence[bool]):
-  """`fn(*args)`'s float leaves, as a function of the leaves of `args` that `taken` marks only."""
-  leaves, tree = jax.tree.flatten(args)
-
-  def g(*chosen):
-    it = iter(chosen)
-    full = [next(it) if t else leaf for leaf, t in zip(leaves, taken)]
-    return _floats(fn(*tree.unflatten(full)))
-  return g

@@ -25,7 +25,7 @@ chosen rung's compile is the one the step runs (jax's cache holds it): a
 step whose plain form fits costs one compile, one that needs `remat=True`
 two, one on a schedule three to seven. On the CPU the tries compile with
 XLA's cheaper code generation, which keeps the buffers
-(`remat_plan.measuring_options`), and the choice once more as it runs,
+(`measure.measuring_options`), and the choice once more as it runs,
 whose figure is the one checked. A compile that runs out of device
 memory (RESOURCE_EXHAUSTED, as XLA:TPU's compiler raises, fast, for a
 program over its HBM) is a rung over any budget, never an error.
@@ -58,6 +58,7 @@ from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import modes
 from haiku_bridge._src import versions
+from haiku_bridge._src.remat import measure
 from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import tracing
@@ -108,7 +109,7 @@ class StepTry(NamedTuple):
   """One compile of the step: the rung, its bytes (None: out of device memory), its seconds (lowering and compiling).
 
   `measuring`: compiled with XLA's cheaper code generation, which keeps
-  the buffers (on the CPU: `remat_plan.measuring_options`), for its bytes
+  the buffers (on the CPU: `measure.measuring_options`), for its bytes
   only; the chosen rung is then compiled as it runs, and checked.
   """
   rung: str
@@ -285,7 +286,7 @@ class _Compiled(NamedTuple):
   compiled: Any
   seconds: float  # Lowering and compiling.
   lowered: Any
-  measuring: bool  # With `remat_plan.measuring_options`: bytes only.
+  measuring: bool  # With `measure.measuring_options`: bytes only.
 
 
 def _compile(lowered: Any, options: dict[str, Any]) -> Any:
@@ -372,7 +373,7 @@ class BudgetedStep:
     """The options a try compiles with for its bytes (none where the step's jit sets its own)."""
     if "compiler_options" in self._jit_kwargs:
       return {}
-    return remat_plan.measuring_options()
+    return measure.measuring_options()
 
   def _compiled(self, search: int, rung: Rung, args, kwargs,
                 options: Optional[dict[str, Any]] = None) -> _Compiled:

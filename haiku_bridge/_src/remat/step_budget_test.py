@@ -27,7 +27,7 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
-from haiku_bridge._src.remat import plan as remat_plan
+from haiku_bridge._src.remat import measure
 from haiku_bridge._src.remat import step_budget
 from testing import test_utils
 
@@ -36,7 +36,7 @@ LAYERS = 19  # The issue's layer stack that escaped a per-loop budget 9x.
 KEY = jax.random.PRNGKey(0)
 # Whether the search's tries compile with XLA's cheaper code generation
 # (the CPU), then the choice once more as it runs.
-MEASURING = bool(remat_plan.measuring_options())
+MEASURING = bool(measure.measuring_options())
 FORMS = ("scan", "dynamic_unroll", "repeat_layer", "two_loops", "three_loops",
          "vmap_ensemble", "grad_accumulation", "jacrev", "loss_of_the_carry",
          "equinox_cell", "nnx_linear")

@@ -31,6 +31,7 @@ import jax
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
 from haiku_bridge._src.remat import loop as loop_lib
+from haiku_bridge._src.remat import measure
 from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import step_budget
 from testing import remat_models
@@ -111,12 +112,12 @@ def _coefficients_seen():
 
 
 def _predicted(c, length: int, remat, groups) -> remat_plan.RematCandidate:
-  """The prediction for a manual plan (remat_plan's formulas, its slots)."""
+  """The prediction for a manual plan (the model's formulas, its slots)."""
   if remat in (False, True):
     plan = remat_plan.choose(c, length, 1 << 62)
     return next(k for k in plan.candidates if k.remat is remat)
   sched = loop_lib.schedule(remat, length, groups)
-  return remat_plan._recomputing(  # pylint: disable=protected-access
+  return measure._recomputing(  # pylint: disable=protected-access
     c, remat, sched.num_slots, groups, length, sched.recomputed_steps
   )
 
