@@ -11,7 +11,7 @@ suite runs both ways): the `Cache`s and the memos of `memoize`, all in one
 registry. (One exception, a constant of jax's: `pytree.key_spec_of`.)
 
 One kind of value outlives the process: what `remat="auto"` measured of a
-loop (`remat/plan.py`), as small JSON files under `directory()`:
+loop (`remat/plan_cache.py`), as small JSON files under `directory()`:
 `$HAIKU_BRIDGE_CACHE_DIR` if set (empty: nothing on disk), else
 `$XDG_CACHE_HOME/haiku_bridge`, else `~/.cache/haiku_bridge`.
 `clear_caches()` deletes them too, and `HAIKU_BRIDGE_CACHES=0` turns them off.

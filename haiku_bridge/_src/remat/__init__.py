@@ -20,6 +20,8 @@ rooms meet each other by name:
   that reads JAX's internals.
 * `measure.py`: what a plan costs: the measuring programs compiled (side
   by side) and read, and the model that predicts every candidate from them.
+* `plan_cache.py`: where the measurements are kept, in memory and on
+  disk, under keys of everything they depend on.
 
 When a plan is made is decided in one place, `resolved`: every loop of the
 bridge (the scans', each pipeline stage's) passes it.

@@ -9,11 +9,9 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 import contextlib
 import functools
 import gc
-import json
 import math
 import os
 import re
-import shutil
 import threading
 from typing import Any, Callable
 import unittest
@@ -36,7 +34,7 @@ from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import measure
 from haiku_bridge._src.remat import plan as remat_plan
-from haiku_bridge._src.remat import tracing
+from haiku_bridge._src.remat import plan_cache
 from testing import backend_tolerance
 from testing import remat_models
 from testing import test_utils
@@ -393,7 +391,7 @@ class AutoTest(parameterized.TestCase):
       runs.append(child.stdout.strip().splitlines()[-2:])
     (cold_compiles, cold), (warm_compiles, warm) = runs
     self.assertGreaterEqual(int(cold_compiles), 3 * 4 + 1)
-    if remat_plan._stable_name(_NAMED_POLICY) is None:
+    if plan_cache._stable_name(_NAMED_POLICY) is None:
       # jax 0.12's `save_only_these_names` is a closure again, whose name
       # means nothing across processes: its plan is measured in each, the
       # others read from disk.
@@ -409,78 +407,6 @@ class AutoTest(parameterized.TestCase):
         mock.patch.object(caches, "_enabled", True):
       hkb.clear_caches()
     self.assertFalse(os.path.exists(os.path.join(directory, "remat_plans")))
-
-  def test_the_disk_key_changes_with_everything_the_figures_depend_on(self):
-    # A file measured by another jax, jaxlib, haiku_bridge, backend, device
-    # or measuring code (or XLA flags) is never read: each is in the key.
-    init, xs = jnp.zeros([4, 16]), jnp.ones([32, 4, 16])
-    step, consts = tracing.trace(toy_step, init, xs, 32)
-    key = lambda: remat_plan._disk_key(step, consts, 32, None)
-    here = key()
-    self.assertEqual(key(), here)
-    for name, patch in test_utils.environment_patches() + [
-        ("jaxlib", mock.patch.object(jaxlib, "__version__", "0.0.1")),
-        ("haiku_bridge", mock.patch.object(remat_plan, "_version",
-                                           lambda: "0.0.1")),
-        ("measuring code", mock.patch.object(remat_plan, "_code_digest",
-                                             lambda: "0" * 64))]:
-      with self.subTest(name), patch:
-        self.assertNotEqual(key(), here)
-
-  def test_a_plan_file_of_strings_is_a_miss(self):
-    # A file of the right shape whose numbers are strings (hand-edited, or
-    # written by another tool) is measured again, not a TypeError mid-step.
-    def strings(value):
-      if isinstance(value, dict):
-        return {k: v if k == "format" else strings(v) for k, v in value.items()}
-      if isinstance(value, list):
-        return [strings(v) for v in value]
-      return (str(value) if isinstance(value, (int, float)) and
-              not isinstance(value, bool) else value)
-
-    directory = self.create_tempdir().full_path
-    folder = os.path.join(directory, "remat_plans")
-    kept = os.path.join(self.create_tempdir().full_path, "kept")
-    init, xs = jnp.zeros([4, 16]), jnp.ones([128, 4, 16])
-
-    def again():
-      """The plan made anew in this process, its files on disk as they are."""
-      shutil.copytree(folder, kept, dirs_exist_ok=True)
-      hkb.clear_caches()  # Memory and disk; the files are put back.
-      shutil.copytree(kept, folder)
-      shutil.rmtree(kept)
-      with measuring_compiles() as compiles:
-        made = hkb.remat_plan(toy_step, init, xs, memory_budget=60_000)
-      return made, compiles
-
-    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}), \
-        mock.patch.object(caches, "_enabled", True):
-      hkb.clear_caches()
-      first = hkb.remat_plan(toy_step, init, xs, memory_budget=60_000)
-      self.assertNotEqual(os.listdir(folder), [])
-      self.assertEqual(again(), (first, []))  # The files serve it.
-      for name in os.listdir(folder):
-        with open(os.path.join(folder, name)) as f:
-          value = json.load(f)
-        with open(os.path.join(folder, name), "w") as f:
-          json.dump(strings(value), f)
-      made, compiles = again()
-    self.assertEqual(made, first)
-    self.assertNotEqual(compiles, [])
-    # Read field by field: each number given as a string is refused.
-    good = measure.Coefficients(
-        length=8, plain=100, per_step=60, scheduled=(40.0, 4.0),
-        constants=(8.0, 0.0), step_flops=2.0, advance_flops=3.0,
-        policy=("dots", 50, 1.0), measured=(((False, None, None, None), 100),))
-    value = remat_plan._to_json(good)
-    self.assertEqual(remat_plan._from_json(value), good)
-    for field in ("length", "plain", "per_step", "step_flops",
-                  "advance_flops"):
-      self.assertIsNone(remat_plan._from_json({**value, field: "8"}), field)
-    for field, bad in (("scheduled", ["40", 4.0]), ("constants", [8.0, "0"]),
-                       ("policy", ["dots", "50", 1.0]),
-                       ("measured", [[[False, None, None, None], "100"]])):
-      self.assertIsNone(remat_plan._from_json({**value, field: bad}), field)
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_identity_custom_getter_changes_nothing(self):
@@ -503,105 +429,6 @@ class AutoTest(parameterized.TestCase):
     self.assertEqual(getter_plans, plain_plans)
     self.assertNotIn(plain_plans[-1].choice.remat, (False, True))
     self.assert_equal_values(got, plain)
-
-  @on_cpu_and_gpu(CPU_SIZED)
-  def test_a_policy_has_its_own_figures_in_memory_and_on_disk(self):
-    # One step planned without a policy, with one, and without again: in
-    # one process (the memory caches), then in a "new" one (memory emptied,
-    # the files kept). Each plan is the one made with nothing cached.
-    init, xs = jnp.zeros([4, 16]), jnp.ones([256, 4, 16])
-    policy = jax.checkpoint_policies.dots_saveable
-
-    def plans():
-      return [hkb.remat_plan(toy_step, init, xs, memory_budget=100_000,
-                             remat_policy=p) for p in (None, policy, None)]
-
-    with caches.disabled():
-      cold = plans()
-    with mock.patch.dict(os.environ, {
-        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}), \
-        mock.patch.object(caches, "_enabled", True):
-      caches.clear_caches()
-      try:
-        in_memory = plans()
-        remat_plan._COEFFICIENTS.clear()
-        remat_plan._COMPILED.clear()
-        from_disk = plans()
-      finally:
-        caches.clear_caches()
-    self.assertEqual([any(c.policy for c in p.candidates) for p in cold],
-                     [False, True, False])
-    self.assertEqual(in_memory, cold)
-    self.assertEqual(from_disk, cold)
-
-  def test_the_disk_key_covers_what_the_figures_depend_on(self):
-    # The figures read back in another process are those measured for the
-    # same step, shapes, policy, length, flags and dtypes: a change in any
-    # of them is another file.
-    def trace(f=toy_step, batch=4, length=256, **loop):
-      return tracing.trace(f, jnp.zeros([batch, 16]),
-                               jnp.ones([length, batch, 16]), length, **loop)
-
-    def key(traced, length=256, policy=None):
-      return remat_plan._disk_key(*traced, length, policy)
-
-    def closing_over(shape):
-      w = jnp.ones(shape)
-      return lambda h, x: (jnp.tanh(h @ w[:16, :16] + x), jnp.sum(h))
-
-    traced = trace()
-    same = key(traced)
-    self.assertEqual(key(trace()), same)
-    changed = {
-        "length": key(trace(length=128), 128),
-        "carry's shape": key(trace(batch=2)),
-        "step": key(trace(lambda h, x: (jnp.sin(h) + x, jnp.sum(h)))),
-        "policy": key(traced, policy=jax.checkpoint_policies.dots_saveable),
-        "unroll": key(trace(unroll=2)),
-        "batch-major copies": key(trace(batch_major=True)),
-    }
-    traced_under = []
-
-    def loss(h):  # A gradient of the carry only: the xs are data.
-      traced_under.append(tracing.trace(toy_step, h, jnp.ones([256, 4, 16]),
-                                            256))
-      return 0.0
-    jax.eval_shape(jax.grad(loss), jnp.zeros([4, 16]))
-    changed["what is differentiated"] = key(traced_under[0])
-    # The same, differentiated again (a gradient of that gradient).
-    jax.eval_shape(jax.grad(lambda h: jnp.sum(jax.grad(
-        lambda h: loss(h) + jnp.sum(h))(h))), jnp.zeros([4, 16]))
-    changed["the derivatives"] = key(traced_under[1])
-    with mock.patch.dict(os.environ, {
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=x"}):
-      changed["XLA_FLAGS"] = key(traced)
-    with jax.enable_x64(True):
-      changed["x64"] = key(traced)
-    with jax.set_mesh(jax.make_mesh((jax.device_count(),), ("data",))):
-      changed["mesh"] = key(traced)
-    explicit = jax.make_mesh((jax.device_count(),), ("data",),
-                             axis_types=(jax.sharding.AxisType.Explicit,))
-    with jax.set_mesh(explicit):
-      # The same shapes, the batch sharded over the mesh's Explicit axis.
-      replicated = key(trace(batch=8))
-      changed["sharding"] = key(tracing.trace(
-          toy_step, jax.device_put(jnp.zeros([8, 16]),
-                                NamedSharding(explicit, P("data"))),
-          jax.device_put(jnp.ones([256, 8, 16]),
-                         NamedSharding(explicit, P(None, "data"))), 256))
-    self.assertNotEqual(changed["sharding"], replicated)
-    with mock.patch.object(measure, "measuring_options",
-                           lambda: {"xla_backend_optimization_level": 1}):
-      changed["compile options"] = key(traced)
-    for what, other in changed.items():
-      self.assertNotIn(other, (same, None), what)
-    self.assertLen(set(changed.values()), len(changed))
-    # What a step closes over, by its shape.
-    self.assertNotEqual(key(trace(closing_over([16, 16]))),
-                        key(trace(closing_over([17, 16]))))
-    # A policy with no stable name (a function of the user's) is kept in
-    # memory only.
-    self.assertIsNone(key(traced, policy=lambda *_, **__: True))
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_a_policy_is_a_candidate_measured_and_chosen_where_it_fits(self):
@@ -1006,7 +833,7 @@ class BudgetTest(parameterized.TestCase):
       # One slot's program first: the budget's schedule is lowered as soon
       # as its figures are in, while remat=False's and True's compile.
       lowered, real_lower = [], measure._lower
-      real_coefficients = remat_plan.coefficients
+      real_coefficients = plan_cache.coefficients
 
       def lower(step, consts, length, remat, policy=None):
         lowered.append(getattr(remat, "num_slots", remat))
@@ -1019,7 +846,7 @@ class BudgetTest(parameterized.TestCase):
 
       with measuring_compiles() as compiles, \
           mock.patch.object(measure, "_lower", lower), \
-          mock.patch.object(remat_plan, "coefficients", coefficients):
+          mock.patch.object(plan_cache, "coefficients", coefficients):
         made = hkb.remat_plan(toy_step, init, xs, memory_budget=budget)
       self.assertEqual(len(compiles), 4)
       self.assertEqual(made.choice.remat, "binomial")
@@ -1052,7 +879,7 @@ class BudgetTest(parameterized.TestCase):
       lowered, programs = [], {}
       most_lowered = threading.Event()
       real_lower, real_compile = measure._lower, measure._compile
-      real_coefficients = remat_plan.coefficients
+      real_coefficients = plan_cache.coefficients
 
       def lower(step, consts, length, remat, policy=None):
         got = real_lower(step, consts, length, remat, policy)
@@ -1080,7 +907,7 @@ class BudgetTest(parameterized.TestCase):
                              lambda step: 2 * real_guess(step)), \
           mock.patch.object(measure, "_lower", lower), \
           mock.patch.object(measure, "_compile", compile_), \
-          mock.patch.object(remat_plan, "coefficients", coefficients):
+          mock.patch.object(plan_cache, "coefficients", coefficients):
         off = hkb.remat_plan(toy_step, init, xs, memory_budget=budget)
     self.assertEqual(off.choice, made.choice)
     self.assertEqual(made.choice.remat, "binomial")
@@ -1095,7 +922,7 @@ class BudgetTest(parameterized.TestCase):
     # is made (here started by every 100 allocations), then as it was.
     init, xs = jnp.zeros([4, 16]), jnp.ones([64, 4, 16])
     measuring, collections = [False], []
-    real = remat_plan.coefficients
+    real = plan_cache.coefficients
 
     def counted(phase, info):
       del info
@@ -1118,7 +945,7 @@ class BudgetTest(parameterized.TestCase):
     gc.callbacks.append(counted)
     try:
       with caches.disabled(), \
-          mock.patch.object(remat_plan, "coefficients", coefficients):
+          mock.patch.object(plan_cache, "coefficients", coefficients):
         gc.enable()
         gc.set_threshold(100)
         enabled = plan()
@@ -1959,8 +1786,8 @@ class DifferentiatedTest(absltest.TestCase):
             loss, remat="auto", memory_budget=1 << 30)), w, xs)
         second = plan_where_run(meta(remat="auto", memory_budget=1 << 30),
                                 w, xs)
-        remat_plan._COEFFICIENTS.clear()
-        remat_plan._COMPILED.clear()
+        plan_cache._COEFFICIENTS.clear()
+        plan_cache._COMPILED.clear()
         with measuring_compiles() as compiles:
           from_disk = plan_where_run(
               meta(remat="auto", memory_budget=1 << 30), w, xs)
