@@ -86,6 +86,7 @@ ACCELERATOR_TESTS=(
   haiku_bridge/_src/remat/tracing_test.py
   haiku_bridge/_src/remat/measure_test.py
   haiku_bridge/_src/remat/plan_cache_test.py
+  haiku_bridge/_src/remat/choice_test.py
 )
 # Left out: the files that need 8 devices (sharding, pipelines, foreign sharding), the wheel,
 # docs and typecheck tests (no device in them), and testing/structure_test.py, whose facts are

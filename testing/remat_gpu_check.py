@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import haiku_bridge as hkb
 from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src.remat import hlo_flops_test
+from haiku_bridge._src.remat import choice as remat_choice
 from haiku_bridge._src.remat import plan as remat_plan
 from testing import remat_models
 from testing.benchmarks.lib import remat_auto_bench
@@ -60,7 +61,7 @@ PREDICTION_TOLERANCE = 0.10
 def first_choices() -> Iterator[list[remat_plan.RematCandidate]]:
   """The choice each plan predicted first, before its compiled check."""
   made: list[remat_plan.RematCandidate] = []
-  real = remat_plan.choose
+  real = remat_choice.choose
   planning = [False]
 
   def plan(*args, **kwargs):
@@ -78,7 +79,10 @@ def first_choices() -> Iterator[list[remat_plan.RematCandidate]]:
     return chosen
 
   real_plan = remat_plan.plan
-  with mock.patch.object(remat_plan, "choose", choose), mock.patch.object(remat_plan, "plan", plan):
+  with (
+    mock.patch.object(remat_choice, "choose", choose),
+    mock.patch.object(remat_plan, "plan", plan),
+  ):
     yield made
 
 

@@ -12,9 +12,10 @@ rooms meet each other by name:
 * `step_budget.py`: `hkb.budgeted_jit`, one budget for a whole training
   step, which plans every `remat="auto"` loop without a budget of its own
   by compiling the step.
-* `plan.py`: `remat="auto"`, the plan that fits a memory budget
-  (`hkb.remat_plan`, `RematPlan`); `hlo_flops.py` counts a compiled
-  program's FLOPs, every loop by its trip count, for it.
+* `plan.py`: `remat="auto"`, the plan that fits a memory budget, and its
+  public API (`hkb.remat_plan`, `RematPlan`), made by the four modules
+  below; `hlo_flops.py` counts a compiled program's FLOPs, every loop by
+  its trip count, for them.
 * `tracing.py`: the loop's step as JAX traces it, and what surrounds the
   loop (the derivatives, vmaps and mesh it runs under): the only module
   that reads JAX's internals.
@@ -22,6 +23,8 @@ rooms meet each other by name:
   by side) and read, and the model that predicts every candidate from them.
 * `plan_cache.py`: where the measurements are kept, in memory and on
   disk, under keys of everything they depend on.
+* `choice.py`: the choice for a budget, checked compiled (`RematPlan`),
+  or the refusal that names the least budget.
 
 When a plan is made is decided in one place, `resolved`: every loop of the
 bridge (the scans', each pipeline stage's) passes it.

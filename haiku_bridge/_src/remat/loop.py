@@ -43,6 +43,7 @@ from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src import modes
+from haiku_bridge._src.remat import choice as remat_choice
 from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
@@ -108,7 +109,7 @@ class Loop:
   unroll: int | bool = 1
   memory_budget: Optional[int] = None
   slots: Optional[int] = None
-  max_recompute: float = remat_plan.MAX_RECOMPUTE
+  max_recompute: float = remat_choice.MAX_RECOMPUTE
   batch_major: bool = False
   planned: bool = False
   refused: Optional[str] = None
@@ -157,7 +158,7 @@ def _refused_if_differentiated(refusal: str, value: jax.Array) -> jax.Array:
 @_refused_if_differentiated.defjvp
 def _refused_if_differentiated_jvp(refusal, primals, tangents):
   del primals, tangents  # Called only where a tangent is not zero.
-  raise remat_plan.refusal(refusal)
+  raise remat_choice.refusal(refusal)
 
 
 def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
@@ -194,7 +195,7 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
                                hk.running_init()):
     return dataclasses.replace(loop, remat=False, policy=None,
                                memory_budget=None,
-                               max_recompute=remat_plan.MAX_RECOMPUTE)
+                               max_recompute=remat_choice.MAX_RECOMPUTE)
   if length == 0:
     return Loop(unroll=loop.unroll)
   if loop.memory_budget is None:
@@ -214,7 +215,7 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
     # for a backward pass, and computes the same values with any plan), or
     # a gradient taken outside a jax.jit or jax.checkpoint around it. The
     # refusal stands for that gradient alone.
-    if not (remat_plan.is_refusal(error) and remat_plan.deferrable()):
+    if not (remat_choice.is_refusal(error) and remat_plan.deferrable()):
       raise
     tracing.LOG.info(
         "remat=\"auto\": no derivative is seen around this loop, which runs "
@@ -228,7 +229,7 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
 
 def _unbudgeted(loop: Loop) -> Loop:
   """`remat="auto"` with no budget, outside `budgeted_jit`: plain, refusing a differentiation."""
-  refusal = remat_plan.refusal(errors.message(
+  refusal = remat_choice.refusal(errors.message(
       "`remat=\"auto\"` needs `memory_budget=`, the bytes the loop's "
       "training-step temporaries may take (hkb.remat_plan shows what each "
       "plan needs), or the training step jitted with hkb.budgeted_jit, "
@@ -260,7 +261,7 @@ def from_options(*, remat: Any = False, remat_policy: Any = None,
         raise ValueError(errors.message(
             f"`{name}` needs `remat=\"auto\"`, which chooses the plan that "
             "fits it."))
-    max_recompute = remat_plan.MAX_RECOMPUTE
+    max_recompute = remat_choice.MAX_RECOMPUTE
   if remat_groups is not None:
     remat_groups = errors.check_positive_int("remat_groups", remat_groups)
   if not (isinstance(unroll, (bool, np.bool_)) or

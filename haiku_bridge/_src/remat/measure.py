@@ -4,7 +4,8 @@ A measuring program (`_lower`) is the loop's part of a training step, as
 the budget counts it: the value and gradient of a loss of the loop's
 outputs with respect to what it closes over and its per-step inputs (those
 a gradient is taken of, as `tracing.py` reads them), at the loop's own
-length T, run as a plan says (remat=False; remat=True, under a policy or
+length T (so that what XLA does only for long loops, or short ones:
+unrolling, double buffering, is in every figure), run as a plan says (remat=False; remat=True, under a policy or
 none; a schedule of `schedule.py`, run by `scheduled_scan.py`), with the
 loop's unroll, the vmaps around it and the derivatives taken of it. It is
 compiled with XLA's cheaper code generation (`measuring_options`), which
@@ -24,7 +25,7 @@ where k is its tables' constants (a row per action, about 2·T - s of them:
 remat=False and remat=True (and the policy) beside the binomial schedule
 with one slot, so that the least plan's bytes are compiled, and takes a
 slot at the carry's bytes (`slot_guess`) until a second schedule, compiled
-for a budget, draws the line (`_sloped`, in `plan.py`). A schedule keeps up
+for a budget, draws the line (`choice.py`). A schedule keeps up
 to T - 2 slots (`most_slots`).
 
 Recomputed FLOPs come from the same compiles: r, one step's recomputation
@@ -191,8 +192,8 @@ def coefficients(step: tracing.Traced, consts, length: int, policy,
   code generation (`measuring_options`): remat=False, remat=True, and the
   binomial schedule with one slot; a slot is taken at the carry's bytes
   (`slot_guess`). `then` is called with one slot's figures as soon as they
-  are in, while the others compile (`plan.py` compiles the budget's second
-  schedule there). Kept in memory and on disk by `plan.py`.
+  are in, while the others compile (`choice.py` compiles the budget's
+  second schedule there). Kept in memory and on disk by `plan_cache.py`.
   """
   if not tracing.differentiable(step):
     # Nothing reaches a float output from a float input: no backward pass
@@ -204,7 +205,7 @@ def coefficients(step: tracing.Traced, consts, length: int, policy,
   # The least plan, binomial with one slot (a schedule of O(T) actions),
   # compiled beside remat=False and remat=True: the line a + c·s starts
   # there, and a slot's bytes are first taken as the carry's, until a
-  # second schedule is compiled (plan.py's `_sloped`).
+  # second schedule is compiled (choice.py's `_sloped`).
   one_slot = ([remat_schedule.binomial(length, 1)]
               if length > 1 and not tracing.no_schedules(step) else [])
   with _Compiles(step, consts, length, _compile_threads()) as compiles:

@@ -16,7 +16,7 @@ inputs a gradient is taken of (`tracing.py`), the mesh it is planned under,
 the backend and device, the jax, jaxlib and haiku_bridge versions, a digest
 of the code that measures them (`_MEASURING_CODE`), XLA's flags and the
 measuring compiles' options. The choice follows from the figures and the
-budget (`plan.py`), so it is the same for the same shapes, policy and
+budget (`choice.py`), so it is the same for the same shapes, policy and
 budget, in any process; it is not kept.
 """
 
@@ -56,7 +56,7 @@ def coefficients(step: tracing.Traced, consts: tuple[Any, ...], length: int,
   """`measure.coefficients`: the model's coefficients for `step` over `length` steps, kept in this process and on disk.
 
   Where they are measured, `then` is called with one slot's figures as
-  soon as they are in, while the others compile (`plan.py` compiles the
+  soon as they are in, while the others compile (`choice.py` compiles the
   budget's second schedule there).
   """
   memo = _memo_key(step, consts, length, policy)
@@ -131,8 +131,8 @@ def _compiled_in(step: tracing.Traced) -> tuple[bool, ...]:
 
 
 # What the figures depend on besides the step: the code that measures them,
-# and this module's (its keys, what its files hold). The choice (`plan.py`)
-# makes none of them: its code is not in their keys.
+# and this module's (its keys, what its files hold). The choice
+# (`choice.py`) makes none of them: its code is not in their keys.
 _MEASURING_CODE = (remat_schedule, scheduled_scan, hlo_flops, hlo_text,
                    tracing, measure, sys.modules[__name__])
 

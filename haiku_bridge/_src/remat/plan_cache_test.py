@@ -125,7 +125,7 @@ class KeyTest(absltest.TestCase):
     # The modules whose code makes the figures (the measuring programs, the
     # trace they are built from, the schedules, the FLOP count, the keys and
     # the files' format): a change to any of them is another digest, so a
-    # file measured by other code is never read. The choice (plan.py)
+    # file measured by other code is never read. The choice (choice.py)
     # makes no figure.
     self.assertEqual(
         {m.__name__.rsplit(".", 1)[1] for m in plan_cache._MEASURING_CODE},

@@ -30,6 +30,7 @@ import jax
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
+from haiku_bridge._src.remat import choice as remat_choice
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import measure
 from haiku_bridge._src.remat import plan as remat_plan
@@ -101,20 +102,20 @@ class ModelResult:
 def _coefficients_seen():
   """The `Coefficients` the loops' plans are chosen from, in order."""
   seen = []
-  real = remat_plan.choose
+  real = remat_choice.choose
 
   def spy(c, *args):
     seen.append(c)
     return real(c, *args)
 
-  with mock.patch.object(remat_plan, "choose", spy):
+  with mock.patch.object(remat_choice, "choose", spy):
     yield seen
 
 
 def _predicted(c, length: int, remat, groups) -> remat_plan.RematCandidate:
   """The prediction for a manual plan (the model's formulas, its slots)."""
   if remat in (False, True):
-    plan = remat_plan.choose(c, length, 1 << 62)
+    plan = remat_choice.choose(c, length, 1 << 62)
     return next(k for k in plan.candidates if k.remat is remat)
   sched = loop_lib.schedule(remat, length, groups)
   return measure._recomputing(  # pylint: disable=protected-access
@@ -129,7 +130,7 @@ def bench_model(name: str, model) -> ModelResult:
   with _coefficients_seen() as seen:
     remat_models.step_cost(model, params, x, length, remat="auto", memory_budget=1 << 40)
   c = seen[-1]
-  candidates = remat_plan.choose(c, length, 1 << 62).candidates
+  candidates = remat_choice.choose(c, length, 1 << 62).candidates
   manual = []
   for remat, groups in MANUAL:
     kw = {} if groups is None else {"remat_groups": groups}
@@ -213,10 +214,10 @@ def _middle_step_budget(name: str, mode: str) -> int:
     step.lower(params, x).compile().memory_analysis(), jax.default_backend()
   )
   params, x, step = _training_step(name, mode, remat="auto")
-  every = step_budget.BudgetedStep(step, None, remat_plan.MAX_RECOMPUTE, {})
+  every = step_budget.BudgetedStep(step, None, remat_choice.MAX_RECOMPUTE, {})
   trace = step_budget._Trace(step_budget.Rung(step_budget._FALSE))  # pylint: disable=protected-access
   every._lowered(-1, trace.rung, (params, x), {}, trace)  # pylint: disable=protected-access
-  least = step_budget._ladder(trace.loops, remat_plan.MAX_RECOMPUTE)[-1]  # pylint: disable=protected-access
+  least = step_budget._ladder(trace.loops, remat_choice.MAX_RECOMPUTE)[-1]  # pylint: disable=protected-access
   least_bytes = every._compiled(-1, least, (params, x), {}).bytes  # pylint: disable=protected-access
   assert least_bytes is not None
   return (per_step + least_bytes) // 2
