@@ -16,6 +16,8 @@ from haiku_bridge._src.modes import RematMode
 # `__getattr__` (PEP 562), which Python calls, not a name of `__all__`.
 from haiku_bridge._src.optional import module_getattr as __getattr__  # noqa: F401
 from haiku_bridge._src.pipeline import Pipeline
+from haiku_bridge._src.pipeline import pipeline_cost
+from haiku_bridge._src.pipeline import PipelineCost
 from haiku_bridge._src.remat import budgeted_jit
 from haiku_bridge._src.remat import BudgetedStep
 from haiku_bridge._src.remat import remat_plan
@@ -48,6 +50,7 @@ __version__ = "0.1.0"
 __all__ = (
   "BudgetedStep",
   "Pipeline",
+  "PipelineCost",
   "PipelineSchedule",
   "RematCandidate",
   "RematMode",
@@ -72,6 +75,7 @@ __all__ = (
   "layer_scan",
   "param_shardings",
   "param_specs",
+  "pipeline_cost",
   "remat_plan",
   "remat_plans",
   "repeat_layer",

@@ -9,28 +9,9 @@ data=D) mesh, the batch over `"data"`, the params as `init` returns them
 
 `measured` reads the compiled step's collectives (`hlo_collectives`: each
 op's bytes per device times the trip counts of the loops around it) into
-`ROWS`; `theory` says what each should move, per device and step, with P
-the stage's params (the stack's bytes over S), a one microbatch's boundary
-activations on one device (B/(M·D) rows), T the timetable's steps (M+S-1
-for GPipe, (R-1)·max(M, S)+M+S-1 for circular's R passes):
-
-- `collective-permute`: 2·T·a: at each step of the timetable each stage
-  sends one microbatch's activations on and their cotangent back; the
-  bubble's steps send too (`ppermute` needs every stage at each step), so
-  this is (M+S-1)/M of one send per microbatch and pass. For circular
-  with params stored over the stages, 2·P more: each stage sends its
-  stored layers once to the stages whose visits run them, in R full
-  permutations of the stages of P/R each, and the gradient back the same
-  way (a group that stays on its stage is sent to itself: an all-to-all
-  would count its own chunk too; not every R and S has equal chunks).
-- `all-reduce data`: P + 4: the stage's gradient summed over the data
-  devices once per step, and the loss's float32 mean.
-- `all-reduce stage`: M·a: the stack's output, from the last stage to the
-  others (every all-reduce not over `"data"` alone counts here).
-- `all-gather`: S·P with params as init returns them (the gradient comes
-  back whole on every device, as the plain stack's); none for `"stage"`.
-- `all-to-all`: none.
-- `reduce-scatter`: none.
+`ROWS`; `theory` is the library's cost model (`hkb.pipeline_cost`, whose
+docstring says what each should move, per device and step) plus the loss's
+float32 mean over `"data"`. `pipeline_cost_test` holds the one to the other.
 """
 
 import dataclasses
@@ -44,7 +25,6 @@ from jax.sharding import PartitionSpec as P
 
 import haiku_bridge as hkb
 from haiku_bridge._src import hlo_collectives
-from haiku_bridge._src import pipeline as pipeline_lib
 
 LAYERS = 8
 ROWS = (
@@ -71,11 +51,16 @@ class Step:
 
   compiled: Any  # jax.stages.Compiled
   mesh: dict[str, int]  # Axis sizes, in the mesh's order.
-  param_bytes: int  # The stack's, whole.
+  device_mesh: jax.sharding.Mesh
+  params: Any  # The stack's, as init returns them: `jax.ShapeDtypeStruct`s.
+  carry: jax.ShapeDtypeStruct  # The stack's input.
   pipeline: hkb.Pipeline
   placement: str  # One of PLACEMENTS.
-  batch: int
-  width: int
+
+  @property
+  def param_bytes(self) -> int:
+    """The stack's params' bytes, whole."""
+    return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(self.params))
 
   @property
   def stage_param_bytes(self) -> float:
@@ -111,7 +96,7 @@ def compiled_step(
     mesh = jax.make_mesh(mesh_shape, names)
   else:
     mesh = jax.make_mesh(mesh_shape, names, axis_types=(axis_type,) * 2)
-  param_bytes = sum(a.nbytes for a in jax.tree.leaves(params))
+  shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
   with jax.set_mesh(mesh):
     if placement == "stage":
       params = jax.device_put(
@@ -126,7 +111,13 @@ def compiled_step(
       .compile()
     )
   return Step(
-    compiled, dict(zip(names, mesh_shape)), param_bytes, pipeline, placement, batch, width
+    compiled,
+    dict(zip(names, mesh_shape)),
+    mesh,
+    shapes,
+    jax.ShapeDtypeStruct(x.shape, x.dtype),
+    pipeline,
+    placement,
   )
 
 
@@ -143,23 +134,18 @@ def measured(step: Step) -> dict[str, int]:
 
 
 def theory(step: Step) -> dict[str, float]:
-  """What the step should move per device, by row of `ROWS` (the module docstring's)."""
-  stages, data = step.mesh["stage"], step.mesh["data"]
-  m = step.pipeline.microbatches
-  repeats = step.pipeline.num_repeats(LAYERS, stages)
-  steps = pipeline_lib.timetable(stages, m, repeats).num_steps
-  stage_params = step.stage_param_bytes
-  # One microbatch's float32 rows on a device.
-  microbatch = step.batch // m // data * step.width * 4
-  circular_stored = step.pipeline.schedule == "circular" and step.placement == "stage"
-  return {
-    "all-gather": stages * stage_params if step.placement == "init" else 0,
-    "all-reduce data": stage_params + LOSS_BYTES,
-    "all-reduce stage": m * microbatch,
-    "collective-permute": 2 * steps * microbatch + (2 * stage_params if circular_stored else 0),
-    "reduce-scatter": 0,
-    "all-to-all": 0,
-  }
+  """What the step should move per device, by row of `ROWS`: the library's cost model and the loss."""
+  cost = hkb.pipeline_cost(
+    step.pipeline,
+    step.device_mesh,
+    step.params,
+    step.carry,
+    stored_over_stages=step.placement == "stage",
+    data_axes=("data",),
+  )
+  out = {row: cost.collectives[row] for row in ROWS}
+  out["all-reduce data"] += LOSS_BYTES
+  return out
 
 
 def ratio(measured_bytes: float, theory_bytes: float) -> Optional[float]:

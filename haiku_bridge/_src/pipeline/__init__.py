@@ -9,6 +9,9 @@ package, a file a job, its modules meeting each other by name:
   each part of it means for the layers, the batch, the state, the keys.
 * `staging.py`: a pipeline checked and laid out once (`Staging`: the
   stack's layout on the stages, the microbatches, their timetable).
+* `cost.py`: what a pipelined stack costs each device, before it runs
+  (`pipeline_cost`, `hkb.pipeline_cost`): its shape, bubble, memory and
+  bytes per collective kind, from the staging and a cost model.
 * `schedule.py`: the timetable both schedules run from (`Timetable`), which
   stage runs which visit of which microbatch at each step.
 * `layout.py`: the stack and the batch between the scan's layout and the
@@ -24,6 +27,8 @@ from haiku_bridge._src.pipeline.config import jax_has_pipelines
 from haiku_bridge._src.pipeline.config import jax_runs_stages_on_explicit_axes
 from haiku_bridge._src.pipeline.config import Pipeline
 from haiku_bridge._src.pipeline.config import SCHEDULES
+from haiku_bridge._src.pipeline.cost import pipeline_cost
+from haiku_bridge._src.pipeline.cost import PipelineCost
 from haiku_bridge._src.pipeline.schedule import Timetable
 from haiku_bridge._src.pipeline.schedule import timetable
 from haiku_bridge._src.pipeline.stages import run
@@ -32,12 +37,14 @@ from haiku_bridge._src.pipeline.staging import staging_for
 
 __all__ = [
   "Pipeline",
+  "PipelineCost",
   "SCHEDULES",
   "Staging",
   "Timetable",
   "check_pipeline",
   "jax_has_pipelines",
   "jax_runs_stages_on_explicit_axes",
+  "pipeline_cost",
   "run",
   "staging_for",
   "timetable",
