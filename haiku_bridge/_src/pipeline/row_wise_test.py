@@ -66,6 +66,17 @@ ROW_WISE = {
 
 MIXING = {
   "batch_mean": lambda x: x - x.mean(0),
+  # Reductions over the rows with no literal of the batch size beside them
+  # (a mean divides by one, which alone would tell the traces apart).
+  "batch_sum": lambda x: x - x.sum(0),
+  "batch_max": lambda x: x - x.max(0),
+  "argmax_over_rows": lambda x: x + jnp.argmax(x, 0),
+  # A loop whose trip count is the batch size, its body elementwise: only
+  # the count tells the traces apart (a scan's length, a while's bound).
+  "fori_loop_over_rows": lambda x: lax.fori_loop(0, x.shape[0], lambda i, c: c * 0.5, x),
+  "while_loop_over_rows": lambda x: lax.while_loop(
+    lambda c: c[0] < x.shape[0], lambda c: (c[0] + 1, c[1] * 0.5), (0, x)
+  )[1],
   "batch_size": lambda x: x / x.shape[0],
   "row_index": lambda x: x + jnp.arange(x.shape[0])[:, None, None],
   "dropout": lambda x: x * jax.random.bernoulli(jax.random.PRNGKey(0), 0.5, x.shape),
