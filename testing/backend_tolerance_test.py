@@ -18,7 +18,6 @@ ONE_ULP = {"w": jnp.nextafter(X["w"], jnp.inf)}
 
 
 class AssertSameTest(absltest.TestCase):
-
   def test_the_cpu_refuses_one_ulp(self):
     with mock.patch.object(backend_tolerance, "on_cpu", return_value=True):
       backend_tolerance.assert_same(X, {"w": jnp.array(X["w"])})
@@ -32,8 +31,11 @@ class AssertSameTest(absltest.TestCase):
         backend_tolerance.assert_same({"w": X["w"] * (1 + 1e-5)}, X)
 
   def test_the_cpu_bounds_are_the_tighter(self):
-    for bound in (backend_tolerance.values, backend_tolerance.second_order,
-                  backend_tolerance.numerical):
+    for bound in (
+      backend_tolerance.values,
+      backend_tolerance.second_order,
+      backend_tolerance.numerical,
+    ):
       with mock.patch.object(backend_tolerance, "on_cpu", return_value=True):
         cpu = bound()
       with mock.patch.object(backend_tolerance, "on_cpu", return_value=False):

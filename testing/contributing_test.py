@@ -7,7 +7,6 @@
   holds, with their reasons; each count is the code's.
 """
 
-import collections
 import glob
 import os
 import re
@@ -32,8 +31,11 @@ def library_modules() -> list[str]:
   """The library's modules, `_src/...` paths, tests and package entry points aside."""
   src = os.path.join(_ROOT, "haiku_bridge", "_src")
   paths = glob.glob(os.path.join(src, "**", "*.py"), recursive=True)
-  return sorted(os.path.relpath(p, os.path.dirname(src)) for p in paths
-                if not p.endswith("_test.py") and os.path.basename(p) != "__init__.py")
+  return sorted(
+    os.path.relpath(p, os.path.dirname(src))
+    for p in paths
+    if not p.endswith("_test.py") and os.path.basename(p) != "__init__.py"
+  )
 
 
 def skips_in_code() -> dict[str, tuple[int, int]]:
@@ -45,8 +47,10 @@ def skips_in_code() -> dict[str, tuple[int, int]]:
         code = f.read()
       # A test of the test machinery may name these in strings; only code lines count.
       lines = [line for line in code.splitlines() if not line.lstrip().startswith("#")]
-      counts = (sum(len(_SKIP.findall(line)) for line in lines),
-                sum(len(_XFAIL.findall(line)) for line in lines))
+      counts = (
+        sum(len(_SKIP.findall(line)) for line in lines),
+        sum(len(_XFAIL.findall(line)) for line in lines),
+      )
       if any(counts):
         found[os.path.relpath(path, _ROOT)] = counts
   return found
@@ -54,26 +58,33 @@ def skips_in_code() -> dict[str, tuple[int, int]]:
 
 def skips_listed() -> dict[str, tuple[int, int]]:
   """The table's rows: `| `file` | skips | expected failures | why |`."""
-  rows = re.findall(r"^\| `([^`]+_test\.py)` \| (\d+) \| (\d+) \|", section(
-      "Skips and expected failures"), re.MULTILINE)
+  rows = re.findall(
+    r"^\| `([^`]+_test\.py)` \| (\d+) \| (\d+) \|",
+    section("Skips and expected failures"),
+    re.MULTILINE,
+  )
   return {path: (int(skips), int(xfails)) for path, skips, xfails in rows}
 
 
 class ContributingTest(absltest.TestCase):
-
   def test_the_layout_names_every_module(self):
     layout = section("Layout")
     modules = library_modules()
     self.assertGreater(len(modules), 30)
-    unnamed = [m for m in modules
-               if f"`{m}`" not in layout and f"`{os.path.basename(m)}`" not in layout]
+    unnamed = [
+      m for m in modules if f"`{m}`" not in layout and f"`{os.path.basename(m)}`" not in layout
+    ]
     self.assertEqual(unnamed, [], "modules CONTRIBUTING.md's Layout table does not name")
 
   def test_every_skip_and_expected_failure_is_listed(self):
     in_code, listed = skips_in_code(), skips_listed()
     self.assertGreater(len(in_code), 10)
-    self.assertEqual(listed, in_code, "CONTRIBUTING.md's 'Skips and expected failures' against "
-                     "the code ((skips, expected failures) per file)")
+    self.assertEqual(
+      listed,
+      in_code,
+      "CONTRIBUTING.md's 'Skips and expected failures' against "
+      "the code ((skips, expected failures) per file)",
+    )
 
 
 if __name__ == "__main__":

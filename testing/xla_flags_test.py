@@ -165,13 +165,19 @@ class KnownFlagsTest(absltest.TestCase):
     # "Unknown flags in XLA_FLAGS: --a --b" (a jaxlib that knows neither
     # candidate, e.g. 0.11 on a newer XLA); the pinned jaxlib knows both, so
     # the probe above meets neither wording: here XLA's answers are played back.
-    for stderr, unknown in (("Unknown flag in XLA_FLAGS: --b\n", ["--b"]),
-                            ("Unknown flags in XLA_FLAGS: --a --b\n", ["--a", "--b"])):
-      answers = [subprocess.CompletedProcess([], 1, "", "F1207 " + stderr),
-                 subprocess.CompletedProcess([], 0, "", "")]
+    for stderr, unknown in (
+      ("Unknown flag in XLA_FLAGS: --b\n", ["--b"]),
+      ("Unknown flags in XLA_FLAGS: --a --b\n", ["--a", "--b"]),
+    ):
+      answers = [
+        subprocess.CompletedProcess([], 1, "", "F1207 " + stderr),
+        subprocess.CompletedProcess([], 0, "", ""),
+      ]
       with self.subTest(stderr), mock.patch.object(subprocess, "run", side_effect=answers):
-        self.assertEqual(xla_flags.probe(("--a", "--b", "--c")),
-                         tuple(f for f in ("--a", "--b", "--c") if f not in unknown))
+        self.assertEqual(
+          xla_flags.probe(("--a", "--b", "--c")),
+          tuple(f for f in ("--a", "--b", "--c") if f not in unknown),
+        )
 
   def test_a_process_failing_otherwise_is_an_error(self):
     with mock.patch.dict(os.environ, {"JAX_PLATFORMS": "haiku_bridge_no_such_platform"}):
