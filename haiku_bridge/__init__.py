@@ -25,8 +25,8 @@ from haiku_bridge._src.remat import remat_plans
 from haiku_bridge._src.remat import RematCandidate
 from haiku_bridge._src.remat import RematPlan
 from haiku_bridge._src.remat import StepPlan
-from haiku_bridge._src.scan import layer_scan
-from haiku_bridge._src.scan import repeat_layer
+from haiku_bridge._src.layer_scan import layer_scan
+from haiku_bridge._src.layer_scan import repeat_layer
 from haiku_bridge._src.stacked_init import stacked_init
 from haiku_bridge._src.time_scan import dynamic_unroll
 from haiku_bridge._src.time_scan import scan

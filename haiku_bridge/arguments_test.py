@@ -209,7 +209,7 @@ class CoverageTest(absltest.TestCase):
 
 
 # ---------------------------------------------------------------------------
-# scan.py: layer_scan, repeat_layer; stacked_init.py; unrolled_names.py: unstack_params,
+# layer_scan.py: layer_scan, repeat_layer; stacked_init.py; unrolled_names.py: unstack_params,
 # stack_params.
 # ---------------------------------------------------------------------------
 

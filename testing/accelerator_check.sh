@@ -76,7 +76,7 @@ ACCELERATOR_TESTS=(
   haiku_bridge/_src/flax_bridge_test.py
   testing/conformance/lift_conformance_test.py
   testing/conformance/models_conformance_test.py
-  haiku_bridge/_src/scan_test.py
+  haiku_bridge/_src/layer_scan_test.py
   testing/conformance/layer_stack_conformance_test.py
   haiku_bridge/_src/remat/schedule_test.py
   haiku_bridge/_src/time_scan_test.py

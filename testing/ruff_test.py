@@ -193,7 +193,7 @@ class RuffTest(absltest.TestCase):
     self.assertTrue(excluded("bazel-bin/x.py", patterns))
     self.assertTrue(excluded("haiku_bridge/_src/remat/plan.py", patterns))
     self.assertFalse(excluded("haiku_bridge/_src/remat_helper.py", patterns))
-    self.assertFalse(excluded("haiku_bridge/_src/scan.py", patterns))
+    self.assertFalse(excluded("haiku_bridge/_src/layer_scan.py", patterns))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 The rule set is the one docs/sharding.md documents: every matrix split over
 "model" (Megatron: heads and hidden units) and its other dimension over "data"
 (FSDP: each of 8 devices stores 1/8 of it). Layer norms and the biases after a
-row split are small and replicated. Shared by sharding_test.py, scan_test.py
+row split are small and replicated. Shared by sharding_test.py, layer_scan_test.py
 and the benchmarks testing/benchmarks/fsdp_memory.py and
 testing/bench/remat_bench.py (which stacks `block` with `hk.layer_stack`).
 """

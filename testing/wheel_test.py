@@ -110,7 +110,7 @@ class WheelTest(absltest.TestCase):
     installed_package.copy_project(cls.src)
     # A test beside its module, as in a checkout (Bazel's runfiles hold none): the build must
     # leave it out.
-    with open(os.path.join(cls.src, "haiku_bridge", "_src", "scan_test.py"), "w") as f:
+    with open(os.path.join(cls.src, "haiku_bridge", "_src", "layer_scan_test.py"), "w") as f:
       f.write("raise AssertionError('a test file was packaged')\n")
     cls.dist = os.path.join(cls.tmp, "dist")
     cls.build = installed_package.build(cls.src, cls.dist)
@@ -143,7 +143,7 @@ class WheelTest(absltest.TestCase):
     in_wheel = {n for n in names if n.startswith("haiku_bridge/")}
     expected = {f.replace(os.sep, "/") for f in package_files(self.src)}
     self.assertIn("haiku_bridge/py.typed", expected)
-    self.assertIn("haiku_bridge/_src/scan.py", expected)
+    self.assertIn("haiku_bridge/_src/layer_scan.py", expected)
     self.assertEqual(sorted(n for n in names if n.endswith("_test.py")), [])
     self.assertEqual(in_wheel, expected)
     self.assertContainsSubset(
@@ -209,7 +209,7 @@ class WheelTest(absltest.TestCase):
     sdist, _ = self.built()
     with tarfile.open(sdist) as tar:
       names = tar.getnames()
-    self.assertTrue(any(n.endswith("haiku_bridge/_src/scan.py") for n in names), names)
+    self.assertTrue(any(n.endswith("haiku_bridge/_src/layer_scan.py") for n in names), names)
     self.assertEqual([n for n in names if n.endswith("_test.py")], [])
 
   def test_installed_wheel_runs_the_quickstart(self):
@@ -249,22 +249,25 @@ class WheelTest(absltest.TestCase):
     # A tree of its own: Bazel's runfiles hold the package's modules, not its tests.
     root = tempfile.mkdtemp(dir=self.tmp)
     os.makedirs(os.path.join(root, "haiku_bridge", "_src"))
-    for name in ("__init__.py", "py.typed", "_src/scan.py", "_src/scan_test.py"):
+    for name in ("__init__.py", "py.typed", "_src/layer_scan.py", "_src/layer_scan_test.py"):
       open(os.path.join(root, "haiku_bridge", name), "w").close()
     files = package_files(root)
     self.assertEqual(
-      files, {"haiku_bridge/__init__.py", "haiku_bridge/py.typed", "haiku_bridge/_src/scan.py"}
+      files,
+      {"haiku_bridge/__init__.py", "haiku_bridge/py.typed", "haiku_bridge/_src/layer_scan.py"},
     )
-    self.assertEqual(package_files(root, tests=True), files | {"haiku_bridge/_src/scan_test.py"})
+    self.assertEqual(
+      package_files(root, tests=True), files | {"haiku_bridge/_src/layer_scan_test.py"}
+    )
 
   def test_module_names(self):
     files = {
       "haiku_bridge/__init__.py",
       "haiku_bridge/py.typed",
-      "haiku_bridge/_src/scan.py",
-      "haiku_bridge/_src/scan_test.py",
+      "haiku_bridge/_src/layer_scan.py",
+      "haiku_bridge/_src/layer_scan_test.py",
     }
-    self.assertEqual(module_names(files), ["haiku_bridge", "haiku_bridge._src.scan"])
+    self.assertEqual(module_names(files), ["haiku_bridge", "haiku_bridge._src.layer_scan"])
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import numpy as np
 
 from haiku_bridge._src import call_pure
 from haiku_bridge._src import custom_grad
-from haiku_bridge._src import scan
+from haiku_bridge._src import layer_scan
 from testing import backend_tolerance
 from testing import test_utils
 
@@ -321,7 +321,7 @@ class CustomVjpTest(parameterized.TestCase):
   def test_inside_layer_scan_with_remat(self):
     block = custom_grad.custom_vjp(stateful_dropout_mlp, custom_grad.vjp_fwd, true_bwd)
     stack = lambda f: (
-      lambda x: scan.layer_scan(lambda c, _: (c + f(c), None), x, num_layers=3, remat=True)[0]
+      lambda x: layer_scan.layer_scan(lambda c, _: (c + f(c), None), x, num_layers=3, remat=True)[0]
     )
     assert_same_as_inline(self, deep(stack(block)), deep(stack(stateful_dropout_mlp)))
 
@@ -402,7 +402,9 @@ class RouteCotangentsTest(parameterized.TestCase):
 
   def test_inside_layer_scan(self):
     self._assert_routed(
-      lambda f: lambda x: scan.layer_scan(lambda c, _: (jnp.tanh(f(c)), None), x, num_layers=2)[0]
+      lambda f: (
+        lambda x: layer_scan.layer_scan(lambda c, _: (jnp.tanh(f(c)), None), x, num_layers=2)[0]
+      )
     )
 
 
@@ -486,7 +488,7 @@ class CustomJvpTest(parameterized.TestCase):
   def test_inside_layer_scan_and_hk_vmap(self):
     block = custom_grad.custom_jvp(stateful_dropout_mlp, true_jvp)
     wrap = lambda f: (
-      lambda x: scan.layer_scan(
+      lambda x: layer_scan.layer_scan(
         lambda c, _: (c + hk.vmap(f, split_rng=False)(c), None), x, num_layers=2
       )[0]
     )

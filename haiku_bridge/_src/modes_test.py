@@ -13,7 +13,7 @@ import haiku_bridge as hkb
 from haiku_bridge._src.remat import loop
 from haiku_bridge._src import modes
 from haiku_bridge._src import pipeline
-from haiku_bridge._src import scan
+from haiku_bridge._src import layer_scan
 
 
 class ModesTest(absltest.TestCase):
@@ -45,8 +45,8 @@ class ModesTest(absltest.TestCase):
 
   def test_repeat_layer_options_are_typed(self):
     # The TypedDict of `repeat_layer(**options)` names exactly the options it passes on.
-    self.assertEqual(set(scan.RepeatOptions.__annotations__), set(scan._REPEAT_OPTIONS))
-    self.assertIs(scan.RepeatOptions.__annotations__["remat"], modes.RematMode)
+    self.assertEqual(set(layer_scan.RepeatOptions.__annotations__), set(layer_scan._REPEAT_OPTIONS))
+    self.assertIs(layer_scan.RepeatOptions.__annotations__["remat"], modes.RematMode)
 
 
 if __name__ == "__main__":

@@ -29,12 +29,12 @@ import numpy as np
 
 from haiku_bridge._src import call_pure as call_pure_lib
 from haiku_bridge._src import custom_grad
-from haiku_bridge._src import scan
+from haiku_bridge._src import layer_scan
 from haiku_bridge._src import sharding
 from testing import transformer as transformer_model
 
 call_pure = call_pure_lib.call_pure
-STACK = scan.NO_PER_LAYER_NAME
+STACK = layer_scan.NO_PER_LAYER_NAME
 
 KEY = jax.random.PRNGKey(0)
 IN, WIDTH, HIDDEN, DEPTH, BATCH = 8, 16, 32, 3, 16
@@ -126,8 +126,8 @@ def haiku_layer(h):
 
 def scan_model(x):
   def body(h):
-    h = scan.repeat_layer(lambda p, h: h + mlp(p, h), h, DEPTH, init=init_mlp)
-    return scan.repeat_layer(haiku_layer, h, DEPTH, name="blocks")
+    h = layer_scan.repeat_layer(lambda p, h: h + mlp(p, h), h, DEPTH, init=init_mlp)
+    return layer_scan.repeat_layer(haiku_layer, h, DEPTH, name="blocks")
 
   return Net(body)(x)
 
@@ -329,10 +329,10 @@ class ShardingRulesTest(parameterized.TestCase):
     # Haiku names the second `repeat_layer(name="blocks")` `blocks_1`, the
     # second unnamed stack `{STACK}_1`; each copy's layer axis comes first.
     def two_of_each(x):
-      h = scan.repeat_layer(haiku_layer, x, DEPTH, name="blocks")
-      h = scan.repeat_layer(haiku_layer, h, DEPTH, name="blocks")
-      h = scan.repeat_layer(haiku_layer, h, DEPTH)
-      return scan.repeat_layer(haiku_layer, h, DEPTH)
+      h = layer_scan.repeat_layer(haiku_layer, x, DEPTH, name="blocks")
+      h = layer_scan.repeat_layer(haiku_layer, h, DEPTH, name="blocks")
+      h = layer_scan.repeat_layer(haiku_layer, h, DEPTH)
+      return layer_scan.repeat_layer(haiku_layer, h, DEPTH)
 
     shapes = jax.eval_shape(hk.transform(lambda x: Net(two_of_each)(x)).init, KEY, batch())
     rules = sharding.ShardingRules(
@@ -757,7 +757,7 @@ class MegatronTest(parameterized.TestCase):
   def test_stacked_bridged_blocks_under_jit(self):
     f = hk.transform(
       lambda x: Net(
-        lambda h: scan.repeat_layer(lambda p, h: h + mlp(p, h), h, DEPTH, init=init_mlp)
+        lambda h: layer_scan.repeat_layer(lambda p, h: h + mlp(p, h), h, DEPTH, init=init_mlp)
       )(x)
     )
     self.check_sharded_equals_one_device(f, megatron_specs(f"net/{STACK}/~", layer_axes=1))
@@ -879,8 +879,10 @@ def all_apis_model(x, fsdp=()):
 
   def body(h):
     h = h + call_pure(lambda p, h: explicit_mlp(gather(p), h), h, init=init_mlp, name="mlp")
-    h = scan.repeat_layer(lambda p, h: h + explicit_mlp(gather(p), h), h, DEPTH, init=init_mlp)
-    h = scan.repeat_layer(haiku_layer_, h, DEPTH, name="blocks")
+    h = layer_scan.repeat_layer(
+      lambda p, h: h + explicit_mlp(gather(p), h), h, DEPTH, init=init_mlp
+    )
+    h = layer_scan.repeat_layer(haiku_layer_, h, DEPTH, name="blocks")
     block = custom_grad.custom_vjp(haiku_layer_, custom_grad.vjp_fwd, true_vjp)
     h = block(h)
     with hk.custom_getter(gathering(fsdp)):
@@ -982,7 +984,7 @@ class ExplicitMeshTest(parameterized.TestCase):
   def test_a_matmul_over_a_split_dimension_must_name_its_output(self):
     # The price of Explicit axes: `hk.Linear` as the row-split layer is
     # ambiguous, and jax says so (RowLinear above is the fix).
-    f = hk.transform(lambda x: scan.repeat_layer(haiku_layer, x, 2, name="blocks"))
+    f = hk.transform(lambda x: layer_scan.repeat_layer(haiku_layer, x, 2, name="blocks"))
     x = jnp.ones([BATCH, WIDTH])
     mesh = make_mesh((2, 4), ("data", "model"), AxisType.Explicit)
     with jax.set_mesh(mesh):

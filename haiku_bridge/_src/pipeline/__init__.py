@@ -1,6 +1,6 @@
 """Pipeline parallelism for a layer scan, entered here: the names the rest of the library uses.
 
-`layer_scan(..., pipeline=Pipeline(...))` (`scan.py`) checks its pipeline
+`layer_scan(..., pipeline=Pipeline(...))` (`layer_scan.py`) checks its pipeline
 against the mesh, the stack and the batch and lays it out (`staging_for`,
 at init under a mesh and at apply), then runs its stages (`run`). The
 package, a file a job, its modules meeting each other by name:
@@ -12,7 +12,7 @@ package, a file a job, its modules meeting each other by name:
 * `cost.py`: what a pipelined stack costs each device, before it runs
   (`pipeline_cost`, `hkb.pipeline_cost`): its shape, bubble, memory and
   bytes per collective kind, from the staging and a cost model.
-* `schedule.py`: the timetable both schedules run from (`Timetable`), which
+* `timetables.py`: the timetable both schedules run from (`Timetable`), which
   stage runs which visit of which microbatch at each step.
 * `layout.py`: the stack and the batch between the scan's layout and the
   stages' (`Layout`, `Batch`).
@@ -29,8 +29,8 @@ from haiku_bridge._src.pipeline.config import Pipeline
 from haiku_bridge._src.pipeline.config import SCHEDULES
 from haiku_bridge._src.pipeline.cost import pipeline_cost
 from haiku_bridge._src.pipeline.cost import PipelineCost
-from haiku_bridge._src.pipeline.schedule import Timetable
-from haiku_bridge._src.pipeline.schedule import timetable
+from haiku_bridge._src.pipeline.timetables import Timetable
+from haiku_bridge._src.pipeline.timetables import timetable
 from haiku_bridge._src.pipeline.stages import run
 from haiku_bridge._src.pipeline.staging import Staging
 from haiku_bridge._src.pipeline.staging import staging_for

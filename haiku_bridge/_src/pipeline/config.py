@@ -23,7 +23,7 @@ visit through the stack's own loop (`loop.Loop`, with its remat):
   is a visit, 1/R of a GPipe step, and the bubble is (S-1)/(R·M+S-1) for
   M ≥ S.
 
-`schedule.timetable(...)` is what both run from: which stage runs which
+`timetables.timetable(...)` is what both run from: which stage runs which
 visit of which microbatch at each step.
 
 Semantics of what goes per microbatch:

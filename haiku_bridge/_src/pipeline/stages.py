@@ -25,7 +25,7 @@ from haiku_bridge._src import modes
 from haiku_bridge._src import remat as remat_lib
 from haiku_bridge._src.pipeline import layout as layout_lib
 from haiku_bridge._src.pipeline import row_wise
-from haiku_bridge._src.pipeline import schedule
+from haiku_bridge._src.pipeline import timetables
 from haiku_bridge._src.pipeline import staging as staging_lib
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
@@ -511,7 +511,7 @@ class _StageProgram:
   body: Callable[..., Any]
   loop: remat_lib.Loop
   layout: layout_lib.Layout
-  timetable: schedule.Timetable
+  timetable: timetables.Timetable
   microbatches: int
   # Run with jax's check of varying types off (`jax.shard_map`'s
   # `check_vma=False`), where the transpose of a `psum` is a `psum`.

@@ -17,7 +17,7 @@ import numpy as np
 from haiku_bridge._src import errors
 from haiku_bridge._src.pipeline import config
 from haiku_bridge._src.pipeline import layout as layout_lib
-from haiku_bridge._src.pipeline import schedule
+from haiku_bridge._src.pipeline import timetables
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
 
@@ -28,7 +28,7 @@ class Staging:
 
   layout: layout_lib.Layout
   batch: layout_lib.Batch
-  timetable: schedule.Timetable
+  timetable: timetables.Timetable
 
 
 def staging_for(
@@ -120,7 +120,7 @@ def staging_for(
   return Staging(
     layout,
     layout_lib.Batch(microbatches, pipeline.axis),
-    schedule.timetable(stages, microbatches, repeats),
+    timetables.timetable(stages, microbatches, repeats),
   )
 
 

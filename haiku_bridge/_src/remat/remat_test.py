@@ -73,7 +73,7 @@ class EntryPointTest(absltest.TestCase):
             importers[os.path.relpath(path, _LIBRARY)] = inside
     self.assertEqual(importers, {})
     # Guards the walk: the modules that use the machinery were read.
-    for module in ("__init__.py", "_src/scan.py", "_src/time_scan.py",
+    for module in ("__init__.py", "_src/layer_scan.py", "_src/time_scan.py",
                    "_src/pipeline/stages.py"):
       self.assertIn(module.replace("/", os.sep), read)
 

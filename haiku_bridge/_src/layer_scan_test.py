@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src import pipeline as pipeline_lib
-from haiku_bridge._src import scan
+from haiku_bridge._src import layer_scan
 from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src import sharding
 from haiku_bridge._src import unrolled_names
@@ -32,7 +32,7 @@ from testing import transformer
 KEY = jax.random.PRNGKey(0)
 X = jax.random.normal(jax.random.PRNGKey(1), [2, 4])
 DEPTH = 3  # √3 divides nothing: "nested" runs groups of 2 and 1.
-STACK = scan.NO_PER_LAYER_NAME
+STACK = layer_scan.NO_PER_LAYER_NAME
 REMAT_MODES = loop_lib.REMAT_MODES
 
 
@@ -100,7 +100,7 @@ class LayerStackParityTest(parameterized.TestCase):
 
   @parameterized.named_parameters(("plain", block), ("dropout", dropout_block))
   def test_no_per_layer_inputs(self, layer):
-    ours = hk.transform(lambda x: scan.repeat_layer(layer, x, DEPTH))
+    ours = hk.transform(lambda x: layer_scan.repeat_layer(layer, x, DEPTH))
     theirs = hk.transform(lambda x: hk.layer_stack(DEPTH)(layer)(x))
     p_ours, p_theirs = ours.init(KEY, X), theirs.init(KEY, X)
     chex.assert_trees_all_equal(p_ours, p_theirs)
@@ -120,14 +120,14 @@ class LayerStackParityTest(parameterized.TestCase):
     class Net(hk.Module):
       def __call__(self, x, xs, ours):
         if ours:
-          return scan.layer_scan(layer, x, xs)
+          return layer_scan.layer_scan(layer, x, xs)
         return hk.layer_stack(DEPTH, with_per_layer_inputs=True)(layer)(x, xs)
 
     ours = hk.transform(lambda x, xs: Net()(x, xs, True))
     theirs = hk.transform(lambda x, xs: Net()(x, xs, False))
     p_ours, p_theirs = ours.init(KEY, X, xs), theirs.init(KEY, X, xs)
     chex.assert_trees_all_equal(p_ours, p_theirs)
-    self.assertIn(f"net/{scan.WITH_PER_LAYER_NAME}/~", p_ours)
+    self.assertIn(f"net/{layer_scan.WITH_PER_LAYER_NAME}/~", p_ours)
     chex.assert_trees_all_close(
       ours.apply(p_theirs, None, X, xs), theirs.apply(p_theirs, None, X, xs), rtol=1e-6
     )
@@ -135,7 +135,7 @@ class LayerStackParityTest(parameterized.TestCase):
   def test_getters_see_each_layers_params(self):
     seen = []
     under_getter = lambda stack: hk.transform(under_fake_quant(stack, seen))
-    ours = under_getter(lambda x: scan.repeat_layer(block, x, DEPTH))
+    ours = under_getter(lambda x: layer_scan.repeat_layer(block, x, DEPTH))
     theirs = under_getter(lambda x: hk.layer_stack(DEPTH)(block)(x))
     params = theirs.init(KEY, X)
     chex.assert_trees_all_equal(ours.init(KEY, X), params)
@@ -149,7 +149,7 @@ class LayerStackParityTest(parameterized.TestCase):
 
   def test_state(self):
     # Each layer's state is initialised from the carry that reaches it.
-    ours = hk.transform_with_state(lambda x: scan.repeat_layer(counting_block, x, DEPTH))
+    ours = hk.transform_with_state(lambda x: layer_scan.repeat_layer(counting_block, x, DEPTH))
     theirs = hk.transform_with_state(lambda x: hk.layer_stack(DEPTH)(counting_block)(x))
     (p_ours, s_ours), (p_theirs, s_theirs) = (ours.init(KEY, X), theirs.init(KEY, X))
     chex.assert_trees_all_equal((p_ours, s_ours), (p_theirs, s_theirs))
@@ -168,11 +168,11 @@ class UnrolledLoopTest(parameterized.TestCase):
   def _assert_matches_loop(self, layer, xs=None, *, state=False, rtol=1e-5, **options):
     reverse = options.get("reverse", False)
     ours = hk.transform_with_state(
-      lambda x, xs: scan.layer_scan(layer, x, xs, num_layers=DEPTH, **options)
+      lambda x, xs: layer_scan.layer_scan(layer, x, xs, num_layers=DEPTH, **options)
     )
     ref = hk.transform_with_state(lambda x, xs: loop(layer, x, xs, reverse=reverse))
     params, st = ours.init(KEY, X, xs)
-    stack = STACK if xs is None else scan.WITH_PER_LAYER_NAME
+    stack = STACK if xs is None else layer_scan.WITH_PER_LAYER_NAME
     to_loop = lambda tree: unrolled_names.unstack_params(tree, stack=stack, num_layers=DEPTH)
     loop_params, loop_state = to_loop(params), to_loop(st)
     # The loop creates exactly the per-layer names the mapping gives.
@@ -235,14 +235,16 @@ class UnrolledLoopTest(parameterized.TestCase):
   def test_unroll_reaches_the_scan(self):
     # Cost only, so seen in the jaxpr: jax.lax.scan's own `unroll`.
     f = hk.transform(
-      lambda x: scan.layer_scan(lambda c, _: (block(c), None), x, num_layers=DEPTH, unroll=2)[0]
+      lambda x: layer_scan.layer_scan(lambda c, _: (block(c), None), x, num_layers=DEPTH, unroll=2)[
+        0
+      ]
     )
     jaxpr = jax.make_jaxpr(lambda p: f.apply(p, None, X))(f.init(KEY, X))
     self.assertEqual([e.params["unroll"] for e in jaxpr.eqns if e.primitive.name == "scan"], [2])
 
   def test_transformed_layer(self):
     layer = hk.transform(lambda c, _: (block(c), jnp.mean(c)))
-    ours = hk.transform(lambda x: scan.layer_scan(layer, x, num_layers=DEPTH))
+    ours = hk.transform(lambda x: layer_scan.layer_scan(layer, x, num_layers=DEPTH))
     ref = hk.transform(lambda x: loop(lambda c, x: (block(c), jnp.mean(c)), x))
     params = ours.init(KEY, X)
     chex.assert_trees_all_close(
@@ -277,7 +279,7 @@ class RematScheduleTest(parameterized.TestCase):
   )
   def test_rng_per_layer(self, remat, depth, groups):
     self._assert_matches_layer_stack(
-      lambda x: scan.repeat_layer(dropout_block, x, depth, remat=remat, remat_groups=groups),
+      lambda x: layer_scan.repeat_layer(dropout_block, x, depth, remat=remat, remat_groups=groups),
       lambda x: hk.layer_stack(depth)(hk.remat(dropout_block))(x),
       X,
     )
@@ -296,7 +298,7 @@ class RematScheduleTest(parameterized.TestCase):
     def ours(groups):
       net = hk.transform(
         lambda h: jnp.sum(
-          scan.layer_scan(
+          layer_scan.layer_scan(
             lambda h, _: (jnp.tanh(hk.Linear(width, with_bias=False)(h)), None),
             h,
             num_layers=depth,
@@ -334,7 +336,7 @@ class RematScheduleTest(parameterized.TestCase):
   @parameterized.parameters(*loop_lib.REMAT_SCHEDULES)
   def test_reverse_with_state(self, remat):
     self._assert_matches_layer_stack(
-      lambda x: scan.repeat_layer(counting_block, x, 5, remat=remat, reverse=True),
+      lambda x: layer_scan.repeat_layer(counting_block, x, 5, remat=remat, reverse=True),
       lambda x: hk.layer_stack(5)(hk.remat(counting_block))(x, reverse=True),
       X,
     )
@@ -346,7 +348,7 @@ class RematScheduleTest(parameterized.TestCase):
 
     xs = {"gain": 1 + jax.random.uniform(KEY, [6, 4])}
     self._assert_matches_layer_stack(
-      lambda x, xs: scan.layer_scan(layer, x, xs, remat=remat),
+      lambda x, xs: layer_scan.layer_scan(layer, x, xs, remat=remat),
       lambda x, xs: hk.layer_stack(6, with_per_layer_inputs=True)(hk.remat(layer))(x, xs),
       X,
       xs,
@@ -363,7 +365,7 @@ class RematScheduleTest(parameterized.TestCase):
       return f
 
     self._assert_matches_layer_stack(
-      net(lambda layer, x: scan.repeat_layer(layer, x, 6, remat=remat)),
+      net(lambda layer, x: layer_scan.repeat_layer(layer, x, 6, remat=remat)),
       net(lambda layer, x: hk.layer_stack(6)(hk.remat(layer))(x)),
       X,
     )
@@ -372,7 +374,7 @@ class RematScheduleTest(parameterized.TestCase):
   def test_getters_see_each_layers_params(self, remat):
     seen = []
     self._assert_matches_layer_stack(
-      under_fake_quant(lambda x: scan.repeat_layer(block, x, 5, remat=remat), seen),
+      under_fake_quant(lambda x: layer_scan.repeat_layer(block, x, 5, remat=remat), seen),
       under_fake_quant(lambda x: hk.layer_stack(5)(hk.remat(block))(x), seen),
       X,
     )
@@ -386,7 +388,7 @@ class RematScheduleTest(parameterized.TestCase):
       grads = {}
       for mode in (True, remat):
         f = hk.transform(
-          lambda x, mode=mode, layer=layer: scan.repeat_layer(
+          lambda x, mode=mode, layer=layer: layer_scan.repeat_layer(
             layer, x, 7, init=init_dense, remat=mode
           )
         )
@@ -417,7 +419,7 @@ class RematScheduleTest(parameterized.TestCase):
 
       return all_of_them(params, X)
 
-    ours = hk.transform(lambda x: scan.repeat_layer(block, x, 4, remat=remat))
+    ours = hk.transform(lambda x: layer_scan.repeat_layer(block, x, 4, remat=remat))
     theirs = hk.transform(lambda x: hk.layer_stack(4)(hk.remat(block))(x))
     params = theirs.init(KEY, X)
     chex.assert_trees_all_equal(ours.init(KEY, X), params)
@@ -429,7 +431,7 @@ class RematScheduleTest(parameterized.TestCase):
     # The limit the docstring states: traced by jax.jit first, the scan
     # cannot see the forward mode applied later (jax.jvp(jax.jit(f))); the
     # error names the call, `remat` and the fix.
-    f = hk.transform(lambda x: scan.repeat_layer(block, x, 4, remat="nested"))
+    f = hk.transform(lambda x: layer_scan.repeat_layer(block, x, 4, remat="nested"))
     params = f.init(KEY, X)
     apply = jax.jit(lambda p: f.apply(p, None, X))
     with self.assertRaisesRegex(
@@ -506,7 +508,7 @@ class ShardedRematScheduleTest(parameterized.TestCase):
         return h + jnp.tanh(hk.Linear(h.shape[-1])(h))
 
     def step(remat):
-      f = hk.transform(lambda x: scan.repeat_layer(layer, x, 5, remat=remat))
+      f = hk.transform(lambda x: layer_scan.repeat_layer(layer, x, 5, remat=remat))
       return f, jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(f.apply(p, None, x) ** 2)))
 
     x = jax.random.normal(KEY, [8, 16])
@@ -524,7 +526,7 @@ class ShardedRematScheduleTest(parameterized.TestCase):
 
   @parameterized.product(remat=loop_lib.REMAT_SCHEDULES, check_vma=(True, False))
   def test_shard_map_data_parallel(self, remat, check_vma):
-    f = hk.transform(lambda x: scan.repeat_layer(dropout_block, x, 5, remat=remat))
+    f = hk.transform(lambda x: layer_scan.repeat_layer(dropout_block, x, 5, remat=remat))
     x = jax.random.normal(KEY, [16, 4])
     params = f.init(KEY, x)
     grad = jax.grad(lambda p, x: jnp.mean(f.apply(p, KEY, x) ** 2))
@@ -573,7 +575,7 @@ half_grad_dense.defvjp(lambda params, x: jax.vjp(dense, params, x), _half_grad_b
 
 class PureLayerTest(parameterized.TestCase):
   def test_check_grads(self):
-    f = hk.transform(lambda x: scan.repeat_layer(dense, x, DEPTH, init=init_dense))
+    f = hk.transform(lambda x: layer_scan.repeat_layer(dense, x, DEPTH, init=init_dense))
     params = f.init(KEY, X)
     self.assertEqual(params[f"{STACK}/~"]["w"].shape, (DEPTH, 4, 4))
     jtu.check_grads(
@@ -581,7 +583,9 @@ class PureLayerTest(parameterized.TestCase):
     )
 
   def test_matches_loop_over_slices(self):
-    f = hk.transform(lambda x: scan.repeat_layer(dense, x, DEPTH, init=init_dense, remat=True))
+    f = hk.transform(
+      lambda x: layer_scan.repeat_layer(dense, x, DEPTH, init=init_dense, remat=True)
+    )
     params = f.init(KEY, X)
 
     def reference(p, x):
@@ -598,8 +602,8 @@ class PureLayerTest(parameterized.TestCase):
 
   def test_custom_vjp_layer(self):
     # The scan must carry the custom rule into every layer.
-    f = hk.transform(lambda x: scan.repeat_layer(half_grad_dense, x, DEPTH, init=init_dense))
-    plain = hk.transform(lambda x: scan.repeat_layer(dense, x, DEPTH, init=init_dense))
+    f = hk.transform(lambda x: layer_scan.repeat_layer(half_grad_dense, x, DEPTH, init=init_dense))
+    plain = hk.transform(lambda x: layer_scan.repeat_layer(dense, x, DEPTH, init=init_dense))
     params = f.init(KEY, X)
     loss = lambda t: lambda p: jnp.sum(t.apply(p, None, X) ** 2)
     chex.assert_trees_all_close(
@@ -614,7 +618,7 @@ class StructureTest(parameterized.TestCase):
   @parameterized.parameters(False, "nested", "binomial")
   def test_trace_does_not_grow_with_depth(self, remat):
     def eqns(depth):
-      f = hk.transform(lambda x: scan.repeat_layer(block, x, depth, remat=remat))
+      f = hk.transform(lambda x: layer_scan.repeat_layer(block, x, depth, remat=remat))
       params = f.init(KEY, X)
       grad = jax.grad(lambda p: jnp.sum(f.apply(p, None, X)))
       return sum(test_utils.primitive_counts(grad, params).values())
@@ -625,7 +629,7 @@ class StructureTest(parameterized.TestCase):
 class ErrorsTest(parameterized.TestCase):
   def test_xs_leading_axis(self):
     f = hk.transform(
-      lambda x: scan.layer_scan(
+      lambda x: layer_scan.layer_scan(
         lambda c, x: (block(c + x), None), x, jnp.ones([DEPTH + 1, 4]), num_layers=DEPTH
       )
     )
@@ -637,7 +641,7 @@ class ErrorsTest(parameterized.TestCase):
       f.init(KEY, X)
 
   def test_carry_mismatch(self):
-    f = hk.transform(lambda x: scan.repeat_layer(lambda x: hk.Linear(3)(x), x, DEPTH))
+    f = hk.transform(lambda x: layer_scan.repeat_layer(lambda x: hk.Linear(3)(x), x, DEPTH))
     with self.assertRaisesRegex(
       ValueError,
       r"got float32\[2, 4\] and "
@@ -647,25 +651,25 @@ class ErrorsTest(parameterized.TestCase):
 
   @parameterized.parameters((0, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError))
   def test_bad_num_layers(self, n, error):
-    f = hk.transform(lambda x: scan.repeat_layer(block, x, n))
+    f = hk.transform(lambda x: layer_scan.repeat_layer(block, x, n))
     with self.assertRaisesRegex(error, "positive int"):
       f.init(KEY, X)
 
   def test_no_num_layers(self):
-    f = hk.transform(lambda x: scan.layer_scan(as_carry_layer(block), x))
+    f = hk.transform(lambda x: layer_scan.layer_scan(as_carry_layer(block), x))
     with self.assertRaisesRegex(ValueError, "needs `num_layers=`"):
       f.init(KEY, X)
 
   def test_transformed_layer_with_init(self):
     layer = hk.transform(as_carry_layer(block))
     f = hk.transform(
-      lambda x: scan.layer_scan(layer, x, num_layers=DEPTH, init=lambda rng, c, x: {})
+      lambda x: layer_scan.layer_scan(layer, x, num_layers=DEPTH, init=lambda rng, c, x: {})
     )
     with self.assertRaisesRegex(TypeError, "brings its own init; do not pass `init=` as well"):
       f.init(KEY, X)
 
   def test_params_for_another_depth(self):
-    f = hk.transform(lambda x, n: scan.repeat_layer(block, x, n))
+    f = hk.transform(lambda x, n: layer_scan.repeat_layer(block, x, n))
     with self.assertRaisesRegex(
       ValueError,
       r"a stack of 3 layers, but this "
