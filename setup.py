@@ -2,9 +2,9 @@
 
 Each module's test sits beside it (`_src/layer_scan.py`, `_src/layer_scan_test.py`), and
 setuptools puts every module of a package into the wheel: pyproject.toml cannot leave modules out
-(`exclude-package-data` filters data files only), so this build step drops `*_test.py`. setuptools lists the sdist's
-modules through it too, so neither the wheel nor the sdist ships the tests (they live in the
-repository). `//testing:wheel_test` checks both.
+(`exclude-package-data` filters data files only), so this build step drops `*_test.py`.
+setuptools lists the sdist's modules through it too, so neither the wheel nor the sdist ships the
+tests (they live in the repository). `//testing:wheel_test` checks both.
 """
 
 import setuptools
