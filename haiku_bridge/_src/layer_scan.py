@@ -132,15 +132,10 @@ def layer_scan(
       (`hkb.remat_plan` shows the candidates).
     unroll: passed to `jax.lax.scan`: a bool or a non-negative int.
     reverse: run the layers from last to first (as `jax.lax.scan`).
-    memory_budget: with `remat="auto"`, the bytes the loop's part of a training
-      step may take, held by the compiled loop: its temporaries (what its
-      backward pass keeps, its outputs and their cotangents, the carry's
-      cotangent, its working memory) and the constants it compiles in (a
-      schedule's tables, arrays the step closes over); not the params or
-      their gradients, nor the rest
-      of the step (README, "Choosing remat for one loop"); None: the budget of the
-      whole step, inside `hkb.budgeted_jit`; with `pipeline=`, per stage: those of one
-      visit's loop on one microbatch.
+    memory_budget: with `remat="auto"`, the bytes the loop's part of a training step may take,
+      as `hkb.remat_plan` counts them; None: the budget of the whole step, inside
+      `hkb.budgeted_jit`; with `pipeline=`, per stage: those of one visit's loop on one
+      microbatch.
     max_recompute: with `remat="auto"`, the most forward passes of the loop
       a plan may run again in the backward pass (`remat=True` runs 1;
       default 3; `math.inf` allows any). Where every plan that fits the

@@ -198,11 +198,10 @@ def stage_loop(
 ) -> remat_lib.Loop:
   """The loop every stage runs for `remat="auto"`: planned once, for one visit.
 
-  `memory_budget` is per stage: the training-step temporaries of one
-  visit's loop (`layers` layers) on one microbatch, as `remat_plan` counts
-  a loop's (what its backward pass keeps, its outputs and their
-  cotangents, its working memory; not the stage's params, nor what the
-  timetable keeps across visits and microbatches). The plan is made here,
+  `memory_budget` is per stage: what one visit's loop (`layers` layers)
+  holds on one microbatch, as `remat_plan` counts a loop's (not the
+  stage's params, nor what the timetable keeps across visits and
+  microbatches). The plan is made here,
   outside the stages' `shard_map`, on one microbatch's carry and one
   visit's layers, unsharded (as `remat_plan` plans every step), so every
   stage and every visit runs the same one, and `_kept_by` sees it.

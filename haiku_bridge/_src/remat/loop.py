@@ -84,14 +84,9 @@ class Loop:
       many (by default, at most N - 1: one more forward pass).
     unroll: passed to `jax.lax.scan`.
     slots: with "binomial", the slots to keep (instead of `groups`).
-    memory_budget: with `remat="auto"`, the bytes the loop's part of a training
-      step may take, held by the compiled loop: its temporaries (what its
-      backward pass keeps, its outputs and their cotangents, the carry's
-      cotangent, its working memory) and the constants it compiles in (a
-      schedule's tables, arrays the step closes over); not the params or
-      their gradients, nor the rest
-      of the step (README, "Choosing remat for one loop"); None: the budget of the
-      whole step, inside `hkb.budgeted_jit`.
+    memory_budget: with `remat="auto"`, the bytes the loop's part of a
+      training step may take, as `hkb.remat_plan` counts them; None: the
+      budget of the whole step, inside `hkb.budgeted_jit`.
     max_recompute: with `remat="auto"`, the most forward passes of the
       loop a plan may recompute.
     batch_major: with `remat="auto"`, whether the caller swaps the loop's

@@ -125,7 +125,9 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
       keeps, its outputs and their cotangents, the carry's cotangent, its
       working memory) and the constants it compiles in (a schedule's
       tables, arrays the step closes over); not the params or their
-      gradients, nor the rest of the step.
+      gradients, nor the rest of the step, which come on top. The loops'
+      `memory_budget=` counts the same (docs/remat.md, "What the budget
+      counts"); `hkb.budgeted_jit` budgets a whole step.
     remat_policy: a `jax.checkpoint_policies` policy: per-step remat under
       it is a candidate too (as `remat="auto", remat_policy=` weighs it).
     max_recompute: the most forward passes of the loop the backward pass
