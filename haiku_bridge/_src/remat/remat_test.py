@@ -2,6 +2,7 @@
 
 import ast
 import os
+from typing import Iterator
 
 from absl.testing import absltest
 
@@ -14,22 +15,27 @@ _INSIDE = {f[:-len(".py")] for f in os.listdir(_PACKAGE)
            if f.endswith(".py") and f != "__init__.py"}
 
 
+def names_read(source: str) -> Iterator[str]:
+  """The dotted names `source` imports (each module, and each `module.name` imported from it) or reads off `jax` (`jax.core`)."""
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      yield from (alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      yield node.module
+      yield from (f"{node.module}.{alias.name}" for alias in node.names)
+    elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+          and node.value.id == "jax"):
+      yield f"jax.{node.attr}"
+
+
 def modules_inside(source: str) -> set[str]:
   """The package's own modules `source` imports (`from ...remat import loop`, `...remat.loop`)."""
   found = set()
-  for node in ast.walk(ast.parse(source)):
-    if isinstance(node, ast.Import):
-      names = [alias.name for alias in node.names]
-    elif isinstance(node, ast.ImportFrom) and node.module:
-      names = [node.module] + [f"{node.module}.{alias.name}"
-                               for alias in node.names]
-    else:
-      continue
-    for name in names:
-      parts = name.split(".")
-      if parts[:3] == ["haiku_bridge", "_src", "remat"] and len(parts) > 3 and (
-          parts[3] in _INSIDE):
-        found.add(parts[3])
+  for name in names_read(source):
+    parts = name.split(".")
+    if parts[:3] == ["haiku_bridge", "_src", "remat"] and len(parts) > 3 and (
+        parts[3] in _INSIDE):
+      found.add(parts[3])
   return found
 
 
@@ -39,21 +45,8 @@ _JAX_INTERNALS = ("jax._src", "jax.core", "jax.extend", "jax.interpreters")
 
 def jax_internals(source: str) -> set[str]:
   """The modules of JAX's internals `source` imports or reads (`from jax._src import config`, `jax.core.Tracer`)."""
-  found = set()
-  for node in ast.walk(ast.parse(source)):
-    if isinstance(node, ast.Import):
-      names = [alias.name for alias in node.names]
-    elif isinstance(node, ast.ImportFrom) and node.module:
-      names = [node.module]
-    elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-          and node.value.id == "jax"):
-      names = [f"jax.{node.attr}"]
-    else:
-      continue
-    found.update(
-        internal for name in names for internal in _JAX_INTERNALS
-        if name == internal or name.startswith(internal + "."))
-  return found
+  return {internal for name in names_read(source) for internal in _JAX_INTERNALS
+          if name == internal or name.startswith(internal + ".")}
 
 
 class EntryPointTest(absltest.TestCase):
@@ -111,6 +104,7 @@ class JaxInternalsTest(absltest.TestCase):
                       "from jax import lax\n"
                       "jax.tree.map(f, x)\n"),
         {"jax._src", "jax.extend", "jax.interpreters", "jax.core"})
+    self.assertEqual(jax_internals("from jax import core\n"), {"jax.core"})
 
 
 if __name__ == "__main__":
