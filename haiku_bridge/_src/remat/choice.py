@@ -333,7 +333,7 @@ def _sloped(c: measure.Coefficients, step: tracing.Traced, consts, memory_budget
   bfloat16 carry's at twice or XLA:TPU a carry's padded to its tiles, or
   compiles that count of slots off the line, as near T), or where the
   budget holds fewer than two slots, the line runs through the most slots
-  a candidate keeps (`_most_slots`) instead, so that every schedule's
+  a candidate keeps (`measure.most_slots`) instead, so that every schedule's
   prediction lies between two compiles and one count's miss moves no
   other's; and, compiled beside it, the most slots the budget holds on the
   line through the two schedules compiled (`_reaimed`), the likely choice,
@@ -372,8 +372,8 @@ def _second_point(length: int, memory_budget: int, one: float,
   """The second schedule `_sloped` compiles: the most slots `memory_budget` holds on the first line.
 
   That line: one slot's temporaries `one`, `guess` bytes more per slot,
-  one slot's tables' `constants` (the most). At most `_most_slots`; where
-  the budget holds fewer than two, `_most_slots`; None for a loop of fewer
+  one slot's tables' `constants` (the most). At most `measure.most_slots`; where
+  the budget holds fewer than two, `measure.most_slots`; None for a loop of fewer
   than four steps (one slot is the most a schedule keeps).
   """
   most = measure.most_slots(length)
