@@ -53,6 +53,7 @@ from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.remat.choice import RematPlan
 from haiku_bridge._src.remat.measure import RematCandidate  # noqa: F401  # pylint: disable=unused-import
 
+
 def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
                remat_policy: Optional[Callable[..., bool]] = None,
                max_recompute: Optional[float] = None,
@@ -362,8 +363,9 @@ def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   compiled to 2.1× one slot's schedule without them).
   """
   with _no_cyclic_gc():
-    return _plan(f, init, xs, length, memory_budget, policy, max_recompute,
-                 unroll, batch_major)
+    step, consts = tracing.trace(f, init, xs, length, unroll, batch_major)
+    return choice.checked_plan(step, consts, length, memory_budget, policy,
+                               max_recompute)
 
 
 @contextlib.contextmanager
@@ -386,11 +388,3 @@ def _no_cyclic_gc() -> Iterator[None]:
   finally:
     if was_enabled:
       gc.enable()
-
-
-def _plan(f, init, xs, length: int, memory_budget: int, policy,
-          max_recompute: float, unroll: int | bool = 1,
-          batch_major: bool = False) -> RematPlan:
-  step, consts = tracing.trace(f, init, xs, length, unroll, batch_major)
-  return choice.checked_plan(step, consts, length, memory_budget, policy,
-                             max_recompute)
