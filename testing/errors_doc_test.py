@@ -261,6 +261,21 @@ def adapters_installed() -> bool:
   return True
 
 
+def stack_leaf(num_layers: int) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct((num_layers, 16), jnp.float32)
+
+
+def cost_of(stack_params: Any, **options: Any) -> Any:
+  """`hkb.pipeline_cost` of 4 stages × 2 data devices, 4 microbatches of a batch of 32."""
+  return hkb.pipeline_cost(
+    hkb.Pipeline("stage", 4),
+    jax.sharding.AbstractMesh((4, 2), ("stage", "data")),
+    stack_params,
+    jax.ShapeDtypeStruct((32, 16), jnp.float32),
+    **options,
+  )
+
+
 def pipelined(num_layers: int, pipeline: Any, mesh_shape: dict[str, int]) -> None:
   """Applies a pipelined stack of `num_layers` to a batch of 2 under a mesh of `mesh_shape`."""
   f = hk.transform(
@@ -606,6 +621,13 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     jax.device_put(jnp.ones([8]), jax.sharding.NamedSharding(mesh(), P("data"))), "dta"
   ),
   # Pipelines.
+  (SECTION_PIPELINE, "`stack_params` of two stacks (leaves of different lengths)"): lambda: cost_of(
+    {"w": stack_leaf(8), "b": stack_leaf(3)}
+  ),
+  (SECTION_PIPELINE, "`stack_params` with no array"): lambda: cost_of({}),
+  (SECTION_PIPELINE, "`data_axes` not the mesh's"): lambda: cost_of(
+    {"w": stack_leaf(8)}, data_axes=("model",)
+  ),
   (SECTION_PIPELINE, "`num_layers` not a multiple of the stages"): lambda: pipelined(
     6, hkb.Pipeline("stage", 2), {"stage": 4}
   ),

@@ -160,6 +160,7 @@ def pipeline_cost(
           "pipeline", pipeline, "an hkb.Pipeline, e.g. hkb.Pipeline(\"stage\", microbatches=4)"
         )
       )
+    stored_over_stages = errors.check_bool("stored_over_stages", stored_over_stages)
     axes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     num_layers = _num_layers(stack_params)
     if data_axes is None:
@@ -167,10 +168,10 @@ def pipeline_cost(
     for name in data_axes:
       if name not in axes or name == pipeline.axis:
         raise ValueError(
-          errors.bad_argument(
-            "data_axes",
-            tuple(data_axes),
-            f"axes of the mesh {tuple(axes)} other than the stages' {pipeline.axis!r}",
+          errors.message(
+            f"`data_axes` names {name!r}, which is not an axis of the mesh {tuple(axes)} other "
+            f"than the stages' {pipeline.axis!r}. Pass the axes the batch is split over, e.g. "
+            f"{tuple(a for a in axes if a != pipeline.axis)}."
           )
         )
     abstract = (

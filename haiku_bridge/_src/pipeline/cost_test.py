@@ -163,6 +163,12 @@ class ErrorsTest(parameterized.TestCase):
         hkb.Pipeline("stage", 4), mesh(), stack_params(), carry(), data_axes=("stage",)
       )
 
+  def test_stored_over_stages_not_a_bool(self):
+    with self.assertRaisesRegex(TypeError, r"stored_over_stages"):
+      hkb.pipeline_cost(
+        hkb.Pipeline("stage", 4), mesh(), stack_params(), carry(), stored_over_stages="stage"
+      )
+
   def test_not_a_pipeline(self):
     with self.assertRaisesRegex(TypeError, r"pipeline"):
       hkb.pipeline_cost(None, mesh(), stack_params(), carry())
