@@ -76,6 +76,7 @@ class RematPlan(NamedTuple):
       it (a gradient of a gradient, a Hessian-vector product), with how
       many are taken at once under a `jax.vmap` (`jax.hessian`'s JVPs).
   """
+
   length: int
   memory_budget: int
   candidates: tuple[RematCandidate, ...]
@@ -103,31 +104,40 @@ class RematPlan(NamedTuple):
     | True, policy dots_saveable |  |  | 3 | 8 | 0.16 | **chosen** |
     | True |  |  | 0.5 | 8 | 0.8 |  |
     """
-    rows = ["| remat | slots | groups | temporaries (MiB) | recomputed steps "
-            "| recomputed GFLOP | |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+      "| remat | slots | groups | temporaries (MiB) | recomputed steps | recomputed GFLOP | |",
+      "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for k in self.candidates:
-      note = ("**chosen**" if k == self.choice else "over the budget"
-              if k.temporaries > self.memory_budget else "")
-      remat = f"{k.remat}" + ("" if k.policy is None else
-                              f", policy {k.policy}")
-      rows.append(f"| {remat} | {'' if k.slots is None else k.slots} | "
-                  f"{'' if k.groups is None else k.groups} | "
-                  f"{_mib(k.temporaries)} | {k.recomputed_steps} | "
-                  f"{_readable(k.recomputed_flops / 1e9)} | {note} |")
+      note = (
+        "**chosen**"
+        if k == self.choice
+        else "over the budget"
+        if k.temporaries > self.memory_budget
+        else ""
+      )
+      remat = f"{k.remat}" + ("" if k.policy is None else f", policy {k.policy}")
+      rows.append(
+        f"| {remat} | {'' if k.slots is None else k.slots} | "
+        f"{'' if k.groups is None else k.groups} | "
+        f"{_mib(k.temporaries)} | {k.recomputed_steps} | "
+        f"{_readable(k.recomputed_flops / 1e9)} | {note} |"
+      )
     return "\n".join(rows)
 
   def __str__(self) -> str:
     """What `remat="auto"` chose and why, then `table()`."""
-    return (f'remat="auto" for {self.length} steps chose '
-            f"{self.choice.describe()}: {_mib(self.choice.temporaries)} MiB "
-            "of training-step temporaries (predicted), within memory_budget="
-            f"{self.memory_budget} bytes ({_mib(self.memory_budget)} MiB; the "
-            f"least any plan needs: {self.least_budget} bytes, "
-            f"{_mib(self.least_budget)} MiB), "
-            f"{self.choice.recomputed_steps} steps and "
-            f"{_readable(self.choice.recomputed_flops / 1e9)} GFLOP "
-            f"recomputed{_planned_for(self.derivatives)}.\n{self.table()}")
+    return (
+      f'remat="auto" for {self.length} steps chose '
+      f"{self.choice.describe()}: {_mib(self.choice.temporaries)} MiB "
+      "of training-step temporaries (predicted), within memory_budget="
+      f"{self.memory_budget} bytes ({_mib(self.memory_budget)} MiB; the "
+      f"least any plan needs: {self.least_budget} bytes, "
+      f"{_mib(self.least_budget)} MiB), "
+      f"{self.choice.recomputed_steps} steps and "
+      f"{_readable(self.choice.recomputed_flops / 1e9)} GFLOP "
+      f"recomputed{_planned_for(self.derivatives)}.\n{self.table()}"
+    )
 
 
 def _planned_for(derivatives: tuple[tuple[str, int], ...]) -> str:
@@ -143,14 +153,14 @@ def _planned_for(derivatives: tuple[tuple[str, int], ...]) -> str:
     return ""
   words = {"reverse": ("a gradient", "gradients"), "forward": ("a JVP", "JVPs")}
   return ", for " + " of ".join(
-      words[mode][0] if at_once == 1 else f"{at_once} {words[mode][1]} at once"
-      for mode, at_once in reversed(derivatives))
+    words[mode][0] if at_once == 1 else f"{at_once} {words[mode][1]} at once"
+    for mode, at_once in reversed(derivatives)
+  )
 
 
 def _readable(x: float) -> str:
   """`x` to 4 significant digits, without an exponent: 0.1907, 1235, 12350."""
-  return np.format_float_positional(x, precision=4, unique=True,
-                                    fractional=False, trim="-")
+  return np.format_float_positional(x, precision=4, unique=True, fractional=False, trim="-")
 
 
 def _mib(num_bytes: float) -> str:
@@ -169,39 +179,52 @@ def is_refusal(error: BaseException) -> bool:
   return getattr(error, "remat_refusal", False)
 
 
-def checked_plan(step: tracing.Traced, consts, length: int,
-                 memory_budget: int, policy, max_recompute: float
-                 ) -> RematPlan:
+def checked_plan(
+  step: tracing.Traced, consts, length: int, memory_budget: int, policy, max_recompute: float
+) -> RematPlan:
   """The plan of the traced `step` over `length` steps for `memory_budget`: measured (or kept), chosen, and checked compiled."""
   here: dict[measure.Key, measure.Figures] = {}  # The plans this call compiled.
 
   def second(one: measure.Measured) -> None:
     # Lowered and compiled while the other measurements compile.
-    slots = _second_point(length, memory_budget, one.temporaries,
-                          one.constants, measure.slot_guess(step))
+    slots = _second_point(
+      length, memory_budget, one.temporaries, one.constants, measure.slot_guess(step)
+    )
     if slots is not None:
-      _compiled(step, consts, length, ("binomial", slots, None, None),
-                policy, here)
+      _compiled(step, consts, length, ("binomial", slots, None, None), policy, here)
 
-  c = _sloped(plan_cache.coefficients(step, consts, length, policy, second), step,
-              consts, memory_budget, policy, here)
+  c = _sloped(
+    plan_cache.coefficients(step, consts, length, policy, second),
+    step,
+    consts,
+    memory_budget,
+    policy,
+    here,
+  )
   try:
-    return _checked_choice(c, step, consts, memory_budget, policy,
-                           max_recompute, here)._replace(
-                               derivatives=step.derivatives)
+    return _checked_choice(c, step, consts, memory_budget, policy, max_recompute, here)._replace(
+      derivatives=step.derivatives
+    )
   except ValueError as e:
     if not tracing.no_schedules(step):
       raise
     raise refusal(
-        f"{e} Differentiated again in reverse mode (a gradient of a "
-        "gradient), or forward, the plans are remat=False, remat=True and "
-        "the policy: a schedule keeps more than remat=False there, or runs "
-        "as remat=True.") from None
+      f"{e} Differentiated again in reverse mode (a gradient of a "
+      "gradient), or forward, the plans are remat=False, remat=True and "
+      "the policy: a schedule keeps more than remat=False there, or runs "
+      "as remat=True."
+    ) from None
 
 
-def _checked_choice(c: measure.Coefficients, step: tracing.Traced, consts,
-                    memory_budget: int, policy, max_recompute: float,
-                    here: dict[measure.Key, measure.Figures]) -> RematPlan:
+def _checked_choice(
+  c: measure.Coefficients,
+  step: tracing.Traced,
+  consts,
+  memory_budget: int,
+  policy,
+  max_recompute: float,
+  here: dict[measure.Key, measure.Figures],
+) -> RematPlan:
   """The plan `c` chooses for `memory_budget`, compiled to check it (`checked_plan`)."""
   length = c.length
   for _ in range(_CHECKS):
@@ -213,21 +236,21 @@ def _checked_choice(c: measure.Coefficients, step: tracing.Traced, consts,
   chosen = choose(c, length, memory_budget, max_recompute)
   measured = dict(c.measured)
   compiled = [k for k in chosen.candidates if measure.key(k) in measured]
-  within = [k for k in compiled
-            if k.recomputed_steps <= max_recompute * length]
+  within = [k for k in compiled if k.recomputed_steps <= max_recompute * length]
   for k in within:
     if k.temporaries <= memory_budget:
       return chosen._replace(choice=k)
   # Every compiled plan within the bound is over the budget: the least of
   # those is what the call takes (never a plan that fits but recomputes
   # more than the bound, which the call would refuse again).
-  raise _over_budget(length, memory_budget,
-                     min(k.temporaries for k in within),
-                     min(k.temporaries for k in compiled))
+  raise _over_budget(
+    length, memory_budget, min(k.temporaries for k in within), min(k.temporaries for k in compiled)
+  )
 
 
-def choose(c: measure.Coefficients, length: int, memory_budget: int,
-           max_recompute: float = MAX_RECOMPUTE) -> RematPlan:
+def choose(
+  c: measure.Coefficients, length: int, memory_budget: int, max_recompute: float = MAX_RECOMPUTE
+) -> RematPlan:
   """The plan the coefficients predict for `length` steps and the budget.
 
   Never one that recomputes more than `max_recompute` forward passes of the
@@ -242,56 +265,67 @@ def choose(c: measure.Coefficients, length: int, memory_budget: int,
   if c.scheduled is not None:
     a, per_slot = c.scheduled
     k0, k1 = c.constants
-    most = min(measure.most_slots(length),
-               int((memory_budget - a - k0 - k1 * length) //
-                   max(per_slot, 1.0)))
+    most = min(
+      measure.most_slots(length), int((memory_budget - a - k0 - k1 * length) // max(per_slot, 1.0))
+    )
     for slots in range(most, max(0, most - _SLOT_SEARCH), -1):
       fits = measure.binomial(c, length, slots)
       if fits.temporaries <= memory_budget:
         if fits not in candidates:
           candidates.append(fits)
         break
-  candidates.sort(key=lambda k: (k.recomputed_flops, k.recomputed_steps,
-                                 k.temporaries))
+  candidates.sort(key=lambda k: (k.recomputed_flops, k.recomputed_steps, k.temporaries))
   fitting = [k for k in candidates if k.temporaries <= memory_budget]
   if not fitting:
-    raise _over_budget(length, memory_budget,
-                       _least_within(c, candidates, length, max_recompute),
-                       min(k.temporaries for k in candidates))
-  affordable = [k for k in fitting
-                if k.recomputed_steps <= max_recompute * length]
+    raise _over_budget(
+      length,
+      memory_budget,
+      _least_within(c, candidates, length, max_recompute),
+      min(k.temporaries for k in candidates),
+    )
+  affordable = [k for k in fitting if k.recomputed_steps <= max_recompute * length]
   if not affordable:
-    _raise_over_recompute(c, candidates, fitting, length, memory_budget,
-                          max_recompute)
+    _raise_over_recompute(c, candidates, fitting, length, memory_budget, max_recompute)
   return RematPlan(length, memory_budget, tuple(candidates), affordable[0])
 
 
-def _raise_over_recompute(c: measure.Coefficients, candidates: list[RematCandidate],
-                          fitting: list[RematCandidate], length: int,
-                          memory_budget: int, max_recompute: float) -> None:
+def _raise_over_recompute(
+  c: measure.Coefficients,
+  candidates: list[RematCandidate],
+  fitting: list[RematCandidate],
+  length: int,
+  memory_budget: int,
+  max_recompute: float,
+) -> None:
   """The error where every plan that fits recomputes over `max_recompute`."""
   fewest = min(k.recomputed_steps for k in fitting)
   least = _least_within(c, candidates, length, max_recompute)
-  raise refusal(errors.message(
+  raise refusal(
+    errors.message(
       f"every remat plan for {length} steps that fits memory_budget="
       f"{memory_budget} bytes recomputes at least {fewest} steps, "
       f"{fewest / length:.1f} forward passes of the loop (remat=True "
       f"recomputes 1), over max_recompute={max_recompute:g}. The least "
       f"budget within it is {least} bytes (predicted): raise memory_budget "
       f"to that, or pass max_recompute={math.ceil(fewest / length)} to "
-      "accept the recomputation."))
+      "accept the recomputation."
+    )
+  )
 
 
-def _least_within(c: measure.Coefficients, candidates: list[RematCandidate],
-                  length: int, max_recompute: float) -> int:
+def _least_within(
+  c: measure.Coefficients, candidates: list[RematCandidate], length: int, max_recompute: float
+) -> int:
   """The least bytes of a plan recomputing at most `max_recompute` forward passes: the least budget a call with that bound takes."""
-  within = [k for k in candidates
-            if k.recomputed_steps <= max_recompute * length]
+  within = [k for k in candidates if k.recomputed_steps <= max_recompute * length]
   spare = max_recompute * length - length  # A schedule's advances.
   if c.scheduled is not None and spare >= 0:
     # The fewest slots within the bound: a schedule's least memory there.
-    within.append(measure.binomial(c, length, remat_schedule.fewest_binomial_slots(
-        length, int(min(spare, length * length)))))
+    within.append(
+      measure.binomial(
+        c, length, remat_schedule.fewest_binomial_slots(length, int(min(spare, length * length)))
+      )
+    )
   return min(k.temporaries for k in within)  # remat=False is always within.
 
 
@@ -300,17 +334,18 @@ def _least_within(c: measure.Coefficients, candidates: list[RematCandidate],
 _SLOT_SEARCH = 64
 
 
-def _over_budget(length: int, memory_budget: int, least: int,
-                 unbounded: int) -> ValueError:
+def _over_budget(length: int, memory_budget: int, least: int, unbounded: int) -> ValueError:
   """The refusal of a budget below `least`, the least within `max_recompute` (`unbounded`: with none)."""
-  beyond = (f", {unbounded} with max_recompute=math.inf" if unbounded < least
-            else "")
-  return refusal(errors.message(
+  beyond = f", {unbounded} with max_recompute=math.inf" if unbounded < least else ""
+  return refusal(
+    errors.message(
       f"no remat plan for {length} steps fits memory_budget="
       f"{memory_budget} bytes: the least any needs is {least} bytes "
       f"(predicted){beyond}. Raise the budget, or shorten the scan. The budget "
       "counts the step's per-step outputs and their cotangents, read by "
-      "the loss or not: where it reads only the final carry, return none."))
+      "the loss or not: where it reads only the final carry, return none."
+    )
+  )
 
 
 # Plans compiled to check a choice, at most: then the last choice stands.
@@ -321,8 +356,14 @@ _CHECKS = 4
 _ON_THE_LINE = 0.01
 
 
-def _sloped(c: measure.Coefficients, step: tracing.Traced, consts, memory_budget: int,
-            policy, here: dict[measure.Key, measure.Figures]) -> measure.Coefficients:
+def _sloped(
+  c: measure.Coefficients,
+  step: tracing.Traced,
+  consts,
+  memory_budget: int,
+  policy,
+  here: dict[measure.Key, measure.Figures],
+) -> measure.Coefficients:
   """`c` with its schedules' line through two compiled schedules.
 
   The first is one slot's (`coefficients`). The second is the most slots
@@ -347,28 +388,26 @@ def _sloped(c: measure.Coefficients, step: tracing.Traced, consts, memory_budget
   slots = _second_point(c.length, memory_budget, one, c.constants[0], guess)
   if slots is None:
     return c
-  got = _compiled(step, consts, c.length, ("binomial", slots, None, None),
-                  policy, here)
-  c = c._replace(measured=c.measured + ((("binomial", slots, None, None),
-                                         got.bytes),))
+  got = _compiled(step, consts, c.length, ("binomial", slots, None, None), policy, here)
+  c = c._replace(measured=c.measured + ((("binomial", slots, None, None), got.bytes),))
   if slots != most and abs(got.temporaries - (a + guess * slots)) > (
-      _ON_THE_LINE * got.temporaries):
-    aimed = _reaimed(c.length, memory_budget, one, c.constants[0],
-                     (slots, got.temporaries))
-    plans = [("binomial", s, None, None) for s in dict.fromkeys(
-        [aimed, most]) if s not in (1, slots)]
+    _ON_THE_LINE * got.temporaries
+  ):
+    aimed = _reaimed(c.length, memory_budget, one, c.constants[0], (slots, got.temporaries))
+    plans = [
+      ("binomial", s, None, None) for s in dict.fromkeys([aimed, most]) if s not in (1, slots)
+    ]
     figures = plan_cache.compiled(step, consts, c.length, plans, policy, here)
-    c = c._replace(measured=c.measured + tuple(
-        (plan, f.bytes) for plan, f in zip(plans, figures)))
+    c = c._replace(measured=c.measured + tuple((plan, f.bytes) for plan, f in zip(plans, figures)))
     slots = most
-    got = _compiled(step, consts, c.length, ("binomial", most, None, None),
-                    policy, here)
+    got = _compiled(step, consts, c.length, ("binomial", most, None, None), policy, here)
   per_slot = (got.temporaries - one) / (slots - 1)
   return c._replace(scheduled=(one - per_slot, per_slot))
 
 
-def _second_point(length: int, memory_budget: int, one: float,
-                  constants: float, guess: float) -> Optional[int]:
+def _second_point(
+  length: int, memory_budget: int, one: float, constants: float, guess: float
+) -> Optional[int]:
   """The second schedule `_sloped` compiles: the most slots `memory_budget` holds on the first line.
 
   That line: one slot's temporaries `one`, `guess` bytes more per slot,
@@ -383,8 +422,9 @@ def _second_point(length: int, memory_budget: int, one: float,
   return min(most, fits) if fits >= 2 else most
 
 
-def _reaimed(length: int, memory_budget: int, one: float, constants: float,
-             second: tuple[int, float]) -> int:
+def _reaimed(
+  length: int, memory_budget: int, one: float, constants: float, second: tuple[int, float]
+) -> int:
   """The most slots `memory_budget` holds on the line through one slot's temporaries `one` and the `second` schedule's (slots, temporaries).
 
   Where a slot's bytes are not the carry's, the second schedule, placed on
@@ -401,14 +441,26 @@ def _reaimed(length: int, memory_budget: int, one: float, constants: float,
   return _second_point(length, memory_budget, one, constants, per_slot) or 1
 
 
-def _checked(c: measure.Coefficients, step: tracing.Traced, consts, choice: RematCandidate,
-             policy, here: dict[measure.Key, measure.Figures]) -> measure.Coefficients:
+def _checked(
+  c: measure.Coefficients,
+  step: tracing.Traced,
+  consts,
+  choice: RematCandidate,
+  policy,
+  here: dict[measure.Key, measure.Figures],
+) -> measure.Coefficients:
   """`c` with `choice` compiled: its bytes replace its prediction, no other's."""
   got = _compiled(step, consts, c.length, measure.key(choice), policy, here)
   return c._replace(measured=c.measured + ((measure.key(choice), got.bytes),))
 
 
-def _compiled(step: tracing.Traced, consts, length: int, plan: measure.Key, policy,
-              here: dict[measure.Key, measure.Figures]) -> measure.Figures:
+def _compiled(
+  step: tracing.Traced,
+  consts,
+  length: int,
+  plan: measure.Key,
+  policy,
+  here: dict[measure.Key, measure.Figures],
+) -> measure.Figures:
   """A plan's figures, compiled at `length` steps, or kept (`plan_cache.compiled`)."""
   return plan_cache.compiled(step, consts, length, [plan], policy, here)[0]

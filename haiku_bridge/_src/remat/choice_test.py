@@ -52,27 +52,38 @@ class RefusalTest(absltest.TestCase):
     # The least within the default bound (3 forward passes), which the
     # call then takes; and the least of any, which max_recompute=math.inf
     # takes (one slot: about 32 passes).
-    smallest = min(c.temporaries for c in plan.candidates
-                   if c.recomputed_steps <= 3 * 64)
+    smallest = min(c.temporaries for c in plan.candidates if c.recomputed_steps <= 3 * 64)
     unbounded = min(c.temporaries for c in plan.candidates)
     self.assertLess(unbounded, smallest)
     with self.assertRaisesRegex(
-        ValueError, f"hkb.remat_plan: no remat plan for 64 steps fits "
-        f"memory_budget=100 bytes: the least any needs is {smallest} bytes "
-        rf"\(predicted\), {unbounded} with max_recompute=math.inf\. "):
+      ValueError,
+      f"hkb.remat_plan: no remat plan for 64 steps fits "
+      f"memory_budget=100 bytes: the least any needs is {smallest} bytes "
+      rf"\(predicted\), {unbounded} with max_recompute=math.inf\. ",
+    ):
       hkb.remat_plan(step, h, xs, memory_budget=100)
-    self.assertLessEqual(hkb.remat_plan(
-        step, h, xs, memory_budget=smallest).choice.temporaries, smallest)
-    self.assertLessEqual(hkb.remat_plan(
-        step, h, xs, memory_budget=unbounded,
-        max_recompute=math.inf).choice.temporaries, unbounded)
+    self.assertLessEqual(
+      hkb.remat_plan(step, h, xs, memory_budget=smallest).choice.temporaries, smallest
+    )
+    self.assertLessEqual(
+      hkb.remat_plan(
+        step, h, xs, memory_budget=unbounded, max_recompute=math.inf
+      ).choice.temporaries,
+      unbounded,
+    )
     # Outside a transform, hkb.scan runs the same 64 steps, differentiated
     # in both its carry and its xs, as the plan is made.
-    with self.assertRaisesRegex(ValueError, f"hkb.scan: no remat plan .* "
-                                f"the least any needs is {smallest} "):
-      jax.eval_shape(jax.grad(lambda h, xs: jnp.sum(hkb.scan(
-          step, h, xs, remat="auto", memory_budget=100)[0]), argnums=(0, 1)),
-                     h, xs)
+    with self.assertRaisesRegex(
+      ValueError, f"hkb.scan: no remat plan .* the least any needs is {smallest} "
+    ):
+      jax.eval_shape(
+        jax.grad(
+          lambda h, xs: jnp.sum(hkb.scan(step, h, xs, remat="auto", memory_budget=100)[0]),
+          argnums=(0, 1),
+        ),
+        h,
+        xs,
+      )
 
   def test_a_refusal_never_names_a_least_below_its_budget(self):
     # Budgets below the least of any plan (one slot, over the default
@@ -87,16 +98,24 @@ class RefusalTest(absltest.TestCase):
     per_step = next(c for c in plan.candidates if c.remat is True)
     unbounded = min(c.temporaries for c in plan.candidates)
     for checks in (0, remat_choice._CHECKS):
-      for budget in [100, unbounded - 1, *np.linspace(
-          unbounded, per_step.temporaries, 7).astype(int)]:
-        with self.subTest(checks=checks, budget=int(budget)), \
-            caches.disabled(), \
-            mock.patch.object(remat_choice, "_CHECKS", checks):
+      for budget in [
+        100,
+        unbounded - 1,
+        *np.linspace(unbounded, per_step.temporaries, 7).astype(int),
+      ]:
+        with (
+          self.subTest(checks=checks, budget=int(budget)),
+          caches.disabled(),
+          mock.patch.object(remat_choice, "_CHECKS", checks),
+        ):
           try:
             got = hkb.remat_plan(step, h, xs, memory_budget=int(budget))
           except ValueError as error:
-            named = re.search(r"(?:least any needs is|least budget within "
-                              r"it is) ([0-9]+) bytes", str(error))
+            named = re.search(
+              r"(?:least any needs is|least budget within "
+              r"it is) ([0-9]+) bytes",
+              str(error),
+            )
             self.assertIsNotNone(named, str(error))
             least = int(named[1])
             self.assertGreater(least, budget, str(error))
@@ -104,6 +123,7 @@ class RefusalTest(absltest.TestCase):
             budget = least
           self.assertLessEqual(got.choice.temporaries, budget)
           self.assertLessEqual(got.choice.recomputed_steps, 3 * 64)
+
 
 class CheckedTest(absltest.TestCase):
   """The budget's schedules compiled: the line's second point, the choice's checks, and what a miss moves."""
@@ -115,8 +135,10 @@ class CheckedTest(absltest.TestCase):
     def low(*args):
       c = real(*args)
       a, per_slot = c.scheduled
-      return c._replace(scheduled=(a * 0.7, per_slot), measured=tuple(
-          (k, v) for k, v in c.measured if k[0] in (False, True)))
+      return c._replace(
+        scheduled=(a * 0.7, per_slot),
+        measured=tuple((k, v) for k, v in c.measured if k[0] in (False, True)),
+      )
 
     real = measure.coefficients
     model = CONV_STACK
@@ -128,15 +150,17 @@ class CheckedTest(absltest.TestCase):
     budget = int(min(c.temporaries for c in made[-1].candidates) * 1.2)
     # What the wrong coefficients measure stays in this test's directory
     # (and in memory until cleared), never in the suite's.
-    with mock.patch.dict(os.environ, {
-        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
+    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
       caches.clear_caches()
       try:
-        with mock.patch.object(measure, "coefficients", low), \
-            measuring_compiles() as compiles, \
-            remat_models.plans_made() as made:
-          got = remat_models.step_cost(model, params, x, 32, remat="auto",
-                     memory_budget=budget, max_recompute=math.inf)
+        with (
+          mock.patch.object(measure, "coefficients", low),
+          measuring_compiles() as compiles,
+          remat_models.plans_made() as made,
+        ):
+          got = remat_models.step_cost(
+            model, params, x, 32, remat="auto", memory_budget=budget, max_recompute=math.inf
+          )
       finally:
         caches.clear_caches()
     self.assertGreater(len(compiles), 4 + 1)  # Passed one over.
@@ -145,13 +169,11 @@ class CheckedTest(absltest.TestCase):
 
   def _plan_with(self, measured, init, xs, budget):
     """`hkb.remat_plan` with `measure._measure` replaced by `measured`, nothing cached before or kept after."""
-    with mock.patch.dict(os.environ, {
-        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
+    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}):
       caches.clear_caches()
       try:
         with mock.patch.object(measure, "_measure", measured):
-          return hkb.remat_plan(toy_step, init, xs, memory_budget=budget,
-                                max_recompute=math.inf)
+          return hkb.remat_plan(toy_step, init, xs, memory_budget=budget, max_recompute=math.inf)
       finally:
         caches.clear_caches()
 
@@ -159,8 +181,7 @@ class CheckedTest(absltest.TestCase):
     """`toy_step`'s inputs for `length` steps, and its schedules' plans by slots (no budget)."""
     init, xs = jnp.zeros([4, 16]), jnp.ones([length, 4, 16])
     loose = hkb.remat_plan(toy_step, init, xs, memory_budget=1 << 30)
-    return init, xs, {k.slots: k for k in loose.candidates
-                      if k.remat == "binomial"}
+    return init, xs, {k.slots: k for k in loose.candidates if k.remat == "binomial"}
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_a_miss_at_one_slot_count_moves_only_that_plan(self):
@@ -180,10 +201,10 @@ class CheckedTest(absltest.TestCase):
     made = self._plan_with(over_at_six, init, xs, budget)
     self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 5))
     # The counts not compiled keep their predictions.
-    after = {k.slots: k.temporaries for k in made.candidates
-             if k.remat == "binomial"}
-    self.assertEqual({s: after[s] for s in (2, 3, 4, 7)},
-                     {s: by_slots[s].temporaries for s in (2, 3, 4, 7)})
+    after = {k.slots: k.temporaries for k in made.candidates if k.remat == "binomial"}
+    self.assertEqual(
+      {s: after[s] for s in (2, 3, 4, 7)}, {s: by_slots[s].temporaries for s in (2, 3, 4, 7)}
+    )
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_a_second_schedule_off_the_line_moves_no_other_prediction(self):
@@ -200,8 +221,7 @@ class CheckedTest(absltest.TestCase):
     def off_at_six(step, consts, length, remat, policy=None, **options):
       got = real(step, consts, length, remat, policy, **options)
       if getattr(remat, "num_slots", None) == 6:
-        got = got._replace(bytes=got.bytes + miss,
-                           temporaries=got.temporaries + miss)
+        got = got._replace(bytes=got.bytes + miss, temporaries=got.temporaries + miss)
         compiled.append(got.bytes)
       return got
 
@@ -213,14 +233,12 @@ class CheckedTest(absltest.TestCase):
 
     with mock.patch.object(measure, "_lower", lower):
       made = self._plan_with(off_at_six, init, xs, budget)
-    after = {k.slots: k.temporaries for k in made.candidates
-             if k.remat == "binomial"}
+    after = {k.slots: k.temporaries for k in made.candidates if k.remat == "binomial"}
     # 6, 62 (the most), the count re-aimed through 6's miss, the choice.
     self.assertLessEqual({6, 62, 5}, lowered)
     others = [s for s in after if s not in lowered]
     self.assertGreater(len(others), 15)
-    self.assertEqual({s: after[s] for s in others},
-                     {s: by_slots[s].temporaries for s in others})
+    self.assertEqual({s: after[s] for s in others}, {s: by_slots[s].temporaries for s in others})
     self.assertEqual([after[6]], compiled)
     self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", 5))
 
@@ -234,8 +252,7 @@ class CheckedTest(absltest.TestCase):
     real = measure._measure
     checked = []
 
-    def over_but_one_slot(step, consts, length, remat, policy=None,
-                          **options):
+    def over_but_one_slot(step, consts, length, remat, policy=None, **options):
       got = real(step, consts, length, remat, policy, **options)
       slots = getattr(remat, "num_slots", 1)
       if slots > 1:
@@ -269,8 +286,7 @@ class CheckedTest(absltest.TestCase):
       return got
 
     made = self._plan_with(over_at_holds, init, xs, budget)
-    self.assertEqual((made.choice.remat, made.choice.slots),
-                     ("binomial", holds - 1))
+    self.assertEqual((made.choice.remat, made.choice.slots), ("binomial", holds - 1))
     self.assertLessEqual(made.choice.temporaries, budget)
 
   @on_cpu_and_gpu(CPU_SIZED)
@@ -299,20 +315,21 @@ class CheckedTest(absltest.TestCase):
         lowered.append("measured")
         return got
 
-      with measuring_compiles() as compiles, \
-          mock.patch.object(measure, "_lower", lower), \
-          mock.patch.object(plan_cache, "coefficients", coefficients):
+      with (
+        measuring_compiles() as compiles,
+        mock.patch.object(measure, "_lower", lower),
+        mock.patch.object(plan_cache, "coefficients", coefficients),
+      ):
         made = hkb.remat_plan(toy_step, init, xs, memory_budget=budget)
       self.assertEqual(len(compiles), 4)
       self.assertEqual(made.choice.remat, "binomial")
       self.assertGreater(made.choice.slots, 1)
-      self.assertEqual(lowered, [1, None, True, made.choice.slots,
-                                 "measured"])
+      self.assertEqual(lowered, [1, None, True, made.choice.slots, "measured"])
       # Its bytes are the compiler's: the loop runs within the budget.
       self.assertLessEqual(
-          compiled_bytes(jax.grad(scan_loss(toy_step, init, "auto",
-                                            memory_budget=budget)), xs),
-          budget * (1 + STEP_TOLERANCE))
+        compiled_bytes(jax.grad(scan_loss(toy_step, init, "auto", memory_budget=budget)), xs),
+        budget * (1 + STEP_TOLERANCE),
+      )
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_a_slot_off_the_carrys_bytes_is_aimed_again_beside_the_most(self):
@@ -358,18 +375,18 @@ class CheckedTest(absltest.TestCase):
 
       real_guess = measure.slot_guess
       # A slot taken at twice the carry's bytes (its one f32[4, 16] leaf).
-      with mock.patch.object(measure, "slot_guess",
-                             lambda step: 2 * real_guess(step)), \
-          mock.patch.object(measure, "_lower", lower), \
-          mock.patch.object(measure, "_compile", compile_), \
-          mock.patch.object(plan_cache, "coefficients", coefficients):
+      with (
+        mock.patch.object(measure, "slot_guess", lambda step: 2 * real_guess(step)),
+        mock.patch.object(measure, "_lower", lower),
+        mock.patch.object(measure, "_compile", compile_),
+        mock.patch.object(plan_cache, "coefficients", coefficients),
+      ):
         off = hkb.remat_plan(toy_step, init, xs, memory_budget=budget)
     self.assertEqual(off.choice, made.choice)
     self.assertEqual(made.choice.remat, "binomial")
     second = lowered[3]
     self.assertLess(second, made.choice.slots)  # Placed at twice a slot.
-    self.assertEqual(lowered, [1, None, True, second, "measured",
-                               made.choice.slots, most])
+    self.assertEqual(lowered, [1, None, True, second, "measured", made.choice.slots, most])
 
 
 class RecomputeBoundTest(absltest.TestCase):
@@ -379,7 +396,8 @@ class RecomputeBoundTest(absltest.TestCase):
 
   def _step_and_inputs(self):
     def step(h, x):  # Wide activations, a small carry: schedules fit least.
-      return jnp.tanh(h + x), jnp.sum(h ** 2)
+      return jnp.tanh(h + x), jnp.sum(h**2)
+
     return step, jnp.zeros([2, 16]), jnp.ones([self.LENGTH, 2, 16])
 
   @on_cpu_and_gpu(CPU_SIZED)
@@ -391,8 +409,13 @@ class RecomputeBoundTest(absltest.TestCase):
     def passes(candidate):
       # Ground truth: the steps the chosen schedule itself recomputes.
       if candidate.remat in loop_lib.REMAT_SCHEDULES:
-        return 1 + loop_lib.schedule(candidate.remat, length, candidate.groups,
-                                     candidate.slots).recomputed_steps / length
+        return (
+          1
+          + loop_lib.schedule(
+            candidate.remat, length, candidate.groups, candidate.slots
+          ).recomputed_steps
+          / length
+        )
       return 0 if candidate.remat is False else 1
 
     within = [c for c in loose.candidates if passes(c) <= 3]
@@ -406,60 +429,71 @@ class RecomputeBoundTest(absltest.TestCase):
         # Below the least within the bound, and what the budget costs:
         # the fewest recomputed steps among the plans that fit.
         self.assertLess(budget, least)
-        fewest = min(c.recomputed_steps for c in loose.candidates
-                     if c.temporaries <= budget)
-        self.assertIn(f"memory_budget={budget} bytes recomputes at least "
-                      f"{fewest} steps, {fewest / length:.1f} forward passes",
-                      str(e))
+        fewest = min(c.recomputed_steps for c in loose.candidates if c.temporaries <= budget)
+        self.assertIn(
+          f"memory_budget={budget} bytes recomputes at least "
+          f"{fewest} steps, {fewest / length:.1f} forward passes",
+          str(e),
+        )
         self.assertIn(f"The least budget within it is {least} bytes", str(e))
-        self.assertIn(f"max_recompute={math.ceil(fewest / length)} to accept",
-                      str(e))
+        self.assertIn(f"max_recompute={math.ceil(fewest / length)} to accept", str(e))
         # Asked for, the plan is the one with the least FLOPs that fits.
-        opted_in = hkb.remat_plan(step, h, xs, memory_budget=budget,
-                                  max_recompute=math.ceil(fewest / length))
+        opted_in = hkb.remat_plan(
+          step, h, xs, memory_budget=budget, max_recompute=math.ceil(fewest / length)
+        )
         self.assertEqual(opted_in.choice.recomputed_steps, fewest)
         continue
       self.assertLessEqual(passes(plan.choice), 3, (budget, plan.choice))
-      self.assertEqual(plan.choice, min(
-          (c for c in plan.candidates
-           if c.temporaries <= budget and passes(c) <= 3),
-          key=lambda c: (c.recomputed_flops, c.recomputed_steps,
-                         c.temporaries)))
+      self.assertEqual(
+        plan.choice,
+        min(
+          (c for c in plan.candidates if c.temporaries <= budget and passes(c) <= 3),
+          key=lambda c: (c.recomputed_flops, c.recomputed_steps, c.temporaries),
+        ),
+      )
     self.assertGreater(refused, 0)  # One slot fits, 15.5 passes.
-    self.assertLessEqual(hkb.remat_plan(step, h, xs, memory_budget=least)
-                         .choice.temporaries, least)
+    self.assertLessEqual(hkb.remat_plan(step, h, xs, memory_budget=least).choice.temporaries, least)
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_the_loops_refuse_and_accept_as_told(self):
     step, h, xs = self._step_and_inputs()
-    smallest = min(c.temporaries for c in hkb.remat_plan(
-        step, h, xs, memory_budget=1 << 30).candidates)
+    smallest = min(
+      c.temporaries for c in hkb.remat_plan(step, h, xs, memory_budget=1 << 30).candidates
+    )
+
     # Differentiated in its carry and its xs, as `hkb.remat_plan` plans.
     def grad(**options):
-      return jax.eval_shape(jax.grad(lambda h, xs: jnp.sum(hkb.scan(
-          step, h, xs, remat="auto", **options)[0]), argnums=(0, 1)), h, xs)
-    with self.assertRaisesRegex(ValueError, "hkb.scan: every remat plan for "
-                                "32 steps that fits .* over max_recompute=3"):
+      return jax.eval_shape(
+        jax.grad(
+          lambda h, xs: jnp.sum(hkb.scan(step, h, xs, remat="auto", **options)[0]), argnums=(0, 1)
+        ),
+        h,
+        xs,
+      )
+
+    with self.assertRaisesRegex(
+      ValueError, "hkb.scan: every remat plan for 32 steps that fits .* over max_recompute=3"
+    ):
       grad(memory_budget=smallest)
     with remat_models.plans_made() as made:
       grad(memory_budget=smallest, max_recompute=math.inf)
-    self.assertEqual((made[-1].choice.remat, made[-1].choice.slots),
-                     ("binomial", 1))
+    self.assertEqual((made[-1].choice.remat, made[-1].choice.slots), ("binomial", 1))
     # max_recompute=0: nothing recomputed, so no remat or the error.
     plain = hkb.remat_plan(step, h, xs, memory_budget=1 << 30).candidates[0]
     self.assertIs(plain.remat, False)
-    with self.assertRaisesRegex(ValueError, "The least budget within it is "
-                                f"{plain.temporaries} bytes"):
-      hkb.remat_plan(step, h, xs, memory_budget=plain.temporaries - 1,
-                     max_recompute=0)
+    with self.assertRaisesRegex(
+      ValueError, f"The least budget within it is {plain.temporaries} bytes"
+    ):
+      hkb.remat_plan(step, h, xs, memory_budget=plain.temporaries - 1, max_recompute=0)
     # max_recompute=1: remat=True's one pass is within it, where it fits.
     per_step = hkb.remat_plan(step, h, xs, memory_budget=1 << 30).candidates[1]
     self.assertIs(per_step.remat, True)
     self.assertEqual(per_step.recomputed_steps, self.LENGTH)
     self.assertLess(per_step.temporaries, plain.temporaries)
-    self.assertEqual(hkb.remat_plan(step, h, xs, max_recompute=1,
-                                    memory_budget=per_step.temporaries
-                                    ).choice, per_step)
+    self.assertEqual(
+      hkb.remat_plan(step, h, xs, max_recompute=1, memory_budget=per_step.temporaries).choice,
+      per_step,
+    )
 
 
 if __name__ == "__main__":

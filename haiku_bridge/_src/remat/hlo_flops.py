@@ -87,35 +87,47 @@ from haiku_bridge._src import hlo_text
 from haiku_bridge._src import pytree
 
 # Instructions that move or name data and compute nothing.
-_FREE = frozenset("""
+_FREE = frozenset(
+  """
     parameter constant iota bitcast bitcast-convert broadcast reshape
     transpose slice dynamic-slice dynamic-update-slice concatenate pad
     reverse gather tuple get-tuple-element sort get-dimension-size
     set-dimension-size
-""".split())
+""".split()
+)
 # Instructions whose value is their first operand's: a copy, the end of an
 # asynchronous copy or computation.
-_SAME_VALUE = frozenset(["copy", "copy-start", "copy-done", "fusion-done",
-                         "async-done", "add-dependency", "domain"])
+_SAME_VALUE = frozenset(
+  ["copy", "copy-start", "copy-done", "fusion-done", "async-done", "add-dependency", "domain"]
+)
 # Instructions whose value is their own, 0 FLOPs but for a loop, a
 # conditional and a library call: two alike may differ (random bits, a
 # loop, a library call, what another device sends), or must not be merged
 # (an optimization barrier, which keeps a recomputation apart from the
 # forward pass it repeats). So are the other halves of asynchronous pairs
 # (`...-start`, `...-update`, `...-done`: collectives, send and recv).
-_OWN_VALUE = frozenset("""
+_OWN_VALUE = frozenset(
+  """
     while conditional custom-call rng rng-bit-generator
     rng-get-and-update-state infeed outfeed send recv after-all
     opt-barrier partition-id replica-id all-reduce all-gather
     all-to-all reduce-scatter collective-permute collective-broadcast
     ragged-all-to-all async-update
-""".split())
-_COMMUTATIVE = frozenset(["add", "multiply", "maximum", "minimum", "and",
-                          "or", "xor"])
+""".split()
+)
+_COMMUTATIVE = frozenset(["add", "multiply", "maximum", "minimum", "and", "or", "xor"])
 # Attributes that do not say what an instruction computes.
-_NOT_ARITHMETIC = frozenset([
-    "metadata", "backend_config", "frontend_attributes",
-    "control-predecessors", "sharding", "statistics", "origin"])
+_NOT_ARITHMETIC = frozenset(
+  [
+    "metadata",
+    "backend_config",
+    "frontend_attributes",
+    "control-predecessors",
+    "sharding",
+    "statistics",
+    "origin",
+  ]
+)
 _PER_INPUT_ELEMENT = frozenset(["reduce", "reduce-window", "map"])
 
 _FLOAT = re.compile(r"^(f|bf|c)[0-9]")
@@ -129,6 +141,7 @@ class Conditional(NamedTuple):
     branches: each branch's FLOPs for one execution, in the HLO's order
       (for `jax.lax.cond(p, t, f)`: `f`'s, then `t`'s).
   """
+
   executions: int
   branches: tuple[int, ...]
 
@@ -145,6 +158,7 @@ class Count(NamedTuple):
     opaque_custom_calls: the targets of the custom-calls counted as 0 FLOPs
       (every one that is not a matrix multiply), each once.
   """
+
   flops: int
   conditionals: tuple[Conditional, ...]
   unknown_trip_counts: int
@@ -172,7 +186,7 @@ def _type(shape: str) -> str:
   if shape.startswith("("):
     return _without_layouts(shape)
   dims = ",".join(str(d) for d in hlo_text.dims(shape) if d != 1)
-  return shape[:shape.find("[")] + f"[{dims}]"
+  return shape[: shape.find("[")] + f"[{dims}]"
 
 
 def _in_memory(shape: str) -> tuple[int, ...]:
@@ -182,8 +196,11 @@ def _in_memory(shape: str) -> tuple[int, ...]:
   """
   dims = hlo_text.dims(shape)
   layout = re.search(r"\]\{([0-9,]*)", shape)
-  order = ([int(d) for d in layout.group(1).split(",") if d] if layout
-           else list(reversed(range(len(dims)))))
+  order = (
+    [int(d) for d in layout.group(1).split(",") if d]
+    if layout
+    else list(reversed(range(len(dims))))
+  )
   kept = [d for d in range(len(dims)) if dims[d] != 1]
   return tuple(kept.index(d) for d in order if dims[d] != 1)
 
@@ -207,7 +224,7 @@ def _split(attributes: str) -> list[str]:
     elif c in ")]}":
       depth -= 1
     elif c == "," and not depth:
-      parts.append(attributes[start:token.start()].strip())
+      parts.append(attributes[start : token.start()].strip())
       start = token.end()
   parts.append(attributes[start:].strip())
   return [p for p in parts if p]
@@ -244,8 +261,7 @@ class _Values:
 class _Counter:
   """Walks computations from the entry, multiplying by the loops around each."""
 
-  def __init__(self, program: hlo_text.Program,
-               branch: Callable[[tuple[int, ...]], int] = min):
+  def __init__(self, program: hlo_text.Program, branch: Callable[[tuple[int, ...]], int] = min):
     self._program = program
     self._branch = branch  # Which branch a conditional's FLOPs are.
     self._computations = program.computations
@@ -257,12 +273,15 @@ class _Counter:
 
   def run(self, entry: str) -> Count:
     flops, _ = self._computation(entry, 1)
-    return Count(flops, tuple(self._conditionals), self._unknown,
-                 tuple(self._opaque))
+    return Count(flops, tuple(self._conditionals), self._unknown, tuple(self._opaque))
 
-  def _computation(self, name: str, executions: int,
-                   values: Optional[_Values] = None,
-                   arguments: Sequence[int] = ()) -> tuple[int, int]:
+  def _computation(
+    self,
+    name: str,
+    executions: int,
+    values: Optional[_Values] = None,
+    arguments: Sequence[int] = (),
+  ) -> tuple[int, int]:
     """One execution of computation `name`: its FLOPs and its ROOT's value.
 
     `values`: those of the computation it is fused or called into, with
@@ -278,18 +297,21 @@ class _Counter:
       shapes[ins.name] = ins.shape
       if ins.opcode == "parameter":
         index = int(ins.operand_text)
-        numbers[ins.name] = (arguments[index] if index < len(arguments)
-                             else values.unique())
+        numbers[ins.name] = arguments[index] if index < len(arguments) else values.unique()
         continue
-      flops, numbers[ins.name] = self._instruction(ins, shapes, numbers,
-                                                   values, executions)
+      flops, numbers[ins.name] = self._instruction(ins, shapes, numbers, values, executions)
       total += flops
     root = self._roots.get(name, self._computations[name][-1].name)
     return total, numbers[root]
 
-  def _instruction(self, ins: hlo_text.Instruction, shapes: dict[str, str],
-                   numbers: dict[str, int], values: _Values,
-                   executions: int) -> tuple[int, int]:
+  def _instruction(
+    self,
+    ins: hlo_text.Instruction,
+    shapes: dict[str, str],
+    numbers: dict[str, int],
+    values: _Values,
+    executions: int,
+  ) -> tuple[int, int]:
     """The FLOPs `ins` adds to its computation's (0 for a value counted already), and its value."""
     op = ins.opcode
     operands = tuple(numbers[o] for o in ins.operands)
@@ -299,28 +321,38 @@ class _Counter:
       # are values of the caller's, its result is its ROOT's (an
       # asynchronous start's, which its `...-done` gives).
       return self._computation(callee, executions, values, operands)
-    if op in _SAME_VALUE or (op in ("bitcast", "reshape") and _type(
-        ins.shape) == _type(shapes[ins.operands[0]]) and (
-            op == "reshape" or _in_memory(ins.shape) == _in_memory(
-                shapes[ins.operands[0]]))):
+    if op in _SAME_VALUE or (
+      op in ("bitcast", "reshape")
+      and _type(ins.shape) == _type(shapes[ins.operands[0]])
+      and (op == "reshape" or _in_memory(ins.shape) == _in_memory(shapes[ins.operands[0]]))
+    ):
       return 0, operands[0]
-    if (op in _OWN_VALUE or op.endswith(("-start", "-done")) or
-        (op == "constant" and "..." in ins.operand_text)):
+    if (
+      op in _OWN_VALUE
+      or op.endswith(("-start", "-done"))
+      or (op == "constant" and "..." in ins.operand_text)
+    ):
       # (XLA prints a large constant's literal as `{...}`.)
       return self._opaque_value(ins, shapes, executions), values.unique()
     if op in _COMMUTATIVE:
       operands = tuple(sorted(operands))
     # (A bitcast's layout says which elements it reads where.)
-    value = values.number((op, ins.shape if op == "bitcast" else _type(
-        ins.shape), self._attributes(ins), operands,
-                           _without_layouts(re.sub(r"%[^\s,()]+", "",
-                                                   ins.operand_text))))
+    value = values.number(
+      (
+        op,
+        ins.shape if op == "bitcast" else _type(ins.shape),
+        self._attributes(ins),
+        operands,
+        _without_layouts(re.sub(r"%[^\s,()]+", "", ins.operand_text)),
+      )
+    )
     if op in _FREE or not values.first(value):
       return 0, value
     return self._arithmetic(ins, shapes), value
 
-  def _opaque_value(self, ins: hlo_text.Instruction, shapes: dict[str, str],
-                    executions: int) -> int:
+  def _opaque_value(
+    self, ins: hlo_text.Instruction, shapes: dict[str, str], executions: int
+  ) -> int:
     """The FLOPs of a loop, conditional or library call (each a value of its own)."""
     op = ins.opcode
     if op == "while":
@@ -328,15 +360,13 @@ class _Counter:
       if trips is None:
         self._unknown += 1
         trips = 1
-      body, _ = self._computation(hlo_text.called(ins.attributes, "body"),
-                                  executions * trips)
+      body, _ = self._computation(hlo_text.called(ins.attributes, "body"), executions * trips)
       cond, _ = self._computation(
-          hlo_text.called(ins.attributes, "condition"),
-          executions * (trips + 1))
+        hlo_text.called(ins.attributes, "condition"), executions * (trips + 1)
+      )
       return trips * body + (trips + 1) * cond
     if op == "conditional":
-      branches = tuple(self._computation(b, 0)[0] for b in hlo_text.branches(
-          ins.attributes))
+      branches = tuple(self._computation(b, 0)[0] for b in hlo_text.branches(ins.attributes))
       if executions:
         self._conditionals.append(Conditional(executions, branches))
       return self._branch(branches)
@@ -344,8 +374,7 @@ class _Counter:
       return self._custom_call(ins, shapes)
     return 0
 
-  def _arithmetic(self, ins: hlo_text.Instruction,
-                  shapes: dict[str, str]) -> int:
+  def _arithmetic(self, ins: hlo_text.Instruction, shapes: dict[str, str]) -> int:
     """The FLOPs of an instruction that computes a value (not free, not a call)."""
     op = ins.opcode
     n = hlo_text.elements(ins.shape)
@@ -354,13 +383,14 @@ class _Counter:
       contracting = hlo_text.int_list(ins.attributes, "lhs_contracting_dims")
       return 2 * n * math.prod(lhs[d] for d in contracting)
     if op == "convolution":
-      return _convolution(ins.attributes,
-                          hlo_text.dims(shapes[ins.operands[0]]),
-                          hlo_text.dims(shapes[ins.operands[1]]),
-                          hlo_text.dims(ins.shape))
+      return _convolution(
+        ins.attributes,
+        hlo_text.dims(shapes[ins.operands[0]]),
+        hlo_text.dims(shapes[ins.operands[1]]),
+        hlo_text.dims(ins.shape),
+      )
     if op in _PER_INPUT_ELEMENT or op == "scatter":
-      reducer, _ = self._computation(
-          hlo_text.called(ins.attributes, "to_apply"), 0)
+      reducer, _ = self._computation(hlo_text.called(ins.attributes, "to_apply"), 0)
       source = ins.operands[-1] if op == "scatter" else ins.operands[0]
       return hlo_text.elements(shapes[source]) * reducer
     # Index arithmetic (a loop's counter, a slice's start) is not floating point.
@@ -375,8 +405,7 @@ class _Counter:
       if key in _NOT_ARITHMETIC:
         continue
       called = re.findall(r"%([^\s,{}]+)", value)
-      kept.append((key, tuple(self._signature(c) for c in called)
-                   if called else value))
+      kept.append((key, tuple(self._signature(c) for c in called) if called else value))
     return tuple(kept)
 
   def _signature(self, name: str) -> tuple[Any, ...]:
@@ -387,20 +416,21 @@ class _Counter:
       rows = []
       for i, ins in enumerate(self._computations[name]):
         index[ins.name] = i
-        rows.append((ins.opcode, _without_layouts(ins.shape),
-                     self._attributes(ins),
-                     tuple(index.get(o, -1) for o in ins.operands),
-                     _without_layouts(re.sub(r"%[^\s,()]+", "",
-                                             ins.operand_text))))
+        rows.append(
+          (
+            ins.opcode,
+            _without_layouts(ins.shape),
+            self._attributes(ins),
+            tuple(index.get(o, -1) for o in ins.operands),
+            _without_layouts(re.sub(r"%[^\s,()]+", "", ins.operand_text)),
+          )
+        )
       self._signatures[name] = tuple(rows)
     return self._signatures[name]
 
-  def _custom_call(self, ins: hlo_text.Instruction,
-                   shapes: dict[str, str]) -> int:
-    gemm = (hlo_text.backend_config(ins.attributes) or {}).get(
-        "gemm_backend_config", {})
-    contracting = gemm.get("dot_dimension_numbers", {}).get(
-        "lhs_contracting_dimensions")
+  def _custom_call(self, ins: hlo_text.Instruction, shapes: dict[str, str]) -> int:
+    gemm = (hlo_text.backend_config(ins.attributes) or {}).get("gemm_backend_config", {})
+    contracting = gemm.get("dot_dimension_numbers", {}).get("lhs_contracting_dimensions")
     if contracting is None:
       target = re.search(r'custom_call_target="([^"]*)"', ins.attributes)
       name = target.group(1) if target else "?"
@@ -412,16 +442,15 @@ class _Counter:
         return 0
       # The forward convolution's input, kernel and output, where the call
       # keeps each: an operand (its index), or the first result (None).
-      first_result = hlo_text.dims(ins.shape[1:] if ins.shape.startswith("(")
-                           else ins.shape)
-      return _convolution(ins.attributes, *(
-          first_result if i is None else hlo_text.dims(shapes[ins.operands[i]])
-          for i in roles))
+      first_result = hlo_text.dims(ins.shape[1:] if ins.shape.startswith("(") else ins.shape)
+      return _convolution(
+        ins.attributes,
+        *(first_result if i is None else hlo_text.dims(shapes[ins.operands[i]]) for i in roles),
+      )
     # The product, then (on GPU) the library's workspace.
     result = ins.shape[1:] if ins.shape.startswith("(") else ins.shape
     lhs = hlo_text.dims(shapes[ins.operands[0]])
-    return 2 * hlo_text.elements(result) * math.prod(
-        lhs[int(d)] for d in contracting)
+    return 2 * hlo_text.elements(result) * math.prod(lhs[int(d)] for d in contracting)
 
 
 # Custom calls that compute nothing: XLA:TPU's allocation of a loop's
@@ -433,24 +462,23 @@ _NO_ARITHMETIC = frozenset({"AllocateBuffer"})
 # None for the first result). Their `window` and `dim_labels` are the
 # forward convolution's.
 _CUDNN_CONVOLUTIONS = {
-    "__cudnn$convForward": (0, 1, None),
-    "__cudnn$convBiasActivationForward": (0, 1, None),
-    "__cudnn$convForwardGraph": (0, 1, None),
-    "__cudnn$convBackwardInput": (None, 1, 0),
-    "__cudnn$convBackwardFilter": (0, None, 1),
+  "__cudnn$convForward": (0, 1, None),
+  "__cudnn$convBiasActivationForward": (0, 1, None),
+  "__cudnn$convForwardGraph": (0, 1, None),
+  "__cudnn$convBackwardInput": (None, 1, 0),
+  "__cudnn$convBackwardFilter": (0, None, 1),
 }
 
 
-def _convolution(attributes: str, lhs: tuple[int, ...],
-                 kernel: tuple[int, ...], out: tuple[int, ...]) -> int:
+def _convolution(
+  attributes: str, lhs: tuple[int, ...], kernel: tuple[int, ...], out: tuple[int, ...]
+) -> int:
   """A convolution's FLOPs, as XLA counts them (see the module docstring)."""
-  labels = re.search(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)",
-                     attributes)
+  labels = re.search(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)", attributes)
   assert labels, f"a convolution without dim_labels: {attributes[:200]}"
   lhs_labels, kernel_labels, out_labels = labels.groups()
   window = re.search(r"window=\{([^}]*)\}", attributes)
-  fields = dict(f.split("=", 1) for f in window.group(1).split()) if (
-      window) else {}
+  fields = dict(f.split("=", 1) for f in window.group(1).split()) if (window) else {}
   spatial = sum(c.isdigit() for c in lhs_labels)
 
   def per_dim(key: str, default: str) -> list[str]:
@@ -458,29 +486,37 @@ def _convolution(attributes: str, lhs: tuple[int, ...],
 
   positions = 1
   for d, stride, pad, lhs_dilate, rhs_dilate in zip(
-      range(spatial), per_dim("stride", "1"), per_dim("pad", "0_0"),
-      per_dim("lhs_dilate", "1"), per_dim("rhs_dilate", "1")):
+    range(spatial),
+    per_dim("stride", "1"),
+    per_dim("pad", "0_0"),
+    per_dim("lhs_dilate", "1"),
+    per_dim("rhs_dilate", "1"),
+  ):
     size = lhs[lhs_labels.index(str(d))]
     taps = np.arange(kernel[kernel_labels.index(str(d))])[:, None]
     outs = np.arange(out[out_labels.index(str(d))])[None, :]
     # The dilated input's index each (kernel, output) position reads.
     at = outs * int(stride) - int(pad.split("_")[0]) + taps * int(rhs_dilate)
     dilate = int(lhs_dilate)
-    positions *= int(np.sum((at % dilate == 0) & (at >= 0) &
-                            (at < size * dilate - dilate + 1)))
+    positions *= int(np.sum((at % dilate == 0) & (at >= 0) & (at < size * dilate - dilate + 1)))
 
   def group(key: str) -> int:
     found = re.search(key + r"=([0-9]+)", attributes)
     return int(found.group(1)) if found else 1
 
-  return (2 * lhs[lhs_labels.index("f")] // group("feature_group_count") *
-          out[out_labels.index("f")] *
-          (lhs[lhs_labels.index("b")] // group("batch_group_count")) *
-          positions)
+  return (
+    2
+    * lhs[lhs_labels.index("f")]
+    // group("feature_group_count")
+    * out[out_labels.index("f")]
+    * (lhs[lhs_labels.index("b")] // group("batch_group_count"))
+    * positions
+  )
 
 
 class MemoryAnalysis(Protocol):
   """The fields of `compiled.memory_analysis()` that `temporaries` reads."""
+
   temp_size_in_bytes: int
   peak_memory_in_bytes: int
   argument_size_in_bytes: int
@@ -513,13 +549,18 @@ def temporaries(analysis: MemoryAnalysis, platform: str) -> int:
   """
   if platform != "tpu":
     return analysis.temp_size_in_bytes
-  held = (analysis.peak_memory_in_bytes - analysis.argument_size_in_bytes -
-          analysis.output_size_in_bytes + analysis.alias_size_in_bytes)
+  held = (
+    analysis.peak_memory_in_bytes
+    - analysis.argument_size_in_bytes
+    - analysis.output_size_in_bytes
+    + analysis.alias_size_in_bytes
+  )
   return analysis.temp_size_in_bytes + max(0, held)
 
 
 class Held(NamedTuple):
   """What `memory_budget` counts of a compiled program: its temporaries and its array constants (bytes)."""
+
   temporaries: int
   constants: int
 
@@ -543,11 +584,16 @@ def held(compiled: Any, text: Optional[str] = None) -> Held:
   analysis = compiled.memory_analysis()
   text = compiled.as_text() if text is None else text
   if analysis is None or text is None:
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"remat=\"auto\" needs XLA's memory analysis and compiled HLO, "
-        f"which the {jax.default_backend()} backend does not give."))
-  return Held(temporaries(analysis, jax.default_backend()),
-              constant_bytes(text) + lifted_bytes(compiled, analysis))
+        f"which the {jax.default_backend()} backend does not give."
+      )
+    )
+  return Held(
+    temporaries(analysis, jax.default_backend()),
+    constant_bytes(text) + lifted_bytes(compiled, analysis),
+  )
 
 
 def lifted_bytes(compiled: Any, analysis: Any) -> int:
@@ -583,7 +629,15 @@ def constant_bytes(text: str) -> int:
   """
   # Only the lines that may hold a constant are read (no whole parse: a
   # plan's read of a compiled program's bytes stops here).
-  lines = (hlo_text.instruction(line) for line in text.splitlines()
-           if " constant(" in line and " = " in line)
-  return sum(array.bytes for ins in lines if ins.opcode == "constant"
-             for array in hlo_text.arrays(ins.shape) if array.dims)
+  lines = (
+    hlo_text.instruction(line)
+    for line in text.splitlines()
+    if " constant(" in line and " = " in line
+  )
+  return sum(
+    array.bytes
+    for ins in lines
+    if ins.opcode == "constant"
+    for array in hlo_text.arrays(ins.shape)
+    if array.dims
+  )

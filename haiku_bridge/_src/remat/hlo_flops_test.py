@@ -17,7 +17,7 @@ XS = jnp.ones([8, 4, 32])
 
 def step(h, x):
   h = jnp.tanh(h @ W + x)
-  return h, jnp.sum(h ** 2)
+  return h, jnp.sum(h**2)
 
 
 # XLA's CPU count is the ground truth of the convolution tests, on any
@@ -45,21 +45,28 @@ def xla(f, *args, device=None) -> float:
 def convolutions():
   """`(name, f, x, k)`: 2D convolutions and their gradients, padded, strided, dilated, grouped."""
   for strides, padding, dilation, groups in (
-      ((1, 1), "SAME", (1, 1), 1), ((2, 2), ((1, 0), (1, 1)), (1, 1), 1),
-      ((1, 1), "SAME", (2, 2), 1), ((1, 1), "VALID", (1, 1), 2)):
-    conv = lambda x, k, s=strides, p=padding, d=dilation, g=groups: (
-        jax.lax.conv_general_dilated(
-            x, k, s, p, rhs_dilation=d, feature_group_count=g,
-            dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    ((1, 1), "SAME", (1, 1), 1),
+    ((2, 2), ((1, 0), (1, 1)), (1, 1), 1),
+    ((1, 1), "SAME", (2, 2), 1),
+    ((1, 1), "VALID", (1, 1), 2),
+  ):
+    conv = lambda x, k, s=strides, p=padding, d=dilation, g=groups: jax.lax.conv_general_dilated(
+      x, k, s, p, rhs_dilation=d, feature_group_count=g, dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
     x, k = jnp.ones([2, 10, 10, 8]), jnp.ones([3, 3, 8 // groups, 6])
     name = f"{strides} {padding} {dilation} {groups}"
     yield name, conv, x, k
-    yield name + " gradients", jax.grad(
-        lambda x, k, conv=conv: jnp.sum(conv(x, k) ** 2), (0, 1)), x, k
+    yield (
+      name + " gradients",
+      jax.grad(lambda x, k, conv=conv: jnp.sum(conv(x, k) ** 2), (0, 1)),
+      x,
+      k,
+    )
 
 
 class _Analysis(NamedTuple):
   """The fields of a `compiled.memory_analysis()` that `temporaries` reads."""
+
   temp_size_in_bytes: int
   peak_memory_in_bytes: int
   argument_size_in_bytes: int
@@ -69,33 +76,39 @@ class _Analysis(NamedTuple):
 
 def gradient(body, unroll=1):
   """The gradient of a loss of a scan of `body` over `XS`."""
+
   def loss(h, xs):
     h, ys = jax.lax.scan(body, h, xs, unroll=unroll)
     return jnp.sum(ys) + jnp.sum(h)
+
   return jax.grad(loss, argnums=(0, 1))
 
 
 def nested(unroll=1):
   """The gradient of a scan over 2 scans of 4 steps each."""
+
   def loss(h, xs):
     inner = lambda h, xs: jax.lax.scan(step, h, xs, unroll=unroll)
-    h, ys = jax.lax.scan(inner, h, xs.reshape(2, 4, *xs.shape[1:]),
-                         unroll=unroll)
+    h, ys = jax.lax.scan(inner, h, xs.reshape(2, 4, *xs.shape[1:]), unroll=unroll)
     return jnp.sum(ys) + jnp.sum(h)
+
   return jax.grad(loss, argnums=(0, 1))
 
 
-def cudnn_convolution(target: str, operands: tuple[str, str], result: str,
-                      window: str, groups: int) -> str:
+def cudnn_convolution(
+  target: str, operands: tuple[str, str], result: str, window: str, groups: int
+) -> str:
   """A program of one cuDNN convolution custom-call, as XLA:GPU writes it."""
   layout = lambda t: t + "{3,2,1,0}"
   params = ", ".join(f"p{i}: {t}" for i, t in enumerate(operands))
-  lines = [f"  %p{i} = {layout(t)} parameter({i})"
-           for i, t in enumerate(operands)]
+  lines = [f"  %p{i} = {layout(t)} parameter({i})" for i, t in enumerate(operands)]
   grouped = f", feature_group_count={groups}" if groups > 1 else ""
-  return "\n".join([
-      "HloModule m", "",
-      f"ENTRY %main ({params}) -> {result} {{", *lines,
+  return "\n".join(
+    [
+      "HloModule m",
+      "",
+      f"ENTRY %main ({params}) -> {result} {{",
+      *lines,
       f"  %c = ({layout(result)}, u8[0]{{0}}) custom-call(%p0, %p1), "
       f"window={{{window}}}, dim_labels=b01f_o01i->b01f{grouped}, "
       f'custom_call_target="__cudnn${target}", backend_config='
@@ -105,8 +118,11 @@ def cudnn_convolution(target: str, operands: tuple[str, str], result: str,
       '"conv_result_scale":1,"leakyrelu_alpha":0,"side_input_scale":0},'
       '"device_type":"DEVICE_TYPE_INVALID","force_earliest_schedule":false,'
       '"operation_queue_id":"0","reification_cost":[]}',
-      f"  ROOT %r = {layout(result)} get-tuple-element(%c), index=0", "}",
-      ""])
+      f"  ROOT %r = {layout(result)} get-tuple-element(%c), index=0",
+      "}",
+      "",
+    ]
+  )
 
 
 F32_4_32, F32_8_4_32 = "f32[4,32]{1,0}", "f32[8,4,32]{2,1,0}"
@@ -120,33 +136,40 @@ def eight_steps(computations: str, *carry: str) -> str:
   """
   types = ", ".join(("s32[]",) + carry)
   params = ", ".join(f"p{i}: {t}" for i, t in enumerate(carry))
-  return "\n".join([
-      computations, "",
+  return "\n".join(
+    [
+      computations,
+      "",
       f"%condition (arg.1: ({types})) -> pred[] {{",
       f"  %arg.1 = ({types}) parameter(0)",
       "  %i.1 = s32[] get-tuple-element(%arg.1), index=0",
       "  %constant_8 = s32[] constant(8)",
-      "  ROOT %lt = pred[] compare(%i.1, %constant_8), direction=LT", "}", "",
+      "  ROOT %lt = pred[] compare(%i.1, %constant_8), direction=LT",
+      "}",
+      "",
       f"ENTRY %main ({params}) -> ({types}) {{",
       *(f"  %p{i} = {t} parameter({i})" for i, t in enumerate(carry)),
       "  %zero = s32[] constant(0)",
-      f"  %init = ({types}) tuple(%zero, "
-      f"{', '.join(f'%p{i}' for i in range(len(carry)))})",
+      f"  %init = ({types}) tuple(%zero, {', '.join(f'%p{i}' for i in range(len(carry)))})",
       f"  ROOT %while = ({types}) while(%init), condition=%condition, "
       "body=%body, backend_config={\"dynamic_variables\":[],"
       "\"known_induction_variable\":{\"tuple_index\":\"0\"},"
       "\"known_init_step\":{\"init\":\"0\",\"step\":\"1\"},"
-      "\"known_trip_count\":{\"n\":\"8\"}}", "}", ""])
+      "\"known_trip_count\":{\"n\":\"8\"}}",
+      "}",
+      "",
+    ]
+  )
 
 
 class CountTest(absltest.TestCase):
-
   def test_one_matmul_and_one_convolution_by_hand(self):
     a, b = jnp.ones([4, 8]), jnp.ones([8, 3])
     self.assertEqual(ours(jnp.matmul, a, b).flops, 2 * 4 * 3 * 8)
     image, kernel = jnp.ones([1, 6, 6, 2]), jnp.ones([3, 3, 2, 5])
     conv = lambda x, k: jax.lax.conv_general_dilated(
-        x, k, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+      x, k, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
     # Each of the 1·4·4·5 outputs: 3·3·2 multiply-adds.
     self.assertEqual(ours(conv, image, kernel).flops, 2 * (4 * 4 * 5) * 18)
 
@@ -223,9 +246,7 @@ ENTRY %main (a: f32[2,4,8], b: f32[2,8,3], x: f32[4,4]) -> f32[2,4,3] {
 }
 
 """
-    self.assertEqual(hlo_flops.count(eight_steps(text, F32_4_32,
-                                                 F32_8_4_32)).flops,
-                     8 * (4 * 32))
+    self.assertEqual(hlo_flops.count(eight_steps(text, F32_4_32, F32_8_4_32)).flops, 8 * (4 * 32))
 
   def test_a_value_copied_into_two_fusions_counts_once(self):
     # XLA:GPU copies a cheap producer into each fusion that reads it: the
@@ -276,8 +297,7 @@ ENTRY %main (h: f32[4,32], xs: f32[8,4,32]) -> (f32[4,32], f32[]) {
   ROOT %out = (f32[4,32]{1,0}, f32[]) tuple(%gemm_fusion_dot_general, %get-tuple-element)
 }
 """
-    self.assertEqual(hlo_flops.count(text).flops,
-                     4 * 128 + 2 * 4 * 32 * 32)
+    self.assertEqual(hlo_flops.count(text).flops, 4 * 128 + 2 * 4 * 32 * 32)
 
   def test_a_value_through_an_asynchronous_slice_is_the_slices_value(self):
     # A scan's backward step (jax 0.11.2, an H200): the cotangent's slice
@@ -340,9 +360,10 @@ ENTRY %main (h: f32[4,32], xs: f32[8,4,32]) -> (f32[4,32], f32[]) {
 }
 
 """
-    self.assertEqual(hlo_flops.count(eight_steps(
-        text, F32_4_32, F32_8_4_32, F32_8_4_32)).flops,
-                     8 * (2 * 128 + 2 * 4 * 32 * 32))
+    self.assertEqual(
+      hlo_flops.count(eight_steps(text, F32_4_32, F32_8_4_32, F32_8_4_32)).flops,
+      8 * (2 * 128 + 2 * 4 * 32 * 32),
+    )
 
   def test_only_the_same_arithmetic_on_the_same_values_counts_once(self):
     # tanh(h) in three fusions counts once; but not two matmuls of it with
@@ -405,8 +426,7 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
   ROOT %out = (f32[4,32]{1,0}, f32[4,32]{1,0}, (f32[4]{0}, f32[4]{0}), f32[4,32]{1,0}, f32[4,32]{0,1}) tuple(%a, %b, %r, %again, %transposed)
 }
 """
-    self.assertEqual(hlo_flops.count(text).flops,
-                     5 * 128 + 2 * (2 * 4 * 32 * 32))
+    self.assertEqual(hlo_flops.count(text).flops, 5 * 128 + 2 * (2 * 4 * 32 * 32))
 
   def test_gpu_convolutions_count_as_xla_counts_them_on_cpu(self):
     # XLA:GPU runs a convolution and its two transposes as cuDNN
@@ -415,52 +435,53 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     # convolution's window and dim_labels on each call). The ground truth:
     # XLA's count of the same convolution and transposes on CPU.
     for window, groups, (x_shape, k_shape, y_shape) in (
-        ("size=3x3 pad=1_1x1_1", 1, ((2, 9, 9, 4), (3, 3, 4, 8),
-                                     (2, 9, 9, 8))),
-        ("size=3x3 stride=2x2 pad=1_1x1_1", 1, ((2, 9, 9, 4), (3, 3, 4, 6),
-                                                (2, 5, 5, 6))),
-        ("size=3x3", 2, ((2, 8, 8, 8), (3, 3, 4, 8), (2, 6, 6, 8)))):
+      ("size=3x3 pad=1_1x1_1", 1, ((2, 9, 9, 4), (3, 3, 4, 8), (2, 9, 9, 8))),
+      ("size=3x3 stride=2x2 pad=1_1x1_1", 1, ((2, 9, 9, 4), (3, 3, 4, 6), (2, 5, 5, 6))),
+      ("size=3x3", 2, ((2, 8, 8, 8), (3, 3, 4, 8), (2, 6, 6, 8))),
+    ):
       stride = 2 if "stride" in window else 1
       x, k = jnp.ones(x_shape), jnp.ones(k_shape)
       conv = lambda x, k, s=stride, g=groups: jax.lax.conv_general_dilated(
-          x, k, (s, s), "VALID" if g > 1 else ((1, 1), (1, 1)),
-          dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=g)
+        x,
+        k,
+        (s, s),
+        "VALID" if g > 1 else ((1, 1), (1, 1)),
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=g,
+      )
       y = conv(x, k)
       self.assertEqual(y.shape, y_shape)
       d_x = lambda y, k: jax.linear_transpose(lambda x: conv(x, k), x)(y)[0]
       d_k = lambda x, y: jax.linear_transpose(lambda k: conv(x, k), k)(y)[0]
       h, w, i, o = k_shape  # HWIO on CPU, o01i on GPU:
       gpu_k = f"f32[{o},{h},{w},{i}]"
-      x_t, y_t = (f"f32[{','.join(map(str, s))}]" for s in (x_shape,
-                                                              y_shape))
+      x_t, y_t = (f"f32[{','.join(map(str, s))}]" for s in (x_shape, y_shape))
       for target, operands, result, truth in (
-          ("convForward", (x_t, gpu_k), y_t, xla(conv, x, k, device=CPU)),
-          ("convBackwardInput", (y_t, gpu_k), x_t,
-           xla(d_x, y, k, device=CPU)),
-          ("convBackwardFilter", (x_t, y_t), gpu_k,
-           xla(d_k, x, y, device=CPU))):
-        got = hlo_flops.count(cudnn_convolution(target, operands, result,
-                                                window, groups))
+        ("convForward", (x_t, gpu_k), y_t, xla(conv, x, k, device=CPU)),
+        ("convBackwardInput", (y_t, gpu_k), x_t, xla(d_x, y, k, device=CPU)),
+        ("convBackwardFilter", (x_t, y_t), gpu_k, xla(d_k, x, y, device=CPU)),
+      ):
+        got = hlo_flops.count(cudnn_convolution(target, operands, result, window, groups))
         self.assertEqual(got.opaque_custom_calls, ())
-        self.assertAlmostEqual(got.flops / truth, 1, delta=0.02,
-                               msg=(target, window))
+        self.assertAlmostEqual(got.flops / truth, 1, delta=0.02, msg=(target, window))
 
   def test_convolutions_count_only_real_inputs_as_xla_does(self):
     # On CPU: the convolution, and its gradients (XLA writes those as
     # convolutions with dilated or padded inputs, and batch groups).
     for name, f, x, k in convolutions():
-      self.assertAlmostEqual(ours(f, x, k, device=CPU).flops /
-                             xla(f, x, k, device=CPU), 1, delta=0.02, msg=name)
+      self.assertAlmostEqual(
+        ours(f, x, k, device=CPU).flops / xla(f, x, k, device=CPU), 1, delta=0.02, msg=name
+      )
 
   def test_constant_bytes_are_the_arrays_not_the_scalars(self):
     # 200 int32s: within jax 0.12's jax_embedded_constants_max_bytes (1,024),
     # which compiles a closed-over array in only up to that size (a larger
     # one is an argument there; jax 0.10 compiles in any).
     table = np.random.default_rng(0).integers(0, 9, 200).astype(np.int32)
-    text = compiled(lambda i, x: jnp.asarray(table)[i] * x + 1.5, 3,
-                    2.0).as_text()
-    scalars = [line for line in text.splitlines()
-               if re.search(r"= [fs]32\[\](\{[^}]*\})? constant\(", line)]
+    text = compiled(lambda i, x: jnp.asarray(table)[i] * x + 1.5, 3, 2.0).as_text()
+    scalars = [
+      line for line in text.splitlines() if re.search(r"= [fs]32\[\](\{[^}]*\})? constant\(", line)
+    ]
     self.assertNotEmpty(scalars)  # In the code, not in the program's data.
     self.assertEqual(hlo_flops.constant_bytes(text), table.nbytes)
 
@@ -469,8 +490,7 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     # 0.12 (over its jax_embedded_constants_max_bytes); held either way,
     # once, and none of the step's own arguments.
     table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
-    got = hlo_flops.held(compiled(lambda i, x: jnp.asarray(table)[i] * x, 3,
-                                  jnp.ones([64])))
+    got = hlo_flops.held(compiled(lambda i, x: jnp.asarray(table)[i] * x, 3, jnp.ones([64])))
     self.assertEqual(got.constants, table.nbytes)
 
   def test_a_tpus_temporaries_are_its_peak_less_arguments_and_outputs(self):
@@ -481,26 +501,26 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     # none where XLA:TPU fuses exp and cos into the matmul.
     mib4 = 4 << 20
     for name, analysis, want in (
-        ("x * 2", _Analysis(0, 8388608, mib4, mib4, 0), 0),
-        ("((x @ x) @ x) @ x", _Analysis(0, 16777216, mib4, mib4, 0),
-         2 * mib4),
-        ("jnp.sum(((x @ x) @ x) @ x)", _Analysis(0, 12583424, mib4, 512, 0),
-         2 * mib4),
-        ("jnp.sum(jnp.exp(x) @ jnp.cos(x))",
-         _Analysis(0, 4194816, mib4, 512, 0), 0),
-        # An output that aliases its argument (donated) is one buffer: a
-        # donated step holding one 4 MiB temporary besides.
-        ("donated step", _Analysis(0, 2 * mib4, mib4, mib4, mib4), mib4),
-        # A remat schedule's step (an LSTM, 256 steps, binomial): the
-        # temporaries XLA:TPU reports besides lie above its peak, and count.
-        ("binomial LSTM step", _Analysis(1036800, 358400, 53760, 22016, 0),
-         1036800 + 358400 - 53760 - 22016)):
+      ("x * 2", _Analysis(0, 8388608, mib4, mib4, 0), 0),
+      ("((x @ x) @ x) @ x", _Analysis(0, 16777216, mib4, mib4, 0), 2 * mib4),
+      ("jnp.sum(((x @ x) @ x) @ x)", _Analysis(0, 12583424, mib4, 512, 0), 2 * mib4),
+      ("jnp.sum(jnp.exp(x) @ jnp.cos(x))", _Analysis(0, 4194816, mib4, 512, 0), 0),
+      # An output that aliases its argument (donated) is one buffer: a
+      # donated step holding one 4 MiB temporary besides.
+      ("donated step", _Analysis(0, 2 * mib4, mib4, mib4, mib4), mib4),
+      # A remat schedule's step (an LSTM, 256 steps, binomial): the
+      # temporaries XLA:TPU reports besides lie above its peak, and count.
+      (
+        "binomial LSTM step",
+        _Analysis(1036800, 358400, 53760, 22016, 0),
+        1036800 + 358400 - 53760 - 22016,
+      ),
+    ):
       with self.subTest(name):
         self.assertEqual(hlo_flops.temporaries(analysis, "tpu"), want)
     # Elsewhere, XLA's temporaries as it reports them.
     for platform in ("cpu", "gpu"):
-      self.assertEqual(hlo_flops.temporaries(
-          _Analysis(1234, 10 ** 9, 5, 6, 0), platform), 1234)
+      self.assertEqual(hlo_flops.temporaries(_Analysis(1234, 10**9, 5, 6, 0), platform), 1234)
 
   def test_batch_groups_count_as_xla_counts_them(self):
     # XLA:CPU rewrites a convolution's batch groups before the program we
@@ -508,23 +528,30 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     # the ground truth is XLA's count of the same convolution from jax.
     def conv(x, k):
       return jax.lax.conv_general_dilated(
-          x, k, (1, 1), "VALID", batch_group_count=2,
-          dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        x, k, (1, 1), "VALID", batch_group_count=2, dimension_numbers=("NHWC", "HWIO", "NHWC")
+      )
 
     x, k = jnp.ones([4, 10, 10, 8]), jnp.ones([3, 3, 8, 6])
-    text = "\n".join([
-        "HloModule m", "",
+    text = "\n".join(
+      [
+        "HloModule m",
+        "",
         "ENTRY %main (x: f32[4,10,10,8], k: f32[3,3,8,6]) -> f32[2,8,8,6] {",
         "  %x = f32[4,10,10,8]{3,2,1,0} parameter(0)",
         "  %k = f32[3,3,8,6]{3,2,1,0} parameter(1)",
         "  ROOT %c = f32[2,8,8,6]{3,2,1,0} convolution(%x, %k), "
         "window={size=3x3}, dim_labels=b01f_01io->b01f, batch_group_count=2",
-        "}"])
-    self.assertEqual(hlo_flops.count(text).flops, jax.jit(conv).lower(
-        *jax.device_put((x, k), CPU)).cost_analysis()["flops"])
+        "}",
+      ]
+    )
+    self.assertEqual(
+      hlo_flops.count(text).flops,
+      jax.jit(conv).lower(*jax.device_put((x, k), CPU)).cost_analysis()["flops"],
+    )
 
-  @absltest.skipUnless(jax.default_backend() == "gpu",
-                       "XLA:GPU writes convolutions as cuDNN custom-calls")
+  @absltest.skipUnless(
+    jax.default_backend() == "gpu", "XLA:GPU writes convolutions as cuDNN custom-calls"
+  )
   def test_a_gpu_programs_convolutions_count_as_xla_counts_them_on_cpu(self):
     for name, f, x, k in convolutions():
       if "((1, 0)" in name:
@@ -532,25 +559,28 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
         continue
       text = compiled(f, x, k).as_text()
       self.assertIn("__cudnn$conv", text, name)
-      self.assertAlmostEqual(hlo_flops.count(text).flops /
-                             xla(f, x, k, device=CPU), 1, delta=0.02, msg=name)
+      self.assertAlmostEqual(
+        hlo_flops.count(text).flops / xla(f, x, k, device=CPU), 1, delta=0.02, msg=name
+      )
 
   def test_rolled_loops_count_as_xla_counts_them_unrolled(self):
     # The ground truth, on any backend: XLA's count of the loop unrolled on
     # CPU (XLA:GPU's count of an unrolled program counts each copy of a
     # value its fusions make, 2.5-3.8% more on an H200 here).
-    scan = lambda unroll: (lambda h, xs: jax.lax.scan(step, h, xs,
-                                                      unroll=unroll))
-    for name, make in (("scan", scan), ("gradient", lambda u: gradient(
-        step, u)), ("nested", nested)):
+    scan = lambda unroll: lambda h, xs: jax.lax.scan(step, h, xs, unroll=unroll)
+    for name, make in (
+      ("scan", scan),
+      ("gradient", lambda u: gradient(step, u)),
+      ("nested", nested),
+    ):
       rolled = ours(make(1), H, XS)
       self.assertEqual(rolled.unknown_trip_counts, 0, name)
       self.assertEqual(rolled.conditionals, (), name)
       # XLA's count of the rolled loop sees one step of 8.
       self.assertLess(xla(make(1), H, XS), rolled.flops / 4, name)
       self.assertAlmostEqual(
-          rolled.flops / xla(make(True), H, XS, device=CPU), 1, delta=0.02,
-          msg=name)
+        rolled.flops / xla(make(True), H, XS, device=CPU), 1, delta=0.02, msg=name
+      )
 
   def test_a_checkpointed_scan_counts_one_more_forward_per_step(self):
     # Unrolled, XLA merges the recomputation with the forward pass, so the
@@ -558,8 +588,7 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     # forward of its carry that jax.checkpoint runs again (XLA's counts on
     # CPU, as above).
     recompute = xla(lambda h, x: step(h, x)[0], H, XS[0], device=CPU)
-    expected = (xla(gradient(step, True), H, XS, device=CPU) +
-                len(XS) * recompute)
+    expected = xla(gradient(step, True), H, XS, device=CPU) + len(XS) * recompute
     got = ours(gradient(jax.checkpoint(step)), H, XS).flops
     self.assertAlmostEqual(got / expected, 1, delta=0.02)
 
@@ -568,7 +597,9 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
       def body(h, x):
         h = jax.lax.cond(jnp.sum(x) > 0, lambda: h @ W, lambda: h + 1.0)
         return h, None
+
       return jax.lax.scan(body, h, xs)[0]
+
     count = ours(f, H, XS)
     (conditional,) = count.conditionals
     self.assertEqual(conditional.executions, 8)
@@ -581,11 +612,12 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     # A cond in a cond's branch: counted in that branch, by its dearest too.
     def f(h, xs):
       def body(h, x):
-        inner = lambda: jax.lax.cond(jnp.sum(x) > 1, lambda: h @ W,
-                                     lambda: h * 2.0)
+        inner = lambda: jax.lax.cond(jnp.sum(x) > 1, lambda: h @ W, lambda: h * 2.0)
         h = jax.lax.cond(jnp.sum(x) > 0, inner, lambda: h + 1.0)
         return h, None
+
       return jax.lax.scan(body, h, xs)[0]
+
     text = jax.jit(f).lower(H, XS).compile().as_text()
     cheapest = hlo_flops.count(text)
     dearest = hlo_flops.count(text, dearest=True)

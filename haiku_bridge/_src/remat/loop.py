@@ -98,6 +98,7 @@ class Loop:
       derivative around the loop (`resolved`), the refusal, raised if the
       loop's outputs are differentiated; its forward is the plain loop's.
   """
+
   remat: modes.RematMode = False
   policy: Optional[Callable[..., bool]] = None
   groups: Optional[int] = None
@@ -109,38 +110,48 @@ class Loop:
   planned: bool = False
   refused: Optional[str] = None
 
-  def __call__(self, body: Body, carry: PyTree, xs: PyTree, length: int,
-               reverse: bool = False) -> tuple[PyTree, PyTree]:
+  def __call__(
+    self, body: Body, carry: PyTree, xs: PyTree, length: int, reverse: bool = False
+  ) -> tuple[PyTree, PyTree]:
     """`jax.lax.scan(body, carry, xs, length, reverse)`: `(carry, ys)`."""
     if self.remat == modes.REMAT_AUTO:
-      return resolved(self, body, carry, xs, length)(body, carry, xs, length,
-                                                     reverse)
+      return resolved(self, body, carry, xs, length)(body, carry, xs, length, reverse)
     if self.remat in REMAT_SCHEDULES and length > 0:
       return scheduled_scan.scan(
-          body, carry, xs, length=length,
-          schedule=schedule(str(self.remat), length, self.groups,
-                            self.slots),
-          unroll=self.unroll, reverse=reverse,
-          forward_mode_error=errors.message(
-              (f"`remat=\"auto\"` (its plan here: \"{self.remat}\")"
-               if self.planned else f"`remat=\"{self.remat}\"`") +
-              " runs its own backward pass (a "
-              "jax.custom_vjp), which forward-mode autodiff reaches here "
-              "through a jax.jit (as in jax.jacfwd(jax.jit(f))), where the "
-              "scan cannot see it to run the plain loop instead. Put the "
-              "jit outside (jax.jit(jax.jacfwd(f))), or use remat=True, "
-              "which every autodiff mode differentiates."))
+        body,
+        carry,
+        xs,
+        length=length,
+        schedule=schedule(str(self.remat), length, self.groups, self.slots),
+        unroll=self.unroll,
+        reverse=reverse,
+        forward_mode_error=errors.message(
+          (
+            f"`remat=\"auto\"` (its plan here: \"{self.remat}\")"
+            if self.planned
+            else f"`remat=\"{self.remat}\"`"
+          )
+          + " runs its own backward pass (a "
+          "jax.custom_vjp), which forward-mode autodiff reaches here "
+          "through a jax.jit (as in jax.jacfwd(jax.jit(f))), where the "
+          "scan cannot see it to run the plain loop instead. Put the "
+          "jit outside (jax.jit(jax.jacfwd(f))), or use remat=True, "
+          "which every autodiff mode differentiates."
+        ),
+      )
     if self.remat:
       body = jax.checkpoint(body, policy=self.policy)
     else:  # A loop with "auto" inside knows whose body it runs in.
       body = tracing.in_body(body, self.planned)
-    out = jax.lax.scan(body, carry, xs, length=length, unroll=self.unroll,
-                       reverse=reverse)
+    out = jax.lax.scan(body, carry, xs, length=length, unroll=self.unroll, reverse=reverse)
     if self.refused is None:
       return out
     return jax.tree.map(
-        lambda v: (_refused_if_differentiated(self.refused, v)
-                   if jnp.issubdtype(v.dtype, jnp.inexact) else v), out)
+      lambda v: (
+        _refused_if_differentiated(self.refused, v) if jnp.issubdtype(v.dtype, jnp.inexact) else v
+      ),
+      out,
+    )
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
@@ -156,9 +167,16 @@ def _refused_if_differentiated_jvp(refusal, primals, tangents):
   raise remat_choice.refusal(refusal)
 
 
-def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
-             *, whole_pipelined_stack: bool = False,
-             planned_body: Optional[Body] = None) -> Loop:
+def resolved(
+  loop: Loop,
+  body: Body,
+  carry: PyTree,
+  xs: PyTree,
+  length: int,
+  *,
+  whole_pipelined_stack: bool = False,
+  planned_body: Optional[Body] = None,
+) -> Loop:
   """The loop that runs on these shapes: the one place `remat="auto"` is planned.
 
   Any other `remat` runs as it is. `remat="auto"` is planned here, for the
@@ -186,25 +204,36 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
   """
   if loop.remat != modes.REMAT_AUTO:
     return loop
-  if whole_pipelined_stack or (guards.inside_transform() and
-                               hk.running_init()):
-    return dataclasses.replace(loop, remat=False, policy=None,
-                               memory_budget=None,
-                               max_recompute=remat_choice.MAX_RECOMPUTE)
+  if whole_pipelined_stack or (guards.inside_transform() and hk.running_init()):
+    return dataclasses.replace(
+      loop, remat=False, policy=None, memory_budget=None, max_recompute=remat_choice.MAX_RECOMPUTE
+    )
   if length == 0:
     return Loop(unroll=loop.unroll)
   if loop.memory_budget is None:
     if not step_budget.active():
       return _unbudgeted(loop)
-    step = step_budget.loop_plan(length, carry, loop.policy is not None,
-                                 loop.max_recompute)
-    return Loop(step.remat, loop.policy if step.policy else None, None,
-                loop.unroll, slots=step.slots, planned=True)
+    step = step_budget.loop_plan(length, carry, loop.policy is not None, loop.max_recompute)
+    return Loop(
+      step.remat,
+      loop.policy if step.policy else None,
+      None,
+      loop.unroll,
+      slots=step.slots,
+      planned=True,
+    )
   try:
-    choice = remat_plan.loop_plan(planned_body or body, carry, xs, length,
-                                  loop.memory_budget,
-                                  loop.policy, loop.max_recompute,
-                                  loop.unroll, loop.batch_major).choice
+    choice = remat_plan.loop_plan(
+      planned_body or body,
+      carry,
+      xs,
+      length,
+      loop.memory_budget,
+      loop.policy,
+      loop.max_recompute,
+      loop.unroll,
+      loop.batch_major,
+    ).choice
   except ValueError as error:
     # No derivative seen around the loop: inference (which keeps nothing
     # for a backward pass, and computes the same values with any plan), or
@@ -213,30 +242,45 @@ def resolved(loop: Loop, body: Body, carry: PyTree, xs: PyTree, length: int,
     if not (remat_choice.is_refusal(error) and remat_plan.deferrable()):
       raise
     tracing.LOG.info(
-        "remat=\"auto\": no derivative is seen around this loop, which runs "
-        "plain; differentiated, it raises: %s", error)
+      "remat=\"auto\": no derivative is seen around this loop, which runs "
+      "plain; differentiated, it raises: %s",
+      error,
+    )
     return Loop(unroll=loop.unroll, refused=str(error))
-  return Loop(choice.remat, None if choice.policy is None else loop.policy,
-              choice.groups, loop.unroll,
-              slots=choice.slots if choice.remat == "binomial" else None,
-              planned=True)
+  return Loop(
+    choice.remat,
+    None if choice.policy is None else loop.policy,
+    choice.groups,
+    loop.unroll,
+    slots=choice.slots if choice.remat == "binomial" else None,
+    planned=True,
+  )
 
 
 def _unbudgeted(loop: Loop) -> Loop:
   """`remat="auto"` with no budget, outside `budgeted_jit`: plain, refusing a differentiation."""
-  refusal = remat_choice.refusal(errors.message(
+  refusal = remat_choice.refusal(
+    errors.message(
       "`remat=\"auto\"` needs `memory_budget=`, the bytes the loop's "
       "training-step temporaries may take (hkb.remat_plan shows what each "
       "plan needs), or the training step jitted with hkb.budgeted_jit, "
-      "whose budget for the whole step plans it."))
+      "whose budget for the whole step plans it."
+    )
+  )
   if not remat_plan.deferrable():
     raise refusal
   return Loop(unroll=loop.unroll, refused=str(refusal))
 
 
-def from_options(*, remat: Any = False, remat_policy: Any = None,
-                 remat_groups: Any = None, unroll: Any = 1,
-                 memory_budget: Any = None, max_recompute: Any = None) -> Loop:
+def from_options(
+  *,
+  remat: Any = False,
+  remat_policy: Any = None,
+  remat_groups: Any = None,
+  unroll: Any = 1,
+  memory_budget: Any = None,
+  max_recompute: Any = None,
+) -> Loop:
   """The `Loop` a public call's options describe, each option checked.
 
   Raises TypeError or ValueError, naming the option, for a value the loop
@@ -247,27 +291,26 @@ def from_options(*, remat: Any = False, remat_policy: Any = None,
     if memory_budget is not None:
       memory_budget = remat_plan.check_budget(memory_budget)
     # With no budget of its own, the step's bound (budgeted_jit's) applies.
-    max_recompute = (math.inf if memory_budget is None and max_recompute is None
-                     else remat_plan.check_max_recompute(max_recompute))
+    max_recompute = (
+      math.inf
+      if memory_budget is None and max_recompute is None
+      else remat_plan.check_max_recompute(max_recompute)
+    )
   else:
-    for name, value in (("memory_budget", memory_budget),
-                        ("max_recompute", max_recompute)):
+    for name, value in (("memory_budget", memory_budget), ("max_recompute", max_recompute)):
       if value is not None:
-        raise ValueError(errors.message(
-            f"`{name}` needs `remat=\"auto\"`, which chooses the plan that "
-            "fits it."))
+        raise ValueError(
+          errors.message(f"`{name}` needs `remat=\"auto\"`, which chooses the plan that fits it.")
+        )
     max_recompute = remat_choice.MAX_RECOMPUTE
   if remat_groups is not None:
     remat_groups = errors.check_positive_int("remat_groups", remat_groups)
-  if not (isinstance(unroll, (bool, np.bool_)) or
-          (errors.is_int(unroll) and unroll >= 0)):
+  if not (isinstance(unroll, (bool, np.bool_)) or (errors.is_int(unroll) and unroll >= 0)):
     raise (ValueError if errors.is_int(unroll) else TypeError)(
-        errors.bad_argument("unroll", unroll, "a bool or a non-negative "
-                            "int, as for jax.lax.scan"))
-  unroll = (bool(unroll) if isinstance(unroll, (bool, np.bool_))
-            else int(unroll))
-  return Loop(remat, remat_policy, remat_groups, unroll, memory_budget,
-              max_recompute=max_recompute)
+      errors.bad_argument("unroll", unroll, "a bool or a non-negative int, as for jax.lax.scan")
+    )
+  unroll = bool(unroll) if isinstance(unroll, (bool, np.bool_)) else int(unroll)
+  return Loop(remat, remat_policy, remat_groups, unroll, memory_budget, max_recompute=max_recompute)
 
 
 _REMAT = "False, True, \"nested\", \"binomial\" or \"auto\""
@@ -277,32 +320,38 @@ def _remat_mode(remat: Any, policy: Any, groups: Any) -> bool | str:
   """`remat` checked: False, True, one of REMAT_SCHEDULES, or "auto"."""
   if isinstance(remat, (bool, np.bool_)):
     remat = bool(remat)
-  elif not isinstance(remat, str) or remat not in (
-      REMAT_SCHEDULES + (modes.REMAT_AUTO,)):
+  elif not isinstance(remat, str) or remat not in (REMAT_SCHEDULES + (modes.REMAT_AUTO,)):
     # An int or float may be meant as a number of groups.
-    example = (remat if errors.is_int(remat) and remat > 0 else 4)
+    example = remat if errors.is_int(remat) and remat > 0 else 4
     raise (ValueError if isinstance(remat, str) else TypeError)(
-        errors.bad_argument(
-            "remat", remat, _REMAT, "A schedule's number of groups goes in "
-            f"`remat_groups=`: e.g. remat=\"nested\", remat_groups={example}."))
+      errors.bad_argument(
+        "remat",
+        remat,
+        _REMAT,
+        "A schedule's number of groups goes in "
+        f"`remat_groups=`: e.g. remat=\"nested\", remat_groups={example}.",
+      )
+    )
   if policy is not None:
-    errors.check_callable("remat_policy", policy, "None or a "
-                          "jax.checkpoint_policies policy")
+    errors.check_callable("remat_policy", policy, "None or a jax.checkpoint_policies policy")
     if remat is not True and remat != modes.REMAT_AUTO:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           "`remat_policy` needs `remat=True` (or `remat=\"auto\"`, which "
           "weighs it as one more plan): it says which activations the "
           "forward pass keeps for the backward pass, and the nested and "
-          "binomial schedules keep none, only carries."))
+          "binomial schedules keep none, only carries."
+        )
+      )
   if groups is not None and remat not in REMAT_SCHEDULES:
-    raise ValueError(errors.message(
-        "`remat_groups` needs `remat=\"nested\"` or `\"binomial\"`."))
+    raise ValueError(errors.message("`remat_groups` needs `remat=\"nested\"` or `\"binomial\"`."))
   return remat
 
 
 @caches.memoize(maxsize=256)
-def schedule(remat: str, length: int, groups: Optional[int],
-             slots: Optional[int] = None) -> remat_schedule.Schedule:
+def schedule(
+  remat: str, length: int, groups: Optional[int], slots: Optional[int] = None
+) -> remat_schedule.Schedule:
   """The schedule of `remat="nested"` / `"binomial"` for `length` steps.
 
   "binomial" keeps the fewest carries that recompute at most `length - 1`
@@ -314,7 +363,5 @@ def schedule(remat: str, length: int, groups: Optional[int],
     return remat_schedule.nested(length, groups)
   if slots is not None:
     return remat_schedule.binomial(length, slots)
-  budget = (length - 1 if groups is None else
-            remat_schedule.nested(length, groups).recomputed_steps)
-  return remat_schedule.binomial(
-      length, remat_schedule.fewest_binomial_slots(length, budget))
+  budget = length - 1 if groups is None else remat_schedule.nested(length, groups).recomputed_steps
+  return remat_schedule.binomial(length, remat_schedule.fewest_binomial_slots(length, budget))

@@ -81,6 +81,7 @@ class RematCandidate(NamedTuple):
     policy: with `remat=True`, the `remat_policy` it runs under, by
       `policy_name` (None: no policy).
   """
+
   remat: modes.RematMode
   slots: Optional[int]
   groups: Optional[int]
@@ -91,13 +92,16 @@ class RematCandidate(NamedTuple):
 
   def describe(self) -> str:
     """The candidate as one phrase: `remat="binomial", 12 slots`."""
-    remat = (f'remat="{self.remat}"' if isinstance(self.remat, str)
-             else f"remat={self.remat}")
+    remat = f'remat="{self.remat}"' if isinstance(self.remat, str) else f"remat={self.remat}"
     return remat + "".join(
-        f", {text}" for value, text in (
-            (self.slots, f"{self.slots} slots"),
-            (self.groups, f"remat_groups={self.groups}"),
-            (self.policy, f"remat_policy={self.policy}")) if value is not None)
+      f", {text}"
+      for value, text in (
+        (self.slots, f"{self.slots} slots"),
+        (self.groups, f"remat_groups={self.groups}"),
+        (self.policy, f"remat_policy={self.policy}"),
+      )
+      if value is not None
+    )
 
 
 Key = tuple[Any, ...]  # A plan's identity: (remat, slots, groups, policy).
@@ -113,6 +117,7 @@ class Coefficients(NamedTuple):
 
   Bytes are a compiled program's temporaries plus the constants it holds.
   """
+
   length: int  # T, the steps every figure is measured at.
   plain: int  # remat=False, compiled.
   per_step: Optional[int]  # remat=True, compiled; None: nothing to differentiate.
@@ -142,8 +147,11 @@ def policy_name(policy: Callable[..., bool]) -> str:
   if name:
     return name
   if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
-    fields = ", ".join(f"{f.name}={_sorted_repr(getattr(policy, f.name))}"
-                       for f in dataclasses.fields(policy) if f.repr)
+    fields = ", ".join(
+      f"{f.name}={_sorted_repr(getattr(policy, f.name))}"
+      for f in dataclasses.fields(policy)
+      if f.repr
+    )
     return f"{type(policy).__name__}({fields})"
   return repr(policy)
 
@@ -171,8 +179,10 @@ def measuring_options() -> dict[str, Any]:
   """
   if jax.default_backend() != "cpu":
     return {}
-  options: dict[str, Any] = {"xla_backend_optimization_level": 0,
-                             "xla_cpu_parallel_codegen_split_count": 1}
+  options: dict[str, Any] = {
+    "xla_backend_optimization_level": 0,
+    "xla_cpu_parallel_codegen_split_count": 1,
+  }
   if OLDER_FUSION_EMITTERS:
     options["xla_cpu_use_fusion_emitters"] = False
   return options
@@ -183,9 +193,13 @@ def measuring_options() -> dict[str, Any]:
 OLDER_FUSION_EMITTERS = versions.release(jaxlib.__version__) < (0, 11)
 
 
-def coefficients(step: tracing.Traced, consts, length: int, policy,
-                 then: Optional[Callable[["Measured"], None]] = None
-                 ) -> Coefficients:
+def coefficients(
+  step: tracing.Traced,
+  consts,
+  length: int,
+  policy,
+  then: Optional[Callable[["Measured"], None]] = None,
+) -> Coefficients:
   """The model's coefficients for `step` over `length` steps, measured by 3 compiles (4 with a policy).
 
   Each compiles the loop's gradient at `length` steps, with XLA's cheaper
@@ -199,22 +213,32 @@ def coefficients(step: tracing.Traced, consts, length: int, policy,
     # Nothing reaches a float output from a float input: no backward pass
     # keeps anything, and every plan is the plain loop.
     plain = _measure(step, consts, length, None)
-    return Coefficients(length, plain.bytes, None, None, (0.0, 0.0), 0.0,
-                        0.0, None, (((False, None, None, None),
-                                     plain.bytes),))
+    return Coefficients(
+      length,
+      plain.bytes,
+      None,
+      None,
+      (0.0, 0.0),
+      0.0,
+      0.0,
+      None,
+      (((False, None, None, None), plain.bytes),),
+    )
   # The least plan, binomial with one slot (a schedule of O(T) actions),
   # compiled beside remat=False and remat=True: the line a + c·s starts
   # there, and a slot's bytes are first taken as the carry's, until a
   # second schedule is compiled (choice.py's `_sloped`).
-  one_slot = ([remat_schedule.binomial(length, 1)]
-              if length > 1 and not tracing.no_schedules(step) else [])
+  one_slot = (
+    [remat_schedule.binomial(length, 1)] if length > 1 and not tracing.no_schedules(step) else []
+  )
   with _Compiles(step, consts, length, _compile_threads()) as compiles:
     # One slot's first, so that `then` can start while the rest compile:
     # it needs that program's bytes only.
     schedules = [compiles.submit(s) for s in one_slot]
-    others = [compiles.submit(remat, p) for remat, p in
-              [(None, None), (True, None)] +
-              ([] if policy is None else [(True, policy)])]
+    others = [
+      compiles.submit(remat, p)
+      for remat, p in [(None, None), (True, None)] + ([] if policy is None else [(True, policy)])
+    ]
     if then is not None and schedules:
       then(schedules[0].bytes())
     plain, per_step, *rest = [m.result() for m in others + schedules]
@@ -224,17 +248,22 @@ def coefficients(step: tracing.Traced, consts, length: int, policy,
     # remat=False's is no plan's doing: said, then counted as none.
     if k.flops < plain.flops:
       tracing.LOG.warning(
-          "remat=\"auto\": remat=True%s over %d steps compiled to %d FLOPs, "
-          "fewer than remat=False's %d (counted as recomputing nothing; the "
-          "FLOP count of this %s program may be off: please report it).",
-          "" if k is per_step else ", under the policy,", length, k.flops,
-          plain.flops, jax.default_backend())
+        "remat=\"auto\": remat=True%s over %d steps compiled to %d FLOPs, "
+        "fewer than remat=False's %d (counted as recomputing nothing; the "
+        "FLOP count of this %s program may be off: please report it).",
+        "" if k is per_step else ", under the policy,",
+        length,
+        k.flops,
+        plain.flops,
+        jax.default_backend(),
+      )
     return max(0.0, (k.flops - plain.flops) / length)
 
   r = recomputed(per_step)
   measured: list[tuple[Key, int]] = [
-      ((False, None, None, None), plain.bytes),
-      ((True, None, None, None), per_step.bytes)]
+    ((False, None, None, None), plain.bytes),
+    ((True, None, None, None), per_step.bytes),
+  ]
   with_policy = None
   if policy is not None:
     k = rest.pop(0)
@@ -252,38 +281,52 @@ def coefficients(step: tracing.Traced, consts, length: int, policy,
     # (`Schedule.table_bytes`), the most with one slot: its tables' bytes
     # bound every schedule's.
     constants = (float(k.constants), 0.0)
-  return Coefficients(length, plain.bytes, per_step.bytes, scheduled,
-                      constants, r, advance, with_policy, tuple(measured))
+  return Coefficients(
+    length,
+    plain.bytes,
+    per_step.bytes,
+    scheduled,
+    constants,
+    r,
+    advance,
+    with_policy,
+    tuple(measured),
+  )
 
 
 def slot_guess(step: tracing.Traced) -> float:
   """A slot's bytes before a second schedule is compiled: the carry's (the batch's, under `jax.vmap`), with its tangent under each forward derivative."""
   _, carry, _ = _batched(step, ([], list(step.carry), []))
   return float(pytree.nbytes(carry)) * math.prod(
-      1 + at_once for kind, at_once in step.derivatives if kind == "forward")
+    1 + at_once for kind, at_once in step.derivatives if kind == "forward"
+  )
 
 
-def _batched(step: tracing.Traced, shapes: tuple[list[Any], ...]
-             ) -> tuple[list[Any], ...]:
+def _batched(step: tracing.Traced, shapes: tuple[list[Any], ...]) -> tuple[list[Any], ...]:
   """`shapes` (consts, carry, xs of one example) with the batch's dimensions of `step.vmaps`."""
   for size, _, *dims in step.vmaps:
     shapes = tuple(
-        [s if d is None else jax.ShapeDtypeStruct(
-            s.shape[:d] + (size,) + s.shape[d:], s.dtype)
-         for s, d in zip(group, group_dims)]
-        for group, group_dims in zip(shapes, dims))
+      [
+        s if d is None else jax.ShapeDtypeStruct(s.shape[:d] + (size,) + s.shape[d:], s.dtype)
+        for s, d in zip(group, group_dims)
+      ]
+      for group, group_dims in zip(shapes, dims)
+    )
   return shapes
 
 
 class Figures(NamedTuple):
   """A plan compiled for a budget: its bytes (temporaries + constants), and its temporaries."""
+
   bytes: int
   temporaries: int
 
 
-def compile_plans(step: tracing.Traced, consts, length: int,
-                  plans: Sequence[Key], policy) -> list[Figures]:
+def compile_plans(
+  step: tracing.Traced, consts, length: int, plans: Sequence[Key], policy
+) -> list[Figures]:
   """Each of `plans` compiled at `length` steps (the loop's gradient, as it is measured), for its bytes only: one alone, several side by side (`_Compiles`)."""
+
   def run(plan: Key) -> tuple[Any, Any]:
     """What `_measure` takes for `plan`: its schedule (or True) and policy."""
     remat, slots, groups, name = plan
@@ -295,8 +338,7 @@ def compile_plans(step: tracing.Traced, consts, length: int,
     return schedule, policy if name is not None else None
 
   if len(plans) <= 1:
-    measured = [_measure(step, consts, length, *run(plan), flops=False)
-                for plan in plans]
+    measured = [_measure(step, consts, length, *run(plan), flops=False) for plan in plans]
   else:
     with _Compiles(step, consts, length, _compile_threads()) as compiles:
       jobs = [compiles.submit(*run(plan)) for plan in plans]
@@ -321,8 +363,7 @@ def _bytes(c: Coefficients, plan: Key, predicted: float) -> int:
   return dict(c.measured).get(plan, int(round(predicted)))
 
 
-def _scheduled(c: Coefficients, length: int, slots: int, plan: Key,
-               recomputed_steps: int) -> int:
+def _scheduled(c: Coefficients, length: int, slots: int, plan: Key, recomputed_steps: int) -> int:
   """A schedule's bytes: its slots' temporaries, and its tables' constants."""
   assert c.scheduled is not None, "a loop with schedules measured them"
   a, per_slot = c.scheduled
@@ -330,16 +371,26 @@ def _scheduled(c: Coefficients, length: int, slots: int, plan: Key,
   return _bytes(c, plan, a + per_slot * slots + k0 + k1 * recomputed_steps)
 
 
-def _recomputing(c: Coefficients, remat, slots, groups, length: int,
-                 advances: int, temporaries: Optional[int] = None
-                 ) -> RematCandidate:
+def _recomputing(
+  c: Coefficients,
+  remat,
+  slots,
+  groups,
+  length: int,
+  advances: int,
+  temporaries: Optional[int] = None,
+) -> RematCandidate:
   """A candidate that recomputes each step where it backpropagates it, and advances."""
   if temporaries is None:
-    temporaries = _scheduled(c, length, slots, (remat, slots, groups, None),
-                             length + advances)
-  return RematCandidate(remat, slots, groups, temporaries, length + advances,
-                   int(round(length * c.step_flops +
-                             advances * c.advance_flops)))
+    temporaries = _scheduled(c, length, slots, (remat, slots, groups, None), length + advances)
+  return RematCandidate(
+    remat,
+    slots,
+    groups,
+    temporaries,
+    length + advances,
+    int(round(length * c.step_flops + advances * c.advance_flops)),
+  )
 
 
 def binomial(c: Coefficients, length: int, slots: int) -> RematCandidate:
@@ -348,23 +399,32 @@ def binomial(c: Coefficients, length: int, slots: int) -> RematCandidate:
   Each step is run again once where it is backpropagated (as
   jax.checkpoint does), besides the schedule's advances.
   """
-  return _recomputing(c, "binomial", slots, None, length,
-                      remat_schedule.binomial_cost(length, slots))
+  return _recomputing(
+    c, "binomial", slots, None, length, remat_schedule.binomial_cost(length, slots)
+  )
 
 
 def candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   """No remat, remat=True, a few groupings of "nested", binomial by slots."""
-  out = [RematCandidate(False, None, None, _bytes(c, (False, None, None, None),
-                                             c.plain), 0, 0)]
+  out = [RematCandidate(False, None, None, _bytes(c, (False, None, None, None), c.plain), 0, 0)]
   if c.per_step is None:  # Nothing to differentiate: nothing to keep.
     return out
-  out.append(_recomputing(c, True, None, None, length, 0,
-                          _bytes(c, (True, None, None, None), c.per_step)))
+  out.append(
+    _recomputing(c, True, None, None, length, 0, _bytes(c, (True, None, None, None), c.per_step))
+  )
   if c.policy is not None:
     name, temporaries, flops = c.policy
-    out.append(RematCandidate(True, None, None,
-                         _bytes(c, (True, None, None, name), temporaries),
-                         length, int(round(length * flops)), name))
+    out.append(
+      RematCandidate(
+        True,
+        None,
+        None,
+        _bytes(c, (True, None, None, name), temporaries),
+        length,
+        int(round(length * flops)),
+        name,
+      )
+    )
   if c.scheduled is None:  # One step: no schedule keeps fewer carries.
     return out
   # Every count of slots up to 16, then about 20% apart: the budget's own
@@ -378,8 +438,7 @@ def candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   for groups in sorted({2, max(1, math.isqrt(length)), length // 4} - {0, 1}):
     if groups < length:
       slots, recomputed_steps = _nested(length, groups)
-      out.append(_recomputing(c, "nested", slots, groups, length,
-                              recomputed_steps))
+      out.append(_recomputing(c, "nested", slots, groups, length, recomputed_steps))
   return out
 
 
@@ -392,6 +451,7 @@ def _nested(length: int, groups: int) -> tuple[int, int]:
 
 class Measured(NamedTuple):
   """A measuring program's figures: its bytes, and its FLOPs where they were counted."""
+
   bytes: int  # temporaries + constants.
   temporaries: int
   constants: int  # Bytes of the program's array constants (a schedule's tables).
@@ -399,15 +459,15 @@ class Measured(NamedTuple):
   advance_flops: Optional[int]  # With a schedule.
 
 
-def _measure(step: tracing.Traced, consts, length: int, remat, policy=None, *,
-             flops: bool = True) -> Measured:
+def _measure(
+  step: tracing.Traced, consts, length: int, remat, policy=None, *, flops: bool = True
+) -> Measured:
   """Compiled bytes and FLOPs of the VJP of `length` steps, run as `remat` says.
 
   One program, compiled here (`_Compiles` compiles several side by side);
   `flops=False`: bytes only (FLOPs 0).
   """
-  return _read(_compile(_lower(step, consts, length, remat, policy)), remat,
-               flops)
+  return _read(_compile(_lower(step, consts, length, remat, policy)), remat, flops)
 
 
 class _Compiles:
@@ -426,8 +486,11 @@ class _Compiles:
 
   def __init__(self, step: tracing.Traced, consts, length: int, threads: int):
     self._args = step, consts, length
-    self._pool = (concurrent.futures.ThreadPoolExecutor(
-        threads, thread_name_prefix="remat_plan") if threads else None)
+    self._pool = (
+      concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="remat_plan")
+      if threads
+      else None
+    )
 
   def __enter__(self) -> "_Compiles":
     return self
@@ -440,10 +503,10 @@ class _Compiles:
     """The figures of the program `remat` (under `policy`) runs, to come."""
     lowered = _lower(*self._args, remat, policy)
     if self._pool is not None:
-      return _Measurement(self._pool.submit(
-          contextvars.copy_context().run, _bytes_of, lowered), remat)
-    done: concurrent.futures.Future[tuple[Measured, str]] = (
-        concurrent.futures.Future())
+      return _Measurement(
+        self._pool.submit(contextvars.copy_context().run, _bytes_of, lowered), remat
+      )
+    done: concurrent.futures.Future[tuple[Measured, str]] = concurrent.futures.Future()
     done.set_result(_bytes_of(lowered))
     return _Measurement(done, remat)
 
@@ -463,8 +526,7 @@ class _Measurement:
   took 30-60 ms there, cold, on the planning benchmark's conv stack).
   """
 
-  def __init__(self, job: "concurrent.futures.Future[tuple[Measured, str]]",
-               remat):
+  def __init__(self, job: "concurrent.futures.Future[tuple[Measured, str]]", remat):
     self._job, self._remat = job, remat
 
   def bytes(self) -> Measured:
@@ -497,22 +559,21 @@ def _lower(step: tracing.Traced, consts, length: int, remat, policy=None):
   # `jax.checkpoint` run it, equation by equation (a jit would change their
   # programs: a policy's `saveable` sees no equation inside it, and jaxlib
   # 0.11's XLA keeps a checkpointed jit's carries otherwise).
-  call = (tracing.as_function(step.jaxpr) if remat is None or remat is True
-          else step.call)
+  call = tracing.as_function(step.jaxpr) if remat is None or remat is True else step.call
 
   def body(consts, carry, x):
     out = call(*consts, *carry, *x)
-    return out[:len(step.carry)], out[len(step.carry):]
+    return out[: len(step.carry)], out[len(step.carry) :]
 
   def scan(consts, carry, xs):
     f = lambda c, x: body(consts, c, x)
     if remat is None:
       return jax.lax.scan(f, carry, xs, length=length, unroll=step.unroll)
     if remat is True:
-      return jax.lax.scan(jax.checkpoint(f, policy=policy), carry, xs,
-                          length=length, unroll=step.unroll)
-    return scheduled_scan.scan(f, carry, xs, length=length, schedule=remat,
-                               unroll=step.unroll)
+      return jax.lax.scan(
+        jax.checkpoint(f, policy=policy), carry, xs, length=length, unroll=step.unroll
+      )
+    return scheduled_scan.scan(f, carry, xs, length=length, schedule=remat, unroll=step.unroll)
 
   def run(consts, carry, xs):
     if not step.batch_major:
@@ -524,8 +585,7 @@ def _lower(step: tracing.Traced, consts, length: int, remat, policy=None):
 
   def vmapped(program, vmaps):
     for size, _, *dims in vmaps:  # Innermost first.
-      program = jax.vmap(program, in_axes=tuple(list(d) for d in dims),
-                         axis_size=size)
+      program = jax.vmap(program, in_axes=tuple(list(d) for d in dims), axis_size=size)
     return program
 
   # The loop's vmaps (`Traced.vmaps`): those the gradient is taken around run the
@@ -546,6 +606,7 @@ def _lower(step: tracing.Traced, consts, length: int, remat, policy=None):
       # (which the plan cannot see): that one is over-predicted by it.
       out = _on_leaves(vmapped(run, of_the_batch), args, taken)(*leaves)
       return sum(jnp.sum(jnp.square(o.astype(jnp.float32))) for o in out)
+
     leaves = [a for a, t in zip(jax.tree.leaves(args), taken) if t]
     argnums = tuple(range(len(leaves)))
     # The loss's value is an output too, as a training step (value_and_grad)
@@ -559,36 +620,34 @@ def _lower(step: tracing.Traced, consts, length: int, remat, policy=None):
     # The gradients of the weights (consts, xs) are the step's outputs, as
     # a training step returns them; the carry's feeds what came before the
     # loop (or nothing), so it is a temporary, as there.
-    first = sum(taken[:len(consts)])
-    end = first + sum(taken[len(consts):len(consts) + len(carry)])
-    return (value, list(grads[:first]) + list(grads[end:]),
-            _total(grads[first:end]))
+    first = sum(taken[: len(consts)])
+    end = first + sum(taken[len(consts) : len(consts) + len(carry)])
+    return (value, list(grads[:first]) + list(grads[end:]), _total(grads[first:end]))
 
   def stack(x):
     """A step's slice `x` stacked `length` times, on its time axis."""
     at = 1 if step.batch_major and x.shape else 0
     spec = tracing.spec_over(x, x.sharding.mesh) if x.sharding else ()
     sharding = x.sharding and jax.sharding.NamedSharding(
-        x.sharding.mesh, jax.sharding.PartitionSpec(*spec[:at], None,
-                                                    *spec[at:]))
-    return jax.ShapeDtypeStruct(x.shape[:at] + (length,) + x.shape[at:],
-                                x.dtype, sharding=sharding)
+      x.sharding.mesh, jax.sharding.PartitionSpec(*spec[:at], None, *spec[at:])
+    )
+    return jax.ShapeDtypeStruct(x.shape[:at] + (length,) + x.shape[at:], x.dtype, sharding=sharding)
 
   stacked = [stack(x) for x in step.x]
-  program = (vmapped(train, per_example) if tracing.differentiable(step)
-             else vmapped(run, step.vmaps))
-  consts, carry, xs = _batched(step, (list(consts), list(step.carry),
-                                      stacked))
+  program = (
+    vmapped(train, per_example) if tracing.differentiable(step) else vmapped(run, step.vmaps)
+  )
+  consts, carry, xs = _batched(step, (list(consts), list(step.carry), stacked))
 
   def closing_over_known(traced, carry, xs):
     # The consts that are no tracer compiled in, as the user's program has
     # them (`tracing.Traced.known`); the rest arguments.
     it = iter(traced)
-    return program([next(it) if v is None else v for v in step.known],
-                   carry, xs)
+    return program([next(it) if v is None else v for v in step.known], carry, xs)
+
   return jax.jit(closing_over_known).lower(
-      [c for c, v in zip(consts, step.known, strict=True) if v is None],
-      carry, xs)
+    [c for c, v in zip(consts, step.known, strict=True) if v is None], carry, xs
+  )
 
 
 def _compile(lowered):
@@ -615,24 +674,26 @@ def _bytes_read(compiled) -> tuple[Measured, str]:
   """A compiled measurement's bytes (FLOPs 0, no advance), and its HLO text."""
   text = compiled.as_text()
   held = hlo_flops.held(compiled, text)
-  return Measured(held.bytes, held.temporaries, held.constants, 0,
-                   None), text
+  return Measured(held.bytes, held.temporaries, held.constants, 0, None), text
 
 
 def _counted(figures: Measured, text: str, remat) -> Measured:
   """`figures` with the FLOPs of the compiled program `text` (`_read`)."""
   count = hlo_flops.count(text, dearest=True)
-  schedule = max(count.conditionals, key=lambda c: c.executions,
-                 default=None)
+  schedule = max(count.conditionals, key=lambda c: c.executions, default=None)
   return figures._replace(
-      flops=count.flops,
-      advance_flops=(None if remat in (None, True) or schedule is None
-                     else min(schedule.branches)))
+    flops=count.flops,
+    advance_flops=(None if remat in (None, True) or schedule is None else min(schedule.branches)),
+  )
 
 
-def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
-             argnums: tuple[int, ...], of_the_loss: bool
-             ) -> Callable[..., Any]:
+def _derived(
+  derivative: Callable[..., Any],
+  kind: str,
+  at_once: int,
+  argnums: tuple[int, ...],
+  of_the_loss: bool,
+) -> Callable[..., Any]:
   """`derivative` (leaves -> the loss where `of_the_loss`, else a value and gradients) differentiated as `kind` says, `at_once` times under one vmap: leaves -> a value and gradients.
 
   "reverse": the value and gradient of its outputs' sum (the loss; a loss
@@ -642,14 +703,16 @@ def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
   `jax.vmap` takes a Jacobian's: one primal pass, the cotangents (or
   tangents) batched, by a batched scale of them.
   """
+
   def reverse(scale, *leaves):
-    return jax.value_and_grad(
-        lambda *leaves: _total(derivative(*leaves), scale),
-        argnums=argnums)(*leaves)
+    return jax.value_and_grad(lambda *leaves: _total(derivative(*leaves), scale), argnums=argnums)(
+      *leaves
+    )
 
   def forward(scale, *leaves):
-    tangents = tuple(leaves if scale is None else
-                     ((scale * l).astype(l.dtype) for l in leaves))
+    tangents = tuple(
+      leaves if scale is None else ((scale * leaf).astype(leaf.dtype) for leaf in leaves)
+    )
     out, d_out = jax.jvp(derivative, leaves, tangents)
     if of_the_loss:  # No gradients.
       return (out, d_out), []
@@ -663,18 +726,20 @@ def _derived(derivative: Callable[..., Any], kind: str, at_once: int,
   def batched(*leaves):
     grads = 0 if of_the_loss else len(leaves)
     out_axes = 0 if kind == "reverse" else ((None, 0), [(None, 0)] * grads)
-    return jax.vmap(lambda scale: one(scale, *leaves),
-                    out_axes=out_axes)(jnp.ones([at_once], jnp.float32))
+    return jax.vmap(lambda scale: one(scale, *leaves), out_axes=out_axes)(
+      jnp.ones([at_once], jnp.float32)
+    )
+
   return batched
 
 
 def _total(tree: PyTree, scale: Optional[jax.Array] = None) -> jax.Array:
   """The sum of every element of `tree`'s leaves in float32 (a float32 scalar as it is), times `scale`."""
-  parts = [leaf if leaf.ndim == 0 and leaf.dtype == jnp.float32
-           else jnp.sum(leaf.astype(jnp.float32))
-           for leaf in jax.tree.leaves(tree)]
-  total = (functools.reduce(operator.add, parts) if parts
-           else jnp.zeros([], jnp.float32))
+  parts = [
+    leaf if leaf.ndim == 0 and leaf.dtype == jnp.float32 else jnp.sum(leaf.astype(jnp.float32))
+    for leaf in jax.tree.leaves(tree)
+  ]
+  total = functools.reduce(operator.add, parts) if parts else jnp.zeros([], jnp.float32)
   return total if scale is None else scale * total
 
 
@@ -690,4 +755,5 @@ def _on_leaves(fn, args, taken: Sequence[bool]):
     it = iter(chosen)
     full = [next(it) if t else leaf for leaf, t in zip(leaves, taken)]
     return _floats(fn(*tree.unflatten(full)))
+
   return g

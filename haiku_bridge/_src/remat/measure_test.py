@@ -54,11 +54,9 @@ class CompilesTest(absltest.TestCase):
       return real_count(text, **options)
 
     with caches.disabled():
-      with measuring_compiles() as threads, \
-          mock.patch.object(hlo_flops, "count", count):
+      with measuring_compiles() as threads, mock.patch.object(hlo_flops, "count", count):
         together = hkb.remat_plan(toy_step, init, xs, memory_budget=60_000)
-      with mock.patch.object(measure, "_compile_threads", lambda: 0), \
-          measuring_compiles() as alone:
+      with mock.patch.object(measure, "_compile_threads", lambda: 0), measuring_compiles() as alone:
         one_by_one = hkb.remat_plan(toy_step, init, xs, memory_budget=60_000)
     self.assertEqual(together, one_by_one)
     main = threading.main_thread().name
@@ -81,12 +79,9 @@ class CompilesTest(absltest.TestCase):
       del lowered
       raise ValueError(errors.message("no memory analysis here."))
 
-    with caches.disabled(), mock.patch.object(measure, "_compile",
-                                              refused):
-      with self.assertRaisesRegex(ValueError,
-                                  r"^hkb\.remat_plan: no memory analysis"):
-        hkb.remat_plan(toy_step, jnp.zeros([4, 16]), jnp.ones([8, 4, 16]),
-                       memory_budget=1 << 20)
+    with caches.disabled(), mock.patch.object(measure, "_compile", refused):
+      with self.assertRaisesRegex(ValueError, r"^hkb\.remat_plan: no memory analysis"):
+        hkb.remat_plan(toy_step, jnp.zeros([4, 16]), jnp.ones([8, 4, 16]), memory_budget=1 << 20)
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_the_budgets_schedule_lowers_while_one_slot_is_counted(self):
@@ -111,11 +106,14 @@ class CompilesTest(absltest.TestCase):
       loose = hkb.remat_plan(toy_step, init, xs, memory_budget=1 << 30)
       per_step = next(k for k in loose.candidates if k.remat is True)
       budget = (per_step.temporaries + loose.least_budget) // 2
-      with mock.patch.object(measure, "_lower", lower), \
-          mock.patch.object(hlo_flops, "count", count):
+      with (
+        mock.patch.object(measure, "_lower", lower),
+        mock.patch.object(hlo_flops, "count", count),
+      ):
         made = hkb.remat_plan(toy_step, init, xs, memory_budget=budget)
     self.assertEqual(made.choice.remat, "binomial")
     self.assertGreater(made.choice.slots, 1)
+
 
 class ProgramsTest(absltest.TestCase):
   """What a measuring program is, and what is read of it."""
@@ -131,8 +129,7 @@ class ProgramsTest(absltest.TestCase):
     # and FLOPs either way.
     length = 64
     init, xs = jnp.zeros([4, 16]), jnp.ones([length, 4, 16])
-    plans = [None, True, remat_schedule.binomial(length, 1),
-             remat_schedule.binomial(length, 3)]
+    plans = [None, True, remat_schedule.binomial(length, 1), remat_schedule.binomial(length, 3)]
     real_bind = jax.lax.tanh_p.bind
 
     def traced(step):
@@ -151,8 +148,7 @@ class ProgramsTest(absltest.TestCase):
 
     step, consts = tracing.trace(toy_step, init, xs, length)
     once, jitted = traced(step)
-    inline, by_equation = traced(step._replace(
-        call=tracing.as_function(step.jaxpr)))
+    inline, by_equation = traced(step._replace(call=tracing.as_function(step.jaxpr)))
     self.assertEqual(once[:2], inline[:2])
     self.assertLess(once[2], inline[2], (once, inline))
     self.assertEqual(once[3], 0, once)
@@ -169,16 +165,16 @@ class ProgramsTest(absltest.TestCase):
     def step(cond):
       def f(h, x):
         dear = lambda h: jnp.tanh(h @ w @ w + x)
-        h = (jax.lax.cond(jnp.sum(x) > 0, dear, lambda h: h * 0.5, h)
-             if cond else dear(h))
+        h = jax.lax.cond(jnp.sum(x) > 0, dear, lambda h: h * 0.5, h) if cond else dear(h)
         return h, jnp.sum(h)
+
       return f
 
     def recomputed(cond):
-      plan = hkb.remat_plan(step(cond), jnp.zeros([4, 64]),
-                            jnp.ones([64, 4, 64]), memory_budget=1 << 30)
-      return {(k.remat, k.slots): k.recomputed_flops
-              for k in plan.candidates if k.policy is None}
+      plan = hkb.remat_plan(
+        step(cond), jnp.zeros([4, 64]), jnp.ones([64, 4, 64]), memory_budget=1 << 30
+      )
+      return {(k.remat, k.slots): k.recomputed_flops for k in plan.candidates if k.policy is None}
 
     with_cond, without = recomputed(True), recomputed(False)
     for plan in ((True, None), ("binomial", 1), ("binomial", 8)):
@@ -194,15 +190,16 @@ class ProgramsTest(absltest.TestCase):
       got = real(figures, text, remat)
       return got._replace(flops=1) if remat is True else got
 
-    with caches.disabled(), mock.patch.object(measure, "_counted", fewer), \
-        self.assertLogs("haiku_bridge.remat", "WARNING") as logs:
-      made = hkb.remat_plan(toy_step, jnp.zeros([4, 16]), jnp.ones([64, 4, 16]),
-                            memory_budget=1 << 30)
-    self.assertIn("compiled to 1 FLOPs, fewer than remat=False's",
-                  logs.output[0])
-    self.assertEqual(
-        next(k for k in made.candidates if k.remat is True).recomputed_flops,
-        0)
+    with (
+      caches.disabled(),
+      mock.patch.object(measure, "_counted", fewer),
+      self.assertLogs("haiku_bridge.remat", "WARNING") as logs,
+    ):
+      made = hkb.remat_plan(
+        toy_step, jnp.zeros([4, 16]), jnp.ones([64, 4, 16]), memory_budget=1 << 30
+      )
+    self.assertIn("compiled to 1 FLOPs, fewer than remat=False's", logs.output[0])
+    self.assertEqual(next(k for k in made.candidates if k.remat is True).recomputed_flops, 0)
 
   def test_cheap_compiles_measure_what_xla_defaults_compile(self):
     # The measuring compiles' code generation leaves the buffers as XLA's
@@ -225,10 +222,9 @@ class ProgramsTest(absltest.TestCase):
       defaults["xla_cpu_use_fusion_emitters"] = True
     for remat in (None, True, remat_schedule.binomial(32, 4)):
       cheap = measure._measure(step, consts, 32, remat)
-      with mock.patch.object(measure, "measuring_options",
-                             lambda: defaults):
-        self.assertEqual(measure._measure(step, consts, 32, remat),
-                         cheap)
+      with mock.patch.object(measure, "measuring_options", lambda: defaults):
+        self.assertEqual(measure._measure(step, consts, 32, remat), cheap)
+
 
 class ModelTest(absltest.TestCase):
   """The model's line through compiled schedules, and the slots a schedule keeps."""
@@ -243,16 +239,14 @@ class ModelTest(absltest.TestCase):
     params = net.init(KEY, x)
     with remat_models.plans_made() as made:
       remat_models.step_cost(model, params, x, 32, remat="auto", memory_budget=1 << 40)
-    by_slots = {k.slots: k.temporaries for k in made[-1].candidates
-                if k.remat == "binomial"}
+    by_slots = {k.slots: k.temporaries for k in made[-1].candidates if k.remat == "binomial"}
     for slots in (4, 12):
       # remat="binomial" with `slots` slots, compiled in the real loop.
       with mock.patch.object(
-          loop_lib, "schedule",
-          lambda *_, s=slots, **__: remat_schedule.binomial(32, s)):
+        loop_lib, "schedule", lambda *_, s=slots, **__: remat_schedule.binomial(32, s)
+      ):
         got = remat_models.step_cost(model, params, x, 32, remat="binomial")
-      self.assertLess(abs(by_slots[slots] / got.bytes - 1), 0.10,
-                      (slots, by_slots[slots], got))
+      self.assertLess(abs(by_slots[slots] / got.bytes - 1), 0.10, (slots, by_slots[slots], got))
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_a_schedule_keeps_up_to_all_the_carries_but_two(self):
@@ -270,17 +264,19 @@ class ModelTest(absltest.TestCase):
     def schedule_loss(slots):
       def loss(xs):
         carry, ys = scheduled_scan.scan(
-            step, init, xs, length=64,
-            schedule=remat_schedule.binomial(64, slots))
-        return jnp.sum(carry ** 2) + jnp.sum(ys ** 2)
+          step, init, xs, length=64, schedule=remat_schedule.binomial(64, slots)
+        )
+        return jnp.sum(carry**2) + jnp.sum(ys**2)
+
       return jax.grad(loss)
 
     init, xs = jnp.zeros([32, 128]), jnp.ones([64, 32, 128])
     loose = hkb.remat_plan(step, init, xs, memory_budget=1 << 30)
-    self.assertEqual(max(k.slots for k in loose.candidates
-                         if k.remat == "binomial"), 62)
-    budget = min(k.temporaries for k in loose.candidates
-                 if k.remat in (False, True) and k.policy is None) - 1
+    self.assertEqual(max(k.slots for k in loose.candidates if k.remat == "binomial"), 62)
+    budget = (
+      min(k.temporaries for k in loose.candidates if k.remat in (False, True) and k.policy is None)
+      - 1
+    )
     made = hkb.remat_plan(step, init, xs, memory_budget=budget)
     self.assertEqual(made.choice.remat, "binomial")
     self.assertGreater(made.choice.slots, 48)
@@ -290,11 +286,11 @@ class ModelTest(absltest.TestCase):
     # 1,081,959 and 1.5% over the prediction).
     compiled = compiled_bytes(schedule_loss(made.choice.slots), xs)
     self.assertLessEqual(compiled, budget * (1 + STEP_TOLERANCE))
-    self.assertLessEqual(abs(made.choice.temporaries - compiled),
-                         STEP_TOLERANCE * compiled)
+    self.assertLessEqual(abs(made.choice.temporaries - compiled), STEP_TOLERANCE * compiled)
     self.assertLess(
-        remat_schedule.binomial(64, made.choice.slots).recomputed_steps,
-        remat_schedule.binomial(64, 48).recomputed_steps)
+      remat_schedule.binomial(64, made.choice.slots).recomputed_steps,
+      remat_schedule.binomial(64, 48).recomputed_steps,
+    )
     # One slot more, every carry kept, would not fit: it compiles off the
     # line (and over remat=True's bytes), so no candidate keeps it.
     self.assertGreater(compiled_bytes(schedule_loss(63), xs), budget)

@@ -47,6 +47,7 @@ from haiku_bridge._src import guards
 from haiku_bridge._src.remat import choice
 from haiku_bridge._src.remat import tracing
 from haiku_bridge._src.pytree import PyTree
+
 # The public names of a plan, each defined with its job (a candidate's cost:
 # measure.py; the plan chosen: choice.py), imported from here
 # (`remat/__init__.py`).
@@ -54,10 +55,14 @@ from haiku_bridge._src.remat.choice import RematPlan
 from haiku_bridge._src.remat.measure import RematCandidate  # noqa: F401  # pylint: disable=unused-import
 
 
-def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
-               remat_policy: Optional[Callable[..., bool]] = None,
-               max_recompute: Optional[float] = None,
-               **options: Any) -> RematPlan:
+def remat_plan(
+  f: Callable[..., Any],
+  *args: Any,
+  memory_budget: int,
+  remat_policy: Optional[Callable[..., bool]] = None,
+  max_recompute: Optional[float] = None,
+  **options: Any,
+) -> RematPlan:
   """The plan `remat="auto"` makes: for `jax.lax.scan(f, init, xs)`, or for a loop of the bridge.
 
   The candidates (no remat, per-step remat, per-step remat under
@@ -150,46 +155,59 @@ def remat_plan(f: Callable[..., Any], *args: Any, memory_budget: int,
       nothing), or if the loop plans nothing (no steps).
   """
   with errors.entry("remat_plan"):
-    errors.check_callable("f", f, "a function `f(carry, x) -> (carry, y)`, "
-                          "or one of the bridge's loops (hkb.dynamic_unroll, "
-                          "...)")
+    errors.check_callable(
+      "f",
+      f,
+      "a function `f(carry, x) -> (carry, y)`, "
+      "or one of the bridge's loops (hkb.dynamic_unroll, "
+      "...)",
+    )
     memory_budget = check_budget(memory_budget)
     max_recompute = check_max_recompute(max_recompute)
     if remat_policy is not None:
-      errors.check_callable("remat_policy", remat_policy,
-                            "None or a jax.checkpoint_policies policy")
+      errors.check_callable(
+        "remat_policy", remat_policy, "None or a jax.checkpoint_policies policy"
+      )
     if _loop_of(f) is not None:
-      return _plan_of_loop(f, args, options, memory_budget, remat_policy,
-                           max_recompute)
+      return _plan_of_loop(f, args, options, memory_budget, remat_policy, max_recompute)
     try:
       init, xs, length = _scan_arguments(*args, **options)
     except TypeError:
-      raise TypeError(errors.message(
+      raise TypeError(
+        errors.message(
           "for a function `f`, takes `(f, init, xs, *, memory_budget, "
           f"length=None, remat_policy=None, max_recompute=None)`; got {len(args)} positional "
           f"arguments after `f` and the keywords {sorted(options)}. For a "
           "Haiku layer, core or step, pass its loop first: e.g. "
           "hkb.remat_plan(hkb.dynamic_unroll, core, xs, state, "
-          "memory_budget=...).")) from None
+          "memory_budget=...)."
+        )
+      ) from None
     leaves = jax.tree_util.tree_leaves_with_path(xs)
     if length is None:
       if not leaves or not np.ndim(leaves[0][1]):
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             "xs holds no arrays with a leading time axis, so the number of "
-            "steps is unknown: pass `length=`."))
+            "steps is unknown: pass `length=`."
+          )
+        )
       length = int(np.shape(leaves[0][1])[0])
     length = errors.check_positive_int("length", length)
     for path, leaf in leaves:
       if not np.ndim(leaf) or np.shape(leaf)[0] != length:
-        raise ValueError(errors.message(
+        raise ValueError(
+          errors.message(
             f"xs{jax.tree_util.keystr(path)} has shape {np.shape(leaf)}, but "
-            f"every leaf of xs needs a leading axis of {length} steps."))
-    return plan(f, init, xs, length, memory_budget, remat_policy,
-                max_recompute)
+            f"every leaf of xs needs a leading axis of {length} steps."
+          )
+        )
+    return plan(f, init, xs, length, memory_budget, remat_policy, max_recompute)
 
 
-def _scan_arguments(init: PyTree, xs: PyTree, *,
-                    length: Optional[int] = None) -> tuple[Any, Any, Any]:
+def _scan_arguments(
+  init: PyTree, xs: PyTree, *, length: Optional[int] = None
+) -> tuple[Any, Any, Any]:
   return init, xs, length
 
 
@@ -214,8 +232,7 @@ def _loop_of(f: Any) -> Optional[Callable[..., Any]]:
 
 def deferrable() -> bool:
   """Whether a loop planned now may defer its refusal (`refusal`) to a differentiation: no derivative is seen around it, and no `remat_plan` call asks for its plan."""
-  return (not _WANTED.get() and
-          tracing.innermost_derivative() is None)
+  return not _WANTED.get() and tracing.innermost_derivative() is None
 
 
 class Planned(Exception):
@@ -233,8 +250,9 @@ class Planned(Exception):
 # Whether `remat_plan(loop, ...)` is waiting for the loop's plan.
 _WANTED = contextvars.ContextVar("remat_plan.wanted", default=False)
 # The lists of the `remat_plans()` blocks this runs in, outermost first.
-_RECORDING: contextvars.ContextVar[tuple[list[RematPlan], ...]] = (
-    contextvars.ContextVar("remat_plan.recording", default=()))
+_RECORDING: contextvars.ContextVar[tuple[list[RematPlan], ...]] = contextvars.ContextVar(
+  "remat_plan.recording", default=()
+)
 
 
 @contextlib.contextmanager
@@ -268,39 +286,59 @@ def remat_plans() -> Iterator[list[RematPlan]]:
     _RECORDING.reset(token)
 
 
-def _plan_of_loop(loop: Callable[..., Any], args: tuple[Any, ...],
-                  options: dict[str, Any], memory_budget: int,
-                  policy: Optional[Callable[..., bool]],
-                  max_recompute: float) -> RematPlan:
+def _plan_of_loop(
+  loop: Callable[..., Any],
+  args: tuple[Any, ...],
+  options: dict[str, Any],
+  memory_budget: int,
+  policy: Optional[Callable[..., bool]],
+  max_recompute: float,
+) -> RematPlan:
   """The plan `loop(*args, remat="auto", **options)` makes, the loop not run."""
   name = getattr(_loop_of(loop), "__name__", "the loop")
   if "remat" in options:
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"plans hkb.{name} with `remat=\"auto\"`: pass the loop's arguments "
-        f"without `remat=` (got remat={options['remat']!r})."))
+        f"without `remat=` (got remat={options['remat']!r})."
+      )
+    )
   if guards.inside_transform() and hk.running_init():
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"plans hkb.{name} at apply, where its params exist: at init "
         "(hk.transform(f).init) a loop runs no backward pass and plans "
-        "nothing. Call it in a function you apply with the model's params."))
+        "nothing. Call it in a function you apply with the model's params."
+      )
+    )
   token = _WANTED.set(True)
   try:
-    loop(*args, remat="auto", memory_budget=memory_budget,
-         remat_policy=policy, max_recompute=max_recompute, **options)
+    loop(
+      *args,
+      remat="auto",
+      memory_budget=memory_budget,
+      remat_policy=policy,
+      max_recompute=max_recompute,
+      **options,
+    )
   except Planned as planned:
     return planned.plan
   finally:
     _WANTED.reset(token)
-  raise ValueError(errors.message(
-      f"hkb.{name} made no plan: it ran no loop with steps to plan."))
+  raise ValueError(errors.message(f"hkb.{name} made no plan: it ran no loop with steps to plan."))
 
 
-def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
-              memory_budget: int,
-              policy: Optional[Callable[..., bool]] = None,
-              max_recompute: float = choice.MAX_RECOMPUTE,
-              unroll: int | bool = 1,
-              batch_major: bool = False) -> RematPlan:
+def loop_plan(
+  f: Callable[..., Any],
+  init: PyTree,
+  xs: PyTree,
+  length: int,
+  memory_budget: int,
+  policy: Optional[Callable[..., bool]] = None,
+  max_recompute: float = choice.MAX_RECOMPUTE,
+  unroll: int | bool = 1,
+  batch_major: bool = False,
+) -> RematPlan:
   """The plan a loop's `remat="auto"` runs (`loop.resolved`), logged.
 
   Every plan a loop makes passes here: it is logged at INFO on the
@@ -310,8 +348,7 @@ def loop_plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   # A loop inside this one's step plans for itself, unasked.
   token = _WANTED.set(False)
   try:
-    made = plan(f, init, xs, length, memory_budget, policy, max_recompute,
-                unroll, batch_major)
+    made = plan(f, init, xs, length, memory_budget, policy, max_recompute, unroll, batch_major)
   finally:
     _WANTED.reset(token)
   tracing.LOG.info("%s", made)
@@ -326,8 +363,8 @@ def check_budget(memory_budget: Any) -> int:
   """`memory_budget`, a positive int of bytes."""
   if not errors.is_int(memory_budget) or memory_budget <= 0:
     raise (ValueError if errors.is_int(memory_budget) else TypeError)(
-        errors.bad_argument("memory_budget", memory_budget,
-                            "a positive int, in bytes"))
+      errors.bad_argument("memory_budget", memory_budget, "a positive int, in bytes")
+    )
   return int(memory_budget)
 
 
@@ -335,20 +372,32 @@ def check_max_recompute(max_recompute: Any) -> float:
   """`max_recompute`, a number ≥ 0 of forward passes; None: `choice.MAX_RECOMPUTE`."""
   if max_recompute is None:
     return choice.MAX_RECOMPUTE
-  number = (isinstance(max_recompute, (int, float, np.integer, np.floating))
-            and not isinstance(max_recompute, (bool, np.bool_)))
+  number = isinstance(max_recompute, (int, float, np.integer, np.floating)) and not isinstance(
+    max_recompute, (bool, np.bool_)
+  )
   if not number or not max_recompute >= 0:
-    raise (ValueError if number else TypeError)(errors.bad_argument(
-        "max_recompute", max_recompute,
+    raise (ValueError if number else TypeError)(
+      errors.bad_argument(
+        "max_recompute",
+        max_recompute,
         "a number ≥ 0: the forward passes of the loop its backward pass may "
-        "run again (remat=True runs 1; math.inf allows any)"))
+        "run again (remat=True runs 1; math.inf allows any)",
+      )
+    )
   return float(max_recompute)
 
 
-def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
-         memory_budget: int, policy: Optional[Callable[..., bool]] = None,
-         max_recompute: float = choice.MAX_RECOMPUTE,
-         unroll: int | bool = 1, batch_major: bool = False) -> RematPlan:
+def plan(
+  f: Callable[..., Any],
+  init: PyTree,
+  xs: PyTree,
+  length: int,
+  memory_budget: int,
+  policy: Optional[Callable[..., bool]] = None,
+  max_recompute: float = choice.MAX_RECOMPUTE,
+  unroll: int | bool = 1,
+  batch_major: bool = False,
+) -> RematPlan:
   """`remat_plan` of checked arguments (the loop's `remat="auto"`).
 
   The prediction steers, the compiled program decides: the choice is
@@ -364,8 +413,7 @@ def plan(f: Callable[..., Any], init: PyTree, xs: PyTree, length: int,
   """
   with _no_cyclic_gc():
     step, consts = tracing.trace(f, init, xs, length, unroll, batch_major)
-    return choice.checked_plan(step, consts, length, memory_budget, policy,
-                               max_recompute)
+    return choice.checked_plan(step, consts, length, memory_budget, policy, max_recompute)
 
 
 @contextlib.contextmanager

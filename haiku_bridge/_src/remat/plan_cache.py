@@ -49,10 +49,13 @@ _COMPILED = caches.Cache("remat_plan.compiled")
 _FORMAT = 3
 
 
-def coefficients(step: tracing.Traced, consts: tuple[Any, ...], length: int,
-                 policy: Optional[Callable[..., bool]] = None,
-                 then: Optional[Callable[[measure.Measured], None]] = None
-                 ) -> measure.Coefficients:
+def coefficients(
+  step: tracing.Traced,
+  consts: tuple[Any, ...],
+  length: int,
+  policy: Optional[Callable[..., bool]] = None,
+  then: Optional[Callable[[measure.Measured], None]] = None,
+) -> measure.Coefficients:
   """`measure.coefficients`: the model's coefficients for `step` over `length` steps, kept in this process and on disk.
 
   Where they are measured, `then` is called with one slot's figures as
@@ -72,10 +75,14 @@ def coefficients(step: tracing.Traced, consts: tuple[Any, ...], length: int,
   return found
 
 
-def compiled(step: tracing.Traced, consts, length: int,
-             plans: Sequence[measure.Key], policy,
-             here: dict[measure.Key, measure.Figures]
-             ) -> list[measure.Figures]:
+def compiled(
+  step: tracing.Traced,
+  consts,
+  length: int,
+  plans: Sequence[measure.Key],
+  policy,
+  here: dict[measure.Key, measure.Figures],
+) -> list[measure.Figures]:
   """The figures of each of `plans`, compiled at `length` steps (the loop's gradient, as it is measured): kept, or compiled and kept (`measure.compile_plans`).
 
   For one budget (its choice's checks, its line's second point): what one
@@ -88,8 +95,7 @@ def compiled(step: tracing.Traced, consts, length: int,
   disk = _disk_key(step, consts, length, policy)
 
   def on_disk(plan: measure.Key) -> Optional[str]:
-    return None if disk is None else hashlib.sha256(
-        repr((disk, plan)).encode()).hexdigest()
+    return None if disk is None else hashlib.sha256(repr((disk, plan)).encode()).hexdigest()
 
   def kept(plan: measure.Key) -> Optional[measure.Figures]:
     got = here.get(plan) or _COMPILED.get((memo, plan))
@@ -98,8 +104,7 @@ def compiled(step: tracing.Traced, consts, length: int,
         got = measure.Figures(**(_ON_DISK.get(on_disk(plan)) or {}))
       except TypeError:  # Nothing there, or something else.
         got = None
-      if got is not None and not all(
-          type(v) is int for v in got):  # pylint: disable=unidiomatic-typecheck
+      if got is not None and not all(type(v) is int for v in got):  # pylint: disable=unidiomatic-typecheck
         got = None  # A file of the right shape, not of numbers.
     return got
 
@@ -109,8 +114,7 @@ def compiled(step: tracing.Traced, consts, length: int,
     if got is not None:
       found[plan] = got
   missing = [plan for plan in plans if plan not in found]
-  for plan, got in zip(missing, measure.compile_plans(step, consts, length,
-                                                       missing, policy)):
+  for plan, got in zip(missing, measure.compile_plans(step, consts, length, missing, policy)):
     found[plan] = got
     _ON_DISK.put(on_disk(plan), got._asdict())
   for plan in plans:
@@ -120,9 +124,22 @@ def compiled(step: tracing.Traced, consts, length: int,
 
 
 def _memo_key(step: tracing.Traced, consts, length: int, policy) -> measure.Key:
-  return (step.text, consts, _compiled_in(step), step.carry, step.x, policy,
-          length, step.unroll, step.batch_major, step.vmaps, step.wrt,
-          step.derivatives, tracing.mesh_context(), jax.default_backend())
+  return (
+    step.text,
+    consts,
+    _compiled_in(step),
+    step.carry,
+    step.x,
+    policy,
+    length,
+    step.unroll,
+    step.batch_major,
+    step.vmaps,
+    step.wrt,
+    step.derivatives,
+    tracing.mesh_context(),
+    jax.default_backend(),
+  )
 
 
 def _compiled_in(step: tracing.Traced) -> tuple[bool, ...]:
@@ -133,8 +150,15 @@ def _compiled_in(step: tracing.Traced) -> tuple[bool, ...]:
 # What the figures depend on besides the step: the code that measures them,
 # and this module's (its keys, what its files hold). The choice
 # (`choice.py`) makes none of them: its code is not in their keys.
-_MEASURING_CODE = (remat_schedule, scheduled_scan, hlo_flops, hlo_text,
-                   tracing, measure, sys.modules[__name__])
+_MEASURING_CODE = (
+  remat_schedule,
+  scheduled_scan,
+  hlo_flops,
+  hlo_text,
+  tracing,
+  measure,
+  sys.modules[__name__],
+)
 
 
 def _disk_key(step: tracing.Traced, consts, length: int, policy) -> Optional[str]:
@@ -153,18 +177,33 @@ def _disk_key(step: tracing.Traced, consts, length: int, policy) -> Optional[str
     return None
   device = jax.devices()[0]
   jaxpr = re.sub(r" at 0x[0-9a-f]+", "", step.text)
-  text = repr((_FORMAT, jaxpr, [(c.shape, str(c.dtype)) for c in consts],
-               _compiled_in(step),
-               [(c.shape, str(c.dtype)) for c in step.carry + step.x],
-               name, length, step.unroll, step.batch_major, step.vmaps,
-               step.wrt, step.derivatives, tracing.mesh_context(),
-               jax.default_backend(),
-               device.device_kind,
-               getattr(device.client, "platform_version", ""),
-               jax.__version__, jaxlib.__version__, _version(),
-               _code_digest(), os.environ.get("XLA_FLAGS", ""),
-               sorted(measure.measuring_options().items()),
-               str(jax.dtypes.canonicalize_dtype(np.int64))))  # x64 or not.
+  text = repr(
+    (
+      _FORMAT,
+      jaxpr,
+      [(c.shape, str(c.dtype)) for c in consts],
+      _compiled_in(step),
+      [(c.shape, str(c.dtype)) for c in step.carry + step.x],
+      name,
+      length,
+      step.unroll,
+      step.batch_major,
+      step.vmaps,
+      step.wrt,
+      step.derivatives,
+      tracing.mesh_context(),
+      jax.default_backend(),
+      device.device_kind,
+      getattr(device.client, "platform_version", ""),
+      jax.__version__,
+      jaxlib.__version__,
+      _version(),
+      _code_digest(),
+      os.environ.get("XLA_FLAGS", ""),
+      sorted(measure.measuring_options().items()),
+      str(jax.dtypes.canonicalize_dtype(np.int64)),
+    )
+  )  # x64 or not.
   return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -190,8 +229,7 @@ def _stable_name(policy) -> Optional[str]:
     return ""
   name = getattr(policy, "__name__", None)
   if name is not None:
-    return name if getattr(jax.checkpoint_policies, name,
-                           None) is policy else None
+    return name if getattr(jax.checkpoint_policies, name, None) is policy else None
   text = measure.policy_name(policy)
   if type(policy).__repr__ is object.__repr__ or " at 0x" in text:
     return None
@@ -204,8 +242,7 @@ def _version() -> str:
 
 
 def _to_json(c: measure.Coefficients) -> dict[str, Any]:
-  return {"format": _FORMAT, **c._asdict(),
-          "measured": [[list(k), v] for k, v in c.measured]}
+  return {"format": _FORMAT, **c._asdict(), "measured": [[list(k), v] for k, v in c.measured]}
 
 
 def _from_json(value: Optional[dict[str, Any]]) -> Optional[measure.Coefficients]:
@@ -215,10 +252,13 @@ def _from_json(value: Optional[dict[str, Any]]) -> Optional[measure.Coefficients
   try:
     value = {k: v for k, v in value.items() if k != "format"}
     tuples = ("scheduled", "constants", "policy")
-    found = measure.Coefficients(**{
-        **value, **{k: None if value[k] is None else tuple(value[k])
-                    for k in tuples},
-        "measured": tuple((tuple(k), v) for k, v in value["measured"])})
+    found = measure.Coefficients(
+      **{
+        **value,
+        **{k: None if value[k] is None else tuple(value[k]) for k in tuples},
+        "measured": tuple((tuple(k), v) for k, v in value["measured"]),
+      }
+    )
   except (KeyError, TypeError, ValueError):
     return None
   return found if _well_typed(found) else None
@@ -226,18 +266,27 @@ def _from_json(value: Optional[dict[str, Any]]) -> Optional[measure.Coefficients
 
 def _well_typed(c: measure.Coefficients) -> bool:
   """Whether every figure of `c` is a number where one is (a file's strings are not)."""
-  def numbers(*values, whole=False):
-    return all(isinstance(v, int if whole else (int, float)) and
-               not isinstance(v, bool) for v in values)
 
-  return (numbers(c.length, c.plain, whole=True) and
-          (c.per_step is None or numbers(c.per_step, whole=True)) and
-          (c.scheduled is None or (len(c.scheduled) == 2 and
-                                   numbers(*c.scheduled))) and
-          len(c.constants) == 2 and numbers(*c.constants) and
-          numbers(c.step_flops, c.advance_flops) and
-          (c.policy is None or (len(c.policy) == 3 and
-                                isinstance(c.policy[0], str) and
-                                numbers(c.policy[1], whole=True) and
-                                numbers(c.policy[2]))) and
-          all(numbers(v, whole=True) for _, v in c.measured))
+  def numbers(*values, whole=False):
+    return all(
+      isinstance(v, int if whole else (int, float)) and not isinstance(v, bool) for v in values
+    )
+
+  return (
+    numbers(c.length, c.plain, whole=True)
+    and (c.per_step is None or numbers(c.per_step, whole=True))
+    and (c.scheduled is None or (len(c.scheduled) == 2 and numbers(*c.scheduled)))
+    and len(c.constants) == 2
+    and numbers(*c.constants)
+    and numbers(c.step_flops, c.advance_flops)
+    and (
+      c.policy is None
+      or (
+        len(c.policy) == 3
+        and isinstance(c.policy[0], str)
+        and numbers(c.policy[1], whole=True)
+        and numbers(c.policy[2])
+      )
+    )
+    and all(numbers(v, whole=True) for _, v in c.measured)
+  )

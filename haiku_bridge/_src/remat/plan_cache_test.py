@@ -44,11 +44,10 @@ class KeyTest(absltest.TestCase):
     here = key()
     self.assertEqual(key(), here)
     for name, patch in test_utils.environment_patches() + [
-        ("jaxlib", mock.patch.object(jaxlib, "__version__", "0.0.1")),
-        ("haiku_bridge", mock.patch.object(plan_cache, "_version",
-                                           lambda: "0.0.1")),
-        ("measuring code", mock.patch.object(plan_cache, "_code_digest",
-                                             lambda: "0" * 64))]:
+      ("jaxlib", mock.patch.object(jaxlib, "__version__", "0.0.1")),
+      ("haiku_bridge", mock.patch.object(plan_cache, "_version", lambda: "0.0.1")),
+      ("measuring code", mock.patch.object(plan_cache, "_code_digest", lambda: "0" * 64)),
+    ]:
       with self.subTest(name), patch:
         self.assertNotEqual(key(), here)
 
@@ -57,8 +56,7 @@ class KeyTest(absltest.TestCase):
     # same step, shapes, policy, length, flags and dtypes: a change in any
     # of them is another file.
     def trace(f=toy_step, batch=4, length=256, **loop):
-      return tracing.trace(f, jnp.zeros([batch, 16]),
-                               jnp.ones([length, batch, 16]), length, **loop)
+      return tracing.trace(f, jnp.zeros([batch, 16]), jnp.ones([length, batch, 16]), length, **loop)
 
     def key(traced, length=256, policy=None):
       return plan_cache._disk_key(*traced, length, policy)
@@ -71,52 +69,58 @@ class KeyTest(absltest.TestCase):
     same = key(traced)
     self.assertEqual(key(trace()), same)
     changed = {
-        "length": key(trace(length=128), 128),
-        "carry's shape": key(trace(batch=2)),
-        "step": key(trace(lambda h, x: (jnp.sin(h) + x, jnp.sum(h)))),
-        "policy": key(traced, policy=jax.checkpoint_policies.dots_saveable),
-        "unroll": key(trace(unroll=2)),
-        "batch-major copies": key(trace(batch_major=True)),
+      "length": key(trace(length=128), 128),
+      "carry's shape": key(trace(batch=2)),
+      "step": key(trace(lambda h, x: (jnp.sin(h) + x, jnp.sum(h)))),
+      "policy": key(traced, policy=jax.checkpoint_policies.dots_saveable),
+      "unroll": key(trace(unroll=2)),
+      "batch-major copies": key(trace(batch_major=True)),
     }
     traced_under = []
 
     def loss(h):  # A gradient of the carry only: the xs are data.
-      traced_under.append(tracing.trace(toy_step, h, jnp.ones([256, 4, 16]),
-                                            256))
+      traced_under.append(tracing.trace(toy_step, h, jnp.ones([256, 4, 16]), 256))
       return 0.0
+
     jax.eval_shape(jax.grad(loss), jnp.zeros([4, 16]))
     changed["what is differentiated"] = key(traced_under[0])
     # The same, differentiated again (a gradient of that gradient).
-    jax.eval_shape(jax.grad(lambda h: jnp.sum(jax.grad(
-        lambda h: loss(h) + jnp.sum(h))(h))), jnp.zeros([4, 16]))
+    jax.eval_shape(
+      jax.grad(lambda h: jnp.sum(jax.grad(lambda h: loss(h) + jnp.sum(h))(h))), jnp.zeros([4, 16])
+    )
     changed["the derivatives"] = key(traced_under[1])
-    with mock.patch.dict(os.environ, {
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=x"}):
+    with mock.patch.dict(
+      os.environ, {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=x"}
+    ):
       changed["XLA_FLAGS"] = key(traced)
     with jax.enable_x64(True):
       changed["x64"] = key(traced)
     with jax.set_mesh(jax.make_mesh((jax.device_count(),), ("data",))):
       changed["mesh"] = key(traced)
-    explicit = jax.make_mesh((jax.device_count(),), ("data",),
-                             axis_types=(jax.sharding.AxisType.Explicit,))
+    explicit = jax.make_mesh(
+      (jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Explicit,)
+    )
     with jax.set_mesh(explicit):
       # The same shapes, the batch sharded over the mesh's Explicit axis.
       replicated = key(trace(batch=8))
-      changed["sharding"] = key(tracing.trace(
-          toy_step, jax.device_put(jnp.zeros([8, 16]),
-                                NamedSharding(explicit, P("data"))),
-          jax.device_put(jnp.ones([256, 8, 16]),
-                         NamedSharding(explicit, P(None, "data"))), 256))
+      changed["sharding"] = key(
+        tracing.trace(
+          toy_step,
+          jax.device_put(jnp.zeros([8, 16]), NamedSharding(explicit, P("data"))),
+          jax.device_put(jnp.ones([256, 8, 16]), NamedSharding(explicit, P(None, "data"))),
+          256,
+        )
+      )
     self.assertNotEqual(changed["sharding"], replicated)
-    with mock.patch.object(measure, "measuring_options",
-                           lambda: {"xla_backend_optimization_level": 1}):
+    with mock.patch.object(
+      measure, "measuring_options", lambda: {"xla_backend_optimization_level": 1}
+    ):
       changed["compile options"] = key(traced)
     for what, other in changed.items():
       self.assertNotIn(other, (same, None), what)
     self.assertLen(set(changed.values()), len(changed))
     # What a step closes over, by its shape.
-    self.assertNotEqual(key(trace(closing_over([16, 16]))),
-                        key(trace(closing_over([17, 16]))))
+    self.assertNotEqual(key(trace(closing_over([16, 16]))), key(trace(closing_over([17, 16]))))
     # A policy with no stable name (a function of the user's) is kept in
     # memory only.
     self.assertIsNone(key(traced, policy=lambda *_, **__: True))
@@ -128,9 +132,9 @@ class KeyTest(absltest.TestCase):
     # file measured by other code is never read. The choice (choice.py)
     # makes no figure.
     self.assertEqual(
-        {m.__name__.rsplit(".", 1)[1] for m in plan_cache._MEASURING_CODE},
-        {"schedule", "scheduled_scan", "hlo_flops", "hlo_text", "tracing",
-         "measure", "plan_cache"})
+      {m.__name__.rsplit(".", 1)[1] for m in plan_cache._MEASURING_CODE},
+      {"schedule", "scheduled_scan", "hlo_flops", "hlo_text", "tracing", "measure", "plan_cache"},
+    )
     plan_cache._code_digest.cache_clear()
     here = plan_cache._code_digest()
     for module in plan_cache._MEASURING_CODE:
@@ -146,6 +150,7 @@ class KeyTest(absltest.TestCase):
     plan_cache._code_digest.cache_clear()
     self.assertEqual(plan_cache._code_digest(), here)
 
+
 class KeptTest(absltest.TestCase):
   """What is kept, in memory and on disk, and what is read back of it."""
 
@@ -157,8 +162,9 @@ class KeptTest(absltest.TestCase):
         return {k: v if k == "format" else strings(v) for k, v in value.items()}
       if isinstance(value, list):
         return [strings(v) for v in value]
-      return (str(value) if isinstance(value, (int, float)) and
-              not isinstance(value, bool) else value)
+      return (
+        str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+      )
 
     directory = self.create_tempdir().full_path
     folder = os.path.join(directory, "remat_plans")
@@ -175,8 +181,10 @@ class KeptTest(absltest.TestCase):
         made = hkb.remat_plan(toy_step, init, xs, memory_budget=60_000)
       return made, compiles
 
-    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}), \
-        mock.patch.object(caches, "_enabled", True):
+    with (
+      mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}),
+      mock.patch.object(caches, "_enabled", True),
+    ):
       hkb.clear_caches()
       first = hkb.remat_plan(toy_step, init, xs, memory_budget=60_000)
       self.assertNotEqual(os.listdir(folder), [])
@@ -191,17 +199,26 @@ class KeptTest(absltest.TestCase):
     self.assertNotEqual(compiles, [])
     # Read field by field: each number given as a string is refused.
     good = measure.Coefficients(
-        length=8, plain=100, per_step=60, scheduled=(40.0, 4.0),
-        constants=(8.0, 0.0), step_flops=2.0, advance_flops=3.0,
-        policy=("dots", 50, 1.0), measured=(((False, None, None, None), 100),))
+      length=8,
+      plain=100,
+      per_step=60,
+      scheduled=(40.0, 4.0),
+      constants=(8.0, 0.0),
+      step_flops=2.0,
+      advance_flops=3.0,
+      policy=("dots", 50, 1.0),
+      measured=(((False, None, None, None), 100),),
+    )
     value = plan_cache._to_json(good)
     self.assertEqual(plan_cache._from_json(value), good)
-    for field in ("length", "plain", "per_step", "step_flops",
-                  "advance_flops"):
+    for field in ("length", "plain", "per_step", "step_flops", "advance_flops"):
       self.assertIsNone(plan_cache._from_json({**value, field: "8"}), field)
-    for field, bad in (("scheduled", ["40", 4.0]), ("constants", [8.0, "0"]),
-                       ("policy", ["dots", "50", 1.0]),
-                       ("measured", [[[False, None, None, None], "100"]])):
+    for field, bad in (
+      ("scheduled", ["40", 4.0]),
+      ("constants", [8.0, "0"]),
+      ("policy", ["dots", "50", 1.0]),
+      ("measured", [[[False, None, None, None], "100"]]),
+    ):
       self.assertIsNone(plan_cache._from_json({**value, field: bad}), field)
 
   @on_cpu_and_gpu(CPU_SIZED)
@@ -213,14 +230,17 @@ class KeptTest(absltest.TestCase):
     policy = jax.checkpoint_policies.dots_saveable
 
     def plans():
-      return [hkb.remat_plan(toy_step, init, xs, memory_budget=100_000,
-                             remat_policy=p) for p in (None, policy, None)]
+      return [
+        hkb.remat_plan(toy_step, init, xs, memory_budget=100_000, remat_policy=p)
+        for p in (None, policy, None)
+      ]
 
     with caches.disabled():
       cold = plans()
-    with mock.patch.dict(os.environ, {
-        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}), \
-        mock.patch.object(caches, "_enabled", True):
+    with (
+      mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}),
+      mock.patch.object(caches, "_enabled", True),
+    ):
       caches.clear_caches()
       try:
         in_memory = plans()
@@ -229,8 +249,7 @@ class KeptTest(absltest.TestCase):
         from_disk = plans()
       finally:
         caches.clear_caches()
-    self.assertEqual([any(c.policy for c in p.candidates) for p in cold],
-                     [False, True, False])
+    self.assertEqual([any(c.policy for c in p.candidates) for p in cold], [False, True, False])
     self.assertEqual(in_memory, cold)
     self.assertEqual(from_disk, cold)
 

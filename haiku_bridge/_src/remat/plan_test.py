@@ -53,9 +53,12 @@ plan_in_a_directory_of_its_own(__file__)
 KEY = jax.random.PRNGKey(0)
 WIDE = 128  # A layer wide enough that its state outweighs XLA's small buffers.
 # Small widths: the grid compiles a few dozen training steps.
-MODELS = remat_models.models(lstm_lengths=(256, 1024, 4096),
-                             mlp_depths=(16, 64), transformer_depths=(16, 64),
-                             conv_depths=(32,))
+MODELS = remat_models.models(
+  lstm_lengths=(256, 1024, 4096),
+  mlp_depths=(16, 64),
+  transformer_depths=(16, 64),
+  conv_depths=(32,),
+)
 
 
 def cost(model, params, x, length, **remat) -> remat_models.StepCost:
@@ -73,14 +76,14 @@ def recomputed(remat, length, groups=None):
 
 
 class PredictionTest(parameterized.TestCase):
-
   @parameterized.named_parameters(*MODELS.items())
   @on_cpu_and_gpu(TOY_BYTES)
   def test_predicted_memory_and_the_choice_under_four_budgets(self, model):
     net, x = model()
     params = net.init(KEY, x)
-    length = x.shape[0] if "lstm" in self._testMethodName else int(
-        jax.tree.leaves(params)[0].shape[0])
+    length = (
+      x.shape[0] if "lstm" in self._testMethodName else int(jax.tree.leaves(params)[0].shape[0])
+    )
     with remat_models.plans_made() as made:
       cost(model, params, x, length, remat="auto", memory_budget=1 << 40)
     plan = made[-1]
@@ -88,13 +91,17 @@ class PredictionTest(parameterized.TestCase):
 
     # The manual plans, compiled: each one's memory and FLOPs, and its
     # prediction.
-    manual = [(False, None), (True, None), ("nested", None),
-              ("binomial", None), ("nested", 2)]
+    manual = [(False, None), (True, None), ("nested", None), ("binomial", None), ("nested", 2)]
     compiled = {}
     for remat, groups in manual:
       compiled[remat, groups] = cost(
-          model, params, x, length, remat=remat,
-          **({} if groups is None else {"remat_groups": groups}))
+        model,
+        params,
+        x,
+        length,
+        remat=remat,
+        **({} if groups is None else {"remat_groups": groups}),
+      )
     by_kind = {(c.remat, c.groups): c for c in plan.candidates}
     for remat in (False, True):
       predicted = by_kind[remat, None].temporaries
@@ -102,39 +109,40 @@ class PredictionTest(parameterized.TestCase):
       self.assertLess(abs(predicted / got - 1), 0.10, (remat, predicted, got))
     # Per-step remat's recomputation: its FLOPs less no remat's, compiled.
     recomputed_flops = compiled[True, None].flops - compiled[False, None].flops
-    self.assertLess(abs(by_kind[True, None].recomputed_flops /
-                        recomputed_flops - 1), 0.10, recomputed_flops)
+    self.assertLess(
+      abs(by_kind[True, None].recomputed_flops / recomputed_flops - 1), 0.10, recomputed_flops
+    )
 
     smallest = plan.least_budget
     # "tight" is below every manual plan (their least keeps ≈√T carries);
     # "least_manual" is the least budget a manual plan fits (compiled), so
     # that the comparison with the manual plans below runs near the least.
     least_manual = min(c.bytes for c in compiled.values())
-    budgets = {"loose": by_kind[False, None].temporaries * 1.01,
-               "middle": (by_kind[True, None].temporaries + smallest) / 2,
-               "tight": smallest * 1.01,
-               "least_manual": max(least_manual, smallest) * 1.01}
+    budgets = {
+      "loose": by_kind[False, None].temporaries * 1.01,
+      "middle": (by_kind[True, None].temporaries + smallest) / 2,
+      "tight": smallest * 1.01,
+      "least_manual": max(least_manual, smallest) * 1.01,
+    }
     for name, budget in budgets.items():
       budget = int(budget)
       with remat_models.plans_made() as made:
         # Any recomputation: the tight budget needs a schedule of few slots.
-        got = cost(model, params, x, length, remat="auto",
-                   memory_budget=budget, max_recompute=math.inf)
+        got = cost(
+          model, params, x, length, remat="auto", memory_budget=budget, max_recompute=math.inf
+        )
       choice = made[-1].choice
       # Predicted against compiled, for the plan chosen; then the budget.
-      self.assertLess(abs(choice.temporaries / got.bytes - 1), 0.10,
-                      (name, choice, got))
+      self.assertLess(abs(choice.temporaries / got.bytes - 1), 0.10, (name, choice, got))
       self.assertLessEqual(got.bytes, budget * 1.05, (name, choice))
       # No manual plan that fits (compiled) recomputes less, nor runs
       # fewer FLOPs (compiled, every loop by its trip count).
-      fitting = {kind: c for kind, c in compiled.items()
-                 if c.bytes <= budget}
+      fitting = {kind: c for kind, c in compiled.items() if c.bytes <= budget}
       if name != "tight":
         # The comparison runs: a manual plan fits (at "least_manual", one).
         self.assertTrue(fitting, (name, budget, compiled))
       if fitting:
-        least = min(recomputed(remat, length, groups)
-                    for remat, groups in fitting)
+        least = min(recomputed(remat, length, groups) for remat, groups in fitting)
         # A known gap on jaxlib 0.11 (not on the pinned 0.10.2): there XLA
         # compiles the loss-in-step LSTM's own loop about 5% under the
         # measured line (T = 1024, the loop's binomial: 73,312 bytes of
@@ -142,14 +150,17 @@ class PredictionTest(parameterized.TestCase):
         # the same on both), so at the least manual budget the plan keeps
         # fewer slots than the manual binomial and recomputes more: 2,212
         # steps against its 2,038 (T = 1024), 9,363 against 8,103 (4096).
-        bound = (1.2 if "loss_in_step" in self._testMethodName and
-                 name == "least_manual" and versions.release(
-                     jaxlib.__version__) >= (0, 11) else 1.05)
-        self.assertLessEqual(choice.recomputed_steps, bound * least,
-                             (name, choice, compiled))
+        bound = (
+          1.2
+          if "loss_in_step" in self._testMethodName
+          and name == "least_manual"
+          and versions.release(jaxlib.__version__) >= (0, 11)
+          else 1.05
+        )
+        self.assertLessEqual(choice.recomputed_steps, bound * least, (name, choice, compiled))
         self.assertLessEqual(
-            got.flops, bound * min(c.flops for c in fitting.values()),
-            (name, choice, got, compiled))
+          got.flops, bound * min(c.flops for c in fitting.values()), (name, choice, got, compiled)
+        )
       if name == "tight" and "loss_after" not in self._testMethodName:
         # Where the outputs do not dominate, the tight budget needs a
         # schedule.
@@ -158,16 +169,19 @@ class PredictionTest(parameterized.TestCase):
 
 def unroll(scan, length=64):
   """An LSTM through `scan` (a dynamic_unroll), its loss of every output."""
+
   def f(xs):
     core = hk.LSTM(8)
     ys, state = scan(core, xs, core.initial_state(2))
-    return jnp.sum(ys ** 2) + jnp.sum(state.cell)
+    return jnp.sum(ys**2) + jnp.sum(state.cell)
+
   return hk.transform(f), jax.random.normal(KEY, [length, 2, 4])
 
 
 def stack(run):
   def f(x):
     return jnp.sum(run(lambda h: jnp.tanh(hk.Linear(8)(h)), x) ** 2)
+
   return hk.transform(f), jax.random.normal(KEY, [64, 8])
 
 
@@ -178,9 +192,11 @@ def value_and_grads(net, x):
 
 def _under_identity_getter(f):
   """`f`, run under an identity `hk.custom_getter`."""
+
   def run(*args, **kwargs):
     with hk.custom_getter(_identity_getter):
       return f(*args, **kwargs)
+
   return run
 
 
@@ -192,42 +208,53 @@ def _identity_getter(next_getter, value, context):
 def _deterministic_plan() -> remat_plan.RematPlan:
   """A plan made from nothing cached, with a policy: measured, then chosen."""
   with caches.disabled():
-    return hkb.remat_plan(toy_step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
-                          memory_budget=100_000,
-                          remat_policy=jax.checkpoint_policies.dots_saveable)
+    return hkb.remat_plan(
+      toy_step,
+      jnp.zeros([4, 16]),
+      jnp.ones([256, 4, 16]),
+      memory_budget=100_000,
+      remat_policy=jax.checkpoint_policies.dots_saveable,
+    )
 
 
 def _plans_made_here() -> list[remat_plan.RematPlan]:
   """The plans of a pure step (with a policy), of a Haiku stack (with an identity getter), of a loop under `jax.vmap`, of one sharded over Explicit axes, of a Haiku scan (through the getter) under a meta-gradient and a Hessian-vector product, and of a step closing over an array."""
+
   def with_getter(f, x):
     with hk.custom_getter(_identity_getter):
-      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=15_000,
-                              max_recompute=math.inf)
+      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=15_000, max_recompute=math.inf)
 
-  pure = [hkb.remat_plan(toy_step, jnp.zeros([4, 16]), jnp.ones([256, 4, 16]),
-                         memory_budget=100_000, remat_policy=policy)
-          for policy in (jax.checkpoint_policies.dots_saveable,
-                         _NAMED_POLICY)]
+  pure = [
+    hkb.remat_plan(
+      toy_step,
+      jnp.zeros([4, 16]),
+      jnp.ones([256, 4, 16]),
+      memory_budget=100_000,
+      remat_policy=policy,
+    )
+    for policy in (jax.checkpoint_policies.dots_saveable, _NAMED_POLICY)
+  ]
+
   def scanned(h, xs):
     # A step of its own: jax's trace caches, which another test's loop of
     # `toy_step` at these shapes may have filled, do not skip its planning.
     step = lambda h, x: toy_step(h, x)
-    return jnp.sum(hkb.scan(step, h, xs, remat="auto",
-                            memory_budget=1 << 40)[1])
+    return jnp.sum(hkb.scan(step, h, xs, remat="auto", memory_budget=1 << 40)[1])
 
-  mesh = jax.make_mesh((8,), ("data",),
-                       axis_types=(jax.sharding.AxisType.Explicit,))
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
   with remat_models.plans_made() as made:
     value_and_grads(*stack(with_getter))
     # Under jax.vmap: the batch's program.
-    jax.eval_shape(jax.grad(lambda xs: jax.vmap(scanned)(
-        jnp.zeros([4, 4, 16]), xs).sum()), jnp.ones([4, 64, 4, 16]))
+    jax.eval_shape(
+      jax.grad(lambda xs: jax.vmap(scanned)(jnp.zeros([4, 4, 16]), xs).sum()),
+      jnp.ones([4, 64, 4, 16]),
+    )
     # Sharded over Explicit axes: one device's share.
     with jax.set_mesh(mesh):
       jax.jit(jax.grad(scanned, argnums=1)).lower(
-          jax.device_put(jnp.zeros([8, 16]), NamedSharding(mesh, P("data"))),
-          jax.device_put(jnp.ones([64, 8, 16]),
-                         NamedSharding(mesh, P(None, "data"))))
+        jax.device_put(jnp.zeros([8, 16]), NamedSharding(mesh, P("data"))),
+        jax.device_put(jnp.ones([64, 8, 16]), NamedSharding(mesh, P(None, "data"))),
+      )
     # Derivatives of the gradient: each its own measurements.
     _, net, x = next(m for m in _loop_models() if m[0] == "scan")
     params, state = net.init(KEY, x, 1 << 40)
@@ -236,16 +263,23 @@ def _plans_made_here() -> list[remat_plan.RematPlan]:
       jax.eval_shape(forms[form](1 << 40), params, x)
     # An array the step closes over, compiled in (`BudgetTest`).
     table = jnp.arange(16 * 16, dtype=jnp.float32).reshape(16, 16) / 256
-    jax.eval_shape(jax.grad(lambda h, xs: jnp.sum(hkb.scan(
-        lambda h, x: toy_step(h @ table, x), h, xs, remat="auto",
-        memory_budget=1 << 40)[1])), jnp.zeros([4, 16]), jnp.ones([64, 4, 16]))
+    jax.eval_shape(
+      jax.grad(
+        lambda h, xs: jnp.sum(
+          hkb.scan(lambda h, x: toy_step(h @ table, x), h, xs, remat="auto", memory_budget=1 << 40)[
+            1
+          ]
+        )
+      ),
+      jnp.zeros([4, 16]),
+      jnp.ones([64, 4, 16]),
+    )
   return pure + made
 
 
 # A policy object holding a set of names (which Python orders by their
 # hashes, another order in each process unless PYTHONHASHSEED fixes it).
-_NAMED_POLICY = jax.checkpoint_policies.save_only_these_names(
-    *"abcdefghij")
+_NAMED_POLICY = jax.checkpoint_policies.save_only_these_names(*"abcdefghij")
 
 
 def _print_plans() -> None:
@@ -257,17 +291,13 @@ def _print_plans() -> None:
 
 
 class AutoTest(parameterized.TestCase):
-
   def assert_equal_values(self, ours, theirs):
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
-                                                         atol=1e-6),
-                 ours, theirs)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), ours, theirs)
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_dynamic_unroll_and_scan_equal_haiku_at_every_budget(self):
     reference = value_and_grads(*unroll(hk.dynamic_unroll))
-    loose = unroll(lambda *a: hkb.dynamic_unroll(
-        *a, remat="auto", memory_budget=1 << 40))
+    loose = unroll(lambda *a: hkb.dynamic_unroll(*a, remat="auto", memory_budget=1 << 40))
     with remat_models.plans_made() as made:
       self.assert_equal_values(value_and_grads(*loose), reference)
     plan = made[-1]
@@ -275,37 +305,61 @@ class AutoTest(parameterized.TestCase):
     smallest = min(c.temporaries for c in plan.candidates)
     for budget in (plan.choice.temporaries - 1, smallest):
       with remat_models.plans_made() as made:
-        self.assert_equal_values(value_and_grads(*unroll(
-            lambda *a, b=budget: hkb.dynamic_unroll(
-                *a, remat="auto", memory_budget=b,
-                max_recompute=math.inf))), reference)
+        self.assert_equal_values(
+          value_and_grads(
+            *unroll(
+              lambda *a, b=budget: hkb.dynamic_unroll(
+                *a, remat="auto", memory_budget=b, max_recompute=math.inf
+              )
+            )
+          ),
+          reference,
+        )
       self.assertIsNot(made[-1].choice.remat, False)
 
       def through_scan(core, xs, state, b=budget):
-        state, ys = hkb.scan(lambda s, x: core(x, s)[::-1], state, xs,
-                             remat="auto", memory_budget=b,
-                             max_recompute=math.inf)
+        state, ys = hkb.scan(
+          lambda s, x: core(x, s)[::-1],
+          state,
+          xs,
+          remat="auto",
+          memory_budget=b,
+          max_recompute=math.inf,
+        )
         return ys, state
-      self.assert_equal_values(value_and_grads(*unroll(through_scan)),
-                               reference)
+
+      self.assert_equal_values(value_and_grads(*unroll(through_scan)), reference)
     self.assertEqual(made[-1].choice.remat, "binomial")
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_layer_scan_and_repeat_layer_equal_the_plain_stack(self):
-    plain = value_and_grads(*stack(
-        lambda f, x: hkb.repeat_layer(f, x, 12)))
+    plain = value_and_grads(*stack(lambda f, x: hkb.repeat_layer(f, x, 12)))
     with remat_models.plans_made() as made:
-      loose = value_and_grads(*stack(lambda f, x: hkb.repeat_layer(
-          f, x, 12, remat="auto", memory_budget=1 << 40)))
+      loose = value_and_grads(
+        *stack(lambda f, x: hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=1 << 40))
+      )
     self.assert_equal_values(loose, plain)
     smallest = min(c.temporaries for c in made[-1].candidates)
     with remat_models.plans_made() as made:
-      tight = value_and_grads(*stack(lambda f, x: hkb.repeat_layer(
-          f, x, 12, remat="auto", memory_budget=smallest,
-          max_recompute=math.inf)))
-      scanned = value_and_grads(*stack(lambda f, x: hkb.layer_scan(
-          lambda h, _: (f(h), None), x, num_layers=12, remat="auto",
-          memory_budget=smallest, max_recompute=math.inf)[0]))
+      tight = value_and_grads(
+        *stack(
+          lambda f, x: hkb.repeat_layer(
+            f, x, 12, remat="auto", memory_budget=smallest, max_recompute=math.inf
+          )
+        )
+      )
+      scanned = value_and_grads(
+        *stack(
+          lambda f, x: hkb.layer_scan(
+            lambda h, _: (f(h), None),
+            x,
+            num_layers=12,
+            remat="auto",
+            memory_budget=smallest,
+            max_recompute=math.inf,
+          )[0]
+        )
+      )
     # Planned at apply (not at init), by each.
     self.assertEqual({p.choice.remat for p in made}, {"binomial"})
     self.assert_equal_values(tight, plain)
@@ -315,10 +369,12 @@ class AutoTest(parameterized.TestCase):
     # Init runs no backward pass: nothing to plan for.
     auto = dict(remat="auto", memory_budget=1 << 40)
     for ours, theirs in (
-        (unroll(lambda *a: hkb.dynamic_unroll(*a, **auto)),
-         unroll(hk.dynamic_unroll)),
-        (stack(lambda f, x: hkb.repeat_layer(f, x, 12, **auto)),
-         stack(lambda f, x: hkb.repeat_layer(f, x, 12)))):
+      (unroll(lambda *a: hkb.dynamic_unroll(*a, **auto)), unroll(hk.dynamic_unroll)),
+      (
+        stack(lambda f, x: hkb.repeat_layer(f, x, 12, **auto)),
+        stack(lambda f, x: hkb.repeat_layer(f, x, 12)),
+      ),
+    ):
       with remat_models.plans_made() as made:
         params = ours[0].init(KEY, ours[1])
       self.assertEqual(made, [])
@@ -329,49 +385,50 @@ class AutoTest(parameterized.TestCase):
     caches.clear_caches()
     h = jnp.zeros([4, 16])
     with measuring_compiles() as measured:
-      first = hkb.remat_plan(toy_step, h, jnp.ones([256, 4, 16]),
-                             memory_budget=100_000)
+      first = hkb.remat_plan(toy_step, h, jnp.ones([256, 4, 16]), memory_budget=100_000)
       # remat=False, remat=True, two binomial schedules; then the choice,
       # compiled unless it is one of those.
       self.assertIn(len(measured), range(4, 4 + remat_choice._CHECKS + 1))
       compiles = len(measured)
       # The same budget: nothing compiled (when caches are on).
-      again = hkb.remat_plan(toy_step, h, jnp.ones([256, 4, 16]),
-                             memory_budget=100_000)
-      self.assertEqual(len(measured),
-                       compiles if caches.enabled() else 2 * compiles)
+      again = hkb.remat_plan(toy_step, h, jnp.ones([256, 4, 16]), memory_budget=100_000)
+      self.assertEqual(len(measured), compiles if caches.enabled() else 2 * compiles)
       self.assertEqual(again, first)
       # Another length or shape is measured.
       before = len(measured)
       hkb.remat_plan(toy_step, h, jnp.ones([512, 4, 16]), memory_budget=1 << 30)
-      hkb.remat_plan(toy_step, jnp.zeros([8, 16]), jnp.ones([256, 8, 16]),
-                     memory_budget=1 << 30)
+      hkb.remat_plan(toy_step, jnp.zeros([8, 16]), jnp.ones([256, 8, 16]), memory_budget=1 << 30)
       self.assertEqual(len(measured), before + 8)
       with caches.disabled():
-        self.assertEqual(hkb.remat_plan(toy_step, h, jnp.ones([256, 4, 16]),
-                                        memory_budget=100_000), first)
+        self.assertEqual(
+          hkb.remat_plan(toy_step, h, jnp.ones([256, 4, 16]), memory_budget=100_000), first
+        )
       # A policy is measured too (1 more compile, then the checks of its
       # choice), never taken from the plan without it.
       caches.clear_caches()
       before = len(measured)
       policy = jax.checkpoint_policies.dots_saveable
-      with_policy = hkb.remat_plan(toy_step, h, jnp.ones([256, 4, 16]),
-                                   memory_budget=100_000, remat_policy=policy)
-      self.assertIn(len(measured) - before,
-                    range(5, 5 + remat_choice._CHECKS + 1))  # And its checks.
-      self.assertEqual([c.policy for c in with_policy.candidates
-                        if c.policy is not None],
-                       [measure.policy_name(policy)])
+      with_policy = hkb.remat_plan(
+        toy_step, h, jnp.ones([256, 4, 16]), memory_budget=100_000, remat_policy=policy
+      )
+      self.assertIn(
+        len(measured) - before, range(5, 5 + remat_choice._CHECKS + 1)
+      )  # And its checks.
+      self.assertEqual(
+        [c.policy for c in with_policy.candidates if c.policy is not None],
+        [measure.policy_name(policy)],
+      )
       # The same measurements of the plans without it (a schedule's figures
       # move with each plan's own checks).
       self.assertEqual(
-          {c for c in first.candidates if c.slots is None},
-          {c for c in with_policy.candidates
-           if c.policy is None and c.slots is None})
+        {c for c in first.candidates if c.slots is None},
+        {c for c in with_policy.candidates if c.policy is None and c.slots is None},
+      )
     for plan in (first, with_policy):
       self.assertEqual(
-          [c.recomputed_flops for c in plan.candidates],
-          sorted(c.recomputed_flops for c in plan.candidates))
+        [c.recomputed_flops for c in plan.candidates],
+        sorted(c.recomputed_flops for c in plan.candidates),
+      )
     self.assertLessEqual(first.choice.temporaries, 100_000)
 
   def test_plans_persist_across_processes(self):
@@ -386,7 +443,8 @@ class AutoTest(parameterized.TestCase):
     # Two orders of a set's strings (`_NAMED_POLICY`): one plan on disk.
     for seed in ("1", "2"):
       child = test_utils.run_in_fresh_process(
-          __file__, "_print_plans", env={**env, "PYTHONHASHSEED": seed})
+        __file__, "_print_plans", env={**env, "PYTHONHASHSEED": seed}
+      )
       self.assertEqual(child.returncode, 0, child.stderr[-3000:])
       runs.append(child.stdout.strip().splitlines()[-2:])
     (cold_compiles, cold), (warm_compiles, warm) = runs
@@ -401,26 +459,27 @@ class AutoTest(parameterized.TestCase):
     self.assertEqual(cold, here)
     self.assertEqual(warm, here)
     # Where they are, and what clears them.
-    self.assertNotEqual(os.listdir(os.path.join(directory, "remat_plans")),
-                        [])
-    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}), \
-        mock.patch.object(caches, "_enabled", True):
+    self.assertNotEqual(os.listdir(os.path.join(directory, "remat_plans")), [])
+    with (
+      mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}),
+      mock.patch.object(caches, "_enabled", True),
+    ):
       hkb.clear_caches()
     self.assertFalse(os.path.exists(os.path.join(directory, "remat_plans")))
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_identity_custom_getter_changes_nothing(self):
     def run(f, x):
-      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=budget,
-                              max_recompute=math.inf)
+      return hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=budget, max_recompute=math.inf)
 
     def with_getter(f, x):
       with hk.custom_getter(_identity_getter):
         return run(f, x)
 
     with remat_models.plans_made() as made:
-      value_and_grads(*stack(lambda f, x: hkb.repeat_layer(
-          f, x, 12, remat="auto", memory_budget=1 << 40)))
+      value_and_grads(
+        *stack(lambda f, x: hkb.repeat_layer(f, x, 12, remat="auto", memory_budget=1 << 40))
+      )
     budget = min(c.temporaries for c in made[-1].candidates)
     with remat_models.plans_made() as plain_plans:
       plain = value_and_grads(*stack(run))
@@ -439,10 +498,8 @@ class AutoTest(parameterized.TestCase):
     net, x = model()
     params = net.init(KEY, x)
     with remat_models.plans_made() as made:
-      cost(model, params, x, 16, remat="auto", remat_policy=policy,
-           memory_budget=1 << 40)
-    by_kind = {(c.remat, c.policy): c for c in made[-1].candidates
-               if c.slots is None}
+      cost(model, params, x, 16, remat="auto", remat_policy=policy, memory_budget=1 << 40)
+    by_kind = {(c.remat, c.policy): c for c in made[-1].candidates if c.slots is None}
     plain, per_step = by_kind[False, None], by_kind[True, None]
     saving = by_kind[True, measure.policy_name(policy)]
     self.assertLess(per_step.temporaries, saving.temporaries)
@@ -451,38 +508,36 @@ class AutoTest(parameterized.TestCase):
     self.assertLess(saving.recomputed_flops, per_step.recomputed_flops / 4)
 
     # Predicted against compiled: memory, and recomputed FLOPs.
-    compiled = {kind: cost(model, params, x, 16, remat=kind[0],
-                           remat_policy=policy if kind[1] else None)
-                for kind in ((False, None), (True, None), (True, "p"))}
+    compiled = {
+      kind: cost(model, params, x, 16, remat=kind[0], remat_policy=policy if kind[1] else None)
+      for kind in ((False, None), (True, None), (True, "p"))
+    }
     for kind, candidate in (((True, "p"), saving), ((True, None), per_step)):
       got = compiled[kind]
-      self.assertLess(abs(candidate.temporaries / got.temporaries - 1), 0.10,
-                      (candidate, got))
+      self.assertLess(abs(candidate.temporaries / got.temporaries - 1), 0.10, (candidate, got))
       recomputed = got.flops - compiled[False, None].flops
-      self.assertLess(abs(candidate.recomputed_flops / recomputed - 1), 0.10,
-                      (candidate, recomputed))
+      self.assertLess(
+        abs(candidate.recomputed_flops / recomputed - 1), 0.10, (candidate, recomputed)
+      )
 
     # Where it fits and no remat does not, it is the choice: the same
     # program as the manual one, and remat=False's values and gradients.
     budget = int(saving.temporaries * 1.01)
     with remat_models.plans_made() as made:
-      got = cost(model, params, x, 16, remat="auto", remat_policy=policy,
-                 memory_budget=budget)
+      got = cost(model, params, x, 16, remat="auto", remat_policy=policy, memory_budget=budget)
     self.assertEqual(made[-1].choice, saving)
     self.assertEqual(got, compiled[True, "p"])
     self.assertLessEqual(got.temporaries, budget * 1.05)
     self.assertLess(got.flops, compiled[True, None].flops)
     auto, _ = model(remat="auto", remat_policy=policy, memory_budget=budget)
     reference, _ = model()
-    self.assert_equal_values(value_and_grads(auto, x),
-                             value_and_grads(reference, x))
+    self.assert_equal_values(value_and_grads(auto, x), value_and_grads(reference, x))
 
     # Where remat=True fits and the policy does not, remat=True runs as it
     # was measured: without the policy.
     budget = (per_step.temporaries + saving.temporaries) // 2
     with remat_models.plans_made() as made:
-      got = cost(model, params, x, 16, remat="auto", remat_policy=policy,
-                 memory_budget=budget)
+      got = cost(model, params, x, 16, remat="auto", remat_policy=policy, memory_budget=budget)
     self.assertEqual(made[-1].choice, per_step)
     self.assertEqual(got, compiled[True, None])
 
@@ -500,57 +555,67 @@ class AutoTest(parameterized.TestCase):
       return jnp.sum(hkb.scan(step, jnp.zeros([8, 32]), xs, **remat)[1] ** 2)
 
     refused = functools.partial(loss, remat="auto", memory_budget=4096)
-    with self.assertRaisesRegex(ValueError, "^hkb.scan: no remat plan for 64 "
-                                "steps fits memory_budget=4096 bytes") as seen:
+    with self.assertRaisesRegex(
+      ValueError, "^hkb.scan: no remat plan for 64 steps fits memory_budget=4096 bytes"
+    ) as seen:
       jax.eval_shape(jax.grad(refused), w, xs)
-    chex.assert_trees_all_close(jax.jit(refused)(w, xs),
-                                jax.jit(loss)(w, xs))
+    chex.assert_trees_all_close(jax.jit(refused)(w, xs), jax.jit(loss)(w, xs))
     self.assertEqual(jax.vmap(refused, (None, 0))(w, xs[None]).shape, (1,))
     for name, differentiated in (
-        ("grad of a jit", jax.grad(jax.jit(refused))),
-        ("grad of a checkpoint", jax.grad(jax.checkpoint(refused))),
-        ("jacfwd of a jit", jax.jacfwd(jax.jit(refused)))):
+      ("grad of a jit", jax.grad(jax.jit(refused))),
+      ("grad of a checkpoint", jax.grad(jax.checkpoint(refused))),
+      ("jacfwd of a jit", jax.jacfwd(jax.jit(refused))),
+    ):
       with self.subTest(name), self.assertRaises(ValueError) as deferred:
         jax.eval_shape(differentiated, w, xs)
       # The same words, but the least budget of a loop whose data are
       # measured differentiated (it sees no gradient to say otherwise).
       least = r"\d+ bytes \(predicted\)(, \d+ with max_recompute=math\.inf)?"
-      self.assertEqual(re.sub(least, "", str(deferred.exception)),
-                       re.sub(least, "", str(seen.exception)))
+      self.assertEqual(
+        re.sub(least, "", str(deferred.exception)), re.sub(least, "", str(seen.exception))
+      )
     # A loop no tangent reaches (its weights under stop_gradient) is not
     # differentiated: nothing to refuse.
-    self.assertEqual(jax.grad(lambda s: s * jax.jit(refused)(
-        jax.lax.stop_gradient(w), xs))(1.0).shape, ())
+    self.assertEqual(
+      jax.grad(lambda s: s * jax.jit(refused)(jax.lax.stop_gradient(w), xs))(1.0).shape, ()
+    )
+
     # A Haiku model's eval step, a batch 8 times its training batch, at a
     # budget that fits the training step's least plan and not the eval
     # batch's (on XLA:CPU, the least plans: 137,604 and 1,076,612 bytes).
     def gru(budget):
-      return hk.transform(lambda xs: hkb.dynamic_unroll(
-          hk.GRU(32), xs, jnp.zeros([xs.shape[1], 32]), remat="auto",
-          memory_budget=budget, max_recompute=math.inf)[0])
+      return hk.transform(
+        lambda xs: hkb.dynamic_unroll(
+          hk.GRU(32),
+          xs,
+          jnp.zeros([xs.shape[1], 32]),
+          remat="auto",
+          memory_budget=budget,
+          max_recompute=math.inf,
+        )[0]
+      )
+
     params = gru(1).init(KEY, xs)
-    train = lambda net, xs: jax.grad(
-        lambda p: jnp.sum(net.apply(p, None, xs)))
+    train = lambda net, xs: jax.grad(lambda p: jnp.sum(net.apply(p, None, xs)))
     least = plan_where_run(train(gru(1 << 40), xs), params).least_budget
     big = jnp.ones([64, 64, 32])
-    self.assertGreater(
-        plan_where_run(train(gru(1 << 40), big), params).least_budget,
-        2 * least)
+    self.assertGreater(plan_where_run(train(gru(1 << 40), big), params).least_budget, 2 * least)
     net = gru(2 * least)
     jax.eval_shape(train(net, xs), params)  # The training step fits.
-    self.assertEqual(jax.jit(net.apply)(params, None, big).shape,
-                     (64, 64, 32))
+    self.assertEqual(jax.jit(net.apply)(params, None, big).shape, (64, 64, 32))
 
   @parameterized.parameters(
-      (dict(memory_budget=1000), ValueError, "`memory_budget` needs"),
-      (dict(remat="auto", memory_budget=-1), ValueError, "positive int"),
-      (dict(remat="auto", memory_budget="1GB"), TypeError, "positive int"),
-      (dict(remat="auto", memory_budget=1000, remat_policy="dots"),
-       TypeError, "`remat_policy` must be None or a jax.checkpoint_policies"),
+    (dict(memory_budget=1000), ValueError, "`memory_budget` needs"),
+    (dict(remat="auto", memory_budget=-1), ValueError, "positive int"),
+    (dict(remat="auto", memory_budget="1GB"), TypeError, "positive int"),
+    (
+      dict(remat="auto", memory_budget=1000, remat_policy="dots"),
+      TypeError,
+      "`remat_policy` must be None or a jax.checkpoint_policies",
+    ),
   )
   def test_options_refused(self, options, error, text):
-    net = hk.transform(lambda x: hkb.repeat_layer(
-        lambda h: hk.Linear(8)(h), x, 4, **options))
+    net = hk.transform(lambda x: hkb.repeat_layer(lambda h: hk.Linear(8)(h), x, 4, **options))
     with self.assertRaisesRegex(error, text):
       net.init(KEY, jnp.ones([2, 8]))
 
@@ -569,6 +634,7 @@ def plan_under_gradient(plan_of, params) -> hkb.RematPlan:
   def loss(p):
     plans.append(plan_of(p))
     return 0.0
+
   jax.eval_shape(jax.grad(loss), params)
   return plans[0]
 
@@ -586,10 +652,10 @@ class BudgetTest(parameterized.TestCase):
       cost(model, params, x, depth, remat="auto", memory_budget=1 << 40)
     least = min(c.temporaries for c in made[-1].candidates)
     for budget in (int(least * 1.01), int(least * 1.1)):
-      got = cost(model, params, x, depth, remat="auto", memory_budget=budget,
-                 max_recompute=math.inf)
-      self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE),
-                           (name, budget, got))
+      got = cost(
+        model, params, x, depth, remat="auto", memory_budget=budget, max_recompute=math.inf
+      )
+      self.assertLessEqual(got.bytes, budget * (1 + STEP_TOLERANCE), (name, budget, got))
 
   def test_planning_runs_no_cyclic_collection(self):
     # Planning's objects are freed by reference counting: the collector
@@ -619,8 +685,7 @@ class BudgetTest(parameterized.TestCase):
     gc_was = gc.isenabled(), gc.get_threshold()
     gc.callbacks.append(counted)
     try:
-      with caches.disabled(), \
-          mock.patch.object(plan_cache, "coefficients", coefficients):
+      with caches.disabled(), mock.patch.object(plan_cache, "coefficients", coefficients):
         gc.enable()
         gc.set_threshold(100)
         enabled = plan()
@@ -641,8 +706,9 @@ class BudgetTest(parameterized.TestCase):
     init, xs = jnp.zeros([4, 16]), jnp.ones([1024, 4, 16])
     plan = hkb.remat_plan(toy_step, init, xs, memory_budget=1 << 30)
     budget = int(min(c.temporaries for c in plan.candidates) * 1.01)
-    got = compiled_bytes(scan_loss(toy_step, init, "auto", memory_budget=budget,
-                                   max_recompute=math.inf), xs)
+    got = compiled_bytes(
+      scan_loss(toy_step, init, "auto", memory_budget=budget, max_recompute=math.inf), xs
+    )
     self.assertLessEqual(got, budget * (1 + STEP_TOLERANCE))
 
   @on_cpu_and_gpu(TOY_BYTES)
@@ -651,29 +717,32 @@ class BudgetTest(parameterized.TestCase):
       h, key = carry
       key, sub = jax.random.split(key)
       h = jnp.tanh(h + x) * jax.random.bernoulli(sub, 0.9, h.shape)
-      return (h, key), jnp.sum(h ** 2)
+      return (h, key), jnp.sum(h**2)
 
     init, xs = (jnp.zeros([4, 16]), jax.random.key(0)), jnp.ones([64, 4, 16])
-    plan = plan_where_run(jax.value_and_grad(scan_loss(
-        step, init, "auto", memory_budget=1 << 30)), xs)
+    plan = plan_where_run(
+      jax.value_and_grad(scan_loss(step, init, "auto", memory_budget=1 << 30)), xs
+    )
     budget = min(c.temporaries for c in plan.candidates)
-    auto = scan_loss(step, init, "auto", memory_budget=budget,
-                     max_recompute=math.inf)
-    self.assert_equal_values(jax.value_and_grad(auto)(xs),
-                             jax.value_and_grad(scan_loss(step, init, False))(
-                                 xs))
-    self.assertLessEqual(compiled_bytes(jax.value_and_grad(auto), xs),
-                         budget * (1 + STEP_TOLERANCE))
+    auto = scan_loss(step, init, "auto", memory_budget=budget, max_recompute=math.inf)
+    self.assert_equal_values(
+      jax.value_and_grad(auto)(xs), jax.value_and_grad(scan_loss(step, init, False))(xs)
+    )
+    self.assertLessEqual(
+      compiled_bytes(jax.value_and_grad(auto), xs), budget * (1 + STEP_TOLERANCE)
+    )
 
   def assert_each_step_within(self, loss, *args):
     """`jax.value_and_grad(loss)(*args, remat="auto", memory_budget=b)` compiled within b, at the least budget and at the loosest plan's."""
-    train = lambda budget: jax.value_and_grad(functools.partial(
-        loss, remat="auto", memory_budget=budget, max_recompute=math.inf),
-                                              argnums=tuple(range(len(args))))
+    train = lambda budget: jax.value_and_grad(
+      functools.partial(loss, remat="auto", memory_budget=budget, max_recompute=math.inf),
+      argnums=tuple(range(len(args))),
+    )
     plan = plan_where_run(train(1 << 40), *args)
     for budget in (plan.least_budget, plan.choice.temporaries):
-      self.assertLessEqual(compiled_bytes(train(budget), *args),
-                           budget * (1 + STEP_TOLERANCE), budget)
+      self.assertLessEqual(
+        compiled_bytes(train(budget), *args), budget * (1 + STEP_TOLERANCE), budget
+      )
 
   @on_cpu_and_gpu(TOY_BYTES)
   def test_a_step_returning_its_loss_within_the_budget(self):
@@ -685,6 +754,7 @@ class BudgetTest(parameterized.TestCase):
       def f(h, x):
         h = jnp.tanh(jnp.concatenate([x, h], -1) @ w)
         return h, h
+
       return f
 
     def loss(w, xs, **options):
@@ -708,10 +778,8 @@ class BudgetTest(parameterized.TestCase):
 
     w, init = jax.random.normal(KEY, [16, 16]) / 4, jnp.zeros([4, 16])
     xs = jnp.ones([16, 4, 16])
-    rolled = hkb.remat_plan(hkb.scan, step(w), init, xs,
-                            memory_budget=1 << 30)
-    plan = hkb.remat_plan(hkb.scan, step(w), init, xs, unroll=2,
-                          memory_budget=1 << 30)
+    rolled = hkb.remat_plan(hkb.scan, step(w), init, xs, memory_budget=1 << 30)
+    plan = hkb.remat_plan(hkb.scan, step(w), init, xs, unroll=2, memory_budget=1 << 30)
     # Measured apart, in one process (the caches keyed on the unroll).
     self.assertLess(rolled.least_budget, plan.least_budget)
     self.assert_each_step_within(loss, w, xs)
@@ -725,18 +793,16 @@ class BudgetTest(parameterized.TestCase):
       def f(xs):
         core = hk.GRU(16)
         unroll = (core, xs, core.initial_state(4))
-        options = dict(time_major=time_major,
-                       readout=lambda y: jnp.sum(y ** 2))
+        options = dict(time_major=time_major, readout=lambda y: jnp.sum(y**2))
         if plan:
-          return hkb.remat_plan(hkb.dynamic_unroll, *unroll,
-                                memory_budget=1 << 30, **options)
+          return hkb.remat_plan(hkb.dynamic_unroll, *unroll, memory_budget=1 << 30, **options)
         return jnp.sum(hkb.dynamic_unroll(*unroll, **options, **remat)[0])
+
       return hk.transform(f)
 
     xs = jax.random.normal(KEY, [4, 64, 16])
     params = net().init(KEY, xs)
-    time_major = net(plan=True, time_major=True).apply(
-        params, None, jnp.swapaxes(xs, 0, 1))
+    time_major = net(plan=True, time_major=True).apply(params, None, jnp.swapaxes(xs, 0, 1))
     plan = net(plan=True).apply(params, None, xs)
     # Measured apart, in one process (the caches keyed on the copies).
     self.assertLess(time_major.least_budget, plan.least_budget)
@@ -754,25 +820,30 @@ class BudgetTest(parameterized.TestCase):
       return jnp.tanh(hk.Linear(WIDE)(h) + m)
 
     def net(**remat):
-      return hk.transform_with_state(
-          lambda x: hkb.repeat_layer(block, x, 16, **remat))
+      return hk.transform_with_state(lambda x: hkb.repeat_layer(block, x, 16, **remat))
 
     x = jnp.ones([64, WIDE])
     params, state = net().init(KEY, x)
-    loss = lambda p, s, x, **remat: jnp.sum(jnp.square(
-        net(**remat).apply(p, s, None, x)[0]))
-    plan = plan_where_run(jax.value_and_grad(functools.partial(
-        loss, remat="auto", memory_budget=1 << 30)), params, state, x)
-    by_kind = {k.remat: k.temporaries for k in plan.candidates
-               if k.slots in (None, 1)}
+    loss = lambda p, s, x, **remat: jnp.sum(jnp.square(net(**remat).apply(p, s, None, x)[0]))
+    plan = plan_where_run(
+      jax.value_and_grad(functools.partial(loss, remat="auto", memory_budget=1 << 30)),
+      params,
+      state,
+      x,
+    )
+    by_kind = {k.remat: k.temporaries for k in plan.candidates if k.slots in (None, 1)}
     for budget in (by_kind[True], by_kind["binomial"]):
       with remat_models.plans_made() as made:
-        got = compiled_bytes(jax.value_and_grad(functools.partial(
-            loss, remat="auto", memory_budget=budget,
-            max_recompute=math.inf)), params, state, x)
+        got = compiled_bytes(
+          jax.value_and_grad(
+            functools.partial(loss, remat="auto", memory_budget=budget, max_recompute=math.inf)
+          ),
+          params,
+          state,
+          x,
+        )
       predicted = made[-1].choice.temporaries
-      self.assertLess(abs(predicted / got - 1), 0.10,
-                      (budget, made[-1].choice, got))
+      self.assertLess(abs(predicted / got - 1), 0.10, (budget, made[-1].choice, got))
 
   def test_a_loop_with_nothing_to_differentiate_plans_nothing(self):
     def step(count, x):
@@ -780,12 +851,11 @@ class BudgetTest(parameterized.TestCase):
 
     init, xs = jnp.zeros([4], jnp.int32), jnp.ones([64, 4], jnp.int32)
     plan = hkb.remat_plan(step, init, xs, memory_budget=1 << 30)
-    self.assertEqual([(c.remat, c.recomputed_steps) for c in plan.candidates],
-                     [(False, 0)])
+    self.assertEqual([(c.remat, c.recomputed_steps) for c in plan.candidates], [(False, 0)])
     self.assertEqual(plan.choice, plan.candidates[0])
     self.assert_equal_values(
-        hkb.scan(step, init, xs, remat="auto", memory_budget=1 << 30),
-        jax.lax.scan(step, init, xs))
+      hkb.scan(step, init, xs, remat="auto", memory_budget=1 << 30), jax.lax.scan(step, init, xs)
+    )
 
   @on_cpu_and_gpu(TOY_BYTES)
   def test_every_loop_counts_an_array_its_step_closes_over(self):
@@ -793,8 +863,9 @@ class BudgetTest(parameterized.TestCase):
     # reads a table (64 KiB) by an index of its carry, at its least
     # plan's budget, with and without an identity custom getter: the whole
     # compiled step within it.
-    table = jnp.asarray(np.linspace(-1, 1, 64 * 256, dtype=np.float32)
-                        .reshape(64, 256))  # Not traced here.
+    table = jnp.asarray(
+      np.linspace(-1, 1, 64 * 256, dtype=np.float32).reshape(64, 256)
+    )  # Not traced here.
 
     def step(h, x, lin=None):
       # A time scan's steps share one module, a layer scan's make their own.
@@ -805,33 +876,41 @@ class BudgetTest(parameterized.TestCase):
       def run(x, o):
         lin = hk.Linear(8)
         return loop(lambda h, x: step(h, x, lin), x, o)
+
       return run
 
     loops = {
-        "scan": time_scan(lambda f, x, o: hkb.scan(f, x[0], x, **o)[0]),
-        "dynamic_unroll": time_scan(lambda f, x, o: hkb.dynamic_unroll(
-            lambda x, h: (h, f(h, x)[0]), x, x[0], **o)[1]),
-        "layer_scan": lambda x, o: hkb.layer_scan(step, x[0], x, **o)[0],
-        "repeat_layer": lambda x, o: hkb.repeat_layer(
-            lambda h: step(h, 0.0)[0], x[0], 12, **o)}
+      "scan": time_scan(lambda f, x, o: hkb.scan(f, x[0], x, **o)[0]),
+      "dynamic_unroll": time_scan(
+        lambda f, x, o: hkb.dynamic_unroll(lambda x, h: (h, f(h, x)[0]), x, x[0], **o)[1]
+      ),
+      "layer_scan": lambda x, o: hkb.layer_scan(step, x[0], x, **o)[0],
+      "repeat_layer": lambda x, o: hkb.repeat_layer(lambda h: step(h, 0.0)[0], x[0], 12, **o),
+    }
     # The inputs are the step's argument, as a batch is: closed over, jax
     # 0.12 would pass them as an argument of its own (over 1 KiB), which
     # `compiled_bytes` counts with the constants and no loop plans for
     # (12,288 bytes over the least budget, 73,412).
     x = jnp.ones([12, 32, 8]) * 0.1
     for name, loop in loops.items():
-      net = hk.transform(lambda x, budget, getter, loop=loop: jnp.sum(
-          (_under_identity_getter(loop) if getter else loop)(x, dict(
-              remat="auto", memory_budget=budget,
-              max_recompute=math.inf)) ** 2))
+      net = hk.transform(
+        lambda x, budget, getter, loop=loop: jnp.sum(
+          (_under_identity_getter(loop) if getter else loop)(
+            x, dict(remat="auto", memory_budget=budget, max_recompute=math.inf)
+          )
+          ** 2
+        )
+      )
       params = net.init(KEY, x, 1 << 40, False)
       for getter in (False, True):
         train = lambda budget, getter=getter: jax.value_and_grad(
-            lambda p, x: net.apply(p, None, x, budget, getter))
+          lambda p, x: net.apply(p, None, x, budget, getter)
+        )
         with self.subTest(f"{name} getter={getter}"):
           least = plan_where_run(train(1 << 40), params, x).least_budget
-          self.assertLessEqual(compiled_bytes(train(least), params, x),
-                               least * (1 + STEP_TOLERANCE))
+          self.assertLessEqual(
+            compiled_bytes(train(least), params, x), least * (1 + STEP_TOLERANCE)
+          )
 
   @on_cpu_and_gpu(TOY_BYTES)
   def test_an_array_the_step_closes_over_is_compiled_in_as_the_step_has_it(self):
@@ -851,36 +930,39 @@ class BudgetTest(parameterized.TestCase):
       def step(h, t):
         h = jax.lax.fori_loop(0, 2, lambda _, h: jnp.tanh(h @ w), h + table[t])
         return h, jnp.sum(h)
+
       h, ys = hkb.scan(step, jnp.zeros([4, 32]), tokens, **remat)
-      return jnp.sum(ys ** 2) + jnp.sum(h ** 2)
+      return jnp.sum(ys**2) + jnp.sum(h**2)
 
     for name, f, args in (
-        ("closed over", loss, (w, tokens)),
-        ("passed in", lambda w, tokens, table, **r: loss(w, tokens, table, **r),
-         (w, tokens, table))):
+      ("closed over", loss, (w, tokens)),
+      ("passed in", lambda w, tokens, table, **r: loss(w, tokens, table, **r), (w, tokens, table)),
+    ):
       step = lambda **remat: jax.value_and_grad(functools.partial(f, **remat))
       with self.subTest(name):
-        plan = plan_where_run(step(remat="auto", memory_budget=1 << 40,
-                                   max_recompute=math.inf), *args)
+        plan = plan_where_run(
+          step(remat="auto", memory_budget=1 << 40, max_recompute=math.inf), *args
+        )
         for candidate in plan.candidates:
           if candidate.remat in (False, True):
             got = compiled_bytes(step(remat=candidate.remat), *args)
-            self.assertLess(abs(candidate.temporaries / got - 1), 0.02,
-                            (candidate, got))
+            self.assertLess(abs(candidate.temporaries / got - 1), 0.02, (candidate, got))
         # The least plan, as the loop runs it: a schedule of one slot on
         # jaxlib 0.10.2; `remat=True` on 0.12, where a schedule's copies of
         # the table (its forward sweep, its advance, its backward loop)
         # outweigh the carries it saves.
-        got = compiled_bytes(step(remat="auto", memory_budget=(
-            plan.least_budget), max_recompute=math.inf), *args)
+        got = compiled_bytes(
+          step(remat="auto", memory_budget=(plan.least_budget), max_recompute=math.inf), *args
+        )
         self.assertLessEqual(got, plan.least_budget * (1 + STEP_TOLERANCE))
+
     # Run eagerly (no jit around it), the loop's consts are its operands:
     # `hkb.remat_plan` called so measures the table as an argument, as
     # under a jit where it is traced, not as one closing over it.
     def plan(w, table):
       step = lambda h, t: (jnp.tanh(h @ w + table[t]), jnp.sum(h))
-      return hkb.remat_plan(step, jnp.zeros([4, 32]), tokens,
-                            memory_budget=1 << 40)
+      return hkb.remat_plan(step, jnp.zeros([4, 32]), tokens, memory_budget=1 << 40)
+
     made = []
     jax.eval_shape(lambda w, table: made.append(plan(w, table)), w, table)
     jax.eval_shape(lambda w: made.append(plan(w, table)), w)
@@ -901,20 +983,25 @@ class BudgetTest(parameterized.TestCase):
     per_step = next(c for c in plan.candidates if c.remat is True)
     least = min(c.temporaries for c in plan.candidates)
     for budget in ((per_step.temporaries + least) // 2, int(least * 1.1)):
-      loss = scan_loss(step, init, "auto", memory_budget=budget,
-                       max_recompute=math.inf)
-      self.assertLessEqual(compiled_bytes(jax.grad(loss), xs),
-                           budget * (1 + STEP_TOLERANCE), budget)
-    self.assert_equal_values(jax.grad(loss)(xs),
-                             jax.grad(scan_loss(step, init, False))(xs))
+      loss = scan_loss(step, init, "auto", memory_budget=budget, max_recompute=math.inf)
+      self.assertLessEqual(
+        compiled_bytes(jax.grad(loss), xs), budget * (1 + STEP_TOLERANCE), budget
+      )
+    self.assert_equal_values(jax.grad(loss)(xs), jax.grad(scan_loss(step, init, False))(xs))
 
   def assert_equal_values(self, ours, theirs):
     # bfloat16 recomputed in another order: a few of its steps apart (on a
     # TPU 3.3%: 155 against 150).
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(
-        np.asarray(a, np.float32), np.asarray(b, np.float32),
+    jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(
+        np.asarray(a, np.float32),
+        np.asarray(b, np.float32),
         rtol=2e-2 if backend_tolerance.on_cpu() else 5e-2,
-        atol=1e-5), ours, theirs)
+        atol=1e-5,
+      ),
+      ours,
+      theirs,
+    )
 
 
 def _loop_models():
@@ -926,6 +1013,7 @@ def _loop_models():
   step counts its runs in Haiku state ("n"), which a loop that ran would
   change.
   """
+
   def counted(h):
     hk.set_state("n", hk.get_state("n", [], jnp.int32, init=jnp.zeros) + 1)
     return h
@@ -933,42 +1021,53 @@ def _loop_models():
   # Each calls `loop(name, *args, **kwargs)`: the loop, or its plan.
   def scan(loop, x):
     lin = hk.Linear(8)
-    return loop(hkb.scan, lambda h, x: (counted(jnp.tanh(lin(h) + x)),
-                                        jnp.sum(h)), x[0], x)
+    return loop(hkb.scan, lambda h, x: (counted(jnp.tanh(lin(h) + x)), jnp.sum(h)), x[0], x)
 
   def dynamic_unroll(loop, x):
     # Batch major, through a functools.partial of the loop.
     lin = hk.Linear(8)
-    return loop(functools.partial(hkb.dynamic_unroll, time_major=False),
-                lambda x, h: (h, counted(jnp.tanh(lin(h) + x))),
-                jnp.swapaxes(x, 0, 1), x[0])
+    return loop(
+      functools.partial(hkb.dynamic_unroll, time_major=False),
+      lambda x, h: (h, counted(jnp.tanh(lin(h) + x))),
+      jnp.swapaxes(x, 0, 1),
+      x[0],
+    )
 
   def layer_scan(loop, x):
-    return loop(hkb.layer_scan, lambda h, x: (
-        counted(jnp.tanh(hk.Linear(8)(h) + x)), None), x[0], x)
+    return loop(
+      hkb.layer_scan, lambda h, x: (counted(jnp.tanh(hk.Linear(8)(h) + x)), None), x[0], x
+    )
 
   def repeat_layer(loop, x):
-    return loop(hkb.repeat_layer, lambda h: counted(jnp.tanh(hk.Linear(8)(h))),
-                x[0], 12, name="stack")
+    return loop(
+      hkb.repeat_layer, lambda h: counted(jnp.tanh(hk.Linear(8)(h))), x[0], 12, name="stack"
+    )
 
-  for model, length in ((scan, 64), (dynamic_unroll, 64), (layer_scan, 12),
-                        (repeat_layer, 12)):
+  for model, length in ((scan, 64), (dynamic_unroll, 64), (layer_scan, 12), (repeat_layer, 12)):
+
     def net(x, budget, plan=False, getter=False, model=model):
       if getter:
         with hk.custom_getter(_identity_getter):
           return net(x, budget, plan)
       # Any recomputation: the least budget's plan is a schedule of one slot.
       if plan:
-        return model(lambda loop, *a, **k: hkb.remat_plan(
-            loop, *a, memory_budget=budget, max_recompute=math.inf, **k), x)
-      out = model(lambda loop, *a, **k: loop(
-          *a, remat="auto", memory_budget=budget, max_recompute=math.inf,
-          **k), x)
-      return sum(jnp.sum(o ** 2) for o in jax.tree.leaves(out))
+        return model(
+          lambda loop, *a, **k: hkb.remat_plan(
+            loop, *a, memory_budget=budget, max_recompute=math.inf, **k
+          ),
+          x,
+        )
+      out = model(
+        lambda loop, *a, **k: loop(
+          *a, remat="auto", memory_budget=budget, max_recompute=math.inf, **k
+        ),
+        x,
+      )
+      return sum(jnp.sum(o**2) for o in jax.tree.leaves(out))
+
     # A batch of 32: with 12 layers, a schedule's tables cost less than the
     # carries it saves.
-    yield model.__name__, hk.transform_with_state(net), jnp.ones([length, 32,
-                                                                  8])
+    yield model.__name__, hk.transform_with_state(net), jnp.ones([length, 32, 8])
 
 
 class VmapTest(parameterized.TestCase):
@@ -978,40 +1077,37 @@ class VmapTest(parameterized.TestCase):
 
   @staticmethod
   def per_example(w, xs, **options):
-    step = lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h ** 2))
+    step = lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h**2))
     return jnp.sum(hkb.scan(step, jnp.zeros([32]), xs, **options)[1])
 
   def _check(self, step, *args):
     """`step(**remat)`'s plan at 1 and 1.5 times its least: within the budget and the prediction; remat=False's values."""
-    least = plan_where_run(step(remat="auto", memory_budget=1 << 40),
-                           *args).least_budget
+    least = plan_where_run(step(remat="auto", memory_budget=1 << 40), *args).least_budget
     for budget in (least, int(least * 1.5)):
       with remat_models.plans_made() as made:
-        auto = step(remat="auto", memory_budget=budget,
-                    max_recompute=math.inf)
+        auto = step(remat="auto", memory_budget=budget, max_recompute=math.inf)
         got = compiled_bytes(auto, *args)
       choice = made[-1].choice
-      self.assertLessEqual(got, budget * (1 + STEP_TOLERANCE),
-                           (budget, choice))
-      self.assertLessEqual(abs(choice.temporaries - got), 0.10 * got,
-                           (choice, got))
-    chex.assert_trees_all_close(jax.jit(auto)(*args),
-                                jax.jit(step(remat=False))(*args),
-                                rtol=1e-4, atol=1e-5)
+      self.assertLessEqual(got, budget * (1 + STEP_TOLERANCE), (budget, choice))
+      self.assertLessEqual(abs(choice.temporaries - got), 0.10 * got, (choice, got))
+    chex.assert_trees_all_close(
+      jax.jit(auto)(*args), jax.jit(step(remat=False))(*args), rtol=1e-4, atol=1e-5
+    )
 
   @parameterized.named_parameters(
-      ("of_the_batch", lambda loss: jax.value_and_grad(
-          lambda w, xs: jnp.sum(jax.vmap(loss, (None, 0))(w, xs)))),
-      ("per_example", lambda loss: jax.vmap(jax.value_and_grad(loss),
-                                            (None, 0))))
+    (
+      "of_the_batch",
+      lambda loss: jax.value_and_grad(lambda w, xs: jnp.sum(jax.vmap(loss, (None, 0))(w, xs))),
+    ),
+    ("per_example", lambda loss: jax.vmap(jax.value_and_grad(loss), (None, 0))),
+  )
   def test_a_vmapped_loop_keeps_the_budget(self, differentiate):
     # Planned on one example's shapes, the vmapped step of 16 examples
     # compiled to 35x the budget (remat=False 20x, remat=True 31x one
     # example's). Both orders: the gradient of the batch's loss (one for
     # the weights) and a gradient per example (`jax.vmap(jax.grad)`).
     xs = jnp.ones([16, 128, 32]) * 0.1
-    step = lambda **remat: differentiate(
-        functools.partial(self.per_example, **remat))
+    step = lambda **remat: differentiate(functools.partial(self.per_example, **remat))
     self._check(step, self.W, xs)
 
   def test_nested_vmaps_with_the_batch_elsewhere(self):
@@ -1023,6 +1119,7 @@ class VmapTest(parameterized.TestCase):
       loss = functools.partial(self.per_example, **remat)
       batched = jax.vmap(jax.vmap(loss, (None, 1)), (0, 0))
       return jax.value_and_grad(lambda ws, xs: jnp.sum(batched(ws, xs)))
+
     self._check(step, ws, xs)
 
   @parameterized.named_parameters(("plain", False), ("identity_getter", True))
@@ -1034,18 +1131,18 @@ class VmapTest(parameterized.TestCase):
       return h + jnp.tanh(hk.Linear(32)(h))
 
     x = jnp.ones([16, 2, 32])
-    params = hk.transform(lambda x: hkb.repeat_layer(block, x, 24)).init(
-        KEY, x[0])
+    params = hk.transform(lambda x: hkb.repeat_layer(block, x, 24)).init(KEY, x[0])
 
     def step(**remat):
       def f(x):
-        with (hk.custom_getter(_identity_getter)
-              if getter else contextlib.nullcontext()):
-          return jnp.sum(hk.vmap(
-              lambda x: hkb.repeat_layer(block, x, 24, **remat),
-              split_rng=False)(x) ** 2)
+        with hk.custom_getter(_identity_getter) if getter else contextlib.nullcontext():
+          return jnp.sum(
+            hk.vmap(lambda x: hkb.repeat_layer(block, x, 24, **remat), split_rng=False)(x) ** 2
+          )
+
       net = hk.transform(f)
       return jax.value_and_grad(lambda p, x: net.apply(p, None, x))
+
     self._check(step, params, x)
 
   def test_outputs_a_vmap_moves_are_counted_and_a_per_example_loss_kept(self):
@@ -1062,21 +1159,20 @@ class VmapTest(parameterized.TestCase):
         core = hk.GRU(32)
 
         def one(xs):
-          ys, _ = hkb.dynamic_unroll(core, xs, core.initial_state(None),
-                                     **remat)
-          return jnp.sum(ys ** 2) if inside else ys
+          ys, _ = hkb.dynamic_unroll(core, xs, core.initial_state(None), **remat)
+          return jnp.sum(ys**2) if inside else ys
+
         out = hk.vmap(one, in_axes=1, split_rng=False)(xs)
-        return jnp.sum(out if inside else out ** 2)
+        return jnp.sum(out if inside else out**2)
+
       net = hk.transform(f)
       return jax.value_and_grad(lambda p, xs: net.apply(p, None, xs))
 
     xs = jax.random.normal(KEY, [64, 8, 32])
-    params = hk.transform(lambda xs: hk.GRU(32)(
-        xs[0], jnp.zeros([8, 32]))).init(KEY, xs)
+    params = hk.transform(lambda xs: hk.GRU(32)(xs[0], jnp.zeros([8, 32]))).init(KEY, xs)
     for inside in (False, True):
       with self.subTest(inside=inside), caches.disabled():
-        plan = plan_where_run(step(inside, remat="auto",
-                                   memory_budget=1 << 40), params, xs)
+        plan = plan_where_run(step(inside, remat="auto", memory_budget=1 << 40), params, xs)
         for k in plan.candidates:
           if k.remat in (False, True):
             got = compiled_bytes(step(inside, remat=k.remat), params, xs)
@@ -1091,13 +1187,18 @@ class VmapTest(parameterized.TestCase):
     # the same budget: each its own figures (the caches keep them apart).
     xs = jnp.ones([16, 128, 32]) * 0.1
     with remat_models.plans_made() as made:
-      jax.jit(jax.value_and_grad(functools.partial(
-          self.per_example, remat="auto", memory_budget=1 << 40))).trace(
-              self.W, xs[0])
-      jax.jit(jax.value_and_grad(lambda w, xs: jnp.sum(jax.vmap(
-          functools.partial(self.per_example, remat="auto",
-                            memory_budget=1 << 40), (None, 0))(w, xs)))
-              ).trace(self.W, xs)
+      jax.jit(
+        jax.value_and_grad(functools.partial(self.per_example, remat="auto", memory_budget=1 << 40))
+      ).trace(self.W, xs[0])
+      jax.jit(
+        jax.value_and_grad(
+          lambda w, xs: jnp.sum(
+            jax.vmap(
+              functools.partial(self.per_example, remat="auto", memory_budget=1 << 40), (None, 0)
+            )(w, xs)
+          )
+        )
+      ).trace(self.W, xs)
     one, batch = made
     self.assertGreater(batch.least_budget, 8 * one.least_budget)
 
@@ -1118,13 +1219,21 @@ class ShardMapTest(parameterized.TestCase):
     def f(c, x):
       c = jnp.tanh(jnp.concatenate([x, c], -1) @ w)
       return c, c
+
     return f
 
   def one_device(self, budget):
     """The plan of one device's 8 rows, made where it is called, under a gradient of the weights (the xs data)."""
-    return plan_under_gradient(lambda w: hkb.remat_plan(
-        self.step(w), jnp.zeros([8, 32]), self.XS[:, :8],
-        memory_budget=budget, max_recompute=math.inf), self.W)
+    return plan_under_gradient(
+      lambda w: hkb.remat_plan(
+        self.step(w),
+        jnp.zeros([8, 32]),
+        self.XS[:, :8],
+        memory_budget=budget,
+        max_recompute=math.inf,
+      ),
+      self.W,
+    )
 
   def assert_held(self, train, args, expected, budget):
     """`train(remat="auto", ...)` at `budget`: remat=False's values, its plan and compiled step within the budget (the plan and one device's temporaries)."""
@@ -1138,8 +1247,7 @@ class ShardMapTest(parameterized.TestCase):
     self.assertLessEqual(kept, budget * 1.05)
     return made[-1], kept
 
-  @parameterized.parameters(jax.sharding.AxisType.Auto,
-                            jax.sharding.AxisType.Explicit)
+  @parameterized.parameters(jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit)
   def test_planned_per_device_within_the_budget(self, axis_type):
     # A data-parallel tanh RNN over 128 steps, 64 rows over 8 devices, the
     # loss summed over them: the plan is one device's (8 rows) under the
@@ -1150,23 +1258,29 @@ class ShardMapTest(parameterized.TestCase):
     def train(**remat):
       def local(w, xs):
         c, ys = hkb.scan(self.step(w), jnp.zeros_like(xs[0]), xs, **remat)
-        return jax.lax.psum(jnp.sum(c ** 2) + jnp.sum(ys ** 2), "data")
-      return jax.jit(jax.value_and_grad(jax.shard_map(
-          local, mesh=mesh, in_specs=(P(), P(None, "data")), out_specs=P())))
+        return jax.lax.psum(jnp.sum(c**2) + jnp.sum(ys**2), "data")
+
+      return jax.jit(
+        jax.value_and_grad(
+          jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, "data")), out_specs=P())
+        )
+      )
 
     with jax.set_mesh(mesh):
       least = self.one_device(1 << 40).least_budget
-      args = (jax.device_put(self.W, NamedSharding(mesh, P())),
-              jax.device_put(self.XS, NamedSharding(mesh, P(None, "data"))))
+      args = (
+        jax.device_put(self.W, NamedSharding(mesh, P())),
+        jax.device_put(self.XS, NamedSharding(mesh, P(None, "data"))),
+      )
       expected = train(remat=False)(*args)
       for budget in (1 << 40, least):
         plan, _ = self.assert_held(train, args, expected, budget)
         self.assertEqual(plan, self.one_device(budget))
 
-  @parameterized.parameters("repeat_layer", "repeat_layer, custom getter",
-                            "scan", "dynamic_unroll, batch-major")
-  def test_a_jit_step_sharded_over_explicit_axes_is_planned_per_device(
-      self, form):
+  @parameterized.parameters(
+    "repeat_layer", "repeat_layer, custom getter", "scan", "dynamic_unroll, batch-major"
+  )
+  def test_a_jit_step_sharded_over_explicit_axes_is_planned_per_device(self, form):
     # A data-parallel training step in `jax.jit` (no shard_map), the batch
     # sharded over 8 devices of Explicit axes (`jax.make_mesh`'s default):
     # each value's type holds its sharding, and the loop is planned on one
@@ -1175,53 +1289,61 @@ class ShardMapTest(parameterized.TestCase):
     # 128, batch 64: remat=False predicted 1,770,176 bytes, compiled
     # 333,120 a device). At the loosest budget and the least; values are
     # remat=False's.
-    mesh = jax.make_mesh((8,), ("data",),
-                         axis_types=(jax.sharding.AxisType.Explicit,))
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
     if form.startswith("repeat_layer"):
+
       def make(**remat):
         def net(x):
           with contextlib.ExitStack() as stack:
             if form.endswith("custom getter"):
               stack.enter_context(hk.custom_getter(_identity_getter))
-            return hkb.repeat_layer(
-                lambda h: h + jnp.tanh(hk.Linear(WIDE)(h)), x, 16, **remat)
+            return hkb.repeat_layer(lambda h: h + jnp.tanh(hk.Linear(WIDE)(h)), x, 16, **remat)
+
         return hk.transform(net)
+
       x = jax.random.normal(KEY, [64, WIDE])
       params = make(remat=False).init(KEY, x)
       spec = P("data")
       loss = lambda net: lambda p, x: jnp.sum(net.apply(p, None, x) ** 2)
     elif form.startswith("dynamic_unroll"):
+
       def make(**remat):
         def net(xs):
           core = hk.VanillaRNN(32)
           # The state sharded as the batch is (a scan's carry keeps its type).
           state = jax.sharding.reshard(core.initial_state(64), P("data"))
-          ys, _ = hkb.dynamic_unroll(core, xs, state, time_major=False,
-                                     **remat)
+          ys, _ = hkb.dynamic_unroll(core, xs, state, time_major=False, **remat)
           return ys
+
         return hk.transform(net)
+
       x = jax.random.normal(KEY, [64, 32, 16])  # Batch-major: [B, T, F].
       with jax.set_mesh(mesh):  # Where the state's sharding is named.
         params = make(remat=False).init(KEY, x)
       spec = P("data")
       loss = lambda net: lambda p, x: jnp.sum(net.apply(p, None, x) ** 2)
     else:
+
       def make(**remat):
         return remat
+
       x, params, spec = self.XS, self.W, P(None, "data")
 
       def loss(remat):
         def f(w, xs):
           c, ys = hkb.scan(self.step(w), jnp.zeros_like(xs[0]), xs, **remat)
-          return jnp.sum(c ** 2) + jnp.sum(ys ** 2)
+          return jnp.sum(c**2) + jnp.sum(ys**2)
+
         return f
 
     def train(**remat):
       return jax.jit(jax.value_and_grad(loss(make(**remat))))
 
     with jax.set_mesh(mesh):
-      args = (jax.device_put(params, NamedSharding(mesh, P())),
-              jax.device_put(x, NamedSharding(mesh, spec)))
+      args = (
+        jax.device_put(params, NamedSharding(mesh, P())),
+        jax.device_put(x, NamedSharding(mesh, spec)),
+      )
       expected = train(remat=False)(*args)
       plain = hlo_flops.held(train(remat=False).lower(*args).compile())
       loose, kept = self.assert_held(train, args, expected, 1 << 40)
@@ -1253,31 +1375,29 @@ class ShardMapTest(parameterized.TestCase):
 
 def _rnn_weight_and_xs() -> tuple[jax.Array, jax.Array]:
   """A 32x32 weight and 64 steps of a batch of 8: `_rnn_loss`'s arguments."""
-  return (jax.random.normal(KEY, [32, 32]) / 6,
-          jax.random.normal(KEY, [64, 8, 32]))
+  return (jax.random.normal(KEY, [32, 32]) / 6, jax.random.normal(KEY, [64, 8, 32]))
 
 
 def _rnn_loss(w, xs, **remat):
   """A tanh RNN of `w`'s width over `xs`, a batch of a quarter of it, `remat` its scan's options."""
-  h, _ = hkb.scan(lambda h, x: (jnp.tanh(h @ w + x), None),
-                  jnp.zeros([w.shape[0] // 4, w.shape[0]]),
-                  xs[:, :w.shape[0] // 4, :w.shape[0]], **remat)
-  return jnp.sum(h ** 2)
+  h, _ = hkb.scan(
+    lambda h, x: (jnp.tanh(h @ w + x), None),
+    jnp.zeros([w.shape[0] // 4, w.shape[0]]),
+    xs[:, : w.shape[0] // 4, : w.shape[0]],
+    **remat,
+  )
+  return jnp.sum(h**2)
 
 
-def _derivative_forms(net, state,
-                      getter=False) -> dict[str, Callable[[int], Any]]:
+def _derivative_forms(net, state, getter=False) -> dict[str, Callable[[int], Any]]:
   """A `_loop_models` net's loss of the params differentiated three ways, by budget: `program(budget)(params, x)`."""
-  loss = lambda budget: lambda p, x: net.apply(
-      p, state, None, x, budget, getter=getter)[0]
+  loss = lambda budget: lambda p, x: net.apply(p, state, None, x, budget, getter=getter)[0]
   total = lambda tree: sum(jnp.sum(leaf) for leaf in jax.tree.leaves(tree))
   return {
-      "meta-gradient": lambda budget: jax.grad(
-          lambda p, x: total(jax.grad(loss(budget))(p, x))),
-      "hvp": lambda budget: lambda p, x: jax.jvp(
-          lambda p: jax.grad(loss(budget))(p, x), (p,), (p,)),
-      "jvp": lambda budget: lambda p, x: jax.jvp(
-          lambda p: loss(budget)(p, x), (p,), (p,))}
+    "meta-gradient": lambda budget: jax.grad(lambda p, x: total(jax.grad(loss(budget))(p, x))),
+    "hvp": lambda budget: lambda p, x: jax.jvp(lambda p: jax.grad(loss(budget))(p, x), (p,), (p,)),
+    "jvp": lambda budget: lambda p, x: jax.jvp(lambda p: loss(budget)(p, x), (p,), (p,)),
+  }
 
 
 class DifferentiatedTest(absltest.TestCase):
@@ -1295,27 +1415,30 @@ class DifferentiatedTest(absltest.TestCase):
 
     def loss(w, xs, **remat):
       frozen = jax.lax.stop_gradient(w)
-      step = lambda h, x: (jnp.tanh(h @ frozen + x), jnp.sum(h ** 2))
+      step = lambda h, x: (jnp.tanh(h @ frozen + x), jnp.sum(h**2))
       features = hkb.scan(step, jnp.zeros([4, 32]), xs, **remat)[1]
-      return jnp.sum(features) + jnp.sum(w ** 2)
+      return jnp.sum(features) + jnp.sum(w**2)
 
-    step = lambda **remat: jax.value_and_grad(
-        functools.partial(loss, **remat))
+    step = lambda **remat: jax.value_and_grad(functools.partial(loss, **remat))
     budget = 4096
     # The same loop planned as a training step of its own first (no
     # gradient seen around it): its plan is not this one's.
     alone = hkb.remat_plan(
-        lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h ** 2)),
-        jnp.zeros([4, 32]), xs, memory_budget=1 << 30)
+      lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h**2)),
+      jnp.zeros([4, 32]),
+      xs,
+      memory_budget=1 << 30,
+    )
     self.assertGreater(alone.least_budget, budget)
     with remat_models.plans_made() as made:
       got = compiled_bytes(step(remat="auto", memory_budget=budget), w, xs)
-    self.assertEqual([(k.remat, k.slots) for k in made[-1].candidates],
-                     [(False, None)])
+    self.assertEqual([(k.remat, k.slots) for k in made[-1].candidates], [(False, None)])
     self.assertLessEqual(got, budget)
     chex.assert_trees_all_close(
-        jax.jit(step(remat="auto", memory_budget=budget))(w, xs),
-        jax.jit(step(remat=False))(w, xs), rtol=1e-6)
+      jax.jit(step(remat="auto", memory_budget=budget))(w, xs),
+      jax.jit(step(remat=False))(w, xs),
+      rtol=1e-6,
+    )
 
   def test_a_jit_between_the_gradient_and_the_loop_plans_a_backward_pass(self):
     # jax.grad(jax.jit(f)): inside the jit the loop's values are the jit's
@@ -1325,9 +1448,8 @@ class DifferentiatedTest(absltest.TestCase):
     xs = jnp.ones([64, 4, 32]) * 0.1
 
     def loss(w, xs):
-      step = lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h ** 2))
-      return jnp.sum(hkb.scan(step, jnp.zeros([4, 32]), xs, remat="auto",
-                              memory_budget=1 << 30)[1])
+      step = lambda h, x: (jnp.tanh(h @ w + x), jnp.sum(h**2))
+      return jnp.sum(hkb.scan(step, jnp.zeros([4, 32]), xs, remat="auto", memory_budget=1 << 30)[1])
 
     with remat_models.plans_made() as made:
       jax.value_and_grad(jax.jit(loss))(w, xs)
@@ -1343,17 +1465,20 @@ class DifferentiatedTest(absltest.TestCase):
 
     def loss(w, xs, **remat):
       def step(h, x):
-        x = jax.pure_callback(lambda a: np.asarray(a) * 2,
-                              jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        x = jax.pure_callback(
+          lambda a: np.asarray(a) * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), x
+        )
         h = jnp.tanh(h @ w + x)
-        return h, jnp.sum(h ** 2)
+        return h, jnp.sum(h**2)
+
       return jnp.sum(hkb.scan(step, jnp.zeros([4, 16]), xs, **remat)[1])
 
     auto = functools.partial(loss, remat="auto", memory_budget=1 << 30)
     chex.assert_trees_all_close(
-        jax.jit(jax.value_and_grad(auto))(w, xs),
-        jax.jit(jax.value_and_grad(functools.partial(loss, remat=False)))(
-            w, xs), rtol=1e-6)
+      jax.jit(jax.value_and_grad(auto))(w, xs),
+      jax.jit(jax.value_and_grad(functools.partial(loss, remat=False)))(w, xs),
+      rtol=1e-6,
+    )
 
   def test_data_xs_get_no_cotangent_in_the_measurements(self):
     # A step `m = tanh(m * w + x)` over a 256x256 carry, `w` (closed over)
@@ -1368,14 +1493,15 @@ class DifferentiatedTest(absltest.TestCase):
 
     def loss(w, xs, budget):
       step = lambda m, x: (jnp.tanh(m * w + x[None, :]), None)
-      m, _ = hkb.scan(step, jnp.zeros([256, 256]), xs, remat="auto",
-                      memory_budget=budget, max_recompute=math.inf)
-      return jnp.sum(m ** 2)
+      m, _ = hkb.scan(
+        step, jnp.zeros([256, 256]), xs, remat="auto", memory_budget=budget, max_recompute=math.inf
+      )
+      return jnp.sum(m**2)
 
-    least = plan_where_run(jax.value_and_grad(
-        functools.partial(loss, budget=1 << 40)), w, xs).least_budget
-    compiled = jax.jit(jax.value_and_grad(loss), static_argnums=2).lower(
-        w, xs, least).compile()
+    least = plan_where_run(
+      jax.value_and_grad(functools.partial(loss, budget=1 << 40)), w, xs
+    ).least_budget
+    compiled = jax.jit(jax.value_and_grad(loss), static_argnums=2).lower(w, xs, least).compile()
     self.assertLessEqual(hlo_flops.held(compiled).temporaries, least * 1.05)
 
   @on_cpu_and_gpu(TOY_BYTES)
@@ -1395,21 +1521,21 @@ class DifferentiatedTest(absltest.TestCase):
       def step(c, x):
         c = jnp.tanh(jnp.concatenate([x, c], -1) @ w)
         return c, jnp.sin(c) * 2.0 if ys else None
-      last, _ = hkb.scan(step, jnp.zeros([b, h]), xs, remat="auto",
-                         memory_budget=budget, max_recompute=math.inf)
-      return jnp.sum(last ** 2)
+
+      last, _ = hkb.scan(
+        step, jnp.zeros([b, h]), xs, remat="auto", memory_budget=budget, max_recompute=math.inf
+      )
+      return jnp.sum(last**2)
 
     train = jax.jit(jax.value_and_grad(loss), static_argnums=(2, 3))
-    with self.assertRaisesRegex(
-        ValueError, "where it reads only the final carry, return none"):
+    with self.assertRaisesRegex(ValueError, "where it reads only the final carry, return none"):
       train.lower(w, xs, 100_000, True)
     for budget in (1 << 40, 100_000):
       with remat_models.plans_made() as made:
         compiled = train.lower(w, xs, budget, False).compile()
       kept = hlo_flops.held(compiled).temporaries
       self.assertLessEqual(kept, budget)
-      self.assertLess(abs(kept / made[-1].choice.temporaries - 1), 0.1,
-                      (budget, made[-1].choice))
+      self.assertLess(abs(kept / made[-1].choice.temporaries - 1), 0.1, (budget, made[-1].choice))
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_a_gradient_of_the_gradient_is_planned_as_it_runs(self):
@@ -1424,48 +1550,43 @@ class DifferentiatedTest(absltest.TestCase):
     loss = _rnn_loss
 
     def meta(**remat):  # A loss of the gradient, differentiated.
-      return jax.grad(lambda w, xs: jnp.sum(jax.grad(
-          functools.partial(loss, **remat))(w, xs)))
+      return jax.grad(lambda w, xs: jnp.sum(jax.grad(functools.partial(loss, **remat))(w, xs)))
 
     plain = {r: compiled_bytes(meta(remat=r), w, xs) for r in (False, True)}
-    self.assertGreater(compiled_bytes(meta(remat="binomial"), w, xs),
-                       plain[False])  # No schedule is worth measuring.
+    self.assertGreater(
+      compiled_bytes(meta(remat="binomial"), w, xs), plain[False]
+    )  # No schedule is worth measuring.
     expected = meta(remat=False)(w, xs)
     with caches.disabled():
-      loose = plan_where_run(meta(remat="auto", memory_budget=1 << 30),
-                             w, xs)
+      loose = plan_where_run(meta(remat="auto", memory_budget=1 << 30), w, xs)
       self.assertEqual({k.remat for k in loose.candidates}, {False, True})
-      self.assertIn("recomputed, for a gradient of a gradient.\n",
-                    str(loose))
+      self.assertIn("recomputed, for a gradient of a gradient.\n", str(loose))
       for k in loose.candidates:  # Each as the second-order step compiles.
         self.assertLess(abs(k.temporaries / plain[k.remat] - 1), 0.02, k)
-      for budget, remat in ((1 << 30, False),
-                            ((plain[False] + plain[True]) // 2, True)):
+      for budget, remat in ((1 << 30, False), ((plain[False] + plain[True]) // 2, True)):
         step = meta(remat="auto", memory_budget=budget)
         self.assertIs(plan_where_run(step, w, xs).choice.remat, remat)
-        self.assertLessEqual(compiled_bytes(step, w, xs),
-                             budget * (1 + STEP_TOLERANCE))
+        self.assertLessEqual(compiled_bytes(step, w, xs), budget * (1 + STEP_TOLERANCE))
         np.testing.assert_allclose(step(w, xs), expected, atol=1e-4)
       with self.assertRaisesRegex(ValueError, "gradient of a gradient"):
-        jax.eval_shape(meta(remat="auto", memory_budget=plain[True] // 2),
-                       w, xs)
+        jax.eval_shape(meta(remat="auto", memory_budget=plain[True] // 2), w, xs)
     # Kept apart from the first-order plan of the same loop: the caches
     # are keyed on the derivatives, in memory and on disk (memory emptied,
     # the files kept: a new process).
-    with mock.patch.dict(os.environ, {
-        "HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}), \
-        mock.patch.object(caches, "_enabled", True):
+    with (
+      mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": self.create_tempdir().full_path}),
+      mock.patch.object(caches, "_enabled", True),
+    ):
       caches.clear_caches()
       try:
-        first = plan_where_run(jax.grad(functools.partial(
-            loss, remat="auto", memory_budget=1 << 30)), w, xs)
-        second = plan_where_run(meta(remat="auto", memory_budget=1 << 30),
-                                w, xs)
+        first = plan_where_run(
+          jax.grad(functools.partial(loss, remat="auto", memory_budget=1 << 30)), w, xs
+        )
+        second = plan_where_run(meta(remat="auto", memory_budget=1 << 30), w, xs)
         plan_cache._COEFFICIENTS.clear()
         plan_cache._COMPILED.clear()
         with measuring_compiles() as compiles:
-          from_disk = plan_where_run(
-              meta(remat="auto", memory_budget=1 << 30), w, xs)
+          from_disk = plan_where_run(meta(remat="auto", memory_budget=1 << 30), w, xs)
       finally:
         caches.clear_caches()
     self.assertEqual(compiles, [])  # Read from disk.
@@ -1491,16 +1612,17 @@ class DifferentiatedTest(absltest.TestCase):
           continue
         with self.subTest(f"{name} {form}"), caches.disabled():
           loose = plan_where_run(program(1 << 40), params, x)
-          self.assertEqual(
-              plan_where_run(through_getter[form](1 << 40), params, x), loose)
+          self.assertEqual(plan_where_run(through_getter[form](1 << 40), params, x), loose)
           per_step = next(k for k in loose.candidates if k.remat is True)
           budget = (per_step.temporaries + loose.least_budget) // 2
-          self.assertLessEqual(compiled_bytes(program(budget), params, x),
-                               budget * (1 + STEP_TOLERANCE))
-          jax.tree.map(functools.partial(np.testing.assert_allclose,
-                                         rtol=1e-3, atol=1e-5),
-                       jax.jit(program(budget))(params, x),
-                       jax.jit(program(1 << 40))(params, x))
+          self.assertLessEqual(
+            compiled_bytes(program(budget), params, x), budget * (1 + STEP_TOLERANCE)
+          )
+          jax.tree.map(
+            functools.partial(np.testing.assert_allclose, rtol=1e-3, atol=1e-5),
+            jax.jit(program(budget))(params, x),
+            jax.jit(program(1 << 40))(params, x),
+          )
 
   def test_every_loop_defers_its_refusal_to_a_differentiation(self):
     # The grid of the deferred refusal: each loop of the bridge over a
@@ -1512,18 +1634,19 @@ class DifferentiatedTest(absltest.TestCase):
     for name, net, x in _loop_models():
       params, state = net.init(KEY, x, 1 << 40)
       for getter in (False, True):
+
         def loss(p, budget, getter=getter):
           return net.apply(p, state, None, x, budget, getter=getter)
+
         words = f"^hkb.{name}: no remat plan for {x.shape[0]} steps fits "
         with self.subTest(f"{name} getter={getter}"), caches.disabled():
           with self.assertRaisesRegex(ValueError, words):
             jax.eval_shape(jax.grad(lambda p: loss(p, 1)[0]), params)
           chex.assert_trees_all_close(
-              jax.jit(lambda p: loss(p, 1))(params),
-              jax.jit(lambda p: loss(p, 1 << 40))(params))
+            jax.jit(lambda p: loss(p, 1))(params), jax.jit(lambda p: loss(p, 1 << 40))(params)
+          )
           with self.assertRaisesRegex(ValueError, words):
-            jax.eval_shape(jax.grad(jax.jit(lambda p: loss(p, 1)[0])),
-                           params)
+            jax.eval_shape(jax.grad(jax.jit(lambda p: loss(p, 1)[0])), params)
 
   def test_a_refusal_inside_a_custom_vjp_block(self):
     # A loop inside `hkb.custom_vjp`, at a budget no plan fits: its eval
@@ -1533,34 +1656,39 @@ class DifferentiatedTest(absltest.TestCase):
     # (here: the weights' cotangents are zero) runs, as nothing of the
     # plan's would.
     def core(xs):
-      return hkb.dynamic_unroll(hk.GRU(16), xs, jnp.zeros([4, 16]),
-                                remat="auto", memory_budget=1)[0]
+      return hkb.dynamic_unroll(hk.GRU(16), xs, jnp.zeros([4, 16]), remat="auto", memory_budget=1)[
+        0
+      ]
 
     def zero_bwd(params, g):
       del g
       return jax.tree.map(jnp.zeros_like, params), None
-    inline = hk.transform(lambda xs: jnp.sum(hkb.dynamic_unroll(
-        hk.GRU(16), xs, jnp.zeros([4, 16]))[0] ** 2))
+
+    inline = hk.transform(
+      lambda xs: jnp.sum(hkb.dynamic_unroll(hk.GRU(16), xs, jnp.zeros([4, 16]))[0] ** 2)
+    )
     xs = jnp.ones([32, 4, 16]) * 0.1
     params = inline.init(KEY, xs)
     for name, fwd, bwd in (
-        ("vjp_fwd", hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g)),
-        ("own backward", lambda f_pure, p, xs: (f_pure(p, xs), p), zero_bwd)):
-      net = hk.transform(lambda xs: jnp.sum(
-          hkb.custom_vjp(core, fwd, bwd)(xs) ** 2))
+      ("vjp_fwd", hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g)),
+      ("own backward", lambda f_pure, p, xs: (f_pure(p, xs), p), zero_bwd),
+    ):
+      net = hk.transform(lambda xs: jnp.sum(hkb.custom_vjp(core, fwd, bwd)(xs) ** 2))
       with self.subTest(name), caches.disabled():
         self.assertEqual(net.init(KEY, xs).keys(), params.keys())
-        chex.assert_trees_all_close(jax.jit(net.apply)(params, None, xs),
-                                    jax.jit(inline.apply)(params, None, xs))
+        chex.assert_trees_all_close(
+          jax.jit(net.apply)(params, None, xs), jax.jit(inline.apply)(params, None, xs)
+        )
         gradient = jax.grad(lambda p: net.apply(p, None, xs))
         if name == "vjp_fwd":
           with self.assertRaisesRegex(
-              ValueError, "^hkb.dynamic_unroll: no remat plan for 32 steps"):
+            ValueError, "^hkb.dynamic_unroll: no remat plan for 32 steps"
+          ):
             jax.eval_shape(gradient, params)
         else:
           self.assertEqual(
-              jax.tree.map(jnp.any, gradient(params)),
-              jax.tree.map(lambda _: False, params))
+            jax.tree.map(jnp.any, gradient(params)), jax.tree.map(lambda _: False, params)
+          )
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_a_forward_derivative_of_the_loop_is_planned_as_it_runs(self):
@@ -1575,31 +1703,28 @@ class DifferentiatedTest(absltest.TestCase):
     w, xs = _rnn_weight_and_xs()
 
     def jvp(**remat):
-      return lambda w, xs: jax.jvp(
-          lambda w: _rnn_loss(w, xs, **remat), (w,), (w,))[1]
+      return lambda w, xs: jax.jvp(lambda w: _rnn_loss(w, xs, **remat), (w,), (w,))[1]
 
     def grad_of_jvp(**remat):
       return jax.grad(jvp(**remat))
 
-    for name, program, said in (("jvp", jvp, "a JVP"),
-                                ("grad of jvp", grad_of_jvp,
-                                 "a gradient of a JVP")):
+    for name, program, said in (
+      ("jvp", jvp, "a JVP"),
+      ("grad of jvp", grad_of_jvp, "a gradient of a JVP"),
+    ):
       with self.subTest(name), caches.disabled():
-        plain = {r: compiled_bytes(program(remat=r), w, xs)
-                 for r in (False, True)}
-        loose = plan_where_run(program(remat="auto", memory_budget=1 << 30),
-                               w, xs)
+        plain = {r: compiled_bytes(program(remat=r), w, xs) for r in (False, True)}
+        loose = plan_where_run(program(remat="auto", memory_budget=1 << 30), w, xs)
         self.assertEqual({k.remat for k in loose.candidates}, {False, True})
         self.assertIn(f", for {said}.\n", str(loose))
         for k in loose.candidates:
           self.assertLess(abs(k.temporaries / plain[k.remat] - 1), 0.02, k)
         budget = loose.least_budget
         step = program(remat="auto", memory_budget=budget)
-        self.assertLessEqual(compiled_bytes(step, w, xs),
-                             budget * (1 + STEP_TOLERANCE))
-        np.testing.assert_allclose(jax.jit(step)(w, xs),
-                                   jax.jit(program(remat=False))(w, xs),
-                                   rtol=1e-5, atol=1e-5)
+        self.assertLessEqual(compiled_bytes(step, w, xs), budget * (1 + STEP_TOLERANCE))
+        np.testing.assert_allclose(
+          jax.jit(step)(w, xs), jax.jit(program(remat=False))(w, xs), rtol=1e-5, atol=1e-5
+        )
 
   @on_cpu_and_gpu(CPU_SIZED)
   def test_a_hessian_vector_product_is_planned_as_it_runs(self):
@@ -1616,8 +1741,8 @@ class DifferentiatedTest(absltest.TestCase):
 
     def hvp(**remat):
       return lambda w, xs: jax.jvp(
-          lambda w: jax.grad(functools.partial(loss, **remat))(w, xs),
-          (w,), (w,))
+        lambda w: jax.grad(functools.partial(loss, **remat))(w, xs), (w,), (w,)
+      )
 
     def hessian(**remat):
       return jax.hessian(functools.partial(loss, **remat))
@@ -1626,19 +1751,22 @@ class DifferentiatedTest(absltest.TestCase):
       # The gradients of 8 weightings of the loss at once: the loop's
       # values unbatched, its cotangents batched (as `jax.jacrev` batches
       # them, but where the loop can see it: `KnownGapsTest`).
-      return lambda w, xs: jax.vmap(lambda s: jax.grad(
-          lambda w: s * loss(w, xs, **remat))(w))(jnp.arange(1.0, 9.0))
+      return lambda w, xs: jax.vmap(lambda s: jax.grad(lambda w: s * loss(w, xs, **remat))(w))(
+        jnp.arange(1.0, 9.0)
+      )
 
-    for name, program, w, said in (
-        ("hvp", hvp, w, "a JVP of a gradient"),
-        ("hessian", hessian, w[:8, :8], "64 JVPs at once of a gradient"),
-        ("weighted", weighted, w, "8 gradients at once")):
+    for name, program, arg, said in (
+      ("hvp", hvp, w, "a JVP of a gradient"),
+      ("hessian", hessian, w[:8, :8], "64 JVPs at once of a gradient"),
+      ("weighted", weighted, w, "8 gradients at once"),
+    ):
       with self.subTest(name), caches.disabled():
-        loose = plan_where_run(program(remat="auto", memory_budget=1 << 30,
-                                       max_recompute=math.inf), w, xs)
+        loose = plan_where_run(
+          program(remat="auto", memory_budget=1 << 30, max_recompute=math.inf), arg, xs
+        )
         self.assertIn(f", for {said}.\n", str(loose))
         self.assertIn("binomial", {k.remat for k in loose.candidates})
-        plain = compiled_bytes(program(remat=False), w, xs)
+        plain = compiled_bytes(program(remat=False), arg, xs)
         self.assertLess(abs(loose.choice.temporaries / plain - 1), 0.02)
         per_step = next(k for k in loose.candidates if k.remat is True)
         budgets = [(per_step.temporaries + loose.least_budget) // 2]
@@ -1646,24 +1774,25 @@ class DifferentiatedTest(absltest.TestCase):
           # jax.hessian's own step keeps 8 KB more at the least (its
           # output's assembly, outside the loop): 1.064× there.
           budgets.append(loose.least_budget)
-        expected = jax.jit(program(remat=False))(w, xs)
+        expected = jax.jit(program(remat=False))(arg, xs)
         for budget in budgets:
-          step = program(remat="auto", memory_budget=budget,
-                         max_recompute=math.inf)
-          self.assertEqual(plan_where_run(step, w, xs).choice.remat,
-                           "binomial")
-          self.assertLessEqual(compiled_bytes(step, w, xs),
-                               budget * (1 + STEP_TOLERANCE))
-          jax.tree.map(functools.partial(np.testing.assert_allclose,
-                                         rtol=1e-4, atol=1e-4),
-                       jax.jit(step)(w, xs), expected)
+          step = program(remat="auto", memory_budget=budget, max_recompute=math.inf)
+          self.assertEqual(plan_where_run(step, arg, xs).choice.remat, "binomial")
+          self.assertLessEqual(compiled_bytes(step, arg, xs), budget * (1 + STEP_TOLERANCE))
+          jax.tree.map(
+            functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-4),
+            jax.jit(step)(arg, xs),
+            expected,
+          )
 
 
 class KnownGapsTest(absltest.TestCase):
   """Promises of issue 42 that `remat="auto"` does not keep yet, each on a model the grid lacks."""
 
-  @on_cpu_and_gpu("a gap of XLA:CPU's: on a TPU v5e the step compiled to "
-                  "1.000 of the budget (RESULTS.md, 'The TPU again')")
+  @on_cpu_and_gpu(
+    "a gap of XLA:CPU's: on a TPU v5e the step compiled to "
+    "1.000 of the budget (RESULTS.md, 'The TPU again')"
+  )
   @unittest.expectedFailure
   def test_a_batch_major_unroll_under_a_jvp_alone_keeps_its_budget(self):
     # Known gap: `hkb.dynamic_unroll(time_major=False)` under `jax.jvp` of
@@ -1675,8 +1804,9 @@ class KnownGapsTest(absltest.TestCase):
     program = _derivative_forms(net, state)["jvp"]
     with caches.disabled():
       budget = plan_where_run(program(1 << 40), params, x).least_budget
-      self.assertLessEqual(compiled_bytes(program(budget), params, x),
-                           budget * (1 + STEP_TOLERANCE), name)
+      self.assertLessEqual(
+        compiled_bytes(program(budget), params, x), budget * (1 + STEP_TOLERANCE), name
+      )
 
   @unittest.expectedFailure
   def test_a_jacobian_by_jacrev_keeps_its_budget(self):
@@ -1690,20 +1820,18 @@ class KnownGapsTest(absltest.TestCase):
     w, xs = _rnn_weight_and_xs()
 
     def losses(w, xs, **remat):
-      h, _ = hkb.scan(lambda h, x: (jnp.tanh(h @ w + x), None),
-                      jnp.zeros([8, 32]), xs, **remat)
-      return jnp.sum(h ** 2, axis=1)
+      h, _ = hkb.scan(lambda h, x: (jnp.tanh(h @ w + x), None), jnp.zeros([8, 32]), xs, **remat)
+      return jnp.sum(h**2, axis=1)
 
     def jacobian(**remat):
       return jax.jacrev(functools.partial(losses, **remat))
 
     with caches.disabled():
-      least = plan_where_run(jacobian(remat="auto", memory_budget=1 << 30),
-                             w, xs).least_budget
+      least = plan_where_run(jacobian(remat="auto", memory_budget=1 << 30), w, xs).least_budget
       self.assertLessEqual(
-          compiled_bytes(jacobian(remat="auto", memory_budget=least,
-                                  max_recompute=math.inf), w, xs),
-          least * (1 + STEP_TOLERANCE))
+        compiled_bytes(jacobian(remat="auto", memory_budget=least, max_recompute=math.inf), w, xs),
+        least * (1 + STEP_TOLERANCE),
+      )
 
   @unittest.expectedFailure
   def test_outputs_the_step_does_not_differentiate_are_not_counted(self):
@@ -1724,21 +1852,23 @@ class KnownGapsTest(absltest.TestCase):
       def f(c, x):
         c = jnp.tanh(jnp.concatenate([x, c], -1) @ w)
         return c, jnp.sin(c) * 2.0
+
       return f
 
     def loss(w, xs, budget):
-      last, _ = hkb.scan(step(w), jnp.zeros([b, h]), xs, remat="auto",
-                         memory_budget=budget, max_recompute=math.inf)
-      return jnp.sum(last ** 2)
+      last, _ = hkb.scan(
+        step(w), jnp.zeros([b, h]), xs, remat="auto", memory_budget=budget, max_recompute=math.inf
+      )
+      return jnp.sum(last**2)
 
     # The least where the loop runs (`w` closed over, compiled in as the
     # jitted step has it): the budget is taken, and the gap is in the
     # figures below, not a refusal before them.
-    least = plan_where_run(jax.value_and_grad(
-        lambda w, xs: loss(w, xs, 1 << 40)), w, xs).least_budget
+    least = plan_where_run(
+      jax.value_and_grad(lambda w, xs: loss(w, xs, 1 << 40)), w, xs
+    ).least_budget
     with remat_models.plans_made() as made:
-      compiled = jax.jit(jax.value_and_grad(loss), static_argnums=2).lower(
-          w, xs, least).compile()
+      compiled = jax.jit(jax.value_and_grad(loss), static_argnums=2).lower(w, xs, least).compile()
     choice = made[-1].choice
     kept = hlo_flops.held(compiled).temporaries
     self.assertLess(abs(kept / choice.temporaries - 1), 0.1)
@@ -1761,15 +1891,15 @@ class KnownGapsTest(absltest.TestCase):
       h, ys = hkb.scan(step, jnp.zeros([8, 32]), xs, **remat)
       return jnp.sum(ys) + jnp.sum(h)
 
-    step = lambda **remat: jax.value_and_grad(
-        functools.partial(loss, **remat))
+    step = lambda **remat: jax.value_and_grad(functools.partial(loss, **remat))
     with caches.disabled():
-      least = plan_where_run(step(remat="auto", memory_budget=1 << 40,
-                                  max_recompute=math.inf), w, xs).least_budget
+      least = plan_where_run(
+        step(remat="auto", memory_budget=1 << 40, max_recompute=math.inf), w, xs
+      ).least_budget
       self.assertLessEqual(
-          compiled_bytes(step(remat="auto", memory_budget=least,
-                              max_recompute=math.inf), w, xs),
-          least * (1 + STEP_TOLERANCE))
+        compiled_bytes(step(remat="auto", memory_budget=least, max_recompute=math.inf), w, xs),
+        least * (1 + STEP_TOLERANCE),
+      )
 
   @unittest.expectedFailure
   def test_a_data_parallel_step_over_auto_axes_is_planned_per_device(self):
@@ -1784,20 +1914,21 @@ class KnownGapsTest(absltest.TestCase):
     # and inside `jax.shard_map` the loop is planned per device.
     if jax.device_count() < 8:
       self.skipTest(f"needs 8 devices, jax has {jax.device_count()}.")
-    net = hk.transform(lambda x: hkb.repeat_layer(
-        lambda h: h + jnp.tanh(hk.Linear(WIDE)(h)), x, 16, remat="auto",
-        memory_budget=1 << 40))
+    net = hk.transform(
+      lambda x: hkb.repeat_layer(
+        lambda h: h + jnp.tanh(hk.Linear(WIDE)(h)), x, 16, remat="auto", memory_budget=1 << 40
+      )
+    )
     x = jax.random.normal(KEY, [64, WIDE])
     params = net.init(KEY, x)
-    mesh = jax.make_mesh((8,), ("data",),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     with jax.set_mesh(mesh):
-      step = jax.jit(jax.value_and_grad(
-          lambda p, x: jnp.sum(net.apply(p, None, x) ** 2)))
+      step = jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(net.apply(p, None, x) ** 2)))
       with remat_models.plans_made() as made:
         compiled = step.lower(
-            jax.device_put(params, NamedSharding(mesh, P())),
-            jax.device_put(x, NamedSharding(mesh, P("data")))).compile()
+          jax.device_put(params, NamedSharding(mesh, P())),
+          jax.device_put(x, NamedSharding(mesh, P("data"))),
+        ).compile()
     (plan,) = made
     self.assertIs(plan.choice.remat, False)
     per_device = hlo_flops.held(compiled).temporaries
@@ -1818,16 +1949,22 @@ class KnownGapsTest(absltest.TestCase):
 
     def loss(w, xs, budget):
       def outer(total, seq):
-        h, _ = hkb.scan(lambda h, x: (jnp.tanh(h @ w + x), None),
-                        jnp.zeros([8, 32]), seq, remat="auto",
-                        memory_budget=budget, max_recompute=math.inf)
-        return total + jnp.sum(h ** 2), None
+        h, _ = hkb.scan(
+          lambda h, x: (jnp.tanh(h @ w + x), None),
+          jnp.zeros([8, 32]),
+          seq,
+          remat="auto",
+          memory_budget=budget,
+          max_recompute=math.inf,
+        )
+        return total + jnp.sum(h**2), None
+
       return jax.lax.scan(outer, 0.0, xs)[0]
 
-    least = plan_where_run(jax.value_and_grad(
-        functools.partial(loss, budget=1 << 40)), w, xs).least_budget
-    compiled = jax.jit(jax.value_and_grad(loss), static_argnums=2).lower(
-        w, xs, least).compile()
+    least = plan_where_run(
+      jax.value_and_grad(functools.partial(loss, budget=1 << 40)), w, xs
+    ).least_budget
+    compiled = jax.jit(jax.value_and_grad(loss), static_argnums=2).lower(w, xs, least).compile()
     self.assertLessEqual(hlo_flops.held(compiled).bytes, least * 1.05)
 
 
@@ -1839,12 +1976,14 @@ class VisibleTest(parameterized.TestCase):
     # one fits the budget to the byte: neither is over it.
     c = hkb.RematCandidate
     per_step = c(True, None, None, 1 << 19, 8, 100)
-    plan = hkb.RematPlan(8, 3 << 20, (
-        c(False, None, None, 4 << 20, 0, 0), per_step,
-        c("binomial", 2, None, 3 << 20, 20, 900)), per_step)
+    plan = hkb.RematPlan(
+      8,
+      3 << 20,
+      (c(False, None, None, 4 << 20, 0, 0), per_step, c("binomial", 2, None, 3 << 20, 20, 900)),
+      per_step,
+    )
     self.assertEqual(plan.least_budget, 1 << 19)
-    marks = [row.rsplit("|", 2)[1].strip()
-             for row in plan.table().splitlines()[2:]]
+    marks = [row.rsplit("|", 2)[1].strip() for row in plan.table().splitlines()[2:]]
     self.assertEqual(marks, ["over the budget", "**chosen**", ""])
 
   @on_cpu_and_gpu(TOY_BYTES)
@@ -1858,8 +1997,9 @@ class VisibleTest(parameterized.TestCase):
 
         # Where the loop runs: under the gradient of the params, which tells
         # the plan what is data (`x`).
-        planned = lambda budget: plan_under_gradient(lambda p: net.apply(
-            p, state, None, x, budget, plan=True)[0], params)
+        planned = lambda budget: plan_under_gradient(
+          lambda p: net.apply(p, state, None, x, budget, plan=True)[0], params
+        )
         loose = planned(1 << 40)
         self.assertIs(loose.choice.remat, False)
         budget = loose.least_budget
@@ -1868,19 +2008,19 @@ class VisibleTest(parameterized.TestCase):
         # for dynamic_unroll), but for dynamic_unroll under jaxlib 0.11's
         # XLA remat=False or True, 100 bytes apart (0.2521 and 0.2522 MiB
         # with the loss's value measured; 197,776 for True under 0.10.2).
-        least = (False, True) if name == "dynamic_unroll" and (
-            versions.release(jaxlib.__version__) >= (0, 11)) else (
-                "binomial", "nested")
+        least = (
+          (False, True)
+          if name == "dynamic_unroll" and (versions.release(jaxlib.__version__) >= (0, 11))
+          else ("binomial", "nested")
+        )
         self.assertIn(tight.choice.remat, least)
         # Checked compiled: the choice holds the budget (the least
         # candidate's figure may move either way once compiled).
         self.assertLessEqual(tight.choice.temporaries, budget)
         with remat_models.plans_made() as made:
-          jax.eval_shape(jax.grad(lambda p: net.apply(
-              p, state, None, x, budget)[0]), params)
+          jax.eval_shape(jax.grad(lambda p: net.apply(p, state, None, x, budget)[0]), params)
         self.assertEqual(made, [tight])
-        with self.assertRaisesRegex(
-            ValueError, f"the least any needs is {budget} bytes"):
+        with self.assertRaisesRegex(ValueError, f"the least any needs is {budget} bytes"):
           planned(budget - 1)
 
   def test_remat_plans_collects_each_loops_plan_as_remat_plan_makes_it(self):
@@ -1892,10 +2032,12 @@ class VisibleTest(parameterized.TestCase):
       return h + jnp.tanh(hk.Linear(16)(h))
 
     def net(x, plan=None):
-      loops = (functools.partial(hkb.repeat_layer, block, x, 8),
-               lambda h: functools.partial(
-                   hkb.scan, lambda c, y: (jnp.tanh(c + y), jnp.sum(c)),
-                   jnp.zeros([16]), h))
+      loops = (
+        functools.partial(hkb.repeat_layer, block, x, 8),
+        lambda h: functools.partial(
+          hkb.scan, lambda c, y: (jnp.tanh(c + y), jnp.sum(c)), jnp.zeros([16]), h
+        ),
+      )
       if plan == 0:
         return hkb.remat_plan(loops[0], memory_budget=1 << 30)
       h = loops[0](remat="auto", memory_budget=1 << 30)
@@ -1906,9 +2048,9 @@ class VisibleTest(parameterized.TestCase):
     net = hk.transform(net)
     x = jax.random.normal(KEY, [32, 16])
     params = net.init(KEY, x)
-    expected = [plan_under_gradient(
-        lambda p, i=i: net.apply(p, None, x, plan=i), params)
-                for i in (0, 1)]
+    expected = [
+      plan_under_gradient(lambda p, i=i: net.apply(p, None, x, plan=i), params) for i in (0, 1)
+    ]
     with hkb.remat_plans() as outer:
       with hkb.remat_plans() as inner:
         jax.eval_shape(jax.grad(lambda p: net.apply(p, None, x)), params)
@@ -1918,20 +2060,20 @@ class VisibleTest(parameterized.TestCase):
     self.assertEqual(outer, expected * 2)
 
   def test_a_loop_logs_its_plan_at_info(self):
-    net = hk.transform(lambda x: hkb.repeat_layer(
-        lambda h: jnp.tanh(hk.Linear(8)(h)), x, 12, remat="auto",
-        memory_budget=1 << 40))
+    net = hk.transform(
+      lambda x: hkb.repeat_layer(
+        lambda h: jnp.tanh(hk.Linear(8)(h)), x, 12, remat="auto", memory_budget=1 << 40
+      )
+    )
     x = jnp.ones([2, 8])
     params = net.init(KEY, x)
     with self.assertLogs("haiku_bridge.remat", "INFO") as logs:
-      jax.eval_shape(jax.grad(lambda p: jnp.sum(net.apply(p, None, x))),
-                     params)
+      jax.eval_shape(jax.grad(lambda p: jnp.sum(net.apply(p, None, x))), params)
     (record,) = logs.records
     (plan,) = record.args
     self.assertIsInstance(plan, hkb.RematPlan)
     self.assertEqual((plan.length, plan.choice.remat), (12, False))
-    self.assertIn("remat=\"auto\" for 12 steps chose remat=False:",
-                  record.getMessage())
+    self.assertIn("remat=\"auto\" for 12 steps chose remat=False:", record.getMessage())
     self.assertIn(plan.table(), record.getMessage())
 
   @on_cpu_and_gpu(CPU_SIZED)
@@ -1942,12 +2084,13 @@ class VisibleTest(parameterized.TestCase):
     chosen = [row for row in rows if row[-1] == "**chosen** |"]
     self.assertLen(chosen, 1)
     (row,) = chosen
-    self.assertAlmostEqual(float(row[3]), plan.choice.temporaries / 2**20,
-                           delta=plan.choice.temporaries / 2**20 * 1e-3)
-    self.assertAlmostEqual(float(row[5]) * 1e9, plan.choice.recomputed_flops,
-                           delta=plan.choice.recomputed_flops * 1e-3)
-    self.assertEqual(plan.least_budget,
-                     min(c.temporaries for c in plan.candidates))
+    self.assertAlmostEqual(
+      float(row[3]), plan.choice.temporaries / 2**20, delta=plan.choice.temporaries / 2**20 * 1e-3
+    )
+    self.assertAlmostEqual(
+      float(row[5]) * 1e9, plan.choice.recomputed_flops, delta=plan.choice.recomputed_flops * 1e-3
+    )
+    self.assertEqual(plan.least_budget, min(c.temporaries for c in plan.candidates))
 
 
 if __name__ == "__main__":

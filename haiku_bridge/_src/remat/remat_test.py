@@ -11,8 +11,9 @@ from haiku_bridge._src import remat
 
 _LIBRARY = os.path.dirname(haiku_bridge.__file__)
 _PACKAGE = os.path.dirname(remat.__file__)
-_INSIDE = {f[:-len(".py")] for f in os.listdir(_PACKAGE)
-           if f.endswith(".py") and f != "__init__.py"}
+_INSIDE = {
+  f[: -len(".py")] for f in os.listdir(_PACKAGE) if f.endswith(".py") and f != "__init__.py"
+}
 
 
 def names_read(source: str) -> Iterator[str]:
@@ -23,8 +24,11 @@ def names_read(source: str) -> Iterator[str]:
     elif isinstance(node, ast.ImportFrom) and node.module:
       yield node.module
       yield from (f"{node.module}.{alias.name}" for alias in node.names)
-    elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-          and node.value.id == "jax"):
+    elif (
+      isinstance(node, ast.Attribute)
+      and isinstance(node.value, ast.Name)
+      and node.value.id == "jax"
+    ):
       yield f"jax.{node.attr}"
 
 
@@ -33,8 +37,7 @@ def modules_inside(source: str) -> set[str]:
   found = set()
   for name in names_read(source):
     parts = name.split(".")
-    if parts[:3] == ["haiku_bridge", "_src", "remat"] and len(parts) > 3 and (
-        parts[3] in _INSIDE):
+    if parts[:3] == ["haiku_bridge", "_src", "remat"] and len(parts) > 3 and (parts[3] in _INSIDE):
       found.add(parts[3])
   return found
 
@@ -45,12 +48,15 @@ _JAX_INTERNALS = ("jax._src", "jax.core", "jax.extend", "jax.interpreters")
 
 def jax_internals(source: str) -> set[str]:
   """The modules of JAX's internals `source` imports or reads (`from jax._src import config`, `jax.core.Tracer`)."""
-  return {internal for name in names_read(source) for internal in _JAX_INTERNALS
-          if name == internal or name.startswith(internal + ".")}
+  return {
+    internal
+    for name in names_read(source)
+    for internal in _JAX_INTERNALS
+    if name == internal or name.startswith(internal + ".")
+  }
 
 
 class EntryPointTest(absltest.TestCase):
-
   def test_the_library_imports_only_the_entry_point(self):
     importers, read = {}, set()
     for directory, _, files in os.walk(_LIBRARY):
@@ -66,22 +72,28 @@ class EntryPointTest(absltest.TestCase):
             importers[os.path.relpath(path, _LIBRARY)] = inside
     self.assertEqual(importers, {})
     # Guards the walk: the modules that use the machinery were read.
-    for module in ("__init__.py", "_src/layer_scan.py", "_src/time_scan.py",
-                   "_src/pipeline/stages.py"):
+    for module in (
+      "__init__.py",
+      "_src/layer_scan.py",
+      "_src/time_scan.py",
+      "_src/pipeline/stages.py",
+    ):
       self.assertIn(module.replace("/", os.sep), read)
 
   def test_the_check_sees_a_module_inside(self):
     self.assertEqual(
-        modules_inside("from haiku_bridge._src.remat import plan as p\n"
-                       "import haiku_bridge._src.remat.loop\n"
-                       "from haiku_bridge._src.remat.schedule import nested\n"
-                       "from haiku_bridge._src import remat\n"
-                       "from haiku_bridge._src.remat import Loop\n"),
-        {"plan", "loop", "schedule"})
+      modules_inside(
+        "from haiku_bridge._src.remat import plan as p\n"
+        "import haiku_bridge._src.remat.loop\n"
+        "from haiku_bridge._src.remat.schedule import nested\n"
+        "from haiku_bridge._src import remat\n"
+        "from haiku_bridge._src.remat import Loop\n"
+      ),
+      {"plan", "loop", "schedule"},
+    )
 
 
 class JaxInternalsTest(absltest.TestCase):
-
   def test_only_tracing_reads_jax_internals(self):
     readers = {}
     for module in sorted(_INSIDE):
@@ -96,14 +108,17 @@ class JaxInternalsTest(absltest.TestCase):
 
   def test_the_check_sees_each_kind_of_read(self):
     self.assertEqual(
-        jax_internals("from jax._src import config\n"
-                      "import jax.extend.core\n"
-                      "from jax.interpreters import ad\n"
-                      "t = jax.core.Tracer\n"
-                      "import jax.numpy as jnp\n"
-                      "from jax import lax\n"
-                      "jax.tree.map(f, x)\n"),
-        {"jax._src", "jax.extend", "jax.interpreters", "jax.core"})
+      jax_internals(
+        "from jax._src import config\n"
+        "import jax.extend.core\n"
+        "from jax.interpreters import ad\n"
+        "t = jax.core.Tracer\n"
+        "import jax.numpy as jnp\n"
+        "from jax import lax\n"
+        "jax.tree.map(f, x)\n"
+      ),
+      {"jax._src", "jax.extend", "jax.interpreters", "jax.core"},
+    )
     self.assertEqual(jax_internals("from jax import core\n"), {"jax.core"})
 
 

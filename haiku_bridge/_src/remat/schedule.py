@@ -49,6 +49,7 @@ class Action(NamedTuple):
   register); `store` keeps the last one's result too. A BACKPROP
   backpropagates through `step` (its `length` is 1).
   """
+
   kind: int  # ADVANCE or BACKPROP.
   step: int  # Which step, 0 being the first the forward sweep runs.
   load: int  # The slot holding the carry entering `step`, or REGISTER.
@@ -66,6 +67,7 @@ class Schedule:
   fewer than 2·`num_steps` of them (each cut of the steps is one ADVANCE,
   each step one BACKPROP), however many steps they recompute.
   """
+
   num_steps: int
   num_slots: int
   forward_stores: tuple[int, ...]
@@ -98,8 +100,9 @@ class Schedule:
         out.append(a)
         continue
       out.append(Action(ADVANCE, a.step, a.load, NOWHERE))
-      out.extend(Action(ADVANCE, t, REGISTER, NOWHERE)
-                 for t in range(a.step + 1, a.step + a.length - 1))
+      out.extend(
+        Action(ADVANCE, t, REGISTER, NOWHERE) for t in range(a.step + 1, a.step + a.length - 1)
+      )
       out.append(Action(ADVANCE, a.step + a.length - 1, REGISTER, a.store))
     return tuple(out)
 
@@ -269,13 +272,13 @@ def _best_cut(size: int, free: int) -> int:
     return size - _reach(after, k + 1) <= _reach(before, k) - 1
 
   k = _fewest(reaches)
-  return min(max(_reach(before, k - 1), size - _reach(after, k + 1)),
-             size - 1)
+  return min(max(_reach(before, k - 1), size - _reach(after, k + 1)), size - 1)
 
 
 @dataclasses.dataclass
 class _Span:
   """Steps [first, end) still to reverse, from the carry in `slot`."""
+
   first: int
   end: int
   slot: int
@@ -300,8 +303,7 @@ def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
       cut = split(span.first, span.end, span.free)
       assert span.first < cut < span.end, (span, cut)
       keep = len(spans) if span.end - cut > 1 else NOWHERE
-      actions.append(Action(ADVANCE, span.first, span.slot, keep,
-                            cut - span.first))
+      actions.append(Action(ADVANCE, span.first, span.slot, keep, cut - span.first))
       if keep == NOWHERE:
         actions.append(Action(BACKPROP, cut, REGISTER, NOWHERE))
       else:  # The steps after the cut first, then (below) those before it.
@@ -316,15 +318,14 @@ def _schedule(num_steps: int, split: SplitRule, free: float) -> Schedule:
   # forward sweep runs them anyway, so it keeps what they would keep.
   lead = next(i for i, a in enumerate(actions) if a.kind == BACKPROP)
   assert sum(a.length for a in actions[:lead]) == num_steps - 1 and all(
-      a.step == b.step + b.length
-      for a, b in zip(actions[1:lead], actions[:lead])), actions[:lead + 1]
+    a.step == b.step + b.length for a, b in zip(actions[1:lead], actions[:lead])
+  ), actions[: lead + 1]
   forward_stores = [NOWHERE] * num_steps
   forward_stores[0] = 0
   for a in actions[:lead]:
     if a.store != NOWHERE:
       forward_stores[a.step + a.length] = a.store
-  return Schedule(num_steps, num_slots, tuple(forward_stores),
-                  tuple(actions[lead:]))
+  return Schedule(num_steps, num_slots, tuple(forward_stores), tuple(actions[lead:]))
 
 
 def simulate(schedule: Schedule) -> None:
@@ -345,22 +346,20 @@ def simulate(schedule: Schedule) -> None:
   for i, a in enumerate(schedule.actions):
     carry = register if a.load == REGISTER else slots.get(a.load)
     if carry != a.step:
-      raise ValueError(f"action {i} {a}: step {a.step} would get the carry "
-                       f"entering step {carry}.")
+      raise ValueError(f"action {i} {a}: step {a.step} would get the carry entering step {carry}.")
     if a.kind == ADVANCE:
       if not 1 <= a.length <= schedule.num_steps - a.step:
-        raise ValueError(f"action {i} {a}: advances {a.length} steps from "
-                         f"step {a.step} of {schedule.num_steps}.")
+        raise ValueError(
+          f"action {i} {a}: advances {a.length} steps from step {a.step} of {schedule.num_steps}."
+        )
       register = a.step + a.length
       if a.store != NOWHERE:
         _check_slot(schedule, a.store)
         slots[a.store] = register
     elif a.kind != BACKPROP or a.length != 1:
-      raise ValueError(f"action {i} {a}: neither an ADVANCE nor a BACKPROP "
-                       "of one step.")
+      raise ValueError(f"action {i} {a}: neither an ADVANCE nor a BACKPROP of one step.")
     elif a.step != due:
-      raise ValueError(f"action {i} {a}: step {a.step} backpropagated where "
-                       f"step {due} is due.")
+      raise ValueError(f"action {i} {a}: step {a.step} backpropagated where step {due} is due.")
     else:
       due -= 1
   if due != -1:
@@ -373,7 +372,6 @@ def _check_slot(schedule: Schedule, slot: int) -> None:
 
 
 def _positive(name: str, value: int) -> int:
-  if (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or
-      value <= 0):
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
     raise ValueError(f"{name} must be a positive int; got {value!r}.")
   return int(value)

@@ -41,8 +41,10 @@ def brute_force_cost(steps, free):
     return 0
   if free == 0:
     return steps * (steps - 1) // 2
-  return min(cut + brute_force_cost(steps - cut, free - 1) +
-             brute_force_cost(cut, free) for cut in range(1, steps))
+  return min(
+    cut + brute_force_cost(steps - cut, free - 1) + brute_force_cost(cut, free)
+    for cut in range(1, steps)
+  )
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,8 +57,10 @@ def cheapest_cut(steps, free):
   """
   if free == 0:
     return steps - 1
-  costs = [cut + brute_force_cost(steps - cut, free - 1) +
-           brute_force_cost(cut, free) for cut in range(1, steps)]
+  costs = [
+    cut + brute_force_cost(steps - cut, free - 1) + brute_force_cost(cut, free)
+    for cut in range(1, steps)
+  ]
   return 1 + costs.index(min(costs))
 
 
@@ -100,34 +104,35 @@ def reference_schedule(steps, cut_rule, free):
     assert a.kind == ADVANCE, a
     if a.store != NOWHERE:
       forward_stores[a.step + 1] = a.store
-  return remat_schedule.Schedule(steps, slots_used, tuple(forward_stores),
-                                 tuple(actions[lead:]))
+  return remat_schedule.Schedule(steps, slots_used, tuple(forward_stores), tuple(actions[lead:]))
 
 
 def assert_same_schedule(test, schedule, expected):
   test.assertEqual(
-      (schedule.num_steps, schedule.num_slots, schedule.forward_stores,
-       schedule.one_step_actions()),
-      (expected.num_steps, expected.num_slots, expected.forward_stores,
-       expected.actions))
+    (schedule.num_steps, schedule.num_slots, schedule.forward_stores, schedule.one_step_actions()),
+    (expected.num_steps, expected.num_slots, expected.forward_stores, expected.actions),
+  )
 
 
 class NestedTest(parameterized.TestCase):
-
   def test_five_steps_in_two_groups(self):
     # Written by hand: groups [0, 1, 2] and [3, 4]. The forward sweep keeps
     # the carries entering steps 0 and 3; the register holds the one entering
     # step 4.
     schedule = remat_schedule.nested(5, groups=2)
     self.assertEqual(schedule.forward_stores, (0, NOWHERE, NOWHERE, 1, NOWHERE))
-    self.assertEqual(schedule.actions, (
+    self.assertEqual(
+      schedule.actions,
+      (
         Action(BACKPROP, 4, REGISTER, NOWHERE),
         Action(BACKPROP, 3, 1, NOWHERE),
         Action(ADVANCE, 0, 0, 1),  # Slot 1 is free again.
         Action(ADVANCE, 1, 1, NOWHERE),
         Action(BACKPROP, 2, REGISTER, NOWHERE),
         Action(BACKPROP, 1, 1, NOWHERE),
-        Action(BACKPROP, 0, 0, NOWHERE)))
+        Action(BACKPROP, 0, 0, NOWHERE),
+      ),
+    )
     self.assertEqual(schedule.num_slots, 2)
     self.assertEqual(schedule.recomputed_steps, 2)
 
@@ -153,12 +158,10 @@ class NestedTest(parameterized.TestCase):
         size = -(-steps // groups)
         # A span longer than a group is cut after its first group; a group
         # is cut after its first step.
-        rule = lambda first, end, free, size=size: first + (
-            size if end - first > size else 1)
+        rule = lambda first, end, free, size=size: first + (size if end - first > size else 1)
         schedule = remat_schedule.nested(steps, groups)
         remat_schedule.simulate(schedule)
-        assert_same_schedule(self, schedule,
-                             reference_schedule(steps, rule, math.inf))
+        assert_same_schedule(self, schedule, reference_schedule(steps, rule, math.inf))
 
   def test_one_group_per_step_is_not_limited_by_recursion(self):
     # Every slot in use at once: 5000 levels of nesting. Builds in about
@@ -184,15 +187,13 @@ class NestedTest(parameterized.TestCase):
 
 
 class BinomialTest(parameterized.TestCase):
-
   @parameterized.parameters(DEPTHS)
   def test_replays(self, steps):
     for slots in (1, 2, 3, 5, 9):
       schedule = remat_schedule.binomial(steps, slots)
       remat_schedule.simulate(schedule)
       self.assertLessEqual(schedule.num_slots, slots)
-      self.assertEqual(schedule.recomputed_steps,
-                       remat_schedule.binomial_cost(steps, slots))
+      self.assertEqual(schedule.recomputed_steps, remat_schedule.binomial_cost(steps, slots))
 
   def test_matches_a_recursive_reference(self):
     # Every slot count, each cut the cheapest by exhaustive search.
@@ -201,8 +202,7 @@ class BinomialTest(parameterized.TestCase):
       for slots in range(1, steps + 1):
         schedule = remat_schedule.binomial(steps, slots)
         remat_schedule.simulate(schedule)
-        assert_same_schedule(self, schedule,
-                             reference_schedule(steps, rule, slots - 1))
+        assert_same_schedule(self, schedule, reference_schedule(steps, rule, slots - 1))
 
   def test_a_slot_per_step_is_not_limited_by_recursion(self):
     # As many slots as steps: cuts nest as deep as slots are used. Builds
@@ -214,20 +214,21 @@ class BinomialTest(parameterized.TestCase):
 
   def test_fewest_recomputations(self):
     for steps, slots in itertools.product(range(1, 13), range(1, 5)):
-      self.assertEqual(remat_schedule.binomial_cost(steps, slots),
-                       brute_force_cost(steps, slots - 1) - (steps - 1),
-                       (steps, slots))
+      self.assertEqual(
+        remat_schedule.binomial_cost(steps, slots),
+        brute_force_cost(steps, slots - 1) - (steps - 1),
+        (steps, slots),
+      )
 
   def test_griewank_closed_form(self):
     # Ground truth: the binomial bound (Griewank 1992), griewank_advances.
-    for steps, slots in itertools.product((2, 5, 30, 99, 300, 1000),
-                                          (1, 2, 3, 7, 20)):
+    for steps, slots in itertools.product((2, 5, 30, 99, 300, 1000), (1, 2, 3, 7, 20)):
       schedule = remat_schedule.binomial(steps, slots)
       remat_schedule.simulate(schedule)
       self.assertLessEqual(schedule.num_slots, slots)
-      self.assertEqual(schedule.recomputed_steps,
-                       griewank_advances(steps, slots) - (steps - 1),
-                       (steps, slots))
+      self.assertEqual(
+        schedule.recomputed_steps, griewank_advances(steps, slots) - (steps - 1), (steps, slots)
+      )
 
   def test_fewest_slots_for_one_more_forward_pass(self):
     # What remat="binomial" keeps (loop.schedule with no remat_groups).
@@ -237,15 +238,15 @@ class BinomialTest(parameterized.TestCase):
     for steps in (1, 2, 3, 7, 100, 256, 1024, 4096, 16384):
       with self.subTest(steps=steps):
         schedule = remat_schedule.binomial(
-            steps, remat_schedule.fewest_binomial_slots(steps, steps - 1))
+          steps, remat_schedule.fewest_binomial_slots(steps, steps - 1)
+        )
         remat_schedule.simulate(schedule)
         slots = schedule.num_slots
         recomputed = griewank_advances(steps, slots) - (steps - 1)
         self.assertEqual(schedule.recomputed_steps, recomputed)
         self.assertLessEqual(recomputed, steps - 1)
         if slots > 1:  # One slot fewer would recompute more.
-          self.assertGreater(griewank_advances(steps, slots - 1) - (steps - 1),
-                             steps - 1)
+          self.assertGreater(griewank_advances(steps, slots - 1) - (steps - 1), steps - 1)
         equinox = math.floor(-1.5 + math.sqrt(2 * steps + 0.25)) + 1
         self.assertLessEqual(slots, equinox)
         if steps >= 256:
@@ -264,14 +265,11 @@ class BinomialTest(parameterized.TestCase):
     self.assertEqual(schedule.forward_stores, (0, NOWHERE, NOWHERE, NOWHERE))
 
   @parameterized.parameters(16, 64, 128, 200)
-  def test_never_more_slots_than_nested_for_as_many_recomputations(self,
-                                                                    steps):
+  def test_never_more_slots_than_nested_for_as_many_recomputations(self, steps):
     nested = remat_schedule.nested(steps)
-    slots = remat_schedule.fewest_binomial_slots(steps,
-                                                 nested.recomputed_steps)
+    slots = remat_schedule.fewest_binomial_slots(steps, nested.recomputed_steps)
     self.assertLessEqual(slots, nested.num_slots)
-    self.assertLessEqual(remat_schedule.binomial_cost(steps, slots),
-                         nested.recomputed_steps)
+    self.assertLessEqual(remat_schedule.binomial_cost(steps, slots), nested.recomputed_steps)
     if steps >= 128:
       self.assertLess(slots, nested.num_slots)
 
@@ -283,16 +281,15 @@ class SizeTest(parameterized.TestCase):
     # One BACKPROP per step and one ADVANCE per cut: each run of advances
     # is one action, not one per step it runs (with one slot, 130816
     # advances for 512 steps).
-    for steps, slots in itertools.product((1, 2, 7, 100, 512),
-                                          (1, 2, 3, 40, 512)):
+    for steps, slots in itertools.product((1, 2, 7, 100, 512), (1, 2, 3, 40, 512)):
       schedule = remat_schedule.binomial(steps, slots)
       self.assertLess(len(schedule.actions), 2 * steps, (steps, slots))
-      self.assertEqual(schedule.table_bytes,
-                       4 * steps + 20 * len(schedule.actions))
+      self.assertEqual(schedule.table_bytes, 4 * steps + 20 * len(schedule.actions))
       self.assertLess(schedule.table_bytes, 44 * steps)
       # The same steps, one by one: as many as recomputed and backpropagated.
-      self.assertLen(schedule.one_step_actions(),
-                     steps + griewank_advances(steps, slots) - (steps - 1))
+      self.assertLen(
+        schedule.one_step_actions(), steps + griewank_advances(steps, slots) - (steps - 1)
+      )
     for groups in (1, 3, 22, 512):
       self.assertLess(len(remat_schedule.nested(512, groups).actions), 1024)
 
@@ -308,8 +305,7 @@ class SizeTest(parameterized.TestCase):
     finally:
       tracemalloc.stop()
     self.assertLess(peak, 1000 * steps)
-    self.assertEqual(schedule.recomputed_steps,
-                     griewank_advances(steps, slots) - (steps - 1))
+    self.assertEqual(schedule.recomputed_steps, griewank_advances(steps, slots) - (steps - 1))
 
   def test_cuts_where_the_bound_is_least(self):
     # Past the exhaustive search's reach: the first cut (where the forward
@@ -317,29 +313,33 @@ class SizeTest(parameterized.TestCase):
     # cost, computed here from griewank_advances.
     for steps, slots in itertools.product((300, 1000), (2, 3, 6)):
       free = slots - 1
-      costs = [cut + griewank_advances(steps - cut, free) +
-               griewank_advances(cut, free + 1) for cut in range(1, steps)]
+      costs = [
+        cut + griewank_advances(steps - cut, free) + griewank_advances(cut, free + 1)
+        for cut in range(1, steps)
+      ]
       schedule = remat_schedule.binomial(steps, slots)
-      self.assertEqual(schedule.forward_stores.index(1),
-                       1 + costs.index(min(costs)), (steps, slots))
+      self.assertEqual(
+        schedule.forward_stores.index(1), 1 + costs.index(min(costs)), (steps, slots)
+      )
 
 
 class SimulateTest(absltest.TestCase):
-
   def test_rejects_a_wrong_carry(self):
     schedule = remat_schedule.nested(3)
     broken = remat_schedule.Schedule(
-        3, schedule.num_slots, schedule.forward_stores,
-        (Action(BACKPROP, 2, 0, NOWHERE),) + schedule.actions[1:])
-    with self.assertRaisesRegex(ValueError, "step 2 would get the carry "
-                                "entering step 0"):
+      3,
+      schedule.num_slots,
+      schedule.forward_stores,
+      (Action(BACKPROP, 2, 0, NOWHERE),) + schedule.actions[1:],
+    )
+    with self.assertRaisesRegex(ValueError, "step 2 would get the carry entering step 0"):
       remat_schedule.simulate(broken)
 
   def test_rejects_a_missing_step(self):
     schedule = remat_schedule.nested(3)
-    broken = remat_schedule.Schedule(3, schedule.num_slots,
-                                     schedule.forward_stores,
-                                     schedule.actions[:-1])
+    broken = remat_schedule.Schedule(
+      3, schedule.num_slots, schedule.forward_stores, schedule.actions[:-1]
+    )
     with self.assertRaisesRegex(ValueError, "never backpropagated"):
       remat_schedule.simulate(broken)
 
@@ -349,9 +349,11 @@ class SimulateTest(absltest.TestCase):
     self.assertEqual(first, Action(ADVANCE, 0, 0, NOWHERE, 4))
     for length in (0, 7):
       broken = remat_schedule.Schedule(
-          6, 1, schedule.forward_stores,
-          schedule.actions[:1] + (first._replace(length=length),) +
-          schedule.actions[2:])
+        6,
+        1,
+        schedule.forward_stores,
+        schedule.actions[:1] + (first._replace(length=length),) + schedule.actions[2:],
+      )
       with self.assertRaisesRegex(ValueError, f"advances {length} steps"):
         remat_schedule.simulate(broken)
 

@@ -53,11 +53,17 @@ from haiku_bridge._src.remat import tracing
 from haiku_bridge._src.pytree import PyTree
 
 
-def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
-         xs: PyTree, *, length: int, schedule: remat_schedule.Schedule,
-         reverse: bool = False, unroll: int | bool = 1,
-         forward_mode_error: Optional[str] = None
-         ) -> tuple[PyTree, PyTree]:
+def scan(
+  f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+  init: PyTree,
+  xs: PyTree,
+  *,
+  length: int,
+  schedule: remat_schedule.Schedule,
+  reverse: bool = False,
+  unroll: int | bool = 1,
+  forward_mode_error: Optional[str] = None,
+) -> tuple[PyTree, PyTree]:
   """`jax.lax.scan(f, init, xs, length, reverse, unroll)`, reversed by `schedule`.
 
   >>> from haiku_bridge._src.remat import schedule as remat_schedule
@@ -91,16 +97,13 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
     `(carry, ys)`, as `jax.lax.scan` returns them.
   """
   if schedule.num_steps != length:
-    raise ValueError(f"the schedule is for {schedule.num_steps} steps, the "
-                     f"scan has {length}.")
+    raise ValueError(f"the schedule is for {schedule.num_steps} steps, the scan has {length}.")
   if _in_forward_mode():
-    return lax.scan(jax.checkpoint(f), init, xs, length=length,
-                    reverse=reverse, unroll=unroll)
+    return lax.scan(jax.checkpoint(f), init, xs, length=length, reverse=reverse, unroll=unroll)
   carry, carry_tree = jax.tree.flatten(init)
   # A weakly typed carry (a Python number) takes a type of its own, as the
   # carries the step returns have one.
-  carry = [jnp.asarray(c, jnp.result_type(c)) if jax.typeof(c).weak_type
-           else c for c in carry]
+  carry = [jnp.asarray(c, jnp.result_type(c)) if jax.typeof(c).weak_type else c for c in carry]
   x_leaves, x_tree = jax.tree.flatten(xs)
   y_trees = []
 
@@ -108,26 +111,24 @@ def scan(f: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], init: PyTree,
     new_carry, y = f(carry_tree.unflatten(carry_leaves), x_tree.unflatten(x))
     new_leaves, new_tree = jax.tree.flatten(new_carry)
     if new_tree != carry_tree:
-      raise TypeError(f"the step returned a carry of structure {new_tree}; "
-                      f"it got {carry_tree}.")
+      raise TypeError(f"the step returned a carry of structure {new_tree}; it got {carry_tree}.")
     y_leaves, y_tree = jax.tree.flatten(y)
     y_trees.append(y_tree)
     return new_leaves, y_leaves
 
   closed = jax.make_jaxpr(flat_step)(
-      [jax.typeof(c) for c in carry],
-      [tracing.mapped_aval(length, 0, jax.typeof(x)) for x in x_leaves])
+    [jax.typeof(c) for c in carry],
+    [tracing.mapped_aval(length, 0, jax.typeof(x)) for x in x_leaves],
+  )
   step = _Step(closed.jaxpr, len(carry))
-  run = _checkpointed_scan(step, schedule, reverse, unroll,
-                           forward_mode_error)
+  run = _checkpointed_scan(step, schedule, reverse, unroll, forward_mode_error)
   new_carry, ys = run(list(closed.consts), carry, x_leaves)
   return carry_tree.unflatten(new_carry), y_trees[0].unflatten(ys)
 
 
 # Whether `jax.linearize` is seen as forward mode: jax 0.9 and newer (measured:
 # 0.6.0, 0.7.2 and 0.8.1 raise, 0.9.2 and 0.10.2 run it).
-LINEARIZE_IS_FORWARD_MODE = tuple(
-    int(part) for part in jax.__version__.split(".")[:2]) >= (0, 9)
+LINEARIZE_IS_FORWARD_MODE = tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 9)
 
 
 def _in_forward_mode() -> bool:
@@ -153,10 +154,8 @@ class _Step:
   def __init__(self, jaxpr: tracing.Jaxpr, num_carry: int):
     self.jaxpr = jaxpr
     self.num_carry = num_carry
-    self.carry_is_float = [tracing.is_float(v.aval)
-                           for v in jaxpr.outvars[:num_carry]]
-    self.y_is_float = [tracing.is_float(v.aval)
-                       for v in jaxpr.outvars[num_carry:]]
+    self.carry_is_float = [tracing.is_float(v.aval) for v in jaxpr.outvars[:num_carry]]
+    self.y_is_float = [tracing.is_float(v.aval) for v in jaxpr.outvars[num_carry:]]
 
     # One `jax.jit` of the jaxpr (its consts as its first inputs): each of
     # the step's places in the program (the primal scan, the forward sweep,
@@ -166,13 +165,14 @@ class _Step:
 
   def __call__(self, consts, carry, x):
     out = self._call(*consts, *carry, *x)
-    return out[:self.num_carry], out[self.num_carry:]
+    return out[: self.num_carry], out[self.num_carry :]
 
 
 @jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class _Perturbed:
   """Which consts and xs the forward rule saw perturbed: static, in residuals."""
+
   consts: tuple[bool, ...]
   xs: tuple[bool, ...]
 
@@ -189,6 +189,7 @@ class _SlotLayout(NamedTuple):
   `read`, runs its later steps on the register's slot, and writes its last
   result to `written`.
   """
+
   num_slots: int
   # [steps]: the slot the forward sweep writes the carry entering t to:
   # the schedule's, else the register's (scratch).
@@ -208,8 +209,7 @@ def _slot_layout(schedule: remat_schedule.Schedule) -> _SlotLayout:
   # step unless a slot keeps it; where one does, the backward sweep writes
   # the register's slot before it reads it. So the kept slots hold what the
   # schedule keeps there, and no buffer grows.
-  stores = [register if s == remat_schedule.NOWHERE else s
-            for s in schedule.forward_stores]
+  stores = [register if s == remat_schedule.NOWHERE else s for s in schedule.forward_stores]
   holder = stores[schedule.num_steps - 1]
   actions = []
   for a in schedule.actions:
@@ -220,22 +220,25 @@ def _slot_layout(schedule: remat_schedule.Schedule) -> _SlotLayout:
       holder = target
     actions.append((a.kind, a.step, a.length, load, target))
   table = np.asarray(actions, np.int32).reshape(-1, 5)
-  return _SlotLayout(register + 1, np.asarray(stores, np.int32), table,
-                     int(table[:, 2].sum()))
+  return _SlotLayout(register + 1, np.asarray(stores, np.int32), table, int(table[:, 2].sum()))
 
 
-def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
-                       reverse: bool, unroll: int | bool,
-                       forward_mode_error: Optional[str] = None
-                       ) -> Callable[..., Any]:
+def _checkpointed_scan(
+  step: _Step,
+  schedule: remat_schedule.Schedule,
+  reverse: bool,
+  unroll: int | bool,
+  forward_mode_error: Optional[str] = None,
+) -> Callable[..., Any]:
   """`run(consts, carry, xs) -> (carry, ys)`, a `jax.custom_vjp` over flat lists."""
   length = schedule.num_steps
   layout = _slot_layout(schedule)
 
   @jax.custom_vjp
   def run(consts, carry, xs):
-    return lax.scan(lambda c, x: step(consts, c, x), carry, xs, length=length,
-                    reverse=reverse, unroll=unroll)
+    return lax.scan(
+      lambda c, x: step(consts, c, x), carry, xs, length=length, reverse=reverse, unroll=unroll
+    )
 
   def forward(consts, carry, xs):
     if forward_mode_error is not None and tracing.traced_for_forward_mode():
@@ -255,17 +258,22 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
 
     stores = layout.forward_writes
     (carry, slots), ys = lax.scan(
-        body, (carry, slots), (xs, stores[::-1] if reverse else stores),
-        length=length, reverse=reverse, unroll=unroll)
-    residuals = (consts, xs, slots,
-                 _Perturbed(tuple(perturbed_consts), tuple(perturbed_xs)))
+      body,
+      (carry, slots),
+      (xs, stores[::-1] if reverse else stores),
+      length=length,
+      reverse=reverse,
+      unroll=unroll,
+    )
+    residuals = (consts, xs, slots, _Perturbed(tuple(perturbed_consts), tuple(perturbed_xs)))
     return (carry, ys), residuals
 
   def backward(residuals, cotangents):
     consts, xs, slots, perturbed = residuals
     ct_carry, ct_ys = cotangents
-    ct_carry = [jnp.zeros_like(s[0]) if isinstance(ct, SymbolicZero) else ct
-                for ct, s in zip(ct_carry, slots)]
+    ct_carry = [
+      jnp.zeros_like(s[0]) if isinstance(ct, SymbolicZero) else ct for ct, s in zip(ct_carry, slots)
+    ]
     ct_ys = [None if isinstance(ct, SymbolicZero) else ct for ct in ct_ys]
     diff_consts = [i for i, p in enumerate(perturbed.consts) if p]
     diff_xs = [i for i, p in enumerate(perturbed.xs) if p]
@@ -274,25 +282,28 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
 
     def backprop(c, x, ct_c, ct_y):
       """Cotangents of the differentiated consts, carry and x of one step."""
+
       def f(d_consts, d_carry, d_x):
-        new_c, y = step(_with(consts, diff_consts, d_consts),
-                        _with(c, diff_carry, d_carry),
-                        _with(x, diff_xs, d_x))
+        new_c, y = step(
+          _with(consts, diff_consts, d_consts),
+          _with(c, diff_carry, d_carry),
+          _with(x, diff_xs, d_x),
+        )
         return [new_c[i] for i in diff_carry], [y[i] for i in diff_ys]
 
-      (_, y), vjp = jax.vjp(f, [consts[i] for i in diff_consts],
-                            [c[i] for i in diff_carry],
-                            [x[i] for i in diff_xs])
-      ct_y = [jnp.zeros_like(v) if ct is None else ct
-              for v, ct in zip(y, [ct_y[i] for i in diff_ys])]
+      (_, y), vjp = jax.vjp(
+        f, [consts[i] for i in diff_consts], [c[i] for i in diff_carry], [x[i] for i in diff_xs]
+      )
+      ct_y = [
+        jnp.zeros_like(v) if ct is None else ct for v, ct in zip(y, [ct_y[i] for i in diff_ys])
+      ]
       return vjp((ct_c, ct_y))
 
     def body(state, _):
       slots, ct_c, ct_xs, ct_consts, row, done = state
       # The action's `done`-th step: the table holds one row per action,
       # not one per step, and is read here, as the loop runs.
-      kind, first, steps, load, target = [
-          _get(column, row) for column in table]
+      kind, first, steps, load, target = [_get(column, row) for column in table]
       # The int32 bookkeeping in lax: jnp's operators promote types and
       # dispatch through a jit per call: a fifth of the Python calls that
       # tracing this body outside the cond made.
@@ -300,8 +311,7 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
       next_done = lax.add(done, np.int32(1))
       last = lax.eq(next_done, steps)
       register = np.int32(layout.num_slots - 1)
-      c = [_get(s, lax.select(lax.eq(done, np.int32(0)), load, register))
-           for s in slots]
+      c = [_get(s, lax.select(lax.eq(done, np.int32(0)), load, register)) for s in slots]
       # Steps are numbered in the order the forward sweep runs them; the
       # layer (index into xs and ys) of step t.
       i = lax.sub(np.int32(length - 1), t) if reverse else t
@@ -320,25 +330,36 @@ def _checkpointed_scan(step: _Step, schedule: remat_schedule.Schedule,
         return c, d_carry, ct_xs, ct_consts
 
       new_c, ct_c, ct_xs, ct_consts = lax.cond(
-          lax.eq(kind, np.int32(remat_schedule.BACKPROP)), back, advance,
-          ct_c, ct_xs, ct_consts)
+        lax.eq(kind, np.int32(remat_schedule.BACKPROP)), back, advance, ct_c, ct_xs, ct_consts
+      )
       # A BACKPROP writes the carry it read back where it read it.
-      slots = [_put(s, v, lax.select(last, target, register))
-               for s, v in zip(slots, new_c)]
-      return (slots, ct_c, ct_xs, ct_consts,
-              lax.add(row, lax.convert_element_type(last, np.int32)),
-              lax.select(last, np.int32(0), next_done)), None
+      slots = [_put(s, v, lax.select(last, target, register)) for s, v in zip(slots, new_c)]
+      return (
+        slots,
+        ct_c,
+        ct_xs,
+        ct_consts,
+        lax.add(row, lax.convert_element_type(last, np.int32)),
+        lax.select(last, np.int32(0), next_done),
+      ), None
 
     table = [jnp.asarray(column) for column in layout.actions.T]
-    state = (slots, [ct_carry[i] for i in diff_carry],
-             [jnp.zeros_like(xs[i]) for i in diff_xs],
-             [jnp.zeros_like(consts[i]) for i in diff_consts],
-             jnp.int32(0), jnp.int32(0))
+    state = (
+      slots,
+      [ct_carry[i] for i in diff_carry],
+      [jnp.zeros_like(xs[i]) for i in diff_xs],
+      [jnp.zeros_like(consts[i]) for i in diff_consts],
+      jnp.int32(0),
+      jnp.int32(0),
+    )
     (_, ct_c, ct_xs, ct_consts, _, _), _ = lax.scan(
-        body, state, None, length=layout.num_steps_run, unroll=unroll)
-    return (_scatter(len(consts), diff_consts, ct_consts),
-            _scatter(len(step.carry_is_float), diff_carry, ct_c),
-            _scatter(len(xs), diff_xs, ct_xs))
+      body, state, None, length=layout.num_steps_run, unroll=unroll
+    )
+    return (
+      _scatter(len(consts), diff_consts, ct_consts),
+      _scatter(len(step.carry_is_float), diff_carry, ct_c),
+      _scatter(len(xs), diff_xs, ct_xs),
+    )
 
   run.defvjp(forward, backward, symbolic_zeros=True)
   return run
@@ -351,8 +372,7 @@ def _values(primals):
 def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
   # jnp's zeros_like, which keeps the carry's sharding (an Explicit mesh
   # types it; lax.full would not).
-  return jnp.broadcast_to(jnp.zeros_like(carry)[None],
-                          (num_slots,) + jnp.shape(carry))
+  return jnp.broadcast_to(jnp.zeros_like(carry)[None], (num_slots,) + jnp.shape(carry))
 
 
 # The helpers below bind lax's primitives: `lax.dynamic_index_in_dim`,
@@ -361,14 +381,15 @@ def _slot_buffer(carry: jax.Array, num_slots: int) -> jax.Array:
 
 
 def _get(stacked: jax.Array, index) -> jax.Array:
-  return lax.squeeze(lax.dynamic_slice_in_dim(
-      stacked, _index(index), 1, allow_negative_indices=False), (0,))
+  return lax.squeeze(
+    lax.dynamic_slice_in_dim(stacked, _index(index), 1, allow_negative_indices=False), (0,)
+  )
 
 
 def _put(slots: jax.Array, value: jax.Array, slot) -> jax.Array:
   return lax.dynamic_update_slice_in_dim(
-      slots, lax.expand_dims(value, (0,)), _index(slot), 0,
-      allow_negative_indices=False)
+    slots, lax.expand_dims(value, (0,)), _index(slot), 0, allow_negative_indices=False
+  )
 
 
 def _index(index) -> jax.Array:

@@ -79,15 +79,14 @@ class Rung(NamedTuple):
   `remat=True`, 3 a binomial schedule recomputing at most `extra` forward
   passes more than `remat=True` (`extra` > 0, a fraction).
   """
+
   kind: int
   extra: fractions.Fraction = fractions.Fraction(0)
 
   def describe(self) -> str:
     if self.kind == _SCHEDULE:
-      return ("remat=\"binomial\", at most "
-              f"{1 + float(self.extra):.3g} forward passes recomputed")
-    return ("remat=False", "remat=True under remat_policy", "remat=True")[
-        self.kind]
+      return f"remat=\"binomial\", at most {1 + float(self.extra):.3g} forward passes recomputed"
+    return ("remat=False", "remat=True under remat_policy", "remat=True")[self.kind]
 
 
 class StepLoop(NamedTuple):
@@ -99,6 +98,7 @@ class StepLoop(NamedTuple):
     slots: the carries a schedule keeps (None without one).
     policy: whether `remat=True` runs under the loop's `remat_policy`.
   """
+
   length: int
   remat: modes.RematMode
   slots: Optional[int] = None
@@ -112,15 +112,18 @@ class StepTry(NamedTuple):
   the buffers (on the CPU: `measure.measuring_options`), for its bytes
   only; the chosen rung is then compiled as it runs, and checked.
   """
+
   rung: str
   bytes: Optional[int]
   seconds: float
   measuring: bool = False
 
   def __str__(self) -> str:
-    return (f"{self.rung}: " + ("out of device memory" if self.bytes is None
-                                else f"{self.bytes:,} bytes") +
-            f" ({self.seconds:.1f} s{', measuring' if self.measuring else ''})")
+    return (
+      f"{self.rung}: "
+      + ("out of device memory" if self.bytes is None else f"{self.bytes:,} bytes")
+      + f" ({self.seconds:.1f} s{', measuring' if self.measuring else ''})"
+    )
 
 
 class StepPlan(NamedTuple):
@@ -138,6 +141,7 @@ class StepPlan(NamedTuple):
     kept: whether the plan was kept on disk by an earlier search (for the
       same step, budget and versions), then compiled once and checked.
   """
+
   memory_budget: int
   bytes: int
   loops: tuple[StepLoop, ...]
@@ -145,10 +149,11 @@ class StepPlan(NamedTuple):
   kept: bool = False
 
   def __str__(self) -> str:
-    rows = [f"{self.bytes:,} bytes of memory_budget={self.memory_budget:,}" +
-            (", kept on disk" if self.kept else "")]
-    rows += [f"  loop of {loop.length} steps: " + _describe_loop(loop)
-             for loop in self.loops]
+    rows = [
+      f"{self.bytes:,} bytes of memory_budget={self.memory_budget:,}"
+      + (", kept on disk" if self.kept else "")
+    ]
+    rows += [f"  loop of {loop.length} steps: " + _describe_loop(loop) for loop in self.loops]
     rows += [f"  compiled {t}" for t in self.tries]
     return "\n".join(rows)
 
@@ -161,6 +166,7 @@ def _describe_loop(loop: StepLoop) -> str:
 
 class _Seen(NamedTuple):
   """A loop as the search's trace saw it."""
+
   length: int
   policy: bool
   max_recompute: float
@@ -170,6 +176,7 @@ class _Seen(NamedTuple):
 @dataclasses.dataclass
 class _Trace:
   """What one trace of the step at a rung records."""
+
   rung: Rung
   loops: list[_Seen] = dataclasses.field(default_factory=list)
 
@@ -179,7 +186,8 @@ class _Trace:
 # again at each rung, never its trace at another rung reused.
 _RUNG = jax.make_user_context(None)
 _TRACE: contextvars.ContextVar[Optional[_Trace]] = contextvars.ContextVar(
-    "haiku_bridge_step_budget_trace", default=None)
+  "haiku_bridge_step_budget_trace", default=None
+)
 _SEARCHES = itertools.count()
 
 
@@ -188,26 +196,25 @@ def active() -> bool:
   return _TRACE.get() is not None
 
 
-def loop_plan(length: int, carry: PyTree, policy: bool,
-              max_recompute: float) -> StepLoop:
+def loop_plan(length: int, carry: PyTree, policy: bool, max_recompute: float) -> StepLoop:
   """What a `remat="auto"` loop with no budget of its own runs at the traced rung (`active()`)."""
   trace = _TRACE.get()
   assert trace is not None, "loop.resolved asks only while a step is traced"
-  trace.loops.append(_Seen(length, policy, max_recompute,
-                          pytree.nbytes(carry)))
+  trace.loops.append(_Seen(length, policy, max_recompute, pytree.nbytes(carry)))
   return _at(trace.rung, length, policy, max_recompute)
 
 
-def _at(rung: Rung, length: int, policy: bool,
-        max_recompute: float) -> StepLoop:
+def _at(rung: Rung, length: int, policy: bool, max_recompute: float) -> StepLoop:
   """The plan of a loop at `rung`, within its own `max_recompute`."""
-  if rung.kind == _FALSE or (max_recompute < 1 and not (
-      rung.kind >= _POLICY and policy)):
+  if rung.kind == _FALSE or (max_recompute < 1 and not (rung.kind >= _POLICY and policy)):
     return StepLoop(length, False)
   if rung.kind == _POLICY or max_recompute < 1:
     return StepLoop(length, policy, policy=policy)
-  extra = (rung.extra if max_recompute == math.inf else
-           min(rung.extra, fractions.Fraction(max_recompute) - 1))
+  extra = (
+    rung.extra
+    if max_recompute == math.inf
+    else min(rung.extra, fractions.Fraction(max_recompute) - 1)
+  )
   if rung.kind == _TRUE or extra <= 0 or length < 3:
     return StepLoop(length, True)
   slots = remat_schedule.fewest_binomial_slots(length, math.floor(extra * length))
@@ -226,8 +233,7 @@ def _ladder(loops: list[_Seen], max_recompute: float) -> list[Rung]:
   for loop in set(loops):
     most = min(max_recompute, loop.max_recompute) - 1
     for slots in range(loop.length - 2, 0, -1):
-      extra = fractions.Fraction(
-          remat_schedule.binomial_cost(loop.length, slots), loop.length)
+      extra = fractions.Fraction(remat_schedule.binomial_cost(loop.length, slots), loop.length)
       if extra > most:
         break
       extras.add(extra)
@@ -239,8 +245,7 @@ def _carries_kept(rung: Rung, loops: list[_Seen]) -> int:
   kept = 0
   for loop in loops:
     plan = _at(rung, loop.length, loop.policy, loop.max_recompute)
-    kept += loop.carry_bytes * (plan.slots if plan.slots is not None else
-                                loop.length)
+    kept += loop.carry_bytes * (plan.slots if plan.slots is not None else loop.length)
   return kept
 
 
@@ -260,12 +265,17 @@ def step_bytes(analysis: Any, platform: str) -> int:
   ...                        jax.default_backend()) >= 2 * x.nbytes
   True
   """
-  total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes -
-           analysis.alias_size_in_bytes + analysis.temp_size_in_bytes +
-           analysis.generated_code_size_in_bytes)
+  total = (
+    analysis.argument_size_in_bytes
+    + analysis.output_size_in_bytes
+    - analysis.alias_size_in_bytes
+    + analysis.temp_size_in_bytes
+    + analysis.generated_code_size_in_bytes
+  )
   if platform == "tpu":
-    total = max(total, getattr(analysis, "peak_memory_in_bytes", 0) +
-                analysis.generated_code_size_in_bytes)
+    total = max(
+      total, getattr(analysis, "peak_memory_in_bytes", 0) + analysis.generated_code_size_in_bytes
+    )
   return int(total)
 
 
@@ -294,8 +304,7 @@ def _compile(lowered: Any, options: dict[str, Any]) -> Any:
   return lowered.compile(options) if options else lowered.compile()
 
 
-def _compiled(lowered: Any, lowering: float,
-              options: dict[str, Any]) -> _Compiled:
+def _compiled(lowered: Any, lowering: float, options: dict[str, Any]) -> _Compiled:
   """`lowered` (in `lowering` seconds) compiled with `options`, its bytes read; out of device memory, no bytes."""
   start = time.perf_counter()
   try:
@@ -305,17 +314,24 @@ def _compiled(lowered: Any, lowering: float,
       raise
     compiled = None
   return _Compiled(
-      None if compiled is None else step_bytes(compiled.memory_analysis(),
-                                               jax.default_backend()),
-      compiled, lowering + time.perf_counter() - start, lowered,
-      bool(options))
+    None if compiled is None else step_bytes(compiled.memory_analysis(), jax.default_backend()),
+    compiled,
+    lowering + time.perf_counter() - start,
+    lowered,
+    bool(options),
+  )
 
 
 class BudgetedStep:
   """A step jitted to fit a memory budget: `hkb.budgeted_jit`'s result, used like `jax.jit(step)`."""
 
-  def __init__(self, step: Callable[..., Any], memory_budget: Optional[int],
-               max_recompute: float, jit_kwargs: dict[str, Any]) -> None:
+  def __init__(
+    self,
+    step: Callable[..., Any],
+    memory_budget: Optional[int],
+    max_recompute: float,
+    jit_kwargs: dict[str, Any],
+  ) -> None:
     self._budget = memory_budget
     self._max_recompute = max_recompute
     self._jit_kwargs = jit_kwargs
@@ -347,10 +363,13 @@ class BudgetedStep:
       return self._budget
     limit = device_memory()
     if limit is None:
-      raise ValueError(errors.message(
+      raise ValueError(
+        errors.message(
           f"the {jax.default_backend()} backend does not say how much memory "
           "its device has (jax.devices()[0].memory_stats()), so the step "
-          "has no default budget: pass memory_budget=, in bytes."))
+          "has no default budget: pass memory_budget=, in bytes."
+        )
+      )
     return limit
 
   def _planned(self, args, kwargs) -> tuple[int, Rung, StepPlan]:
@@ -361,8 +380,9 @@ class BudgetedStep:
         found = self._plans[key] = self._search(args, kwargs)
     return found
 
-  def _lowered(self, search: int, rung: Rung, args, kwargs,
-               trace: Optional[_Trace] = None) -> tuple[Any, float]:
+  def _lowered(
+    self, search: int, rung: Rung, args, kwargs, trace: Optional[_Trace] = None
+  ) -> tuple[Any, float]:
     """The step lowered at `rung`, and the seconds it took."""
     start = time.perf_counter()
     with _RUNG((search, rung)), _tracing(rung, trace):
@@ -375,11 +395,13 @@ class BudgetedStep:
       return {}
     return measure.measuring_options()
 
-  def _compiled(self, search: int, rung: Rung, args, kwargs,
-                options: Optional[dict[str, Any]] = None) -> _Compiled:
+  def _compiled(
+    self, search: int, rung: Rung, args, kwargs, options: Optional[dict[str, Any]] = None
+  ) -> _Compiled:
     """The step at `rung` compiled (by default, with `_measuring()`'s options)."""
-    return _compiled(*self._lowered(search, rung, args, kwargs),
-                     self._measuring() if options is None else options)
+    return _compiled(
+      *self._lowered(search, rung, args, kwargs), self._measuring() if options is None else options
+    )
 
   def _search(self, args, kwargs) -> tuple[int, Rung, StepPlan]:
     budget = self._budget_bytes()
@@ -389,24 +411,30 @@ class BudgetedStep:
     disk_key = self._disk_key(plain, budget)
     kept = _from_disk(_ON_DISK.get(disk_key), trace.loops)
     if kept is not None:  # The step compiled once, as it runs, and checked.
-      done = (_compiled(plain, lowering, {}) if kept == trace.rung else
-              self._compiled(search, kept, args, kwargs, {}))
+      done = (
+        _compiled(plain, lowering, {})
+        if kept == trace.rung
+        else self._compiled(search, kept, args, kwargs, {})
+      )
       _log_try(kept, done)
       if done.bytes is not None and done.bytes <= budget:
-        made = self._plan_of(budget, done.bytes, kept, trace.loops, (
-            _try(kept, done),), kept=True)
+        made = self._plan_of(budget, done.bytes, kept, trace.loops, (_try(kept, done),), kept=True)
         tracing.LOG.info("hkb.%s: %s", _API, made)
         return search, kept, made
-    found = _Search(budget, self._max_recompute,
-                    _ladder(trace.loops, self._max_recompute), trace.loops,
-                    lambda rung: self._compiled(search, rung, args, kwargs))
+    found = _Search(
+      budget,
+      self._max_recompute,
+      _ladder(trace.loops, self._max_recompute),
+      trace.loops,
+      lambda rung: self._compiled(search, rung, args, kwargs),
+    )
     found.record(trace.rung, _compiled(plain, lowering, self._measuring()))
     while True:
       rung = found.run()
       if rung is None:
-        raise ValueError(errors.message(
-            found.refusal(self._budget is None) +
-            self._unbounded(found, trace.loops)))
+        raise ValueError(
+          errors.message(found.refusal(self._budget is None) + self._unbounded(found, trace.loops))
+        )
       if not found.tried[rung].measuring:
         break
       # The choice compiled as it runs (what the step's calls then use),
@@ -414,10 +442,8 @@ class BudgetedStep:
       found.record(rung, _compiled(found.tried[rung].lowered, 0.0, {}))
       if found.fits(rung):
         break
-    _ON_DISK.put(disk_key, [rung.kind, rung.extra.numerator,
-                            rung.extra.denominator])
-    made = self._plan_of(budget, found.tried[rung].bytes, rung, trace.loops,
-                         tuple(found.made))
+    _ON_DISK.put(disk_key, [rung.kind, rung.extra.numerator, rung.extra.denominator])
+    made = self._plan_of(budget, found.tried[rung].bytes, rung, trace.loops, tuple(found.made))
     tracing.LOG.info("hkb.%s: %s", _API, made)
     return search, rung, made
 
@@ -430,34 +456,63 @@ class BudgetedStep:
     named = found.tried[found.least_tried()].bytes
     if done.bytes is None or (named is not None and done.bytes >= named):
       return ""
-    return (f" With max_recompute=math.inf, at its least "
-            f"({least.describe()}), it holds {done.bytes:,} bytes.")
+    return (
+      f" With max_recompute=math.inf, at its least "
+      f"({least.describe()}), it holds {done.bytes:,} bytes."
+    )
 
-  def _plan_of(self, budget: int, compiled_bytes: Optional[int], rung: Rung,
-               loops: list[_Seen], tries: tuple[StepTry, ...],
-               kept: bool = False) -> StepPlan:
+  def _plan_of(
+    self,
+    budget: int,
+    compiled_bytes: Optional[int],
+    rung: Rung,
+    loops: list[_Seen],
+    tries: tuple[StepTry, ...],
+    kept: bool = False,
+  ) -> StepPlan:
     assert compiled_bytes is not None
-    return StepPlan(budget, compiled_bytes, tuple(
-        _at(rung, loop.length, loop.policy, loop.max_recompute)
-        for loop in loops), tries, kept)
+    return StepPlan(
+      budget,
+      compiled_bytes,
+      tuple(_at(rung, loop.length, loop.policy, loop.max_recompute) for loop in loops),
+      tries,
+      kept,
+    )
 
   def _disk_key(self, lowered: Any, budget: int) -> Optional[str]:
     device = jax.devices()[0]
-    options = re.sub(r" at 0x[0-9a-f]+", "",
-                     repr(sorted(self._jit_kwargs.items())))
-    text = repr((_FORMAT, lowered.as_text(), budget, self._max_recompute,
-                 options, jax.default_backend(), device.device_kind,
-                 getattr(device.client, "platform_version", ""),
-                 jax.__version__, jaxlib.__version__, versions.installed(),
-                 _code_digest(), os.environ.get("XLA_FLAGS", "")))
+    options = re.sub(r" at 0x[0-9a-f]+", "", repr(sorted(self._jit_kwargs.items())))
+    text = repr(
+      (
+        _FORMAT,
+        lowered.as_text(),
+        budget,
+        self._max_recompute,
+        options,
+        jax.default_backend(),
+        device.device_kind,
+        getattr(device.client, "platform_version", ""),
+        jax.__version__,
+        jaxlib.__version__,
+        versions.installed(),
+        _code_digest(),
+        os.environ.get("XLA_FLAGS", ""),
+      )
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 class _Search:
   """The first rung of `ladder` whose compiled step fits `budget`."""
 
-  def __init__(self, budget: int, max_recompute: float, ladder: list[Rung],
-               loops: list[_Seen], compile_at: Callable[[Rung], _Compiled]):
+  def __init__(
+    self,
+    budget: int,
+    max_recompute: float,
+    ladder: list[Rung],
+    loops: list[_Seen],
+    compile_at: Callable[[Rung], _Compiled],
+  ):
     self.budget = budget
     self.max_recompute = max_recompute
     self.ladder = ladder
@@ -488,9 +543,11 @@ class _Search:
     Memory falls down the ladder as a rule, but not always (under
     `jax.jacrev` on jax 0.12, `remat=True` held less than every schedule).
     """
-    fitted = [(done.bytes, self.ladder.index(rung), rung)
-              for rung, done in self.tried.items()
-              if done.bytes is not None and rung in self.ladder]
+    fitted = [
+      (done.bytes, self.ladder.index(rung), rung)
+      for rung, done in self.tried.items()
+      if done.bytes is not None and rung in self.ladder
+    ]
     return min(fitted)[2] if fitted else self.least()
 
   def run(self) -> Optional[Rung]:
@@ -500,8 +557,8 @@ class _Search:
       return None
     true = self.ladder.index(Rung(_TRUE))
     if self.fits(self.ladder[true]):
-      return next(r for r in self.ladder[1:true + 1] if self.fits(r))
-    schedules = self.ladder[true + 1:]
+      return next(r for r in self.ladder[1 : true + 1] if self.fits(r))
+    schedules = self.ladder[true + 1 :]
     if not schedules or not self.fits(schedules[-1]):
       return None
     over, fits = true, len(self.ladder) - 1  # Indices into the ladder.
@@ -519,8 +576,7 @@ class _Search:
     """The rung between two compiled ones the line through them says fits first."""
     if fits - over < 2:
       return None
-    x_over, x_fits = (_carries_kept(self.ladder[i], self.loops)
-                      for i in (over, fits))
+    x_over, x_fits = (_carries_kept(self.ladder[i], self.loops) for i in (over, fits))
     b_over = self.tried[self.ladder[over]].bytes
     b_fits = self.tried[self.ladder[fits]].bytes
     assert b_fits is not None
@@ -528,8 +584,8 @@ class _Search:
       return (over + fits) // 2  # No line: halve.
     for i in range(over + 1, fits):
       predicted = b_fits + (b_over - b_fits) * (
-          (_carries_kept(self.ladder[i], self.loops) - x_fits) /
-          (x_over - x_fits))
+        (_carries_kept(self.ladder[i], self.loops) - x_fits) / (x_over - x_fits)
+      )
       if predicted <= self.budget:
         return i
     return None  # The line says none between fits: the one that does.
@@ -537,35 +593,37 @@ class _Search:
   def refusal(self, default_budget: bool) -> str:
     least = self.least_tried()
     found = self.tried[least].bytes
-    budget = (f"memory_budget={self.budget:,} bytes" +
-              (" (the device's memory)" if default_budget else ""))
+    budget = f"memory_budget={self.budget:,} bytes" + (
+      " (the device's memory)" if default_budget else ""
+    )
     if found is None:
-      held = ("runs out of device memory compiling (RESOURCE_EXHAUSTED) "
-              "even at its least")
+      held = "runs out of device memory compiling (RESOURCE_EXHAUSTED) even at its least"
     else:
       held = f"holds {found:,} bytes at its least"
       done = self.tried[least].compiled.memory_analysis()
-      held += (f" (arguments {done.argument_size_in_bytes:,}, outputs "
-               f"{done.output_size_in_bytes:,}, of which donated "
-               f"{done.alias_size_in_bytes:,}, temporaries "
-               f"{done.temp_size_in_bytes:,}, code "
-               f"{done.generated_code_size_in_bytes:,})")
+      held += (
+        f" (arguments {done.argument_size_in_bytes:,}, outputs "
+        f"{done.output_size_in_bytes:,}, of which donated "
+        f"{done.alias_size_in_bytes:,}, temporaries "
+        f"{done.temp_size_in_bytes:,}, code "
+        f"{done.generated_code_size_in_bytes:,})"
+      )
     if self.loops:
       where = f", with every remat=\"auto\" loop at {least.describe()}"
-      remedy = ("allow more recomputation (max_recompute=, now "
-                f"{self.max_recompute:g})")
+      remedy = f"allow more recomputation (max_recompute=, now {self.max_recompute:g})"
     else:
-      where = (", and it runs no loop with remat=\"auto\" to trade "
-               "recomputation for memory")
-      remedy = ("give its loops (hkb.scan, hkb.dynamic_unroll, "
-                "hkb.layer_scan, hkb.repeat_layer) remat=\"auto\"")
-    remedies = ([] if found is None else
-                [f"pass memory_budget={found:,} or more"]) + [
-                    remedy, "make the step hold less (a smaller batch, "
-                    "donate_argnums= for the params and optimizer state)"]
+      where = ", and it runs no loop with remat=\"auto\" to trade recomputation for memory"
+      remedy = (
+        "give its loops (hkb.scan, hkb.dynamic_unroll, "
+        "hkb.layer_scan, hkb.repeat_layer) remat=\"auto\""
+      )
+    remedies = ([] if found is None else [f"pass memory_budget={found:,} or more"]) + [
+      remedy,
+      "make the step hold less (a smaller batch, "
+      "donate_argnums= for the params and optimizer state)",
+    ]
     advice = ", or ".join(remedies)
-    return (f"the step does not fit {budget}: it {held}{where}. "
-            f"{advice[0].upper()}{advice[1:]}.")
+    return f"the step does not fit {budget}: it {held}{where}. {advice[0].upper()}{advice[1:]}."
 
 
 def _try(rung: Rung, done: _Compiled) -> StepTry:
@@ -585,16 +643,18 @@ def _tracing(rung: Rung, trace: Optional[_Trace] = None) -> Iterator[None]:
     _TRACE.reset(token)
 
 
-def _static_positions(jit_kwargs: dict[str, Any]
-                      ) -> tuple[frozenset, frozenset]:
+def _static_positions(jit_kwargs: dict[str, Any]) -> tuple[frozenset, frozenset]:
   """The positions and names jit takes as static, as `_signature` needs them."""
+
   def as_set(value, kind):
     if value is None:
       return frozenset()
     return frozenset((value,) if isinstance(value, kind) else value)
 
-  return (as_set(jit_kwargs.get("static_argnums"), int),
-          as_set(jit_kwargs.get("static_argnames"), str))
+  return (
+    as_set(jit_kwargs.get("static_argnums"), int),
+    as_set(jit_kwargs.get("static_argnames"), str),
+  )
 
 
 def _signature(args, kwargs, statics) -> Any:
@@ -603,17 +663,20 @@ def _signature(args, kwargs, statics) -> Any:
 
   def of(value):
     leaves, tree = jax.tree.flatten(value)
-    return tree, tuple((jax.typeof(leaf),
-                        getattr(leaf, "sharding", None)
-                        if isinstance(leaf, jax.Array) else None)
-                       for leaf in leaves)
+    return tree, tuple(
+      (jax.typeof(leaf), getattr(leaf, "sharding", None) if isinstance(leaf, jax.Array) else None)
+      for leaf in leaves
+    )
 
-  return (tuple(("static", a) if i in numbers or i - len(args) in numbers
-                else of(a) for i, a in enumerate(args)),
-          tuple(sorted((k, ("static", v) if k in names else of(v))
-                       for k, v in kwargs.items())),
-          jax.sharding.get_abstract_mesh(),
-          *(getattr(jax.config, name) for name in _TRACED_UNDER))
+  return (
+    tuple(
+      ("static", a) if i in numbers or i - len(args) in numbers else of(a)
+      for i, a in enumerate(args)
+    ),
+    tuple(sorted((k, ("static", v) if k in names else of(v)) for k, v in kwargs.items())),
+    jax.sharding.get_abstract_mesh(),
+    *(getattr(jax.config, name) for name in _TRACED_UNDER),
+  )
 
 
 # The settings jit traces a step under that change its program.
@@ -626,8 +689,12 @@ _ON_DISK = caches.OnDisk("step_budgets")
 
 def _from_disk(value: Any, loops: list[_Seen]) -> Optional[Rung]:
   """A kept rung, if `value` is one this step's ladder holds; else None (a miss)."""
-  if not (isinstance(value, list) and len(value) == 3 and
-          all(type(v) is int for v in value) and value[2] > 0):  # pylint: disable=unidiomatic-typecheck
+  if not (
+    isinstance(value, list)
+    and len(value) == 3
+    and all(type(v) is int for v in value)
+    and value[2] > 0
+  ):  # pylint: disable=unidiomatic-typecheck
     return None
   rung = Rung(value[0], fractions.Fraction(value[1], value[2]))
   return rung if rung in _ladder(loops, math.inf) else None
@@ -635,8 +702,7 @@ def _from_disk(value: Any, loops: list[_Seen]) -> Optional[Rung]:
 
 def _jit_options() -> list[str]:
   """The keywords `jax.jit` takes besides the function."""
-  return [name for name in inspect.signature(jax.jit).parameters
-          if name != "fun"]
+  return [name for name in inspect.signature(jax.jit).parameters if name != "fun"]
 
 
 @caches.memoize(maxsize=1)
@@ -648,10 +714,13 @@ def _code_digest() -> str:
   return code.hexdigest()
 
 
-def budgeted_jit(step: Callable[..., Any], *,
-                 memory_budget: Optional[int] = None,
-                 max_recompute: Optional[float] = None,
-                 **jit_kwargs: Any) -> BudgetedStep:
+def budgeted_jit(
+  step: Callable[..., Any],
+  *,
+  memory_budget: Optional[int] = None,
+  max_recompute: Optional[float] = None,
+  **jit_kwargs: Any,
+) -> BudgetedStep:
   """`jax.jit(step)`, with every `remat="auto"` loop inside planned so the compiled step fits `memory_budget`.
 
   The budget is the whole step's, on one device: its arguments (params,
@@ -697,8 +766,7 @@ def budgeted_jit(step: Callable[..., Any], *,
   True
   """
   with errors.entry(_API):
-    errors.check_keywords(jit_kwargs, ["step", "memory_budget",
-                                       "max_recompute", *_jit_options()])
+    errors.check_keywords(jit_kwargs, ["step", "memory_budget", "max_recompute", *_jit_options()])
     errors.check_callable("step", step, "the training step, a function")
     if memory_budget is not None:
       memory_budget = remat_plan.check_budget(memory_budget)

@@ -37,9 +37,19 @@ KEY = jax.random.PRNGKey(0)
 # Whether the search's tries compile with XLA's cheaper code generation
 # (the CPU), then the choice once more as it runs.
 MEASURING = bool(measure.measuring_options())
-FORMS = ("scan", "dynamic_unroll", "repeat_layer", "two_loops", "three_loops",
-         "vmap_ensemble", "grad_accumulation", "jacrev", "loss_of_the_carry",
-         "equinox_cell", "nnx_linear")
+FORMS = (
+  "scan",
+  "dynamic_unroll",
+  "repeat_layer",
+  "two_loops",
+  "three_loops",
+  "vmap_ensemble",
+  "grad_accumulation",
+  "jacrev",
+  "loss_of_the_carry",
+  "equinox_cell",
+  "nnx_linear",
+)
 
 
 def _identity_getter(next_getter, value, context):
@@ -49,6 +59,7 @@ def _identity_getter(next_getter, value, context):
 
 def _net(form: str, remat, getter: bool = False):
   """A Haiku loss whose loops (each `remat`) are what the step budget plans."""
+
   def scan(h, xs, name):
     linear = hk.Linear(W, name=name)
     core = lambda h, x: (jnp.tanh(linear(h) + x),) * 2
@@ -60,30 +71,26 @@ def _net(form: str, remat, getter: bool = False):
       h, _ = scan(h, xs, "core")
       return jnp.sum(h)
     if form == "equinox_cell":  # An Equinox GRUCell, one example at a time.
-      cell = hk.vmap(hkb.from_equinox(
-          lambda key: eqx.nn.GRUCell(W, W, key=key)), split_rng=False)
+      cell = hk.vmap(hkb.from_equinox(lambda key: eqx.nn.GRUCell(W, W, key=key)), split_rng=False)
       ys = hkb.scan(lambda h, x: (cell(x, h),) * 2, h, xs, remat=remat)[1]
-      return jnp.sum(ys ** 2)
+      return jnp.sum(ys**2)
     if form == "nnx_linear":  # A Flax NNX Linear in each step.
       linear = hkb.from_flax(functools.partial(nnx.Linear, W, W), name="proj")
-      ys = hkb.scan(lambda h, x: (jnp.tanh(linear(h) + x),) * 2, h, xs,
-                    remat=remat)[1]
-      return jnp.sum(ys ** 2)
+      ys = hkb.scan(lambda h, x: (jnp.tanh(linear(h) + x),) * 2, h, xs, remat=remat)[1]
+      return jnp.sum(ys**2)
     if form == "dynamic_unroll":
       ys, _ = hkb.dynamic_unroll(hk.VanillaRNN(W), xs, h, remat=remat)
     elif form == "repeat_layer":
-      ys = hkb.repeat_layer(lambda h: jnp.tanh(hk.Linear(W)(h)), xs[0],
-                            LAYERS, remat=remat)
+      ys = hkb.repeat_layer(lambda h: jnp.tanh(hk.Linear(W)(h)), xs[0], LAYERS, remat=remat)
     else:
       loops = {"two_loops": 2, "three_loops": 3}.get(form, 1)
       for i in range(loops):
         h, ys = scan(h, xs, f"core_{i}")
         xs = ys
-    return jnp.sum(ys ** 2)
+    return jnp.sum(ys**2)
 
   def net(xs):
-    with (hk.custom_getter(_identity_getter) if getter
-          else contextlib.nullcontext()):
+    with hk.custom_getter(_identity_getter) if getter else contextlib.nullcontext():
       return body(xs)
 
   return hk.without_apply_rng(hk.transform(net))
@@ -99,16 +106,18 @@ def _step(form: str, remat, getter: bool = False):
     params = jax.vmap(lambda k: f.init(k, xs))(jax.random.split(KEY, 3))
     return jax.vmap(jax.grad(f.apply), in_axes=(0, None)), (params, xs)
   if form == "grad_accumulation":  # The loop inside a JAX loop.
+
     def accumulated(params, xs):
       def add(i, total):
         g = jax.grad(f.apply)(params, xs * (i + 1.0))
         return jax.tree.map(jnp.add, total, g)
+
       zeros = jax.tree.map(jnp.zeros_like, params)
       return jax.lax.fori_loop(0, 2, add, zeros)
+
     return accumulated, (params, xs)
   if form == "jacrev":  # One loss per example, each differentiated.
-    per_example = lambda params, xs: jax.vmap(
-        lambda x: f.apply(params, x[:, None]), in_axes=1)(xs)
+    per_example = lambda params, xs: jax.vmap(lambda x: f.apply(params, x[:, None]), in_axes=1)(xs)
     return jax.jacrev(per_example), (params, xs)
   return jax.grad(f.apply), (params, xs)
 
@@ -116,15 +125,13 @@ def _step(form: str, remat, getter: bool = False):
 def _bytes(step, *args) -> int:
   """`step_bytes` of `jax.jit(step)(*args)` as a user compiles it."""
   compiled = jax.jit(step).lower(*args).compile()
-  return step_budget.step_bytes(compiled.memory_analysis(),
-                                jax.default_backend())
+  return step_budget.step_bytes(compiled.memory_analysis(), jax.default_backend())
 
 
 def _compiled_bytes(budgeted, *args) -> int:
   """`step_bytes` of the budgeted step's own lowering, compiled apart from its plan."""
   compiled = budgeted.lower(*args).compile()
-  return step_budget.step_bytes(compiled.memory_analysis(),
-                                jax.default_backend())
+  return step_budget.step_bytes(compiled.memory_analysis(), jax.default_backend())
 
 
 @contextlib.contextmanager
@@ -147,18 +154,15 @@ class _CacheDirectory(parameterized.TestCase):
   def setUp(self):
     super().setUp()
     directory = self.create_tempdir().full_path
-    patch = mock.patch.dict(os.environ,
-                            {"HAIKU_BRIDGE_CACHE_DIR": directory})
+    patch = mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory})
     patch.start()
     self.addCleanup(patch.stop)
     self.directory = directory
 
 
 class BudgetTest(_CacheDirectory):
-
   def assert_values(self, ours, theirs):
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(
-        a, b, rtol=2e-5, atol=2e-6), ours, theirs)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), ours, theirs)
 
   @parameterized.parameters(*FORMS)
   def test_the_step_takes_the_least_recomputation_that_fits(self, form):
@@ -175,10 +179,8 @@ class BudgetTest(_CacheDirectory):
     try:
       hkb.budgeted_jit(auto, memory_budget=1)(*args)
     except ValueError as error:
-      least = int(str(error).split("Pass memory_budget=")[1].split(" ")[0]
-                  .replace(",", ""))
-    cases = [(plain_bytes, False), (plain_bytes - 1, True),
-             (true_bytes, True)]
+      least = int(str(error).split("Pass memory_budget=")[1].split(" ")[0].replace(",", ""))
+    cases = [(plain_bytes, False), (plain_bytes - 1, True), (true_bytes, True)]
     if least < true_bytes:
       cases += [((least + true_bytes) // 2, None), (least, None)]
     else:
@@ -199,8 +201,7 @@ class BudgetTest(_CacheDirectory):
         else:
           self.assertEqual({loop.remat for loop in plan.loops}, {want})
           # Exactly the step a user writes with that remat.
-          self.assertEqual(plan.bytes, plain_bytes if want is False
-                           else true_bytes)
+          self.assertEqual(plan.bytes, plain_bytes if want is False else true_bytes)
 
   @parameterized.parameters(*FORMS)
   def test_an_identity_getter_changes_no_plan(self, form):
@@ -224,7 +225,6 @@ class BudgetTest(_CacheDirectory):
 
 
 class SearchTest(_CacheDirectory):
-
   def test_compiles_made_and_kept(self):
     plain, args = _step("scan", False)
     auto, _ = _step("scan", "auto")
@@ -239,8 +239,9 @@ class SearchTest(_CacheDirectory):
       step.lower(*args)
     self.assertLen(made, 1 + MEASURING)
     self.assertEqual(
-        [(t.rung, t.measuring) for t in step.plan(*args).tries],
-        [("remat=False", True)] * MEASURING + [("remat=False", False)])
+      [(t.rung, t.measuring) for t in step.plan(*args).tries],
+      [("remat=False", True)] * MEASURING + [("remat=False", False)],
+    )
     # Another signature is planned anew.
     with counted_compiles() as made:
       step(*wider)
@@ -255,13 +256,16 @@ class SearchTest(_CacheDirectory):
         key, sub = jax.random.split(key)
         h = jnp.tanh(h @ w + x + 0.01 * jax.random.normal(sub, h.shape))
         return (key, h), h
-      return jnp.sum(hkb.scan(step, (jax.random.key(0), jnp.zeros([B, W])),
-                              xs, remat=remat)[1] ** 2)
+
+      return jnp.sum(
+        hkb.scan(step, (jax.random.key(0), jnp.zeros([B, W])), xs, remat=remat)[1] ** 2
+      )
 
     w, xs = jnp.eye(W) * 0.5, jnp.ones([T, B, W])
     step = hkb.budgeted_jit(jax.grad(loss), memory_budget=10**9)
-    np.testing.assert_allclose(step(w, xs), jax.jit(jax.grad(
-        functools.partial(loss, remat=False)))(w, xs), rtol=1e-6)
+    np.testing.assert_allclose(
+      step(w, xs), jax.jit(jax.grad(functools.partial(loss, remat=False)))(w, xs), rtol=1e-6
+    )
     self.assertEqual(step.plan(w, xs).loops, (step_budget.StepLoop(T, False),))
 
   def test_a_mesh_or_a_setting_jit_traces_under_is_planned_apart(self):
@@ -287,30 +291,35 @@ class SearchTest(_CacheDirectory):
       compiled = real(lowered, options)
       if step_budget.step_bytes(compiled.memory_analysis(), "cpu") > device:
         raise jax.errors.JaxRuntimeError(
-            "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
-            "memory in memory space hbm.")
+          "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
+          "memory in memory space hbm."
+        )
       return compiled
 
-    with mock.patch.object(step_budget, "_compile", on_the_device), \
-        mock.patch.object(step_budget, "device_memory", lambda: 10**9):
+    with (
+      mock.patch.object(step_budget, "_compile", on_the_device),
+      mock.patch.object(step_budget, "device_memory", lambda: 10**9),
+    ):
       step = hkb.budgeted_jit(auto)  # The device's memory.
       step(*args)
       plan = step.plan(*args)
       self.assertEqual(plan.memory_budget, 10**9)
       self.assertEqual(
-          [(t.rung, t.bytes, t.measuring) for t in plan.tries],
-          [("remat=False", None, MEASURING),
-           ("remat=True", true_bytes, MEASURING)] +
-          [("remat=True", true_bytes, False)] * MEASURING)
+        [(t.rung, t.bytes, t.measuring) for t in plan.tries],
+        [("remat=False", None, MEASURING), ("remat=True", true_bytes, MEASURING)]
+        + [("remat=True", true_bytes, False)] * MEASURING,
+      )
       self.assertEqual({loop.remat for loop in plan.loops}, {True})
       # Nothing fits the device: refused, in its words.
       with mock.patch.object(step_budget, "device_memory", lambda: 1000):
         device = 1000
         with self.assertRaisesRegex(
-            ValueError, r"hkb.budgeted_jit: the step does not fit "
-            r"memory_budget=1,000 bytes \(the device's memory\): it runs out "
-            r"of device memory compiling \(RESOURCE_EXHAUSTED\) even at its "
-            r"least, with every remat=\"auto\" loop at remat=\"binomial\""):
+          ValueError,
+          r"hkb.budgeted_jit: the step does not fit "
+          r"memory_budget=1,000 bytes \(the device's memory\): it runs out "
+          r"of device memory compiling \(RESOURCE_EXHAUSTED\) even at its "
+          r"least, with every remat=\"auto\" loop at remat=\"binomial\"",
+        ):
           hkb.budgeted_jit(auto)(*args)
 
   def test_another_compile_error_is_raised(self):
@@ -320,8 +329,10 @@ class SearchTest(_CacheDirectory):
       del lowered, options
       raise jax.errors.JaxRuntimeError("INTERNAL: something else")
 
-    with mock.patch.object(step_budget, "_compile", broken), \
-        self.assertRaisesRegex(jax.errors.JaxRuntimeError, "INTERNAL"):
+    with (
+      mock.patch.object(step_budget, "_compile", broken),
+      self.assertRaisesRegex(jax.errors.JaxRuntimeError, "INTERNAL"),
+    ):
       hkb.budgeted_jit(auto, memory_budget=10**9)(*args)
 
   def test_the_cpu_has_no_default_budget(self):
@@ -329,8 +340,8 @@ class SearchTest(_CacheDirectory):
     if step_budget.device_memory() is not None:
       self.skipTest("the backend reports its memory")
     with self.assertRaisesRegex(
-        ValueError, "hkb.budgeted_jit: the cpu backend does not say how much "
-        "memory its device has"):
+      ValueError, "hkb.budgeted_jit: the cpu backend does not say how much memory its device has"
+    ):
       hkb.budgeted_jit(auto)(*args)
 
   def test_max_recompute_bounds_the_plans(self):
@@ -338,44 +349,54 @@ class SearchTest(_CacheDirectory):
     true_bytes = _bytes(_step("scan", True)[0], *args)
     # remat=True recomputes one pass: no schedule within it.
     with self.assertRaisesRegex(
-        ValueError, f"at its least .*at remat=True. Pass "
-        f"memory_budget={true_bytes:,} or more, or allow more recomputation "
-        r"\(max_recompute=, now 1\)"):
-      hkb.budgeted_jit(auto, memory_budget=true_bytes - 1,
-                       max_recompute=1)(*args)
+      ValueError,
+      f"at its least .*at remat=True. Pass "
+      f"memory_budget={true_bytes:,} or more, or allow more recomputation "
+      r"\(max_recompute=, now 1\)",
+    ):
+      hkb.budgeted_jit(auto, memory_budget=true_bytes - 1, max_recompute=1)(*args)
     # The refusal says what no bound would take, and that bound takes it.
     try:
       hkb.budgeted_jit(auto, memory_budget=1)(*args)
     except ValueError as error:
       message = str(error)
-    self.assertRegex(message, r"Pass memory_budget=[0-9,]+ or more, or allow "
-                     r"more recomputation \(max_recompute=, now 3\).* With "
-                     r"max_recompute=math.inf, at its least \(remat=\"binomial"
-                     r"\", at most [0-9.]+ forward passes recomputed\), it "
-                     r"holds ([0-9,]+) bytes.$")
-    unbounded = int(re.search(r"it holds ([0-9,]+) bytes.$", message)[1]
-                    .replace(",", ""))
-    least = int(re.search(r"Pass memory_budget=([0-9,]+)", message)[1]
-                .replace(",", ""))
+    self.assertRegex(
+      message,
+      r"Pass memory_budget=[0-9,]+ or more, or allow "
+      r"more recomputation \(max_recompute=, now 3\).* With "
+      r"max_recompute=math.inf, at its least \(remat=\"binomial"
+      r"\", at most [0-9.]+ forward passes recomputed\), it "
+      r"holds ([0-9,]+) bytes.$",
+    )
+    unbounded = int(re.search(r"it holds ([0-9,]+) bytes.$", message)[1].replace(",", ""))
+    least = int(re.search(r"Pass memory_budget=([0-9,]+)", message)[1].replace(",", ""))
     self.assertLess(unbounded, least)
-    plan = hkb.budgeted_jit(auto, memory_budget=unbounded,
-                            max_recompute=math.inf).plan(*args)
+    plan = hkb.budgeted_jit(auto, memory_budget=unbounded, max_recompute=math.inf).plan(*args)
     self.assertEqual(plan.bytes, unbounded)
     self.assertEqual(plan.loops[0].slots, 1)
+
     # A loop's own max_recompute bounds that loop further.
     def net(xs):
       linear = hk.Linear(W)
-      return jnp.sum(hkb.scan(
-          lambda h, x: (jnp.tanh(linear(h) + x),) * 2, jnp.zeros([B, W]), xs,
-          remat="auto", max_recompute=1)[1] ** 2)
+      return jnp.sum(
+        hkb.scan(
+          lambda h, x: (jnp.tanh(linear(h) + x),) * 2,
+          jnp.zeros([B, W]),
+          xs,
+          remat="auto",
+          max_recompute=1,
+        )[1]
+        ** 2
+      )
+
     own = hk.without_apply_rng(hk.transform(net))
     with self.assertRaisesRegex(ValueError, "at its least"):
       hkb.budgeted_jit(jax.grad(own.apply), memory_budget=true_bytes - 1)(
-          own.init(KEY, args[1]), args[1])
+        own.init(KEY, args[1]), args[1]
+      )
 
   def test_a_step_with_no_loop_to_plan(self):
-    f = hk.without_apply_rng(hk.transform(
-        lambda x: jnp.sum(jnp.tanh(hk.Linear(W)(x)) ** 2)))
+    f = hk.without_apply_rng(hk.transform(lambda x: jnp.sum(jnp.tanh(hk.Linear(W)(x)) ** 2)))
     x = jnp.ones([B, W])
     params = f.init(KEY, x)
     step = jax.grad(f.apply)
@@ -385,21 +406,33 @@ class SearchTest(_CacheDirectory):
     self.assertEqual(budgeted.plan(params, x).loops, ())
     self.assertEqual(budgeted.plan(params, x).bytes, need)
     with self.assertRaisesRegex(
-        ValueError, f"the step does not fit memory_budget={need - 1:,} bytes:"
-        f" it holds {need:,} bytes at its least .* it runs no loop with "
-        "remat=\"auto\""):
+      ValueError,
+      f"the step does not fit memory_budget={need - 1:,} bytes:"
+      f" it holds {need:,} bytes at its least .* it runs no loop with "
+      "remat=\"auto\"",
+    ):
       hkb.budgeted_jit(step, memory_budget=need - 1)(params, x)
 
   def assert_trees(self, ours, theirs):
     jax.tree.map(np.testing.assert_allclose, ours, theirs)
 
   def test_a_loop_with_its_own_budget_plans_itself_inside(self):
-    f = hk.without_apply_rng(hk.transform(lambda xs: jnp.sum(hkb.scan(
-        lambda h, x: (jnp.tanh(h + x),) * 2, jnp.zeros([B, W]), xs,
-        remat="auto", memory_budget=10**9)[1] ** 2)))
+    f = hk.without_apply_rng(
+      hk.transform(
+        lambda xs: jnp.sum(
+          hkb.scan(
+            lambda h, x: (jnp.tanh(h + x),) * 2,
+            jnp.zeros([B, W]),
+            xs,
+            remat="auto",
+            memory_budget=10**9,
+          )[1]
+          ** 2
+        )
+      )
+    )
     xs = jnp.ones([T, B, W])
-    step = hkb.budgeted_jit(jax.grad(lambda xs: f.apply({}, xs)),
-                            memory_budget=10**9)
+    step = hkb.budgeted_jit(jax.grad(lambda xs: f.apply({}, xs)), memory_budget=10**9)
     step(xs)
     self.assertEqual(step.plan(xs).loops, ())  # Not the step's to plan.
     self.assertLessEqual(step.plan(xs).bytes, 10**9)
@@ -412,49 +445,58 @@ class SearchTest(_CacheDirectory):
       return jax.tree.map(lambda p, g: p - scale * g, params, auto(params, xs))
 
     kept = hkb.budgeted_jit(sgd, memory_budget=10**9, static_argnums=2)
-    donated = hkb.budgeted_jit(sgd, memory_budget=10**9, donate_argnums=0,
-                               static_argnames="scale")
-    want = jax.tree.map(lambda p, g: p - 0.5 * g, params,
-                        jax.jit(plain)(params, xs))
+    donated = hkb.budgeted_jit(sgd, memory_budget=10**9, donate_argnums=0, static_argnames="scale")
+    want = jax.tree.map(lambda p, g: p - 0.5 * g, params, jax.jit(plain)(params, xs))
     self.assert_trees(kept(params, xs, 0.5), want)
     copy = jax.tree.map(jnp.copy, params)
     self.assert_trees(donated(copy, xs, scale=0.5), want)
     # Each the step a user jits with those options (on the CPU, XLA keeps
     # a donated buffer's update in a temporary: no fewer bytes).
     for step, call, options in (
-        (kept, ((params, xs, 0.5), {}), {"static_argnums": 2}),
-        (donated, ((params, xs), {"scale": 0.5}),
-         {"donate_argnums": 0, "static_argnames": "scale"})):
+      (kept, ((params, xs, 0.5), {}), {"static_argnums": 2}),
+      (donated, ((params, xs), {"scale": 0.5}), {"donate_argnums": 0, "static_argnames": "scale"}),
+    ):
       plain_sgd = functools.partial(_sgd_of, plain)
-      compiled = jax.jit(plain_sgd, **options).lower(
-          *call[0], **call[1]).compile()
-      self.assertEqual(step.plan(*call[0], **call[1]).bytes,
-                       step_budget.step_bytes(compiled.memory_analysis(),
-                                              jax.default_backend()))
+      compiled = jax.jit(plain_sgd, **options).lower(*call[0], **call[1]).compile()
       self.assertEqual(
-          step.lower(*call[0], **call[1]).compile().memory_analysis()
-          .alias_size_in_bytes, compiled.memory_analysis().alias_size_in_bytes)
-    self.assertGreater(donated.lower(params, xs, scale=0.5).compile()
-                       .memory_analysis().alias_size_in_bytes, 0)
+        step.plan(*call[0], **call[1]).bytes,
+        step_budget.step_bytes(compiled.memory_analysis(), jax.default_backend()),
+      )
+      self.assertEqual(
+        step.lower(*call[0], **call[1]).compile().memory_analysis().alias_size_in_bytes,
+        compiled.memory_analysis().alias_size_in_bytes,
+      )
+    self.assertGreater(
+      donated.lower(params, xs, scale=0.5).compile().memory_analysis().alias_size_in_bytes, 0
+    )
 
   def test_a_remat_policy_is_a_rung_between(self):
     policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
     def net(remat, **policy_option):
-      return hk.without_apply_rng(hk.transform(lambda xs: jnp.sum(hkb.scan(
-          _PolicyCore(), jnp.zeros([B, W]), xs, remat=remat,
-          **policy_option)[1] ** 2)))
+      return hk.without_apply_rng(
+        hk.transform(
+          lambda xs: jnp.sum(
+            hkb.scan(_PolicyCore(), jnp.zeros([B, W]), xs, remat=remat, **policy_option)[1] ** 2
+          )
+        )
+      )
 
     xs = jax.random.normal(jax.random.PRNGKey(1), [T, B, W])
     params = net(False).init(KEY, xs)
-    sizes = {name: _bytes(jax.grad(net(remat, **options).apply), params, xs)
-             for name, remat, options in (
-                 ("plain", False, {}), ("policy", True, {"remat_policy": policy}),
-                 ("true", True, {}))}
+    sizes = {
+      name: _bytes(jax.grad(net(remat, **options).apply), params, xs)
+      for name, remat, options in (
+        ("plain", False, {}),
+        ("policy", True, {"remat_policy": policy}),
+        ("true", True, {}),
+      )
+    }
     self.assertLess(sizes["true"], sizes["policy"])
     self.assertLess(sizes["policy"], sizes["plain"])
-    step = hkb.budgeted_jit(jax.grad(net("auto", remat_policy=policy).apply),
-                            memory_budget=sizes["policy"])
+    step = hkb.budgeted_jit(
+      jax.grad(net("auto", remat_policy=policy).apply), memory_budget=sizes["policy"]
+    )
     plan = step.plan(params, xs)
     self.assertEqual(plan.loops, (step_budget.StepLoop(T, True, policy=True),))
     self.assertEqual(plan.bytes, sizes["policy"])
@@ -465,7 +507,6 @@ def _sgd_of(grad, params, xs, scale):
 
 
 class LadderTest(_CacheDirectory):
-
   @parameterized.parameters("scan", "two_loops")
   def test_the_search_finds_the_first_plan_that_fits(self, form):
     # Every rung compiled, against the search's few compiles.
@@ -478,8 +519,10 @@ class LadderTest(_CacheDirectory):
     self.assertGreater(len(ladder), 8)
     for budget in sorted(set(sizes))[::3]:
       first = next(i for i, b in enumerate(sizes) if b <= budget)
-      want = tuple(step_budget._at(ladder[first], loop.length, loop.policy,
-                                   loop.max_recompute) for loop in trace.loops)
+      want = tuple(
+        step_budget._at(ladder[first], loop.length, loop.policy, loop.max_recompute)
+        for loop in trace.loops
+      )
       with self.subTest(budget=budget), counted_compiles() as made:
         plan = hkb.budgeted_jit(auto, memory_budget=budget).plan(*args)
         self.assertEqual(plan.loops, want)
@@ -488,7 +531,6 @@ class LadderTest(_CacheDirectory):
 
 
 class MeshTest(_CacheDirectory):
-
   def test_a_data_parallel_step_on_the_default_mesh(self):
     # jax.make_mesh's default axis types (Explicit on jax 0.10), the batch
     # split over 8 devices, params as init returns them: the budget and the
@@ -501,78 +543,91 @@ class MeshTest(_CacheDirectory):
         core = lambda h, x: (jnp.tanh(linear(h) + x),) * 2
         h = jnp.zeros_like(xs[0])  # Sharded as a step of xs is.
         return jnp.sum(hkb.scan(core, h, xs, remat=remat)[1] ** 2)
+
       return hk.without_apply_rng(hk.transform(loss))
 
     xs = jax.random.normal(jax.random.PRNGKey(1), [T, 8 * B, W])
     params = net(False).init(KEY, xs)
     with jax.set_mesh(mesh):
       xs = jax.device_put(xs, P(None, "data"))
-      sizes = {remat: _bytes(jax.grad(net(remat).apply), params, xs)
-               for remat in (False, True)}
-      step = hkb.budgeted_jit(jax.grad(net("auto").apply),
-                              memory_budget=sizes[True])
+      sizes = {remat: _bytes(jax.grad(net(remat).apply), params, xs) for remat in (False, True)}
+      step = hkb.budgeted_jit(jax.grad(net("auto").apply), memory_budget=sizes[True])
       grads = step(params, xs)
       plan = step.plan(params, xs)
       reference = jax.jit(jax.grad(net(False).apply))(params, xs)
     self.assertEqual(plan.loops, (step_budget.StepLoop(T, True),))
     self.assertEqual(plan.bytes, sizes[True])
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5,
-                                                         atol=2e-6),
-                 grads, reference)
+    jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), grads, reference
+    )
     # One device's bytes: less than the unsharded step's.
-    self.assertLess(sizes[True], _bytes(jax.grad(net(True).apply), params,
-                                        jax.device_get(xs)))
+    self.assertLess(sizes[True], _bytes(jax.grad(net(True).apply), params, jax.device_get(xs)))
 
 
 class RefusalTest(absltest.TestCase):
-
   def test_a_refusal_names_the_least_bytes_compiled_where_memory_does_not_fall(self):
     # remat=True holding less than every schedule (jax.jacrev on jax 0.12):
     # the refusal names its bytes, which the call then takes, not the last
     # rung's.
-    rungs = [step_budget.Rung(step_budget._FALSE),
-             step_budget.Rung(step_budget._TRUE)] + [
-                 step_budget.Rung(step_budget._SCHEDULE, fractions.Fraction(k))
-                 for k in (1, 2)]
+    rungs = [step_budget.Rung(step_budget._FALSE), step_budget.Rung(step_budget._TRUE)] + [
+      step_budget.Rung(step_budget._SCHEDULE, fractions.Fraction(k)) for k in (1, 2)
+    ]
     sizes = dict(zip(rungs, (100, 40, 60, 50)))
     loops = [step_budget._Seen(8, False, math.inf, 4)]
     fake = lambda rung: step_budget._Compiled(
-        sizes[rung], mock.Mock(**{"memory_analysis.return_value": mock.Mock(
-            argument_size_in_bytes=1, output_size_in_bytes=1,
-            alias_size_in_bytes=0, temp_size_in_bytes=1,
-            generated_code_size_in_bytes=0)}), 0.0, None, False)
+      sizes[rung],
+      mock.Mock(
+        **{
+          "memory_analysis.return_value": mock.Mock(
+            argument_size_in_bytes=1,
+            output_size_in_bytes=1,
+            alias_size_in_bytes=0,
+            temp_size_in_bytes=1,
+            generated_code_size_in_bytes=0,
+          )
+        }
+      ),
+      0.0,
+      None,
+      False,
+    )
     search = step_budget._Search(30, 3.0, rungs, loops, fake)
     self.assertIsNone(search.run())
     self.assertEqual(search.least_tried(), rungs[1])
     self.assertIn("Pass memory_budget=40 or more", search.refusal(False))
-    self.assertEqual(step_budget._Search(40, 3.0, rungs, loops, fake).run(),
-                     rungs[1])
+    self.assertEqual(step_budget._Search(40, 3.0, rungs, loops, fake).run(), rungs[1])
 
 
 class StepBytesTest(absltest.TestCase):
-
   def test_each_buffer_once(self):
     auto, (params, xs) = _step("scan", "auto")
     step = hkb.budgeted_jit(
-        lambda params, xs: jax.tree.map(lambda p, g: p - g, params,
-                                        auto(params, xs)),
-        memory_budget=10**9, donate_argnums=0)
+      lambda params, xs: jax.tree.map(lambda p, g: p - g, params, auto(params, xs)),
+      memory_budget=10**9,
+      donate_argnums=0,
+    )
     analysis = step.lower(params, xs).compile().memory_analysis()
     self.assertGreater(analysis.alias_size_in_bytes, 0)
-    self.assertEqual(step.plan(params, xs).bytes,
-                     analysis.argument_size_in_bytes +
-                     analysis.output_size_in_bytes -
-                     analysis.alias_size_in_bytes +
-                     analysis.temp_size_in_bytes +
-                     analysis.generated_code_size_in_bytes)
+    self.assertEqual(
+      step.plan(params, xs).bytes,
+      analysis.argument_size_in_bytes
+      + analysis.output_size_in_bytes
+      - analysis.alias_size_in_bytes
+      + analysis.temp_size_in_bytes
+      + analysis.generated_code_size_in_bytes,
+    )
 
   def test_a_tpu_peak_is_not_added_to_the_buffers_it_holds(self):
     # XLA:TPU at users' sizes: the peak holds the arguments, outputs and
     # temporaries it reports (the issue's seq-1024 step: temporaries 7.40
     # GB, the peak less arguments and outputs 7.32 GB, the same buffers).
-    fields = dict(argument_size_in_bytes=1_220, output_size_in_bytes=1_200,
-                  alias_size_in_bytes=1_100, temp_size_in_bytes=7_400,
-                  generated_code_size_in_bytes=10)
+    fields = dict(
+      argument_size_in_bytes=1_220,
+      output_size_in_bytes=1_200,
+      alias_size_in_bytes=1_100,
+      temp_size_in_bytes=7_400,
+      generated_code_size_in_bytes=10,
+    )
     analysis = mock.Mock(peak_memory_in_bytes=8_640, **fields)
     self.assertEqual(step_budget.step_bytes(analysis, "tpu"), 8_730)
     # At toy sizes the temporaries are partly missing: the peak says more.
@@ -592,51 +647,47 @@ class _PolicyCore(hk.Module):
 
 
 class OutsideTest(parameterized.TestCase):
-
   def test_an_unbudgeted_loop_runs_plain_and_refuses_a_gradient(self):
     auto, (params, xs) = _step("repeat_layer", "auto")
     f, plain = _net("repeat_layer", "auto"), _net("repeat_layer", False)
-    self.assertEqual(jax.tree.map(jnp.shape, params),
-                     jax.tree.map(jnp.shape, plain.init(KEY, xs)))
+    self.assertEqual(jax.tree.map(jnp.shape, params), jax.tree.map(jnp.shape, plain.init(KEY, xs)))
     jax.tree.map(np.testing.assert_array_equal, params, plain.init(KEY, xs))
     # Inference computes what the plain loop does.
-    np.testing.assert_allclose(jax.jit(f.apply)(params, xs),
-                               plain.apply(params, xs), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(f.apply)(params, xs), plain.apply(params, xs), rtol=1e-6)
     for differentiated in (auto, jax.grad(jax.jit(f.apply))):
       with self.assertRaisesRegex(
-          ValueError, "hkb.repeat_layer: `remat=\"auto\"` needs "
-          "`memory_budget=`.* or the training step jitted with "
-          "hkb.budgeted_jit"):
+        ValueError,
+        "hkb.repeat_layer: `remat=\"auto\"` needs "
+        "`memory_budget=`.* or the training step jitted with "
+        "hkb.budgeted_jit",
+      ):
         differentiated(params, xs)
 
 
 class DiskTest(_CacheDirectory):
-
   def test_plans_persist_across_processes_and_a_bad_file_is_a_miss(self):
-    env = {"HAIKU_BRIDGE_CACHE_DIR": self.directory,
-           "HAIKU_BRIDGE_CACHES": "1"}
-    budget = str(_bytes(_step("two_loops", True)[0],
-                        *_step("two_loops", True)[1]) - 1)
+    env = {"HAIKU_BRIDGE_CACHE_DIR": self.directory, "HAIKU_BRIDGE_CACHES": "1"}
+    budget = str(_bytes(_step("two_loops", True)[0], *_step("two_loops", True)[1]) - 1)
     runs = []
-    for getter, the_budget in (("0", budget), ("0", budget), ("1", budget),
-                               ("0", str(int(budget) - 1))):
-      child = test_utils.run_in_fresh_process(
-          __file__, "_print_plan", getter, the_budget, env=env)
+    for getter, the_budget in (
+      ("0", budget),
+      ("0", budget),
+      ("1", budget),
+      ("0", str(int(budget) - 1)),
+    ):
+      child = test_utils.run_in_fresh_process(__file__, "_print_plan", getter, the_budget, env=env)
       self.assertEqual(child.returncode, 0, child.stderr[-3000:])
       runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
     cold, warm, getter, other_budget = runs
     self.assertGreaterEqual(cold["compiles"], 3)
-    self.assertEqual((len(cold["tries"]), cold["kept"]),
-                     (cold["compiles"], False))
+    self.assertEqual((len(cold["tries"]), cold["kept"]), (cold["compiles"], False))
     # The next process compiles the chosen step once; so with an identity
     # getter (the same program); another budget is planned anew.
-    self.assertEqual((warm["compiles"], len(warm["tries"]), warm["kept"]),
-                     (1, 1, True))
+    self.assertEqual((warm["compiles"], len(warm["tries"]), warm["kept"]), (1, 1, True))
     self.assertEqual((getter["compiles"], getter["kept"]), (1, True))
     self.assertFalse(other_budget["kept"])
     for run in (warm, getter):
-      self.assertEqual((run["loops"], run["bytes"]),
-                       (cold["loops"], cold["bytes"]))
+      self.assertEqual((run["loops"], run["bytes"]), (cold["loops"], cold["bytes"]))
     # A file of the right shape with a string for a number is a miss; one
     # naming a plan over the budget (remat=False) is checked compiled and
     # passed over.
@@ -645,12 +696,12 @@ class DiskTest(_CacheDirectory):
       for name in os.listdir(folder):
         with open(os.path.join(folder, name), "w") as f:
           json.dump(kept, f)
-      child = test_utils.run_in_fresh_process(
-          __file__, "_print_plan", "0", budget, env=env)
+      child = test_utils.run_in_fresh_process(__file__, "_print_plan", "0", budget, env=env)
       self.assertEqual(child.returncode, 0, child.stderr[-3000:])
       again = json.loads(child.stdout.strip().splitlines()[-1])
-      self.assertEqual((again["loops"], again["bytes"], again["kept"]),
-                       (cold["loops"], cold["bytes"], False))
+      self.assertEqual(
+        (again["loops"], again["bytes"], again["kept"]), (cold["loops"], cold["bytes"], False)
+      )
     # Cleared with the other caches.
     with mock.patch.object(caches, "_enabled", True):
       hkb.clear_caches()
@@ -658,26 +709,26 @@ class DiskTest(_CacheDirectory):
 
 
 class DiskKeyTest(absltest.TestCase):
-
   def test_the_key_changes_with_everything_the_choice_depends_on(self):
     auto, args = _step("scan", "auto")
     lowered = jax.jit(_step("scan", False)[0]).lower(*args)
     step = lambda **options: step_budget.BudgetedStep(
-        auto, 10**6, options.pop("max_recompute", 3.0), options)
+      auto, 10**6, options.pop("max_recompute", 3.0), options
+    )
     here = step()._disk_key(lowered, 10**6)
     self.assertEqual(step()._disk_key(lowered, 10**6), here)
     self.assertNotEqual(step()._disk_key(lowered, 10**6 + 1), here)
-    self.assertNotEqual(step(max_recompute=4.0)._disk_key(lowered, 10**6),
-                        here)
-    self.assertNotEqual(step(donate_argnums=0)._disk_key(lowered, 10**6),
-                        here)
+    self.assertNotEqual(step(max_recompute=4.0)._disk_key(lowered, 10**6), here)
+    self.assertNotEqual(step(donate_argnums=0)._disk_key(lowered, 10**6), here)
     other = jax.jit(_step("scan", True)[0]).lower(*args)
     self.assertNotEqual(step()._disk_key(other, 10**6), here)
     for name, patch in test_utils.environment_patches() + [
-        ("installed", mock.patch.object(
-            step_budget.versions, "installed", lambda: {"dm-haiku": "0"})),
-        ("code", mock.patch.object(step_budget, "_code_digest",
-                                   lambda: "0" * 64))]:
+      (
+        "installed",
+        mock.patch.object(step_budget.versions, "installed", lambda: {"dm-haiku": "0"}),
+      ),
+      ("code", mock.patch.object(step_budget, "_code_digest", lambda: "0" * 64)),
+    ]:
       with self.subTest(name), patch:
         self.assertNotEqual(step()._disk_key(lowered, 10**6), here)
 
@@ -687,9 +738,17 @@ def _print_plan(getter: str, budget: str) -> None:
   auto, args = _step("two_loops", "auto", getter == "1")
   with counted_compiles() as made:
     plan = hkb.budgeted_jit(auto, memory_budget=int(budget)).plan(*args)
-  print(json.dumps({"compiles": len(made), "tries": plan.tries,
-                    "loops": plan.loops, "bytes": plan.bytes,
-                    "kept": plan.kept}))
+  print(
+    json.dumps(
+      {
+        "compiles": len(made),
+        "tries": plan.tries,
+        "loops": plan.loops,
+        "bytes": plan.bytes,
+        "kept": plan.kept,
+      }
+    )
+  )
 
 
 if __name__ == "__main__":

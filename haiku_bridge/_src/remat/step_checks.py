@@ -20,6 +20,7 @@ from haiku_bridge._src.pytree import PyTree
 
 class StepWords(NamedTuple):
   """How a scan's messages name its body and what the body hands on."""
+
   body: str  # "`f`", "`core`", "a layer".
   pair: str  # The pair it returns: "(carry, y)".
   carry: str  # What the next step takes: "carry", "state".
@@ -29,8 +30,9 @@ class StepWords(NamedTuple):
   carry_hint: str = ""  # A sentence after the message on the carry.
 
 
-def check_step_output(out: Any, carry: PyTree, words: StepWords,
-                      carry_index: int = 0) -> tuple[Any, Any]:
+def check_step_output(
+  out: Any, carry: PyTree, words: StepWords, carry_index: int = 0
+) -> tuple[Any, Any]:
   """`out`, a body's output, if it is a pair whose `carry_index` is like `carry`.
 
   Every scan of the bridge (the layer scan, the time scans, the pipeline's
@@ -38,15 +40,21 @@ def check_step_output(out: Any, carry: PyTree, words: StepWords,
   loop would refuse it in JAX's words.
   """
   if not (isinstance(out, tuple) and len(out) == 2):
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"{words.body} must return a pair {words.pair}; it returned "
-        f"{errors.describe(out)}.{words.pair_hint}"))
+        f"{errors.describe(out)}.{words.pair_hint}"
+      )
+    )
   changed = carry_change(carry, out[carry_index])
   if changed is not None:
-    raise ValueError(errors.message(
+    raise ValueError(
+      errors.message(
         f"{words.body} must return a {words.carry} like the one it gets, "
         f"since the next {words.step} takes it; {words.subject} got "
-        f"{changed[0]} and returned {changed[1]}.{words.carry_hint}"))
+        f"{changed[0]} and returned {changed[1]}.{words.carry_hint}"
+      )
+    )
   return out
 
 
@@ -58,6 +66,7 @@ class CheckedBody:
   alike for the caches). With `entry`, messages name that public call even
   when the body runs after the call returned (a backward pass).
   """
+
   f: Callable[..., Any]
   words: StepWords
   entry: Optional[str] = None
@@ -71,6 +80,7 @@ class CheckedBody:
 
 class StepAxis(NamedTuple):
   """How a scan counts its steps: the argument, its least value, the words."""
+
   argument: str  # The argument giving the count: "length", "num_layers".
   least: int  # Its least value: 0 steps of time, 1 layer.
   leaf: str  # What each leaf of `xs` must be: "an array with ...".
@@ -80,19 +90,20 @@ class StepAxis(NamedTuple):
     """The leading axis every leaf of `name` needs, for `count` steps."""
     if self.argument == "length":
       return f"a leading time axis of {count} steps"
-    return ("a leading layer axis (of size num_layers)" if count is None else
-            f"a leading layer axis of size num_layers={count}")
+    return (
+      "a leading layer axis (of size num_layers)"
+      if count is None
+      else f"a leading layer axis of size num_layers={count}"
+    )
 
 
-def num_steps(count: Any, xs: PyTree, axis: StepAxis,
-              name: str = "xs") -> int:
+def num_steps(count: Any, xs: PyTree, axis: StepAxis, name: str = "xs") -> int:
   """The number of steps: `count`, or the leading axis every leaf of `xs` has.
 
   Raises TypeError or ValueError, naming `axis.argument` or the leaf of `xs`
   (by its path), for a count or a leaf the scan cannot run.
   """
-  wants = ("None or a non-negative int" if axis.least == 0 else
-           "a positive int")
+  wants = "None or a non-negative int" if axis.least == 0 else "a positive int"
   if count is not None and axis.least == 0:
     count = _check_count(axis.argument, count, wants)
   leaves = jax.tree_util.tree_leaves_with_path(xs)
@@ -100,12 +111,17 @@ def num_steps(count: Any, xs: PyTree, axis: StepAxis,
     # A time scan needs a time axis on each leaf; a layer without one is
     # refused below, with its shape.
     if not hasattr(leaf, "shape") or (axis.least == 0 and not np.ndim(leaf)):
-      hint = (f" For {leaf} layers without per-layer inputs, pass "
-              f"num_layers={leaf}." if axis.least and errors.is_int(leaf)
-              else "")
-      raise TypeError(errors.message(
+      hint = (
+        f" For {leaf} layers without per-layer inputs, pass num_layers={leaf}."
+        if axis.least and errors.is_int(leaf)
+        else ""
+      )
+      raise TypeError(
+        errors.message(
           f"{name}{jax.tree_util.keystr(path)} is {errors.got(leaf)}; every "
-          f"leaf of {name} must be {axis.leaf}.{hint}"))
+          f"leaf of {name} must be {axis.leaf}.{hint}"
+        )
+      )
   from_first = count is None
   if count is None:
     if not leaves:
@@ -116,12 +132,18 @@ def num_steps(count: Any, xs: PyTree, axis: StepAxis,
     count = errors.check_positive_int(axis.argument, count)
   for path, leaf in leaves:
     if not np.ndim(leaf) or leaf.shape[0] != count:
-      same = (f" (as {name}{jax.tree_util.keystr(leaves[0][0])} has)."
-              if from_first and axis.least == 0 else ".")
-      raise ValueError(errors.message(
+      same = (
+        f" (as {name}{jax.tree_util.keystr(leaves[0][0])} has)."
+        if from_first and axis.least == 0
+        else "."
+      )
+      raise ValueError(
+        errors.message(
           f"{name}{jax.tree_util.keystr(path)} has shape "
           f"{tuple(leaf.shape)}, but every leaf of {name} needs "
-          f"{axis.needs(count)}{same}"))
+          f"{axis.needs(count)}{same}"
+        )
+      )
   assert count is not None, "found above, or a leaf of xs was refused"
   return int(count)
 
@@ -140,12 +162,13 @@ def carry_change(before: PyTree, after: PyTree) -> Optional[tuple[str, str]]:
   Like: the same structure, and each leaf the same shape and dtype (weak
   types as JAX promotes them), which a loop needs of the carry it hands on.
   """
+
   def describe(tree):
-    return str(jax.tree.map(
-        lambda a: f"{jnp.result_type(a).name}{list(np.shape(a))}", tree))
+    return str(jax.tree.map(lambda a: f"{jnp.result_type(a).name}{list(np.shape(a))}", tree))
 
   if jax.tree.structure(before) != jax.tree.structure(after) or any(
-      (np.shape(a), jnp.result_type(a)) != (np.shape(b), jnp.result_type(b))
-      for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))):
+    (np.shape(a), jnp.result_type(a)) != (np.shape(b), jnp.result_type(b))
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))
+  ):
     return describe(before), describe(after)
   return None

@@ -51,11 +51,10 @@ ClosedJaxpr = jax_core.ClosedJaxpr
 
 # The aval of one step's slice of a scanned array. In jax.extend.core from jax
 # 0.9 on; only in jax.core before (jax 0.6-0.8), and no longer there in 0.10.
-mapped_aval = (getattr(jax_core, "mapped_aval", None)
-               or getattr(jax.core, "mapped_aval"))
+# (`getattr` with a constant name: jax.core lacks it on the jax that never reads it.)
+mapped_aval = getattr(jax_core, "mapped_aval", None) or getattr(jax.core, "mapped_aval")  # noqa: B009
 # The trace the code runs under (jax.extend.core from jax 0.9; jax.core before).
-current_trace = (getattr(jax_core, "find_top_trace", None)
-                 or getattr(jax.core, "find_top_trace"))
+current_trace = getattr(jax_core, "find_top_trace", None) or getattr(jax.core, "find_top_trace")  # noqa: B009
 
 
 def innermost_derivative() -> Any:
@@ -81,15 +80,18 @@ def outward(trace: Any) -> Iterator[Any]:
 
 
 def derivative_kind(trace: Any) -> Optional[str]:
-  """"forward" or "reverse", the mode of the derivative `trace` takes; None for a trace that takes none.
+  """ "forward" or "reverse", the mode of the derivative `trace` takes; None for a trace that takes none.
 
   A JVP trace is forward mode, but over a partial-evaluation trace (reverse
   mode before direct linearization); a linearize trace is reverse mode,
   but where it is not for a VJP (`jax.linearize`, from jax 0.9).
   """
   if isinstance(trace, jax_ad.JVPTrace):
-    return ("reverse" if type(getattr(trace, "parent_trace", None)).__name__
-            == "JaxprTrace" else "forward")
+    return (
+      "reverse"
+      if type(getattr(trace, "parent_trace", None)).__name__ == "JaxprTrace"
+      else "forward"
+    )
   if type(trace).__name__ == "LinearizeTrace":
     return "forward" if getattr(trace, "is_vjp", True) is False else "reverse"
   return None
@@ -98,7 +100,8 @@ def derivative_kind(trace: Any) -> Optional[str]:
 def consts_as_inputs(jaxpr: Jaxpr) -> ClosedJaxpr:
   """`jaxpr` with its consts as its first inputs, closed over no value."""
   return jax_core.ClosedJaxpr(
-      jaxpr.replace(constvars=[], invars=jaxpr.constvars + jaxpr.invars), ())
+    jaxpr.replace(constvars=[], invars=jaxpr.constvars + jaxpr.invars), ()
+  )
 
 
 def as_function(jaxpr: ClosedJaxpr) -> Callable[..., Any]:
@@ -139,6 +142,7 @@ def traced_for_forward_mode() -> bool:
 
 class Traced(NamedTuple):
   """The step as a jaxpr of (consts, carry, x), with the avals it takes."""
+
   jaxpr: ClosedJaxpr  # Consts abstracted into inputs.
   num_consts: int
   carry: tuple[jax.ShapeDtypeStruct, ...]
@@ -195,8 +199,9 @@ class Traced(NamedTuple):
   known: tuple[Any, ...] = ()
 
 
-def trace(f, init, xs, length, unroll: int | bool = 1,
-          batch_major: bool = False) -> tuple[Traced, tuple[Any, ...]]:
+def trace(
+  f, init, xs, length, unroll: int | bool = 1, batch_major: bool = False
+) -> tuple[Traced, tuple[Any, ...]]:
   """`f` traced once on one step's shapes; what it closes over, abstracted."""
   carry, carry_tree = jax.tree.flatten(init)
   x_leaves, x_tree = jax.tree.flatten(xs)
@@ -218,14 +223,17 @@ def trace(f, init, xs, length, unroll: int | bool = 1,
     _say_auto_axes()
 
   def struct(shape, dtype, spec):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None
-                                else jax.sharding.NamedSharding(
-                                    mesh, jax.sharding.PartitionSpec(*spec)))
+    return jax.ShapeDtypeStruct(
+      shape,
+      dtype,
+      sharding=None
+      if mesh is None
+      else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)),
+    )
 
   def leaf(a, sliced=False):
     a, spec = jax.typeof(a), spec_over(a, mesh)
-    return (struct(a.shape[1:], a.dtype, spec[1:]) if sliced
-            else struct(a.shape, a.dtype, spec))
+    return struct(a.shape[1:], a.dtype, spec[1:]) if sliced else struct(a.shape, a.dtype, spec)
 
   carry_avals = tuple(leaf(c) for c in carry)
   x_avals = tuple(leaf(x, sliced=True) for x in x_leaves)
@@ -235,17 +243,24 @@ def trace(f, init, xs, length, unroll: int | bool = 1,
   # The consts become the jaxpr's first inputs: no tracer of the caller's
   # trace reaches the compiles below.
   jaxpr = consts_as_inputs(closed.jaxpr)
-  taken = (_wrt(gradient, list(closed.consts) + carry + x_leaves) or
-           (True,) * len(jaxpr.in_avals))
-  wrt = _reaching(jaxpr, [is_float(a) and t
-                          for a, t in zip(jaxpr.in_avals, taken)])
-  return Traced(jaxpr, len(consts), carry_avals, x_avals, str(jaxpr),
-                 jax.jit(as_function(jaxpr)), unroll,
-                 batch_major, _vmaps(gradient, closed.consts, carry, x_leaves),
-                 wrt, _derivatives(gradient, [
-                     t for v in list(closed.consts) + carry + x_leaves
-                     for t in _batch_dims(v)]),
-                 _compiled_constants(closed.consts)), consts
+  taken = _wrt(gradient, list(closed.consts) + carry + x_leaves) or (True,) * len(jaxpr.in_avals)
+  wrt = _reaching(jaxpr, [is_float(a) and t for a, t in zip(jaxpr.in_avals, taken)])
+  return Traced(
+    jaxpr,
+    len(consts),
+    carry_avals,
+    x_avals,
+    str(jaxpr),
+    jax.jit(as_function(jaxpr)),
+    unroll,
+    batch_major,
+    _vmaps(gradient, closed.consts, carry, x_leaves),
+    wrt,
+    _derivatives(
+      gradient, [t for v in list(closed.consts) + carry + x_leaves for t in _batch_dims(v)]
+    ),
+    _compiled_constants(closed.consts),
+  ), consts
 
 
 def _compiled_constants(consts: Sequence[Any]) -> tuple[Any, ...]:
@@ -254,14 +269,11 @@ def _compiled_constants(consts: Sequence[Any]) -> tuple[Any, ...]:
   Staged, JAX compiles such an array into the program as a constant; run
   eagerly, the loop's consts are its operands, as traced values are.
   """
-  staged = any(type(t).__name__ == "DynamicJaxprTrace" for t in
-               outward(current_trace(())))
-  return tuple(c if staged and not isinstance(c, jax.core.Tracer) else None
-               for c in consts)
+  staged = any(type(t).__name__ == "DynamicJaxprTrace" for t in outward(current_trace(())))
+  return tuple(c if staged and not isinstance(c, jax.core.Tracer) else None for c in consts)
 
 
-def _reaching(jaxpr: ClosedJaxpr, taken: Sequence[bool]
-              ) -> tuple[bool, ...]:
+def _reaching(jaxpr: ClosedJaxpr, taken: Sequence[bool]) -> tuple[bool, ...]:
   """Of each input of `jaxpr`, whether `taken` marks it (a float the gradient is taken of) and an output's derivative depends on it: it reaches an output other than through `jax.lax.stop_gradient`.
 
   Read from the step's JVP in the inputs `taken` marks (the others, data,
@@ -277,9 +289,8 @@ def _reaching(jaxpr: ClosedJaxpr, taken: Sequence[bool]
   else:
     jvp, out_tangents = jax_ad.jvp_jaxpr(jaxpr, taken, False)
     jvp = jvp.jaxpr
-  _, used = jax_pe.dce_jaxpr(
-      jvp, [False] * len(jaxpr.out_avals) + [True] * sum(out_tangents))
-  tangents = iter(used[len(taken):])
+  _, used = jax_pe.dce_jaxpr(jvp, [False] * len(jaxpr.out_avals) + [True] * sum(out_tangents))
+  tangents = iter(used[len(taken) :])
   return tuple(bool(t and next(tangents)) for t in taken)
 
 
@@ -287,8 +298,11 @@ def spec_over(value, mesh) -> tuple[Any, ...]:
   """`value`'s `PartitionSpec` over `mesh`, an entry per dimension (None: not sharded; all None off `mesh`)."""
   aval = jax.typeof(value)
   sharding = getattr(aval, "sharding", None)
-  spec = (tuple(getattr(sharding, "spec", ())) if mesh is not None and
-          getattr(sharding, "mesh", None) == mesh else ())
+  spec = (
+    tuple(getattr(sharding, "spec", ()))
+    if mesh is not None and getattr(sharding, "mesh", None) == mesh
+    else ()
+  )
   return spec + (None,) * (aval.ndim - len(spec))
 
 
@@ -304,8 +318,11 @@ def _explicit_mesh(carry: Sequence[Any], xs: Sequence[Any]) -> Any:
   """
   get = getattr(jax.sharding, "get_abstract_mesh", None)
   mesh = get() if get is not None else None
-  if mesh is None or getattr(mesh, "empty", True) or not all(
-      "Explicit" in str(kind) for kind in mesh.axis_types):
+  if (
+    mesh is None
+    or getattr(mesh, "empty", True)
+    or not all("Explicit" in str(kind) for kind in mesh.axis_types)
+  ):
     return None
   if any(spec_over(x, mesh)[:1] != (None,) for x in xs):
     return None
@@ -313,8 +330,7 @@ def _explicit_mesh(carry: Sequence[Any], xs: Sequence[Any]) -> Any:
   return mesh if sharded else None
 
 
-def _vmaps(gradient: Any, *groups: Sequence[Any]
-           ) -> tuple[tuple[Any, ...], ...]:
+def _vmaps(gradient: Any, *groups: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
   """The `jax.vmap`s around the values of `groups`, innermost first: `(size, of_the_batch, dims of each group)`.
 
   Inside `jax.vmap` a value is one example's, and the loop's program is the
@@ -332,10 +348,10 @@ def _vmaps(gradient: Any, *groups: Sequence[Any]
   traces = {id(t): t for group in chains for chain in group for t in chain}
   innermost_first = sorted(traces.values(), key=_depth, reverse=True)
   return tuple(
-      (int(t.axis_data.size),
-       gradient is None or _depth(t) > _depth(gradient)) + tuple(
-           tuple(chain.get(t) for chain in group) for group in chains)
-      for t in innermost_first)
+    (int(t.axis_data.size), gradient is None or _depth(t) > _depth(gradient))
+    + tuple(tuple(chain.get(t) for chain in group) for group in chains)
+    for t in innermost_first
+  )
 
 
 # What stages the body of a loop of JAX's (`DebugInfo.traced_for`): a loop
@@ -354,10 +370,12 @@ def _warn_once(about: Any, message: str, *args: Any) -> None:
   _SAID.add(about)
   LOG.warning(message, *args)
 
+
 # The bodies of haiku_bridge's plain loops being traced, innermost last:
 # each one's trace and whether `remat="auto"` planned its loop (`in_body`).
-_LOOP_BODIES_HERE: contextvars.ContextVar[tuple[tuple[Any, bool], ...]] = (
-    contextvars.ContextVar("haiku_bridge_loop_bodies", default=()))
+_LOOP_BODIES_HERE: contextvars.ContextVar[tuple[tuple[Any, bool], ...]] = contextvars.ContextVar(
+  "haiku_bridge_loop_bodies", default=()
+)
 
 
 def in_body(body: Callable[..., Any], planned: bool) -> Callable[..., Any]:
@@ -366,15 +384,16 @@ def in_body(body: Callable[..., Any], planned: bool) -> Callable[..., Any]:
   `planned`: whether `remat="auto"` chose the plain loop, whose plan then
   measured what the loops inside keep (`_say_outer_loop` says nothing).
   """
+
   @functools.wraps(body)
   def traced(carry, x):
     here = _LOOP_BODIES_HERE.get()
-    token = _LOOP_BODIES_HERE.set(
-        here + ((current_trace(()), planned),))
+    token = _LOOP_BODIES_HERE.set(here + ((current_trace(()), planned),))
     try:
       return body(carry, x)
     finally:
       _LOOP_BODIES_HERE.reset(token)
+
   return traced
 
 
@@ -410,23 +429,29 @@ def _say_outer_loop() -> None:
   if body is None:
     return
   outer, remedy = (
-      ("a haiku_bridge loop with remat=False (hkb.scan, layer_scan, "
-       "repeat_layer, dynamic_unroll)",
-       "Give that loop remat=True, a schedule, or \"auto\", whose plan "
-       "counts this loop inside it") if body == "haiku_bridge" else
-      (f"a loop of JAX's (the {body})",
-       "Checkpoint its body (jax.checkpoint) to keep one iteration's at a "
-       "time, or take the gradient inside it"))
+    (
+      "a haiku_bridge loop with remat=False (hkb.scan, layer_scan, repeat_layer, dynamic_unroll)",
+      "Give that loop remat=True, a schedule, or \"auto\", whose plan counts this loop inside it",
+    )
+    if body == "haiku_bridge"
+    else (
+      f"a loop of JAX's (the {body})",
+      "Checkpoint its body (jax.checkpoint) to keep one iteration's at a "
+      "time, or take the gradient inside it",
+    )
+  )
   _warn_once(
-      ("outer loop", body),
-      "remat=\"auto\": this loop runs inside %s that a gradient is taken "
-      "around: that loop keeps every iteration's residuals of this one for "
-      "its backward pass, up to its length times this plan's "
-      "memory_budget. %s.", outer, remedy)
+    ("outer loop", body),
+    "remat=\"auto\": this loop runs inside %s that a gradient is taken "
+    "around: that loop keeps every iteration's residuals of this one for "
+    "its backward pass, up to its length times this plan's "
+    "memory_budget. %s.",
+    outer,
+    remedy,
+  )
 
 
-def _derivatives(gradient: Any, batching: Sequence[Any]
-                 ) -> tuple[tuple[str, int], ...]:
+def _derivatives(gradient: Any, batching: Sequence[Any]) -> tuple[tuple[str, int], ...]:
   """The derivatives the loop runs under, innermost first: ("reverse" or "forward", how many at once).
 
   The first is `gradient`, the innermost around the loop (where none is
@@ -457,16 +482,14 @@ def _derivatives(gradient: Any, batching: Sequence[Any]
     kind = derivative_kind(t)
     if kind is not None:
       out.append([kind, 1])
-    elif (isinstance(t, jax_batching.BatchTrace) and
-          id(t) not in batched):
+    elif isinstance(t, jax_batching.BatchTrace) and id(t) not in batched:
       out[-1][1] *= int(t.axis_data.size)
   return tuple((kind, at_once) for kind, at_once in out)
 
 
 def no_schedules(step: "Traced") -> bool:
   """Whether no schedule is a candidate: where the loop's derivative is forward (a schedule runs as remat=True there) or differentiated again in reverse mode (a gradient of a gradient: a schedule keeps more than remat=False)."""
-  return (step.derivatives[0][0] == "forward" or
-          "reverse" in dict(step.derivatives[1:]))
+  return step.derivatives[0][0] == "forward" or "reverse" in dict(step.derivatives[1:])
 
 
 def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
@@ -493,6 +516,7 @@ def _wrt(gradient: Any, values: Sequence[Any]) -> Optional[tuple[bool, ...]]:
         value = value.val
       else:
         return isinstance(value, jax.ShapeDtypeStruct)
+
   return tuple(taken(v) for v in values)
 
 
@@ -502,7 +526,8 @@ def _batch_dims(value: Any) -> dict[Any, Optional[int]]:
   while isinstance(value, jax_batching.BatchTracer):
     dim = value.batch_dim
     dims[value._trace] = (  # pylint: disable=protected-access
-        None if dim is None else int(dim))
+      None if dim is None else int(dim)
+    )
     value = value.val
   return dims
 
@@ -536,19 +561,20 @@ def _say_auto_axes() -> None:
   batch's, on one device, and a budget of one device's memory recomputes
   more than it needs (`KnownGapsTest`).
   """
-  axes = tuple((name, size) for name, size, kind in mesh_context()
-               if "Auto" in kind and size > 1)
+  axes = tuple((name, size) for name, size, kind in mesh_context() if "Auto" in kind and size > 1)
   if not axes:
     return
   _warn_once(
-      ("Auto axes", axes),
-      "remat=\"auto\": a loop traced under mesh axes of type Auto (%s) is "
-      "planned on the shapes it sees, as one device holding them would run "
-      "it: the loop cannot see how your step shards its values there, and "
-      "where it does (a batch over those axes), a budget of one device's "
-      "memory recomputes more than it needs. Under Explicit axes "
-      "(jax.make_mesh's default) or inside jax.shard_map the plan is one "
-      "device's.", ", ".join(f"{name}: {size}" for name, size in axes))
+    ("Auto axes", axes),
+    "remat=\"auto\": a loop traced under mesh axes of type Auto (%s) is "
+    "planned on the shapes it sees, as one device holding them would run "
+    "it: the loop cannot see how your step shards its values there, and "
+    "where it does (a batch over those axes), a budget of one device's "
+    "memory recomputes more than it needs. Under Explicit axes "
+    "(jax.make_mesh's default) or inside jax.shard_map the plan is one "
+    "device's.",
+    ", ".join(f"{name}: {size}" for name, size in axes),
+  )
 
 
 def mesh_context() -> tuple[tuple[str, int, str], ...]:
@@ -562,14 +588,15 @@ def mesh_context() -> tuple[tuple[str, int, str], ...]:
   mesh = get() if get is not None else None
   if mesh is None or getattr(mesh, "empty", True):
     return ()
-  return tuple((str(name), int(size), str(kind)) for name, size, kind in zip(
-      mesh.axis_names, mesh.axis_sizes, mesh.axis_types))
+  return tuple(
+    (str(name), int(size), str(kind))
+    for name, size, kind in zip(mesh.axis_names, mesh.axis_sizes, mesh.axis_types)
+  )
 
 
 def differentiable(step: Traced) -> bool:
   """Whether the measuring programs differentiate an input (`Traced.wrt`) and a float output: a gradient to take."""
-  return (any(step.wrt) and
-          any(is_float(a) for a in step.jaxpr.out_avals))
+  return any(step.wrt) and any(is_float(a) for a in step.jaxpr.out_avals)
 
 
 def is_float(a) -> bool:

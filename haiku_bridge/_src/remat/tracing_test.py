@@ -34,9 +34,8 @@ class SaidTest(absltest.TestCase):
 
     def loss(w, xs):
       step = lambda h, x: (jnp.tanh(h @ w + x), None)
-      h, _ = hkb.scan(step, jnp.zeros([4, 16]), xs, remat="auto",
-                      memory_budget=1 << 30)
-      return jnp.sum(h ** 2)
+      h, _ = hkb.scan(step, jnp.zeros([4, 16]), xs, remat="auto", memory_budget=1 << 30)
+      return jnp.sum(h**2)
 
     def trace(kind, axis):
       mesh = jax.make_mesh((2,), (axis,), axis_types=(kind,))
@@ -61,10 +60,14 @@ class SaidTest(absltest.TestCase):
     xs = jnp.ones([3, 16, 2, 8])
 
     def inner(w, seq):
-      h, _ = hkb.scan(lambda h, x: (jnp.tanh(h @ w + x), None),
-                      jnp.zeros([2, 8]), seq, remat="auto",
-                      memory_budget=1 << 30)
-      return jnp.sum(h ** 2)
+      h, _ = hkb.scan(
+        lambda h, x: (jnp.tanh(h @ w + x), None),
+        jnp.zeros([2, 8]),
+        seq,
+        remat="auto",
+        memory_budget=1 << 30,
+      )
+      return jnp.sum(h**2)
 
     def body(total, seq):
       return total + inner(w, seq), None
@@ -77,8 +80,7 @@ class SaidTest(absltest.TestCase):
       jax.eval_shape(jax.grad(lambda w: jax.lax.scan(body, 0.0, xs)[0]), w)
       jax.grad(lambda w: jax.lax.fori_loop(0, 3, fori_body, 0.0))(w)
     scan_said, fori_said = said.output
-    self.assertIn("runs inside a loop of JAX's (the scan of body at ",
-                  scan_said)
+    self.assertIn("runs inside a loop of JAX's (the scan of body at ", scan_said)
     self.assertIn("Checkpoint its body (jax.checkpoint)", scan_said)
     self.assertIn("(the fori_loop of fori_body at ", fori_said)
 
@@ -86,10 +88,8 @@ class SaidTest(absltest.TestCase):
       return total + inner(w, seq), None
 
     with self.assertNoLogs(tracing.LOG, "WARNING"):
-      jax.grad(lambda w: jax.lax.scan(jax.checkpoint(checkpointed), 0.0,
-                                      xs)[0])(w)
-      jax.lax.scan(lambda g, seq: (g + jax.grad(inner)(w, seq), None),
-                   jnp.zeros_like(w), xs)
+      jax.grad(lambda w: jax.lax.scan(jax.checkpoint(checkpointed), 0.0, xs)[0])(w)
+      jax.lax.scan(lambda g, seq: (g + jax.grad(inner)(w, seq), None), jnp.zeros_like(w), xs)
       jax.grad(jax.jit(lambda w: inner(w, xs[0])))(w)
 
   @on_cpu_and_gpu(CPU_SIZED)
@@ -106,20 +106,30 @@ class SaidTest(absltest.TestCase):
     def stack(outer, budget):
       def layer(h):
         core = hk.VanillaRNN(32)
-        out, _ = hkb.dynamic_unroll(core, h, core.initial_state(8),
-                                    remat="auto", memory_budget=200_000)
+        out, _ = hkb.dynamic_unroll(
+          core, h, core.initial_state(8), remat="auto", memory_budget=200_000
+        )
         return h + out
-      return hk.transform(lambda xs: jnp.sum(hkb.repeat_layer(
-          layer, xs, 6, remat=outer,
-          **({} if budget is None else dict(memory_budget=budget))) ** 2))
+
+      return hk.transform(
+        lambda xs: jnp.sum(
+          hkb.repeat_layer(
+            layer, xs, 6, remat=outer, **({} if budget is None else dict(memory_budget=budget))
+          )
+          ** 2
+        )
+      )
 
     params = stack(False, None).init(KEY, xs)
 
     def step(outer, budget=None):
       net = stack(outer, budget)
       with remat_models.plans_made() as made:
-        compiled = jax.jit(jax.value_and_grad(
-            lambda p, xs: net.apply(p, None, xs))).lower(params, xs).compile()
+        compiled = (
+          jax.jit(jax.value_and_grad(lambda p, xs: net.apply(p, None, xs)))
+          .lower(params, xs)
+          .compile()
+        )
       return made, hlo_flops.held(compiled).bytes
 
     tracing._SAID.discard(("outer loop", "haiku_bridge"))  # pylint: disable=protected-access
