@@ -34,7 +34,7 @@ the least with `max_recompute=math.inf`), never one below the budget.
 """
 
 import math
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -53,6 +53,8 @@ from haiku_bridge._src.remat.measure import RematCandidate
 # where one pass fewer takes 179); with fewer, the recomputation grows
 # fast (one slot: about T/2 passes).
 MAX_RECOMPUTE = 3.0
+# The most rows `RematPlan.table()` shows unless asked for every one.
+COMPACT_ROWS = 12
 
 
 class RematPlan(NamedTuple):
@@ -75,6 +77,8 @@ class RematPlan(NamedTuple):
       (`"reverse"`, a gradient; `"forward"`, a JVP), then each taken of
       it (a gradient of a gradient, a Hessian-vector product), with how
       many are taken at once under a `jax.vmap` (`jax.hessian`'s JVPs).
+    max_recompute: the most forward passes of the loop a plan chosen may
+      recompute (`hkb.remat_plan`'s `max_recompute`).
   """
 
   length: int
@@ -82,55 +86,201 @@ class RematPlan(NamedTuple):
   candidates: tuple[RematCandidate, ...]
   choice: RematCandidate
   derivatives: tuple[tuple[str, int], ...] = (("reverse", 1),)
+  max_recompute: float = MAX_RECOMPUTE
 
   @property
   def least_budget(self) -> int:
     """The least `memory_budget` any candidate fits: its predicted temporaries, bytes."""
     return min(k.temporaries for k in self.candidates)
 
-  def table(self) -> str:
+  def over_bound(self, candidate: RematCandidate) -> bool:
+    """Whether `candidate` recomputes more than `max_recompute` forward passes: never chosen.
+
+    >>> c = hkb.RematCandidate("binomial", 1, None, 1 << 10, 36, 0)
+    >>> hkb.RematPlan(8, 1 << 20, (c,), c, max_recompute=3).over_bound(c)
+    True
+    """
+    return candidate.recomputed_steps > self.max_recompute * self.length
+
+  def table(self, full: bool = False) -> str:
     """The candidates as a Markdown table, in MiB and GFLOP, the choice marked.
+
+    One kind of figure per column: "predicted" is the model's bytes for
+    every plan (remat=False, remat=True and a policy are predicted by their
+    own compiles), "compiled" the bytes of the plans compiled while
+    planning (the choice's check among them), which the choice weighs
+    where they are known. The last column marks the choice, a plan whose
+    bytes are over the budget, and one that recomputes more than
+    `max_recompute` forward passes of the loop (never chosen).
 
     >>> c = hkb.RematCandidate
     >>> print(hkb.RematPlan(8, 3 << 20, (
-    ...     c(False, None, None, 4 << 20, 0, 0),
-    ...     c(True, None, None, 3 << 20, 8, 160_000_000, "dots_saveable"),
-    ...     c(True, None, None, 1 << 19, 8, 800_000_000)),
-    ...     c(True, None, None, 3 << 20, 8, 160_000_000, "dots_saveable")
+    ...     c(False, None, None, 4 << 20, 0, 0, None, 4 << 20),
+    ...     c(True, None, None, 3 << 20, 8, 160_000_000, "dots_saveable", 3 << 20),
+    ...     c("binomial", 2, None, 1 << 19, 30, 800_000_000)),
+    ...     c(True, None, None, 3 << 20, 8, 160_000_000, "dots_saveable", 3 << 20)
     ...     ).table())
-    | remat | slots | groups | temporaries (MiB) | recomputed steps | recomputed GFLOP | |
-    | --- | --- | --- | --- | --- | --- | --- |
-    | False |  |  | 4 | 0 | 0 | over the budget |
-    | True, policy dots_saveable |  |  | 3 | 8 | 0.16 | **chosen** |
-    | True |  |  | 0.5 | 8 | 0.8 |  |
+    | remat | slots | groups | predicted (MiB) | compiled (MiB) | recomputed steps | recomputed GFLOP | |
+    | --- | --- | --- | --- | --- | --- | --- | --- |
+    | False |  |  | 4 | 4 | 0 | 0 | over the budget |
+    | True, policy dots_saveable |  |  | 3 | 3 | 8 | 0.16 | **chosen** |
+    | binomial | 2 |  | 0.5 |  | 30 | 0.8 | over max_recompute=3 |
+
+    Args:
+      full: every candidate. By default, at most `COMPACT_ROWS`: remat=False,
+        remat=True (and under the policy), the choice and the candidates
+        either side of it, the least memory within `max_recompute` and
+        over it, and the plans compiled, in the full table's order, then a
+        line saying how many are left out.
+
+    Returns:
+      The table, one row per line.
     """
+    shown = self.candidates if full else self._compact()
     rows = [
-      "| remat | slots | groups | temporaries (MiB) | recomputed steps | recomputed GFLOP | |",
-      "| --- | --- | --- | --- | --- | --- | --- |",
+      "| remat | slots | groups | predicted (MiB) | compiled (MiB) | recomputed steps "
+      "| recomputed GFLOP | |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for k in self.candidates:
-      note = (
-        "**chosen**"
-        if k == self.choice
-        else "over the budget"
-        if k.temporaries > self.memory_budget
-        else ""
-      )
+    for k in shown:
       remat = f"{k.remat}" + ("" if k.policy is None else f", policy {k.policy}")
+      predicted = k.temporaries if k.predicted is None else k.predicted
+      compiled = "" if k.compiled is None else _mib(k.compiled)
       rows.append(
         f"| {remat} | {'' if k.slots is None else k.slots} | "
-        f"{'' if k.groups is None else k.groups} | "
-        f"{_mib(k.temporaries)} | {k.recomputed_steps} | "
-        f"{_readable(k.recomputed_flops / 1e9)} | {note} |"
+        f"{'' if k.groups is None else k.groups} | {_mib(predicted)} | {compiled} | "
+        f"{k.recomputed_steps} | {_readable(k.recomputed_flops / 1e9)} | {self._mark(k)} |"
+      )
+    if len(shown) < len(self.candidates):
+      rows.append(
+        f"\n{len(shown)} of {len(self.candidates)} candidates: `table(full=True)` lists every one."
       )
     return "\n".join(rows)
+
+  def plot(self, ax: Any = None) -> Any:
+    """The trade-off drawn with matplotlib: each candidate's memory against its recomputed FLOPs.
+
+    Every candidate at its predicted bytes (grey where it recomputes over
+    `max_recompute`, never chosen), the plans compiled while planning at
+    their compiled bytes, `memory_budget` as a dashed line and the choice
+    as a star. The FLOPs axis is logarithmic above the least recomputation
+    (linear below it, down to remat=False's none). matplotlib is optional:
+    `pip install matplotlib`.
+
+    >>> c = hkb.RematCandidate
+    >>> plan = hkb.RematPlan(8, 3 << 20, (
+    ...     c(False, None, None, 4 << 20, 0, 0, None, 4 << 20),
+    ...     c(True, None, None, 3 << 20, 8, 160_000_000, None, 3 << 20)),
+    ...     c(True, None, None, 3 << 20, 8, 160_000_000, None, 3 << 20))
+    >>> try:
+    ...   ax = plan.plot()  # A new figure; or plan.plot(ax) to draw on yours.
+    ... except ImportError as e:  # matplotlib is not installed.
+    ...   print("pip install matplotlib" in str(e))
+    ... else:
+    ...   print(ax.get_ylabel().startswith("temporaries"))
+    True
+
+    Args:
+      ax: the matplotlib Axes to draw on; None: a new figure's.
+
+    Returns:
+      The Axes drawn on.
+
+    Raises:
+      ImportError: where matplotlib is not installed, saying how to install it.
+    """
+    with errors.entry("RematPlan.plot"):
+      try:
+        import matplotlib  # pylint: disable=g-import-not-at-top  # Optional.
+      except ImportError as e:
+        raise ImportError(
+          errors.message(
+            f"needs matplotlib, which could not be imported ({e}). Install it with: "
+            "pip install matplotlib (`table()` shows the same figures as text)"
+          )
+        ) from e
+      if ax is None:
+        import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+        _, ax = plt.subplots()
+      del matplotlib  # Imported for the error only.
+    gflop = lambda ks: [k.recomputed_flops / 1e9 for k in ks]
+    mib = lambda values: [v / 2**20 for v in values]
+    within = [k for k in self.candidates if not self.over_bound(k)]
+    over = [k for k in self.candidates if self.over_bound(k)]
+    predicted = lambda ks: mib(k.temporaries if k.predicted is None else k.predicted for k in ks)
+    ax.scatter(gflop(within), predicted(within), s=16, color="C0", label="predicted")
+    if over:
+      ax.scatter(
+        gflop(over),
+        predicted(over),
+        s=16,
+        color="0.7",
+        label=f"predicted, over max_recompute={self.max_recompute:g}",
+      )
+    compiled = [k for k in self.candidates if k.compiled is not None]
+    ax.scatter(
+      gflop(compiled),
+      mib(k.temporaries for k in compiled),
+      s=40,
+      facecolors="none",
+      edgecolors="C1",
+      label="compiled",
+    )
+    ax.axhline(self.memory_budget / 2**20, color="C3", linestyle="--", label="memory_budget")
+    ax.scatter(
+      gflop([self.choice]),
+      mib([self.choice.temporaries]),
+      s=160,
+      marker="*",
+      color="C2",
+      zorder=3,
+      label=f"chosen: {self.choice.describe()}",
+    )
+    least = min((k.recomputed_flops for k in self.candidates if k.recomputed_flops), default=0)
+    if least:
+      ax.set_xscale("symlog", linthresh=least / 1e9)
+    ax.set_xlabel("recomputed GFLOP per training step")
+    ax.set_ylabel("temporaries of the loop's training step (MiB)")
+    ax.set_title(f'remat="auto" for {self.length} steps')
+    ax.legend(fontsize="small")
+    return ax
+
+  def _mark(self, k: RematCandidate) -> str:
+    """A row's last cell in `table()`."""
+    if k == self.choice:
+      return "**chosen**"
+    return ", ".join(
+      text
+      for over, text in (
+        (k.temporaries > self.memory_budget, "over the budget"),
+        (self.over_bound(k), f"over max_recompute={self.max_recompute:g}"),
+      )
+      if over
+    )
+
+  def _compact(self) -> tuple[RematCandidate, ...]:
+    """The rows `table()` shows by default, in the candidates' order."""
+    ks = self.candidates
+    i = ks.index(self.choice) if self.choice in ks else 0
+    least = min(range(len(ks)), key=lambda j: ks[j].temporaries)
+    within = [j for j, k in enumerate(ks) if not self.over_bound(k)]
+    least_within = min(within, key=lambda j: ks[j].temporaries, default=least)
+    first = {i - 1, i, i + 1, least, least_within} | {
+      j for j, k in enumerate(ks) if k.remat in (False, True)
+    }
+    compiled = [j for j, k in enumerate(ks) if k.compiled is not None and j not in first]
+    rows = sorted(j for j in first if 0 <= j < len(ks))
+    rows = sorted(rows + compiled[: max(0, COMPACT_ROWS - len(rows))])
+    return tuple(ks[j] for j in rows)
 
   def __str__(self) -> str:
     """What `remat="auto"` chose and why, then `table()`."""
     return (
       f'remat="auto" for {self.length} steps chose '
       f"{self.choice.describe()}: {_mib(self.choice.temporaries)} MiB "
-      "of training-step temporaries (predicted), within memory_budget="
+      "of training-step temporaries "
+      f"({'predicted' if self.choice.compiled is None else 'compiled'}), within memory_budget="
       f"{self.memory_budget} bytes ({_mib(self.memory_budget)} MiB; the "
       f"least any plan needs: {self.least_budget} bytes, "
       f"{_mib(self.least_budget)} MiB), "
@@ -286,7 +436,9 @@ def choose(
   affordable = [k for k in fitting if k.recomputed_steps <= max_recompute * length]
   if not affordable:
     _raise_over_recompute(c, candidates, fitting, length, memory_budget, max_recompute)
-  return RematPlan(length, memory_budget, tuple(candidates), affordable[0])
+  return RematPlan(
+    length, memory_budget, tuple(candidates), affordable[0], max_recompute=max_recompute
+  )
 
 
 def _raise_over_recompute(

@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import re
+import sys
 import threading
 from unittest import mock
 
@@ -494,6 +495,71 @@ class RecomputeBoundTest(absltest.TestCase):
       hkb.remat_plan(step, h, xs, max_recompute=1, memory_budget=per_step.temporaries).choice,
       per_step,
     )
+
+
+def _hand_plan() -> hkb.RematPlan:
+  """A plan of 8 steps made by hand: remat=False over the budget, a policy chosen, two schedules (one over max_recompute)."""
+  c = hkb.RematCandidate
+  chosen = c(True, None, None, 3 << 20, 8, 160_000_000, "dots_saveable", 3 << 20)
+  return hkb.RematPlan(
+    8,
+    3 << 20,
+    (
+      c(False, None, None, 4 << 20, 0, 0, None, 4 << 20),
+      chosen,
+      c("binomial", 4, None, 2 << 20, 20, 400_000_000, None, 5 << 19),
+      c("binomial", 1, None, 1 << 19, 36, 800_000_000),
+    ),
+    chosen,
+  )
+
+
+def _matplotlib_missing() -> str:
+  """Why the plot cannot be drawn here ('' where matplotlib imports)."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401
+  except ImportError as e:
+    return f"matplotlib is not installed ({e})"
+  return ""
+
+
+class PlotTest(absltest.TestCase):
+  """`RematPlan.plot`: the trade-off drawn where matplotlib is installed, an install hint where not."""
+
+  def test_without_matplotlib_the_error_says_how_to_install_it(self):
+    hidden = {"matplotlib": None, "matplotlib.pyplot": None}  # None: import fails.
+    with mock.patch.dict(sys.modules, hidden):
+      with self.assertRaisesRegex(
+        ImportError, r"^hkb\.RematPlan\.plot: needs matplotlib.*pip install matplotlib"
+      ):
+        _hand_plan().plot()
+
+  def test_draws_memory_against_recomputed_flops_the_budget_and_the_choice(self):
+    missing = _matplotlib_missing()
+    if missing:
+      self.skipTest(missing)
+    import matplotlib  # pylint: disable=g-import-not-at-top
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+    plan = _hand_plan()
+    _, given = plt.subplots()
+    ax = plan.plot(given)
+    self.assertIs(ax, given)
+    series = {c.get_label(): c.get_offsets().tolist() for c in ax.collections}
+    mib = 2**20
+    # Predicted bytes for every plan, grey over max_recompute (36 > 3 * 8).
+    self.assertEqual(series["predicted"], [[0, 4], [0.16, 3], [0.4, 2.5]])
+    self.assertEqual(series["predicted, over max_recompute=3"], [[0.8, 0.5]])
+    # The compiled bytes where known: the schedule of 4 slots compiled to 2 MiB.
+    self.assertEqual(series["compiled"], [[0, 4], [0.16, 3], [0.4, 2]])
+    chosen = 'chosen: remat=True, remat_policy=dots_saveable'
+    self.assertEqual(series[chosen], [[0.16, 3]])
+    (budget,) = [line for line in ax.get_lines() if line.get_label() == "memory_budget"]
+    self.assertEqual(list(budget.get_ydata()), [plan.memory_budget / mib] * 2)
+    self.assertEqual(ax.get_xscale(), "symlog")
+    plt.close("all")
 
 
 if __name__ == "__main__":

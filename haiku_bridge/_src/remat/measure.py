@@ -80,6 +80,10 @@ class RematCandidate(NamedTuple):
     recomputed_flops: predicted FLOPs of that recomputation.
     policy: with `remat=True`, the `remat_policy` it runs under, by
       `policy_name` (None: no policy).
+    predicted: where `temporaries` is compiled, the model's prediction of
+      them (remat=False, remat=True and a policy are predicted by their
+      own compiles: the same bytes); None where `temporaries` is the
+      prediction, the plan never compiled.
   """
 
   remat: modes.RematMode
@@ -89,6 +93,16 @@ class RematCandidate(NamedTuple):
   recomputed_steps: int
   recomputed_flops: int
   policy: Optional[str] = None
+  predicted: Optional[int] = None
+
+  @property
+  def compiled(self) -> Optional[int]:
+    """`temporaries` where the plan was compiled, else None.
+
+    >>> hkb.RematCandidate("binomial", 4, None, 900, 20, 0, None, 1000).compiled
+    900
+    """
+    return None if self.predicted is None else self.temporaries
 
   def describe(self) -> str:
     """The candidate as one phrase: `remat="binomial", 12 slots`."""
@@ -358,12 +372,16 @@ def most_slots(length: int) -> int:
   return max(1, length - 2)
 
 
-def _bytes(c: Coefficients, plan: Key, predicted: float) -> int:
-  """A plan's bytes: compiled where it was, else predicted."""
-  return dict(c.measured).get(plan, int(round(predicted)))
+def _bytes(c: Coefficients, plan: Key, predicted: float) -> tuple[int, Optional[int]]:
+  """A plan's bytes, compiled where it was, else predicted; and its prediction where compiled (`RematCandidate.predicted`)."""
+  guess = int(round(predicted))
+  compiled = dict(c.measured).get(plan)
+  return (guess, None) if compiled is None else (compiled, guess)
 
 
-def _scheduled(c: Coefficients, length: int, slots: int, plan: Key, recomputed_steps: int) -> int:
+def _scheduled(
+  c: Coefficients, length: int, slots: int, plan: Key, recomputed_steps: int
+) -> tuple[int, Optional[int]]:
   """A schedule's bytes: its slots' temporaries, and its tables' constants."""
   assert c.scheduled is not None, "a loop with schedules measured them"
   a, per_slot = c.scheduled
@@ -378,18 +396,24 @@ def _recomputing(
   groups,
   length: int,
   advances: int,
-  temporaries: Optional[int] = None,
+  temporaries: Optional[tuple[int, Optional[int]]] = None,
 ) -> RematCandidate:
-  """A candidate that recomputes each step where it backpropagates it, and advances."""
+  """A candidate that recomputes each step where it backpropagates it, and advances.
+
+  `temporaries`: its bytes and their prediction, as `_bytes` gives them
+  (None: a schedule's, from the line).
+  """
   if temporaries is None:
     temporaries = _scheduled(c, length, slots, (remat, slots, groups, None), length + advances)
+  held, predicted = temporaries
   return RematCandidate(
     remat,
     slots,
     groups,
-    temporaries,
+    held,
     length + advances,
     int(round(length * c.step_flops + advances * c.advance_flops)),
+    predicted=predicted,
   )
 
 
@@ -406,7 +430,8 @@ def binomial(c: Coefficients, length: int, slots: int) -> RematCandidate:
 
 def candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   """No remat, remat=True, a few groupings of "nested", binomial by slots."""
-  out = [RematCandidate(False, None, None, _bytes(c, (False, None, None, None), c.plain), 0, 0)]
+  plain, predicted = _bytes(c, (False, None, None, None), c.plain)
+  out = [RematCandidate(False, None, None, plain, 0, 0, predicted=predicted)]
   if c.per_step is None:  # Nothing to differentiate: nothing to keep.
     return out
   out.append(
@@ -414,16 +439,9 @@ def candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   )
   if c.policy is not None:
     name, temporaries, flops = c.policy
+    held, predicted = _bytes(c, (True, None, None, name), temporaries)
     out.append(
-      RematCandidate(
-        True,
-        None,
-        None,
-        _bytes(c, (True, None, None, name), temporaries),
-        length,
-        int(round(length * flops)),
-        name,
-      )
+      RematCandidate(True, None, None, held, length, int(round(length * flops)), name, predicted)
     )
   if c.scheduled is None:  # One step: no schedule keeps fewer carries.
     return out

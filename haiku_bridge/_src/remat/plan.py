@@ -36,12 +36,15 @@ import contextlib
 import contextvars
 import functools
 import gc
+import logging
+import time
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import haiku as hk
 import jax
 import numpy as np
 
+from haiku_bridge._src import caches
 from haiku_bridge._src import errors
 from haiku_bridge._src import guards
 from haiku_bridge._src.remat import choice
@@ -411,9 +414,42 @@ def plan(
   (`hkb.dynamic_unroll(time_major=False)`: a batch-major GRU over 512 steps
   compiled to 2.1× one slot's schedule without them).
   """
+  tracing.LOG.info(
+    'remat="auto": planning %d steps for memory_budget=%d bytes (compiling the loop\'s '
+    "training step for a few plans)...",
+    length,
+    memory_budget,
+  )
+  start = time.perf_counter()
   with _no_cyclic_gc():
     step, consts = tracing.trace(f, init, xs, length, unroll, batch_major)
-    return choice.checked_plan(step, consts, length, memory_budget, policy, max_recompute)
+    made = choice.checked_plan(step, consts, length, memory_budget, policy, max_recompute)
+  _log_planned(made, time.perf_counter() - start)
+  return made
+
+
+# Planning slower than this, seconds, says so at WARNING, which Python's
+# default logging shows: a user who waits sees why.
+SLOW_PLAN_SECONDS = 2.0
+
+
+def _log_planned(made: RematPlan, seconds: float) -> None:
+  """The line that ends a plan (`plan`): at INFO, or at WARNING when it took `SLOW_PLAN_SECONDS` or more."""
+  kept = caches.directory()
+  tracing.LOG.log(
+    logging.WARNING if seconds >= SLOW_PLAN_SECONDS else logging.INFO,
+    'remat="auto": planned %d steps in %.1f s: chose %s, %d bytes for memory_budget=%d '
+    "bytes (str(plan) or hkb.remat_plans() for the table). %s",
+    made.length,
+    seconds,
+    made.choice.describe(),
+    made.choice.temporaries,
+    made.memory_budget,
+    f"What it measured is kept on disk ({kept}): a process that plans this loop again reads it."
+    if kept
+    else "Nothing is kept on disk (caches off, or HAIKU_BRIDGE_CACHE_DIR set empty): "
+    "each process measures again.",
+  )
 
 
 @contextlib.contextmanager

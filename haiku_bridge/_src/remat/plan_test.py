@@ -9,6 +9,7 @@ devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 import contextlib
 import functools
 import gc
+import logging
 import math
 import os
 import re
@@ -1968,6 +1969,54 @@ class KnownGapsTest(absltest.TestCase):
     self.assertLessEqual(hlo_flops.held(compiled).bytes, least * 1.05)
 
 
+class ProgressTest(absltest.TestCase):
+  """The lines that start and end each plan: INFO, and the end at WARNING (shown by default) when slow."""
+
+  def _plan(self):
+    with caches.disabled():
+      return hkb.remat_plan(
+        toy_step, jnp.zeros([4, 16]), jnp.ones([64, 4, 16]), memory_budget=1 << 30
+      )
+
+  def test_a_plan_says_when_it_starts_and_when_it_ends(self):
+    with (
+      mock.patch.object(remat_plan, "SLOW_PLAN_SECONDS", math.inf),
+      self.assertLogs("haiku_bridge.remat", "INFO") as logs,
+    ):
+      plan = self._plan()
+    start, end = logs.records
+    self.assertEqual((start.levelno, end.levelno), (logging.INFO, logging.INFO))
+    self.assertIn(
+      'remat="auto": planning 64 steps for memory_budget=1073741824 bytes', start.getMessage()
+    )
+    self.assertRegex(
+      end.getMessage(),
+      r'^remat="auto": planned 64 steps in \d+\.\d s: chose remat=False, '
+      f"{plan.choice.temporaries} bytes for memory_budget=1073741824 bytes",
+    )
+    self.assertIn("Nothing is kept on disk", end.getMessage())
+
+  def test_a_slow_plan_ends_at_warning_which_default_logging_shows(self):
+    with (
+      mock.patch.object(remat_plan, "SLOW_PLAN_SECONDS", 0.0),
+      self.assertLogs("haiku_bridge.remat", "WARNING") as logs,
+    ):
+      self._plan()
+    (end,) = logs.records
+    self.assertGreaterEqual(end.levelno, logging.lastResort.level)
+    self.assertIn('remat="auto": planned 64 steps in ', end.getMessage())
+
+  def test_the_end_line_says_where_the_measurements_are_kept(self):
+    directory = self.create_tempdir().full_path
+    with (
+      mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}),
+      mock.patch.object(remat_plan, "SLOW_PLAN_SECONDS", 0.0),
+      self.assertLogs("haiku_bridge.remat", "WARNING") as logs,
+    ):
+      hkb.remat_plan(toy_step, jnp.zeros([4, 16]), jnp.ones([64, 4, 16]), memory_budget=1 << 30)
+    self.assertIn(f"kept on disk ({directory})", logs.records[-1].getMessage())
+
+
 class VisibleTest(parameterized.TestCase):
   """The plan of a Haiku loop, before it runs; the plan each loop logs; the table."""
 
@@ -2069,7 +2118,8 @@ class VisibleTest(parameterized.TestCase):
     params = net.init(KEY, x)
     with self.assertLogs("haiku_bridge.remat", "INFO") as logs:
       jax.eval_shape(jax.grad(lambda p: jnp.sum(net.apply(p, None, x))), params)
-    (record,) = logs.records
+    # Beside the lines that start and end planning (`ProgressTest`).
+    (record,) = [r for r in logs.records if r.args and isinstance(r.args[0], hkb.RematPlan)]
     (plan,) = record.args
     self.assertIsInstance(plan, hkb.RematPlan)
     self.assertEqual((plan.length, plan.choice.remat), (12, False))
@@ -2079,18 +2129,101 @@ class VisibleTest(parameterized.TestCase):
   @on_cpu_and_gpu(CPU_SIZED)
   def test_table_in_mib_and_gflop_the_choice_marked(self):
     plan = _deterministic_plan()
-    rows = [row.split(" | ") for row in plan.table().splitlines()[2:]]
+    rows = [row.split(" | ") for row in plan.table(full=True).splitlines()[2:]]
     self.assertLen(rows, len(plan.candidates))
     chosen = [row for row in rows if row[-1] == "**chosen** |"]
     self.assertLen(chosen, 1)
     (row,) = chosen
     self.assertAlmostEqual(
-      float(row[3]), plan.choice.temporaries / 2**20, delta=plan.choice.temporaries / 2**20 * 1e-3
+      float(row[4]), plan.choice.temporaries / 2**20, delta=plan.choice.temporaries / 2**20 * 1e-3
     )
     self.assertAlmostEqual(
-      float(row[5]) * 1e9, plan.choice.recomputed_flops, delta=plan.choice.recomputed_flops * 1e-3
+      float(row[6]) * 1e9, plan.choice.recomputed_flops, delta=plan.choice.recomputed_flops * 1e-3
     )
     self.assertEqual(plan.least_budget, min(c.temporaries for c in plan.candidates))
+
+  @on_cpu_and_gpu(CPU_SIZED)
+  def test_table_predicts_every_schedule_on_one_line_and_shows_compiles_apart(self):
+    # The README's plan. The binomial rows' "predicted" column is the
+    # model's line a + c·s + k for every row, the chosen one too (its
+    # compiled bytes, off that line, only in the "compiled" column); the
+    # compiled column holds exactly the programs compiled while planning.
+    with caches.disabled(), measuring_compiles() as compiled:
+      plan = hkb.remat_plan(
+        toy_step, jnp.zeros([4, 16]), jnp.ones([1024, 4, 16]), memory_budget=200_000
+      )
+    self.assertEqual(plan.choice.remat, "binomial")
+    rows = [row.split(" | ") for row in plan.table(full=True).splitlines()[2:]]
+    binomial = [(int(r[1]), float(r[3])) for r in rows if r[0] == "| binomial"]
+    self.assertIn(plan.choice.slots, dict(binomial))
+    slots, mib = np.array(binomial).T
+    line = np.polyval(np.polyfit(slots, mib, 1), slots)
+    np.testing.assert_allclose(mib, line, rtol=2e-3)  # The table's 4 digits.
+    shown = {(r[0].strip("| "), r[1]): r[4] for r in rows}
+    for k in plan.candidates:
+      cell = shown[(str(k.remat), "" if k.slots is None else str(k.slots))]
+      if k.compiled is None:
+        self.assertEqual(cell, "")
+      else:
+        self.assertAlmostEqual(float(cell), k.compiled / 2**20, delta=k.compiled / 2**20 * 1e-3)
+    # Each plan compiled is a row's compiled figure (remat=False, True, one
+    # slot and the choice at least), and no row shows a compile not made.
+    self.assertGreaterEqual(len([k for k in plan.candidates if k.compiled is not None]), 4)
+    self.assertLessEqual(len([k for k in plan.candidates if k.compiled is not None]), len(compiled))
+
+  def test_table_marks_rows_over_max_recompute(self):
+    c = hkb.RematCandidate
+    chosen = c("binomial", 4, None, 2 << 20, 20, 200)
+    plan = hkb.RematPlan(
+      8,
+      3 << 20,
+      (c(False, None, None, 4 << 20, 0, 0), chosen, c("binomial", 1, None, 1 << 19, 36, 900)),
+      chosen,
+      max_recompute=5,  # 36 steps: 4.5 passes.
+    )
+    marks = [row.rsplit("|", 2)[1].strip() for row in plan.table().splitlines()[2:]]
+    self.assertEqual(marks, ["over the budget", "**chosen**", ""])
+    bound = plan._replace(max_recompute=3)
+    marks = [row.rsplit("|", 2)[1].strip() for row in bound.table().splitlines()[2:]]
+    self.assertEqual(marks, ["over the budget", "**chosen**", "over max_recompute=3"])
+
+  @on_cpu_and_gpu(CPU_SIZED)
+  def test_plans_carry_their_max_recompute_into_the_table(self):
+    args = (jnp.zeros([4, 16]), jnp.ones([64, 4, 16]))
+    for bound in (3, math.inf):
+      plan = hkb.remat_plan(toy_step, *args, memory_budget=1 << 30, max_recompute=bound)
+      self.assertEqual(plan.max_recompute, bound)
+      over = [k for k in plan.candidates if k.recomputed_steps > 3 * 64]
+      self.assertNotEmpty(over)
+      text = plan.table(full=True)
+      self.assertEqual(text.count("over max_recompute=3"), len(over) if bound == 3 else 0)
+
+  def test_compact_table_shows_the_choice_its_neighbours_and_the_ends(self):
+    # 40 schedules: the default table shows at most 12 rows, those that
+    # say what the choice costs, and how many it leaves out.
+    c = hkb.RematCandidate
+    length = 64
+    plain = c(False, None, None, 100 << 20, 0, 0, None, 100 << 20)
+    per_step = c(True, None, None, 50 << 20, length, 640, None, 50 << 20)
+    schedules = [
+      c("binomial", s, None, (s + 1) << 16, length + 4 * (40 - s), 10 * (length + 4 * (40 - s)))
+      for s in range(40, 0, -1)
+    ]
+    choice = schedules[10]  # 30 slots.
+    plan = hkb.RematPlan(length, choice.temporaries, (plain, per_step, *schedules), choice)
+    lines = plan.table().splitlines()
+    rows = [row for row in lines[2:] if row.startswith("|")]
+    self.assertLessEqual(len(rows), remat_choice.COMPACT_ROWS)
+    shown = [row.split(" | ")[1] for row in rows]
+    least_within = next(k for k in reversed(schedules) if not plan.over_bound(k))
+    self.assertEqual([row.split(" | ")[0].strip("| ") for row in rows[:2]], ["False", "True"])
+    for slots in ("31", "30", "29", str(least_within.slots), "1"):
+      self.assertIn(slots, shown)
+    self.assertEqual(
+      lines[-1], f"{len(rows)} of 42 candidates: `table(full=True)` lists every one."
+    )
+    self.assertLen(plan.table(full=True).splitlines(), 2 + 42)
+    self.assertEqual(plan.table(), plan.table(full=False))
 
 
 if __name__ == "__main__":

@@ -6,12 +6,16 @@ from testing import devices
 devices.use_cpu_devices(8)  # Before anything starts jax's backend.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import math
+from unittest import mock
+
 from absl.testing import absltest
 import haiku as hk
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
 from haiku_bridge._src.remat import hlo_flops
+from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import tracing
 from testing import remat_models
 from testing.plan_fixtures import CPU_SIZED
@@ -22,6 +26,12 @@ KEY = jax.random.PRNGKey(0)
 
 class SaidTest(absltest.TestCase):
   """Each warning a plan gives of what it cannot see: once a process, and only where it may happen."""
+
+  def setUp(self):
+    super().setUp()
+    # A slow plan's closing line is a WARNING too (plan_test's
+    # `ProgressTest`): none here, however slow the machine.
+    self.enter_context(mock.patch.object(remat_plan, "SLOW_PLAN_SECONDS", math.inf))
 
   def test_a_loop_under_auto_axes_says_it_is_planned_on_the_shapes_it_sees(self):
     # The gap of a data-parallel step over Auto axes (plan_test's
