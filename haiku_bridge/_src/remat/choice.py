@@ -62,7 +62,8 @@ class RematPlan(NamedTuple):
 
   `hkb.remat_plan` returns it; every loop run with `remat="auto"` logs the
   one it makes, when it is traced, at INFO on the `haiku_bridge.remat`
-  logger (`str()` of it: the choice, then the table).
+  logger (`str()` of it: the choice, then the compact `table()`); `plot()`
+  draws it where matplotlib is installed.
 
   Attributes:
     length: the number of steps.

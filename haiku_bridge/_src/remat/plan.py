@@ -407,6 +407,9 @@ def plan(
   compiled at `length` steps (the loop's gradient, as it is measured) and,
   when its temporaries and constants are over the budget, the next
   candidate is chosen, the compiled bytes replacing that plan's prediction.
+  A line at INFO on the `haiku_bridge.remat` logger says when planning
+  starts, and one when it ends: at WARNING, which default logging shows,
+  where it took `SLOW_PLAN_SECONDS` or more.
   Every program is measured with the loop's `unroll` (`jax.lax.scan`'s):
   an unrolled loop keeps other buffers (a residual stack of 16 layers,
   unroll=2: 5.4× the bytes of one slot's schedule rolled); with
