@@ -68,6 +68,8 @@ COVERAGE = {
   "budgeted_jit": {"wrong_type", "unknown_name"},
   # budgeted_jit: one function, its options by keyword (a swap shows as wrong_type).
   "Pipeline": {"wrong_type", "shape_or_depth", "unknown_name"},
+  "PipelineCost": set(),  # A record `pipeline_cost` returns; users do not build one.
+  "pipeline_cost": {"wrong_type", "shape_or_depth", "unknown_name"},
   "PipelineSchedule": set(),  # A type (of `Pipeline(schedule=)`), not a function.
   "RematMode": set(),  # A type (of `remat=`), not a function.
   # RematPlan / RematCandidate: records `remat_plan` returns (named tuples), not functions.
@@ -681,6 +683,45 @@ class Repeat_layerTest(TestCase):
             linear, X, 4, pipeline=hkb.Pipeline("data", 2, "circular", repeats=3)
           )
         )
+
+
+def cost_of(pipeline=None, stack=8, mesh_axes=("stage", "data"), **options):
+  """`hkb.pipeline_cost` of a stack of `stack` layers, 4 stages × 2, a batch of 32."""
+  return hkb.pipeline_cost(
+    hkb.Pipeline("stage", 4) if pipeline is None else pipeline,
+    jax.sharding.AbstractMesh((4, 2), mesh_axes),
+    {"w": jax.ShapeDtypeStruct((stack, 16), jnp.float32)},
+    jax.ShapeDtypeStruct((32, 16), jnp.float32),
+    **options,
+  )
+
+
+@NEEDS_SHARD_MAP
+class Pipeline_costTest(TestCase):
+  """`pipeline_cost(pipeline, mesh, stack_params, carry, *, stored_over_stages, data_axes)`."""
+
+  def test_wrong_type(self):
+    with refused(self, TypeError, "pipeline_cost", "pipeline"):
+      hkb.pipeline_cost(None, jax.sharding.AbstractMesh((4,), ("stage",)), {}, X)
+    with refused(self, TypeError, "pipeline_cost", "stored_over_stages"):
+      cost_of(stored_over_stages="stage")
+
+  def test_shape_or_depth(self):
+    with refused(self, ValueError, "pipeline_cost", "num_layers"):
+      cost_of(stack=6)
+    with refused(self, ValueError, "pipeline_cost", "stack_params"):
+      hkb.pipeline_cost(
+        hkb.Pipeline("stage", 4),
+        jax.sharding.AbstractMesh((4, 2), ("stage", "data")),
+        {"w": jnp.ones([8, 2]), "b": jnp.ones([3])},
+        jnp.ones([32, 2]),
+      )
+
+  def test_unknown_name(self):
+    with refused(self, ValueError, "pipeline_cost", "data_axes"):
+      cost_of(data_axes=("dta",))
+    with refused(self, ValueError, "pipeline_cost", "pipeline.axis"):
+      cost_of(mesh_axes=("stages", "data"))
 
 
 class PipelineTest(TestCase):
