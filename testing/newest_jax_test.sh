@@ -32,4 +32,4 @@ fi
 
 unset XLA_FLAGS
 "${PYTHON}" -c "import jax, sys; print('newest-jax leg: Python', sys.version.split()[0], 'jax', jax.__version__)"
-exec "${PYTHON}" -m pytest -q -p no:cacheprovider -rfEs "$@"
+exec "${PYTHON}" -m pytest -q -p no:cacheprovider -rfEs --durations=10 "$@"
