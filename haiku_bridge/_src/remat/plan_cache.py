@@ -132,6 +132,13 @@ def _memo_key(step: tracing.Traced, consts, length: int, policy) -> measure.Key:
     step.x,
     policy,
     length,
+    *_surroundings(step),
+  )
+
+
+def _surroundings(step: tracing.Traced) -> tuple[Any, ...]:
+  """The parts of both keys that say how the loop runs and what surrounds it, in one place."""
+  return (
     step.unroll,
     step.batch_major,
     step.vmaps,
@@ -186,13 +193,7 @@ def _disk_key(step: tracing.Traced, consts, length: int, policy) -> Optional[str
       [(c.shape, str(c.dtype)) for c in step.carry + step.x],
       name,
       length,
-      step.unroll,
-      step.batch_major,
-      step.vmaps,
-      step.wrt,
-      step.derivatives,
-      tracing.mesh_context(),
-      jax.default_backend(),
+      *_surroundings(step),
       device.device_kind,
       getattr(device.client, "platform_version", ""),
       jax.__version__,
