@@ -67,7 +67,7 @@ class PipelineCost:
     layers_per_stage: the layers each stage holds (N/S).
     layers_per_visit: the layers a stage runs at each visit (N/(S·R)).
     microbatches: M.
-    steps: the timetable's steps: M+S-1 for GPipe,
+    steps: the timetable's steps (its ticks): M+S-1 for GPipe,
       (R-1)·max(M, S)+M+S-1 for circular.
     bubble: the idle share of the stages' steps.
     param_bytes: the stack's params one device holds (and its gradient):
@@ -187,7 +187,7 @@ def pipeline_cost(
   a = pytree.nbytes(carry) / (microbatches * data)
   collectives = dict.fromkeys(COLLECTIVES, 0.0)
   if stages > 1:  # One stage runs the timetable as a loop: nothing is sent.
-    collectives["collective-permute"] = 2 * timetable.num_steps * a + (
+    collectives["collective-permute"] = 2 * timetable.num_ticks * a + (
       2 * stage_params if pipeline.schedule == "circular" and stored_over_stages else 0
     )
   collectives["all-reduce data"] = stage_params if data > 1 else 0
@@ -199,7 +199,7 @@ def pipeline_cost(
     layers_per_stage=layout.repeats * layout.layers,
     layers_per_visit=layout.layers,
     microbatches=microbatches,
-    steps=timetable.num_steps,
+    steps=timetable.num_ticks,
     bubble=timetable.bubble,
     param_bytes=int(stage_params if stored_over_stages else stage_params * stages),
     microbatch_bytes=a,

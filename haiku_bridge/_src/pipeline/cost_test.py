@@ -52,7 +52,7 @@ class PipelineCostTest(parameterized.TestCase):
     self.assertEqual((cost.stages, cost.repeats, cost.microbatches), (4, passes, m))
     self.assertEqual(cost.layers_per_stage, LAYERS // 4)
     self.assertEqual(cost.layers_per_visit, LAYERS // (4 * passes))
-    self.assertEqual(cost.steps, timetable.num_steps)
+    self.assertEqual(cost.steps, timetable.num_ticks)
     self.assertEqual(cost.bubble, timetable.bubble)
 
   def test_gpipe_bytes_by_hand(self):

@@ -273,24 +273,24 @@ class TimetableTest(parameterized.TestCase):
     self.assertTrue(np.all((0 <= t.repeat) & (t.repeat < repeats)))
     self.assertTrue(np.all((0 <= t.microbatch) & (t.microbatch < microbatches)))
     when = {}
-    for step, stage in zip(*np.nonzero(t.active)):
-      visit = (stage, t.repeat[step, stage], t.microbatch[step, stage])
+    for tick, stage in zip(*np.nonzero(t.active)):
+      visit = (stage, t.repeat[tick, stage], t.microbatch[tick, stage])
       self.assertNotIn(visit, when)
-      when[visit] = step
+      when[visit] = tick
     self.assertLen(when, stages * microbatches * repeats)
-    for (stage, r, m), step in when.items():
+    for (stage, r, m), tick in when.items():
       # A visit follows the microbatch's visit to the stage before it; pass r
       # + 1 at stage 0 follows pass r at the last stage.
       before = (stage - 1, r, m) if stage else (stages - 1, r - 1, m) if r else None
       if before is not None:
-        self.assertGreater(step, when[before])
-      # A stage holds one microbatch's result for its next stage (one step).
-      self.assertEqual(step, t.step_of(stage, r, m))
+        self.assertGreater(tick, when[before])
+      # A stage holds one microbatch's result for its next stage (one tick).
+      self.assertEqual(tick, t.tick_of(stage, r, m))
 
   @parameterized.product(stages=(2, 4, 8), microbatches=(1, 2, 4, 8, 32))
   def test_gpipe_bubble(self, stages, microbatches):
     t = pipeline_lib.timetable(stages, microbatches)
-    self.assertEqual(t.num_steps, microbatches + stages - 1)
+    self.assertEqual(t.num_ticks, microbatches + stages - 1)
     self.assertAlmostEqual(t.bubble, (stages - 1) / (microbatches + stages - 1))
 
   @parameterized.product(stages=(2, 4), microbatches=(4, 8, 16), repeats=(2, 4))
