@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import haiku_bridge as hkb
 from haiku_bridge._src.remat import hlo_flops
 from testing import transformer
+from testing.benchmarks.lib import markdown_table
 from testing.benchmarks.lib import time_scan_bench as tsb
 
 _OUT = flags.DEFINE_string("out", "/tmp/haiku_bridge_accelerator", "Output folder.")
@@ -300,27 +301,32 @@ def markdown(figures: dict[str, Any]) -> str:
       "",
       f"Transformer LM training step, {lm['size']}, {lm['dtype']}:",
       "",
-      "| form | step (ms) | ratio (median [min–max]) |",
-      "| --- | ---: | --- |",
     ]
+    rows = []
     for form in LM_FORMS:
       r, of = lm["ratios"].get(form), " of inline"
       if form == "hkb.repeat_layer":
         r, of = lm["ratios"]["hkb.repeat_layer / hk.layer_stack"], " of hk.layer_stack"
       ratio = "" if r is None else (f"{r['median']:.3f} [{r['min']:.3f}–{r['max']:.3f}]{of}")
-      lines.append(f"| {form} | {lm['step_ms'][form]:.2f} | {ratio} |")
+      rows.append([form, f"{lm['step_ms'][form]:.2f}", ratio])
+    lines += markdown_table.lines(
+      ["form", "step (ms)", "ratio (median [min–max])"], rows, align="lrl"
+    )
   ts = figures.get("time_scan")
   if ts:
     lines += [
       "",
       f"Char LSTM training step, {ts['config']}:",
       "",
-      "| variant | temporaries (MiB) | step (ms) |",
-      "| --- | ---: | ---: |",
     ]
-    for k, b in ts["temp_bytes"].items():
-      mib = "n/a" if b is None else f"{b / 2**20:.2f}"
-      lines.append(f"| {k} | {mib} | {ts['step_ms'][k]:.2f} |")
+    lines += markdown_table.lines(
+      ["variant", "temporaries (MiB)", "step (ms)"],
+      [
+        [k, "n/a" if b is None else f"{b / 2**20:.2f}", f"{ts['step_ms'][k]:.2f}"]
+        for k, b in ts["temp_bytes"].items()
+      ],
+      align="lrr",
+    )
     t = ts["readout_time_over_equinox"]
     lines += [
       "",

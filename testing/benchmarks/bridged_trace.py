@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 import haiku_bridge as hkb
 from testing import clipped_models as models
+from testing.benchmarks.lib import markdown_table
 
 _PAIRS = flags.DEFINE_integer("pairs", 15, "Side-by-side pairs per row.")
 
@@ -95,9 +96,9 @@ def main(argv):
   del argv
   n = _PAIRS.value
   print(f"jax {jax.__version__}, dm-haiku {hk.__version__}, {n} pairs", file=sys.stderr)
-  print("| block | apply trace | step trace | step time | grad-step eqns (bridged / inline) |")
-  print("| --- | --- | --- | --- | --- |")
+  rows = []
   for name, (f, bridged, x) in blocks().items():
+    print(f"measuring {name}", file=sys.stderr)
     ours, theirs = network(bridged), network(f)
     params = theirs.init(KEY, x)
     # A new function object each time: JAX keeps traces per function.
@@ -119,9 +120,17 @@ def main(argv):
     run = lambda k: lambda: jax.block_until_ready(steps[k](params, x))
     step_time = pairs(run("ours"), run("theirs"), n)
     eqns = [equations(jax.make_jaxpr(grad(t))(params, x).jaxpr) for t in (ours, theirs)]
-    print(
-      f"| {name} | {apply_trace:.2f} | {step_trace:.2f} | {step_time:.2f} | {eqns[0]} / {eqns[1]} |"
+    rows.append(
+      [
+        name,
+        f"{apply_trace:.2f}",
+        f"{step_trace:.2f}",
+        f"{step_time:.2f}",
+        f"{eqns[0]} / {eqns[1]}",
+      ]
     )
+  header = ["block", "apply trace", "step trace", "step time", "grad-step eqns (bridged / inline)"]
+  print("\n".join(markdown_table.lines(header, rows)))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ from testing.benchmarks import foreign_adapters
 from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import fresh_process
 from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import markdown_table
 from testing.benchmarks.lib import models
 from testing.benchmarks.lib import time_scan_bench
 
@@ -509,12 +510,14 @@ def markdown(result: CacheResult) -> str:
     "",
     "### Cache hits per trace of the grad step (counted)",
     "",
-    "| model | cache it may use | first trace (caches empty) | re-trace |",
-    "| --- | --- | --- | --- |",
   ]
-  for name, case in CASES.items():
-    h = retrace.hits[name]
-    lines.append(f"| {name} | {case.uses} | {_hits(h[FIRST_TRACE])} | {_hits(h[RETRACE])} |")
+  lines += markdown_table.lines(
+    ["model", "cache it may use", "first trace (caches empty)", "re-trace"],
+    [
+      [name, case.uses, _hits(retrace.hits[name][FIRST_TRACE]), _hits(retrace.hits[name][RETRACE])]
+      for name, case in CASES.items()
+    ],
+  )
   controls = _controls(result)
   lines += [
     "",
@@ -524,22 +527,34 @@ def markdown(result: CacheResult) -> str:
     "Rows where no cache answers are controls: their ratios show the "
     "method's noise on this machine" + (f" ({', '.join(controls)})." if controls else "."),
     "",
-    "| model | on: trace ms | off: trace ms | on / off trace | on / off "
-    "trace (CPU) | saved ms (off − on) | on / off trace+lower | "
-    "compile ms (on) | same jaxpr on and off |",
-    "|" + " --- |" * 9,
   ]
-  for name in CASES:
-    lines.append(
-      f"| {name} | {_ms(rs, (name, ON), 'trace')} | "
-      f"{_ms(rs, (name, OFF), 'trace')} | "
-      f"{_ratio_cell(rs, name, 'trace')} | "
-      f"{_ratio_cell(rs, name, 'trace' + harness.CPU)} | "
-      f"{_saved_ms(rs, name, 'trace')} | "
-      f"{_ratio_cell(rs, name, 'trace+lower')} | "
-      f"{retrace.compile_s[name].median * 1e3:.0f} | "
-      f"{'yes' if retrace.same_jaxpr[name] else 'NO'} |"
-    )
+  lines += markdown_table.lines(
+    [
+      "model",
+      "on: trace ms",
+      "off: trace ms",
+      "on / off trace",
+      "on / off trace (CPU)",
+      "saved ms (off − on)",
+      "on / off trace+lower",
+      "compile ms (on)",
+      "same jaxpr on and off",
+    ],
+    [
+      [
+        name,
+        _ms(rs, (name, ON), "trace"),
+        _ms(rs, (name, OFF), "trace"),
+        _ratio_cell(rs, name, "trace"),
+        _ratio_cell(rs, name, "trace" + harness.CPU),
+        _saved_ms(rs, name, "trace"),
+        _ratio_cell(rs, name, "trace+lower"),
+        f"{retrace.compile_s[name].median * 1e3:.0f}",
+        "yes" if retrace.same_jaxpr[name] else "NO",
+      ]
+      for name in CASES
+    ],
+  )
   lines += [
     "",
     f"### Time to first step, caches on / off (a new process per "
@@ -548,22 +563,34 @@ def markdown(result: CacheResult) -> str:
     f"`{FIRST_STEP_TOTAL}`: `jax.jit(init)`, the trace, lower + compile "
     "and one call of the jitted SGD step.",
     "",
-    "| model | cache hits (on) | on: ms | off: ms | on / off | on / off "
-    "(CPU) | saved ms (off − on) | on / off trace | on: init / trace / "
-    "compile / step ms |",
-    "|" + " --- |" * 9,
   ]
-  for name in cfg.first_step_cases:
-    split = " / ".join(_ms(fs, (name, ON), p) for p in FIRST_STEP_PHASES)
-    hits = harness.Stat.of(fs[(name, ON)][HITS]).median
-    lines.append(
-      f"| {name} | {hits:.0f} | {_ms(fs, (name, ON), FIRST_STEP_TOTAL)} | "
-      f"{_ms(fs, (name, OFF), FIRST_STEP_TOTAL)} | "
-      f"{_ratio_cell(fs, name, FIRST_STEP_TOTAL)} | "
-      f"{_ratio_cell(fs, name, FIRST_STEP_TOTAL + harness.CPU)} | "
-      f"{_saved_ms(fs, name, FIRST_STEP_TOTAL)} | "
-      f"{_ratio_cell(fs, name, 'trace')} | {split} |"
-    )
+  lines += markdown_table.lines(
+    [
+      "model",
+      "cache hits (on)",
+      "on: ms",
+      "off: ms",
+      "on / off",
+      "on / off (CPU)",
+      "saved ms (off − on)",
+      "on / off trace",
+      "on: init / trace / compile / step ms",
+    ],
+    [
+      [
+        name,
+        f"{harness.Stat.of(fs[(name, ON)][HITS]).median:.0f}",
+        _ms(fs, (name, ON), FIRST_STEP_TOTAL),
+        _ms(fs, (name, OFF), FIRST_STEP_TOTAL),
+        _ratio_cell(fs, name, FIRST_STEP_TOTAL),
+        _ratio_cell(fs, name, FIRST_STEP_TOTAL + harness.CPU),
+        _saved_ms(fs, name, FIRST_STEP_TOTAL),
+        _ratio_cell(fs, name, "trace"),
+        " / ".join(_ms(fs, (name, ON), p) for p in FIRST_STEP_PHASES),
+      ]
+      for name in cfg.first_step_cases
+    ],
+  )
   return "\n".join(lines) + "\n"
 
 

@@ -70,6 +70,7 @@ from testing import pipeline_cost
 from testing import transformer
 from testing.benchmarks.lib import environment
 from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import markdown_table
 from testing.benchmarks.lib import svg
 
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke mode: a tiny stack, one timed step.")
@@ -247,18 +248,34 @@ def markdown(cfg: Config, baseline: Compiled, base_step: float, rows: list[Row])
     f"{cfg.repeats} ratios paired within a repetition (process CPU time "
     f"median).",
     "",
-    "| S | schedule | M | param bytes / device | × baseline | "
-    "temp bytes / device | bubble (schedule) | (S-1)/(M+S-1) | "
-    "step time / data-parallel |",
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
   ]
-  for r in rows:
-    lines.append(
-      f"| {r.stages} | {r.schedule} | {r.microbatches} | {r.param_bytes} | "
-      f"{r.param_bytes / base_params:.3f} | {r.temp_bytes} | "
-      f"{r.bubble:.3f} | {r.gpipe_bubble:.3f} | "
-      f"{r.step_ratio.ratio()} ({r.step_cpu_ratio.median:.2f}) |"
-    )
+  lines += markdown_table.lines(
+    [
+      "S",
+      "schedule",
+      "M",
+      "param bytes / device",
+      "× baseline",
+      "temp bytes / device",
+      "bubble (schedule)",
+      "(S-1)/(M+S-1)",
+      "step time / data-parallel",
+    ],
+    [
+      [
+        r.stages,
+        r.schedule,
+        r.microbatches,
+        r.param_bytes,
+        f"{r.param_bytes / base_params:.3f}",
+        r.temp_bytes,
+        f"{r.bubble:.3f}",
+        f"{r.gpipe_bubble:.3f}",
+        f"{r.step_ratio.ratio()} ({r.step_cpu_ratio.median:.2f})",
+      ]
+      for r in rows
+    ],
+  )
   return "\n".join(lines) + "\n"
 
 
@@ -344,18 +361,26 @@ def cost_markdown(cfg: CostConfig, rows: list[CostRow]) -> str:
     f"stage's layers to the stages that run them, and the gradient "
     f"back).",
     "",
-    "| S | schedule | M | params | axes | stage params (bytes) | temp | "
-    "temp / stage params | " + " | ".join(pipeline_cost.ROWS) + " |",
-    "| --- " * (8 + len(pipeline_cost.ROWS)) + "|",
   ]
-  for r in rows:
-    for kind in (k.name for k in AXIS_TYPES):
-      cells = [bytes_cell(*r.collective_bytes[kind][row]) for row in pipeline_cost.ROWS]
-      lines.append(
-        f"| {r.stages} | {r.schedule} | {r.microbatches} | {r.placement} | "
-        f"{kind} | {r.stage_param_bytes:.0f} | {r.temp_bytes[kind]} | "
-        f"{r.temp_bytes[kind] / r.stage_param_bytes:.2f} | " + " | ".join(cells) + " |"
-      )
+  lines += markdown_table.lines(
+    ["S", "schedule", "M", "params", "axes", "stage params (bytes)", "temp", "temp / stage params"]
+    + list(pipeline_cost.ROWS),
+    [
+      [
+        r.stages,
+        r.schedule,
+        r.microbatches,
+        r.placement,
+        kind,
+        f"{r.stage_param_bytes:.0f}",
+        r.temp_bytes[kind],
+        f"{r.temp_bytes[kind] / r.stage_param_bytes:.2f}",
+      ]
+      + [bytes_cell(*r.collective_bytes[kind][row]) for row in pipeline_cost.ROWS]
+      for r in rows
+      for kind in (k.name for k in AXIS_TYPES)
+    ],
+  )
   return "\n".join(lines) + "\n"
 
 

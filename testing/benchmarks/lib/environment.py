@@ -9,6 +9,7 @@ import haiku as hk
 import jax
 
 import haiku_bridge as hkb
+from testing.benchmarks.lib import markdown_table
 
 
 def _version(package: str) -> str:
@@ -50,8 +51,6 @@ def run_header(title: str, command: str, mode: str, seconds: float) -> str:
     f"Date: {date}  ",
     f"Run time: {seconds:.0f} s",
     "",
-    "| | |",
-    "| --- | --- |",
   ]
-  lines += [f"| {k} | {v} |" for k, v in environment().items()]
+  lines += markdown_table.lines(["", ""], environment().items())
   return "\n".join(lines) + "\n"

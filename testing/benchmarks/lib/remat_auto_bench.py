@@ -36,6 +36,7 @@ from haiku_bridge._src.remat import measure
 from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import step_budget
 from testing import remat_models
+from testing.benchmarks.lib import markdown_table
 from testing.benchmarks.lib import svg
 
 # The init key's seed (a key made on import would start a backend: `planning`
@@ -372,19 +373,37 @@ def planning_markdown(results: list[Planning]) -> str:
     "seconds (every thread's), the work, which other programs on a "
     "shared machine move less.",
     "",
-    "| model | budget (KiB) | auto's plan | remat=True (s) | auto, cold "
-    "(s) | cold / True | auto, second process (s) | second / True | "
-    "cold / True, CPU | second / True, CPU |",
-    "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
   ]
-  for r in results:
-    out.append(
-      f"| {r.name} | {_kib(r.budget)} | {r.plan} | "
-      f"{r.per_step:.2f} | {r.cold:.2f} | {r.cold / r.per_step:.2f} "
-      f"| {r.warm:.2f} | {r.warm / r.per_step:.2f} | "
-      f"{r.cold_cpu / r.per_step_cpu:.2f} | "
-      f"{r.warm_cpu / r.per_step_cpu:.2f} |"
-    )
+  out += markdown_table.lines(
+    [
+      "model",
+      "budget (KiB)",
+      "auto's plan",
+      "remat=True (s)",
+      "auto, cold (s)",
+      "cold / True",
+      "auto, second process (s)",
+      "second / True",
+      "cold / True, CPU",
+      "second / True, CPU",
+    ],
+    [
+      [
+        r.name,
+        _kib(r.budget),
+        r.plan,
+        f"{r.per_step:.2f}",
+        f"{r.cold:.2f}",
+        f"{r.cold / r.per_step:.2f}",
+        f"{r.warm:.2f}",
+        f"{r.warm / r.per_step:.2f}",
+        f"{r.cold_cpu / r.per_step_cpu:.2f}",
+        f"{r.warm_cpu / r.per_step_cpu:.2f}",
+      ]
+      for r in results
+    ],
+    align="lrlrrrrrrr",
+  )
   out += [
     "",
     "The same models under `hkb.budgeted_jit` (every loop "
@@ -393,19 +412,35 @@ def planning_markdown(results: list[Planning]) -> str:
     "least rung (a schedule: the search's dearest case), against the "
     "same `remat=True` first step:",
     "",
-    "| model | step budget (KiB) | plan | cold (s) | cold / True | "
-    "second process (s) | second / True | cold / True, CPU | "
-    "second / True, CPU |",
-    "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
   ]
-  for r in results:
-    out.append(
-      f"| {r.name} | {_kib(r.step_budget)} | {r.step_plan} | "
-      f"{r.step_cold:.2f} | {r.step_cold / r.per_step:.2f} | "
-      f"{r.step_warm:.2f} | {r.step_warm / r.per_step:.2f} | "
-      f"{r.step_cold_cpu / r.per_step_cpu:.2f} | "
-      f"{r.step_warm_cpu / r.per_step_cpu:.2f} |"
-    )
+  out += markdown_table.lines(
+    [
+      "model",
+      "step budget (KiB)",
+      "plan",
+      "cold (s)",
+      "cold / True",
+      "second process (s)",
+      "second / True",
+      "cold / True, CPU",
+      "second / True, CPU",
+    ],
+    [
+      [
+        r.name,
+        _kib(r.step_budget),
+        r.step_plan,
+        f"{r.step_cold:.2f}",
+        f"{r.step_cold / r.per_step:.2f}",
+        f"{r.step_warm:.2f}",
+        f"{r.step_warm / r.per_step:.2f}",
+        f"{r.step_cold_cpu / r.per_step_cpu:.2f}",
+        f"{r.step_warm_cpu / r.per_step_cpu:.2f}",
+      ]
+      for r in results
+    ],
+    align="lrlrrrrrr",
+  )
   return "\n".join(out) + "\n"
 
 
@@ -444,48 +479,87 @@ def markdown(results: list[ModelResult]) -> str:
     "compiled, as the plan checks it; \"compiled\" is the whole "
     "training step.",
     "",
-    "| model | budget | budget (KiB) | auto's plan | predicted (KiB) | "
-    "compiled (KiB) | compiled / budget | recomputed steps | "
-    "fewest manual | MFLOPs | least manual MFLOPs | FLOPs / least |",
-    "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
   ]
+  picks = []
   for r in results:
     for p in r.picks:
       fitting = [m for m in r.manual if m.compiled <= p.budget]
-      fewest = min((m.candidate.recomputed_steps for m in fitting), default="none fits")
       least = min((m.flops for m in fitting), default=None)
-      out.append(
-        f"| {r.name} | {p.label} | {_kib(p.budget)} | "
-        f"{_plan_name(p.candidate)} | {_kib(p.candidate.temporaries)} | "
-        f"{_kib(p.compiled)} | {p.compiled / p.budget:.3f} | "
-        f"{p.candidate.recomputed_steps} | {fewest} | {_mega(p.flops)} | "
-        + (f"{_mega(least)} | {p.flops / least:.3f} |" if least else "none fits | |")
+      picks.append(
+        [
+          r.name,
+          p.label,
+          _kib(p.budget),
+          _plan_name(p.candidate),
+          _kib(p.candidate.temporaries),
+          _kib(p.compiled),
+          f"{p.compiled / p.budget:.3f}",
+          p.candidate.recomputed_steps,
+          min((m.candidate.recomputed_steps for m in fitting), default="none fits"),
+          _mega(p.flops),
+        ]
+        + ([_mega(least), f"{p.flops / least:.3f}"] if least else ["none fits", ""])
       )
+  out += markdown_table.lines(
+    [
+      "model",
+      "budget",
+      "budget (KiB)",
+      "auto's plan",
+      "predicted (KiB)",
+      "compiled (KiB)",
+      "compiled / budget",
+      "recomputed steps",
+      "fewest manual",
+      "MFLOPs",
+      "least manual MFLOPs",
+      "FLOPs / least",
+    ],
+    picks,
+    align="llrlrrrrrrrr",
+  )
   out += [
     "",
     "### Predicted against compiled temporaries and recomputed FLOPs",
     "",
     "Recomputed MFLOPs, compiled: the plan's MFLOPs less no remat's.",
     "",
-    "| model | plan | predicted (KiB) | compiled (KiB) | "
-    "predicted / compiled − 1 | recomputed steps | MFLOPs | "
-    "recomputed MFLOPs, predicted | recomputed MFLOPs, compiled |",
-    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
   ]
+  compiled = []
   for r in results:
     plain = next(m.flops for m in r.manual if m.candidate.remat is False)
     for m in r.manual + r.picks:
       label = (
         f"auto ({m.label}): {_plan_name(m.candidate)}" if m.budget else _plan_name(m.candidate)
       )
-      out.append(
-        f"| {r.name} | {label} | {_kib(m.candidate.temporaries)} | "
-        f"{_kib(m.compiled)} | "
-        f"{m.candidate.temporaries / m.compiled - 1:+.1%} | "
-        f"{m.candidate.recomputed_steps} | {_mega(m.flops)} | "
-        f"{_mega(m.candidate.recomputed_flops)} | "
-        f"{_mega(m.flops - plain)} |"
+      compiled.append(
+        [
+          r.name,
+          label,
+          _kib(m.candidate.temporaries),
+          _kib(m.compiled),
+          f"{m.candidate.temporaries / m.compiled - 1:+.1%}",
+          m.candidate.recomputed_steps,
+          _mega(m.flops),
+          _mega(m.candidate.recomputed_flops),
+          _mega(m.flops - plain),
+        ]
       )
+  out += markdown_table.lines(
+    [
+      "model",
+      "plan",
+      "predicted (KiB)",
+      "compiled (KiB)",
+      "predicted / compiled − 1",
+      "recomputed steps",
+      "MFLOPs",
+      "recomputed MFLOPs, predicted",
+      "recomputed MFLOPs, compiled",
+    ],
+    compiled,
+    align="llrrrrrrr",
+  )
   return "\n".join(out) + "\n"
 
 

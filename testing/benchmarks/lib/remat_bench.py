@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import haiku_bridge as hkb
 from testing import transformer
 from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import markdown_table
 from testing.benchmarks.lib import models
 
 BASELINE = "hk.layer_stack + hk.remat"
@@ -200,42 +201,34 @@ def markdown(result: RematResult) -> str:
     for v in VARIANTS[1:]
   }
   wall, cpu = ratios("step"), ratios("step" + harness.CPU)
-  row_name = lambda row: f"{row.model} | {row.depth} | {row.tokens}"
-  head = "| model | depth | tokens |"
-  lines = [
-    "### Grad-step temporaries",
-    "",
-    f"{head} {BASELINE} (MiB) | " + " | ".join(f"{v} / baseline" for v in VARIANTS[1:]) + " |",
-    "|" + " --- |" * (4 + len(VARIANTS) - 1),
-  ]
-  for row in rows:
-    lines.append(
-      f"| {row_name(row)} | "
-      f"{_mib(result.temp_bytes[Key(row, BASELINE)])} | "
-      + " | ".join(_ratio(temp_ratio(result, row, v)) for v in VARIANTS[1:])
-      + " |"
-    )
+  head = ["model", "depth", "tokens"]
+  cells = lambda row: [row.model, row.depth, row.tokens]
+  lines = ["### Grad-step temporaries", ""]
+  lines += markdown_table.lines(
+    head + [f"{BASELINE} (MiB)"] + [f"{v} / baseline" for v in VARIANTS[1:]],
+    [
+      cells(row)
+      + [_mib(result.temp_bytes[Key(row, BASELINE)])]
+      + [_ratio(temp_ratio(result, row, v)) for v in VARIANTS[1:]]
+      for row in rows
+    ],
+  )
   lines += [
     "",
     "### Step time / baseline: wall clock median [min–max] (process CPU time median)",
     "",
-    f"{head} {BASELINE} (ms) | " + " | ".join(VARIANTS[1:]) + " |",
-    "|" + " --- |" * (4 + len(VARIANTS) - 1),
   ]
-  for row in rows:
-    base = harness.Stat.of(result.step[Key(row, BASELINE)]["step"])
-    lines.append(
-      f"| {row_name(row)} | {base.ms(1)} | "
-      + " | ".join(f"{wall[row, v].ratio()} ({cpu[row, v].median:.3f})" for v in VARIANTS[1:])
-      + " |"
-    )
-  lines += [
-    "",
-    "### Targets (issue 20), for both schedules",
-    "",
-    "| row | variant | measure | goal | measured | met |",
-    "| --- | --- | --- | --- | --- | --- |",
-  ]
+  lines += markdown_table.lines(
+    head + [f"{BASELINE} (ms)"] + list(VARIANTS[1:]),
+    [
+      cells(row)
+      + [harness.Stat.of(result.step[Key(row, BASELINE)]["step"]).ms(1)]
+      + [f"{wall[row, v].ratio()} ({cpu[row, v].median:.3f})" for v in VARIANTS[1:]]
+      for row in rows
+    ],
+  )
+  lines += ["", "### Targets (issue 20), for both schedules", ""]
+  targets = []
   for row, goals in TARGETS.items():
     if row not in rows:
       continue
@@ -243,9 +236,15 @@ def markdown(result: RematResult) -> str:
       for measure, goal in goals.items():
         value = temp_ratio(result, row, variant) if measure == "temp" else wall[row, variant].median
         met = "n/a" if value is None else ("yes" if value <= goal else "no")
-        lines.append(
-          f"| {row_name(row).replace(' | ', ', ')} | {variant} | "
-          f"{measure} ratio | ≤ {goal:.2f} | {_ratio(value)} | "
-          f"{met} |"
+        targets.append(
+          [
+            ", ".join(map(str, cells(row))),
+            variant,
+            f"{measure} ratio",
+            f"≤ {goal:.2f}",
+            _ratio(value),
+            met,
+          ]
         )
+  lines += markdown_table.lines(["row", "variant", "measure", "goal", "measured", "met"], targets)
   return "\n".join(lines) + "\n"

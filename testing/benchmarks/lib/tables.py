@@ -6,6 +6,7 @@ Conclusions are written by people, in RESULTS.md, from these tables.
 from typing import Hashable, Optional
 
 from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import markdown_table
 from testing.benchmarks.lib import models
 from testing.benchmarks.lib import trace_profile
 from testing.benchmarks.lib import trace_rows
@@ -22,9 +23,7 @@ DASH = "—"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-  out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-  out += ["| " + " | ".join(row) + " |" for row in rows]
-  return out + [""]
+  return markdown_table.lines(header, rows) + [""]
 
 
 def _bytes(n: Optional[int]) -> str:

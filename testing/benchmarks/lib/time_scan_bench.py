@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import haiku_bridge as hkb
 from haiku_bridge._src.remat import loop
 from testing.benchmarks.lib import harness
+from testing.benchmarks.lib import markdown_table
 
 PLAIN = "hk.dynamic_unroll"
 BASELINE = "hk.dynamic_unroll + hk.remat"
@@ -359,16 +360,19 @@ def markdown(result: TimeScanResult) -> str:
       "",
       f"### Grad-step temporaries (MiB), and / {base}: {form}",
       "",
-      "| T | " + " | ".join(variants) + " |",
-      "|" + " --- |" * (1 + len(variants)),
     ]
-    for length in lengths:
-      cells = [
-        f"{_mib(result.temp_bytes[Key(length, form, v)])} "
-        f"({_ratio(temp_ratio(result, Key(length, form, v)))})"
-        for v in variants
-      ]
-      lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    lines += markdown_table.lines(
+      ["T"] + list(variants),
+      [
+        [length]
+        + [
+          f"{_mib(result.temp_bytes[Key(length, form, v)])} "
+          f"({_ratio(temp_ratio(result, Key(length, form, v)))})"
+          for v in variants
+        ]
+        for length in lengths
+      ],
+    )
   kept = (BASELINE, NESTED, BINOMIAL, EQUINOX, TWO_LEVEL, FLAX)
   lines += [
     "",
@@ -377,69 +381,65 @@ def markdown(result: TimeScanResult) -> str:
     "and their "
     "MiB; the floor of the loss after the unroll",
     "",
-    "| T | " + " | ".join(kept) + " | outputs + cotangent (after) |",
-    "|" + " --- |" * (2 + len(kept)),
   ]
-  for length in lengths:
-    lines.append(
-      f"| {length} | "
-      + " | ".join(
-        f"{slots(v, length)} ({_mib(slots(v, length) * carry_bytes(cfg))})" for v in kept
-      )
-      + f" | {_mib(after_floor_bytes(length, cfg))} |"
-    )
+  lines += markdown_table.lines(
+    ["T", *kept, "outputs + cotangent (after)"],
+    [
+      [length]
+      + [f"{slots(v, length)} ({_mib(slots(v, length) * carry_bytes(cfg))})" for v in kept]
+      + [_mib(after_floor_bytes(length, cfg))]
+      for length in lengths
+    ],
+  )
   for form in FORMS:
     variants = [v for v in FORM_VARIANTS[form] if v != BASELINE]
     lines += [
       "",
       f"### Step time / {BASELINE}: {form}; wall clock median [min–max]",
       "",
-      f"| T | {BASELINE} (ms) | " + " | ".join(variants) + " |",
-      "|" + " --- |" * (2 + len(variants)),
     ]
+    rows = []
     for length in lengths:
       den = _baseline(Key(length, form, BASELINE))
-      ms = harness.Stat.of(result.step[den]["step"]).ms(1)
-      lines.append(
-        f"| {length} | {ms} | "
-        + " | ".join(_stat(step_ratio(result, Key(length, form, v), den)) for v in variants)
-        + " |"
+      rows.append(
+        [length, harness.Stat.of(result.step[den]["step"]).ms(1)]
+        + [_stat(step_ratio(result, Key(length, form, v), den)) for v in variants]
       )
+    lines += markdown_table.lines(["T", f"{BASELINE} (ms)", *variants], rows)
   lines += [
     "",
     "### Binomial against Equinox's checkpointed scan: temporaries and step time, ours / theirs",
     "",
-    "| T | form | temporaries | step time |",
-    "| --- | --- | --- | --- |",
   ]
+  rows = []
   for length in lengths:
     for form in (AFTER, IN_STEP):
       ours, theirs = Key(length, form, BINOMIAL), Key(length, form, EQUINOX)
       a, b = result.temp_bytes[ours], result.temp_bytes[theirs]
-      lines.append(
-        f"| {length} | {form} | "
-        f"{_ratio(None if a is None or not b else a / b)} | "
-        f"{_stat(step_ratio(result, ours, theirs))} |"
+      rows.append(
+        [
+          length,
+          form,
+          _ratio(None if a is None or not b else a / b),
+          _stat(step_ratio(result, ours, theirs)),
+        ]
       )
-  lines += [
-    "",
-    "### Lower + compile time (s)",
-    "",
-    "| T | form | " + " | ".join(VARIANTS) + " |",
-    "|" + " --- |" * (2 + len(VARIANTS)),
-  ]
-  for length in lengths:
-    for form in FORMS:
-      lines.append(
-        f"| {length} | {form} | "
-        + " | ".join(
-          f"{result.compile_s[Key(length, form, v)]:.2f}"
-          if Key(length, form, v) in result.compile_s
-          else "—"
-          for v in VARIANTS
-        )
-        + " |"
-      )
+  lines += markdown_table.lines(["T", "form", "temporaries", "step time"], rows)
+  lines += ["", "### Lower + compile time (s)", ""]
+  lines += markdown_table.lines(
+    ["T", "form", *VARIANTS],
+    [
+      [length, form]
+      + [
+        f"{result.compile_s[Key(length, form, v)]:.2f}"
+        if Key(length, form, v) in result.compile_s
+        else "—"
+        for v in VARIANTS
+      ]
+      for length in lengths
+      for form in FORMS
+    ],
+  )
   return "\n".join(lines) + "\n"
 
 
