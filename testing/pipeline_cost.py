@@ -24,7 +24,7 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 import haiku_bridge as hkb
-from haiku_bridge._src import hlo_collectives
+from testing import hlo_collectives
 
 LAYERS = 8
 ROWS = (

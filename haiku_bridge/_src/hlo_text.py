@@ -1,7 +1,7 @@
 """XLA's optimised HLO text (`compiled.as_text()`) read into computations of instructions, and walked.
 
 The one reader of HLO text that the measures built on it share: FLOPs
-(`hlo_flops`) and the bytes collectives move (`hlo_collectives`). `parse`
+(`hlo_flops`) and the bytes collectives move (`testing/hlo_collectives.py`). `parse`
 gives each computation's instructions (name, result type, opcode, operands,
 attributes); `walk` visits every instruction the entry computation reaches,
 with the trip counts of the while loops around it (`loop_trips`: XLA's

@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import haiku_bridge as hkb
-from haiku_bridge._src import hlo_collectives
+from testing import hlo_collectives
 from testing import multiprocess
 
 NUM_PROCESSES = 2

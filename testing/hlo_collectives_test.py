@@ -1,5 +1,7 @@
 """Tests for hlo_collectives: bytes per device against the arrays' own sizes, loops by trip count."""
 
+import doctest
+
 import jax
 
 from testing import devices
@@ -12,7 +14,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from haiku_bridge._src import hlo_collectives
+from testing import hlo_collectives
 
 MESH = {"stage": 2, "data": 4}
 
@@ -28,6 +30,11 @@ def compiled(f, *args, specs):
 
 
 class CollectivesTest(absltest.TestCase):
+  def test_the_docstring_example(self):
+    # The package's doctest_test runs haiku_bridge's examples only; this module is testing/'s.
+    result = doctest.testmod(hlo_collectives)
+    self.assertEqual((result.failed, result.attempted > 0), (0, True))
+
   def test_each_kind_by_hand(self):
     # Every kind, and an async pair, in one program (HLO as XLA:GPU
     # writes it), each array's bytes per device by hand.

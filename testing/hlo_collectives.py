@@ -25,7 +25,7 @@ applies if it wants wire bytes. Async pairs (`all-reduce-start` /
 A collective inside a `conditional`'s branch counts as if that branch ran
 each time (`Collective.in_branch` says which).
 
->>> from haiku_bridge._src import hlo_collectives
+>>> from testing import hlo_collectives
 >>> text = '''HloModule m
 ... ENTRY %main (p: f32[4,16]) -> f32[4,16] {
 ...   %p = f32[4,16]{1,0} parameter(0)
