@@ -8,7 +8,7 @@ it as it is, and Haiku state (batch norm statistics) becomes NNX variables.
 The example trains the Haiku model a few steps with optax, saves the params
 and state by name to an `.npz` file, loads the file into the NNX module,
 checks that both give the same outputs and gradients, trains on in NNX with
-`nnx.Optimizer`, and exports the NNX weights back to Haiku's layout (same
+`nnx.Optimizer`, and exports the NNX weights back to Haiku's names (same
 outputs again).
 
 Run it from a checkout, with haiku_bridge and what the examples import

@@ -25,8 +25,8 @@ on an H200 with jax 0.11.2 (`bash testing/accelerator_check.sh`, 2026-12-04):
   `cpu` on the CPU; elsewhere `values()`. Beside a TPU the fresh process runs
   on the CPU (`testing/test_utils.py`), so two backends' arithmetic meet
   (measured on a TPU v5e, jax 0.10.2, 2026-12-07: 1.4e-4 relative and 2.1e-5
-  absolute at most, a Flax module's outputs in the `LayoutCacheTest` of
-  `testing/layout_cache.py`, the TPU at "highest").
+  absolute at most, a Flax module's outputs in the `SkeletonCacheTest` of
+  `testing/skeleton_cache.py`, the TPU at "highest").
 
 On a TPU the tests run with `JAX_DEFAULT_MATMUL_PRECISION=highest`
 (`testing/accelerator_check.sh` sets it): at XLA:TPU's default a float32 matmul runs

@@ -1,7 +1,7 @@
-"""CONTRIBUTING.md says what the tree holds: its layout table and its list of skips.
+"""CONTRIBUTING.md says what the tree holds: its table of where things live and its list of skips.
 
-- **Layout**: every module of the library (`haiku_bridge/_src/**.py`, tests aside) is named in the
-  table of the section "Layout", so that a new module cannot land unplaced.
+- **Where things live**: every module of the library (`haiku_bridge/_src/**.py`, tests aside) is
+  named in the table of the section "Where things live", so that a new module cannot land unplaced.
 - **Skips and expected failures**: the section "Skips and expected failures" lists, per test file,
   how many `skipTest` / `SkipTest` / `skipIf` / `skipUnless` and `expectedFailure` the file
   holds, with their reasons; each count is the code's.
@@ -67,14 +67,16 @@ def skips_listed() -> dict[str, tuple[int, int]]:
 
 
 class ContributingTest(absltest.TestCase):
-  def test_the_layout_names_every_module(self):
-    layout = section("Layout")
+  def test_where_things_live_names_every_module(self):
+    table = section("Where things live")
     modules = library_modules()
     self.assertGreater(len(modules), 30)
     unnamed = [
-      m for m in modules if f"`{m}`" not in layout and f"`{os.path.basename(m)}`" not in layout
+      m for m in modules if f"`{m}`" not in table and f"`{os.path.basename(m)}`" not in table
     ]
-    self.assertEqual(unnamed, [], "modules CONTRIBUTING.md's Layout table does not name")
+    self.assertEqual(
+      unnamed, [], "modules CONTRIBUTING.md's table of where things live does not name"
+    )
 
   def test_every_skip_and_expected_failure_is_listed(self):
     in_code, listed = skips_in_code(), skips_listed()

@@ -190,7 +190,7 @@ def _is_param(x: Any) -> bool:
   return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
-class EquinoxLayout(NamedTuple):
+class EquinoxSkeleton(NamedTuple):
   """An Equinox model taken apart: the rest of the model, params and state.
 
   `state` names each state leaf by the path of its `StateIndex` in the model;
@@ -222,7 +222,7 @@ class EquinoxValues(NamedTuple):
 
 def _split_equinox(
   built: tuple[eqx.Module, eqx.nn.State],
-) -> tuple[EquinoxLayout, EquinoxValues]:
+) -> tuple[EquinoxSkeleton, EquinoxValues]:
   model, state = built
   params, static = eqx.partition(model, _is_param, is_leaf=_is_index)
   params_kind, param_values = foreign_module.flatten(params, attributes=True)
@@ -233,10 +233,10 @@ def _split_equinox(
     return jax.tree.map(lambda x: lookup.get(x) if _is_index(x) else None, model, is_leaf=_is_index)
 
   state_kind, state_values = foreign_module.flatten(by_index(state), attributes=True)
-  layout = EquinoxLayout(
+  skeleton = EquinoxSkeleton(
     static, params_kind, state_kind, state_treedef, tuple(jax.tree.leaves(by_index(positions)))
   )
-  return layout, EquinoxValues(param_values, state_values)
+  return skeleton, EquinoxValues(param_values, state_values)
 
 
 def _takes(fn: Callable[..., Any], argument: str) -> bool:
@@ -271,7 +271,7 @@ def _recipe(constructor: EquinoxConstructor) -> foreign_module.Recipe:
       _construct, constructor, jax.random.PRNGKey(0)
     ),
     split=_split_equinox,
-    cache_key=foreign_module.layout_key("equinox", constructor),
+    cache_key=foreign_module.skeleton_key("equinox", constructor),
   )
 
 
@@ -296,24 +296,24 @@ class EquinoxModule(foreign_module.ForeignModule):
     class_name = foreign_module.class_name(model, eqx.Module)
     if class_name is None:
       with errors.entry("from_equinox"):
-        class_name = type(foreign_module.abstract_layout(self._recipe).static).__name__
+        class_name = type(foreign_module.abstract_skeleton(self._recipe).static).__name__
     super().__init__(class_name, "from_equinox", name)
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     with errors.entry(self._api):
       instance = None if self._instance is None else (self._instance, self._own_state())
-      layout, values = foreign_module.built(instance, self._recipe)
-      params = foreign_module.params(layout.params, values and values.params)
-      old_state = foreign_module.state(layout.state, values and values.state)
-      model = eqx.combine(layout.params.unflatten(params), layout.static, is_leaf=_is_index)
+      skeleton, values = foreign_module.built(instance, self._recipe)
+      params = foreign_module.params(skeleton.params, values and values.params)
+      old_state = foreign_module.state(skeleton.state, values and values.state)
+      model = eqx.combine(skeleton.params.unflatten(params), skeleton.static, is_leaf=_is_index)
       if "inference" in kwargs and not _takes(model.__call__, "inference"):
         model = eqx.nn.inference_mode(model, value=kwargs.pop("inference"))
       if "key" not in kwargs and _takes(model.__call__, "key"):
         kwargs["key"] = hk.maybe_next_rng_key()
       with _explain_missing_key(kwargs):
-        if not layout.state.names:
+        if not skeleton.state.names:
           return model(*args, **kwargs)
-        result = model(*args, layout.make_state(old_state), **kwargs)
+        result = model(*args, skeleton.make_state(old_state), **kwargs)
       if not (
         isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], eqx.nn.State)
       ):
@@ -326,17 +326,17 @@ class EquinoxModule(foreign_module.ForeignModule):
           )
         )
       out, new_state = result
-      if jax.tree.structure(new_state) != layout.state_treedef:
+      if jax.tree.structure(new_state) != skeleton.state_treedef:
         raise ValueError(
           errors.message(
             "the model returned a state of another structure than it was "
             f"given ({jax.tree.structure(new_state)} instead of "
-            f"{layout.state_treedef}). Haiku state keeps its structure from "
+            f"{skeleton.state_treedef}). Haiku state keeps its structure from "
             "init: update each eqx.nn.StateIndex with `state.set`, keeping "
             "its shapes and dtypes."
           )
         )
-      foreign_module.write_state(layout.state, old_state, layout.state_leaves(new_state))
+      foreign_module.write_state(skeleton.state, old_state, skeleton.state_leaves(new_state))
       return out
 
   def _own_state(self) -> eqx.nn.State:

@@ -13,7 +13,7 @@ import chex
 import equinox as eqx
 import haiku as hk
 import haiku_bridge as hkb
-from testing import layout_cache
+from testing import skeleton_cache
 from testing import migration_fixture
 from testing import test_utils
 import jax
@@ -387,7 +387,7 @@ class ErrorsTest(absltest.TestCase):
 
 
 # ---------------------------------------------------------------------------
-# The cached layout: keyed on all it depends on.
+# The cached skeleton: keyed on all it depends on.
 # ---------------------------------------------------------------------------
 
 
@@ -395,7 +395,7 @@ class ConfiguredModel(eqx.Module):
   linear: eqx.nn.Linear
 
   def __init__(self, *, key):
-    self.linear = eqx.nn.Linear(4, layout_cache.CONFIG["width"], key=key)
+    self.linear = eqx.nn.Linear(4, skeleton_cache.CONFIG["width"], key=key)
 
   def __call__(self, x):
     return self.linear(x)
@@ -404,14 +404,14 @@ class ConfiguredModel(eqx.Module):
 # What each case passes to from_equinox, one object for every call: a
 # function, a class.
 CONFIGURED = {
-  "function": lambda key: eqx.nn.Linear(4, layout_cache.CONFIG["width"], key=key),
+  "function": lambda key: eqx.nn.Linear(4, skeleton_cache.CONFIG["width"], key=key),
   "class": ConfiguredModel,
 }
 
 
 def configured_net(kind: str, getter: bool = False) -> hk.Transformed:
   def net(x):
-    with layout_cache.identity_getter(getter):
+    with skeleton_cache.identity_getter(getter):
       return hkb.from_equinox(CONFIGURED[kind])(x)
 
   return hk.transform(net)
@@ -428,8 +428,8 @@ def native_configured(kind: str, params: hk.Params, x: jax.Array):
   return linear(x)
 
 
-class LayoutCacheTest(layout_cache.LayoutCacheCases):
-  """The layout apply takes without building the model: `layout_cache.py`."""
+class SkeletonCacheTest(skeleton_cache.SkeletonCacheCases):
+  """The skeleton apply takes without building the model: `skeleton_cache.py`."""
 
   KINDS, X, FILE = tuple(CONFIGURED), X[0], __file__
   net = staticmethod(configured_net)
@@ -437,7 +437,7 @@ class LayoutCacheTest(layout_cache.LayoutCacheCases):
 
 
 def child_configured_apply(path: str) -> None:
-  layout_cache.child_apply(path, configured_net, tuple(CONFIGURED), X[0])
+  skeleton_cache.child_apply(path, configured_net, tuple(CONFIGURED), X[0])
 
 
 # ---------------------------------------------------------------------------

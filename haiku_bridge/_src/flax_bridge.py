@@ -286,7 +286,7 @@ def _running(api: str) -> Iterator[None]:
 _FILTERS = (nnx.Param, nnx.RngKey, nnx.RngCount, ...)
 
 
-class NnxLayout(NamedTuple):
+class NnxSkeleton(NamedTuple):
   """An NNX module taken apart: its graph and its variables, by kind."""
 
   graphdef: Any
@@ -307,17 +307,17 @@ class NnxValues(NamedTuple):
   param_specs: Optional[list[Optional[PartitionSpec]]]
 
 
-def _split_nnx(module: nnx.Module) -> tuple[NnxLayout, NnxValues]:
+def _split_nnx(module: nnx.Module) -> tuple[NnxSkeleton, NnxValues]:
   graphdef, *states = nnx.split(module, *_FILTERS)
   kinds, values = zip(*(foreign_module.flatten(s) for s in states))
   # mypy cannot count the arguments of a star-unpacked tuple.
-  layout = NnxLayout(
+  skeleton = NnxSkeleton(
     graphdef,
     *kinds,  # type: ignore[call-arg]
     type(module).__name__,
   )
   specs = _nnx_specs(states[0]) if foreign_sharding.active() is not None else None
-  return layout, NnxValues(*values, specs)  # type: ignore[call-arg]
+  return skeleton, NnxValues(*values, specs)  # type: ignore[call-arg]
 
 
 def _nnx_specs(params: nnx.State) -> list[Optional[PartitionSpec]]:
@@ -358,7 +358,7 @@ def _nnx_recipe(constructor: NnxConstructor) -> foreign_module.Recipe:
       lambda: _construct_nnx(constructor, jax.random.PRNGKey(0))
     ),
     split=_split_nnx,
-    cache_key=foreign_module.layout_key("nnx", constructor),
+    cache_key=foreign_module.skeleton_key("nnx", constructor),
   )
 
 
@@ -382,7 +382,7 @@ class NnxModule(foreign_module.ForeignModule):
     class_name = foreign_module.class_name(module, nnx.Module)
     if class_name is None:
       with errors.entry("from_flax"):
-        class_name = foreign_module.abstract_layout(self._recipe).class_name
+        class_name = foreign_module.abstract_skeleton(self._recipe).class_name
     super().__init__(class_name, "from_flax", name)
     self._method = method
     self._intermediates = intermediates
@@ -402,19 +402,19 @@ class NnxModule(foreign_module.ForeignModule):
     """Calls the module's `method` (default: `from_flax`'s, or `__call__`)."""
     with _running(self._api):
       _check_method(method)
-      layout, values = foreign_module.built(self._instance, self._recipe)
+      skeleton, values = foreign_module.built(self._instance, self._recipe)
       params = foreign_module.params(
-        layout.params, values and values.params, values and values.param_specs
+        skeleton.params, values and values.params, values and values.param_specs
       )
-      old_state = foreign_module.state(layout.state, values and values.state)
-      key = hk.maybe_next_rng_key() if layout.rng_keys.names else None
-      counts = [jnp.zeros(s.shape, s.dtype) for s in layout.rng_counts.specs]
+      old_state = foreign_module.state(skeleton.state, values and values.state)
+      key = hk.maybe_next_rng_key() if skeleton.rng_keys.names else None
+      counts = [jnp.zeros(s.shape, s.dtype) for s in skeleton.rng_counts.specs]
       module = nnx.merge(
-        layout.graphdef,
-        layout.params.unflatten(params),
-        layout.rng_keys.unflatten(_stream_keys(key, layout.rng_keys, values)),
-        layout.rng_counts.unflatten(counts),
-        layout.state.unflatten(old_state),
+        skeleton.graphdef,
+        skeleton.params.unflatten(params),
+        skeleton.rng_keys.unflatten(_stream_keys(key, skeleton.rng_keys, values)),
+        skeleton.rng_counts.unflatten(counts),
+        skeleton.state.unflatten(old_state),
       )
       if self._mode is not None:
         getattr(module, self._mode[0])(**self._mode[1])
@@ -426,22 +426,22 @@ class NnxModule(foreign_module.ForeignModule):
         out, sown = nnx.capture(call, nnx.Intermediate)(module, *args, **kwargs)
       new_graphdef, *new = nnx.split(module, *_FILTERS)
       if new_graphdef != graphdef:
-        _check_nothing_sown(module, layout)
-        raise ValueError(errors.message(_static_change(graphdef, layout, module)))
+        _check_nothing_sown(module, skeleton)
+        raise ValueError(errors.message(_static_change(graphdef, skeleton, module)))
       new_params, _, new_counts, new_state = (jax.tree.leaves(s) for s in new)
-      _check_params_kept(layout.params, params, new_params)
+      _check_params_kept(skeleton.params, params, new_params)
       if key is None:
-        _check_no_rng_drawn(layout.rng_counts, counts, new_counts)
-      foreign_module.write_state(layout.state, old_state, new_state)
+        _check_no_rng_drawn(skeleton.rng_counts, counts, new_counts)
+      foreign_module.write_state(skeleton.state, old_state, new_state)
       if sown is not None:
         # Values are sown only with `intermediates=` given.
         foreign_module.outputs(*foreign_module.flatten(sown, prefix=(self._intermediates,)))  # type: ignore[arg-type]
       return out
 
 
-def _check_nothing_sown(module: nnx.Module, layout: NnxLayout) -> None:
+def _check_nothing_sown(module: nnx.Module, skeleton: NnxSkeleton) -> None:
   """Raises if the call sowed values as new attributes (outside a capture)."""
-  held = set(layout.state.paths)
+  held = set(skeleton.state.paths)
   sown = nnx.state(
     module,
     lambda path, value: (
@@ -495,7 +495,7 @@ def _bound_method(module: Any, method: Optional[Method]) -> Callable[..., Any]:
   )
 
 
-def _static_change(graphdef, layout: NnxLayout, module) -> str:
+def _static_change(graphdef, skeleton: NnxSkeleton, module) -> str:
   before = nnx.merge(
     graphdef,
     *(
@@ -507,7 +507,7 @@ def _static_change(graphdef, layout: NnxLayout, module) -> str:
         ),
         v.unflatten(v.specs),
       )
-      for v in (layout.params, layout.rng_keys, layout.rng_counts, layout.state)
+      for v in (skeleton.params, skeleton.rng_keys, skeleton.rng_counts, skeleton.state)
     ),
   )
   old, new = _static_attributes(before), _static_attributes(module)
@@ -595,7 +595,9 @@ def _static_attributes(module: nnx.Module) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-class LinenLayout(NamedTuple):
+class LinenSkeleton(NamedTuple):
+  """A Linen module's variables taken apart: params, state, its collections."""
+
   params: Variables
   state: Variables  # Every other collection, the collection name left out.
   collections: tuple[str, ...]  # The state's collections.
@@ -611,14 +613,14 @@ def _is_box(x: Any) -> bool:
   return isinstance(x, nn.meta.AxisMetadata)
 
 
-def _split_linen(variables: PyTree) -> tuple[LinenLayout, LinenValues]:
+def _split_linen(variables: PyTree) -> tuple[LinenSkeleton, LinenValues]:
   variables = dict(variables)
   boxed = variables.pop("params", {})
   params, param_values = foreign_module.flatten(boxed)
   state, state_values = foreign_module.flatten(variables, drop_first=True)
   specs = _linen_specs(boxed) if foreign_sharding.active() is not None else None
-  layout = LinenLayout(params, state, tuple(variables))
-  return layout, LinenValues(param_values, state_values, specs)
+  skeleton = LinenSkeleton(params, state, tuple(variables))
+  return skeleton, LinenValues(param_values, state_values, specs)
 
 
 def _linen_specs(params: PyTree) -> list[Optional[PartitionSpec]]:
@@ -700,16 +702,19 @@ class LinenModule(foreign_module.ForeignModule):
       rngs = _as_rng_dict(
         rngs, "default" if isinstance(self._module, nnx.bridge.Module) else "params"
       )
-      layout, values = self._built(args, kwargs, rngs, method)
+      skeleton, values = self._built(args, kwargs, rngs, method)
       params = foreign_module.params(
-        layout.params, values and values.params, values and values.param_specs
+        skeleton.params, values and values.params, values and values.param_specs
       )
-      old_state = foreign_module.state(layout.state, values and values.state)
-      variables = {"params": layout.params.unflatten(params), **layout.state.unflatten(old_state)}
+      old_state = foreign_module.state(skeleton.state, values and values.state)
+      variables = {
+        "params": skeleton.params.unflatten(params),
+        **skeleton.state.unflatten(old_state),
+      }
       key = hk.maybe_next_rng_key() if self._streams else None
       if key is not None:
         rngs = {**{s: jax.random.fold_in(key, i) for i, s in enumerate(self._streams)}, **rngs}
-      mutable = True if self._intermediates is not None else list(layout.collections) or False
+      mutable = True if self._intermediates is not None else list(skeleton.collections) or False
       try:
         result = self._module.apply(
           variables,
@@ -724,9 +729,9 @@ class LinenModule(foreign_module.ForeignModule):
       if mutable is False:
         return result
       out, updates = result
-      new_state = jax.tree.leaves({c: updates[c] for c in layout.collections})
-      foreign_module.write_state(layout.state, old_state, new_state)
-      sown = {c: v for c, v in updates.items() if c != "params" and c not in layout.collections}
+      new_state = jax.tree.leaves({c: updates[c] for c in skeleton.collections})
+      foreign_module.write_state(skeleton.state, old_state, new_state)
+      sown = {c: v for c, v in updates.items() if c != "params" and c not in skeleton.collections}
       if sown:
         # Values are sown only with `intermediates=` given.
         foreign_module.outputs(
@@ -735,19 +740,19 @@ class LinenModule(foreign_module.ForeignModule):
       return out
 
   def _built(self, args, kwargs, rngs, method) -> foreign_module.Built:
-    """The layout of `init`'s variables, with their values at init."""
-    key = foreign_module.layout_key(
+    """The skeleton of `init`'s variables, with their values at init."""
+    key = foreign_module.skeleton_key(
       "linen", (self._module, method), self._streams, sorted(rngs), args, kwargs
     )
     if hk.running_init():
       guards.require_haiku_trace()
       if "params" not in rngs:
         rngs = {"params": hk.maybe_next_rng_key(), **rngs}
-      layout, values = _split_linen(self._init(rngs, args, kwargs, method))
-      foreign_module.remember_layout(key, layout)
-      return foreign_module.Built(layout, values)
+      skeleton, values = _split_linen(self._init(rngs, args, kwargs, method))
+      foreign_module.remember_skeleton(key, skeleton)
+      return foreign_module.Built(skeleton, values)
     return foreign_module.Built(
-      foreign_module.cached_layout(
+      foreign_module.cached_skeleton(
         key,
         lambda: _split_linen(
           jax.eval_shape(

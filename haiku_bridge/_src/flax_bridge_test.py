@@ -20,7 +20,7 @@ from flax import nnx
 import flax.linen as nn
 import haiku as hk
 import haiku_bridge as hkb
-from testing import layout_cache
+from testing import skeleton_cache
 from testing import migration_fixture
 from testing import test_utils
 import jax
@@ -961,13 +961,13 @@ class StoragePathTest(parameterized.TestCase):
 
 
 # ---------------------------------------------------------------------------
-# The cached layout: keyed on all it depends on.
+# The cached skeleton: keyed on all it depends on.
 # ---------------------------------------------------------------------------
 
 
 class ConfiguredBlock(nnx.Module):
   def __init__(self, din: int, *, rngs: nnx.Rngs):
-    self.linear = nnx.Linear(din, layout_cache.CONFIG["width"], rngs=rngs)
+    self.linear = nnx.Linear(din, skeleton_cache.CONFIG["width"], rngs=rngs)
 
   def __call__(self, x):
     return self.linear(x)
@@ -976,13 +976,13 @@ class ConfiguredBlock(nnx.Module):
 class ConfiguredDense(nn.Module):
   @nn.compact
   def __call__(self, x):
-    return nn.Dense(layout_cache.CONFIG["width"])(x)
+    return nn.Dense(skeleton_cache.CONFIG["width"])(x)
 
 
 # What each case passes to from_flax, one object for every call (as the
 # issue's `make`): a function, a class, a Linen module.
 CONFIGURED = {
-  "nnx_function": lambda rngs: nnx.Linear(4, layout_cache.CONFIG["width"], rngs=rngs),
+  "nnx_function": lambda rngs: nnx.Linear(4, skeleton_cache.CONFIG["width"], rngs=rngs),
   "nnx_class": functools.partial(ConfiguredBlock, 4),
   "linen_class": ConfiguredDense(),
 }
@@ -990,7 +990,7 @@ CONFIGURED = {
 
 def configured_net(kind: str, getter: bool = False) -> hk.Transformed:
   def net(x):
-    with layout_cache.identity_getter(getter):
+    with skeleton_cache.identity_getter(getter):
       return hkb.from_flax(CONFIGURED[kind])(x)
 
   return hk.transform(net)
@@ -1007,8 +1007,8 @@ def native_configured(kind: str, params: hk.Params, x: jax.Array):
   return linear(x)
 
 
-class LayoutCacheTest(layout_cache.LayoutCacheCases):
-  """The layout apply takes without building the module: `layout_cache.py`."""
+class SkeletonCacheTest(skeleton_cache.SkeletonCacheCases):
+  """The skeleton apply takes without building the module: `skeleton_cache.py`."""
 
   KINDS, X, FILE = tuple(CONFIGURED), X, __file__
   net = staticmethod(configured_net)
@@ -1016,7 +1016,7 @@ class LayoutCacheTest(layout_cache.LayoutCacheCases):
 
 
 def child_configured_apply(path: str) -> None:
-  layout_cache.child_apply(path, configured_net, tuple(CONFIGURED), X)
+  skeleton_cache.child_apply(path, configured_net, tuple(CONFIGURED), X)
 
 
 class _TwoHeads(nn.Module):
@@ -1033,7 +1033,7 @@ class _TwoHeads(nn.Module):
 
 
 class _Counted(nn.Module):
-  """A counter only where a `noise` rng is given: the layout follows the rngs."""
+  """A counter only where a `noise` rng is given: the skeleton follows the rngs."""
 
   @nn.compact
   def __call__(self, x):
@@ -1046,8 +1046,8 @@ class _Counted(nn.Module):
 _DENSE, _TWO_HEADS, _COUNTED = nn.Dense(3), _TwoHeads(), _Counted()
 
 
-class LinenLayoutKeyTest(absltest.TestCase):
-  """One Linen module's calls that differ in arguments, method, rng streams or rngs keep their own layouts."""
+class LinenSkeletonKeyTest(absltest.TestCase):
+  """One Linen module's calls that differ in arguments, method, rng streams or rngs keep their own skeletons."""
 
   def test_each_call_runs_as_with_no_cache(self):
     x4, x5 = X, jnp.ones([6, 5])

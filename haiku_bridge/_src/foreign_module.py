@@ -35,7 +35,7 @@ from haiku_bridge._src.pytree import PyTree
 
 Names = tuple[str, ...]
 
-_LAYOUTS = caches.Cache("layouts of foreign modules")
+_SKELETONS = caches.Cache("skeletons of foreign modules")
 
 
 def snake_case(class_name: str) -> str:
@@ -197,9 +197,14 @@ def outputs(variables: Variables, values: Sequence[Any]) -> None:
 
 
 class Built(NamedTuple):
-  """A foreign module's layout, and its values where it was really built."""
+  """A foreign module's skeleton, and its values where it was really built.
 
-  layout: Any
+  The skeleton is the module without its values: what its params and state
+  are named and shaped, and how to put it back together (each adapter's
+  `...Skeleton` record); apply needs only it, so it is cached.
+  """
+
+  skeleton: Any
   values: Optional[Any]  # The leaves, by kind; None where only laid out.
 
 
@@ -210,9 +215,9 @@ class Recipe(NamedTuple):
     construct: `construct(key)` builds the module from a Haiku rng key (None
       for an adapter of an instance).
     construct_abstract: builds it abstractly (`jax.eval_shape`-style), for
-      its layout alone (None for an instance).
-    split: `split(module) -> (layout, values)`.
-    cache_key: what the layout depends on (the constructor), or None.
+      its skeleton alone (None for an instance).
+    split: `split(module) -> (skeleton, values)`.
+    cache_key: what the skeleton depends on (the constructor), or None.
   """
 
   construct: Optional[Callable[[jax.Array], Any]]
@@ -222,7 +227,7 @@ class Recipe(NamedTuple):
 
 
 def built(instance: Any, recipe: Recipe) -> Built:
-  """The layout, with values for an `instance` (if given) or at init.
+  """The skeleton, with values for an `instance` (if given) or at init.
 
   An instance is taken apart as it is; a constructor is built at init with
   a key from Haiku's rng sequence, and at apply only laid out.
@@ -232,30 +237,30 @@ def built(instance: Any, recipe: Recipe) -> Built:
   if hk.running_init():
     guards.require_haiku_trace()
     assert recipe.construct is not None, "a recipe without an instance builds"
-    layout, values = recipe.split(recipe.construct(hk.next_rng_key()))
-    _LAYOUTS.put(recipe.cache_key, layout)
-    return Built(layout, values)
-  return Built(abstract_layout(recipe), None)
+    skeleton, values = recipe.split(recipe.construct(hk.next_rng_key()))
+    _SKELETONS.put(recipe.cache_key, skeleton)
+    return Built(skeleton, values)
+  return Built(abstract_skeleton(recipe), None)
 
 
-def abstract_layout(recipe: Recipe) -> Any:
-  """The layout of what the recipe builds, without building it (cached)."""
+def abstract_skeleton(recipe: Recipe) -> Any:
+  """The skeleton of what the recipe builds, without building it (cached)."""
   construct = recipe.construct_abstract
   assert construct is not None, "an instance is laid out as it is"
-  return _LAYOUTS.get_or_compute(recipe.cache_key, lambda: recipe.split(construct())[0])
+  return _SKELETONS.get_or_compute(recipe.cache_key, lambda: recipe.split(construct())[0])
 
 
-def cached_layout(key: Optional[Hashable], compute: Callable[[], Any]) -> Any:
-  """A layout cached under `key` (`hkb.clear_caches()` clears it)."""
-  return _LAYOUTS.get_or_compute(key, compute)
+def cached_skeleton(key: Optional[Hashable], compute: Callable[[], Any]) -> Any:
+  """A skeleton cached under `key` (`hkb.clear_caches()` clears it)."""
+  return _SKELETONS.get_or_compute(key, compute)
 
 
-def remember_layout(key: Optional[Hashable], layout: Any) -> None:
-  _LAYOUTS.put(key, layout)
+def remember_skeleton(key: Optional[Hashable], skeleton: Any) -> None:
+  _SKELETONS.put(key, skeleton)
 
 
-def layout_key(kind: str, code: Any, *values: Any) -> Optional[Hashable]:
-  """A cache key for the layout of what `code` builds from `values`.
+def skeleton_key(kind: str, code: Any, *values: Any) -> Optional[Hashable]:
+  """A cache key for the skeleton of what `code` builds from `values`.
 
   Keyed as `call_pure` keys the structure of its init's params
   (`fingerprint.function_key`): `code` (the constructor, or the Linen module and

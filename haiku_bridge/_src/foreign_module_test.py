@@ -1,4 +1,4 @@
-"""Tests for foreign_module.py: the adapters' shared names, records and layouts.
+"""Tests for foreign_module.py: the adapters' shared names, records and skeletons.
 
 Ground truth: `call_pure`'s key-path rule for the same trees (what
 `naming.py` documents) and Haiku's own module naming.
@@ -114,7 +114,7 @@ class ForeignModuleTest(absltest.TestCase):
 
     self.assertEqual(hk.transform(lambda: Adapter(Unprintable())()).apply({}, None), "thing")
 
-  def test_layouts_are_cleared_with_every_cache(self):
+  def test_skeletons_are_cleared_with_every_cache(self):
     calls = []
 
     def construct_abstract():
@@ -125,13 +125,13 @@ class ForeignModuleTest(absltest.TestCase):
       None,
       construct_abstract,
       lambda built: (built.upper(), None),
-      foreign_module.layout_key("t", object()),
+      foreign_module.skeleton_key("t", object()),
     )
     for _ in range(2):
-      self.assertEqual(foreign_module.abstract_layout(recipe), "BUILT")
+      self.assertEqual(foreign_module.abstract_skeleton(recipe), "BUILT")
     self.assertLen(calls, 1)
     hkb.clear_caches()
-    foreign_module.abstract_layout(recipe)
+    foreign_module.abstract_skeleton(recipe)
     self.assertLen(calls, 2)
 
   def test_apply_after_init_in_process_builds_nothing_again(self):
@@ -145,12 +145,12 @@ class ForeignModuleTest(absltest.TestCase):
       lambda key: "built",
       construct_abstract,
       lambda built: (built.upper(), [built]),
-      foreign_module.layout_key("t", object()),
+      foreign_module.skeleton_key("t", object()),
     )
     f = hk.transform(lambda: foreign_module.built(None, recipe))
     f.init(jax.random.PRNGKey(0))
     self.assertEqual(f.apply({}, None), ("BUILT", None))
-    self.assertEqual(abstract_builds, [])  # Init's layout, remembered.
+    self.assertEqual(abstract_builds, [])  # Init's skeleton, remembered.
 
   def test_given_params_are_checked_against_keyword_inputs(self):
     # By name and shape, against what f.init makes of hk.Linear(2) on [1, 4].
@@ -170,12 +170,12 @@ class ForeignModuleTest(absltest.TestCase):
     ):
       foreign_module.check_given(f, other, None, (), {"x": jnp.ones([1, 4])})
 
-  def test_a_layout_key_changes_with_what_the_build_depends_on(self):
+  def test_a_skeleton_key_changes_with_what_the_build_depends_on(self):
     # The abstract build draws its keys from the PRNG implementation (an
     # NNX module's rng state is key data of its shape), makes float64
     # arrays under x64, and is the adapter's own (`kind`).
     code = lambda rngs: None
-    key = lambda kind="t", value=1: foreign_module.layout_key(kind, code, value)
+    key = lambda kind="t", value=1: foreign_module.skeleton_key(kind, code, value)
     same = key()
     self.assertIsNotNone(same)
     self.assertEqual(key(), same)

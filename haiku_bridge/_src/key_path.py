@@ -6,7 +6,7 @@ sequence and each leaf is stored where its key path says (`naming.py`); at
 apply, `init` never runs: its output's structure and shapes come from
 `jax.eval_shape` (no op of it reaches the jaxpr), kept per exact argument
 signature (`_structure`) together with the key-path names of its leaves (a
-`_Layout`), and the leaves are read back from what apply was given, each
+`_Structure`), and the leaves are read back from what apply was given, each
 checked for presence and shape. Dtypes are the stored params' own, as inline
 Haiku reads them.
 """
@@ -32,7 +32,7 @@ from haiku_bridge._src.pytree import PyTree
 _STRUCTURE = caches.Cache("structure of init's output")
 
 
-class _Layout(NamedTuple):
+class _Structure(NamedTuple):
   """What reading a params pytree needs of it: a function of its structure.
 
   Computed from `init`'s output once per signature and kept with it, so a
@@ -46,10 +46,10 @@ class _Layout(NamedTuple):
   groups: tuple[tuple[Optional[str], tuple[naming.KeyPathLeaf, ...]], ...]
 
 
-def _layout(tree: PyTree) -> _Layout:
-  """`tree`'s layout; raises for a key path that is no Haiku name."""
+def _structure_of(tree: PyTree) -> _Structure:
+  """`tree`'s structure; raises for a key path that is no Haiku name."""
   groups = tuple((top, tuple(members)) for top, members in naming.key_path_groups(tree).items())
-  return _Layout(
+  return _Structure(
     jax.tree.structure(tree), tuple(tuple(x.shape) for x in jax.tree.leaves(tree)), groups
   )
 
@@ -68,11 +68,11 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
     tree = _run_init(init, args, kwargs)
     _check_array_leaves(tree)
     tree = jax.tree.map(storage.canonical, tree)
-    layout, flat = _layout(tree), jax.tree.leaves(tree)
+    structure, flat = _structure_of(tree), jax.tree.leaves(tree)
   else:
-    layout = _structure(init, args, kwargs)
-  values = [None] * len(layout.shapes)
-  for top, members in layout.groups:
+    structure = _structure(init, args, kwargs)
+  values = [None] * len(structure.shapes)
+  for top, members in structure.groups:
     # One module per first path component: it takes the name and is the
     # scope its leaves are read and written in.
     with naming.module_scope(top, members[0].keypath):
@@ -84,10 +84,10 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
       if hk.running_init():
         got = storage.PARAMS.create(leaves, [flat[m.index] for m in members])
       else:
-        got = storage.PARAMS.read(leaves, [layout.shapes[m.index] for m in members])
+        got = storage.PARAMS.read(leaves, [structure.shapes[m.index] for m in members])
     for member, value in zip(members, got):
       values[member.index] = value
-  return layout.treedef.unflatten(values)
+  return structure.treedef.unflatten(values)
 
 
 def _run_init(init, args, kwargs) -> PyTree:
@@ -142,8 +142,8 @@ def _check_array_leaves(tree: PyTree) -> None:
       )
 
 
-def _structure(init, args, kwargs) -> _Layout:
-  """The layout of `init(rng, *args, **kwargs)`'s output, never running it.
+def _structure(init, args, kwargs) -> _Structure:
+  """The structure of `init(rng, *args, **kwargs)`'s output, never running it.
 
   Found by `jax.eval_shape` with every array argument abstract, which is
   kept per exact signature: if `init` ran that way, its output cannot depend
@@ -168,11 +168,11 @@ def _structure(init, args, kwargs) -> _Layout:
   arrays, rebuild = pytree.split_arrays((args, kwargs), numpy=True)
   abstract = lambda key, arrays: init(key, *rebuild(arrays)[0], **rebuild(arrays)[1])
   try:
-    structure = jax.eval_shape(abstract, key_spec, arrays)
+    shaped = jax.eval_shape(abstract, key_spec, arrays)
   except pytree.CONCRETIZATION_ERRORS:
     key = pytree.concrete_key(key_spec)
     try:
-      structure = jax.eval_shape(lambda: init(key, *args, **kwargs))
+      shaped = jax.eval_shape(lambda: init(key, *args, **kwargs))
     except pytree.CONCRETIZATION_ERRORS as error:
       raise TypeError(
         errors.message(
@@ -184,7 +184,7 @@ def _structure(init, args, kwargs) -> _Layout:
           "flags as Python ints and bools)."
         )
       ) from error
-    return _layout(structure)  # It depends on values: not kept.
-  layout = _layout(structure)
-  _STRUCTURE.put(cache_key, layout)
-  return layout
+    return _structure_of(shaped)  # It depends on values: not kept.
+  structure = _structure_of(shaped)
+  _STRUCTURE.put(cache_key, structure)
+  return structure

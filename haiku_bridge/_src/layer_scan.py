@@ -7,7 +7,7 @@ Because the bridge makes the parameters explicit, the layer may be any Haiku
 function (or `hk.Transformed`) or any explicit-params function with its init
 (a `jax.custom_vjp`, foreign code), and the scan may be rematerialised.
 
-Names and layout are those of `hk.layer_stack` for the same layer (params
+Names and shapes are those of `hk.layer_stack` for the same layer (params
 under `<scope>/<name>/<inner module>`, each with a leading layer axis), and
 keys are drawn as `hk.layer_stack` draws them, so checkpoints and outputs move
 between the two (`unrolled_names.py` converts to and from the per-layer
@@ -85,7 +85,7 @@ def layer_scan(
   True
 
   It runs as `hk.layer_stack` runs the same layer: the same names, stacked
-  layout, initial values for the same key (each layer's init sees the carry
+  shapes, initial values for the same key (each layer's init sees the carry
   the layer before it returns), rng keys, state, and what custom getters and
   creators see (each layer's own params). At apply nothing is initialised:
   eval-mode flags, new shapes and a process where init never ran all work.

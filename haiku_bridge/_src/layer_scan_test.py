@@ -96,7 +96,7 @@ def as_carry_layer(f):
 
 
 class LayerStackParityTest(parameterized.TestCase):
-  """Same names, layout, init values and outputs as hk.layer_stack."""
+  """Same names, stacked shapes, init values and outputs as hk.layer_stack."""
 
   @parameterized.named_parameters(("plain", block), ("dropout", dropout_block))
   def test_no_per_layer_inputs(self, layer):

@@ -345,7 +345,7 @@ class ReadoutTest(parameterized.TestCase):
   def test_a_dropout_core_gets_the_usual_forms_params_and_values(self, time_major):
     # The core draws a key per step at init (dropout); the head's params
     # draw theirs after the unroll in the usual form, and so here. The
-    # readout's result is one value per step: `[T]` in either layout.
+    # readout's result is one value per step: `[T]` time- or batch-major.
     xs = make_inputs("counting_dropout", 6, time_major)
     targets = jax.random.randint(KEY, [6, BATCH], 0, VOCAB)
     targets = targets if time_major else targets.T

@@ -4,7 +4,7 @@ Under a mesh with Explicit axes (`jax.make_mesh`'s default from jax 0.9 on),
 an array's type says how it is split (`f32[8@data, 16]`), and JAX refuses an
 operation whose result's split it cannot tell without communication. So code
 that reshapes arrays it does not own (the pipeline's microbatches and stages)
-first reshards them to a layout where the reshape is local, with
+first reshards them to a sharding where the reshape is local, with
 `jax.sharding.reshard`, whose transpose is a reshard back: every step stays
 valid under autodiff, to any order. Under Auto axes (or with no mesh) the
 type holds no split: the helpers here change nothing, and the partitioner
@@ -95,7 +95,7 @@ def gradient_replicated_where_unplaced(a: jax.Array) -> jax.Array:
   An argument jit got from outside any mesh (params as `init` returns
   them) has no split in its type, so the partitioner places it and its
   gradient as the program around it suggests: a stack reshaped into the
-  stages' layout suggests its layer axis over them, where the plain
+  stages' placement suggests its layer axis over them, where the plain
   stack's gradient comes back whole on every device. The tangent (and so,
   transposed, the gradient) is constrained to that; `a` itself is left to
   the partitioner (it may hand each stage only its layers). An array whose

@@ -2,7 +2,7 @@ r"""What the bridge's caches save (issue 28): re-trace and time to first step, o
 
 The bridge keeps what tracing told it (`haiku_bridge/_src/caches.py`): the
 structure of a pure function's `init` (`call_pure(fn, init=...)`, a pure
-layer), the layouts of foreign modules (`hkb.from_flax`, `hkb.from_equinox`),
+layer), the skeletons of foreign modules (`hkb.from_flax`, `hkb.from_equinox`),
 and the memos of `caches.memoize`, the remat schedules of `hkb.repeat_layer` /
 `hkb.dynamic_unroll` among them. (The layer scan's transformed layer was
 memoized too until this benchmark found it saved nothing; its row,
@@ -201,7 +201,7 @@ LINEN = "from_flax(linen)"
 EQUINOX = "from_equinox"
 
 _STRUCTURE = "structure of init's output"
-_LAYOUTS = "layouts of foreign modules"
+_SKELETONS = "skeletons of foreign modules"
 CASES = {
   c.name: c
   for c in (
@@ -212,9 +212,9 @@ CASES = {
     Case(VJP_BLOCK, "none", _custom_vjp("transformer block (remat attention)")),
     Case(REPEAT, "none", _repeat_layer),
     Case(TIME_SCAN, "remat schedule", _time_scan),
-    Case(NNX, _LAYOUTS, _foreign("nnx")),
-    Case(LINEN, _LAYOUTS, _foreign("linen")),
-    Case(EQUINOX, _LAYOUTS, _foreign("equinox")),
+    Case(NNX, _SKELETONS, _foreign("nnx")),
+    Case(LINEN, _SKELETONS, _foreign("linen")),
+    Case(EQUINOX, _SKELETONS, _foreign("equinox")),
   )
 }
 

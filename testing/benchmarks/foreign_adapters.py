@@ -7,7 +7,7 @@ same module called natively with the same weights:
 1. whether the optimised HLO of the training step (gradient of a loss of the
    block's output, weights as one flat list in the same order) is identical;
 2. the ratio of Python trace times (`jax.jit(step).trace(...)` of a fresh
-   function, the adapter's layout cache warm as after `init`), adapter over
+   function, the adapter's skeleton cache warm as after `init`), adapter over
    native: median [min-max] of pair-by-pair ratios, order alternated; in wall
    time and in the tracing thread's CPU time (`time.thread_time`), which
    other processes' load hardly moves.

@@ -3,7 +3,7 @@
 For each case of dm-haiku 0.0.17's `haiku/_src/layer_stack_test.py`, the same
 stack is built with `hk.layer_stack` and with `hkb.layer_scan` /
 `hkb.repeat_layer`, and they must agree: param and state names, the stacked
-layout, initial values for the same key, outputs (rng included), new state and
+shapes, initial values for the same key, outputs (rng included), new state and
 gradients; where `hk.layer_stack` raises, the bridge raises too. Where Haiku
 compares against an unrolled loop, the bridge's loop is the one
 `hkb.unstack_params` names (layer `i` under `hk.name_scope(f"layer_{i}")`).
@@ -32,7 +32,7 @@ WIDTH = 8
 BEHAVIOUR_DIFFERENCES = {
   "test_transparent": (
     "hk.layer_stack(transparent=True, transparency_map=...) stores per-layer "
-    "names in params; the bridge always stores the stacked layout and maps "
+    "names in params; the bridge always stores the stacked params and maps "
     "to per-layer names with hkb.unstack_params / stack_params "
     "(`layer_scope`), which the test checks against the looped model"
   ),

@@ -8,14 +8,14 @@ package, a file a job, its modules meeting each other by name:
 * `config.py`: the public config, `Pipeline` (`hkb.Pipeline`), and what
   each part of it means for the layers, the batch, the state, the keys.
 * `staging.py`: a pipeline checked and laid out once (`Staging`: the
-  stack's layout on the stages, the microbatches, their timetable).
+  stack's placement on the stages, the microbatches, their timetable).
 * `cost.py`: what a pipelined stack costs each device, before it runs
   (`pipeline_cost`, `hkb.pipeline_cost`): its shape, bubble, memory and
   bytes per collective kind, from the staging and a cost model.
 * `timetables.py`: the timetable both schedules run from (`Timetable`), which
-  stage runs which visit of which microbatch at each step.
-* `layout.py`: the stack and the batch between the scan's layout and the
-  stages' (`Layout`, `Batch`).
+  stage runs which visit of which microbatch at each tick.
+* `placement.py`: the stack and the batch moved from the scan's order to
+  the stages' and back (`Placement`, `Batch`).
 * `stages.py`: the program each stage runs inside the `shard_map`, and
   `run`, which runs it; `row_wise.py` says which layers treat each row on
   its own (their stages run apart over the batch's axes).

@@ -180,8 +180,8 @@ def pipeline_cost(
     with jax.sharding.use_abstract_mesh(abstract):
       staging = staging_lib.staging_for(pipeline, carry, num_layers, require_mesh=True)
   assert staging is not None  # require_mesh: a mesh is set.
-  layout, timetable = staging.layout, staging.timetable
-  stages, microbatches = layout.stages, pipeline.microbatches
+  placement, timetable = staging.placement, staging.timetable
+  stages, microbatches = placement.stages, pipeline.microbatches
   data = math.prod(axes[name] for name in data_axes)
   stage_params = pytree.nbytes(stack_params) / stages
   a = pytree.nbytes(carry) / (microbatches * data)
@@ -195,9 +195,9 @@ def pipeline_cost(
   collectives["all-gather"] = 0 if stored_over_stages or stages == 1 else stages * stage_params
   return PipelineCost(
     stages=stages,
-    repeats=layout.repeats,
-    layers_per_stage=layout.repeats * layout.layers,
-    layers_per_visit=layout.layers,
+    repeats=placement.repeats,
+    layers_per_stage=placement.repeats * placement.layers,
+    layers_per_visit=placement.layers,
     microbatches=microbatches,
     steps=timetable.num_ticks,
     bubble=timetable.bubble,

@@ -1,6 +1,6 @@
 """`hkb.pipeline_cost`: a pipeline's shape, memory and bytes per collective, before it runs.
 
-The shape against the timetable the stages run from and the layout they run on; the bytes against
+The shape against the timetable the stages run from and the placement they run on; the bytes against
 the cost model written out by hand for one case of each schedule. `pipeline_cost_test` holds the
 model to compiled steps' collectives (testing/pipeline_cost.py).
 """

@@ -12,8 +12,8 @@ returns them), counted by brute force in `test_rows_cover_every_pair`, and
 the rows of issue 26's failures are pinned in whole. Each cell compiles one
 function, the plain stack's init checked beside it.
 
-The seven factors that meet where arrays move between the layer and stage
-layouts and in and out of microbatches (axis type, batch placement,
+The seven factors that meet where arrays move between the layers' order and
+the stages' placement and in and out of microbatches (axis type, batch placement,
 carry/xs/ys, schedule, microbatches, stages, and params as init returns
 them or stored over the stages) are run whole, all 576 combinations,
 traced only (`jax.eval_shape`: a six-way bug is a type error
@@ -370,17 +370,17 @@ def check_cell(row) -> None:
   assert_close(got, expected, **tolerance(row["dtype"]))
 
 
-# Where arrays move between the layer and stage layouts and in and out of
+# Where arrays move between the layers' order and the stages' placement and in and out of
 # microbatches: every combination of these factors, traced.
 # The params as init returns them and stored over the stages (issue 43):
 # GPipe keeps a layer axis stored there, circular moves it.
-LAYOUT_FACTORS = {
+PLACEMENT_FACTORS = {
   name: FACTORS[name] for name in ("axis_type", "batch", "io", "schedule", "microbatches", "stages")
 }
-LAYOUT_FACTORS["params"] = ("init", "stage")
-LAYOUT_ROWS = [
-  _row(**dict(zip(LAYOUT_FACTORS, settings)))
-  for settings in itertools.product(*LAYOUT_FACTORS.values())
+PLACEMENT_FACTORS["params"] = ("init", "stage")
+PLACEMENT_ROWS = [
+  _row(**dict(zip(PLACEMENT_FACTORS, settings)))
+  for settings in itertools.product(*PLACEMENT_FACTORS.values())
 ]
 
 
@@ -484,22 +484,22 @@ class PipelineGridTest(parameterized.TestCase):
   def test_cell(self, row):
     check_cell(row)
 
-  def test_layout_rows_are_the_whole_product(self):
-    self.assertLen(LAYOUT_ROWS, 2 * 2 * 3 * 2 * 4 * 3 * 2)
-    settings = {tuple(row[name] for name in LAYOUT_FACTORS) for row in LAYOUT_ROWS}
-    self.assertEqual(settings, set(itertools.product(*LAYOUT_FACTORS.values())))
+  def test_placement_rows_are_the_whole_product(self):
+    self.assertLen(PLACEMENT_ROWS, 2 * 2 * 3 * 2 * 4 * 3 * 2)
+    settings = {tuple(row[name] for name in PLACEMENT_FACTORS) for row in PLACEMENT_ROWS}
+    self.assertEqual(settings, set(itertools.product(*PLACEMENT_FACTORS.values())))
     # None is one of jax's own failures (those need `vjp_layer`, a remat
     # schedule and grad of grad): every cell must trace.
-    self.assertFalse(any(jax_fails(row) for row in LAYOUT_ROWS))
+    self.assertFalse(any(jax_fails(row) for row in PLACEMENT_ROWS))
 
   @parameterized.named_parameters(("auto", "auto"), ("explicit", "explicit"))
-  def test_layout_factors_traced_whole(self, axis_type):
+  def test_placement_factors_traced_whole(self, axis_type):
     skip_where_jax_refuses(axis_type)
     # One plain trace per (batch, io, stages, params), each pipelined cell
     # beside it.
     plain = {}
     wrong = []
-    for row in LAYOUT_ROWS:
+    for row in PLACEMENT_ROWS:
       if row["axis_type"] != axis_type:
         continue
       key = (row["batch"], row["io"], row["stages"], row["params"])

@@ -35,7 +35,7 @@ import haiku_bridge as hkb
 from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import versions
 from haiku_bridge._src.pipeline import config as pipeline_config
-from haiku_bridge._src.pipeline import layout as layout_lib
+from haiku_bridge._src.pipeline import placement as placement_lib
 from haiku_bridge._src.pipeline import stages as stages_lib
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import scheduled_scan
@@ -310,14 +310,14 @@ class StagingTest(EightDevicesTest):
       return pipeline_lib.staging_for(pipeline, jnp.ones([8, 4]), num_layers, require_mesh=True)
 
   def _assert_same(self, a, b):
-    self.assertEqual((a.layout, a.batch), (b.layout, b.batch))
+    self.assertEqual((a.placement, a.batch), (b.placement, b.batch))
     chex.assert_trees_all_equal(a.timetable, b.timetable)
 
   def test_circular_repeats_default_to_one_layer_per_stage_per_pass(self):
     # "default: N/S": 16 layers on 4 stages pass the stages 4 times.
     default = self._staging(hkb.Pipeline("stage", 2, "circular"))
     self._assert_same(default, self._staging(hkb.Pipeline("stage", 2, "circular", 4)))
-    self.assertEqual(default.layout.layers, 1)
+    self.assertEqual(default.placement.layers, 1)
 
   def test_gpipe_takes_repeats_none_or_one(self):
     self._assert_same(
@@ -1267,7 +1267,7 @@ class StoredOverStagesTest(EightDevicesTest):
     # Group g = r·S + s (visit r of stage s) is stored on stage g // R as
     # its slot g mod R: R rounds, in each every stage sends one group and
     # receives one, and every group moves once, where its visit runs.
-    rounds = layout_lib._rounds(stages, repeats)
+    rounds = placement_lib._rounds(stages, repeats)
     self.assertLen(rounds, repeats)
     moved = []
     for pairs, stored, visit in rounds:

@@ -1,7 +1,7 @@
 """The stage program: what each stage of a pipeline runs inside its `shard_map`, and running it.
 
 `run` runs a layer scan as a pipeline from its `staging.Staging`: the
-stack and the batch laid out for the stages (`layout`), a
+stack and the batch laid out for the stages (`placement`), a
 `jax.shard_map` manual over the stage axis (and over the batch's axes where
 the layer is row-wise, `_rows_apart`; the mesh's other axes Auto inside it),
 and in it `_StageProgram`, which runs every step of the timetable: the
@@ -23,7 +23,7 @@ import numpy as np
 from haiku_bridge._src import errors
 from haiku_bridge._src import modes
 from haiku_bridge._src import remat as remat_lib
-from haiku_bridge._src.pipeline import layout as layout_lib
+from haiku_bridge._src.pipeline import placement as placement_lib
 from haiku_bridge._src.pipeline import row_wise
 from haiku_bridge._src.pipeline import timetables
 from haiku_bridge._src.pipeline import staging as staging_lib
@@ -61,16 +61,16 @@ def run(
     carry, the `y`s as `[num_layers, batch, ...]`, the state after every
     microbatch.
   """
-  layout, batch = staging.layout, staging.batch
-  stages, axis = layout.stages, layout.axis
+  placement, batch = staging.placement, staging.batch
+  stages, axis = placement.stages, placement.axis
   if reverse:
     per_layer = jax.tree.map(lambda a: jnp.flip(a, 0), per_layer)
   state = per_layer[1]
-  staged = jax.tree.map(layout.to_stages, per_layer)
+  staged = jax.tree.map(placement.to_stages, per_layer)
   micro = jax.tree.map(batch.split, carry)
   if loop.remat == modes.REMAT_AUTO:
-    loop = stage_loop(loop, planned_body or body, micro, staged, layout.layers)
-  program = _StageProgram(body, loop, layout, staging.timetable, batch.microbatches)
+    loop = stage_loop(loop, planned_body or body, micro, staged, placement.layers)
+  program = _StageProgram(body, loop, placement, staging.timetable, batch.microbatches)
   if stages == 1:
     # One stage passes nothing on: the timetable runs as a loop, in place,
     # over arrays typed by the mesh as a `shard_map` would type them (an
@@ -128,9 +128,10 @@ def run(
       check_vma = apart is None and (layer is None or not _loops_from_a_constant(layer[0].jaxpr))
       out, ys, new_state = run_stages(program, [], check_vma)
   ys = batch.join_ys(
-    jax.tree.map(layout.ys_to_layers, ys), lambda: layout_lib.whole_batch_ys(body, carry, per_layer)
+    jax.tree.map(placement.ys_to_layers, ys),
+    lambda: placement_lib.whole_batch_ys(body, carry, per_layer),
   )
-  new_state = jax.tree.map(layout.to_layers, new_state, state)
+  new_state = jax.tree.map(placement.to_layers, new_state, state)
   if reverse:
     ys, new_state = jax.tree.map(lambda a: jnp.flip(a, 0), (ys, new_state))
   # Typed as the plain stack's: a microbatch too small to split over `data`
@@ -509,7 +510,7 @@ class _StageProgram:
 
   body: Callable[..., Any]
   loop: remat_lib.Loop
-  layout: layout_lib.Layout
+  placement: placement_lib.Placement
   timetable: timetables.Timetable
   microbatches: int
   # Run with jax's check of varying types off (`jax.shard_map`'s
@@ -518,8 +519,8 @@ class _StageProgram:
 
   def __call__(self, staged, micro, closed_over):
     params, state, keys, xs = jax.tree.map(lambda a: a[0], staged)
-    stages, repeats = self.layout.stages, self.layout.repeats
-    axis = self.layout.axis
+    stages, repeats = self.placement.stages, self.placement.repeats
+    axis = self.placement.axis
     passing = stages > 1  # Stages pass activations over the mesh axis.
     stage = lax.axis_index(axis) if passing else 0
     t = self.timetable
@@ -556,7 +557,7 @@ class _StageProgram:
         else jax.vmap(lambda k: jax.random.fold_in(k, m))(read_pass(keys, repeat))
       )
       visit = (read_pass(params, repeat), visit_state, visit_keys, read_pass(xs, repeat))
-      return self.loop(body, x_in, visit, self.layout.layers)
+      return self.loop(body, x_in, visit, self.placement.layers)
 
     if repeats > 1:
       run_visit = jax.checkpoint(

@@ -16,7 +16,7 @@ import numpy as np
 
 from haiku_bridge._src import errors
 from haiku_bridge._src.pipeline import config
-from haiku_bridge._src.pipeline import layout as layout_lib
+from haiku_bridge._src.pipeline import placement as placement_lib
 from haiku_bridge._src.pipeline import timetables
 from haiku_bridge._src import typed_sharding
 from haiku_bridge._src.pytree import PyTree
@@ -24,10 +24,10 @@ from haiku_bridge._src.pytree import PyTree
 
 @dataclasses.dataclass(frozen=True)
 class Staging:
-  """How a stack runs as a pipeline: its layout on the stages, its microbatches, their timetable."""
+  """How a stack runs as a pipeline: its placement on the stages, its microbatches, their timetable."""
 
-  layout: layout_lib.Layout
-  batch: layout_lib.Batch
+  placement: placement_lib.Placement
+  batch: placement_lib.Batch
   timetable: timetables.Timetable
 
 
@@ -110,7 +110,7 @@ def staging_for(
           f"{microbatches} divides, or other `microbatches`."
         )
       )
-  layout = layout_lib.Layout(
+  placement = placement_lib.Placement(
     pipeline.axis,
     stages,
     repeats,
@@ -118,8 +118,8 @@ def staging_for(
     stages > 1 and typed_sharding.is_explicit(pipeline.axis),
   )
   return Staging(
-    layout,
-    layout_lib.Batch(microbatches, pipeline.axis),
+    placement,
+    placement_lib.Batch(microbatches, pipeline.axis),
     timetables.timetable(stages, microbatches, repeats),
   )
 

@@ -177,7 +177,7 @@ class _Perturbed:
   xs: tuple[bool, ...]
 
 
-class _SlotLayout(NamedTuple):
+class _SlotMoves(NamedTuple):
   """A schedule with its register as one more slot, every move static.
 
   Slot `register` (the last) stands for the register. Each backward action
@@ -200,7 +200,7 @@ class _SlotLayout(NamedTuple):
   num_steps_run: int  # The backward sweep's steps: each action's length.
 
 
-def _slot_layout(schedule: remat_schedule.Schedule) -> _SlotLayout:
+def _slot_moves(schedule: remat_schedule.Schedule) -> _SlotMoves:
   register = schedule.num_slots
   # The forward sweep writes every carry, one the schedule does not keep to
   # the register's slot: no select and no read per step, which XLA compiles
@@ -220,7 +220,7 @@ def _slot_layout(schedule: remat_schedule.Schedule) -> _SlotLayout:
       holder = target
     actions.append((a.kind, a.step, a.length, load, target))
   table = np.asarray(actions, np.int32).reshape(-1, 5)
-  return _SlotLayout(register + 1, np.asarray(stores, np.int32), table, int(table[:, 2].sum()))
+  return _SlotMoves(register + 1, np.asarray(stores, np.int32), table, int(table[:, 2].sum()))
 
 
 def _checkpointed_scan(
@@ -232,7 +232,7 @@ def _checkpointed_scan(
 ) -> Callable[..., Any]:
   """`run(consts, carry, xs) -> (carry, ys)`, a `jax.custom_vjp` over flat lists."""
   length = schedule.num_steps
-  layout = _slot_layout(schedule)
+  moves = _slot_moves(schedule)
 
   @jax.custom_vjp
   def run(consts, carry, xs):
@@ -246,17 +246,17 @@ def _checkpointed_scan(
     consts, perturbed_consts = _values(consts)
     carry, _ = _values(carry)
     xs, perturbed_xs = _values(xs)
-    slots = [_slot_buffer(c, layout.num_slots) for c in carry]
+    slots = [_slot_buffer(c, moves.num_slots) for c in carry]
 
     def body(state, inputs):
       c, slots = state
       x, store = inputs
-      # Every carry is written (`_slot_layout`): no select, no read.
+      # Every carry is written (`_slot_moves`): no select, no read.
       slots = [_put(b, v, store) for b, v in zip(slots, c)]
       new_c, y = step(consts, c, x)
       return (new_c, slots), y
 
-    stores = layout.forward_writes
+    stores = moves.forward_writes
     (carry, slots), ys = lax.scan(
       body,
       (carry, slots),
@@ -310,7 +310,7 @@ def _checkpointed_scan(
       t = lax.add(first, done)
       next_done = lax.add(done, np.int32(1))
       last = lax.eq(next_done, steps)
-      register = np.int32(layout.num_slots - 1)
+      register = np.int32(moves.num_slots - 1)
       c = [_get(s, lax.select(lax.eq(done, np.int32(0)), load, register)) for s in slots]
       # Steps are numbered in the order the forward sweep runs them; the
       # layer (index into xs and ys) of step t.
@@ -343,7 +343,7 @@ def _checkpointed_scan(
         lax.select(last, np.int32(0), next_done),
       ), None
 
-    table = [jnp.asarray(column) for column in layout.actions.T]
+    table = [jnp.asarray(column) for column in moves.actions.T]
     state = (
       slots,
       [ct_carry[i] for i in diff_carry],
@@ -353,7 +353,7 @@ def _checkpointed_scan(
       jnp.int32(0),
     )
     (_, ct_c, ct_xs, ct_consts, _, _), _ = lax.scan(
-      body, state, None, length=layout.num_steps_run, unroll=unroll
+      body, state, None, length=moves.num_steps_run, unroll=unroll
     )
     return (
       _scatter(len(consts), diff_consts, ct_consts),

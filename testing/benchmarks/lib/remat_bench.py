@@ -12,7 +12,7 @@ transformer (`testing/transformer.py`).
 the A/A control: the noise floor of the step-time ratios. Beside the
 schedules, Haiku's own nesting, `hk.layer_stack(G)(hk.remat(hk.layer_stack(K)(
 hk.remat(block))))`, shows what two nested checkpointed scans cost when the
-params are stacked `[G, K, ...]` (another layout) and each group's params and
+params are stacked `[G, K, ...]` (other shapes) and each group's params and
 gradients are sliced out of them.
 """
 

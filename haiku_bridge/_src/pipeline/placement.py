@@ -1,6 +1,6 @@
-"""The stack and the batch between a layer scan's layout and a pipeline's stages'.
+"""A pipeline's placement: the stack and the batch moved from a layer scan's order to the stages'.
 
-`Layout`: the stacked per-layer arrays, `[N, ...]`, as the stages hold them,
+`Placement`: the stacked per-layer arrays, `[N, ...]`, as the stages hold them,
 `[S, R, L, ...]` (stage, pass, layer of a visit), and back, and the stages'
 `ys` back in layer order. `Batch`: the batch (axis 0 of every carry leaf)
 as microbatches, `[M, B/M, ...]`, and back. Under Explicit mesh axes each
@@ -77,7 +77,7 @@ class Batch:
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class Placement:
   """Layer n = (r·S + s)·L + j: pass r, stage s, layer j of a visit."""
 
   axis: str

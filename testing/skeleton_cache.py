@@ -1,9 +1,9 @@
-"""The adapters' layout cache against a config their constructors read (issue 27, row 3).
+"""The adapters' skeleton cache against a config their constructors read (issue 27, row 3).
 
 A constructor that reads a global (`lambda rngs: nnx.Linear(4, CONFIG["width"], rngs=rngs)`),
 applied at one width and then at another, must be laid out at the width in force, whatever the
 cache holds: the same output as the foreign library's own run of the same layer on the same
-params. `LayoutCacheCases` checks it cold (caches cleared before each apply), warm (with and
+params. `SkeletonCacheCases` checks it cold (caches cleared before each apply), warm (with and
 without an identity custom getter), with caches off, and in a fresh process where init never
 ran (with caches and with `HAIKU_BRIDGE_CACHES=0`). Each adapter's test file gives the nets,
 the native run, and a module-level `child_configured_apply(path)` that calls `child_apply`.
@@ -25,7 +25,7 @@ from testing import backend_tolerance
 from testing import test_utils
 
 CONFIG = {"width": 4}  # Read by the test files' constructors; the cases change it.
-WIDTHS = (4, 6, 4)  # Applied in turn: the last finds the first's layout cached.
+WIDTHS = (4, 6, 4)  # Applied in turn: the last finds the first's skeleton cached.
 
 Net = Callable[..., hk.Transformed]  # `net(kind, getter=False)`.
 
@@ -63,7 +63,7 @@ def child_apply(path: str, net: Net, kinds: tuple[str, ...], x: Any) -> None:
       print(" ".join(map(str, np.asarray(out).ravel())))
 
 
-class LayoutCacheCases(parameterized.TestCase):
+class SkeletonCacheCases(parameterized.TestCase):
   """The cases; a subclass sets the class attributes below."""
 
   KINDS: tuple[str, ...] = ()  # What each case passes to the adapter.
