@@ -90,7 +90,7 @@ def call_pure(
           )
         )
       f = inline.haiku_function(fn)
-      if hk.running_init():
+      if guards.initialising():
         guards.require_haiku_trace()
       with _name_scope(name):
         return f(*args, **kwargs)

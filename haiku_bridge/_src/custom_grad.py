@@ -495,7 +495,7 @@ class _CustomBlock:
         )
       guards.require_transform()
       self._check_args(args)
-      if hk.running_init():
+      if guards.initialising():
         # Init runs `f` inline: no derivative is taken of init.
         return self._inline.run_at_init(args, {})
       call = self._inline.call(args, {})

@@ -744,7 +744,7 @@ class LinenModule(foreign_module.ForeignModule):
     key = foreign_module.skeleton_key(
       "linen", (self._module, method), self._streams, sorted(rngs), args, kwargs
     )
-    if hk.running_init():
+    if guards.initialising():
       guards.require_haiku_trace()
       if "params" not in rngs:
         rngs = {"params": hk.maybe_next_rng_key(), **rngs}

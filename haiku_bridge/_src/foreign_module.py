@@ -159,7 +159,7 @@ def params(
   """
   leaves = variables.leaves(hk.experimental.current_name())
   storage.PARAMS.claim(leaves)
-  if hk.running_init():
+  if guards.initialising():
     assert values is not None, "values are built at init"
     with foreign_sharding.recording(leaves, partition):
       return storage.PARAMS.create(leaves, values)
@@ -170,7 +170,7 @@ def state(variables: Variables, values: Optional[Sequence[Any]]) -> list[Any]:
   """The current state, created from `values` at init, read at apply."""
   leaves = variables.leaves(hk.experimental.current_name())
   storage.STATE.claim(leaves)
-  if hk.running_init():
+  if guards.initialising():
     assert values is not None, "values are built at init"
     return storage.STATE.create(leaves, values, values)
   return storage.STATE.read(leaves, [s.shape for s in variables.specs])
@@ -185,7 +185,7 @@ def outputs(variables: Variables, values: Sequence[Any]) -> None:
   """Stores values the call made (intermediates) as state, replacing any."""
   leaves = variables.leaves(hk.experimental.current_name())
   storage.STATE.claim(leaves)
-  if hk.running_init():
+  if guards.initialising():
     storage.STATE.create(leaves, values, values)
   else:
     storage.STATE.write(leaves, [None] * len(leaves), values)
@@ -234,7 +234,7 @@ def built(instance: Any, recipe: Recipe) -> Built:
   """
   if instance is not None:
     return Built(*recipe.split(instance))
-  if hk.running_init():
+  if guards.initialising():
     guards.require_haiku_trace()
     assert recipe.construct is not None, "a recipe without an instance builds"
     skeleton, values = recipe.split(recipe.construct(hk.next_rng_key()))

@@ -1,4 +1,8 @@
-"""Checks every public entry point makes first: where it may run."""
+"""Where the code runs (inside a Haiku transform, in its init), and the checks every public entry point makes on it.
+
+`initialising` is the one place the library asks whether this is Haiku's
+init (`guards_test` holds every other module to it).
+"""
 
 import haiku as hk
 
@@ -13,6 +17,19 @@ def inside_transform() -> bool:
   except ValueError:
     return False
   return True
+
+
+def initialising() -> bool:
+  """Whether this runs Haiku's init: inside a transform, creating params.
+
+  Haiku's `hk.running_init()`, and False outside a transform (where Haiku
+  raises): inside `hk.experimental.lift`, `hk.remat` or a custom getter it
+  is the init of the transform that runs them.
+  """
+  try:
+    return hk.running_init()
+  except ValueError:
+    return False
 
 
 def require_transform() -> None:

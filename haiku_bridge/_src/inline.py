@@ -223,7 +223,7 @@ class HaikuFunction:
     once, when read here); at apply it only runs abstractly, to find them.
     """
     point = haiku_internals.call_point()
-    if hk.running_init():
+    if guards.initialising():
       guards.require_haiku_trace()
       with haiku_internals.interceptors_suspended(getters_only=True):
         self.f(*args, **kwargs)
@@ -238,7 +238,7 @@ class HaikuFunction:
           "written as inline."
         )
       )
-    if not hk.running_init():
+    if not guards.initialising():
       haiku_internals.take_names(bindings.naming)
     return bindings.inner_params(bindings.read_params())
 

@@ -63,7 +63,7 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
         f"got {errors.describe(init)}."
       )
     )
-  if hk.running_init():
+  if guards.initialising():
     guards.require_haiku_trace()
     tree = _run_init(init, args, kwargs)
     _check_array_leaves(tree)
@@ -81,7 +81,7 @@ def bind(init: InitFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> PyTree:
         storage.Leaf(m.keypath, naming.join_bundle(scope, m.below), m.name) for m in members
       ]
       storage.PARAMS.claim(leaves)
-      if hk.running_init():
+      if guards.initialising():
         got = storage.PARAMS.create(leaves, [flat[m.index] for m in members])
       else:
         got = storage.PARAMS.read(leaves, [structure.shapes[m.index] for m in members])

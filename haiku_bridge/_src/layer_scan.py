@@ -237,9 +237,9 @@ def _run_loop(body, carry, scanned, num_layers: int, options: _Options, planned=
     # that runs this only to find the params it reads, where no mesh is
     # set (a bridged function's init): neither needs a mesh.
     staging = pipeline_lib.staging_for(
-      pipeline, carry, num_layers, require_mesh=not (hk.running_init() or inline.probing())
+      pipeline, carry, num_layers, require_mesh=not (guards.initialising() or inline.probing())
     )
-  if staging is not None and not hk.running_init():
+  if staging is not None and not guards.initialising():
     carry, (ys, state) = pipeline_lib.run(
       staging, body, carry, scanned, loop=options.loop, reverse=reverse, planned_body=planned
     )

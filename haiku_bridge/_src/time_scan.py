@@ -24,7 +24,6 @@ import functools
 import inspect
 from typing import Any, Callable, Optional, TypeVar, cast
 
-import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -267,7 +266,7 @@ def dynamic_unroll(
     # At init the usual form's head runs after the unroll, and its params
     # draw their keys after every step's (a core's dropout draws one per
     # step): so the readout runs after the unroll there, in a loop of its own.
-    read_after = readout is not None and _initialising()
+    read_after = readout is not None and guards.initialising()
 
     def read(outputs, readout_in):
       assert readout is not None, "read runs only with a readout"
@@ -300,11 +299,6 @@ def dynamic_unroll(
       if return_all_states:
         states = pytree.swap_batch_time(states)
     return outputs, states
-
-
-def _initialising() -> bool:
-  """Haiku's init: inside a transform, creating params."""
-  return guards.inside_transform() and hk.running_init()
 
 
 # How the time scans' messages name their bodies (remat.check_step_output).
@@ -347,7 +341,7 @@ def _scan(
   if not guards.inside_transform():
     return loop(f, init, xs, length, reverse)
   first = None
-  if hk.running_init():
+  if guards.initialising():
     # The first step creates the params and state, which the loop cannot
     # (its carry keeps one structure): it runs outside, as in hk.scan. (The
     # loop runs unplanned: `remat_lib.resolved` plans nothing at init.)

@@ -34,7 +34,6 @@ import functools
 import math
 from typing import Any, Callable, Optional
 
-import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -204,7 +203,7 @@ def resolved(
   """
   if loop.remat != modes.REMAT_AUTO:
     return loop
-  if whole_pipelined_stack or (guards.inside_transform() and hk.running_init()):
+  if whole_pipelined_stack or guards.initialising():
     return dataclasses.replace(
       loop, remat=False, policy=None, memory_budget=None, max_recompute=remat_choice.MAX_RECOMPUTE
     )

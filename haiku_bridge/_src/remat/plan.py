@@ -40,7 +40,6 @@ import logging
 import time
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
-import haiku as hk
 import jax
 import numpy as np
 
@@ -306,7 +305,7 @@ def _plan_of_loop(
         f"without `remat=` (got remat={options['remat']!r})."
       )
     )
-  if guards.inside_transform() and hk.running_init():
+  if guards.initialising():
     raise ValueError(
       errors.message(
         f"plans hkb.{name} at apply, where its params exist: at init "
