@@ -20,7 +20,7 @@
 #    inline Haiku on a transformer LM step, `hkb.repeat_layer` against `hk.layer_stack`, and the
 #    time scan's memory and time beside Equinox's; sized to the device's memory, each line printed
 #    as it is measured (on a CPU, `--small`: a check of the script).
-# 3. remat.md: testing/remat_gpu_check.py, `remat="auto"`'s predictions against the compiled
+# 3. remat.md: testing/remat_auto_check.py, `remat="auto"`'s predictions against the compiled
 #    programs on this backend.
 #
 # Settings (environment): ACCELERATOR_CHECK_PARTS (default "tests figures remat"),
@@ -155,7 +155,7 @@ fi
 remat_status=0
 if runs remat; then
   echo "== remat=\"auto\" predictions (at most ${PART_S} s)"
-  "${LIMITED[@]}" "${PYTHON}" -m testing.remat_gpu_check 2>"${OUT}/remat.err" | tee "${OUT}/remat.md"
+  "${LIMITED[@]}" "${PYTHON}" -m testing.remat_auto_check 2>"${OUT}/remat.err" | tee "${OUT}/remat.md"
   remat_status=$?
   (( remat_status == 0 )) || tail -n 30 "${OUT}/remat.err"
 fi

@@ -4,6 +4,9 @@
   `haiku_bridge/__init__.py` by its imports (an `import` statement, or a module's dotted name as a
   string: `_src/optional.py` imports the adapters on first use). A module that only tests and
   test helpers use belongs in `testing/` (`testing/hlo_collectives.py`).
+- **Only tests import tests**: no module of `haiku_bridge/`, `testing/` or `examples/` but a
+  `*_test.py` imports a `*_test` module. What a script or helper needs from a test goes in a module
+  of its own (`testing/flops_programs.py`, which `testing/remat_auto_check.py` imports).
 """
 
 import ast
@@ -32,8 +35,8 @@ def is_test(name: str) -> bool:
   return name.rsplit(".", 1)[-1].endswith("_test")
 
 
-def imported_names(path: str) -> Iterator[str]:
-  """Every dotted name the module at `path` imports, and every string constant in it.
+def imported_names(path: str, strings: bool = True) -> Iterator[str]:
+  """Every dotted name the module at `path` imports, and (with `strings`) every string constant.
 
   `from a import b` gives both `a` and `a.b` (b may be a module or a name in `a`). The repository
   writes absolute imports only; a relative one is refused, not guessed at.
@@ -48,13 +51,13 @@ def imported_names(path: str) -> Iterator[str]:
         raise ValueError(f"{path}:{node.lineno}: a relative import; write it absolute")
       yield node.module
       yield from (f"{node.module}.{alias.name}" for alias in node.names)
-    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+    elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
       yield node.value
 
 
-def imports(found: dict[str, str], name: str) -> set[str]:
-  """The modules of `found` that module `name` imports."""
-  return {n for n in imported_names(found[name]) if n in found and n != name}
+def imports(found: dict[str, str], name: str, strings: bool = True) -> set[str]:
+  """The modules of `found` that module `name` imports (with `strings`: or names in a string)."""
+  return {n for n in imported_names(found[name], strings) if n in found and n != name}
 
 
 def reached(found: dict[str, str], start: str) -> set[str]:
@@ -77,6 +80,20 @@ class ImportsTest(absltest.TestCase):
       [],
       "a module no import from haiku_bridge/__init__.py reaches is not the library's: "
       "move what only tests use to testing/",
+    )
+
+  def test_only_tests_import_test_modules(self):
+    found = modules("haiku_bridge", "testing", "examples")
+    self.assertIn("testing.remat_auto_check", found)  # The scan sees the files.
+    imported = {
+      name: sorted(n for n in imports(found, name, strings=False) if is_test(n))
+      for name in found
+      if not is_test(name)
+    }
+    self.assertEqual(
+      {name: tests for name, tests in imported.items() if tests},
+      {},
+      "a module that is not a test imports a test module: move what it needs out of the test",
     )
 
   def test_the_scan_resolves_imports_of_every_form(self):

@@ -22,7 +22,7 @@ from haiku_bridge._src.remat import measure
 
 # What the tests that hold on XLA:CPU and XLA:GPU only are sized on: on a TPU they skip
 # (`on_cpu_and_gpu`), and `testing/accelerator_check.sh` reports what fails there. The TPU's bytes
-# are checked at users' sizes by `testing/remat_gpu_check.py`.
+# are checked at users' sizes by `testing/remat_auto_check.py`.
 TOY_BYTES = (
   "compiled bytes of toy widths against a budget or a prediction: on a TPU, "
   "memory_analysis() of such programs counts arrays XLA:TPU keeps outside "

@@ -9,37 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from haiku_bridge._src.remat import hlo_flops
-
-W = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32)
-H = jnp.zeros([4, 32])
-XS = jnp.ones([8, 4, 32])
-
-
-def step(h, x):
-  h = jnp.tanh(h @ W + x)
-  return h, jnp.sum(h**2)
-
-
-# XLA's CPU count is the ground truth of the convolution tests, on any
-# backend (XLA:GPU's cost analysis does not count cuDNN's calls).
-CPU = jax.devices("cpu")[0]
-
-
-def compiled(f, *args, device=None):
-  """`f` compiled for `args`, on `device` (default: the default backend)."""
-  if device is not None:
-    args = jax.device_put(args, device)
-  return jax.jit(f).lower(*args).compile()
-
-
-def ours(f, *args, device=None) -> hlo_flops.Count:
-  return hlo_flops.count(compiled(f, *args, device=device).as_text())
-
-
-def xla(f, *args, device=None) -> float:
-  """XLA's count, right where no loop is left (transcendentals as FLOPs)."""
-  analysis = compiled(f, *args, device=device).cost_analysis()
-  return analysis["flops"] + analysis.get("transcendentals", 0.0)
+from testing.flops_programs import CPU
+from testing.flops_programs import H
+from testing.flops_programs import LOOPS
+from testing.flops_programs import W
+from testing.flops_programs import XS
+from testing.flops_programs import compiled
+from testing.flops_programs import ours
+from testing.flops_programs import unrolled
+from testing.flops_programs import xla
 
 
 def convolutions():
@@ -72,27 +50,6 @@ class _Analysis(NamedTuple):
   argument_size_in_bytes: int
   output_size_in_bytes: int
   alias_size_in_bytes: int
-
-
-def gradient(body, unroll=1):
-  """The gradient of a loss of a scan of `body` over `XS`."""
-
-  def loss(h, xs):
-    h, ys = jax.lax.scan(body, h, xs, unroll=unroll)
-    return jnp.sum(ys) + jnp.sum(h)
-
-  return jax.grad(loss, argnums=(0, 1))
-
-
-def nested(unroll=1):
-  """The gradient of a scan over 2 scans of 4 steps each."""
-
-  def loss(h, xs):
-    inner = lambda h, xs: jax.lax.scan(step, h, xs, unroll=unroll)
-    h, ys = jax.lax.scan(inner, h, xs.reshape(2, 4, *xs.shape[1:]), unroll=unroll)
-    return jnp.sum(ys) + jnp.sum(h)
-
-  return jax.grad(loss, argnums=(0, 1))
 
 
 def cudnn_convolution(
@@ -567,30 +524,21 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
     # The ground truth, on any backend: XLA's count of the loop unrolled on
     # CPU (XLA:GPU's count of an unrolled program counts each copy of a
     # value its fusions make, 2.5-3.8% more on an H200 here).
-    scan = lambda unroll: lambda h, xs: jax.lax.scan(step, h, xs, unroll=unroll)
-    for name, make in (
-      ("scan", scan),
-      ("gradient", lambda u: gradient(step, u)),
-      ("nested", nested),
-    ):
-      rolled = ours(make(1), H, XS)
+    for name in ("scan", "gradient", "nested"):
+      rolled = ours(LOOPS[name](1), H, XS)
       self.assertEqual(rolled.unknown_trip_counts, 0, name)
       self.assertEqual(rolled.conditionals, (), name)
       # XLA's count of the rolled loop sees one step of 8.
-      self.assertLess(xla(make(1), H, XS), rolled.flops / 4, name)
-      self.assertAlmostEqual(
-        rolled.flops / xla(make(True), H, XS, device=CPU), 1, delta=0.02, msg=name
-      )
+      self.assertLess(xla(LOOPS[name](1), H, XS), rolled.flops / 4, name)
+      self.assertAlmostEqual(rolled.flops / unrolled(name, CPU), 1, delta=0.02, msg=name)
 
   def test_a_checkpointed_scan_counts_one_more_forward_per_step(self):
     # Unrolled, XLA merges the recomputation with the forward pass, so the
     # ground truth is the plain gradient unrolled and, for each step, the
     # forward of its carry that jax.checkpoint runs again (XLA's counts on
-    # CPU, as above).
-    recompute = xla(lambda h, x: step(h, x)[0], H, XS[0], device=CPU)
-    expected = xla(gradient(step, True), H, XS, device=CPU) + len(XS) * recompute
-    got = ours(gradient(jax.checkpoint(step)), H, XS).flops
-    self.assertAlmostEqual(got / expected, 1, delta=0.02)
+    # CPU, as above): `unrolled("checkpointed")`.
+    got = ours(LOOPS["checkpointed"](1), H, XS).flops
+    self.assertAlmostEqual(got / unrolled("checkpointed", CPU), 1, delta=0.02)
 
   def test_a_conditional_counts_its_cheapest_branch_and_lists_all(self):
     def f(h, xs):

@@ -1,8 +1,9 @@
 r"""`remat="auto"` on whatever backend runs it: predicted against compiled bytes, choice against budget.
 
 A standalone check (no pytest) for a machine the test suite does not run on,
-a GPU above all: for `remat/plan_test`'s models and a plain-JAX LSTM training
-step (H=1024, B=64, T=4096, the loss in the step), it plans each at a tight
+a GPU or a TPU above all (`testing/accelerator_check.sh` runs it): for
+`remat/plan_test`'s models and a plain-JAX LSTM training step (H=1024, B=64,
+T=4096, the loss in the step), it plans each at a tight
 and a middle budget, prints the plan's first prediction for its choice (before
 the compiled check), the choice and what the compiled training step takes
 (XLA's temporaries and the constants of the program), and for `remat=False`
@@ -11,18 +12,18 @@ and `remat=True` the prediction against the compiled step. FLOPs too
 recomputation against the compiled steps' difference (True less False),
 and each chosen plan's step against `remat=False`'s (a plan runs at least
 the plain step's arithmetic). First, `hlo_flops` on small loops compiled
-here, rolled against XLA's count on CPU of the same loops unrolled (as
-`hlo_flops_test` does; XLA:GPU's own count of a program counts each copy
-of a value its fusions make, printed beside it). Exits 1 if a whole step
-compiles over its budget by more than the tests allow
-(`remat/plan_test.py`'s `STEP_TOLERANCE`), a prediction of `False`/`True`
-(bytes, or `True`'s recomputed FLOPs) is more than 10% off, a chosen plan
-counts fewer FLOPs than `remat=False`, or a rolled loop's count is more than
-2% off. `--small`: small shapes for a CPU (a minute or two).
+here (`testing/flops_programs.py`), rolled against XLA's count on CPU of the
+same loops unrolled (as `hlo_flops_test` does; XLA:GPU's own count of a
+program counts each copy of a value its fusions make, printed beside it).
+Exits 1 if a whole step compiles over its budget by more than the tests
+allow (`remat/plan_test.py`'s `STEP_TOLERANCE`), a prediction of
+`False`/`True` (bytes, or `True`'s recomputed FLOPs) is more than 10% off, a
+chosen plan counts fewer FLOPs than `remat=False`, or a rolled loop's count is
+more than 2% off. `--small`: small shapes for a CPU (a minute or two).
 
-    PYTHONPATH=. python3 testing/remat_gpu_check.py            # the GPU's run
-    PYTHONPATH=. python3 testing/remat_gpu_check.py --small    # a CPU's
-    PYTHONPATH=. python3 testing/remat_gpu_check.py --only 'jax_lstm|lstm_4096'
+    PYTHONPATH=. python3 testing/remat_auto_check.py            # an accelerator's run
+    PYTHONPATH=. python3 testing/remat_auto_check.py --small    # a CPU's
+    PYTHONPATH=. python3 testing/remat_auto_check.py --only 'jax_lstm|lstm_4096'
 
 Each model prints its seconds: on a GPU (XLA autotunes every compile, and
 the measuring compiles keep XLA's defaults there), pick with `--only` what
@@ -44,9 +45,9 @@ import jax.numpy as jnp
 
 import haiku_bridge as hkb
 from haiku_bridge._src.remat import hlo_flops
-from haiku_bridge._src.remat import hlo_flops_test
 from haiku_bridge._src.remat import choice as remat_choice
 from haiku_bridge._src.remat import plan as remat_plan
+from testing import flops_programs
 from testing import remat_models
 from testing.benchmarks.lib import remat_auto_bench
 
@@ -193,26 +194,10 @@ def check(name: str, step_of, args) -> list[tuple[str, bool]]:
 
 def rolled_loops() -> list[tuple[str, bool]]:
   """`hlo_flops` of small loops compiled here, rolled, against XLA:CPU's count of them unrolled."""
-  t = hlo_flops_test
-  scan = lambda unroll: lambda h, xs: jax.lax.scan(t.step, h, xs, unroll=unroll)
-  programs = {
-    "scan": scan,
-    "gradient": lambda u: t.gradient(t.step, u),
-    "nested": t.nested,
-    "checkpointed": lambda u: t.gradient(jax.checkpoint(t.step) if u == 1 else t.step, u),
-  }
-
-  def unrolled(name, device=None):
-    """XLA's count of program `name` unrolled, on `device`."""
-    flops = t.xla(programs[name](True), t.H, t.XS, device=device)
-    if name == "checkpointed":  # One more forward of each step.
-      flops += len(t.XS) * t.xla(lambda h, x: t.step(h, x)[0], t.H, t.XS[0], device=device)
-    return flops
-
   rows = []
-  for name, make in programs.items():
-    rolled = t.ours(make(1), t.H, t.XS)
-    truth, here = unrolled(name, t.CPU), unrolled(name)
+  for name, make in flops_programs.LOOPS.items():
+    rolled = flops_programs.ours(make(1), flops_programs.H, flops_programs.XS)
+    truth, here = flops_programs.unrolled(name, flops_programs.CPU), flops_programs.unrolled(name)
     ok = abs(rolled.flops / truth - 1) <= 0.02 and not rolled.unknown_trip_counts
     row, _ = _flops_row("hlo_flops " + name, "rolled", rolled.flops, truth, ok, "XLA:CPU unrolled")
     rows.append(
