@@ -81,6 +81,19 @@ def measuring_compiles() -> Iterator[list[str]]:
     yield threads
 
 
+@contextlib.contextmanager
+def scaled_figures(factor: int) -> Iterator[None]:
+  """Every measuring compile's bytes (temporaries and constants) read `factor` times over while the block runs: a backend whose buffers are larger than the CPU's, as XLA:TPU pads small arrays to its tiles."""
+  real = hlo_flops.held
+
+  def held(compiled, text=None):
+    got = real(compiled, text)
+    return hlo_flops.Held(got.temporaries * factor, got.constants * factor)
+
+  with mock.patch.object(hlo_flops, "held", held):
+    yield
+
+
 def toy_step(h, x):
   """A tanh RNN's step over a carry of width 16, its loss in the step."""
   h = jnp.tanh(h @ jnp.eye(16) + x)

@@ -5,7 +5,10 @@ from unittest import mock
 
 from absl.testing import absltest
 import jax
+import jax.numpy as jnp
+import numpy as np
 
+from haiku_bridge._src.remat import hlo_flops
 from testing import plan_fixtures
 
 
@@ -26,6 +29,19 @@ class OnCpuAndGpuTest(absltest.TestCase):
     ):
       test(self)
     self.assertEqual(ran, ["cpu", "gpu"])
+
+
+class ScaledFiguresTest(absltest.TestCase):
+  def test_every_measured_byte_times_the_factor_inside_only(self):
+    table = jnp.asarray(np.arange(300, dtype=np.int32))
+    compiled = jax.jit(lambda i: jnp.tanh(jnp.ones([64, 64]) * table[i])).lower(3).compile()
+    plain = hlo_flops.held(compiled)
+    self.assertGreater(plain.temporaries, 0)
+    with plan_fixtures.scaled_figures(16):
+      self.assertEqual(
+        hlo_flops.held(compiled), hlo_flops.Held(16 * plain.temporaries, 16 * plain.constants)
+      )
+    self.assertEqual(hlo_flops.held(compiled), plain)
 
 
 if __name__ == "__main__":

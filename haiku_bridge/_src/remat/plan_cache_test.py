@@ -27,6 +27,7 @@ from testing.plan_fixtures import CPU_SIZED
 from testing.plan_fixtures import measuring_compiles
 from testing.plan_fixtures import on_cpu_and_gpu
 from testing.plan_fixtures import plan_in_a_directory_of_its_own
+from testing.plan_fixtures import scaled_figures
 from testing.plan_fixtures import toy_step
 
 plan_in_a_directory_of_its_own(__file__)
@@ -170,6 +171,7 @@ class KeptTest(absltest.TestCase):
     folder = os.path.join(directory, "remat_plans")
     kept = os.path.join(self.create_tempdir().full_path, "kept")
     init, xs = jnp.zeros([4, 16]), jnp.ones([128, 4, 16])
+    budget = []  # Read from the plan: a backend's bytes are its own.
 
     def again():
       """The plan made anew in this process, its files on disk as they are."""
@@ -178,15 +180,25 @@ class KeptTest(absltest.TestCase):
       shutil.copytree(kept, folder)
       shutil.rmtree(kept)
       with measuring_compiles() as compiles:
-        made = hkb.remat_plan(toy_step, init, xs, memory_budget=60_000)
+        made = hkb.remat_plan(toy_step, init, xs, memory_budget=budget[0])
       return made, compiles
 
+    # Every figure 16 times the CPU's, as where XLA:TPU pads the toy's
+    # f32[4, 16] arrays to its (8, 128) tiles: no budget here is set in
+    # one backend's bytes (60,000 was: on a TPU the first plan refused it).
     with (
       mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": directory}),
       mock.patch.object(caches, "_enabled", True),
+      scaled_figures(16),
     ):
       hkb.clear_caches()
-      first = hkb.remat_plan(toy_step, init, xs, memory_budget=60_000)
+      loose = hkb.remat_plan(toy_step, init, xs, memory_budget=1 << 40)
+      per_step = next(k for k in loose.candidates if k.remat is True)
+      # Between remat=True's and the least: a schedule, its second point
+      # compiled for the budget and kept in a file of its own.
+      budget.append((per_step.temporaries + loose.least_budget) // 2)
+      first = hkb.remat_plan(toy_step, init, xs, memory_budget=budget[0])
+      self.assertEqual(first.choice.remat, "binomial")
       self.assertNotEqual(os.listdir(folder), [])
       self.assertEqual(again(), (first, []))  # The files serve it.
       for name in os.listdir(folder):
