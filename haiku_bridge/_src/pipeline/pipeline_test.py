@@ -39,6 +39,7 @@ from haiku_bridge._src.pipeline import placement as placement_lib
 from haiku_bridge._src.pipeline import stages as stages_lib
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import scheduled_scan
+from testing import hlo_collectives
 from testing import remat_models
 from testing import transformer
 
@@ -210,12 +211,21 @@ def stage_rules():
 
 def pipelined_grad(f, params, x, mesh, rules, rng=None):
   """`value_and_grad` of `f.apply`, jitted under `mesh`, params placed by `rules`."""
+  return pipelined_grad_and_hlo(f, params, x, mesh, rules, rng)[0]
+
+
+def pipelined_grad_and_hlo(f, params, x, mesh, rules, rng=None):
+  """`pipelined_grad`'s values, and its compiled program's optimised HLO."""
   with jax.set_mesh(mesh):
     shardings = hkb.param_shardings(params, mesh, rules)
     grad = jax.jit(jax.value_and_grad(f.apply), out_shardings=(None, shardings))
-    return grad(
-      jax.device_put(params, shardings), rng, jax.device_put(x, NamedSharding(mesh, P("data")))
+    args = (
+      jax.device_put(params, shardings),
+      rng,
+      jax.device_put(x, NamedSharding(mesh, P("data"))),
     )
+    compiled = grad.lower(*args).compile()
+    return compiled(*args), compiled.as_text()
 
 
 @contextlib.contextmanager
@@ -1294,6 +1304,58 @@ class StoredOverStagesTest(EightDevicesTest):
     assert_close(self, got, expected)
     # Each gradient leaf stored as its param: over the stages.
     self.assertEqual({g.sharding.spec[0] for g in jax.tree.leaves(got[1])}, {"stage"})
+
+  @parameterized.parameters((4, 3), (4, 2))
+  def test_each_visit_runs_its_own_layers_params(self, stages, repeats):
+    # The moves of the rounds, seen in values: every layer's params differ
+    # and no layer normalises (`block`'s LayerNorm makes the loss nearly
+    # constant in the layers' order), so a group sent to the wrong stage or
+    # slot, or left unmoved, in any round changes the loss, and a gradient
+    # moved back wrongly lands on another layer's params. Ground truth: the
+    # layers written inline, one after another, on one device.
+    n = stages * repeats
+
+    def layer(h):
+      w = hk.get_parameter("w", [4, 4], init=jnp.zeros)
+      b = hk.get_parameter("b", [4], init=jnp.zeros)
+      return h + jnp.tanh(h @ w + b)
+
+    def inline(params, x):
+      p = params["blocks/~"]
+      for i in range(n):
+        x = x + jnp.tanh(x @ p["w"][i] + p["b"][i])
+      return jnp.mean(x**2)
+
+    pipelined = hk.transform(
+      lambda x: jnp.mean(
+        hkb.repeat_layer(
+          layer, x, n, name="blocks", pipeline=hkb.Pipeline("stage", 2, "circular", repeats)
+        )
+        ** 2
+      )
+    )
+    x = jax.random.normal(KEY, [8, 4])
+    # Drawn apart for each layer: no two layers' params alike.
+    kw, kb = jax.random.split(jax.random.PRNGKey(1))
+    params = {
+      "blocks/~": {
+        "w": jax.random.normal(kw, [n, 4, 4]) / 2,
+        "b": jax.random.normal(kb, [n, 4]) / 2,  # Where tanh is far from flat.
+      }
+    }
+    self.assertEqual(
+      jax.tree.map(jnp.shape, pipelined.init(KEY, x)), jax.tree.map(jnp.shape, params)
+    )
+    expected = jax.jit(jax.value_and_grad(inline))(params, x)
+    mesh = make_mesh(stages, axis_type=AxisType.Explicit)
+    got, hlo = pipelined_grad_and_hlo(pipelined, params, x, mesh, stage_rules())
+    assert_close(self, got, expected)
+    # And they moved by the rounds' permutations, which values cannot tell
+    # from the whole stack gathered on every stage (as on Auto axes, where
+    # the partitioner moves them: pipeline_cost_test).
+    kinds = {c.kind for c in hlo_collectives.collectives(hlo)}
+    self.assertIn("collective-permute", kinds)
+    self.assertFalse(kinds & {"all-gather", "all-to-all"}, "the stage-stored params gathered")
 
 
 @needs_shard_map
