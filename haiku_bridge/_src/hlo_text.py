@@ -12,7 +12,9 @@ scans, else read off the loop's counter, as XLA:TPU leaves it).
 import json
 import math
 import re
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
+
+import numpy as np
 
 _HEADER = re.compile(r"^(ENTRY )?%(\S+) .*\{$")
 _SHAPE = re.compile(r"^[a-z][a-z0-9]*\[([0-9,]*)\]")
@@ -229,6 +231,59 @@ def arrays(shape: str) -> list[Array]:
     held = _tiled(array_dims, minor_to_major, tiling)
     found.append(Array(array_dims, math.prod(held) * bits // 8))
   return found
+
+
+def array_bytes(
+  shape: Sequence[int],
+  dtype: Any,
+  major_to_minor: Optional[Sequence[int]] = None,
+  tiling: Sequence[Sequence[int]] = (),
+) -> Optional[int]:
+  """The bytes a device holds of an array of `shape` and `dtype` at a layout, as `arrays` reads them from HLO.
+
+  The layout as jax gives it (`jax.stages.Compiled.input_formats`' layouts:
+  `major_to_minor`, `tiling`); None: no layout, the elements' bytes. None
+  for an element type HLO has no name for here (a typed PRNG key).
+
+  >>> from haiku_bridge._src import hlo_text
+  >>> hlo_text.array_bytes((4, 16), jnp.float32, (0, 1), ((8, 128),))  # 8 × 128.
+  4096
+  >>> hlo_text.array_bytes((4, 16), jnp.float32, (0, 1))
+  256
+  """
+  name = _element_type(dtype)
+  if name is None:
+    return None
+  layout = ""
+  if major_to_minor is not None:
+    tiles = "".join(
+      ("T" if i == 0 else "") + "(" + ",".join(map(str, tile)) + ")"
+      for i, tile in enumerate(tiling)
+    )
+    layout = (
+      "{" + ",".join(map(str, reversed(major_to_minor))) + (":" + tiles if tiles else "") + "}"
+    )
+  (array,) = arrays(f"{name}[{','.join(map(str, shape))}]{layout}")
+  return array.bytes
+
+
+def _element_type(dtype: Any) -> Optional[str]:
+  """HLO's name of a numpy (or jax) element type: `f32`, `bf16`, `pred`; None where `arrays` knows none."""
+  try:
+    name = np.dtype(dtype).name
+  except TypeError:  # jax's extended types (a typed PRNG key's).
+    return None
+  if name == "bool":
+    return "pred"
+  if name == "bfloat16":
+    return "bf16"
+  if name.startswith("float8_"):
+    return "f8" + name[len("float8_") :]
+  kind = re.fullmatch(r"(int|uint|float|complex)([0-9]+)", name)
+  if kind is None:
+    return None
+  hlo = {"int": "s", "uint": "u", "float": "f", "complex": "c"}[kind.group(1)] + kind.group(2)
+  return hlo if hlo in _BITS else None
 
 
 def _tiled(array_dims: tuple[int, ...], minor_to_major: str, tiling: str) -> tuple[int, ...]:

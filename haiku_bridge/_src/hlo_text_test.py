@@ -70,6 +70,31 @@ class ArraysTest(absltest.TestCase):
         (array,) = hlo_text.arrays(shape)
         self.assertEqual(array.bytes, held)
         self.assertEqual(array.dims, hlo_text.dims(shape))
+    # The same arrays given as jax gives a layout (`Compiled.input_formats`).
+    dtypes = {
+      "pred": jnp.bool_,
+      "s4": jnp.int4,
+      "bf16": jnp.bfloat16,
+      "f32": jnp.float32,
+      "c64": jnp.complex64,
+      "u8": jnp.uint8,
+    }
+    for shape, held in measured:
+      dtype, minor_to_major, tiles = re.fullmatch(
+        r"(\w+)\[[0-9,]*\]\{([0-9,]*):(.*)\}", shape
+      ).groups()
+      with self.subTest(shape, given_as="layout"):
+        self.assertEqual(
+          hlo_text.array_bytes(
+            hlo_text.dims(shape),
+            dtypes[dtype],
+            [int(d) for d in reversed(minor_to_major.split(","))],
+            [tuple(map(int, t.split(","))) for t in re.findall(r"\(([0-9,]+)\)", tiles)],
+          ),
+          held,
+        )
+    # No HLO name for a typed PRNG key's type: none (its caller counts it).
+    self.assertIsNone(hlo_text.array_bytes((), jax.random.key(0).dtype, (), ((128,),)))
     # A scalar's tile holds it; a tuple's arrays each as their layouts say.
     self.assertEqual(
       [a.bytes for a in hlo_text.arrays("(s32[]{:T(128)}, f32[4,16]{1,0}, bf16[8]{0})")],

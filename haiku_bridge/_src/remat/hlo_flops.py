@@ -597,12 +597,15 @@ def held(compiled: Any, text: Optional[str] = None) -> Held:
 
 
 def lifted_bytes(compiled: Any, analysis: Any) -> int:
-  """Bytes of the arrays a program closes over that jax passes it as arguments: its arguments less those it declares.
+  """Bytes of the arrays a program closes over that jax passes it as arguments: its arguments less those it declares, as the device holds each.
 
   jax 0.12 compiles a closed-over array into the program only up to
   `jax_embedded_constants_max_bytes` (1,024 by default) and passes a larger
   one as an argument of its own (`constant_bytes` then sees none of it);
-  jax 0.10 compiles every one in (none lifted).
+  jax 0.10 compiles every one in (none lifted). XLA's
+  `argument_size_in_bytes` is what the device holds of the arguments, so
+  the declared ones are taken at that too (`declared_bytes`): their tiles'
+  padding (XLA:TPU), a dropped argument or a shard is not a lifted array.
 
   >>> from haiku_bridge._src.remat import hlo_flops
   >>> table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
@@ -611,8 +614,47 @@ def lifted_bytes(compiled: Any, analysis: Any) -> int:
   >>> lifted in (0, table.nbytes)  # jax 0.10: 0, in the text; 0.12: 4000.
   True
   """
-  declared = pytree.nbytes(compiled.args_info)
-  return max(0, analysis.argument_size_in_bytes - declared)
+  return max(0, analysis.argument_size_in_bytes - declared_bytes(compiled))
+
+
+def declared_bytes(compiled: Any) -> int:
+  """What one device holds of a compiled program's declared arguments: each one the program keeps (jit drops an argument it never reads), its shard, at its layout (XLA:TPU pads to its tiles).
+
+  From `compiled.input_formats`; where jax gives none, the arguments'
+  elements' bytes (`compiled.args_info`).
+
+  >>> from haiku_bridge._src.remat import hlo_flops
+  >>> compiled = jax.jit(lambda x, unread: 2 * x).lower(
+  ...     jnp.ones([64]), jnp.ones([8])).compile()
+  >>> hlo_flops.declared_bytes(compiled) == (
+  ...     256 if jax.default_backend() == "cpu" else
+  ...     compiled.memory_analysis().argument_size_in_bytes)
+  True
+  """
+  infos = jax.tree.leaves(compiled.args_info)
+  try:
+    formats = jax.tree.leaves(compiled.input_formats, is_leaf=lambda f: hasattr(f, "layout"))
+  except (AttributeError, NotImplementedError):  # jax without layouts.
+    formats = []
+  if len(formats) != len(infos):
+    return pytree.nbytes(compiled.args_info)
+  return sum(_declared(info, f) for info, f in zip(infos, formats))
+
+
+def _declared(info: Any, given: Any) -> int:
+  """What one device holds of a declared argument (`info`: its `ArgInfo`) given its `Format`."""
+  layout, sharding = given.layout, given.sharding
+  if layout is None and sharding is None:  # Dropped: never read, never passed.
+    return 0
+  shape = tuple(info.shape) if sharding is None else tuple(sharding.shard_shape(tuple(info.shape)))
+  held = (
+    None
+    if layout is None
+    else hlo_text.array_bytes(
+      shape, info.dtype, getattr(layout, "major_to_minor", None), getattr(layout, "tiling", ())
+    )
+  )
+  return pytree.nbytes(jax.ShapeDtypeStruct(shape, info.dtype)) if held is None else held
 
 
 def constant_bytes(text: str) -> int:

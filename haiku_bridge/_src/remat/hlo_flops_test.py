@@ -1,7 +1,8 @@
 """Tests for hlo_flops: rolled loops against XLA's own count of the same program unrolled."""
 
+import dataclasses
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional
 
 from absl.testing import absltest
 import jax
@@ -50,6 +51,45 @@ class _Analysis(NamedTuple):
   argument_size_in_bytes: int
   output_size_in_bytes: int
   alias_size_in_bytes: int
+
+
+# Objects, not NamedTuples: jax's trees would look inside those.
+@dataclasses.dataclass(frozen=True)
+class _ArgInfo:
+  """A declared argument as `compiled.args_info` gives it."""
+
+  shape: tuple[int, ...]
+  dtype: np.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """A layout as jax gives it (`jax.stages.Compiled.input_formats`)."""
+
+  major_to_minor: tuple[int, ...]
+  tiling: tuple[tuple[int, ...], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Format:
+  layout: Optional[_Layout]
+  sharding: Optional[jax.sharding.Sharding]
+
+
+class _Compiled(NamedTuple):
+  """What `lifted_bytes` reads of a compiled program, as a backend reports it."""
+
+  args_info: Any
+  input_formats: Any
+  analysis: _Analysis
+
+  def memory_analysis(self) -> _Analysis:
+    return self.analysis
+
+
+def held_on_the_device(array: np.ndarray) -> int:
+  """The bytes the default device holds of `array`, as XLA reports them: a program's argument's."""
+  return compiled(lambda a: a[0], array).memory_analysis().argument_size_in_bytes
 
 
 def cudnn_convolution(
@@ -433,22 +473,55 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
   def test_constant_bytes_are_the_arrays_not_the_scalars(self):
     # 200 int32s: within jax 0.12's jax_embedded_constants_max_bytes (1,024),
     # which compiles a closed-over array in only up to that size (a larger
-    # one is an argument there; jax 0.10 compiles in any).
+    # one is an argument there; jax 0.10 compiles in any). Counted as the
+    # device holds them (XLA:TPU pads them to its tiles: 1,024 bytes).
     table = np.random.default_rng(0).integers(0, 9, 200).astype(np.int32)
     text = compiled(lambda i, x: jnp.asarray(table)[i] * x + 1.5, 3, 2.0).as_text()
     scalars = [
       line for line in text.splitlines() if re.search(r"= [fs]32\[\](\{[^}]*\})? constant\(", line)
     ]
     self.assertNotEmpty(scalars)  # In the code, not in the program's data.
-    self.assertEqual(hlo_flops.constant_bytes(text), table.nbytes)
+    self.assertEqual(hlo_flops.constant_bytes(text), held_on_the_device(table))
 
   def test_a_closed_over_array_counts_once_compiled_in_or_passed_as_an_argument(self):
     # 1,000 int32s: compiled in by jax 0.10, an argument of its own on jax
     # 0.12 (over its jax_embedded_constants_max_bytes); held either way,
-    # once, and none of the step's own arguments.
+    # once, as the device holds it, and none of the step's own arguments
+    # (nor one it never reads, which jit drops, nor their tiles' padding).
     table = np.random.default_rng(0).integers(0, 9, 1000).astype(np.int32)
-    got = hlo_flops.held(compiled(lambda i, x: jnp.asarray(table)[i] * x, 3, jnp.ones([64])))
-    self.assertEqual(got.constants, table.nbytes)
+    got = hlo_flops.held(
+      compiled(lambda i, x, unread: jnp.asarray(table)[i] * x, 3, jnp.ones([64]), jnp.ones([8]))
+    )
+    self.assertEqual(got.constants, held_on_the_device(table))
+
+  def test_declared_arguments_are_taken_as_the_device_holds_them(self):
+    # What XLA:TPU reported (jax 0.10.2, a TPU v5e) for the program of the
+    # test above without its unread argument: 1,024 bytes of arguments for
+    # an s32[] and an f32[64], each padded to a 128-element tile (512
+    # bytes: hlo_text_test's measured layouts), the table compiled in. On
+    # jax 0.12 the table is an argument too: 4,096 bytes more. The declared
+    # arguments' padding is theirs, not a lifted array's; nor is an
+    # argument jit drops, and a sharded one is held a shard a device.
+    def layout(*major_to_minor, tile=(128,)):
+      return _Layout(major_to_minor, (tile,))
+
+    args_info = ((_ArgInfo((), np.int32), _ArgInfo((64,), np.float32)), {})
+    formats = ((_Format(layout(), None), _Format(layout(0), None)), {})
+    for lifted in (0, 4096):
+      with self.subTest(lifted=lifted):
+        program = _Compiled(args_info, formats, _Analysis(0, 0, 1024 + lifted, 4, 0))
+        self.assertEqual(hlo_flops.declared_bytes(program), 1024)
+        self.assertEqual(hlo_flops.lifted_bytes(program, program.memory_analysis()), lifted)
+    # Dropped, and sharded over 8 devices (an f32[64, 16] is f32[8, 16] on
+    # each, 512 bytes, in XLA:CPU's untiled layout).
+    mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:8]), ("d",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    program = _Compiled(
+      ((_ArgInfo((64, 16), np.float32), _ArgInfo((7,), np.float32)), {}),
+      ((_Format(_Layout((0, 1), ()), rows), _Format(None, None)), {}),
+      _Analysis(0, 0, 512 + 4000, 4, 0),
+    )
+    self.assertEqual(hlo_flops.lifted_bytes(program, program.memory_analysis()), 4000)
 
   def test_a_tpus_temporaries_are_its_peak_less_arguments_and_outputs(self):
     # `memory_analysis()` as XLA:TPU reported it (jax 0.10.2, one TPU v5e,
