@@ -11,8 +11,8 @@ Runs, side by side on this machine, the two benchmarks of `lib/` beside it:
 It profiles the apply traces, checks the targets (`lib/targets.py`), and
 writes to `--out_dir` (default: `results/` beside this file)
 `results.json` (every sample, the targets, the profiles), `tables.md` (the
-Markdown tables) and, when matplotlib is installed,
-`compile_time_vs_depth.png`. `RESULTS.md` there holds the conclusions
+Markdown tables) and `compile_time_vs_depth.svg` (the plot, `lib/plot.py`).
+`RESULTS.md` there holds the conclusions
 people draw from the tables; this program never writes it.
 Progress goes to stderr; the targets table to stdout. Timings never fail the
 program; the structural facts (same optimised HLO, primitive counts) are
@@ -61,7 +61,6 @@ _OUT_DIR = flags.DEFINE_string(
 
 JSON_FILE = "results.json"
 TABLES_FILE = "tables.md"
-PLOT_FILE = "compile_time_vs_depth.png"
 PROFILED_VARIANTS = (models.INLINE,) + models.BRIDGED
 
 
@@ -115,15 +114,13 @@ def run(cfg: config.Config, out_dir: str, command: Optional[str] = None) -> resu
     run_s=0.0,
   )
   os.makedirs(out_dir, exist_ok=True)
-  if plot.write_plot(res, os.path.join(out_dir, PLOT_FILE)):
-    res.plot_file = PLOT_FILE
-  else:
-    _log("matplotlib is not installed: no plot (`pip install matplotlib`).")
+  with open(os.path.join(out_dir, plot.FILE), "w") as f:
+    f.write(plot.figure(res))
   res.run_s = time.perf_counter() - start
   results.write_json(res, os.path.join(out_dir, JSON_FILE))
   with open(os.path.join(out_dir, TABLES_FILE), "w") as f:
     f.write(tables.markdown(res))
-  written = [JSON_FILE, TABLES_FILE] + ([PLOT_FILE] if res.plot_file else [])
+  written = [JSON_FILE, TABLES_FILE, plot.FILE]
   _log("Wrote " + ", ".join(os.path.join(out_dir, f) for f in written))
   return res
 

@@ -2,7 +2,7 @@
 
 No timing is asserted. The test checks that the run writes `results.json` and
 every section of `tables.md` (and never `RESULTS.md`, which people write),
-reports every target, and still writes its tables without matplotlib. The
+reports every target, and draws each point of its tables in the plot (an SVG). The
 structural facts are in structure_test.py.
 """
 
@@ -11,6 +11,7 @@ import io
 import json
 import os
 from unittest import mock
+from xml.etree import ElementTree
 
 from absl.testing import absltest
 import jax
@@ -25,8 +26,12 @@ from testing.benchmarks.lib import harness
 from testing.benchmarks.lib import mlp_bench
 from testing.benchmarks.lib import models
 from testing.benchmarks.lib import plot
-from testing.benchmarks.lib import tables
+from testing.benchmarks.lib import targets
 from testing.benchmarks.lib import trace_rows
+from testing.benchmarks.lib.mlp_bench import TraceKey
+from testing.benchmarks.lib.stack_bench import StackKey
+
+_SVG = {"svg": "http://www.w3.org/2000/svg"}
 
 SECTIONS = (
   "# haiku_bridge benchmark tables",
@@ -129,23 +134,45 @@ class QuickBenchmarkTest(absltest.TestCase):
     self.assertIn(f"fresh process (tiny): {children}/{children}", self.progress)
     self.assertIn("layer stacks: step times:", self.progress)
 
-  def test_plot_written_when_matplotlib_is_installed(self):
-    if plot.pyplot() is None:
-      self.assertIsNone(self.results.plot_file)
-      self.assertIn("Not drawn: matplotlib is not installed", self.markdown)
-    else:
-      path = os.path.join(self.out_dir, benchmark.PLOT_FILE)
-      self.assertGreater(os.path.getsize(path), 0)
-      self.assertIn(f"]({benchmark.PLOT_FILE})", self.markdown)
+  def test_plot_draws_each_point_the_tables_hold(self):
+    self.assertIn(f"]({plot.FILE})", self.markdown)
+    root = ElementTree.parse(os.path.join(self.out_dir, plot.FILE)).getroot()
+    titles = [t.text or "" for t in root.iterfind(".//svg:title", _SVG)]
+    res = self.results
 
-  def test_tables_without_matplotlib(self):
-    with mock.patch.object(plot, "pyplot", return_value=None):
-      self.assertFalse(plot.write_plot(self.results, "/nonexistent.png"))
-    self.results.plot_file, plot_file = None, self.results.plot_file
-    try:
-      self.assertIn("Not drawn: matplotlib is not installed", tables.markdown(self.results))
-    finally:
-      self.results.plot_file = plot_file
+    def point(what, x, stat):
+      return f"{what} at {x:g}: {stat.median:.4g} [{stat.lo:.4g}–{stat.hi:.4g}]"
+
+    for v in models.STACK_VARIANTS:
+      for remat in (False, True):
+        label = v + (" + remat" if remat else "")
+        for d in res.cfg.depths:
+          key, base = StackKey(d, remat, v), StackKey(d, remat, models.LAYER_STACK)
+          total = harness.Stat.of(res.stack.compile[key]["total"])
+          self.assertIn(point(f"trace + compile of the training step: {label}", d, total), titles)
+          if v != models.LAYER_STACK:
+            ratio = harness.pair_ratios(res.stack.step, key, base, "step")
+            what = f"step time / hk.layer_stack's (same remat), wall clock: {label}"
+            self.assertIn(point(what, d, ratio), titles)
+          if res.stack.temp_bytes[key] is not None:
+            what = f"compiled temporaries of the training step: {label} at {d}: "
+            self.assertLen([t for t in titles if t.startswith(what)], 1, what)
+    for r in res.mlp:
+      for v in models.BRIDGED + (models.LIFT,):
+        for row in trace_rows.APPLY_ROWS:
+          ratio = harness.pair_ratios(
+            r.trace, TraceKey(v, row), TraceKey(models.INLINE, row), "trace"
+          )
+          self.assertIn(
+            f"apply trace time / inline Haiku's, by model size: {v}: {row}, {r.size.name}: "
+            f"{ratio.median:.4g} [{ratio.lo:.4g}–{ratio.hi:.4g}]",
+            titles,
+          )
+    self.assertIn(
+      f"step time / hk.layer_stack's (same remat), wall clock: goal for layer_scan "
+      f"({targets.SCAN_STEP_GOAL})",
+      titles,
+    )
 
 
 class FreshProcessParamsTest(absltest.TestCase):

@@ -8,8 +8,8 @@ ways: the loss after the unroll (the usual way), the loss in the step, and
 the usual model converted to `readout=`. Grad-step temporaries, step time
 and lower + compile time at T = 256, 1024 and 4096, as ratios to the
 per-step remat. Prints the run (command, date, machine, versions) and the
-tables to stdout, progress to stderr; with `--plot=PATH` and matplotlib,
-draws the temporaries against T. `testing/benchmarks/results/RESULTS.md`
+tables to stdout, progress to stderr; with `--plot=PATH`, draws the
+temporaries against T (an SVG, `lib/svg.py`). `testing/benchmarks/results/RESULTS.md`
 holds the conclusions people draw from them; this program never writes it.
 Timings never fail the program; the memory relations are tests
 (`haiku_bridge/_src/time_scan_test.py`).
@@ -17,10 +17,10 @@ Timings never fail the program; the memory relations are tests
     bazel run //testing/benchmarks:time_scan_benchmark              # full run
     bazel run //testing/benchmarks:time_scan_benchmark -- --quick   # smoke run, seconds
 
-or, without Bazel, from the repository root (matplotlib for the plot):
+or, without Bazel, from the repository root:
 
     PYTHONPATH=. python3 testing/benchmarks/time_scan_benchmark.py \
-        --plot=testing/benchmarks/results/time_scan_memory.png > time_scan.md
+        --plot=testing/benchmarks/results/time_scan_memory.svg > time_scan.md
 """
 
 import sys
@@ -48,8 +48,9 @@ def report(cfg: time_scan_bench.TimeScanConfig, command: str, plot: str = "") ->
     + time_scan_bench.markdown(result)
   )
   if plot:
-    drawn = time_scan_bench.write_plot(result, plot)
-    text += "\nPlot: `" + plot + "`\n" if drawn else "\nNo plot: matplotlib is not installed.\n"
+    with open(plot, "w") as f:
+      f.write(time_scan_bench.memory_svg(result))
+    text += f"\nPlot: `{plot}`\n"
   return text
 
 
@@ -72,7 +73,6 @@ if __name__ == "__main__":
   flags.DEFINE_string(
     "plot",
     "",
-    "Where to write the plot of memory against T "
-    "(a .png), if matplotlib is installed; empty: no plot.",
+    "Where to write the plot of memory against T (an SVG); empty: no plot.",
   )
   app.run(main)

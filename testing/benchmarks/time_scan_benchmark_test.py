@@ -7,18 +7,21 @@ import contextlib
 import io
 import os
 import tempfile
+from xml.etree import ElementTree
 
 from absl.testing import absltest
 
 from testing.benchmarks import time_scan_benchmark
 from testing.benchmarks.lib import time_scan_bench
 
+_SVG = {"svg": "http://www.w3.org/2000/svg"}
+
 
 class QuickTimeScanBenchmarkTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.plot = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "memory.png")
+    cls.plot = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "memory.svg")
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
       cls.report = time_scan_benchmark.report(
         time_scan_bench.QUICK, "time_scan_benchmark_test --quick", cls.plot
@@ -50,11 +53,24 @@ class QuickTimeScanBenchmarkTest(absltest.TestCase):
     self.assertIn("### Binomial against Equinox's checkpointed scan", rest)
     self.assertIn("### Lower + compile time (s)", rest)
 
-  def test_plot_written_or_said_missing(self):
-    if os.path.exists(self.plot):
-      self.assertIn(f"Plot: `{self.plot}`", self.report)
-    else:
-      self.assertIn("No plot: matplotlib is not installed.", self.report)
+  def test_plot_draws_each_form_variant_and_length(self):
+    self.assertIn(f"Plot: `{self.plot}`", self.report)
+    root = ElementTree.parse(self.plot).getroot()
+    titles = [t.text or "" for t in root.iterfind(".//svg:title", _SVG)]
+    lines = {line.get("class") for line in root.iterfind(".//svg:polyline", _SVG)}
+    drawn = [
+      (f, v)
+      for f in (time_scan_bench.AFTER, time_scan_bench.IN_STEP)
+      for v in time_scan_bench.FORM_VARIANTS[f]
+    ]
+    drawn.append((time_scan_bench.AFTER, 'readout=, remat="binomial"'))
+    for form, variant in drawn:
+      self.assertIn(variant, lines)
+      for length in time_scan_bench.QUICK.lengths:
+        prefix = f"{form}: {variant}, T={length}: "
+        mib = [float(t[len(prefix) :].split()[0]) for t in titles if t.startswith(prefix)]
+        self.assertLen(mib, 1, prefix)
+        self.assertGreater(mib[0], 0, prefix)
 
   def test_progress_goes_to_stderr(self):
     self.assertIn("time scan: step times:", self.progress)

@@ -34,7 +34,6 @@ def environment() -> dict[str, str]:
     "dm-haiku": hk.__version__,
     "numpy": _version("numpy"),
     "haiku_bridge": hkb.__version__,
-    "matplotlib": _version("matplotlib"),
     "XLA_FLAGS": os.environ.get("XLA_FLAGS", "(unset)"),
     "persistent compilation cache dir": str(jax.config.jax_compilation_cache_dir),
   }

@@ -28,7 +28,6 @@ class Results:
   profiles: list[TraceProfile]
   targets: list[Target]
   run_s: float
-  plot_file: Optional[str] = None  # Beside the tables, when drawn.
 
 
 def _key_fields(key: Any) -> dict[str, Any]:

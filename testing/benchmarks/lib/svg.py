@@ -1,4 +1,4 @@
-"""Dependency-free SVG pieces for the benchmarks' plots: panels with axes, lines, markers, legends.
+"""The benchmarks' one plotting stack, SVG with no dependency: panels, axes, lines, markers, legends.
 
 Each function returns SVG elements as strings; a plot joins them between
 `open_document` and `close_document`. Every point carries a `<title>` (the
@@ -8,6 +8,11 @@ figure behind it, shown on hover), so a plot is checkable as XML.
 import math
 from typing import NamedTuple, Sequence
 from xml.sax import saxutils
+
+
+def _attribute(text: str) -> str:
+  """`text` escaped for a double-quoted attribute (a series' name may hold quotes)."""
+  return saxutils.escape(text, {'"': "&quot;"})
 
 
 def tick_step(top: float) -> float:
@@ -132,7 +137,7 @@ def hline(
   y = p.y(value)
   x, anchor = (p.left + 4, "start") if at_start else (p.left + p.width - 4, "end")
   return [
-    f'<line class="{cls}" x1="{p.left}" y1="{y:.1f}" '
+    f'<line class="{_attribute(cls)}" x1="{p.left}" y1="{y:.1f}" '
     f'x2="{p.left + p.width}" y2="{y:.1f}" stroke="{color}" '
     f'stroke-dasharray="{dash}"><title>{saxutils.escape(title)}'
     '</title></line>',
@@ -148,8 +153,17 @@ def polyline(
   xy = " ".join(f"{p.x(x):.1f},{p.y(y):.1f}" for x, y in points)
   dashes = f' stroke-dasharray="{dash}"' if dash else ""
   return (
-    f'<polyline class="{cls}" points="{xy}" fill="none" '
+    f'<polyline class="{_attribute(cls)}" points="{xy}" fill="none" '
     f'stroke="{color}" stroke-width="1.5"{dashes}/>'
+  )
+
+
+def whisker(p: Panel, x: float, low: float, high: float, color: str) -> str:
+  """A vertical line at pixel `x` from `low` to `high` (axis values), capped: a sample's range."""
+  y_low, y_high = p.y(low), p.y(high)
+  return (
+    f'<path d="M{x:.1f},{y_low:.1f}V{y_high:.1f}M{x - 3:.1f},{y_low:.1f}h6M{x - 3:.1f},'
+    f'{y_high:.1f}h6" stroke="{color}" fill="none"/>'
   )
 
 

@@ -8,6 +8,7 @@ from typing import Hashable, Optional
 from testing.benchmarks.lib import harness
 from testing.benchmarks.lib import markdown_table
 from testing.benchmarks.lib import models
+from testing.benchmarks.lib import plot
 from testing.benchmarks.lib import trace_profile
 from testing.benchmarks.lib import trace_rows
 from testing.benchmarks.lib import targets as targets_lib
@@ -403,10 +404,5 @@ def markdown(res: Results) -> str:
   ]
   md += run_section(res) + targets_section(res.targets)
   md += mlp_section(res) + stack_section(res)
-  md += ["## Plot", ""]
-  md += (
-    [f"![trace+compile time vs depth, ratios, memory]({res.plot_file})"]
-    if res.plot_file
-    else ["Not drawn: matplotlib is not installed."]
-  )
+  md += ["## Plot", "", f"![trace+compile time vs depth, ratios, memory]({plot.FILE})"]
   return "\n".join(md) + "\n"

@@ -42,6 +42,7 @@ import haiku_bridge as hkb
 from haiku_bridge._src.remat import loop
 from testing.benchmarks.lib import harness
 from testing.benchmarks.lib import markdown_table
+from testing.benchmarks.lib import svg
 
 PLAIN = "hk.dynamic_unroll"
 BASELINE = "hk.dynamic_unroll + hk.remat"
@@ -443,59 +444,84 @@ def markdown(result: TimeScanResult) -> str:
   return "\n".join(lines) + "\n"
 
 
+# (stroke, dash, marker) of each variant's line. Large hollow rings for the
+# baseline and "nested", a dashed line for "binomial": their lines often lie
+# on others' (the same memory), and all must stay visible.
 _STYLES = {
-  BASELINE: dict(color="tab:orange", marker="s", markersize=10, markerfacecolor="none"),
-  CONTROL: dict(color="tab:red", marker="x", markersize=6, linestyle="--"),
-  PLAIN: dict(color="tab:gray", marker="^", markersize=6),
-  NESTED: dict(color="tab:blue", marker="o", markersize=10, markerfacecolor="none"),
-  BINOMIAL: dict(color="tab:green", marker="o", markersize=4, linestyle="--"),
-  EQUINOX: dict(color="tab:purple", marker="D", markersize=5),
-  TWO_LEVEL: dict(color="tab:brown", marker="v", markersize=5),
-  FLAX: dict(color="tab:olive", marker="P", markersize=5),
+  BASELINE: ("#ff7f0e", "", "ring"),
+  CONTROL: ("#d62728", "6,3", "circle"),
+  PLAIN: ("#7f7f7f", "", "square"),
+  NESTED: ("#1f77b4", "", "ring"),
+  BINOMIAL: ("#2ca02c", "6,3", "circle"),
+  EQUINOX: ("#9467bd", "", "diamond"),
+  TWO_LEVEL: ("#8c564b", "", "square"),
+  FLAX: ("#bcbd22", "", "diamond"),
 }
+_READOUT_STYLE = ("#000000", "", "square")
+_PANEL_W, _PANEL_H, _MARGIN = 420, 280, 64
+MIB = 2**20
 
 
-def write_plot(result: TimeScanResult, path: str) -> bool:
-  """Temporaries against T, log-log, per form; False without matplotlib."""
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return False
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+def memory_svg(result: TimeScanResult) -> str:
+  """Grad-step temporaries (MiB) against T, log-log, a panel per form, as an SVG document.
 
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+  The loss after the unroll (with `readout=` and "binomial" beside it) and the
+  loss in the step; a line per variant whose every length compiled, each
+  point's `<title>` naming its form, variant, T and MiB.
+  """
   lengths = list(result.cfg.lengths)
-  for ax, form in zip(axes, (AFTER, IN_STEP)):
+  lines = {}  # (form, label) -> (style, MiB per length).
+  for form in (AFTER, IN_STEP):
     for variant in FORM_VARIANTS[form]:
-      values = [result.temp_bytes[Key(length, form, variant)] for length in lengths]
-      if any(v is None for v in values):
-        continue
-      ax.plot(lengths, [v / 2**20 for v in values], label=variant, **_STYLES[variant])
-    if form == AFTER:
-      values = [result.temp_bytes[Key(length, READOUT, BINOMIAL)] for length in lengths]
-      if all(v is not None for v in values):
-        ax.plot(
-          lengths,
-          [v / 2**20 for v in values],
-          label='readout=, remat="binomial"',
-          color="black",
-          marker="*",
-          markersize=8,
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("T (time steps)")
-    ax.set_ylabel("grad-step temporaries (MiB)")
-    ax.set_title(form)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.suptitle(
-    f"Character LM (hidden {result.cfg.hidden}, batch "
-    f"{result.cfg.batch}, vocabulary {result.cfg.vocab}): memory "
-    "against T"
+      lines[form, variant] = (_STYLES[variant], [Key(n, form, variant) for n in lengths])
+  lines[AFTER, 'readout=, remat="binomial"'] = (
+    _READOUT_STYLE,
+    [Key(n, READOUT, BINOMIAL) for n in lengths],
   )
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return True
+  drawn = {
+    k: (style, [result.temp_bytes[key] / MIB for key in keys])
+    for k, (style, keys) in lines.items()
+    if all(result.temp_bytes[key] is not None for key in keys)
+  }
+  values = [v for _, mib in drawn.values() for v in mib]
+  legend_rows = max(sum(f == form for f, _ in drawn) for form in (AFTER, IN_STEP))
+  parts = svg.open_document(
+    2 * (_PANEL_W + 2 * _MARGIN),
+    _PANEL_H + 2 * _MARGIN + 56 + 16 * legend_rows,
+    f"Character LM (hidden {result.cfg.hidden}, batch {result.cfg.batch}, vocabulary "
+    f"{result.cfg.vocab}): grad-step temporaries against T",
+  )
+  for i, form in enumerate((AFTER, IN_STEP)):
+    panel = svg.Panel(
+      _MARGIN + i * (_PANEL_W + 2 * _MARGIN),
+      _MARGIN,
+      _PANEL_W,
+      _PANEL_H,
+      lengths[0],
+      lengths[-1],
+      10 ** math.ceil(math.log10(1.1 * max(values))),
+      x_log=True,
+      y_low=10 ** math.floor(math.log10(0.9 * min(values))),
+      y_log=True,
+    )
+    parts += svg.frame(
+      panel,
+      form,
+      0,
+      [(n, str(n)) for n in lengths],
+      "T (time steps, log)",
+      "grad-step temporaries (MiB, log)",
+      "g",
+    )
+    legend = []
+    for (f, label), ((color, dash, kind), mib) in drawn.items():
+      if f != form:
+        continue
+      legend.append((color, dash, kind, label))
+      parts.append(svg.polyline(panel, list(zip(lengths, mib)), color, label, dash))
+      parts.extend(
+        svg.marker(kind, panel.x(n), panel.y(v), color, f"{form}: {label}, T={n}: {v:.3f} MiB")
+        for n, v in zip(lengths, mib)
+      )
+    parts += svg.legend(panel.left, panel.top + panel.height + 56, legend)
+  return svg.close_document(parts)
