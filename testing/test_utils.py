@@ -6,12 +6,13 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager
 from unittest import mock
 
 import haiku as hk
 import jax
-import jax.extend.core as jax_core
+
+from haiku_bridge._src import jaxpr_walk
 
 
 def primitive_counts(fn: Callable[..., Any], *args: Any) -> collections.Counter:
@@ -20,16 +21,9 @@ def primitive_counts(fn: Callable[..., Any], *args: Any) -> collections.Counter:
   Two functions with equal counts run the same operations, whatever names or
   Python structure produced them: the structural fact behind "zero overhead".
   """
-  counts = collections.Counter()
-
-  def visit(jaxpr):
-    for eqn in jaxpr.eqns:
-      counts[eqn.primitive.name] += 1
-      for sub in jaxprs_in_params(eqn.params):
-        visit(sub)
-
-  visit(jax.make_jaxpr(fn)(*args).jaxpr)
-  return counts
+  return collections.Counter(
+    eqn.primitive.name for eqn in jaxpr_walk.equations(jax.make_jaxpr(fn)(*args))
+  )
 
 
 def value_shapes(fn: Callable[..., Any], *args: Any) -> set[tuple[int, ...]]:
@@ -38,29 +32,12 @@ def value_shapes(fn: Callable[..., Any], *args: Any) -> set[tuple[int, ...]]:
   What a program may hold at once: a value of shape `(T,) + w.shape` means a
   copy of `w` per step somewhere.
   """
-  shapes = set()
-
-  def visit(jaxpr):
-    for eqn in jaxpr.eqns:
-      shapes.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
-      for sub in jaxprs_in_params(eqn.params):
-        visit(sub)
-
-  visit(jax.make_jaxpr(fn)(*args).jaxpr)
-  return shapes
-
-
-def jaxprs_in_params(params: dict[str, Any]) -> Iterator[jax_core.Jaxpr]:
-  """The jaxprs an equation's params hold: `jax.extend.core.jaxprs_in_params` (jax >= 0.10)."""
-  if hasattr(jax_core, "jaxprs_in_params"):
-    yield from jax_core.jaxprs_in_params(params)
-    return
-  for value in params.values():
-    for v in value if isinstance(value, tuple) else (value,):
-      if isinstance(v, jax_core.Jaxpr):
-        yield v
-      elif isinstance(v, jax_core.ClosedJaxpr):
-        yield v.jaxpr
+  return {
+    tuple(v.aval.shape)
+    for eqn in jaxpr_walk.equations(jax.make_jaxpr(fn)(*args))
+    for v in eqn.outvars
+    if hasattr(v.aval, "shape")
+  }
 
 
 def canonical_hlo(compiled: jax.stages.Compiled) -> str:

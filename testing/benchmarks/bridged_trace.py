@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 import haiku_bridge as hkb
+from haiku_bridge._src import jaxpr_walk
 from testing import clipped_models as models
 from testing.benchmarks.lib import markdown_table
 
@@ -84,12 +85,7 @@ def pairs(make_ours, make_theirs, n: int) -> float:
 
 
 def equations(jaxpr) -> int:
-  count = 0
-  for eqn in jaxpr.eqns:
-    count += 1
-    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      count += equations(sub)
-  return count
+  return sum(1 for _ in jaxpr_walk.equations(jaxpr))
 
 
 def main(argv):

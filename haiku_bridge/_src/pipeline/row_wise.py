@@ -21,6 +21,7 @@ import jax
 from jax import extend
 import numpy as np
 
+from haiku_bridge._src import jaxpr_walk
 from haiku_bridge._src.pytree import PyTree
 
 _ELEMENTWISE = frozenset(
@@ -277,9 +278,6 @@ def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
   return True
 
 
-def _is_jaxpr(x: Any) -> bool:
-  return isinstance(x, (extend.core.Jaxpr, extend.core.ClosedJaxpr))
-
-
 def _holds_jaxpr(x: Any) -> bool:
-  return _is_jaxpr(x) or (isinstance(x, (tuple, list)) and any(_is_jaxpr(e) for e in x))
+  """Whether a param's value holds a jaxpr (`jaxpr_walk.sub_jaxprs` would walk into it)."""
+  return any(True for _ in jaxpr_walk.sub_jaxprs({"value": x}))

@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec
 import numpy as np
 
 from haiku_bridge._src import errors
+from haiku_bridge._src import jaxpr_walk
 from haiku_bridge._src import modes
 from haiku_bridge._src import remat as remat_lib
 from haiku_bridge._src.pipeline import placement as placement_lib
@@ -417,7 +418,7 @@ def _loops_from_a_constant(jaxpr: Any) -> bool:
         if visit(sub, [ins[i] for i in sub_in]):
           return True
       else:
-        for sub in _sub_jaxprs(eqn.params):
+        for sub in jaxpr_walk.sub_jaxprs(eqn.params):
           if len(sub.invars) == len(ins):
             sub_varying = ins
           elif len(sub.invars) == len(ins) - 1:  # A cond's branch.
@@ -450,22 +451,7 @@ def _loop_parts(eqn: Any) -> Optional[tuple[range, Any, list[int]]]:
 
 
 def _has_a_loop(jaxpr: Any) -> bool:
-  return any(
-    _loop_parts(eqn) is not None or any(_has_a_loop(sub) for sub in _sub_jaxprs(eqn.params))
-    for eqn in jaxpr.eqns
-  )
-
-
-def _sub_jaxprs(params: dict[str, Any]) -> list[Any]:
-  """The jaxprs an equation's params hold (a cond's branches among them)."""
-  found = []
-  for value in params.values():
-    for v in value if isinstance(value, (tuple, list)) else (value,):
-      if isinstance(v, jax_core.ClosedJaxpr):
-        found.append(v.jaxpr)
-      elif isinstance(v, jax_core.Jaxpr):
-        found.append(v)
-  return found
+  return any(_loop_parts(eqn) is not None for eqn in jaxpr_walk.equations(jaxpr))
 
 
 def _closure_converted(

@@ -12,6 +12,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from haiku_bridge._src import jaxpr_walk
 from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src.remat import schedule as remat_schedule
 from haiku_bridge._src.remat import scheduled_scan
@@ -116,16 +117,11 @@ class ScheduledScanTest(parameterized.TestCase):
     )
     # Both sweeps run unrolled, as the forward pass does.
     grad = jax.grad(loss(scan, length=7, unroll=3), argnums=(0, 1), allow_int=True)
-    unrolls = []
-
-    def visit(jaxpr):
-      for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "scan":
-          unrolls.append(eqn.params["unroll"])
-        for sub in test_utils.jaxprs_in_params(eqn.params):
-          visit(sub)
-
-    visit(jax.make_jaxpr(grad)(carry, xs).jaxpr)
+    unrolls = [
+      eqn.params["unroll"]
+      for eqn in jaxpr_walk.equations(jax.make_jaxpr(grad)(carry, xs))
+      if eqn.primitive.name == "scan"
+    ]
     self.assertGreaterEqual(len(unrolls), 2)  # The forward and backward sweeps.
     self.assertEqual(set(unrolls), {3})
 
@@ -315,16 +311,11 @@ class ForwardSweepTest(absltest.TestCase):
       )[0]
     )
     forward = jax.make_jaxpr(lambda xs: jax.vjp(f, xs)[0])(jnp.ones([8, 4]))
-    shapes = collections.Counter()
-
-    def visit(jaxpr):
-      for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("select_n", "dynamic_slice"):
-          shapes[eqn.primitive.name, eqn.outvars[0].aval.shape] += 1
-        for sub in test_utils.jaxprs_in_params(eqn.params):
-          visit(sub)
-
-    visit(forward.jaxpr)
+    shapes = collections.Counter(
+      (eqn.primitive.name, eqn.outvars[0].aval.shape)
+      for eqn in jaxpr_walk.equations(forward)
+      if eqn.primitive.name in ("select_n", "dynamic_slice")
+    )
     self.assertEqual([k for k in shapes if k[1] != ()], [], shapes)
 
 
@@ -342,16 +333,11 @@ class TracingTest(absltest.TestCase):
 
     def program(scan):
       grad = jax.grad(loss(scan, length=length), argnums=(0, 1), allow_int=True)
-      jits = []  # The jit equations' names, at any depth.
-
-      def visit(jaxpr):
-        for eqn in jaxpr.eqns:
-          if eqn.primitive.name in ("jit", "pjit"):
-            jits.append(eqn.params["name"])
-          for sub in test_utils.jaxprs_in_params(eqn.params):
-            visit(sub)
-
-      visit(jax.make_jaxpr(grad)(carry, xs).jaxpr)
+      jits = [  # The jit equations' names, at any depth.
+        eqn.params["name"]
+        for eqn in jaxpr_walk.equations(jax.make_jaxpr(grad)(carry, xs))
+        if eqn.primitive.name in ("jit", "pjit")
+      ]
       functions = jax.jit(grad).lower(carry, xs).as_text().count("func.func")
       return jits, functions
 
@@ -380,7 +366,7 @@ class TracingTest(absltest.TestCase):
           continue  # The step, whose comparisons are the user's.
         if eqn.primitive.name in ("lt", "le", "gt", "ge"):
           compared.append(eqn.primitive.name)
-        for sub in test_utils.jaxprs_in_params(eqn.params):
+        for sub in jaxpr_walk.sub_jaxprs(eqn.params):
           visit(sub)
 
     for schedule in (remat_schedule.nested(length), remat_schedule.binomial(length, 2)):
