@@ -437,9 +437,8 @@ SLOW_PLAN_SECONDS = 2.0
 
 def _log_planned(made: RematPlan, seconds: float) -> None:
   """The line that ends a plan (`plan`): at INFO, or at WARNING when it took `SLOW_PLAN_SECONDS` or more."""
-  kept = caches.directory()
   tracing.LOG.log(
-    logging.WARNING if seconds >= SLOW_PLAN_SECONDS else logging.INFO,
+    end_level(seconds),
     'remat="auto": planned %d steps in %.1f s: chose %s, %d bytes for memory_budget=%d '
     "bytes (str(plan) or hkb.remat_plans() for the table). %s",
     made.length,
@@ -447,10 +446,23 @@ def _log_planned(made: RematPlan, seconds: float) -> None:
     made.choice.describe(),
     made.choice.temporaries,
     made.memory_budget,
-    f"What it measured is kept on disk ({kept}): a process that plans this loop again reads it."
-    if kept
-    else "Nothing is kept on disk (caches off, or HAIKU_BRIDGE_CACHE_DIR set empty): "
-    "each process measures again.",
+    where_kept("What it measured", "this loop"),
+  )
+
+
+def end_level(seconds: float) -> int:
+  """The level of a line that ends planning after `seconds`: INFO, or WARNING (which Python's default logging shows) from `SLOW_PLAN_SECONDS` on."""
+  return logging.WARNING if seconds >= SLOW_PLAN_SECONDS else logging.INFO
+
+
+def where_kept(what: str, planned: str) -> str:
+  """The end line's sentence on where `what` is kept, so that a process planning `planned` again reads it (or that nothing is kept)."""
+  kept = caches.directory()
+  if kept:
+    return f"{what} is kept on disk ({kept}): a process that plans {planned} again reads it."
+  return (
+    "Nothing is kept on disk (caches off, or HAIKU_BRIDGE_CACHE_DIR set empty): "
+    "each process measures again."
   )
 
 

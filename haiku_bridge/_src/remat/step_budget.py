@@ -405,6 +405,13 @@ class BudgetedStep:
 
   def _search(self, args, kwargs) -> tuple[int, Rung, StepPlan]:
     budget = self._budget_bytes()
+    tracing.LOG.info(
+      "hkb.%s: planning the step for memory_budget=%d bytes (compiling it with its "
+      'remat="auto" loops run a few ways)...',
+      _API,
+      budget,
+    )
+    start = time.perf_counter()
     search = next(_SEARCHES)
     trace = _Trace(Rung(_FALSE))
     plain, lowering = self._lowered(search, trace.rung, args, kwargs, trace)
@@ -419,7 +426,7 @@ class BudgetedStep:
       _log_try(kept, done)
       if done.bytes is not None and done.bytes <= budget:
         made = self._plan_of(budget, done.bytes, kept, trace.loops, (_try(kept, done),), kept=True)
-        tracing.LOG.info("hkb.%s: %s", _API, made)
+        _log_planned(made, kept, time.perf_counter() - start)
         return search, kept, made
     found = _Search(
       budget,
@@ -444,7 +451,7 @@ class BudgetedStep:
         break
     _ON_DISK.put(disk_key, [rung.kind, rung.extra.numerator, rung.extra.denominator])
     made = self._plan_of(budget, found.tried[rung].bytes, rung, trace.loops, tuple(found.made))
-    tracing.LOG.info("hkb.%s: %s", _API, made)
+    _log_planned(made, rung, time.perf_counter() - start)
     return search, rung, made
 
   def _unbounded(self, found: "_Search", loops: list[_Seen]) -> str:
@@ -630,6 +637,28 @@ def _try(rung: Rung, done: _Compiled) -> StepTry:
   return StepTry(rung.describe(), done.bytes, done.seconds, done.measuring)
 
 
+def _log_planned(made: StepPlan, rung: Rung, seconds: float) -> None:
+  """The lines that end a step's plan: the plan (`str(StepPlan)`) at INFO, then the end, as a loop's plan ends (`plan.end_level`: WARNING when slow)."""
+  tracing.LOG.info("hkb.%s: %s", _API, made)
+  loops = len(made.loops)
+  tracing.LOG.log(
+    remat_plan.end_level(seconds),
+    "hkb.%s: planned the step in %.1f s: chose %s for its %d remat=\"auto\" loop%s, %d bytes "
+    "for memory_budget=%d bytes, %d compile%s%s (step.plan(*args) lists each). %s",
+    _API,
+    seconds,
+    rung.describe(),
+    loops,
+    "" if loops == 1 else "s",
+    made.bytes,
+    made.memory_budget,
+    len(made.tries),
+    "" if len(made.tries) == 1 else "s",
+    ", the plan read from disk" if made.kept else "",
+    remat_plan.where_kept("The plan", "this step"),
+  )
+
+
 def _log_try(rung: Rung, done: _Compiled) -> None:
   tracing.LOG.info("hkb.%s: compiled %s", _API, _try(rung, done))
 
@@ -736,6 +765,10 @@ def budgeted_jit(
   around it is still checked. Before the step first runs for a signature
   of arguments, its compiled bytes are checked against the budget; a step
   no plan fits is refused (ValueError) with what it holds at its least.
+  The search logs on the `haiku_bridge.remat` logger, as a loop's plan
+  does: a line at INFO when it starts, one per compile, the plan, and a
+  line when it ends, at WARNING where it took `SLOW_PLAN_SECONDS` (2 s) or
+  more (docs/remat.md, "A budget for the whole step").
 
   Args:
     step: the training step (params, optimizer state, batch → anything), as

@@ -11,6 +11,7 @@ import contextlib
 import fractions
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -28,6 +29,7 @@ import numpy as np
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
 from haiku_bridge._src.remat import measure
+from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import step_budget
 from testing import test_utils
 
@@ -662,6 +664,59 @@ class OutsideTest(parameterized.TestCase):
         "hkb.budgeted_jit",
       ):
         differentiated(params, xs)
+
+
+class ProgressTest(_CacheDirectory):
+  """The lines that start and end a step's plan, as a loop's plan has them: INFO, the end at WARNING (shown by default) when slow."""
+
+  def _search(self, budgeted, args):
+    """`budgeted(*args)`'s lines on the `haiku_bridge.remat` logger at INFO and above."""
+    with self.assertLogs("haiku_bridge.remat", "INFO") as logs:
+      budgeted(*args)
+    return logs.records
+
+  def test_a_search_says_when_it_starts_and_when_it_ends(self):
+    plain, args = _step("scan", False)
+    auto, _ = _step("scan", "auto")
+    budget = _bytes(plain, *args)  # Plain fits.
+    with (
+      mock.patch.object(remat_plan, "SLOW_PLAN_SECONDS", math.inf),
+      mock.patch.object(caches, "_enabled", True),
+    ):
+      budgeted = hkb.budgeted_jit(auto, memory_budget=budget)
+      records = self._search(budgeted, args)
+      again = self._search(hkb.budgeted_jit(auto, memory_budget=budget), args)
+    plan = budgeted.plan(*args)
+    for lines, kept in ((records, ""), (again, ", the plan read from disk")):
+      start, end = lines[0], lines[-1]
+      self.assertEqual((start.levelno, end.levelno), (logging.INFO, logging.INFO))
+      self.assertEqual(
+        start.getMessage(),
+        f"hkb.budgeted_jit: planning the step for memory_budget={budget} bytes (compiling it "
+        'with its remat="auto" loops run a few ways)...',
+      )
+      self.assertRegex(
+        end.getMessage(),
+        r'^hkb\.budgeted_jit: planned the step in \d+\.\d s: chose remat=False for its 1 remat="auto" '
+        f"loop, {plan.bytes} bytes for memory_budget={budget} bytes, "
+        f"{len(plan.tries) if not kept else 1} compiles?{kept} "
+        rf"\(step\.plan\(\*args\) lists each\)\. The plan is kept on disk \({re.escape(self.directory)}\)",
+      )
+    # Between them, each compile, then the plan.
+    self.assertEqual(records[-2].getMessage(), f"hkb.budgeted_jit: {plan}")
+
+  def test_a_slow_search_ends_at_warning_which_default_logging_shows(self):
+    auto, args = _step("scan", "auto")
+    with (
+      mock.patch.object(remat_plan, "SLOW_PLAN_SECONDS", 0.0),
+      caches.disabled(),
+      self.assertLogs("haiku_bridge.remat", "WARNING") as logs,
+    ):
+      hkb.budgeted_jit(auto, memory_budget=1 << 30)(*args)
+    (end,) = logs.records
+    self.assertGreaterEqual(end.levelno, logging.lastResort.level)
+    self.assertIn("hkb.budgeted_jit: planned the step in ", end.getMessage())
+    self.assertIn("Nothing is kept on disk", end.getMessage())
 
 
 class DiskTest(_CacheDirectory):
