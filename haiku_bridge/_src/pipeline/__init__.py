@@ -16,7 +16,7 @@ package, a file a job, its modules meeting each other by name:
   stage runs which visit of which microbatch at each tick.
 * `placement.py`: the stack and the batch moved from the scan's order to
   the stages' and back (`Placement`, `Batch`).
-* `stages.py`: the program each stage runs inside the `shard_map`, and
+* `stage_program.py`: the program each stage runs inside the `shard_map`, and
   `run`, which runs it; `row_wise.py` says which layers treat each row on
   its own (their stages run apart over the batch's axes).
 """
@@ -31,7 +31,7 @@ from haiku_bridge._src.pipeline.cost import pipeline_cost
 from haiku_bridge._src.pipeline.cost import PipelineCost
 from haiku_bridge._src.pipeline.timetables import Timetable
 from haiku_bridge._src.pipeline.timetables import timetable
-from haiku_bridge._src.pipeline.stages import run
+from haiku_bridge._src.pipeline.stage_program import run
 from haiku_bridge._src.pipeline.staging import Staging
 from haiku_bridge._src.pipeline.staging import staging_for
 

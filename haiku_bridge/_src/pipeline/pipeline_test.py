@@ -36,7 +36,7 @@ from haiku_bridge._src import pipeline as pipeline_lib
 from haiku_bridge._src import versions
 from haiku_bridge._src.pipeline import config as pipeline_config
 from haiku_bridge._src.pipeline import placement as placement_lib
-from haiku_bridge._src.pipeline import stages as stages_lib
+from haiku_bridge._src.pipeline import stage_program
 from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import scheduled_scan
 from testing import hlo_collectives
@@ -739,13 +739,13 @@ class RematAutoTest(EightDevicesTest):
     chex.assert_trees_all_equal(pipelined.init(KEY, x), params)
     expected = jax.jit(jax.value_and_grad(plain.apply))(params, None, x)
     kept_by = []
-    real_kept_by = stages_lib._kept_by  # pylint: disable=protected-access
+    real_kept_by = stage_program._kept_by  # pylint: disable=protected-access
 
     def spy(loop):
       kept_by.append(loop)
       return real_kept_by(loop)
 
-    with remat_models.plans_made() as made, mock.patch.object(stages_lib, "_kept_by", spy):
+    with remat_models.plans_made() as made, mock.patch.object(stage_program, "_kept_by", spy):
       got = pipelined_grad(pipelined, params, x, make_mesh(2, axis_type=axis_type), stage_rules())
     assert_close(self, got, expected)
     self.assertLen(made, 1)  # Once per stack, for every stage and visit.
@@ -1039,7 +1039,7 @@ class DropInTest(EightDevicesTest):
     }
     for name, (layer, expected) in layers.items():
       jaxpr = jax.make_jaxpr(layer)(h, w).jaxpr
-      self.assertEqual(stages_lib._loops_from_a_constant(jaxpr), expected, name)
+      self.assertEqual(stage_program._loops_from_a_constant(jaxpr), expected, name)
 
   def test_time_scan_with_remat_in_a_circular_pipeline(self):
     self._assert_plain(
@@ -1101,7 +1101,7 @@ class DropInTest(EightDevicesTest):
   def test_ys_with_rows_on_another_axis_one_microbatch(self):
     # With one microbatch a y may hold the rows on any axis (here axis 1,
     # `c.T`): each device runs the stages on its own rows only where every
-    # y has them first (stages._rows_apart).
+    # y has them first (stage_program._rows_apart).
     def f(pipeline):
       def loss(x):
         _, ys = hkb.layer_scan(

@@ -1,7 +1,7 @@
 """A pipeline checked against the mesh, the stack and the batch, and laid out once: its `Staging`.
 
 `layer_scan` stages its pipeline at init under a mesh and at apply
-(`staging_for`); the stages run from the staging (`stages.run`). The checks
+(`staging_for`); the stages run from the staging (`stage_program.run`). The checks
 name what does not fit, and the fix: a mesh without the stage axis, a jax
 that cannot run the stages on Explicit axes, a stack that does not split
 into the stages (and passes), a batch that does not split into the

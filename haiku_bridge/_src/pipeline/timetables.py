@@ -2,7 +2,7 @@
 
 Both schedules run from one (`Pipeline.schedule`): GPipe is the timetable of
 one pass (`repeats=1`), circular that of several. The stages run it
-(`stages.py`); the checks that lay a pipeline out make it (`staging.py`).
+(`stage_program.py`); the checks that lay a pipeline out make it (`staging.py`).
 """
 
 from typing import Any, NamedTuple

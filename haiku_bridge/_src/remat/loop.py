@@ -187,7 +187,7 @@ def resolved(
   * with `whole_pipelined_stack`: the loop runs all the layers of a
     pipelined stack at once (its init, or a bridge running the layer only
     to find its params), and `memory_budget` is per stage, not for this loop
-    (each stage's plan is made here too, for one visit: `pipeline/stages.py`);
+    (each stage's plan is made here too, for one visit: `pipeline/stage_program.py`);
   * with no steps.
 
   Where no plan fits the budget, the loop refuses it (ValueError), unless

@@ -76,7 +76,7 @@ class EntryPointTest(absltest.TestCase):
       "__init__.py",
       "_src/layer_scan.py",
       "_src/time_scan.py",
-      "_src/pipeline/stages.py",
+      "_src/pipeline/stage_program.py",
     ):
       self.assertIn(module.replace("/", os.sep), read)
 
