@@ -1,4 +1,4 @@
-"""The models `remat="auto"` is measured on: an LSTM unroll, residual MLP, transformer and conv stacks.
+"""The models `remat="auto"` is measured on: an LSTM unroll, readout RNNs, residual MLP, transformer and conv stacks.
 
 Small widths, so a grid of them compiles in minutes; shared by
 haiku_bridge/_src/remat/plan_test.py (predictions against compiled memory)
@@ -10,6 +10,7 @@ pipeline_test); `step_cost` compiles a training step and measures it.
 
 import functools
 from typing import Any, Callable, NamedTuple
+from unittest import mock
 
 import haiku as hk
 import jax
@@ -17,6 +18,8 @@ import jax.numpy as jnp
 
 import haiku_bridge as hkb
 from haiku_bridge._src.remat import hlo_flops
+from haiku_bridge._src.remat import loop as loop_lib
+from haiku_bridge._src.remat import schedule as remat_schedule
 from testing import transformer as transformer_lib
 
 BATCH, HIDDEN, INPUTS = 4, 32, 8
@@ -64,6 +67,14 @@ def step_cost(model, params, x, length: int, **remat) -> StepCost:
   return StepCost(hlo_flops.held(compiled, text), step_flops(text, length))
 
 
+def binomial_cost(model, params, x, length: int, slots: int) -> StepCost:
+  """`step_cost` of `model` run with `remat="binomial"` keeping `slots` slots (not the default count)."""
+  with mock.patch.object(
+    loop_lib, "schedule", lambda *_, **__: remat_schedule.binomial(length, slots)
+  ):
+    return step_cost(model, params, x, length, remat="binomial")
+
+
 def step_flops(text: str, length: int) -> int:
   """The FLOPs of a compiled training step (`hlo_flops`), a schedule's conditionals as `step_cost` says."""
   count = hlo_flops.count(text)
@@ -85,6 +96,33 @@ def lstm(length: int, loss_in_step: bool, **remat):
     return jnp.sum(ys**2)
 
   return hk.transform(f), jnp.ones([length, BATCH, INPUTS])
+
+
+def readout(core: Callable[[], Any], length: int, batch: int = BATCH, **remat):
+  """`core()`, an RNN core, over `length` steps, the loss computed in the step from its outputs (`readout=`)."""
+
+  def f(xs):
+    rnn = core()
+    losses, _ = hkb.dynamic_unroll(
+      rnn, xs, rnn.initial_state(batch), readout=lambda y: jnp.sum(y**2), **remat
+    )
+    return jnp.sum(losses)
+
+  return hk.transform(f), jnp.ones([length, batch, INPUTS])
+
+
+# Readout models (issue 61): carries of a few hundred bytes over a few
+# hundred steps, where a schedule's tables are a fifth of its bytes. Each:
+# (model, T), T where the default binomial's every advance runs one step
+# (C(s + 2, 2) = T: 300 = C(25, 2), 190 = C(20, 2)), its tables a column
+# short.
+READOUT_MODELS = {
+  "lstm_24": (functools.partial(readout, lambda: hk.LSTM(24), 300), 300),
+  "deep_rnn": (
+    functools.partial(readout, lambda: hk.DeepRNN([hk.LSTM(16), hk.LSTM(16)]), 190, batch=2),
+    190,
+  ),
+}
 
 
 def mlp(depth: int, **remat):

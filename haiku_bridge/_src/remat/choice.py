@@ -338,8 +338,13 @@ def checked_plan(
 
   def second(one: measure.Measured) -> None:
     # Lowered and compiled while the other measurements compile.
+    guess = measure.slot_guess(step)
     slots = _second_point(
-      length, memory_budget, one.temporaries, one.constants, measure.slot_guess(step)
+      length,
+      memory_budget,
+      one.temporaries - guess,
+      guess,
+      measure.besides_tables(one.constants, length),
     )
     if slots is not None:
       _compiled(step, consts, length, ("binomial", slots, None, None), policy, here)
@@ -410,15 +415,10 @@ def choose(
   """
   candidates = measure.candidates(c, length)
   # Binomial with the most slots the budget holds: the fewest recomputed
-  # steps of any schedule that fits. Each slot costs the same, and the
-  # tables shrink as slots are added: from the most the slots alone
-  # allow, down to the first that fits with its tables.
+  # steps of any schedule that fits. From the most predicted to fit, down
+  # to the first that fits where a count was compiled over its prediction.
   if c.scheduled is not None:
-    a, per_slot = c.scheduled
-    k0, k1 = c.constants
-    most = min(
-      measure.most_slots(length), int((memory_budget - a - k0 - k1 * length) // max(per_slot, 1.0))
-    )
+    most = _most_slots_within(length, memory_budget, *c.scheduled, c.constants[0])
     for slots in range(most, max(0, most - _SLOT_SEARCH), -1):
       fits = measure.binomial(c, length, slots)
       if fits.temporaries <= memory_budget:
@@ -538,7 +538,7 @@ def _sloped(
   a, guess = c.scheduled
   one = a + guess  # One slot's temporaries, compiled.
   most = measure.most_slots(c.length)
-  slots = _second_point(c.length, memory_budget, one, c.constants[0], guess)
+  slots = _second_point(c.length, memory_budget, a, guess, c.constants[0])
   if slots is None:
     return c
   got = _compiled(step, consts, c.length, ("binomial", slots, None, None), policy, here)
@@ -559,26 +559,63 @@ def _sloped(
 
 
 def _second_point(
-  length: int, memory_budget: int, one: float, constants: float, guess: float
+  length: int, memory_budget: int, a: float, per_slot: float, others: float
 ) -> Optional[int]:
   """The second schedule `_sloped` compiles: the most slots `memory_budget` holds on the first line.
 
-  That line: one slot's temporaries `one`, `guess` bytes more per slot,
-  one slot's tables' `constants` (the most). At most `measure.most_slots`; where
-  the budget holds fewer than two, `measure.most_slots`; None for a loop of fewer
-  than four steps (one slot is the most a schedule keeps).
+  That line: temporaries `a` and `per_slot` bytes a slot (one slot's
+  compiled, and the carry's bytes), each schedule's tables and the other
+  constants `others` (`_most_slots_within`). Where the budget holds fewer
+  than two, `measure.most_slots`; None for a loop of fewer than four steps
+  (one slot is the most a schedule keeps).
   """
   most = measure.most_slots(length)
   if most < 2:
     return None
-  fits = int((memory_budget - constants - one) // max(guess, 1.0)) + 1
-  return min(most, fits) if fits >= 2 else most
+  fits = _most_slots_within(length, memory_budget, a, per_slot, others)
+  return fits if fits >= 2 else most
+
+
+def _most_slots_within(
+  length: int, memory_budget: int, a: float, per_slot: float, others: float
+) -> int:
+  """The most slots, up to `measure.most_slots`, of a binomial schedule predicted within `memory_budget`; 0 where none is.
+
+  Predicted as `measure.schedule_bytes` does: a + per_slot·s, the other
+  constants `others` and the schedule's tables. The tables lose a row per
+  slot added, and their lengths' column from
+  `schedule.one_step_advances` on, so the bytes are linear in s on either
+  side of that count but may fall across it (a 1000-step LSTM of 768-byte
+  carries: 98,972 bytes compiled with 43 slots, 91,900 with 44): each
+  side is searched apart, the upper first.
+
+  >>> from haiku_bridge._src.remat import choice
+  >>> choice._most_slots_within(1000, 40_000, 0.0, 100.0, 0.0)  # The tables: 35,280 with 44.
+  47
+  """
+  most = measure.most_slots(length)
+  fold = remat_schedule.one_step_advances(length)
+
+  def fits(slots: int) -> bool:
+    tables = remat_schedule.binomial_table_bytes(length, slots)
+    return round(a + per_slot * slots + others + tables) <= memory_budget
+
+  for low, high in ((fold, most), (1, min(most, fold - 1))):
+    if low > high or not (fits(low) or fits(high)):
+      continue  # Linear: neither end fits, nor anything between.
+    if fits(high):
+      return high
+    while low < high:  # fits(low), not fits(high): the last that fits.
+      mid = (low + high + 1) // 2
+      low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+  return 0
 
 
 def _reaimed(
-  length: int, memory_budget: int, one: float, constants: float, second: tuple[int, float]
+  length: int, memory_budget: int, one: float, others: float, second: tuple[int, float]
 ) -> int:
-  """The most slots `memory_budget` holds on the line through one slot's temporaries `one` and the `second` schedule's (slots, temporaries).
+  """The most slots `memory_budget` holds on the line through one slot's temporaries `one` and the `second` schedule's (slots, temporaries), with each schedule's tables and the other constants `others`.
 
   Where a slot's bytes are not the carry's, the second schedule, placed on
   the carry's line, is not the count the budget holds: this one, placed
@@ -586,12 +623,12 @@ def _reaimed(
   curve).
 
   >>> from haiku_bridge._src.remat import choice
-  >>> choice._reaimed(64, 1000, 100, 0, (11, 400.0))  # 30 bytes a slot.
-  31
+  >>> choice._reaimed(64, 3000, 100, 0, (11, 400.0))  # 30 bytes a slot, 2,288 - 16·s of tables.
+  45
   """
   slots, temporaries = second
   per_slot = (temporaries - one) / (slots - 1)
-  return _second_point(length, memory_budget, one, constants, per_slot) or 1
+  return _second_point(length, memory_budget, one - per_slot, per_slot, others) or 1
 
 
 def _checked(

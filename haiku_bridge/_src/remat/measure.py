@@ -18,10 +18,14 @@ there are cores.
 The model, at the loop's own length T:
 
     remat=False, remat=True, remat=True under a policy:  compiled, exactly
-    binomial with s slots:  a + c·s + k   (nested: s = its slots)
+    binomial with s slots:  a + c·s + k + t   (nested: s = its slots)
 
-where k is its tables' constants (a row per action, about 2·T - s of them:
-`Schedule.table_bytes`; one slot's, the most). `coefficients` compiles
+where t is its tables' bytes as XLA keeps them (`Schedule.table_bytes`:
+an int32 per step and one per action, 2·T - 1 - s of them, in five
+columns, or four where every advance runs one step and XLA folds the
+lengths' column: 18% fewer bytes; `schedule.binomial_table_bytes`), and k
+the other constants the program compiles in (one slot's less its
+tables'). `coefficients` compiles
 remat=False and remat=True (and the policy) beside the binomial schedule
 with one slot, so that the least plan's bytes are compiled, and takes a
 slot at the carry's bytes (`slot_guess`) until a second schedule, compiled
@@ -136,7 +140,8 @@ class Coefficients(NamedTuple):
   plain: int  # remat=False, compiled.
   per_step: Optional[int]  # remat=True, compiled; None: nothing to differentiate.
   scheduled: Optional[tuple[float, float]]  # A schedule with s slots: a + c·s temporaries.
-  constants: tuple[float, float]  # A schedule's tables: (k, 0), bytes.
+  # A schedule's constants besides its tables (`Schedule.table_bytes`): (k, 0), bytes.
+  constants: tuple[float, float]
   step_flops: float  # r: one step's recomputation under jax.checkpoint.
   advance_flops: float  # f: one advance of a schedule.
   # With a policy: its name, its bytes and one step's recomputation under it.
@@ -291,10 +296,10 @@ def coefficients(
       advance = float(k.advance_flops)
     guess = slot_guess(step)
     scheduled = (k.temporaries - guess, guess)
-    # A schedule's tables: a row per action, about 2·T - s of them
-    # (`Schedule.table_bytes`), the most with one slot: its tables' bytes
-    # bound every schedule's.
-    constants = (float(k.constants), 0.0)
+    # Each schedule's tables are known to the byte (`Schedule.table_bytes`);
+    # what else the program compiles in (an array the step closes over) is
+    # every schedule's.
+    constants = (besides_tables(k.constants, length), 0.0)
   return Coefficients(
     length,
     plain.bytes,
@@ -306,6 +311,11 @@ def coefficients(
     with_policy,
     tuple(measured),
   )
+
+
+def besides_tables(one_slot: int, length: int) -> float:
+  """Of one slot's schedule's constants `one_slot` bytes (over `length` steps), those that are not its tables: every schedule's (an array the step closes over)."""
+  return max(0.0, float(one_slot - remat_schedule.binomial_table_bytes(length, 1)))
 
 
 def slot_guess(step: tracing.Traced) -> float:
@@ -379,14 +389,11 @@ def _bytes(c: Coefficients, plan: Key, predicted: float) -> tuple[int, Optional[
   return (guess, None) if compiled is None else (compiled, guess)
 
 
-def _scheduled(
-  c: Coefficients, length: int, slots: int, plan: Key, recomputed_steps: int
-) -> tuple[int, Optional[int]]:
-  """A schedule's bytes: its slots' temporaries, and its tables' constants."""
+def schedule_bytes(c: Coefficients, slots: int, tables: int) -> float:
+  """A schedule's predicted bytes: its `slots` slots' temporaries, its tables' `tables` bytes (`Schedule.table_bytes`) and the other constants."""
   assert c.scheduled is not None, "a loop with schedules measured them"
   a, per_slot = c.scheduled
-  k0, k1 = c.constants
-  return _bytes(c, plan, a + per_slot * slots + k0 + k1 * recomputed_steps)
+  return a + per_slot * slots + c.constants[0] + tables
 
 
 def _recomputing(
@@ -397,14 +404,15 @@ def _recomputing(
   length: int,
   advances: int,
   temporaries: Optional[tuple[int, Optional[int]]] = None,
+  tables: int = 0,
 ) -> RematCandidate:
   """A candidate that recomputes each step where it backpropagates it, and advances.
 
   `temporaries`: its bytes and their prediction, as `_bytes` gives them
-  (None: a schedule's, from the line).
+  (None: a schedule's, from the line, with its tables' `tables` bytes).
   """
   if temporaries is None:
-    temporaries = _scheduled(c, length, slots, (remat, slots, groups, None), length + advances)
+    temporaries = _bytes(c, (remat, slots, groups, None), schedule_bytes(c, slots, tables))
   held, predicted = temporaries
   return RematCandidate(
     remat,
@@ -424,7 +432,13 @@ def binomial(c: Coefficients, length: int, slots: int) -> RematCandidate:
   jax.checkpoint does), besides the schedule's advances.
   """
   return _recomputing(
-    c, "binomial", slots, None, length, remat_schedule.binomial_cost(length, slots)
+    c,
+    "binomial",
+    slots,
+    None,
+    length,
+    remat_schedule.binomial_cost(length, slots),
+    tables=remat_schedule.binomial_table_bytes(length, slots),
   )
 
 
@@ -455,16 +469,16 @@ def candidates(c: Coefficients, length: int) -> list[RematCandidate]:
   # more with as many slots.
   for groups in sorted({2, max(1, math.isqrt(length)), length // 4} - {0, 1}):
     if groups < length:
-      slots, recomputed_steps = _nested(length, groups)
-      out.append(_recomputing(c, "nested", slots, groups, length, recomputed_steps))
+      slots, recomputed_steps, tables = _nested(length, groups)
+      out.append(_recomputing(c, "nested", slots, groups, length, recomputed_steps, tables=tables))
   return out
 
 
 @caches.memoize(maxsize=256)
-def _nested(length: int, groups: int) -> tuple[int, int]:
-  """The slots and recomputed steps of "nested" with `groups` groups (its schedule built once)."""
+def _nested(length: int, groups: int) -> tuple[int, int, int]:
+  """The slots, recomputed steps and table bytes of "nested" with `groups` groups (its schedule built once)."""
   nested = remat_schedule.nested(length, groups)
-  return nested.num_slots, nested.recomputed_steps
+  return nested.num_slots, nested.recomputed_steps, nested.table_bytes
 
 
 class Measured(NamedTuple):

@@ -82,11 +82,17 @@ class Schedule:
   def table_bytes(self) -> int:
     """Bytes of the schedule as a program's constants (`scheduled_scan.scan`).
 
-    One int32 per step (`forward_stores`) and five per action, fewer than
-    44·`num_steps` bytes in all. The compiled program holds at most these
-    (XLA folds a column whose entries are all equal).
+    One int32 per step (`forward_stores`) and one per action in each of
+    five columns (kind, step, length, the slots read and written), fewer
+    than 44·`num_steps` bytes in all; but a column of one value is held as
+    that value: the lengths where every ADVANCE runs one step (binomial
+    with C(s + 2, 2) ≥ N: `binomial_table_bytes`), and the kinds too where
+    there is no ADVANCE (every carry kept, where XLA:CPU may fold more:
+    to 800 of these 3,200 bytes at 200 steps with 199 slots).
     """
-    return 4 * (self.num_steps + 5 * len(self.actions))
+    advances = [a.length for a in self.actions if a.kind == ADVANCE]
+    columns = 5 - (max(advances, default=1) == 1) - (not advances)
+    return 4 * (self.num_steps + columns * len(self.actions))
 
   def one_step_actions(self) -> tuple[Action, ...]:
     """`actions` with each ADVANCE of several steps split into one per step.
@@ -175,6 +181,44 @@ def binomial_cost(num_steps: int, slots: int) -> int:
   num_steps = _positive("num_steps", num_steps)
   # The closed form counts the first sweep's num_steps - 1 advances too.
   return _advances(num_steps, _positive("slots", slots)) - (num_steps - 1)
+
+
+def binomial_table_bytes(num_steps: int, slots: int) -> int:
+  """`binomial(num_steps, slots).table_bytes`, in closed form (a plan predicts every count of slots).
+
+  A BACKPROP per step and an ADVANCE per cut but the s - 1 the forward
+  sweep makes, 2·N - 1 - s actions (N with N - 1 slots or more: every
+  carry kept, no ADVANCE); every ADVANCE runs one step where each step
+  runs at most twice, C(s + 2, 2) ≥ N (Griewank's bound, r ≤ 2), and the
+  lengths' column is then folded.
+
+  >>> from haiku_bridge._src.remat import schedule as remat_schedule
+  >>> [remat_schedule.binomial_table_bytes(1000, s) for s in (43, 44)]
+  [43120, 35280]
+  >>> remat_schedule.binomial(1000, 44).table_bytes
+  35280
+  """
+  num_steps = _positive("num_steps", num_steps)
+  kept = min(_positive("slots", slots), num_steps - 1)  # Past N - 1, as many.
+  no_advance = kept == num_steps - 1
+  columns = 5 - (no_advance or kept >= one_step_advances(num_steps)) - no_advance
+  return 4 * (num_steps + columns * (2 * num_steps - 1 - kept))
+
+
+def one_step_advances(num_steps: int) -> int:
+  """The fewest slots with which every ADVANCE of `binomial(num_steps, slots)` runs one step.
+
+  Where each step runs at most twice (once in the forward sweep):
+  Griewank's bound C(s + 2, 2) ≥ N. From there on a binomial schedule's
+  tables lose their lengths' column (`binomial_table_bytes`).
+
+  >>> from haiku_bridge._src.remat import schedule as remat_schedule
+  >>> remat_schedule.one_step_advances(1000)
+  44
+  >>> {a.length for a in remat_schedule.binomial(1000, 44).actions}
+  {1}
+  """
+  return _fewest(lambda s: _reach(s, 2) >= _positive("num_steps", num_steps))
 
 
 def fewest_binomial_slots(num_steps: int, max_recomputed: int) -> int:

@@ -9,8 +9,8 @@ step's own intermediates as `jax.checkpoint` on the body would. So it stores
 a schedule's few carries instead of one per step. The backward loop runs one
 iteration per step it recomputes or backpropagates, and reads what to do from
 a table of one row per action (an ADVANCE of many steps is one row), which
-the program holds as `Schedule.table_bytes` of constants: O(N) however much
-the schedule recomputes.
+the program holds as `Schedule.table_bytes` of constants (a column of one
+value as that value): O(N) however much the schedule recomputes.
 
 What it never copies: each step reads its slice of `xs` (the stacked
 parameters) by index, and writes the cotangent of that slice in place into
@@ -303,7 +303,9 @@ def _checkpointed_scan(
       slots, ct_c, ct_xs, ct_consts, row, done = state
       # The action's `done`-th step: the table holds one row per action,
       # not one per step, and is read here, as the loop runs.
-      kind, first, steps, load, target = [_get(column, row) for column in table]
+      kind, first, steps, load, target = [
+        column if np.ndim(column) == 0 else _get(column, row) for column in table
+      ]
       # The int32 bookkeeping in lax: jnp's operators promote types and
       # dispatch through a jit per call: a fifth of the Python calls that
       # tracing this body outside the cond made.
@@ -343,7 +345,14 @@ def _checkpointed_scan(
         lax.select(last, np.int32(0), next_done),
       ), None
 
-    table = [jnp.asarray(column) for column in moves.actions.T]
+    # A column of one value (the lengths, where every ADVANCE runs one
+    # step) is that value: no array for XLA to fold, or for jax 0.12 to
+    # pass as an argument of its own, which XLA cannot fold
+    # (`Schedule.table_bytes`).
+    table: list[Any] = [
+      np.int32(column[0]) if (column == column[0]).all() else jnp.asarray(column)
+      for column in moves.actions.T
+    ]
     state = (
       slots,
       [ct_carry[i] for i in diff_carry],
