@@ -1,0 +1,357 @@
+"""The layer scan against the unrolled step: step time, compiled temporaries, compile time (issue 64).
+
+    python -m testing.benchmarks.layer_scan_benchmark --layers=8,24 --out=/tmp/ls   # a TPU
+    python -m testing.benchmarks.layer_scan_benchmark --small                          # a CPU check
+
+The training step (value and grad of a next-token loss) of the pre-norm
+transformer LM of `testing/transformer.block` (d_model 1024, 8 heads, seq
+1024, batch 8, bfloat16; `--small`: toy sizes), its blocks run as each form
+of `--forms` says, compiled and run side by side in one process:
+
+* `inline`: a Python loop of blocks (the unrolled program);
+* `hk.layer_stack`: Haiku's layer scan;
+* `repeat_layer`: `hkb.repeat_layer` as a user calls it;
+* `repeat_layer unroll`: the same with `unroll=True` (the scan unrolled by XLA);
+* `repeat_layer save dots+reductions`, `repeat_layer recompute casts+masks`:
+  `remat=True` with a checkpoint policy of this file (below), candidates for
+  what the scan stores for its backward loop.
+
+Per form and depth: compiled temporaries (`memory_analysis().temp_size_in_bytes`),
+compile time, step time (median of interleaved repetitions), the ratio of
+each to inline's, and the gradient's largest difference to `hk.layer_stack`'s
+(today's values; relative to the largest entry; every form runs on the same
+params). Writes `layer_scan.json` and `layer_scan.md` under
+`--out` after each depth, printing each line as it is measured.
+"""
+
+import collections
+import functools
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from typing import Any, Callable
+
+from absl import app
+from absl import flags
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import haiku_bridge as hkb
+from testing import transformer
+from testing.benchmarks import accelerator_figures as af
+
+# --out, --small and --repeats are accelerator_figures' flags.
+_OUT, _SMALL, _REPEATS = af._OUT, af._SMALL, af._REPEATS  # pylint: disable=protected-access
+_LAYERS = flags.DEFINE_list("layers", ["8"], "Depths to measure.")
+_PROFILE = flags.DEFINE_bool(
+  "profile", False, "Also: each form's device time by kind of HLO op, from a profile (a TPU)."
+)
+_FORMS = flags.DEFINE_list(
+  "forms", ["inline", "hk.layer_stack", "repeat_layer"], "Forms to measure (see the docstring)."
+)
+
+# Primitives whose outputs XLA recomputes inside its fusions for free: a policy
+# that saves everything but these stores what an unrolled program would.
+_CHEAP = frozenset(
+  {
+    "convert_element_type",
+    "gt",
+    "ge",
+    "lt",
+    "le",
+    "eq",
+    "ne",
+    "select_n",
+    "broadcast_in_dim",
+    "reshape",
+    "squeeze",
+    "expand_dims",
+    "transpose",
+    "neg",
+    "mul",
+    "add",
+    "sub",
+    "max",
+    "min",
+    "integer_pow",
+    "square",
+    "rsqrt",
+    "sqrt",
+    "div",
+    "exp",
+    "log",
+    "tanh",
+    "logistic",
+    "abs",
+    "sign",
+    "stop_gradient",
+    "copy",
+    "copy_p",
+  }
+)
+
+
+def _save_dots_and_reductions(prim, *_, **__) -> bool:
+  return prim.name in ("dot_general", "reduce_sum", "reduce_max", "reduce_min", "argmax")
+
+
+def _recompute_casts_and_masks(prim, *_, **__) -> bool:
+  return prim.name not in _CHEAP
+
+
+FORMS: dict[str, dict[str, Any] | None] = {
+  "inline": None,
+  "hk.layer_stack": None,
+  "repeat_layer": {},
+  "repeat_layer unroll": dict(unroll=True),
+  "repeat_layer save dots+reductions": dict(remat=True, remat_policy=_save_dots_and_reductions),
+  "repeat_layer recompute casts+masks": dict(remat=True, remat_policy=_recompute_casts_and_masks),
+  "repeat_layer dots_saveable": dict(
+    remat=True, remat_policy=jax.checkpoint_policies.dots_saveable
+  ),
+}
+
+
+def size(small: bool, layers: int) -> dict[str, int]:
+  if small:
+    return dict(vocab=64, d_model=32, heads=2, layers=layers, seq=16, batch=2)
+  return dict(vocab=1024, d_model=1024, heads=8, layers=layers, seq=1024, batch=8)
+
+
+def loss_fn(form: str, *, vocab: int, d_model: int, heads: int, layers: int, **_) -> Callable:
+  block = functools.partial(transformer.block, d_model=d_model, heads=heads)
+
+  def net(tokens):
+    h = hk.Embed(vocab, d_model, name="embed")(tokens[:, :-1])
+    if form == "inline":
+      for i in range(layers):
+        with hk.name_scope(f"layer_{i}"):
+          h = block(h)
+    elif form == "hk.layer_stack":
+      h = hk.layer_stack(layers, name="layers")(block)(h)
+    else:
+      h = hkb.repeat_layer(block, h, layers, name="layers", **FORMS[form])
+    logits = hk.Linear(vocab, name="unembed")(h).astype(jnp.float32)
+    labels = jax.nn.one_hot(tokens[:, 1:], vocab)
+    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * labels, -1))
+
+  return net
+
+
+def _layer_key(key: str) -> str:
+  """A param's name without its layer's scope: `layer_3/mlp/...`, `layers/~/mlp/...` -> `mlp/...`."""
+  head, _, rest = key.partition("/")
+  if head.startswith("layer_"):
+    return rest
+  if head == "layers":
+    return rest.removeprefix("~/")
+  return key
+
+
+def _flat_grads(form: str, grads: Any, layers: int) -> dict[str, np.ndarray]:
+  """Gradients by name without the layers' scope, inline's per-layer params stacked as a scan's."""
+  flat = {}
+  for module, leaves in grads.items():
+    for name, g in leaves.items():
+      index = int(module.split("/")[0][len("layer_") :]) if module.startswith("layer_") else 0
+      flat.setdefault(_layer_key(f"{module}/{name}"), {})[index] = np.asarray(g, np.float32)
+  if form == "inline":  # Stacked as a scan's, in the layers' order.
+    return {k: np.stack([v[i] for i in sorted(v)]) if len(v) > 1 else v[0] for k, v in flat.items()}
+  return {k: v[0] for k, v in flat.items()}
+
+
+def _grad_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+  """The largest |a - b| over every leaf, relative to the largest |b| (a key bias's is ~0)."""
+  scale = max(float(np.max(np.abs(v))) for v in b.values())
+  return max(float(np.max(np.abs(a[k] - b[k]))) for k in b) / scale
+
+
+# What a fused computation does, by the ops in it, first match wins: the stores
+# into (and reads from) the layer-stacked buffers a scan's loops keep, matmuls,
+# copies, and the rest (elementwise, reductions).
+_KINDS = (
+  ("stacked stores", ("dynamic-update-slice",)),
+  ("stacked reads", ("dynamic-slice",)),
+  ("matmuls", ("convolution", "dot")),
+  ("copies", ("copy", "copy-start", "copy-done", "transpose")),
+)
+
+
+def _op_kinds(hlo: str) -> dict[str, str]:
+  """Each instruction of an optimised HLO module -> its kind (`_KINDS`, else "other")."""
+  bodies, ops, current = collections.defaultdict(set), {}, None
+  for line in hlo.splitlines():
+    if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+      current = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
+      continue
+    m = re.match(r"\s+(?:ROOT )?%?([\w.\-]+) = .*? ([a-z][\w\-]*)\(", line)
+    if m and current:
+      name, op = m.groups()
+      bodies[current].add(op)
+      calls = re.search(r"calls=(%[\w.\-]+)", line)
+      ops[name] = (op, calls.group(1) if calls else None)
+  kinds = {}
+  for name, (op, calls) in ops.items():
+    inside = bodies.get(calls, set()) | {op}
+    kinds[name] = (
+      "loop"
+      if op == "while"
+      else next((kind for kind, marks in _KINDS if inside & set(marks)), "other")
+    )
+  return kinds
+
+
+def device_time_by_kind(compiled: Any, args: tuple[Any, ...], steps: int = 3) -> dict[str, float]:
+  """Milliseconds per step on the device by kind of op (`_op_kinds`), from a profile's trace.
+
+  Empty where the backend's trace has no device ops (the CPU's).
+  """
+  kinds = _op_kinds(compiled.as_text())
+  jax.block_until_ready(compiled(*args))
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder):
+      for _ in range(steps):
+        jax.block_until_ready(compiled(*args))
+    (path,) = glob.glob(f"{folder}/plugins/profile/*/*.trace.json.gz")
+    with gzip.open(path) as f:
+      events = json.load(f)["traceEvents"]
+  meta = {
+    (e["pid"], e.get("tid")): e["args"]["name"]
+    for e in events
+    if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name")
+  }
+  totals = collections.Counter()
+  for e in events:
+    on_device = "/device:" in meta.get((e.get("pid"), None), "")
+    if e.get("ph") == "X" and on_device and meta.get((e["pid"], e["tid"])) == "XLA Ops":
+      kind = kinds.get(e["name"], "other")
+      if kind != "loop":  # A loop's time is its body's ops', counted as they run.
+        totals[kind] += e["dur"] / 1e3 / steps
+  return dict(totals)
+
+
+def measure(
+  layers: int, forms: list[str], small: bool, repeats: int, profile: bool = False
+) -> dict[str, Any]:
+  shape = size(small, layers)
+  af.say(f"Transformer LM training step, {shape}, bfloat16:")
+  tokens = jax.random.randint(
+    jax.random.PRNGKey(1), [shape["batch"], shape["seq"] + 1], 0, shape["vocab"]
+  )
+  # Every form runs on the same values: hk.layer_stack's, unstacked for inline.
+  init = lambda form: jax.jit(hk.transform(loss_fn(form, **shape)).init)(
+    jax.random.PRNGKey(0), tokens
+  )
+  stacked = {
+    _layer_key(f"{m}/{n}"): v for m, d in init("hk.layer_stack").items() for n, v in d.items()
+  }
+
+  def same_values(form):
+    def value(module, name):
+      v = stacked[_layer_key(f"{module}/{name}")]
+      return v[int(module.split("/")[0][len("layer_") :])] if module.startswith("layer_") else v
+
+    return {m: {n: value(m, n).astype(jnp.bfloat16) for n in d} for m, d in init(form).items()}
+
+  steps, rows, grads = {}, {}, {}
+  for form in forms:
+    f = hk.transform(loss_fn(form, **shape))
+    params = same_values(form)
+    step = jax.jit(jax.value_and_grad(lambda p, t, f=f: f.apply(p, None, t)))
+    start = time.perf_counter()
+    try:
+      compiled = step.lower(params, tokens).compile()
+    except Exception as e:  # pylint: disable=broad-except  # Out of memory: a figure too.
+      af.say(f"  {form}: did not compile: {str(e).splitlines()[0][:200]}")
+      rows[form] = {"error": str(e).splitlines()[0][:200]}
+      continue
+    seconds = time.perf_counter() - start
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    loss, g = compiled(params, tokens)
+    grads[form] = _flat_grads(form, g, layers)
+    rows[form] = {"compile_s": seconds, "temp_bytes": temp, "loss": float(loss)}
+    af.say(
+      f"  {form}: compiled in {seconds:.1f} s, temporaries {temp / 2**20:.0f} MiB, loss {float(loss):.6f}"
+    )
+    steps[form] = (compiled, (params, tokens))
+  samples = af._interleaved(steps, repeats)  # pylint: disable=protected-access
+  base = "inline" if "inline" in steps else next(iter(steps))
+  today = "hk.layer_stack" if "hk.layer_stack" in steps else base
+  for form in steps:
+    r = rows[form]
+    r["step_ms"] = statistics.median(samples[form]) * 1e3
+    r["time_over_inline"] = af._ratios(samples, form, base)  # pylint: disable=protected-access
+    r["temp_over_inline"] = r["temp_bytes"] / max(rows[base]["temp_bytes"], 1)
+    r["grad_difference"] = _grad_difference(grads[form], grads[today])
+    if profile:
+      r["device_ms_by_kind"] = device_time_by_kind(*steps[form])
+      af.say(f"  {form}: device time by kind (ms per step): {r['device_ms_by_kind']}")
+  return {"size": shape, "rows": rows}
+
+
+def markdown(figures: dict[str, Any]) -> str:
+  env = figures["environment"]
+  lines = [
+    f"{env['date']}, {env['device']} ({env['backend']}), jax {env['jax']}, dm-haiku {env['dm-haiku']}."
+  ]
+  for depth in figures["depths"]:
+    lines += [
+      "",
+      f"{depth['size']}:",
+      "",
+      "| form | step (ms) | / inline (median [min–max]) | temporaries (MiB) | / inline | compile (s) | grads vs hk.layer_stack |",
+      "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for form, r in depth["rows"].items():
+      if "error" in r:
+        lines.append(f"| {form} | did not compile: {r['error']} | | | | | |")
+        continue
+      t = r["time_over_inline"]
+      lines.append(
+        f"| {form} | {r['step_ms']:.2f} | {t['median']:.3f} [{t['min']:.3f}–{t['max']:.3f}] | "
+        f"{r['temp_bytes'] / 2**20:.0f} | {r['temp_over_inline']:.3f} | {r['compile_s']:.1f} | "
+        f"{r['grad_difference']:.1e} |"
+      )
+    profiled = {
+      f: r["device_ms_by_kind"] for f, r in depth["rows"].items() if r.get("device_ms_by_kind")
+    }
+    if profiled:
+      kinds = [k for k, _ in _KINDS] + ["other"]
+      lines += [
+        "",
+        "Device time per step by kind of op (ms, from a profile of 3 steps):",
+        "",
+        "| form | " + " | ".join(kinds) + " | total |",
+        "| --- |" + " ---: |" * (len(kinds) + 1),
+      ]
+      for form, t in profiled.items():
+        cells = " | ".join(f"{t.get(k, 0.0):.2f}" for k in kinds)
+        lines.append(f"| {form} | {cells} | {sum(t.values()):.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  os.makedirs(_OUT.value, exist_ok=True)
+  figures = {"environment": af.environment(), "depths": []}
+  af.say(f"{figures['environment']}")
+  for layers in _LAYERS.value:
+    figures["depths"].append(
+      measure(int(layers), _FORMS.value, _SMALL.value, _REPEATS.value, _PROFILE.value)
+    )
+    with open(os.path.join(_OUT.value, "layer_scan.json"), "w") as f:
+      json.dump(figures, f, indent=1)
+    with open(os.path.join(_OUT.value, "layer_scan.md"), "w") as f:
+      f.write(markdown(figures) + "\n")
+    af.say(markdown(figures))
+
+
+if __name__ == "__main__":
+  app.run(main)

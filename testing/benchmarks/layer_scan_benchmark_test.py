@@ -1,0 +1,47 @@
+"""The layer scan benchmark's readers: op kinds from compiled HLO, gradients by layer."""
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from testing.benchmarks import layer_scan_benchmark as lsb
+
+
+class OpKindsTest(absltest.TestCase):
+  def test_a_scans_stacked_outputs_and_its_matmul_are_told_apart(self):
+    def f(w, xs):
+      def body(h, x):
+        h = jnp.tanh(h @ w + x)
+        return h, h * 2  # ys: stored into a stacked buffer, one row per step.
+
+      return jax.lax.scan(body, jnp.zeros(8), xs)[1].sum()
+
+    hlo = jax.jit(f).lower(jnp.ones((8, 8)), jnp.ones((5, 8))).compile().as_text()
+    kinds = set(lsb._op_kinds(hlo).values())
+    self.assertContainsSubset({"loop", "stacked stores", "matmuls"}, kinds)
+
+  def test_a_program_without_loops_has_no_stacked_ops(self):
+    hlo = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(jnp.ones((4, 4)), jnp.ones((4, 4)))
+    kinds = set(lsb._op_kinds(hlo.compile().as_text()).values())
+    self.assertIn("matmuls", kinds)
+    self.assertNoCommonElements({"loop", "stacked stores", "stacked reads"}, kinds)
+
+
+class GradsTest(absltest.TestCase):
+  def test_inline_layers_stack_in_their_order_past_ten(self):
+    layers = 12
+    inline = {f"layer_{i}/mlp": {"w": jnp.full((2,), i, jnp.bfloat16)} for i in range(layers)}
+    inline["embed"] = {"embeddings": jnp.ones((3,))}
+    inline = dict(sorted(inline.items()))  # As Haiku returns them: layer_10 before layer_2.
+    stacked = {"layers/~/mlp": {"w": jnp.arange(layers)[:, None] * jnp.ones((1, 2))}}
+    stacked["embed"] = {"embeddings": jnp.ones((3,))}
+    a = lsb._flat_grads("inline", inline, layers)
+    b = lsb._flat_grads("hk.layer_stack", stacked, layers)
+    self.assertEqual(set(a), {"mlp/w", "embed/embeddings"})
+    np.testing.assert_array_equal(a["mlp/w"], b["mlp/w"])
+    self.assertEqual(lsb._grad_difference(a, b), 0.0)
+
+
+if __name__ == "__main__":
+  absltest.main()
