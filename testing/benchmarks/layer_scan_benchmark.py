@@ -116,6 +116,9 @@ FORMS: dict[str, dict[str, Any] | None] = {
   "repeat_layer dots_saveable": dict(
     remat=True, remat_policy=jax.checkpoint_policies.dots_saveable
   ),
+  "repeat_layer dots_with_no_batch_dims_saveable": dict(
+    remat=True, remat_policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  ),
 }
 
 
