@@ -46,6 +46,7 @@ import numpy as np
 import haiku_bridge as hkb
 from testing import transformer
 from testing.benchmarks import accelerator_figures as af
+from testing.benchmarks.lib import markdown_table
 
 # --out, --small and --repeats are accelerator_figures' flags.
 _OUT, _SMALL, _REPEATS = af._OUT, af._SMALL, af._REPEATS  # pylint: disable=protected-access
@@ -300,43 +301,42 @@ def measure(
 
 
 def markdown(figures: dict[str, Any]) -> str:
+  """The figures as Markdown: per depth, a row per form, then (profiled) device time by kind."""
   env = figures["environment"]
   lines = [
-    f"{env['date']}, {env['device']} ({env['backend']}), jax {env['jax']}, dm-haiku {env['dm-haiku']}."
+    f"{env['date']}, {env['device']} ({env['backend']}), jax {env['jax']}, "
+    f"dm-haiku {env['dm-haiku']}."
   ]
+  header = [
+    "form", "step (ms)", "/ inline (median [min–max])", "temporaries (MiB)", "/ inline",
+    "compile (s)", "grads vs hk.layer_stack",
+  ]  # fmt: skip
   for depth in figures["depths"]:
-    lines += [
-      "",
-      f"{depth['size']}:",
-      "",
-      "| form | step (ms) | / inline (median [min–max]) | temporaries (MiB) | / inline | compile (s) | grads vs hk.layer_stack |",
-      "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
-    ]
+    rows = []
     for form, r in depth["rows"].items():
       if "error" in r:
-        lines.append(f"| {form} | did not compile: {r['error']} | | | | | |")
+        rows.append([form, "did not compile: " + r["error"].replace("|", "/")] + [""] * 5)
         continue
       t = r["time_over_inline"]
-      lines.append(
-        f"| {form} | {r['step_ms']:.2f} | {t['median']:.3f} [{t['min']:.3f}–{t['max']:.3f}] | "
-        f"{r['temp_bytes'] / 2**20:.0f} | {r['temp_over_inline']:.3f} | {r['compile_s']:.1f} | "
-        f"{r['grad_difference']:.1e} |"
-      )
+      rows.append([
+        form, f"{r['step_ms']:.2f}", f"{t['median']:.3f} [{t['min']:.3f}–{t['max']:.3f}]",
+        f"{r['temp_bytes'] / 2**20:.0f}", f"{r['temp_over_inline']:.3f}",
+        f"{r['compile_s']:.1f}", f"{r['grad_difference']:.1e}",
+      ])  # fmt: skip
+    lines += ["", f"{depth['size']}:", ""] + markdown_table.lines(header, rows, align="lrlrrrr")
     profiled = {
       f: r["device_ms_by_kind"] for f, r in depth["rows"].items() if r.get("device_ms_by_kind")
     }
     if profiled:
       kinds = [k for k, _ in _KINDS] + ["other"]
-      lines += [
-        "",
-        "Device time per step by kind of op (ms, from a profile of 3 steps):",
-        "",
-        "| form | " + " | ".join(kinds) + " | total |",
-        "| --- |" + " ---: |" * (len(kinds) + 1),
+      rows = [
+        [form] + [f"{t.get(k, 0.0):.2f}" for k in kinds] + [f"{sum(t.values()):.2f}"]
+        for form, t in profiled.items()
       ]
-      for form, t in profiled.items():
-        cells = " | ".join(f"{t.get(k, 0.0):.2f}" for k in kinds)
-        lines.append(f"| {form} | {cells} | {sum(t.values()):.2f} |")
+      lines += ["", "Device time per step by kind of op (ms, from a profile of 3 steps):", ""]
+      lines += markdown_table.lines(
+        ["form"] + kinds + ["total"], rows, "l" + "r" * (len(kinds) + 1)
+      )
   return "\n".join(lines)
 
 

@@ -1,4 +1,7 @@
-"""The layer scan benchmark's readers: op kinds from compiled HLO, gradients by layer."""
+"""The layer scan benchmark's readers: op kinds from compiled HLO, gradients by layer, its tables."""
+
+import json
+import os
 
 from absl.testing import absltest
 import jax
@@ -41,6 +44,16 @@ class GradsTest(absltest.TestCase):
     self.assertEqual(set(a), {"mlp/w", "embed/embeddings"})
     np.testing.assert_array_equal(a["mlp/w"], b["mlp/w"])
     self.assertEqual(lsb._grad_difference(a, b), 0.0)
+
+
+class ResultsTest(absltest.TestCase):
+  def test_the_committed_tables_are_their_figures_written_out(self):
+    folder = os.path.join(os.path.dirname(__file__), "results", "layer_scan_tpu_v5e")
+    for run in ("profile", "forms"):
+      with open(os.path.join(folder, f"{run}.json")) as f:
+        figures = json.load(f)
+      with open(os.path.join(folder, f"{run}.md")) as f:
+        self.assertEqual(lsb.markdown(figures), f.read().rstrip("\n"), run)
 
 
 if __name__ == "__main__":
