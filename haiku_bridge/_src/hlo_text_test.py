@@ -1,5 +1,6 @@
 """Tests for hlo_text: bytes as XLA counts them, and where the walk goes."""
 
+import functools
 import re
 from typing import Any, Callable, Optional
 
@@ -172,8 +173,8 @@ ENTRY %main (p: f32[4], q: pred[]) -> f32[4] {
     )
 
 
-def _loops() -> dict[str, tuple[Callable[..., Any], tuple[jax.Array, ...]]]:
-  """Programs of while loops: each `(f, args)`."""
+def _loops() -> dict[str, tuple[Callable[..., Any], tuple[jax.Array, ...], frozenset[int]]]:
+  """Programs of while loops: each `(f, args, lengths)`, `lengths` the trip counts its loops are written with."""
   w = jnp.linspace(-1, 1, 64).reshape(8, 8)
   xs = jnp.ones([6, 2, 8])
 
@@ -191,45 +192,70 @@ def _loops() -> dict[str, tuple[Callable[..., Any], tuple[jax.Array, ...]]]:
     return jnp.sum(h) + jnp.sum(ys)
 
   h = jnp.zeros([2, 8])
+  six = frozenset([6])  # xs' length.
   return {
-    "scan": (lambda h, xs: jax.lax.scan(step, h, xs), (h, xs)),
-    "reversed scan": (lambda h, xs: jax.lax.scan(step, h, xs, reverse=True), (h, xs)),
-    "gradient": (jax.grad(loss, argnums=(0, 1)), (h, xs)),
-    "nested gradient": (jax.grad(nested, argnums=(0, 1)), (h, xs)),
+    "scan": (lambda h, xs: jax.lax.scan(step, h, xs), (h, xs), six),
+    "reversed scan": (lambda h, xs: jax.lax.scan(step, h, xs, reverse=True), (h, xs), six),
+    "gradient": (jax.grad(loss, argnums=(0, 1)), (h, xs), six),
+    "nested gradient": (jax.grad(nested, argnums=(0, 1)), (h, xs), frozenset([3, 2])),
     "fori_loop from 3 to 11": (
       lambda h: jax.lax.fori_loop(3, 11, lambda i, h: jnp.tanh(h @ w + i), h),
       (h,),
+      frozenset([8]),
     ),
     "fori_loop of 2 scans": (
       lambda h, xs: jax.lax.fori_loop(0, 2, lambda i, h: jax.lax.scan(step, h, xs)[0], h),
       (h, xs),
+      frozenset([2, 6]),
     ),
   }
 
 
+@functools.cache
+def _compiled_loops() -> dict[str, tuple[str, frozenset[int]]]:
+  """`_loops()` compiled on the default backend: each program's HLO text, beside its loops' written lengths."""
+  return {
+    name: (jax.jit(f).lower(*args).compile().as_text(), lengths)
+    for name, (f, args, lengths) in _loops().items()
+  }
+
+
+def _whiles(program: hlo_text.Program) -> list[hlo_text.Instruction]:
+  return [i for i in program.instructions.values() if i.opcode == "while"]
+
+
 class LoopTripsTest(absltest.TestCase):
   def test_the_counter_gives_xlas_known_trip_count(self):
-    # XLA:CPU writes each while's trip count on it; with every backend
-    # config removed (as XLA:TPU's compiled HLO has none), the count read off
-    # the loop's counter is XLA's.
-    for name, (f, args) in _loops().items():
+    # XLA:CPU and XLA:GPU write each while's trip count on it; with every
+    # backend config removed, the count read off the loop's counter is XLA's.
+    if jax.default_backend() == "tpu":
+      self.skipTest(
+        "XLA:TPU writes no known_trip_count on its loops, so there is no XLA count to compare "
+        "with: test_the_counter_gives_each_loops_written_length holds the counter there."
+      )
+    for name, (text, _) in _compiled_loops().items():
       with self.subTest(name):
-        text = jax.jit(f).lower(*args).compile().as_text()
-        program = hlo_text.parse(text)
-        loops = [i for i in program.instructions.values() if i.opcode == "while"]
-        self.assertNotEmpty(loops)
-        known = {i.name: hlo_text.trip_count(i.attributes) for i in loops}
+        known = {i.name: hlo_text.trip_count(i.attributes) for i in _whiles(hlo_text.parse(text))}
+        self.assertNotEmpty(known)
         self.assertNotIn(None, known.values())
         bare = hlo_text.parse(_WITHOUT_CONFIG.sub("", text))
         self.assertEqual(
-          {
-            i.name: hlo_text.trip_count(i.attributes)
-            for i in bare.instructions.values()
-            if i.opcode == "while"
-          },
-          dict.fromkeys(known),
+          {i.name: hlo_text.trip_count(i.attributes) for i in _whiles(bare)}, dict.fromkeys(known)
         )
         self.assertEqual({n: hlo_text.loop_trips(bare, bare.instructions[n]) for n in known}, known)
+
+  def test_the_counter_gives_each_loops_written_length(self):
+    # On every backend (XLA:TPU's loops carry no count to read but their
+    # counter's): each loop of the compiled program, its backend configs
+    # removed, runs one of the lengths its loops were written with.
+    for name, (text, lengths) in _compiled_loops().items():
+      with self.subTest(name):
+        bare = hlo_text.parse(_WITHOUT_CONFIG.sub("", text))
+        loops = _whiles(bare)
+        self.assertNotEmpty(loops)
+        self.assertEqual({hlo_text.trip_count(i.attributes) for i in loops}, {None})
+        trips = [hlo_text.loop_trips(bare, i) for i in loops]
+        self.assertContainsSubset(trips, lengths)
 
   def test_each_comparison_and_step(self):
     # A counter from `start`, stepped by `step`, compared with `limit` by
