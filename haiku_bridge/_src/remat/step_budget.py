@@ -440,7 +440,7 @@ class BudgetedStep:
       rung = found.run()
       if rung is None:
         raise ValueError(
-          errors.message(found.refusal(self._budget is None) + self._unbounded(found, trace.loops))
+          errors.message(found.refusal(self._budget is None, self._unbounded(found, trace.loops)))
         )
       if not found.tried[rung].measuring:
         break
@@ -597,7 +597,13 @@ class _Search:
         return i
     return None  # The line says none between fits: the one that does.
 
-  def refusal(self, default_budget: bool) -> str:
+  def refusal(self, default_budget: bool, unbounded: str = "") -> str:
+    """Why the step does not fit, and what would.
+
+    `unbounded`: the sentence saying what the step holds with no bound on
+    recomputation, where that is less (`BudgetedStep._unbounded`), else
+    empty: only then is more recomputation offered as a remedy.
+    """
     least = self.least_tried()
     found = self.tried[least].bytes
     budget = f"memory_budget={self.budget:,} bytes" + (
@@ -615,22 +621,34 @@ class _Search:
         f"{done.temp_size_in_bytes:,}, code "
         f"{done.generated_code_size_in_bytes:,})"
       )
+    remedy = []
     if self.loops:
       where = f", with every remat=\"auto\" loop at {least.describe()}"
-      remedy = f"allow more recomputation (max_recompute=, now {self.max_recompute:g})"
+      if least.kind == _FALSE and not unbounded:
+        # Every plan held as much (forward mode alone keeps nothing for a
+        # backward pass to trade).
+        where += ": no remat plan of its loops holds less"
+      if unbounded:
+        remedy = [f"allow more recomputation (max_recompute=, now {self.max_recompute:g})"]
     else:
       where = ", and it runs no loop with remat=\"auto\" to trade recomputation for memory"
-      remedy = (
+      remedy = [
         "give its loops (hkb.scan, hkb.dynamic_unroll, "
         "hkb.layer_scan, hkb.repeat_layer) remat=\"auto\""
-      )
-    remedies = ([] if found is None else [f"pass memory_budget={found:,} or more"]) + [
-      remedy,
-      "make the step hold less (a smaller batch, "
-      "donate_argnums= for the params and optimizer state)",
-    ]
+      ]
+    remedies = (
+      ([] if found is None else [f"pass memory_budget={found:,} or more"])
+      + remedy
+      + [
+        "make the step hold less (a smaller batch, "
+        "donate_argnums= for the params and optimizer state)"
+      ]
+    )
     advice = ", or ".join(remedies)
-    return f"the step does not fit {budget}: it {held}{where}. {advice[0].upper()}{advice[1:]}."
+    return (
+      f"the step does not fit {budget}: it {held}{where}. {advice[0].upper()}{advice[1:]}."
+      + unbounded
+    )
 
 
 def _try(rung: Rung, done: _Compiled) -> StepTry:

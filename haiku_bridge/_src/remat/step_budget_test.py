@@ -23,6 +23,7 @@ import equinox as eqx
 from flax import nnx
 import haiku as hk
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
@@ -52,6 +53,17 @@ FORMS = (
   "equinox_cell",
   "nnx_linear",
 )
+# What escapes a loop's own budget (docs/remat.md, each a known gap of
+# plan_test's but the first), held to the step's by the grid's first test.
+ESCAPING = (
+  "vmap_ensemble_stack",
+  "mask_before_loop",
+  "auto_axes",
+  "loop_in_a_jax_scan",
+  "per_example_vmap",
+  "batch_major_jvp",
+)
+DEVICES = 8  # The auto_axes form's batch, split over them.
 
 
 def _identity_getter(next_getter, value, context):
@@ -69,9 +81,27 @@ def _net(form: str, remat, getter: bool = False):
 
   def body(xs):
     h = jnp.zeros([B, W])
-    if form == "loss_of_the_carry":  # ys unread, a loss linear in the carry.
-      h, _ = scan(h, xs, "core")
+    if form == "loss_of_the_carry":
+      # ys the step neither reads nor differentiates, a loss linear in the
+      # final carry.
+      linear = hk.Linear(W, name="core")
+
+      def core(h, x):
+        h = jnp.tanh(linear(h) + x)
+        return h, 2 * jnp.sin(h)
+
+      h, _ = hkb.scan(core, h, xs, remat=remat)
       return jnp.sum(h)
+    if form == "mask_before_loop":
+      # A causal mask of the tokens the data marks, computed by the step
+      # before the stack, each layer mixing the tokens under it.
+      tokens = jnp.swapaxes(xs, 0, 1)  # [B, T, W]
+      mask = jnp.tril(jnp.ones([T, T])) * (tokens[:, None, :, 0] > -2)
+      mix = lambda h: h + jnp.tanh(hk.Linear(W)(jnp.einsum("bst,btw->bsw", mask, h) / T))
+      ys = hkb.repeat_layer(mix, tokens, 6, remat=remat)
+      return jnp.sum(ys**2)
+    if form == "auto_axes":  # The batch as the devices split it.
+      h = jnp.zeros([DEVICES * B, W])
     if form == "equinox_cell":  # An Equinox GRUCell, one example at a time.
       cell = hk.vmap(hkb.from_equinox(lambda key: eqx.nn.GRUCell(W, W, key=key)), split_rng=False)
       ys = hkb.scan(lambda h, x: (cell(x, h),) * 2, h, xs, remat=remat)[1]
@@ -82,7 +112,10 @@ def _net(form: str, remat, getter: bool = False):
       return jnp.sum(ys**2)
     if form == "dynamic_unroll":
       ys, _ = hkb.dynamic_unroll(hk.VanillaRNN(W), xs, h, remat=remat)
-    elif form == "repeat_layer":
+    elif form == "batch_major_jvp":
+      batch_major = jnp.swapaxes(xs, 0, 1)
+      ys, _ = hkb.dynamic_unroll(hk.VanillaRNN(W), batch_major, h, time_major=False, remat=remat)
+    elif form in ("repeat_layer", "vmap_ensemble_stack"):
       ys = hkb.repeat_layer(lambda h: jnp.tanh(hk.Linear(W)(h)), xs[0], LAYERS, remat=remat)
     else:
       loops = {"two_loops": 2, "three_loops": 3}.get(form, 1)
@@ -101,12 +134,35 @@ def _net(form: str, remat, getter: bool = False):
 def _step(form: str, remat, getter: bool = False):
   """`(step, args)`: the gradient step of `form`, its loops run as `remat`."""
   f = _net(form, remat, getter)
-  xs = jax.random.normal(jax.random.PRNGKey(1), [T, B, W])
+  batch = DEVICES * B if form == "auto_axes" else B
+  xs = jax.random.normal(jax.random.PRNGKey(1), [T, batch, W])
   params = f.init(KEY, xs)
-  if form == "vmap_ensemble":
+  per_example = lambda params, xs: jax.vmap(lambda x: f.apply(params, x[:, None]), in_axes=1)(xs)
+  if form in ("vmap_ensemble", "vmap_ensemble_stack"):
     # Three members' params, the data shared: a loop sees one member's.
     params = jax.vmap(lambda k: f.init(k, xs))(jax.random.split(KEY, 3))
     return jax.vmap(jax.grad(f.apply), in_axes=(0, None)), (params, xs)
+  if form == "auto_axes":
+    # Data parallelism over Auto axes: jit follows the batch's sharding,
+    # which the loop's values do not hold.
+    mesh = jax.make_mesh((DEVICES,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    xs = jax.device_put(xs, NamedSharding(mesh, P(None, "data")))
+    return jax.grad(f.apply), (jax.device_put(params, NamedSharding(mesh, P())), xs)
+  if form == "loop_in_a_jax_scan":  # The gradient around a JAX loop of the loop.
+
+    def sequences(params, xs):
+      outer = lambda total, seq: (total + f.apply(params, seq), None)
+      return jax.lax.scan(outer, 0.0, xs.reshape(2, T // 2, B, W))[0]
+
+    return jax.grad(sequences), (params, xs)
+  if form == "per_example_vmap":  # A loss per example, taken inside the vmap.
+    return jax.grad(lambda params, xs: jnp.sum(per_example(params, xs))), (params, xs)
+  if form == "batch_major_jvp":  # Forward mode alone: no backward pass.
+    return (
+      lambda params, xs: jax.jvp(
+        lambda p: f.apply(p, xs), (params,), (jax.tree.map(jnp.ones_like, params),)
+      )
+    ), (params, xs)
   if form == "grad_accumulation":  # The loop inside a JAX loop.
 
     def accumulated(params, xs):
@@ -119,7 +175,6 @@ def _step(form: str, remat, getter: bool = False):
 
     return accumulated, (params, xs)
   if form == "jacrev":  # One loss per example, each differentiated.
-    per_example = lambda params, xs: jax.vmap(lambda x: f.apply(params, x[:, None]), in_axes=1)(xs)
     return jax.jacrev(per_example), (params, xs)
   return jax.grad(f.apply), (params, xs)
 
@@ -164,30 +219,48 @@ class _CacheDirectory(parameterized.TestCase):
 
 class BudgetTest(_CacheDirectory):
   def assert_values(self, ours, theirs):
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), ours, theirs)
+    # Each entry within rounding of its leaf's largest: a gradient summed
+    # over examples (per_example_vmap) cancels to entries far below it.
+    jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(
+        a, b, rtol=2e-5, atol=2e-6 * max(1.0, float(np.max(np.abs(b))))
+      ),
+      ours,
+      theirs,
+    )
 
-  @parameterized.parameters(*FORMS)
+  @parameterized.parameters(*FORMS, *ESCAPING)
   def test_the_step_takes_the_least_recomputation_that_fits(self, form):
     plain, args = _step(form, False)
     remat, _ = _step(form, True)
     auto, _ = _step(form, "auto")
     plain_bytes, true_bytes = _bytes(plain, *args), _bytes(remat, *args)
-    self.assertLess(true_bytes, plain_bytes)
+    # Forward mode alone keeps nothing for a backward pass: remat=True
+    # saves nothing there, and every other form saves.
+    self.assertEqual(true_bytes < plain_bytes, form != "batch_major_jvp")
     reference = jax.jit(plain)(*args)
     # At no budget below it can the step be planned: the refusal names
-    # the least, which the call then accepts.
-    with self.assertRaisesRegex(ValueError, r"Pass memory_budget=([0-9,]+)"):
+    # the least, which the call then accepts, and offers more
+    # recomputation only where that holds less.
+    with self.assertRaisesRegex(ValueError, r"Pass memory_budget=([0-9,]+)") as refused:
       hkb.budgeted_jit(auto, memory_budget=1)(*args)
-    try:
-      hkb.budgeted_jit(auto, memory_budget=1)(*args)
-    except ValueError as error:
-      least = int(str(error).split("Pass memory_budget=")[1].split(" ")[0].replace(",", ""))
-    cases = [(plain_bytes, False), (plain_bytes - 1, True), (true_bytes, True)]
+    message = str(refused.exception)
+    least = int(re.search(r"Pass memory_budget=([0-9,]+)", message)[1].replace(",", ""))
+    self.assertEqual(
+      "allow more recomputation" in message, "With max_recompute=math.inf" in message, message
+    )
+    self.assertEqual(
+      "no remat plan of its loops holds less" in message, least == plain_bytes, message
+    )
+    cases = [(plain_bytes, False)]
+    if true_bytes < plain_bytes:
+      cases += [(plain_bytes - 1, True), (true_bytes, True)]
     if least < true_bytes:
       cases += [((least + true_bytes) // 2, None), (least, None)]
     else:
-      # No schedule holds less than remat=True (jax.jacrev on jax 0.12):
-      # the refusal names remat=True's bytes, the least any plan holds.
+      # No schedule holds less than remat=True (jax.jacrev on jax 0.12,
+      # forward mode alone): the refusal names remat=True's bytes, the
+      # least any plan holds.
       self.assertEqual(least, true_bytes)
     for budget, want in cases:
       step = hkb.budgeted_jit(auto, memory_budget=budget)
