@@ -479,7 +479,7 @@ RAISERS: dict[tuple[str, str], Callable[[], Any]] = {
     lambda h, x: (jnp.tanh(h + x), jnp.sum(h**2)),
     jnp.zeros([2, 16]),
     jnp.ones([16, 2, 16]),
-    memory_budget=2450,
+    memory_budget=2400,
   ),
   (SECTION_SCAN, "`max_recompute` without `remat=\"auto\"`"): lambda: init(
     lambda: hkb.repeat_layer(lambda x: x, X4, 3, max_recompute=3)

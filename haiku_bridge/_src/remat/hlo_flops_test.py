@@ -512,14 +512,16 @@ ENTRY %main (h: f32[4,32]) -> (f32[4,32], f32[4,32], (f32[4], f32[4]), f32[4,32]
         program = _Compiled(args_info, formats, _Analysis(0, 0, 1024 + lifted, 4, 0))
         self.assertEqual(hlo_flops.declared_bytes(program), 1024)
         self.assertEqual(hlo_flops.lifted_bytes(program, program.memory_analysis()), lifted)
-    # Dropped, and sharded over 8 devices (an f32[64, 16] is f32[8, 16] on
-    # each, 512 bytes, in XLA:CPU's untiled layout).
-    mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:8]), ("d",))
+    # Dropped, and sharded over the devices there are (an f32[64, 16] over
+    # 8 is f32[8, 16] on each, 512 bytes, in XLA:CPU's untiled layout;
+    # Bazel's test processes have one device, pytest's eight).
+    devices = jax.devices("cpu")[:8]
+    mesh = jax.sharding.Mesh(np.array(devices), ("d",))
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
     program = _Compiled(
       ((_ArgInfo((64, 16), np.float32), _ArgInfo((7,), np.float32)), {}),
       ((_Format(_Layout((0, 1), ()), rows), _Format(None, None)), {}),
-      _Analysis(0, 0, 512 + 4000, 4, 0),
+      _Analysis(0, 0, 64 * 16 * 4 // len(devices) + 4000, 4, 0),
     )
     self.assertEqual(hlo_flops.lifted_bytes(program, program.memory_analysis()), 4000)
 
