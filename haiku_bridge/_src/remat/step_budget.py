@@ -37,8 +37,9 @@ second process lowers once (twice where the plan is not plain), compiles
 the chosen rung once, and checks it against the budget before it runs.
 """
 
-import dataclasses
+import concurrent.futures
 import contextlib
+import dataclasses
 import contextvars
 import fractions
 import hashlib
@@ -428,27 +429,31 @@ class BudgetedStep:
         made = self._plan_of(budget, done.bytes, kept, trace.loops, (_try(kept, done),), kept=True)
         _log_planned(made, kept, time.perf_counter() - start)
         return search, kept, made
-    found = _Search(
-      budget,
-      self._max_recompute,
-      _ladder(trace.loops, self._max_recompute),
-      trace.loops,
-      lambda rung: self._compiled(search, rung, args, kwargs),
+    measuring = self._measuring()
+    ahead = _Ahead(
+      lambda rung: self._lowered(search, rung, args, kwargs),
+      lambda lowered, seconds: _compiled(lowered, seconds, measuring),
     )
-    found.record(trace.rung, _compiled(plain, lowering, self._measuring()))
-    while True:
-      rung = found.run()
-      if rung is None:
-        raise ValueError(
-          errors.message(found.refusal(self._budget is None, self._unbounded(found, trace.loops)))
-        )
-      if not found.tried[rung].measuring:
-        break
-      # The choice compiled as it runs (what the step's calls then use),
-      # and checked: its figure, not the measuring compile's, decides.
-      found.record(rung, _compiled(found.tried[rung].lowered, 0.0, {}))
-      if found.fits(rung):
-        break
+    ahead.given(trace.rung, plain, lowering)
+    found = _Search(
+      budget, self._max_recompute, _ladder(trace.loops, self._max_recompute), trace.loops, ahead
+    )
+    try:
+      while True:
+        rung = found.run()
+        if rung is None:
+          raise ValueError(
+            errors.message(found.refusal(self._budget is None, self._unbounded(found, trace.loops)))
+          )
+        if not found.tried[rung].measuring:
+          break
+        # The choice compiled as it runs (what the step's calls then use),
+        # and checked: its figure, not the measuring compile's, decides.
+        found.record(rung, _compiled(found.tried[rung].lowered, 0.0, {}))
+        if found.fits(rung):
+          break
+    finally:
+      ahead.close()
     _ON_DISK.put(disk_key, [rung.kind, rung.extra.numerator, rung.extra.denominator])
     made = self._plan_of(budget, found.tried[rung].bytes, rung, trace.loops, tuple(found.made))
     _log_planned(made, rung, time.perf_counter() - start)
@@ -509,6 +514,74 @@ class BudgetedStep:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+class _Compiler:
+  """Compiles the step at a rung when asked (`__call__`), one at a time; `_Ahead` looks ahead."""
+
+  def __init__(self, compile_at: Callable[[Rung], _Compiled]):
+    self._compile_at = compile_at
+
+  def __call__(self, rung: Rung) -> _Compiled:
+    return self._compile_at(rung)
+
+  def lower(self, rung: Rung) -> None:
+    """A hint: `rung` is likely asked for after the compile under way."""
+
+  def start(self, rung: Rung) -> None:
+    """`rung` is asked for next: its compile may begin."""
+
+  def close(self) -> None:
+    """Ends what was started."""
+
+
+class _Ahead(_Compiler):
+  """A search's compiles in a thread, each next rung lowered while the last compiles.
+
+  Lowering traces the step in Python, under the GIL; XLA compiles without
+  it. So the rung the search is likely to ask for next is lowered on the
+  caller's thread while the one it asked for compiles in this one's: the
+  search waits for the longer of the two, not their sum. Only what the
+  search asks for is compiled (a rung lowered ahead and never asked for
+  costs its lowering, alongside a compile); each figure is its own
+  program's, as compiled one by one. The thread runs in the caller's
+  context (`contextvars`): an error there names the public call.
+  """
+
+  def __init__(
+    self,
+    lower_at: Callable[[Rung], tuple[Any, float]],
+    compile_lowered: Callable[[Any, float], _Compiled],
+  ):
+    super().__init__(lambda rung: compile_lowered(*lower_at(rung)))
+    self._lower_at, self._compile_lowered = lower_at, compile_lowered
+    self._lowered: dict[Rung, tuple[Any, float]] = {}
+    self._jobs: dict[Rung, concurrent.futures.Future[_Compiled]] = {}
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="budgeted_jit")
+
+  def given(self, rung: Rung, lowered: Any, seconds: float) -> None:
+    """`rung`, already lowered (in `seconds`)."""
+    self._lowered[rung] = lowered, seconds
+
+  def lower(self, rung: Rung) -> None:
+    if rung not in self._lowered and rung not in self._jobs:
+      self._lowered[rung] = self._lower_at(rung)
+
+  def start(self, rung: Rung) -> None:
+    if rung not in self._jobs:
+      program, seconds = self._lowered.pop(rung) if rung in self._lowered else self._lower_at(rung)
+      context = contextvars.copy_context()
+      self._jobs[rung] = self._pool.submit(
+        lambda: context.run(self._compile_lowered, program, seconds)
+      )
+
+  def __call__(self, rung: Rung) -> _Compiled:
+    self.start(rung)
+    return self._jobs.pop(rung).result()
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=True)
+    self._lowered.clear()
+
+
 class _Search:
   """The first rung of `ladder` whose compiled step fits `budget`."""
 
@@ -518,13 +591,13 @@ class _Search:
     max_recompute: float,
     ladder: list[Rung],
     loops: list[_Seen],
-    compile_at: Callable[[Rung], _Compiled],
+    compile_at: Callable[[Rung], _Compiled] | _Compiler,
   ):
     self.budget = budget
     self.max_recompute = max_recompute
     self.ladder = ladder
     self.loops = loops
-    self.compile_at = compile_at
+    self.compile_at = compile_at if isinstance(compile_at, _Compiler) else _Compiler(compile_at)
     self.tried: dict[Rung, _Compiled] = {}  # The last compile of each rung.
     self.made: list[StepTry] = []  # Every compile, in order.
 
@@ -557,15 +630,24 @@ class _Search:
     ]
     return min(fitted)[2] if fitted else self.least()
 
+  def _next(self, rung: Rung, then: Optional[Rung] = None) -> None:
+    """`rung` is compiled next; `then` lowered meanwhile, where it is likely asked for after."""
+    if rung not in self.tried:
+      self.compile_at.start(rung)
+      if then is not None and then not in self.tried:
+        self.compile_at.lower(then)
+
   def run(self) -> Optional[Rung]:
+    true = self.ladder.index(Rung(_TRUE)) if self.loops else 0
+    schedules = self.ladder[true + 1 :]
+    self._next(self.ladder[0], self.ladder[true] if self.loops else None)
     if self.fits(self.ladder[0]):  # Plain, or no loop to plan.
       return self.ladder[0]
     if not self.loops:
       return None
-    true = self.ladder.index(Rung(_TRUE))
+    self._next(self.ladder[true], schedules[-1] if schedules else None)
     if self.fits(self.ladder[true]):
       return next(r for r in self.ladder[1 : true + 1] if self.fits(r))
-    schedules = self.ladder[true + 1 :]
     if not schedules or not self.fits(schedules[-1]):
       return None
     over, fits = true, len(self.ladder) - 1  # Indices into the ladder.

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import threading
 from unittest import mock
 
 from absl.testing import absltest
@@ -639,6 +640,61 @@ class MeshTest(_CacheDirectory):
     self.assertLess(sizes[True], _bytes(jax.grad(net(True).apply), params, jax.device_get(xs)))
 
 
+def _compiled(size: int, lowered=None) -> step_budget._Compiled:
+  """A compile of `size` bytes, as the search records it (no program)."""
+  analysis = mock.Mock(
+    argument_size_in_bytes=1,
+    output_size_in_bytes=1,
+    alias_size_in_bytes=0,
+    temp_size_in_bytes=1,
+    generated_code_size_in_bytes=0,
+  )
+  return step_budget._Compiled(
+    size, mock.Mock(**{"memory_analysis.return_value": analysis}), 0.0, lowered, False
+  )
+
+
+class AheadTest(absltest.TestCase):
+  def test_the_next_rung_lowers_while_one_compiles_and_only_asked_rungs_compile(self):
+    rungs = [step_budget.Rung(step_budget._FALSE), step_budget.Rung(step_budget._TRUE)] + [
+      step_budget.Rung(step_budget._SCHEDULE, fractions.Fraction(k)) for k in (1, 2, 3)
+    ]
+    sizes = dict(zip(rungs, (100, 60, 52, 45, 40)))
+    loops = [step_budget._Seen(8, False, math.inf, 4)]
+    lowered_ahead = {rung: threading.Event() for rung in rungs}
+    compiled, overlapped = [], {}
+
+    def lower_at(rung):
+      lowered_ahead[rung].set()
+      return rung, 0.0
+
+    def compile_lowered(rung, seconds):
+      # Plain's and remat=True's compiles wait (briefly) for the rung the
+      # search asks for after them to be lowered on the caller's thread.
+      after = {rungs[0]: rungs[1], rungs[1]: rungs[-1]}.get(rung)
+      if after is not None:
+        overlapped[rung] = lowered_ahead[after].wait(timeout=5)
+      compiled.append(rung)
+      return _compiled(sizes[rung], rung)
+
+    for budget, asked in ((50, 4), (100, 1)):  # A schedule (two tries aimed), or plain.
+      compiled.clear()
+      ahead = step_budget._Ahead(lower_at, compile_lowered)
+      try:
+        found = step_budget._Search(budget, math.inf, rungs, loops, ahead)
+        chosen = found.run()
+      finally:
+        ahead.close()
+      one_by_one = step_budget._Search(
+        budget, math.inf, rungs, loops, lambda r: _compiled(sizes[r], r)
+      )
+      self.assertEqual(chosen, one_by_one.run())
+      self.assertEqual(found.made, one_by_one.made)
+      self.assertLen(found.made, asked)
+      self.assertEqual(compiled, list(found.tried))  # Nothing compiled unasked.
+    self.assertEqual(overlapped, {rungs[0]: True, rungs[1]: True})
+
+
 class RefusalTest(absltest.TestCase):
   def test_a_refusal_names_the_least_bytes_compiled_where_memory_does_not_fall(self):
     # remat=True holding less than every schedule (jax.jacrev on jax 0.12):
@@ -649,23 +705,7 @@ class RefusalTest(absltest.TestCase):
     ]
     sizes = dict(zip(rungs, (100, 40, 60, 50)))
     loops = [step_budget._Seen(8, False, math.inf, 4)]
-    fake = lambda rung: step_budget._Compiled(
-      sizes[rung],
-      mock.Mock(
-        **{
-          "memory_analysis.return_value": mock.Mock(
-            argument_size_in_bytes=1,
-            output_size_in_bytes=1,
-            alias_size_in_bytes=0,
-            temp_size_in_bytes=1,
-            generated_code_size_in_bytes=0,
-          )
-        }
-      ),
-      0.0,
-      None,
-      False,
-    )
+    fake = lambda rung: _compiled(sizes[rung])
     search = step_budget._Search(30, 3.0, rungs, loops, fake)
     self.assertIsNone(search.run())
     self.assertEqual(search.least_tried(), rungs[1])
