@@ -12,6 +12,8 @@
 - **`num_steps`** counts a loop's steps: remat's (`remat/schedule.py`'s `Schedule`,
   `remat/step_checks.py`'s count of a scan's steps) and the scans that count through them. A
   pipeline's timetable counts ticks of its clock (`Timetable.num_ticks`), not steps of a loop.
+- **A module's name** is used once in the library: two `schedule.py` files (remat's and a
+  pipeline's) are now `remat/schedule.py` and `pipeline/timetables.py`.
 
 Each word may appear only in the files listed for it, each with the reason it is there; a new file
 that uses the word in another sense fails the test, and so does one of its old senses coming back.
@@ -117,6 +119,17 @@ class NamesTest(absltest.TestCase):
       [],
       "num_steps names a loop's steps (remat); a pipeline's timetable counts ticks (num_ticks)",
     )
+
+  def test_each_module_name_once_in_the_library(self):
+    # One module per name: `remat/schedule.py` beside a `pipeline/schedule.py`
+    # (now `timetables.py`) made a reader ask which schedule was meant.
+    by_name: dict[str, list[str]] = {}
+    for path in self.files:
+      if path.startswith("haiku_bridge/") and path.endswith(".py"):
+        by_name.setdefault(os.path.basename(path), []).append(path)
+    self.assertGreater(len(by_name), 40)
+    twice = {n: sorted(p) for n, p in by_name.items() if len(p) > 1 and n != "__init__.py"}
+    self.assertEqual(twice, {}, "name each module for what it holds, once in the library")
 
 
 if __name__ == "__main__":
