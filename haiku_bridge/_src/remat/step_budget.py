@@ -515,13 +515,10 @@ class BudgetedStep:
 
 
 class _Compiler:
-  """Compiles the step at a rung when asked (`__call__`), one at a time; `_Ahead` looks ahead."""
-
-  def __init__(self, compile_at: Callable[[Rung], _Compiled]):
-    self._compile_at = compile_at
+  """Compiles the step at a rung when asked (`__call__`), one at a time; hints let it look ahead."""
 
   def __call__(self, rung: Rung) -> _Compiled:
-    return self._compile_at(rung)
+    raise NotImplementedError
 
   def lower(self, rung: Rung) -> None:
     """A hint: `rung` is likely asked for after the compile under way."""
@@ -531,6 +528,16 @@ class _Compiler:
 
   def close(self) -> None:
     """Ends what was started."""
+
+
+class _OneByOne(_Compiler):
+  """Each rung compiled when asked, by `compile_at`: the hints ignored."""
+
+  def __init__(self, compile_at: Callable[[Rung], _Compiled]):
+    self._compile_at = compile_at
+
+  def __call__(self, rung: Rung) -> _Compiled:
+    return self._compile_at(rung)
 
 
 class _Ahead(_Compiler):
@@ -551,7 +558,6 @@ class _Ahead(_Compiler):
     lower_at: Callable[[Rung], tuple[Any, float]],
     compile_lowered: Callable[[Any, float], _Compiled],
   ):
-    super().__init__(lambda rung: compile_lowered(*lower_at(rung)))
     self._lower_at, self._compile_lowered = lower_at, compile_lowered
     self._lowered: dict[Rung, tuple[Any, float]] = {}
     self._jobs: dict[Rung, concurrent.futures.Future[_Compiled]] = {}
@@ -597,7 +603,7 @@ class _Search:
     self.max_recompute = max_recompute
     self.ladder = ladder
     self.loops = loops
-    self.compile_at = compile_at if isinstance(compile_at, _Compiler) else _Compiler(compile_at)
+    self.compile_at = compile_at if isinstance(compile_at, _Compiler) else _OneByOne(compile_at)
     self.tried: dict[Rung, _Compiled] = {}  # The last compile of each rung.
     self.made: list[StepTry] = []  # Every compile, in order.
 
