@@ -68,3 +68,15 @@ def pytest_configure(config):
   del config  # Unused.
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+
+
+def pytest_collection_modifyitems(config, items):
+  """Under `HB_PYTEST_SHARD="index/count"`, only this shard's tests (`testing/pytest_shards.py`)."""
+  shard = os.environ.get("HB_PYTEST_SHARD")
+  if not shard:
+    return
+  from testing import pytest_shards  # pylint: disable=g-import-not-at-top
+
+  kept = pytest_shards.kept([item.nodeid for item in items], *pytest_shards.parse(shard))
+  config.hook.pytest_deselected(items=[item for item, k in zip(items, kept) if not k])
+  items[:] = [item for item, k in zip(items, kept) if k]

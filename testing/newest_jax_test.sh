@@ -17,6 +17,13 @@ set -uo pipefail
 readonly PYTHON="$1"
 shift
 
+# Bazel's test sharding (`shard_count`): this process runs shard TEST_SHARD_INDEX of
+# TEST_TOTAL_SHARDS, whole test classes, chosen by conftest.py (testing/pytest_shards.py).
+if [[ -n "${TEST_TOTAL_SHARDS:-}" ]]; then
+  touch "${TEST_SHARD_STATUS_FILE}"
+  export HB_PYTEST_SHARD="${TEST_SHARD_INDEX}/${TEST_TOTAL_SHARDS}"
+fi
+
 "${PYTHON}" -c "pass"
 status=$?
 if [[ ${status} -eq 3 ]]; then

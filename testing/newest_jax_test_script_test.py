@@ -13,14 +13,17 @@ from absl.testing import absltest
 _SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "newest_jax_test.sh")
 
 
-def run_leg(python_status: int, ci: str) -> subprocess.CompletedProcess:
-  """The leg's script with a stand-in `python` that exits with `python_status`."""
+def run_leg(python_status: int, ci: str, **env_vars: str) -> subprocess.CompletedProcess:
+  """The leg's script with a stand-in `python` that says its shard and exits with `python_status`."""
   with tempfile.TemporaryDirectory() as directory:
     python = os.path.join(directory, "python")
     with open(python, "w") as f:
-      f.write(f"#!/bin/sh\nexit {python_status}\n")
+      f.write(f'#!/bin/sh\necho "shard: $HB_PYTEST_SHARD"\nexit {python_status}\n')
     os.chmod(python, 0o755)
-    env = dict(os.environ, CI=ci)
+    env = dict(os.environ, CI=ci, **env_vars)
+    for name in ("TEST_TOTAL_SHARDS", "TEST_SHARD_INDEX", "HB_PYTEST_SHARD"):
+      if name not in env_vars:
+        env.pop(name, None)
     return subprocess.run(
       ["bash", _SCRIPT, python, "some_test.py"],
       env=env,
@@ -43,6 +46,16 @@ class NewestJaxLegTest(absltest.TestCase):
 
   def test_a_broken_python_fails(self):
     self.assertEqual(run_leg(1, ci="").returncode, 1)
+
+  def test_a_bazel_shard_runs_its_part_and_says_it_shards(self):
+    status = os.path.join(self.create_tempdir().full_path, "shard_status")
+    result = run_leg(
+      0, ci="", TEST_TOTAL_SHARDS="2", TEST_SHARD_INDEX="1", TEST_SHARD_STATUS_FILE=status
+    )
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("shard: 1/2", result.stdout)
+    self.assertTrue(os.path.exists(status))  # Bazel's sign that the test shards itself.
+    self.assertIn("shard: \n", run_leg(0, ci="").stdout)  # Unsharded: every test.
 
 
 if __name__ == "__main__":
