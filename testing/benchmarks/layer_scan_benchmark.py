@@ -20,8 +20,12 @@ Per form and depth: compiled temporaries (`memory_analysis().temp_size_in_bytes`
 compile time, step time (median of interleaved repetitions), the ratio of
 each to inline's, and the gradient's largest difference to `hk.layer_stack`'s
 (today's values; relative to the largest entry; every form runs on the same
-params). Writes `layer_scan.json` and `layer_scan.md` under
-`--out` after each depth, printing each line as it is measured.
+params). With `--profile`, each form's device time per step by kind of op
+(`_KINDS`: matmuls fused with a store into a layer-stacked buffer or a read
+from one, other such stores and reads, other matmuls, copies, the rest),
+from a profile's trace joined to the compiled HLO. Writes `layer_scan.json`
+and `layer_scan.md` under `--out` after each depth, printing each line as it
+is measured.
 """
 
 import collections
@@ -177,14 +181,19 @@ def _grad_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> floa
   return max(float(np.max(np.abs(a[k] - b[k]))) for k in b) / scale
 
 
-# What a fused computation does, by the ops in it, first match wins: the stores
-# into (and reads from) the layer-stacked buffers a scan's loops keep, matmuls,
-# copies, and the rest (elementwise, reductions).
+# What a fused computation does, by the ops in it, first match wins (each
+# group of a kind must be in it): a matmul that stores its output into (or
+# reads its input from) the layer-stacked buffers a scan's loops keep, other
+# stores into and reads from them, other matmuls, copies, and the rest
+# (elementwise, reductions).
+_MATMUL, _STORE, _READ = {"convolution", "dot"}, {"dynamic-update-slice"}, {"dynamic-slice"}
 _KINDS = (
-  ("stacked stores", ("dynamic-update-slice",)),
-  ("stacked reads", ("dynamic-slice",)),
-  ("matmuls", ("convolution", "dot")),
-  ("copies", ("copy", "copy-start", "copy-done", "transpose")),
+  ("matmuls storing to stacks", (_MATMUL, _STORE)),
+  ("matmuls reading stacks", (_MATMUL, _READ)),
+  ("stacked stores", (_STORE,)),
+  ("stacked reads", (_READ,)),
+  ("matmuls", (_MATMUL,)),
+  ("copies", ({"copy", "copy-start", "copy-done", "transpose"},)),
 )
 
 
@@ -207,7 +216,7 @@ def _op_kinds(hlo: str) -> dict[str, str]:
     kinds[name] = (
       "loop"
       if op == "while"
-      else next((kind for kind, marks in _KINDS if inside & set(marks)), "other")
+      else next((kind for kind, groups in _KINDS if all(inside & g for g in groups)), "other")
     )
   return kinds
 
@@ -328,7 +337,9 @@ def markdown(figures: dict[str, Any]) -> str:
       f: r["device_ms_by_kind"] for f, r in depth["rows"].items() if r.get("device_ms_by_kind")
     }
     if profiled:
-      kinds = [k for k, _ in _KINDS] + ["other"]
+      # The kinds any form ran (a run before the matmuls storing to stacks
+      # were told apart has none of them), in `_KINDS`' order.
+      kinds = [k for k, _ in _KINDS if any(k in t for t in profiled.values())] + ["other"]
       rows = [
         [form] + [f"{t.get(k, 0.0):.2f}" for k in kinds] + [f"{sum(t.values()):.2f}"]
         for form, t in profiled.items()

@@ -24,6 +24,35 @@ class OpKindsTest(absltest.TestCase):
     kinds = set(lsb._op_kinds(hlo).values())
     self.assertContainsSubset({"loop", "stacked stores", "matmuls"}, kinds)
 
+  def test_a_matmul_fused_with_a_store_into_a_stack_is_told_apart(self):
+    hlo = """HloModule m
+
+%fused_store (p0: f32[4,8], p1: f32[8,8], p2: s32[]) -> f32[4,8] {
+  %p0 = f32[4,8] parameter(0)
+  %p1 = f32[8,8] parameter(1)
+  %p2 = s32[] parameter(2)
+  %dot.1 = f32[1,8] dot(%p1, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %zero = s32[] constant(0)
+  ROOT %dynamic-update-slice.1 = f32[4,8] dynamic-update-slice(%p0, %dot.1, %p2, %zero)
+}
+
+%fused_mul (p0: f32[8,8]) -> f32[8,8] {
+  %p0 = f32[8,8] parameter(0)
+  ROOT %multiply.1 = f32[8,8] multiply(%p0, %p0)
+}
+
+ENTRY %main (a: f32[4,8], b: f32[8,8], i: s32[]) -> f32[4,8] {
+  %a = f32[4,8] parameter(0)
+  %b = f32[8,8] parameter(1)
+  %i = s32[] parameter(2)
+  %mul = f32[8,8] fusion(%b), kind=kLoop, calls=%fused_mul
+  ROOT %store = f32[4,8] fusion(%a, %mul, %i), kind=kOutput, calls=%fused_store
+}
+"""
+    kinds = lsb._op_kinds(hlo)
+    self.assertEqual(kinds["store"], "matmuls storing to stacks")
+    self.assertEqual(kinds["mul"], "other")
+
   def test_a_program_without_loops_has_no_stacked_ops(self):
     hlo = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(jnp.ones((4, 4)), jnp.ones((4, 4)))
     kinds = set(lsb._op_kinds(hlo.compile().as_text()).values())
