@@ -117,15 +117,27 @@ LM_FORMS = (
 )
 
 
-def _lm_loss(form: str, *, vocab: int, d_model: int, heads: int, layers: int):
-  """`loss(tokens)` inside a transform, the blocks run as `form` says."""
+def _lm_loss(
+  form: str,
+  *,
+  vocab: int,
+  d_model: int,
+  heads: int,
+  layers: int,
+  repeat_options: dict[str, Any] | None = None,
+):
+  """`loss(tokens)` inside a transform, the blocks run as `form` says.
+
+  `repeat_options`: `hkb.repeat_layer`'s keyword arguments (remat, unroll...)
+  where `form` is "hkb.repeat_layer".
+  """
   block = functools.partial(transformer.block, d_model=d_model, heads=heads)
 
   def body(h):
     if form == "hk.layer_stack":
       return hk.layer_stack(layers, name="layers")(block)(h)
     if form == "hkb.repeat_layer":
-      return hkb.repeat_layer(block, h, layers, name="layers")
+      return hkb.repeat_layer(block, h, layers, name="layers", **(repeat_options or {}))
     run = block
     if form == "hkb.custom_vjp per block":
       run = hkb.custom_vjp(block, hkb.vjp_fwd, lambda vjp_fn, g: vjp_fn(g))

@@ -29,7 +29,6 @@ is measured.
 """
 
 import collections
-import functools
 import glob
 import gzip
 import json
@@ -47,8 +46,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import haiku_bridge as hkb
-from testing import transformer
 from testing.benchmarks import accelerator_figures as af
 from testing.benchmarks.lib import markdown_table
 
@@ -128,29 +125,16 @@ FORMS: dict[str, dict[str, Any] | None] = {
 
 
 def size(small: bool, layers: int) -> dict[str, int]:
-  if small:
-    return dict(vocab=64, d_model=32, heads=2, layers=layers, seq=16, batch=2)
-  return dict(vocab=1024, d_model=1024, heads=8, layers=layers, seq=1024, batch=8)
+  """The accelerator check's LM shapes (`af.lm_size`), `layers` deep."""
+  return dict(af.lm_size(small, None), layers=layers)
 
 
 def loss_fn(form: str, *, vocab: int, d_model: int, heads: int, layers: int, **_) -> Callable:
-  block = functools.partial(transformer.block, d_model=d_model, heads=heads)
-
-  def net(tokens):
-    h = hk.Embed(vocab, d_model, name="embed")(tokens[:, :-1])
-    if form == "inline":
-      for i in range(layers):
-        with hk.name_scope(f"layer_{i}"):
-          h = block(h)
-    elif form == "hk.layer_stack":
-      h = hk.layer_stack(layers, name="layers")(block)(h)
-    else:
-      h = hkb.repeat_layer(block, h, layers, name="layers", **FORMS[form])
-    logits = hk.Linear(vocab, name="unembed")(h).astype(jnp.float32)
-    labels = jax.nn.one_hot(tokens[:, 1:], vocab)
-    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * labels, -1))
-
-  return net
+  """`loss(tokens)` inside a transform: the accelerator check's LM, its blocks as `form` says."""
+  model = dict(vocab=vocab, d_model=d_model, heads=heads, layers=layers)
+  if form in ("inline", "hk.layer_stack"):
+    return af._lm_loss(form, **model)  # pylint: disable=protected-access
+  return af._lm_loss("hkb.repeat_layer", repeat_options=FORMS[form], **model)  # pylint: disable=protected-access
 
 
 def _layer_key(key: str) -> str:
