@@ -19,11 +19,13 @@ never past its own `max_recompute`, the step never past the call's).
 Memory falls down the ladder; the step takes the first rung that fits:
 plain is compiled first, then `remat=True` (and the policy's rung, where
 `remat=True` fits), then the last rung (the least memory), then rungs
-between chosen on the line through the compiled figures, by the carries
-the loops keep (`_Search`). Each try compiles the step as it runs, and the
-chosen rung's compile is the one the step runs (jax's cache holds it): a
-step whose plain form fits costs one compile, one that needs `remat=True`
-two, one on a schedule three to seven. On the CPU the tries compile with
+between chosen on the schedules' line: their compiled bytes in the carries
+the loops keep, first a slot a carry from the last rung, then through two
+compiled schedules (`_Search._aim`). Each try compiles the step as it
+runs, and the chosen rung's compile is the one the step runs (jax's cache
+holds it): a step whose plain form fits costs one compile, one that needs
+`remat=True` two, one on a schedule three to seven (four where a slot
+holds a whole count of carries, as XLA:CPU compiles them). On the CPU the tries compile with
 XLA's cheaper code generation, which keeps the buffers
 (`measure.measuring_options`), and the choice once more as it runs,
 whose figure is the one checked. A compile that runs out of device
@@ -668,22 +670,64 @@ class _Search:
     return self.ladder[fits]
 
   def _aim(self, over: int, fits: int) -> Optional[int]:
-    """The rung between two compiled ones the line through them says fits first."""
+    """The rung between two compiled ones that the schedules' line says fits first (None: none).
+
+    A schedule's compiled bytes lie on a line in the carries its loops
+    keep (each slot a carry, times whatever maps the loop: three members
+    of a vmapped ensemble, three carries); `remat=True`'s and a policy's
+    programs lie off it. So the line runs through `fits` and a second
+    compiled schedule: `over` where it is one, else the schedule compiled
+    nearest `fits`. With `fits` the only one (the first aim, from the
+    least rung), a slot costs a whole count of carries (the slope through
+    `over`, rounded; one where `over` has no bytes): that aims the next
+    compile but never decides alone: where it says none between fits, the
+    line through `over` does (halving where there is none). Only a line
+    through two compiles says none between.
+    """
     if fits - over < 2:
       return None
-    x_over, x_fits = (_carries_kept(self.ladder[i], self.loops) for i in (over, fits))
-    b_over = self.tried[self.ladder[over]].bytes
+    x_fits = _carries_kept(self.ladder[fits], self.loops)
     b_fits = self.tried[self.ladder[fits]].bytes
     assert b_fits is not None
-    if b_over is None or x_over == x_fits:
-      return (over + fits) // 2  # No line: halve.
-    for i in range(over + 1, fits):
-      predicted = b_fits + (b_over - b_fits) * (
-        (_carries_kept(self.ladder[i], self.loops) - x_fits) / (x_over - x_fits)
-      )
-      if predicted <= self.budget:
-        return i
+    second = self._second_schedule(over, fits, x_fits)
+    if second is not None:
+      slopes = [(second[1] - b_fits) / (second[0] - x_fits)]
+    else:
+      b_over = self.tried[self.ladder[over]].bytes
+      x_over = _carries_kept(self.ladder[over], self.loops)
+      if b_over is None or x_over == x_fits:
+        aimed = self._first_on_line(over, fits, x_fits, b_fits, 1)
+        return (over + fits) // 2 if aimed is None else aimed  # No line: halve.
+      through_over = (b_over - b_fits) / (x_over - x_fits)
+      # A slot holds a carry, or as many as map the loop: the line through
+      # `over`, rounded to a whole count of them, aims; it decides.
+      slopes = [max(1, round(through_over)), through_over]
+    for slope in slopes:
+      aimed = self._first_on_line(over, fits, x_fits, b_fits, slope)
+      if aimed is not None:
+        return aimed
     return None  # The line says none between fits: the one that does.
+
+  def _second_schedule(self, over: int, fits: int, x_fits: int) -> Optional[tuple[int, int]]:
+    """(carries kept, bytes) of a compiled schedule besides `fits`, off its abscissa: `over`, else the nearest `fits`."""
+    found = []
+    for rung, done in self.tried.items():
+      if rung.kind != _SCHEDULE or done.bytes is None or rung not in self.ladder:
+        continue
+      index, x = self.ladder.index(rung), _carries_kept(rung, self.loops)
+      if index != fits and x != x_fits:
+        found.append((index != over, abs(index - fits), x, done.bytes))
+    return min(found)[2:] if found else None
+
+  def _first_on_line(
+    self, over: int, fits: int, x_fits: int, b_fits: int, slope: float
+  ) -> Optional[int]:
+    """The first rung between `over` and `fits` whose bytes on the line through `fits` at `slope` are within the budget."""
+    for i in range(over + 1, fits):
+      x = _carries_kept(self.ladder[i], self.loops)
+      if b_fits + slope * (x - x_fits) <= self.budget:
+        return i
+    return None
 
   def refusal(self, default_budget: bool, unbounded: str = "") -> str:
     """Why the step does not fit, and what would.

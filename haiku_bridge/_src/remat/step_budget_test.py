@@ -599,11 +599,17 @@ class LadderTest(_CacheDirectory):
         step_budget._at(ladder[first], loop.length, loop.policy, loop.max_recompute)
         for loop in trace.loops
       )
+      traces = []
+      traced = lambda *a: traces.append(1) or auto(*a)
       with self.subTest(budget=budget), counted_compiles() as made:
-        plan = hkb.budgeted_jit(auto, memory_budget=budget).plan(*args)
+        plan = hkb.budgeted_jit(traced, memory_budget=budget).plan(*args)
         self.assertEqual(plan.loops, want)
         self.assertEqual(plan.bytes, sizes[first])
-        self.assertLessEqual(len(made), 3 + step_budget._MORE_TRIES + MEASURING)
+        # Plain, remat=True, the least rung and the one the schedules' line
+        # aims at (a slot, a carry): each traced and compiled once, and the
+        # choice compiled as it runs.
+        self.assertLessEqual(len(traces), 4)
+        self.assertLessEqual(len(made), 4 + MEASURING)
 
 
 class MeshTest(_CacheDirectory):
@@ -693,6 +699,38 @@ class AheadTest(absltest.TestCase):
       self.assertLen(found.made, asked)
       self.assertEqual(compiled, list(found.tried))  # Nothing compiled unasked.
     self.assertEqual(overlapped, {rungs[0]: True, rungs[1]: True})
+
+
+class AimTest(parameterized.TestCase):
+  """The search's compiles where a schedule's bytes lie on a line in the carries kept, remat=True's off it (as XLA:CPU compiles them: LadderTest)."""
+
+  @parameterized.named_parameters(
+    # Each slot a carry's bytes (a loop, two, a layer stack); three carries
+    # (a vmap over an ensemble of three members' params, the loop seeing
+    # one member's carry).
+    ("a_carry_a_slot", 1.0, 4),
+    ("three_carries_a_slot", 3.0, 4),
+    # Less than a carry a slot: the first aim (a whole carry) may miss,
+    # never decide: the choice is still the first that fits.
+    ("half_a_carry_a_slot", 0.5, 5),
+  )
+  def test_the_least_rung_and_the_line_through_it_find_the_first_that_fits(self, slope, most):
+    loops = [step_budget._Seen(16, False, math.inf, 64)]
+    ladder = step_budget._ladder(loops, math.inf)
+    kept = [step_budget._carries_kept(rung, loops) for rung in ladder]
+    # Plain holds most; remat=True two carries' worth below the schedules'
+    # line (it keeps its carries in another program); then the line.
+    sizes = [50_000, round(20_000 + slope * (kept[1] - 2 * 64))]
+    sizes += [round(20_000 + slope * x) for x in kept[2:]]
+    fake = dict(zip(ladder, sizes))
+    for budget in sorted({*sizes, *(size - 1 for size in sizes)}):
+      first = next((rung for rung, size in zip(ladder, sizes) if size <= budget), None)
+      search = step_budget._Search(
+        budget, math.inf, ladder, loops, lambda rung: _compiled(fake[rung])
+      )
+      with self.subTest(budget=budget):
+        self.assertEqual(search.run(), first)
+        self.assertLessEqual(len(search.made), most)
 
 
 class RefusalTest(absltest.TestCase):
