@@ -90,12 +90,12 @@ def tpu_like_figures(factor: int) -> Iterator[None]:
   - XLA:TPU pads small arrays to its tiles: the toy's `f32[4, 16]` to an (8, 128) tile, 16 times
     its bytes. Every array of the toy is one of those (or a stack of them), so every byte is read
     `factor` times over: no budget is set in one backend's bytes.
-  - XLA:TPU reports a `temp_size_in_bytes` only for a program with a remat schedule's conditional,
-    and there above the program's whole peak (a binomial step: 1,036,800 against a peak of 358,400,
-    RESULTS.md, "On a TPU"), which `hlo_flops.temporaries` adds to the peak's temporaries. So a
-    schedule is read at no less than its peak, arguments and outputs among them, over what a plan
-    without one is read at: taken here at that least, the CPU's temporaries, arguments and outputs
-    added to its temporaries. For a loop whose inputs and their cotangents outweigh a stack of its
+  - At toy sizes XLA:TPU reports a `temp_size_in_bytes` only for a program with a remat
+    schedule's conditional, and there above the program's whole peak (a binomial step: 1,036,800
+    against a peak of 358,400, RESULTS.md, "On a TPU"), which `hlo_flops.temporaries` takes (the
+    larger of it and the peak's temporaries). So a schedule is read at no less than its peak,
+    arguments and outputs among them, over what a plan without one is read at: taken here at that
+    least, the CPU's temporaries, arguments and outputs added to its temporaries. For a loop whose inputs and their cotangents outweigh a stack of its
     carries (the toy's), every schedule then reads above remat=True.
   """
   if jax.default_backend() == "tpu":

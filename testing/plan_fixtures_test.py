@@ -32,6 +32,7 @@ class OnCpuAndGpuTest(absltest.TestCase):
 
 
 class TpuLikeFiguresTest(absltest.TestCase):
+  @plan_fixtures.on_cpu_and_gpu("a TPU's figures are its own, not simulated")
   def test_every_byte_times_the_factor_and_a_conditionals_peak_added(self):
     table = np.random.default_rng(0).integers(0, 9, 200).astype(np.int32)  # Not an iota.
     plain_program = (

@@ -528,15 +528,17 @@ def temporaries(analysis: MemoryAnalysis, platform: str) -> int:
   """The bytes of temporaries a compiled program holds, as `memory_budget` counts them.
 
   XLA:CPU and XLA:GPU report them: `temp_size_in_bytes`. XLA:TPU reports
-  instead the peak of every buffer the program holds at once, its arguments
-  and outputs among them, and leaves `temp_size_in_bytes` at 0 for most
+  besides the peak of every buffer the program holds at once, its arguments
+  and outputs among them, and leaves `temp_size_in_bytes` at 0 for small
   programs (jax 0.10.2 on a TPU v5e: `jnp.sum(((x @ x) @ x) @ x)` of a 4 MiB
   `x` reports temp 0 and a peak of 12,583,424 bytes: the argument, the two
-  4 MiB products and the 512-byte output). There the temporaries are that
-  peak less the arguments and outputs (an output that aliases an argument
-  is one buffer in the peak), plus what `temp_size_in_bytes` does report:
-  nonzero only in programs with a remat schedule's conditional, and there
-  above the peak itself, so it is not part of it (added, on the safe side).
+  4 MiB products and the 512-byte output). There the temporaries are the
+  larger of `temp_size_in_bytes` and that peak less the arguments and
+  outputs (an output that aliases an argument is one buffer in the peak):
+  each buffer once. At users' sizes the two agree to an argument's bytes and
+  the compiler checks `temp_size_in_bytes` ("HLO temporaries ... exceeds
+  available HBM"); their sum would read twice over what the chip holds
+  (RESULTS.md, "What XLA:TPU's memory analysis counts").
 
   >>> from haiku_bridge._src.remat import hlo_flops
   >>> x = jnp.ones([256, 256])  # 256 KiB.
@@ -555,7 +557,7 @@ def temporaries(analysis: MemoryAnalysis, platform: str) -> int:
     - analysis.output_size_in_bytes
     + analysis.alias_size_in_bytes
   )
-  return analysis.temp_size_in_bytes + max(0, held)
+  return max(analysis.temp_size_in_bytes, held)
 
 
 class Held(NamedTuple):
