@@ -2,6 +2,7 @@
 
     python -m testing.benchmarks.layer_scan_benchmark --layers=8,24 --out=/tmp/ls   # a TPU
     python -m testing.benchmarks.layer_scan_benchmark --small                          # a CPU check
+    python -m testing.benchmarks.layer_scan_benchmark --profile --dump --out=/tmp/ls   # and where time goes
 
 The training step (value and grad of a next-token loss) of the pre-norm
 transformer LM of `testing/transformer.block` (d_model 1024, 8 heads, seq
@@ -15,6 +16,10 @@ of `--forms` says, compiled and run side by side in one process:
 * `repeat_layer save dots+reductions`, `repeat_layer recompute casts+masks`:
   `remat=True` with a checkpoint policy of this file (below), candidates for
   what the scan stores for its backward loop.
+* any form's name followed by ` softmax_custom_jvp`: that form with
+  `jax.softmax_custom_jvp(True)`, whose softmax keeps its output alone for
+  the backward pass (jax's default keeps exp's output and the quotient, two
+  seq x seq arrays a layer, which a scan stores in its stacks).
 
 Per form and depth: compiled temporaries (`memory_analysis().temp_size_in_bytes`),
 compile time, step time (median of interleaved repetitions), the ratio of
@@ -23,7 +28,9 @@ each to inline's, and the gradient's largest difference to `hk.layer_stack`'s
 params). With `--profile`, each form's device time per step by kind of op
 (`_KINDS`: matmuls fused with a store into a layer-stacked buffer or a read
 from one, other such stores and reads, other matmuls, copies, the rest),
-from a profile's trace joined to the compiled HLO. Writes `layer_scan.json`
+from a profile's trace joined to the compiled HLO; with `--dump` too, each
+form's optimised HLO and its device time per op, to read an op's fusion
+against its time (`<form>_<layers>.hlo.txt`, `.ops.json`). Writes `layer_scan.json`
 and `layer_scan.md` under `--out` after each depth, printing each line as it
 is measured.
 """
@@ -37,7 +44,7 @@ import re
 import statistics
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from absl import app
 from absl import flags
@@ -54,6 +61,12 @@ _OUT, _SMALL, _REPEATS = af._OUT, af._SMALL, af._REPEATS  # pylint: disable=prot
 _LAYERS = flags.DEFINE_list("layers", ["8"], "Depths to measure.")
 _PROFILE = flags.DEFINE_bool(
   "profile", False, "Also: each form's device time by kind of HLO op, from a profile (a TPU)."
+)
+_DUMP = flags.DEFINE_bool(
+  "dump",
+  False,
+  "With --profile: also each form's optimised HLO (`<form>.hlo.txt`) and device time per op "
+  "(`<form>.ops.json`, ms per step) under --out.",
 )
 _FORMS = flags.DEFINE_list(
   "forms", ["inline", "hk.layer_stack", "repeat_layer"], "Forms to measure (see the docstring)."
@@ -124,6 +137,13 @@ FORMS: dict[str, dict[str, Any] | None] = {
 }
 
 
+# A form's name ending so: the same form with `jax.nn.softmax`'s custom JVP
+# (`jax.softmax_custom_jvp`), whose backward keeps the softmax's output alone
+# (jax's default differentiates exp, sum and divide, and keeps two
+# seq x seq arrays a layer).
+SOFTMAX_CUSTOM_JVP = " softmax_custom_jvp"
+
+
 def size(small: bool, layers: int) -> dict[str, int]:
   """The accelerator check's LM shapes (`af.lm_size`), `layers` deep."""
   return dict(af.lm_size(small, None), layers=layers)
@@ -132,6 +152,14 @@ def size(small: bool, layers: int) -> dict[str, int]:
 def loss_fn(form: str, *, vocab: int, d_model: int, heads: int, layers: int, **_) -> Callable:
   """`loss(tokens)` inside a transform: the accelerator check's LM, its blocks as `form` says."""
   model = dict(vocab=vocab, d_model=d_model, heads=heads, layers=layers)
+  if form.endswith(SOFTMAX_CUSTOM_JVP):
+    net = loss_fn(form.removesuffix(SOFTMAX_CUSTOM_JVP), **model)
+
+    def with_custom_jvp(*args):
+      with jax.softmax_custom_jvp(True):
+        return net(*args)
+
+    return with_custom_jvp
   if form in ("inline", "hk.layer_stack"):
     return af._lm_loss(form, **model)  # pylint: disable=protected-access
   return af._lm_loss("hkb.repeat_layer", repeat_options=FORMS[form], **model)  # pylint: disable=protected-access
@@ -154,7 +182,9 @@ def _flat_grads(form: str, grads: Any, layers: int) -> dict[str, np.ndarray]:
     for name, g in leaves.items():
       index = int(module.split("/")[0][len("layer_") :]) if module.startswith("layer_") else 0
       flat.setdefault(_layer_key(f"{module}/{name}"), {})[index] = np.asarray(g, np.float32)
-  if form == "inline":  # Stacked as a scan's, in the layers' order.
+  if (
+    form.removesuffix(SOFTMAX_CUSTOM_JVP) == "inline"
+  ):  # Stacked as a scan's, in the layers' order.
     return {k: np.stack([v[i] for i in sorted(v)]) if len(v) > 1 else v[0] for k, v in flat.items()}
   return {k: v[0] for k, v in flat.items()}
 
@@ -210,7 +240,22 @@ def device_time_by_kind(compiled: Any, args: tuple[Any, ...], steps: int = 3) ->
 
   Empty where the backend's trace has no device ops (the CPU's).
   """
-  kinds = _op_kinds(compiled.as_text())
+  return by_kind(compiled.as_text(), device_time_by_op(compiled, args, steps))
+
+
+def by_kind(hlo: str, per_op: dict[str, float]) -> dict[str, float]:
+  """`per_op`'s milliseconds summed by kind of op (`_op_kinds` of `hlo`); a loop's own left out (its body's ops are counted)."""
+  kinds = _op_kinds(hlo)
+  totals: collections.Counter[str] = collections.Counter()
+  for name, ms in per_op.items():
+    kind = kinds.get(name, "other")
+    if kind != "loop":
+      totals[kind] += ms
+  return dict(totals)
+
+
+def device_time_by_op(compiled: Any, args: tuple[Any, ...], steps: int = 3) -> dict[str, float]:
+  """Milliseconds per step on the device of each op (by its HLO name), from a profile's trace."""
   jax.block_until_ready(compiled(*args))
   with tempfile.TemporaryDirectory() as folder:
     with jax.profiler.trace(folder):
@@ -224,19 +269,23 @@ def device_time_by_kind(compiled: Any, args: tuple[Any, ...], steps: int = 3) ->
     for e in events
     if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name")
   }
-  totals = collections.Counter()
+  totals: collections.Counter[str] = collections.Counter()
   for e in events:
     on_device = "/device:" in meta.get((e.get("pid"), None), "")
     if e.get("ph") == "X" and on_device and meta.get((e["pid"], e["tid"])) == "XLA Ops":
-      kind = kinds.get(e["name"], "other")
-      if kind != "loop":  # A loop's time is its body's ops', counted as they run.
-        totals[kind] += e["dur"] / 1e3 / steps
+      totals[e["name"]] += e["dur"] / 1e3 / steps
   return dict(totals)
 
 
 def measure(
-  layers: int, forms: list[str], small: bool, repeats: int, profile: bool = False
+  layers: int,
+  forms: list[str],
+  small: bool,
+  repeats: int,
+  profile: bool = False,
+  dump: Optional[str] = None,
 ) -> dict[str, Any]:
+  """Each form's step at `layers` deep (see the module's docstring); `dump`: a folder for `--dump`'s files."""
   shape = size(small, layers)
   af.say(f"Transformer LM training step, {shape}, bfloat16:")
   tokens = jax.random.randint(
@@ -288,8 +337,16 @@ def measure(
     r["temp_over_inline"] = r["temp_bytes"] / max(rows[base]["temp_bytes"], 1)
     r["grad_difference"] = _grad_difference(grads[form], grads[today])
     if profile:
-      r["device_ms_by_kind"] = device_time_by_kind(*steps[form])
+      compiled, args = steps[form]
+      per_op = device_time_by_op(compiled, args)
+      r["device_ms_by_kind"] = by_kind(compiled.as_text(), per_op)
       af.say(f"  {form}: device time by kind (ms per step): {r['device_ms_by_kind']}")
+      if dump is not None:
+        stem = os.path.join(dump, f"{form.replace(' ', '_')}_{layers}")
+        with open(f"{stem}.hlo.txt", "w") as f:
+          f.write(compiled.as_text())
+        with open(f"{stem}.ops.json", "w") as f:
+          json.dump(per_op, f, indent=0)
   return {"size": shape, "rows": rows}
 
 
@@ -342,7 +399,14 @@ def main(argv):
   af.say(f"{figures['environment']}")
   for layers in _LAYERS.value:
     figures["depths"].append(
-      measure(int(layers), _FORMS.value, _SMALL.value, _REPEATS.value, _PROFILE.value)
+      measure(
+        int(layers),
+        _FORMS.value,
+        _SMALL.value,
+        _REPEATS.value,
+        _PROFILE.value,
+        _OUT.value if _DUMP.value else None,
+      )
     )
     with open(os.path.join(_OUT.value, "layer_scan.json"), "w") as f:
       json.dump(figures, f, indent=1)

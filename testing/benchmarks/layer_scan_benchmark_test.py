@@ -1,10 +1,14 @@
 """The layer scan benchmark's readers: op kinds from compiled HLO, gradients by layer, its tables."""
 
+import contextlib
+import io
 import json
 import os
 
 from absl.testing import absltest
+import haiku as hk
 import jax
+from jax import ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 
@@ -73,6 +77,29 @@ class GradsTest(absltest.TestCase):
     self.assertEqual(set(a), {"mlp/w", "embed/embeddings"})
     np.testing.assert_array_equal(a["mlp/w"], b["mlp/w"])
     self.assertEqual(lsb._grad_difference(a, b), 0.0)
+    custom_jvp = lsb._flat_grads("inline" + lsb.SOFTMAX_CUSTOM_JVP, inline, layers)
+    np.testing.assert_array_equal(custom_jvp["mlp/w"], a["mlp/w"])
+
+
+class SoftmaxCustomJvpTest(absltest.TestCase):
+  def test_the_form_keeps_one_seq_by_seq_array_a_layer_where_the_default_keeps_two(self):
+    shape = lsb.size(small=True, layers=2)
+    tokens = jnp.zeros([shape["batch"], shape["seq"] + 1], jnp.int32)
+    # The attention's seq x seq arrays, stacked over the layers as the scan keeps them.
+    square = f"[{shape['layers']},{shape['batch']},{shape['heads']},{shape['seq']},{shape['seq']}]"
+
+    def kept(form):
+      f = hk.transform(lsb.loss_fn(form, **shape))
+      params = f.init(jax.random.PRNGKey(0), tokens)
+      out = io.StringIO()
+      with contextlib.redirect_stdout(out):
+        ad_checkpoint.print_saved_residuals(lambda p: f.apply(p, None, tokens), params)
+      return params, sum(square in line for line in out.getvalue().splitlines())
+
+    params, default = kept("repeat_layer")
+    custom_params, custom = kept("repeat_layer" + lsb.SOFTMAX_CUSTOM_JVP)
+    self.assertEqual((default, custom), (2, 1))  # exp's output and the probabilities; these alone.
+    self.assertEqual(jax.tree.map(jnp.shape, custom_params), jax.tree.map(jnp.shape, params))
 
 
 class ResultsTest(absltest.TestCase):
