@@ -22,12 +22,17 @@
 #    as it is measured (on a CPU, `--small`: a check of the script).
 # 3. remat.md: testing/remat_auto_check.py, `remat="auto"`'s predictions against the compiled
 #    programs on this backend.
+# 4. budget.log, budget.xml, memory.txt: `hkb.budgeted_jit`'s tests and what they read of XLA's
+#    memory analysis (BUDGET_TESTS below, run as part 1 runs its files), then
+#    testing/benchmarks/memory_reading.py: a loop's gradient as XLA's memory analysis reports it
+#    and as the library reads it, against whether the device's compiler takes it (on a CPU,
+#    `--small`).
 #
-# Settings (environment): ACCELERATOR_CHECK_PARTS (default "tests figures remat"),
+# Settings (environment): ACCELERATOR_CHECK_PARTS (default "tests figures remat budget"),
 # ACCELERATOR_CHECK_PART_S (each part's limit in seconds, default 540), ACCELERATOR_CHECK_SHARD,
 # ACCELERATOR_CHECK_WORKERS (default 8, on a GPU), PYTHON (default python3).
 #
-# summary.md gathers the three with the date, device and versions; RESULTS.md's sections "On a
+# summary.md gathers the four with the date, device and versions; RESULTS.md's sections "On a
 # GPU" and "On a TPU v5e" are written from it by hand. The CPU XLA flags of the test suite
 # (testing/xla_flags.py) are not used here: XLA_FLAGS is left as the environment sets it.
 
@@ -47,7 +52,7 @@ readonly PYTHON="${PYTHON:-python3}"
 readonly WORKERS="${ACCELERATOR_CHECK_WORKERS:-8}"
 readonly PART_S="${ACCELERATOR_CHECK_PART_S:-540}"
 readonly SHARD="${ACCELERATOR_CHECK_SHARD:-1/1}"
-readonly PARTS=" ${ACCELERATOR_CHECK_PARTS:-tests figures remat} "
+readonly PARTS=" ${ACCELERATOR_CHECK_PARTS:-tests figures remat budget} "
 runs() { [[ "${PARTS}" == *" $1 "* ]]; }
 [[ "${SHARD}" =~ ^[1-9][0-9]*/[1-9][0-9]*$ ]] && (( ${SHARD%/*} <= ${SHARD#*/} )) \
   || { echo "ACCELERATOR_CHECK_SHARD=${SHARD}: want i/n with 1 <= i <= n" >&2; exit 2; }
@@ -87,6 +92,13 @@ ACCELERATOR_TESTS=(
   haiku_bridge/_src/remat/measure_test.py
   haiku_bridge/_src/remat/plan_cache_test.py
   haiku_bridge/_src/remat/choice_test.py
+)
+# Part 4's: the step budget's tests (about 4 minutes on a TPU v5e, 2026-12-07) and the readings
+# of XLA's memory analysis they stand on; their 8-device cases skip on one device.
+BUDGET_TESTS=(
+  haiku_bridge/_src/hlo_text_test.py
+  testing/plan_fixtures_test.py
+  haiku_bridge/_src/remat/step_budget_test.py
 )
 # Left out: the files that need 8 devices (sharding, pipelines, foreign sharding), the wheel,
 # docs and typecheck tests (no device in them), and testing/structure_test.py, whose facts are
@@ -160,14 +172,29 @@ if runs remat; then
   (( remat_status == 0 )) || tail -n 30 "${OUT}/remat.err"
 fi
 
+budget_status=0
+if runs budget; then
+  echo "== budget: ${#BUDGET_TESTS[@]} test files, then memory_reading (at most ${PART_S} s each)"
+  budget_args=("${pytest_args[@]/--junitxml=*/--junitxml=${OUT}/budget.xml}")
+  env "${test_env[@]}" "${LIMITED[@]}" "${PYTHON}" -m pytest "${budget_args[@]}" "${BUDGET_TESTS[@]}" \
+    2>&1 | tee "${OUT}/budget.log"
+  budget_status=$?
+  reading_args=()
+  [[ "${backend}" == cpu ]] && reading_args+=(--small)
+  "${LIMITED[@]}" "${PYTHON}" -m testing.benchmarks.memory_reading "${reading_args[@]}" \
+    2>"${OUT}/memory.err" | tee "${OUT}/memory.txt"
+  (( ${PIPESTATUS[0]} == 0 )) || { budget_status=1; tail -n 30 "${OUT}/memory.err"; }
+fi
+
 {
   cat "${OUT}/environment.txt"
   echo
   runs tests && echo "tests (shard ${SHARD}): exit ${tests_status} ($(grep -E '^=+ .* in [0-9.]+s' "${OUT}/tests.log" | tail -n 1))"
-  echo "figures: exit ${figures_status}; remat: exit ${remat_status}"
+  echo "figures: exit ${figures_status}; remat: exit ${remat_status}; budget: exit ${budget_status}"
   echo
   [[ -f "${OUT}/figures.md" ]] && cat "${OUT}/figures.md"
   [[ -f "${OUT}/remat.md" ]] && { echo; cat "${OUT}/remat.md"; }
+  [[ -f "${OUT}/memory.txt" ]] && { echo; cat "${OUT}/memory.txt"; }
 } >"${OUT}/summary.md"
 echo "== summary: ${OUT}/summary.md"
-(( tests_status == 0 && figures_status == 0 && remat_status == 0 ))
+(( tests_status == 0 && figures_status == 0 && remat_status == 0 && budget_status == 0 ))
