@@ -235,14 +235,6 @@ def _op_kinds(hlo: str) -> dict[str, str]:
   return kinds
 
 
-def device_time_by_kind(compiled: Any, args: tuple[Any, ...], steps: int = 3) -> dict[str, float]:
-  """Milliseconds per step on the device by kind of op (`_op_kinds`), from a profile's trace.
-
-  Empty where the backend's trace has no device ops (the CPU's).
-  """
-  return by_kind(compiled.as_text(), device_time_by_op(compiled, args, steps))
-
-
 def by_kind(hlo: str, per_op: dict[str, float]) -> dict[str, float]:
   """`per_op`'s milliseconds summed by kind of op (`_op_kinds` of `hlo`); a loop's own left out (its body's ops are counted)."""
   kinds = _op_kinds(hlo)

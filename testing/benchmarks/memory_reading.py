@@ -48,7 +48,8 @@ PROGRAMS = tuple(
 )
 
 
-def _step(x: jax.Array, c: jax.Array) -> tuple[jax.Array, None]:
+def _step(c: jax.Array, x: jax.Array) -> tuple[jax.Array, None]:
+  """One step of the loop: the carry and a step's scalar, as `jax.lax.scan` passes them."""
   return jnp.tanh(c * x + 1.0), None
 
 
@@ -56,12 +57,11 @@ def gradient(remat, slots: Optional[int], steps: int):
   """The jitted gradient of the scan's summed last carry, the loop run as `remat` says."""
 
   def loss(c0, xs):
-    body = lambda c, x: _step(x, c)
     if remat in (False, True):
-      c, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, c0, xs)
+      c, _ = jax.lax.scan(jax.checkpoint(_step) if remat else _step, c0, xs)
     else:
       schedule = loop.schedule(remat, steps, None, slots)
-      c, _ = scheduled_scan.scan(body, c0, xs, length=steps, schedule=schedule)
+      c, _ = scheduled_scan.scan(_step, c0, xs, length=steps, schedule=schedule)
     return jnp.sum(c)
 
   return jax.jit(jax.grad(loss, argnums=(0, 1)))
