@@ -334,7 +334,7 @@ def measure(
       r["device_ms_by_kind"] = by_kind(compiled.as_text(), per_op)
       af.say(f"  {form}: device time by kind (ms per step): {r['device_ms_by_kind']}")
       if dump is not None:
-        stem = os.path.join(dump, f"{form.replace(' ', '_')}_{layers}")
+        stem = os.path.join(dump, f"{re.sub(r'[^A-Za-z0-9_.-]', '_', form)}_{layers}")
         with open(f"{stem}.hlo.txt", "w") as f:
           f.write(compiled.as_text())
         with open(f"{stem}.ops.json", "w") as f:

@@ -53,6 +53,7 @@ _PHASE = flags.DEFINE_enum(
   "cold: every form; warm: the budgeted steps again, their plans read from disk.",
 )
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions per step.")
+_SWEEP = flags.DEFINE_bool("sweep", True, "With --phase=cold: remat=False at growing batches too.")
 
 _GIB = 2**30
 # (name, model and batch, budgets: None is the device's memory).
@@ -214,7 +215,7 @@ def main(argv):
         rows["plain"].append(plain(size, remat, _REPEATS.value))
     for budget in budgets:
       rows["budgeted"].append(budgeted(size, budget, _REPEATS.value))
-  if _PHASE.value == "cold":
+  if _PHASE.value == "cold" and _SWEEP.value:
     model, batches = SMALL_SWEEP if _SMALL.value else SWEEP
     print(f"# remat=False by batch: {model}", flush=True)
     figures["sweep"] = [
