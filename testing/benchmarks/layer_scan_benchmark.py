@@ -20,6 +20,10 @@ of `--forms` says, compiled and run side by side in one process:
   `jax.softmax_custom_jvp(True)`, whose softmax keeps its output alone for
   the backward pass (jax's default keeps exp's output and the quotient, two
   seq x seq arrays a layer, which a scan stores in its stacks).
+* any scan form's name followed by ` forwarded`: that form with its scan
+  `testing/benchmarks/lib/forwarded_scan.scan` (every `jax.lax.scan` the step
+  traces), which writes each saved matmul output into its stack as it is
+  made and reads it back from there.
 
 Per form and depth: compiled temporaries (`memory_analysis().temp_size_in_bytes`),
 compile time, step time (median of interleaved repetitions), the ratio of
@@ -45,6 +49,7 @@ import statistics
 import tempfile
 import time
 from typing import Any, Callable, Optional
+from unittest import mock
 
 from absl import app
 from absl import flags
@@ -54,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from testing.benchmarks import accelerator_figures as af
+from testing.benchmarks.lib import forwarded_scan
 from testing.benchmarks.lib import markdown_table
 
 # --out, --small and --repeats are accelerator_figures' flags.
@@ -142,6 +148,8 @@ FORMS: dict[str, dict[str, Any] | None] = {
 # (jax's default differentiates exp, sum and divide, and keeps two
 # seq x seq arrays a layer).
 SOFTMAX_CUSTOM_JVP = " softmax_custom_jvp"
+# A scan form's name ending so: its scan `forwarded_scan.scan`.
+FORWARDED = " forwarded"
 
 
 def size(small: bool, layers: int) -> dict[str, int]:
@@ -152,6 +160,14 @@ def size(small: bool, layers: int) -> dict[str, int]:
 def loss_fn(form: str, *, vocab: int, d_model: int, heads: int, layers: int, **_) -> Callable:
   """`loss(tokens)` inside a transform: the accelerator check's LM, its blocks as `form` says."""
   model = dict(vocab=vocab, d_model=d_model, heads=heads, layers=layers)
+  if form.endswith(FORWARDED):
+    scanned = loss_fn(form.removesuffix(FORWARDED), **model)
+
+    def forwarded(*args):
+      with mock.patch.object(jax.lax, "scan", forwarded_scan.scan):
+        return scanned(*args)
+
+    return forwarded
   if form.endswith(SOFTMAX_CUSTOM_JVP):
     net = loss_fn(form.removesuffix(SOFTMAX_CUSTOM_JVP), **model)
 

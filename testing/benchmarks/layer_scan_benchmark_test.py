@@ -102,10 +102,26 @@ class SoftmaxCustomJvpTest(absltest.TestCase):
     self.assertEqual(jax.tree.map(jnp.shape, custom_params), jax.tree.map(jnp.shape, params))
 
 
+class ForwardedTest(absltest.TestCase):
+  def test_the_form_is_the_scans_loss_and_gradients_its_matmuls_written_first(self):
+    shape = lsb.size(small=True, layers=3)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), [shape["batch"], shape["seq"] + 1], 0, 64)
+    form = "repeat_layer dots_saveable"
+    params = hk.transform(lsb.loss_fn(form, **shape)).init(jax.random.PRNGKey(0), tokens)
+    step = lambda form: jax.jit(
+      jax.value_and_grad(hk.without_apply_rng(hk.transform(lsb.loss_fn(form, **shape))).apply)
+    )
+    want, got = step(form)(params, tokens), step(form + lsb.FORWARDED)(params, tokens)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+    # The layers' saved matmul outputs go through their stacks: a barrier each.
+    barriers = lambda form: step(form).lower(params, tokens).as_text().count("optimization_barrier")
+    self.assertGreaterEqual(barriers(form + lsb.FORWARDED) - barriers(form), 5)
+
+
 class ResultsTest(absltest.TestCase):
   def test_the_committed_tables_are_their_figures_written_out(self):
     folder = os.path.join(os.path.dirname(__file__), "results", "layer_scan_tpu_v5e")
-    for run in ("profile", "forms"):
+    for run in ("profile", "forms", "softmax"):
       with open(os.path.join(folder, f"{run}.json")) as f:
         figures = json.load(f)
       with open(os.path.join(folder, f"{run}.md")) as f:

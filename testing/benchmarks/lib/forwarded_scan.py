@@ -1,0 +1,185 @@
+"""A scan whose matmul residuals are written into their stacks as they are made (issue 64's experiment).
+
+In reverse mode `jax.lax.scan` keeps each saved value of a step in a
+buffer stacked over the steps, written after the forward pass used it. On
+a TPU v5e a matmul whose output is both saved and read by the next op
+(the attention logits, read by the softmax's row max) writes a temporary,
+and a separate fusion copies it into the stack: 409 µs a layer for the
+logits of the accelerator check's LM (RESULTS.md, issue 64). Here each
+saved value a `dot_general` makes is written into its stack as it is
+made, and the step's later ops read it back from the stack (an
+`optimization_barrier` keeps XLA from forwarding the value past the
+write), so the matmul's one consumer is the stack. Saved values that are
+the step's own inputs from `xs` (a layer's params) are sliced again in the
+backward loop, not stored.
+
+`scan` is `jax.lax.scan`'s forward and reverse mode (a `jax.custom_vjp`:
+no forward mode), with `reverse=False` and `unroll=1` (anything else is
+`jax.lax.scan` itself). What is saved is what `jax.vjp` of the step keeps:
+under `jax.checkpoint(step, policy=...)`, what the policy saves. A
+benchmark form, not the library's: `layer_scan_benchmark`'s forms ending
+in ` forwarded` run `hkb.repeat_layer` on it.
+"""
+
+from typing import Any, Callable
+
+import jax
+from jax import lax
+from jax.extend import core as jex_core
+import jax.numpy as jnp
+
+_LAX_SCAN = jax.lax.scan
+# Equations that call a jaxpr: evaluated inline, so that the matmuls inside
+# are seen (a forward pass's custom_jvp calls evaluate their primal jaxpr).
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "checkpoint", "remat", "custom_jvp_call")
+
+
+def _called(eqn) -> Any:
+  """`(jaxpr, consts)` an equation calls, or None."""
+  if eqn.primitive.name not in _CALLS:
+    return None
+  for key in ("jaxpr", "call_jaxpr"):
+    if key in eqn.params:
+      called = eqn.params[key]
+      return (called.jaxpr, called.consts) if hasattr(called, "jaxpr") else (called, ())
+  return None
+
+
+def _evaluate(jaxpr, consts, args, on_matmul: Callable[[Any], Any], matmuls=None) -> list[Any]:
+  """`jaxpr` evaluated on `args`, calls inline; each matmul's output passed through `on_matmul`.
+
+  So is a `reduce_precision` of one: how `jax.checkpoint` marks what its
+  policy saves.
+  """
+  matmuls = set() if matmuls is None else matmuls  # ids of matmuls' outputs.
+  env = dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args))
+  read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]
+  for eqn in jaxpr.eqns:
+    values = [read(v) for v in eqn.invars]
+    called = _called(eqn)
+    if called is not None:
+      outs = _evaluate(*called, values, on_matmul, matmuls)
+    else:
+      outs = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params))
+      outs = outs if eqn.primitive.multiple_results else [outs]
+      name = eqn.primitive.name
+      if name == "dot_general" or (name == "reduce_precision" and id(values[0]) in matmuls):
+        outs = [on_matmul(outs[0])]
+        matmuls.add(id(outs[0]))
+    env.update(zip(eqn.outvars, outs))
+  return [read(v) for v in jaxpr.outvars]
+
+
+def scan(f, init, xs, length=None, reverse=False, unroll=1, **kwargs):
+  """`jax.lax.scan(f, init, xs)`, its matmuls' saved values written into their stacks as they are made."""
+  if reverse or unroll not in (1, False) or kwargs:
+    return _LAX_SCAN(f, init, xs, length=length, reverse=reverse, unroll=unroll, **kwargs)
+  steps = length if length is not None else jax.tree.leaves(xs)[0].shape[0]
+  x0 = jax.tree.map(lambda a: a[0], xs)
+  step, consts = jax.closure_convert(f, init, x0)
+  found: dict[str, Any] = {}
+
+  def with_residuals(c, x, k):
+    out, pullback = jax.vjp(lambda c, x, k: step(c, x, *k), c, x, k)
+    residuals, found["pullback"] = jax.tree.flatten(pullback)
+    found["out"] = jax.tree.structure(out)
+    return jax.tree.leaves(out), residuals
+
+  closed = jax.make_jaxpr(with_residuals)(init, x0, list(consts))
+  n_out = found["out"].num_leaves
+  flat_in = jax.tree.leaves((init, x0, list(consts)))
+  written, inputs = [], []  # Per matmul run: its residual's index; per residual: its input's.
+
+  def probe(*flat):
+    made = []
+    values = _evaluate(closed.jaxpr, closed.consts, flat, lambda v: made.append(v) or v)
+    residuals = {id(r): k for k, r in enumerate(values[n_out:])}
+    written.extend(residuals.get(id(v)) for v in made)
+    index = {id(a): i for i, a in enumerate(flat)}
+    inputs.extend(index.get(id(r)) for r in values[n_out:])
+    return values
+
+  jax.make_jaxpr(probe)(*flat_in)
+  n_c = len(jax.tree.leaves(init))
+  # A residual that is one of xs's leaves or a const: taken again in the backward loop.
+  inputs = [None if i is None or i < n_c else i - n_c for i in inputs]
+  return _scan(steps, found, closed, n_out, tuple(written), tuple(inputs), init, xs, consts)
+
+
+def _scan(steps, found, closed, n_out, written, inputs, init, xs, consts):
+  """The scan as a `jax.custom_vjp`: a forward loop storing what `with_residuals` saves, and a backward loop."""
+  res_avals = closed.out_avals[n_out:]
+  n_x = len(jax.tree.leaves(xs))
+
+  def forward(init, xs, consts):
+    flat_c = jax.tree.leaves(init)
+    n_c = len(flat_c)
+    stacks = [
+      jnp.zeros((steps, *a.shape), a.dtype) if inputs[k] is None else jnp.zeros((), a.dtype)
+      for k, a in enumerate(res_avals)
+    ]
+    ys = [jnp.zeros((steps, *a.shape), a.dtype) for a in closed.out_avals[n_c:n_out]]
+
+    def body(i, state):
+      flat_c, stacks, ys = state
+      stacks = list(stacks)
+      x = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), xs)
+      run = iter(written)
+      stored = set()
+
+      def write_then_read(value):
+        k = next(run)
+        if k is None:
+          return value
+        stacks[k] = lax.optimization_barrier(
+          lax.dynamic_update_index_in_dim(stacks[k], value, i, 0)
+        )
+        stored.add(k)
+        return lax.dynamic_index_in_dim(stacks[k], i, keepdims=False)
+
+      flat = flat_c + jax.tree.leaves(x) + jax.tree.leaves(consts)
+      values = _evaluate(closed.jaxpr, closed.consts, flat, write_then_read)
+      for k, r in enumerate(values[n_out:]):
+        if k not in stored and inputs[k] is None:
+          stacks[k] = lax.dynamic_update_index_in_dim(stacks[k], r, i, 0)
+      ys = [lax.dynamic_update_index_in_dim(s, y, i, 0) for s, y in zip(ys, values[n_c:n_out])]
+      return values[:n_c], stacks, ys
+
+    flat_c, stacks, ys = lax.fori_loop(0, steps, body, (flat_c, stacks, ys))
+    return jax.tree.unflatten(found["out"], flat_c + ys), stacks
+
+  @jax.custom_vjp
+  def run(init, xs, consts):
+    return forward(init, xs, consts)[0]
+
+  def run_fwd(init, xs, consts):
+    out, stacks = forward(init, xs, consts)
+    return out, (stacks, xs, consts)
+
+  def run_bwd(saved, cotangent):
+    stacks, xs, consts = saved
+    ct_carry, ct_ys = cotangent
+    flat_x, flat_k = jax.tree.leaves(xs), jax.tree.leaves(consts)
+
+    def residual(k, i):
+      if inputs[k] is None:
+        return lax.dynamic_index_in_dim(stacks[k], i, keepdims=False)
+      if inputs[k] < n_x:
+        return lax.dynamic_index_in_dim(flat_x[inputs[k]], i, keepdims=False)
+      return flat_k[inputs[k] - n_x]
+
+    def body(j, state):
+      ct_carry, ct_consts, ct_xs = state
+      i = steps - 1 - j
+      pullback = jax.tree.unflatten(found["pullback"], [residual(k, i) for k in range(len(stacks))])
+      ct_y = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), ct_ys)
+      ct_carry, ct_x, ct_k = pullback((ct_carry, ct_y))
+      ct_xs = jax.tree.map(lambda s, d: lax.dynamic_update_index_in_dim(s, d, i, 0), ct_xs, ct_x)
+      return ct_carry, jax.tree.map(jnp.add, ct_consts, ct_k), ct_xs
+
+    zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)
+    ct_init, ct_consts, ct_xs = lax.fori_loop(0, steps, body, (ct_carry, zeros(consts), zeros(xs)))
+    return ct_init, ct_xs, ct_consts
+
+  run.defvjp(run_fwd, run_bwd)
+  return run(init, xs, list(consts))
