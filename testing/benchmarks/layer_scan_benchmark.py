@@ -23,7 +23,9 @@ of `--forms` says, compiled and run side by side in one process:
 * any scan form's name followed by ` forwarded`: that form with its scan
   `testing/benchmarks/lib/forwarded_scan.scan` (every `jax.lax.scan` the step
   traces), which writes each saved matmul output into its stack as it is
-  made and reads it back from there.
+  made and reads it back from there; by ` forwarded reads per use`: the
+  same, its backward loop slicing a saved value for each operation reading
+  it.
 
 Per form and depth: compiled temporaries (`memory_analysis().temp_size_in_bytes`),
 compile time, step time (median of interleaved repetitions), the ratio of
@@ -40,6 +42,7 @@ is measured.
 """
 
 import collections
+import functools
 import glob
 import gzip
 import json
@@ -148,8 +151,13 @@ FORMS: dict[str, dict[str, Any] | None] = {
 # (jax's default differentiates exp, sum and divide, and keeps two
 # seq x seq arrays a layer).
 SOFTMAX_CUSTOM_JVP = " softmax_custom_jvp"
-# A scan form's name ending so: its scan `forwarded_scan.scan`.
+# A scan form's name ending so: its scan `forwarded_scan.scan` (the longer
+# ending: its backward loop slicing a saved value for each reader).
 FORWARDED = " forwarded"
+FORWARDED_SCANS = {
+  " forwarded reads per use": functools.partial(forwarded_scan.scan, reads_per_use=True),
+  FORWARDED: forwarded_scan.scan,
+}
 
 
 def size(small: bool, layers: int) -> dict[str, int]:
@@ -160,14 +168,15 @@ def size(small: bool, layers: int) -> dict[str, int]:
 def loss_fn(form: str, *, vocab: int, d_model: int, heads: int, layers: int, **_) -> Callable:
   """`loss(tokens)` inside a transform: the accelerator check's LM, its blocks as `form` says."""
   model = dict(vocab=vocab, d_model=d_model, heads=heads, layers=layers)
-  if form.endswith(FORWARDED):
-    scanned = loss_fn(form.removesuffix(FORWARDED), **model)
+  for ending, scan in FORWARDED_SCANS.items():
+    if form.endswith(ending):
+      scanned = loss_fn(form.removesuffix(ending), **model)
 
-    def forwarded(*args):
-      with mock.patch.object(jax.lax, "scan", forwarded_scan.scan):
-        return scanned(*args)
+      def forwarded(*args, scanned=scanned, scan=scan):
+        with mock.patch.object(jax.lax, "scan", scan):
+          return scanned(*args)
 
-    return forwarded
+      return forwarded
   if form.endswith(SOFTMAX_CUSTOM_JVP):
     net = loss_fn(form.removesuffix(SOFTMAX_CUSTOM_JVP), **model)
 

@@ -111,8 +111,10 @@ class ForwardedTest(absltest.TestCase):
     step = lambda form: jax.jit(
       jax.value_and_grad(hk.without_apply_rng(hk.transform(lsb.loss_fn(form, **shape))).apply)
     )
-    want, got = step(form)(params, tokens), step(form + lsb.FORWARDED)(params, tokens)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+    want = step(form)(params, tokens)
+    for ending in lsb.FORWARDED_SCANS:
+      got = step(form + ending)(params, tokens)
+      jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
     # The layers' saved matmul outputs go through their stacks: a barrier each.
     barriers = lambda form: step(form).lower(params, tokens).as_text().count("optimization_barrier")
     self.assertGreaterEqual(barriers(form + lsb.FORWARDED) - barriers(form), 5)

@@ -21,6 +21,7 @@ benchmark form, not the library's: `layer_scan_benchmark`'s forms ending
 in ` forwarded` run `hkb.repeat_layer` on it.
 """
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -29,6 +30,7 @@ from jax.extend import core as jex_core
 import jax.numpy as jnp
 
 _LAX_SCAN = jax.lax.scan
+_same = lambda value: value
 # Equations that call a jaxpr: evaluated inline, so that the matmuls inside
 # are seen (a forward pass's custom_jvp calls evaluate their primal jaxpr).
 _CALLS = ("pjit", "jit", "closed_call", "core_call", "checkpoint", "remat", "custom_jvp_call")
@@ -45,21 +47,30 @@ def _called(eqn) -> Any:
   return None
 
 
+class _PerUse:
+  """An argument of `_evaluate` made anew for each equation that reads it."""
+
+  def __init__(self, make: Callable[[], Any]):
+    self.make = make
+
+
 def _evaluate(jaxpr, consts, args, on_matmul: Callable[[Any], Any], matmuls=None) -> list[Any]:
   """`jaxpr` evaluated on `args`, calls inline; each matmul's output passed through `on_matmul`.
 
   So is a `reduce_precision` of one: how `jax.checkpoint` marks what its
-  policy saves.
+  policy saves. An argument given as `_PerUse` is made for each equation
+  that reads it (through calls too).
   """
   matmuls = set() if matmuls is None else matmuls  # ids of matmuls' outputs.
   env = dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args))
-  read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]
+  held = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]
+  read = lambda v: (lambda value: value.make() if isinstance(value, _PerUse) else value)(held(v))
   for eqn in jaxpr.eqns:
-    values = [read(v) for v in eqn.invars]
     called = _called(eqn)
     if called is not None:
-      outs = _evaluate(*called, values, on_matmul, matmuls)
+      outs = _evaluate(*called, [held(v) for v in eqn.invars], on_matmul, matmuls)
     else:
+      values = [read(v) for v in eqn.invars]
       outs = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params))
       outs = outs if eqn.primitive.multiple_results else [outs]
       name = eqn.primitive.name
@@ -70,8 +81,14 @@ def _evaluate(jaxpr, consts, args, on_matmul: Callable[[Any], Any], matmuls=None
   return [read(v) for v in jaxpr.outvars]
 
 
-def scan(f, init, xs, length=None, reverse=False, unroll=1, **kwargs):
-  """`jax.lax.scan(f, init, xs)`, its matmuls' saved values written into their stacks as they are made."""
+def scan(f, init, xs, length=None, reverse=False, unroll=1, reads_per_use=False, **kwargs):
+  """`jax.lax.scan(f, init, xs)`, its matmuls' saved values written into their stacks as they are made.
+
+  `reads_per_use`: the backward loop slices a saved value out of its stack
+  for each operation that reads it (each slice of its own barrier over the
+  stack, so that XLA neither merges them nor copies a slice out once for
+  all its readers), where jax's pullback reads one slice.
+  """
   if reverse or unroll not in (1, False) or kwargs:
     return _LAX_SCAN(f, init, xs, length=length, reverse=reverse, unroll=unroll, **kwargs)
   steps = length if length is not None else jax.tree.leaves(xs)[0].shape[0]
@@ -103,6 +120,15 @@ def scan(f, init, xs, length=None, reverse=False, unroll=1, **kwargs):
   n_c = len(jax.tree.leaves(init))
   # A residual that is one of xs's leaves or a const: taken again in the backward loop.
   inputs = [None if i is None or i < n_c else i - n_c for i in inputs]
+  if reads_per_use:  # The pullback as a jaxpr of (residuals, the output's cotangents).
+    structs = lambda avals: [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    pull = lambda residuals, cts: jax.tree.leaves(
+      jax.tree.unflatten(found["pullback"], residuals)(jax.tree.unflatten(found["out"], cts))
+    )
+    found["pulled"] = jax.make_jaxpr(pull)(
+      structs(closed.out_avals[n_out:]), structs(closed.out_avals[:n_out])
+    )
+    found["grads"] = jax.tree.structure((init, x0, list(consts)))
   return _scan(steps, found, closed, n_out, tuple(written), tuple(inputs), init, xs, consts)
 
 
@@ -161,19 +187,29 @@ def _scan(steps, found, closed, n_out, written, inputs, init, xs, consts):
     ct_carry, ct_ys = cotangent
     flat_x, flat_k = jax.tree.leaves(xs), jax.tree.leaves(consts)
 
-    def residual(k, i):
-      if inputs[k] is None:
-        return lax.dynamic_index_in_dim(stacks[k], i, keepdims=False)
-      if inputs[k] < n_x:
-        return lax.dynamic_index_in_dim(flat_x[inputs[k]], i, keepdims=False)
-      return flat_k[inputs[k] - n_x]
+    def residual(k, i, barrier=False):
+      if inputs[k] is not None and inputs[k] >= n_x:
+        return flat_k[inputs[k] - n_x]
+      stack = stacks[k] if inputs[k] is None else flat_x[inputs[k]]
+      stack = lax.optimization_barrier(stack) if barrier else stack
+      return lax.dynamic_index_in_dim(stack, i, keepdims=False)
 
     def body(j, state):
       ct_carry, ct_consts, ct_xs = state
       i = steps - 1 - j
-      pullback = jax.tree.unflatten(found["pullback"], [residual(k, i) for k in range(len(stacks))])
       ct_y = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), ct_ys)
-      ct_carry, ct_x, ct_k = pullback((ct_carry, ct_y))
+      if "pulled" in found:
+        pulled = found["pulled"]
+        reads = [_PerUse(functools.partial(residual, k, i, True)) for k in range(len(stacks))]
+        flat = _evaluate(
+          pulled.jaxpr, pulled.consts, reads + jax.tree.leaves((ct_carry, ct_y)), _same
+        )
+        ct_carry, ct_x, ct_k = jax.tree.unflatten(found["grads"], flat)
+      else:
+        pullback = jax.tree.unflatten(
+          found["pullback"], [residual(k, i) for k in range(len(stacks))]
+        )
+        ct_carry, ct_x, ct_k = pullback((ct_carry, ct_y))
       ct_xs = jax.tree.map(lambda s, d: lax.dynamic_update_index_in_dim(s, d, i, 0), ct_xs, ct_x)
       return ct_carry, jax.tree.map(jnp.add, ct_consts, ct_k), ct_xs
 

@@ -1,5 +1,7 @@
 """forwarded_scan: jax.lax.scan's values and gradients, its matmuls' saved values written as they are made."""
 
+import functools
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -29,9 +31,12 @@ def _inputs():
 
 class ForwardedScanTest(parameterized.TestCase):
   @parameterized.named_parameters(
-    ("saved_by_jax", None), ("dots_saveable", jax.checkpoint_policies.dots_saveable)
+    ("saved_by_jax", None, False),
+    ("dots_saveable", jax.checkpoint_policies.dots_saveable, False),
+    ("saved_by_jax_reads_per_use", None, True),
+    ("dots_saveable_reads_per_use", jax.checkpoint_policies.dots_saveable, True),
   )
-  def test_values_and_gradients_are_jax_lax_scans(self, policy):
+  def test_values_and_gradients_are_jax_lax_scans(self, policy, reads_per_use):
     def loss(scan, ws, x, scale):
       step = _step(scale)
       if policy is not None:
@@ -41,7 +46,8 @@ class ForwardedScanTest(parameterized.TestCase):
 
     args = _inputs()
     grad = lambda scan: jax.jit(jax.value_and_grad(lambda *a: loss(scan, *a), argnums=(0, 1, 2)))
-    want, got = grad(jax.lax.scan)(*args), grad(forwarded_scan.scan)(*args)
+    forwarded = functools.partial(forwarded_scan.scan, reads_per_use=reads_per_use)
+    want, got = grad(jax.lax.scan)(*args), grad(forwarded)(*args)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5), got, want)
 
   def test_matmul_outputs_saved_are_written_then_read_back(self):
@@ -58,6 +64,21 @@ class ForwardedScanTest(parameterized.TestCase):
       .count("stablehlo.optimization_barrier")
     )
     self.assertEqual(barriers(forwarded_scan.scan), barriers(jax.lax.scan) + 3)
+
+  def test_reads_per_use_slice_a_saved_value_for_each_reader(self):
+    # Six saved values a step under dots_saveable (the carry, the two
+    # params, three matmul outputs): the backward loop slices each once, or,
+    # with reads_per_use, once per operation reading it, each slice through
+    # a barrier of its own: more slices than saved values.
+    ws, x, scale = _inputs()
+    step = jax.checkpoint(_step(scale), policy=jax.checkpoint_policies.dots_saveable)
+
+    def barriers(reads_per_use):
+      scan = functools.partial(forwarded_scan.scan, reads_per_use=reads_per_use)
+      loss = lambda ws, x: jnp.sum(scan(step, x, ws)[0])
+      return str(jax.make_jaxpr(jax.grad(loss))(ws, x)).count("optimization_barrier")
+
+    self.assertGreater(barriers(True) - barriers(False), 6)
 
   def test_reverse_and_unroll_are_jax_lax_scan(self):
     ws, x, scale = _inputs()
