@@ -25,7 +25,8 @@ of `--forms` says, compiled and run side by side in one process:
   traces), which writes each saved matmul output into its stack as it is
   made and reads it back from there; by ` forwarded reads per use`: the
   same, its backward loop slicing a saved value for each operation reading
-  it.
+  it; by ` forwarded every`: that, with every saved value written as it is
+  made, not only matmuls'.
 
 Per form and depth: compiled temporaries (`memory_analysis().temp_size_in_bytes`),
 compile time, step time (median of interleaved repetitions), the ratio of
@@ -152,9 +153,11 @@ FORMS: dict[str, dict[str, Any] | None] = {
 # seq x seq arrays a layer).
 SOFTMAX_CUSTOM_JVP = " softmax_custom_jvp"
 # A scan form's name ending so: its scan `forwarded_scan.scan` (the longer
-# ending: its backward loop slicing a saved value for each reader).
+# endings: its backward loop slicing a saved value for each reader; and
+# every saved value, not only matmuls', written as it is made).
 FORWARDED = " forwarded"
 FORWARDED_SCANS = {
+  " forwarded every": functools.partial(forwarded_scan.scan, reads_per_use=True, every=True),
   " forwarded reads per use": functools.partial(forwarded_scan.scan, reads_per_use=True),
   FORWARDED: forwarded_scan.scan,
 }

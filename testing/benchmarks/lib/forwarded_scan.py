@@ -54,8 +54,12 @@ class _PerUse:
     self.make = make
 
 
-def _evaluate(jaxpr, consts, args, on_matmul: Callable[[Any], Any], matmuls=None) -> list[Any]:
+def _evaluate(
+  jaxpr, consts, args, on_matmul: Callable[[Any], Any], matmuls=None, every: bool = False
+) -> list[Any]:
   """`jaxpr` evaluated on `args`, calls inline; each matmul's output passed through `on_matmul`.
+
+  With `every`, each operation's outputs.
 
   So is a `reduce_precision` of one: how `jax.checkpoint` marks what its
   policy saves. An argument given as `_PerUse` is made for each equation
@@ -68,22 +72,27 @@ def _evaluate(jaxpr, consts, args, on_matmul: Callable[[Any], Any], matmuls=None
   for eqn in jaxpr.eqns:
     called = _called(eqn)
     if called is not None:
-      outs = _evaluate(*called, [held(v) for v in eqn.invars], on_matmul, matmuls)
+      outs = _evaluate(*called, [held(v) for v in eqn.invars], on_matmul, matmuls, every)
     else:
       values = [read(v) for v in eqn.invars]
       outs = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params))
       outs = outs if eqn.primitive.multiple_results else [outs]
       name = eqn.primitive.name
-      if name == "dot_general" or (name == "reduce_precision" and id(values[0]) in matmuls):
+      if every:
+        outs = [on_matmul(out) for out in outs]
+      elif name == "dot_general" or (name == "reduce_precision" and id(values[0]) in matmuls):
         outs = [on_matmul(outs[0])]
         matmuls.add(id(outs[0]))
     env.update(zip(eqn.outvars, outs))
   return [read(v) for v in jaxpr.outvars]
 
 
-def scan(f, init, xs, length=None, reverse=False, unroll=1, reads_per_use=False, **kwargs):
+def scan(
+  f, init, xs, length=None, reverse=False, unroll=1, reads_per_use=False, every=False, **kwargs
+):
   """`jax.lax.scan(f, init, xs)`, its matmuls' saved values written into their stacks as they are made.
 
+  `every`: every saved value the step computes, not only matmuls'.
   `reads_per_use`: the backward loop slices a saved value out of its stack
   for each operation that reads it (each slice of its own barrier over the
   stack, so that XLA neither merges them nor copies a slice out once for
@@ -109,7 +118,9 @@ def scan(f, init, xs, length=None, reverse=False, unroll=1, reads_per_use=False,
 
   def probe(*flat):
     made = []
-    values = _evaluate(closed.jaxpr, closed.consts, flat, lambda v: made.append(v) or v)
+    values = _evaluate(
+      closed.jaxpr, closed.consts, flat, lambda v: made.append(v) or v, every=every
+    )
     residuals = {id(r): k for k, r in enumerate(values[n_out:])}
     written.extend(residuals.get(id(v)) for v in made)
     index = {id(a): i for i, a in enumerate(flat)}
@@ -129,6 +140,7 @@ def scan(f, init, xs, length=None, reverse=False, unroll=1, reads_per_use=False,
       structs(closed.out_avals[n_out:]), structs(closed.out_avals[:n_out])
     )
     found["grads"] = jax.tree.structure((init, x0, list(consts)))
+  found["every"] = every
   return _scan(steps, found, closed, n_out, tuple(written), tuple(inputs), init, xs, consts)
 
 
@@ -164,7 +176,7 @@ def _scan(steps, found, closed, n_out, written, inputs, init, xs, consts):
         return lax.dynamic_index_in_dim(stacks[k], i, keepdims=False)
 
       flat = flat_c + jax.tree.leaves(x) + jax.tree.leaves(consts)
-      values = _evaluate(closed.jaxpr, closed.consts, flat, write_then_read)
+      values = _evaluate(closed.jaxpr, closed.consts, flat, write_then_read, every=found["every"])
       for k, r in enumerate(values[n_out:]):
         if k not in stored and inputs[k] is None:
           stacks[k] = lax.dynamic_update_index_in_dim(stacks[k], r, i, 0)

@@ -35,8 +35,9 @@ class ForwardedScanTest(parameterized.TestCase):
     ("dots_saveable", jax.checkpoint_policies.dots_saveable, False),
     ("saved_by_jax_reads_per_use", None, True),
     ("dots_saveable_reads_per_use", jax.checkpoint_policies.dots_saveable, True),
+    ("every_saved_value", None, True, True),
   )
-  def test_values_and_gradients_are_jax_lax_scans(self, policy, reads_per_use):
+  def test_values_and_gradients_are_jax_lax_scans(self, policy, reads_per_use, every=False):
     def loss(scan, ws, x, scale):
       step = _step(scale)
       if policy is not None:
@@ -46,7 +47,7 @@ class ForwardedScanTest(parameterized.TestCase):
 
     args = _inputs()
     grad = lambda scan: jax.jit(jax.value_and_grad(lambda *a: loss(scan, *a), argnums=(0, 1, 2)))
-    forwarded = functools.partial(forwarded_scan.scan, reads_per_use=reads_per_use)
+    forwarded = functools.partial(forwarded_scan.scan, reads_per_use=reads_per_use, every=every)
     want, got = grad(jax.lax.scan)(*args), grad(forwarded)(*args)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5), got, want)
 
@@ -64,6 +65,19 @@ class ForwardedScanTest(parameterized.TestCase):
       .count("stablehlo.optimization_barrier")
     )
     self.assertEqual(barriers(forwarded_scan.scan), barriers(jax.lax.scan) + 3)
+
+  def test_every_saved_value_is_written_then_read_back(self):
+    # jax's own residuals of the step (no policy): three matmul outputs
+    # among them, and the values computed from them (the tanh, the softmax's
+    # exp and sums): more go through their stacks with `every`.
+    ws, x, scale = _inputs()
+
+    def barriers(every):
+      scan = functools.partial(forwarded_scan.scan, every=every)
+      loss = lambda ws, x: jnp.sum(scan(_step(scale), x, ws)[0])
+      return str(jax.make_jaxpr(jax.grad(loss))(ws, x)).count("optimization_barrier")
+
+    self.assertGreater(barriers(True), barriers(False) + 2)
 
   def test_reads_per_use_slice_a_saved_value_for_each_reader(self):
     # Six saved values a step under dots_saveable (the carry, the two
