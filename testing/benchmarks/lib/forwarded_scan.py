@@ -22,7 +22,7 @@ in ` forwarded` run `hkb.repeat_layer` on it.
 """
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -87,6 +87,20 @@ def _evaluate(
   return [read(v) for v in jaxpr.outvars]
 
 
+class _Step(NamedTuple):
+  """One step of the scan as traced: what it computes and saves, and how the loops store it."""
+
+  closed: Any  # (carry, xs, consts) -> (outputs' leaves, residuals), a ClosedJaxpr.
+  n_out: int  # The carry's and ys' leaves, first among its outputs.
+  out: Any  # The treedef of (carry, y).
+  pullback: Any  # The treedef of jax.vjp's pullback, its leaves the residuals.
+  written: tuple[Optional[int], ...]  # Per value `_evaluate` passes on, in order: its residual.
+  inputs: tuple[Optional[int], ...]  # Per residual: the leaf of (xs, consts) it is, if one.
+  every: bool
+  pulled: Any  # With reads_per_use: the pullback, (residuals, cotangents) -> input cotangents.
+  grads: Any  # The treedef of (carry, x, consts).
+
+
 def scan(
   f, init, xs, length=None, reverse=False, unroll=1, reads_per_use=False, every=False, **kwargs
 ):
@@ -113,8 +127,7 @@ def scan(
 
   closed = jax.make_jaxpr(with_residuals)(init, x0, list(consts))
   n_out = found["out"].num_leaves
-  flat_in = jax.tree.leaves((init, x0, list(consts)))
-  written, inputs = [], []  # Per matmul run: its residual's index; per residual: its input's.
+  written, inputs = [], []
 
   def probe(*flat):
     made = []
@@ -127,25 +140,35 @@ def scan(
     inputs.extend(index.get(id(r)) for r in values[n_out:])
     return values
 
-  jax.make_jaxpr(probe)(*flat_in)
+  jax.make_jaxpr(probe)(*jax.tree.leaves((init, x0, list(consts))))
   n_c = len(jax.tree.leaves(init))
-  # A residual that is one of xs's leaves or a const: taken again in the backward loop.
-  inputs = [None if i is None or i < n_c else i - n_c for i in inputs]
+  pulled = None
   if reads_per_use:  # The pullback as a jaxpr of (residuals, the output's cotangents).
     structs = lambda avals: [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
     pull = lambda residuals, cts: jax.tree.leaves(
       jax.tree.unflatten(found["pullback"], residuals)(jax.tree.unflatten(found["out"], cts))
     )
-    found["pulled"] = jax.make_jaxpr(pull)(
+    pulled = jax.make_jaxpr(pull)(
       structs(closed.out_avals[n_out:]), structs(closed.out_avals[:n_out])
     )
-    found["grads"] = jax.tree.structure((init, x0, list(consts)))
-  found["every"] = every
-  return _scan(steps, found, closed, n_out, tuple(written), tuple(inputs), init, xs, consts)
+  traced = _Step(
+    closed,
+    n_out,
+    found["out"],
+    found["pullback"],
+    tuple(written),
+    # A residual that is one of xs's leaves or a const: taken again in the backward loop.
+    tuple(None if i is None or i < n_c else i - n_c for i in inputs),
+    every,
+    pulled,
+    jax.tree.structure((init, x0, list(consts))),
+  )
+  return _scan(traced, steps, init, xs, list(consts))
 
 
-def _scan(steps, found, closed, n_out, written, inputs, init, xs, consts):
-  """The scan as a `jax.custom_vjp`: a forward loop storing what `with_residuals` saves, and a backward loop."""
+def _scan(traced: _Step, steps: int, init, xs, consts):
+  """The scan as a `jax.custom_vjp`: a forward loop storing what the step saves, and a backward loop."""
+  closed, n_out, inputs = traced.closed, traced.n_out, traced.inputs
   res_avals = closed.out_avals[n_out:]
   n_x = len(jax.tree.leaves(xs))
 
@@ -162,7 +185,7 @@ def _scan(steps, found, closed, n_out, written, inputs, init, xs, consts):
       flat_c, stacks, ys = state
       stacks = list(stacks)
       x = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), xs)
-      run = iter(written)
+      run = iter(traced.written)
       stored = set()
 
       def write_then_read(value):
@@ -176,7 +199,7 @@ def _scan(steps, found, closed, n_out, written, inputs, init, xs, consts):
         return lax.dynamic_index_in_dim(stacks[k], i, keepdims=False)
 
       flat = flat_c + jax.tree.leaves(x) + jax.tree.leaves(consts)
-      values = _evaluate(closed.jaxpr, closed.consts, flat, write_then_read, every=found["every"])
+      values = _evaluate(closed.jaxpr, closed.consts, flat, write_then_read, every=traced.every)
       for k, r in enumerate(values[n_out:]):
         if k not in stored and inputs[k] is None:
           stacks[k] = lax.dynamic_update_index_in_dim(stacks[k], r, i, 0)
@@ -184,7 +207,7 @@ def _scan(steps, found, closed, n_out, written, inputs, init, xs, consts):
       return values[:n_c], stacks, ys
 
     flat_c, stacks, ys = lax.fori_loop(0, steps, body, (flat_c, stacks, ys))
-    return jax.tree.unflatten(found["out"], flat_c + ys), stacks
+    return jax.tree.unflatten(traced.out, flat_c + ys), stacks
 
   @jax.custom_vjp
   def run(init, xs, consts):
@@ -210,17 +233,15 @@ def _scan(steps, found, closed, n_out, written, inputs, init, xs, consts):
       ct_carry, ct_consts, ct_xs = state
       i = steps - 1 - j
       ct_y = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), ct_ys)
-      if "pulled" in found:
-        pulled = found["pulled"]
+      if traced.pulled is not None:
+        pulled = traced.pulled
         reads = [_PerUse(functools.partial(residual, k, i, True)) for k in range(len(stacks))]
         flat = _evaluate(
           pulled.jaxpr, pulled.consts, reads + jax.tree.leaves((ct_carry, ct_y)), _same
         )
-        ct_carry, ct_x, ct_k = jax.tree.unflatten(found["grads"], flat)
+        ct_carry, ct_x, ct_k = jax.tree.unflatten(traced.grads, flat)
       else:
-        pullback = jax.tree.unflatten(
-          found["pullback"], [residual(k, i) for k in range(len(stacks))]
-        )
+        pullback = jax.tree.unflatten(traced.pullback, [residual(k, i) for k in range(len(stacks))])
         ct_carry, ct_x, ct_k = pullback((ct_carry, ct_y))
       ct_xs = jax.tree.map(lambda s, d: lax.dynamic_update_index_in_dim(s, d, i, 0), ct_xs, ct_x)
       return ct_carry, jax.tree.map(jnp.add, ct_consts, ct_k), ct_xs
@@ -230,4 +251,4 @@ def _scan(steps, found, closed, n_out, written, inputs, init, xs, consts):
     return ct_init, ct_xs, ct_consts
 
   run.defvjp(run_fwd, run_bwd)
-  return run(init, xs, list(consts))
+  return run(init, xs, consts)
