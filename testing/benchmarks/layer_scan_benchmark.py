@@ -161,6 +161,20 @@ FORWARDED_SCANS = {
   " forwarded reads per use": functools.partial(forwarded_scan.scan, reads_per_use=True),
   FORWARDED: forwarded_scan.scan,
 }
+# Each ending: the context the form before it is traced in.
+ENDINGS: dict[str, Callable[[], Any]] = {
+  SOFTMAX_CUSTOM_JVP: lambda: jax.softmax_custom_jvp(True),
+  **{
+    ending: functools.partial(mock.patch.object, jax.lax, "scan", scan)
+    for ending, scan in FORWARDED_SCANS.items()
+  },
+}
+
+
+def _base(form: str) -> str:
+  """`form` without its endings (`ENDINGS`)."""
+  ending = next((e for e in ENDINGS if form.endswith(e)), None)
+  return form if ending is None else _base(form.removesuffix(ending))
 
 
 def size(small: bool, layers: int) -> dict[str, int]:
@@ -171,23 +185,15 @@ def size(small: bool, layers: int) -> dict[str, int]:
 def loss_fn(form: str, *, vocab: int, d_model: int, heads: int, layers: int, **_) -> Callable:
   """`loss(tokens)` inside a transform: the accelerator check's LM, its blocks as `form` says."""
   model = dict(vocab=vocab, d_model=d_model, heads=heads, layers=layers)
-  for ending, scan in FORWARDED_SCANS.items():
+  for ending, context in ENDINGS.items():
     if form.endswith(ending):
-      scanned = loss_fn(form.removesuffix(ending), **model)
+      net = loss_fn(form.removesuffix(ending), **model)
 
-      def forwarded(*args, scanned=scanned, scan=scan):
-        with mock.patch.object(jax.lax, "scan", scan):
-          return scanned(*args)
+      def in_context(*args, net=net, context=context):
+        with context():
+          return net(*args)
 
-      return forwarded
-  if form.endswith(SOFTMAX_CUSTOM_JVP):
-    net = loss_fn(form.removesuffix(SOFTMAX_CUSTOM_JVP), **model)
-
-    def with_custom_jvp(*args):
-      with jax.softmax_custom_jvp(True):
-        return net(*args)
-
-    return with_custom_jvp
+      return in_context
   if form in ("inline", "hk.layer_stack"):
     return af._lm_loss(form, **model)  # pylint: disable=protected-access
   return af._lm_loss("hkb.repeat_layer", repeat_options=FORMS[form], **model)  # pylint: disable=protected-access
@@ -210,9 +216,7 @@ def _flat_grads(form: str, grads: Any, layers: int) -> dict[str, np.ndarray]:
     for name, g in leaves.items():
       index = int(module.split("/")[0][len("layer_") :]) if module.startswith("layer_") else 0
       flat.setdefault(_layer_key(f"{module}/{name}"), {})[index] = np.asarray(g, np.float32)
-  if (
-    form.removesuffix(SOFTMAX_CUSTOM_JVP) == "inline"
-  ):  # Stacked as a scan's, in the layers' order.
+  if _base(form) == "inline":  # Stacked as a scan's, in the layers' order.
     return {k: np.stack([v[i] for i in sorted(v)]) if len(v) > 1 else v[0] for k, v in flat.items()}
   return {k: v[0] for k, v in flat.items()}
 
