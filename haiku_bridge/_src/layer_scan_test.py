@@ -26,6 +26,7 @@ from haiku_bridge._src import layer_scan
 from haiku_bridge._src.remat import scheduled_scan
 from haiku_bridge._src import sharding
 from haiku_bridge._src import unrolled_names
+from testing import plan_fixtures
 from testing import test_utils
 from testing import transformer
 
@@ -284,6 +285,7 @@ class RematScheduleTest(parameterized.TestCase):
       X,
     )
 
+  @plan_fixtures.on_cpu_and_gpu(plan_fixtures.TOY_BYTES)
   def test_remat_groups_keep_the_carries_of_a_nested_checkpoint(self):
     # A plain stack whose carry outweighs a layer's weights, so the memory
     # a training step needs follows the carries kept. Ground truth: the

@@ -33,13 +33,13 @@ from haiku_bridge._src.remat import loop
 from haiku_bridge._src import time_scan
 from testing import backend_tolerance
 from testing import clipped_models
+from testing import plan_fixtures
 from testing import test_utils
 
 KEY = jax.random.PRNGKey(0)
 RNG = jax.random.PRNGKey(7)  # Apply's rng: the custom core's dropout.
 BATCH, HIDDEN, FEATURES = 2, 4, 3
 MODES = loop.REMAT_MODES
-TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 class CountingDropoutCore(hk.RNNCore):
@@ -137,7 +137,9 @@ class DynamicUnrollTest(parameterized.TestCase):
     expected = dict(zip(references, results[:2]))
     for mode, got in zip(modes, results[2:]):
       with self.subTest(remat=mode):
-        chex.assert_trees_all_close(got, expected[reference_for(mode)], **TOL)
+        chex.assert_trees_all_close(
+          got, expected[reference_for(mode)], **backend_tolerance.values()
+        )
 
   @parameterized.product(
     name=("lstm", "gru", "deep_rnn", "reset_core", "counting_dropout"), steps=(1, 2, 3, 7, 64)
@@ -176,6 +178,7 @@ class DynamicUnrollTest(parameterized.TestCase):
     stacked = {s for s in shapes if s[1:] == w.shape}
     self.assertEqual(stacked, set())
 
+  @plan_fixtures.on_cpu_and_gpu(plan_fixtures.TOY_BYTES)
   def test_memory_below_per_step_remat_and_equinox(self):
     # What the schedules are for: a training step over 256 steps keeps ≈2√T
     # carries (nested: 30; binomial: 21, the fewest for one more forward
@@ -339,7 +342,9 @@ class ReadoutTest(parameterized.TestCase):
 
     params = f("hk").init(KEY, xs)
     expected = f("hk").apply(params, None, xs)
-    chex.assert_trees_all_close(f("nested").apply(params, None, xs), expected, **TOL)
+    chex.assert_trees_all_close(
+      f("nested").apply(params, None, xs), expected, **backend_tolerance.values()
+    )
 
   @parameterized.parameters(True, False)
   def test_a_dropout_core_gets_the_usual_forms_params_and_values(self, time_major):
@@ -487,7 +492,9 @@ class ScanTest(parameterized.TestCase):
     results = jax.jit(lambda: [run(f) for f in references + ours])()
     for mode, got in zip(modes, results[2:]):
       with self.subTest(remat=mode):
-        chex.assert_trees_all_close(got, results[0 if mode is False else 1], **TOL)
+        chex.assert_trees_all_close(
+          got, results[0 if mode is False else 1], **backend_tolerance.values()
+        )
 
   @parameterized.parameters((1, False), (2, True), (3, False), (3, True), (7, False), (7, True))
   def test_state_dropout_xs_and_ys(self, steps, reverse):
@@ -606,8 +613,8 @@ class OutsideTransformTest(parameterized.TestCase):
     values = jax.jit(
       lambda w: [jax.value_and_grad(lambda w, i=i: losses(w)[i])(w) for i in range(4)]
     )(w)
-    chex.assert_trees_all_close(values[0], values[1], **TOL)
-    chex.assert_trees_all_close(values[2], values[3], **TOL)
+    chex.assert_trees_all_close(values[0], values[1], **backend_tolerance.values())
+    chex.assert_trees_all_close(values[2], values[3], **backend_tolerance.values())
 
 
 class CompositionTest(parameterized.TestCase):
@@ -637,7 +644,9 @@ class CompositionTest(parameterized.TestCase):
     for mode in loop.REMAT_SCHEDULES:
       ours = net(lambda *a, mode=mode: hkb.dynamic_unroll(*a, remat=mode), clip=True)
       chex.assert_trees_all_equal(ours.init(KEY, xs), params)
-      chex.assert_trees_all_close(jax.jit(jax.grad(ours.apply))(params, None, xs), expected, **TOL)
+      chex.assert_trees_all_close(
+        jax.jit(jax.grad(ours.apply))(params, None, xs), expected, **backend_tolerance.values()
+      )
 
   def test_forward_mode_through_jit(self):
     # jax.jacfwd(jax.jit(f)) hides forward mode from a schedule's scan: the
@@ -662,7 +671,9 @@ class CompositionTest(parameterized.TestCase):
     expected = jacobian("hk", jit_inside=False)(params)
     for mode, jit_inside in (("nested", False), ("binomial", False), (True, True)):
       with self.subTest(remat=mode, jit_inside=jit_inside):
-        chex.assert_trees_all_close(jacobian(mode, jit_inside)(params), expected, **TOL)
+        chex.assert_trees_all_close(
+          jacobian(mode, jit_inside)(params), expected, **backend_tolerance.values()
+        )
 
   def test_reverse_mode_through_checkpoint(self):
     # jax.checkpoint / hk.remat linearize their body through a JVP: reverse
@@ -679,7 +690,9 @@ class CompositionTest(parameterized.TestCase):
     for mode in loop.REMAT_SCHEDULES:
       for wrap in (jax.checkpoint, lambda f: jax.jit(jax.checkpoint(f))):
         with self.subTest(remat=mode):
-          chex.assert_trees_all_close(jax.grad(wrap(loss(mode)))(params), expected, **TOL)
+          chex.assert_trees_all_close(
+            jax.grad(wrap(loss(mode)))(params), expected, **backend_tolerance.values()
+          )
 
   def test_scan_remat_policy(self):
     # remat=True with a policy: the values of hk.scan, and the policy used
@@ -700,7 +713,7 @@ class CompositionTest(parameterized.TestCase):
     chex.assert_trees_all_close(
       jax.grad(net(**saving).apply)(params, None, xs),
       jax.grad(net().apply)(params, None, xs),
-      **TOL,
+      **backend_tolerance.values(),
     )
     self.assertGreater(
       compiled_temporaries(self, jax.grad(net(**saving).apply), params, None, xs),
@@ -764,7 +777,7 @@ class CompositionTest(parameterized.TestCase):
     got, expected = jax.jit(
       lambda p: [jax.value_and_grad(f.apply)(p, None, seq) for f in (ours, theirs)]
     )(params)
-    chex.assert_trees_all_close(got, expected, **TOL)
+    chex.assert_trees_all_close(got, expected, **backend_tolerance.values())
 
   @parameterized.parameters(*loop.REMAT_SCHEDULES)
   def test_jit_with_sharded_batch(self, mode):
@@ -790,7 +803,7 @@ class CompositionTest(parameterized.TestCase):
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     data = NamedSharding(mesh, P(None, "data"))  # Time major: batch axis 1.
     value, grads = jax.jit(jax.value_and_grad(ours.apply))(params, None, jax.device_put(xs, data))
-    chex.assert_trees_all_close((value, grads), expected, **TOL)
+    chex.assert_trees_all_close((value, grads), expected, **backend_tolerance.values())
 
 
 class ArgumentsTest(parameterized.TestCase):

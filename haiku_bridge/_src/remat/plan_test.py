@@ -645,6 +645,7 @@ class BudgetTest(parameterized.TestCase):
   """The budget held by the compiled program, on carries of every kind."""
 
   @parameterized.parameters("conv_depth_32", "mlp_depth_64")
+  @on_cpu_and_gpu(TOY_BYTES)
   def test_the_whole_step_compiles_within_the_budget(self, name):
     model = MODELS[name]
     net, x = model()
@@ -1115,6 +1116,7 @@ class VmapTest(parameterized.TestCase):
     step = lambda **remat: differentiate(functools.partial(self.per_example, **remat))
     self._check(step, self.W, xs)
 
+  @on_cpu_and_gpu(TOY_BYTES)
   def test_nested_vmaps_with_the_batch_elsewhere(self):
     # Two vmaps, the inner one over the xs' second axis, the weights
     # batched by the outer one only.
@@ -1814,6 +1816,7 @@ class KnownGapsTest(absltest.TestCase):
       )
 
   @unittest.expectedFailure
+  @on_cpu_and_gpu(TOY_BYTES)
   def test_a_jacobian_by_jacrev_keeps_its_budget(self):
     # Known gap: `jax.jacrev` linearizes the loss first, the loop planned
     # then, and only afterwards vmaps the backward pass over the rows of
