@@ -31,8 +31,8 @@ of `--forms` says, compiled and run side by side in one process:
 Per form and depth: compiled temporaries (`memory_analysis().temp_size_in_bytes`),
 compile time, step time (median of interleaved repetitions), the ratio of
 each to inline's, and the gradient's largest difference to `hk.layer_stack`'s
-(today's values; relative to the largest entry; every form runs on the same
-params). With `--profile`, each form's device time per step by kind of op
+(today's values; inline's where `hk.layer_stack` is not among the forms;
+relative to the largest entry; every form runs on the same params). With `--profile`, each form's device time per step by kind of op
 (`_KINDS`: matmuls fused with a store into a layer-stacked buffer or a read
 from one, other such stores and reads, other matmuls, copies, the rest),
 from a profile's trace joined to the compiled HLO; with `--dump` too, each
@@ -221,6 +221,14 @@ def _flat_grads(form: str, grads: Any, layers: int) -> dict[str, np.ndarray]:
   return {k: v[0] for k, v in flat.items()}
 
 
+def _reference(forms) -> str:
+  """The form whose gradients the others' are compared with: `hk.layer_stack` (today's), else inline."""
+  forms = list(forms)
+  return (
+    "hk.layer_stack" if "hk.layer_stack" in forms else "inline" if "inline" in forms else forms[0]
+  )
+
+
 def _grad_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
   """The largest |a - b| over every leaf, relative to the largest |b| (a key bias's is ~0)."""
   scale = max(float(np.max(np.abs(v))) for v in b.values())
@@ -353,7 +361,7 @@ def measure(
     steps[form] = (compiled, (params, tokens))
   samples = af._interleaved(steps, repeats)  # pylint: disable=protected-access
   base = "inline" if "inline" in steps else next(iter(steps))
-  today = "hk.layer_stack" if "hk.layer_stack" in steps else base
+  today = _reference(steps)
   for form in steps:
     r = rows[form]
     r["step_ms"] = statistics.median(samples[form]) * 1e3
@@ -381,11 +389,12 @@ def markdown(figures: dict[str, Any]) -> str:
     f"{env['date']}, {env['device']} ({env['backend']}), jax {env['jax']}, "
     f"dm-haiku {env['dm-haiku']}."
   ]
-  header = [
-    "form", "step (ms)", "/ inline (median [min–max])", "temporaries (MiB)", "/ inline",
-    "compile (s)", "grads vs hk.layer_stack",
-  ]  # fmt: skip
   for depth in figures["depths"]:
+    reference = _reference(f for f, r in depth["rows"].items() if "error" not in r)
+    header = [
+      "form", "step (ms)", "/ inline (median [min–max])", "temporaries (MiB)", "/ inline",
+      "compile (s)", f"grads vs {reference}",
+    ]  # fmt: skip
     rows = []
     for form, r in depth["rows"].items():
       if "error" in r:

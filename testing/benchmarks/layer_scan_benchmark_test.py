@@ -123,7 +123,7 @@ class ForwardedTest(absltest.TestCase):
 class ResultsTest(absltest.TestCase):
   def test_the_committed_tables_are_their_figures_written_out(self):
     folder = os.path.join(os.path.dirname(__file__), "results", "layer_scan_tpu_v5e")
-    for run in ("profile", "forms", "softmax"):
+    for run in ("profile", "forms", "softmax", "forwarded"):
       with open(os.path.join(folder, f"{run}.json")) as f:
         figures = json.load(f)
       with open(os.path.join(folder, f"{run}.md")) as f:
