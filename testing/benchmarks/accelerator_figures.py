@@ -292,6 +292,7 @@ def environment() -> dict[str, Any]:
     "jaxlib": jax.lib.__version__,
     "dm-haiku": hk.__version__,
     "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+    "LIBTPU_INIT_ARGS": os.environ.get("LIBTPU_INIT_ARGS", ""),
   }
 
 

@@ -385,9 +385,11 @@ def measure(
 def markdown(figures: dict[str, Any]) -> str:
   """The figures as Markdown: per depth, a row per form, then (profiled) device time by kind."""
   env = figures["environment"]
+  # The compiler's flags where the run set any (XLA:TPU's are LIBTPU_INIT_ARGS).
+  flags = "".join(f", {k}={env[k]!r}" for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS") if env.get(k))
   lines = [
     f"{env['date']}, {env['device']} ({env['backend']}), jax {env['jax']}, "
-    f"dm-haiku {env['dm-haiku']}."
+    f"dm-haiku {env['dm-haiku']}{flags}."
   ]
   for depth in figures["depths"]:
     reference = _reference(f for f, r in depth["rows"].items() if "error" not in r)

@@ -129,6 +129,17 @@ class ResultsTest(absltest.TestCase):
       with open(os.path.join(folder, f"{run}.md")) as f:
         self.assertEqual(lsb.markdown(figures), f.read().rstrip("\n"), run)
 
+  def test_a_tables_first_line_names_the_compilers_flags_a_run_set(self):
+    path = os.path.join(
+      os.path.dirname(__file__), "results", "layer_scan_tpu_v5e", "forwarded.json"
+    )
+    with open(path) as f:
+      figures = json.load(f)
+    figures["environment"]["LIBTPU_INIT_ARGS"] = "--xla_tpu_example=true"
+    first = lsb.markdown(figures).splitlines()[0]
+    self.assertIn("LIBTPU_INIT_ARGS='--xla_tpu_example=true'", first)
+    self.assertNotIn("XLA_FLAGS", first)  # Set to '' there: not named.
+
 
 if __name__ == "__main__":
   absltest.main()
