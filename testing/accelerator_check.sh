@@ -27,12 +27,18 @@
 #    testing/benchmarks/memory_reading.py: a loop's gradient as XLA's memory analysis reports it
 #    and as the library reads it, against whether the device's compiler takes it (on a CPU,
 #    `--small`).
+# 5. step.log, cold.json, warm.json, step_budget.md (not among the default parts: about 7 minutes on
+#    a TPU v5e): testing/benchmarks/step_budget_figures.py, `hkb.budgeted_jit` on a 24-layer
+#    transformer LM step with an Adam update at the budgets of testing/benchmarks/results/
+#    remat_auto.md's TPU table, then the same in a second process that reads the first one's plans
+#    (under OUT_DIR/plans): the tables of that page, written by the script (on a CPU, `--small`).
+#    `ACCELERATOR_CHECK_PARTS=step bash testing/accelerator_check.sh OUT_DIR` runs it alone.
 #
-# Settings (environment): ACCELERATOR_CHECK_PARTS (default "tests figures remat budget"),
-# ACCELERATOR_CHECK_PART_S (each part's limit in seconds, default 540), ACCELERATOR_CHECK_SHARD,
-# ACCELERATOR_CHECK_WORKERS (default 8, on a GPU), PYTHON (default python3).
+# Settings (environment): ACCELERATOR_CHECK_PARTS (default "tests figures remat budget"; add
+# "step" for part 5), ACCELERATOR_CHECK_PART_S (each part's limit in seconds, default 540),
+# ACCELERATOR_CHECK_SHARD, ACCELERATOR_CHECK_WORKERS (default 8, on a GPU), PYTHON (default python3).
 #
-# summary.md gathers the four with the date, device and versions; RESULTS.md's sections "On a
+# summary.md gathers the parts run with the date, device and versions; RESULTS.md's sections "On a
 # GPU" and "On a TPU v5e" are written from it by hand. The CPU XLA flags of the test suite
 # (testing/xla_flags.py) are not used here: XLA_FLAGS is left as the environment sets it.
 
@@ -172,6 +178,20 @@ if runs remat; then
   (( remat_status == 0 )) || tail -n 30 "${OUT}/remat.err"
 fi
 
+step_status=0
+if runs step; then
+  echo "== step budget: step_budget_figures, cold then a second process (at most ${PART_S} s each)"
+  step_args=(--out="${OUT}")
+  [[ "${backend}" == cpu ]] && step_args+=(--small)
+  for phase in cold warm; do
+    # Its costs are of compiles: jax's persistent compilation cache (set above) is off here.
+    env -u JAX_COMPILATION_CACHE_DIR HAIKU_BRIDGE_CACHE_DIR="${OUT}/plans" "${LIMITED[@]}" "${PYTHON}" \
+      -m testing.benchmarks.step_budget_figures "${step_args[@]}" --phase="${phase}" 2>&1 \
+      | tee -a "${OUT}/step.log"
+    (( ${PIPESTATUS[0]} == 0 )) || { step_status=1; break; }
+  done
+fi
+
 budget_status=0
 if runs budget; then
   echo "== budget: ${#BUDGET_TESTS[@]} test files, then memory_reading (at most ${PART_S} s each)"
@@ -190,11 +210,13 @@ fi
   cat "${OUT}/environment.txt"
   echo
   runs tests && echo "tests (shard ${SHARD}): exit ${tests_status} ($(grep -E '^=+ .* in [0-9.]+s' "${OUT}/tests.log" | tail -n 1))"
-  echo "figures: exit ${figures_status}; remat: exit ${remat_status}; budget: exit ${budget_status}"
+  echo "figures: exit ${figures_status}; remat: exit ${remat_status}; budget: exit ${budget_status}; step: exit ${step_status}"
   echo
   [[ -f "${OUT}/figures.md" ]] && cat "${OUT}/figures.md"
   [[ -f "${OUT}/remat.md" ]] && { echo; cat "${OUT}/remat.md"; }
   [[ -f "${OUT}/memory.txt" ]] && { echo; cat "${OUT}/memory.txt"; }
+  [[ -f "${OUT}/step_budget.md" ]] && { echo; cat "${OUT}/step_budget.md"; }
 } >"${OUT}/summary.md"
 echo "== summary: ${OUT}/summary.md"
-(( tests_status == 0 && figures_status == 0 && remat_status == 0 && budget_status == 0 ))
+(( tests_status == 0 && figures_status == 0 && remat_status == 0 && budget_status == 0 \
+   && step_status == 0 ))

@@ -3,6 +3,7 @@
 import os
 import re
 import subprocess
+import tempfile
 
 from absl.testing import absltest
 
@@ -71,6 +72,36 @@ class AcceleratorCheckTest(absltest.TestCase):
     shards = [shard(f"{i}/4") for i in range(1, 5)]
     self.assertEqual(sorted(sum(shards, [])), sorted(files))
     self.assertEqual(shards[1][:2], files[1:9:4][:2])
+
+  def test_the_step_part_runs_both_phases_without_jaxs_compile_cache(self):
+    # The script run with a stand-in for Python that logs each call: its
+    # costs are of compiles, so jax's persistent cache (which the script
+    # sets for the other parts) would make them a cache's reads.
+    with tempfile.TemporaryDirectory() as out:
+      python = os.path.join(out, "python")
+      with open(python, "w") as f:
+        f.write(
+          "#!/bin/bash\n"
+          '[[ "$1" == - ]] && { cat >/dev/null; echo cpu > "${BACKEND_FILE}"; exit 0; }\n'
+          '[[ "$1" == -c ]] && exit 1\n'  # No pytest-xdist.
+          'echo "$* cache=${JAX_COMPILATION_CACHE_DIR-unset} plans=${HAIKU_BRIDGE_CACHE_DIR}"'
+          f' >> {out}/calls\n'
+        )
+      os.chmod(python, 0o755)
+      env = dict(os.environ, PYTHON=python, ACCELERATOR_CHECK_PARTS="step")
+      subprocess.run(["bash", SCRIPT, os.path.join(out, "check")], env=env, check=True,
+                     capture_output=True)  # fmt: skip
+      with open(os.path.join(out, "calls")) as f:
+        calls = f.read().splitlines()
+    plans = os.path.join(out, "check", "plans")
+    self.assertEqual(
+      calls,
+      [
+        f"-m testing.benchmarks.step_budget_figures --out={out}/check --small --phase={phase}"
+        f" cache=unset plans={plans}"
+        for phase in ("cold", "warm")
+      ],
+    )
 
 
 if __name__ == "__main__":

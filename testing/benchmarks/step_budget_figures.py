@@ -23,12 +23,14 @@ size (`SIZES`), side by side in one process:
 kept on disk (`HAIKU_BRIDGE_CACHE_DIR`): the second process's cost. Each
 compile starts from jax's caches cleared (`jax.clear_caches()`); jax's
 persistent compilation cache is off unless the environment turns it on.
-Writes `<phase>.json` under `--out` and prints each figure as it is made.
+Writes `<phase>.json` under `--out` and prints each figure as it is made, then
+`step_budget.md`: the tables (`markdown`) of the phases whose JSON is there.
 """
 
 import datetime
 import json
 import os
+import re
 import statistics
 import time
 from typing import Any, Optional
@@ -43,6 +45,7 @@ import optax
 import haiku_bridge as hkb
 from haiku_bridge._src.remat import step_budget
 from testing import transformer
+from testing.benchmarks.lib import markdown_table
 
 _OUT = flags.DEFINE_string("out", "/tmp/haiku_bridge_step_budget", "Output folder.")
 _SMALL = flags.DEFINE_bool("small", False, "Small shapes (a CPU check).")
@@ -203,6 +206,109 @@ def environment() -> dict[str, Any]:
   }
 
 
+def _out_of_memory(error: str) -> str:
+  """XLA's refusal in a few words: `RESOURCE_EXHAUSTED, 42.04G of temporaries over 15.75G`."""
+  found = re.search(r"HLO temporaries \(([^)]+)\) exceeds available \w+ \(([^)]+)\)", error)
+  return f"RESOURCE_EXHAUSTED, {found[1]} of temporaries over {found[2]}" if found else error[:80]
+
+
+def _plan(record: dict[str, Any]) -> str:
+  """The plan of a budgeted step: each loop's remat, a schedule's slots."""
+  loops = []
+  for loop in record["loops"]:
+    remat = loop["remat"]
+    loops.append(f"{remat}, {loop['slots']} slots" if loop["slots"] else f"`remat={remat}`")
+  return "; ".join(loops)
+
+
+def _compiles(record: dict[str, Any]) -> str:
+  """The first call's compiles, and those out of memory with their time."""
+  tries = record["tries"]
+  failed = [
+    f"{t['rung']} out of memory in {t['seconds']:.1f} s" for t in tries if t["bytes"] is None
+  ]
+  return f"{len(tries)}" + (f" ({'; '.join(failed)})" if failed else "")
+
+
+def markdown(cold: dict[str, Any], warm: Optional[dict[str, Any]] = None) -> str:
+  """The figures as Markdown: per size, the plain steps and each budget; then the batch sweep.
+
+  `warm`: the same sizes' second process (`--phase=warm`), its first call beside the cold one.
+  """
+  env = cold["environment"]
+  memory = env["device_memory"]
+  lines = [
+    f"{env['date']}, {env['device']} ({env['backend']}"
+    + (f", {memory:,} bytes" if memory else "")
+    + f"), jax {env['jax']}, dm-haiku {env['dm-haiku']}.",
+    "",
+  ]
+  header = [
+    "size", "form", "budget (bytes)", "plan", "compiles", "bytes", "/ budget", "step (ms)",
+    "first call (s)", "/ remat=True's compile", "second process (s)", "/ remat=True's compile",
+  ]  # fmt: skip
+  rows = []
+  for name, size in cold["sizes"].items():
+    by_remat = {r["remat"]: r for r in size["plain"]}
+    true_s = by_remat[True]["compile_s"] if by_remat.get(True, {}).get("fits") else None
+    for r in size["plain"]:
+      form, blank = f"`remat={r['remat']}`", ["", "", ""]
+      if not r["fits"]:
+        refused = f"does not compile: {_out_of_memory(r['error'])} ({r['compile_s']:.1f} s)"
+        rows.append([name, form, "", "", "", refused, "", ""] + [""] * 4)
+        continue
+      ratio = "1" if r["remat"] is True else ""
+      rows.append(
+        [name, form, "", "", "", f"{r['bytes']:,}", "", f"{r['step_ms']:.1f}"]
+        + [f"{r['compile_s']:.2f} (compile)", ratio]
+        + blank[:2]
+      )
+    second = {}
+    if warm is not None and name in warm["sizes"]:
+      second = {r["memory_budget"]: r for r in warm["sizes"][name]["budgeted"]}
+    for r in size["budgeted"]:
+      budget = "the device's" if r["memory_budget"] is None else f"{r['memory_budget']:,}"
+      if "refused" in r:
+        rows.append([name, "`budgeted_jit`", budget, "refused"] + [""] * 8)
+        continue
+      over = lambda s: f"{s / true_s:.2f}" if true_s else ""
+      w = second.get(r["memory_budget"], {})
+      rows.append([
+        name, "`budgeted_jit`", budget, _plan(r), _compiles(r), f"{r['bytes']:,}",
+        f"{r['bytes'] / r['budget']:.3f}", f"{r['step_ms']:.1f}", f"{r['first_s']:.2f}",
+        over(r["first_s"]), f"{w['first_s']:.2f}" if "first_s" in w else "",
+        over(w["first_s"]) if "first_s" in w else "",
+      ])  # fmt: skip
+  lines += markdown_table.lines(header, rows, "lllllrrrrrrr")
+  if cold.get("sweep"):
+    model = f" of {cold['sweep_model']}" if "sweep_model" in cold else ""
+    lines += ["", f"`remat=False` by batch{model}:", ""]
+    rows = []
+    for r in cold["sweep"]:
+      if not r["fits"]:
+        rows.append([r["batch"], "(not compiled)", "", f"no: {_out_of_memory(r['error'])}", ""])
+        continue
+      a = r["analysis"]
+      peak = a["peak_memory_in_bytes"] + a["generated_code_size_in_bytes"]
+      rows.append([r["batch"], f"{r['bytes']:,}", f"{peak:,}", "yes", f"{r['step_ms']:.1f}"])
+    header = ["batch", "bytes (the figure)", "XLA's peak + code", "compiles and runs", "step (ms)"]
+    lines += markdown_table.lines(header, rows, "rrrlr")
+  return "\n".join(lines)
+
+
+def _write_tables(out: str) -> None:
+  """`step_budget.md` under `out`, from the phases' JSON there."""
+  read = {}
+  for phase in ("cold", "warm"):
+    path = os.path.join(out, f"{phase}.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        read[phase] = json.load(f)
+  if "cold" in read:
+    with open(os.path.join(out, "step_budget.md"), "w") as f:
+      f.write(markdown(read["cold"], read.get("warm")) + "\n")
+
+
 def main(argv):
   del argv
   figures: dict[str, Any] = {"environment": environment(), "phase": _PHASE.value, "sizes": {}}
@@ -218,12 +324,14 @@ def main(argv):
   if _PHASE.value == "cold" and _SWEEP.value:
     model, batches = SMALL_SWEEP if _SMALL.value else SWEEP
     print(f"# remat=False by batch: {model}", flush=True)
+    figures["sweep_model"] = model
     figures["sweep"] = [
       dict(batch=batch, **plain(dict(model, batch=batch), False, 2)) for batch in batches
     ]
   os.makedirs(_OUT.value, exist_ok=True)
   with open(os.path.join(_OUT.value, f"{_PHASE.value}.json"), "w") as f:
     json.dump(figures, f, indent=1)
+  _write_tables(_OUT.value)
 
 
 if __name__ == "__main__":

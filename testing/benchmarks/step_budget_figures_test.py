@@ -1,0 +1,64 @@
+"""`step_budget_figures`' tables: the committed ones are its JSON written out, and its small run writes them."""
+
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+
+from testing.benchmarks import step_budget_figures as sbf
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+
+
+def _read(name: str) -> dict:
+  with open(os.path.join(RESULTS, "step_budget_tpu", f"{name}.json")) as f:
+    return json.load(f)
+
+
+class TablesTest(absltest.TestCase):
+  def test_the_committed_tables_are_the_json_written_out(self):
+    tables = sbf.markdown(_read("cold"), _read("warm"))
+    with open(os.path.join(RESULTS, "step_budget_tpu", "step_budget.md")) as f:
+      self.assertEqual(tables, f.read().rstrip("\n"))
+    # remat_auto.md shows each table as the script writes it.
+    with open(os.path.join(RESULTS, "remat_auto.md")) as f:
+      page = f.read()
+    tables = [block for block in tables.split("\n\n") if block.startswith("|")]
+    self.assertLen(tables, 2)
+    for table in tables:
+      self.assertIn(table, page)
+
+  def test_a_refused_compile_and_a_second_process_in_their_rows(self):
+    cold, warm = _read("cold"), _read("warm")
+    rows = sbf.markdown(cold, warm).splitlines()
+    # XLA's refusal in its words; the 5.6e9 budget's search: five compiles, the plain step's out
+    # of memory; the second process's first call against remat=True's compile (9.38 / 8.01 s).
+    self.assertIn("42.04G of temporaries over 15.75G", rows[4])
+    (schedule,) = [r for r in rows if "| 5,600,000,000 |" in r]
+    self.assertIn("| binomial, 12 slots | 5 (remat=False out of memory in 1.2 s) |", schedule)
+    self.assertTrue(schedule.endswith("| 9.38 | 1.17 |"), schedule)
+    # Without the second process, its columns are empty.
+    (schedule,) = [r for r in sbf.markdown(cold).splitlines() if "| 5,600,000,000 |" in r]
+    self.assertTrue(schedule.endswith("| 4.58 |  |  |"), schedule)
+
+  def test_the_tables_are_written_from_the_phases_run(self):
+    with tempfile.TemporaryDirectory() as out:
+      written = os.path.join(out, "step_budget.md")
+      sbf._write_tables(out)  # pylint: disable=protected-access
+      self.assertFalse(os.path.exists(written))  # No phase yet.
+      for phase in ("cold", "warm"):
+        with open(os.path.join(out, f"{phase}.json"), "w") as f:
+          json.dump(_read(phase), f)
+        sbf._write_tables(out)  # pylint: disable=protected-access
+        with open(written) as f:
+          want = sbf.markdown(_read("cold"), _read("warm") if phase == "warm" else None)
+          self.assertEqual(f.read(), want + "\n", phase)
+
+  def test_the_sweeps_model_named_where_the_run_recorded_it(self):
+    cold = dict(_read("cold"), sweep_model={"seq": 1024})
+    self.assertIn("`remat=False` by batch of {'seq': 1024}:", sbf.markdown(cold))
+
+
+if __name__ == "__main__":
+  absltest.main()
