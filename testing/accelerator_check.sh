@@ -182,7 +182,7 @@ step_status=0
 if runs step; then
   echo "== step budget: step_budget_figures, cold then a second process (at most ${PART_S} s each)"
   step_args=(--out="${OUT}")
-  [[ "${backend}" == cpu ]] && step_args+=(--small)
+  [[ "${backend}" == cpu ]] && step_args+=(--small --cold_repeats=1)  # A check of the script.
   for phase in cold warm; do
     # Its costs are of compiles: jax's persistent compilation cache (set above) is off here.
     env -u JAX_COMPILATION_CACHE_DIR HAIKU_BRIDGE_CACHE_DIR="${OUT}/plans" "${LIMITED[@]}" "${PYTHON}" \

@@ -97,7 +97,8 @@ class AcceleratorCheckTest(absltest.TestCase):
     self.assertEqual(
       calls,
       [
-        f"-m testing.benchmarks.step_budget_figures --out={out}/check --small --phase={phase}"
+        f"-m testing.benchmarks.step_budget_figures --out={out}/check --small --cold_repeats=1"
+        f" --phase={phase}"
         f" cache=unset plans={plans}"
         for phase in ("cold", "warm")
       ],

@@ -3,6 +3,7 @@
 import json
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -58,6 +59,20 @@ class TablesTest(absltest.TestCase):
   def test_the_sweeps_model_named_where_the_run_recorded_it(self):
     cold = dict(_read("cold"), sweep_model={"seq": 1024})
     self.assertIn("`remat=False` by batch of {'seq': 1024}:", sbf.markdown(cold))
+
+
+class ColdRepeatsTest(absltest.TestCase):
+  def test_each_cold_repeat_searches_and_the_last_keeps_its_plan_for_the_second_process(self):
+    size, budget = sbf.SMALL_SIZES[0][1], 3_000_000  # remat=False fits: the cheapest search.
+    with tempfile.TemporaryDirectory() as plans:
+      with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": plans}):
+        cold = sbf.budgeted(size, budget, repeats=1, cold_repeats=2)
+        warm = sbf.budgeted(size, budget, repeats=1, cold_repeats=1, cold=False)
+    self.assertLen(cold["first_samples"], 2)
+    self.assertTrue(cold["same_plans"])
+    self.assertFalse(cold["kept"])  # Its last repeat searched: the first kept nothing on disk.
+    self.assertTrue(warm["kept"])  # The second process read the last one's plan.
+    self.assertEqual(warm["loops"], cold["loops"])
 
 
 if __name__ == "__main__":
