@@ -67,37 +67,39 @@ runs() { [[ "${PARTS}" == *" $1 "* ]]; }
 readonly LIMITED=(timeout -s INT -k 30 "${PART_S}")
 
 # In an order that shares the files' time about equally among the four shards of
-# ACCELERATOR_CHECK_SHARD=i/4 (files i, i+4, ...: 125-128 s each of the 507 s the list took on
-# this project's 2-core CPU machine, one pytest process, 2026-12-06; on a TPU v5e shard 2/4 took
-# 376 s, 2026-12-07), each shard's cheapest first.
+# ACCELERATOR_CHECK_SHARD=i/4 (files i, i+4, ...) on a TPU v5e, where the list needs them: about
+# 400 s of tests each, from each file's time in the shards run there on 2026-12-07 (junit.xml;
+# time_scan_test 257 s and bridged_grid_test 142 s before their shards' limits stopped them,
+# measure_test and tracing_test not timed there yet), each shard's cheapest first. On a GPU the
+# list runs whole, in parallel processes.
 ACCELERATOR_TESTS=(
-  haiku_bridge/_src/foreign_module_test.py
-  haiku_bridge/_src/remat/hlo_flops_test.py
-  haiku_bridge/_src/storage_test.py
-  haiku_bridge/_src/remat/scheduled_scan_test.py
-  haiku_bridge/_src/remat/loop_test.py
-  testing/conformance/haiku_flax_conformance_test.py
-  haiku_bridge/_src/stacked_init_test.py
-  haiku_bridge/_src/call_pure_test.py
-  haiku_bridge/_src/inline_test.py
-  testing/conformance/clipped_models_test.py
   haiku_bridge/_src/unrolled_names_test.py
-  haiku_bridge/_src/equinox_bridge_test.py
-  haiku_bridge/_src/custom_grad_test.py
-  haiku_bridge/_src/flax_bridge_test.py
+  haiku_bridge/_src/storage_test.py
   testing/conformance/lift_conformance_test.py
-  testing/conformance/models_conformance_test.py
-  haiku_bridge/_src/layer_scan_test.py
-  testing/conformance/layer_stack_conformance_test.py
+  haiku_bridge/_src/foreign_module_test.py
   haiku_bridge/_src/remat/schedule_test.py
-  haiku_bridge/_src/time_scan_test.py
-  testing/conformance/bridged_grid_test.py
-  testing/conformance/equinox_conformance_test.py
-  haiku_bridge/_src/remat/plan_test.py
-  haiku_bridge/_src/remat/tracing_test.py
-  haiku_bridge/_src/remat/measure_test.py
-  haiku_bridge/_src/remat/plan_cache_test.py
+  haiku_bridge/_src/stacked_init_test.py
   haiku_bridge/_src/remat/choice_test.py
+  haiku_bridge/_src/call_pure_test.py
+  haiku_bridge/_src/remat/hlo_flops_test.py
+  testing/conformance/clipped_models_test.py
+  haiku_bridge/_src/remat/plan_cache_test.py
+  haiku_bridge/_src/inline_test.py
+  haiku_bridge/_src/remat/loop_test.py
+  haiku_bridge/_src/remat/measure_test.py
+  haiku_bridge/_src/remat/tracing_test.py
+  haiku_bridge/_src/remat/scheduled_scan_test.py
+  testing/conformance/haiku_flax_conformance_test.py
+  haiku_bridge/_src/equinox_bridge_test.py
+  testing/conformance/layer_stack_conformance_test.py
+  haiku_bridge/_src/remat/plan_test.py
+  haiku_bridge/_src/flax_bridge_test.py
+  haiku_bridge/_src/custom_grad_test.py
+  testing/conformance/models_conformance_test.py
+  testing/conformance/bridged_grid_test.py
+  haiku_bridge/_src/time_scan_test.py
+  haiku_bridge/_src/layer_scan_test.py
+  testing/conformance/equinox_conformance_test.py
 )
 # Part 4's: the step budget's tests (about 4 minutes on a TPU v5e, 2026-12-07) and the readings
 # of XLA's memory analysis they stand on; their 8-device cases skip on one device.
