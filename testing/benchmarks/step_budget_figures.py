@@ -193,7 +193,11 @@ def plain(size: dict[str, int], remat: bool, repeats: int, cold_repeats: int = 1
 
 
 def budgeted(
-  size: dict[str, int], budget: Optional[int], repeats: int, cold_repeats: int = 1, cold=True
+  size: dict[str, int],
+  budget: Optional[int],
+  repeats: int,
+  cold_repeats: int = 1,
+  cold: bool = True,
 ) -> dict[str, Any]:
   """`remat="auto"` under `hkb.budgeted_jit(step, memory_budget=budget)`; its first call timed `cold_repeats` times.
 
@@ -294,17 +298,16 @@ def markdown(cold: dict[str, Any], warm: Optional[dict[str, Any]] = None) -> str
     by_remat = {r["remat"]: r for r in size["plain"]}
     true_s = by_remat[True]["compile_s"] if by_remat.get(True, {}).get("fits") else None
     for r in size["plain"]:
-      form, blank = f"`remat={r['remat']}`", ["", "", ""]
+      form = f"`remat={r['remat']}`"
       if not r["fits"]:
         refused = f"does not compile: {_out_of_memory(r['error'])} ({r['compile_s']:.1f} s)"
         rows.append([name, form, "", "", "", refused, "", ""] + [""] * 4)
         continue
       ratio = "1" if r["remat"] is True else ""
-      rows.append(
-        [name, form, "", "", "", f"{r['bytes']:,}", "", f"{r['step_ms']:.1f}"]
-        + [f"{r['compile_s']:.2f} (compile)", ratio]
-        + blank[:2]
-      )
+      rows.append([
+        name, form, "", "", "", f"{r['bytes']:,}", "", f"{r['step_ms']:.1f}",
+        f"{r['compile_s']:.2f} (compile)", ratio, "", "",
+      ])  # fmt: skip
     second = {}
     if warm is not None and name in warm["sizes"]:
       second = {r["memory_budget"]: r for r in warm["sizes"][name]["budgeted"]}
