@@ -1,4 +1,4 @@
-"""`step_budget_figures`' tables: the committed ones are its JSON written out, and its small run writes them."""
+"""`step_budget_figures`: the committed tables are its JSON written out, each phase writes them, each cold repeat searches."""
 
 import json
 import os
