@@ -28,18 +28,19 @@ of `--forms` says, compiled and run side by side in one process:
   it; by ` forwarded every`: that, with every saved value written as it is
   made, not only matmuls'.
 
-Per form and depth: compiled temporaries (`memory_analysis().temp_size_in_bytes`),
-compile time, step time (median of interleaved repetitions), the ratio of
-each to inline's, and the gradient's largest difference to `hk.layer_stack`'s
-(today's values; inline's where `hk.layer_stack` is not among the forms;
-relative to the largest entry; every form runs on the same params). With
-`--profile`, each form's device time per step by kind of op (`_KINDS`: matmuls fused with a store into a layer-stacked buffer or a read
-from one, other such stores and reads, other matmuls, copies, the rest),
-from a profile's trace joined to the compiled HLO; with `--dump` too, each
-form's optimised HLO and its device time per op, to read an op's fusion
-against its time (`<form>_<layers>.hlo.txt`, `.ops.json`). Writes `layer_scan.json`
-and `layer_scan.md` under `--out` after each depth, printing each line as it
-is measured.
+Per form and depth: compiled temporaries
+(`memory_analysis().temp_size_in_bytes`), compile time, step time (median of
+interleaved repetitions), the ratio of each to inline's, and the gradient's
+largest difference to `hk.layer_stack`'s (today's values; inline's where
+`hk.layer_stack` is not among the forms; relative to the largest entry; every
+form runs on the same params). With `--profile`, each form's device time per
+step by kind of op (`_KINDS`: matmuls fused with a store into a layer-stacked
+buffer or a read from one, other such stores and reads, other matmuls, copies,
+the rest), from a profile's trace joined to the compiled HLO; with `--dump`
+too, each form's optimised HLO and its device time per op, to read an op's
+fusion against its time (`<form>_<layers>.hlo.txt`, `.ops.json`). Writes
+`layer_scan.json` and `layer_scan.md` under `--out` after each depth, printing
+each line as it is measured.
 """
 
 import collections
