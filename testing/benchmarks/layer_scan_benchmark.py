@@ -2,12 +2,14 @@
 
     python -m testing.benchmarks.layer_scan_benchmark --layers=8,24 --out=/tmp/ls   # a TPU
     python -m testing.benchmarks.layer_scan_benchmark --small                          # a CPU check
+    python -m testing.benchmarks.layer_scan_benchmark --cpu --layers=8,24 --out=/tmp/lc # the CPU's
     python -m testing.benchmarks.layer_scan_benchmark --profile --dump --out=/tmp/ls   # and where time goes
 
 The training step (value and grad of a next-token loss) of the pre-norm
 transformer LM of `testing/transformer.block` (d_model 1024, 8 heads, seq
-1024, batch 8, bfloat16; `--small`: toy sizes), its blocks run as each form
-of `--forms` says, compiled and run side by side in one process:
+1024, batch 8, bfloat16; `--small`: toy sizes; `--cpu`: `CPU_SIZE`), its
+blocks run as each form of `--forms` says, compiled and run side by side in
+one process:
 
 * `inline`: a Python loop of blocks (the unrolled program);
 * `hk.layer_stack`: Haiku's layer scan;
@@ -78,6 +80,9 @@ _DUMP = flags.DEFINE_bool(
   False,
   "With --profile: also each form's optimised HLO (`<form>.hlo.txt`) and device time per op "
   "(`<form>.ops.json`, ms per step) under --out.",
+)
+_CPU = flags.DEFINE_bool(
+  "cpu", False, "The LM at a size for a 2-core CPU (`CPU_SIZE`), not the accelerator's."
 )
 _FORMS = flags.DEFINE_list(
   "forms", ["inline", "hk.layer_stack", "repeat_layer"], "Forms to measure (see the docstring)."
@@ -178,9 +183,13 @@ def _base(form: str) -> str:
   return form if ending is None else _base(form.removesuffix(ending))
 
 
-def size(small: bool, layers: int) -> dict[str, int]:
-  """The accelerator check's LM shapes (`af.lm_size`), `layers` deep."""
-  return dict(af.lm_size(small, None), layers=layers)
+# `--cpu`: the LM's shapes where a 2-core CPU takes a second or so a step.
+CPU_SIZE = dict(vocab=256, d_model=256, heads=4, seq=256, batch=4)
+
+
+def size(small: bool, layers: int, cpu: bool = False) -> dict[str, int]:
+  """The accelerator check's LM shapes (`af.lm_size`; `cpu`: `CPU_SIZE`), `layers` deep."""
+  return dict(CPU_SIZE if cpu else af.lm_size(small, None), layers=layers)
 
 
 def loss_fn(form: str, *, vocab: int, d_model: int, heads: int, layers: int, **_) -> Callable:
@@ -317,9 +326,10 @@ def measure(
   repeats: int,
   profile: bool = False,
   dump: Optional[str] = None,
+  cpu: bool = False,
 ) -> dict[str, Any]:
   """Each form's step at `layers` deep (see the module's docstring); `dump`: a folder for `--dump`'s files."""
-  shape = size(small, layers)
+  shape = size(small, layers, cpu)
   af.say(f"Transformer LM training step, {shape}, bfloat16:")
   tokens = jax.random.randint(
     jax.random.PRNGKey(1), [shape["batch"], shape["seq"] + 1], 0, shape["vocab"]
@@ -442,6 +452,7 @@ def main(argv):
         _REPEATS.value,
         _PROFILE.value,
         _OUT.value if _DUMP.value else None,
+        _CPU.value,
       )
     )
     with open(os.path.join(_OUT.value, "layer_scan.json"), "w") as f:

@@ -122,12 +122,23 @@ class ForwardedTest(absltest.TestCase):
 
 class ResultsTest(absltest.TestCase):
   def test_the_committed_tables_are_their_figures_written_out(self):
-    folder = os.path.join(os.path.dirname(__file__), "results", "layer_scan_tpu_v5e")
+    results = os.path.join(os.path.dirname(__file__), "results")
     for run in ("profile", "forms", "softmax", "forwarded"):
-      with open(os.path.join(folder, f"{run}.json")) as f:
-        figures = json.load(f)
-      with open(os.path.join(folder, f"{run}.md")) as f:
-        self.assertEqual(lsb.markdown(figures), f.read().rstrip("\n"), run)
+      self._assert_written_out(os.path.join(results, "layer_scan_tpu_v5e", run))
+    self._assert_written_out(os.path.join(results, "layer_scan_cpu", "forms"))
+
+  def test_the_cpu_table_is_at_the_cpu_size(self):
+    with open(
+      os.path.join(os.path.dirname(__file__), "results", "layer_scan_cpu", "forms.json")
+    ) as f:
+      depths = json.load(f)["depths"]
+    self.assertEqual([d["size"] for d in depths], [lsb.size(False, n, cpu=True) for n in (8, 24)])
+
+  def _assert_written_out(self, stem: str) -> None:
+    with open(f"{stem}.json") as f:
+      figures = json.load(f)
+    with open(f"{stem}.md") as f:
+      self.assertEqual(lsb.markdown(figures), f.read().rstrip("\n"), stem)
 
   def test_a_tables_first_line_names_the_compilers_flags_a_run_set(self):
     path = os.path.join(
