@@ -36,13 +36,14 @@ interleaved repetitions), the ratio of each to inline's, and the gradient's
 largest difference to `hk.layer_stack`'s (today's values; inline's where
 `hk.layer_stack` is not among the forms; relative to the largest entry; every
 form runs on the same params). With `--profile`, each form's device time per
-step by kind of op (`_KINDS`: matmuls fused with a store into a layer-stacked
-buffer or a read from one, other such stores and reads, other matmuls, copies,
-the rest), from a profile's trace joined to the compiled HLO; with `--dump`
-too, each form's optimised HLO and its device time per op, to read an op's
-fusion against its time (`<form>_<layers>.hlo.txt`, `.ops.json`). Writes
-`layer_scan.json` and `layer_scan.md` under `--out` after each depth, printing
-each line as it is measured.
+step (on the CPU, its ops' time on the host's threads) by kind of op
+(`_KINDS`: matmuls fused with a store into a layer-stacked buffer or a read
+from one, other such stores and reads, other matmuls, copies, the rest), from
+a profile's trace joined to the compiled HLO; with `--dump` too, each form's
+optimised HLO and its device time per op, to read an op's fusion against its
+time (`<form>_<layers>.hlo.txt`, `.ops.json`). Writes `layer_scan.json` and
+`layer_scan.md` under `--out` after each depth, printing each line as it is
+measured.
 """
 
 import collections
@@ -297,7 +298,11 @@ def by_kind(hlo: str, per_op: dict[str, float]) -> dict[str, float]:
 
 
 def device_time_by_op(compiled: Any, args: tuple[Any, ...], steps: int = 3) -> dict[str, float]:
-  """Milliseconds per step on the device of each op (by its HLO name), from a profile's trace."""
+  """Milliseconds per step on the device of each op (by its HLO name), from a profile's trace.
+
+  On the CPU, where the trace has no device, each op's thunk as the host
+  threads ran it (events named as the compiled program's instructions).
+  """
   jax.block_until_ready(compiled(*args))
   with tempfile.TemporaryDirectory() as folder:
     with jax.profiler.trace(folder):
@@ -311,10 +316,16 @@ def device_time_by_op(compiled: Any, args: tuple[Any, ...], steps: int = 3) -> d
     for e in events
     if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name")
   }
+  on_cpu = jax.default_backend() == "cpu"
+  instructions = set(_op_kinds(compiled.as_text())) if on_cpu else set()
   totals: collections.Counter[str] = collections.Counter()
   for e in events:
+    if e.get("ph") != "X":
+      continue
     on_device = "/device:" in meta.get((e.get("pid"), None), "")
-    if e.get("ph") == "X" and on_device and meta.get((e["pid"], e["tid"])) == "XLA Ops":
+    if on_cpu and e["name"] in instructions:
+      totals[e["name"]] += e["dur"] / 1e3 / steps
+    elif on_device and meta.get((e["pid"], e["tid"])) == "XLA Ops":
       totals[e["name"]] += e["dur"] / 1e3 / steps
   return dict(totals)
 
@@ -431,7 +442,14 @@ def markdown(figures: dict[str, Any]) -> str:
         [form] + [f"{t.get(k, 0.0):.2f}" for k in kinds] + [f"{sum(t.values()):.2f}"]
         for form, t in profiled.items()
       ]
-      lines += ["", "Device time per step by kind of op (ms, from a profile of 3 steps):", ""]
+      threads = (
+        "; on the CPU, summed over the threads that ran them" if env["backend"] == "cpu" else ""
+      )
+      lines += [
+        "",
+        f"Device time per step by kind of op (ms, from a profile of 3 steps{threads}):",
+        "",
+      ]
       lines += markdown_table.lines(
         ["form"] + kinds + ["total"], rows, "l" + "r" * (len(kinds) + 1)
       )

@@ -15,6 +15,23 @@ import numpy as np
 from testing.benchmarks import layer_scan_benchmark as lsb
 
 
+class DeviceTimeTest(absltest.TestCase):
+  def test_on_the_cpu_each_op_is_timed_as_its_thunk_ran(self):
+    # A scan's loop and the ops of its body, named as the compiled program names them.
+    def f(w, xs):
+      body = lambda h, x: (jnp.tanh(h @ w + x), h.sum())
+      return jax.lax.scan(body, jnp.zeros((64, 256)), xs)[1].sum()
+
+    args = jnp.ones((256, 256)), jnp.ones((50, 64, 256))
+    compiled = jax.jit(f).lower(*args).compile()
+    per_op = lsb.device_time_by_op(compiled, args)
+    kinds = lsb._op_kinds(compiled.as_text())  # pylint: disable=protected-access
+    self.assertNotEmpty(per_op)
+    self.assertContainsSubset(per_op, kinds)  # Instructions only, none of the host's own events.
+    self.assertIn("loop", {kinds[name] for name in per_op})
+    self.assertGreater(lsb.by_kind(compiled.as_text(), per_op).get("matmuls", 0.0), 0.0)
+
+
 class OpKindsTest(absltest.TestCase):
   def test_a_scans_stacked_outputs_and_its_matmul_are_told_apart(self):
     def f(w, xs):
