@@ -9,11 +9,13 @@ Python packages from requirements.txt (jax, haiku, absl, chex, numpy) are not Ba
 target runs on the interpreter of @hb_python (see WORKSPACE), which has them all installed. `deps`
 list only this repository's targets.
 
-    load("//bazel:defs.bzl", "hb_py_library", "hb_py_test")
+    load("//bazel:defs.bzl", "hb_py_binary", "hb_py_library", "hb_py_test")
 
     hb_py_library(name = "call_pure", deps = [":naming"])
 
     hb_py_test(name = "call_pure_test", size = "medium", deps = [":call_pure"])
+
+    hb_py_binary(name = "benchmark", testonly = True, deps = [":benchmark_lib"])
 """
 
 # py_test attributes that py_library and py_binary do not have.
@@ -49,6 +51,24 @@ def hb_py_test(name, srcs = None, **kwargs):
     """
     kwargs.setdefault("size", "small")
     native.py_test(
+        name = name,
+        srcs = srcs or [name + ".py"],
+        python_version = "PY3",
+        srcs_version = "PY3",
+        **kwargs
+    )
+
+def hb_py_binary(name, srcs = None, **kwargs):
+    """A py_binary for one program, `<name>.py` unless `srcs` says otherwise (`bazel run`).
+
+    Its main file is `<name>.py`, as Bazel's default.
+
+    Args:
+      name: target name; also the program's file name without `.py`.
+      srcs: source files; default `[name + ".py"]`.
+      **kwargs: passed on to py_binary (`deps`, `data`, `testonly`, `args`...).
+    """
+    native.py_binary(
         name = name,
         srcs = srcs or [name + ".py"],
         python_version = "PY3",
