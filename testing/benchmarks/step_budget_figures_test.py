@@ -62,6 +62,15 @@ class TablesTest(absltest.TestCase):
 
 
 class ColdRepeatsTest(absltest.TestCase):
+  def test_each_compile_starts_from_the_bridges_memory_cleared_and_its_plan_files_kept(self):
+    seen = []
+    clear = lambda: seen.append(os.environ.get("HAIKU_BRIDGE_CACHE_DIR"))
+    with mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": "/plans"}):
+      with mock.patch.object(sbf.hkb, "clear_caches", clear):
+        sbf._cleared()  # pylint: disable=protected-access
+      self.assertEqual(os.environ["HAIKU_BRIDGE_CACHE_DIR"], "/plans")
+    self.assertEqual(seen, [""])  # Cleared, with nothing on disk to clear.
+
   def test_each_cold_repeat_searches_and_the_last_keeps_its_plan_for_the_second_process(self):
     size, budget = sbf.SMALL_SIZES[0][1], 3_000_000  # remat=False fits: the cheapest search.
     with tempfile.TemporaryDirectory() as plans:
