@@ -55,6 +55,16 @@ class AssertSameTest(absltest.TestCase):
     np.testing.assert_allclose(cpu, tpu, **bound)
     with self.assertRaises(AssertionError):
       np.testing.assert_allclose(cpu, tpu + 10 * (tpu - cpu), **bound)
+    # The same test under remat: a weight's gradient whose entries reach
+    # 5.15 (the child's, the parent's); the bound grows with that scale.
+    cpu = np.float32([0.3899933695793152, -0.07951942086219788, -5.148919])
+    tpu = np.float32([0.38988378643989563, -0.07967393845319748, -5.148887])
+    with mock.patch.object(backend_tolerance, "on_cpu", return_value=False):
+      unscaled = backend_tolerance.fresh_process(dict(rtol=2e-5))
+      scaled = backend_tolerance.fresh_process(dict(rtol=2e-5), np.max(np.abs(tpu)))
+    np.testing.assert_allclose(cpu, tpu, **scaled)
+    with self.assertRaises(AssertionError):
+      np.testing.assert_allclose(cpu, tpu, **unscaled)
 
 
 if __name__ == "__main__":
