@@ -268,12 +268,17 @@ def _plan(record: dict[str, Any]) -> str:
 
 
 def _compiles(record: dict[str, Any]) -> str:
-  """The first call's compiles, and those out of memory with their time."""
-  tries = record["tries"]
+  """The first call's compiles (its drafts apart), and those out of memory with their time."""
+  tries = [t for t in record["tries"] if not t.get("draft")]
+  drafts = len(record["tries"]) - len(tries)
   failed = [
     f"{t['rung']} out of memory in {t['seconds']:.1f} s" for t in tries if t["bytes"] is None
   ]
-  return f"{len(tries)}" + (f" ({'; '.join(failed)})" if failed else "")
+  return (
+    f"{len(tries)}"
+    + (f" and {drafts} draft{'s' * (drafts > 1)}" if drafts else "")
+    + (f" ({'; '.join(failed)})" if failed else "")
+  )
 
 
 def markdown(cold: dict[str, Any], warm: Optional[dict[str, Any]] = None) -> str:

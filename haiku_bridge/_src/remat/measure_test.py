@@ -42,6 +42,24 @@ KEY = jax.random.PRNGKey(0)
 CONV_STACK = functools.partial(remat_models.conv, 32)
 
 
+class DraftOptionsTest(absltest.TestCase):
+  def test_drafts_away_from_the_cpu_on_a_host_with_cores_to_spare(self):
+    for backend, cores, want in (
+      ("cpu", 64, None),
+      ("tpu", 13, {"optimization_level": 9}),
+      ("gpu", measure.DRAFT_CORES, {"optimization_level": 9}),
+      ("tpu", measure.DRAFT_CORES - 1, None),
+    ):
+      with (
+        mock.patch.object(jax, "default_backend", lambda: backend),
+        mock.patch.object(measure.os, "cpu_count", lambda: cores),
+      ):
+        self.assertEqual(measure.draft_options(), want, (backend, cores))
+    # The options compile, on this backend as on an accelerator.
+    compiled = jax.jit(jnp.tanh).lower(jnp.ones([4])).compile({"optimization_level": 9})
+    self.assertEqual(compiled(jnp.zeros([4])).tolist(), [0.0] * 4)
+
+
 class CompilesTest(absltest.TestCase):
   """The measuring programs compile side by side, off the caller's thread, each to the figures it has alone."""
 

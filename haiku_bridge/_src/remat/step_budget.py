@@ -28,7 +28,14 @@ holds it): a step whose plain form fits costs one compile, one that needs
 holds a whole count of carries, as XLA:CPU compiles them). On the CPU the tries compile with
 XLA's cheaper code generation, which keeps the buffers
 (`measure.measuring_options`), and the choice once more as it runs,
-whose figure is the one checked. A compile that runs out of device
+whose figure is the one checked. Elsewhere no cheaper compile keeps the
+buffers, so the search drafts (`measure.draft_options`: XLA at its least
+effort, a third of the cost, its bytes off by a constant along the
+schedules): beside `remat=True`'s compile, drafts of `remat=True`, a middle
+schedule and the last rung; where `remat=True` does not fit, the line
+through the two schedules' drafts, less the offset read at `remat=True`,
+aims, and the aim and the rung before it compile side by side as they run
+(`_Search._drafted_aim`); a draft never decides. A compile that runs out of device
 memory (RESOURCE_EXHAUSTED, as XLA:TPU's compiler raises, fast, for a
 program over its HBM) is a rung over any budget, never an error.
 
@@ -114,18 +121,23 @@ class StepTry(NamedTuple):
   `measuring`: compiled with XLA's cheaper code generation, which keeps
   the buffers (on the CPU: `measure.measuring_options`), for its bytes
   only; the chosen rung is then compiled as it runs, and checked.
+  `draft`: compiled at XLA's least effort beside the search's other
+  compiles (`measure.draft_options`, away from the CPU), its bytes off the
+  step's by a constant: read for the slope of the schedules' line only.
   """
 
   rung: str
   bytes: Optional[int]
   seconds: float
   measuring: bool = False
+  draft: bool = False
 
   def __str__(self) -> str:
+    how = ", measuring" if self.measuring else ", draft" if self.draft else ""
     return (
       f"{self.rung}: "
       + ("out of device memory" if self.bytes is None else f"{self.bytes:,} bytes")
-      + f" ({self.seconds:.1f} s{', measuring' if self.measuring else ''})"
+      + f" ({self.seconds:.1f} s{how})"
     )
 
 
@@ -300,6 +312,7 @@ class _Compiled(NamedTuple):
   seconds: float  # Lowering and compiling.
   lowered: Any
   measuring: bool  # With `measure.measuring_options`: bytes only.
+  draft: bool = False  # With `measure.draft_options`: a line's slope only.
 
 
 def _compile(lowered: Any, options: dict[str, Any]) -> Any:
@@ -323,6 +336,18 @@ def _compiled(lowered: Any, lowering: float, options: dict[str, Any]) -> _Compil
     lowered,
     bool(options),
   )
+
+
+def _drafted(lowered: Any, lowering: float, options: dict[str, Any]) -> _Compiled:
+  """A draft of `lowered`: its bytes at `options` (`measure.draft_options`), no program kept; any failure, no bytes (a draft only aims)."""
+  start = time.perf_counter()
+  try:
+    analysis = _compile(lowered, options).memory_analysis()
+    found = step_bytes(analysis, jax.default_backend())
+  except Exception as error:  # pylint: disable=broad-except
+    tracing.LOG.debug("hkb.%s: a draft compile failed: %s", _API, error)
+    found = None
+  return _Compiled(found, None, lowering + time.perf_counter() - start, None, False, draft=True)
 
 
 class BudgetedStep:
@@ -398,6 +423,12 @@ class BudgetedStep:
       return {}
     return measure.measuring_options()
 
+  def _drafting(self) -> Optional[dict[str, Any]]:
+    """The options a draft compiles with; None: no drafts (the CPU, or the step's jit sets its own options)."""
+    if "compiler_options" in self._jit_kwargs:
+      return None
+    return measure.draft_options()
+
   def _compiled(
     self, search: int, rung: Rung, args, kwargs, options: Optional[dict[str, Any]] = None
   ) -> _Compiled:
@@ -431,10 +462,11 @@ class BudgetedStep:
         made = self._plan_of(budget, done.bytes, kept, trace.loops, (_try(kept, done),), kept=True)
         _log_planned(made, kept, time.perf_counter() - start)
         return search, kept, made
-    measuring = self._measuring()
+    measuring, drafting = self._measuring(), self._drafting()
     ahead = _Ahead(
       lambda rung: self._lowered(search, rung, args, kwargs),
       lambda lowered, seconds: _compiled(lowered, seconds, measuring),
+      None if drafting is None else lambda lowered, seconds: _drafted(lowered, seconds, drafting),
     )
     ahead.given(trace.rung, plain, lowering)
     found = _Search(
@@ -517,9 +549,15 @@ class BudgetedStep:
 
 
 class _Compiler:
-  """Compiles the step at a rung when asked (`__call__`), one at a time; hints let it look ahead."""
+  """Compiles the step at a rung when asked (`__call__`), and drafts it (`draft`) where it can; hints let it look ahead."""
+
+  drafting = False  # Whether `draft` compiles.
 
   def __call__(self, rung: Rung) -> _Compiled:
+    raise NotImplementedError
+
+  def draft(self, rung: Rung) -> _Compiled:
+    """A draft of the step at `rung` (`_drafted`), where `drafting`."""
     raise NotImplementedError
 
   def lower(self, rung: Rung) -> None:
@@ -528,42 +566,63 @@ class _Compiler:
   def start(self, rung: Rung) -> None:
     """`rung` is asked for next: its compile may begin."""
 
+  def start_draft(self, rung: Rung) -> None:
+    """`rung`'s draft is asked for next: its compile may begin."""
+
   def close(self) -> None:
     """Ends what was started."""
 
 
 class _OneByOne(_Compiler):
-  """Each rung compiled when asked, by `compile_at`: the hints ignored."""
+  """Each rung compiled (or drafted) when asked, by `compile_at` (`draft_at`): the hints ignored."""
 
-  def __init__(self, compile_at: Callable[[Rung], _Compiled]):
-    self._compile_at = compile_at
+  def __init__(
+    self,
+    compile_at: Callable[[Rung], _Compiled],
+    draft_at: Optional[Callable[[Rung], _Compiled]] = None,
+  ):
+    self._compile_at, self._draft_at = compile_at, draft_at
+    self.drafting = draft_at is not None
 
   def __call__(self, rung: Rung) -> _Compiled:
     return self._compile_at(rung)
 
+  def draft(self, rung: Rung) -> _Compiled:
+    assert self._draft_at is not None
+    return self._draft_at(rung)
+
 
 class _Ahead(_Compiler):
-  """A search's compiles in a thread, each next rung lowered while the last compiles.
+  """A search's compiles in threads, each next rung lowered while the last compiles.
 
   Lowering traces the step in Python, under the GIL; XLA compiles without
   it. So the rung the search is likely to ask for next is lowered on the
-  caller's thread while the one it asked for compiles in this one's: the
+  caller's thread while the one it asked for compiles in another: the
   search waits for the longer of the two, not their sum. Only what the
   search asks for is compiled (a rung lowered ahead and never asked for
   costs its lowering, alongside a compile); each figure is its own
-  program's, as compiled one by one. The thread runs in the caller's
-  context (`contextvars`): an error there names the public call.
+  program's. With `draft_lowered` (drafts: `measure.draft_options`) the
+  compiles the search starts together run side by side, in
+  `measure.DRAFT_CORES` threads, a draft from a lowering of its own; else
+  one at a time. The threads run in the caller's context (`contextvars`):
+  an error there names the public call.
   """
 
   def __init__(
     self,
     lower_at: Callable[[Rung], tuple[Any, float]],
     compile_lowered: Callable[[Any, float], _Compiled],
+    draft_lowered: Optional[Callable[[Any, float], _Compiled]] = None,
   ):
     self._lower_at, self._compile_lowered = lower_at, compile_lowered
+    self._draft_lowered = draft_lowered
+    self.drafting = draft_lowered is not None
     self._lowered: dict[Rung, tuple[Any, float]] = {}
     self._jobs: dict[Rung, concurrent.futures.Future[_Compiled]] = {}
-    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="budgeted_jit")
+    self._drafts: dict[Rung, concurrent.futures.Future[_Compiled]] = {}
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+      measure.DRAFT_CORES if self.drafting else 1, thread_name_prefix="budgeted_jit"
+    )
 
   def given(self, rung: Rung, lowered: Any, seconds: float) -> None:
     """`rung`, already lowered (in `seconds`)."""
@@ -576,14 +635,24 @@ class _Ahead(_Compiler):
   def start(self, rung: Rung) -> None:
     if rung not in self._jobs:
       program, seconds = self._lowered.pop(rung) if rung in self._lowered else self._lower_at(rung)
-      context = contextvars.copy_context()
-      self._jobs[rung] = self._pool.submit(
-        lambda: context.run(self._compile_lowered, program, seconds)
-      )
+      self._jobs[rung] = self._submit(self._compile_lowered, program, seconds)
+
+  def start_draft(self, rung: Rung) -> None:
+    if rung not in self._drafts:
+      assert self._draft_lowered is not None
+      self._drafts[rung] = self._submit(self._draft_lowered, *self._lower_at(rung))
+
+  def _submit(self, compile_lowered, program, seconds) -> concurrent.futures.Future[_Compiled]:
+    context = contextvars.copy_context()
+    return self._pool.submit(lambda: context.run(compile_lowered, program, seconds))
 
   def __call__(self, rung: Rung) -> _Compiled:
     self.start(rung)
     return self._jobs.pop(rung).result()
+
+  def draft(self, rung: Rung) -> _Compiled:
+    self.start_draft(rung)
+    return self._drafts.pop(rung).result()
 
   def close(self) -> None:
     self._pool.shutdown(wait=True)
@@ -653,12 +722,41 @@ class _Search:
       return self.ladder[0]
     if not self.loops:
       return None
-    self._next(self.ladder[true], schedules[-1] if schedules else None)
-    if self.fits(self.ladder[true]):
+    drafting = self.compile_at.drafting and len(schedules) >= 3
+    self._next(self.ladder[true], None if drafting or not schedules else schedules[-1])
+    drafts = (self.ladder[true], schedules[len(schedules) // 2], schedules[-1]) if drafting else ()
+    for rung in drafts:  # Beside remat=True's compile.
+      self.compile_at.start_draft(rung)
+    true_fits = self.fits(self.ladder[true])
+    drafted = [self._draft(rung) for rung in drafts]  # Each made: listed, fits or not.
+    if true_fits:
       return next(r for r in self.ladder[1 : true + 1] if self.fits(r))
-    if not schedules or not self.fits(schedules[-1]):
+    if not schedules:
       return None
-    over, fits = true, len(self.ladder) - 1  # Indices into the ladder.
+    over, fits = true, None  # Indices into the ladder: over the budget, within it.
+    aimed = self._drafted_aim(true, drafts, drafted) if drafts else None
+    if aimed is not None:
+      # The drafts' aim and the rung before it, side by side: the offset
+      # read at remat=True is not quite the schedules' (on the TPU 74 MB
+      # less, about a slot's bytes: the aim a rung late).
+      first = max(aimed - 1, true + 1)
+      pair = [first, first + 1]  # Two schedules: a line of the step's own bytes.
+      for i in pair:
+        self.compile_at.start(self.ladder[i])
+      fitting = [i for i in pair if self.fits(self.ladder[i])]
+      fits = fitting[0] if fitting else None
+      over = max(i for i in [true, *pair] if fits is None or i < fits)
+      if fits is None:  # The aim early: the line through the pair aims on.
+        after = self._on_line(pair, over)
+        if after is not None:
+          if self.fits(self.ladder[after]):
+            fits = after
+          else:
+            over = after
+    if fits is None:
+      if not self.fits(schedules[-1]):
+        return None
+      fits = len(self.ladder) - 1
     for _ in range(_MORE_TRIES):
       between = self._aim(over, fits)
       if between is None:
@@ -668,6 +766,56 @@ class _Search:
       else:
         over = between
     return self.ladder[fits]
+
+  def _draft(self, rung: Rung) -> Optional[int]:
+    """The bytes of `rung`'s draft (None: none), the draft logged and listed."""
+    drafted = self.compile_at.draft(rung)
+    self.made.append(_try(rung, drafted))
+    _log_try(rung, drafted)
+    return drafted.bytes
+
+  def _drafted_aim(
+    self, true: int, drafts: tuple[Rung, ...], drafted: list[Optional[int]]
+  ) -> Optional[int]:
+    """The first schedule that the drafts' line says fits (None: a draft has no bytes).
+
+    `drafts`: remat=True, a middle schedule and the least rung, drafted
+    (`measure.draft_options`) to `drafted` bytes. The schedules' line
+    through the two schedules' drafts has the step's slope; a draft holds
+    more than the step as it runs, by an amount about constant along the
+    line, read at remat=True (compiled both ways).
+    """
+    at_true, middle, least = drafted
+    compiled = self.tried[self.ladder[true]].bytes
+    x_middle, x_least = (_carries_kept(rung, self.loops) for rung in drafts[1:])
+    if at_true is None or middle is None or least is None or compiled is None:
+      return None
+    if x_middle == x_least:
+      return None
+    slope = (middle - least) / (x_middle - x_least)
+    offset = at_true - compiled
+    for i in range(true + 1, len(self.ladder)):
+      x = _carries_kept(self.ladder[i], self.loops)
+      if least - offset + slope * (x - x_least) <= self.budget:
+        return i
+    return len(self.ladder) - 1
+
+  def _on_line(self, through: list[int], over: int) -> Optional[int]:
+    """The first rung after `over` within the budget on the line through two compiled schedules (None: none before the last)."""
+    (x0, x1), (b0, b1) = zip(
+      *(
+        (_carries_kept(self.ladder[i], self.loops), self.tried[self.ladder[i]].bytes)
+        for i in through
+      )
+    )
+    if b0 is None or b1 is None or x0 == x1:
+      return None
+    for i in range(over + 1, len(self.ladder) - 1):
+      if (
+        b1 + (b1 - b0) / (x1 - x0) * (_carries_kept(self.ladder[i], self.loops) - x1) <= self.budget
+      ):
+        return i
+    return None
 
   def _aim(self, over: int, fits: int) -> Optional[int]:
     """The rung between two compiled ones that the schedules' line says fits first (None: none).
@@ -784,7 +932,7 @@ class _Search:
 
 
 def _try(rung: Rung, done: _Compiled) -> StepTry:
-  return StepTry(rung.describe(), done.bytes, done.seconds, done.measuring)
+  return StepTry(rung.describe(), done.bytes, done.seconds, done.measuring, done.draft)
 
 
 def _log_planned(made: StepPlan, rung: Rung, seconds: float) -> None:

@@ -589,9 +589,14 @@ def _sgd_of(grad, params, xs, scale):
 
 
 class LadderTest(_CacheDirectory):
-  @parameterized.parameters("scan", "two_loops")
-  def test_the_search_finds_the_first_plan_that_fits(self, form):
-    # Every rung compiled, against the search's few compiles.
+  @parameterized.product(form=("scan", "two_loops"), drafts=(False, True))
+  def test_the_search_finds_the_first_plan_that_fits(self, form, drafts):
+    # Every rung compiled, against the search's few compiles; with drafts
+    # (as away from the CPU: `measure.draft_options`), XLA's least effort.
+    options = {"optimization_level": 9} if drafts else None
+    patch = mock.patch.object(measure, "draft_options", lambda: options)
+    patch.start()
+    self.addCleanup(patch.stop)
     auto, args = _step(form, "auto")
     every = step_budget.BudgetedStep(auto, None, 3.0, {})
     trace = step_budget._Trace(step_budget.Rung(step_budget._TRUE))
@@ -611,11 +616,24 @@ class LadderTest(_CacheDirectory):
         plan = hkb.budgeted_jit(traced, memory_budget=budget).plan(*args)
         self.assertEqual(plan.loops, want)
         self.assertEqual(plan.bytes, sizes[first])
-        # Plain, remat=True, the least rung and the one the schedules' line
-        # aims at (a slot, a carry): each traced and compiled once, and the
-        # choice compiled as it runs.
-        self.assertLessEqual(len(traces), 4)
-        self.assertLessEqual(len(made), 4 + MEASURING)
+        drafted = [t for t in plan.tries if t.draft]
+        if not drafts:
+          # Plain, remat=True, the least rung and the one the schedules'
+          # line aims at (a slot, a carry): each traced and compiled once,
+          # and the choice compiled as it runs.
+          self.assertEqual(drafted, [])
+          self.assertLessEqual(len(traces), 4)
+          self.assertLessEqual(len(made), 4 + MEASURING)
+        elif plan.loops[0].remat == "binomial":
+          # Three drafts, then the pair they aim at (and the line's aim).
+          self.assertLen(drafted, 3)
+          self.assertIn(", draft)", str(plan))
+          self.assertLessEqual(len(traces), 8)
+          self.assertLessEqual(len(made), 8 + MEASURING)
+    # A step jitted with options of its own is compiled with those alone.
+    self.assertIsNone(
+      step_budget.BudgetedStep(auto, None, 3.0, {"compiler_options": {}})._drafting()
+    )
 
 
 class MeshTest(_CacheDirectory):
@@ -739,6 +757,110 @@ class AimTest(parameterized.TestCase):
       with self.subTest(budget=budget):
         self.assertEqual(search.run(), first)
         self.assertLessEqual(len(search.made), most)
+
+
+class _Rounds(step_budget._OneByOne):
+  """`_OneByOne`, counting the rounds of compiles the search waits for: those it started together are one."""
+
+  def __init__(self, compile_at, draft_at):
+    super().__init__(compile_at, draft_at)
+    self.rounds = 0
+    self._started, self._running = set(), set()
+
+  def start(self, rung):
+    self._started.add(rung)
+
+  def __call__(self, rung):
+    if rung in self._running:  # Compiled beside the round's first.
+      self._running.remove(rung)
+    else:
+      self.rounds += 1
+      self._running, self._started = self._started - {rung}, set()
+    return super().__call__(rung)
+
+
+class DraftTest(parameterized.TestCase):
+  """The search where drafts (`measure.draft_options`, away from the CPU) hold more than the step as it runs, by a constant along the schedules and another at remat=True (as XLA:TPU at O0 compiles them: remat_auto.md)."""
+
+  @parameterized.named_parameters(
+    # (offset at remat=True, at the schedules, the most full compiles): as
+    # on the TPU, remat=True's offset under the schedules' by less than a
+    # slot's bytes (the aim a rung late at most: the rung before it, compiled
+    # beside it, decides), and by more; equal; over them (the aim early: the
+    # line through the pair aims on). A slot holds a carry: 64 bytes.
+    ("tpu_like", 2_600, 2_660, 4),
+    ("two_rungs_late", 2_580, 2_700, 5),
+    ("equal", 3_000, 3_000, 4),
+    ("early", 3_100, 3_000, 5),
+  )
+  def test_the_drafts_aim_and_the_rung_before_find_the_first_that_fits(self, at_true, along, most):
+    loops = [step_budget._Seen(16, False, math.inf, 64)]
+    ladder = step_budget._ladder(loops, math.inf)
+    kept = [step_budget._carries_kept(rung, loops) for rung in ladder]
+    sizes = [50_000, round(20_000 + (kept[1] - 2 * 64))]
+    sizes += [round(20_000 + x) for x in kept[2:]]
+    fake = dict(zip(ladder, sizes))
+    drafts = {
+      rung: size + (at_true if i == 1 else along) for i, (rung, size) in enumerate(fake.items())
+    }
+    for budget in sorted({*sizes, *(size - 1 for size in sizes)}):
+      first = next((rung for rung, size in zip(ladder, sizes) if size <= budget), None)
+      compiler = _Rounds(
+        lambda r: _compiled(fake[r]), lambda r: _compiled(drafts[r])._replace(draft=True)
+      )
+      search = step_budget._Search(budget, math.inf, ladder, loops, compiler)
+      with self.subTest(budget=budget):
+        self.assertEqual(search.run(), first)
+        if first == ladder[1]:  # remat=True: the drafts made beside it listed.
+          self.assertLen([t for t in search.made if t.draft], 3)
+          self.assertEqual(compiler.rounds, 2)
+        if first is not None and first.kind == step_budget._SCHEDULE:
+          # Three drafts beside remat=True's compile, then the aim and the
+          # rung before it side by side: plain, remat=True, the pair (and
+          # the line's aim), each round a compile's time.
+          self.assertLen([t for t in search.made if t.draft], 3)
+          self.assertLessEqual(len([t for t in search.made if not t.draft]), most)
+          self.assertLessEqual(compiler.rounds, most - 1)
+
+  def test_the_drafts_compile_beside_remat_true_and_a_draft_without_bytes_aims_nothing(self):
+    loops = [step_budget._Seen(16, False, math.inf, 64)]
+    ladder = step_budget._ladder(loops, math.inf)
+    kept = [step_budget._carries_kept(rung, loops) for rung in ladder]
+    sizes = dict(zip(ladder, [50_000, 20_000 + kept[1]] + [20_000 + x for x in kept[2:]]))
+    events = []
+
+    class Recorded(step_budget._Compiler):
+      drafting = True
+
+      def __call__(self, rung):
+        events.append(("wait", ladder.index(rung)))
+        return _compiled(sizes[rung])
+
+      def draft(self, rung):
+        return _compiled(None)._replace(draft=True)  # Out of memory, or failed.
+
+      def start(self, rung):
+        events.append(("start", ladder.index(rung)))
+
+      def start_draft(self, rung):
+        events.append(("draft", ladder.index(rung)))
+
+    budget = sizes[ladder[-4]]
+    search = step_budget._Search(budget, math.inf, ladder, loops, Recorded())
+    self.assertEqual(search.run(), ladder[-4])
+    true = events.index(("start", 1))
+    self.assertEqual(
+      events[true : true + 5],
+      [
+        ("start", 1),
+        ("draft", 1),
+        ("draft", 2 + (len(ladder) - 2) // 2),
+        ("draft", len(ladder) - 1),
+        ("wait", 1),
+      ],
+    )
+    # No line from the drafts: the least rung is compiled, as without them.
+    self.assertIn(("wait", len(ladder) - 1), events)
 
 
 class RefusalTest(absltest.TestCase):
