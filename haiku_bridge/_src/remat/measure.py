@@ -210,20 +210,21 @@ def measuring_options() -> dict[str, Any]:
 def draft_options() -> Optional[dict[str, Any]]:
   """XLA options for `hkb.budgeted_jit`'s drafts: a compile at a third of the cost, its bytes off by a constant; None: no drafts.
 
-  Away from the CPU, XLA at its least effort (`optimization_level` O0):
+  On a TPU, XLA at its least effort (`optimization_level` O0):
   on a TPU v5e the 24-layer transformer step of
   `testing/benchmarks/step_budget_figures.py` compiles about 2.8x faster
   (3.45 s against 9.83 s at remat=True) and holds more than as it runs, by
   an amount the same at every binomial schedule (332 MB; 258 MB at
   remat=True:
   testing/benchmarks/results/remat_auto.md, "Drafts"). So a draft never
-  decides; two of them give the slope of the schedules' line. None on the
-  CPU, whose measuring compiles keep the buffers at a tenth of the cost
-  (`measuring_options`), and on a host of fewer than
-  `DRAFT_CORES` cores, where drafts compiled beside the step's own
-  compile would slow it.
+  decides; two of them give the slope of the schedules' line. On a TPU
+  only, where that was measured: None on the CPU, whose measuring compiles
+  keep the buffers at a tenth of the cost (`measuring_options`), on a GPU
+  (not measured there: its tries compile as the step runs, one by one),
+  and on a host of fewer than `DRAFT_CORES` cores, where drafts compiled
+  beside the step's own compile would slow it.
   """
-  if jax.default_backend() == "cpu" or (os.cpu_count() or 1) < DRAFT_CORES:
+  if jax.default_backend() != "tpu" or (os.cpu_count() or 1) < DRAFT_CORES:
     return None
   return {"optimization_level": 9}  # XLA's effort level O0.
 

@@ -29,9 +29,9 @@ holds a whole count of carries, as XLA:CPU compiles them). On the CPU the tries 
 XLA's cheaper code generation, which keeps the buffers
 (`measure.measuring_options`), and the choice once more as it runs,
 whose figure is the one checked. Elsewhere no cheaper compile keeps the
-buffers, so the search drafts (`measure.draft_options`: XLA at its least
-effort, a third of the cost, its bytes off by a constant along the
-schedules): beside `remat=True`'s compile, drafts of `remat=True`, a middle
+buffers: the tries compile as the step runs, and on a TPU the search
+drafts (`measure.draft_options`: XLA at its least effort, a third of the
+cost, its bytes off by a constant along the schedules): beside `remat=True`'s compile, drafts of `remat=True`, a middle
 schedule and the last rung; where `remat=True` does not fit, the line
 through the two schedules' drafts, less the offset read at `remat=True`,
 aims, and the aim and the rung before it compile side by side as they run
@@ -122,7 +122,7 @@ class StepTry(NamedTuple):
   the buffers (on the CPU: `measure.measuring_options`), for its bytes
   only; the chosen rung is then compiled as it runs, and checked.
   `draft`: compiled at XLA's least effort beside the search's other
-  compiles (`measure.draft_options`, away from the CPU), its bytes off the
+  compiles (`measure.draft_options`, on a TPU), its bytes off the
   step's by a constant: read for the slope of the schedules' line only.
   """
 

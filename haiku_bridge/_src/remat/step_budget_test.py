@@ -592,7 +592,7 @@ class LadderTest(_CacheDirectory):
   @parameterized.product(form=("scan", "two_loops"), drafts=(False, True))
   def test_the_search_finds_the_first_plan_that_fits(self, form, drafts):
     # Every rung compiled, against the search's few compiles; with drafts
-    # (as away from the CPU: `measure.draft_options`), XLA's least effort.
+    # (as on a TPU: `measure.draft_options`), XLA's least effort.
     options = {"optimization_level": 9} if drafts else None
     patch = mock.patch.object(measure, "draft_options", lambda: options)
     patch.start()
@@ -780,7 +780,7 @@ class _Rounds(step_budget._OneByOne):
 
 
 class DraftTest(parameterized.TestCase):
-  """The search where drafts (`measure.draft_options`, away from the CPU) hold more than the step as it runs, by a constant along the schedules and another at remat=True (as XLA:TPU at O0 compiles them: remat_auto.md)."""
+  """The search where drafts (`measure.draft_options`, on a TPU) hold more than the step as it runs, by a constant along the schedules and another at remat=True (as XLA:TPU at O0 compiles them: remat_auto.md)."""
 
   @parameterized.named_parameters(
     # (offset at remat=True, at the schedules, the most full compiles): as
