@@ -31,11 +31,13 @@ XLA's cheaper code generation, which keeps the buffers
 whose figure is the one checked. Elsewhere no cheaper compile keeps the
 buffers: the tries compile as the step runs, and on a TPU the search
 drafts (`measure.draft_options`: XLA at its least effort, a third of the
-cost, its bytes off by a constant along the schedules): beside `remat=True`'s compile, drafts of `remat=True`, a middle
-schedule and the last rung; where `remat=True` does not fit, the line
-through the two schedules' drafts, less the offset read at `remat=True`,
-aims, and the aim and the rung before it compile side by side as they run
-(`_Search._drafted_aim`); a draft never decides. A compile that runs out of device
+cost, its bytes off by a constant along the schedules). Beside
+`remat=True`'s compile, three drafts: of `remat=True`, a middle schedule
+and the last rung; where `remat=True` does not fit, the line through the
+two schedules' drafts, less the offset read at `remat=True`, aims
+(`_Search._drafted_aim`), and the aim and the rung before it compile side
+by side as they run: on a schedule, four compiles and three drafts where
+the aim is at most a rung off. A draft never decides. A compile that runs out of device
 memory (RESOURCE_EXHAUSTED, as XLA:TPU's compiler raises, fast, for a
 program over its HBM) is a rung over any budget, never an error.
 
