@@ -27,15 +27,18 @@
 #    testing/benchmarks/memory_reading.py: a loop's gradient as XLA's memory analysis reports it
 #    and as the library reads it, against whether the device's compiler takes it (on a CPU,
 #    `--small`).
-# 5. step.log, cold.json, warm.json, step_budget.md (not among the default parts: about 7 minutes on
-#    a TPU v5e): testing/benchmarks/step_budget_figures.py, `hkb.budgeted_jit` on a 24-layer
-#    transformer LM step with an Adam update at the budgets of testing/benchmarks/results/
-#    remat_auto.md's TPU table, then the same in a second process that reads the first one's plans
-#    (under OUT_DIR/plans): the tables of that page, written by the script (on a CPU, `--small`).
-#    `ACCELERATOR_CHECK_PARTS=step bash testing/accelerator_check.sh OUT_DIR` runs it alone.
+# 5. step.log, cold.json, warm.json, step_budget.md (not among the default parts: about 10 minutes on
+#    a TPU v5e, the cold phase 6.6 and the second process 3.6): testing/benchmarks/
+#    step_budget_figures.py, `hkb.budgeted_jit` on a 24-layer transformer LM step with an Adam update
+#    at the budgets of testing/benchmarks/results/remat_auto.md's TPU table, then the same in a
+#    second process that reads the first one's plans (under OUT_DIR/plans): the tables of that page,
+#    written by the script (on a CPU, `--small`). `ACCELERATOR_CHECK_PARTS=step bash
+#    testing/accelerator_check.sh OUT_DIR` runs it alone; ACCELERATOR_CHECK_STEP_PHASES=cold, then
+#    =warm with the same OUT_DIR, runs its two phases apart (each within a 10-minute call).
 #
 # Settings (environment): ACCELERATOR_CHECK_PARTS (default "tests figures remat budget"; add
-# "step" for part 5), ACCELERATOR_CHECK_PART_S (each part's limit in seconds, default 540),
+# "step" for part 5), ACCELERATOR_CHECK_STEP_PHASES (part 5's, default "cold warm"),
+# ACCELERATOR_CHECK_PART_S (each part's limit in seconds, default 540),
 # ACCELERATOR_CHECK_SHARD, ACCELERATOR_CHECK_WORKERS (default 8, on a GPU), PYTHON (default python3).
 #
 # summary.md gathers the parts run with the date, device and versions; RESULTS.md's sections "On a
@@ -182,10 +185,10 @@ fi
 
 step_status=0
 if runs step; then
-  echo "== step budget: step_budget_figures, cold then a second process (at most ${PART_S} s each)"
+  echo "== step budget: step_budget_figures, phases: ${ACCELERATOR_CHECK_STEP_PHASES:-cold warm} (at most ${PART_S} s each)"
   step_args=(--out="${OUT}")
   [[ "${backend}" == cpu ]] && step_args+=(--small --cold_repeats=1)  # A check of the script.
-  for phase in cold warm; do
+  for phase in ${ACCELERATOR_CHECK_STEP_PHASES:-cold warm}; do
     # Its costs are of compiles: jax's persistent compilation cache (set above) is off here.
     env -u JAX_COMPILATION_CACHE_DIR HAIKU_BRIDGE_CACHE_DIR="${OUT}/plans" "${LIMITED[@]}" "${PYTHON}" \
       -m testing.benchmarks.step_budget_figures "${step_args[@]}" --phase="${phase}" 2>&1 \

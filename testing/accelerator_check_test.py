@@ -89,8 +89,12 @@ class AcceleratorCheckTest(absltest.TestCase):
         )
       os.chmod(python, 0o755)
       env = dict(os.environ, PYTHON=python, ACCELERATOR_CHECK_PARTS="step")
-      subprocess.run(["bash", SCRIPT, os.path.join(out, "check")], env=env, check=True,
-                     capture_output=True)  # fmt: skip
+      # Both phases, then each apart (as two calls of a device's time limit take them).
+      for phases in (None, "cold", "warm"):
+        if phases is not None:
+          env["ACCELERATOR_CHECK_STEP_PHASES"] = phases
+        subprocess.run(["bash", SCRIPT, os.path.join(out, "check")], env=env, check=True,
+                       capture_output=True)  # fmt: skip
       with open(os.path.join(out, "calls")) as f:
         calls = f.read().splitlines()
     plans = os.path.join(out, "check", "plans")
@@ -100,7 +104,7 @@ class AcceleratorCheckTest(absltest.TestCase):
         f"-m testing.benchmarks.step_budget_figures --out={out}/check --small --cold_repeats=1"
         f" --phase={phase}"
         f" cache=unset plans={plans}"
-        for phase in ("cold", "warm")
+        for phase in ("cold", "warm", "cold", "warm")
       ],
     )
 
