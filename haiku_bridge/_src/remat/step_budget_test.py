@@ -727,6 +727,44 @@ class AheadTest(absltest.TestCase):
       self.assertEqual(compiled, list(found.tried))  # Nothing compiled unasked.
     self.assertEqual(overlapped, {rungs[0]: True, rungs[1]: True})
 
+  def test_drafts_compile_beside_remat_true_and_the_pair_side_by_side(self):
+    loops = [step_budget._Seen(16, False, math.inf, 64)]
+    ladder = step_budget._ladder(loops, math.inf)
+    kept = [step_budget._carries_kept(rung, loops) for rung in ladder]
+    sizes = dict(zip(ladder, [50_000, 20_000 + kept[1]] + [20_000 + x for x in kept[2:]]))
+    budget = sizes[ladder[-4]]  # The drafts aim at it exactly: the pair is it and the rung before.
+    drafts_done = threading.Barrier(4, timeout=5)  # The three drafts and remat=True's compile.
+    pair = threading.Barrier(2, timeout=5)
+    together = {}
+
+    def meet(barrier, key):
+      try:
+        barrier.wait()
+        together[key] = True
+      except threading.BrokenBarrierError:
+        together[key] = False
+
+    def compile_lowered(rung, seconds):
+      if rung == ladder[1]:
+        meet(drafts_done, rung)
+      elif rung in (ladder[-5], ladder[-4]):
+        meet(pair, rung)
+      return _compiled(sizes[rung], rung)
+
+    def draft_lowered(rung, seconds):
+      meet(drafts_done, ("draft", rung))
+      return _compiled(sizes[rung] + 100, rung)._replace(draft=True)
+
+    ahead = step_budget._Ahead(lambda rung: (rung, 0.0), compile_lowered, draft_lowered)
+    try:
+      chosen = step_budget._Search(budget, math.inf, ladder, loops, ahead).run()
+    finally:
+      ahead.close()
+    self.assertEqual(chosen, ladder[-4])
+    # Each compile met the others it runs beside: four at once, then the pair.
+    self.assertEqual(together, dict.fromkeys(together, True))
+    self.assertLen(together, 6)
+
 
 class AimTest(parameterized.TestCase):
   """The search's compiles where a schedule's bytes lie on a line in the carries kept, remat=True's off it (as XLA:CPU compiles them: LadderTest)."""
