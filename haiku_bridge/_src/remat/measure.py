@@ -208,21 +208,21 @@ def measuring_options() -> dict[str, Any]:
 
 
 def draft_options() -> Optional[dict[str, Any]]:
-  """XLA options for `hkb.budgeted_jit`'s drafts: a compile at a third of the cost, its bytes off by a constant; None: no drafts.
+  """XLA options for `hkb.budgeted_jit`'s drafts: a cheaper compile, its bytes off by a constant; None: no drafts.
 
-  On a TPU, XLA at its least effort (`optimization_level` O0):
-  on a TPU v5e the 24-layer transformer step of
-  `testing/benchmarks/step_budget_figures.py` compiles about 2.8x faster
-  (3.45 s against 9.83 s at remat=True) and holds more than as it runs, by
-  an amount the same at every binomial schedule (332 MB; 258 MB at
-  remat=True:
-  testing/benchmarks/results/remat_auto.md, "Drafts"). So a draft never
-  decides; two of them give the slope of the schedules' line. On a TPU
-  only, where that was measured: None on the CPU, whose measuring compiles
-  keep the buffers at a tenth of the cost (`measuring_options`), on a GPU
-  (not measured there: its tries compile as the step runs, one by one),
-  and on a host of fewer than `DRAFT_CORES` cores, where drafts compiled
-  beside the step's own compile would slow it.
+  On a TPU, XLA at its least effort (`optimization_level` O0). On a TPU
+  v5e, the 24-layer transformer step of
+  `testing/benchmarks/step_budget_figures.py`: a draft of remat=True
+  compiled in 3.1 s beside the step's own compile of 7.7 s, and held
+  257,786,880 bytes more; at a binomial schedule 332,164,608 more, as at
+  every schedule an earlier run compiled both ways
+  (testing/benchmarks/results/remat_auto.md: "Drafts", and the tries at
+  XLA's least effort before them). So a draft never decides; two of them give the slope of the
+  schedules' line. On a TPU only, where that was measured: None on the
+  CPU, whose measuring compiles keep the buffers at a tenth of the cost
+  (`measuring_options`), on a GPU (not measured there: its tries compile
+  as the step runs, one by one), and on a host of fewer than `DRAFT_CORES`
+  cores, where drafts compiled beside the step's own compile would slow it.
   """
   if jax.default_backend() != "tpu" or (os.cpu_count() or 1) < DRAFT_CORES:
     return None
