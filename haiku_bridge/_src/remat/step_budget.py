@@ -342,14 +342,12 @@ def _compiled(lowered: Any, lowering: float, options: dict[str, Any]) -> _Compil
 
 def _drafted(lowered: Any, lowering: float, options: dict[str, Any]) -> _Compiled:
   """A draft of `lowered`: its bytes at `options` (`measure.draft_options`), no program kept; any failure, no bytes (a draft only aims)."""
-  start = time.perf_counter()
   try:
-    analysis = _compile(lowered, options).memory_analysis()
-    found = step_bytes(analysis, jax.default_backend())
+    done = _compiled(lowered, lowering, options)
   except Exception as error:  # pylint: disable=broad-except
     tracing.LOG.debug("hkb.%s: a draft compile failed: %s", _API, error)
-    found = None
-  return _Compiled(found, None, lowering + time.perf_counter() - start, None, False, draft=True)
+    done = _Compiled(None, None, lowering, None, False)
+  return done._replace(compiled=None, lowered=None, measuring=False, draft=True)
 
 
 class BudgetedStep:
@@ -795,12 +793,9 @@ class _Search:
     if x_middle == x_least:
       return None
     slope = (middle - least) / (x_middle - x_least)
-    offset = at_true - compiled
-    for i in range(true + 1, len(self.ladder)):
-      x = _carries_kept(self.ladder[i], self.loops)
-      if least - offset + slope * (x - x_least) <= self.budget:
-        return i
-    return len(self.ladder) - 1
+    last = len(self.ladder) - 1
+    aimed = self._first_on_line(true, last, x_least, least - (at_true - compiled), slope)
+    return last if aimed is None else aimed
 
   def _on_line(self, through: list[int], over: int) -> Optional[int]:
     """The first rung after `over` within the budget on the line through two compiled schedules (None: none before the last)."""
@@ -812,12 +807,7 @@ class _Search:
     )
     if b0 is None or b1 is None or x0 == x1:
       return None
-    for i in range(over + 1, len(self.ladder) - 1):
-      if (
-        b1 + (b1 - b0) / (x1 - x0) * (_carries_kept(self.ladder[i], self.loops) - x1) <= self.budget
-      ):
-        return i
-    return None
+    return self._first_on_line(over, len(self.ladder) - 1, x1, b1, (b1 - b0) / (x1 - x0))
 
   def _aim(self, over: int, fits: int) -> Optional[int]:
     """The rung between two compiled ones that the schedules' line says fits first (None: none).
@@ -872,7 +862,7 @@ class _Search:
   def _first_on_line(
     self, over: int, fits: int, x_fits: int, b_fits: int, slope: float
   ) -> Optional[int]:
-    """The first rung between `over` and `fits` whose bytes on the line through `fits` at `slope` are within the budget."""
+    """The first rung between `over` and `fits` (neither) whose bytes on the line through (`x_fits`, `b_fits`) at `slope` are within the budget."""
     for i in range(over + 1, fits):
       x = _carries_kept(self.ladder[i], self.loops)
       if b_fits + slope * (x - x_fits) <= self.budget:

@@ -861,6 +861,21 @@ class DraftTest(parameterized.TestCase):
           self.assertLessEqual(len([t for t in search.made if not t.draft]), most)
           self.assertLessEqual(compiler.rounds, most - 1)
 
+  def test_a_draft_that_fails_has_no_bytes_and_keeps_no_program(self):
+    lowered = jax.jit(jnp.tanh).lower(jnp.ones([4]))
+    done = step_budget._drafted(lowered, 0.5, {"optimization_level": 9})
+    self.assertEqual((done.bytes is not None, done.compiled, done.lowered), (True, None, None))
+    self.assertEqual((done.draft, done.measuring), (True, False))
+    for error in (ValueError("an option this XLA lacks"), RuntimeError("RESOURCE_EXHAUSTED: HBM")):
+
+      def failing(lowered, options, error=error):
+        raise error
+
+      with mock.patch.object(step_budget, "_compile", failing):
+        done = step_budget._drafted(lowered, 0.5, {"optimization_level": 9})
+      self.assertEqual((done.bytes, done.draft), (None, True))
+      self.assertGreaterEqual(done.seconds, 0.5)  # Its lowering's, at least.
+
   def test_the_drafts_compile_beside_remat_true_and_a_draft_without_bytes_aims_nothing(self):
     loops = [step_budget._Seen(16, False, math.inf, 64)]
     ladder = step_budget._ladder(loops, math.inf)
