@@ -303,6 +303,34 @@ class BudgetTest(_CacheDirectory):
     self.assert_values(values[0], jax.jit(plain)(*args))
 
 
+class DraftGridTest(parameterized.TestCase):
+  # Drafts (a TPU's: `measure.draft_options`, forced here with XLA's least
+  # effort) only aim: the forms whose carries the line counts apart (two
+  # loops, a vmapped ensemble's, a jacobian's per-example rows) take the
+  # plan the search takes without them.
+  @parameterized.parameters("two_loops", "vmap_ensemble", "jacrev")
+  def test_drafts_change_no_plan(self, form):
+    auto, args = _step(form, "auto")
+    budget = _bytes(_step(form, True)[0], *args) - 1  # A schedule, where any fits.
+    plans = []
+    for options in (None, {"optimization_level": 9}):
+      # Each a search: no plan on disk (drafts are not in its key: they only aim).
+      with (
+        mock.patch.object(measure, "draft_options", lambda: options),
+        mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": ""}),
+      ):
+        try:
+          plans.append(hkb.budgeted_jit(auto, memory_budget=budget).plan(*args))
+        except ValueError as refused:  # None holds less than remat=True (jacrev, jax 0.12).
+          plans.append(str(refused))
+    if isinstance(plans[0], str):
+      self.assertEqual(plans[1], plans[0])
+      return
+    self.assertEqual((plans[1].loops, plans[1].bytes), (plans[0].loops, plans[0].bytes))
+    self.assertEqual([t for t in plans[0].tries if t.draft], [])
+    self.assertLen([t for t in plans[1].tries if t.draft], 3)
+
+
 class SearchTest(_CacheDirectory):
   def test_compiles_made_and_kept(self):
     plain, args = _step("scan", False)
