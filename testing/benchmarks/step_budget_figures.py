@@ -38,6 +38,7 @@ import json
 import os
 import re
 import statistics
+import threading
 import time
 from typing import Any, Optional
 from unittest import mock
@@ -151,8 +152,18 @@ def _nothing_on_disk():
   return mock.patch.dict(os.environ, {"HAIKU_BRIDGE_CACHE_DIR": ""})
 
 
+def _settled() -> float:
+  """Seconds until the compiles a search left unused end (`budgeted_jit` lets them finish in its threads): no figure after shares the host with them."""
+  start = time.perf_counter()
+  for thread in threading.enumerate():
+    if thread.name.startswith("budgeted_jit"):
+      thread.join()
+  return time.perf_counter() - start
+
+
 def _cleared() -> None:
   """jax's caches and the bridge's in-memory ones emptied, the plans' files kept: a cold compile."""
+  _settled()
   with _nothing_on_disk():
     hkb.clear_caches()
   jax.clear_caches()
@@ -208,7 +219,7 @@ def budgeted(
   tokens = _inputs(size)
   out: dict[str, Any] = {"memory_budget": budget}
   state = init(tokens)
-  samples, plans = [], []
+  samples, plans, unused = [], [], []
   for repeat in range(cold_repeats):
     _cleared()
     run = hkb.budgeted_jit(step, memory_budget=budget, donate_argnums=(0, 1))
@@ -222,10 +233,13 @@ def budgeted(
         return out
     samples.append(time.perf_counter() - start)
     plans.append((plan.loops, plan.bytes))
+    unused.append(_settled())
   _say(
     out,
     first_s=statistics.median(samples),
     first_samples=samples,
+    # After each first call, how long its unused compiles ran on.
+    unused_s=unused,
     # Whether every repeat chose the same (it is the compiled step's choice).
     same_plans=len(set(map(repr, plans))) == 1,
     bytes=plan.bytes,

@@ -31,13 +31,17 @@ XLA's cheaper code generation, which keeps the buffers
 whose figure is the one checked. Elsewhere no cheaper compile keeps the
 buffers: the tries compile as the step runs, and on a TPU the search
 drafts (`measure.draft_options`: XLA at its least effort, a third of the
-cost, its bytes off by a constant along the schedules). Beside
-`remat=True`'s compile, three drafts: of `remat=True`, a middle schedule
-and the last rung; where `remat=True` does not fit, the line through the
-two schedules' drafts, less the offset read at `remat=True`, aims
-(`_Search._drafted_aim`), and the aim and the rung before it compile side
-by side as they run: on a schedule, four compiles and three drafts where
-the aim is at most a rung off. A draft never decides. A compile that runs out of device
+cost, its bytes off by a constant along the schedules). There
+`remat=True` compiles beside plain (where plain fits, it finishes in its
+thread, unused), and three drafts beside `remat=True`: of `remat=True`, a
+middle schedule and the last rung. Where `remat=True` does not fit, the
+line through the two schedules' drafts, less the offset read at
+`remat=True`, aims, and the rung before the aim compiles as it runs; the
+line through that compile at the drafts' slope (the schedules' own) then
+decides that no rung before it fits, where it says so by a quarter of a
+slot's bytes or more, or aims the next compile (`_Search._on_drafted_slope`):
+on a schedule, three compiles and three drafts where the aim is a rung late.
+A draft's bytes never decide alone. A compile that runs out of device
 memory (RESOURCE_EXHAUSTED, as XLA:TPU's compiler raises, fast, for a
 program over its HBM) is a rung over any budget, never an error.
 
@@ -599,13 +603,14 @@ class _Ahead(_Compiler):
   it. So the rung the search is likely to ask for next is lowered on the
   caller's thread while the one it asked for compiles in another: the
   search waits for the longer of the two, not their sum. Only what the
-  search asks for is compiled (a rung lowered ahead and never asked for
+  search starts is compiled (a rung lowered ahead and never asked for
   costs its lowering, alongside a compile); each figure is its own
   program's. With `draft_lowered` (drafts: `measure.draft_options`) the
   compiles the search starts together run side by side, in
   `measure.DRAFT_CORES` threads, a draft from a lowering of its own; else
   one at a time. The threads run in the caller's context (`contextvars`):
-  an error there names the public call.
+  an error there names the public call. A compile started and not waited
+  for finishes in its thread after `close`, unused.
   """
 
   def __init__(
@@ -655,8 +660,13 @@ class _Ahead(_Compiler):
     return self._drafts.pop(rung).result()
 
   def close(self) -> None:
-    self._pool.shutdown(wait=True)
+    # A compile the search did not wait for (remat=True's beside a plain
+    # step that fits, drafts beside a remat=True that fits, the rest of a
+    # round the choice left behind) finishes in its thread, unused.
+    self._pool.shutdown(wait=False, cancel_futures=True)
     self._lowered.clear()
+    self._jobs.clear()
+    self._drafts.clear()
 
 
 class _Search:
@@ -717,42 +727,45 @@ class _Search:
   def run(self) -> Optional[Rung]:
     true = self.ladder.index(Rung(_TRUE)) if self.loops else 0
     schedules = self.ladder[true + 1 :]
+    drafting = self.compile_at.drafting and len(schedules) >= 3
     self._next(self.ladder[0], self.ladder[true] if self.loops else None)
+    if drafting:  # remat=True beside plain: where plain fits, it finishes unused.
+      self.compile_at.start(self.ladder[true])
     if self.fits(self.ladder[0]):  # Plain, or no loop to plan.
       return self.ladder[0]
     if not self.loops:
       return None
-    drafting = self.compile_at.drafting and len(schedules) >= 3
-    self._next(self.ladder[true], None if drafting or not schedules else schedules[-1])
+    if not drafting:
+      self._next(self.ladder[true], schedules[-1] if schedules else None)
     drafts = (self.ladder[true], schedules[len(schedules) // 2], schedules[-1]) if drafting else ()
     for rung in drafts:  # Beside remat=True's compile.
       self.compile_at.start_draft(rung)
-    true_fits = self.fits(self.ladder[true])
-    drafted = [self._draft(rung) for rung in drafts]  # Each made: listed, fits or not.
-    if true_fits:
+    if self.fits(self.ladder[true]):  # The drafts finish unused.
       return next(r for r in self.ladder[1 : true + 1] if self.fits(r))
     if not schedules:
       return None
     over, fits = true, None  # Indices into the ladder: over the budget, within it.
-    aimed = self._drafted_aim(true, drafts, drafted) if drafts else None
-    if aimed is not None:
-      # The drafts' aim and the rung before it, side by side: the offset
-      # read at remat=True is not quite the schedules' (on the TPU 74 MB
-      # less, about a slot's bytes: the aim a rung late).
-      first = max(aimed - 1, true + 1)
-      pair = [first, first + 1]  # Two schedules: a line of the step's own bytes.
-      for i in pair:
-        self.compile_at.start(self.ladder[i])
-      fitting = [i for i in pair if self.fits(self.ladder[i])]
-      fits = fitting[0] if fitting else None
-      over = max(i for i in [true, *pair] if fits is None or i < fits)
-      if fits is None:  # The aim early: the line through the pair aims on.
-        after = self._on_line(pair, over)
-        if after is not None:
-          if self.fits(self.ladder[after]):
-            fits = after
-          else:
-            over = after
+    line = self._drafted_line(true, drafts) if drafts else None
+    if line is not None:
+      x_line, b_line, slope = line
+      last = len(self.ladder) - 1
+      aimed = self._first_on_line(true, last, x_line, b_line, slope)
+      # The rung before the aim: the offset read at remat=True is not quite
+      # the schedules' (on the TPU 74 MB less, about a slot's bytes: the aim
+      # a rung late).
+      first = max((last if aimed is None else aimed) - 1, true + 1)
+      if self.fits(self.ladder[first]):
+        fits = first
+      else:
+        over = first
+      after = self._on_drafted_slope(over, fits, first, slope)
+      if after == first:
+        return self.ladder[first]
+      if after is not None:
+        if self.fits(self.ladder[after]):
+          fits = after
+        else:
+          over = after
     if fits is None:
       if not self.fits(schedules[-1]):
         return None
@@ -774,40 +787,50 @@ class _Search:
     _log_try(rung, drafted)
     return drafted.bytes
 
-  def _drafted_aim(
-    self, true: int, drafts: tuple[Rung, ...], drafted: list[Optional[int]]
-  ) -> Optional[int]:
-    """The first schedule that the drafts' line says fits (None: a draft has no bytes).
+  def _drafted_line(
+    self, true: int, drafts: tuple[Rung, ...]
+  ) -> Optional[tuple[int, float, float]]:
+    """The schedules' line the drafts draw, as (carries kept, bytes, slope) (None: a draft has no bytes).
 
     `drafts`: remat=True, a middle schedule and the least rung, drafted
-    (`measure.draft_options`) to `drafted` bytes. The schedules' line
-    through the two schedules' drafts has the step's slope; a draft holds
-    more than the step as it runs, by an amount about constant along the
-    line, read at remat=True (compiled both ways).
+    (`measure.draft_options`). The line through the two schedules' drafts
+    has the step's slope; a draft holds more than the step as it runs, by
+    an amount about constant along the line, read at remat=True (compiled
+    both ways) and taken off.
     """
-    at_true, middle, least = drafted
+    at_true, middle, least = (self._draft(rung) for rung in drafts)
     compiled = self.tried[self.ladder[true]].bytes
     x_middle, x_least = (_carries_kept(rung, self.loops) for rung in drafts[1:])
     if at_true is None or middle is None or least is None or compiled is None:
       return None
     if x_middle == x_least:
       return None
-    slope = (middle - least) / (x_middle - x_least)
-    last = len(self.ladder) - 1
-    aimed = self._first_on_line(true, last, x_least, least - (at_true - compiled), slope)
-    return last if aimed is None else aimed
+    return x_least, least - (at_true - compiled), (middle - least) / (x_middle - x_least)
 
-  def _on_line(self, through: list[int], over: int) -> Optional[int]:
-    """The first rung after `over` within the budget on the line through two compiled schedules (None: none before the last)."""
-    (x0, x1), (b0, b1) = zip(
-      *(
-        (_carries_kept(self.ladder[i], self.loops), self.tried[self.ladder[i]].bytes)
-        for i in through
-      )
-    )
-    if b0 is None or b1 is None or x0 == x1:
+  def _on_drafted_slope(
+    self, over: int, fits: Optional[int], first: int, slope: float
+  ) -> Optional[int]:
+    """The rung to compile after `first` on the line through its compile at the drafts' `slope` (None: none; `first`: it is the choice).
+
+    `first` compiled, the line through it at the drafts' slope is the
+    schedules' own (their offset is in it; on the TPU the drafts' slope is
+    the compiled one's to 0.01%). Where `first` fits and the line says no
+    rung before it fits, by a quarter of a slot's bytes or more, `first` is
+    the choice; a nearer call is compiled. Where `first` is over, the line
+    aims on.
+    """
+    b_first = self.tried[self.ladder[first]].bytes
+    if b_first is None:
       return None
-    return self._first_on_line(over, len(self.ladder) - 1, x1, b1, (b1 - b0) / (x1 - x0))
+    x_first = _carries_kept(self.ladder[first], self.loops)
+    if fits is None:
+      return self._first_on_line(over, len(self.ladder) - 1, x_first, b_first, slope)
+    if fits - over < 2:
+      return first
+    x_before = _carries_kept(self.ladder[fits - 1], self.loops)
+    margin = abs(slope * (x_before - x_first)) / 4
+    nearer = self._first_on_line(over, fits, x_first, b_first, slope, self.budget + margin)
+    return first if nearer is None else nearer
 
   def _aim(self, over: int, fits: int) -> Optional[int]:
     """The rung between two compiled ones that the schedules' line says fits first (None: none).
@@ -860,12 +883,19 @@ class _Search:
     return min(found)[2:] if found else None
 
   def _first_on_line(
-    self, over: int, fits: int, x_fits: int, b_fits: int, slope: float
+    self,
+    over: int,
+    fits: int,
+    x_fits: int,
+    b_fits: float,
+    slope: float,
+    budget: Optional[float] = None,
   ) -> Optional[int]:
-    """The first rung between `over` and `fits` (neither) whose bytes on the line through (`x_fits`, `b_fits`) at `slope` are within the budget."""
+    """The first rung between `over` and `fits` (neither) whose bytes on the line through (`x_fits`, `b_fits`) at `slope` are within the budget (or `budget`)."""
+    budget = self.budget if budget is None else budget
     for i in range(over + 1, fits):
       x = _carries_kept(self.ladder[i], self.loops)
-      if b_fits + slope * (x - x_fits) <= self.budget:
+      if b_fits + slope * (x - x_fits) <= budget:
         return i
     return None
 
