@@ -42,6 +42,9 @@ KEY = jax.random.PRNGKey(0)
 # Whether the search's tries compile with XLA's cheaper code generation
 # (the CPU), then the choice once more as it runs.
 MEASURING = bool(measure.measuring_options())
+# On a host that drafts (a TPU's), remat=True compiles beside plain: a
+# compile more, unused, where plain fits.
+BESIDE = measure.draft_options() is not None
 FORMS = (
   "scan",
   "dynamic_unroll",
@@ -205,6 +208,7 @@ def counted_compiles():
 
   with mock.patch.object(step_budget, "_compile", counted):
     yield made
+    _settled()  # Compiles a search started and left unused (`_Ahead.close`) counted too.
 
 
 class _CacheDirectory(parameterized.TestCase):
@@ -344,7 +348,7 @@ class SearchTest(_CacheDirectory):
       step(*args)
       step.plan(*args)
       step.lower(*args)
-    self.assertLen(made, 1 + MEASURING)
+    self.assertLen(made, 1 + MEASURING + BESIDE)
     self.assertEqual(
       [(t.rung, t.measuring) for t in step.plan(*args).tries],
       [("remat=False", True)] * MEASURING + [("remat=False", False)],
@@ -352,7 +356,7 @@ class SearchTest(_CacheDirectory):
     # Another signature is planned anew.
     with counted_compiles() as made:
       step(*wider)
-    self.assertLen(made, 1 + MEASURING)
+    self.assertLen(made, 1 + MEASURING + BESIDE)
     self.assertEqual(step.plan(*wider).loops[0].length, 2 * T)
 
   def test_a_typed_key_in_the_carry(self):
@@ -386,7 +390,7 @@ class SearchTest(_CacheDirectory):
         step(*args)
       with jax.set_mesh(jax.make_mesh((1,), ("data",))):
         step(*args)
-    self.assertLen(made, 3 * (1 + MEASURING))
+    self.assertLen(made, 3 * (1 + MEASURING + BESIDE))
 
   def test_a_compile_out_of_device_memory_is_a_plan_over_the_budget(self):
     plain, args = _step("scan", False)
@@ -643,7 +647,6 @@ class LadderTest(_CacheDirectory):
       traced = lambda *a: traces.append(1) or auto(*a)
       with self.subTest(budget=budget), counted_compiles() as made:
         plan = hkb.budgeted_jit(traced, memory_budget=budget).plan(*args)
-        _settled()  # Compiles the search left unused (with drafts) end in this count.
         self.assertEqual(plan.loops, want)
         self.assertEqual(plan.bytes, sizes[first])
         drafted = [t for t in plan.tries if t.draft]
