@@ -27,8 +27,8 @@
 #    testing/benchmarks/memory_reading.py: a loop's gradient as XLA's memory analysis reports it
 #    and as the library reads it, against whether the device's compiler takes it (on a CPU,
 #    `--small`).
-# 5. step.log, cold.json, warm.json, step_budget.md (not among the default parts: about 10 minutes on
-#    a TPU v5e, the cold phase 6.6 and the second process 3.6): testing/benchmarks/
+# 5. step.log, cold.json, warm.json, step_budget.md (not among the default parts: about 11 minutes on
+#    a TPU v5e, the cold phase 7.3 and the second process 3.6, 2026-12-07): testing/benchmarks/
 #    step_budget_figures.py, `hkb.budgeted_jit` on a 24-layer transformer LM step with an Adam update
 #    at the budgets of testing/benchmarks/results/remat_auto.md's TPU table, then the same in a
 #    second process that reads the first one's plans (under OUT_DIR/plans): the tables of that page,
