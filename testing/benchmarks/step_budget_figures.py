@@ -38,7 +38,6 @@ import json
 import os
 import re
 import statistics
-import threading
 import time
 from typing import Any, Optional
 from unittest import mock
@@ -155,9 +154,7 @@ def _nothing_on_disk():
 def _settled() -> float:
   """Seconds until the compiles a search left unused end (`budgeted_jit` lets them finish in its threads): no figure after shares the host with them."""
   start = time.perf_counter()
-  for thread in threading.enumerate():
-    if thread.name.startswith("budgeted_jit"):
-      thread.join()
+  step_budget.unused_compiles_ended()
   return time.perf_counter() - start
 
 

@@ -64,6 +64,7 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
@@ -86,6 +87,7 @@ _FALSE, _POLICY, _TRUE, _SCHEDULE = range(4)
 # Compiles of the step beyond remat=True's and the least rung's, on the
 # schedules' side of the ladder.
 _MORE_TRIES = 4
+_THREADS = "budgeted_jit"  # The names of a search's compiling threads begin so.
 
 
 class Rung(NamedTuple):
@@ -626,7 +628,7 @@ class _Ahead(_Compiler):
     self._jobs: dict[Rung, concurrent.futures.Future[_Compiled]] = {}
     self._drafts: dict[Rung, concurrent.futures.Future[_Compiled]] = {}
     self._pool = concurrent.futures.ThreadPoolExecutor(
-      measure.DRAFT_CORES if self.drafting else 1, thread_name_prefix="budgeted_jit"
+      measure.DRAFT_CORES if self.drafting else 1, thread_name_prefix=_THREADS
     )
 
   def given(self, rung: Rung, lowered: Any, seconds: float) -> None:
@@ -667,6 +669,13 @@ class _Ahead(_Compiler):
     self._lowered.clear()
     self._jobs.clear()
     self._drafts.clear()
+
+
+def unused_compiles_ended() -> None:
+  """Returns once the compiles searches started and left unused (`_Ahead.close`) have ended: a timing or a count after it is not shared with them."""
+  for thread in threading.enumerate():
+    if thread.name.startswith(_THREADS):
+      thread.join()
 
 
 class _Search:

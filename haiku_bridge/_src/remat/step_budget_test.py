@@ -208,7 +208,7 @@ def counted_compiles():
 
   with mock.patch.object(step_budget, "_compile", counted):
     yield made
-    _settled()  # Compiles a search started and left unused (`_Ahead.close`) counted too.
+    step_budget.unused_compiles_ended()  # Those a search left unused counted too.
 
 
 class _CacheDirectory(parameterized.TestCase):
@@ -719,13 +719,6 @@ def _compiled(size: int, lowered=None) -> step_budget._Compiled:
   )
 
 
-def _settled() -> None:
-  """The compiles searches left unused (`_Ahead.close`) ended."""
-  for thread in threading.enumerate():
-    if thread.name.startswith("budgeted_jit"):
-      thread.join()
-
-
 class AheadTest(absltest.TestCase):
   def test_the_next_rung_lowers_while_one_compiles_and_only_asked_rungs_compile(self):
     rungs = [step_budget.Rung(step_budget._FALSE), step_budget.Rung(step_budget._TRUE)] + [
@@ -765,6 +758,23 @@ class AheadTest(absltest.TestCase):
       self.assertLen(found.made, asked)
       self.assertEqual(compiled, list(found.tried))  # Nothing compiled unasked.
     self.assertEqual(overlapped, {rungs[0]: True, rungs[1]: True})
+
+  def test_a_compile_not_waited_for_ends_after_close_and_can_be_waited_for(self):
+    release, ended = threading.Event(), []
+    true = step_budget.Rung(step_budget._TRUE)
+
+    def compile_lowered(rung, seconds):
+      release.wait(timeout=5)
+      ended.append(rung)
+      return _compiled(1, rung)
+
+    ahead = step_budget._Ahead(lambda rung: (rung, 0.0), compile_lowered)
+    ahead.start(true)
+    ahead.close()  # At once: the compile goes on in its thread.
+    self.assertEqual(ended, [])
+    threading.Timer(0.1, release.set).start()
+    step_budget.unused_compiles_ended()
+    self.assertEqual(ended, [true])
 
   def test_remat_true_compiles_beside_plain_and_the_drafts_beside_it(self):
     loops = [step_budget._Seen(16, False, math.inf, 64)]
