@@ -41,7 +41,7 @@
 # ACCELERATOR_CHECK_PART_S (each part's limit in seconds, default 540),
 # ACCELERATOR_CHECK_SHARD, ACCELERATOR_CHECK_WORKERS (default 8, on a GPU), PYTHON (default python3).
 #
-# summary.md gathers the parts run with the date, device and versions; RESULTS.md's sections "On a
+# summary.md gathers the parts run (each one's exit status) with the date, device and versions; RESULTS.md's sections "On a
 # GPU" and "On a TPU v5e" are written from it by hand. The CPU XLA flags of the test suite
 # (testing/xla_flags.py) are not used here: XLA_FLAGS is left as the environment sets it.
 
@@ -109,6 +109,8 @@ ACCELERATOR_TESTS=(
 BUDGET_TESTS=(
   haiku_bridge/_src/hlo_text_test.py
   testing/plan_fixtures_test.py
+  haiku_bridge/_src/remat/step_compiles_test.py
+  haiku_bridge/_src/remat/step_search_test.py
   haiku_bridge/_src/remat/step_budget_test.py
 )
 # Left out: the files that need 8 devices (sharding, pipelines, foreign sharding), the wheel,
@@ -215,7 +217,12 @@ fi
   cat "${OUT}/environment.txt"
   echo
   runs tests && echo "tests (shard ${SHARD}): exit ${tests_status} ($(grep -E '^=+ .* in [0-9.]+s' "${OUT}/tests.log" | tail -n 1))"
-  echo "figures: exit ${figures_status}; remat: exit ${remat_status}; budget: exit ${budget_status}; step: exit ${step_status}"
+  ran=""  # The other parts' statuses, of those run only.
+  for part in figures remat budget step; do
+    status="${part}_status"
+    runs "${part}" && ran+="${ran:+; }${part}: exit ${!status}"
+  done
+  [[ -n "${ran}" ]] && echo "${ran}"
   echo
   [[ -f "${OUT}/figures.md" ]] && cat "${OUT}/figures.md"
   [[ -f "${OUT}/remat.md" ]] && { echo; cat "${OUT}/remat.md"; }

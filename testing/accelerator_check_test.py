@@ -40,6 +40,19 @@ def shard(spec: str) -> list[str]:
   ).stdout.split()
 
 
+def _stand_in_python(folder: str, *lines: str) -> str:
+  """A stand-in for Python in `folder` that says the backend is a CPU, has no pytest-xdist, then runs `lines` (bash)."""
+  python = os.path.join(folder, "python")
+  with open(python, "w") as f:
+    f.write(
+      "#!/bin/bash\n"
+      '[[ "$1" == - ]] && { cat >/dev/null; echo cpu > "${BACKEND_FILE}"; exit 0; }\n'
+      '[[ "$1" == -c ]] && exit 1\n' + "".join(line + "\n" for line in lines)
+    )
+  os.chmod(python, 0o755)
+  return python
+
+
 class AcceleratorCheckTest(absltest.TestCase):
   def test_every_listed_file_is_a_bazel_test(self):
     files = accelerator_tests()
@@ -78,16 +91,11 @@ class AcceleratorCheckTest(absltest.TestCase):
     # costs are of compiles, so jax's persistent cache (which the script
     # sets for the other parts) would make them a cache's reads.
     with tempfile.TemporaryDirectory() as out:
-      python = os.path.join(out, "python")
-      with open(python, "w") as f:
-        f.write(
-          "#!/bin/bash\n"
-          '[[ "$1" == - ]] && { cat >/dev/null; echo cpu > "${BACKEND_FILE}"; exit 0; }\n'
-          '[[ "$1" == -c ]] && exit 1\n'  # No pytest-xdist.
-          'echo "$* cache=${JAX_COMPILATION_CACHE_DIR-unset} plans=${HAIKU_BRIDGE_CACHE_DIR}"'
-          f' >> {out}/calls\n'
-        )
-      os.chmod(python, 0o755)
+      python = _stand_in_python(
+        out,
+        'echo "$* cache=${JAX_COMPILATION_CACHE_DIR-unset} plans=${HAIKU_BRIDGE_CACHE_DIR}"'
+        f" >> {out}/calls",
+      )
       env = dict(os.environ, PYTHON=python, ACCELERATOR_CHECK_PARTS="step")
       # Both phases, then each apart (as two calls of a device's time limit take them).
       for phases in (None, "cold", "warm"):
@@ -107,6 +115,24 @@ class AcceleratorCheckTest(absltest.TestCase):
         for phase in ("cold", "warm", "cold", "warm")
       ],
     )
+
+  def test_the_summary_names_the_parts_run_and_their_status(self):
+    with tempfile.TemporaryDirectory() as out:
+      python = _stand_in_python(
+        out,
+        '[[ "$2" == testing.remat_auto_check ]] && exit 3',
+        "exit 0",  # A part that fails.
+      )
+      env = dict(os.environ, PYTHON=python, ACCELERATOR_CHECK_PARTS="remat step")
+      done = subprocess.run(["bash", SCRIPT, os.path.join(out, "check")], env=env,
+                            capture_output=True, text=True)  # fmt: skip
+      with open(os.path.join(out, "check", "summary.md")) as f:
+        summary = f.read()
+    self.assertNotEqual(done.returncode, 0)
+    # Parts not run (tests, figures, budget) are not said to have passed.
+    self.assertIn("\nremat: exit 3; step: exit 0\n", summary)
+    for part in ("tests (shard", "figures:", "budget:"):
+      self.assertNotIn(part, summary)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable, ContextManager
+import types
+from typing import Any, Callable, ContextManager, Sequence
 from unittest import mock
 
 import haiku as hk
@@ -103,6 +104,28 @@ def environment_patches() -> list[tuple[str, ContextManager[Any]]]:
     ("device", mock.patch.object(jax, "devices", lambda: [other])),
     ("XLA flags", mock.patch.dict(os.environ, {"XLA_FLAGS": "--x"})),
   ]
+
+
+def assert_digest_follows_code(test: Any, digest: Any, modules: Sequence[types.ModuleType]) -> None:
+  """`digest()` (a `caches.memoize`d digest of `modules`' files) changes when any one file does, and is back once none is edited.
+
+  A cache kept across processes keys on the code that makes what it keeps:
+  an edit to any of that code is another key.
+  """
+  digest.cache_clear()
+  here = digest()
+  with tempfile.TemporaryDirectory() as folder:
+    for module in modules:
+      edited = os.path.join(folder, module.__name__ + ".py")
+      with open(str(module.__file__)) as f:
+        source = f.read()
+      with open(edited, "w") as f:
+        f.write(source + "\n# Edited.\n")
+      digest.cache_clear()
+      with test.subTest(module.__name__), mock.patch.object(module, "__file__", edited):
+        test.assertNotEqual(digest(), here)
+  digest.cache_clear()
+  test.assertEqual(digest(), here)
 
 
 def _fresh_process_command(path: str, function: str, *args: str) -> list[str]:

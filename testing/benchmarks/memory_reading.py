@@ -10,7 +10,7 @@ schedules with their conditionals (`"binomial"` at several slot counts,
 `"nested"`), each compiled and, where it compiles, run. Per program, one
 line: `compiled.memory_analysis()`'s figures, the temporaries
 `hlo_flops.temporaries` reads (what a loop's `memory_budget` counts), the
-bytes `step_budget.step_bytes` reads (what `hkb.budgeted_jit` checks),
+bytes `step_compiles.step_bytes` reads (what `hkb.budgeted_jit` checks),
 whether the device's compiler took it (else its RESOURCE_EXHAUSTED message,
 which names what it checks) and whether it ran. The device is the ground
 truth: a reading above the device's memory for a program that compiled and
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from haiku_bridge._src.remat import hlo_flops
 from haiku_bridge._src.remat import loop
 from haiku_bridge._src.remat import scheduled_scan
-from haiku_bridge._src.remat import step_budget
+from haiku_bridge._src.remat import step_compiles
 
 _SMALL = flags.DEFINE_bool("small", False, "Small shapes (a CPU check).")
 
@@ -78,7 +78,7 @@ def reading(remat, slots: Optional[int], n: int, steps: int) -> str:
   try:
     compiled = gradient(remat, slots, steps).lower(c0, xs).compile()
   except Exception as e:  # pylint: disable=broad-except  # The device's refusal is a figure.
-    if not step_budget.out_of_memory(e):
+    if not step_compiles.out_of_memory(e):
       raise
     return f"{name}: did not compile: {str(e).splitlines()[0][:200]}"
   seconds = time.perf_counter() - start
@@ -88,7 +88,7 @@ def reading(remat, slots: Optional[int], n: int, steps: int) -> str:
     f"temp {a.temp_size_in_bytes:,}, peak {getattr(a, 'peak_memory_in_bytes', 0):,}, "
     f"arguments {a.argument_size_in_bytes:,}, outputs {a.output_size_in_bytes:,}, "
     f"code {a.generated_code_size_in_bytes:,}; read: temporaries "
-    f"{hlo_flops.temporaries(a, platform):,}, step {step_budget.step_bytes(a, platform):,}"
+    f"{hlo_flops.temporaries(a, platform):,}, step {step_compiles.step_bytes(a, platform):,}"
   )
   jax.block_until_ready(compiled(c0, xs))
   return f"{name}: {figures}; compiled in {seconds:.1f} s and ran"
@@ -98,7 +98,7 @@ def main(argv):
   del argv
   device = jax.devices()[0]
   print(f"{device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
-        f"device memory {step_budget.device_memory()}", flush=True)  # fmt: skip
+        f"device memory {step_compiles.device_memory()}", flush=True)  # fmt: skip
   for remat, slots, n, steps in PROGRAMS:
     if _SMALL.value:
       n, steps = 1024, steps // 8

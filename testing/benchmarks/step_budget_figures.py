@@ -10,7 +10,7 @@ then an Adam update (optax), params and optimizer state donated. For each
 size (`SIZES`), side by side in one process:
 
 * `remat=False` and `remat=True` jitted as a user writes them: compiled
-  bytes (`step_budget.step_bytes`), or "does not fit" where XLA's compiler
+  bytes (`step_compiles.step_bytes`), or "does not fit" where XLA's compiler
   runs out of device memory; cold compile time; step time where it fits.
 * `remat="auto"` under `hkb.budgeted_jit` at each budget of the size (None:
   the device's memory): the plan, its compiled bytes, the first call's time
@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import optax
 
 import haiku_bridge as hkb
-from haiku_bridge._src.remat import step_budget
+from haiku_bridge._src.remat import step_compiles
 from testing import transformer
 from testing.benchmarks.lib import markdown_table
 
@@ -154,7 +154,7 @@ def _nothing_on_disk():
 def _settled() -> float:
   """Seconds until the compiles a search left unused end (`budgeted_jit` lets them finish in its threads): no figure after shares the host with them."""
   start = time.perf_counter()
-  step_budget.unused_compiles_ended()
+  step_compiles.unused_compiles_ended()
   return time.perf_counter() - start
 
 
@@ -180,7 +180,7 @@ def plain(size: dict[str, int], remat: bool, repeats: int, cold_repeats: int = 1
     try:
       compiled = lowered.compile()
     except Exception as error:  # pylint: disable=broad-except
-      if not step_budget.out_of_memory(error):
+      if not step_compiles.out_of_memory(error):
         raise
       # One refusal says it: the compile times of a step that fits are the figure.
       refused = str(error).splitlines()[0][:300]
@@ -193,7 +193,7 @@ def plain(size: dict[str, int], remat: bool, repeats: int, cold_repeats: int = 1
     fits=True,
     compile_s=statistics.median(samples),
     compile_samples=samples,
-    bytes=step_budget.step_bytes(analysis, jax.default_backend()),
+    bytes=step_compiles.step_bytes(analysis, jax.default_backend()),
     analysis={k: getattr(analysis, k) for k in dir(analysis) if k.endswith("_in_bytes")},
   )
   _say(out, step_ms=_time(compiled, state, tokens, repeats))
@@ -255,7 +255,7 @@ def environment() -> dict[str, Any]:
     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
     "backend": jax.default_backend(),
     "device": getattr(device, "device_kind", str(device)),
-    "device_memory": step_budget.device_memory(),
+    "device_memory": step_compiles.device_memory(),
     "jax": jax.__version__,
     "jaxlib": jax.lib.__version__,
     "dm-haiku": hk.__version__,

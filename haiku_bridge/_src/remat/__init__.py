@@ -11,7 +11,9 @@ rooms meet each other by name:
   runs `jax.lax.scan` backwards by one.
 * `step_budget.py`: `hkb.budgeted_jit`, one budget for a whole training
   step, which plans every `remat="auto"` loop without a budget of its own
-  by compiling the step.
+  by compiling the step; `step_search.py` walks the ladder of plans to the
+  first whose compiled step fits, and `step_compiles.py` compiles the step
+  at a rung and reads its bytes.
 * `plan.py`: `remat="auto"`, the plan that fits a memory budget, and its
   public API (`hkb.remat_plan`, `RematPlan`), made by the four modules
   below; `hlo_flops.py` counts a compiled program's FLOPs, every loop by

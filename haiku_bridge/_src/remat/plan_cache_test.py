@@ -136,20 +136,7 @@ class KeyTest(absltest.TestCase):
       {m.__name__.rsplit(".", 1)[1] for m in plan_cache._MEASURING_CODE},
       {"schedule", "scheduled_scan", "hlo_flops", "hlo_text", "tracing", "measure", "plan_cache"},
     )
-    plan_cache._code_digest.cache_clear()
-    here = plan_cache._code_digest()
-    for module in plan_cache._MEASURING_CODE:
-      with self.subTest(module.__name__):
-        edited = os.path.join(self.create_tempdir().full_path, "edited.py")
-        with open(module.__file__) as f:
-          source = f.read()
-        with open(edited, "w") as f:
-          f.write(source + "\n# Edited.\n")
-        plan_cache._code_digest.cache_clear()
-        with mock.patch.object(module, "__file__", edited):
-          self.assertNotEqual(plan_cache._code_digest(), here)
-    plan_cache._code_digest.cache_clear()
-    self.assertEqual(plan_cache._code_digest(), here)
+    test_utils.assert_digest_follows_code(self, plan_cache._code_digest, plan_cache._MEASURING_CODE)
 
 
 class KeptTest(absltest.TestCase):

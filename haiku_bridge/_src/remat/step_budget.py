@@ -6,56 +6,30 @@ predicted from programs of the loop alone; what surrounds the loop (a
 update, the arguments themselves) is not in it. `budgeted_jit` budgets the
 step a device runs: every bridged loop inside with `remat="auto"` and no
 `memory_budget=` of its own takes its plan from one search over the whole
-step, and the figure that decides is the compiled step's own
-(`step_bytes`): a plan is taken only once its step, compiled as it will
-run, is within the budget.
-
-The search walks one ladder of rungs for all those loops at once, ordered
-by the recomputation they allow (`Rung`): every loop plain (`remat=False`),
-under its `remat_policy` (loops with one), `remat=True`, then binomial
-schedules keeping fewer carries, each loop the fewest slots whose schedule
-recomputes at most `extra` forward passes more than `remat=True` (a loop
-never past its own `max_recompute`, the step never past the call's).
-Memory falls down the ladder; the step takes the first rung that fits:
-plain is compiled first, then `remat=True` (and the policy's rung, where
-`remat=True` fits), then the last rung (the least memory), then rungs
-between chosen on the schedules' line: their compiled bytes in the carries
-the loops keep, first a slot a carry from the last rung, then through two
-compiled schedules (`_Search._aim`). Each try compiles the step as it
+step (`step_search.py`: the ladder of plans, walked to the first that
+fits), and the figure that decides is the compiled step's own
+(`step_compiles.step_bytes`): a plan is taken only once its step, compiled
+as it will run, is within the budget. Each try compiles the step as it
 runs, and the chosen rung's compile is the one the step runs (jax's cache
-holds it): a step whose plain form fits costs one compile, one that needs
-`remat=True` two, one on a schedule three to seven (four where a slot
-holds a whole count of carries, as XLA:CPU compiles them). On the CPU the tries compile with
-XLA's cheaper code generation, which keeps the buffers
-(`measure.measuring_options`), and the choice once more as it runs,
-whose figure is the one checked. Elsewhere no cheaper compile keeps the
-buffers: the tries compile as the step runs, and on a TPU the search
-drafts (`measure.draft_options`: XLA at its least effort, a third of the
-cost, its bytes off by a constant along the schedules). There
-`remat=True` compiles beside plain (where plain fits, it finishes in its
-thread, unused), and three drafts beside `remat=True`: of `remat=True`, a
-middle schedule and the last rung. Where `remat=True` does not fit, the
-line through the two schedules' drafts, less the offset read at
-`remat=True`, aims, and the rung before the aim compiles as it runs; the
-line through that compile at the drafts' slope (the schedules' own) then
-decides that no rung before it fits, where it says so by a quarter of a
-slot's bytes or more, or aims the next compile (`_Search._on_drafted_slope`):
-on a schedule, three compiles and three drafts where the aim is a rung late.
-A draft's bytes never decide alone. A compile that runs out of device
-memory (RESOURCE_EXHAUSTED, as XLA:TPU's compiler raises, fast, for a
-program over its HBM) is a rung over any budget, never an error.
+holds it). On the CPU the tries compile with XLA's cheaper code
+generation, which keeps the buffers (`measure.measuring_options`), and the
+choice once more as it runs, whose figure is the one checked; elsewhere
+the tries compile as the step runs, and on a TPU drafts aim them
+(`step_compiles.py`).
 
-The choice is kept on disk (`caches.OnDisk`), keyed on the step lowered
-plain (its StableHLO: every shape, dtype and operation), the budget and the
-limits, the jit options, the backend, device and versions and this code: a
-second process lowers once (twice where the plan is not plain), compiles
-the chosen rung once, and checks it against the budget before it runs.
+This module is the call: the step traced at a rung (each loop asks
+`loop_plan` what it runs there), the search run for each signature of
+arguments, and the choice kept on disk (`caches.OnDisk`), keyed on the step
+lowered plain (its StableHLO: every shape, dtype and operation), the budget
+and the limits, the jit options, the backend, device and versions and the
+code that chooses: a second process lowers once (twice where the plan is
+not plain), compiles the chosen rung once, and checks it against the budget
+before it runs.
 """
 
-import concurrent.futures
 import contextlib
-import dataclasses
 import contextvars
+import dataclasses
 import fractions
 import hashlib
 import inspect
@@ -64,7 +38,6 @@ import math
 import os
 import re
 import sys
-import threading
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
@@ -73,80 +46,19 @@ import jaxlib
 
 from haiku_bridge._src import caches
 from haiku_bridge._src import errors
-from haiku_bridge._src import modes
+from haiku_bridge._src import pytree
 from haiku_bridge._src import versions
+from haiku_bridge._src.pytree import PyTree
 from haiku_bridge._src.remat import measure
 from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import schedule as remat_schedule
+from haiku_bridge._src.remat import step_compiles
+from haiku_bridge._src.remat import step_search
 from haiku_bridge._src.remat import tracing
-from haiku_bridge._src import pytree
-from haiku_bridge._src.pytree import PyTree
+from haiku_bridge._src.remat.step_compiles import StepTry
+from haiku_bridge._src.remat.step_search import StepLoop
 
-_API = "budgeted_jit"
-_FALSE, _POLICY, _TRUE, _SCHEDULE = range(4)
-# Compiles of the step beyond remat=True's and the least rung's, on the
-# schedules' side of the ladder.
-_MORE_TRIES = 4
-_THREADS = "budgeted_jit"  # The names of a search's compiling threads begin so.
-
-
-class Rung(NamedTuple):
-  """A step on the search's ladder: what every `remat="auto"` loop runs there.
-
-  `kind`: 0 plain, 1 under its `remat_policy` (plain without one), 2
-  `remat=True`, 3 a binomial schedule recomputing at most `extra` forward
-  passes more than `remat=True` (`extra` > 0, a fraction).
-  """
-
-  kind: int
-  extra: fractions.Fraction = fractions.Fraction(0)
-
-  def describe(self) -> str:
-    if self.kind == _SCHEDULE:
-      return f"remat=\"binomial\", at most {1 + float(self.extra):.3g} forward passes recomputed"
-    return ("remat=False", "remat=True under remat_policy", "remat=True")[self.kind]
-
-
-class StepLoop(NamedTuple):
-  """What one `remat="auto"` loop of a budgeted step runs (a row of `StepPlan`).
-
-  Attributes:
-    length: its steps (layers, time steps).
-    remat: `False`, `True` or `"binomial"`.
-    slots: the carries a schedule keeps (None without one).
-    policy: whether `remat=True` runs under the loop's `remat_policy`.
-  """
-
-  length: int
-  remat: modes.RematMode
-  slots: Optional[int] = None
-  policy: bool = False
-
-
-class StepTry(NamedTuple):
-  """One compile of the step: the rung, its bytes (None: out of device memory), its seconds (lowering and compiling).
-
-  `measuring`: compiled with XLA's cheaper code generation, which keeps
-  the buffers (on the CPU: `measure.measuring_options`), for its bytes
-  only; the chosen rung is then compiled as it runs, and checked.
-  `draft`: compiled at XLA's least effort beside the search's other
-  compiles (`measure.draft_options`, on a TPU), its bytes off the
-  step's by a constant: read for the slope of the schedules' line only.
-  """
-
-  rung: str
-  bytes: Optional[int]
-  seconds: float
-  measuring: bool = False
-  draft: bool = False
-
-  def __str__(self) -> str:
-    how = ", measuring" if self.measuring else ", draft" if self.draft else ""
-    return (
-      f"{self.rung}: "
-      + ("out of device memory" if self.bytes is None else f"{self.bytes:,} bytes")
-      + f" ({self.seconds:.1f} s{how})"
-    )
+_API = step_compiles.API  # The call, as its messages name it.
 
 
 class StepPlan(NamedTuple):
@@ -187,21 +99,12 @@ def _describe_loop(loop: StepLoop) -> str:
   return f"remat={loop.remat}" + (" under remat_policy" if loop.policy else "")
 
 
-class _Seen(NamedTuple):
-  """A loop as the search's trace saw it."""
-
-  length: int
-  policy: bool
-  max_recompute: float
-  carry_bytes: int
-
-
 @dataclasses.dataclass
 class _Trace:
   """What one trace of the step at a rung records."""
 
-  rung: Rung
-  loops: list[_Seen] = dataclasses.field(default_factory=list)
+  rung: step_search.Rung
+  loops: list[step_search.Seen] = dataclasses.field(default_factory=list)
 
 
 # The rung a step is traced at, with its search's identity: a jit-cache key
@@ -223,137 +126,8 @@ def loop_plan(length: int, carry: PyTree, policy: bool, max_recompute: float) ->
   """What a `remat="auto"` loop with no budget of its own runs at the traced rung (`active()`)."""
   trace = _TRACE.get()
   assert trace is not None, "loop.resolved asks only while a step is traced"
-  trace.loops.append(_Seen(length, policy, max_recompute, pytree.nbytes(carry)))
-  return _at(trace.rung, length, policy, max_recompute)
-
-
-def _at(rung: Rung, length: int, policy: bool, max_recompute: float) -> StepLoop:
-  """The plan of a loop at `rung`, within its own `max_recompute`."""
-  if rung.kind == _FALSE or (max_recompute < 1 and not (rung.kind >= _POLICY and policy)):
-    return StepLoop(length, False)
-  if rung.kind == _POLICY or max_recompute < 1:
-    return StepLoop(length, policy, policy=policy)
-  extra = (
-    rung.extra
-    if max_recompute == math.inf
-    else min(rung.extra, fractions.Fraction(max_recompute) - 1)
-  )
-  if rung.kind == _TRUE or extra <= 0 or length < 3:
-    return StepLoop(length, True)
-  slots = remat_schedule.fewest_binomial_slots(length, math.floor(extra * length))
-  if slots > length - 2:
-    return StepLoop(length, True)
-  return StepLoop(length, "binomial", slots)
-
-
-def _ladder(loops: list[_Seen], max_recompute: float) -> list[Rung]:
-  """Every rung that changes some loop's plan, in order of recomputation."""
-  rungs = [Rung(_FALSE)]
-  if any(loop.policy for loop in loops):
-    rungs.append(Rung(_POLICY))
-  rungs.append(Rung(_TRUE))
-  extras = set()
-  for loop in set(loops):
-    most = min(max_recompute, loop.max_recompute) - 1
-    for slots in range(loop.length - 2, 0, -1):
-      extra = fractions.Fraction(remat_schedule.binomial_cost(loop.length, slots), loop.length)
-      if extra > most:
-        break
-      extras.add(extra)
-  return rungs + [Rung(_SCHEDULE, extra) for extra in sorted(extras) if extra]
-
-
-def _carries_kept(rung: Rung, loops: list[_Seen]) -> int:
-  """Bytes of the carries the loops keep for the backward pass at `rung` (the line's abscissa)."""
-  kept = 0
-  for loop in loops:
-    plan = _at(rung, loop.length, loop.policy, loop.max_recompute)
-    kept += loop.carry_bytes * (plan.slots if plan.slots is not None else loop.length)
-  return kept
-
-
-def step_bytes(analysis: Any, platform: str) -> int:
-  """The bytes a compiled step holds on one device: what `budgeted_jit` checks.
-
-  Its arguments, its outputs (less those that reuse a donated argument's
-  buffer), its temporaries and its code, as XLA's memory analysis gives
-  them. XLA:TPU also gives the peak of the buffers live at once, the
-  arguments and outputs among them, and at small sizes reports temporaries
-  only in part: there the larger of the two, each buffer counted once.
-
-  >>> from haiku_bridge._src.remat import step_budget
-  >>> x = jnp.ones([256, 256])  # 256 KiB.
-  >>> compiled = jax.jit(lambda x: jnp.tanh(x @ x)).lower(x).compile()
-  >>> step_budget.step_bytes(compiled.memory_analysis(),
-  ...                        jax.default_backend()) >= 2 * x.nbytes
-  True
-  """
-  total = (
-    analysis.argument_size_in_bytes
-    + analysis.output_size_in_bytes
-    - analysis.alias_size_in_bytes
-    + analysis.temp_size_in_bytes
-    + analysis.generated_code_size_in_bytes
-  )
-  if platform == "tpu":
-    total = max(
-      total, getattr(analysis, "peak_memory_in_bytes", 0) + analysis.generated_code_size_in_bytes
-    )
-  return int(total)
-
-
-def device_memory() -> Optional[int]:
-  """The bytes the default device has for XLA (`memory_stats()["bytes_limit"]`); None where it does not say (the CPU)."""
-  stats = jax.devices()[0].memory_stats()
-  limit = (stats or {}).get("bytes_limit")
-  return int(limit) if limit else None
-
-
-def out_of_memory(error: Exception) -> bool:
-  """Whether a compile failed for want of device memory (XLA's RESOURCE_EXHAUSTED)."""
-  return "RESOURCE_EXHAUSTED" in str(error)
-
-
-class _Compiled(NamedTuple):
-  bytes: Optional[int]  # None: out of device memory.
-  compiled: Any
-  seconds: float  # Lowering and compiling.
-  lowered: Any
-  measuring: bool  # With `measure.measuring_options`: bytes only.
-  draft: bool = False  # With `measure.draft_options`: a line's slope only.
-
-
-def _compile(lowered: Any, options: dict[str, Any]) -> Any:
-  """`lowered.compile(options)`: one seam, where a test runs a device out of memory."""
-  return lowered.compile(options) if options else lowered.compile()
-
-
-def _compiled(lowered: Any, lowering: float, options: dict[str, Any]) -> _Compiled:
-  """`lowered` (in `lowering` seconds) compiled with `options`, its bytes read; out of device memory, no bytes."""
-  start = time.perf_counter()
-  try:
-    compiled = _compile(lowered, options)
-  except Exception as error:  # pylint: disable=broad-except
-    if not out_of_memory(error):
-      raise
-    compiled = None
-  return _Compiled(
-    None if compiled is None else step_bytes(compiled.memory_analysis(), jax.default_backend()),
-    compiled,
-    lowering + time.perf_counter() - start,
-    lowered,
-    bool(options),
-  )
-
-
-def _drafted(lowered: Any, lowering: float, options: dict[str, Any]) -> _Compiled:
-  """A draft of `lowered`: its bytes at `options` (`measure.draft_options`), no program kept; any failure, no bytes (a draft only aims)."""
-  try:
-    done = _compiled(lowered, lowering, options)
-  except Exception as error:  # pylint: disable=broad-except
-    tracing.LOG.debug("hkb.%s: a draft compile failed: %s", _API, error)
-    done = _Compiled(None, None, lowering, None, False)
-  return done._replace(compiled=None, lowered=None, measuring=False, draft=True)
+  trace.loops.append(step_search.Seen(length, policy, max_recompute, pytree.nbytes(carry)))
+  return step_search.plan_at(trace.rung, length, policy, max_recompute)
 
 
 class BudgetedStep:
@@ -371,7 +145,7 @@ class BudgetedStep:
     self._jit_kwargs = jit_kwargs
     self._jitted = jax.jit(step, **jit_kwargs)
     self._statics = _static_positions(jit_kwargs)
-    self._plans: dict[Any, tuple[int, Rung, StepPlan]] = {}
+    self._plans: dict[Any, tuple[int, step_search.Rung, StepPlan]] = {}
     self.__wrapped__ = step
     for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
       if hasattr(step, attribute):
@@ -395,7 +169,7 @@ class BudgetedStep:
   def _budget_bytes(self) -> int:
     if self._budget is not None:
       return self._budget
-    limit = device_memory()
+    limit = step_compiles.device_memory()
     if limit is None:
       raise ValueError(
         errors.message(
@@ -406,7 +180,7 @@ class BudgetedStep:
       )
     return limit
 
-  def _planned(self, args, kwargs) -> tuple[int, Rung, StepPlan]:
+  def _planned(self, args, kwargs) -> tuple[int, step_search.Rung, StepPlan]:
     key = _signature(args, kwargs, self._statics)
     found = self._plans.get(key)
     if found is None:
@@ -415,7 +189,7 @@ class BudgetedStep:
     return found
 
   def _lowered(
-    self, search: int, rung: Rung, args, kwargs, trace: Optional[_Trace] = None
+    self, search: int, rung: step_search.Rung, args, kwargs, trace: Optional[_Trace] = None
   ) -> tuple[Any, float]:
     """The step lowered at `rung`, and the seconds it took."""
     start = time.perf_counter()
@@ -436,14 +210,19 @@ class BudgetedStep:
     return measure.draft_options()
 
   def _compiled(
-    self, search: int, rung: Rung, args, kwargs, options: Optional[dict[str, Any]] = None
-  ) -> _Compiled:
+    self,
+    search: int,
+    rung: step_search.Rung,
+    args,
+    kwargs,
+    options: Optional[dict[str, Any]] = None,
+  ) -> step_compiles.Compiled:
     """The step at `rung` compiled (by default, with `_measuring()`'s options)."""
-    return _compiled(
+    return step_compiles.compiled(
       *self._lowered(search, rung, args, kwargs), self._measuring() if options is None else options
     )
 
-  def _search(self, args, kwargs) -> tuple[int, Rung, StepPlan]:
+  def _search(self, args, kwargs) -> tuple[int, step_search.Rung, StepPlan]:
     budget = self._budget_bytes()
     tracing.LOG.info(
       "hkb.%s: planning the step for memory_budget=%d bytes (compiling it with its "
@@ -453,30 +232,38 @@ class BudgetedStep:
     )
     start = time.perf_counter()
     search = next(_SEARCHES)
-    trace = _Trace(Rung(_FALSE))
+    trace = _Trace(step_search.Rung(step_search.FALSE))
     plain, lowering = self._lowered(search, trace.rung, args, kwargs, trace)
     disk_key = self._disk_key(plain, budget)
     kept = _from_disk(_ON_DISK.get(disk_key), trace.loops)
     if kept is not None:  # The step compiled once, as it runs, and checked.
       done = (
-        _compiled(plain, lowering, {})
+        step_compiles.compiled(plain, lowering, {})
         if kept == trace.rung
         else self._compiled(search, kept, args, kwargs, {})
       )
-      _log_try(kept, done)
+      step_search.log_try(kept, done)
       if done.bytes is not None and done.bytes <= budget:
-        made = self._plan_of(budget, done.bytes, kept, trace.loops, (_try(kept, done),), kept=True)
+        made = self._plan_of(
+          budget, done.bytes, kept, trace.loops, (step_search.as_try(kept, done),), kept=True
+        )
         _log_planned(made, kept, time.perf_counter() - start)
         return search, kept, made
     measuring, drafting = self._measuring(), self._drafting()
-    ahead = _Ahead(
+    ahead: step_compiles.Ahead[step_search.Rung] = step_compiles.Ahead(
       lambda rung: self._lowered(search, rung, args, kwargs),
-      lambda lowered, seconds: _compiled(lowered, seconds, measuring),
-      None if drafting is None else lambda lowered, seconds: _drafted(lowered, seconds, drafting),
+      lambda lowered, seconds: step_compiles.compiled(lowered, seconds, measuring),
+      None
+      if drafting is None
+      else lambda lowered, seconds: step_compiles.drafted(lowered, seconds, drafting),
     )
     ahead.given(trace.rung, plain, lowering)
-    found = _Search(
-      budget, self._max_recompute, _ladder(trace.loops, self._max_recompute), trace.loops, ahead
+    found = step_search.Search(
+      budget,
+      self._max_recompute,
+      step_search.ladder(trace.loops, self._max_recompute),
+      trace.loops,
+      ahead,
     )
     try:
       while True:
@@ -489,7 +276,7 @@ class BudgetedStep:
           break
         # The choice compiled as it runs (what the step's calls then use),
         # and checked: its figure, not the measuring compile's, decides.
-        found.record(rung, _compiled(found.tried[rung].lowered, 0.0, {}))
+        found.record(rung, step_compiles.compiled(found.tried[rung].lowered, 0.0, {}))
         if found.fits(rung):
           break
     finally:
@@ -499,9 +286,9 @@ class BudgetedStep:
     _log_planned(made, rung, time.perf_counter() - start)
     return search, rung, made
 
-  def _unbounded(self, found: "_Search", loops: list[_Seen]) -> str:
+  def _unbounded(self, found: "step_search.Search", loops: list[step_search.Seen]) -> str:
     """What the step holds with no bound on recomputation, where the call has one and that holds less."""
-    least = _ladder(loops, math.inf)[-1]
+    least = step_search.ladder(loops, math.inf)[-1]
     if not loops or least == found.least():
       return ""
     done = found.tried.get(least) or found.compile_at(least)
@@ -517,8 +304,8 @@ class BudgetedStep:
     self,
     budget: int,
     compiled_bytes: Optional[int],
-    rung: Rung,
-    loops: list[_Seen],
+    rung: step_search.Rung,
+    loops: list[step_search.Seen],
     tries: tuple[StepTry, ...],
     kept: bool = False,
   ) -> StepPlan:
@@ -526,7 +313,9 @@ class BudgetedStep:
     return StepPlan(
       budget,
       compiled_bytes,
-      tuple(_at(rung, loop.length, loop.policy, loop.max_recompute) for loop in loops),
+      tuple(
+        step_search.plan_at(rung, loop.length, loop.policy, loop.max_recompute) for loop in loops
+      ),
       tries,
       kept,
     )
@@ -554,419 +343,7 @@ class BudgetedStep:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class _Compiler:
-  """Compiles the step at a rung when asked (`__call__`), and drafts it (`draft`) where it can; hints let it look ahead."""
-
-  drafting = False  # Whether `draft` compiles.
-
-  def __call__(self, rung: Rung) -> _Compiled:
-    raise NotImplementedError
-
-  def draft(self, rung: Rung) -> _Compiled:
-    """A draft of the step at `rung` (`_drafted`), where `drafting`."""
-    raise NotImplementedError
-
-  def lower(self, rung: Rung) -> None:
-    """A hint: `rung` is likely asked for after the compile under way."""
-
-  def start(self, rung: Rung) -> None:
-    """`rung` is asked for next: its compile may begin."""
-
-  def start_draft(self, rung: Rung) -> None:
-    """`rung`'s draft is asked for next: its compile may begin."""
-
-  def close(self) -> None:
-    """Ends what was started."""
-
-
-class _OneByOne(_Compiler):
-  """Each rung compiled (or drafted) when asked, by `compile_at` (`draft_at`): the hints ignored."""
-
-  def __init__(
-    self,
-    compile_at: Callable[[Rung], _Compiled],
-    draft_at: Optional[Callable[[Rung], _Compiled]] = None,
-  ):
-    self._compile_at, self._draft_at = compile_at, draft_at
-    self.drafting = draft_at is not None
-
-  def __call__(self, rung: Rung) -> _Compiled:
-    return self._compile_at(rung)
-
-  def draft(self, rung: Rung) -> _Compiled:
-    assert self._draft_at is not None
-    return self._draft_at(rung)
-
-
-class _Ahead(_Compiler):
-  """A search's compiles in threads, each next rung lowered while the last compiles.
-
-  Lowering traces the step in Python, under the GIL; XLA compiles without
-  it. So the rung the search is likely to ask for next is lowered on the
-  caller's thread while the one it asked for compiles in another: the
-  search waits for the longer of the two, not their sum. Only what the
-  search starts is compiled (a rung lowered ahead and never asked for
-  costs its lowering, alongside a compile); each figure is its own
-  program's. With `draft_lowered` (drafts: `measure.draft_options`) the
-  compiles the search starts together run side by side, in
-  `measure.DRAFT_CORES` threads, a draft from a lowering of its own; else
-  one at a time. The threads run in the caller's context (`contextvars`):
-  an error there names the public call. A compile started and not waited
-  for finishes in its thread after `close`, unused.
-  """
-
-  def __init__(
-    self,
-    lower_at: Callable[[Rung], tuple[Any, float]],
-    compile_lowered: Callable[[Any, float], _Compiled],
-    draft_lowered: Optional[Callable[[Any, float], _Compiled]] = None,
-  ):
-    self._lower_at, self._compile_lowered = lower_at, compile_lowered
-    self._draft_lowered = draft_lowered
-    self.drafting = draft_lowered is not None
-    self._lowered: dict[Rung, tuple[Any, float]] = {}
-    self._jobs: dict[Rung, concurrent.futures.Future[_Compiled]] = {}
-    self._drafts: dict[Rung, concurrent.futures.Future[_Compiled]] = {}
-    self._pool = concurrent.futures.ThreadPoolExecutor(
-      measure.DRAFT_CORES if self.drafting else 1, thread_name_prefix=_THREADS
-    )
-
-  def given(self, rung: Rung, lowered: Any, seconds: float) -> None:
-    """`rung`, already lowered (in `seconds`)."""
-    self._lowered[rung] = lowered, seconds
-
-  def lower(self, rung: Rung) -> None:
-    if rung not in self._lowered and rung not in self._jobs:
-      self._lowered[rung] = self._lower_at(rung)
-
-  def start(self, rung: Rung) -> None:
-    if rung not in self._jobs:
-      program, seconds = self._lowered.pop(rung) if rung in self._lowered else self._lower_at(rung)
-      self._jobs[rung] = self._submit(self._compile_lowered, program, seconds)
-
-  def start_draft(self, rung: Rung) -> None:
-    if rung not in self._drafts:
-      assert self._draft_lowered is not None
-      self._drafts[rung] = self._submit(self._draft_lowered, *self._lower_at(rung))
-
-  def _submit(self, compile_lowered, program, seconds) -> concurrent.futures.Future[_Compiled]:
-    context = contextvars.copy_context()
-    return self._pool.submit(lambda: context.run(compile_lowered, program, seconds))
-
-  def __call__(self, rung: Rung) -> _Compiled:
-    self.start(rung)
-    return self._jobs.pop(rung).result()
-
-  def draft(self, rung: Rung) -> _Compiled:
-    self.start_draft(rung)
-    return self._drafts.pop(rung).result()
-
-  def close(self) -> None:
-    # A compile the search did not wait for (remat=True's beside a plain
-    # step that fits, drafts beside a remat=True that fits, the rest of a
-    # round the choice left behind) finishes in its thread, unused.
-    self._pool.shutdown(wait=False, cancel_futures=True)
-    self._lowered.clear()
-    self._jobs.clear()
-    self._drafts.clear()
-
-
-def unused_compiles_ended() -> None:
-  """Returns once the compiles searches started and left unused (`_Ahead.close`) have ended: a timing or a count after it is not shared with them."""
-  for thread in threading.enumerate():
-    if thread.name.startswith(_THREADS):
-      thread.join()
-
-
-class _Search:
-  """The first rung of `ladder` whose compiled step fits `budget`."""
-
-  def __init__(
-    self,
-    budget: int,
-    max_recompute: float,
-    ladder: list[Rung],
-    loops: list[_Seen],
-    compile_at: Callable[[Rung], _Compiled] | _Compiler,
-  ):
-    self.budget = budget
-    self.max_recompute = max_recompute
-    self.ladder = ladder
-    self.loops = loops
-    self.compile_at = compile_at if isinstance(compile_at, _Compiler) else _OneByOne(compile_at)
-    self.tried: dict[Rung, _Compiled] = {}  # The last compile of each rung.
-    self.made: list[StepTry] = []  # Every compile, in order.
-
-  def record(self, rung: Rung, done: _Compiled) -> None:
-    """`done`, a compile of the step at `rung`: kept, and logged."""
-    self.tried[rung] = done
-    self.made.append(_try(rung, done))
-    _log_try(rung, done)
-
-  def fits(self, rung: Rung) -> bool:
-    if rung not in self.tried:
-      self.record(rung, self.compile_at(rung))
-    found = self.tried[rung].bytes
-    return found is not None and found <= self.budget
-
-  def least(self) -> Rung:
-    """The rung of the least memory: the last (with no loop to plan, the step as it is)."""
-    return self.ladder[-1] if self.loops else self.ladder[0]
-
-  def least_tried(self) -> Rung:
-    """The rung of the least bytes compiled (the least recomputation among equals): what a refusal names.
-
-    Memory falls down the ladder as a rule, but not always (under
-    `jax.jacrev` on jax 0.12, `remat=True` held less than every schedule).
-    """
-    fitted = [
-      (done.bytes, self.ladder.index(rung), rung)
-      for rung, done in self.tried.items()
-      if done.bytes is not None and rung in self.ladder
-    ]
-    return min(fitted)[2] if fitted else self.least()
-
-  def _next(self, rung: Rung, then: Optional[Rung] = None) -> None:
-    """`rung` is compiled next; `then` lowered meanwhile, where it is likely asked for after."""
-    if rung not in self.tried:
-      self.compile_at.start(rung)
-      if then is not None and then not in self.tried:
-        self.compile_at.lower(then)
-
-  def run(self) -> Optional[Rung]:
-    true = self.ladder.index(Rung(_TRUE)) if self.loops else 0
-    schedules = self.ladder[true + 1 :]
-    drafting = self.compile_at.drafting and len(schedules) >= 3
-    self._next(self.ladder[0], self.ladder[true] if self.loops else None)
-    if drafting:  # remat=True beside plain: where plain fits, it finishes unused.
-      self.compile_at.start(self.ladder[true])
-    if self.fits(self.ladder[0]):  # Plain, or no loop to plan.
-      return self.ladder[0]
-    if not self.loops:
-      return None
-    if not drafting:
-      self._next(self.ladder[true], schedules[-1] if schedules else None)
-    drafts = (self.ladder[true], schedules[len(schedules) // 2], schedules[-1]) if drafting else ()
-    for rung in drafts:  # Beside remat=True's compile.
-      self.compile_at.start_draft(rung)
-    if self.fits(self.ladder[true]):  # The drafts finish unused.
-      return next(r for r in self.ladder[1 : true + 1] if self.fits(r))
-    if not schedules:
-      return None
-    over, fits = true, None  # Indices into the ladder: over the budget, within it.
-    line = self._drafted_line(true, drafts) if drafts else None
-    if line is not None:
-      x_line, b_line, slope = line
-      last = len(self.ladder) - 1
-      aimed = self._first_on_line(true, last, x_line, b_line, slope)
-      # The rung before the aim: the offset read at remat=True is not quite
-      # the schedules' (on the TPU 74 MB less, about a slot's bytes: the aim
-      # a rung late).
-      first = max((last if aimed is None else aimed) - 1, true + 1)
-      if self.fits(self.ladder[first]):
-        fits = first
-      else:
-        over = first
-      after = self._on_drafted_slope(over, fits, first, slope)
-      if after == first:
-        return self.ladder[first]
-      if after is not None:
-        if self.fits(self.ladder[after]):
-          fits = after
-        else:
-          over = after
-    if fits is None:
-      if not self.fits(schedules[-1]):
-        return None
-      fits = len(self.ladder) - 1
-    for _ in range(_MORE_TRIES):
-      between = self._aim(over, fits)
-      if between is None:
-        break
-      if self.fits(self.ladder[between]):
-        fits = between
-      else:
-        over = between
-    return self.ladder[fits]
-
-  def _draft(self, rung: Rung) -> Optional[int]:
-    """The bytes of `rung`'s draft (None: none), the draft logged and listed."""
-    drafted = self.compile_at.draft(rung)
-    self.made.append(_try(rung, drafted))
-    _log_try(rung, drafted)
-    return drafted.bytes
-
-  def _drafted_line(
-    self, true: int, drafts: tuple[Rung, ...]
-  ) -> Optional[tuple[int, float, float]]:
-    """The schedules' line the drafts draw, as (carries kept, bytes, slope) (None: a draft has no bytes).
-
-    `drafts`: remat=True, a middle schedule and the least rung, drafted
-    (`measure.draft_options`). The line through the two schedules' drafts
-    has the step's slope; a draft holds more than the step as it runs, by
-    an amount about constant along the line, read at remat=True (compiled
-    both ways) and taken off.
-    """
-    at_true, middle, least = (self._draft(rung) for rung in drafts)
-    compiled = self.tried[self.ladder[true]].bytes
-    x_middle, x_least = (_carries_kept(rung, self.loops) for rung in drafts[1:])
-    if at_true is None or middle is None or least is None or compiled is None:
-      return None
-    if x_middle == x_least:
-      return None
-    return x_least, least - (at_true - compiled), (middle - least) / (x_middle - x_least)
-
-  def _on_drafted_slope(
-    self, over: int, fits: Optional[int], first: int, slope: float
-  ) -> Optional[int]:
-    """The rung to compile after `first` on the line through its compile at the drafts' `slope` (None: none; `first`: it is the choice).
-
-    `first` compiled, the line through it at the drafts' slope is the
-    schedules' own (their offset is in it; on the TPU the drafts' slope is
-    the compiled one's to 0.01%). Where `first` fits and the line says no
-    rung before it fits, by a quarter of a slot's bytes or more, `first` is
-    the choice; a nearer call is compiled. Where `first` is over, the line
-    aims on.
-    """
-    b_first = self.tried[self.ladder[first]].bytes
-    if b_first is None:
-      return None
-    x_first = _carries_kept(self.ladder[first], self.loops)
-    if fits is None:
-      return self._first_on_line(over, len(self.ladder) - 1, x_first, b_first, slope)
-    if fits - over < 2:
-      return first
-    x_before = _carries_kept(self.ladder[fits - 1], self.loops)
-    margin = abs(slope * (x_before - x_first)) / 4
-    nearer = self._first_on_line(over, fits, x_first, b_first, slope, self.budget + margin)
-    return first if nearer is None else nearer
-
-  def _aim(self, over: int, fits: int) -> Optional[int]:
-    """The rung between two compiled ones that the schedules' line says fits first (None: none).
-
-    A schedule's compiled bytes lie on a line in the carries its loops
-    keep (each slot a carry, times whatever maps the loop: three members
-    of a vmapped ensemble, three carries); `remat=True`'s and a policy's
-    programs lie off it. So the line runs through `fits` and a second
-    compiled schedule: `over` where it is one, else the schedule compiled
-    nearest `fits`. With `fits` the only one (the first aim, from the
-    least rung), a slot costs a whole count of carries (the slope through
-    `over`, rounded; one where `over` has no bytes): that aims the next
-    compile but never decides alone: where it says none between fits, the
-    line through `over` does (halving where there is none). Only a line
-    through two compiles says none between.
-    """
-    if fits - over < 2:
-      return None
-    x_fits = _carries_kept(self.ladder[fits], self.loops)
-    b_fits = self.tried[self.ladder[fits]].bytes
-    assert b_fits is not None
-    second = self._second_schedule(over, fits, x_fits)
-    if second is not None:
-      slopes = [(second[1] - b_fits) / (second[0] - x_fits)]
-    else:
-      b_over = self.tried[self.ladder[over]].bytes
-      x_over = _carries_kept(self.ladder[over], self.loops)
-      if b_over is None or x_over == x_fits:
-        aimed = self._first_on_line(over, fits, x_fits, b_fits, 1)
-        return (over + fits) // 2 if aimed is None else aimed  # No line: halve.
-      through_over = (b_over - b_fits) / (x_over - x_fits)
-      # A slot holds a carry, or as many as map the loop: the line through
-      # `over`, rounded to a whole count of them, aims; it decides.
-      slopes = [max(1, round(through_over)), through_over]
-    for slope in slopes:
-      aimed = self._first_on_line(over, fits, x_fits, b_fits, slope)
-      if aimed is not None:
-        return aimed
-    return None  # The line says none between fits: the one that does.
-
-  def _second_schedule(self, over: int, fits: int, x_fits: int) -> Optional[tuple[int, int]]:
-    """(carries kept, bytes) of a compiled schedule besides `fits`, off its abscissa: `over`, else the nearest `fits`."""
-    found = []
-    for rung, done in self.tried.items():
-      if rung.kind != _SCHEDULE or done.bytes is None or rung not in self.ladder:
-        continue
-      index, x = self.ladder.index(rung), _carries_kept(rung, self.loops)
-      if index != fits and x != x_fits:
-        found.append((index != over, abs(index - fits), x, done.bytes))
-    return min(found)[2:] if found else None
-
-  def _first_on_line(
-    self,
-    over: int,
-    fits: int,
-    x_fits: int,
-    b_fits: float,
-    slope: float,
-    budget: Optional[float] = None,
-  ) -> Optional[int]:
-    """The first rung between `over` and `fits` (neither) whose bytes on the line through (`x_fits`, `b_fits`) at `slope` are within the budget (or `budget`)."""
-    budget = self.budget if budget is None else budget
-    for i in range(over + 1, fits):
-      x = _carries_kept(self.ladder[i], self.loops)
-      if b_fits + slope * (x - x_fits) <= budget:
-        return i
-    return None
-
-  def refusal(self, default_budget: bool, unbounded: str = "") -> str:
-    """Why the step does not fit, and what would.
-
-    `unbounded`: the sentence saying what the step holds with no bound on
-    recomputation, where that is less (`BudgetedStep._unbounded`), else
-    empty: only then is more recomputation offered as a remedy.
-    """
-    least = self.least_tried()
-    found = self.tried[least].bytes
-    budget = f"memory_budget={self.budget:,} bytes" + (
-      " (the device's memory)" if default_budget else ""
-    )
-    if found is None:
-      held = "runs out of device memory compiling (RESOURCE_EXHAUSTED) even at its least"
-    else:
-      held = f"holds {found:,} bytes at its least"
-      done = self.tried[least].compiled.memory_analysis()
-      held += (
-        f" (arguments {done.argument_size_in_bytes:,}, outputs "
-        f"{done.output_size_in_bytes:,}, of which donated "
-        f"{done.alias_size_in_bytes:,}, temporaries "
-        f"{done.temp_size_in_bytes:,}, code "
-        f"{done.generated_code_size_in_bytes:,})"
-      )
-    remedy = []
-    if self.loops:
-      where = f", with every remat=\"auto\" loop at {least.describe()}"
-      if least.kind == _FALSE and not unbounded:
-        # Every plan held as much (forward mode alone keeps nothing for a
-        # backward pass to trade).
-        where += ": no remat plan of its loops holds less"
-      if unbounded:
-        remedy = [f"allow more recomputation (max_recompute=, now {self.max_recompute:g})"]
-    else:
-      where = ", and it runs no loop with remat=\"auto\" to trade recomputation for memory"
-      remedy = [
-        "give its loops (hkb.scan, hkb.dynamic_unroll, "
-        "hkb.layer_scan, hkb.repeat_layer) remat=\"auto\""
-      ]
-    remedies = (
-      ([] if found is None else [f"pass memory_budget={found:,} or more"])
-      + remedy
-      + [
-        "make the step hold less (a smaller batch, "
-        "donate_argnums= for the params and optimizer state)"
-      ]
-    )
-    advice = ", or ".join(remedies)
-    return (
-      f"the step does not fit {budget}: it {held}{where}. {advice[0].upper()}{advice[1:]}."
-      + unbounded
-    )
-
-
-def _try(rung: Rung, done: _Compiled) -> StepTry:
-  return StepTry(rung.describe(), done.bytes, done.seconds, done.measuring, done.draft)
-
-
-def _log_planned(made: StepPlan, rung: Rung, seconds: float) -> None:
+def _log_planned(made: StepPlan, rung: step_search.Rung, seconds: float) -> None:
   """The lines that end a step's plan: the plan (`str(StepPlan)`) at INFO, then the end, as a loop's plan ends (`plan.end_level`: WARNING when slow)."""
   tracing.LOG.info("hkb.%s: %s", _API, made)
   loops = len(made.loops)
@@ -988,12 +365,8 @@ def _log_planned(made: StepPlan, rung: Rung, seconds: float) -> None:
   )
 
 
-def _log_try(rung: Rung, done: _Compiled) -> None:
-  tracing.LOG.info("hkb.%s: compiled %s", _API, _try(rung, done))
-
-
 @contextlib.contextmanager
-def _tracing(rung: Rung, trace: Optional[_Trace] = None) -> Iterator[None]:
+def _tracing(rung: step_search.Rung, trace: Optional[_Trace] = None) -> Iterator[None]:
   token = _TRACE.set(trace if trace is not None else _Trace(rung))
   try:
     yield
@@ -1042,10 +415,13 @@ _TRACED_UNDER = ("jax_enable_x64", "jax_default_matmul_precision")
 
 
 _FORMAT = 1
+# The modules whose code makes a choice: a change to any of them is another
+# disk key, so a plan chosen by other code is never read.
+_CHOOSING_CODE = (sys.modules[__name__], step_search, step_compiles, remat_schedule)
 _ON_DISK = caches.OnDisk("step_budgets")
 
 
-def _from_disk(value: Any, loops: list[_Seen]) -> Optional[Rung]:
+def _from_disk(value: Any, loops: list[step_search.Seen]) -> Optional[step_search.Rung]:
   """A kept rung, if `value` is one this step's ladder holds; else None (a miss)."""
   if not (
     isinstance(value, list)
@@ -1054,8 +430,8 @@ def _from_disk(value: Any, loops: list[_Seen]) -> Optional[Rung]:
     and value[2] > 0
   ):  # pylint: disable=unidiomatic-typecheck
     return None
-  rung = Rung(value[0], fractions.Fraction(value[1], value[2]))
-  return rung if rung in _ladder(loops, math.inf) else None
+  rung = step_search.Rung(value[0], fractions.Fraction(value[1], value[2]))
+  return rung if rung in step_search.ladder(loops, math.inf) else None
 
 
 def _jit_options() -> list[str]:
@@ -1065,8 +441,9 @@ def _jit_options() -> list[str]:
 
 @caches.memoize(maxsize=1)
 def _code_digest() -> str:
+  """A digest of `_CHOOSING_CODE`'s files."""
   code = hashlib.sha256()
-  for module in (sys.modules[__name__], remat_schedule):
+  for module in _CHOOSING_CODE:
     with open(str(module.__file__), "rb") as f:
       code.update(f.read())
   return code.hexdigest()

@@ -35,6 +35,8 @@ from haiku_bridge._src.remat import loop as loop_lib
 from haiku_bridge._src.remat import measure
 from haiku_bridge._src.remat import plan as remat_plan
 from haiku_bridge._src.remat import step_budget
+from haiku_bridge._src.remat import step_compiles
+from haiku_bridge._src.remat import step_search
 from testing import remat_models
 from testing.benchmarks.lib import markdown_table
 from testing.benchmarks.lib import svg
@@ -211,14 +213,14 @@ def _training_step(name: str, mode: str, **remat):
 def _middle_step_budget(name: str, mode: str) -> int:
   """Halfway between the whole step's bytes with remat=True and at `budgeted_jit`'s least rung."""
   params, x, step = _step(name, mode, remat=True)
-  per_step = step_budget.step_bytes(
+  per_step = step_compiles.step_bytes(
     step.lower(params, x).compile().memory_analysis(), jax.default_backend()
   )
   params, x, step = _training_step(name, mode, remat="auto")
   every = step_budget.BudgetedStep(step, None, remat_choice.MAX_RECOMPUTE, {})
-  trace = step_budget._Trace(step_budget.Rung(step_budget._FALSE))  # pylint: disable=protected-access
+  trace = step_budget._Trace(step_search.Rung(step_search.FALSE))  # pylint: disable=protected-access
   every._lowered(-1, trace.rung, (params, x), {}, trace)  # pylint: disable=protected-access
-  least = step_budget._ladder(trace.loops, remat_choice.MAX_RECOMPUTE)[-1]  # pylint: disable=protected-access
+  least = step_search.ladder(trace.loops, remat_choice.MAX_RECOMPUTE)[-1]
   least_bytes = every._compiled(-1, least, (params, x), {}).bytes  # pylint: disable=protected-access
   assert least_bytes is not None
   return (per_step + least_bytes) // 2
