@@ -42,8 +42,9 @@ KEY = jax.random.PRNGKey(0)
 # Whether the search's tries compile with XLA's cheaper code generation
 # (the CPU), then the choice once more as it runs.
 MEASURING = bool(measure.measuring_options())
-# On a host that drafts (a TPU's), remat=True compiles beside plain: a
-# compile more, unused, where plain fits.
+# On a host that drafts (a TPU's), remat=True compiles beside plain: where
+# plain fits, a compile more, unused, or none where plain's ended before it
+# began (it is cancelled then: step_compiles_test).
 BESIDE = measure.draft_options() is not None
 FORMS = (
   "scan",
@@ -348,7 +349,7 @@ class SearchTest(_CacheDirectory):
       step(*args)
       step.plan(*args)
       step.lower(*args)
-    self.assertLen(made, 1 + MEASURING + BESIDE)
+    self.assertBetween(len(made), 1 + MEASURING, 1 + MEASURING + BESIDE)
     self.assertEqual(
       [(t.rung, t.measuring) for t in step.plan(*args).tries],
       [("remat=False", True)] * MEASURING + [("remat=False", False)],
@@ -356,7 +357,7 @@ class SearchTest(_CacheDirectory):
     # Another signature is planned anew.
     with counted_compiles() as made:
       step(*wider)
-    self.assertLen(made, 1 + MEASURING + BESIDE)
+    self.assertBetween(len(made), 1 + MEASURING, 1 + MEASURING + BESIDE)
     self.assertEqual(step.plan(*wider).loops[0].length, 2 * T)
 
   def test_a_typed_key_in_the_carry(self):
@@ -390,7 +391,7 @@ class SearchTest(_CacheDirectory):
         step(*args)
       with jax.set_mesh(jax.make_mesh((1,), ("data",))):
         step(*args)
-    self.assertLen(made, 3 * (1 + MEASURING + BESIDE))
+    self.assertBetween(len(made), 3 * (1 + MEASURING), 3 * (1 + MEASURING + BESIDE))
 
   def test_a_compile_out_of_device_memory_is_a_plan_over_the_budget(self):
     plain, args = _step("scan", False)

@@ -196,8 +196,10 @@ class Ahead(Compiler[K]):
   compiles the search starts together run side by side, in
   `measure.DRAFT_CORES` threads, a draft from a lowering of its own; else
   one at a time. The threads run in the caller's context (`contextvars`):
-  an error there names the public call. A compile started and not waited
-  for finishes in its thread after `close`, unused.
+  an error there names the public call. At `close` a compile started and
+  not waited for finishes in its thread, unused, and one not yet begun
+  (its thread still busy, or not yet running) is cancelled: a count of
+  the compiles a search left unused depends on timing.
   """
 
   def __init__(
@@ -249,7 +251,8 @@ class Ahead(Compiler[K]):
   def close(self) -> None:
     # A compile the search did not wait for (remat=True's beside a plain
     # step that fits, drafts beside a remat=True that fits, the rest of a
-    # round the choice left behind) finishes in its thread, unused.
+    # round the choice left behind) finishes in its thread, unused; one not
+    # yet begun is cancelled.
     self._pool.shutdown(wait=False, cancel_futures=True)
     self._lowered.clear()
     self._jobs.clear()

@@ -26,22 +26,25 @@ class CompileTest(absltest.TestCase):
       self.assertEqual((done.bytes, done.draft), (None, True))
       self.assertGreaterEqual(done.seconds, 0.5)  # Its lowering's, at least.
 
-  def test_a_compile_not_waited_for_ends_after_close_and_can_be_waited_for(self):
-    release, ended = threading.Event(), []
-    rung = "remat=True"  # A rung's key: any hashable.
+  def test_at_close_a_compile_begun_ends_unused_and_one_not_begun_is_cancelled(self):
+    release, begun, ended = threading.Event(), threading.Event(), []
 
     def compile_lowered(lowered, seconds):
+      begun.set()
       release.wait(timeout=5)
       ended.append(lowered)
       return step_compiles.Compiled(1, None, 0.0, None, False)
 
+    # Without drafts one thread: the second compile waits for the first's.
     ahead = step_compiles.Ahead(lambda rung: (rung, 0.0), compile_lowered)
-    ahead.start(rung)
-    ahead.close()  # At once: the compile goes on in its thread.
+    ahead.start("remat=True")  # A rung's key: any hashable.
+    self.assertTrue(begun.wait(timeout=5))
+    ahead.start("remat=\"binomial\"")
+    ahead.close()  # At once: the first compile goes on in its thread.
     self.assertEqual(ended, [])
     threading.Timer(0.1, release.set).start()
     step_compiles.unused_compiles_ended()
-    self.assertEqual(ended, [rung])
+    self.assertEqual(ended, ["remat=True"])
 
 
 class StepBytesTest(absltest.TestCase):

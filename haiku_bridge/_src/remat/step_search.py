@@ -17,7 +17,8 @@ compile, one that needs `remat=True` two, one on a schedule three to seven
 them). On a TPU the search drafts (`measure.draft_options`: XLA at its
 least effort, a third of the cost, its bytes off by a constant along the
 schedules): there `remat=True` compiles beside plain (where plain fits, it
-finishes in its thread, unused), and three drafts beside `remat=True`: of
+finishes in its thread, unused, or is cancelled where plain's compile
+ended before it began), and three drafts beside `remat=True`: of
 `remat=True`, a middle schedule and the last rung. Where `remat=True` does
 not fit, the line through the two schedules' drafts, less the offset read
 at `remat=True`, aims, and the rung before the aim compiles as it runs;
@@ -198,7 +199,7 @@ class Search:
     schedules = self.ladder[true + 1 :]
     drafting = self.compile_at.drafting and len(schedules) >= 3
     self._next(self.ladder[0], self.ladder[true] if self.loops else None)
-    if drafting:  # remat=True beside plain: where plain fits, it finishes unused.
+    if drafting:  # remat=True beside plain: where plain fits, unused (or cancelled).
       self.compile_at.start(self.ladder[true])
     if self.fits(self.ladder[0]):  # Plain, or no loop to plan.
       return self.ladder[0]
