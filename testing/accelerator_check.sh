@@ -72,9 +72,10 @@ readonly LIMITED=(timeout -s INT -k 30 "${PART_S}")
 # In an order that shares the files' time about equally among the four shards of
 # ACCELERATOR_CHECK_SHARD=i/4 (files i, i+4, ...) on a TPU v5e, where the list needs them: about
 # 400 s of tests each, from each file's time in the shards run there on 2026-12-07 (junit.xml;
-# time_scan_test 257 s and bridged_grid_test 142 s before their shards' limits stopped them,
-# measure_test and tracing_test not timed there yet), each shard's cheapest first. On a GPU the
-# list runs whole, in parallel processes.
+# time_scan_test 257 s and bridged_grid_test 142 s before their shards' limits stopped them),
+# each shard's cheapest first: shards 1-3 then took 427, 393 and 387 s there
+# (testing/benchmarks/results/accelerator_tpu_v5e/summary.md). On a GPU the list runs whole, in
+# parallel processes.
 ACCELERATOR_TESTS=(
   haiku_bridge/_src/unrolled_names_test.py
   haiku_bridge/_src/storage_test.py
