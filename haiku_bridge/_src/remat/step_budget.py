@@ -104,7 +104,7 @@ class _Trace:
   """What one trace of the step at a rung records."""
 
   rung: step_search.Rung
-  loops: list[step_search.Seen] = dataclasses.field(default_factory=list)
+  loops: list[step_search.TracedLoop] = dataclasses.field(default_factory=list)
 
 
 # The rung a step is traced at, with its search's identity: a jit-cache key
@@ -126,7 +126,7 @@ def loop_plan(length: int, carry: PyTree, policy: bool, max_recompute: float) ->
   """What a `remat="auto"` loop with no budget of its own runs at the traced rung (`active()`)."""
   trace = _TRACE.get()
   assert trace is not None, "loop.resolved asks only while a step is traced"
-  trace.loops.append(step_search.Seen(length, policy, max_recompute, pytree.nbytes(carry)))
+  trace.loops.append(step_search.TracedLoop(length, policy, max_recompute, pytree.nbytes(carry)))
   return step_search.plan_at(trace.rung, length, policy, max_recompute)
 
 
@@ -232,7 +232,7 @@ class BudgetedStep:
     )
     start = time.perf_counter()
     search = next(_SEARCHES)
-    trace = _Trace(step_search.Rung(step_search.FALSE))
+    trace = _Trace(step_search.Rung(step_search.PLAIN))
     plain, lowering = self._lowered(search, trace.rung, args, kwargs, trace)
     disk_key = self._disk_key(plain, budget)
     kept = _from_disk(_ON_DISK.get(disk_key), trace.loops)
@@ -286,7 +286,7 @@ class BudgetedStep:
     _log_planned(made, rung, time.perf_counter() - start)
     return search, rung, made
 
-  def _unbounded(self, found: "step_search.Search", loops: list[step_search.Seen]) -> str:
+  def _unbounded(self, found: "step_search.Search", loops: list[step_search.TracedLoop]) -> str:
     """What the step holds with no bound on recomputation, where the call has one and that holds less."""
     least = step_search.ladder(loops, math.inf)[-1]
     if not loops or least == found.least():
@@ -305,7 +305,7 @@ class BudgetedStep:
     budget: int,
     compiled_bytes: Optional[int],
     rung: step_search.Rung,
-    loops: list[step_search.Seen],
+    loops: list[step_search.TracedLoop],
     tries: tuple[StepTry, ...],
     kept: bool = False,
   ) -> StepPlan:
@@ -421,7 +421,7 @@ _CHOOSING_CODE = (sys.modules[__name__], step_search, step_compiles, remat_sched
 _ON_DISK = caches.OnDisk("step_budgets")
 
 
-def _from_disk(value: Any, loops: list[step_search.Seen]) -> Optional[step_search.Rung]:
+def _from_disk(value: Any, loops: list[step_search.TracedLoop]) -> Optional[step_search.Rung]:
   """A kept rung, if `value` is one this step's ladder holds; else None (a miss)."""
   if not (
     isinstance(value, list)

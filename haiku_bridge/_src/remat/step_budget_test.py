@@ -633,7 +633,7 @@ class LadderTest(_CacheDirectory):
     self.addCleanup(patch.stop)
     auto, args = _step(form, "auto")
     every = step_budget.BudgetedStep(auto, None, 3.0, {})
-    trace = step_budget._Trace(step_search.Rung(step_search.TRUE))
+    trace = step_budget._Trace(step_search.Rung(step_search.REMAT))
     every._lowered(-1, trace.rung, args, {}, trace)
     ladder = step_search.ladder(trace.loops, 3.0)
     sizes = [every._compiled(-1, rung, args, {}).bytes for rung in ladder]

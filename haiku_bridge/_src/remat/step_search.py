@@ -42,7 +42,9 @@ from haiku_bridge._src.remat import tracing
 from haiku_bridge._src.remat.step_compiles import Compiled
 from haiku_bridge._src.remat.step_compiles import StepTry
 
-FALSE, POLICY, TRUE, SCHEDULE = range(4)  # A rung's kinds, in the ladder's order.
+# A rung's kinds, in the ladder's order: remat=False, remat=True under the
+# loop's remat_policy, remat=True, a binomial schedule.
+PLAIN, POLICY, REMAT, SCHEDULE = range(4)
 # Compiles of the step beyond remat=True's and the least rung's, on the
 # schedules' side of the ladder.
 MORE_TRIES = 4
@@ -51,9 +53,10 @@ MORE_TRIES = 4
 class Rung(NamedTuple):
   """A step on the search's ladder: what every `remat="auto"` loop runs there.
 
-  `kind`: 0 plain, 1 under its `remat_policy` (plain without one), 2
-  `remat=True`, 3 a binomial schedule recomputing at most `extra` forward
-  passes more than `remat=True` (`extra` > 0, a fraction).
+  `kind`: `PLAIN` (remat=False), `POLICY` (remat=True under the loop's
+  `remat_policy`; plain without one), `REMAT` (remat=True), `SCHEDULE` (a
+  binomial schedule recomputing at most `extra` forward passes more than
+  `remat=True`; `extra` > 0, a fraction).
   """
 
   kind: int
@@ -81,8 +84,8 @@ class StepLoop(NamedTuple):
   policy: bool = False
 
 
-class Seen(NamedTuple):
-  """A loop as the search's trace saw it."""
+class TracedLoop(NamedTuple):
+  """A `remat="auto"` loop as a trace of the step saw it: what the ladder and the schedules' line are built from."""
 
   length: int
   policy: bool
@@ -92,7 +95,7 @@ class Seen(NamedTuple):
 
 def plan_at(rung: Rung, length: int, policy: bool, max_recompute: float) -> StepLoop:
   """The plan of a loop at `rung`, within its own `max_recompute`."""
-  if rung.kind == FALSE or (max_recompute < 1 and not (rung.kind >= POLICY and policy)):
+  if rung.kind == PLAIN or (max_recompute < 1 and not (rung.kind >= POLICY and policy)):
     return StepLoop(length, False)
   if rung.kind == POLICY or max_recompute < 1:
     return StepLoop(length, policy, policy=policy)
@@ -101,7 +104,7 @@ def plan_at(rung: Rung, length: int, policy: bool, max_recompute: float) -> Step
     if max_recompute == math.inf
     else min(rung.extra, fractions.Fraction(max_recompute) - 1)
   )
-  if rung.kind == TRUE or extra <= 0 or length < 3:
+  if rung.kind == REMAT or extra <= 0 or length < 3:
     return StepLoop(length, True)
   slots = remat_schedule.fewest_binomial_slots(length, math.floor(extra * length))
   if slots > length - 2:
@@ -109,12 +112,12 @@ def plan_at(rung: Rung, length: int, policy: bool, max_recompute: float) -> Step
   return StepLoop(length, "binomial", slots)
 
 
-def ladder(loops: list[Seen], max_recompute: float) -> list[Rung]:
+def ladder(loops: list[TracedLoop], max_recompute: float) -> list[Rung]:
   """Every rung that changes some loop's plan, in order of recomputation."""
-  rungs = [Rung(FALSE)]
+  rungs = [Rung(PLAIN)]
   if any(loop.policy for loop in loops):
     rungs.append(Rung(POLICY))
-  rungs.append(Rung(TRUE))
+  rungs.append(Rung(REMAT))
   extras = set()
   for loop in set(loops):
     most = min(max_recompute, loop.max_recompute) - 1
@@ -126,7 +129,7 @@ def ladder(loops: list[Seen], max_recompute: float) -> list[Rung]:
   return rungs + [Rung(SCHEDULE, extra) for extra in sorted(extras) if extra]
 
 
-def carries_kept(rung: Rung, loops: list[Seen]) -> int:
+def carries_kept(rung: Rung, loops: list[TracedLoop]) -> int:
   """Bytes of the carries the loops keep for the backward pass at `rung` (the line's abscissa)."""
   kept = 0
   for loop in loops:
@@ -143,7 +146,7 @@ class Search:
     budget: int,
     max_recompute: float,
     ladder: list[Rung],
-    loops: list[Seen],
+    loops: list[TracedLoop],
     compile_at: Callable[[Rung], Compiled] | step_compiles.Compiler[Rung],
   ):
     self.budget = budget
@@ -195,7 +198,7 @@ class Search:
         self.compile_at.lower(then)
 
   def run(self) -> Optional[Rung]:
-    true = self.ladder.index(Rung(TRUE)) if self.loops else 0
+    true = self.ladder.index(Rung(REMAT)) if self.loops else 0
     schedules = self.ladder[true + 1 :]
     drafting = self.compile_at.drafting and len(schedules) >= 3
     self._next(self.ladder[0], self.ladder[true] if self.loops else None)
@@ -396,7 +399,7 @@ class Search:
     remedy = []
     if self.loops:
       where = f", with every remat=\"auto\" loop at {least.describe()}"
-      if least.kind == FALSE and not unbounded:
+      if least.kind == PLAIN and not unbounded:
         # Every plan held as much (forward mode alone keeps nothing for a
         # backward pass to trade).
         where += ": no remat plan of its loops holds less"

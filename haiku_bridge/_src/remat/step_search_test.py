@@ -28,11 +28,11 @@ def _compiled(size: int, lowered=None) -> step_compiles.Compiled:
 
 class AheadTest(absltest.TestCase):
   def test_the_next_rung_lowers_while_one_compiles_and_only_asked_rungs_compile(self):
-    rungs = [step_search.Rung(step_search.FALSE), step_search.Rung(step_search.TRUE)] + [
+    rungs = [step_search.Rung(step_search.PLAIN), step_search.Rung(step_search.REMAT)] + [
       step_search.Rung(step_search.SCHEDULE, fractions.Fraction(k)) for k in (1, 2, 3)
     ]
     sizes = dict(zip(rungs, (100, 60, 52, 45, 40)))
-    loops = [step_search.Seen(8, False, math.inf, 4)]
+    loops = [step_search.TracedLoop(8, False, math.inf, 4)]
     lowered_ahead = {rung: threading.Event() for rung in rungs}
     compiled, overlapped = [], {}
 
@@ -67,7 +67,7 @@ class AheadTest(absltest.TestCase):
     self.assertEqual(overlapped, {rungs[0]: True, rungs[1]: True})
 
   def test_remat_true_compiles_beside_plain_and_the_drafts_beside_it(self):
-    loops = [step_search.Seen(16, False, math.inf, 64)]
+    loops = [step_search.TracedLoop(16, False, math.inf, 64)]
     ladder = step_search.ladder(loops, math.inf)
     kept = [step_search.carries_kept(rung, loops) for rung in ladder]
     sizes = dict(zip(ladder, [50_000, 20_000 + kept[1]] + [20_000 + x for x in kept[2:]]))
@@ -127,7 +127,7 @@ class AimTest(parameterized.TestCase):
     ("half_a_carry_a_slot", 0.5, 5),
   )
   def test_the_least_rung_and_the_line_through_it_find_the_first_that_fits(self, slope, most):
-    loops = [step_search.Seen(16, False, math.inf, 64)]
+    loops = [step_search.TracedLoop(16, False, math.inf, 64)]
     ladder = step_search.ladder(loops, math.inf)
     kept = [step_search.carries_kept(rung, loops) for rung in ladder]
     # Plain holds most; remat=True two carries' worth below the schedules'
@@ -186,7 +186,7 @@ class DraftTest(parameterized.TestCase):
     ("a_shallower_slope", 3_000, 3_000, 0.8, 5),
   )
   def test_the_drafts_line_finds_the_first_that_fits(self, at_true, along, slope, most):
-    loops = [step_search.Seen(16, False, math.inf, 64)]
+    loops = [step_search.TracedLoop(16, False, math.inf, 64)]
     ladder = step_search.ladder(loops, math.inf)
     kept = [step_search.carries_kept(rung, loops) for rung in ladder]
     sizes = [50_000, round(20_000 + (kept[1] - 2 * 64))]
@@ -229,7 +229,7 @@ class DraftTest(parameterized.TestCase):
   def test_remat_true_compiles_beside_plain_the_drafts_beside_it_and_a_draft_without_bytes_aims_nothing(
     self,
   ):
-    loops = [step_search.Seen(16, False, math.inf, 64)]
+    loops = [step_search.TracedLoop(16, False, math.inf, 64)]
     ladder = step_search.ladder(loops, math.inf)
     kept = [step_search.carries_kept(rung, loops) for rung in ladder]
     sizes = dict(zip(ladder, [50_000, 20_000 + kept[1]] + [20_000 + x for x in kept[2:]]))
@@ -275,11 +275,11 @@ class RefusalTest(absltest.TestCase):
     # remat=True holding less than every schedule (jax.jacrev on jax 0.12):
     # the refusal names its bytes, which the call then takes, not the last
     # rung's.
-    rungs = [step_search.Rung(step_search.FALSE), step_search.Rung(step_search.TRUE)] + [
+    rungs = [step_search.Rung(step_search.PLAIN), step_search.Rung(step_search.REMAT)] + [
       step_search.Rung(step_search.SCHEDULE, fractions.Fraction(k)) for k in (1, 2)
     ]
     sizes = dict(zip(rungs, (100, 40, 60, 50)))
-    loops = [step_search.Seen(8, False, math.inf, 4)]
+    loops = [step_search.TracedLoop(8, False, math.inf, 4)]
     fake = lambda rung: _compiled(sizes[rung])
     search = step_search.Search(30, 3.0, rungs, loops, fake)
     self.assertIsNone(search.run())

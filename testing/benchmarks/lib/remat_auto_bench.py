@@ -218,7 +218,7 @@ def _middle_step_budget(name: str, mode: str) -> int:
   )
   params, x, step = _training_step(name, mode, remat="auto")
   every = step_budget.BudgetedStep(step, None, remat_choice.MAX_RECOMPUTE, {})
-  trace = step_budget._Trace(step_search.Rung(step_search.FALSE))  # pylint: disable=protected-access
+  trace = step_budget._Trace(step_search.Rung(step_search.PLAIN))  # pylint: disable=protected-access
   every._lowered(-1, trace.rung, (params, x), {}, trace)  # pylint: disable=protected-access
   least = step_search.ladder(trace.loops, remat_choice.MAX_RECOMPUTE)[-1]
   least_bytes = every._compiled(-1, least, (params, x), {}).bytes  # pylint: disable=protected-access
