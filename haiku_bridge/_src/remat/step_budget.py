@@ -233,22 +233,49 @@ class BudgetedStep:
     start = time.perf_counter()
     search = next(_SEARCHES)
     trace = _Trace(step_search.Rung(step_search.PLAIN))
-    plain, lowering = self._lowered(search, trace.rung, args, kwargs, trace)
-    disk_key = self._disk_key(plain, budget)
-    kept = _from_disk(_ON_DISK.get(disk_key), trace.loops)
-    if kept is not None:  # The step compiled once, as it runs, and checked.
-      done = (
-        step_compiles.compiled(plain, lowering, {})
-        if kept == trace.rung
-        else self._compiled(search, kept, args, kwargs, {})
-      )
-      step_search.log_try(kept, done)
-      if done.bytes is not None and done.bytes <= budget:
-        made = self._plan_of(
-          budget, done.bytes, kept, trace.loops, (step_search.as_try(kept, done),), kept=True
-        )
-        _log_planned(made, kept, time.perf_counter() - start)
-        return search, kept, made
+    plain = self._lowered(search, trace.rung, args, kwargs, trace)
+    disk_key = self._disk_key(plain[0], budget)
+    kept = self._kept(search, budget, trace.loops, plain, disk_key, args, kwargs)
+    rung, made = kept or self._searched(search, budget, trace.loops, plain, disk_key, args, kwargs)
+    _log_planned(made, rung, time.perf_counter() - start)
+    return search, rung, made
+
+  def _kept(
+    self,
+    search: int,
+    budget: int,
+    loops: list[step_search.TracedLoop],
+    plain: tuple[Any, float],
+    disk_key: Optional[str],
+    args,
+    kwargs,
+  ) -> Optional[tuple[step_search.Rung, StepPlan]]:
+    """The plan kept on disk for this step, compiled once as it runs and checked; None where none is kept or it does not fit."""
+    kept = _from_disk(_ON_DISK.get(disk_key), loops)
+    if kept is None:
+      return None
+    done = (
+      step_compiles.compiled(*plain, {})
+      if kept == step_search.Rung(step_search.PLAIN)
+      else self._compiled(search, kept, args, kwargs, {})
+    )
+    step_search.log_try(kept, done)
+    if done.bytes is None or done.bytes > budget:
+      return None
+    tries = (step_search.as_try(kept, done),)
+    return kept, self._plan_of(budget, done.bytes, kept, loops, tries, kept=True)
+
+  def _searched(
+    self,
+    search: int,
+    budget: int,
+    loops: list[step_search.TracedLoop],
+    plain: tuple[Any, float],
+    disk_key: Optional[str],
+    args,
+    kwargs,
+  ) -> tuple[step_search.Rung, StepPlan]:
+    """The first rung whose compiled step fits, found down the ladder (`step_search.Search`) and kept on disk; ValueError where none fits."""
     measuring, drafting = self._measuring(), self._drafting()
     ahead: step_compiles.Ahead[step_search.Rung] = step_compiles.Ahead(
       lambda rung: self._lowered(search, rung, args, kwargs),
@@ -257,20 +284,15 @@ class BudgetedStep:
       if drafting is None
       else lambda lowered, seconds: step_compiles.drafted(lowered, seconds, drafting),
     )
-    ahead.given(trace.rung, plain, lowering)
-    found = step_search.Search(
-      budget,
-      self._max_recompute,
-      step_search.ladder(trace.loops, self._max_recompute),
-      trace.loops,
-      ahead,
-    )
+    ahead.given(step_search.Rung(step_search.PLAIN), *plain)
+    ladder = step_search.ladder(loops, self._max_recompute)
+    found = step_search.Search(budget, self._max_recompute, ladder, loops, ahead)
     try:
       while True:
         rung = found.run()
         if rung is None:
           raise ValueError(
-            errors.message(found.refusal(self._budget is None, self._unbounded(found, trace.loops)))
+            errors.message(found.refusal(self._budget is None, self._unbounded(found, loops)))
           )
         if not found.tried[rung].measuring:
           break
@@ -282,9 +304,7 @@ class BudgetedStep:
     finally:
       ahead.close()
     _ON_DISK.put(disk_key, [rung.kind, rung.extra.numerator, rung.extra.denominator])
-    made = self._plan_of(budget, found.tried[rung].bytes, rung, trace.loops, tuple(found.made))
-    _log_planned(made, rung, time.perf_counter() - start)
-    return search, rung, made
+    return rung, self._plan_of(budget, found.tried[rung].bytes, rung, loops, tuple(found.made))
 
   def _unbounded(self, found: "step_search.Search", loops: list[step_search.TracedLoop]) -> str:
     """What the step holds with no bound on recomputation, where the call has one and that holds less."""
