@@ -41,9 +41,10 @@
 # ACCELERATOR_CHECK_PART_S (each part's limit in seconds, default 540),
 # ACCELERATOR_CHECK_SHARD, ACCELERATOR_CHECK_WORKERS (default 8, on a GPU), PYTHON (default python3).
 #
-# summary.md gathers the parts run (each one's exit status) with the date, device and versions; RESULTS.md's sections "On a
-# GPU" and "On a TPU v5e" are written from it by hand. The CPU XLA flags of the test suite
-# (testing/xla_flags.py) are not used here: XLA_FLAGS is left as the environment sets it.
+# summary.md gathers the parts run (each one's exit status) with the date, device and versions;
+# RESULTS.md's sections "On a GPU" and "On a TPU v5e" are written from it by hand. The CPU XLA
+# flags of the test suite (testing/xla_flags.py) are not used here: XLA_FLAGS is left as the
+# environment sets it.
 
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -130,6 +130,18 @@ def loop_plan(length: int, carry: PyTree, policy: bool, max_recompute: float) ->
   return step_search.plan_at(trace.rung, length, policy, max_recompute)
 
 
+class _Call(NamedTuple):
+  """A call's planning: its search's number, the budget, the loops the plain trace saw, the step lowered plain (and its seconds), the disk key, the arguments."""
+
+  search: int
+  budget: int
+  loops: list[step_search.TracedLoop]
+  plain: tuple[Any, float]
+  disk_key: Optional[str]
+  args: tuple
+  kwargs: dict
+
+
 class BudgetedStep:
   """A step jitted to fit a memory budget: `hkb.budgeted_jit`'s result, used like `jax.jit(step)`."""
 
@@ -235,64 +247,46 @@ class BudgetedStep:
     trace = _Trace(step_search.Rung(step_search.PLAIN))
     plain = self._lowered(search, trace.rung, args, kwargs, trace)
     disk_key = self._disk_key(plain[0], budget)
-    kept = self._kept(search, budget, trace.loops, plain, disk_key, args, kwargs)
-    rung, made = kept or self._searched(search, budget, trace.loops, plain, disk_key, args, kwargs)
+    call = _Call(search, budget, trace.loops, plain, disk_key, args, kwargs)
+    rung, made = self._kept(call) or self._searched(call)
     _log_planned(made, rung, time.perf_counter() - start)
     return search, rung, made
 
-  def _kept(
-    self,
-    search: int,
-    budget: int,
-    loops: list[step_search.TracedLoop],
-    plain: tuple[Any, float],
-    disk_key: Optional[str],
-    args,
-    kwargs,
-  ) -> Optional[tuple[step_search.Rung, StepPlan]]:
+  def _kept(self, call: _Call) -> Optional[tuple[step_search.Rung, StepPlan]]:
     """The plan kept on disk for this step, compiled once as it runs and checked; None where none is kept or it does not fit."""
-    kept = _from_disk(_ON_DISK.get(disk_key), loops)
+    kept = _from_disk(_ON_DISK.get(call.disk_key), call.loops)
     if kept is None:
       return None
     done = (
-      step_compiles.compiled(*plain, {})
+      step_compiles.compiled(*call.plain, {})
       if kept == step_search.Rung(step_search.PLAIN)
-      else self._compiled(search, kept, args, kwargs, {})
+      else self._compiled(call.search, kept, call.args, call.kwargs, {})
     )
     step_search.log_try(kept, done)
-    if done.bytes is None or done.bytes > budget:
+    if done.bytes is None or done.bytes > call.budget:
       return None
     tries = (step_search.as_try(kept, done),)
-    return kept, self._plan_of(budget, done.bytes, kept, loops, tries, kept=True)
+    return kept, self._plan_of(call.budget, done.bytes, kept, call.loops, tries, kept=True)
 
-  def _searched(
-    self,
-    search: int,
-    budget: int,
-    loops: list[step_search.TracedLoop],
-    plain: tuple[Any, float],
-    disk_key: Optional[str],
-    args,
-    kwargs,
-  ) -> tuple[step_search.Rung, StepPlan]:
+  def _searched(self, call: _Call) -> tuple[step_search.Rung, StepPlan]:
     """The first rung whose compiled step fits, found down the ladder (`step_search.Search`) and kept on disk; ValueError where none fits."""
     measuring, drafting = self._measuring(), self._drafting()
     ahead: step_compiles.Ahead[step_search.Rung] = step_compiles.Ahead(
-      lambda rung: self._lowered(search, rung, args, kwargs),
+      lambda rung: self._lowered(call.search, rung, call.args, call.kwargs),
       lambda lowered, seconds: step_compiles.compiled(lowered, seconds, measuring),
       None
       if drafting is None
       else lambda lowered, seconds: step_compiles.drafted(lowered, seconds, drafting),
     )
-    ahead.given(step_search.Rung(step_search.PLAIN), *plain)
-    ladder = step_search.ladder(loops, self._max_recompute)
-    found = step_search.Search(budget, self._max_recompute, ladder, loops, ahead)
+    ahead.given(step_search.Rung(step_search.PLAIN), *call.plain)
+    ladder = step_search.ladder(call.loops, self._max_recompute)
+    found = step_search.Search(call.budget, self._max_recompute, ladder, call.loops, ahead)
     try:
       while True:
         rung = found.run()
         if rung is None:
           raise ValueError(
-            errors.message(found.refusal(self._budget is None, self._unbounded(found, loops)))
+            errors.message(found.refusal(self._budget is None, self._unbounded(found, call.loops)))
           )
         if not found.tried[rung].measuring:
           break
@@ -303,8 +297,10 @@ class BudgetedStep:
           break
     finally:
       ahead.close()
-    _ON_DISK.put(disk_key, [rung.kind, rung.extra.numerator, rung.extra.denominator])
-    return rung, self._plan_of(budget, found.tried[rung].bytes, rung, loops, tuple(found.made))
+    _ON_DISK.put(call.disk_key, [rung.kind, rung.extra.numerator, rung.extra.denominator])
+    return rung, self._plan_of(
+      call.budget, found.tried[rung].bytes, rung, call.loops, tuple(found.made)
+    )
 
   def _unbounded(self, found: "step_search.Search", loops: list[step_search.TracedLoop]) -> str:
     """What the step holds with no bound on recomputation, where the call has one and that holds less."""
