@@ -20,8 +20,9 @@ one process:
   what the scan stores for its backward loop.
 * any form's name followed by ` softmax_custom_jvp`: that form with
   `jax.softmax_custom_jvp(True)`, whose softmax keeps its output alone for
-  the backward pass (jax's default keeps exp's output and the quotient, two
-  seq x seq arrays a layer, which a scan stores in its stacks).
+  the backward pass (jax 0.10's default keeps exp's output and the quotient,
+  two seq x seq arrays a layer, which a scan stores in its stacks; from jax
+  0.12 the custom JVP is the default, `jax_softmax_custom_jvp`).
 * any scan form's name followed by ` forwarded`: that form with its scan
   `testing/benchmarks/lib/forwarded_scan.scan` (every `jax.lax.scan` the step
   traces), which writes each saved matmul output into its stack as it is
