@@ -20,12 +20,14 @@ loop (`remat/plan_cache.py`), as small JSON files under `directory()`:
 import collections
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 import threading
-from typing import Any, Callable, Hashable, Iterator, Optional
+import types
+from typing import Any, Callable, Hashable, Iterator, Optional, Sequence
 
 from haiku_bridge._src import pytree
 
@@ -147,6 +149,15 @@ def directory() -> Optional[str]:
     return named or None
   home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return os.path.join(home, "haiku_bridge")
+
+
+def source_digest(modules: Sequence[types.ModuleType]) -> str:
+  """A digest of `modules`' files as they are: what an `OnDisk` key holds of the code that made its value."""
+  code = hashlib.sha256()
+  for module in modules:
+    with open(str(module.__file__), "rb") as f:
+      code.update(f.read())
+  return code.hexdigest()
 
 
 class OnDisk:

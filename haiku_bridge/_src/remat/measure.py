@@ -217,8 +217,9 @@ def draft_options() -> Optional[dict[str, Any]]:
   257,786,880 bytes more; at a binomial schedule 332,164,608 more, as at
   every schedule an earlier run compiled both ways
   (testing/benchmarks/results/remat_auto.md: "Drafts", and the tries at
-  XLA's least effort before them). So a draft's bytes never decide alone: two of them give the
-  slope of the schedules' line, which a compiled schedule places. On a TPU only, where that was measured: None on the
+  XLA's least effort before them). So a draft's bytes never decide alone:
+  two of them give the slope of the schedules' line, which a compiled
+  schedule places. On a TPU only, where that was measured: None on the
   CPU, whose measuring compiles keep the buffers at a tenth of the cost
   (`measuring_options`), on a GPU (not measured there: its tries compile
   as the step runs, one by one), and on a host of fewer than `DRAFT_CORES`

@@ -211,11 +211,7 @@ def _disk_key(step: tracing.Traced, consts, length: int, policy) -> Optional[str
 @caches.memoize(maxsize=1)
 def _code_digest() -> str:
   """A digest of the source of `_MEASURING_CODE`, each module's file as it is."""
-  code = hashlib.sha256()
-  for module in _MEASURING_CODE:
-    with open(str(module.__file__), "rb") as f:
-      code.update(f.read())
-  return code.hexdigest()
+  return caches.source_digest(_MEASURING_CODE)
 
 
 def _stable_name(policy) -> Optional[str]:

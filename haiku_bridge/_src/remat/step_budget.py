@@ -458,11 +458,7 @@ def _jit_options() -> list[str]:
 @caches.memoize(maxsize=1)
 def _code_digest() -> str:
   """A digest of `_CHOOSING_CODE`'s files."""
-  code = hashlib.sha256()
-  for module in _CHOOSING_CODE:
-    with open(str(module.__file__), "rb") as f:
-      code.update(f.read())
-  return code.hexdigest()
+  return caches.source_digest(_CHOOSING_CODE)
 
 
 def budgeted_jit(
