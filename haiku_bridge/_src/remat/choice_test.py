@@ -351,7 +351,17 @@ class CheckedTest(absltest.TestCase):
     with caches.disabled():
       loose = hkb.remat_plan(toy_step, init, xs, memory_budget=1 << 30)
       per_step = next(k for k in loose.candidates if k.remat is True)
-      budget = (per_step.temporaries + loose.least_budget) // 2
+      rough = hkb.remat_plan(
+        toy_step, init, xs, memory_budget=(per_step.temporaries + loose.least_budget) // 2
+      )
+      # The budget half a slot over the schedule chosen there: a schedule a
+      # few bytes off the line (as on jax 0.12.1) moves no aim by a slot.
+      (_, fewest), (_, most_bytes) = sorted(
+        (k.slots, k.compiled)
+        for k in rough.candidates
+        if k.remat == "binomial" and k.compiled is not None
+      )
+      budget = rough.choice.temporaries + (most_bytes - fewest) // (2 * rough.choice.slots - 2)
       made = hkb.remat_plan(toy_step, init, xs, memory_budget=budget)
       lowered, programs = [], {}
       most_lowered = threading.Event()
@@ -387,7 +397,9 @@ class CheckedTest(absltest.TestCase):
         mock.patch.object(plan_cache, "coefficients", coefficients),
       ):
         off = hkb.remat_plan(toy_step, init, xs, memory_budget=budget)
-    self.assertEqual(off.choice, made.choice)
+    # The same plan and compiled bytes; its prediction is the line through
+    # the schedules each path compiled (4 bytes apart on jax 0.12.1).
+    self.assertEqual(off.choice._replace(predicted=None), made.choice._replace(predicted=None))
     self.assertEqual(made.choice.remat, "binomial")
     second = lowered[3]
     self.assertLess(second, made.choice.slots)  # Placed at twice a slot.
