@@ -24,6 +24,7 @@ is backpropagated once, last to first, from its own carry.
 `scheduled_scan.scan` runs it.
 """
 
+import bisect
 import dataclasses
 import math
 from typing import Callable, NamedTuple, Optional
@@ -234,14 +235,9 @@ def fewest_binomial_slots(num_steps: int, max_recomputed: int) -> int:
   >>> [remat_schedule.binomial_cost(1024, slots) for slots in (43, 42)]
   [1014, 1059]
   """
-  low, high = 1, _positive("num_steps", num_steps)
-  while low < high:
-    mid = (low + high) // 2
-    if binomial_cost(num_steps, mid) <= max_recomputed:
-      high = mid
-    else:
-      low = mid + 1
-  return low
+  num_steps = _positive("num_steps", num_steps)
+  within = lambda slots: binomial_cost(num_steps, slots) <= max_recomputed
+  return 1 + bisect.bisect_left(range(1, num_steps), True, key=within)
 
 
 def _reach(snapshots: int, repetitions: int) -> int:
@@ -258,13 +254,7 @@ def _fewest(ok: Callable[[int], bool]) -> int:
   while not ok(high):
     high *= 2
   low = high // 2 + 1
-  while low < high:
-    mid = (low + high) // 2
-    if ok(mid):
-      high = mid
-    else:
-      low = mid + 1
-  return high
+  return low + bisect.bisect_left(range(low, high), True, key=ok)
 
 
 def _repetitions(num_steps: int, snapshots: int) -> int:

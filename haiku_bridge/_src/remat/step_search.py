@@ -31,6 +31,7 @@ How each rung compiles (measuring, drafts, threads) is
 `step_compiles.py`'s; what the step runs and keeps is `step_budget.py`'s.
 """
 
+import bisect
 import fractions
 import math
 from typing import Callable, NamedTuple, Optional
@@ -130,7 +131,7 @@ def ladder(loops: list[TracedLoop], max_recompute: float) -> list[Rung]:
 
 
 def carries_kept(rung: Rung, loops: list[TracedLoop]) -> int:
-  """Bytes of the carries the loops keep for the backward pass at `rung` (the line's abscissa)."""
+  """Bytes of the carries the loops keep for the backward pass at `rung` (the line's abscissa); they never grow down the ladder."""
   kept = 0
   for loop in loops:
     plan = plan_at(rung, loop.length, loop.policy, loop.max_recompute)
@@ -160,6 +161,8 @@ class Search:
     )
     self.tried: dict[Rung, Compiled] = {}  # The last compile of each rung.
     self.made: list[StepTry] = []  # Every compile, in order.
+    self._index = {rung: i for i, rung in enumerate(ladder)}
+    self._kept: dict[int, int] = {}  # carries_kept of the rungs read, by index.
 
   def record(self, rung: Rung, done: Compiled) -> None:
     """`done`, a compile of the step at `rung`: kept, and logged."""
@@ -184,9 +187,9 @@ class Search:
     `jax.jacrev` on jax 0.12, `remat=True` held less than every schedule).
     """
     fitted = [
-      (done.bytes, self.ladder.index(rung), rung)
+      (done.bytes, self._index[rung], rung)
       for rung, done in self.tried.items()
-      if done.bytes is not None and rung in self.ladder
+      if done.bytes is not None and rung in self._index
     ]
     return min(fitted)[2] if fitted else self.least()
 
@@ -198,7 +201,7 @@ class Search:
         self.compile_at.lower(then)
 
   def run(self) -> Optional[Rung]:
-    true = self.ladder.index(Rung(REMAT)) if self.loops else 0
+    true = self._index[Rung(REMAT)] if self.loops else 0
     schedules = self.ladder[true + 1 :]
     drafting = self.compile_at.drafting and len(schedules) >= 3
     self._next(self.ladder[0], self.ladder[true] if self.loops else None)
@@ -273,7 +276,7 @@ class Search:
     """
     at_true, middle, least = (self._draft(rung) for rung in drafts)
     compiled = self.tried[self.ladder[true]].bytes
-    x_middle, x_least = (carries_kept(rung, self.loops) for rung in drafts[1:])
+    x_middle, x_least = (self._x(self._index[rung]) for rung in drafts[1:])
     if at_true is None or middle is None or least is None or compiled is None:
       return None
     if x_middle == x_least:
@@ -295,12 +298,12 @@ class Search:
     b_first = self.tried[self.ladder[first]].bytes
     if b_first is None:
       return None
-    x_first = carries_kept(self.ladder[first], self.loops)
+    x_first = self._x(first)
     if fits is None:
       return self._first_on_line(over, len(self.ladder) - 1, x_first, b_first, slope)
     if fits - over < 2:
       return first
-    x_before = carries_kept(self.ladder[fits - 1], self.loops)
+    x_before = self._x(fits - 1)
     margin = abs(slope * (x_before - x_first)) / 4
     nearer = self._first_on_line(over, fits, x_first, b_first, slope, self.budget + margin)
     return first if nearer is None else nearer
@@ -322,7 +325,7 @@ class Search:
     """
     if fits - over < 2:
       return None
-    x_fits = carries_kept(self.ladder[fits], self.loops)
+    x_fits = self._x(fits)
     b_fits = self.tried[self.ladder[fits]].bytes
     assert b_fits is not None
     second = self._second_schedule(over, fits, x_fits)
@@ -330,7 +333,7 @@ class Search:
       slopes = [(second[1] - b_fits) / (second[0] - x_fits)]
     else:
       b_over = self.tried[self.ladder[over]].bytes
-      x_over = carries_kept(self.ladder[over], self.loops)
+      x_over = self._x(over)
       if b_over is None or x_over == x_fits:
         aimed = self._first_on_line(over, fits, x_fits, b_fits, 1)
         return (over + fits) // 2 if aimed is None else aimed  # No line: halve.
@@ -348,9 +351,10 @@ class Search:
     """(carries kept, bytes) of a compiled schedule besides `fits`, off its abscissa: `over`, else the nearest `fits`."""
     found = []
     for rung, done in self.tried.items():
-      if rung.kind != SCHEDULE or done.bytes is None or rung not in self.ladder:
+      if rung.kind != SCHEDULE or done.bytes is None or rung not in self._index:
         continue
-      index, x = self.ladder.index(rung), carries_kept(rung, self.loops)
+      index = self._index[rung]
+      x = self._x(index)
       if index != fits and x != x_fits:
         found.append((index != over, abs(index - fits), x, done.bytes))
     return min(found)[2:] if found else None
@@ -364,13 +368,27 @@ class Search:
     slope: float,
     budget: Optional[float] = None,
   ) -> Optional[int]:
-    """The first rung between `over` and `fits` (neither) whose bytes on the line through (`x_fits`, `b_fits`) at `slope` are within the budget (or `budget`)."""
+    """The first rung between `over` and `fits` (neither) whose bytes on the line through (`x_fits`, `b_fits`) at `slope` are within the budget (or `budget`).
+
+    The carries kept never grow down the ladder (`carries_kept`), so the
+    line's bytes move one way along it: the first rung within is found by
+    bisection, a few rungs read of a ladder of thousands (a loop of T steps
+    has about T rungs).
+    """
     budget = self.budget if budget is None else budget
-    for i in range(over + 1, fits):
-      x = carries_kept(self.ladder[i], self.loops)
-      if b_fits + slope * (x - x_fits) <= budget:
-        return i
-    return None
+    within = lambda i: b_fits + slope * (self._x(i) - x_fits) <= budget
+    if over + 1 >= fits:
+      return None
+    if slope < 0:  # The line rises down the ladder: only its first rung can be within.
+      return over + 1 if within(over + 1) else None
+    first = over + 1 + bisect.bisect_left(range(over + 1, fits), True, key=within)
+    return first if first < fits else None
+
+  def _x(self, index: int) -> int:
+    """`carries_kept` of the ladder's rung at `index`: the line's abscissa."""
+    if index not in self._kept:
+      self._kept[index] = carries_kept(self.ladder[index], self.loops)
+    return self._kept[index]
 
   def refusal(self, default_budget: bool, unbounded: str = "") -> str:
     """Why the step does not fit, and what would.

@@ -145,6 +145,47 @@ class AimTest(parameterized.TestCase):
         self.assertLessEqual(len(search.made), most)
 
 
+class LineTest(parameterized.TestCase):
+  """The first rung the schedules' line puts within a budget, found by bisection, is the first a walk down the ladder finds."""
+
+  @parameterized.named_parameters(
+    ("a_loop", [(16, False, math.inf)]),
+    ("two_loops_bounded_apart", [(16, False, math.inf), (9, False, 2.0)]),
+    ("a_policy_and_a_short_loop", [(12, True, 3.0), (2, False, math.inf)]),
+  )
+  def test_the_bisection_finds_what_a_walk_finds(self, specs):
+    loops = [step_search.TracedLoop(n, policy, most, 64) for n, policy, most in specs]
+    ladder = step_search.ladder(loops, 3.0)
+    kept = [step_search.carries_kept(rung, loops) for rung in ladder]
+    # What the bisection rests on: the carries kept never grow down it.
+    self.assertEqual(kept, sorted(kept, reverse=True))
+    search = step_search.Search(0, 3.0, ladder, loops, lambda rung: None)
+    for over in range(len(ladder)):
+      for fits in range(over + 1, len(ladder)):
+        for slope in (-64.0, 0.0, 0.5, 64.0, 192.0):
+          line = [10_000 + slope * (x - kept[fits]) for x in kept]
+          for budget in sorted({*line, *(b - 1 for b in line)}):
+            walk = next((i for i in range(over + 1, fits) if line[i] <= budget), None)
+            got = search._first_on_line(over, fits, kept[fits], 10_000, slope, budget)  # pylint: disable=protected-access
+            self.assertEqual(got, walk, (over, fits, slope, budget))
+
+  def test_a_long_loop_plans_reading_few_rungs(self):
+    # A loop of 4,096 steps: a ladder of thousands of rungs, each rung's
+    # carries a bisection of its own; the search reads a few dozen.
+    loops = [step_search.TracedLoop(4096, False, math.inf, 64)]
+    ladder = step_search.ladder(loops, 3.0)
+    self.assertGreater(len(ladder), 4000)
+    # As AimTest's: plain over all, remat=True two carries below the line.
+    fake = {rung: 1_000 + step_search.carries_kept(rung, loops) for rung in ladder}
+    fake.update({ladder[0]: 10**9, ladder[1]: fake[ladder[1]] - 2 * 64})
+    budget = fake[ladder[len(ladder) // 3]]
+    with mock.patch.object(step_search, "carries_kept", wraps=step_search.carries_kept) as read:
+      search = step_search.Search(budget, 3.0, ladder, loops, lambda rung: _compiled(fake[rung]))
+      chosen = search.run()
+    self.assertEqual(chosen, next(r for r in ladder if fake[r] <= budget))
+    self.assertLess(read.call_count, 100)
+
+
 class _Rounds(step_compiles.OneByOne):
   """`OneByOne`, counting the rounds of compiles the search waits for: those it started together are one."""
 
