@@ -447,7 +447,7 @@ def _from_disk(value: Any, loops: list[step_search.TracedLoop]) -> Optional[step
   ):  # pylint: disable=unidiomatic-typecheck
     return None
   rung = step_search.Rung(value[0], fractions.Fraction(value[1], value[2]))
-  return rung if rung in step_search.ladder(loops, math.inf) else None
+  return rung if step_search.on_ladder(rung, loops) else None
 
 
 def _jit_options() -> list[str]:

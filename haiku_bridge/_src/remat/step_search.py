@@ -130,6 +130,23 @@ def ladder(loops: list[TracedLoop], max_recompute: float) -> list[Rung]:
   return rungs + [Rung(SCHEDULE, extra) for extra in sorted(extras) if extra]
 
 
+def on_ladder(rung: Rung, loops: list[TracedLoop]) -> bool:
+  """Whether `rung` is on `ladder(loops, math.inf)`, found without building it (a loop of T steps has about T rungs): a plan read from disk is checked so."""
+  if rung.kind in (PLAIN, REMAT):
+    return rung.extra == 0
+  if rung.kind == POLICY:
+    return rung.extra == 0 and any(loop.policy for loop in loops)
+  if rung.kind != SCHEDULE:
+    return False
+  for loop in set(loops):
+    steps = rung.extra * loop.length  # Steps recomputed beyond remat=True's.
+    slots = remat_schedule.fewest_binomial_slots(loop.length, math.floor(steps))
+    # A schedule of the ladder keeps at most T - 2 slots (T - 1: none recomputed).
+    if slots <= loop.length - 2 and remat_schedule.binomial_cost(loop.length, slots) == steps:
+      return True
+  return False
+
+
 def carries_kept(rung: Rung, loops: list[TracedLoop]) -> int:
   """Bytes of the carries the loops keep for the backward pass at `rung` (the line's abscissa); they never grow down the ladder."""
   kept = 0

@@ -186,6 +186,21 @@ class LineTest(parameterized.TestCase):
     self.assertLess(read.call_count, 100)
 
 
+class OnLadderTest(absltest.TestCase):
+  def test_a_rung_is_on_the_ladder_where_the_ladder_holds_it(self):
+    for specs in ([(16, False)], [(2, True), (9, False), (16, False)], [(3, False), (1, False)]):
+      loops = [step_search.TracedLoop(n, policy, math.inf, 64) for n, policy in specs]
+      ladder = set(step_search.ladder(loops, math.inf))
+      rungs = {
+        step_search.Rung(kind, fractions.Fraction(top, bottom))
+        for kind in range(-1, 5)
+        for bottom in (1, 2, 3, 9, 16, 32)
+        for top in range(-1, 3 * bottom)
+      }
+      for rung in rungs | ladder:
+        self.assertEqual(step_search.on_ladder(rung, loops), rung in ladder, (specs, rung))
+
+
 class _Rounds(step_compiles.OneByOne):
   """`OneByOne`, counting the rounds of compiles the search waits for: those it started together are one."""
 
