@@ -21,7 +21,6 @@ import numpy as np
 
 import haiku_bridge as hkb
 from haiku_bridge._src import caches
-from testing import backend_tolerance
 from testing import test_utils
 
 CONFIG = {"width": 4}  # Read by the test files' constructors; the cases change it.
@@ -99,9 +98,10 @@ class SkeletonCacheCases(parameterized.TestCase):
   def test_a_global_the_constructor_reads_in_a_fresh_process(self):
     arrays, expected = {}, []
     for kind in self.KINDS:
-      params = self._params(kind)
+      with test_utils.on_the_fresh_process_backend():
+        params = self._params(kind)
       for width in WIDTHS:
-        with configured(width):
+        with configured(width), test_utils.on_the_fresh_process_backend():
           expected.append(self.native(kind, params[width], self.X))
         for bundle, entries in params[width].items():
           for name, value in entries.items():
@@ -118,5 +118,5 @@ class SkeletonCacheCases(parameterized.TestCase):
           g,
           np.asarray(e).ravel(),
           err_msg=str(env),
-          **backend_tolerance.fresh_process(dict(rtol=1e-5)),
+          rtol=1e-5,
         )

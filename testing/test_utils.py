@@ -1,6 +1,7 @@
 """Helpers shared by haiku_bridge's tests."""
 
 import collections
+import contextlib
 import os
 import re
 import subprocess
@@ -150,6 +151,21 @@ def _fresh_process_env(env: dict[str, str] | None) -> dict[str, str]:
   if jax.default_backend() == "tpu":
     child["JAX_PLATFORMS"] = "cpu"
   return {**child, **(env or {})}
+
+
+def on_the_fresh_process_backend() -> ContextManager[None]:
+  """Computes in its block where `run_in_fresh_process`'s child computes: beside a TPU, on this process's CPU.
+
+  A fresh process's values are compared with this process's as the same
+  arithmetic gives them, within the CPU's bounds: the restore path is what
+  such a test checks, not two backends' rounding (beside a TPU at
+  "highest", a gradient after a `lax.cond` differed by 1.9e-4 of its size,
+  `bridged_grid_test`, 2026-12-07). This process's own backend is tested in
+  process.
+  """
+  if jax.default_backend() == "tpu":
+    return jax.default_device(jax.devices("cpu")[0])
+  return contextlib.nullcontext()
 
 
 def run_in_fresh_process(

@@ -82,6 +82,20 @@ class FreshProcessPlatformTest(parameterized.TestCase):
     with open(path) as f:
       self.assertEqual(f.read(), printed)
 
+  @parameterized.parameters("tpu", "cpu")
+  def test_what_a_child_is_compared_with_is_computed_on_its_backend(self, backend):
+    with (
+      mock.patch.object(jax, "default_backend", lambda: backend),
+      mock.patch.object(jax, "default_device", wraps=jax.default_device) as chosen,
+      test_utils.on_the_fresh_process_backend(),
+    ):
+      on = jax.numpy.ones(2).devices()
+    self.assertEqual(on, {jax.devices("cpu")[0]})
+    if backend == "tpu":  # Beside a TPU, the child runs on the CPU.
+      chosen.assert_called_once_with(jax.devices("cpu")[0])
+    else:
+      chosen.assert_not_called()
+
 
 if __name__ == "__main__":
   absltest.main()

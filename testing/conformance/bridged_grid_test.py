@@ -42,7 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import haiku_bridge as hkb
-from testing import backend_tolerance
 from testing import test_utils
 
 KEY = jax.random.PRNGKey(0)
@@ -293,12 +292,14 @@ def compiled_program(
   return jax.jit(functools.partial(program, f, grad=grad))(params, state)
 
 
-@functools.cache
-def inline_results(mechanism: str, getter: bool):
-  """Inline's params, state and program results, once per process."""
+def computed_inline(mechanism: str, getter: bool):
+  """Inline's params, state and program results."""
   inline_net = network(mechanism, "inline", getter)
   params, state = inline_net.init(KEY, X)
   return params, state, compiled_program(inline_net, params, state, MECHANISMS[mechanism].grad)
+
+
+inline_results = functools.cache(computed_inline)  # Once per process.
 
 
 def assert_results_close(test, got, want):
@@ -343,7 +344,8 @@ class GridTest(parameterized.TestCase):
     for mechanism, case_form in cases():
       if case_form != form:
         continue
-      params, state, results = inline_results(mechanism, False)
+      with test_utils.on_the_fresh_process_backend():
+        params, state, results = computed_inline(mechanism, False)
       name = f"{mechanism}:{form}"
       checkpoint.update(_flat((params, state), name))
       expected.update(_flat(results, name))
@@ -356,12 +358,7 @@ class GridTest(parameterized.TestCase):
       actual = dict(results)
     self.assertEqual(sorted(actual), sorted(expected))
     for key, value in expected.items():
-      np.testing.assert_allclose(
-        actual[key],
-        value,
-        err_msg=key,
-        **backend_tolerance.fresh_process(TOL, np.max(np.abs(value), initial=0.0)),
-      )
+      np.testing.assert_allclose(actual[key], value, err_msg=key, **TOL)
 
 
 def _flat(tree, prefix: str) -> dict[str, np.ndarray]:
