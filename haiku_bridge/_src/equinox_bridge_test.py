@@ -23,7 +23,9 @@ import numpy as np
 from haiku_bridge._src import equinox_bridge
 from haiku_bridge._src import caches
 
-X = jax.random.normal(jax.random.PRNGKey(7), [6, 4])
+# Made on the CPU: a fresh process (on the CPU beside a TPU) makes the same values.
+with test_utils.on_the_fresh_process_backend():
+  X = jax.random.normal(jax.random.PRNGKey(7), [6, 4])
 
 
 class Net(eqx.Module):

@@ -31,7 +31,9 @@ import optax
 from haiku_bridge._src import flax_bridge
 from haiku_bridge._src import caches
 
-X = jax.random.normal(jax.random.PRNGKey(7), [6, 4])
+# Made on the CPU: a fresh process (on the CPU beside a TPU) makes the same values.
+with test_utils.on_the_fresh_process_backend():
+  X = jax.random.normal(jax.random.PRNGKey(7), [6, 4])
 
 
 class Block(nnx.Module):
