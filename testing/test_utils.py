@@ -162,8 +162,8 @@ def on_the_fresh_process_backend() -> ContextManager[None]:
   "highest", a gradient after a `lax.cond` differed by 1.9e-4 of its size,
   `bridged_grid_test`, 2026-12-07). This process's own backend is tested in
   process. The inputs both processes make are made in it too: a TPU's
-  `jax.random.normal` differs from the CPU's (by 1.6e-5 in [8, 2, 4]
-  normals on a TPU v5e, jax 0.10.2).
+  `jax.random.normal` is not the CPU's to the last bits (with `X` made on
+  the TPU, those tests' values still differed by up to 2.0e-5).
   """
   if jax.default_backend() == "tpu":
     return jax.default_device(jax.devices("cpu")[0])
