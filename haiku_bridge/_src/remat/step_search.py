@@ -139,6 +139,8 @@ def on_ladder(rung: Rung, loops: list[TracedLoop]) -> bool:
   if rung.kind != SCHEDULE:
     return False
   for loop in set(loops):
+    if loop.length < 3:  # No schedule: remat=True keeps as few carries.
+      continue
     steps = rung.extra * loop.length  # Steps recomputed beyond remat=True's.
     slots = remat_schedule.fewest_binomial_slots(loop.length, math.floor(steps))
     # A schedule of the ladder keeps at most T - 2 slots (T - 1: none recomputed).

@@ -188,7 +188,11 @@ class LineTest(parameterized.TestCase):
 
 class OnLadderTest(absltest.TestCase):
   def test_a_rung_is_on_the_ladder_where_the_ladder_holds_it(self):
-    for specs in ([(16, False)], [(2, True), (9, False), (16, False)], [(3, False), (1, False)]):
+    for specs in (
+      [(16, False)],
+      [(2, True), (9, False), (16, False)],
+      [(3, False), (1, False), (0, False)],
+    ):
       loops = [step_search.TracedLoop(n, policy, math.inf, 64) for n, policy in specs]
       ladder = set(step_search.ladder(loops, math.inf))
       rungs = {
