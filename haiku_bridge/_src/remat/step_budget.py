@@ -11,11 +11,13 @@ fits), and the figure that decides is the compiled step's own
 (`step_compiles.step_bytes`): a plan is taken only once its step, compiled
 as it will run, is within the budget. Each try compiles the step as it
 runs, and the chosen rung's compile is the one the step runs (jax's cache
-holds it). On the CPU the tries compile with XLA's cheaper code
-generation, which keeps the buffers (`measure.measuring_options`), and the
-choice once more as it runs, whose figure is the one checked; elsewhere
-the tries compile as the step runs, and on a TPU drafts aim them
-(`step_compiles.py`).
+holds it). On the CPU plain, `remat=True` and the least rung compile with
+XLA's cheaper code generation, which keeps the buffers
+(`measure.measuring_options`), and where one of them is the choice, once
+more as it runs, whose figure is the one checked; the rungs aimed at
+between them compile as they run (an aim is the choice as a rule);
+elsewhere every try compiles as the step runs, and on a TPU drafts aim
+them (`step_compiles.py`).
 
 This module is the call: the step traced at a rung (each loop asks
 `loop_plan` what it runs there), the search run for each signature of
@@ -277,6 +279,7 @@ class BudgetedStep:
       None
       if drafting is None
       else lambda lowered, seconds: step_compiles.drafted(lowered, seconds, drafting),
+      lambda lowered, seconds: step_compiles.compiled(lowered, seconds, {}),
     )
     ahead.given(step_search.Rung(step_search.PLAIN), *call.plain)
     ladder = step_search.ladder(call.loops, self._max_recompute)

@@ -658,6 +658,9 @@ class LadderTest(_CacheDirectory):
           self.assertEqual(drafted, [])
           self.assertLessEqual(len(traces), 4)
           self.assertLessEqual(len(made), 4 + MEASURING)
+          if 1 < first < len(ladder) - 1:  # An aim: compiled as it runs, once.
+            chosen = [t for t in plan.tries if t.rung == ladder[first].describe()]
+            self.assertEqual([t.measuring for t in chosen], [False])
         elif plan.loops[0].remat == "binomial":
           # Three drafts, then the rung before their aim (and the line's).
           self.assertLen(drafted, 3)

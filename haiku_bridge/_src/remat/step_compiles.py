@@ -32,7 +32,8 @@ class StepTry(NamedTuple):
 
   `measuring`: compiled with XLA's cheaper code generation, which keeps
   the buffers (on the CPU: `measure.measuring_options`), for its bytes
-  only; the chosen rung is then compiled as it runs, and checked.
+  only; where that rung is the choice it is then compiled as it runs, and
+  checked (a rung the search aims at compiles as it runs from the start).
   `draft`: compiled at XLA's least effort beside the search's other
   compiles (`measure.draft_options`, on a TPU), its bytes off the
   step's by a constant: read for the slope of the schedules' line only.
@@ -144,7 +145,8 @@ class Compiler(Generic[K]):
 
   drafting = False  # Whether `draft` compiles.
 
-  def __call__(self, rung: K) -> Compiled:
+  def __call__(self, rung: K, as_runs: bool = False) -> Compiled:
+    """`rung` compiled; with `as_runs`, as the step runs (no measuring options), where the compiler measures otherwise."""
     raise NotImplementedError
 
   def draft(self, rung: K) -> Compiled:
@@ -175,7 +177,7 @@ class OneByOne(Compiler[K]):
     self._compile_at, self._draft_at = compile_at, draft_at
     self.drafting = draft_at is not None
 
-  def __call__(self, rung: K) -> Compiled:
+  def __call__(self, rung: K, as_runs: bool = False) -> Compiled:
     return self._compile_at(rung)
 
   def draft(self, rung: K) -> Compiled:
@@ -207,9 +209,11 @@ class Ahead(Compiler[K]):
     lower_at: Callable[[K], tuple[Any, float]],
     compile_lowered: Callable[[Any, float], Compiled],
     draft_lowered: Optional[Callable[[Any, float], Compiled]] = None,
+    compile_as_runs: Optional[Callable[[Any, float], Compiled]] = None,
   ):
     self._lower_at, self._compile_lowered = lower_at, compile_lowered
     self._draft_lowered = draft_lowered
+    self._compile_as_runs = compile_as_runs or compile_lowered
     self.drafting = draft_lowered is not None
     self._lowered: dict[K, tuple[Any, float]] = {}
     self._jobs: dict[K, concurrent.futures.Future[Compiled]] = {}
@@ -226,10 +230,11 @@ class Ahead(Compiler[K]):
     if rung not in self._lowered and rung not in self._jobs:
       self._lowered[rung] = self._lower_at(rung)
 
-  def start(self, rung: K) -> None:
+  def start(self, rung: K, as_runs: bool = False) -> None:
     if rung not in self._jobs:
       program, seconds = self._lowered.pop(rung) if rung in self._lowered else self._lower_at(rung)
-      self._jobs[rung] = self._submit(self._compile_lowered, program, seconds)
+      compile_lowered = self._compile_as_runs if as_runs else self._compile_lowered
+      self._jobs[rung] = self._submit(compile_lowered, program, seconds)
 
   def start_draft(self, rung: K) -> None:
     if rung not in self._drafts:
@@ -240,8 +245,8 @@ class Ahead(Compiler[K]):
     context = contextvars.copy_context()
     return self._pool.submit(lambda: context.run(compile_lowered, program, seconds))
 
-  def __call__(self, rung: K) -> Compiled:
-    self.start(rung)
+  def __call__(self, rung: K, as_runs: bool = False) -> Compiled:
+    self.start(rung, as_runs)
     return self._jobs.pop(rung).result()
 
   def draft(self, rung: K) -> Compiled:

@@ -14,7 +14,10 @@ the loops keep, first a slot a carry from the last rung, then through two
 compiled schedules (`Search._aim`). A step whose plain form fits costs one
 compile, one that needs `remat=True` two, one on a schedule three to seven
 (four where a slot holds a whole count of carries, as XLA:CPU compiles
-them). On a TPU the search drafts (`measure.draft_options`: XLA at its
+them). Where the tries measure (the CPU's cheaper compiles,
+`measure.measuring_options`), a rung aimed at between two compiled ones,
+the choice as a rule, compiles as the step runs: measured and made at once
+(`Search.fits(..., as_runs=True)`). On a TPU the search drafts (`measure.draft_options`: XLA at its
 least effort, a third of the cost, its bytes off by a constant along the
 schedules): there `remat=True` compiles beside plain (where plain fits, it
 finishes in its thread, unused, or is cancelled where plain's compile
@@ -189,9 +192,10 @@ class Search:
     self.made.append(as_try(rung, done))
     log_try(rung, done)
 
-  def fits(self, rung: Rung) -> bool:
+  def fits(self, rung: Rung, as_runs: bool = False) -> bool:
+    """Whether `rung`'s compiled step fits, compiled if not yet (with `as_runs`, as the step runs)."""
     if rung not in self.tried:
-      self.record(rung, self.compile_at(rung))
+      self.record(rung, self.compile_at(rung, as_runs))
     found = self.tried[rung].bytes
     return found is not None and found <= self.budget
 
@@ -269,7 +273,9 @@ class Search:
       between = self._aim(over, fits)
       if between is None:
         break
-      if self.fits(self.ladder[between]):
+      # An aim is the choice as a rule: compiled as the step runs, it is
+      # measured and made at once (one compile, not two, where it is).
+      if self.fits(self.ladder[between], as_runs=True):
         fits = between
       else:
         over = between

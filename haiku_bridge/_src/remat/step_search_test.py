@@ -145,6 +145,36 @@ class AimTest(parameterized.TestCase):
         self.assertLessEqual(len(search.made), most)
 
 
+class AsRunsTest(absltest.TestCase):
+  def test_the_aims_compile_as_the_step_runs_the_other_tries_measure(self):
+    # Where tries measure (the CPU's cheaper compiles), an aim between two
+    # compiled rungs is the choice as a rule: compiled as the step runs, it
+    # is measured and made at once.
+    loops = [step_search.TracedLoop(16, False, math.inf, 64)]
+    ladder = step_search.ladder(loops, math.inf)
+    kept = [step_search.carries_kept(rung, loops) for rung in ladder]
+    fake = dict(zip(ladder, [50_000, 20_000 + kept[1] - 128] + [20_000 + x for x in kept[2:]]))
+    for budget in sorted(set(fake.values()))[2:-1]:
+      ahead = step_compiles.Ahead(
+        lambda rung: (rung, 0.0),
+        lambda rung, seconds: _compiled(fake[rung], rung)._replace(measuring=True),
+        None,
+        lambda rung, seconds: _compiled(fake[rung], rung),
+      )
+      try:
+        search = step_search.Search(budget, math.inf, ladder, loops, ahead)
+        chosen = search.run()
+      finally:
+        ahead.close()
+      with self.subTest(budget=budget):
+        self.assertEqual(chosen, next(r for r in ladder if fake[r] <= budget))
+        ends = (ladder[0], ladder[1], ladder[-1])  # Plain, remat=True, the least.
+        self.assertEqual(
+          {rung: done.measuring for rung, done in search.tried.items()},
+          {rung: rung in ends for rung in search.tried},
+        )
+
+
 class LineTest(parameterized.TestCase):
   """The first rung the schedules' line puts within a budget, found by bisection, is the first a walk down the ladder finds."""
 
@@ -216,13 +246,13 @@ class _Rounds(step_compiles.OneByOne):
   def start(self, rung):
     self._started.add(rung)
 
-  def __call__(self, rung):
+  def __call__(self, rung, as_runs=False):
     if rung in self._running:  # Compiled beside the round's first.
       self._running.remove(rung)
     else:
       self.rounds += 1
       self._running, self._started = self._started - {rung}, set()
-    return super().__call__(rung)
+    return super().__call__(rung, as_runs)
 
 
 class DraftTest(parameterized.TestCase):
@@ -298,7 +328,7 @@ class DraftTest(parameterized.TestCase):
     class Recorded(step_compiles.Compiler):
       drafting = True
 
-      def __call__(self, rung):
+      def __call__(self, rung, as_runs=False):
         events.append(("wait", ladder.index(rung)))
         return _compiled(sizes[rung])
 
