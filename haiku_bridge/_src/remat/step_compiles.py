@@ -167,7 +167,7 @@ class Compiler(Generic[K]):
 
 
 class OneByOne(Compiler[K]):
-  """Each rung compiled (or drafted) when asked, by `compile_at` (`draft_at`): the hints ignored."""
+  """Each rung compiled (or drafted) when asked, by `compile_at` (`draft_at`): the hints and `as_runs` ignored."""
 
   def __init__(
     self,
@@ -197,11 +197,13 @@ class Ahead(Compiler[K]):
   program's. With `draft_lowered` (drafts: `measure.draft_options`) the
   compiles the search starts together run side by side, in
   `measure.DRAFT_CORES` threads, a draft from a lowering of its own; else
-  one at a time. The threads run in the caller's context (`contextvars`):
-  an error there names the public call. At `close` a compile started and
-  not waited for finishes in its thread, unused, and one not yet begun
-  (its thread still busy, or not yet running) is cancelled: a count of
-  the compiles a search left unused depends on timing.
+  one at a time. A rung asked for `as_runs` compiles with
+  `compile_as_runs` (default: `compile_lowered`). The threads run in the
+  caller's context (`contextvars`): an error there names the public
+  call. At `close` a compile started and not waited for finishes in its
+  thread, unused, and one not yet begun (its thread still busy, or not
+  yet running) is cancelled: a count of the compiles a search left unused
+  depends on timing.
   """
 
   def __init__(
