@@ -97,15 +97,15 @@ class SkeletonCacheCases(parameterized.TestCase):
 
   def test_a_global_the_constructor_reads_in_a_fresh_process(self):
     arrays, expected = {}, []
-    for kind in self.KINDS:
-      with test_utils.on_the_fresh_process_backend():
+    with test_utils.on_the_fresh_process_backend():  # Where the child computes.
+      for kind in self.KINDS:
         params = self._params(kind)
-      for width in WIDTHS:
-        with configured(width), test_utils.on_the_fresh_process_backend():
-          expected.append(self.native(kind, params[width], self.X))
-        for bundle, entries in params[width].items():
-          for name, value in entries.items():
-            arrays[f"{kind}|{width}|{bundle}|{name}"] = value
+        for width in WIDTHS:
+          with configured(width):
+            expected.append(self.native(kind, params[width], self.X))
+          for bundle, entries in params[width].items():
+            for name, value in entries.items():
+              arrays[f"{kind}|{width}|{bundle}|{name}"] = value
     path = os.path.join(self.create_tempdir().full_path, "params.npz")
     np.savez(path, **arrays)
     for env in ({}, {"HAIKU_BRIDGE_CACHES": "0"}):

@@ -17,9 +17,9 @@ compile, one that needs `remat=True` two, one on a schedule three to seven
 them). Where the tries measure (the CPU's cheaper compiles,
 `measure.measuring_options`), a rung aimed at between two compiled ones,
 the choice as a rule, compiles as the step runs: measured and made at once
-(`Search.fits(..., as_runs=True)`). On a TPU the search drafts (`measure.draft_options`: XLA at its
-least effort, a third of the cost, its bytes off by a constant along the
-schedules): there `remat=True` compiles beside plain (where plain fits, it
+(`Search.fits(..., as_runs=True)`). On a TPU the search drafts
+(`measure.draft_options`: XLA at its least effort, a third of the cost,
+its bytes off by a constant along the schedules): there `remat=True` compiles beside plain (where plain fits, it
 finishes in its thread, unused, or is cancelled where plain's compile
 ended before it began), and three drafts beside `remat=True`: of
 `remat=True`, a middle schedule and the last rung. Where `remat=True` does
