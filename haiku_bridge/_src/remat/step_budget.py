@@ -26,7 +26,10 @@ lowered plain (its StableHLO: every shape, dtype and operation), the budget
 and the limits, the jit options, the backend, device and versions and the
 code that chooses: a second process lowers once (twice where the plan is
 not plain), compiles the chosen rung once, and checks it against the budget
-before it runs.
+before it runs. That compile begins before plain is lowered: the last
+search's choice is kept as a hint, keyed on what is known before a trace
+(`_hint_key`), lowered and compiled in a thread while plain lowers; the plan
+under the disk key takes it where it names the same rung, and decides.
 """
 
 import contextlib
@@ -246,61 +249,91 @@ class BudgetedStep:
     )
     start = time.perf_counter()
     search = next(_SEARCHES)
-    trace = _Trace(step_search.Rung(step_search.PLAIN))
-    plain = self._lowered(search, trace.rung, args, kwargs, trace)
-    disk_key = self._disk_key(plain[0], budget)
-    call = _Call(search, budget, trace.loops, plain, disk_key, args, kwargs)
-    rung, made = self._kept(call) or self._searched(call)
+    ahead = self._ahead(search, args, kwargs)
+    try:
+      hint_key = self._hint_key(args, kwargs, budget)
+      self._start_hinted(ahead, _from_disk(_HINTS.get(hint_key)))
+      trace = _Trace(step_search.Rung(step_search.PLAIN))
+      plain = self._lowered(search, trace.rung, args, kwargs, trace)
+      ahead.given(trace.rung, *plain)
+      disk_key = self._disk_key(plain[0], budget)
+      call = _Call(search, budget, trace.loops, plain, disk_key, args, kwargs)
+      rung, made = self._kept(call, ahead) or self._searched(call, ahead)
+    finally:
+      ahead.close()
+    _HINTS.put(hint_key, _to_disk(rung))
     _log_planned(made, rung, time.perf_counter() - start)
     return search, rung, made
 
-  def _kept(self, call: _Call) -> Optional[tuple[step_search.Rung, StepPlan]]:
+  def _ahead(self, search: int, args, kwargs) -> step_compiles.Ahead[step_search.Rung]:
+    """What compiles the step at each rung for search number `search` (`step_compiles.Ahead`)."""
+    measuring, drafting = self._measuring(), self._drafting()
+    return step_compiles.Ahead(
+      lambda rung: self._lowered(search, rung, args, kwargs),
+      lambda lowered, seconds: step_compiles.compiled(lowered, seconds, measuring),
+      None
+      if drafting is None
+      else lambda lowered, seconds: step_compiles.drafted(lowered, seconds, drafting),
+      # Where tries measure, a compile as the step runs is another.
+      (lambda lowered, seconds: step_compiles.compiled(lowered, seconds, {}))
+      if measuring
+      else None,
+    )
+
+  @staticmethod
+  def _start_hinted(
+    ahead: step_compiles.Ahead[step_search.Rung], hinted: Optional[step_search.Rung]
+  ) -> None:
+    """The rung the last search of this function chose for these arguments' types, lowered and compiled as it runs beside plain's lowering (`_HINTS`).
+
+    A guess, never a decision: the plan kept under the disk key (the step
+    lowered plain) decides, and takes this compile where it names the same
+    rung (a second process compiles the chosen step while it lowers plain);
+    a search takes it where it asks for that rung as the step runs. Where
+    the guess is wrong, a compile spent in a thread; where it cannot be
+    lowered, nothing.
+    """
+    if hinted is None or hinted.kind == step_search.PLAIN:
+      return  # Plain is lowered anyway; its compile waits for the disk.
+    try:
+      ahead.start_aside(hinted)
+    except Exception as error:  # pylint: disable=broad-except
+      tracing.LOG.debug("hkb.%s: the hinted %s did not lower: %s", _API, hinted.describe(), error)
+
+  def _kept(
+    self, call: _Call, ahead: step_compiles.Ahead[step_search.Rung]
+  ) -> Optional[tuple[step_search.Rung, StepPlan]]:
     """The plan kept on disk for this step, compiled once as it runs and checked; None where none is kept or it does not fit."""
     kept = _from_disk(_ON_DISK.get(call.disk_key), call.loops)
     if kept is None:
       return None
-    done = (
-      step_compiles.compiled(*call.plain, {})
-      if kept == step_search.Rung(step_search.PLAIN)
-      else self._compiled(call.search, kept, call.args, call.kwargs, {})
-    )
+    done = ahead(kept, as_runs=True)
     step_search.log_try(kept, done)
     if done.bytes is None or done.bytes > call.budget:
       return None
     tries = (step_search.as_try(kept, done),)
     return kept, self._plan_of(call.budget, done.bytes, kept, call.loops, tries, kept=True)
 
-  def _searched(self, call: _Call) -> tuple[step_search.Rung, StepPlan]:
+  def _searched(
+    self, call: _Call, ahead: step_compiles.Ahead[step_search.Rung]
+  ) -> tuple[step_search.Rung, StepPlan]:
     """The first rung whose compiled step fits, found down the ladder (`step_search.Search`) and kept on disk; ValueError where none fits."""
-    measuring, drafting = self._measuring(), self._drafting()
-    ahead: step_compiles.Ahead[step_search.Rung] = step_compiles.Ahead(
-      lambda rung: self._lowered(call.search, rung, call.args, call.kwargs),
-      lambda lowered, seconds: step_compiles.compiled(lowered, seconds, measuring),
-      None
-      if drafting is None
-      else lambda lowered, seconds: step_compiles.drafted(lowered, seconds, drafting),
-      lambda lowered, seconds: step_compiles.compiled(lowered, seconds, {}),
-    )
-    ahead.given(step_search.Rung(step_search.PLAIN), *call.plain)
     ladder = step_search.ladder(call.loops, self._max_recompute)
     found = step_search.Search(call.budget, self._max_recompute, ladder, call.loops, ahead)
-    try:
-      while True:
-        rung = found.run()
-        if rung is None:
-          raise ValueError(
-            errors.message(found.refusal(self._budget is None, self._unbounded(found, call.loops)))
-          )
-        if not found.tried[rung].measuring:
-          break
-        # The choice compiled as it runs (what the step's calls then use),
-        # and checked: its figure, not the measuring compile's, decides.
-        found.record(rung, step_compiles.compiled(found.tried[rung].lowered, 0.0, {}))
-        if found.fits(rung):
-          break
-    finally:
-      ahead.close()
-    _ON_DISK.put(call.disk_key, [rung.kind, rung.extra.numerator, rung.extra.denominator])
+    while True:
+      rung = found.run()
+      if rung is None:
+        raise ValueError(
+          errors.message(found.refusal(self._budget is None, self._unbounded(found, call.loops)))
+        )
+      if not found.tried[rung].measuring:
+        break
+      # The choice compiled as it runs (what the step's calls then use),
+      # and checked: its figure, not the measuring compile's, decides.
+      found.record(rung, ahead(rung, as_runs=True))
+      if found.fits(rung):
+        break
+    _ON_DISK.put(call.disk_key, _to_disk(rung))
     return rung, self._plan_of(
       call.budget, found.tried[rung].bytes, rung, call.loops, tuple(found.made)
     )
@@ -340,12 +373,29 @@ class BudgetedStep:
     )
 
   def _disk_key(self, lowered: Any, budget: int) -> Optional[str]:
+    """The key of the plan kept on disk for the step `lowered` (plain) at `budget`."""
+    return self._key(lowered.as_text(), budget)
+
+  def _hint_key(self, args, kwargs, budget: int) -> Optional[str]:
+    """The key of the hint (`_HINTS`) for these arguments at `budget`: the step's function by name and place, the arguments' types and shardings, no trace."""
+    step = inspect.unwrap(self.__wrapped__)
+    code = getattr(step, "__code__", None)
+    where = (
+      getattr(step, "__module__", None),
+      getattr(step, "__qualname__", None),
+      getattr(code, "co_filename", None),
+      getattr(code, "co_firstlineno", None),
+    )
+    signature = _signature(args, kwargs, self._statics)
+    return self._key(_without_addresses(repr(("hint", where, signature))), budget)
+
+  def _key(self, program: str, budget: int) -> Optional[str]:
     device = jax.devices()[0]
-    options = re.sub(r" at 0x[0-9a-f]+", "", repr(sorted(self._jit_kwargs.items())))
+    options = _without_addresses(repr(sorted(self._jit_kwargs.items())))
     text = repr(
       (
         _FORMAT,
-        lowered.as_text(),
+        program,
         budget,
         self._max_recompute,
         options,
@@ -438,10 +488,21 @@ _FORMAT = 1
 # disk key, so a plan chosen by other code is never read.
 _CHOOSING_CODE = (sys.modules[__name__], step_search, step_compiles, remat_schedule)
 _ON_DISK = caches.OnDisk("step_budgets")
+# The rung the last search chose, by the step function's name and place and
+# its arguments' types (`_hint_key`): a guess a second process compiles
+# while it lowers plain for the disk key (`BudgetedStep._start_hinted`).
+_HINTS = caches.OnDisk("step_budget_hints")
 
 
-def _from_disk(value: Any, loops: list[step_search.TracedLoop]) -> Optional[step_search.Rung]:
-  """A kept rung, if `value` is one this step's ladder holds; else None (a miss)."""
+def _to_disk(rung: step_search.Rung) -> list[int]:
+  """`rung` as a file keeps it (`_from_disk`)."""
+  return [rung.kind, rung.extra.numerator, rung.extra.denominator]
+
+
+def _from_disk(
+  value: Any, loops: Optional[list[step_search.TracedLoop]] = None
+) -> Optional[step_search.Rung]:
+  """A kept rung, if `value` is one (on this step's ladder, given its `loops`); else None (a miss)."""
   if not (
     isinstance(value, list)
     and len(value) == 3
@@ -450,7 +511,14 @@ def _from_disk(value: Any, loops: list[step_search.TracedLoop]) -> Optional[step
   ):  # pylint: disable=unidiomatic-typecheck
     return None
   rung = step_search.Rung(value[0], fractions.Fraction(value[1], value[2]))
+  if loops is None:
+    return rung if 0 <= rung.kind <= step_search.SCHEDULE and rung.extra >= 0 else None
   return rung if step_search.on_ladder(rung, loops) else None
+
+
+def _without_addresses(text: str) -> str:
+  """`text` without the addresses a repr names (" at 0x7f..."), which differ from process to process."""
+  return re.sub(r" at 0x[0-9a-f]+", "", text)
 
 
 def _jit_options() -> list[str]:

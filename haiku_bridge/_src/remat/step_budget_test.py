@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import shutil
 from unittest import mock
 
 from absl.testing import absltest
@@ -210,6 +211,20 @@ def counted_compiles():
   with mock.patch.object(step_compiles, "xla_compile", counted):
     yield made
     step_compiles.unused_compiles_ended()  # Those a search left unused counted too.
+
+
+@contextlib.contextmanager
+def lowerings():
+  """The rungs `budgeted_jit` lowers the step at while the block runs, in order (`Rung.describe`)."""
+  made = []
+  real = step_budget.BudgetedStep._lowered
+
+  def recorded(self, search, rung, *args, **kwargs):
+    made.append(rung.describe())
+    return real(self, search, rung, *args, **kwargs)
+
+  with mock.patch.object(step_budget.BudgetedStep, "_lowered", recorded):
+    yield made
 
 
 class _CacheDirectory(parameterized.TestCase):
@@ -827,10 +842,13 @@ class DiskTest(_CacheDirectory):
     cold, warm, getter, other_budget = runs
     self.assertGreaterEqual(cold["compiles"], 3)
     self.assertEqual((len(cold["tries"]), cold["kept"]), (cold["compiles"], False))
-    # The next process compiles the chosen step once; so with an identity
+    # The next process compiles the chosen step once, beside plain's
+    # lowering (the last search's choice its hint); so with an identity
     # getter (the same program); another budget is planned anew.
     self.assertEqual((warm["compiles"], len(warm["tries"]), warm["kept"]), (1, 1, True))
     self.assertEqual((getter["compiles"], getter["kept"]), (1, True))
+    self.assertEqual(warm["lowered"], [warm["tries"][0][0], "remat=False"])
+    self.assertEqual(cold["lowered"][0], "remat=False")
     self.assertFalse(other_budget["kept"])
     for run in (warm, getter):
       self.assertEqual((run["loops"], run["bytes"]), (cold["loops"], cold["bytes"]))
@@ -851,7 +869,75 @@ class DiskTest(_CacheDirectory):
     # Cleared with the other caches.
     with mock.patch.object(caches, "_enabled", True):
       hkb.clear_caches()
-    self.assertFalse(os.path.exists(folder))
+    self.assertEqual(os.listdir(self.directory), [])  # The plans and the hints.
+
+
+class HintTest(_CacheDirectory):
+  """The rung the last search chose, compiled beside plain's lowering (`step_budget._HINTS`): a guess that decides nothing."""
+
+  def setUp(self):
+    super().setUp()
+    self.auto, self.args = _step("two_loops", "auto")
+    self.budget = _bytes(_step("two_loops", True)[0], *self.args) - 1  # A schedule.
+
+  def plan(self):
+    """The plan of a new budgeted step, the compiles made and the rungs lowered."""
+    with counted_compiles() as made, lowerings() as lowered:
+      plan = hkb.budgeted_jit(self.auto, memory_budget=self.budget).plan(*self.args)
+    return plan, len(made), lowered
+
+  def hint(self, value) -> None:
+    """The hint file's value, for the one hint this step's test has."""
+    folder = os.path.join(self.directory, "step_budget_hints")
+    (name,) = os.listdir(folder)
+    with open(os.path.join(folder, name), "w") as f:
+      json.dump(value, f)
+
+  def test_a_hint_changes_no_plan_and_a_kept_plan_compiles_beside_plain(self):
+    cold, cold_compiles, cold_lowered = self.plan()
+    self.assertEqual(cold_lowered[0], "remat=False")
+    plans = os.path.join(self.directory, "step_budgets")
+    (name,) = os.listdir(os.path.join(self.directory, "step_budget_hints"))
+    with open(os.path.join(self.directory, "step_budget_hints", name)) as f:
+      chosen = json.load(f)
+    choice = step_budget._from_disk(chosen).describe()
+    self.assertEqual(choice, cold.tries[-1].rung)
+    as_runs = {t.rung for t in cold.tries if not (t.measuring or t.draft)}
+    self.assertIn(choice, as_runs)
+    tried = lambda plan: [(t.rung, t.bytes, t.measuring, t.draft) for t in plan.tries]
+    remat, plain = [step_search.REMAT, 0, 1], [step_search.PLAIN, 0, 1]
+    hints = {"chosen": chosen, "remat=True": remat, "plain": plain, "off the ladder": [3, 1, 7]}
+    hints.update({"a string": [3, "1", 2], "no kind": [9, 0, 1]})
+    for label, value in hints.items():
+      hinted = step_budget._from_disk(value)
+      with self.subTest(label, kept=False):
+        # No plan kept: the search runs as it would without the hint, and
+        # takes the hinted compile where it asks for that rung as it runs.
+        shutil.rmtree(plans)
+        self.hint(value)
+        searched, compiles, lowered = self.plan()
+        self.assertEqual(tried(searched), tried(cold))
+        self.assertEqual((searched.loops, searched.bytes), (cold.loops, cold.bytes))
+        aside = hinted is not None and hinted.kind != step_search.PLAIN
+        self.assertEqual(lowered[0], hinted.describe() if aside else "remat=False")
+        if not BESIDE:  # Beside a TPU's, compiles left unused are counted by timing.
+          spent = aside and hinted.describe() not in as_runs
+          self.assertEqual(compiles, cold_compiles + spent)
+      with self.subTest(label, kept=True):
+        # The plan kept: compiled once (beside plain's lowering where the
+        # hint names it), one more where the hint is another rung.
+        self.hint(value)
+        warm, compiles, lowered = self.plan()
+        self.assertTrue(warm.kept)
+        self.assertEqual((warm.loops, warm.bytes), (cold.loops, cold.bytes))
+        if not aside:
+          self.assertEqual(lowered, ["remat=False", choice])
+        elif hinted.describe() == choice:
+          self.assertEqual(lowered, [choice, "remat=False"])
+        else:
+          self.assertEqual(lowered, [hinted.describe(), "remat=False", choice])
+        if not BESIDE:
+          self.assertEqual(compiles, 1 + (aside and hinted.describe() != choice))
 
 
 class DiskKeyTest(absltest.TestCase):
@@ -892,11 +978,12 @@ def _print_plan(getter: str, below: str) -> None:
   """In a fresh process: the plan of the two-loop step at `below` bytes under remat=True's, and the compiles made."""
   auto, args = _step("two_loops", "auto", getter == "1")
   budget = _bytes(_step("two_loops", True)[0], *args) - int(below)
-  with counted_compiles() as made:
+  with counted_compiles() as made, lowerings() as lowered:
     plan = hkb.budgeted_jit(auto, memory_budget=budget).plan(*args)
   print(
     json.dumps(
       {
+        "lowered": lowered,
         "compiles": len(made),
         "tries": plan.tries,
         "loops": plan.loops,

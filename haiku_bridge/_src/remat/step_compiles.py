@@ -198,7 +198,10 @@ class Ahead(Compiler[K]):
   compiles the search starts together run side by side, in
   `measure.DRAFT_CORES` threads, a draft from a lowering of its own; else
   one at a time. A rung asked for `as_runs` compiles with
-  `compile_as_runs` (default: `compile_lowered`). The threads run in the
+  `compile_as_runs`, a compile apart from its measuring one (none given:
+  the two are one, `compile_lowered`); a rung is lowered once for both.
+  `start_aside` compiles a rung as it runs in a thread of its own, beside
+  the search's, for the search to ask for or not. The threads run in the
   caller's context (`contextvars`): an error there names the public
   call. At `close` a compile started and not waited for finishes in its
   thread, unused, and one not yet begun (its thread still busy, or not
@@ -216,40 +219,64 @@ class Ahead(Compiler[K]):
     self._lower_at, self._compile_lowered = lower_at, compile_lowered
     self._draft_lowered = draft_lowered
     self._compile_as_runs = compile_as_runs or compile_lowered
+    self._as_runs_apart = compile_as_runs is not None
     self.drafting = draft_lowered is not None
     self._lowered: dict[K, tuple[Any, float]] = {}
-    self._jobs: dict[K, concurrent.futures.Future[Compiled]] = {}
+    # By (rung, as it runs): a rung's measuring compile and the one as it runs are two.
+    self._jobs: dict[tuple[K, bool], concurrent.futures.Future[Compiled]] = {}
     self._drafts: dict[K, concurrent.futures.Future[Compiled]] = {}
     self._pool = concurrent.futures.ThreadPoolExecutor(
       measure.DRAFT_CORES if self.drafting else 1, thread_name_prefix=THREADS
     )
+    self._aside: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
   def given(self, rung: K, lowered: Any, seconds: float) -> None:
     """`rung`, already lowered (in `seconds`)."""
     self._lowered[rung] = lowered, seconds
 
+  def _job(self, rung: K, as_runs: bool) -> tuple[K, bool]:
+    return rung, as_runs and self._as_runs_apart
+
   def lower(self, rung: K) -> None:
-    if rung not in self._lowered and rung not in self._jobs:
+    if rung not in self._lowered:
       self._lowered[rung] = self._lower_at(rung)
 
+  def _lowering(self, rung: K) -> tuple[Any, float]:
+    """`rung` lowered (here, where not yet) and the seconds it took; a second compile of it took none."""
+    self.lower(rung)
+    program, seconds = self._lowered[rung]
+    self._lowered[rung] = program, 0.0
+    return program, seconds
+
   def start(self, rung: K, as_runs: bool = False) -> None:
-    if rung not in self._jobs:
-      program, seconds = self._lowered.pop(rung) if rung in self._lowered else self._lower_at(rung)
+    if self._job(rung, as_runs) not in self._jobs:
       compile_lowered = self._compile_as_runs if as_runs else self._compile_lowered
-      self._jobs[rung] = self._submit(compile_lowered, program, seconds)
+      self._jobs[self._job(rung, as_runs)] = self._submit(
+        self._pool, compile_lowered, *self._lowering(rung)
+      )
+
+  def start_aside(self, rung: K) -> None:
+    """`rung` lowered, then compiled as it runs in a thread of its own, beside the search's compiles: the search may ask for it (`as_runs`) or not."""
+    if self._job(rung, True) not in self._jobs:
+      if self._aside is None:
+        self._aside = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=THREADS)
+      self._jobs[self._job(rung, True)] = self._submit(
+        self._aside, self._compile_as_runs, *self._lowering(rung)
+      )
 
   def start_draft(self, rung: K) -> None:
     if rung not in self._drafts:
       assert self._draft_lowered is not None
-      self._drafts[rung] = self._submit(self._draft_lowered, *self._lower_at(rung))
+      self._drafts[rung] = self._submit(self._pool, self._draft_lowered, *self._lower_at(rung))
 
-  def _submit(self, compile_lowered, program, seconds) -> concurrent.futures.Future[Compiled]:
+  @staticmethod
+  def _submit(pool, compile_lowered, program, seconds) -> concurrent.futures.Future[Compiled]:
     context = contextvars.copy_context()
-    return self._pool.submit(lambda: context.run(compile_lowered, program, seconds))
+    return pool.submit(lambda: context.run(compile_lowered, program, seconds))
 
   def __call__(self, rung: K, as_runs: bool = False) -> Compiled:
     self.start(rung, as_runs)
-    return self._jobs.pop(rung).result()
+    return self._jobs.pop(self._job(rung, as_runs)).result()
 
   def draft(self, rung: K) -> Compiled:
     self.start_draft(rung)
@@ -260,7 +287,9 @@ class Ahead(Compiler[K]):
     # step that fits, drafts beside a remat=True that fits, the rest of a
     # round the choice left behind) finishes in its thread, unused; one not
     # yet begun is cancelled.
-    self._pool.shutdown(wait=False, cancel_futures=True)
+    for pool in (self._pool, self._aside):
+      if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
     self._lowered.clear()
     self._jobs.clear()
     self._drafts.clear()

@@ -46,6 +46,54 @@ class CompileTest(absltest.TestCase):
     step_compiles.unused_compiles_ended()
     self.assertEqual(ended, ["remat=True"])
 
+  def test_a_rung_compiles_apart_as_it_runs_from_one_lowering_and_aside_in_a_thread_of_its_own(
+    self,
+  ):
+    lowered, made, threads = [], [], set()
+    release = threading.Event()
+
+    def lower_at(rung):
+      lowered.append(rung)
+      return f"{rung} lowered", 0.5
+
+    def compiling(how):
+      def compile_lowered(program, seconds):
+        if how == "aside":
+          release.wait(timeout=5)  # Holds its thread: the search's go on beside it.
+        made.append((program, how, seconds))
+        threads.add(threading.get_ident())
+        return step_compiles.Compiled(len(made), None, seconds, program, how == "measuring")
+
+      return compile_lowered
+
+    ahead = step_compiles.Ahead(lower_at, compiling("measuring"), None, compiling("aside"))
+    self.addCleanup(release.set)
+    self.addCleanup(ahead.close)
+    ahead.start_aside("remat=True")
+    self.assertEqual(ahead("plain").bytes, 1)  # Not behind the aside compile.
+    # A rung's measuring compile is not its compile as it runs: each its own.
+    self.assertTrue(ahead("remat=True").measuring)
+    release.set()
+    self.assertFalse(ahead("remat=True", as_runs=True).measuring)
+    self.assertEqual(lowered, ["remat=True", "plain"])  # Each rung lowered once.
+    self.assertEqual(
+      made,
+      [
+        ("plain lowered", "measuring", 0.5),
+        ("remat=True lowered", "measuring", 0.0),  # Its lowering counted once.
+        ("remat=True lowered", "aside", 0.5),
+      ],
+    )
+    self.assertLen(threads, 2)
+    # With no compile apart (where tries compile as the step runs), a rung
+    # asked for as it runs is the one compile.
+    made.clear()
+    ahead = step_compiles.Ahead(lower_at, compiling("measuring"))
+    self.addCleanup(ahead.close)
+    ahead.start_aside("remat=True")
+    ahead("remat=True")
+    self.assertEqual(made, [("remat=True lowered", "measuring", 0.5)])
+
 
 class StepBytesTest(absltest.TestCase):
   def test_a_tpu_peak_is_not_added_to_the_buffers_it_holds(self):
