@@ -878,7 +878,7 @@ class HintTest(_CacheDirectory):
   def setUp(self):
     super().setUp()
     self.auto, self.args = _step("two_loops", "auto")
-    self.budget = _bytes(_step("two_loops", True)[0], *self.args) - 1  # A schedule.
+    self.budget = _bytes(_step("two_loops", True)[0], *self.args)
 
   def plan(self):
     """The plan of a new budgeted step, the compiles made and the rungs lowered."""
@@ -894,7 +894,12 @@ class HintTest(_CacheDirectory):
       json.dump(value, f)
 
   def test_a_hint_changes_no_plan_and_a_kept_plan_compiles_beside_plain(self):
-    cold, cold_compiles, cold_lowered = self.plan()
+    self.budget -= 1  # A schedule, its aims compiled as the step runs (on the CPU).
+    try:
+      cold, cold_compiles, cold_lowered = self.plan()
+    except ValueError:  # remat=True the least (a TPU's at these sizes): its choice.
+      self.budget += 1
+      cold, cold_compiles, cold_lowered = self.plan()
     self.assertEqual(cold_lowered[0], "remat=False")
     plans = os.path.join(self.directory, "step_budgets")
     (name,) = os.listdir(os.path.join(self.directory, "step_budget_hints"))
