@@ -12,8 +12,8 @@ from testing.benchmarks import step_budget_figures as sbf
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
 
-def _read(name: str) -> dict:
-  with open(os.path.join(RESULTS, "step_budget_tpu", f"{name}.json")) as f:
+def _read(name: str, run: str = "") -> dict:
+  with open(os.path.join(RESULTS, "step_budget_tpu", run, f"{name}.json")) as f:
     return json.load(f)
 
 
@@ -29,6 +29,10 @@ class TablesTest(absltest.TestCase):
     self.assertLen(tables, 2)
     for table in tables:
       self.assertIn(table, page)
+    # The run since the second process compiles the kept plan beside plain's lowering.
+    run = "second_process_hint"
+    with open(os.path.join(RESULTS, "step_budget_tpu", run, "step_budget.md")) as f:
+      self.assertEqual(sbf.markdown(_read("cold", run), _read("warm", run)), f.read().rstrip("\n"))
 
   def test_a_refused_compile_and_a_second_process_in_their_rows(self):
     cold, warm = _read("cold"), _read("warm")
