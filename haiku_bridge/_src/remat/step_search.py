@@ -125,12 +125,18 @@ def ladder(loops: list[TracedLoop], max_recompute: float) -> list[Rung]:
   extras = set()
   for loop in set(loops):
     most = min(max_recompute, loop.max_recompute) - 1
+    # The most steps a schedule of the loop may recompute beyond remat=True's,
+    # a whole count (exact: a ladder of ~T rungs read in integers, not fractions).
+    limit = math.inf if most == math.inf else math.floor(fractions.Fraction(most) * loop.length)
     for slots in range(loop.length - 2, 0, -1):
-      extra = fractions.Fraction(remat_schedule.binomial_cost(loop.length, slots), loop.length)
-      if extra > most:
+      steps = remat_schedule.binomial_cost(loop.length, slots)
+      if steps > limit:
         break
-      extras.add(extra)
-  return rungs + [Rung(SCHEDULE, extra) for extra in sorted(extras) if extra]
+      if steps:
+        extras.add(fractions.Fraction(steps, loop.length))
+  # In order by value as a float first (rounding keeps order), exactly where two round alike.
+  ordered = sorted(extras, key=lambda extra: (extra.numerator / extra.denominator, extra))
+  return rungs + [Rung(SCHEDULE, extra) for extra in ordered]
 
 
 def on_ladder(rung: Rung, loops: list[TracedLoop]) -> bool:

@@ -216,6 +216,31 @@ class LineTest(parameterized.TestCase):
     self.assertLess(read.call_count, 100)
 
 
+class LadderTest(absltest.TestCase):
+  def test_every_schedule_within_the_bound_in_order_of_recomputation(self):
+    for lengths in ([10], [2048], [3, 1, 2], [24, 31], [100, 7, 7], [13, 64, 200]):
+      for max_recompute in (0.5, 1.0, 1.0000001, 1.3, 1.7, 2.0, 2.9999, 3.0, math.inf):
+        loops = [step_search.TracedLoop(n, i % 2 == 0, math.inf, 8) for i, n in enumerate(lengths)]
+        # Each loop's schedules, slot by slot, the steps they recompute beyond remat=True's
+        # over its length, compared with the bound as fractions.
+        extras = {
+          fractions.Fraction(step_search.remat_schedule.binomial_cost(n, slots), n)
+          for n in lengths
+          for slots in range(1, n - 1)
+        }
+        bound = (
+          max_recompute - 1 if max_recompute == math.inf else fractions.Fraction(max_recompute - 1)
+        )
+        within = sorted(e for e in extras if 0 < e <= bound)
+        first = [step_search.Rung(step_search.PLAIN)]
+        first += [step_search.Rung(step_search.POLICY), step_search.Rung(step_search.REMAT)]
+        self.assertEqual(
+          step_search.ladder(loops, max_recompute),
+          first + [step_search.Rung(step_search.SCHEDULE, e) for e in within],
+          (lengths, max_recompute),
+        )
+
+
 class OnLadderTest(absltest.TestCase):
   def test_a_rung_is_on_the_ladder_where_the_ladder_holds_it(self):
     for specs in (
