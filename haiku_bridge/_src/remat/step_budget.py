@@ -377,17 +377,21 @@ class BudgetedStep:
     return self._key(lowered.as_text(), budget)
 
   def _hint_key(self, args, kwargs, budget: int) -> Optional[str]:
-    """The key of the hint (`_HINTS`) for these arguments at `budget`: the step's function by name and place, the arguments' types and shardings, no trace."""
-    step = inspect.unwrap(self.__wrapped__)
-    code = getattr(step, "__code__", None)
-    where = (
-      getattr(step, "__module__", None),
-      getattr(step, "__qualname__", None),
-      getattr(code, "co_filename", None),
-      getattr(code, "co_firstlineno", None),
-    )
-    signature = _signature(args, kwargs, self._statics)
-    return self._key(_without_addresses(repr(("hint", where, signature))), budget)
+    """The key of the hint (`_HINTS`) for these arguments at `budget`: the step's function by name and place, the arguments' types and shardings, no trace (None: none, a hint never fails a call)."""
+    try:
+      step = inspect.unwrap(self.__wrapped__)
+      code = getattr(step, "__code__", None)
+      where = (
+        getattr(step, "__module__", None),
+        getattr(step, "__qualname__", None),
+        getattr(code, "co_filename", None),
+        getattr(code, "co_firstlineno", None),
+      )
+      signature = _without_addresses(repr(("hint", where, _signature(args, kwargs, self._statics))))
+    except Exception as error:  # pylint: disable=broad-except
+      tracing.LOG.debug("hkb.%s: no hint for this step: %s", _API, error)
+      return None
+    return self._key(signature, budget)
 
   def _key(self, program: str, budget: int) -> Optional[str]:
     device = jax.devices()[0]

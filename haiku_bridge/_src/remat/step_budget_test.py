@@ -969,6 +969,26 @@ class DiskKeyTest(absltest.TestCase):
       with self.subTest(name), patch:
         self.assertNotEqual(step()._disk_key(lowered, 10**6), here)
 
+  def test_the_hint_key_reads_no_trace_and_never_fails_a_call(self):
+    auto, args = _step("scan", "auto")
+    hint = lambda step, args, budget=10**6: step_budget.BudgetedStep(
+      step, budget, 3.0, {}
+    )._hint_key(args, {}, budget)
+    here = hint(auto, args)
+    self.assertEqual(hint(auto, args), here)
+    self.assertNotEqual(hint(auto, args, 10**6 + 1), here)
+    self.assertNotEqual(hint(auto, (args[0], jnp.concatenate([args[1]] * 2))), here)
+    self.assertNotEqual(hint(lambda params, xs: auto(params, xs), args), here)
+
+    class Unprintable:  # A static argument jit hashes, whose repr fails.
+      def __repr__(self):
+        raise RuntimeError("no repr")
+
+    with self.assertLogs("haiku_bridge.remat", "DEBUG") as logs:
+      budgeted = hkb.budgeted_jit(lambda p, x, s: auto(p, x), memory_budget=10**9, static_argnums=2)
+      self.assertEqual(budgeted.plan(*args, Unprintable()).loops[0].remat, False)
+    self.assertIn("no hint for this step: no repr", "\n".join(logs.output))
+
   def test_the_code_digest_reads_every_module_that_chooses(self):
     self.assertEqual(
       {m.__name__.rsplit(".", 1)[1] for m in step_budget._CHOOSING_CODE},
