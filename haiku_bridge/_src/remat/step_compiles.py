@@ -248,21 +248,19 @@ class Ahead(Compiler[K]):
     self._lowered[rung] = program, 0.0
     return program, seconds
 
-  def start(self, rung: K, as_runs: bool = False) -> None:
+  def start(self, rung: K, as_runs: bool = False, aside: bool = False) -> None:
     if self._job(rung, as_runs) not in self._jobs:
       compile_lowered = self._compile_as_runs if as_runs else self._compile_lowered
+      if aside and self._aside is None:
+        self._aside = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=THREADS)
+      pool = self._aside if aside else self._pool
       self._jobs[self._job(rung, as_runs)] = self._submit(
-        self._pool, compile_lowered, *self._lowering(rung)
+        pool, compile_lowered, *self._lowering(rung)
       )
 
   def start_aside(self, rung: K) -> None:
     """`rung` lowered, then compiled as it runs in a thread of its own, beside the search's compiles: the search may ask for it (`as_runs`) or not."""
-    if self._job(rung, True) not in self._jobs:
-      if self._aside is None:
-        self._aside = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=THREADS)
-      self._jobs[self._job(rung, True)] = self._submit(
-        self._aside, self._compile_as_runs, *self._lowering(rung)
-      )
+    self.start(rung, as_runs=True, aside=True)
 
   def start_draft(self, rung: K) -> None:
     if rung not in self._drafts:
