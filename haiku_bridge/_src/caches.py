@@ -23,6 +23,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -149,6 +150,16 @@ def directory() -> Optional[str]:
     return named or None
   home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return os.path.join(home, "haiku_bridge")
+
+
+def without_addresses(text: str) -> str:
+  """`text` without the addresses a repr names (" at 0x7f..."), which differ from process to process: for an `OnDisk` key.
+
+  >>> from haiku_bridge._src import caches
+  >>> caches.without_addresses("<function f at 0x7f00ab12>")
+  '<function f>'
+  """
+  return re.sub(r" at 0x[0-9a-f]+", "", text)
 
 
 def source_digest(modules: Sequence[types.ModuleType]) -> str:

@@ -22,7 +22,6 @@ budget, in any process; it is not kept.
 
 import hashlib
 import os
-import re
 import sys
 from typing import Any, Callable, Optional, Sequence
 
@@ -183,7 +182,7 @@ def _disk_key(step: tracing.Traced, consts, length: int, policy) -> Optional[str
   if name is None:
     return None
   device = jax.devices()[0]
-  jaxpr = re.sub(r" at 0x[0-9a-f]+", "", step.text)
+  jaxpr = caches.without_addresses(step.text)
   text = repr(
     (
       _FORMAT,

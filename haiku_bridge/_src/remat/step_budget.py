@@ -41,7 +41,6 @@ import inspect
 import itertools
 import math
 import os
-import re
 import sys
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Optional
@@ -387,7 +386,9 @@ class BudgetedStep:
         getattr(code, "co_filename", None),
         getattr(code, "co_firstlineno", None),
       )
-      signature = _without_addresses(repr(("hint", where, _signature(args, kwargs, self._statics))))
+      signature = caches.without_addresses(
+        repr(("hint", where, _signature(args, kwargs, self._statics)))
+      )
     except Exception as error:  # pylint: disable=broad-except
       tracing.LOG.debug("hkb.%s: no hint for this step: %s", _API, error)
       return None
@@ -395,7 +396,7 @@ class BudgetedStep:
 
   def _key(self, program: str, budget: int) -> Optional[str]:
     device = jax.devices()[0]
-    options = _without_addresses(repr(sorted(self._jit_kwargs.items())))
+    options = caches.without_addresses(repr(sorted(self._jit_kwargs.items())))
     text = repr(
       (
         _FORMAT,
@@ -518,11 +519,6 @@ def _from_disk(
   if loops is None:
     return rung if 0 <= rung.kind <= step_search.SCHEDULE and rung.extra >= 0 else None
   return rung if step_search.on_ladder(rung, loops) else None
-
-
-def _without_addresses(text: str) -> str:
-  """`text` without the addresses a repr names (" at 0x7f..."), which differ from process to process."""
-  return re.sub(r" at 0x[0-9a-f]+", "", text)
 
 
 def _jit_options() -> list[str]:
